@@ -1,0 +1,80 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+Every file the suite writes that someone may read while a job runs (training_log.json,
+checkpoints, the parquet cache, its manifest) goes through here: write to a temp file in the
+same directory, fsync it, rename it over the target, fsync the directory.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "read_json"]
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems refuse to open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
+    """Yield a temp path beside `target`; on clean exit it replaces `target` atomically.
+
+    The caller writes the file at the yielded path by any means (torch.save, pyarrow, ...).
+    On an exception the temp file is removed and `target` is left untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        if fsync:
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp_path, target)
+        if fsync:
+            _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write_bytes(target: str | os.PathLike, data: bytes, fsync: bool = True) -> None:
+    with atomic_path(target, fsync=fsync) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(target: str | os.PathLike, obj: Any, fsync: bool = True) -> None:
+    """Write `obj` as indented JSON (NaN/inf are refused: jq cannot read them)."""
+    text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n"
+    atomic_write_bytes(target, text.encode("utf-8"), fsync=fsync)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and paths show up in metrics and configs; everything else is a bug.
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

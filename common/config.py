@@ -1,0 +1,376 @@
+"""Case configs: typed dataclasses loaded from JSON with strict checking.
+
+A case file holds the sections `model`, `training`, `data` (values as in the seed guide) and
+the sections the code needs (`tokenizer`, `slurm`), plus `experiment`. Anything missing takes
+the default below; anything unknown, mistyped or impossible is a `ConfigError` that names the
+file and the key. Command-line overrides (`--set training.batch_size=16`) are parsed to the
+field's type with `json.loads` (never eval) and checked the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Literal, Optional, Sequence
+
+from common.atomic import atomic_write_json
+from common.errors import UserError
+from common.tokenizer import NUM_SPECIAL_TOKENS
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "SlurmConfig",
+    "TokenizerConfig",
+    "TrainingConfig",
+    "config_to_dict",
+    "load_config",
+    "parse_overrides",
+    "save_config",
+]
+
+
+class ConfigError(UserError, ValueError):
+    """A config that can't be used. The message names the file and the key."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 1024
+    context_length: int = 128
+    d_model: int = 256
+    num_layers: int = 6
+    num_heads: int = 8
+    d_ff: int = 1024
+    dropout: float = 0.1
+    asset_embed_dim: int = 32
+    category_embed_dim: int = 16
+    # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
+    positional: Literal["learned", "rope"] = "learned"
+    bias: bool = False
+
+
+@dataclass
+class TrainingConfig:
+    batch_size: int = 32  # per GPU (per process)
+    learning_rate: float = 3e-4
+    epochs: int = 100
+    early_stopping_patience: int = 10  # epochs without a better val loss; 0 turns it off
+    gradient_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 500
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    grad_accum_steps: int = 1
+    compile: bool = False  # torch.compile, CUDA only
+    seed: int = 42
+    keep_checkpoints: int = 3  # checkpoint_epoch_N.pt files kept
+    checkpoint_every_minutes: float = 30.0  # timer checkpoint inside long epochs
+    max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
+    eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
+    log_every_steps: int = 50  # plain progress line in batch logs
+
+
+@dataclass
+class DataConfig:
+    train_ratio: float = 0.70
+    val_ratio: float = 0.15
+    test_ratio: float = 0.15
+    # "sample": the real OHLCV sample shipped in the package (no network);
+    # "download": the case universe fetched by `marketgpt data download` into the cache.
+    source: Literal["sample", "download"] = "download"
+    universe: str = "universe.csv"  # relative to the case folder
+    interval: Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"] = "1d"
+    start_date: str = "2005-01-01"
+    end_date: Optional[str] = None  # None: up to now
+    exchange: str = "binance"  # ccxt exchange for crypto assets
+    cache_dir: str = "data"  # relative to the case folder
+    purge_gap: Optional[int] = None  # candles between splits; None: context_length
+    window_stride: int = 1  # start-to-start distance of training windows
+    # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
+    universe_counts: Dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TokenizerConfig:
+    shape_bins: int = 8  # candle-shape bins; return bins fill the rest of the vocabulary
+    vol_halflife: float = 20.0  # EWMA half-life (candles) of the volatility that scales moves
+    vol_warmup: int = 20  # candles before the volatility estimate counts as warm
+
+
+@dataclass
+class SlurmConfig:
+    partition: str = "long"
+    nodes: int = 1
+    gpus_per_node: int = 2
+    gpu_type: str = "a100"
+    cpus_per_task: int = 32
+    mem_gb: int = 128
+    time: str = "7-00:00:00"
+    job_name: str = "marketgpt"
+    log_prefix: str = "marketgpt"  # logs/<log_prefix>_<JOBID>.out
+    signal_minutes_before_limit: int = 10
+
+
+@dataclass
+class Config:
+    experiment: str = "marketgpt"  # run folders are <experiment>_YYYYMMDD_HHMMSS
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
+    """Load a case config, apply `key=value` overrides, and check everything."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read config ({e.strerror})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the top level must be a JSON object")
+    cfg = _build(Config, raw, where, prefix="")
+    apply_overrides(cfg, overrides, where)
+    validate(cfg, where)
+    return cfg
+
+
+def parse_overrides(items: Sequence[str]) -> list[tuple[str, str]]:
+    """Split `section.key=value` strings; the value is typed later, against the field."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. training.batch_size=16")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def apply_overrides(cfg: Config, overrides: Sequence[str], where: str) -> None:
+    for key, text in parse_overrides(overrides):
+        target: Any = cfg
+        parts = key.split(".")
+        for depth, name in enumerate(parts):
+            prefix = "".join(p + "." for p in parts[:depth])
+            fields = {f.name: f for f in dataclasses.fields(target)}
+            if name not in fields:
+                raise ConfigError(f"--set {key}: {_unknown(name, fields, prefix)}")
+            if depth < len(parts) - 1:
+                target = getattr(target, name)
+                if not dataclasses.is_dataclass(target):
+                    raise ConfigError(f"--set {key}: '{'.'.join(parts[:depth + 1])}' is not a section")
+        name = parts[-1]
+        hint = typing.get_type_hints(type(target))[name]
+        if dataclasses.is_dataclass(hint):
+            raise ConfigError(f"--set {key}: '{key}' is a section; set one of its keys")
+        setattr(target, name, _coerce(_parse_value(text, hint), hint, f"--set {key}", key))
+
+
+def _parse_value(text: str, hint: Any) -> Any:
+    # JSON literals (16, 3e-4, true, null, "x") are data, never code; a bare word is a string.
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text if str in _allowed_types(hint) or _literal_values(hint) else _Unparsed(text)
+
+
+class _Unparsed(str):
+    """Override text that is not a JSON value, kept so the type error can quote it."""
+
+
+def _build(cls: type, raw: dict, where: str, prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key.startswith("_"):  # "_comment" keys document a config file
+            continue
+        if key not in fields:
+            raise ConfigError(f"{where}: {_unknown(key, fields, prefix)}")
+        full = f"{prefix}{key}"
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: '{full}' must be an object (a section), got {_jtype(value)}")
+            kwargs[key] = _build(hint, value, where, prefix=f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, hint, where, full)
+    return cls(**kwargs)
+
+
+def _unknown(key: str, fields: dict, prefix: str) -> str:
+    """`prefix` is '' or 'section.'; the message suggests the nearest valid key."""
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid keys: {', '.join(fields)})"
+    return f"unknown key '{prefix}{key}'{hint}"
+
+
+def _allowed_types(hint: Any) -> tuple:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in _allowed_types(arg))
+    if origin is Literal:
+        return tuple({type(v) for v in typing.get_args(hint)})
+    return (hint,)
+
+
+def _literal_values(hint: Any) -> tuple:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(v for arg in typing.get_args(hint) for v in _literal_values(arg))
+    return ()
+
+
+def _coerce(value: Any, hint: Any, where: str, key: str) -> Any:
+    if typing.get_origin(hint) is dict:
+        key_t, val_t = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be an object, got {_jtype(value)} {value!r}")
+        return {_coerce(k, key_t, where, key): _coerce(v, val_t, where, f"{key}.{k}") for k, v in value.items()}
+    allowed = _allowed_types(hint)
+    literals = _literal_values(hint)
+    if value is None:
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{where}: '{key}' may not be null; expected {_describe(hint)}")
+    if isinstance(value, _Unparsed):
+        raise ConfigError(f"{where}: '{key}' = {str(value)!r} is not {_describe(hint)}")
+    if literals:
+        if value in literals and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: '{key}' = {value!r} is not one of {', '.join(map(repr, literals))}")
+    # bool is an int in Python; a config that says `"epochs": true` is still wrong.
+    if isinstance(value, bool):
+        if bool in allowed:
+            return value
+    elif isinstance(value, int) and int in allowed:
+        return value
+    elif isinstance(value, (int, float)) and float in allowed:
+        return float(value)
+    elif isinstance(value, float) and int in allowed and value.is_integer():
+        return int(value)
+    elif isinstance(value, str) and str in allowed:
+        return value
+    raise ConfigError(f"{where}: '{key}' must be {_describe(hint)}, got {_jtype(value)} {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    lits = _literal_values(hint)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    parts = [f"one of {', '.join(map(repr, lits))}"] if lits else []
+    parts += [names.get(t, getattr(t, "__name__", str(t))) for t in _allowed_types(hint)
+              if not (lits and t in {type(v) for v in lits})]
+    return " or ".join(parts)
+
+
+def _jtype(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def validate(cfg: Config, where: str) -> None:
+    """Impossible values, each reported with its key and the reason."""
+    m, t, d, tok, s = cfg.model, cfg.training, cfg.data, cfg.tokenizer, cfg.slurm
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: '{key}' {why}")
+
+    for key in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff",
+                "asset_embed_dim", "category_embed_dim"):
+        need(getattr(m, key) > 0, f"model.{key}", f"must be positive, got {getattr(m, key)}")
+    need(m.d_model % m.num_heads == 0, "model.d_model",
+         f"({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
+    need(m.positional != "rope" or (m.d_model // m.num_heads) % 2 == 0, "model.positional",
+         "'rope' needs an even head size (d_model / num_heads)")
+    need(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
+    min_vocab = NUM_SPECIAL_TOKENS + 2 * tok.shape_bins
+    need(m.vocab_size >= min_vocab, "model.vocab_size",
+         f"({m.vocab_size}) is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} special tokens plus "
+         f"at least 2 return bins x {tok.shape_bins} shape bins = {min_vocab}")
+
+    for key in ("batch_size", "epochs", "grad_accum_steps", "keep_checkpoints", "log_every_steps"):
+        need(getattr(t, key) > 0, f"training.{key}", f"must be positive, got {getattr(t, key)}")
+    need(t.learning_rate > 0 and math.isfinite(t.learning_rate), "training.learning_rate",
+         f"must be positive, got {t.learning_rate}")
+    for key in ("early_stopping_patience", "gradient_clip", "weight_decay", "warmup_steps"):
+        need(getattr(t, key) >= 0, f"training.{key}", f"must be zero or positive, got {getattr(t, key)}")
+    need(0.0 <= t.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
+    for key in ("beta1", "beta2"):
+        need(0.0 <= getattr(t, key) < 1.0, f"training.{key}", f"must be in [0, 1), got {getattr(t, key)}")
+    need(t.checkpoint_every_minutes > 0, "training.checkpoint_every_minutes",
+         f"must be positive, got {t.checkpoint_every_minutes}")
+    for key in ("max_steps_per_epoch", "eval_max_batches"):
+        v = getattr(t, key)
+        need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")
+
+    for key in ("train_ratio", "val_ratio", "test_ratio"):
+        v = getattr(d, key)
+        need(0.0 < v < 1.0, f"data.{key}", f"must be between 0 and 1, got {v}")
+    total = d.train_ratio + d.val_ratio + d.test_ratio
+    need(abs(total - 1.0) < 1e-6, "data.train_ratio",
+         f"+ data.val_ratio + data.test_ratio must sum to 1, got {total:g}")
+    need(d.purge_gap is None or d.purge_gap >= m.context_length, "data.purge_gap",
+         f"({d.purge_gap}) must be at least model.context_length ({m.context_length}) so no training "
+         "window overlaps a val or test window")
+    need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
+    for key in ("start_date",) + (("end_date",) if d.end_date is not None else ()):
+        value = getattr(d, key)
+        try:
+            from datetime import date
+            date.fromisoformat(value)
+        except ValueError:
+            raise ConfigError(f"{where}: 'data.{key}' = {value!r} is not a date like 2015-01-31") from None
+    need(d.end_date is None or d.end_date > d.start_date, "data.end_date", "must come after data.start_date")
+    need(bool(d.universe), "data.universe", "must name the universe file")
+    for cat, n in d.universe_counts.items():
+        need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
+
+    need(tok.shape_bins >= 1, "tokenizer.shape_bins", f"must be at least 1, got {tok.shape_bins}")
+    need(tok.vol_halflife > 0, "tokenizer.vol_halflife", f"must be positive, got {tok.vol_halflife}")
+    need(tok.vol_warmup >= 1, "tokenizer.vol_warmup", f"must be at least 1, got {tok.vol_warmup}")
+
+    for key in ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb"):
+        need(getattr(s, key) > 0, f"slurm.{key}", f"must be positive, got {getattr(s, key)}")
+    need(bool(s.partition), "slurm.partition", "must name a partition")
+    need(s.signal_minutes_before_limit >= 0, "slurm.signal_minutes_before_limit", "must be zero or positive")
+    need(bool(cfg.experiment) and "/" not in cfg.experiment, "experiment",
+         f"must be a non-empty name without '/', got {cfg.experiment!r}")
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the fully resolved config (every default filled in), atomically."""
+    atomic_write_json(path, config_to_dict(cfg))
