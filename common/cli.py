@@ -24,9 +24,10 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def _cmd_model_info(args: argparse.Namespace) -> int:
     from common.config import load_config
-    from common.model import describe_model
 
     cfg = load_config(args.config, args.overrides)
+    from common.model import describe_model
+
     print(describe_model(cfg, num_assets=args.num_assets, num_categories=args.num_categories))
     return 0
 

@@ -7,3 +7,7 @@ class UserError(Exception):
 
     The message says what is wrong and what to do; the CLI prints it on one line.
     """
+
+
+class SourceUnavailable(UserError):
+    """A data source (Yahoo, an exchange) could not be reached after retries."""
