@@ -1,0 +1,301 @@
+"""MarketGPT: a decoder-only transformer over candle tokens, conditioned on the asset.
+
+One file, read top to bottom: rotary helpers, attention, MLP, block, the model, then
+`describe_model` for `marketgpt model-info`. No training or distributed code lives here.
+
+Shapes: B batch, T time (candles), C = d_model, nh heads, hs = C // nh head size, V vocab.
+Each sequence belongs to one asset; the asset and its category are embedded, concatenated,
+projected to C and added at every position, so one model learns many markets at once.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from common.config import Config, ModelConfig
+from common.errors import UserError
+from common.tokenizer import BOS_TOKEN, PAD_TOKEN
+
+__all__ = ["MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
+
+# Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
+# a real observation (a gap in the data) and stays samplable.
+_NEVER_SAMPLED = (PAD_TOKEN, BOS_TOKEN)
+
+
+# --------------------------------------------------------------------------- rotary positions
+
+
+def rotary_tables(context_length: int, head_size: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (context_length, head_size // 2), for rotary embeddings."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)  # (hs/2,)
+    angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (x1, x2) pairs, the two halves of the head dim, by position-dependent angles."""
+    # x: (B, nh, T, hs); cos, sin: (T, hs/2), cast so bf16 autocast stays bf16
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # fused q, k, v
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        v = v.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rotary(q, cos[:T], sin[:T]), apply_rotary(k, cos[:T], sin[:T])
+        # flash / memory-efficient kernels on CUDA; the causal mask is never materialized
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))  # (B, T, C) -> (B, T, d_ff) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class MarketGPT(nn.Module):
+    """GPT over candle tokens with an asset + category embedding added at every position.
+
+    `MarketGPT(config)` takes a ModelConfig (or a whole Config, whose `.model` is used).
+    num_assets / num_categories size the embedding tables; asset and category ids passed to
+    forward() must lie in [0, num_assets) and [0, num_categories).
+    """
+
+    def __init__(self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1) -> None:
+        super().__init__()
+        if isinstance(config, Config):
+            config = config.model
+        if num_assets < 1 or num_categories < 1:
+            raise ValueError(f"num_assets ({num_assets}) and num_categories ({num_categories}) must be at least 1")
+        if config.d_model % config.num_heads:
+            raise ValueError(f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})")
+        self.config = config
+        self.num_assets = num_assets
+        self.num_categories = num_categories
+        C = config.d_model
+
+        self.wte = nn.Embedding(config.vocab_size, C)  # token embedding, tied to the head
+        self.wpe = nn.Embedding(config.context_length, C) if config.positional == "learned" else None
+        self.asset_emb = nn.Embedding(num_assets, config.asset_embed_dim)
+        self.category_emb = nn.Embedding(num_categories, config.category_embed_dim)
+        self.cond_proj = nn.Linear(config.asset_embed_dim + config.category_embed_dim, C, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(C, bias=config.bias)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying: one (V, C) matrix, counted once
+
+        if config.positional == "rope":
+            cos, sin = rotary_tables(config.context_length, C // config.num_heads)
+            # derived from the config, so kept out of the state_dict
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
+
+        # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual
+        # stream are scaled down so its variance doesn't grow with depth.
+        self.apply(self._init_weights)
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.num_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Exact parameter count, tied weights once. non_embedding leaves out the lookup
+        tables (tokens, learned positions, assets, categories), as in scaling-law papers."""
+        total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+        if non_embedding:
+            tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
+            total -= sum(t.weight.numel() for t in tables)
+        return total
+
+    def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                targets: Optional[torch.Tensor] = None, last_only: bool = False
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
+
+        Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
+        cross-entropy over targets that are not PAD_TOKEN (None without targets).
+        """
+        B, T = idx.shape
+        if T > self.config.context_length:
+            raise ValueError(f"sequence length {T} exceeds model.context_length {self.config.context_length}; "
+                             "crop the input to the last context_length tokens")
+        if asset_ids.shape != (B,) or category_ids.shape != (B,):
+            raise ValueError(f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
+                             f"must both have shape ({B},), one id per sequence")
+
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
+        cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
+        x = self.drop(x + self.cond_proj(cond).unsqueeze(1))  # (B, 1, C) broadcast over T
+        rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
+        for block in self.blocks:
+            x = block(x, rope)
+        x = self.ln_f(x)
+
+        if last_only:
+            return self.lm_head(x[:, -1:, :]), None  # (B, 1, V): skips the (B, T, V) matmul
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, asset_id: Union[int, torch.Tensor], category_id: Union[int, torch.Tensor],
+                 max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to idx (B, T) and return (B, T + max_new_tokens).
+
+        asset_id / category_id: one int for the whole batch, or a (B,) tensor. Only the last
+        context_length tokens are seen at each step. temperature 0 means greedy. PAD and BOS
+        are never sampled. Runs in eval mode (no dropout) and restores the previous mode.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
+        B = idx.size(0)
+        asset_ids = torch.as_tensor(asset_id, dtype=torch.long, device=idx.device).expand(B)
+        category_ids = torch.as_tensor(category_id, dtype=torch.long, device=idx.device).expand(B)
+        never = torch.tensor(_NEVER_SAMPLED, device=idx.device)
+
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                idx_cond = idx[:, -self.config.context_length:]  # (B, <= context_length)
+                logits, _ = self(idx_cond, asset_ids, category_ids, last_only=True)
+                logits = logits[:, -1, :].float()  # (B, V)
+                logits[:, never] = -float("inf")
+                if temperature == 0:
+                    next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
+                        logits = logits.masked_fill(logits < kth, -float("inf"))
+                    probs = F.softmax(logits, dim=-1)
+                    next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+                idx = torch.cat((idx, next_id), dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
+                            device_type: str) -> torch.optim.AdamW:
+        """AdamW that decays the 2-D weights (matmuls, embeddings) but not biases or norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+# --------------------------------------------------------------------------- model-info
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
+
+
+def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
+    """Parameter counts and a per-GPU training memory estimate, built on the meta device.
+
+    Without num_assets / num_categories, the case's data.universe_counts gives them (the sum
+    of its counts and its number of categories), or 1 if it is empty.
+    """
+    counts = cfg.data.universe_counts
+    if num_assets is None:
+        num_assets = sum(counts.values()) or 1
+    if num_categories is None:
+        num_categories = len(counts) or 1
+    if num_assets < 1 or num_categories < 1:
+        raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
+
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
+    m, B = cfg.model, cfg.training.batch_size
+    n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
+
+    static = 16 * n_total  # fp32 weights + grads + AdamW exp_avg + exp_avg_sq
+    # Activations kept for backward under bf16 autocast with flash attention (no T x T term),
+    # after Korthikanti et al. 2022: about (18 * d_model + 4 * d_ff) bytes per token per layer,
+    # plus the logits (bf16) and their fp32 copy in the loss: 6 bytes per token per vocab entry.
+    tokens = B * m.context_length
+    act_layers = tokens * m.num_layers * (18 * m.d_model + 4 * m.d_ff)
+    act_logits = tokens * m.vocab_size * 6
+    return "\n".join([
+        f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
+        f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
+        f"assets {num_assets}, categories {num_categories}",
+        f"parameters: {n_total:,} total, {n_body:,} non-embedding",
+        f"training memory per GPU (batch {B} x {m.context_length} tokens, bf16 autocast):",
+        f"  weights + grads + AdamW moments (fp32, 16 B/param): {_gb(static)}",
+        f"  activations (rough: B*T*layers*(18*d_model + 4*d_ff) B + logits B*T*vocab*6 B): "
+        f"{_gb(act_layers + act_logits)}",
+        f"  total: about {_gb(static + act_layers + act_logits)} "
+        "(plus CUDA context and allocator slack, roughly 1-2 GB)",
+    ])
