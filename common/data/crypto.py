@@ -1,0 +1,211 @@
+"""Public crypto candles from a ccxt exchange (binance by default), paged into one canonical frame.
+
+ccxt returns at most one page of `[ms, open, high, low, close, volume]` rows per call, so a history
+is built by asking from `since`, continuing from the last timestamp plus one timeframe, and
+deduplicating. The newest candle is still forming until its timeframe ends; it is dropped so the
+cache only ever holds final candles.
+
+Failures: the ccxt `NetworkError` family (RateLimitExceeded, DDoSProtection = binance's 429,
+RequestTimeout, ExchangeNotAvailable) is transient and retried with exponential backoff, then
+raised as `SourceUnavailable`. A symbol the exchange does not list is permanent: `BadSymbolError`.
+
+Kraken is refused: its OHLC endpoint ignores `since` and only returns the latest 720 candles, so
+paging would silently produce a short history with a hole at the start.
+
+Nothing here touches the network at import or when an exchange is built; markets are loaded on
+first use (with the same retries) unless the caller passes them.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import time
+from typing import Callable, Iterable, Mapping, TypeVar
+
+import ccxt
+import numpy as np
+import pandas as pd
+
+from common.errors import SourceUnavailable, UserError
+
+__all__ = [
+    "BadSymbolError",
+    "DEFAULT_PAGE_LIMIT",
+    "NO_HISTORY_EXCHANGES",
+    "PAGE_LIMITS",
+    "ensure_markets",
+    "fetch_ohlcv_history",
+    "make_exchange",
+    "page_limit",
+]
+
+log = logging.getLogger(__name__)
+
+# Max rows per fetch_ohlcv call, checked against ccxt 4.5. Asking for more is capped (or refused)
+# by the exchange, so paging still works, but asking for the max means the fewest requests.
+PAGE_LIMITS: dict[str, int] = {
+    "binance": 1000,
+    "bybit": 1000,
+    "bitstamp": 1000,
+    "okx": 300,
+    "coinbase": 300,
+    "kucoin": 1500,
+}
+# Exchanges we have not checked: small enough that no exchange we know of rejects it.
+DEFAULT_PAGE_LIMIT = 100
+
+# Exchanges whose candle endpoint can't go back in time, with the reason shown to the user.
+NO_HISTORY_EXCHANGES: dict[str, str] = {
+    "kraken": "kraken ignores `since` and only returns its latest 720 candles, so it can't build a history",
+}
+
+_SUGGESTED = ("binance", "bybit", "okx", "kucoin", "bitstamp", "coinbase")
+_COLUMNS = ["open", "high", "low", "close", "volume"]
+_MAX_DELAY_S = 60.0
+
+T = TypeVar("T")
+
+
+class BadSymbolError(UserError):
+    """The exchange does not list this symbol (delisted, misspelt, or quoted in another coin)."""
+
+
+Markets = Iterable[dict] | Mapping[str, dict]
+
+
+def make_exchange(name: str = "binance", *, markets: Markets | None = None) -> ccxt.Exchange:
+    """A ccxt exchange for public market data: no API keys, ccxt's rate limiter on, no network yet.
+
+    `markets` (ccxt market structures, as returned by `load_markets`) skips the network call that
+    would otherwise load them on first use.
+    """
+    key = name.strip().lower()
+    if key in NO_HISTORY_EXCHANGES:
+        raise UserError(f"exchange '{name}': {NO_HISTORY_EXCHANGES[key]}; "
+                        f"set data.exchange to one of {', '.join(_SUGGESTED)}")
+    if key not in ccxt.exchanges:
+        close = difflib.get_close_matches(key, ccxt.exchanges, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UserError(f"unknown ccxt exchange '{name}'; {hint}"
+                        f"common ones with long histories: {', '.join(_SUGGESTED)}")
+    exchange: ccxt.Exchange = getattr(ccxt, key)({"enableRateLimit": True})
+    if markets is not None:
+        exchange.set_markets(markets)
+    return exchange
+
+
+def page_limit(exchange: ccxt.Exchange) -> int:
+    """Rows to ask for per call on this exchange."""
+    return PAGE_LIMITS.get(exchange.id, DEFAULT_PAGE_LIMIT)
+
+
+def _with_retries(call: Callable[[], T], what: str, exchange: ccxt.Exchange, *, max_retries: int,
+                  base_delay_s: float, sleep: Callable[[float], None]) -> T:
+    """Run `call`, retrying the NetworkError family with delays base, 2*base, 4*base, ..."""
+    for attempt in range(max_retries + 1):
+        try:
+            return call()
+        except ccxt.NetworkError as e:
+            if attempt == max_retries:
+                raise SourceUnavailable(
+                    f"{exchange.id}: {what} still failing after {max_retries + 1} attempts "
+                    f"({type(e).__name__}: {_short(e)}); check the network or try again later") from e
+            delay = min(base_delay_s * 2 ** attempt, _MAX_DELAY_S)
+            log.warning("%s: %s failed (%s), retry %d/%d in %.1fs", exchange.id, what, type(e).__name__,
+                        attempt + 1, max_retries, delay)
+            sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _short(e: Exception, n: int = 200) -> str:
+    text = str(e)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def ensure_markets(exchange: ccxt.Exchange, *, max_retries: int = 5, base_delay_s: float = 1.0,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Load the exchange's markets once (network), unless they were set already."""
+    if exchange.markets:
+        return
+    _with_retries(exchange.load_markets, "loading markets", exchange,
+                  max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
+
+
+def _bad_symbol(exchange: ccxt.Exchange, symbol: str) -> BadSymbolError:
+    close = difflib.get_close_matches(symbol, exchange.symbols or [], n=3, cutoff=0.6)
+    hint = f" (close matches: {', '.join(close)})" if close else ""
+    return BadSymbolError(f"{exchange.id} does not list symbol '{symbol}'{hint}; fix the symbol in the "
+                          "universe file (unified form like BTC/USDT) or remove it")
+
+
+def _check_usable(exchange: ccxt.Exchange, timeframe: str) -> None:
+    if exchange.id in NO_HISTORY_EXCHANGES:
+        raise UserError(f"{NO_HISTORY_EXCHANGES[exchange.id]}; use one of {', '.join(_SUGGESTED)}")
+    if not exchange.has.get("fetchOHLCV"):
+        raise UserError(f"{exchange.id} has no public candles (fetchOHLCV); use one of {', '.join(_SUGGESTED)}")
+    if exchange.timeframes and timeframe not in exchange.timeframes:
+        raise UserError(f"{exchange.id} has no '{timeframe}' candles; it offers "
+                        f"{', '.join(exchange.timeframes)}")
+
+
+def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, since_ms: int,
+                        until_ms: int | None = None, *, limit: int | None = None, max_retries: int = 5,
+                        base_delay_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+                        now_ms: int | None = None) -> pd.DataFrame:
+    """Closed candles with open time in [since_ms, until_ms) (or up to now) as a canonical frame.
+
+    The frame has a UTC DatetimeIndex named "timestamp" (candle open time), sorted, unique, and
+    float64 columns open, high, low, close, volume; it is empty if there are no candles. For an
+    incremental update pass `since_ms` = last cached open time + one timeframe.
+    """
+    _check_usable(exchange, timeframe)
+    retry = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
+    ensure_markets(exchange, **retry)
+    try:
+        exchange.market(symbol)
+    except ccxt.BadSymbol:
+        raise _bad_symbol(exchange, symbol) from None
+
+    step = exchange.parse_timeframe(timeframe) * 1000
+    now = exchange.milliseconds() if now_ms is None else now_ms
+    rows: dict[int, list] = {}  # open time -> row; dedupes overlapping pages
+    since = int(since_ms)
+    per_call = limit or page_limit(exchange)
+
+    # Ask only while the candle opening at `since` could be closed and inside the range.
+    while since + step <= now and (until_ms is None or since < until_ms):
+        def call(since: int = since) -> list:
+            return exchange.fetch_ohlcv(symbol, timeframe, since=since, limit=per_call)
+        try:
+            page = _with_retries(call, f"{symbol} {timeframe} candles from {_iso(since)}", exchange, **retry)
+        except ccxt.BadSymbol:
+            raise _bad_symbol(exchange, symbol) from None
+        if not page:
+            break
+        for row in page:
+            rows[int(row[0])] = row
+        next_since = int(max(row[0] for row in page)) + step
+        if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
+            log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol,
+                        timeframe, _iso(since))
+            break
+        since = next_since
+
+    return _to_frame(rows, since_ms=since_ms, until_ms=until_ms, now_ms=now, step=step)
+
+
+def _iso(ms: int) -> str:
+    return pd.Timestamp(ms, unit="ms", tz="UTC").isoformat()
+
+
+def _to_frame(rows: Mapping[int, list], *, since_ms: int, until_ms: int | None, now_ms: int,
+              step: int) -> pd.DataFrame:
+    """Keep closed candles in range and build the canonical frame."""
+    keep = sorted(t for t in rows
+                  if t >= since_ms and (until_ms is None or t < until_ms) and t + step <= now_ms)
+    # ccxt leaves a missing field as None; float() of None is NaN, which cleaning counts and repairs.
+    values = np.array([[np.nan if v is None else v for v in rows[t][1:6]] for t in keep],
+                      dtype="float64").reshape(len(keep), len(_COLUMNS))
+    index = pd.DatetimeIndex(pd.to_datetime(np.array(keep, dtype="int64"), unit="ms", utc=True),
+                             name="timestamp")
+    return pd.DataFrame(values, index=index, columns=_COLUMNS)
