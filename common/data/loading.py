@@ -1,0 +1,92 @@
+"""One entry point for candles: the shipped sample or the case's downloaded cache.
+
+Training calls `load_market_data(cfg, case_dir)` and never cares where the candles came from;
+the config's data.source picks. Nothing here touches the network: "download" reads only what
+`marketgpt data download` already put in the cache, and says so when it is not there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from common.config import Config
+from common.data.universe import Asset, load_universe
+from common.errors import UserError
+
+__all__ = ["MarketData", "load_market_data"]
+
+
+@dataclass
+class MarketData:
+    assets: list[Asset]  # universe order; asset ids follow it
+    candles: dict[str, pd.DataFrame]  # symbol -> canonical candle frame
+    interval: str
+
+
+def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
+    """Candles for every asset of the case, as canonical frames keyed by symbol.
+
+    "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
+    of the config does not apply to it). "download": the case universe read from the parquet
+    cache, cut to [data.start_date, data.end_date).
+    """
+    case_dir = Path(case_dir)
+    interval = cfg.data.interval
+    if cfg.data.source == "sample":
+        return _load_sample(interval)
+    if cfg.data.source == "download":
+        return _load_cache(cfg, case_dir)
+    raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample' or 'download'")
+
+
+def _load_sample(interval: str) -> MarketData:
+    from common.data.sample import load_sample, sample_assets  # written alongside
+
+    assets = sample_assets(interval)  # a UserError naming the sample's intervals if it lacks this one
+    frames = load_sample(interval)
+    return MarketData(assets=assets, candles={a.symbol: frames[a.symbol] for a in assets}, interval=interval)
+
+
+def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
+    from common.data.cache import CandleCache  # written alongside
+
+    d = cfg.data
+    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    cache_root = case_dir / d.cache_dir
+    cache = CandleCache(cache_root)
+    start = pd.Timestamp(d.start_date, tz="UTC")
+    end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else None
+
+    candles: dict[str, pd.DataFrame] = {}
+    missing: list[str] = []
+    for asset in assets:
+        frame = cache.read(asset.source, d.interval, asset.symbol)
+        if frame is None or frame.empty:
+            missing.append(asset.symbol)
+            continue
+        # The index is sorted (cache contract), so two binary searches cut the date range.
+        lo = frame.index.searchsorted(start, side="left")
+        hi = frame.index.searchsorted(end, side="left") if end is not None else len(frame)
+        candles[asset.symbol] = frame.iloc[lo:hi]
+
+    if missing:
+        command = f"marketgpt data download --case {_case_arg(case_dir)}"
+        if len(missing) == len(assets):
+            raise UserError(f"no {d.interval} candles in the cache {cache_root} for the "
+                            f"{len(assets)} assets of {case_dir / d.universe}: run `{command}` first "
+                            "(needs network), or set data.source to 'sample' to train on the shipped sample")
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise UserError(f"{len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
+                        f"{cache_root} ({shown}): run `{command}` to fetch them; if the download "
+                        f"reports them as failed (delisted or renamed), replace them in {case_dir / d.universe}")
+    return MarketData(assets=assets, candles=candles, interval=d.interval)
+
+
+def _case_arg(case_dir: Path) -> str:
+    """The shortest --case value that finds this folder: its name for the repo's own cases."""
+    from common.paths import REPO_ROOT
+
+    resolved = case_dir.resolve()
+    return resolved.name if resolved == REPO_ROOT / resolved.name else str(case_dir)

@@ -1,0 +1,145 @@
+"""Asset universes: which assets a case trains on, read from a small CSV in the case folder.
+
+    # comment lines and blank lines are allowed
+    symbol,source,category,name
+    AAPL,yfinance,us_stock,Apple
+    BTC/USDT,ccxt,crypto,Bitcoin
+
+The symbol drives the model's asset embedding and the category its category embedding; the
+ids of both go to asset_info.json in the run folder. Every problem in the file is a UserError
+that names the file and the line, because a bad universe only shows up days later otherwise.
+"""
+from __future__ import annotations
+
+import csv
+import difflib
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from common.errors import UserError
+
+__all__ = ["Asset", "CATEGORIES", "SOURCES", "HEADER", "load_universe", "asset_info"]
+
+CATEGORIES: tuple[str, ...] = ("us_stock", "eu_stock", "emerging", "commodity", "crypto", "index", "fx")
+SOURCES: tuple[str, ...] = ("yfinance", "ccxt", "sample")
+HEADER: tuple[str, ...] = ("symbol", "source", "category", "name")
+
+
+@dataclass(frozen=True)
+class Asset:
+    symbol: str
+    source: str  # "yfinance" | "ccxt" | "sample"
+    category: str  # one of CATEGORIES
+    name: str
+
+
+def _suggest(value: str, choices: Iterable[str]) -> str:
+    choices = list(choices)
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'?" if close else f"expected one of {', '.join(choices)}"
+
+
+def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | None = None) -> list[Asset]:
+    """Read and check a universe file; assets come back in file order.
+
+    `expected_counts` (the config's data.universe_counts) is the number of assets per category
+    the file must hold; None or {} skips that check.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets like to add a BOM
+    except FileNotFoundError:
+        raise UserError(f"{path}: universe file not found; create it with the header "
+                        f"'{','.join(HEADER)}' or point data.universe at the right file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the universe file ({e.strerror})") from None
+
+    assets: list[Asset] = []
+    first_line: dict[str, int] = {}  # upper-cased symbol -> line number, to report duplicates
+    last_line_of: dict[str, int] = {}  # category -> its last line, to point at in count errors
+    header_seen = False
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}, line {lineno}"
+        fields = [f.strip() for f in next(csv.reader([line]))]
+        if not header_seen:
+            if tuple(f.lower() for f in fields) != HEADER:
+                raise UserError(f"{where}: bad header '{line.strip()}'; the first line must be "
+                                f"'{','.join(HEADER)}'")
+            header_seen = True
+            continue
+        if len(fields) != len(HEADER):
+            raise UserError(f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), found "
+                            f"{len(fields)} in '{line.strip()}'; quote a name that contains a comma")
+        symbol, source, category, name = fields
+        if not symbol:
+            raise UserError(f"{where}: empty symbol")
+        if source not in SOURCES:
+            raise UserError(f"{where}: unknown source '{source}' for {symbol} ({_suggest(source, SOURCES)})")
+        if category not in CATEGORIES:
+            raise UserError(f"{where}: unknown category '{category}' for {symbol} "
+                            f"({_suggest(category, CATEGORIES)})")
+        if source == "ccxt" and "/" not in symbol:
+            raise UserError(f"{where}: ccxt symbol '{symbol}' must look like BASE/QUOTE, e.g. BTC/USDT")
+        key = symbol.upper()
+        if key in first_line:
+            raise UserError(f"{where}: duplicate symbol '{symbol}' (already on line {first_line[key]}); "
+                            "each asset may appear once")
+        first_line[key] = lineno
+        last_line_of[category] = lineno
+        assets.append(Asset(symbol=symbol, source=source, category=category, name=name or symbol))
+
+    if not header_seen:
+        raise UserError(f"{path}: empty universe file; the first line must be the header '{','.join(HEADER)}'")
+    if not assets:
+        raise UserError(f"{path}: the universe lists no assets; add one row per asset after the header")
+    if expected_counts:
+        _check_counts(path, assets, expected_counts, last_line_of)
+    return assets
+
+
+def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int],
+                  last_line_of: dict[str, int]) -> None:
+    for category in expected:
+        if category not in CATEGORIES:
+            raise UserError(f"{path}: data.universe_counts names unknown category '{category}' "
+                            f"({_suggest(category, CATEGORIES)})")
+    found = Counter(a.category for a in assets)
+    for category in CATEGORIES:  # a fixed order, so the same file always gives the same message
+        want, have = expected.get(category, 0), found.get(category, 0)
+        if want == have:
+            continue
+        where = f"{path}, line {last_line_of[category]}" if category in last_line_of else str(path)
+        last = f" (its last row is line {last_line_of[category]})" if category in last_line_of else ""
+        raise UserError(f"{where}: category '{category}' has {have} assets{last}, but the config's "
+                        f"data.universe_counts expects {want}; fix the universe or the counts")
+
+
+def asset_info(assets: list[Asset]) -> dict:
+    """The JSON-ready asset and category ids the model's embeddings use (asset_info.json).
+
+    Asset ids follow the given order; category ids follow CATEGORIES, restricted to the
+    categories present, so the same universe always maps to the same ids.
+    """
+    symbols = [a.symbol for a in assets]
+    dupes = sorted(s for s, n in Counter(symbols).items() if n > 1)
+    if dupes:
+        raise ValueError(f"duplicate symbols in the asset list: {', '.join(dupes)}")
+    unknown = sorted({a.category for a in assets} - set(CATEGORIES))
+    if unknown:
+        raise ValueError(f"unknown categories in the asset list: {', '.join(unknown)}")
+    present = {a.category for a in assets}
+    categories = {c: i for i, c in enumerate(c for c in CATEGORIES if c in present)}
+    records = [{"id": i, "symbol": a.symbol, "source": a.source, "category": a.category,
+                "category_id": categories[a.category], "name": a.name} for i, a in enumerate(assets)]
+    return {
+        "assets": records,
+        "symbols": {a.symbol: i for i, a in enumerate(assets)},
+        "categories": categories,
+        "num_assets": len(assets),
+        "num_categories": len(categories),
+    }

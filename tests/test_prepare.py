@@ -1,0 +1,359 @@
+"""Loading (sample and cache), cleaning, gap filling and the global time split."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.config import Config
+from common.data.cache import CandleCache
+from common.data.loading import MarketData, load_market_data
+from common.data.prepare import FIX_KINDS, clean_candles, fill_gaps, interval_step, prepare_data
+from common.data.universe import Asset
+from common.errors import UserError
+from common.paths import REPO_ROOT
+
+COLUMNS = ["open", "high", "low", "close", "volume"]
+
+
+def candles(start: str, n: int, freq: str = "1D", seed: int = 0) -> pd.DataFrame:
+    """A valid canonical frame: a random walk with consistent high/low."""
+    rng = np.random.default_rng(seed)
+    close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
+    open_ = np.concatenate([[100.0], close[:-1]])
+    high = np.maximum(open_, close) * (1 + rng.uniform(0, 0.01, n))
+    low = np.minimum(open_, close) * (1 - rng.uniform(0, 0.01, n))
+    index = pd.date_range(start, periods=n, freq=freq, tz="UTC", name="timestamp")
+    return pd.DataFrame({"open": open_, "high": high, "low": low, "close": close,
+                         "volume": rng.uniform(1, 10, n)}, index=index)
+
+
+def config(context: int = 8, purge: int | None = None, interval: str = "1d") -> Config:
+    cfg = Config()
+    cfg.model.context_length = context
+    cfg.data.purge_gap = purge
+    cfg.data.interval = interval
+    return cfg
+
+
+def market(frames: dict[str, pd.DataFrame], categories: dict[str, str] | None = None,
+           interval: str = "1d") -> MarketData:
+    categories = categories or {}
+    assets = [Asset(s, "sample", categories.get(s, "us_stock"), s) for s in frames]
+    return MarketData(assets=assets, candles=dict(frames), interval=interval)
+
+
+# --------------------------------------------------------------------------- cleaning
+
+
+def test_clean_counts_and_repairs_every_fix_kind():
+    t = pd.date_range("2024-01-01", periods=9, freq="1D", tz="UTC")
+    rows = [  # (timestamp, open, high, low, close, volume)
+        (t[0], 10, 11, 9, 10.5, 5),
+        (t[2], 10, 11, 9, 10.5, 5),  # comes before t[1]: out of order
+        (t[1], 10, 11, 9, 10.5, 5),
+        (t[3], 10, 11, 9, 10.0, 1),  # duplicated below; the last one wins
+        (t[3], 20, 22, 19, 21.0, 2),
+        (t[4], 10, 11, 9, np.nan, 5),  # NaN price: dropped
+        (t[5], 10, np.inf, 9, 10, 5),  # infinite price: dropped
+        (t[6], 0, 11, 9, 10, 5),  # non-positive price: dropped
+        (t[7], 10, 9.5, 9, 12, -3),  # high below close, negative volume
+        (t[8], 10, 13, 11, 12, np.nan),  # low above open, missing volume
+    ]
+    raw = pd.DataFrame([r[1:] for r in rows], columns=COLUMNS,
+                       index=pd.DatetimeIndex([r[0] for r in rows], name="timestamp"))
+    clean, fixes = clean_candles(raw, "TEST")
+
+    assert fixes == {"out_of_order": 1, "duplicates": 1, "nan_price": 2, "nonpositive_price": 1,
+                     "high_repaired": 1, "low_repaired": 1, "volume_clipped": 2}
+    assert list(clean.index) == [t[0], t[1], t[2], t[3], t[7], t[8]]
+    assert clean.loc[t[3]].tolist() == [20, 22, 19, 21, 2]  # the later duplicate
+    assert clean.loc[t[7], "high"] == 12 and clean.loc[t[7], "volume"] == 0
+    assert clean.loc[t[8], "low"] == 10 and clean.loc[t[8], "volume"] == 0
+    assert list(clean.columns) == COLUMNS and (clean.dtypes == np.float64).all()
+    assert clean.index.name == "timestamp" and str(clean.index.tz) == "UTC"
+
+
+def test_clean_leaves_valid_candles_alone():
+    raw = candles("2020-01-01", 50)
+    clean, fixes = clean_candles(raw, "OK")
+    assert set(fixes) == set(FIX_KINDS) and sum(fixes.values()) == 0
+    np.testing.assert_array_equal(clean.to_numpy(), raw.to_numpy())
+    assert (clean.index == raw.index).all()
+
+
+def test_clean_takes_naive_as_utc_and_converts_other_zones():
+    raw = candles("2020-01-01", 5)
+    naive = raw.tz_localize(None)
+    assert (clean_candles(naive, "N")[0].index == raw.index).all()
+    tokyo = raw.tz_convert("Asia/Tokyo")
+    assert (clean_candles(tokyo, "T")[0].index == raw.index).all()
+
+
+def test_clean_rejects_a_frame_without_prices():
+    with pytest.raises(UserError, match="XYZ: candle frame lacks column.*close"):
+        clean_candles(candles("2020-01-01", 5).drop(columns="close"), "XYZ")
+
+
+prices = st.one_of(st.floats(-5, 200), st.just(np.nan), st.just(0.0))
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), prices, prices, prices, prices, prices), max_size=40))
+def test_clean_output_is_always_valid(rows):
+    index = pd.DatetimeIndex(pd.Timestamp("2021-01-01", tz="UTC") + pd.to_timedelta([r[0] for r in rows], "h"))
+    raw = pd.DataFrame([r[1:] for r in rows], columns=COLUMNS, index=index, dtype=float)
+    clean, fixes = clean_candles(raw, "H")
+    ts = clean.index
+    assert ts.is_monotonic_increasing and ts.is_unique
+    o, h, l, c, v = (clean[k].to_numpy() for k in COLUMNS)
+    assert np.isfinite(clean[["open", "high", "low", "close"]].to_numpy()).all()
+    assert (clean[["open", "high", "low", "close"]].to_numpy() > 0).all()
+    assert (h >= np.maximum(o, c)).all() and (l <= np.minimum(o, c)).all() and (v >= 0).all()
+    dropped = fixes["duplicates"] + fixes["nan_price"] + fixes["nonpositive_price"]
+    assert len(clean) == len(raw) - dropped
+
+
+# --------------------------------------------------------------------------- gaps
+
+
+def test_fill_gaps_inserts_nan_rows_on_the_grid():
+    full = candles("2024-03-01", 24, freq="1h")
+    holes = full.index[[3, 10, 11, 12]]
+    frame, filled = fill_gaps(full.drop(holes), interval_step("1h"))
+    assert filled == 4
+    assert (frame.index == full.index).all()
+    assert frame.loc[holes].isna().all().all()
+    kept = full.drop(holes)
+    np.testing.assert_array_equal(frame.loc[kept.index].to_numpy(), kept.to_numpy())
+
+
+def test_fill_gaps_ignores_off_grid_holes():
+    index = pd.DatetimeIndex(["2024-01-01 00:00", "2024-01-01 01:00", "2024-01-01 03:30"], tz="UTC")
+    frame = candles("2024-01-01", 3, freq="1h").set_axis(index.rename("timestamp"))
+    out, filled = fill_gaps(frame, interval_step("1h"))
+    assert filled == 0 and len(out) == 3
+
+
+def test_prepare_fills_crypto_gaps_but_not_stock_market_closures():
+    stock = candles("2020-01-01", 400, freq="B", seed=1)  # business days: weekends are absent
+    crypto = candles("2020-01-01", 560, freq="1D", seed=2)
+    holes = crypto.index[[100, 101, 300]]
+    data = prepare_data(config(), market({"SPY": stock, "BTC/USDT": crypto.drop(holes)},
+                                         {"BTC/USDT": "crypto"}))
+    assert data.info["assets"]["SPY"]["gaps_filled"] == 0
+    assert len(data.candles["SPY"]) == 400
+    assert data.info["assets"]["BTC/USDT"]["gaps_filled"] == 3
+    assert (data.candles["BTC/USDT"].index == crypto.index).all()
+    assert data.candles["BTC/USDT"].loc[holes].isna().all().all()
+
+
+# --------------------------------------------------------------------------- split
+
+
+def split_market() -> MarketData:
+    # Three assets over different, overlapping periods (daily, 24/7 grid for simplicity).
+    return market({
+        "OLD": candles("2010-01-01", 3000, seed=1),  # ends 2018-03
+        "MID": candles("2014-01-01", 2500, seed=2),  # ends 2020-11
+        "NEW": candles("2016-06-01", 2000, seed=3),  # ends 2021-11
+    })
+
+
+def test_cuts_are_global_quantiles_of_all_candles():
+    m = split_market()
+    cfg = config(context=16)
+    data = prepare_data(cfg, m)
+    pooled = np.sort(np.concatenate([f.index.as_unit("ns").asi8 for f in m.candles.values()]))
+    cut1, cut2 = (c.value for c in data.cuts)
+    before1 = np.searchsorted(pooled, cut1) / len(pooled)
+    before2 = np.searchsorted(pooled, cut2) / len(pooled)
+    assert abs(before1 - cfg.data.train_ratio) < 2 / len(pooled)
+    assert abs(before2 - (cfg.data.train_ratio + cfg.data.val_ratio)) < 2 / len(pooled)
+    assert data.info["split_cuts"] == {"val_start": data.cuts[0].isoformat(),
+                                       "test_start": data.cuts[1].isoformat()}
+
+    for symbol, split in data.splits.items():
+        ts = data.candles[symbol].index
+        assert (ts[split.train.start:split.train.stop] < data.cuts[0]).all()
+        val = ts[split.val.start:split.val.stop]
+        assert ((val >= data.cuts[0]) & (val < data.cuts[1])).all()
+        assert (ts[split.test.start:split.test.stop] >= data.cuts[1]).all()
+    # Calendar time is shared: the latest training candle of any asset precedes every
+    # val and test candle of every other asset.
+    last_train = max(data.candles[s].index[sp.train.stop - 1] for s, sp in data.splits.items())
+    first_eval = min(data.candles[s].index[r.start] for s, sp in data.splits.items()
+                     for r in (sp.val, sp.test) if len(r))
+    assert last_train < first_eval
+
+
+@pytest.mark.parametrize("purge", [None, 40])
+def test_purge_gap_separates_the_splits(purge):
+    context = 16
+    data = prepare_data(config(context=context, purge=purge), split_market())
+    gap = purge or context
+    assert data.purge_gap == gap and data.info["purge_gap"] == gap
+    for symbol, split in data.splits.items():
+        n = len(data.candles[symbol])
+        ts = data.candles[symbol].index
+        first_val = int(np.searchsorted(ts, data.cuts[0]))  # first candle at or after the cut
+        first_test = int(np.searchsorted(ts, data.cuts[1]))
+        assert split.train == range(0, first_val)
+        assert split.val.start == min(first_val + gap, first_test)  # the purged candles belong nowhere
+        assert split.test.start == min(first_test + gap, n)
+        assert split.val.start - split.train.stop >= gap or len(split.val) == 0
+        assert split.test.start - split.val.stop >= gap or len(split.test) == 0
+        assert split.test.stop == n
+
+
+def test_asset_too_short_for_a_training_window_is_dropped_with_the_reason():
+    m = split_market()
+    # LATE starts just before the train/val cut: a few training candles only.
+    cut1 = prepare_data(config(context=16), m).cuts[0]
+    late = candles(str((cut1 - pd.Timedelta(days=5)).date()), 40, seed=4)
+    m2 = market({**m.candles, "LATE": late})
+    data = prepare_data(config(context=16), m2)
+    before = int((late.index < data.cuts[0]).sum())  # LATE's own candles move the cut a little
+    assert 0 < before < 17
+    assert "LATE" not in data.splits and "LATE" not in data.candles
+    assert [a.symbol for a in data.assets] == ["OLD", "MID", "NEW"]
+    assert f"{before} candles before the train/val cut {data.cuts[0].isoformat()}" in data.dropped["LATE"]
+    assert "context_length + 1 = 17" in data.dropped["LATE"]
+    assert data.info["dropped"][0]["symbol"] == "LATE" and data.info["num_dropped"] == 1
+
+
+def test_asset_without_candles_is_dropped_not_fatal():
+    m = split_market()
+    empty = candles("2015-01-01", 0)
+    nan_only = candles("2015-01-01", 30).assign(close=np.nan)
+    data = prepare_data(config(context=16), market({**m.candles, "EMPTY": empty, "NAN": nan_only}))
+    assert data.dropped["EMPTY"].startswith("no candles")
+    assert data.dropped["NAN"] == "no valid candles after cleaning (30 raw rows)"
+    assert set(data.splits) == {"OLD", "MID", "NEW"}
+
+
+def test_short_val_or_test_is_kept_and_marked():
+    data = prepare_data(config(context=16), split_market())
+    old = data.splits["OLD"]  # ends long before the test cut: no test candles at all
+    assert len(old.test) == 0 and "test" in old.short
+    assert data.info["assets"]["OLD"]["no_windows_in"] == list(old.short)
+    new = data.splits["NEW"]
+    assert new.short == ()
+
+
+def test_all_assets_too_short_is_a_clear_error():
+    m = market({"A": candles("2020-01-01", 100), "B": candles("2020-02-01", 60, seed=1)})
+    with pytest.raises(UserError) as err:
+        prepare_data(config(context=128), m)
+    message = str(err.value)
+    assert "context length 128 is longer than any asset's history (longest: 100 candles" in message
+    assert "model.context_length" in message
+
+
+def test_info_is_json_ready_and_adds_up():
+    m = split_market()
+    data = prepare_data(config(context=16), m)
+    info = json.loads(json.dumps(data.info, allow_nan=False))
+    assert info["interval"] == "1d" and info["num_assets"] == 3
+    for symbol, rec in info["assets"].items():
+        split = data.splits[symbol]
+        assert (rec["train"], rec["val"], rec["test"]) == (len(split.train), len(split.val), len(split.test))
+        assert rec["raw_rows"] == len(m.candles[symbol]) == rec["rows"]
+        assert rec["first"] == m.candles[symbol].index[0].isoformat()
+    for key in ("train", "val", "test", "rows", "raw_rows"):
+        assert info["totals"][key] == sum(r[key] for r in info["assets"].values())
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def write_case(folder: Path, rows: list[tuple[str, str, str]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["symbol,source,category,name"] + [f"{s},{src},{cat},{s}" for s, src, cat in rows]
+    (folder / "universe.csv").write_text("\n".join(lines) + "\n")
+
+
+UNIVERSE = [("AAPL", "yfinance", "us_stock"), ("GC=F", "yfinance", "commodity"), ("BTC/USDT", "ccxt", "crypto")]
+
+
+def download_config(cache_dir: str = "data") -> Config:
+    cfg = config()
+    cfg.data.source = "download"
+    cfg.data.start_date = "2015-01-01"
+    cfg.data.end_date = "2016-01-01"
+    cfg.data.cache_dir = cache_dir
+    cfg.data.universe_counts = {"us_stock": 1, "commodity": 1, "crypto": 1}
+    return cfg
+
+
+def test_download_source_reads_the_case_cache(tmp_path: Path):
+    write_case(tmp_path, UNIVERSE)
+    cache = CandleCache(tmp_path / "data")
+    frames = {s: candles("2014-06-01", 800, seed=i) for i, (s, _, _) in enumerate(UNIVERSE)}
+    for symbol, source, _ in UNIVERSE:
+        cache.write(source, "1d", symbol, frames[symbol], adjusted=source == "yfinance")
+    cache.write("yfinance", "1h", "AAPL", candles("2015-01-01", 10, freq="1h"), adjusted=True)  # other interval
+
+    data = load_market_data(download_config(), tmp_path)
+    assert [a.symbol for a in data.assets] == ["AAPL", "GC=F", "BTC/USDT"] and data.interval == "1d"
+    for symbol, frame in data.candles.items():
+        expected = frames[symbol].loc["2015-01-01":"2015-12-31"]  # [start_date, end_date)
+        assert (frame.index == expected.index).all()
+        np.testing.assert_array_equal(frame.to_numpy(), expected.to_numpy())
+    prepared = prepare_data(download_config(), data)  # and the result feeds the split
+    assert set(prepared.splits) == {"AAPL", "GC=F", "BTC/USDT"}
+
+
+def test_empty_cache_says_to_run_the_download(tmp_path: Path):
+    write_case(tmp_path / "my_case", UNIVERSE)
+    with pytest.raises(UserError) as err:
+        load_market_data(download_config(), tmp_path / "my_case")
+    message = str(err.value)
+    assert f"marketgpt data download --case {tmp_path / 'my_case'}" in message
+    assert "no 1d candles in the cache" in message and "data.source to 'sample'" in message
+
+
+def test_missing_assets_are_named(tmp_path: Path):
+    write_case(tmp_path, UNIVERSE)
+    CandleCache(tmp_path / "data").write("yfinance", "1d", "AAPL", candles("2015-01-01", 30), adjusted=True)
+    with pytest.raises(UserError, match=r"2 of 3 assets have no 1d candles .*\(GC=F, BTC/USDT\).*"
+                                        r"marketgpt data download"):
+        load_market_data(download_config(), tmp_path)
+
+
+def test_a_repo_case_is_named_by_its_folder_name(tmp_path: Path):
+    cfg = download_config(cache_dir=str(tmp_path / "empty_cache"))  # absolute: ignores the case folder
+    cfg.data.universe_counts = {"crypto": 20}
+    with pytest.raises(UserError, match=r"`marketgpt data download --case case_c_crypto`"):
+        load_market_data(cfg, REPO_ROOT / "case_c_crypto")
+
+
+def test_download_source_checks_universe_counts(tmp_path: Path):
+    write_case(tmp_path, UNIVERSE)
+    cfg = download_config()
+    cfg.data.universe_counts = {"us_stock": 2, "commodity": 1, "crypto": 1}
+    with pytest.raises(UserError, match="category 'us_stock' has 1 assets.*expects 2"):
+        load_market_data(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("interval", ["1d", "1h"])
+def test_sample_source_loads_the_shipped_sample(interval: str, tmp_path: Path):
+    cfg = config(context=32, interval=interval)
+    cfg.data.source = "sample"
+    data = load_market_data(cfg, tmp_path)  # the case folder is not needed for the sample
+    assert data.interval == interval and data.assets
+    assert all(a.source == "sample" for a in data.assets)
+    assert [a.symbol for a in data.assets] == list(data.candles)
+    prepared = prepare_data(cfg, data)
+    assert prepared.assets and prepared.info["source"] == "sample"
+
+
+def test_sample_source_refuses_an_interval_it_does_not_have(tmp_path: Path):
+    cfg = config(interval="4h")
+    cfg.data.source = "sample"
+    with pytest.raises(UserError, match="'4h'.*1d, 1h"):
+        load_market_data(cfg, tmp_path)
