@@ -1,0 +1,178 @@
+"""The candle cache: one parquet file per source, interval and symbol, plus a JSON manifest.
+
+    <root>/yfinance/1d/AAPL.parquet
+    <root>/ccxt/1h/BTC%2FUSDT.parquet
+    <root>/manifest.json        {"ccxt/1h/BTC%2FUSDT.parquet": {"first": ..., "last": ..., ...}}
+
+Files hold canonical candle frames (UTC "timestamp" index, sorted, unique; float64 open, high,
+low, close, volume), zstd-compressed. Every write goes through a temp file and a rename
+(common.atomic), so a download killed halfway leaves each file either as it was or complete, and
+a rerun resumes from what is there. The parquet files are the truth; the manifest is a summary
+for people and `jq` (first/last timestamp, rows, fetch time, adjusted prices or not), updated
+right after each file.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from common.atomic import atomic_path, atomic_write_json
+from common.errors import UserError
+
+try:  # a lock file keeps two downloads into one cache from losing each other's manifest entries
+    import fcntl
+except ImportError:  # Windows: no advisory locks; single-process use is still safe
+    fcntl = None
+
+__all__ = ["COLUMNS", "CandleCache", "canonical_frame", "merge_candles"]
+
+COLUMNS = ["open", "high", "low", "close", "volume"]
+MANIFEST = "manifest.json"
+
+
+def canonical_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The canonical form of a candle frame: UTC index named "timestamp", sorted, unique
+    (the last row of a duplicated timestamp wins), float64 columns in COLUMNS order.
+
+    The index is always nanoseconds (pandas 3 builds s/ms/us indexes depending on the input),
+    so frames from any source compare, merge and `asi8` the same way."""
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"candle frame lacks columns {missing}; has {list(frame.columns)}")
+    if not isinstance(frame.index, pd.DatetimeIndex) or frame.index.tz is None:
+        raise ValueError("candle frame needs a tz-aware DatetimeIndex (UTC)")
+    out = frame[COLUMNS].astype("float64")
+    out.columns = pd.Index(COLUMNS)  # drop a columns name such as yfinance's "Price"
+    out.index = frame.index.tz_convert("UTC").as_unit("ns").rename("timestamp")
+    out = out[~out.index.duplicated(keep="last")]
+    return out.sort_index()
+
+
+def merge_candles(old: pd.DataFrame | None, new: pd.DataFrame) -> pd.DataFrame:
+    """Old candles extended by new ones; where both have a timestamp the new candle wins
+    (the old one may have been a still-forming bar)."""
+    if old is None or old.empty:
+        return canonical_frame(new)
+    return canonical_frame(pd.concat([canonical_frame(old), canonical_frame(new)]))
+
+
+def _safe_name(symbol: str) -> str:
+    # Percent-encoding keeps names readable for plain tickers (AAPL, SAP.DE, BRK-B) and stays
+    # one-to-one for the rest ("BTC/USDT" -> "BTC%2FUSDT", "^GSPC" -> "%5EGSPC"), so two symbols
+    # can never share a file.
+    if not symbol or not symbol.strip():
+        raise ValueError("empty symbol")
+    name = quote(symbol, safe="-_.")
+    return "%2E" + name[1:] if name.startswith(".") else name  # no hidden files, no "..".
+
+
+def _iso(ts: pd.Timestamp | None) -> str | None:
+    return None if ts is None else ts.isoformat()
+
+
+class CandleCache:
+    """Parquet candle files under `root`, one per (source, interval, symbol)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def path_for(self, source: str, interval: str, symbol: str) -> Path:
+        return self.root / _safe_name(source) / _safe_name(interval) / f"{_safe_name(symbol)}.parquet"
+
+    def read(self, source: str, interval: str, symbol: str) -> pd.DataFrame | None:
+        """The cached candles, or None if there is no file yet."""
+        path = self.path_for(source, interval, symbol)
+        if not path.exists():
+            return None
+        try:
+            frame = pq.read_table(path).to_pandas()
+            frame = canonical_frame(frame)
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            raise UserError(f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
+                            f"delete it and run `marketgpt data download` again to re-fetch {symbol}") from None
+        return frame
+
+    def write(self, source: str, interval: str, symbol: str, frame: pd.DataFrame, adjusted: bool, *,
+              origin: str | None = None, fetched_at: datetime | None = None) -> None:
+        """Replace the file with `frame` (atomically), then update its manifest entry.
+
+        `origin` names where the candles came from within the source (e.g. the ccxt exchange),
+        so a later download can tell that the config now points somewhere else.
+        """
+        frame = canonical_frame(frame)
+        path = self.path_for(source, interval, symbol)
+        table = pa.Table.from_pandas(frame, preserve_index=True)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+        fetched_at = fetched_at or datetime.now(timezone.utc)
+        entry = {
+            "source": source,
+            "interval": interval,
+            "symbol": symbol,
+            "rows": int(len(frame)),
+            "first": _iso(frame.index[0]) if len(frame) else None,
+            "last": _iso(frame.index[-1]) if len(frame) else None,
+            "fetched_at": fetched_at.isoformat(timespec="seconds"),
+            "adjusted": bool(adjusted),
+            "origin": origin,
+        }
+        self._update_manifest(path.relative_to(self.root).as_posix(), entry)
+
+    def append(self, source: str, interval: str, symbol: str, frame: pd.DataFrame, adjusted: bool, *,
+               origin: str | None = None, fetched_at: datetime | None = None) -> int:
+        """Merge new candles into the cached ones (incremental update); returns rows added."""
+        old = self.read(source, interval, symbol)
+        merged = merge_candles(old, frame)
+        self.write(source, interval, symbol, merged, adjusted, origin=origin, fetched_at=fetched_at)
+        return len(merged) - (0 if old is None else len(old))
+
+    def manifest(self) -> dict:
+        """Per file (path relative to root): source, interval, symbol, rows, first, last (ISO),
+        fetched_at, adjusted, origin. Empty if nothing was written yet."""
+        path = self.root / MANIFEST
+        if not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: cannot read the cache manifest ({e}); delete it, the next "
+                            "`marketgpt data download` writes a new one") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: the cache manifest is not a JSON object; delete it, the next "
+                            "`marketgpt data download` writes a new one")
+        return data
+
+    def manifest_entry(self, source: str, interval: str, symbol: str) -> dict | None:
+        rel = self.path_for(source, interval, symbol).relative_to(self.root).as_posix()
+        return self.manifest().get(rel)
+
+    def _update_manifest(self, key: str, entry: dict) -> None:
+        with self._locked():
+            try:
+                manifest = self.manifest()
+            except UserError:
+                manifest = {}  # a broken summary must not block saving data; it is rebuilt entry by entry
+            manifest[key] = entry
+            atomic_write_json(self.root / MANIFEST, dict(sorted(manifest.items())))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            yield
+            return
+        with open(self.root / ".manifest.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)

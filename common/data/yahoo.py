@@ -1,0 +1,375 @@
+"""Stock, ETF, index and futures candles from Yahoo Finance, through yfinance, checked per ticker.
+
+`yf.download` never raises: a delisted or renamed ticker comes back as all-NaN columns, a call
+that failed completely as an empty frame, and rate limits (HTTP 429) or connection errors are
+only logged. So this adapter checks every ticker of every call, retries the missing ones with
+exponential backoff, and then either reports them in `YahooResult.failed` with a reason (never a
+silent hole) or, when a whole batch got nothing because Yahoo could not be reached, raises
+`SourceUnavailable`.
+
+To tell "Yahoo has no data for X" from "Yahoo could not be reached", the adapter watches the
+HTTP session it hands to yfinance and notes how each chart request (/v8/finance/chart/<TICKER>)
+ended: a connection error, a timeout, HTTP 429 or 5xx count as unreachable; an answer without
+candles (Yahoo's 404 "No data found, symbol may be delisted", or an empty chart) counts as no
+data. yf.download keeps its own reasons to itself (its errors only go to the log).
+
+Prices are adjusted (auto_adjust=True: open/high/low/close scaled by Adj Close / Close, so
+splits and dividends don't look like price jumps). Yahoo's intraday bars carry no Adj Close;
+they are split-adjusted by Yahoo but not dividend-adjusted. Timestamps are UTC: a daily bar is
+labelled with UTC midnight of its exchange-local trading date, an intraday bar with its open time.
+
+Yahoo only serves recent intraday bars: 1m for the last 7 days (8 per request, 30 back),
+2m-90m for 60 days, 1h for 730 days. A start further back is clamped to the limit with a
+warning (and `YahooResult.clamped_start` set) rather than refused, because nothing older is
+available anyway and the cache keeps what earlier downloads fetched, so the history grows run
+by run. 4h is not a Yahoo interval (ccxt assets have it).
+
+HTTP client: with `session=None` yfinance uses its default client (curl_cffi with browser
+impersonation), which is what production should use. Pass a `requests.Session` to route every
+request through `requests` instead; that is how the tests serve recorded Yahoo answers with the
+`responses` library (curl_cffi goes through libcurl, which neither `responses` nor pytest-socket
+can see). In that case, if yfinance is not imported yet, YF_DISABLE_CURL_CFFI=1 is set first, so
+that yfinance's own fallback client in this process is plain requests too and nothing can slip
+past the test's network guard. yfinance 1.7 quirk in that mode: it needs https://fc.yahoo.com to
+answer (a connection error there turns into an AttributeError about requests.exceptions.DNSError
+inside yfinance); the adapter then reports the tickers as unreachable, which is what happened.
+Nothing here touches the network at import: yfinance is imported inside `download_yahoo`.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterator, Sequence
+from urllib.parse import unquote, urlsplit
+
+import pandas as pd
+
+from common.data.cache import COLUMNS, canonical_frame
+from common.errors import SourceUnavailable, UserError
+
+__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "NO_DATA", "PAUSE_S", "RETRY_DELAY_S",
+           "YahooResult", "download_yahoo"]
+
+log = logging.getLogger(__name__)
+
+YAHOO = "Yahoo Finance"
+YAHOO_INTERVALS = ("1m", "2m", "5m", "15m", "30m", "60m", "90m", "1h", "1d", "5d", "1wk", "1mo", "3mo")
+# How far back Yahoo serves each intraday interval, a day short of its limit for clock skew.
+LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {
+    "1m": pd.Timedelta(days=7),
+    **{i: pd.Timedelta(days=59) for i in ("2m", "5m", "15m", "30m", "90m")},
+    "60m": pd.Timedelta(days=729),
+    "1h": pd.Timedelta(days=729),
+}
+NO_DATA = "no data: delisted or renamed?"
+PAUSE_S = 2.0  # between yf.download calls: Yahoo rate-limits bursts
+RETRY_DELAY_S = 5.0  # first retry; then 2x, 4x, ...
+
+
+@dataclass
+class YahooResult:
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)  # symbol -> canonical, adjusted, UTC
+    failed: dict[str, str] = field(default_factory=dict)  # symbol -> reason
+    clamped_start: pd.Timestamp | None = None  # set when the start was moved to Yahoo's intraday limit
+
+
+# --------------------------------------------------------------------------- the request log
+
+
+@dataclass
+class _Problem:
+    unreachable: bool  # network or rate limit (worth calling the source down) vs. no data
+    reason: str
+
+
+class _ChartLog:
+    """How each chart request ended, per ticker, noted by wrapping the session's `get`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, _Problem | None] = {}  # ticker -> last outcome (None: got candles)
+        self._other: str | None = None  # the last error on any other Yahoo URL (cookie, crumb)
+
+    @contextlib.contextmanager
+    def watching(self, session: Any) -> Iterator[None]:
+        original = session.get
+
+        def get(*args: Any, **kwargs: Any) -> Any:
+            url = kwargs.get("url", args[0] if args else "")
+            ticker = _chart_ticker(str(url))
+            try:
+                response = original(*args, **kwargs)
+            except Exception as e:
+                if ticker:
+                    self._note(ticker, _Problem(True, f"{type(e).__name__}: {_short(e)}"))
+                else:
+                    with self._lock:
+                        self._other = f"{type(e).__name__} from {urlsplit(str(url)).hostname}: {_short(e)}"
+                raise
+            if ticker:
+                self._note(ticker, _judge(response))
+            return response
+
+        own = vars(session).get("get")  # normally None: `get` comes from the class
+        session.get = get  # yfinance calls session.get(url=..., params=..., timeout=...)
+        try:
+            yield
+        finally:
+            if own is None:
+                del session.get
+            else:
+                session.get = own
+
+    def _note(self, ticker: str, outcome: _Problem | None) -> None:
+        with self._lock:
+            self._last[ticker] = outcome
+
+    def problem(self, ticker: str, what: str) -> _Problem:
+        """Why `ticker` came back without candles; `what` describes the request for the message."""
+        with self._lock:
+            seen = ticker in self._last
+            last = self._last.get(ticker)
+            other = self._other
+        if not seen:  # failed before reaching the chart API (cookie/crumb step): no answer at all
+            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else ""))
+        if last is None:  # Yahoo answered with a chart, yet no candles survived for the range
+            return _Problem(False, f"{NO_DATA} (Yahoo returned no candles for {what})")
+        return last
+
+
+def _chart_ticker(url: str) -> str | None:
+    path = urlsplit(url).path
+    marker = "/v8/finance/chart/"
+    return unquote(path.split(marker, 1)[1]).upper() if marker in path else None
+
+
+def _judge(response: Any) -> _Problem | None:
+    """None for an answer with data; otherwise what went wrong."""
+    status = int(response.status_code)
+    if status == 429:
+        return _Problem(True, "rate limited by Yahoo (HTTP 429 Too Many Requests)")
+    if status >= 500:
+        return _Problem(True, f"Yahoo server error (HTTP {status})")
+    description = None
+    if status >= 400 or len(response.content) < 4096:  # only small answers can be errors
+        with contextlib.suppress(Exception):
+            body = response.json()
+            error = (body.get("chart") or body.get("finance") or {}).get("error")
+            description = error.get("description") if error else None
+    if status in (401, 403):  # e.g. "Invalid Crumb": Yahoo refuses this client, the ticker is fine
+        return _Problem(True, f"Yahoo refused the request (HTTP {status}: {description or 'no reason given'})")
+    if status >= 400 or description:
+        detail = description or f"HTTP {status}"
+        return _Problem(False, f"{NO_DATA} (Yahoo: {detail})")
+    return None
+
+
+def _short(e: BaseException, n: int = 160) -> str:
+    text = " ".join(str(e).split())  # one line: the CLI prints errors on one line
+    return text if len(text) <= n else text[:n] + "..."
+
+
+# --------------------------------------------------------------------------- yfinance
+
+
+def _import_yfinance(session: Any) -> Any:
+    if session is not None and "yfinance" not in sys.modules:
+        import requests
+
+        if isinstance(session, requests.Session):
+            # See the module docstring: keep every yfinance request on `requests`. yfinance reads
+            # this once, at import; setdefault leaves an explicit choice of the user alone.
+            os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
+    import yfinance
+
+    return yfinance
+
+
+def _new_session() -> Any:
+    """yfinance's own default session (curl_cffi when available), so we can watch it."""
+    try:
+        from yfinance._http import new_session
+    except ImportError:  # older yfinance: plain requests works with it too
+        import requests
+
+        return requests.Session()
+    return new_session()
+
+
+@contextlib.contextmanager
+def _quiet_yfinance() -> Iterator[None]:
+    # yfinance logs every failed ticker at ERROR and its pandas calls raise deprecation warnings;
+    # this adapter reports failures itself, with reasons, so keep the console readable.
+    logger = logging.getLogger("yfinance")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _clear_request_cache(yf: Any) -> None:
+    # yfinance memoises chart answers for past date ranges in memory (YfData.cache_get); a retry
+    # served from there would just repeat the empty answer it is meant to replace.
+    with contextlib.suppress(Exception):
+        from yfinance.data import YfData
+
+        YfData.cache_get.cache_clear()
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _utc(value: str | datetime | pd.Timestamp) -> pd.Timestamp:
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def _is_daily(interval: str) -> bool:
+    return interval[-1] not in ("m", "h")
+
+
+def _yf_time(ts: pd.Timestamp, interval: str) -> str | int:
+    # Daily: a date, which yfinance reads as midnight at the exchange (our UTC-midnight labels
+    # are exchange dates). Intraday: epoch seconds, exact.
+    return ts.strftime("%Y-%m-%d") if _is_daily(interval) else int(ts.timestamp())
+
+
+def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime | pd.Timestamp,
+                   end: str | datetime | pd.Timestamp | None = None, *, session: Any = None,
+                   batch_size: int = 50, pause_s: float = PAUSE_S, max_retries: int = 3,
+                   retry_delay_s: float = RETRY_DELAY_S, sleep: Callable[[float], None] = time.sleep,
+                   timeout_s: float = 20.0, now: pd.Timestamp | None = None,
+                   on_batch: Callable[[YahooResult], None] | None = None) -> YahooResult:
+    """Adjusted candles for `symbols` from `start` (inclusive) to `end` (exclusive; None: now).
+
+    Tickers go to yf.download `batch_size` at a time with `pause_s` between calls. A ticker
+    that comes back empty or all-NaN is asked again after retry_delay_s, 2x, 4x, ... up to
+    `max_retries` times, then lands in `.failed` with the reason. If a whole batch got nothing
+    and every ticker of it failed for network reasons on every attempt, raises SourceUnavailable.
+    `on_batch` gets each batch's own result as soon as it is done (to save it before the next
+    batch: a download killed later keeps what was fetched).
+    """
+    if interval not in YAHOO_INTERVALS:
+        raise UserError(f"interval '{interval}' is not available from {YAHOO}; it offers "
+                        f"{', '.join(YAHOO_INTERVALS)} (4h candles exist for ccxt assets only)")
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    start_ts = _utc(start)
+    end_ts = None if end is None else _utc(end)
+    now = _utc(now) if now is not None else pd.Timestamp.now(tz="UTC")
+
+    result = YahooResult()
+    if interval in LOOKBACK_LIMITS:
+        earliest = (now - LOOKBACK_LIMITS[interval]).ceil("h")
+        if start_ts < earliest:
+            log.warning("%s keeps %s bars for %d days only: starting at %s instead of %s",
+                        YAHOO, interval, LOOKBACK_LIMITS[interval].days + 1, earliest, start_ts)
+            start_ts = result.clamped_start = earliest
+    if end_ts is not None and end_ts <= start_ts:
+        limit = f" (Yahoo keeps {interval} bars back to {start_ts} only)" if result.clamped_start is not None else ""
+        raise UserError(f"nothing to download from {YAHOO}: the range {start_ts} -> {end_ts} is empty{limit}; "
+                        "check data.start_date, data.end_date and data.interval")
+
+    unique = list(dict.fromkeys(symbols))  # yfinance would drop duplicates silently
+    if not unique:
+        return result
+    yf = _import_yfinance(session)
+    session = session if session is not None else _new_session()
+    batches = [unique[i:i + batch_size] for i in range(0, len(unique), batch_size)]
+    for number, batch in enumerate(batches, start=1):
+        if number > 1 and pause_s > 0:
+            sleep(pause_s)  # be polite: Yahoo rate-limits bursts
+        part = _download_batch(yf, session, batch, interval, start_ts, end_ts, max_retries=max_retries,
+                               retry_delay_s=retry_delay_s, sleep=sleep, timeout_s=timeout_s,
+                               label=f"batch {number}/{len(batches)}")
+        part.clamped_start = result.clamped_start
+        result.frames.update(part.frames)
+        result.failed.update(part.failed)
+        if on_batch is not None:
+            on_batch(part)
+    return result
+
+
+def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
+                    end: pd.Timestamp | None, *, max_retries: int, retry_delay_s: float,
+                    sleep: Callable[[float], None], timeout_s: float, label: str) -> YahooResult:
+    what = f"{interval} {start.date()} -> {end.date() if end is not None else 'now'}"
+    result = YahooResult()
+    problems: dict[str, _Problem] = {}
+    pending = list(symbols)
+    for attempt in range(max_retries + 1):
+        if attempt:
+            delay = retry_delay_s * 2 ** (attempt - 1)
+            log.warning("%s %s: %d of %d tickers came back empty (%s), retry %d/%d in %.0fs", YAHOO, label,
+                        len(pending), len(symbols), problems[pending[0]].reason, attempt, max_retries, delay)
+            sleep(delay)
+        frames, found = _call_once(yf, session, pending, interval, start, end, timeout_s, what)
+        result.frames.update(frames)
+        problems.update(found)
+        pending = [s for s in pending if s not in frames]
+        if not pending:
+            break
+
+    if pending and not result.frames and all(problems[s].unreachable for s in pending):
+        reasons = sorted({problems[s].reason for s in pending})
+        raise SourceUnavailable(
+            f"{YAHOO} unreachable: all {len(symbols)} tickers of {label} failed on {max_retries + 1} "
+            f"attempts ({'; '.join(reasons[:3])}); check the network or proxy, or wait a few minutes "
+            "if rate limited, then run again")
+    result.failed = {s: problems[s].reason for s in pending}
+    for symbol, reason in result.failed.items():
+        log.warning("%s: %s: %s", YAHOO, symbol, reason)
+    return result
+
+
+def _call_once(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
+               end: pd.Timestamp | None, timeout_s: float,
+               what: str) -> tuple[dict[str, pd.DataFrame], dict[str, _Problem]]:
+    chart_log = _ChartLog()
+    _clear_request_cache(yf)
+    with chart_log.watching(session), _quiet_yfinance():
+        data = yf.download(symbols, start=_yf_time(start, interval),
+                           end=None if end is None else _yf_time(end, interval), interval=interval,
+                           auto_adjust=True, actions=False, group_by="ticker", threads=True,
+                           progress=False, timeout=timeout_s, session=session, multi_level_index=True)
+    frames: dict[str, pd.DataFrame] = {}
+    problems: dict[str, _Problem] = {}
+    for symbol in symbols:
+        frame = _ticker_frame(data, symbol.upper())
+        if frame is None:
+            problems[symbol] = chart_log.problem(symbol.upper(), what)
+        else:
+            frames[symbol] = frame
+    return frames, problems
+
+
+def _ticker_frame(data: pd.DataFrame | None, ticker: str) -> pd.DataFrame | None:
+    """One ticker's canonical frame out of yf.download's (Ticker, Price) columns; None if empty."""
+    if data is None or data.empty or not isinstance(data.columns, pd.MultiIndex):
+        return None
+    if ticker not in data.columns.get_level_values(0):
+        return None
+    frame = data[ticker].rename(columns=str.lower)
+    if any(c not in frame.columns for c in COLUMNS):
+        return None
+    frame = frame[COLUMNS]
+    # Rows are the union of all tickers' dates: this ticker's rows without any price are not its.
+    frame = frame.dropna(how="all", subset=["open", "high", "low", "close"])
+    if frame.empty:
+        return None
+    index = pd.DatetimeIndex(frame.index)
+    # Daily bars come back tz-naive (exchange dates), intraday ones in the exchange's zone.
+    frame.index = index.tz_localize("UTC") if index.tz is None else index.tz_convert("UTC")
+    return canonical_frame(frame)

@@ -1,0 +1,294 @@
+"""Offline tests of the Yahoo adapter against the real yfinance code.
+
+`FakeYahoo` plays Yahoo's chart API through the `responses` library: yfinance runs unchanged
+with a plain requests.Session (YF_DISABLE_CURL_CFFI=1, so no libcurl client exists), builds its
+real URLs, and parses chart JSON shaped like Yahoo's (tests/fixtures/yahoo, written by
+make_charts.py there), cut to the requested period1/period2 like the real server does. Sockets
+are blocked by pytest-socket (setup.cfg); `sleep` is injected, so no test waits.
+test_download.py imports FakeYahoo from here.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")  # before anything imports yfinance
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+import responses
+import yfinance as yf
+
+from common.data.yahoo import NO_DATA, YahooResult, download_yahoo
+from common.errors import SourceUnavailable, UserError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "yahoo"
+NY = "America/New_York"
+
+# yfinance keeps a ticker -> time zone database on disk; keep it out of the user's ~/.cache.
+_YF_CACHE = tempfile.mkdtemp(prefix="marketgpt-yf-cache-")
+atexit.register(shutil.rmtree, _YF_CACHE, ignore_errors=True)
+yf.set_tz_cache_location(_YF_CACHE)
+
+
+def load_chart(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+
+
+def _cut(chart: dict, lo: int, hi: int) -> dict:
+    """The chart with only the bars whose open time is in [lo, hi), as Yahoo would answer."""
+    result = json.loads(json.dumps(chart["chart"]["result"][0]))  # deep copy
+    keep = [i for i, t in enumerate(result.get("timestamp", [])) if lo <= t < hi]
+    if not keep:  # Yahoo's shape for a range without bars: no timestamps, an empty quote
+        result.pop("timestamp", None)
+        result.pop("events", None)
+        result["indicators"] = {"quote": [{}], "adjclose": [{}]}
+    else:
+        result["timestamp"] = [result["timestamp"][i] for i in keep]
+        quote = result["indicators"]["quote"][0]
+        for key in quote:
+            quote[key] = [quote[key][i] for i in keep]
+        for adj in result["indicators"].get("adjclose", []):
+            adj["adjclose"] = [adj["adjclose"][i] for i in keep]
+        divs = result.get("events", {}).get("dividends", {})
+        result.get("events", {})["dividends"] = {k: v for k, v in divs.items() if lo <= v["date"] < hi}
+    return {"chart": {"result": [result], "error": None}}
+
+
+class FakeYahoo:
+    """Yahoo's cookie, crumb and chart endpoints on a `responses` mock.
+
+    `charts` maps ticker -> full chart JSON; unknown tickers get Yahoo's 404 "No data found".
+    Set `down` to "429", "401", "timeout", "connection" or "empty" to make every chart request fail
+    that way until it is set back to None (tests flip it from the injected `sleep`).
+    """
+
+    def __init__(self, rsps: responses.RequestsMock, charts: dict[str, dict]) -> None:
+        self.charts = {k.upper(): v for k, v in charts.items()}
+        self.down: str | None = None
+        self.history: list[tuple[str, dict[str, str]]] = []  # (ticker, query) of range requests
+        self.requests: list[str] = []  # every chart request's ticker, time-zone probes included
+        rsps.add(responses.GET, re.compile(r"https://fc\.yahoo\.com.*"), status=404)
+        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v1/test/getcrumb"),
+                 body="fake-crumb")
+        rsps.add_callback(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v8/finance/chart/.*"),
+                          callback=self._chart)
+
+    def history_of(self, ticker: str) -> list[dict[str, str]]:
+        return [q for t, q in self.history if t == ticker]
+
+    def _chart(self, request: requests.PreparedRequest):
+        url = urlsplit(request.url)
+        ticker = unquote(url.path.rsplit("/", 1)[1]).upper()
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append(ticker)
+        if "period1" in query:
+            self.history.append((ticker, query))
+        if self.down == "429":
+            return 429, {}, "Too Many Requests"
+        if self.down == "401":
+            return 401, {"Content-Type": "application/json"}, json.dumps(
+                {"finance": {"result": None, "error": {"code": "Unauthorized", "description": "Invalid Crumb"}}})
+        if self.down == "timeout":
+            return requests.exceptions.ReadTimeout("Read timed out. (read timeout=20)")
+        if self.down == "connection":
+            return requests.exceptions.ConnectionError("Failed to resolve 'query2.finance.yahoo.com'")
+        chart = self.charts.get(ticker)
+        if chart is None:
+            return 404, {"Content-Type": "application/json"}, json.dumps(load_chart("not_found_404.json"))
+        if "range" in query:  # yfinance's time-zone probe (range=1d): the last bar
+            last = chart["chart"]["result"][0]["timestamp"][-1]
+            body = _cut(chart, last, last + 1)
+        elif self.down == "empty":
+            body = _cut(chart, 0, 0)
+        else:
+            body = _cut(chart, int(query["period1"]), int(query["period2"]))
+        return 200, {"Content-Type": "application/json"}, json.dumps(body)
+
+
+@pytest.fixture
+def yahoo():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        yield FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json"),
+                               "SPY": load_chart("spy_1h.json")})
+
+
+def expected_frame(name: str, daily: bool) -> pd.DataFrame:
+    """The fixture's candles as the adapter should return them: adjusted, UTC, float64."""
+    result = load_chart(name)["chart"]["result"][0]
+    q = result["indicators"]["quote"][0]
+    close = np.array(q["close"])
+    adj = np.array(result["indicators"]["adjclose"][0]["adjclose"]) if daily else close
+    ratio = adj / close
+    index = pd.to_datetime(result["timestamp"], unit="s", utc=True)
+    if daily:  # labelled with the exchange date at UTC midnight
+        index = pd.DatetimeIndex(index.tz_convert(NY).date).tz_localize("UTC")
+    return pd.DataFrame({"open": np.array(q["open"]) * ratio, "high": np.array(q["high"]) * ratio,
+                         "low": np.array(q["low"]) * ratio, "close": adj, "volume": np.array(q["volume"], float)},
+                        index=index.rename("timestamp"))
+
+
+def ny_midnight(day: str) -> int:
+    return int(pd.Timestamp(day, tz=NY).timestamp())
+
+
+class Sleeps(list):
+    """An injected sleep that records delays and can run an action on each call."""
+
+    def __init__(self, action=None):
+        super().__init__()
+        self.action = action
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+        if self.action:
+            self.action()
+
+
+def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
+    sleeps, batches = Sleeps(), []
+    result = download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            batch_size=1, pause_s=1.5, sleep=sleeps, on_batch=batches.append)
+
+    assert result.failed == {}
+    assert set(result.frames) == {"AAPL", "MSFT"}
+    for symbol, name in (("AAPL", "aapl_1d.json"), ("MSFT", "msft_1d.json")):
+        frame = result.frames[symbol]
+        assert list(frame.columns) == ["open", "high", "low", "close", "volume"] and frame.columns.name is None
+        assert all(str(t) == "float64" for t in frame.dtypes)
+        assert str(frame.index.tz) == "UTC" and frame.index.name == "timestamp"
+        assert frame.index.is_monotonic_increasing and frame.index.is_unique
+        want = expected_frame(name, daily=True)
+        assert (frame.index == want.index).all()
+        np.testing.assert_allclose(frame.to_numpy(), want.to_numpy(), rtol=1e-9)
+        # adjusted: before the dividend the close is below Yahoo's raw close
+        raw_close = load_chart(name)["chart"]["result"][0]["indicators"]["quote"][0]["close"]
+        assert frame["close"].iloc[0] < raw_close[0]
+        assert frame["close"].iloc[-1] == pytest.approx(raw_close[-1])
+    # one yf.download call per batch of 1, a polite pause between them, each batch handed over
+    assert sleeps == [1.5]
+    assert [sorted(b.frames) for b in batches] == [["AAPL"], ["MSFT"]]
+    # the range sent: New York midnights of the start and end dates
+    query = yahoo.history_of("AAPL")[0]
+    assert int(query["period1"]) == ny_midnight("2024-01-01")
+    assert int(query["period2"]) == ny_midnight("2024-02-01")
+    assert query["interval"] == "1d"
+
+
+def test_intraday_converted_to_utc(yahoo):
+    now = pd.Timestamp("2024-02-01", tz="UTC")
+    result = download_yahoo(["SPY"], "1h", "2024-01-02", "2024-01-05", session=requests.Session(),
+                            now=now, sleep=Sleeps())
+    frame = result.frames["SPY"]
+    stamps = load_chart("spy_1h.json")["chart"]["result"][0]["timestamp"]
+    assert list(frame.index) == list(pd.to_datetime(stamps, unit="s", utc=True))
+    assert str(frame.index.tz) == "UTC"
+    assert frame.index[0] == pd.Timestamp("2024-01-02 14:30", tz="UTC")  # 09:30 in New York
+    assert result.clamped_start is None
+    assert int(yahoo.history_of("SPY")[0]["period1"]) == int(pd.Timestamp("2024-01-02", tz="UTC").timestamp())
+
+
+def test_intraday_start_beyond_yahoo_limit_is_clamped(yahoo, caplog):
+    now = pd.Timestamp("2024-01-04 12:00", tz="UTC")
+    result = download_yahoo(["SPY"], "1h", "2015-01-01", session=requests.Session(), now=now, sleep=Sleeps())
+    assert result.clamped_start == now - pd.Timedelta(days=729)
+    assert int(yahoo.history_of("SPY")[0]["period1"]) == int(result.clamped_start.timestamp())
+    assert "starting at" in caplog.text
+    with pytest.raises(UserError, match="range"):
+        download_yahoo(["SPY"], "5m", "2015-01-01", "2015-02-01", session=requests.Session(), now=now)
+
+
+def test_unsupported_interval_is_a_user_error():
+    with pytest.raises(UserError, match="4h"):
+        download_yahoo(["AAPL"], "4h", "2024-01-01")
+
+
+def test_delisted_ticker_is_retried_then_reported(yahoo):
+    sleeps = Sleeps()
+    result = download_yahoo(["AAPL", "GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            max_retries=3, retry_delay_s=2.0, sleep=sleeps)
+    assert set(result.frames) == {"AAPL"}
+    assert list(result.failed) == ["GONE"]
+    assert NO_DATA in result.failed["GONE"] and "No data found" in result.failed["GONE"]
+    assert sleeps == [2.0, 4.0, 8.0]  # exponential backoff
+    assert yahoo.requests.count("GONE") >= 4  # asked on every attempt
+    assert len(yahoo.history_of("AAPL")) == 1  # the good ticker was not fetched again
+
+
+def test_symbols_with_special_characters(yahoo):
+    yahoo.charts["^GSPC"] = load_chart("msft_1d.json")
+    result = download_yahoo(["^GSPC", "^GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            sleep=Sleeps())
+    assert list(result.frames) == ["^GSPC"]
+    assert "No data found" in result.failed["^GONE"]  # Yahoo's answer was matched to the ticker
+
+
+def test_rate_limit_then_success(yahoo):
+    def recover():
+        yahoo.down = None
+
+    yahoo.down = "429"
+    sleeps = Sleeps(recover)
+    result = download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            retry_delay_s=3.0, sleep=sleeps)
+    assert sleeps == [3.0]
+    assert result.failed == {}
+    assert set(result.frames) == {"AAPL", "MSFT"}
+    np.testing.assert_allclose(result.frames["AAPL"].to_numpy(), expected_frame("aapl_1d.json", True).to_numpy())
+
+
+def test_empty_answer_is_asked_again_not_served_from_yfinance_memory(yahoo):
+    # A past range goes through yfinance's in-memory request cache; a retry must reach Yahoo.
+    def recover():
+        yahoo.down = None
+
+    yahoo.down = "empty"
+    result = download_yahoo(["AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            sleep=Sleeps(recover))
+    assert result.failed == {}
+    assert len(result.frames["AAPL"]) == len(expected_frame("aapl_1d.json", True))
+    assert len(yahoo.history_of("AAPL")) == 2
+
+
+@pytest.mark.parametrize("down, words", [("timeout", "ReadTimeout"), ("connection", "ConnectionError"),
+                                         ("429", "429"), ("401", "Invalid Crumb")])
+def test_unreachable_on_every_retry_raises_source_unavailable(yahoo, down, words):
+    yahoo.down = down
+    sleeps, batches = Sleeps(), []
+    with pytest.raises(SourceUnavailable) as info:
+        download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", session=requests.Session(), max_retries=2,
+                       retry_delay_s=1.0, sleep=sleeps, on_batch=batches.append)
+    message = str(info.value)
+    assert "Yahoo Finance" in message and words in message
+    assert sleeps == [1.0, 2.0]
+    assert batches == []  # nothing handed over to be saved
+
+
+def test_later_batch_unreachable_keeps_earlier_batches(yahoo):
+    saved: list[YahooResult] = []
+
+    def save(part: YahooResult) -> None:
+        saved.append(part)
+        yahoo.down = "connection"  # the network goes away after the first batch
+
+    with pytest.raises(SourceUnavailable):
+        download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                       batch_size=1, sleep=Sleeps(), on_batch=save)
+    assert [sorted(p.frames) for p in saved] == [["AAPL"]]
+
+
+def test_import_touches_no_network_and_does_not_import_yfinance():
+    code = "import sys, common.data.yahoo, common.data.download; assert 'yfinance' not in sys.modules"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
