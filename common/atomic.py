@@ -16,6 +16,14 @@ from typing import Any, Iterator
 __all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "read_json"]
 
 
+def _default_mode() -> int:
+    # mkstemp creates 0600 files; the files we publish should read like any other the user
+    # writes (group members on a shared cluster read run folders and the data cache).
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -43,6 +51,7 @@ def atomic_path(target: str | os.PathLike, fsync: bool = True) -> Iterator[Path]
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, target.stat().st_mode & 0o777 if target.exists() else _default_mode())
         if fsync:
             with open(tmp_path, "rb+") as f:
                 os.fsync(f.fileno())
