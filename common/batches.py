@@ -1,0 +1,155 @@
+"""Training windows kept in memory and gathered by index: no DataLoader, no per-sample Python.
+
+All tokens of all assets sit in one contiguous 1-D tensor (on the GPU when there is one).
+A window is `context_length + 1` consecutive tokens of one asset that lie fully inside that
+asset's train, val or test range; a split is just three arrays: the window start offsets
+into the big tensor, and each window's asset id and category id. A batch of windows is one
+advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
+
+Epoch order is a permutation drawn from a generator seeded with (seed, epoch), so a resumed
+run sees exactly the order the interrupted one saw. Under DDP, rank r takes batches
+r, r + world_size, r + 2 * world_size, ... of that one global order, and every rank gets the
+same number of batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+
+__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Batch:
+    """x, y: (B, T) inputs and next-token targets; asset_ids, category_ids: (B,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    asset_ids: torch.Tensor
+    category_ids: torch.Tensor
+
+
+@dataclass
+class SplitWindows:
+    """One split's windows: start offsets into the token tensor and their ids, all (W,)."""
+
+    starts: torch.Tensor
+    asset_ids: torch.Tensor
+    category_ids: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.starts.numel())
+
+
+def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
+    """Start indices of the `length`-token windows inside [begin, end), `stride` apart."""
+    last = end - length  # the last start whose window still ends inside the range
+    if last < begin:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(begin, last + 1, stride, dtype=np.int64)
+
+
+class TokenWindows:
+    """The in-memory token set of one run and its per-split windows."""
+
+    def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int) -> None:
+        self.tokens = tokens
+        self.splits = dict(splits)
+        self.context_length = context_length
+        # (T + 1,) offsets of a window's tokens from its start, built once
+        self._offsets = torch.arange(context_length + 1, device=tokens.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def num_windows(self, split: str) -> int:
+        return len(self.splits[split])
+
+    def num_batches(self, split: str, batch_size: int, world_size: int = 1) -> int:
+        """Batches each rank gets in one pass over `split` (the last partial batch counts)."""
+        total = -(-self.num_windows(split) // batch_size)  # ceil
+        return total // world_size
+
+    def epoch_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
+        """A permutation of the split's windows that depends only on (seed, epoch)."""
+        g = torch.Generator().manual_seed(_mix(seed, epoch))
+        return torch.randperm(self.num_windows(split), generator=g)  # on the CPU: same on any device
+
+    def gather(self, split: str, index: torch.Tensor) -> Batch:
+        """The windows at `index` (positions in the split's arrays) as one batch."""
+        w = self.splits[split]
+        index = index.to(self.device, non_blocking=True)
+        starts = w.starts[index]  # (B,)
+        chunk = self.tokens[starts[:, None] + self._offsets]  # (B, T + 1): the one gather
+        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index], category_ids=w.category_ids[index])
+
+    def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
+                rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None) -> Iterator[Batch]:
+        """This rank's batches of one pass over `split`, from its `start`-th batch on.
+
+        shuffle=False walks the windows in order (evaluation). `limit` caps this rank's batches
+        (counted from 0, so a resumed pass with the same limit ends where the first would have).
+        """
+        order = self.epoch_order(split, seed, epoch) if shuffle else torch.arange(self.num_windows(split))
+        n = self.num_batches(split, batch_size, world_size)
+        if limit is not None:
+            n = min(n, limit)
+        for i in range(start, n):
+            g = i * world_size + rank  # this rank's i-th batch in the global order
+            yield self.gather(split, order[g * batch_size:(g + 1) * batch_size])
+
+
+def _mix(seed: int, epoch: int) -> int:
+    # distinct (seed, epoch) pairs give distinct generator seeds; the multiplier is a large odd constant
+    return (seed * 1_000_003 + epoch) % (2**63 - 1)
+
+
+def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping[str, Sequence[int]]],
+                  asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
+                  strides: Mapping[str, int], device: torch.device | str = "cpu") -> TokenWindows:
+    """Concatenate every asset's tokens and cut each split's windows.
+
+    tokens: symbol -> 1-D token array of the asset's whole cleaned series;
+    ranges: symbol -> {"train": (begin, end), "val": ..., "test": ...} candle index ranges
+    (end exclusive) into that series; asset_ids / category_ids: symbol -> id;
+    strides: split -> start-to-start distance of that split's windows.
+    """
+    length = context_length + 1
+    parts, offset = [], 0
+    found: dict[str, list[tuple[np.ndarray, int, int]]] = {s: [] for s in SPLITS}
+    for symbol, toks in tokens.items():
+        toks = np.asarray(toks)
+        if toks.ndim != 1:
+            raise ValueError(f"{symbol}: token array must be 1-D, got shape {toks.shape}")
+        for split in SPLITS:
+            if split not in ranges.get(symbol, {}):
+                continue
+            begin, end = (int(v) for v in ranges[symbol][split])
+            if not 0 <= begin <= end <= len(toks):
+                raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
+            starts = window_starts(begin, end, length, strides[split]) + offset
+            found[split].append((starts, asset_ids[symbol], category_ids[symbol]))
+        parts.append(toks.astype(np.int64))
+        offset += len(toks)
+    if not parts:
+        raise UserError("no assets to train on: every asset was dropped while preparing the data")
+
+    splits = {}
+    for split in SPLITS:
+        starts = np.concatenate([s for s, _, _ in found[split]] or [np.zeros(0, np.int64)])
+        a = np.concatenate([np.full(len(s), i, np.int64) for s, i, _ in found[split]] or [np.zeros(0, np.int64)])
+        c = np.concatenate([np.full(len(s), i, np.int64) for s, _, i in found[split]] or [np.zeros(0, np.int64)])
+        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c)))
+    for split in SPLITS:  # fail now rather than after days of training
+        if len(splits[split]) == 0:
+            raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
+                            f"than model.context_length + 1; lower model.context_length or use longer histories")
+    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length)

@@ -1,0 +1,43 @@
+"""Seeding and the RNG states a checkpoint carries (python, numpy, torch, cuda).
+
+States are stored as tensors and plain lists so a checkpoint loads with weights_only=True.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "rng_state", "set_rng_state"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices); call before building the model."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

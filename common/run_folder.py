@@ -1,0 +1,179 @@
+"""The run folder `case_X/checkpoints/<experiment>_YYYYMMDD_HHMMSS/`: naming, finding the run
+to resume, the config identity check, and the token set a run trains and is evaluated on.
+
+Files (written by common.training_run and common.trainer):
+    config.json          fully resolved config; a resume reads this, not the case file
+    tokenizer.json       the tokenizer fitted on the train split
+    asset_info.json      symbol -> asset id, category -> category id (the model's embeddings)
+    data_info.json       cleaning counts, split cuts, per-asset split sizes
+    tokens.npz           every asset's tokens, actual moves and split ranges: a resume and the
+                         final evaluation see exactly the data the run started with, even if
+                         the candle cache was updated since
+    training_log.json    status, best val loss and epoch, one entry per epoch
+    checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt (+ .sha256 sidecars)
+    test_results.json, tensorboard/
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from common.atomic import atomic_path
+from common.batches import SPLITS
+from common.checkpoint import checkpoint_position, latest_good_checkpoint
+from common.config import Config, config_to_dict
+from common.errors import UserError
+
+__all__ = [
+    "HARMLESS_ON_RESUME",
+    "TokenSet",
+    "check_writable",
+    "config_differences",
+    "find_runs",
+    "new_run_dir",
+    "resolve_resume",
+]
+
+# Keys a resumed run may change (with --set): they don't touch the model, the data, the
+# optimizer or the batch order. Everything else must equal the run's config.json.
+HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
+                      "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
+                      "slurm.")
+_STAMP = "%Y%m%d_%H%M%S"
+
+
+def check_writable(folder: Path) -> None:
+    """Create `folder` if needed and prove a file can be written in it, or raise UserError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_test_", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"run folder location {folder} is not writable ({e.strerror or e}); fix its "
+                        "permissions or free space, or point --config at a case folder you can write") from None
+
+
+def new_run_dir(checkpoints: Path, experiment: str) -> Path:
+    """Create `<experiment>_YYYYMMDD_HHMMSS` (with `_2`, `_3`, ... if that second is taken)."""
+    check_writable(checkpoints)
+    stamp = time.strftime(_STAMP)
+    for n in range(1, 1000):
+        path = checkpoints / (f"{experiment}_{stamp}" + (f"_{n}" if n > 1 else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UserError(f"cannot create run folder {path} ({e.strerror or e})") from None
+    raise UserError(f"too many runs of {experiment} started at {stamp} in {checkpoints}")
+
+
+def find_runs(checkpoints: Path, experiment: str) -> list[Path]:
+    """The experiment's run folders under `checkpoints`, oldest first."""
+    pattern = re.compile(rf"^{re.escape(experiment)}_(\d{{8}}_\d{{6}})(?:_(\d+))?$")
+    runs = []
+    if checkpoints.is_dir():
+        for path in checkpoints.iterdir():
+            m = pattern.match(path.name)
+            if m and path.is_dir():
+                runs.append(((m.group(1), int(m.group(2) or 1)), path))
+    return [p for _, p in sorted(runs)]
+
+
+def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optional[str]
+                   ) -> tuple[Optional[Path], Optional[Path]]:
+    """(run folder, checkpoint) to resume from.
+
+    "auto": the newest run folder of `experiment` and its newest checkpoint whose checksum
+    holds (older ones are the fallback, with a warning); (None, None) if there is no run, or
+    its newest folder has no usable checkpoint (the caller starts a new run).
+    A path: a run folder (its newest good checkpoint) or one checkpoint file.
+    """
+    if resume == "auto":
+        runs = find_runs(checkpoints, experiment) if checkpoints is not None else []
+        if not runs:
+            return None, None
+        return runs[-1], latest_good_checkpoint(runs[-1])
+    path = Path(resume)
+    if not path.exists():
+        raise UserError(f"--resume {resume}: no such run folder or checkpoint file")
+    if path.is_dir():
+        ckpt = latest_good_checkpoint(path)
+        if ckpt is None:
+            raise UserError(f"--resume {resume}: the folder has no complete checkpoint_epoch_*.pt to resume from")
+        return path, ckpt
+    if checkpoint_position(path) is None:
+        raise UserError(f"--resume {resume}: not a resumable checkpoint (expected checkpoint_epoch_N.pt or "
+                        "checkpoint_epoch_N_step_S.pt; best_model.pt holds no optimizer state)")
+    return path.parent, path
+
+
+def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:
+    """'section.key' -> value (a config is sections of leaves; a dict value is one leaf)."""
+    out = {}
+    raw = config_to_dict(cfg) if isinstance(cfg, Config) else cfg
+    for name, value in raw.items():
+        if isinstance(value, Mapping):
+            out.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def config_differences(a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME) -> list[str]:
+    """Keys (as 'section.key: a_value != b_value') where two configs (or their dicts, as
+    stored in a checkpoint) describe different runs."""
+    fa, fb = _flatten(a), _flatten(b)
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        if any(key == h or (h.endswith(".") and key.startswith(h)) for h in harmless):
+            continue
+        if fa.get(key) != fb.get(key):
+            out.append(f"{key}: {fa.get(key)!r} != {fb.get(key)!r}")
+    return out
+
+
+@dataclass
+class TokenSet:
+    """What a run trains and is tested on: per asset (in asset-id order) its tokens, the actual
+    normalized move of each candle (NaN where undefined) and its split ranges."""
+
+    symbols: list[str]
+    tokens: dict[str, np.ndarray]
+    moves: dict[str, np.ndarray]
+    ranges: dict[str, dict[str, tuple[int, int]]]
+
+    def save(self, path: Path) -> None:
+        lengths = np.array([len(self.tokens[s]) for s in self.symbols], dtype=np.int64)
+        ranges = np.array([[self.ranges[s][split] for split in SPLITS] for s in self.symbols], dtype=np.int64)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, symbols=np.array(self.symbols, dtype=str), lengths=lengths,
+                     ranges=ranges.reshape(len(self.symbols), len(SPLITS), 2),
+                     tokens=np.concatenate([self.tokens[s] for s in self.symbols]),
+                     moves=np.concatenate([self.moves[s] for s in self.symbols]).astype(np.float64))
+
+    @classmethod
+    def load(cls, path: Path) -> "TokenSet":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                symbols = [str(s) for s in z["symbols"]]
+                bounds = np.concatenate([[0], np.cumsum(z["lengths"])])
+                tokens, moves, ranges = z["tokens"], z["moves"], z["ranges"]
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"{path}: cannot read the run's token set ({e}); the run folder is incomplete") from None
+        return cls(
+            symbols=symbols,
+            tokens={s: tokens[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
+            moves={s: moves[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
+            ranges={s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
+                    for i, s in enumerate(symbols)},
+        )

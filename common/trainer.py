@@ -1,0 +1,437 @@
+"""The training loop: AdamW, cosine LR with warmup, clipping, accumulation, early stopping,
+checkpoints on epochs, on a timer and on signals, and an exact resume.
+
+The Trainer's whole state is `state_dict()` / `load_state_dict()`, like any torch object:
+model, optimizer, schedule position, epoch and step within it, the partial sums of the
+epoch in progress, early-stopping state, RNG states (python, numpy, torch, cuda), the log so
+far and the resolved config. Resuming from it replays the run bit for bit on the CPU: the
+batch order comes from (seed, epoch) and dropout from the restored torch RNG.
+
+Signals (handled at the next step boundary; the handler only sets a flag):
+- SIGUSR1: save a step checkpoint and carry on.
+- SIGTERM, SIGUSR2 (preemption, Slurm's warning before the time limit): save a step
+  checkpoint and stop; `train()` returns "interrupted" and the command exits with
+  EXIT_REQUEUE (75, EX_TEMPFAIL: "try again"), which the Slurm scripts read as "requeue me".
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from common.batches import TokenWindows
+from common.checkpoint import (epoch_checkpoint_name, prune_checkpoints, save_checkpoint, step_checkpoint_name,
+                               unwrap_model, unwrap_state_dict)
+from common.config import Config, config_to_dict
+from common.errors import UserError
+from common.lr_schedule import lr_at
+from common.rng import rng_state, set_rng_state
+from common.tokenizer import PAD_TOKEN
+from common.training_log import Progress, TrainingLog, epoch_summary
+
+__all__ = ["EXIT_REQUEUE", "Trainer", "pick_device"]
+
+EXIT_REQUEUE = 75  # saved a checkpoint on SIGTERM/SIGUSR2 and stopped: resume with --resume auto
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+_SAVE_SIGNALS = (signal.SIGUSR1,)
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class Trainer:
+    """Trains `model` on `windows` and writes checkpoints and training_log.json to `run_dir`.
+
+    rank / world_size shard the batches for DDP (wrapping the model is the caller's job);
+    only rank 0 writes files and prints.
+    """
+
+    def __init__(self, cfg: Config, model: torch.nn.Module, windows: TokenWindows, run_dir: Path, *,
+                 device: Optional[torch.device] = None, rank: int = 0, world_size: int = 1,
+                 out: Optional[TextIO] = None, metadata: Optional[dict[str, Any]] = None,
+                 tensorboard: bool = True) -> None:
+        t = cfg.training
+        self.cfg, self.windows, self.run_dir = cfg, windows, Path(run_dir)
+        self.device = device or windows.device
+        self.rank, self.world_size, self.out = rank, world_size, out or sys.stdout
+        self.is_main = rank == 0
+        self.cuda = self.device.type == "cuda"
+
+        self.model = unwrap_model(model).to(self.device)
+        self.train_model = model.to(self.device)  # what forward runs through (DDP / compiled)
+        if self.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            if t.compile:
+                self.train_model = torch.compile(self.train_model)
+        self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
+                                                        self.device.type)
+
+        batches = windows.num_batches("train", t.batch_size, world_size) // t.grad_accum_steps
+        self.steps_per_epoch = min(batches, t.max_steps_per_epoch or batches)
+        if self.steps_per_epoch == 0:
+            raise UserError(f"{windows.num_windows('train')} training windows are too few for one optimizer step "
+                            f"(training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
+                            f"{world_size} processes); lower them or use more data")
+        self.total_steps = t.epochs * self.steps_per_epoch
+        self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
+
+        # progress: `epoch` counts finished epochs; the one in progress is epoch + 1 (1-based)
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self.elapsed_before = 0.0  # seconds trained by earlier sessions of this run
+        self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
+        self.best_val_loss = math.inf
+        self.best_epoch: Optional[int] = None
+        self.bad_epochs = 0
+        self.log = TrainingLog(metadata)
+
+        self._tensorboard = tensorboard and self.is_main
+        self._writer = None
+        self._pending_signal: Optional[int] = None
+        self._session_start = time.monotonic()
+        self._next_timer = math.inf
+        self._resumed_at = 0  # global step of the loaded checkpoint
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs; only tensors and plain containers (weights_only-safe)."""
+        return {
+            "model": unwrap_state_dict(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"global_step": self.global_step, "total_steps": self.total_steps},
+            "scaler": None,  # bf16 autocast needs no grad scaler
+            "progress": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                         "global_step": self.global_step, "steps_per_epoch": self.steps_per_epoch,
+                         "elapsed_s": self.elapsed_before + self._session_seconds()},
+            "epoch_sums": dict(self.sums),
+            "early_stopping": {"best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
+                               "bad_epochs": self.bad_epochs},
+            "rng": rng_state(),
+            "log": self.log.data,
+            "config": config_to_dict(self.cfg),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        p = state["progress"]
+        if p["steps_per_epoch"] != self.steps_per_epoch:
+            raise UserError(f"the checkpoint has {p['steps_per_epoch']} steps per epoch but this run has "
+                            f"{self.steps_per_epoch}: the data, batch size or world size changed; "
+                            "resume with the same ones")
+        self.model.load_state_dict(unwrap_state_dict(state["model"]))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch, self.step_in_epoch, self.global_step = p["epoch"], p["step_in_epoch"], p["global_step"]
+        self.elapsed_before = float(p["elapsed_s"])
+        self.sums = dict(state["epoch_sums"])
+        es = state["early_stopping"]
+        self.best_val_loss, self.best_epoch, self.bad_epochs = es["best_val_loss"], es["best_epoch"], es["bad_epochs"]
+        set_rng_state(state["rng"])
+        self.log = TrainingLog()
+        self.log.data = dict(state["log"])
+        self._resumed_at = self.global_step
+        self._session_start = time.monotonic()
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self, stop_after_steps: Optional[int] = None) -> str:
+        """Train to the end; returns "finished", "early_stopped", "failed", "interrupted"
+        (checkpoint saved on SIGTERM/SIGUSR2) or "stopped" (checkpoint saved at
+        `stop_after_steps` global steps, for tests and short slices of a run)."""
+        t = self.cfg.training
+        self._announce()
+        self._session_start = time.monotonic()
+        self._next_timer = self._session_start + 60.0 * t.checkpoint_every_minutes
+        self.log.set_status("running")
+        self.log.data.pop("interrupted", None)
+        self._write_log()  # jq works on the log from the first step on
+        with self._signal_flags():
+            try:
+                return self._loop(stop_after_steps)
+            finally:
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+
+    def _loop(self, stop_after_steps: Optional[int]) -> str:
+        t = self.cfg.training
+        while self.epoch < t.epochs and not self._patience_exhausted():
+            outcome = self._train_epoch(stop_after_steps)
+            if outcome is not None:
+                return outcome
+            val_loss, val_acc = self.evaluate("val", t.eval_max_batches)
+            if not math.isfinite(val_loss):
+                return self._fail(f"non-finite validation loss ({val_loss}) after epoch {self.epoch + 1}")
+            self._end_epoch(val_loss, val_acc)
+            if self._pending_signal in _STOP_SIGNALS:  # the epoch checkpoint was just written
+                return self._interrupt(self._pending_signal, epoch_checkpoint_name(self.epoch))
+            self._pending_signal = None  # SIGUSR1: the epoch checkpoint was just written
+        status = "early_stopped" if self._patience_exhausted() and self.epoch < t.epochs else "finished"
+        self.log.set_status(status)
+        self._write_log()
+        return status
+
+    def _train_epoch(self, stop_after_steps: Optional[int]) -> Optional[str]:
+        """Run the rest of the epoch in progress; returns a status if training must stop."""
+        t = self.cfg.training
+        accum = t.grad_accum_steps
+        batches = self.windows.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
+                                       rank=self.rank, world_size=self.world_size,
+                                       start=self.step_in_epoch * accum, limit=self.steps_per_epoch * accum)
+        progress = Progress(self.epoch + 1, t.epochs, self.steps_per_epoch, self.step_in_epoch,
+                            t.log_every_steps, self.out, enabled=self.is_main)
+        self.train_model.train()
+        try:
+            while self.step_in_epoch < self.steps_per_epoch:
+                tic = time.monotonic()
+                lr = lr_at(self.global_step, t.learning_rate, t.warmup_steps, self.total_steps, t.min_lr_ratio)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                loss_sum, correct, tokens = self._accumulate_gradients(batches, accum)
+                if not math.isfinite(loss_sum):
+                    return self._fail(f"non-finite training loss ({loss_sum / max(tokens, 1)}) at step "
+                                      f"{self.global_step + 1} (epoch {self.epoch + 1}); nothing of it was "
+                                      "saved; lower training.learning_rate or check the data")
+                grad_norm = None
+                if t.gradient_clip > 0:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.gradient_clip))
+                    if not math.isfinite(grad_norm):
+                        return self._fail(f"non-finite gradient norm at step {self.global_step + 1} "
+                                          f"(epoch {self.epoch + 1}); lower training.learning_rate")
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step_in_epoch += 1
+                self.global_step += 1
+                seconds = time.monotonic() - tic
+                s = self.sums
+                s["loss"] += loss_sum
+                s["correct"] += correct
+                s["tokens"] += tokens
+                s["seconds"] += seconds
+                s["seen"] += t.batch_size * accum * self.windows.context_length
+                step_tps = t.batch_size * accum * self.windows.context_length * self.world_size / max(seconds, 1e-9)
+                progress.update(self.step_in_epoch, loss_sum / max(tokens, 1), lr, step_tps)
+                if self.global_step % t.log_every_steps == 0:
+                    self._scalar("train/step_loss", loss_sum / max(tokens, 1), self.global_step)
+                    self._scalar("train/lr", lr, self.global_step)
+                    self._scalar("train/tokens_per_sec", step_tps, self.global_step)
+                    if grad_norm is not None:
+                        self._scalar("train/grad_norm", grad_norm, self.global_step)
+                outcome = self._step_boundary(stop_after_steps)
+                if outcome is not None:
+                    return outcome
+        finally:
+            progress.close()
+        return None
+
+    def _accumulate_gradients(self, batches: Iterator, accum: int) -> tuple[float, int, int]:
+        """Forward and backward over `accum` micro-batches; returns (summed token loss,
+        correct predictions, target tokens) over them. One host sync per optimizer step."""
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        tokens = torch.zeros((), device=self.device, dtype=torch.int64)
+        for _ in range(accum):
+            b = next(batches)
+            with self._autocast():
+                logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y)
+            (loss / accum).backward()
+            with torch.no_grad():
+                mask = b.y != PAD_TOKEN
+                n = mask.sum()
+                loss_sum += loss.detach().double() * n
+                correct += ((logits.argmax(dim=-1) == b.y) & mask).sum()
+                tokens += n
+        return float(loss_sum), int(correct), int(tokens)
+
+    def _step_boundary(self, stop_after_steps: Optional[int]) -> Optional[str]:
+        """Checkpoints that happen between steps: signals, the timer, a requested stop."""
+        sig, self._pending_signal = self._pending_signal, None
+        name = step_checkpoint_name(self.epoch + 1, self.step_in_epoch)
+        if sig in _STOP_SIGNALS:
+            self._save(name)
+            return self._interrupt(sig, name)
+        if stop_after_steps is not None and self.global_step >= stop_after_steps:
+            self._save(name)
+            self._write_log()
+            return "stopped"
+        if sig in _SAVE_SIGNALS or time.monotonic() >= self._next_timer:
+            self._save(name)
+            self._write_log()
+        return None
+
+    def _end_epoch(self, val_loss: float, val_acc: float) -> None:
+        t = self.cfg.training
+        s = self.sums
+        train_loss, train_acc = s["loss"] / max(s["tokens"], 1), s["correct"] / max(s["tokens"], 1)
+        tokens_per_sec = s["seen"] * self.world_size / max(s["seconds"], 1e-9)
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.sums = _new_sums()
+        if val_loss < self.best_val_loss:
+            self.best_val_loss, self.best_epoch, self.bad_epochs = val_loss, self.epoch, 0
+            self.log.set_best(val_loss, self.epoch)
+            self._save_best(val_loss)
+        else:
+            self.bad_epochs += 1
+        elapsed = self.elapsed_before + self._session_seconds()
+        eta = elapsed / self.epoch * (t.epochs - self.epoch)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.log.add_epoch(epoch=self.epoch, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
+                           val_acc=val_acc, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_s=round(elapsed, 3),
+                           eta_s=round(eta, 3), step=self.global_step)
+        for name, value in (("loss/train", train_loss), ("loss/val", val_loss), ("accuracy/train", train_acc),
+                            ("accuracy/val", val_acc), ("epoch/lr", lr), ("epoch/tokens_per_sec", tokens_per_sec),
+                            ("epoch/epoch", self.epoch)):
+            self._scalar(name, value, self.global_step)  # one x axis (global step) for every tag
+        self._save(epoch_checkpoint_name(self.epoch))
+        self._write_log()
+        if self.is_main:
+            print(epoch_summary(self.epoch, t.epochs, train_loss, train_acc, val_loss, val_acc, elapsed, eta),
+                  file=self.out, flush=True)
+
+    @torch.no_grad()
+    def evaluate(self, split: str, max_batches: Optional[int] = None,
+                 model: Optional[torch.nn.Module] = None) -> tuple[float, float]:
+        """Token-weighted mean loss and accuracy over `split` (non-PAD targets), in eval mode."""
+        model = model or self.train_model
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        tokens = torch.zeros((), device=self.device, dtype=torch.int64)
+        try:
+            for b in self.windows.batches(split, self.cfg.training.batch_size, shuffle=False, rank=self.rank,
+                                          world_size=self.world_size, limit=max_batches):
+                with self._autocast():
+                    logits, _ = model(b.x, b.asset_ids, b.category_ids)
+                logits = logits.float()
+                loss_sum += F.cross_entropy(logits.view(-1, logits.size(-1)), b.y.reshape(-1),
+                                            ignore_index=PAD_TOKEN, reduction="sum").double()
+                mask = b.y != PAD_TOKEN
+                correct += ((logits.argmax(dim=-1) == b.y) & mask).sum()
+                tokens += mask.sum()
+        finally:
+            model.train(was_training)
+        # DDP (a later issue) all-reduces these three sums here
+        n = max(int(tokens), 1)
+        return float(loss_sum) / n, int(correct) / n
+
+    # ------------------------------------------------------------------ helpers
+
+    def _patience_exhausted(self) -> bool:
+        patience = self.cfg.training.early_stopping_patience
+        return patience > 0 and self.bad_epochs >= patience
+
+    def _fail(self, error: str) -> str:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.log.set_status("failed", error, failed_step=self.global_step + 1)
+        self._write_log()
+        if self.is_main:
+            print(f"Training failed: {error}", file=self.out, flush=True)
+        return "failed"
+
+    def _interrupt(self, sig: int, checkpoint: str) -> str:
+        name = signal.Signals(sig).name
+        self.log.data["interrupted"] = (f"{name} at epoch {self.epoch + 1} step {self.step_in_epoch}; "
+                                        f"saved {checkpoint}; continue with --resume auto")
+        self._write_log()
+        if self.is_main:
+            print(f"Received {name}: saved {checkpoint}, stopping (exit {EXIT_REQUEUE} = requeue)",
+                  file=self.out, flush=True)
+        return "interrupted"
+
+    def _save(self, name: str) -> None:
+        self._next_timer = time.monotonic() + 60.0 * self.cfg.training.checkpoint_every_minutes
+        if not self.is_main:
+            return
+        save_checkpoint({"format": "marketgpt-checkpoint", "version": 1, **self.state_dict()}, self.run_dir / name)
+        prune_checkpoints(self.run_dir, keep=self.cfg.training.keep_checkpoints)
+
+    def _save_best(self, val_loss: float) -> None:
+        if not self.is_main:
+            return
+        save_checkpoint({"format": "marketgpt-best-model", "version": 1,
+                         "model": unwrap_state_dict(self.model.state_dict()),
+                         "model_config": config_to_dict(self.cfg)["model"],
+                         "num_assets": self.model.num_assets, "num_categories": self.model.num_categories,
+                         "epoch": self.epoch, "global_step": self.global_step, "val_loss": float(val_loss),
+                         "config": config_to_dict(self.cfg)}, self.run_dir / "best_model.pt")
+
+    def _write_log(self) -> None:
+        if self.is_main:
+            self.log.write(self.run_dir / "training_log.json")
+
+    def _session_seconds(self) -> float:
+        return time.monotonic() - self._session_start
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cuda:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()  # fp32 on the CPU
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        if not self._tensorboard:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: only when used
+
+            # After a resume, drop what an earlier session logged past the checkpoint (steps
+            # beyond the resumed global step): that part of the run is being redone.
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                         purge_step=self._resumed_at + 1 if self._resumed_at else None)
+        self._writer.add_scalar(tag, value, step)
+
+    def _announce(self) -> None:
+        if not self.is_main:
+            return
+        t = self.cfg.training
+        if self.cuda:
+            print(f"Using GPUs: {self.world_size}", file=self.out)
+            if t.compile:
+                print("torch.compile: on", file=self.out)
+        else:
+            print("CUDA not available: training on CPU", file=self.out)
+            if t.compile:
+                print("training.compile is ignored on the CPU", file=self.out)
+        print(f"Effective batch size: {self.effective_batch_size} "
+              f"({t.batch_size} per process x {self.world_size} processes x {t.grad_accum_steps} accumulation)",
+              file=self.out)
+        print(f"Model parameters: {self.model.num_parameters():,} | train windows: "
+              f"{self.windows.num_windows('train'):,} | steps per epoch: {self.steps_per_epoch:,}", file=self.out)
+        if self.global_step:
+            print(f"Resuming at epoch {self.epoch + 1}, step {self.step_in_epoch} of {self.steps_per_epoch} "
+                  f"(global step {self.global_step})", file=self.out)
+        self.out.flush()
+
+    @contextlib.contextmanager
+    def _signal_flags(self) -> Iterator[None]:
+        """Install flag-setting handlers for the checkpoint signals; restore the old ones after."""
+        def handler(signum: int, frame: Any) -> None:
+            # a stop request wins over a save request that hasn't been served yet
+            if self._pending_signal not in _STOP_SIGNALS:
+                self._pending_signal = signum
+
+        previous = {}
+        try:
+            for sig in _STOP_SIGNALS + _SAVE_SIGNALS:
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: signals can't be caught here
+            pass
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+def _new_sums() -> dict[str, float]:
+    return {"loss": 0.0, "correct": 0, "tokens": 0, "seconds": 0.0, "seen": 0}

@@ -1,0 +1,115 @@
+"""training_log.json and the human-readable progress a training job prints.
+
+The log is a plain dict that lives inside the trainer's state (so a checkpoint carries the
+log so far) and is rewritten atomically after every epoch, so these work mid-run and after:
+    jq '.epochs[-5:]'   jq '.epochs[] | {epoch, train_loss, val_loss}'   jq '.best_val_loss'
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from common.atomic import atomic_write_json
+
+__all__ = ["STATUSES", "EPOCH_KEYS", "TrainingLog", "format_duration", "epoch_summary", "Progress"]
+
+STATUSES = ("running", "finished", "early_stopped", "failed")
+EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec",
+              "elapsed_s", "eta_s")
+
+
+class TrainingLog:
+    """Status, best val loss and one entry per finished epoch; `.data` is what is written."""
+
+    def __init__(self, metadata: Optional[dict[str, Any]] = None) -> None:
+        self.data: dict[str, Any] = {
+            "status": "running",
+            "error": None,
+            "best_val_loss": None,
+            "best_epoch": None,
+            "epochs": [],
+            **(metadata or {}),
+        }
+
+    def add_epoch(self, **entry: Any) -> None:
+        missing = [k for k in EPOCH_KEYS if k not in entry]
+        if missing:
+            raise ValueError(f"epoch entry lacks {missing}")
+        self.data["epochs"].append({k: _finite(v) for k, v in entry.items()})
+
+    def set_best(self, val_loss: float, epoch: int) -> None:
+        self.data["best_val_loss"], self.data["best_epoch"] = float(val_loss), int(epoch)
+
+    def set_status(self, status: str, error: Optional[str] = None, **extra: Any) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        self.data["status"], self.data["error"] = status, error
+        self.data.update(extra)
+
+    def write(self, path: Path) -> None:
+        atomic_write_json(path, self.data)
+
+
+def _finite(v: Any) -> Any:
+    # JSON (and jq) has no NaN: a non-finite metric is written as null
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def format_duration(seconds: float) -> str:
+    """'2h 15m', the seed's format (hours may exceed 24 for week-long runs)."""
+    minutes = int(max(seconds, 0.0) // 60)
+    return f"{minutes // 60}h {minutes % 60}m"
+
+
+def epoch_summary(epoch: int, epochs: int, train_loss: float, train_acc: float, val_loss: float,
+                  val_acc: float, elapsed_s: float, eta_s: float) -> str:
+    """The four lines the seed guide shows for every epoch (accuracies as fractions in [0, 1])."""
+    return (f"Epoch {epoch}/{epochs}\n"
+            f"Train Loss: {train_loss:.3f} | Train Acc: {100 * train_acc:.1f}%\n"
+            f"Val Loss: {val_loss:.3f} | Val Acc: {100 * val_acc:.1f}%\n"
+            f"Time: {format_duration(elapsed_s)} | ETA: {format_duration(eta_s)}")
+
+
+class Progress:
+    """Within-epoch progress: a tqdm bar in a terminal, plain lines every N steps in a batch log.
+
+    A Slurm .out file is not a terminal, so it gets `step 150/1200 | loss 3.412 | lr 2.9e-04 |
+    41k tok/s` lines and never a carriage return.
+    """
+
+    def __init__(self, epoch: int, epochs: int, total: int, done: int, every: int,
+                 out: Optional[TextIO] = None, enabled: bool = True) -> None:
+        self.epoch, self.epochs, self.total, self.every = epoch, epochs, total, every
+        self.out = out or sys.stdout
+        self.enabled = enabled
+        self.bar = None
+        if enabled and _is_terminal(out):
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=done, desc=f"Epoch {epoch}/{epochs}", file=out,
+                            dynamic_ncols=True, leave=False)
+
+    def update(self, step: int, loss: float, lr: float, tokens_per_sec: float) -> None:
+        """`step`: optimizer steps done in this epoch."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", refresh=False)
+        elif step % self.every == 0 or step == self.total:
+            print(f"  epoch {self.epoch}/{self.epochs} step {step}/{self.total} | loss {loss:.3f} | "
+                  f"lr {lr:.2e} | {tokens_per_sec / 1000:.1f}k tok/s", file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,263 @@
+"""`marketgpt train`: config -> data -> tokenizer -> token windows -> model -> Trainer -> test.
+
+    new run:  load config -> case folder -> load_market_data -> prepare_data (clean, split by
+              time) -> tokenizer fit on TRAIN candles -> encode each asset's whole cleaned
+              series (tokens are causal, so slicing them by the split ranges is leak-free)
+              -> run folder with config.json, tokenizer.json, asset_info.json,
+              data_info.json, tokens.npz -> train -> best model on test -> test_results.json
+    resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens.npz,
+              plus the checkpoint; nothing is re-read from the candle cache.
+
+--resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
+checkpoints/, from its newest checkpoint whose sha256 holds (a corrupted one is skipped with
+a warning); with no run, or a run that died before its first checkpoint, a new run starts, so
+a Slurm script can always pass it. --resume PATH: a run folder or one checkpoint file; --config
+is then optional. Either way the case config (with --set) must describe the same run as the
+run folder's config.json, except the keys in run_folder.HARMLESS_ON_RESUME (epochs, patience,
+checkpoint timer, logging, eval cap, slurm), which --set may change.
+
+Exit codes: 0 done (finished or early-stopped), 2 a user error (one line on stderr, e.g. a
+NaN loss: status "failed" in training_log.json), 75 saved and stopped on SIGTERM/SIGUSR2
+(requeue and run the same command with --resume auto).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence, TextIO
+
+import torch
+
+from common.atomic import atomic_write_json, read_json
+from common.batches import TokenWindows, build_windows
+from common.checkpoint import load_checkpoint
+from common.config import Config, ConfigError, load_config, save_config
+from common.errors import UserError
+from common.paths import case_dir_of_config
+from common.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
+                               resolve_resume)
+from common.rng import seed_everything
+from common.trainer import EXIT_REQUEUE, Trainer, pick_device
+
+__all__ = ["TrainingFailed", "run_training", "evaluate_best", "summarize_results"]
+
+
+class TrainingFailed(UserError):
+    """Training stopped on a non-finite loss; training_log.json has status "failed"."""
+
+
+def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: Optional[str] = None, *,
+                 out: Optional[TextIO] = None, stop_after_steps: Optional[int] = None) -> int:
+    """The `marketgpt train` command; returns the exit code (UserError for user faults)."""
+    out = out or sys.stdout  # looked up now, so a redirected stdout is honoured
+    if config is None and resume in (None, "auto"):
+        raise UserError("--config is required (with --resume auto too: it names the case and experiment); "
+                        "only --resume RUN_FOLDER works without it")
+    cfg = load_config(config, overrides) if config is not None else None
+
+    run_dir = ckpt = None
+    if resume is not None:
+        checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
+        run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
+        if run_dir is not None and ckpt is None:
+            print(f"Nothing to resume in {run_dir} (no complete checkpoint yet): starting a new run", file=out)
+        elif run_dir is None:
+            print(f"No earlier run of {cfg.experiment} in {checkpoints}: starting a new run", file=out)
+
+    device = pick_device()
+    if ckpt is not None:
+        cfg, tokens, info = _open_run(run_dir, config, cfg, overrides)
+        windows = _windows(cfg, tokens, info["asset_info"], device)
+        state = load_checkpoint(ckpt)
+        if state.get("format") != "marketgpt-checkpoint":
+            raise UserError(f"{ckpt}: not a MarketGPT training checkpoint")
+        diff = config_differences(cfg, state["config"])
+        if diff:
+            raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
+        print(f"Resuming {run_dir} from {ckpt.name}", file=out)
+    else:
+        check_writable(case_dir_of_config(config) / "checkpoints")
+        tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config))
+        windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
+        run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
+        _write_run_files(run_dir, cfg, tokens, info, data_info)
+        state = None
+        print(f"Run folder: {run_dir}", file=out)
+    return _train_and_test(cfg, run_dir, tokens, info, windows, state, out, stop_after_steps)
+
+
+# --------------------------------------------------------------------------- new run
+
+
+def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+    from common.data.universe import asset_info
+    from common.tokenizer import OHLCTokenizer
+
+    market = load_market_data(cfg, case)
+    prepared = prepare_data(cfg, market)
+    symbols = [a.symbol for a in prepared.assets]
+    train_frames = {s: prepared.candles[s].iloc[prepared.splits[s].train.start:prepared.splits[s].train.stop]
+                    for s in symbols}
+    tokenizer = OHLCTokenizer.from_config(cfg).fit(train_frames)
+    tokens, moves, ranges = {}, {}, {}
+    for s in symbols:
+        frame, split = prepared.candles[s], prepared.splits[s]
+        tokens[s] = tokenizer.encode(frame, asset=s)
+        moves[s] = tokenizer.features(frame, asset=s)[0]
+        ranges[s] = {name: (r.start, r.stop) for name, r in
+                     (("train", split.train), ("val", split.val), ("test", split.test))}
+    info = asset_info(prepared.assets)
+    data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
+    return TokenSet(symbols, tokens, moves, ranges), {"asset_info": info, "tokenizer": tokenizer}, data_info
+
+
+def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
+    try:
+        save_config(cfg, run_dir / "config.json")
+        info["tokenizer"].save(run_dir / "tokenizer.json")
+        atomic_write_json(run_dir / "asset_info.json", info["asset_info"])
+        atomic_write_json(run_dir / "data_info.json", data_info)
+        tokens.save(run_dir / "tokens.npz")
+    except OSError as e:
+        raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
+              overrides: Sequence[str]) -> tuple[Config, TokenSet, dict]:
+    """The run's own config (plus harmless --set overrides), token set, tokenizer and asset ids."""
+    from common.tokenizer import OHLCTokenizer
+
+    config_json = run_dir / "config.json"
+    if not config_json.is_file():
+        raise UserError(f"{run_dir} is not a run folder (no config.json)")
+    base = load_config(config_json)
+    cfg = load_config(config_json, overrides)
+    changed = config_differences(base, cfg)
+    if changed:
+        raise ConfigError(f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
+                          f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
+                          "without --resume to change them")
+    if case_cfg is not None:
+        diff = config_differences(cfg, case_cfg)
+        if diff:
+            raise UserError(f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
+                            "resume with the config it was started with, or start a new run without --resume")
+    check_writable(run_dir)
+    tokens = TokenSet.load(run_dir / "tokens.npz")
+    info = {"asset_info": read_json(run_dir / "asset_info.json"),
+            "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
+    return cfg, tokens, info
+
+
+# --------------------------------------------------------------------------- train and test
+
+
+def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.device) -> TokenWindows:
+    ids = asset_info["symbols"]
+    cats = {rec["symbol"]: rec["category_id"] for rec in asset_info["assets"]}
+    # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
+    T = cfg.model.context_length
+    return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
+                         strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device)
+
+
+def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
+                    state: Optional[dict], out: TextIO, stop_after_steps: Optional[int]) -> int:
+    from common.model import MarketGPT
+
+    device = windows.device
+    ai = info["asset_info"]
+    if state is None:
+        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    trainer = Trainer(cfg, model, windows, run_dir, device=device, out=out)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if state is None:
+        trainer.log.data.update(
+            run=run_dir.name, experiment=cfg.experiment, started_at=now, device=device.type, world_size=1,
+            num_parameters=model.num_parameters(), num_assets=ai["num_assets"],
+            windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
+            steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
+    else:
+        try:
+            trainer.load_state_dict(state)
+        except RuntimeError as e:  # state_dict shapes that don't fit the model
+            raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
+        trainer.log.data.setdefault("resumes", []).append(now)
+    try:
+        status = trainer.train(stop_after_steps=stop_after_steps)
+    except OSError as e:
+        raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
+
+    if status == "failed":
+        raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / 'training_log.json'})")
+    if status == "interrupted":
+        return EXIT_REQUEUE
+    if status == "stopped":
+        return 0
+    results = evaluate_best(cfg, run_dir, tokens, info, device)
+    print(summarize_results(run_dir, results), file=out, flush=True)
+    return 0
+
+
+def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device) -> dict:
+    """The best model on the test split next to the baselines; writes test_results.json
+    and report.png."""
+    from common.evaluate import SplitTokens, evaluate_run
+    from common.model import MarketGPT
+
+    ai, tokenizer = info["asset_info"], info["tokenizer"]
+    best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"]).to(device)
+    model.load_state_dict(best["model"])
+    test, train = {}, {}
+    for s in tokens.symbols:
+        (train_begin, train_end), (test_begin, test_end) = tokens.ranges[s]["train"], tokens.ranges[s]["test"]
+        train[s] = tokens.tokens[s][train_begin:train_end]
+        if test_end > test_begin:
+            test[s] = SplitTokens(tokens.tokens[s][test_begin:test_end], tokens.moves[s][test_begin:test_end])
+    categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
+    results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,
+                           cfg.training.batch_size, device, cfg.training.eval_max_batches,
+                           category_ids=ai["categories"])
+    results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"]}
+    atomic_write_json(run_dir / "test_results.json", results)
+    try:
+        from common.report import write_report
+
+        write_report(run_dir, read_json(run_dir / "training_log.json"), results)
+    except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
+        print(f"warning: report.png not written ({type(e).__name__}: {e})", file=sys.stderr)
+    return results
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def summarize_results(run_dir: Path, r: dict) -> str:
+    """A few lines for the end of a job: where the run is, and the test metrics vs baselines."""
+    lines = [f"Run folder: {run_dir}",
+             f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
+             f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
+             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"]
+    for name, b in r.get("baselines", {}).items():
+        lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
+                     f"top-5 {_pct(b['top5_accuracy'])}")
+    d = r.get("directional", {})
+    if d.get("model"):
+        m, up = d["model"], d.get("always_up", {})
+        lines.append(f"Directional accuracy: model {_pct(m['accuracy'])} "
+                     f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
+                     f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""In-memory token windows: boundaries, ids, epoch order, DDP sharding, resume offsets."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.batches import SPLITS, build_windows, window_starts
+from common.errors import UserError
+from common.tokenizer import PAD_TOKEN
+
+T = 8  # context length in these tests
+
+
+def _token_set(lengths: dict[str, int], seed: int = 0):
+    """Distinct token values per asset (asset i uses 10*i + small), split 60/20/20 with no purge."""
+    rng = np.random.default_rng(seed)
+    tokens, ranges = {}, {}
+    for i, (symbol, n) in enumerate(lengths.items()):
+        tokens[symbol] = (rng.integers(3, 60, size=n) + 100 * (i + 1)).astype(np.int16)
+        a, b = int(n * 0.6), int(n * 0.8)
+        ranges[symbol] = {"train": (0, a), "val": (a, b), "test": (b, n)}
+    ids = {s: i for i, s in enumerate(lengths)}
+    cats = {s: i % 2 for i, s in enumerate(lengths)}
+    return tokens, ranges, ids, cats
+
+
+def _build(lengths=None, stride=1, **kw):
+    tokens, ranges, ids, cats = _token_set(lengths or {"A": 200, "B": 120, "C": 90})
+    w = build_windows(tokens, ranges, ids, cats, T, strides={"train": stride, "val": T, "test": T}, **kw)
+    return w, tokens, ranges, ids, cats
+
+
+def test_window_starts_stay_inside_the_range():
+    assert window_starts(10, 20, 5, 1).tolist() == [10, 11, 12, 13, 14, 15]
+    assert window_starts(10, 20, 5, 3).tolist() == [10, 13]
+    assert window_starts(10, 14, 5, 1).tolist() == []  # shorter than one window
+    assert window_starts(10, 15, 5, 1).tolist() == [10]
+
+
+def test_every_window_lies_in_one_assets_split_and_carries_its_ids():
+    w, tokens, ranges, ids, cats = _build()
+    owner_of = {}  # global offset -> (symbol, local index)
+    offset = 0
+    for symbol, toks in tokens.items():
+        for i in range(len(toks)):
+            owner_of[offset + i] = (symbol, i)
+        offset += len(toks)
+    for split in SPLITS:
+        sw = w.splits[split]
+        assert len(sw) > 0
+        batch = w.gather(split, torch.arange(len(sw)))
+        assert batch.x.shape == batch.y.shape == (len(sw), T)
+        assert torch.equal(batch.x[:, 1:], batch.y[:, :-1])  # y is x shifted by one
+        for k, start in enumerate(sw.starts.tolist()):
+            symbol, first = owner_of[start]
+            begin, end = ranges[symbol][split]
+            assert begin <= first and first + T + 1 <= end
+            assert batch.asset_ids[k].item() == ids[symbol]
+            assert batch.category_ids[k].item() == cats[symbol]
+            expected = tokens[symbol][first:first + T + 1].astype(np.int64)
+            assert torch.equal(torch.cat([batch.x[k], batch.y[k, -1:]]), torch.from_numpy(expected))
+    assert not (w.tokens == PAD_TOKEN).any()
+
+
+@given(n=st.integers(0, 80), stride=st.integers(1, 5), begin=st.integers(0, 20))
+def test_window_count_matches_the_formula(n, stride, begin):
+    toks = {"A": np.arange(begin + n + T + 1) % 50 + 3}
+    ranges = {"A": {"train": (begin, begin + n), "val": (0, T + 1), "test": (0, T + 1)}}
+    if n < T + 1:
+        with pytest.raises(UserError, match="no train windows"):
+            build_windows(toks, ranges, {"A": 0}, {"A": 0}, T, strides={"train": stride, "val": 1, "test": 1})
+        return
+    w = build_windows(toks, ranges, {"A": 0}, {"A": 0}, T, strides={"train": stride, "val": 1, "test": 1})
+    assert w.num_windows("train") == (n - (T + 1)) // stride + 1
+
+
+def test_split_without_windows_is_a_user_error():
+    tokens, ranges, ids, cats = _token_set({"A": 100})
+    ranges["A"]["test"] = (95, 100)  # 5 tokens < T + 1
+    with pytest.raises(UserError, match="no test windows"):
+        build_windows(tokens, ranges, ids, cats, T, strides={"train": 1, "val": 1, "test": 1})
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch():
+    w, *_ = _build()
+    a = w.epoch_order("train", seed=7, epoch=3)
+    assert torch.equal(a, w.epoch_order("train", seed=7, epoch=3))
+    assert not torch.equal(a, w.epoch_order("train", seed=7, epoch=4))
+    assert not torch.equal(a, w.epoch_order("train", seed=8, epoch=3))
+    assert sorted(a.tolist()) == list(range(w.num_windows("train")))
+
+
+def test_ranks_split_one_global_order_without_overlap():
+    w, *_ = _build()
+    B, world = 5, 2
+    order = w.epoch_order("train", seed=1, epoch=0)
+    full = [w.gather("train", order[i * B:(i + 1) * B]) for i in range(-(-len(order) // B))]
+    per_rank = [list(w.batches("train", B, shuffle=True, seed=1, epoch=0, rank=r, world_size=world))
+                for r in range(world)]
+    n = w.num_batches("train", B, world)
+    assert len(per_rank[0]) == len(per_rank[1]) == n
+    for i in range(n):
+        for r in range(world):
+            assert torch.equal(per_rank[r][i].x, full[i * world + r].x)
+
+
+def test_starting_mid_pass_continues_the_same_sequence():
+    w, *_ = _build()
+    kw = dict(shuffle=True, seed=3, epoch=2, limit=9)
+    whole = list(w.batches("train", 4, **kw))
+    tail = list(w.batches("train", 4, start=5, **kw))
+    assert len(whole) == 9 and len(tail) == 4
+    for a, b in zip(whole[5:], tail):
+        assert torch.equal(a.x, b.x) and torch.equal(a.asset_ids, b.asset_ids)
+
+
+def test_unshuffled_pass_covers_every_window_once_with_a_partial_last_batch():
+    w, *_ = _build()
+    seen = torch.cat([b.x[:, 0] for b in w.batches("val", 3, shuffle=False)])
+    assert len(seen) == w.num_windows("val")
+    first = w.gather("val", torch.arange(w.num_windows("val"))).x[:, 0]
+    assert torch.equal(seen, first)

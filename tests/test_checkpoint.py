@@ -1,0 +1,137 @@
+"""Checkpoint files: weights_only loading, sha256 sidecars, corruption fallback, pruning, unwrapping."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from common import checkpoint as ck
+from common.checkpoint import (CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name, latest_good_checkpoint,
+                               load_checkpoint, prune_checkpoints, save_checkpoint, sidecar_path,
+                               step_checkpoint_name, unwrap_model, unwrap_state_dict, verify_checkpoint)
+
+
+def _payload(value: float = 1.0) -> dict:
+    return {"model": {"w": torch.full((64, 64), value)}, "progress": {"epoch": 2, "step": 5},
+            "rng": [3, [1, 2, 3], None], "best": float("inf"), "name": "x"}
+
+
+def test_roundtrip_with_weights_only_and_a_sha256sum_sidecar(tmp_path):
+    path = tmp_path / "checkpoint_epoch_1.pt"
+    digest = save_checkpoint(_payload(), path)
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert sidecar_path(path).read_text() == f"{digest}  checkpoint_epoch_1.pt\n"  # `sha256sum -c` format
+    assert verify_checkpoint(path) is True
+    plain = torch.load(path, weights_only=True)  # any researcher can open it without our code
+    loaded = load_checkpoint(path)
+    for d in (plain, loaded):
+        assert torch.equal(d["model"]["w"], _payload()["model"]["w"])
+        assert d["progress"] == {"epoch": 2, "step": 5} and d["best"] == float("inf")
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupted_checkpoint_is_detected_and_auto_falls_back(tmp_path, damage):
+    good, bad = tmp_path / epoch_checkpoint_name(1), tmp_path / step_checkpoint_name(2, 3)
+    save_checkpoint(_payload(1.0), good)
+    save_checkpoint(_payload(2.0), bad)
+    data = bytearray(bad.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0x01  # one bit: torch.load might not even notice
+    bad.write_bytes(bytes(data))
+    assert verify_checkpoint(bad) is False
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        load_checkpoint(bad)
+    warnings = []
+    assert latest_good_checkpoint(tmp_path, warn=warnings.append) == good
+    assert len(warnings) == 1 and bad.name in warnings[0] and "corrupted" in warnings[0]
+
+
+def test_missing_sidecar_loads_with_a_warning_but_auto_skips_it(tmp_path, capsys):
+    path = tmp_path / epoch_checkpoint_name(1)
+    save_checkpoint(_payload(), path)
+    sidecar_path(path).unlink()
+    assert verify_checkpoint(path) is None
+    assert load_checkpoint(path)["name"] == "x"
+    assert "loading it unchecked" in capsys.readouterr().err
+    assert latest_good_checkpoint(tmp_path, warn=lambda m: None) is None
+
+
+def test_code_in_a_checkpoint_is_refused(tmp_path):
+    path = tmp_path / epoch_checkpoint_name(1)
+    save_checkpoint({"obj": hashlib.sha256}, path)  # any pickled callable: weights_only refuses it
+    with pytest.raises(CorruptCheckpoint, match="cannot be loaded"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("crash_at", ["checkpoint rename", "final sidecar"])
+def test_crash_during_replacement_leaves_a_verifiable_file(tmp_path, monkeypatch, crash_at):
+    path = tmp_path / "best_model.pt"
+    save_checkpoint(_payload(1.0), path)
+    real_replace, sidecar_writes = os.replace, []
+
+    def crash(src, dst):  # kill -9 at one point of the replacement
+        if os.fspath(dst) == os.fspath(sidecar_path(path)):
+            sidecar_writes.append(dst)
+            if crash_at == "final sidecar" and len(sidecar_writes) == 2:
+                raise KeyboardInterrupt
+        elif crash_at == "checkpoint rename" and os.fspath(dst) == os.fspath(path):
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(_payload(2.0), path)
+    monkeypatch.undo()
+    assert len(sidecar_path(path).read_text().splitlines()) == 2  # old and new digest both accepted
+    assert verify_checkpoint(path) is True
+    expected = 1.0 if crash_at == "checkpoint rename" else 2.0
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((64, 64), expected))
+    save_checkpoint(_payload(3.0), path)
+    assert len(sidecar_path(path).read_text().splitlines()) == 1
+
+
+def test_files_are_ordered_by_training_position(tmp_path):
+    names = [epoch_checkpoint_name(2), step_checkpoint_name(3, 10), epoch_checkpoint_name(10),
+             step_checkpoint_name(2, 7), epoch_checkpoint_name(1), step_checkpoint_name(3, 9)]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    (tmp_path / "best_model.pt").write_bytes(b"")
+    (tmp_path / ".checkpoint_epoch_11.pt.abc.tmp").write_bytes(b"")
+    assert [p.name for p in checkpoint_files(tmp_path)] == [
+        "checkpoint_epoch_1.pt", "checkpoint_epoch_2_step_7.pt", "checkpoint_epoch_2.pt",
+        "checkpoint_epoch_3_step_9.pt", "checkpoint_epoch_3_step_10.pt", "checkpoint_epoch_10.pt"]
+
+
+def test_prune_keeps_the_last_epochs_and_fresh_steps(tmp_path):
+    names = [epoch_checkpoint_name(e) for e in range(1, 6)] + [
+        step_checkpoint_name(3, 4), step_checkpoint_name(6, 1), step_checkpoint_name(6, 2), step_checkpoint_name(6, 3)]
+    for n in names:
+        save_checkpoint({"n": n}, tmp_path / n)
+    deleted = {p.name for p in prune_checkpoints(tmp_path, keep=2)}
+    left = [p.name for p in checkpoint_files(tmp_path)]
+    assert left == ["checkpoint_epoch_4.pt", "checkpoint_epoch_5.pt", "checkpoint_epoch_6_step_2.pt",
+                    "checkpoint_epoch_6_step_3.pt"]
+    assert deleted == set(names) - set(left)
+    assert not any(sidecar_path(tmp_path / n).exists() for n in deleted)
+
+
+def test_unwrap_strips_wrapper_prefixes():
+    model = torch.nn.Linear(3, 2)
+    wrapped = torch.nn.DataParallel(model)
+    assert unwrap_model(wrapped) is model
+    assert set(wrapped.state_dict()) == {"module.weight", "module.bias"}
+    assert set(unwrap_state_dict(wrapped.state_dict())) == {"weight", "bias"}
+    assert set(unwrap_state_dict({"module._orig_mod.blocks.0.w": 1, "_orig_mod.x": 2})) == {"blocks.0.w", "x"}
+
+    class Compiled(torch.nn.Module):  # what torch.compile returns keeps the model as _orig_mod
+        def __init__(self, inner):
+            super().__init__()
+            self._orig_mod = inner
+
+    assert unwrap_model(torch.nn.DataParallel(Compiled(model))) is model
+    assert ck.__all__ and "save_checkpoint" in ck.__all__

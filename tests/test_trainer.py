@@ -1,0 +1,266 @@
+"""The Trainer on a tiny real MarketGPT and synthetic tokens: learning, logs, exact resume,
+signals, timer checkpoints, NaN handling, early stopping."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from common.batches import build_windows
+from common.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
+from common.config import Config, ModelConfig
+from common.model import MarketGPT
+from common.lr_schedule import lr_at
+from common.rng import seed_everything
+from common.trainer import EXIT_REQUEUE, Trainer
+
+torch.set_num_threads(1)
+# urllib3 (imported by tensorboard) probes for IPv6 by creating a socket at import: no traffic
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+T = 16
+
+
+def _config(**training) -> Config:
+    cfg = Config()
+    cfg.model = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                            dropout=0.2, asset_embed_dim=4, category_embed_dim=4)
+    t = cfg.training
+    t.batch_size, t.epochs, t.max_steps_per_epoch, t.warmup_steps = 4, 3, 6, 3
+    t.learning_rate, t.grad_accum_steps, t.log_every_steps, t.seed = 3e-3, 2, 2, 5
+    for k, v in training.items():
+        setattr(t, k, v)
+    return cfg
+
+
+def _windows():
+    """Two assets whose tokens follow a noisy cycle: learnable in a few dozen steps."""
+    rng = np.random.default_rng(0)
+    tokens, ranges = {}, {}
+    for symbol, n, period in (("A", 400, 5), ("B", 300, 7)):
+        cycle = 3 + (np.arange(n) % period) * 7
+        noise = rng.random(n) < 0.1
+        tokens[symbol] = np.where(noise, rng.integers(3, 64, n), cycle)
+        ranges[symbol] = {"train": (0, int(n * .7)), "val": (int(n * .7), int(n * .85)), "test": (int(n * .85), n)}
+    return build_windows(tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T,
+                         strides={"train": 1, "val": T, "test": T})
+
+
+WINDOWS = _windows()
+
+
+def _trainer(run_dir, cfg=None, out=None, **training) -> Trainer:
+    cfg = cfg or _config(**training)
+    seed_everything(cfg.training.seed)
+    model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
+    return Trainer(cfg, model, WINDOWS, run_dir, out=out or io.StringIO(), tensorboard=False)
+
+
+def _weights(trainer: Trainer) -> dict:
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def _losses(trainer: Trainer) -> list:
+    return [(e["epoch"], e["train_loss"], e["train_acc"], e["val_loss"], e["val_acc"], e["lr"])
+            for e in trainer.log.data["epochs"]]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted reference run: 3 epochs x 6 steps x 2 micro-batches."""
+    tr = _trainer(tmp_path_factory.mktemp("straight"))
+    assert tr.train() == "finished"
+    return _weights(tr), _losses(tr)
+
+
+def _resume(run_dir, **training) -> Trainer:
+    """A new process's view: fresh model with other random weights, state from the newest checkpoint."""
+    tr = _trainer(run_dir, **training)
+    torch.manual_seed(12345)  # the checkpoint, not this, must decide dropout from here on
+    tr.load_state_dict(load_checkpoint(latest_good_checkpoint(run_dir)))
+    return tr
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    lrs = [lr_at(s, 1.0, 10, 110, 0.1) for s in range(110)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lr_at(110, 1.0, 10, 110, 0.1) == pytest.approx(0.1)
+    assert lr_at(60, 1.0, 10, 110, 0.1) == pytest.approx(0.55)  # half-way down the cosine
+    assert lr_at(0, 2.0, 0, 10, 0.0) == pytest.approx(2.0)
+
+
+def test_training_learns_and_reports_in_the_seed_format(tmp_path):
+    out = io.StringIO()
+    tr = _trainer(tmp_path, out=out, epochs=4, max_steps_per_epoch=10, learning_rate=1e-2)
+    tr._tensorboard = True
+    before, _ = tr.evaluate("val")
+    assert tr.train() == "finished"
+    text = out.getvalue()
+    assert "CUDA not available: training on CPU" in text
+    assert "Effective batch size: 8 " in text  # 4 per process x 1 process x 2 accumulation
+    assert "\r" not in text  # not a terminal: plain progress lines only
+    assert re.search(r"epoch 1/4 step 2/10 \| loss \d+\.\d{3} \| lr ", text)
+    blocks = re.findall(r"^Epoch (\d+)/4\nTrain Loss: \d+\.\d{3} \| Train Acc: \d+\.\d%\n"
+                        r"Val Loss: (\d+\.\d{3}) \| Val Acc: \d+\.\d%\nTime: \d+h \d+m \| ETA: \d+h \d+m$", text, re.M)
+    assert [b[0] for b in blocks] == ["1", "2", "3", "4"]
+
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "finished" and log["error"] is None
+    assert [e["epoch"] for e in log["epochs"]] == [1, 2, 3, 4]
+    for e in log["epochs"]:
+        assert {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec",
+                "elapsed_s", "eta_s"} <= set(e)
+        assert 0 <= e["train_acc"] <= 1 and e["tokens_per_sec"] > 0
+    assert log["epochs"][-1]["eta_s"] == 0
+    best = min(log["epochs"], key=lambda e: e["val_loss"])
+    assert (log["best_epoch"], log["best_val_loss"]) == (best["epoch"], best["val_loss"])
+    assert log["epochs"][-1]["val_loss"] < before - 0.5  # it learned the cycles
+    assert load_checkpoint(tmp_path / "best_model.pt")["epoch"] == best["epoch"]
+    assert [p.name for p in checkpoint_files(tmp_path)] == [f"checkpoint_epoch_{e}.pt" for e in (2, 3, 4)]
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("stop_at", [4, 6, 9], ids=["mid-epoch", "epoch-end", "next-epoch"])
+def test_resume_is_bit_identical(tmp_path, straight, stop_at):
+    weights, losses = straight
+    first = _trainer(tmp_path)
+    assert first.train(stop_after_steps=stop_at) == "stopped"
+    assert first.global_step == stop_at
+    second = _resume(tmp_path)
+    assert second.global_step == stop_at
+    assert second.train() == "finished"
+    for name, w in weights.items():
+        assert torch.equal(second.model.state_dict()[name], w), name
+    assert _losses(second) == losses
+
+
+def _signal_at_step(trainer: Trainer, sig: int, step: int) -> None:
+    """Send `sig` to this process during optimizer step `step` (1-based), from inside forward."""
+    calls = {"n": 0}
+    accum = trainer.cfg.training.grad_accum_steps
+
+    def hook(module, args, output):
+        if module.training:
+            calls["n"] += 1
+            if calls["n"] == (step - 1) * accum + 1:
+                os.kill(os.getpid(), sig)
+
+    trainer.model.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
+def test_stop_signal_saves_at_the_step_boundary_and_stops_then_resumes_exactly(tmp_path, straight, sig):
+    tr = _trainer(tmp_path)
+    _signal_at_step(tr, sig, 8)
+    previous = signal.getsignal(sig)
+    assert tr.train() == "interrupted"
+    assert signal.getsignal(sig) is previous  # handlers restored
+    assert [p.name for p in checkpoint_files(tmp_path)][-1] == "checkpoint_epoch_2_step_2.pt"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "running" and signal.Signals(sig).name in log["interrupted"]
+    assert EXIT_REQUEUE == 75
+    second = _resume(tmp_path)
+    assert second.train() == "finished"
+    assert all(torch.equal(second.model.state_dict()[k], w) for k, w in straight[0].items())
+    assert "interrupted" not in second.log.data
+
+
+def test_sigusr1_saves_and_carries_on(tmp_path, straight):
+    tr = _trainer(tmp_path, keep_checkpoints=5)
+    _signal_at_step(tr, signal.SIGUSR1, 3)
+    seen = []
+    real_save = tr._save
+    tr._save = lambda name: (seen.append(name), real_save(name))
+    assert tr.train() == "finished"
+    assert seen[0] == "checkpoint_epoch_1_step_3.pt"
+    assert all(torch.equal(tr.model.state_dict()[k], w) for k, w in straight[0].items())
+
+
+def test_timer_checkpoints_inside_epochs(tmp_path):
+    tr = _trainer(tmp_path, checkpoint_every_minutes=1e-9)  # due at every step boundary
+    assert tr.train(stop_after_steps=10) == "stopped"
+    names = [p.name for p in checkpoint_files(tmp_path)]
+    # epoch 1's step checkpoints were pruned by its epoch checkpoint; two fresh ones are kept
+    assert names == ["checkpoint_epoch_1.pt", "checkpoint_epoch_2_step_3.pt", "checkpoint_epoch_2_step_4.pt"]
+    state = load_checkpoint(tmp_path / names[-1])
+    assert state["progress"]["step_in_epoch"] == 4 and state["progress"]["global_step"] == 10
+    assert json.loads((tmp_path / "training_log.json").read_text())["status"] == "running"
+
+
+def test_nan_loss_fails_with_the_step_and_is_never_saved_as_best(tmp_path):
+    tr = _trainer(tmp_path, grad_accum_steps=1)
+    calls = {"n": 0}
+    real_forward = tr.model.forward
+
+    def forward(*args, **kwargs):
+        logits, loss = real_forward(*args, **kwargs)
+        if tr.model.training:
+            calls["n"] += 1
+            if calls["n"] >= 9:  # optimizer step 9: epoch 2, step 3
+                loss = loss * float("nan")
+        return logits, loss
+
+    tr.model.forward = forward
+    out = io.StringIO()
+    tr.out = out
+    assert tr.train() == "failed"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "failed" and log["failed_step"] == 9
+    assert "step 9 (epoch 2)" in log["error"] and "non-finite training loss" in log["error"]
+    assert [e["epoch"] for e in log["epochs"]] == [1]
+    assert load_checkpoint(tmp_path / "best_model.pt")["epoch"] == 1
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())  # the bad step was not applied
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["checkpoint_epoch_1.pt"]
+    assert "Training failed: non-finite training loss" in out.getvalue()
+
+
+def test_early_stopping_on_val_loss(tmp_path):
+    tr = _trainer(tmp_path, epochs=10, early_stopping_patience=2, max_steps_per_epoch=1)
+    val = iter([3.0, 2.0, 2.5, 2.0, 9.0, 1.0])  # best at epoch 2, then two epochs without a better one
+    tr.evaluate = lambda split, max_batches=None: (next(val), 0.5)
+    assert tr.train() == "early_stopped"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "early_stopped"
+    assert (log["best_epoch"], log["best_val_loss"]) == (2, 2.0)
+    assert [e["epoch"] for e in log["epochs"]] == [1, 2, 3, 4]
+    assert load_checkpoint(tmp_path / "best_model.pt")["epoch"] == 2
+    # a resume of an early-stopped run does not train further
+    again = _resume(tmp_path, epochs=10, early_stopping_patience=2, max_steps_per_epoch=1)
+    assert again.train() == "early_stopped" and again.epoch == 4
+
+
+def test_state_dict_holds_everything_a_resume_needs(tmp_path):
+    tr = _trainer(tmp_path)
+    tr.train(stop_after_steps=2)
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "running" and log["epochs"] == [] and log["best_val_loss"] is None
+    state = load_checkpoint(latest_good_checkpoint(tmp_path))
+    assert {"model", "optimizer", "scheduler", "scaler", "progress", "epoch_sums", "early_stopping", "rng",
+            "log", "config"} <= set(state)
+    assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    assert state["config"]["model"]["d_model"] == 32
+    assert state["early_stopping"]["best_val_loss"] == math.inf
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
+    out = _Terminal()
+    tr = _trainer(tmp_path, out=out, epochs=1)
+    assert tr.train() == "finished"
+    text = out.getvalue()
+    assert "\r" in text and "Epoch 1/1:" in text  # tqdm's bar, redrawn in place
+    assert not re.search(r"^  epoch 1/1 step", text, re.M)
+    assert re.search(r"(^|\r)Epoch 1/1\nTrain Loss: ", text, re.M)  # after the bar is cleared
