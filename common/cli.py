@@ -32,6 +32,33 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from common.training_run import run_training
+
+    return run_training(args.config, args.overrides, args.resume)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from common.evaluate import evaluate_run_dir
+    from common.training_run import summarize_results
+
+    results = evaluate_run_dir(args.run_dir)
+    print(summarize_results(args.run_dir, results))
+    print(f"Wrote {args.run_dir / 'test_results.json'} and {args.run_dir / 'report.png'}")
+    return 0
+
+
+def _cmd_data_download(args: argparse.Namespace) -> int:
+    from common.config import load_config
+    from common.data.download import download_case
+    from common.paths import case_config, case_dir
+
+    case = case_dir(args.case)
+    cfg = load_config(args.config or case_config(case), args.overrides)
+    summary = download_case(cfg, case)  # raises SourceUnavailable (exit 2) if a source is down
+    return 1 if summary.failed else 0  # 1: some assets failed (listed in the summary)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marketgpt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -42,6 +69,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assets in the embedding table (default: the case universe's size)")
     p.add_argument("--num-categories", type=int, default=None)
     p.set_defaults(handler=_cmd_model_info)
+
+    p = sub.add_parser("data", help="market data: download a case's universe into its parquet cache")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    p = data_sub.add_parser("download", help="fetch (or update) the case's candles from Yahoo and ccxt; "
+                            "exit 1 if assets failed, 2 if a source is unreachable")
+    p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
+    _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
+    p.set_defaults(handler=_cmd_data_download)
+
+    p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "
+                       "(exit 75: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")
+    _add_config_args(p, required=False)
+    p.add_argument("--resume", metavar="auto|PATH", default=None,
+                   help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
+                        "is none); PATH: a run folder or a checkpoint_epoch_*.pt file")
+    p.set_defaults(handler=_cmd_train)
+
+    p = sub.add_parser("evaluate", help="recompute a run's test_results.json and report.png from its best model")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder, case_X/checkpoints/<experiment>_<time>")
+    p.set_defaults(handler=_cmd_evaluate)
 
     return parser
 

@@ -1,0 +1,481 @@
+"""Test-split evaluation: the model's metrics next to naive baselines on the same targets.
+
+Called at the end of training by common.training_run.evaluate_best (with the best model), and
+again later by `marketgpt evaluate RUN_DIR` (`evaluate_run_dir`, which goes through the same
+evaluate_best):
+
+    test, train_tokens = eval_inputs(token_set.tokens, token_set.moves, token_set.ranges)
+    results = evaluate_run(model, tokenizer, test, train_tokens, asset_ids, categories,
+                           context_length, batch_size, device, max_batches,
+                           category_ids=asset_info["categories"])
+    atomic_write_json(run_dir / "test_results.json", results)
+
+`evaluate_run` returns the JSON-ready dict that is test_results.json (no NaN anywhere: an
+undefined number is null). Top level: test_loss, test_accuracy (fraction in [0, 1]),
+test_accuracy_pct, top5_accuracy, perplexity, num_tokens; then "baselines", "directional",
+"per_asset", "per_category" and "settings".
+
+Targets. Each asset's test tokens are cut into windows of context_length + 1 tokens that share
+their boundary token (starts 0, T, 2T, ...), so every test token except the asset's first is
+predicted exactly once, from the test tokens before it in its window: the first targets of a
+window see little context, and none reaches back into the val split. That is the standard
+non-overlapping evaluation; a sliding window would give more context at T times the cost.
+The last window of an asset is padded (unlike the trainer's val windows, which drop the tail),
+so no test token is left out. PAD targets are ignored; BOS and MISSING targets count like any
+other token, for the model and every baseline alike.
+
+Metrics. loss: mean cross-entropy in nats; perplexity = exp(loss); accuracy / top-5: the
+target is the most likely token / among the 5 most likely, ties broken toward the lower token
+id (the order a stable sort gives), so a baseline with flat probabilities is scored
+deterministically.
+
+Baselines, fit on TRAIN tokens only (`fit_baselines` never sees the test split):
+- unigram: train token frequencies with add-one smoothing over every non-PAD id.
+- repeat_last: the previous token gets probability 1 - eps, the other non-PAD ids share eps.
+  eps is the fraction of train transitions that are not a repeat (its maximum-likelihood value),
+  capped at (V-2)/V so the previous token always stays the most likely one.
+- markov1: first-order transition counts within each asset's train tokens, Witten-Bell
+  smoothed towards the unigram: P(b|a) = (C(a,b) + D(a) u(b)) / (C(a) + D(a)), with D(a) the
+  number of distinct successors of a; a token never seen in train backs off to u(b).
+
+Directional. A token decodes to its bin's representative move (move/sigma, `tokenizer.decode`);
+a predictor's expected next move is sum_v p(v) * move(v) (special ids count 0). Its sign is
+compared with the sign of the actual move (`tokenizer.features`); targets whose actual move is
+zero or undefined (BOS, MISSING) are left out. A 95% Wilson interval comes with each accuracy;
+always_up is the fraction of actual moves that are positive.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from common.data.universe import CATEGORIES
+from common.errors import UserError
+from common.tokenizer import PAD_TOKEN
+
+__all__ = [
+    "BASELINES",
+    "Markov1",
+    "RepeatLast",
+    "Scores",
+    "SplitTokens",
+    "Unigram",
+    "eval_inputs",
+    "evaluate_run",
+    "evaluate_run_dir",
+    "fit_baselines",
+    "score_log_probs",
+    "wilson_interval",
+]
+
+BASELINES = ("unigram", "repeat_last", "markov1")
+TOP_K = 5
+_Z95 = 1.959963984540054  # two-sided 95% normal quantile
+_CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
+
+
+@dataclass
+class SplitTokens:
+    """One asset's test tokens and the actual normalized move of each token's candle.
+
+    moves[i] is move/sigma of candle i (`tokenizer.features`), NaN where undefined (BOS, MISSING).
+    """
+
+    tokens: np.ndarray
+    moves: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens).astype(np.int64)
+        self.moves = np.asarray(self.moves, dtype=np.float64)
+        if self.tokens.ndim != 1 or self.tokens.shape != self.moves.shape:
+            raise ValueError(f"tokens {self.tokens.shape} and moves {self.moves.shape} must be 1-D and aligned")
+
+
+def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray],
+                ranges: Mapping[str, Mapping[str, Sequence[int]]]
+                ) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
+    """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
+
+    tokens / moves: symbol -> the asset's whole series of tokens and actual moves (aligned, as
+    in the run folder's tokens.npz); ranges: symbol -> {"train": (begin, end), "test": ...},
+    end exclusive. Moves must come from the whole series (sigma needs the past), not the slice.
+    """
+    test, train = {}, {}
+    for symbol, toks in tokens.items():
+        if "train" in ranges[symbol]:
+            b, e = ranges[symbol]["train"]
+            train[symbol] = np.asarray(toks[b:e])
+        if "test" in ranges[symbol]:
+            b, e = ranges[symbol]["test"]
+            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e])
+    return test, train
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class Scores:
+    """Per-target results of one predictor, all (N,): the unit every metric is summed from."""
+
+    nll: np.ndarray  # -log p(target), nats
+    top1: np.ndarray  # bool: target ranked first
+    top5: np.ndarray  # bool: target in the top 5
+    move: np.ndarray  # expected next move, sum_v p(v) move(v)
+
+    @classmethod
+    def concat(cls, parts: Sequence["Scores"]) -> "Scores":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
+                     for f in ("nll", "top1", "top5", "move")))
+
+
+def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves: torch.Tensor) -> Scores:
+    """Score (n, V) log-probabilities against (n,) targets; token_moves (V,) has 0 for specials."""
+    log_probs = log_probs.float() if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs
+    target_lp = log_probs.gather(1, targets[:, None])  # (n, 1)
+    ids = torch.arange(log_probs.size(1), device=log_probs.device)
+    # rank = ids strictly more likely + equally likely ids with a lower id (stable-sort order)
+    rank = (log_probs > target_lp).sum(1) + ((log_probs == target_lp) & (ids < targets[:, None])).sum(1)
+    move = log_probs.exp() @ token_moves.to(log_probs.dtype)  # (n,)
+    return Scores(nll=-target_lp[:, 0].double().cpu().numpy(), top1=(rank < 1).cpu().numpy(),
+                  top5=(rank < TOP_K).cpu().numpy(), move=move.double().cpu().numpy())
+
+
+def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[float], Optional[float]]:
+    """Wilson score interval of a binomial proportion; (None, None) when n == 0."""
+    if n == 0:
+        return None, None
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+@dataclass
+class Unigram:
+    """p(b) from train frequencies, add-one smoothed over the non-PAD ids."""
+
+    probs: np.ndarray  # (V,)
+
+    def log_probs(self, prev: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.repeat(np.log(self.probs)[None, :], len(prev), axis=0)
+
+
+@dataclass
+class RepeatLast:
+    """1 - eps on the previous token, eps shared by the other non-PAD ids."""
+
+    vocab_size: int
+    eps: float
+
+    def log_probs(self, prev: np.ndarray) -> np.ndarray:
+        out = np.full((len(prev), self.vocab_size), math.log(self.eps / (self.vocab_size - 2)))
+        out[:, PAD_TOKEN] = -np.inf
+        out[np.arange(len(prev)), prev] = math.log1p(-self.eps)
+        return out
+
+
+@dataclass
+class Markov1:
+    """Witten-Bell smoothed first-order transitions, backing off to the unigram."""
+
+    counts: np.ndarray  # (V, V) int32: counts[a, b] = train transitions a -> b
+    unigram: np.ndarray  # (V,) backoff distribution
+
+    def log_probs(self, prev: np.ndarray) -> np.ndarray:
+        c = self.counts[prev].astype(np.float64)  # (n, V)
+        total = c.sum(1, keepdims=True)
+        distinct = (c > 0).sum(1, keepdims=True)
+        unseen = total == 0
+        # an unseen previous token gives 0 / 0 here; np.where picks the unigram instead
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = np.where(unseen, self.unigram, (c + distinct * self.unigram) / (total + distinct))
+            return np.log(p)
+
+
+def fit_baselines(train_tokens: Mapping[str, np.ndarray], vocab_size: int) -> dict[str, Any]:
+    """The three baselines, fit on train tokens only (symbol -> 1-D array of one asset)."""
+    seqs = [np.asarray(t).astype(np.int64) for t in train_tokens.values()]
+    all_tokens = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+    counts = np.bincount(all_tokens, minlength=vocab_size).astype(np.float64)
+    counts[PAD_TOKEN] = 0
+    support = np.ones(vocab_size)
+    support[PAD_TOKEN] = 0
+    unigram = (counts + support) / (counts.sum() + support.sum())
+
+    # transitions inside each asset: the last train token of one asset does not precede the next asset
+    prev = np.concatenate([s[:-1] for s in seqs]) if seqs else np.zeros(0, np.int64)
+    nxt = np.concatenate([s[1:] for s in seqs]) if seqs else np.zeros(0, np.int64)
+    keep = (prev != PAD_TOKEN) & (nxt != PAD_TOKEN)
+    prev, nxt = prev[keep], nxt[keep]
+    # int32 and filled from the distinct pairs: V x V is 64 MB at vocab 4096, not 128
+    pairs, n = np.unique(prev * vocab_size + nxt, return_counts=True)
+    transitions = np.zeros((vocab_size, vocab_size), np.int32)
+    transitions[pairs // vocab_size, pairs % vocab_size] = n
+
+    # eps: the maximum-likelihood value on train, kept above 0 so every loss stays finite and at
+    # most (V-2)/V so the last token keeps at least twice any other id's probability: with a
+    # rarely repeating train set the ML value would otherwise rank the last token LAST
+    eps = float(np.mean(prev != nxt)) if len(prev) else 0.5
+    eps = min(max(eps, 1e-3), (vocab_size - 2) / vocab_size)
+    return {"unigram": Unigram(unigram), "repeat_last": RepeatLast(vocab_size, eps),
+            "markov1": Markov1(transitions, unigram)}
+
+
+def _score_baseline(baseline: Any, prev: np.ndarray, targets: np.ndarray, token_moves: torch.Tensor) -> Scores:
+    rows = max(1, _CHUNK_ELEMENTS // len(token_moves))
+    parts = []
+    for i in range(0, len(targets), rows):
+        lp = torch.from_numpy(baseline.log_probs(prev[i:i + rows]))
+        parts.append(score_log_probs(lp, torch.from_numpy(targets[i:i + rows]), token_moves.double()))
+    return Scores.concat(parts)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class _Windows:
+    """Every test target once, as (W, T) windows; PAD targets are padding."""
+
+    x: np.ndarray  # (W, T) inputs
+    y: np.ndarray  # (W, T) targets
+    moves: np.ndarray  # (W, T) actual move of each target's candle
+    asset: np.ndarray  # (W,) index into symbols
+    symbols: list
+
+
+def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
+    T = context_length
+    xs, ys, ms, owner = [], [], [], []
+    symbols = list(test)
+    for a, symbol in enumerate(symbols):
+        toks, moves = test[symbol].tokens, test[symbol].moves
+        n = len(toks)
+        starts = np.arange(0, max(n - 1, 0), T)  # windows [s, s + T] share their boundary token
+        if len(starts) == 0:
+            continue
+        # pad the tail so every window has T + 1 tokens; the padding is a PAD target, ignored
+        padded = np.concatenate([toks, np.full(T, PAD_TOKEN, np.int64)])
+        padded_moves = np.concatenate([moves, np.full(T, np.nan)])
+        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1)
+        chunk = padded[idx]
+        xs.append(chunk[:, :-1])
+        ys.append(chunk[:, 1:])
+        ms.append(padded_moves[idx][:, 1:])
+        owner.append(np.full(len(starts), a))
+    if not xs:
+        empty = np.zeros((0, T), np.int64)
+        return _Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols)
+    return _Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols)
+
+
+@torch.no_grad()
+def _score_model(model: torch.nn.Module, w: _Windows, asset_ids: np.ndarray, category_ids: np.ndarray,
+                 token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
+    token_moves = token_moves.float().to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    parts = []
+    for i in range(0, len(w.x), batch_size):
+        x = torch.from_numpy(w.x[i:i + batch_size]).to(device)
+        y = torch.from_numpy(w.y[i:i + batch_size]).to(device)
+        a = torch.from_numpy(asset_ids[w.asset[i:i + batch_size]]).to(device)
+        c = torch.from_numpy(category_ids[w.asset[i:i + batch_size]]).to(device)
+        with autocast:
+            logits, _ = model(x, a, c)
+        keep = y != PAD_TOKEN  # (B, T); row-major order matches the flattened targets
+        log_probs = F.log_softmax(logits[keep].float(), dim=-1)  # (n, V)
+        parts.append(score_log_probs(log_probs, y[keep], token_moves))
+    return Scores.concat(parts)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _perplexity(loss: Optional[float]) -> Optional[float]:
+    if loss is None or loss > 700:  # exp overflows a float beyond ~709
+        return None
+    return math.exp(loss)
+
+
+def _mean(values: np.ndarray) -> Optional[float]:
+    return float(values.mean()) if len(values) else None
+
+
+def _metrics(s: Scores) -> dict:
+    loss = _mean(s.nll)
+    return {"loss": loss, "accuracy": _mean(s.top1), "top5_accuracy": _mean(s.top5),
+            "perplexity": _perplexity(loss), "num_tokens": int(len(s.nll))}
+
+
+def _directional(predicted: np.ndarray, actual_up: np.ndarray) -> dict:
+    hits = int(np.sum((predicted > 0) == actual_up))
+    n = len(actual_up)
+    low, high = wilson_interval(hits, n)
+    return {"accuracy": hits / n if n else None, "ci95_low": low, "ci95_high": high, "n": n}
+
+
+def _group(scores: dict[str, Scores], groups: np.ndarray, names: Sequence[str], moves: np.ndarray) -> dict:
+    """Model loss/accuracy, baselines' accuracy and token counts for each group id."""
+    out = {}
+    for g, name in enumerate(names):
+        sel = groups == g
+        model = scores["model"]
+        counted = np.isfinite(moves[sel]) & (moves[sel] != 0)
+        loss = _mean(model.nll[sel])
+        out[name] = {
+            "num_tokens": int(sel.sum()),
+            "loss": loss,
+            "accuracy": _mean(model.top1[sel]),
+            "top5_accuracy": _mean(model.top5[sel]),
+            "perplexity": _perplexity(loss),
+            "directional_accuracy": _directional(model.move[sel][counted], moves[sel][counted] > 0)["accuracy"],
+            "baseline_accuracy": {b: _mean(scores[b].top1[sel]) for b in BASELINES},
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, SplitTokens],
+                 train_tokens: Mapping[str, np.ndarray], asset_ids: Mapping[str, int],
+                 categories: Mapping[str, str], context_length: int, batch_size: int,
+                 device: torch.device | str, max_batches: Optional[int] = None, *,
+                 category_ids: Optional[Mapping[str, int]] = None) -> dict:
+    """Evaluate `model` (unwrapped, not DDP) on the test split; returns test_results.json's dict.
+
+    test: symbol -> SplitTokens; train_tokens: symbol -> train token array (baselines only);
+    asset_ids: symbol -> model asset id; categories: symbol -> category name;
+    category_ids: category name -> model category id: pass asset_info.json's "categories".
+    When omitted, ids follow asset_info's rule (CATEGORIES order, restricted to the categories
+    present here), which only matches training if no category was dropped.
+    max_batches caps the model's batches for quick runs: then an evenly spaced subset of the
+    windows is scored, and the baselines are scored on exactly those targets.
+    """
+    device = torch.device(device)
+    vocab_size = int(tokenizer.vocab_size)
+    move_table, _ = tokenizer.decode(np.arange(vocab_size))
+    token_moves = torch.from_numpy(np.nan_to_num(np.asarray(move_table, np.float64), nan=0.0))
+    if category_ids is None:
+        present = set(categories.values())
+        order = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+        category_ids = {name: i for i, name in enumerate(order)}
+
+    w = _windows(test, context_length)
+    if max_batches is not None and len(w.x) > max_batches * batch_size:
+        keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
+        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols)
+
+    # flat per-target arrays, in the row-major order _score_model produces
+    mask = w.y != PAD_TOKEN
+    targets, prev, moves = w.y[mask], w.x[mask], w.moves[mask]
+    owner = np.broadcast_to(w.asset[:, None], w.y.shape)[mask]
+
+    was_training = model.training
+    model.eval()
+    try:
+        a_ids = np.array([asset_ids[s] for s in w.symbols], dtype=np.int64)
+        c_ids = np.array([category_ids[categories[s]] for s in w.symbols], dtype=np.int64)
+        scores = {"model": _score_model(model, w, a_ids, c_ids, token_moves, batch_size, device)}
+    finally:
+        model.train(was_training)
+    baselines = fit_baselines(train_tokens, vocab_size)
+    for name in BASELINES:
+        scores[name] = _score_baseline(baselines[name], prev, targets, token_moves)
+
+    total = _metrics(scores["model"])
+    counted = np.isfinite(moves) & (moves != 0)
+    up = moves[counted] > 0
+    directional = {"num_moves": int(counted.sum()),
+                   "model": _directional(scores["model"].move[counted], up),
+                   "always_up": _directional(np.ones(len(up)), up)}
+    for name in BASELINES:
+        directional[name] = _directional(scores[name].move[counted], up)
+
+    cat_names = sorted(set(categories[s] for s in w.symbols))
+    cat_of_asset = np.array([cat_names.index(categories[s]) for s in w.symbols], dtype=np.int64)
+    per_category = _group(scores, cat_of_asset[owner], cat_names, moves)
+    per_category = {c: {"num_assets": sum(categories[s] == c for s in w.symbols), **per_category[c]}
+                    for c in cat_names}
+    per_asset = _group(scores, owner, w.symbols, moves)
+    per_asset = {s: {"category": categories[s], **per_asset[s]} for s in w.symbols}
+
+    return {
+        "test_loss": total["loss"],
+        "test_accuracy": total["accuracy"],
+        "test_accuracy_pct": None if total["accuracy"] is None else 100 * total["accuracy"],
+        "top5_accuracy": total["top5_accuracy"],
+        "perplexity": total["perplexity"],
+        "num_tokens": total["num_tokens"],
+        "num_assets": len(w.symbols),
+        "baselines": {name: _metrics(scores[name]) for name in BASELINES},
+        "directional": directional,
+        "per_asset": per_asset,
+        "per_category": per_category,
+        "settings": {
+            "context_length": context_length,
+            "max_batches": max_batches,
+            "windows": int(len(w.x)),
+            "targets": "every test token but each asset's first, once; PAD ignored; BOS/MISSING counted",
+            "baselines_fit_on": "train",
+            "train_tokens": int(sum(len(t) for t in train_tokens.values())),
+            "repeat_last_eps": baselines["repeat_last"].eps,
+            "markov1_smoothing": "witten-bell, unigram backoff",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- a finished run folder
+
+
+_RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "tokens.npz", "best_model.pt")
+
+
+def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
+    """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder.
+
+    Uses the run's own config.json, tokenizer.json, asset_info.json, tokens.npz and
+    best_model.pt, through the path training takes at its end (training_run.evaluate_best,
+    which writes both files).
+    """
+    from common.atomic import read_json
+    from common.config import load_config
+    from common.run_folder import TokenSet
+    from common.tokenizer import OHLCTokenizer
+    from common.trainer import pick_device
+    from common.training_run import evaluate_best
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder; pass one like "
+                        "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
+    missing = [name for name in _RUN_FILES if not (run_dir / name).is_file()]
+    if missing:
+        why = ("the run has not finished an epoch yet" if missing == ["best_model.pt"]
+               else "is it a run folder, and did training get past its set-up?")
+        raise UserError(f"{run_dir}: missing {', '.join(missing)} ({why})")
+    try:
+        asset_info = read_json(run_dir / "asset_info.json")
+    except ValueError as e:
+        raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
+    cfg = load_config(run_dir / "config.json")
+    tokens = TokenSet.load(run_dir / "tokens.npz")
+    info = {"asset_info": asset_info, "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
+    try:
+        return evaluate_best(cfg, run_dir, tokens, info, torch.device(device) if device else pick_device())
+    except OSError as e:
+        raise UserError(f"cannot write test_results.json in {run_dir} ({e.strerror or e}); "
+                        "copy the run folder somewhere writable and evaluate the copy") from None
