@@ -103,6 +103,7 @@ def test_a_run_folder_has_every_file_and_the_seed_queries_work(finished_run):
     assert set(results["per_asset"]) <= set(info["symbols"])
 
     jq = shutil.which("jq")
+    assert jq or not os.environ.get("CI"), "jq is missing: CI installs it (.ci/run) to run the seed's queries"
     if jq:  # the seed guide's own queries, on the real file
         def q(expr: str, name: str = "training_log.json") -> str:
             return subprocess.run([jq, "-c", expr, str(run_dir / name)], capture_output=True, text=True,
