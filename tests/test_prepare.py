@@ -1,6 +1,8 @@
 """Loading (sample and cache), cleaning, gap filling and the global time split."""
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -317,12 +319,17 @@ def test_empty_cache_says_to_run_the_download(tmp_path: Path):
     assert "no 1d candles in the cache" in message and "data.source to 'sample'" in message
 
 
-def test_missing_assets_are_named(tmp_path: Path):
+def test_missing_assets_are_left_out_with_a_warning_and_recorded(tmp_path: Path, capsys):
     write_case(tmp_path, UNIVERSE)
-    CandleCache(tmp_path / "data").write("yfinance", "1d", "AAPL", candles("2015-01-01", 30), adjusted=True)
-    with pytest.raises(UserError, match=r"2 of 3 assets have no 1d candles .*\(GC=F, BTC/USDT\).*"
-                                        r"marketgpt data download"):
-        load_market_data(download_config(), tmp_path)
+    CandleCache(tmp_path / "data").write("yfinance", "1d", "AAPL", candles("2015-01-01", 300), adjusted=True)
+    data = load_market_data(download_config(), tmp_path)
+    warning = capsys.readouterr().err
+    assert re.search(r"2 of 3 assets have no 1d candles .*\(GC=F, BTC/USDT\).*marketgpt data download", warning)
+    assert [a.symbol for a in data.assets] == ["AAPL", "GC=F", "BTC/USDT"]  # ids stay those of the universe
+    assert data.candles["GC=F"].empty and data.candles["BTC/USDT"].empty
+    prepared = prepare_data(download_config(), data)
+    assert set(prepared.splits) == {"AAPL"}
+    assert "not in the cache" in prepared.dropped["GC=F"] and "not in the cache" in prepared.dropped["BTC/USDT"]
 
 
 def test_a_repo_case_is_named_by_its_folder_name(tmp_path: Path):

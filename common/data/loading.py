@@ -6,6 +6,7 @@ the config's data.source picks. Nothing here touches the network: "download" rea
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,15 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
             raise UserError(f"no {d.interval} candles in the cache {cache_root} for the "
                             f"{len(assets)} assets of {case_dir / d.universe}: run `{command}` first "
                             "(needs network), or set data.source to 'sample' to train on the shipped sample")
+        # A few tickers that failed to download (delisted, renamed) should not cost a queued
+        # job: train on the rest, say so, and record them as dropped in data_info.json.
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise UserError(f"{len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
-                        f"{cache_root} ({shown}): run `{command}` to fetch them; if the download "
-                        f"reports them as failed (delisted or renamed), replace them in {case_dir / d.universe}")
+        print(f"warning: {len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
+              f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
+              f"them in {case_dir / d.universe} if the download reports them as failed", file=sys.stderr)
+        empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},
+                             index=pd.DatetimeIndex([], tz="UTC", name="timestamp"))
+        candles.update({symbol: empty for symbol in missing})
     return MarketData(assets=assets, candles=candles, interval=d.interval)
 
 

@@ -200,7 +200,7 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
         records[asset.symbol] = record
         if frame.empty:
             dropped[asset.symbol] = (f"no valid candles after cleaning ({len(raw)} raw rows)" if len(raw)
-                                     else "no candles (none in the configured date range?)")
+                                     else "no candles (not in the cache, or none in the configured date range)")
             continue
         real_ts[asset.symbol] = frame.index.asi8
         if _fills_gaps(asset):
