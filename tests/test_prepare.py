@@ -1,9 +1,8 @@
 """Loading (sample and cache), cleaning, gap filling and the global time split."""
 from __future__ import annotations
 
-import re
-
 import json
+import re
 from pathlib import Path
 
 import numpy as np
