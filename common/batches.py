@@ -7,9 +7,12 @@ into the big tensor, and each window's asset id and category id. A batch of wind
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
 Epoch order is a permutation drawn from a generator seeded with (seed, epoch), so a resumed
-run sees exactly the order the interrupted one saw. Under DDP, rank r takes batches
-r, r + world_size, r + 2 * world_size, ... of that one global order, and every rank gets the
-same number of batches.
+run sees exactly the order the interrupted one saw. Under DDP the order is cut into global
+batches of batch_size x world_size windows and rank r takes the r-th slice of each: at every
+step the ranks' batches together are exactly the batch one process with batch_size x
+world_size would train on, so N processes learn what that one process learns. Training drops
+the last incomplete global batch (every rank must see a full batch for DDP's gradient mean
+to equal that process's); evaluation keeps it, unevenly sliced (a rank may get nothing).
 """
 from __future__ import annotations
 
@@ -73,10 +76,11 @@ class TokenWindows:
     def num_windows(self, split: str) -> int:
         return len(self.splits[split])
 
-    def num_batches(self, split: str, batch_size: int, world_size: int = 1) -> int:
-        """Batches each rank gets in one pass over `split` (the last partial batch counts)."""
-        total = -(-self.num_windows(split) // batch_size)  # ceil
-        return total // world_size
+    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:
+        """Global batches (batch_size x world_size windows) in one pass over `split`: the
+        batches each rank takes a slice of. The last incomplete one counts unless drop_last."""
+        n, size = self.num_windows(split), batch_size * world_size
+        return n // size if drop_last else -(-n // size)
 
     def epoch_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
         """A permutation of the split's windows that depends only on (seed, epoch)."""
@@ -92,19 +96,24 @@ class TokenWindows:
         return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index], category_ids=w.category_ids[index])
 
     def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None) -> Iterator[Batch]:
-        """This rank's batches of one pass over `split`, from its `start`-th batch on.
+                rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
+                drop_last: bool = False) -> Iterator[Batch]:
+        """This rank's slices of the global batches of one pass over `split`, from the
+        `start`-th global batch on.
 
-        shuffle=False walks the windows in order (evaluation). `limit` caps this rank's batches
+        shuffle=False walks the windows in order (evaluation). `limit` caps the global batches
         (counted from 0, so a resumed pass with the same limit ends where the first would have).
+        Without drop_last, a rank whose slice of the last batch is empty skips it.
         """
         order = self.epoch_order(split, seed, epoch) if shuffle else torch.arange(self.num_windows(split))
-        n = self.num_batches(split, batch_size, world_size)
+        n = self.num_batches(split, batch_size, world_size, drop_last)
         if limit is not None:
             n = min(n, limit)
         for i in range(start, n):
-            g = i * world_size + rank  # this rank's i-th batch in the global order
-            yield self.gather(split, order[g * batch_size:(g + 1) * batch_size])
+            first = (i * world_size + rank) * batch_size  # rank r: slice r of global batch i
+            index = order[first:first + batch_size]
+            if len(index):
+                yield self.gather(split, index)
 
 
 def _mix(seed: int, epoch: int) -> int:

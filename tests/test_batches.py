@@ -93,18 +93,48 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
     assert sorted(a.tolist()) == list(range(w.num_windows("train")))
 
 
-def test_ranks_split_one_global_order_without_overlap():
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_batches_together_are_one_process_with_the_combined_batch(world):
+    # DDP equivalence: at every step, the union of the ranks' batches is exactly the batch one
+    # process with batch_size x world_size trains on, and no window is seen twice.
     w, *_ = _build()
-    B, world = 5, 2
+    B = 5
+    kw = dict(shuffle=True, seed=1, epoch=0, drop_last=True)
+    single = list(w.batches("train", B * world, **kw))
+    per_rank = [list(w.batches("train", B, rank=r, world_size=world, **kw)) for r in range(world)]
+    n = w.num_batches("train", B, world, drop_last=True)
+    assert n == w.num_windows("train") // (B * world) == len(single)
+    assert all(len(batches) == n for batches in per_rank)
     order = w.epoch_order("train", seed=1, epoch=0)
-    full = [w.gather("train", order[i * B:(i + 1) * B]) for i in range(-(-len(order) // B))]
-    per_rank = [list(w.batches("train", B, shuffle=True, seed=1, epoch=0, rank=r, world_size=world))
-                for r in range(world)]
-    n = w.num_batches("train", B, world)
-    assert len(per_rank[0]) == len(per_rank[1]) == n
     for i in range(n):
-        for r in range(world):
-            assert torch.equal(per_rank[r][i].x, full[i * world + r].x)
+        assert all(per_rank[r][i].x.shape[0] == B for r in range(world))
+        union = torch.cat([per_rank[r][i].x for r in range(world)])
+        assert torch.equal(union, single[i].x)
+        assert torch.equal(union, w.gather("train", order[i * B * world:(i + 1) * B * world]).x)
+    starts = torch.cat([w.splits["train"].starts[order[i * B * world:(i + 1) * B * world]] for i in range(n)])
+    assert len(set(starts.tolist())) == n * B * world  # disjoint
+
+
+def test_sharded_evaluation_covers_every_window_once_with_uneven_last_slices():
+    w, *_ = _build()
+    B, world = 4, 3
+    n = w.num_batches("val", B, world)
+    assert n == -(-w.num_windows("val") // (B * world))
+    per_rank = [list(w.batches("val", B, shuffle=False, rank=r, world_size=world)) for r in range(world)]
+    seen = torch.cat([per_rank[r][i].x[:, 0] for i in range(n) for r in range(world) if i < len(per_rank[r])])
+    first = w.gather("val", torch.arange(w.num_windows("val"))).x[:, 0]
+    assert torch.equal(seen, first)  # every window once, in order
+    assert all(b.x.shape[0] > 0 for batches in per_rank for b in batches)  # empty slices are skipped
+
+
+def test_training_drops_only_the_last_incomplete_global_batch():
+    w, *_ = _build()
+    N = w.num_windows("train")
+    B = 7
+    assert N % (2 * B)  # this token set leaves a remainder
+    assert w.num_batches("train", B, 2, drop_last=True) == N // (2 * B)
+    assert w.num_batches("train", B, 2) == N // (2 * B) + 1
+    assert len(list(w.batches("train", B, shuffle=True, drop_last=True))) == N // B
 
 
 def test_starting_mid_pass_continues_the_same_sequence():

@@ -32,6 +32,18 @@ def test_roundtrip_with_weights_only_and_a_sha256sum_sidecar(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def test_big_tensors_hashed_beside_the_write_give_the_file_digest(tmp_path):
+    # chunks above 1 MiB are hashed on a helper thread: the digest must still be the file's
+    g = torch.Generator().manual_seed(0)
+    payload = {"a": torch.randn(700_000, generator=g), "b": torch.randn(3, 1_000_000, generator=g),
+               "small": torch.arange(10), "name": "big"}
+    path = tmp_path / "big.pt"
+    digest = save_checkpoint(payload, path)
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest() and verify_checkpoint(path) is True
+    loaded = load_checkpoint(path)
+    assert all(torch.equal(loaded[k], payload[k]) for k in ("a", "b", "small"))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupted_checkpoint_is_detected_and_auto_falls_back(tmp_path, damage):
     good, bad = tmp_path / epoch_checkpoint_name(1), tmp_path / step_checkpoint_name(2, 3)

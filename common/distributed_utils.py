@@ -1,0 +1,540 @@
+"""One process per GPU: where this process sits in the job, and the DDP plumbing around it.
+
+`detect_env()` reads the launcher's environment (srun under Slurm, torchrun, submitit, or a
+plain single process), `init_distributed()` starts torch.distributed on it (NCCL on CUDA, gloo
+on CPU) and binds this rank's GPU, and `MultiGPUWrapper` is the seed guide's name for the
+DistributedDataParallel-wrapped model. The helpers below turn per-rank numbers into global
+ones, so every logged figure is the whole job's.
+
+Failures are loud and bounded. Every collective waits at most MARKETGPT_DIST_TIMEOUT seconds
+(default 600). A rank that raises posts its error to the job's key-value store before it
+exits, and every rank bumps a heartbeat counter there each second. When a collective fails on
+a rank (a peer's sockets closed, or the timeout hit), `failures_reported()` reads the posts
+for a few seconds and raises `RankFailed` naming the rank that raised, or the one whose
+heartbeat stopped without a word (killed, out of memory, node lost). The store lives on
+rank 0 (or in torchrun's agent): a rank that loses rank 0 can only say so.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import inspect
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from common.errors import UserError
+
+__all__ = [
+    "DistEnv",
+    "MultiGPUWrapper",
+    "RankFailed",
+    "TIMEOUT_ENV",
+    "all_gather_objects",
+    "all_reduce_sum",
+    "any_rank",
+    "barrier",
+    "check_num_gpus",
+    "collective_timeout_s",
+    "detect_env",
+    "failures_reported",
+    "init_distributed",
+    "rank_device",
+    "share_from_main",
+    "shutdown",
+    "unwrap",
+]
+
+TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
+_DEFAULT_TIMEOUT_S = 600.0
+_REPORT_WAIT_S = 5.0  # how long a rank that lost a peer waits for the others' error reports
+_LINGER_S = 2.0  # rank 0 keeps serving the store this much longer, for ranks that noticed later
+_HEARTBEAT_S = 1.0  # each rank's sign of life in the store (see _start_heartbeat)
+
+
+class RankFailed(UserError):
+    """Another rank of the job failed; this one stops too (the message names the failed rank)."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1  # processes of this job on this node
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "single"  # "slurm" | "torchrun" | "submitit" | "single"
+    gpus_on_node: int = 0  # GPUs Slurm gave this node (0 when unknown or none)
+    agent_store: bool = False  # torchrun's agent hosts the key-value store (else rank 0 does)
+    attempt: int = 0  # torchrun restart count: keeps store keys of earlier attempts apart
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+# --------------------------------------------------------------------------- where am I
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    # `scontrol show hostnames` expands node[1-3,5] the way Slurm does; rank 0 runs on the
+    # first host of the step. It only parses: no call to slurmctld.
+    if not nodelist:
+        return "127.0.0.1"
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    # Without scontrol: a plain name, or the prefix and first number of the first range.
+    m = re.match(r"([^,\[]+)(?:\[(\w+))?", nodelist)
+    return m.group(1) + (m.group(2) or "") if m else nodelist
+
+
+def _port_for_job(job_id: str) -> int:
+    # Every rank of a job derives the same port; jobs sharing a node get different ones. The
+    # range stays below Linux's ephemeral ports (32768+), where random connections live,
+    # and above the ports Slurm's daemons use (6817/6818; 17001+ for the local test nodes).
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return 20000 + int(digits) % 10000
+
+
+def _tasks_per_node(text: str) -> list[int]:
+    """Slurm's compressed count list: '2(x3),1' -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            return []
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
+    """Where this process sits, from whichever launcher started it."""
+    env = os.environ if environ is None else environ
+    gpus = int(env.get("SLURM_GPUS_ON_NODE", "0") or 0)
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or anything speaking its protocol)
+        world = int(env["WORLD_SIZE"])
+        return DistEnv(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(env.get("MASTER_PORT", 29500)), launcher="torchrun",
+                       gpus_on_node=gpus, agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+                       attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    if env.get("SUBMITIT_EXECUTOR") == "local":
+        n = int(env.get("SUBMITIT_LOCAL_NTASKS", 1))
+        return DistEnv(rank=int(env.get("SUBMITIT_LOCAL_GLOBALID", 0)), world_size=n,
+                       local_rank=int(env.get("SUBMITIT_LOCAL_LOCALID", 0)), local_world_size=n,
+                       master_addr="127.0.0.1",
+                       master_port=_port_for_job(env.get("SUBMITIT_LOCAL_JOB_ID", str(os.getppid()))),
+                       launcher="submitit", gpus_on_node=gpus)
+    # Under Slurm, only a task started by srun is one rank of many: the batch script itself
+    # also sees SLURM_PROCID=0 and SLURM_NTASKS, but has no step id.
+    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+        counts = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""))
+        node = int(env.get("SLURM_NODEID", 0))
+        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=world,
+                       local_rank=int(env.get("SLURM_LOCALID", 0)),
+                       local_world_size=counts[node] if node < len(counts) else world,
+                       # an exported MASTER_ADDR / MASTER_PORT wins (two jobs pinned to one port)
+                       master_addr=env.get("MASTER_ADDR") or _first_slurm_host(
+                           env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+                       master_port=int(env.get("MASTER_PORT") or _port_for_job(env.get("SLURM_JOB_ID", "0"))),
+                       launcher="submitit" if env.get("SUBMITIT_EXECUTOR") == "slurm" else "slurm",
+                       gpus_on_node=gpus)
+    return DistEnv(gpus_on_node=gpus)
+
+
+def collective_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """MARKETGPT_DIST_TIMEOUT (seconds, default 600): the longest any rank waits for the others."""
+    env = os.environ if environ is None else environ
+    text = env.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return _DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UserError(f"{TIMEOUT_ENV}={text!r} must be a positive number of seconds")
+    return value
+
+
+def check_num_gpus(num_gpus: Optional[int], env: DistEnv) -> None:
+    """`--num-gpus N` must agree with the job's layout: N processes on this node (one per
+    GPU) and, under Slurm, N GPUs per node from --gres."""
+    if num_gpus is None:
+        return
+    if num_gpus < 1:
+        raise UserError(f"--num-gpus must be at least 1, got {num_gpus}")
+    per_node = env.local_world_size
+    if per_node != num_gpus:
+        how = {"single": "a single plain process", "torchrun": "torchrun"}.get(env.launcher, env.launcher)
+        raise UserError(
+            f"--num-gpus {num_gpus} but the job started {per_node} process(es) on this node ({how}): "
+            f"start one task per GPU (sbatch --ntasks-per-node={num_gpus} with srun, or torchrun "
+            f"--nproc-per-node={num_gpus}), or pass --num-gpus {per_node}")
+    if env.gpus_on_node and env.gpus_on_node != num_gpus:
+        raise UserError(
+            f"--num-gpus {num_gpus} but Slurm gave this node {env.gpus_on_node} GPU(s): make "
+            f"#SBATCH --gres=gpu:<type>:N, --ntasks-per-node=N and --num-gpus N the same number")
+
+
+def rank_device(env: DistEnv) -> torch.device:
+    """This rank's device: the GPU of its local rank, or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 1:  # Slurm bound one GPU to this task (--gpus-per-task / --gpu-bind)
+        return torch.device("cuda", 0)
+    if env.local_rank >= count:
+        raise UserError(f"rank {env.rank} has local rank {env.local_rank} but this node shows {count} GPU(s): "
+                        "start one task per GPU")
+    return torch.device("cuda", env.local_rank)
+
+
+# --------------------------------------------------------------------------- the process group
+
+_STORE: Optional[dist.Store] = None  # the job's key-value store: error reports, rank 0's decisions
+_ENV: Optional[DistEnv] = None
+_DEVICE = torch.device("cpu")  # where collective helper tensors live (CUDA under NCCL)
+_HEARTBEAT: Optional[tuple[threading.Event, threading.Thread]] = None
+_WAS_DISTRIBUTED = False  # this process joined a process group (see common.cli.entry)
+
+
+def was_distributed() -> bool:
+    return _WAS_DISTRIBUTED
+
+
+def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] = None
+                     ) -> tuple[DistEnv, torch.device]:
+    """Start torch.distributed for this rank and pick its device.
+
+    Each rank binds the GPU of its local rank. `timeout_s` (default MARKETGPT_DIST_TIMEOUT)
+    bounds the rendezvous and every collective.
+    """
+    global _STORE, _ENV, _DEVICE, _WAS_DISTRIBUTED
+    env = env or detect_env()
+    device = rank_device(env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if env.distributed and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s or collective_timeout_s())
+        # Surface NCCL failures as errors on every rank rather than silent hangs.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        # torchrun's agent already serves the store at MASTER_PORT; otherwise rank 0 serves it.
+        host = env.rank == 0 and not env.agent_store
+        try:
+            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=host,
+                                  timeout=timeout, wait_for_workers=False)
+        except (RuntimeError, OSError) as e:
+            raise UserError(f"rank {env.rank}: cannot reach the rendezvous at {env.master_addr}:{env.master_port} "
+                            f"({str(e).splitlines()[0]}); is the port free and the first node reachable? "
+                            "(set MASTER_PORT to pick another port)") from None
+        try:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=env.rank,
+                                    world_size=env.world_size, timeout=timeout,
+                                    device_id=device if device.type == "cuda" else None)
+        except (RuntimeError, OSError) as e:  # some rank never arrived, or died on the way
+            raise RankFailed(f"rank {env.rank}: not all {env.world_size} ranks joined at {env.master_addr}:"
+                             f"{env.master_port} within {timeout.total_seconds():g} s "
+                             f"({str(e).splitlines()[0][:200]}); see the other ranks' logs") from None
+        _STORE, _ENV, _DEVICE = store, env, device
+        _WAS_DISTRIBUTED = True
+        _start_heartbeat(env, timeout)
+    return env, device
+
+
+def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
+    """Bump heartbeat/<rank> in the store every second from a daemon thread (on its own store
+    connection), so a rank that lost a peer can tell a dead rank (its count stopped) from one
+    that is merely blocked in the same broken collective."""
+    global _HEARTBEAT
+    client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
+    stop = threading.Event()
+    key = _key(f"heartbeat/{env.rank}", env)
+
+    def beat() -> None:
+        while not stop.wait(_HEARTBEAT_S):
+            try:
+                client.add(key, 1)
+            except Exception:  # the store is gone: the job is ending
+                return
+
+    thread = threading.Thread(target=beat, name="marketgpt-heartbeat", daemon=True)
+    thread.start()
+    _HEARTBEAT = (stop, thread)
+    atexit.register(_stop_heartbeat)  # never leave it inside a store call while the interpreter exits
+
+
+def _stop_heartbeat() -> None:
+    if _HEARTBEAT is not None:
+        stop, thread = _HEARTBEAT
+        stop.set()
+        thread.join(timeout=2 * _HEARTBEAT_S)
+
+
+def shutdown() -> None:
+    global _STORE, _ENV, _HEARTBEAT
+    _stop_heartbeat()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _STORE = _ENV = _HEARTBEAT = None
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks in place (a no-op in a single process); returns it."""
+    if _active():
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if it is true on any rank (e.g. a checkpoint signal that reached one)."""
+    if not _active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=_DEVICE)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (a one-element list in a single process)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def _key(name: str, env: Optional[DistEnv] = None) -> str:
+    env = env or _ENV
+    return f"marketgpt/{env.attempt if env else 0}/{name}"
+
+
+def share_from_main(name: str, value: Any = None) -> Any:
+    """Rank 0's JSON-able `value` on every rank (rank 0 decides: the run folder, a resume).
+
+    Goes through the store rather than a collective, so the other ranks may wait the whole
+    timeout while rank 0 prepares data; if rank 0 dies meanwhile, the wait fails at once.
+    """
+    if not _active():
+        return value
+    if _STORE is None or _ENV is None:  # torch.distributed was started elsewhere: a collective instead
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    key = _key(f"shared/{name}")
+    if _ENV.is_main:
+        _STORE.set(key, json.dumps(value))
+        return value
+    _STORE.wait([key], datetime.timedelta(seconds=collective_timeout_s()))
+    return json.loads(_STORE.get(key))
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def _is_comm_error(e: BaseException) -> bool:
+    # gloo raises a plain RuntimeError ("Connection closed by peer", "Timed out"); the store
+    # and NCCL raise torch.distributed.DistError subclasses.
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "NCCL", "c10d", "Connection closed"))
+
+
+def _store_alive() -> bool:
+    """Whether the store still answers. Checked with a plain connect first, because a store
+    call to a dead host dumps a C++ stack trace into the log before it raises."""
+    assert _ENV is not None
+    if _ENV.is_main or _ENV.agent_store:  # rank 0 serves it; torchrun's agent outlives its ranks
+        return True
+    try:
+        socket.create_connection((_ENV.master_addr, _ENV.master_port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _post(status: str) -> bool:
+    """Tell the other ranks how this one ended; False if the store is gone."""
+    try:
+        _STORE.set(_key(f"status/{_ENV.rank}"), status)
+        return True
+    except Exception:  # the store died with its host: nothing to tell anyone
+        return False
+
+
+def _reports(wait_s: float) -> Optional[tuple[dict[int, str], set[int]]]:
+    """(rank -> posted status, ranks whose heartbeat stopped) after waiting up to `wait_s`
+    for every rank to post; None if the store is gone."""
+    assert _STORE is not None and _ENV is not None
+    ranks = range(_ENV.world_size)
+    deadline = time.monotonic() + wait_s
+    try:
+        beats = [_STORE.add(_key(f"heartbeat/{r}"), 0) for r in ranks]
+        while True:
+            found = {r: _STORE.get(_key(f"status/{r}")).decode() for r in ranks
+                     if _STORE.check([_key(f"status/{r}")])}
+            if len(found) == _ENV.world_size or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        stalled = {r for r in ranks if r not in found and _STORE.add(_key(f"heartbeat/{r}"), 0) == beats[r]}
+    except Exception:
+        return None
+    return found, stalled
+
+
+def _culprits(reports: Optional[tuple[dict[int, str], set[int]]], error: BaseException) -> str:
+    """Who failed, from the ranks' reports and heartbeats (None: the store itself is gone)."""
+    assert _ENV is not None
+
+    def ranks(rs: Sequence[int]) -> str:
+        return f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+    if reports is None:
+        if _ENV.agent_store:
+            return "torchrun's store is gone (the launcher is shutting the job down after a failure)"
+        return ("rank 0 is gone, and with it the job's store (rank 0 failed, or stopped after another rank "
+                "failed: its own message names the cause)")
+    posted, stalled = reports
+    raised = {r: s[len("raised "):] for r, s in posted.items() if s.startswith("raised ")}
+    parts = [f"rank {r} failed with {msg}" for r, msg in sorted(raised.items())]
+    if stalled:
+        parts.append(f"{ranks(sorted(stalled))} stopped without reporting an error (killed, out of memory, "
+                     "or its node was lost)")
+    hung = sorted(r for r in range(_ENV.world_size) if r not in posted and r not in stalled)
+    if not parts and hung:  # alive, yet not in the collective: stuck elsewhere
+        parts.append(f"{ranks(hung)} stopped taking part (still running: hung, or far slower than the others)")
+    if not parts:  # every rank saw the same collective fail: the network, or a timeout everywhere
+        parts.append(f"a collective failed on every rank ({str(error).splitlines()[0][:200]})")
+    return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
+    """Around a rank's work: post this rank's own error for the others, and turn a failed
+    collective (a peer died or raised) into RankFailed naming the rank that failed."""
+    try:
+        yield
+    except BaseException as e:
+        if _STORE is None or _ENV is None:
+            raise
+        if not _is_comm_error(e):
+            _stop_heartbeat()  # this rank's own post below says how it ended
+            first = (str(e).splitlines() or [""])[0][:300]
+            if _store_alive():
+                _post(f"raised {type(e).__name__}: {first}" if first else f"raised {type(e).__name__}")
+            raise
+        # srun --kill-on-bad-exit and torchrun SIGTERM the survivors as soon as one rank fails:
+        # hold that off for these few seconds, so the reports can be read and the cause printed.
+        with _sigterm_deferred():
+            posted = _store_alive() and _post("lost a peer")
+            _stop_heartbeat()
+            reports = _reports(wait_s) if posted else None
+            if _ENV.is_main and not _ENV.agent_store:
+                time.sleep(_LINGER_S)  # rank 0 serves the store: let the others finish reading it
+        raise RankFailed(f"rank {_ENV.rank} stops because {_culprits(reports, e)}; see that rank's log for "
+                         "the cause, then resume with --resume auto") from e
+
+
+@contextlib.contextmanager
+def _sigterm_deferred() -> Iterator[None]:
+    """SIGTERM is noted, not fatal, inside the block (the caller exits right after it anyway)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------- the model wrapper
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model under MultiGPUWrapper, DDP, DataParallel and torch.compile wrappers."""
+    while True:
+        if isinstance(model, (MultiGPUWrapper, nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+class MultiGPUWrapper(nn.Module):
+    """The seed guide's wrapper, built on DistributedDataParallel (one process per GPU).
+
+    `MultiGPUWrapper(model, num_gpus=2)` moves the model to this rank's device and wraps it
+    in DDP when the job has more than one rank (starting torch.distributed if nobody has);
+    in a single process it is a transparent pass-through. `num_gpus`, when given, must match
+    the job's layout (see `check_num_gpus`), so a script asking for 2 GPUs never silently
+    trains on 1. Checkpoints store `unwrap(model)`, the plain model.
+    """
+
+    def __init__(self, model: nn.Module, num_gpus: Optional[int] = None, env: Optional[DistEnv] = None,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        env = env or _ENV or detect_env()
+        check_num_gpus(num_gpus, env)
+        if env.distributed and not dist.is_initialized():
+            env, device = init_distributed(env)
+        device = device or rank_device(env)
+        model = model.to(device)
+        if _active():
+            # Buffers here are constants (rotary tables): no broadcast before every forward.
+            ddp = nn.parallel.DistributedDataParallel
+            new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
+            no_buffer_sync = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+            self.module: nn.Module = ddp(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                         **no_buffer_sync)
+        else:
+            self.module = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Skip the gradient all-reduce (every micro-step of accumulation but the last)."""
+        if isinstance(self.module, nn.parallel.DistributedDataParallel):
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
+    @property
+    def model(self) -> nn.Module:
+        return unwrap(self.module)
