@@ -1,0 +1,81 @@
+"""Which run `--resume auto` continues (run_folder.auto_resume_run): a requeued job's own run,
+else the newest run unless it is done or another live job trains it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common import slurm_utils
+from common.run_folder import auto_resume_run, find_runs, resolve_resume
+
+
+def _run(root: Path, stamp: str, test_results: bool = False, **log) -> Path:
+    path = root / f"exp_{stamp}"
+    path.mkdir(parents=True)
+    if log:
+        (path / "training_log.json").write_text(json.dumps(log))
+    if test_results:
+        (path / "test_results.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def alive(monkeypatch) -> set[str]:
+    """Job ids Slurm reports as queued or running (none: no Slurm)."""
+    jobs: set[str] = set()
+    monkeypatch.setattr(slurm_utils, "job_is_alive", lambda job, completing_wait_s=120.0: job in jobs)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    return jobs
+
+
+def test_no_runs_start_a_new_one(alive):
+    assert auto_resume_run([]) is None
+
+
+def test_the_newest_unfinished_run_is_continued(tmp_path, alive):
+    _run(tmp_path, "20250101_000000", status="finished", test_results=True)
+    newest = _run(tmp_path, "20250102_000000", status="running", slurm_job_id="7")
+    assert auto_resume_run(find_runs(tmp_path, "exp")) == newest
+
+
+@pytest.mark.parametrize("log,test_results", [
+    ({"status": "finished"}, True),
+    ({"status": "early_stopped"}, True),
+    ({"status": "failed", "error": "non-finite loss"}, False),
+], ids=["finished", "early_stopped", "failed"])
+def test_a_done_newest_run_starts_a_new_one(tmp_path, alive, log, test_results):
+    _run(tmp_path, "20250101_000000", status="running")  # an older, abandoned run stays abandoned
+    _run(tmp_path, "20250102_000000", test_results=test_results, **log)
+    assert auto_resume_run(find_runs(tmp_path, "exp")) is None
+    assert resolve_resume("auto", tmp_path, "exp") == (None, None)
+
+
+def test_a_run_killed_before_its_test_evaluation_is_continued(tmp_path, alive):
+    run = _run(tmp_path, "20250102_000000", status="finished")  # no test_results.json yet
+    assert auto_resume_run([run]) == run
+
+
+def test_a_run_another_live_job_trains_is_left_alone(tmp_path, alive, monkeypatch):
+    run = _run(tmp_path, "20250102_000000", status="running", slurm_job_id="7")
+    alive.add("7")
+    assert auto_resume_run([run]) is None
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    assert auto_resume_run([run]) is None
+    alive.discard("7")  # scancel'ed: a resubmitted job picks it up
+    assert auto_resume_run([run]) == run
+
+
+def test_a_requeued_job_continues_its_own_run_even_when_a_newer_one_exists(tmp_path, alive, monkeypatch):
+    mine = _run(tmp_path, "20250101_000000", status="running", slurm_job_id="7")
+    _run(tmp_path, "20250102_000000", status="running", slurm_job_id="9")
+    alive.update({"7", "9"})
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert auto_resume_run(find_runs(tmp_path, "exp")) == mine
+
+
+def test_a_run_without_a_log_yet_is_the_newest_unfinished(tmp_path, alive):
+    run = _run(tmp_path, "20250102_000000")  # died before its first step: no training_log.json
+    assert auto_resume_run([run]) == run
+    assert resolve_resume("auto", tmp_path, "exp") == (run, None)  # no checkpoint: a new run starts

@@ -1,0 +1,192 @@
+"""The sbatch scripts without a cluster: their #SBATCH lines against the config's `slurm`
+section and the seed's request, and common/slurm/job.sh (logs, pass-through, requeue,
+scancel) driven by fake `srun` and `scontrol` commands. tests/test_slurm_integration.py
+runs the same scripts on the real local Slurm."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import load_config
+from slurm_helpers import CASES, FAKE_SCONTROL, FAKE_SRUN, REPO, copy_repo, fake_bin, job_env, sbatch_lines, shell_vars
+
+SCRIPTS = {key: REPO / case / "slurm_scripts" / script for key, (case, script, _) in CASES.items()}
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_sbatch_lines_agree_with_the_config_slurm_section(key):
+    case, script, config = CASES[key]
+    lines = sbatch_lines(SCRIPTS[key])
+    cfg = load_config(REPO / case / "configs" / config)
+    s = cfg.slurm
+    assert lines["job-name"] == s.job_name
+    assert lines["partition"] == s.partition
+    assert int(lines["nodes"]) == s.nodes
+    assert int(lines["ntasks-per-node"]) == s.gpus_per_node  # one task per GPU
+    assert lines["gres"] == f"gpu:{s.gpu_type}:{s.gpus_per_node}"
+    assert int(lines["cpus-per-task"]) == s.cpus_per_task
+    assert lines["mem"] == f"{s.mem_gb}G"
+    assert lines["time"] == s.time
+    assert lines["signal"] == f"B:USR2@{60 * s.signal_minutes_before_limit}"
+    assert "requeue" in lines and lines["open-mode"] == "append"
+    assert "ntasks" not in lines  # tasks come from ntasks-per-node x nodes
+    variables = shell_vars(SCRIPTS[key])
+    assert variables["CASE"] == case and variables["LOG_PREFIX"] == s.log_prefix
+    assert variables["CONFIG"] == f"configs/{config}"
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_every_script_asks_for_the_seed_request(key):
+    lines = sbatch_lines(SCRIPTS[key])
+    assert (lines["nodes"], lines["gres"], lines["mem"], lines["time"], lines["partition"]) == \
+        ("1", "gpu:a100:2", "128G", "7-00:00:00", "long")
+    assert int(lines["ntasks-per-node"]) * int(lines["cpus-per-task"]) == 64  # 2 tasks x 32 CPUs
+
+
+def test_the_three_scripts_differ_only_in_their_case():
+    texts = []
+    for key, (case, script, config) in CASES.items():
+        text = SCRIPTS[key].read_text()
+        s = load_config(REPO / case / "configs" / config).slurm
+        for word in (case, script.removesuffix(".sh"), config, f"job-name={s.job_name}", f"{s.log_prefix}_<JOBID>",
+                     f"LOG_PREFIX={s.log_prefix}"):
+            text = text.replace(word, "<case>")
+        texts.append([" ".join(line.split()) for line in text.splitlines() if not line.startswith("# Case ")])
+    assert texts[0] == texts[1] == texts[2]
+
+
+@pytest.mark.parametrize("path", [*SCRIPTS.values(), REPO / "common/slurm/job.sh", REPO / "launch_parallel_training.sh"],
+                         ids=lambda p: p.name)
+def test_shell_syntax(path):
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
+    if path.suffix == ".sh" and path.name != "job.sh":
+        assert os.access(path, os.X_OK), f"{path} is not executable"
+
+
+# --------------------------------------------------------------------------- job.sh with fake Slurm
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    return copy_repo(tmp_path_factory.mktemp("repo"))
+
+
+class FakeJob:
+    """The case C script as Slurm would start it, with fake srun/scontrol on PATH."""
+
+    def __init__(self, repo: Path, tmp: Path, srun: str, job_id: str = "4242", restarts: int = 0,
+                 command: str | None = None, submit_dir: Path | None = None, stdout: Path | None = None) -> None:
+        self.repo, self.job_id, self.calls = repo, job_id, tmp / "calls.txt"
+        script = repo / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
+        bin_dir = fake_bin(tmp / "bin", srun=FAKE_SRUN, scontrol=FAKE_SCONTROL)
+        self.env = job_env(
+            PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_CALLS=str(self.calls), FAKE_SRUN=srun,
+            FAKE_COMMAND=f"{script} --set training.epochs=5" if command is None else command,
+            FAKE_STDOUT=str(stdout or ""), SLURM_JOB_ID=job_id, SLURM_JOB_NAME="crypto", SLURM_GPUS_ON_NODE="2",
+            SLURM_CPUS_PER_TASK="32", SLURM_NTASKS="2", SLURM_RESTART_COUNT=str(restarts),
+            SLURM_SUBMIT_DIR=str(submit_dir or tmp))
+        # sbatch runs a spooled copy of the script, from the directory it was submitted in
+        self.spooled = tmp / "slurm_script"
+        self.spooled.write_text(script.read_text())
+        self.cwd = submit_dir or tmp
+
+    def start(self, *args: str) -> subprocess.Popen:
+        self.calls.unlink(missing_ok=True)
+        return subprocess.Popen(["bash", str(self.spooled), *args], cwd=self.cwd, env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(self, *args: str) -> int:
+        return self.start(*args).wait(timeout=60)
+
+    def log(self, suffix: str = "out") -> str:
+        return (self.repo / "case_c_crypto" / "logs" / f"crypto_{self.job_id}.{suffix}").read_text()
+
+    def recorded(self) -> str:
+        return self.calls.read_text() if self.calls.exists() else ""
+
+    def srun_pid(self) -> int:
+        path = Path(f"{self.calls}.srun_pid")
+        deadline = time.monotonic() + 30
+        while not (path.exists() and path.read_text().strip()):
+            assert time.monotonic() < deadline, "srun never started"
+            time.sleep(0.05)
+        return int(path.read_text())
+
+
+def test_a_finished_job_logs_to_the_case_folder_and_passes_extra_arguments(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="101")
+    assert job.run("--set", "training.epochs=5") == 0
+    srun = job.recorded().splitlines()[0]
+    assert srun.startswith("srun --cpus-per-task=32 ") and srun.endswith(
+        " -m common.cli train --config case_c_crypto/configs/crypto_prototype.json --num-gpus 2 --resume auto "
+        "--set training.epochs=5")
+    assert "requeue" not in job.recorded()
+    log = job.log()
+    assert "job 101 (crypto)" in log and "restart 0" in log and "training exited with code 0" in log
+
+
+def test_exit_75_requeues_and_the_log_is_appended(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:75", job_id="102")
+    assert job.run() == 0
+    assert "scontrol requeue 102" in job.recorded()
+    again = FakeJob(repo, tmp_path / "second", "exit:0", job_id="102", restarts=1)
+    assert again.run() == 0
+    log = job.log()
+    assert "restart 0" in log and "requeueing job 102" in log and "restart 1" in log  # one file, both runs
+    assert log.index("restart 0") < log.index("restart 1")
+
+
+def test_usr2_to_the_batch_shell_reaches_the_tasks_and_the_job_requeues(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "signal", job_id="103")
+    proc = job.start()
+    job.srun_pid()
+    time.sleep(0.3)  # let the shell note srun's pid before the signal comes
+    proc.send_signal(signal.SIGUSR2)  # #SBATCH --signal=B:USR2@600: only the batch shell gets it
+    assert proc.wait(timeout=30) == 0
+    assert "srun got USR2" in job.recorded() and "scontrol requeue 103" in job.recorded()
+    assert "USR2 (time limit near or preemption)" in job.log()
+
+
+def test_scancel_leaves_the_checkpoint_and_never_requeues(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "signal", job_id="104")
+    proc = job.start()
+    srun = job.srun_pid()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)  # scancel: SIGTERM to the batch shell and to the steps
+    os.kill(srun, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 75
+    assert "srun got TERM" in job.recorded() and "requeue" not in job.recorded()
+    assert "submit the same script again to resume" in job.log()
+
+
+def test_requeues_stop_at_the_cap(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:75", job_id="105", restarts=20)
+    assert job.run() == 75
+    assert "requeue" not in job.recorded() and "not requeued: already restarted 20 times" in job.log()
+
+
+def test_the_repo_is_found_from_the_submit_dir_when_scontrol_has_no_command(repo, tmp_path):
+    scripts = repo / "case_c_crypto" / "slurm_scripts"
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="106", command="", submit_dir=scripts)
+    assert job.run() == 0
+    assert "job 106" in job.log()
+
+
+def test_slurms_own_output_file_is_moved_into_the_err_log(repo, tmp_path):
+    early = tmp_path / "slurm_crypto_107.out"
+    early.write_text("slurmstepd: error: *** JOB 107 ON node1 CANCELLED ***\n")
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="107", stdout=early)
+    assert job.run() == 0
+    assert not early.exists()
+    assert "JOB 107 ON node1 CANCELLED" in job.log("err")
+
+
+def test_outside_slurm_the_script_says_to_use_sbatch(repo, tmp_path):
+    script = repo / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
+    proc = subprocess.run(["bash", str(script)], env=job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "submit this script with sbatch" in proc.stderr
