@@ -7,6 +7,7 @@ unreachable source) becomes one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -35,7 +36,7 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from common.training_run import run_training
 
-    return run_training(args.config, args.overrides, args.resume)
+    return run_training(args.config, args.overrides, args.resume, num_gpus=args.num_gpus)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -57,6 +58,20 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or case_config(case), args.overrides)
     summary = download_case(cfg, case)  # raises SourceUnavailable (exit 2) if a source is down
     return 1 if summary.failed else 0  # 1: some assets failed (listed in the summary)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from common.submit import submit, wait_local
+
+    jobs = submit(args.case, args.config, args.overrides, array=args.array, local=args.local, dry_run=args.dry_run)
+    return wait_local(jobs) if args.local else 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from common.status import status_table
+
+    print(status_table(case=args.case))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,12 +98,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, required=False)
     p.add_argument("--resume", metavar="auto|PATH", default=None,
                    help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
-                        "is none); PATH: a run folder or a checkpoint_epoch_*.pt file")
+                        "is none or it is done; a requeued Slurm job continues its own run); PATH: a run "
+                        "folder or a checkpoint_epoch_*.pt file")
+    p.add_argument("--num-gpus", type=int, default=None, metavar="N",
+                   help="GPUs (= processes) per node this job uses; checked against how srun or torchrun "
+                        "started it (one process per GPU), e.g. --num-gpus 1 to test on a single GPU")
     p.set_defaults(handler=_cmd_train)
 
     p = sub.add_parser("evaluate", help="recompute a run's test_results.json and report.png from its best model")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder, case_X/checkpoints/<experiment>_<time>")
     p.set_defaults(handler=_cmd_evaluate)
+
+    p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
+                       "before the time limit), as a job array with --array, or run it here with --local")
+    p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
+    _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
+    p.add_argument("--array", metavar="KEY=V1,V2", default=None,
+                   help="one job per value, each its own experiment: seeds=1,2,3 or e.g. "
+                        "training.learning_rate=1e-4,3e-4")
+    p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
+    p.add_argument("--dry-run", action="store_true", help="check everything and show the job(s); submit nothing")
+    p.set_defaults(handler=_cmd_submit)
+
+    p = sub.add_parser("status", help="one table of all runs under case_*/checkpoints: Slurm state, epoch, "
+                       "losses, tokens/s, ETA, last log line")
+    p.add_argument("--case", default=None, help="only this case (default: all)")
+    p.set_defaults(handler=_cmd_status)
 
     return parser
 
@@ -107,5 +142,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `marketgpt` / `python -m common.cli` process entry point.
+
+    A process that ran torch.distributed leaves with os._exit once its output is flushed:
+    gloo's and the TCP store's C++ threads can abort the interpreter's teardown ("terminate
+    called without an active exception") after the work is done, turning a good exit code
+    into 134. In-process callers (tests, submitit jobs) call main() and are not affected.
+    """
+    code = main()
+    dist_utils = sys.modules.get("common.distributed_utils")
+    if dist_utils is not None and dist_utils.was_distributed():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -78,6 +78,9 @@ class TrainingConfig:
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
+    # peak FLOP/s of one device, for the MFU in training_log.json; null: the card's bf16 peak
+    # when it is known (A100: 312e12), else no MFU (on a CPU, state the peak you measured)
+    peak_flops: Optional[float] = None
 
 
 @dataclass
@@ -326,6 +329,8 @@ def validate(cfg: Config, where: str) -> None:
         need(0.0 <= getattr(t, key) < 1.0, f"training.{key}", f"must be in [0, 1), got {getattr(t, key)}")
     need(t.checkpoint_every_minutes > 0, "training.checkpoint_every_minutes",
          f"must be positive, got {t.checkpoint_every_minutes}")
+    need(t.peak_flops is None or (t.peak_flops > 0 and math.isfinite(t.peak_flops)), "training.peak_flops",
+         f"must be positive (FLOP/s of one device, e.g. 312e12) or null, got {t.peak_flops}")
     for key in ("max_steps_per_epoch", "eval_max_batches"):
         v = getattr(t, key)
         need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")

@@ -15,6 +15,7 @@ Files (written by common.training_run and common.trainer):
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -34,6 +35,7 @@ from common.errors import UserError
 __all__ = [
     "HARMLESS_ON_RESUME",
     "TokenSet",
+    "auto_resume_run",
     "check_writable",
     "config_differences",
     "find_runs",
@@ -45,7 +47,7 @@ __all__ = [
 # optimizer or the batch order. Everything else must equal the run's config.json.
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
-                      "slurm.")
+                      "training.peak_flops", "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
 
 
@@ -93,16 +95,16 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
                    ) -> tuple[Optional[Path], Optional[Path]]:
     """(run folder, checkpoint) to resume from.
 
-    "auto": the newest run folder of `experiment` and its newest checkpoint whose checksum
-    holds (older ones are the fallback, with a warning); (None, None) if there is no run, or
-    its newest folder has no usable checkpoint (the caller starts a new run).
+    "auto": the run `auto_resume_run` picks and its newest checkpoint whose checksum holds
+    (older ones are the fallback, with a warning); (None, None) when there is none to
+    continue, (run, None) when it has no usable checkpoint (the caller starts a new run).
     A path: a run folder (its newest good checkpoint) or one checkpoint file.
     """
     if resume == "auto":
-        runs = find_runs(checkpoints, experiment) if checkpoints is not None else []
-        if not runs:
+        run = auto_resume_run(find_runs(checkpoints, experiment) if checkpoints is not None else [])
+        if run is None:
             return None, None
-        return runs[-1], latest_good_checkpoint(runs[-1])
+        return run, latest_good_checkpoint(run)
     path = Path(resume)
     if not path.exists():
         raise UserError(f"--resume {resume}: no such run folder or checkpoint file")
@@ -115,6 +117,42 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
         raise UserError(f"--resume {resume}: not a resumable checkpoint (expected checkpoint_epoch_N.pt or "
                         "checkpoint_epoch_N_step_S.pt; best_model.pt holds no optimizer state)")
     return path.parent, path
+
+
+def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
+    """The run `--resume auto` continues, from an experiment's runs (oldest first):
+
+    1. inside a Slurm job, the run this job already trains (its id is in training_log.json):
+       a requeued job continues its own run even if another job started a newer one;
+    2. else the newest run, unless it is done (finished or early-stopped with its test
+       results written, or failed) or another job still queued or running trains it: then
+       None, and a new run starts.
+    """
+    from common.slurm_utils import current_job_id, job_is_alive
+
+    logs = {run: _read_log(run) for run in runs}
+    me = current_job_id()
+    mine = [run for run in runs if me and logs[run].get("slurm_job_id") == me]
+    if mine:
+        return mine[-1]
+    if not runs:
+        return None
+    newest = runs[-1]
+    log = logs[newest]
+    done = log.get("status") == "failed" or (log.get("status") in ("finished", "early_stopped")
+                                              and (newest / "test_results.json").is_file())
+    owner = log.get("slurm_job_id")
+    if done or (owner and owner != me and job_is_alive(owner)):
+        return None
+    return newest
+
+
+def _read_log(run_dir: Path) -> dict:
+    try:
+        log = json.loads((run_dir / "training_log.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no log yet (died before its first step) or unreadable: nothing recorded
+    return log if isinstance(log, dict) else {}
 
 
 def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:

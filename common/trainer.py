@@ -12,6 +12,9 @@ Signals (handled at the next step boundary; the handler only sets a flag):
 - SIGTERM, SIGUSR2 (preemption, Slurm's warning before the time limit): save a step
   checkpoint and stop; `train()` returns "interrupted" and the command exits with
   EXIT_REQUEUE (75, EX_TEMPFAIL: "try again"), which the Slurm scripts read as "requeue me".
+Under DDP a signal that reached any rank (and the checkpoint timer of any rank) is agreed on
+in the per-step all-reduce, so every rank checkpoints and stops at the same step; the
+checkpoint then also holds each rank's RNG state (`rng_per_rank`).
 """
 from __future__ import annotations
 
@@ -30,8 +33,10 @@ from common.batches import TokenWindows
 from common.checkpoint import (epoch_checkpoint_name, prune_checkpoints, save_checkpoint, step_checkpoint_name,
                                unwrap_model, unwrap_state_dict)
 from common.config import Config, config_to_dict
+from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier
 from common.errors import UserError
 from common.lr_schedule import lr_at
+from common.mfu import device_peak_flops, mfu
 from common.rng import rng_state, set_rng_state
 from common.tokenizer import PAD_TOKEN
 from common.training_log import Progress, TrainingLog, epoch_summary
@@ -41,6 +46,7 @@ __all__ = ["EXIT_REQUEUE", "Trainer", "pick_device"]
 EXIT_REQUEUE = 75  # saved a checkpoint on SIGTERM/SIGUSR2 and stopped: resume with --resume auto
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 _SAVE_SIGNALS = (signal.SIGUSR1,)
+_SIGNAL_ORDER = _STOP_SIGNALS + _SAVE_SIGNALS  # when ranks got different signals, the first wins
 
 
 def pick_device() -> torch.device:
@@ -50,8 +56,10 @@ def pick_device() -> torch.device:
 class Trainer:
     """Trains `model` on `windows` and writes checkpoints and training_log.json to `run_dir`.
 
-    rank / world_size shard the batches for DDP (wrapping the model is the caller's job);
-    only rank 0 writes files and prints.
+    rank / world_size shard the batches for DDP (wrapping the model in MultiGPUWrapper is the
+    caller's job). Under DDP every rank runs this same loop: per-step sums, signals and the
+    checkpoint timer go through one all-reduce, so all ranks log the same global numbers and
+    checkpoint at the same step; only rank 0 writes files and prints.
     """
 
     def __init__(self, cfg: Config, model: torch.nn.Module, windows: TokenWindows, run_dir: Path, *,
@@ -74,8 +82,12 @@ class Trainer:
                 self.train_model = torch.compile(self.train_model)
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
+        # MFU in the epoch log: model FLOPs per token against one device's peak (None: unknown)
+        self.flops_per_token = self.model.flops_per_token(windows.context_length)
+        self.peak_flops = device_peak_flops(self.device, t.peak_flops)
 
-        batches = windows.num_batches("train", t.batch_size, world_size) // t.grad_accum_steps
+        # full global batches only: DDP's gradient mean equals one big batch's only when every rank has one
+        batches = windows.num_batches("train", t.batch_size, world_size, drop_last=True) // t.grad_accum_steps
         self.steps_per_epoch = min(batches, t.max_steps_per_epoch or batches)
         if self.steps_per_epoch == 0:
             raise UserError(f"{windows.num_windows('train')} training windows are too few for one optimizer step "
@@ -113,7 +125,7 @@ class Trainer:
             "scaler": None,  # bf16 autocast needs no grad scaler
             "progress": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                          "global_step": self.global_step, "steps_per_epoch": self.steps_per_epoch,
-                         "elapsed_s": self.elapsed_before + self._session_seconds()},
+                         "world_size": self.world_size, "elapsed_s": self.elapsed_before + self._session_seconds()},
             "epoch_sums": dict(self.sums),
             "early_stopping": {"best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
                                "bad_epochs": self.bad_epochs},
@@ -135,7 +147,13 @@ class Trainer:
         self.sums = dict(state["epoch_sums"])
         es = state["early_stopping"]
         self.best_val_loss, self.best_epoch, self.bad_epochs = es["best_val_loss"], es["best_epoch"], es["bad_epochs"]
-        set_rng_state(state["rng"])
+        # each rank continues its own random streams (dropout) when the checkpoint has them
+        per_rank = state.get("rng_per_rank") or []
+        set_rng_state(per_rank[self.rank] if self.rank < len(per_rank) else state["rng"])
+        saved_world = p.get("world_size", 1)
+        if saved_world != self.world_size and self.is_main:
+            print(f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
+                  f"{self.world_size}: the effective batch size changes", file=self.out, flush=True)
         self.log = TrainingLog()
         self.log.data = dict(state["log"])
         self._resumed_at = self.global_step
@@ -172,9 +190,10 @@ class Trainer:
             if not math.isfinite(val_loss):
                 return self._fail(f"non-finite validation loss ({val_loss}) after epoch {self.epoch + 1}")
             self._end_epoch(val_loss, val_acc)
-            if self._pending_signal in _STOP_SIGNALS:  # the epoch checkpoint was just written
-                return self._interrupt(self._pending_signal, epoch_checkpoint_name(self.epoch))
-            self._pending_signal = None  # SIGUSR1: the epoch checkpoint was just written
+            _, sig, _ = self._agree(torch.zeros(3, dtype=torch.float64, device=self.device))
+            if sig in _STOP_SIGNALS:  # the epoch checkpoint was just written
+                return self._interrupt(sig, epoch_checkpoint_name(self.epoch))
+            # SIGUSR1: the epoch checkpoint was just written
         status = "early_stopped" if self._patience_exhausted() and self.epoch < t.epochs else "finished"
         self.log.set_status(status)
         self._write_log()
@@ -185,7 +204,7 @@ class Trainer:
         t = self.cfg.training
         accum = t.grad_accum_steps
         batches = self.windows.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
-                                       rank=self.rank, world_size=self.world_size,
+                                       rank=self.rank, world_size=self.world_size, drop_last=True,
                                        start=self.step_in_epoch * accum, limit=self.steps_per_epoch * accum)
         progress = Progress(self.epoch + 1, t.epochs, self.steps_per_epoch, self.step_in_epoch,
                             t.log_every_steps, self.out, enabled=self.is_main)
@@ -196,7 +215,8 @@ class Trainer:
                 lr = lr_at(self.global_step, t.learning_rate, t.warmup_steps, self.total_steps, t.min_lr_ratio)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                loss_sum, correct, tokens = self._accumulate_gradients(batches, accum)
+                sums, sig, timer_due = self._agree(self._accumulate_gradients(batches, accum))
+                loss_sum, correct, tokens = sums[0], int(sums[1]), int(sums[2])  # the whole job's
                 if not math.isfinite(loss_sum):
                     return self._fail(f"non-finite training loss ({loss_sum / max(tokens, 1)}) at step "
                                       f"{self.global_step + 1} (epoch {self.epoch + 1}); nothing of it was "
@@ -226,35 +246,51 @@ class Trainer:
                     self._scalar("train/tokens_per_sec", step_tps, self.global_step)
                     if grad_norm is not None:
                         self._scalar("train/grad_norm", grad_norm, self.global_step)
-                outcome = self._step_boundary(stop_after_steps)
+                outcome = self._step_boundary(stop_after_steps, sig, timer_due)
                 if outcome is not None:
                     return outcome
         finally:
             progress.close()
         return None
 
-    def _accumulate_gradients(self, batches: Iterator, accum: int) -> tuple[float, int, int]:
-        """Forward and backward over `accum` micro-batches; returns (summed token loss,
-        correct predictions, target tokens) over them. One host sync per optimizer step."""
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        correct = torch.zeros((), device=self.device, dtype=torch.int64)
-        tokens = torch.zeros((), device=self.device, dtype=torch.int64)
-        for _ in range(accum):
+    def _accumulate_gradients(self, batches: Iterator, accum: int) -> torch.Tensor:
+        """Forward and backward over `accum` micro-batches; returns this rank's (summed token
+        loss, correct predictions, target tokens) over them, a float64 tensor on the device.
+        Under DDP the gradients are all-reduced on the last micro-batch only."""
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        for i in range(accum):
             b = next(batches)
-            with self._autocast():
-                logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y)
-            (loss / accum).backward()
+            with self._no_sync(last=i == accum - 1):
+                with self._autocast():
+                    logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y)
+                (loss / accum).backward()
             with torch.no_grad():
                 mask = b.y != PAD_TOKEN
                 n = mask.sum()
-                loss_sum += loss.detach().double() * n
-                correct += ((logits.argmax(dim=-1) == b.y) & mask).sum()
-                tokens += n
-        return float(loss_sum), int(correct), int(tokens)
+                sums[0] += loss.detach().double() * n
+                sums[1] += ((logits.argmax(dim=-1) == b.y) & mask).sum()
+                sums[2] += n
+        return sums
 
-    def _step_boundary(self, stop_after_steps: Optional[int]) -> Optional[str]:
-        """Checkpoints that happen between steps: signals, the timer, a requested stop."""
-        sig, self._pending_signal = self._pending_signal, None
+    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        no_sync = getattr(self.train_model, "no_sync", None)  # MultiGPUWrapper / DDP
+        return no_sync() if no_sync is not None and not last else contextlib.nullcontext()
+
+    def _agree(self, sums: torch.Tensor) -> tuple[list[float], Optional[int], bool]:
+        """All ranks' `sums` added up, the signal any rank got (stop beats save) and whether
+        any rank's checkpoint timer is due: one all-reduce, one host sync per step."""
+        pending, self._pending_signal = self._pending_signal, None
+        flags = [float(pending == s) for s in _SIGNAL_ORDER] + [float(time.monotonic() >= self._next_timer)]
+        values = all_reduce_sum(torch.cat([sums, torch.tensor(flags, dtype=torch.float64, device=sums.device)]))
+        values = values.tolist()
+        n = len(sums)
+        sig = next((s for s, count in zip(_SIGNAL_ORDER, values[n:]) if count > 0), None)
+        return values[:n], sig, values[-1] > 0
+
+    def _step_boundary(self, stop_after_steps: Optional[int], sig: Optional[int] = None,
+                       timer_due: bool = False) -> Optional[str]:
+        """Checkpoints that happen between steps: signals, the timer, a requested stop
+        (`sig` and `timer_due` as agreed by all ranks)."""
         name = step_checkpoint_name(self.epoch + 1, self.step_in_epoch)
         if sig in _STOP_SIGNALS:
             self._save(name)
@@ -263,7 +299,7 @@ class Trainer:
             self._save(name)
             self._write_log()
             return "stopped"
-        if sig in _SAVE_SIGNALS or time.monotonic() >= self._next_timer:
+        if sig in _SAVE_SIGNALS or timer_due:
             self._save(name)
             self._write_log()
         return None
@@ -273,6 +309,7 @@ class Trainer:
         s = self.sums
         train_loss, train_acc = s["loss"] / max(s["tokens"], 1), s["correct"] / max(s["tokens"], 1)
         tokens_per_sec = s["seen"] * self.world_size / max(s["seconds"], 1e-9)
+        epoch_mfu = mfu(tokens_per_sec, self.flops_per_token, self.peak_flops, self.world_size)
         self.epoch += 1
         self.step_in_epoch = 0
         self.sums = _new_sums()
@@ -287,7 +324,9 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.log.add_epoch(epoch=self.epoch, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
                            val_acc=val_acc, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_s=round(elapsed, 3),
-                           eta_s=round(eta, 3), step=self.global_step)
+                           eta_s=round(eta, 3), step=self.global_step, mfu=epoch_mfu)
+        if epoch_mfu is not None:
+            self._scalar("epoch/mfu", epoch_mfu, self.global_step)
         for name, value in (("loss/train", train_loss), ("loss/val", val_loss), ("accuracy/train", train_acc),
                             ("accuracy/val", val_acc), ("epoch/lr", lr), ("epoch/tokens_per_sec", tokens_per_sec),
                             ("epoch/epoch", self.epoch)):
@@ -297,12 +336,18 @@ class Trainer:
         if self.is_main:
             print(epoch_summary(self.epoch, t.epochs, train_loss, train_acc, val_loss, val_acc, elapsed, eta),
                   file=self.out, flush=True)
+            if epoch_mfu is not None:
+                print(f"Throughput: {tokens_per_sec / 1000:.1f}k tok/s | MFU: {100 * epoch_mfu:.1f}% of "
+                      f"{self.peak_flops / 1e12:g} TFLOP/s per device", file=self.out, flush=True)
 
     @torch.no_grad()
     def evaluate(self, split: str, max_batches: Optional[int] = None,
                  model: Optional[torch.nn.Module] = None) -> tuple[float, float]:
-        """Token-weighted mean loss and accuracy over `split` (non-PAD targets), in eval mode."""
-        model = model or self.train_model
+        """Token-weighted mean loss and accuracy over `split` (non-PAD targets), in eval mode.
+
+        Under DDP each rank scores its slices of the batches with the plain model (no DDP
+        forward, so uneven slices can't deadlock) and the sums are all-reduced."""
+        model = model or (self.model if self.world_size > 1 else self.train_model)
         was_training = model.training
         model.eval()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -321,9 +366,9 @@ class Trainer:
                 tokens += mask.sum()
         finally:
             model.train(was_training)
-        # DDP (a later issue) all-reduces these three sums here
-        n = max(int(tokens), 1)
-        return float(loss_sum) / n, int(correct) / n
+        loss_sum, correct, tokens = all_reduce_sum(torch.stack([loss_sum, correct.double(), tokens.double()])).tolist()
+        n = max(tokens, 1.0)
+        return loss_sum / n, correct / n
 
     # ------------------------------------------------------------------ helpers
 
@@ -350,14 +395,21 @@ class Trainer:
         return "interrupted"
 
     def _save(self, name: str) -> None:
+        """Every rank calls this at the same step; rank 0 writes, then all meet at a barrier, so
+        no rank runs ahead of (or exits before) a complete checkpoint."""
         self._next_timer = time.monotonic() + 60.0 * self.cfg.training.checkpoint_every_minutes
-        if not self.is_main:
-            return
-        save_checkpoint({"format": "marketgpt-checkpoint", "version": 1, **self.state_dict()}, self.run_dir / name)
-        prune_checkpoints(self.run_dir, keep=self.cfg.training.keep_checkpoints)
+        rngs = all_gather_objects(rng_state()) if self.world_size > 1 else None
+        if self.is_main:
+            state = {"format": "marketgpt-checkpoint", "version": 1, **self.state_dict()}
+            if rngs is not None:
+                state["rng_per_rank"] = rngs
+            save_checkpoint(state, self.run_dir / name)
+            prune_checkpoints(self.run_dir, keep=self.cfg.training.keep_checkpoints)
+        barrier()
 
     def _save_best(self, val_loss: float) -> None:
         if not self.is_main:
+            barrier()
             return
         save_checkpoint({"format": "marketgpt-best-model", "version": 1,
                          "model": unwrap_state_dict(self.model.state_dict()),
@@ -365,6 +417,7 @@ class Trainer:
                          "num_assets": self.model.num_assets, "num_categories": self.model.num_categories,
                          "epoch": self.epoch, "global_step": self.global_step, "val_loss": float(val_loss),
                          "config": config_to_dict(self.cfg)}, self.run_dir / "best_model.pt")
+        barrier()
 
     def _write_log(self) -> None:
         if self.is_main:
@@ -402,6 +455,8 @@ class Trainer:
             print("CUDA not available: training on CPU", file=self.out)
             if t.compile:
                 print("training.compile is ignored on the CPU", file=self.out)
+        if self.world_size > 1:
+            print(f"DDP: {self.world_size} processes ({'nccl' if self.cuda else 'gloo'})", file=self.out)
         print(f"Effective batch size: {self.effective_batch_size} "
               f"({t.batch_size} per process x {self.world_size} processes x {t.grad_accum_steps} accumulation)",
               file=self.out)

@@ -10,18 +10,28 @@
 
 --resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
 checkpoints/, from its newest checkpoint whose sha256 holds (a corrupted one is skipped with
-a warning); with no run, or a run that died before its first checkpoint, a new run starts, so
-a Slurm script can always pass it. --resume PATH: a run folder or one checkpoint file; --config
+a warning); with no run, a run that died before its first checkpoint, a newest run that is
+done (finished with test results, or failed) or one another live Slurm job trains, a new run
+starts, so a Slurm script can always pass it. A requeued Slurm job continues its own run
+(run_folder.auto_resume_run). --resume PATH: a run folder or one checkpoint file; --config
 is then optional. Either way the case config (with --set) must describe the same run as the
 run folder's config.json, except the keys in run_folder.HARMLESS_ON_RESUME (epochs, patience,
 checkpoint timer, logging, eval cap, slurm), which --set may change.
 
+Multi-GPU (one process per GPU, started by srun or torchrun): every rank runs this command.
+Rank 0 alone decides the run folder (a new one, or the one --resume picks), prepares it and
+tells the others through the job's store; they open the same folder (so it must sit on a
+filesystem every node shares) and load the same checkpoint. All ranks train together; rank 0
+alone scores the best model on the test split at the end. --num-gpus N must match the job's
+processes per node.
+
 Exit codes: 0 done (finished or early-stopped), 2 a user error (one line on stderr, e.g. a
-NaN loss: status "failed" in training_log.json), 75 saved and stopped on SIGTERM/SIGUSR2
-(requeue and run the same command with --resume auto).
+NaN loss: status "failed" in training_log.json, or another rank failed), 75 saved and stopped
+on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
 """
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,12 +43,15 @@ from common.atomic import atomic_write_json, read_json
 from common.batches import TokenWindows, build_windows
 from common.checkpoint import load_checkpoint
 from common.config import Config, ConfigError, load_config, save_config
+from common.distributed_utils import (DistEnv, MultiGPUWrapper, check_num_gpus, detect_env, failures_reported,
+                                      init_distributed, share_from_main, shutdown)
 from common.errors import UserError
 from common.paths import case_dir_of_config
 from common.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
                                resolve_resume)
 from common.rng import seed_everything
-from common.trainer import EXIT_REQUEUE, Trainer, pick_device
+from common.slurm_utils import job_metadata
+from common.trainer import EXIT_REQUEUE, Trainer
 
 __all__ = ["TrainingFailed", "run_training", "evaluate_best", "summarize_results"]
 
@@ -48,14 +61,36 @@ class TrainingFailed(UserError):
 
 
 def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: Optional[str] = None, *,
-                 out: Optional[TextIO] = None, stop_after_steps: Optional[int] = None) -> int:
+                 out: Optional[TextIO] = None, stop_after_steps: Optional[int] = None,
+                 num_gpus: Optional[int] = None) -> int:
     """The `marketgpt train` command; returns the exit code (UserError for user faults)."""
     out = out or sys.stdout  # looked up now, so a redirected stdout is honoured
+    env = detect_env()
+    check_num_gpus(num_gpus, env)  # a wrong layout fails at once, alike on every rank
     if config is None and resume in (None, "auto"):
         raise UserError("--config is required (with --resume auto too: it names the case and experiment); "
                         "only --resume RUN_FOLDER works without it")
     cfg = load_config(config, overrides) if config is not None else None
+    env, device = init_distributed(env)
+    with failures_reported():
+        if env.is_main:
+            try:
+                cfg, run_dir, ckpt, tokens, info, windows, state = _open_or_create(cfg, config, overrides, resume,
+                                                                                  device, out)
+            except UserError as e:
+                share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
+                raise
+            share_from_main("run", {"run_dir": str(run_dir), "checkpoint": str(ckpt) if ckpt else None})
+        else:
+            cfg, run_dir, tokens, info, windows, state = _follow_rank0(share_from_main("run"), overrides, device, env)
+        code = _train_and_test(cfg, run_dir, tokens, info, windows, state, out, stop_after_steps, env)
+    shutdown()
+    return code
 
+
+def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Sequence[str], resume: Optional[str],
+                    device: torch.device, out: TextIO) -> tuple:
+    """Rank 0's part: the run to resume (and its checkpoint) or a new, prepared run folder."""
     run_dir = ckpt = None
     if resume is not None:
         checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
@@ -63,9 +98,9 @@ def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: 
         if run_dir is not None and ckpt is None:
             print(f"Nothing to resume in {run_dir} (no complete checkpoint yet): starting a new run", file=out)
         elif run_dir is None:
-            print(f"No earlier run of {cfg.experiment} in {checkpoints}: starting a new run", file=out)
+            print(f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
+                  "or trained by another job): starting a new run", file=out)
 
-    device = pick_device()
     if ckpt is not None:
         cfg, tokens, info = _open_run(run_dir, config, cfg, overrides)
         windows = _windows(cfg, tokens, info["asset_info"], device)
@@ -84,7 +119,21 @@ def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: 
         _write_run_files(run_dir, cfg, tokens, info, data_info)
         state = None
         print(f"Run folder: {run_dir}", file=out)
-    return _train_and_test(cfg, run_dir, tokens, info, windows, state, out, stop_after_steps)
+    return cfg, run_dir, ckpt, tokens, info, windows, state
+
+
+def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> tuple:
+    """The other ranks' part: open the run folder rank 0 chose and load the same checkpoint."""
+    if "error" in decision:
+        raise UserError(decision["error"])
+    run_dir = Path(decision["run_dir"])
+    if not (run_dir / "config.json").is_file():
+        raise UserError(f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
+                        "made: the case folder must be on a filesystem every node of the job shares")
+    cfg, tokens, info = _open_run(run_dir, None, None, overrides)
+    windows = _windows(cfg, tokens, info["asset_info"], device)
+    state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
+    return cfg, run_dir, tokens, info, windows, state
 
 
 # --------------------------------------------------------------------------- new run
@@ -168,7 +217,7 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
 
 
 def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
-                    state: Optional[dict], out: TextIO, stop_after_steps: Optional[int]) -> int:
+                    state: Optional[dict], out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
     from common.model import MarketGPT
 
     device = windows.device
@@ -176,12 +225,16 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     if state is None:
         seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
-    trainer = Trainer(cfg, model, windows, run_dir, device=device, out=out)
+    if state is None and env.rank > 0:
+        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
+    model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
+    trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if state is None:
         trainer.log.data.update(
-            run=run_dir.name, experiment=cfg.experiment, started_at=now, device=device.type, world_size=1,
-            num_parameters=model.num_parameters(), num_assets=ai["num_assets"],
+            run=run_dir.name, experiment=cfg.experiment, started_at=now, device=device.type,
+            world_size=env.world_size, launcher=env.launcher,
+            num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
             windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
             steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
     else:
@@ -190,6 +243,7 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
         except RuntimeError as e:  # state_dict shapes that don't fit the model
             raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
         trainer.log.data.setdefault("resumes", []).append(now)
+    trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
     try:
         status = trainer.train(stop_after_steps=stop_after_steps)
     except OSError as e:
@@ -199,8 +253,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
         raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / 'training_log.json'})")
     if status == "interrupted":
         return EXIT_REQUEUE
-    if status == "stopped":
-        return 0
+    if status == "stopped" or not env.is_main:
+        return 0  # rank 0 alone scores the best model on the test split; the others are done
     results = evaluate_best(cfg, run_dir, tokens, info, device)
     print(summarize_results(run_dir, results), file=out, flush=True)
     return 0

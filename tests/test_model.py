@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.model import MarketGPT, apply_rotary, describe_model, rotary_tables
+from common.model import Dropout, MarketGPT, apply_rotary, describe_model, rotary_tables
 from common.paths import REPO_ROOT
 from common.tokenizer import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 
@@ -253,6 +253,45 @@ def test_bf16_autocast_forward_with_rope():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(random_tokens(2, 8), ids(0, 1), ids(0, 1), targets=random_tokens(2, 8, seed=2))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
+def test_dropout_is_a_bernoulli_mask_scaled_by_one_over_keep():
+    drop = Dropout(0.1).train()
+    torch.manual_seed(0)
+    x = torch.ones(1000, 4000, requires_grad=True)  # 4M elements: rate within +-0.0005 (3.3 sigma)
+    y = drop(x)
+    values = torch.unique(y).tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / 0.9)
+    dropped = (y == 0).double()
+    assert dropped.mean().item() == pytest.approx(0.1, abs=5e-4)
+    # every lane of the 64-bit draws is uniform: the rate holds at each of the four positions
+    lanes = dropped.view(-1, 4).mean(dim=0)
+    assert torch.allclose(lanes, torch.full((4,), 0.1, dtype=torch.float64), atol=1e-3), lanes
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # gradient flows through kept entries only, scaled
+    assert y.dtype == x.dtype and drop(torch.ones(3, 5, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_dropout_follows_the_torch_seed_and_is_off_in_eval_or_at_zero():
+    drop = Dropout(0.5).train()
+    x = torch.randn(7, 33)  # numel not a multiple of 4
+    torch.manual_seed(3)
+    a = drop(x)
+    torch.manual_seed(3)
+    assert torch.equal(drop(x), a)
+    assert not torch.equal(drop(x), a)
+    assert drop.eval()(x) is x and Dropout(0.0).train()(x) is x
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.0)
+
+
+def test_flops_per_token_counts_matmul_weights_and_attention():
+    cfg = tiny_config(d_model=32, num_layers=2, d_ff=64, vocab_size=32, context_length=16)
+    model = MarketGPT(cfg, num_assets=3, num_categories=2)
+    C, L, T = 32, 2, 16
+    body = L * (4 * C * C + 2 * C * 64 + 2 * C) + C + (8 + 4) * C  # blocks, ln_f, conditioning projection
+    assert model.flops_per_token() == 6 * (body + 32 * C) + 12 * L * T * C
+    assert model.flops_per_token(8) == 6 * (body + 32 * C) + 12 * L * 8 * C
 
 
 def test_optimizer_decays_only_2d_weights():

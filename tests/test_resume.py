@@ -134,6 +134,7 @@ def test_resume_auto_skips_a_corrupted_newest_checkpoint(finished_run, capsys, t
     shutil.copytree(run_dir, copy)
     newest = copy / "checkpoint_epoch_2.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a full disk or a bad copy
+    (copy / "test_results.json").unlink()  # killed before its test evaluation: auto continues it
     code, out, err = _run(capsys, "--config", case / "configs" / config.name, "--resume", "auto")
     assert code == 0
     assert "checkpoint_epoch_2.pt is truncated or corrupted" in err and "falling back" in err
@@ -238,8 +239,13 @@ def test_resume_of_a_different_config(finished_run, tmp_path, capsys):
     _one_line_error(code, err, "belongs to a different config", "model.num_layers")
 
 
-def test_resume_auto_of_a_changed_case_config(finished_run, capsys):
+def test_resume_auto_of_a_changed_case_config(finished_run, capsys, tmp_path):
     config, run_dir = finished_run
+    case = tmp_path / "case"  # a copy killed before its test evaluation, so auto continues it
+    shutil.copytree(config.parent, case / "configs")
+    shutil.copytree(run_dir, case / "checkpoints" / run_dir.name)
+    (case / "checkpoints" / run_dir.name / "test_results.json").unlink()
+    config, run_dir = case / "configs" / config.name, case / "checkpoints" / run_dir.name
     raw = json.loads(config.read_text())
     raw["training"]["learning_rate"] = 0.1  # the case file was edited after the run started
     changed = config.with_name("changed.json")

@@ -1,0 +1,84 @@
+"""MFU: the peak lookup, the arithmetic, and the Trainer's epoch log and line on the CPU with a
+stated peak (no GPU here: the A100 lookup is checked by its device name)."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from common.batches import build_windows
+from common.config import Config, ConfigError, ModelConfig, load_config
+from common.mfu import device_peak_flops, mfu
+from common.model import MarketGPT
+from common.paths import REPO_ROOT
+from common.rng import seed_everything
+from common.trainer import Trainer
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # tensorboard's urllib3
+T = 16
+
+
+def _trainer(run_dir, out: io.StringIO, peak_flops=None) -> Trainer:
+    cfg = Config()
+    cfg.model = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                            dropout=0.1, asset_embed_dim=4, category_embed_dim=4)
+    t = cfg.training
+    t.batch_size, t.epochs, t.max_steps_per_epoch, t.warmup_steps, t.peak_flops = 4, 2, 3, 1, peak_flops
+    rng = np.random.default_rng(0)
+    tokens = {"A": rng.integers(3, 64, 300)}
+    windows = build_windows(tokens, {"A": {"train": (0, 200), "val": (200, 250), "test": (250, 300)}},
+                            {"A": 0}, {"A": 0}, T, strides={"train": 1, "val": T, "test": T})
+    seed_everything(0)
+    return Trainer(cfg, MarketGPT(cfg.model), windows, run_dir, out=out, tensorboard=False)
+
+
+def test_peak_is_the_stated_one_else_a_known_card_else_none(monkeypatch):
+    assert device_peak_flops(torch.device("cpu")) is None
+    assert device_peak_flops(torch.device("cpu"), 2e11) == 2e11
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert device_peak_flops(torch.device("cuda", 0)) == 312e12
+    assert device_peak_flops(torch.device("cuda", 0), 1e14) == 1e14  # the config wins
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    assert device_peak_flops(torch.device("cuda", 0)) is None
+
+
+def test_mfu_is_model_flops_over_the_peak_of_all_devices():
+    assert mfu(1000.0, 6_000_000, 1e10) == pytest.approx(0.6)
+    assert mfu(1000.0, 6_000_000, 1e10, devices=2) == pytest.approx(0.3)  # tokens/s of the whole job
+    assert mfu(1000.0, 6_000_000, None) is None
+
+
+def test_trainer_logs_mfu_per_epoch_against_a_stated_peak(tmp_path):
+    out = io.StringIO()
+    tr = _trainer(tmp_path, out, peak_flops=5e9)
+    assert tr.train() == "finished"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    fpt = tr.model.flops_per_token(T)
+    assert fpt == MarketGPT(tr.cfg.model).flops_per_token(T) > 0
+    for e in log["epochs"]:
+        assert e["mfu"] == pytest.approx(e["tokens_per_sec"] * fpt / 5e9, rel=1e-9)
+        assert 0 < e["mfu"] < 1
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("Throughput:")]
+    assert len(lines) == 2 and all(line.endswith("of 0.005 TFLOP/s per device") for line in lines)
+    assert f"MFU: {100 * log['epochs'][-1]['mfu']:.1f}%" in lines[-1]
+
+
+def test_without_a_peak_mfu_is_null_and_not_printed(tmp_path):
+    out = io.StringIO()
+    tr = _trainer(tmp_path, out)
+    assert tr.train() == "finished"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert [e["mfu"] for e in log["epochs"]] == [None, None]
+    assert "MFU" not in out.getvalue()
+
+
+def test_peak_flops_config_key():
+    config = REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json"
+    assert load_config(config).training.peak_flops is None
+    assert load_config(config, ["training.peak_flops=2.1e11"]).training.peak_flops == 2.1e11
+    with pytest.raises(ConfigError, match="'training.peak_flops' must be positive"):
+        load_config(config, ["training.peak_flops=0"])
