@@ -2,7 +2,7 @@
 
 Targets (issue 3): under 10 s and under 2 GB peak memory on 2 cores.
 
-    python bench/bench_data.py [--assets 600] [--candles 5000] [--keep DIR]
+    python bench/bench_data.py [--assets 600] [--candles 5000] [--keep DIR] [--json PATH]
 
 Builds a generated case A in a temp folder (universe.csv with case A's category mix, one zstd
 parquet file per asset written through CandleCache, a few dirty rows and crypto holes so every
@@ -21,17 +21,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, bench_args, finish, row  # noqa: E402  (puts the repo on sys.path)
 
 from common.config import load_config  # noqa: E402
 from common.paths import case_config  # noqa: E402
 
-__all__ = ["make_case", "measure", "main"]
+__all__ = ["make_case", "measure", "run", "main"]
 
 TARGET_SECONDS = 10.0
 TARGET_MB = 2048.0
@@ -111,38 +112,25 @@ def measure(folder: Path, counts: dict[str, int]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--assets", type=int, default=600)
-    ap.add_argument("--candles", type=int, default=5000)
-    ap.add_argument("--keep", type=Path, default=None, help="build the case here and keep it")
-    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)  # the child's mode
-    args = ap.parse_args(argv)
-
-    counts = _counts(args.assets)
-    if args.measure is not None:
-        print(json.dumps(measure(args.measure, counts)))
-        return 0
-
+def run(assets: int = 600, candles: int = 5000, keep: Optional[Path] = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
-        folder = args.keep or Path(tmp)
+        folder = keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        make_case(folder, args.assets, args.candles)
+        make_case(folder, assets, candles)
         size_mb = sum(p.stat().st_size for p in (folder / "data").rglob("*.parquet")) / 2**20
-        print(f"generated {args.assets} assets x {args.candles} daily candles = "
-              f"{args.assets * args.candles:,} in {time.perf_counter() - t0:.1f} s; "
+        print(f"generated {assets} assets x {candles} daily candles = "
+              f"{assets * candles:,} in {time.perf_counter() - t0:.1f} s; "
               f"parquet cache {size_mb:.0f} MB")
-        child = subprocess.run([sys.executable, __file__, "--assets", str(args.assets),
+        child = subprocess.run([sys.executable, __file__, "--assets", str(assets),
                                 "--measure", str(folder)], capture_output=True, text=True)
         if child.returncode != 0:
             print(child.stdout + child.stderr)
-            print("measurement failed")
-            return 0
+            raise RuntimeError(f"the measuring process failed (exit {child.returncode})")
         r = json.loads(child.stdout.strip().splitlines()[-1])
 
     elapsed = r["load_s"] + r["prepare_s"]
-    print(f"load    {r['load_s']:6.2f} s   (universe check + {args.assets} parquet reads)")
+    print(f"load    {r['load_s']:6.2f} s   (universe check + {assets} parquet reads)")
     print(f"prepare {r['prepare_s']:6.2f} s   (clean, crypto gaps, global split; "
           f"{r['candles'] / max(r['prepare_s'], 1e-9) / 1e6:.1f} M candles/s)")
     print(f"total   {elapsed:6.2f} s   target < {TARGET_SECONDS:.0f} s   "
@@ -153,7 +141,25 @@ def main(argv: list[str] | None = None) -> int:
           f"gaps filled {r['gaps_filled']}; fixes {r['fixes']}")
     print(f"split cuts (context {r['context_length']}): val from {r['cuts']['val_start']}, "
           f"test from {r['cuts']['test_start']}")
-    return 0
+    scale = f"{assets} assets x {candles:,} candles"
+    return {"rows": [row("Load + clean + split", "seconds", elapsed, "s", f"< {TARGET_SECONDS:g}",
+                         f"{scale}; load {r['load_s']:.2f} s, prepare {r['prepare_s']:.2f} s"),
+                     row("Load + clean + split", "peak RSS", r["peak_rss_mb"], "MB", f"< {TARGET_MB:g}",
+                         "ru_maxrss of the measuring process")],
+            "figures": {"assets": assets, "candles": candles, "parquet_mb": size_mb, **r}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args(__doc__.splitlines()[0])
+    ap.add_argument("--assets", type=int, default=600)
+    ap.add_argument("--candles", type=int, default=5000)
+    ap.add_argument("--keep", type=Path, default=None, help="build the case here and keep it")
+    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)  # the child's mode
+    args = ap.parse_args(argv)
+    if args.measure is not None:
+        print(json.dumps(measure(args.measure, _counts(args.assets))))
+        return 0
+    return finish("data", run(args.assets, args.candles, args.keep), args.json)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Targets (issue 2): under 3 s and under 1 GB peak memory on 2 cores.
 
-    python bench/bench_tokenizer.py [--assets 600] [--candles 5000]
+    python bench/bench_tokenizer.py [--assets 600] [--candles 5000] [--json PATH]
 
 Memory is the process's peak resident set size (resource.getrusage ru_maxrss), so it includes
 Python, numpy, pandas and the 3M generated candles themselves: an upper bound on what the
@@ -11,20 +11,21 @@ Always exits 0: it reports, it does not gate.
 """
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_args, finish, row  # noqa: E402  (puts the repo on sys.path)
 
 from common.tokenizer import OHLCTokenizer  # noqa: E402
 
-__all__ = ["make_candles", "main"]
+__all__ = ["make_candles", "run", "main"]
 
 TARGET_SECONDS = 3.0
 TARGET_MB = 1024.0
@@ -59,21 +60,15 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--assets", type=int, default=600)
-    ap.add_argument("--candles", type=int, default=5000)
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    args = ap.parse_args(argv)
-
+def run(assets: int = 600, candles: int = 5000, vocab_size: int = 4096) -> dict[str, Any]:
     t0 = time.perf_counter()
-    frames = make_candles(args.assets, args.candles)
-    total = args.assets * args.candles
-    print(f"generated {args.assets} assets x {args.candles} candles = {total:,} in "
+    frames = make_candles(assets, candles)
+    total = assets * candles
+    print(f"generated {assets} assets x {candles} candles = {total:,} in "
           f"{time.perf_counter() - t0:.2f} s")
     rss_before = _rss_mb_now()
 
-    tok = OHLCTokenizer(vocab_size=args.vocab_size)
+    tok = OHLCTokenizer(vocab_size=vocab_size)
     t0 = time.perf_counter()
     tok.fit(frames)
     t_fit = time.perf_counter() - t0
@@ -94,7 +89,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{'OK' if peak < TARGET_MB else 'MISSED'}  (ru_maxrss, whole process)")
     print(f"token usage: {usage['bits']:.2f} bits of {usage['max_bits']:.2f} "
           f"({usage['fraction']:.1%}), {usage['distinct']} distinct ids; clipped: {tok.clip_counts}")
-    return 0
+    scale = f"{assets} assets x {candles:,} candles"
+    return {"rows": [row("Tokenizer fit + encode", "seconds", elapsed, "s", f"< {TARGET_SECONDS:g}",
+                         f"{scale}; fit {t_fit:.2f} s, encode {t_enc:.2f} s"),
+                     row("Tokenizer fit + encode", "peak RSS", peak, "MB", f"< {TARGET_MB:g}",
+                         f"whole process; {rss_before:.0f} MB before fit (Python, libraries, candles)")],
+            "figures": {"assets": assets, "candles": candles, "fit_s": t_fit, "encode_s": t_enc,
+                        "peak_rss_mb": peak, "rss_before_fit_mb": rss_before}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args(__doc__.splitlines()[0])
+    ap.add_argument("--assets", type=int, default=600)
+    ap.add_argument("--candles", type=int, default=5000)
+    ap.add_argument("--vocab-size", type=int, default=4096)
+    args = ap.parse_args(argv)
+    return finish("tokenizer", run(args.assets, args.candles, args.vocab_size), args.json)
 
 
 if __name__ == "__main__":

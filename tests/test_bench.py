@@ -1,0 +1,65 @@
+"""The benchmark command runs end to end and writes its table and JSON (at toy sizes: nothing
+here times anything), and the plain reference GPT of bench_train is a working GPT."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from bench_train import RefGPT  # noqa: E402
+
+
+@pytest.mark.slow
+def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "run_all.py"), "--smoke", "--threads", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["smoke"] is True and report["machine"]["nproc"] >= 1 and report["machine"]["torch"]
+    bench = report["benchmarks"]
+    for name in ("train", "checkpoint", "tokenizer", "data"):
+        assert bench[name]["status"] == "ok", bench[name]
+    assert bench["slurm"]["status"] == "skipped" and bench["slurm"]["note"]
+    values = {(r["benchmark"], r["figure"]): r["value"] for r in report["rows"]}
+    for key in [("Training throughput, case C", "MarketGPT / reference tokens/s"),
+                ("Hardware utilization, case C", "model FLOP/s / torch.mm peak"),
+                ("Data path", "batch gather / train step tokens/s"),
+                ("Checkpoint save, case C", "atomic / plain torch.save"),
+                ("Timer checkpoint", "save time / interval"),
+                ("Tokenizer fit + encode", "seconds"), ("Load + clean + split", "peak RSS")]:
+        assert values[key] is not None and values[key] > 0, key
+    train = bench["train"]["figures"]["cases"]["C"]
+    assert train["flops_per_token"] == 32_300_544  # case C: 6 x 5.0M weights + attention at T = 128
+    assert train["round_seconds"]["marketgpt"] and train["round_seconds"]["reference"]
+    assert "Training throughput, case C" in proc.stdout and f"wrote {out}" in proc.stdout
+
+
+def test_reference_gpt_learns_and_ties_its_head():
+    torch.manual_seed(0)
+    ref = RefGPT(vocab=16, T=8, C=32, n_layer=2, n_head=4, d_ff=64, p=0.0)
+    assert ref.head.weight is ref.wte.weight
+    x = torch.randint(0, 16, (4, 8))
+    y = torch.roll(x, -1, dims=1)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    first = ref(x, y).item()
+    for _ in range(60):
+        loss = ref(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert first > 2.0 and loss.item() < 0.5 * first
+    # causal: changing the last token leaves the earlier positions' loss terms alone
+    x2 = x.clone()
+    x2[:, -1] = (x2[:, -1] + 1) % 16
+    ref.eval()
+    with torch.no_grad():
+        h1 = ref.ln_f(ref.blocks[1](ref.blocks[0](ref.wte(x) + ref.wpe(torch.arange(8)))))
+        h2 = ref.ln_f(ref.blocks[1](ref.blocks[0](ref.wte(x2) + ref.wpe(torch.arange(8)))))
+    assert torch.allclose(h1[:, :-1], h2[:, :-1]) and not torch.allclose(h1[:, -1], h2[:, -1])
