@@ -34,6 +34,9 @@ from typing import IO, Any, Callable, Mapping
 import torch
 
 from common.atomic import atomic_path, atomic_write_bytes
+# The plain model under MultiGPUWrapper / DDP / DataParallel / torch.compile, which checkpoints
+# store: one implementation, in distributed_utils where the wrappers live.
+from common.distributed_utils import unwrap as unwrap_model
 from common.errors import UserError
 
 __all__ = [
@@ -233,14 +236,6 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep: int, keep_steps: int = 2
 
 
 # --------------------------------------------------------------------------- unwrapping
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model inside MultiGPUWrapper / DDP / DataParallel (`.module`) and
-    torch.compile (`._orig_mod`)."""
-    from common.distributed_utils import unwrap  # one implementation of the unwrapping
-
-    return unwrap(model)
 
 
 def unwrap_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
