@@ -285,7 +285,10 @@ def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
     thread = threading.Thread(target=beat, name="marketgpt-heartbeat", daemon=True)
     thread.start()
     _HEARTBEAT = (stop, thread)
-    atexit.register(_stop_heartbeat)  # never leave it inside a store call while the interpreter exits
+    # A process that ends without calling shutdown() (a script, an exception) still stops the
+    # heartbeat and destroys the process group before the interpreter tears down: left to the
+    # C++ destructors, gloo's and the store's threads abort it ("terminate called ...", 134).
+    atexit.register(shutdown)
 
 
 def _stop_heartbeat() -> None:
