@@ -253,7 +253,8 @@ def test_launch_parallel_training_submits_both_cases_and_its_monitor_runs(jobs):
         case = CASES[key][0]
         (run_dir,) = run_dirs(repo, case, "launched")
         assert training_log(run_dir)["status"] == "finished"
-        row = next(line for line in monitor.stdout.splitlines() if run_dir.name in line)
+        # Both jobs can start in the same second, so the run name alone may match the other case's row.
+        row = next(line for line in monitor.stdout.splitlines() if line.startswith(case) and run_dir.name in line)
         assert job_id in row and "finished" in row and "2/2" in row
         assert f"-- {case}/logs/" in monitor.stdout
     assert re.search(rf"^{job_ids[0]} long reduced root (COMPLETED|COMPLETING) ", monitor.stdout, flags=re.M)
