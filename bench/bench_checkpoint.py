@@ -6,8 +6,10 @@ timer checkpoint's share of training time at the default interval.
 
 The state is a real Trainer's (case A: d_model 768, 12 layers, vocab 4096, 600 assets) after one
 AdamW step, so it holds the model, both AdamW moments, the RNG states, the log and the config.
-"Atomic" is what the Trainer runs for a timer checkpoint (`Trainer._save`: state_dict, temp
-file hashed while written, fsync, rename, sha256 sidecar, pruning); "plain" is
+"Atomic" is what the Trainer runs for a timer checkpoint (`Trainer._save`): training waits for
+the state to be serialized into a temp file, then a background thread hashes it (sha256),
+fsyncs, renames it over the target, writes the sidecar and prunes. Its ratio is the time
+training waits; the time until the file is on disk is reported beside it. "Plain" is
 `torch.save(state, path)` of the same dict, which leaves the bytes in the page cache. Both write
 a new file each round and keep the last two, as successive checkpoints do (the plain side
 deletes its old files untimed). Each save starts after an untimed `os.sync()`, as a timer
@@ -24,6 +26,7 @@ import io
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -75,11 +78,18 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
         saved: list[Path] = []
         plain: list[Path] = []
 
+        published: list[float] = []
+
         def atomic_save() -> float:
             name = step_checkpoint_name(1, len(saved) + 1)  # the timer's names; pruning keeps two
             saved.append(run_dir / name)
             os.sync()
-            return timed(lambda: trainer._save(name))
+            start = time.perf_counter()
+            trainer._save(name)  # returns when training may go on
+            blocked = time.perf_counter() - start
+            trainer._checkpoints.wait()  # hashed, fsynced, renamed, pruned: on disk
+            published.append(time.perf_counter() - start)
+            return blocked
 
         def plain_save() -> float:
             plain.append(run_dir / f"plain_{len(plain)}.pt")
@@ -102,15 +112,19 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
     interval_s = 60.0 * trainer.cfg.training.checkpoint_every_minutes
     save_s, plain_s = min(save_times["atomic_save"]), min(save_times["plain_save"])
     share = max(save_times["atomic_save"]) / interval_s  # the worst round: a cost, not a speed
+    published = published[-len(save_times["atomic_save"]):]  # the timed rounds, not the warm-up
     figures = {"parameters": trainer.model.num_parameters(), "file_bytes": size, "round_seconds":
-               {**save_times, **load_times}, "save_ratio": best_ratio(save_times["atomic_save"],
-                                                                      save_times["plain_save"]),
+               {**save_times, "atomic_save_published": published, **load_times},
+               "save_ratio": best_ratio(save_times["atomic_save"], save_times["plain_save"]),
+               "published_ratio": best_ratio(published, save_times["plain_save"]),
                "load_ratio": best_ratio(load_times["verified_load"], load_times["plain_load"]),
                "interval_s": interval_s, "timer_share": share}
     rows = [
         row(f"Checkpoint save, case {case.upper()}", "atomic / plain torch.save", figures["save_ratio"], "x", "<= 1.5",
-            f"{save_s:.2f} vs {plain_s:.2f} s; {size / 2**20:,.0f} MiB file "
+            f"training waits {save_s:.2f} vs {plain_s:.2f} s; {size / 2**20:,.0f} MiB file "
             f"({figures['parameters'] / 1e6:.1f}M params + AdamW moments)"),
+        row(f"Checkpoint on disk, case {case.upper()}", "atomic until published / plain", figures["published_ratio"],
+            "x", None, f"{min(published):.2f} s until hashed, fsynced, renamed and pruned (background thread)"),
         row(f"Checkpoint load, case {case.upper()}", "verified / plain torch.load", figures["load_ratio"], "x", None,
             f"{min(load_times['verified_load']):.2f} vs {min(load_times['plain_load']):.2f} s (page cache)"),
         row("Timer checkpoint", "save time / interval", 100 * share, "%", "< 1",

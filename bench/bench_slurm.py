@@ -8,7 +8,7 @@
   after the resume, split into signal -> checkpoint saved, -> requeued, -> running again (Slurm
   holds a requeued job for a while; AuthInfo=cred_expire=10 makes that ~20 s here) and start-up.
 
-    python bench/bench_slurm.py [--rounds 2] [--keep]
+    python bench/bench_slurm.py [--rounds 2] [--keep] [--json PATH]
 
 Runs in a throwaway copy of the repo; times are wall seconds, seen by polling the job's log
 every 50 ms. Prints the figures (each round and the best); always exits 0 when the cluster
@@ -16,7 +16,6 @@ answers: it reports, it does not gate.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -30,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from common.slurm_utils import slurm_available, wait_for_jobs  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from _common import bench_args, finish, row  # noqa: E402
 
 TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.context_length=16",
         "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
@@ -93,11 +95,11 @@ def one_round(repo: Path, experiment: str) -> dict[str, float]:
             "resume_startup": t_resumed - t_restart}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--keep", action="store_true", help="keep the repo copy (logs, run folders)")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args(__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the repo copy (logs, run folders)")
+    args = ap.parse_args(argv)
     if not slurm_available():
         print("Slurm does not answer: start the local cluster first (sudo tools/local_slurm/local_slurm.sh start)")
         return 1
@@ -110,18 +112,20 @@ def main() -> int:
         print(f"round {r + 1}: sbatch -> first step {f['sbatch_to_first_step']:.1f} s | "
               f"requeue -> resumed step {f['requeue_to_resumed_step']:.1f} s", flush=True)
     best = {k: min(r[k] for r in rounds) for k in rounds[0]}
-    print(f"\nLocal Slurm, case C tiny model on the sample, 2 tasks (best of {len(rounds)}):")
-    print(f"  sbatch -> first training step   {best['sbatch_to_first_step']:6.1f} s  "
-          f"(queue {best['queue']:.1f} s, start-up {best['startup']:.1f} s)")
-    print(f"  requeue -> resumed step         {best['requeue_to_resumed_step']:6.1f} s  "
-          f"(USR2 -> checkpoint {best['signal_to_checkpoint']:.1f} s, -> requeued "
-          f"{best['checkpoint_to_requeued']:.1f} s, -> running again {best['requeued_to_running']:.1f} s, "
-          f"start-up {best['resume_startup']:.1f} s)")
+    rows = [
+        row("Slurm, local cluster", "sbatch -> first training step", best["sbatch_to_first_step"], "s", None,
+            f"queue {best['queue']:.1f} s, start-up {best['startup']:.1f} s; case C tiny model, 2 tasks, "
+            f"best of {len(rounds)}"),
+        row("Slurm, local cluster", "requeue (USR2) -> resumed step", best["requeue_to_resumed_step"], "s", None,
+            f"USR2 -> checkpoint {best['signal_to_checkpoint']:.1f} s, -> requeued "
+            f"{best['checkpoint_to_requeued']:.1f} s, -> running again {best['requeued_to_running']:.1f} s, "
+            f"start-up {best['resume_startup']:.1f} s"),
+    ]
     if args.keep:
         print(f"logs and run folders: {repo}")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return finish("slurm", {"rows": rows, "figures": {"best": best, "rounds": rounds}}, args.json)
 
 
 if __name__ == "__main__":

@@ -4,23 +4,19 @@
 
 Each benchmark runs in a process of its own (its peak RSS is its own, and one that crashes
 doesn't stop the rest) and hands its figures back through `--json`; its own output streams
-through as it runs. About 4 minutes on 2 cores. The Slurm benchmark (bench_slurm.py, when it
-exists) needs the local cluster (tools/local_slurm/local_slurm.sh start --nodes 2): when
+through as it runs. About 4 minutes on 2 cores. The Slurm benchmark (bench_slurm.py) needs the local cluster (tools/local_slurm/local_slurm.sh start --nodes 2): when
 `scontrol ping` doesn't answer, it is skipped with a note in the table and the JSON.
 --smoke runs every benchmark at toy sizes (seconds, not minutes): it checks the command works,
 its figures mean nothing.
 
-A benchmark script's contract: it takes `--json PATH` and writes {"rows": [...], "figures": {...}}
-there (bench/_common.py: bench_args, row, finish); a flat JSON object of numbers also works
-(one row per number, seconds when the key ends in _s). A script whose --help has no --json is
-run as it is, and every output line of the form "<label>  <number> s" becomes a row.
+Each benchmark script takes `--json PATH` and writes {"rows": [...], "figures": {...}} there
+(bench/_common.py: bench_args, row, finish).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +39,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "slurm": ("bench_slurm.py", []),  # not run by --smoke
 }
 TIMEOUT_S = 1800
-TITLES = {"slurm": "Slurm, local cluster"}  # table name of a benchmark that writes no rows itself
+TITLES = {"slurm": "Slurm, local cluster"}  # table name of a benchmark in a row run_all writes for it
 
 
 def slurm_status() -> Optional[str]:
@@ -58,23 +54,6 @@ def slurm_status() -> Optional[str]:
         return ("skipped: Slurm is not up (start it with tools/local_slurm/local_slurm.sh start --nodes 2): "
                 + " ".join((ping.stdout + ping.stderr).split())[:120])
     return None
-
-
-def _rows_from_figures(name: str, figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows for a benchmark that wrote figures but no rows: one per number (seconds if *_s)."""
-    return [row(name, key, float(v), "s" if key.endswith("_s") else "") for key, v in figures.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)]
-
-
-_SECONDS_LINE = re.compile(r"^\s*(\S.*?\S)\s{2,}(\d+(?:\.\d+)?) s\b", re.M)  # "<label>  <number> s"
-
-
-def _takes_json(script: Path) -> bool:
-    try:
-        shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return False
-    return "--json" in shown.stdout
 
 
 def _run_streaming(cmd: list[str]) -> tuple[Optional[int], str]:
@@ -103,22 +82,15 @@ def run_one(name: str, script: Path, args: list[str]) -> dict[str, Any]:
     """Run one benchmark in its own process; its result, or a note saying why there is none."""
     with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as tmp:
         out = Path(tmp) / "result.json"
-        with_json = _takes_json(script)
-        cmd = [sys.executable, str(script), *(["--json", str(out)] if with_json else []), *args]
+        cmd = [sys.executable, str(script), "--json", str(out), *args]
         print(f"\n=== {name}: {' '.join(cmd[1:2] + args)}", flush=True)
         t0 = time.perf_counter()
-        code, text = _run_streaming(cmd)
+        code, _ = _run_streaming(cmd)
         seconds = time.perf_counter() - t0
-        if code == 0 and with_json and out.is_file():
+        if code == 0 and out.is_file():
             result = json.loads(out.read_text())
-            rows = result.get("rows") or _rows_from_figures(TITLES.get(name, name), result.get("figures", result))
-            return {"status": "ok", "seconds": seconds, "rows": rows, "figures": result.get("figures", result)}
-        parsed = [row(TITLES.get(name, name), label, float(v), "s") for label, v in _SECONDS_LINE.findall(text)]
-        if code == 0 and not with_json and parsed:
-            return {"status": "ok", "seconds": seconds, "rows": parsed, "output": text[-4000:],
-                    "note": "figures read from its output (it takes no --json)"}
-    why = (f"timed out after {TIMEOUT_S} s" if code is None else f"exit {code}" if code
-           else "no --json output" if with_json else "no '<label>  <seconds> s' lines in its output")
+            return {"status": "ok", "seconds": seconds, "rows": result["rows"], "figures": result["figures"]}
+    why = f"timed out after {TIMEOUT_S} s" if code is None else f"exit {code}" if code else "no --json output"
     return {"status": "failed", "seconds": seconds, "note": f"failed ({why}); see its output above",
             "rows": [row(TITLES.get(name, name), "failed", None, detail=f"failed ({why})")]}
 
@@ -144,12 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name in chosen:
         script, smoke = BENCHMARKS[name]
-        path = BENCH / script
-        if not path.is_file():
-            results[name] = {"status": "skipped", "note": f"skipped: bench/{script} does not exist yet",
-                             "rows": [row(TITLES.get(name, name), "skipped", None,
-                                          detail=f"bench/{script} does not exist yet")]}
-            continue
         skip = slurm_status() if name == "slurm" else None
         if name == "slurm" and args.smoke:
             skip = "skipped: --smoke"
@@ -159,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n=== {name}: {skip}", flush=True)
             continue
         threads = ["--threads", str(args.threads)] if args.threads and name != "slurm" else []
-        results[name] = run_one(name, path, (smoke if args.smoke else []) + threads)
+        results[name] = run_one(name, BENCH / script, (smoke if args.smoke else []) + threads)
 
     rows = [r for res in results.values() for r in res["rows"]]
     report = {"command": " ".join(["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "read_json"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "read_json", "replace_with", "temp_path"]
 
 
 def _default_mode() -> int:
@@ -37,6 +37,34 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def temp_path(target: str | os.PathLike) -> Path:
+    """A new empty temp file beside `target` (same filesystem, so the rename is atomic), named
+    `.<target name>.<random>.tmp`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def replace_with(tmp: Path, target: str | os.PathLike, fsync: bool = True) -> None:
+    """Publish the finished temp file `tmp` as `target`: permissions, fsync, rename, fsync dir.
+    The temp file is removed if this fails."""
+    target = Path(target)
+    try:
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else _default_mode())
+        if fsync:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+        if fsync:
+            _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     """Yield a temp path beside `target`; on clean exit it replaces `target` atomically.
@@ -44,24 +72,14 @@ def atomic_path(target: str | os.PathLike, fsync: bool = True) -> Iterator[Path]
     The caller writes the file at the yielded path by any means (torch.save, pyarrow, ...).
     On an exception the temp file is removed and `target` is left untouched.
     """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp = temp_path(target)
     try:
-        yield tmp_path
-        os.chmod(tmp_path, target.stat().st_mode & 0o777 if target.exists() else _default_mode())
-        if fsync:
-            with open(tmp_path, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp_path, target)
-        if fsync:
-            _fsync_dir(target.parent)
+        yield tmp
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+            tmp.unlink()
         raise
+    replace_with(tmp, target, fsync)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes, fsync: bool = True) -> None:

@@ -5,10 +5,13 @@ dicts), so `torch.load(path, weights_only=True)` opens it anywhere. Beside each 
 sidecar `<name>.sha256` in `sha256sum` format (`sha256sum -c best_model.pt.sha256` checks it
 by hand). Writing order, so a `kill -9` at any moment leaves something checkable:
 
-1. the sidecar is rewritten to list the new digest next to the one it already had,
-2. the checkpoint is written to a temp file (hashed on the fly), fsynced and renamed over
-   the target (common.atomic.atomic_path),
-3. the sidecar is rewritten with the new digest only.
+1. the checkpoint is written to a temp file (torch.save) and hashed,
+2. the sidecar is rewritten to list the new digest next to the one it already had,
+3. the temp file is fsynced and renamed over the target (common.atomic.replace_with),
+4. the sidecar is rewritten with the new digest only.
+
+The trainer runs steps 1 to 4 through a CheckpointWriter: training waits for the torch.save
+only, and a background thread does the rest.
 
 A file whose digest is not in its sidecar (truncated, bit-rotted, half-copied) is corrupt;
 `--resume auto` then falls back to the previous good checkpoint with a warning.
@@ -27,19 +30,20 @@ import hashlib
 import os
 import re
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from common.atomic import atomic_path, atomic_write_bytes
+from common.atomic import atomic_write_bytes, replace_with, temp_path
 # The plain model under MultiGPUWrapper / DDP / DataParallel / torch.compile, which checkpoints
 # store: one implementation, in distributed_utils where the wrappers live.
 from common.distributed_utils import unwrap as unwrap_model
 from common.errors import UserError
 
 __all__ = [
+    "CheckpointWriter",
     "CorruptCheckpoint",
     "checkpoint_files",
     "checkpoint_position",
@@ -47,6 +51,7 @@ __all__ = [
     "latest_good_checkpoint",
     "load_checkpoint",
     "prune_checkpoints",
+    "remove_stale_temp_files",
     "save_checkpoint",
     "sidecar_path",
     "step_checkpoint_name",
@@ -56,6 +61,7 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
+_TEMP_NAME = re.compile(r"^\.(checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt(\.sha256)?\.\w+\.tmp$")  # atomic.temp_path
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 
 
@@ -96,33 +102,6 @@ def sidecar_path(path: str | os.PathLike) -> Path:
 # --------------------------------------------------------------------------- write and read
 
 
-class _HashingWriter:
-    """File wrapper that hashes what torch.save writes, so the file is never read back.
-
-    A big chunk is hashed on a helper thread while this one writes it: both drop the GIL, so
-    the sha256 (about 0.5 s per GB here) overlaps the write instead of adding to it. Each
-    chunk is hashed before write() returns, in order, while torch still holds its buffer.
-    """
-
-    _OVERLAP_BYTES = 1 << 20  # smaller chunks: a thread hand-off costs more than it saves
-
-    def __init__(self, f: IO[bytes], hasher: ThreadPoolExecutor) -> None:
-        self.f, self.sha, self.hasher = f, hashlib.sha256(), hasher
-
-    def write(self, data: bytes) -> int:
-        if len(data) < self._OVERLAP_BYTES:
-            self.sha.update(data)
-            return self.f.write(data)
-        hashed = self.hasher.submit(self.sha.update, data)
-        try:
-            return self.f.write(data)
-        finally:
-            hashed.result()
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
 def _read_digests(sidecar: Path) -> list[str]:
     try:
         lines = sidecar.read_text(encoding="ascii").splitlines()
@@ -147,28 +126,102 @@ def _no_zip_crc32() -> contextlib.AbstractContextManager:
     return config.patch({"save.compute_crc32": False})
 
 
-def save_checkpoint(obj: Mapping[str, Any], path: str | os.PathLike) -> str:
-    """Write `obj` to `path` atomically with its sha256 sidecar; returns the digest."""
-    path = Path(path)
-    sidecar = sidecar_path(path)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher, _no_zip_crc32():
-            writer = _HashingWriter(f, hasher)
-            torch.save(dict(obj), writer)
-        digest = writer.sha.hexdigest()
+def _file_digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            sha.update(block)  # releases the GIL: training goes on beside a background hash
+    return sha.hexdigest()
+
+
+def _serialize(obj: Mapping[str, Any], path: Path) -> Path:
+    """torch.save `obj` into a new temp file beside `path`; the only step that must finish
+    before the caller may change the tensors again."""
+    tmp = temp_path(path)
+    try:
+        with _no_zip_crc32():
+            torch.save(dict(obj), str(tmp))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _publish(tmp: Path, path: Path) -> str:
+    """Steps 1 (the hash) to 4 of the module docstring for a finished temp file; returns its digest."""
+    try:
+        digest = _file_digest(tmp)  # read back from the page cache: the bytes the file holds
+        sidecar = sidecar_path(path)
         # Both digests are valid while the rename below is in flight.
         old = _read_digests(sidecar)[:1] if path.exists() else []
         _write_sidecar(sidecar, path.name, [digest] + [d for d in old if d != digest])
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    replace_with(tmp, path)
     _write_sidecar(sidecar, path.name, [digest])
     return digest
 
 
-def _file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
+def save_checkpoint(obj: Mapping[str, Any], path: str | os.PathLike) -> str:
+    """Write `obj` to `path` atomically with its sha256 sidecar; returns the digest."""
+    path = Path(path)
+    return _publish(_serialize(obj, path), path)
+
+
+class CheckpointWriter:
+    """save_checkpoint with the slow half off the caller's thread.
+
+    save() returns once the state is serialized into a temp file (plain torch.save speed), so
+    training may change the tensors again. A background thread then hashes that file, fsyncs
+    it, renames it over the target with the sidecar protocol and runs `then` (the trainer
+    prunes there, so an older checkpoint goes only once a newer one is on disk). Saves publish
+    in order; a crash at any point leaves the same checkable files as save_checkpoint.
+    wait() blocks until everything is published and raises the first failure: call it before
+    reading the files or exiting.
+    """
+
+    _MAX_PENDING = 2  # temp files waiting to publish: bounds the extra disk a burst of saves takes
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-publish")
+        self._pending: list[Future] = []
+
+    def save(self, obj: Mapping[str, Any], path: str | os.PathLike,
+             then: Optional[Callable[[], Any]] = None) -> None:
+        path = Path(path)
+        tmp = _serialize(obj, path)
+        self._pending.append(self._pool.submit(self._publish_then, tmp, path, then))
+        self._reap(keep=self._MAX_PENDING)  # raises an earlier save's failure, this one queued
+
+    def wait(self) -> None:
+        self._reap(keep=0)
+
+    def _reap(self, keep: int) -> None:
+        errors = []
+        while len(self._pending) > keep or (self._pending and self._pending[0].done()):
+            try:
+                self._pending.pop(0).result()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    @staticmethod
+    def _publish_then(tmp: Path, path: Path, then: Optional[Callable[[], Any]]) -> None:
+        _publish(tmp, path)
+        if then is not None:
+            then()
+
+
+def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete temp files a killed writer left (`kill -9`, a node crash), each up to a whole
+    checkpoint's size. For the run folder's one trainer, at its start."""
+    run_dir = Path(run_dir)
+    stale = [p for p in run_dir.iterdir() if _TEMP_NAME.match(p.name)] if run_dir.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def verify_checkpoint(path: str | os.PathLike) -> bool | None:
@@ -185,25 +238,32 @@ def verify_checkpoint(path: str | os.PathLike) -> bool | None:
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     verify: bool = True) -> dict:
-    """Load a checkpoint with weights_only=True, checking its sha256 first.
+    """Load a checkpoint with weights_only=True and check its sha256.
 
-    A file without a sidecar loads with a warning on stderr (copied by hand, or written by
-    another tool); one that doesn't match its sidecar raises CorruptCheckpoint.
+    The check runs on a helper thread while torch.load reads the file (weights_only makes
+    reading a corrupt file harmless; its result is thrown away). A file without a sidecar
+    loads with a warning on stderr (copied by hand, or written by another tool); one that
+    doesn't match its sidecar raises CorruptCheckpoint.
     """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
-    if verify:
-        ok = verify_checkpoint(path)
-        if ok is False:
-            raise CorruptCheckpoint(f"{path}: checksum mismatch (truncated or corrupted file); "
-                                    "use an earlier checkpoint")
-        if ok is None:
-            print(f"warning: {path} has no {sidecar_path(path).name}; loading it unchecked", file=sys.stderr)
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # a truncated zip, a pickle with code in it, ...
-        raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-verify") as pool:
+        check = pool.submit(verify_checkpoint, path) if verify else None
+        try:
+            state, error = torch.load(path, map_location=map_location, weights_only=True), None
+        except Exception as e:  # a truncated zip, a pickle with code in it, ...
+            state, error = None, e
+        ok = check.result() if check is not None else True
+    if ok is False:
+        raise CorruptCheckpoint(f"{path}: checksum mismatch (truncated or corrupted file); "
+                                "use an earlier checkpoint")
+    if ok is None:
+        print(f"warning: {path} has no {sidecar_path(path).name}; loading it unchecked", file=sys.stderr)
+    if error is not None:
+        raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(error).__name__}: "
+                                f"{(str(error).splitlines() or [''])[0]})") from None
+    return state
 
 
 def latest_good_checkpoint(run_dir: str | os.PathLike,

@@ -19,6 +19,7 @@ checkpoint then also holds each rank's RNG state (`rng_per_rank`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import signal
 import sys
@@ -30,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from common.batches import TokenWindows
-from common.checkpoint import (epoch_checkpoint_name, prune_checkpoints, save_checkpoint, step_checkpoint_name,
-                               unwrap_model, unwrap_state_dict)
+from common.checkpoint import (CheckpointWriter, epoch_checkpoint_name, prune_checkpoints, remove_stale_temp_files,
+                               step_checkpoint_name, unwrap_model, unwrap_state_dict)
 from common.config import Config, config_to_dict
 from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier
 from common.errors import UserError
@@ -113,6 +114,10 @@ class Trainer:
         self._session_start = time.monotonic()
         self._next_timer = math.inf
         self._resumed_at = 0  # global step of the loaded checkpoint
+        self._checkpoints = CheckpointWriter()
+        if self.is_main:
+            for path in remove_stale_temp_files(self.run_dir):
+                print(f"Removed {path.name}, left by a writer that was killed", file=self.out, flush=True)
 
     # ------------------------------------------------------------------ state
 
@@ -176,6 +181,8 @@ class Trainer:
             try:
                 return self._loop(stop_after_steps)
             finally:
+                if self.is_main:
+                    self._checkpoints.wait()  # on disk before anyone reads them, or this process exits
                 if self._writer is not None:
                     self._writer.close()
                     self._writer = None
@@ -403,15 +410,16 @@ class Trainer:
             state = {"format": "marketgpt-checkpoint", "version": 1, **self.state_dict()}
             if rngs is not None:
                 state["rng_per_rank"] = rngs
-            save_checkpoint(state, self.run_dir / name)
-            prune_checkpoints(self.run_dir, keep=self.cfg.training.keep_checkpoints)
+            # training goes on once the state is serialized; the writer prunes after publishing
+            self._checkpoints.save(state, self.run_dir / name, then=functools.partial(
+                prune_checkpoints, self.run_dir, keep=self.cfg.training.keep_checkpoints))
         barrier()
 
     def _save_best(self, val_loss: float) -> None:
         if not self.is_main:
             barrier()
             return
-        save_checkpoint({"format": "marketgpt-best-model", "version": 1,
+        self._checkpoints.save({"format": "marketgpt-best-model", "version": 1,
                          "model": unwrap_state_dict(self.model.state_dict()),
                          "model_config": config_to_dict(self.cfg)["model"],
                          "num_assets": self.model.num_assets, "num_categories": self.model.num_categories,

@@ -1,15 +1,19 @@
 """Checkpoint files: weights_only loading, sha256 sidecars, corruption fallback, pruning, unwrapping."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 import torch
 
 from common import checkpoint as ck
-from common.checkpoint import (CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name, latest_good_checkpoint,
-                               load_checkpoint, prune_checkpoints, save_checkpoint, sidecar_path,
+from common.checkpoint import (CheckpointWriter, CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name,
+                               latest_good_checkpoint, load_checkpoint, prune_checkpoints, remove_stale_temp_files,
+                               save_checkpoint, sidecar_path,
                                step_checkpoint_name, unwrap_model, unwrap_state_dict, verify_checkpoint)
 
 
@@ -32,16 +36,59 @@ def test_roundtrip_with_weights_only_and_a_sha256sum_sidecar(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-def test_big_tensors_hashed_beside_the_write_give_the_file_digest(tmp_path):
-    # chunks above 1 MiB are hashed on a helper thread: the digest must still be the file's
+def test_writer_returns_after_serializing_and_publishes_in_order_in_the_background(tmp_path):
     g = torch.Generator().manual_seed(0)
-    payload = {"a": torch.randn(700_000, generator=g), "b": torch.randn(3, 1_000_000, generator=g),
-               "small": torch.arange(10), "name": "big"}
-    path = tmp_path / "big.pt"
-    digest = save_checkpoint(payload, path)
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest() and verify_checkpoint(path) is True
-    loaded = load_checkpoint(path)
-    assert all(torch.equal(loaded[k], payload[k]) for k in ("a", "b", "small"))
+    payload = {"a": torch.randn(700_000, generator=g), "b": torch.randn(3, 1_000_000, generator=g), "name": "big"}
+    writer, seen = CheckpointWriter(), []
+
+    def then(name: str) -> None:  # the trainer prunes here: the new file must already be whole
+        seen.append((name, verify_checkpoint(tmp_path / name)))
+
+    names, saved = [step_checkpoint_name(1, s) for s in range(1, 5)], []
+    for name in names:
+        writer.save(payload, tmp_path / name, then=functools.partial(then, name))
+        saved.append(payload["a"].clone())
+        payload["a"].add_(1.0)  # training changes the tensors as soon as save() returns
+    writer.wait()
+    assert seen == [(name, True) for name in names]
+    for name, a in zip(names, saved):
+        loaded = load_checkpoint(tmp_path / name)
+        assert torch.equal(loaded["a"], a) and torch.equal(loaded["b"], payload["b"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_writer_failures_surface_on_wait_or_at_the_next_save(tmp_path):
+    writer = CheckpointWriter()
+    with pytest.raises(Exception):  # a pickling failure happens in save() itself
+        writer.save({"lock": threading.Lock()}, tmp_path / "best_model.pt")
+    assert list(tmp_path.iterdir()) == []  # no temp file left behind
+
+    def fail() -> None:
+        raise OSError("disk went away")
+
+    writer.save(_payload(), tmp_path / epoch_checkpoint_name(1), then=fail)
+    with pytest.raises(OSError, match="disk went away"):
+        writer.wait()
+    release = threading.Event()
+    writer.save(_payload(), tmp_path / epoch_checkpoint_name(2), then=lambda: (release.wait(), fail()))
+    release.set()
+    while not writer._pending[0].done():
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="disk went away"):
+        writer.save(_payload(), tmp_path / epoch_checkpoint_name(3))
+    writer.wait()
+    assert [p.name for p in checkpoint_files(tmp_path)] == [epoch_checkpoint_name(n) for n in (1, 2, 3)]
+
+
+def test_temp_files_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
+    stale = [".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp", ".checkpoint_epoch_3.pt.sha256.a8b9c0.tmp",
+             ".best_model.pt.zz99.tmp"]
+    others = [".training_log.json.abc123.tmp", "notes.tmp", "checkpoint_epoch_3.pt", ".checkpoint_epoch_3.pt.tmp"]
+    for name in stale + others:
+        (tmp_path / name).write_bytes(b"x")
+    assert sorted(p.name for p in remove_stale_temp_files(tmp_path)) == sorted(stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)
+    assert remove_stale_temp_files(tmp_path / "missing") == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
