@@ -63,3 +63,19 @@ def test_reference_gpt_learns_and_ties_its_head():
         h1 = ref.ln_f(ref.blocks[1](ref.blocks[0](ref.wte(x) + ref.wpe(torch.arange(8)))))
         h2 = ref.ln_f(ref.blocks[1](ref.blocks[0](ref.wte(x2) + ref.wpe(torch.arange(8)))))
     assert torch.allclose(h1[:, :-1], h2[:, :-1]) and not torch.allclose(h1[:, -1], h2[:, -1])
+
+
+@pytest.mark.slurm
+def test_bench_slurm_reports_start_and_requeue_latency_as_json(slurm_cluster, tmp_path):
+    out = tmp_path / "slurm.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_slurm.py"), "--rounds", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["figure"]: r for r in result["rows"]}
+    best = result["figures"]["best"]
+    assert rows["sbatch -> first training step"]["value"] == best["sbatch_to_first_step"] > 0
+    assert rows["requeue (USR2) -> resumed step"]["value"] == best["requeue_to_resumed_step"] > 0
+    parts = ("signal_to_checkpoint", "checkpoint_to_requeued", "requeued_to_running", "resume_startup")
+    assert sum(best[p] for p in parts) == pytest.approx(best["requeue_to_resumed_step"])
+    assert "sbatch -> first training step" in proc.stdout
