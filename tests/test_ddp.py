@@ -14,7 +14,8 @@ import torch
 
 from common.checkpoint import checkpoint_files, load_checkpoint, unwrap_model
 from common.cli import main
-from common.distributed_utils import (DistEnv, MultiGPUWrapper, _first_slurm_host, _tasks_per_node, check_num_gpus,
+from common.dist_env import _first_slurm_host, _tasks_per_node
+from common.distributed_utils import (DistEnv, MultiGPUWrapper, check_num_gpus,
                                       collective_timeout_s, detect_env, unwrap)
 from common.errors import UserError
 from ddp_helpers import (GLOBAL_BATCH, REPO, STEPS, assert_same_run, final_weights, logged_epochs, make_case,
