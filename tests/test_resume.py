@@ -171,10 +171,14 @@ def test_sigterm_then_kill_9_then_resume_auto_matches_a_straight_run(tmp_path, c
     proc.kill()
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert "test_results.json" not in {p.name for p in run_dir.iterdir()}
+    half_written = run_dir / ".checkpoint_epoch_2_step_40.pt.x1y2z3.tmp"  # a kill -9 inside torch.save
+    half_written.write_bytes(b"PK\x03\x04")
 
     # 3. --resume auto continues from the last good checkpoint and finishes
     code, out, _ = _run(capsys, "--config", config, "--resume", "auto")
     assert code == 0 and f"Resuming {run_dir}" in out
+    assert f"Removed {half_written.name}, left by a writer that was killed" in out
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert _run_dirs(config) == [run_dir]
     log = json.loads((run_dir / "training_log.json").read_text())
     assert log["status"] == "finished" and len(log["resumes"]) == 2
