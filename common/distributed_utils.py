@@ -1,8 +1,8 @@
 """One process per GPU: where this process sits in the job, and the DDP plumbing around it.
 
 `detect_env()` (common.dist_env) reads the launcher's environment (srun under Slurm,
-torchrun, submitit, or a plain single process), `init_distributed()` starts torch.distributed on it (NCCL on CUDA, gloo
-on CPU) and binds this rank's GPU, and `MultiGPUWrapper` is the seed guide's name for the
+torchrun, submitit, or a plain single process), `init_distributed()` starts torch.distributed
+on it (NCCL on CUDA, gloo on CPU) and binds this rank's GPU, and `MultiGPUWrapper` is the seed guide's name for the
 DistributedDataParallel-wrapped model. The helpers below turn per-rank numbers into global
 ones, so every logged figure is the whole job's.
 
@@ -13,6 +13,12 @@ a rank (a peer's sockets closed, or the timeout hit), `failures_reported()` read
 for a few seconds and raises `RankFailed` naming the rank that raised, or the one whose
 heartbeat stopped without a word (killed, out of memory, node lost). The store lives on
 rank 0 (or in torchrun's agent): a rank that loses rank 0 can only say so.
+
+NCCL doesn't raise in Python when a peer leaves: the survivor's next device sync just waits
+(until the timeout, when NCCL's watchdog aborts the process). So the heartbeat thread also
+watches the posts: a rank still running 15 s after a peer posted its error prints that error
+and exits (code 2). A peer killed without a word (OOM killer, kill -9) still costs an NCCL job
+the full timeout: lower MARKETGPT_DIST_TIMEOUT to bound it.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
@@ -59,6 +66,7 @@ __all__ = [
 _REPORT_WAIT_S = 5.0  # how long a rank that lost a peer waits for the others' error reports
 _LINGER_S = 2.0  # rank 0 keeps serving the store this much longer, for ranks that noticed later
 _HEARTBEAT_S = 1.0  # each rank's sign of life in the store (see _start_heartbeat)
+_WATCHDOG_S = 15.0  # a peer raised this long ago and this rank still runs: it is stuck (NCCL)
 
 
 class RankFailed(UserError):
@@ -120,18 +128,25 @@ def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] =
 def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
     """Bump heartbeat/<rank> in the store every second from a daemon thread (on its own store
     connection), so a rank that lost a peer can tell a dead rank (its count stopped) from one
-    that is merely blocked in the same broken collective."""
+    that is merely blocked in the same broken collective. The same thread is the watchdog for
+    a peer that raised (see _stop_stuck_rank)."""
     global _HEARTBEAT
     client = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
     stop = threading.Event()
     key = _key(f"heartbeat/{env.rank}", env)
 
     def beat() -> None:
+        raised_since = None
         while not stop.wait(_HEARTBEAT_S):
             try:
                 client.add(key, 1)
+                raised = _raised_peers(client, env)
             except Exception:  # the store is gone: the job is ending
                 return
+            if raised and raised_since is None:
+                raised_since = time.monotonic()
+            if raised_since is not None and time.monotonic() - raised_since >= _WATCHDOG_S and not stop.is_set():
+                _stop_stuck_rank(env, raised)
 
     thread = threading.Thread(target=beat, name="marketgpt-heartbeat", daemon=True)
     thread.start()
@@ -140,6 +155,32 @@ def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
     # heartbeat and destroys the process group before the interpreter tears down: left to the
     # C++ destructors, gloo's and the store's threads abort it ("terminate called ...", 134).
     atexit.register(shutdown)
+
+
+def _raised_peers(client: dist.Store, env: DistEnv) -> dict[int, str]:
+    """rank -> its error, for the other ranks that posted one."""
+    found = {}
+    for r in range(env.world_size):
+        status = _key(f"status/{r}", env)
+        if r != env.rank and client.check([status]):
+            text = client.get(status).decode()
+            if text.startswith("raised "):
+                found[r] = text[len("raised "):]
+    return found
+
+
+def _stop_stuck_rank(env: DistEnv, raised: dict[int, str]) -> None:
+    """A peer raised _WATCHDOG_S ago and this rank is still running: its main thread waits for
+    that peer somewhere no error reaches it (NCCL's collectives don't raise in Python when a
+    peer leaves; a device sync just waits, up to MARKETGPT_DIST_TIMEOUT). Say why and leave."""
+    culprits = "; ".join(f"rank {r} failed with {msg}" for r, msg in sorted(raised.items()))
+    if env.is_main and not env.agent_store:
+        time.sleep(_LINGER_S)  # rank 0 serves the store: let the other stuck ranks read it too
+    sys.stdout.flush()
+    print(f"error: rank {env.rank} stops because {culprits} (this rank was still waiting for it "
+          f"{_WATCHDOG_S:g} s later); see that rank's log for the cause, then resume with --resume auto",
+          file=sys.stderr, flush=True)
+    os._exit(2)  # the main thread is stuck in C++: nothing can raise into it
 
 
 def _stop_heartbeat() -> None:

@@ -28,7 +28,8 @@ def rng_state() -> dict[str, Any]:
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # this process's own GPU only: a resume may see another number of GPUs per process
+        "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else [],
     }
 
 
@@ -39,5 +40,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state["cuda"]
+    if torch.cuda.is_available() and len(cuda):
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state
+            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())

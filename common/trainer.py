@@ -174,6 +174,7 @@ class Trainer:
         self._announce()
         self._session_start = time.monotonic()
         self._next_timer = self._session_start + 60.0 * t.checkpoint_every_minutes
+        self._compiling = self.cuda and t.compile  # torch.compile compiles on the first step
         self.log.set_status("running")
         self.log.data.pop("interrupted", None)
         self._write_log()  # jq works on the log from the first step on
@@ -243,8 +244,11 @@ class Trainer:
                 s["loss"] += loss_sum
                 s["correct"] += correct
                 s["tokens"] += tokens
-                s["seconds"] += seconds
-                s["seen"] += t.batch_size * accum * self.windows.context_length
+                if self._compiling:  # this step compiled the model: not training throughput
+                    self._compiling = False
+                else:
+                    s["seconds"] += seconds
+                    s["seen"] += t.batch_size * accum * self.windows.context_length
                 step_tps = t.batch_size * accum * self.windows.context_length * self.world_size / max(seconds, 1e-9)
                 progress.update(self.step_in_epoch, loss_sum / max(tokens, 1), lr, step_tps)
                 if self.global_step % t.log_every_steps == 0:

@@ -1,8 +1,8 @@
 """Shared by test_ddp.py and test_slurm_ddp.py: the tiny DDP run, its one-process reference,
 starting ranks the way torchrun does, and comparing runs.
 
-Run as a script (`python tests/ddp_helpers.py fault RANK STEP -- <marketgpt train args>`), it is
-`marketgpt train` with an error injected on one rank at one step, for the failure tests.
+Run as a script (`python tests/ddp_helpers.py fault RANK STEP [--stuck] -- <marketgpt train args>`),
+it is `marketgpt train` with an error injected on one rank at one step, for the failure tests.
 """
 from __future__ import annotations
 
@@ -144,17 +144,24 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> 
 
 
 def _fault_main(argv: list[str]) -> int:
-    """`marketgpt train` where rank RANK raises a RuntimeError after optimizer step STEP."""
+    """`marketgpt train` where rank RANK raises a RuntimeError after optimizer step STEP. With
+    --stuck, the other ranks then block at that step outside any collective, as a rank waiting
+    on an NCCL kernel does (no error ever reaches it)."""
+    stuck = "--stuck" in argv
+    argv = [a for a in argv if a != "--stuck"]
     rank, step, args = int(argv[0]), int(argv[1]), argv[2:]
     from common import trainer
     from common.cli import main
 
-    if int(os.environ.get("RANK", 0)) == rank:
+    mine = int(os.environ.get("RANK", 0)) == rank
+    if mine or stuck:
         real = trainer.Trainer._step_boundary
 
         def step_boundary(self, *a, **kw):
             if self.global_step == step:
-                raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+                if mine:
+                    raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+                threading.Event().wait()  # forever
             return real(self, *a, **kw)
 
         trainer.Trainer._step_boundary = step_boundary
@@ -162,6 +169,6 @@ def _fault_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    assert sys.argv[1] == "fault", "usage: ddp_helpers.py fault RANK STEP -- ARGS"
+    assert sys.argv[1] == "fault", "usage: ddp_helpers.py fault RANK STEP [--stuck] -- ARGS"
     rest = sys.argv[2:]
     sys.exit(_fault_main([a for a in rest if a != "--"]))

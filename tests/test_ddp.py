@@ -233,6 +233,24 @@ def test_a_rank_that_raises_is_named_by_the_others(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.enable_socket
+def test_a_rank_stuck_outside_collectives_is_stopped_by_the_watchdog_naming_the_rank_that_raised(tmp_path):
+    # what NCCL does to the survivors of a rank that raised: no error reaches them, they wait
+    config = make_case(tmp_path, epochs=100)
+    fault = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", "1", "3", "--stuck", "--",
+             "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"]
+    ranks = start_ranks(2, fault)
+    took, err0 = _bounded_exit(ranks[0], 90)
+    _, err1 = ranks[1].communicate(timeout=60)
+    assert "RuntimeError: injected fault on rank 1 at step 3" in err1 and ranks[1].returncode != 0
+    assert ranks[0].returncode == 2 and took < 60, (took, err0)
+    assert err0.strip().splitlines()[-1] == (
+        "error: rank 0 stops because rank 1 failed with RuntimeError: injected fault on rank 1 at step 3 (this "
+        "rank was still waiting for it 15 s later); see that rank's log for the cause, then resume with "
+        "--resume auto")
+
+
+@pytest.mark.slow
 def test_num_gpus_that_disagrees_with_torchrun_stops_every_rank(tmp_path):
     config = make_case(tmp_path)
     proc = run(_torchrun("--config", config, "--num-gpus", "1"), timeout=120)
