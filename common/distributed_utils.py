@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,7 @@ __all__ = [
     "all_reduce_sum",
     "any_rank",
     "barrier",
+    "before_abort",
     "check_num_gpus",
     "collective_timeout_s",
     "detect_env",
@@ -80,6 +81,7 @@ _ENV: Optional[DistEnv] = None
 _DEVICE = torch.device("cpu")  # where collective helper tensors live (CUDA under NCCL)
 _HEARTBEAT: Optional[tuple[threading.Event, threading.Thread]] = None
 _WAS_DISTRIBUTED = False  # this process joined a process group (see common.cli.entry)
+_BEFORE_ABORT: list[Callable[[], Any]] = []  # what the watchdog finishes before os._exit
 
 
 def was_distributed() -> bool:
@@ -146,7 +148,7 @@ def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
             if raised and raised_since is None:
                 raised_since = time.monotonic()
             if raised_since is not None and time.monotonic() - raised_since >= _WATCHDOG_S and not stop.is_set():
-                _stop_stuck_rank(env, raised)
+                _stop_stuck_rank(env, raised, client)
 
     thread = threading.Thread(target=beat, name="marketgpt-heartbeat", daemon=True)
     thread.start()
@@ -155,6 +157,11 @@ def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
     # heartbeat and destroys the process group before the interpreter tears down: left to the
     # C++ destructors, gloo's and the store's threads abort it ("terminate called ...", 134).
     atexit.register(shutdown)
+
+
+def before_abort(finish: Callable[[], Any]) -> None:
+    """Have the watchdog run `finish` before it ends this process (see _stop_stuck_rank)."""
+    _BEFORE_ABORT.append(finish)
 
 
 def _raised_peers(client: dist.Store, env: DistEnv) -> dict[int, str]:
@@ -169,11 +176,20 @@ def _raised_peers(client: dist.Store, env: DistEnv) -> dict[int, str]:
     return found
 
 
-def _stop_stuck_rank(env: DistEnv, raised: dict[int, str]) -> None:
+def _stop_stuck_rank(env: DistEnv, raised: dict[int, str], client: dist.Store) -> None:
     """A peer raised _WATCHDOG_S ago and this rank is still running: its main thread waits for
     that peer somewhere no error reaches it (NCCL's collectives don't raise in Python when a
     peer leaves; a device sync just waits, up to MARKETGPT_DIST_TIMEOUT). Say why and leave."""
     culprits = "; ".join(f"rank {r} failed with {msg}" for r, msg in sorted(raised.items()))
+    for finish in _BEFORE_ABORT:  # e.g. a checkpoint still being written: don't lose it
+        try:
+            finish()
+        except Exception:
+            pass
+    try:
+        client.set(_key(f"status/{env.rank}", env), "lost a peer")  # rank 0 may wait for this
+    except Exception:
+        pass
     if env.is_main and not env.agent_store:
         time.sleep(_LINGER_S)  # rank 0 serves the store: let the other stuck ranks read it too
     sys.stdout.flush()
@@ -351,6 +367,8 @@ def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
             first = (str(e).splitlines() or [""])[0][:300]
             if _store_alive():
                 _post(f"raised {type(e).__name__}: {first}" if first else f"raised {type(e).__name__}")
+                if _ENV.is_main and not _ENV.agent_store:
+                    _serve_until_read()
             raise
         # srun --kill-on-bad-exit and torchrun SIGTERM the survivors as soon as one rank fails:
         # hold that off for these few seconds, so the reports can be read and the cause printed.
@@ -362,6 +380,17 @@ def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
                 time.sleep(_LINGER_S)  # rank 0 serves the store: let the others finish reading it
         raise RankFailed(f"rank {_ENV.rank} stops because {_culprits(reports, e)}; see that rank's log for "
                          "the cause, then resume with --resume auto") from e
+
+
+def _serve_until_read() -> None:
+    """Rank 0 raised and serves the store: keep it up until every other rank has posted how it
+    ended (they read this rank's error first), or their watchdogs have had time to read it."""
+    deadline = time.monotonic() + _WATCHDOG_S + 3 * _HEARTBEAT_S
+    others = [_key(f"status/{r}") for r in range(1, _ENV.world_size)]
+    with _sigterm_deferred():
+        while time.monotonic() < deadline and not all(_STORE.check([k]) for k in others):
+            time.sleep(0.2)
+        time.sleep(_LINGER_S)  # the last of them may still be reading
 
 
 @contextlib.contextmanager

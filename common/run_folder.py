@@ -10,7 +10,7 @@ Files (written by common.training_run and common.trainer):
                          final evaluation see exactly the data the run started with, even if
                          the candle cache was updated since
     training_log.json    status, best val loss and epoch, one entry per epoch
-    checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt (+ .sha256 sidecars)
+    checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt
     test_results.json, tensorboard/
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ from common.batches import TokenWindows
 from common.checkpoint import (CheckpointWriter, epoch_checkpoint_name, prune_checkpoints, remove_stale_temp_files,
                                step_checkpoint_name, unwrap_model, unwrap_state_dict)
 from common.config import Config, config_to_dict
-from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier
+from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort
 from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.mfu import device_peak_flops, mfu
@@ -115,6 +115,8 @@ class Trainer:
         self._next_timer = math.inf
         self._resumed_at = 0  # global step of the loaded checkpoint
         self._checkpoints = CheckpointWriter()
+        if self.is_main and world_size > 1:
+            before_abort(self._checkpoints.wait)
         if self.is_main:
             for path in remove_stale_temp_files(self.run_dir):
                 print(f"Removed {path.name}, left by a writer that was killed", file=self.out, flush=True)
@@ -180,13 +182,30 @@ class Trainer:
         self._write_log()  # jq works on the log from the first step on
         with self._signal_flags():
             try:
-                return self._loop(stop_after_steps)
-            finally:
-                if self.is_main:
+                status = self._loop(stop_after_steps)
+            except BaseException:
+                self._finish_writing(raise_errors=False)  # the loop's own error is the one to report
+                raise
+            self._finish_writing(raise_errors=True)
+            # no rank exits before the checkpoints are on disk: a launcher that sees one rank
+            # exit (torchrun, srun --kill-on-bad-exit) kills the others, rank 0 with its writes
+            barrier()
+            return status
+
+    def _finish_writing(self, raise_errors: bool) -> None:
+        try:
+            if self.is_main:
+                try:
                     self._checkpoints.wait()  # on disk before anyone reads them, or this process exits
-                if self._writer is not None:
-                    self._writer.close()
-                    self._writer = None
+                except Exception as e:
+                    if raise_errors:
+                        raise
+                    print(f"warning: a checkpoint could not be written ({type(e).__name__}: {e})",
+                          file=sys.stderr, flush=True)
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
 
     def _loop(self, stop_after_steps: Optional[int]) -> str:
         t = self.cfg.training
@@ -302,6 +321,8 @@ class Trainer:
                        timer_due: bool = False) -> Optional[str]:
         """Checkpoints that happen between steps: signals, the timer, a requested stop
         (`sig` and `timer_due` as agreed by all ranks)."""
+        if self.is_main:
+            self._checkpoints.check()  # a checkpoint that failed to publish stops the run now
         name = step_checkpoint_name(self.epoch + 1, self.step_in_epoch)
         if sig in _STOP_SIGNALS:
             self._save(name)
@@ -406,8 +427,8 @@ class Trainer:
         return "interrupted"
 
     def _save(self, name: str) -> None:
-        """Every rank calls this at the same step; rank 0 writes, then all meet at a barrier, so
-        no rank runs ahead of (or exits before) a complete checkpoint."""
+        """Every rank calls this at the same step; rank 0 serializes the state, then all meet at a
+        barrier, so no rank runs ahead of it (train() waits for the file to be on disk)."""
         self._next_timer = time.monotonic() + 60.0 * self.cfg.training.checkpoint_every_minutes
         rngs = all_gather_objects(rng_state()) if self.world_size > 1 else None
         if self.is_main:

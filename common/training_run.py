@@ -9,7 +9,7 @@
               plus the checkpoint; nothing is re-read from the candle cache.
 
 --resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
-checkpoints/, from its newest checkpoint whose sha256 holds (a corrupted one is skipped with
+checkpoints/, from its newest checkpoint whose CRC32s hold (a corrupted one is skipped with
 a warning); with no run, a run that died before its first checkpoint, a newest run that is
 done (finished with test results, or failed) or one another live Slurm job trains, a new run
 starts, so a Slurm script can always pass it. A requeued Slurm job continues its own run

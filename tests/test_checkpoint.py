@@ -1,11 +1,14 @@
-"""Checkpoint files: weights_only loading, sha256 sidecars, corruption fallback, pruning, unwrapping."""
+"""Checkpoint files: weights_only loading, zip CRC checks, corruption fallback, the background
+writer, pruning, unwrapping."""
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import threading
 import time
+import zipfile
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ import torch
 from common import checkpoint as ck
 from common.checkpoint import (CheckpointWriter, CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name,
                                latest_good_checkpoint, load_checkpoint, prune_checkpoints, remove_stale_temp_files,
-                               save_checkpoint, sidecar_path,
+                               save_checkpoint,
                                step_checkpoint_name, unwrap_model, unwrap_state_dict, verify_checkpoint)
 
 
@@ -22,18 +25,18 @@ def _payload(value: float = 1.0) -> dict:
             "rng": [3, [1, 2, 3], None], "best": float("inf"), "name": "x"}
 
 
-def test_roundtrip_with_weights_only_and_a_sha256sum_sidecar(tmp_path):
+def test_roundtrip_with_weights_only_and_zip_crcs(tmp_path):
     path = tmp_path / "checkpoint_epoch_1.pt"
-    digest = save_checkpoint(_payload(), path)
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert sidecar_path(path).read_text() == f"{digest}  checkpoint_epoch_1.pt\n"  # `sha256sum -c` format
+    save_checkpoint(_payload(), path)
+    with zipfile.ZipFile(path) as archive:  # what `unzip -t` checks by hand
+        assert archive.testzip() is None and all(info.CRC for info in archive.infolist())
     assert verify_checkpoint(path) is True
     plain = torch.load(path, weights_only=True)  # any researcher can open it without our code
     loaded = load_checkpoint(path)
     for d in (plain, loaded):
         assert torch.equal(d["model"]["w"], _payload()["model"]["w"])
         assert d["progress"] == {"epoch": 2, "step": 5} and d["best"] == float("inf")
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_epoch_1.pt"]  # no temp file, nothing beside it
 
 
 def test_writer_returns_after_serializing_and_publishes_in_order_in_the_background(tmp_path):
@@ -57,7 +60,7 @@ def test_writer_returns_after_serializing_and_publishes_in_order_in_the_backgrou
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-def test_writer_failures_surface_on_wait_or_at_the_next_save(tmp_path):
+def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
     writer = CheckpointWriter()
     with pytest.raises(Exception):  # a pickling failure happens in save() itself
         writer.save({"lock": threading.Lock()}, tmp_path / "best_model.pt")
@@ -71,17 +74,23 @@ def test_writer_failures_surface_on_wait_or_at_the_next_save(tmp_path):
         writer.wait()
     release = threading.Event()
     writer.save(_payload(), tmp_path / epoch_checkpoint_name(2), then=lambda: (release.wait(), fail()))
+    writer.check()  # still publishing: nothing to report, and check() doesn't wait for it
     release.set()
     while not writer._pending[0].done():
         time.sleep(0.01)
     with pytest.raises(OSError, match="disk went away"):
-        writer.save(_payload(), tmp_path / epoch_checkpoint_name(3))
+        writer.check()
+    writer.save(_payload(), tmp_path / epoch_checkpoint_name(3), then=fail)
+    while not writer._pending[0].done():
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="disk went away"):  # the next save reports it, having saved
+        writer.save(_payload(), tmp_path / epoch_checkpoint_name(4))
     writer.wait()
-    assert [p.name for p in checkpoint_files(tmp_path)] == [epoch_checkpoint_name(n) for n in (1, 2, 3)]
+    assert [p.name for p in checkpoint_files(tmp_path)] == [epoch_checkpoint_name(n) for n in (1, 2, 3, 4)]
 
 
 def test_temp_files_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
-    stale = [".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp", ".checkpoint_epoch_3.pt.sha256.a8b9c0.tmp",
+    stale = [".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp", ".checkpoint_epoch_3.pt.a8b9c0.tmp",
              ".best_model.pt.zz99.tmp"]
     others = [".training_log.json.abc123.tmp", "notes.tmp", "checkpoint_epoch_3.pt", ".checkpoint_epoch_3.pt.tmp"]
     for name in stale + others:
@@ -91,7 +100,7 @@ def test_temp_files_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
     assert remove_stale_temp_files(tmp_path / "missing") == []
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
 def test_corrupted_checkpoint_is_detected_and_auto_falls_back(tmp_path, damage):
     good, bad = tmp_path / epoch_checkpoint_name(1), tmp_path / step_checkpoint_name(2, 3)
     save_checkpoint(_payload(1.0), good)
@@ -99,25 +108,18 @@ def test_corrupted_checkpoint_is_detected_and_auto_falls_back(tmp_path, damage):
     data = bytearray(bad.read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0x01  # one bit in a tensor: torch.load alone doesn't notice
+        assert torch.load(io.BytesIO(bytes(data)), weights_only=True)["name"] == "x"
     else:
-        data[len(data) // 2] ^= 0x01  # one bit: torch.load might not even notice
+        data = bytearray()
     bad.write_bytes(bytes(data))
     assert verify_checkpoint(bad) is False
-    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+    with pytest.raises(CorruptCheckpoint, match="truncated or corrupted"):
         load_checkpoint(bad)
     warnings = []
     assert latest_good_checkpoint(tmp_path, warn=warnings.append) == good
-    assert len(warnings) == 1 and bad.name in warnings[0] and "corrupted" in warnings[0]
-
-
-def test_missing_sidecar_loads_with_a_warning_but_auto_skips_it(tmp_path, capsys):
-    path = tmp_path / epoch_checkpoint_name(1)
-    save_checkpoint(_payload(), path)
-    sidecar_path(path).unlink()
-    assert verify_checkpoint(path) is None
-    assert load_checkpoint(path)["name"] == "x"
-    assert "loading it unchecked" in capsys.readouterr().err
-    assert latest_good_checkpoint(tmp_path, warn=lambda m: None) is None
+    assert len(warnings) == 1 and bad.name in warnings[0] and "truncated or corrupted" in warnings[0]
 
 
 def test_code_in_a_checkpoint_is_refused(tmp_path):
@@ -127,31 +129,20 @@ def test_code_in_a_checkpoint_is_refused(tmp_path):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("crash_at", ["checkpoint rename", "final sidecar"])
-def test_crash_during_replacement_leaves_a_verifiable_file(tmp_path, monkeypatch, crash_at):
+def test_a_crash_before_the_rename_leaves_the_old_file(tmp_path, monkeypatch):
     path = tmp_path / "best_model.pt"
     save_checkpoint(_payload(1.0), path)
-    real_replace, sidecar_writes = os.replace, []
 
-    def crash(src, dst):  # kill -9 at one point of the replacement
-        if os.fspath(dst) == os.fspath(sidecar_path(path)):
-            sidecar_writes.append(dst)
-            if crash_at == "final sidecar" and len(sidecar_writes) == 2:
-                raise KeyboardInterrupt
-        elif crash_at == "checkpoint rename" and os.fspath(dst) == os.fspath(path):
-            raise KeyboardInterrupt
-        return real_replace(src, dst)
+    def crash(src, dst):  # kill -9 just before the rename
+        raise KeyboardInterrupt
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(_payload(2.0), path)
     monkeypatch.undo()
-    assert len(sidecar_path(path).read_text().splitlines()) == 2  # old and new digest both accepted
     assert verify_checkpoint(path) is True
-    expected = 1.0 if crash_at == "checkpoint rename" else 2.0
-    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((64, 64), expected))
-    save_checkpoint(_payload(3.0), path)
-    assert len(sidecar_path(path).read_text().splitlines()) == 1
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((64, 64), 1.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["best_model.pt"]
 
 
 def test_files_are_ordered_by_training_position(tmp_path):
@@ -176,7 +167,6 @@ def test_prune_keeps_the_last_epochs_and_fresh_steps(tmp_path):
     assert left == ["checkpoint_epoch_4.pt", "checkpoint_epoch_5.pt", "checkpoint_epoch_6_step_2.pt",
                     "checkpoint_epoch_6_step_3.pt"]
     assert deleted == set(names) - set(left)
-    assert not any(sidecar_path(tmp_path / n).exists() for n in deleted)
 
 
 def test_unwrap_strips_wrapper_prefixes():

@@ -251,6 +251,20 @@ def test_a_rank_stuck_outside_collectives_is_stopped_by_the_watchdog_naming_the_
 
 
 @pytest.mark.slow
+@pytest.mark.enable_socket
+def test_when_rank_0_raises_it_keeps_the_store_up_until_the_others_have_read_why(tmp_path):
+    config = make_case(tmp_path, epochs=100)
+    fault = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", "0", "3", "--",
+             "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"]
+    ranks = start_ranks(2, fault)
+    took, err1 = _bounded_exit(ranks[1], 90)
+    _, err0 = ranks[0].communicate(timeout=60)
+    assert "RuntimeError: injected fault on rank 0 at step 3" in err0 and ranks[0].returncode != 0
+    assert ranks[1].returncode == 2 and took < 60, (took, err1)
+    assert "rank 1 stops because rank 0 failed with RuntimeError: injected fault on rank 0 at step 3" in err1
+
+
+@pytest.mark.slow
 def test_num_gpus_that_disagrees_with_torchrun_stops_every_rank(tmp_path):
     config = make_case(tmp_path)
     proc = run(_torchrun("--config", config, "--num-gpus", "1"), timeout=120)
