@@ -136,9 +136,11 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
     # What a checkpoint costs training: the save plus whatever the work after it lost, against
     # the same work alone; each side's best round, as other load only ever adds.
     alone = min(save_times["work_alone"])
-    atomic_cost, plain_cost = min(save_times["atomic"]) - alone, min(save_times["plain"]) - alone
+    # never below the save itself: with a small state the work's own noise can exceed the rest
+    atomic_cost = max(min(save_times["atomic"]) - alone, min(parts["atomic_waits"]))
+    plain_cost = max(min(save_times["plain"]) - alone, min(parts["plain_save"]))
     interval_s = 60.0 * trainer.cfg.training.checkpoint_every_minutes
-    worst = max(save_times["atomic"]) - alone
+    worst = max(max(save_times["atomic"]) - alone, max(parts["atomic_waits"]))
     figures = {"parameters": trainer.model.num_parameters(), "file_bytes": size,
                "round_seconds": {**save_times, **parts, **load_times},
                "atomic_cost_s": atomic_cost, "plain_cost_s": plain_cost, "save_ratio": atomic_cost / plain_cost,

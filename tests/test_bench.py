@@ -31,8 +31,8 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
     for key in [("Training throughput, case C", "MarketGPT / reference tokens/s"),
                 ("Hardware utilization, case C", "model FLOP/s / torch.mm peak"),
                 ("Data path", "batch gather / train step tokens/s"),
-                ("Checkpoint save, case C", "atomic / plain torch.save"),
-                ("Timer checkpoint", "save time / interval"),
+                ("Checkpoint save, case C", "atomic / plain torch.save, cost to training"),
+                ("Timer checkpoint", "cost / interval"),
                 ("Tokenizer fit + encode", "seconds"), ("Load + clean + split", "peak RSS")]:
         assert values[key] is not None and values[key] > 0, key
     train = bench["train"]["figures"]["cases"]["C"]
