@@ -95,10 +95,11 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
                    ) -> tuple[Optional[Path], Optional[Path]]:
     """(run folder, checkpoint) to resume from.
 
-    "auto": the run `auto_resume_run` picks and its newest checkpoint whose checksum holds
+    "auto": the run `auto_resume_run` picks and its newest checkpoint that checks out
     (older ones are the fallback, with a warning); (None, None) when there is none to
     continue, (run, None) when it has no usable checkpoint (the caller starts a new run).
-    A path: a run folder (its newest good checkpoint) or one checkpoint file.
+    A path: a run folder (its newest good checkpoint) or one checkpoint file, unless another
+    live Slurm job trains that run.
     """
     if resume == "auto":
         run = auto_resume_run(find_runs(checkpoints, experiment) if checkpoints is not None else [])
@@ -108,6 +109,10 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
     path = Path(resume)
     if not path.exists():
         raise UserError(f"--resume {resume}: no such run folder or checkpoint file")
+    owner = _live_owner(path if path.is_dir() else path.parent)
+    if owner is not None:  # two trainers in one folder would overwrite each other's checkpoints
+        raise UserError(f"--resume {resume}: Slurm job {owner} is still training this run; wait for it to "
+                        f"end or stop it (scancel {owner}: it saves a checkpoint), then resume")
     if path.is_dir():
         ckpt = latest_good_checkpoint(path)
         if ckpt is None:
@@ -128,7 +133,7 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
        results written, or failed) or another job still queued or running trains it: then
        None, and a new run starts.
     """
-    from common.slurm_utils import current_job_id, job_is_alive
+    from common.slurm_utils import current_job_id
 
     logs = {run: _read_log(run) for run in runs}
     me = current_job_id()
@@ -141,10 +146,17 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
     log = logs[newest]
     done = log.get("status") == "failed" or (log.get("status") in ("finished", "early_stopped")
                                               and (newest / "test_results.json").is_file())
-    owner = log.get("slurm_job_id")
-    if done or (owner and owner != me and job_is_alive(owner)):
+    if done or _live_owner(newest, log) is not None:
         return None
     return newest
+
+
+def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:
+    """The id of another Slurm job, still queued or running, that trains this run (else None)."""
+    from common.slurm_utils import current_job_id, job_is_alive
+
+    owner = (log if log is not None else _read_log(run_dir)).get("slurm_job_id")
+    return owner if owner and owner != current_job_id() and job_is_alive(owner) else None
 
 
 def _read_log(run_dir: Path) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from common import slurm_utils
+from common.errors import UserError
 from common.run_folder import auto_resume_run, find_runs, resolve_resume
 
 
@@ -79,3 +80,14 @@ def test_a_run_without_a_log_yet_is_the_newest_unfinished(tmp_path, alive):
     run = _run(tmp_path, "20250102_000000")  # died before its first step: no training_log.json
     assert auto_resume_run([run]) == run
     assert resolve_resume("auto", tmp_path, "exp") == (run, None)  # no checkpoint: a new run starts
+
+
+def test_resume_path_refuses_a_run_another_live_job_trains(tmp_path, alive, monkeypatch):
+    run = _run(tmp_path, "20250102_000000", status="running", slurm_job_id="7")
+    (run / "checkpoint_epoch_1.pt").write_bytes(b"")  # never read: the refusal comes first
+    alive.add("7")
+    for resume in (run, run / "checkpoint_epoch_1.pt"):
+        with pytest.raises(UserError, match="Slurm job 7 is still training this run.*scancel 7"):
+            resolve_resume(str(resume), None, None)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # job 7 itself, requeued with an explicit --resume
+    assert resolve_resume(str(run / "checkpoint_epoch_1.pt"), None, None) == (run, run / "checkpoint_epoch_1.pt")
