@@ -209,6 +209,14 @@ def _stop_heartbeat() -> None:
 def shutdown() -> None:
     global _STORE, _ENV, _HEARTBEAT
     _stop_heartbeat()
+    if _STORE is not None and _ENV is not None:
+        # "finished", unless this rank already posted how it ended: a rank 0 that raised then
+        # need not keep the store up for this one (_serve_until_read)
+        try:
+            if _store_alive() and not _STORE.check([_key(f"status/{_ENV.rank}")]):
+                _post("finished")
+        except Exception:
+            pass
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _STORE = _ENV = _HEARTBEAT = None
