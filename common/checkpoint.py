@@ -21,6 +21,7 @@ File names in a run folder (ordered by position in training):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -91,12 +92,23 @@ def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
 # --------------------------------------------------------------------------- write and read
 
 
+def _zip_crc32_on() -> contextlib.AbstractContextManager:
+    """torch.save's per-record CRC32s are what verify_checkpoint checks: keep them on even if
+    someone switched them off globally (torch.utils.serialization.config)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # an older torch always computes them
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": True})
+
+
 def _serialize(obj: Mapping[str, Any], path: Path) -> Path:
     """torch.save `obj` into a new temp file beside `path`: the only step that must finish
     before the caller may change the tensors again."""
     tmp = temp_path(path)
     try:
-        torch.save(dict(obj), str(tmp))
+        with _zip_crc32_on():
+            torch.save(dict(obj), str(tmp))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

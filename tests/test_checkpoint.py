@@ -39,6 +39,14 @@ def test_roundtrip_with_weights_only_and_zip_crcs(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_epoch_1.pt"]  # no temp file, nothing beside it
 
 
+def test_crcs_are_written_even_when_switched_off_globally(tmp_path):
+    from torch.utils.serialization import config
+
+    with config.patch({"save.compute_crc32": False}):
+        save_checkpoint(_payload(), tmp_path / "best_model.pt")
+    assert verify_checkpoint(tmp_path / "best_model.pt") is True
+
+
 def test_writer_returns_after_serializing_and_publishes_in_order_in_the_background(tmp_path):
     g = torch.Generator().manual_seed(0)
     payload = {"a": torch.randn(700_000, generator=g), "b": torch.randn(3, 1_000_000, generator=g), "name": "big"}
