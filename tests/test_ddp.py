@@ -216,17 +216,25 @@ def test_a_frozen_rank_stops_the_other_after_the_collective_timeout(tmp_path):
         "marketgpt train: error: rank 0 stops because rank 1 stopped without reporting an error"), err
 
 
+def _fault(tmp_path, rank: int, *stuck: str, survivor_s: float) -> tuple[float, str, str]:
+    """Two ranks; `rank` raises after step 3 (the other blocks outside any collective with
+    "--stuck"). Returns the survivor's seconds to exit, its stderr and the faulty rank's."""
+    config = make_case(tmp_path, epochs=100)
+    ranks = start_ranks(2, [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", str(rank), "3", *stuck,
+                            "--", "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"])
+    faulty, survivor = ranks[rank], ranks[1 - rank]
+    took, err = _bounded_exit(survivor, survivor_s)
+    _, faulty_err = faulty.communicate(timeout=60)
+    assert f"RuntimeError: injected fault on rank {rank} at step 3" in faulty_err and faulty.returncode != 0
+    assert survivor.returncode == 2, (took, err)
+    return took, err, faulty_err
+
+
 @pytest.mark.slow
 @pytest.mark.enable_socket
 def test_a_rank_that_raises_is_named_by_the_others(tmp_path):
-    config = make_case(tmp_path, epochs=100)
-    fault = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", "1", "3", "--",
-             "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"]
-    ranks = start_ranks(2, fault)
-    took, err0 = _bounded_exit(ranks[0], 60)
-    _, err1 = ranks[1].communicate(timeout=60)
-    assert "RuntimeError: injected fault on rank 1 at step 3" in err1 and ranks[1].returncode != 0
-    assert ranks[0].returncode == 2 and took < 30
+    took, err0, _ = _fault(tmp_path, 1, survivor_s=60)
+    assert took < 30
     assert err0.strip().splitlines()[-1] == (
         "marketgpt train: error: rank 0 stops because rank 1 failed with RuntimeError: injected fault on rank 1 "
         "at step 3; see that rank's log for the cause, then resume with --resume auto")
@@ -236,14 +244,8 @@ def test_a_rank_that_raises_is_named_by_the_others(tmp_path):
 @pytest.mark.enable_socket
 def test_a_rank_stuck_outside_collectives_is_stopped_by_the_watchdog_naming_the_rank_that_raised(tmp_path):
     # what NCCL does to the survivors of a rank that raised: no error reaches them, they wait
-    config = make_case(tmp_path, epochs=100)
-    fault = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", "1", "3", "--stuck", "--",
-             "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"]
-    ranks = start_ranks(2, fault)
-    took, err0 = _bounded_exit(ranks[0], 90)
-    _, err1 = ranks[1].communicate(timeout=60)
-    assert "RuntimeError: injected fault on rank 1 at step 3" in err1 and ranks[1].returncode != 0
-    assert ranks[0].returncode == 2 and took < 60, (took, err0)
+    took, err0, _ = _fault(tmp_path, 1, "--stuck", survivor_s=90)
+    assert took < 60, (took, err0)
     assert err0.strip().splitlines()[-1] == (
         "error: rank 0 stops because rank 1 failed with RuntimeError: injected fault on rank 1 at step 3 (this "
         "rank was still waiting for it 15 s later); see that rank's log for the cause, then resume with "
@@ -253,14 +255,8 @@ def test_a_rank_stuck_outside_collectives_is_stopped_by_the_watchdog_naming_the_
 @pytest.mark.slow
 @pytest.mark.enable_socket
 def test_when_rank_0_raises_it_keeps_the_store_up_until_the_others_have_read_why(tmp_path):
-    config = make_case(tmp_path, epochs=100)
-    fault = [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", "0", "3", "--",
-             "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"]
-    ranks = start_ranks(2, fault)
-    took, err1 = _bounded_exit(ranks[1], 90)
-    _, err0 = ranks[0].communicate(timeout=60)
-    assert "RuntimeError: injected fault on rank 0 at step 3" in err0 and ranks[0].returncode != 0
-    assert ranks[1].returncode == 2 and took < 60, (took, err1)
+    took, err1, _ = _fault(tmp_path, 0, survivor_s=90)
+    assert took < 60, (took, err1)
     assert "rank 1 stops because rank 0 failed with RuntimeError: injected fault on rank 0 at step 3" in err1
 
 
