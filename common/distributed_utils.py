@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,7 @@ __all__ = [
 _REPORT_WAIT_S = 5.0  # how long a rank that lost a peer waits for the others' error reports
 _LINGER_S = 2.0  # rank 0 keeps serving the store this much longer, for ranks that noticed later
 _HEARTBEAT_S = 1.0  # each rank's sign of life in the store (see _start_heartbeat)
+_RAISED = "raised "  # prefix of a rank's posted status when it failed with an exception
 _WATCHDOG_S = 15.0  # a peer raised this long ago and this rank still runs: it is stuck (NCCL)
 
 
@@ -166,14 +167,7 @@ def before_abort(finish: Callable[[], Any]) -> None:
 
 def _raised_peers(client: dist.Store, env: DistEnv) -> dict[int, str]:
     """rank -> its error, for the other ranks that posted one."""
-    found = {}
-    for r in range(env.world_size):
-        status = _key(f"status/{r}", env)
-        if r != env.rank and client.check([status]):
-            text = client.get(status).decode()
-            if text.startswith("raised "):
-                found[r] = text[len("raised "):]
-    return found
+    return _errors(_statuses(client, env, [r for r in range(env.world_size) if r != env.rank]))
 
 
 def _stop_stuck_rank(env: DistEnv, raised: dict[int, str], client: dist.Store) -> None:
@@ -186,10 +180,7 @@ def _stop_stuck_rank(env: DistEnv, raised: dict[int, str], client: dist.Store) -
             finish()
         except Exception:
             pass
-    try:
-        client.set(_key(f"status/{env.rank}", env), "lost a peer")  # rank 0 may wait for this
-    except Exception:
-        pass
+    _post("lost a peer", client, env)  # rank 0 may wait for this
     if env.is_main and not env.agent_store:
         time.sleep(_LINGER_S)  # rank 0 serves the store: let the other stuck ranks read it too
     sys.stdout.flush()
@@ -306,13 +297,26 @@ def _store_alive() -> bool:
         return False
 
 
-def _post(status: str) -> bool:
-    """Tell the other ranks how this one ended; False if the store is gone."""
+def _post(status: str, store: Optional[dist.Store] = None, env: Optional[DistEnv] = None) -> bool:
+    """Tell the other ranks how this one ended ("raised ...", "lost a peer", "finished");
+    False if the store is gone."""
+    env = env or _ENV
     try:
-        _STORE.set(_key(f"status/{_ENV.rank}"), status)
+        (store or _STORE).set(_key(f"status/{env.rank}", env), status)
         return True
     except Exception:  # the store died with its host: nothing to tell anyone
         return False
+
+
+def _statuses(store: dist.Store, env: DistEnv, ranks: Sequence[int]) -> dict[int, str]:
+    """rank -> how it ended, for those of `ranks` that posted it."""
+    keys = {r: _key(f"status/{r}", env) for r in ranks}
+    return {r: store.get(key).decode() for r, key in keys.items() if store.check([key])}
+
+
+def _errors(statuses: Mapping[int, str]) -> dict[int, str]:
+    """rank -> its error message, for the ranks that raised."""
+    return {r: s[len(_RAISED):] for r, s in statuses.items() if s.startswith(_RAISED)}
 
 
 def _reports(wait_s: float) -> Optional[tuple[dict[int, str], set[int]]]:
@@ -324,8 +328,7 @@ def _reports(wait_s: float) -> Optional[tuple[dict[int, str], set[int]]]:
     try:
         beats = [_STORE.add(_key(f"heartbeat/{r}"), 0) for r in ranks]
         while True:
-            found = {r: _STORE.get(_key(f"status/{r}")).decode() for r in ranks
-                     if _STORE.check([_key(f"status/{r}")])}
+            found = _statuses(_STORE, _ENV, ranks)
             if len(found) == _ENV.world_size or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
@@ -348,7 +351,7 @@ def _culprits(reports: Optional[tuple[dict[int, str], set[int]]], error: BaseExc
         return ("rank 0 is gone, and with it the job's store (rank 0 failed, or stopped after another rank "
                 "failed: its own message names the cause)")
     posted, stalled = reports
-    raised = {r: s[len("raised "):] for r, s in posted.items() if s.startswith("raised ")}
+    raised = _errors(posted)
     parts = [f"rank {r} failed with {msg}" for r, msg in sorted(raised.items())]
     if stalled:
         parts.append(f"{ranks(sorted(stalled))} stopped without reporting an error (killed, out of memory, "
@@ -374,7 +377,7 @@ def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
             _stop_heartbeat()  # this rank's own post below says how it ended
             first = (str(e).splitlines() or [""])[0][:300]
             if _store_alive():
-                _post(f"raised {type(e).__name__}: {first}" if first else f"raised {type(e).__name__}")
+                _post(f"{_RAISED}{type(e).__name__}: {first}" if first else f"{_RAISED}{type(e).__name__}")
                 if _ENV.is_main and not _ENV.agent_store:
                     _serve_until_read()
             raise
@@ -394,9 +397,9 @@ def _serve_until_read() -> None:
     """Rank 0 raised and serves the store: keep it up until every other rank has posted how it
     ended (they read this rank's error first), or their watchdogs have had time to read it."""
     deadline = time.monotonic() + _WATCHDOG_S + 3 * _HEARTBEAT_S
-    others = [_key(f"status/{r}") for r in range(1, _ENV.world_size)]
+    others = range(1, _ENV.world_size)
     with _sigterm_deferred():
-        while time.monotonic() < deadline and not all(_STORE.check([k]) for k in others):
+        while time.monotonic() < deadline and len(_statuses(_STORE, _ENV, others)) < len(others):
             time.sleep(0.2)
         time.sleep(_LINGER_S)  # the last of them may still be reading
 
