@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from common.tokenizer import PAD_TOKEN
+from common.special_tokens import PAD_TOKEN
 
 __all__ = ["BASELINES", "Markov1", "RepeatLast", "Unigram", "fit_baselines"]
 

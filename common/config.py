@@ -21,7 +21,7 @@ from typing import Any, Dict, Literal, Optional, Sequence
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
-from common.tokenizer import NUM_SPECIAL_TOKENS
+from common.special_tokens import NUM_SPECIAL_TOKENS
 
 __all__ = [
     "Config",

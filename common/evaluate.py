@@ -53,7 +53,7 @@ from torch.nn import functional as F
 from common.baselines import BASELINES, Markov1, RepeatLast, Unigram, fit_baselines
 from common.data.universe import CATEGORIES
 from common.errors import UserError
-from common.tokenizer import PAD_TOKEN
+from common.special_tokens import PAD_TOKEN
 
 __all__ = [
     "BASELINES",

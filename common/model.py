@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
 from common.errors import UserError
-from common.tokenizer import BOS_TOKEN, PAD_TOKEN
+from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
 __all__ = ["Dropout", "MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
 

@@ -47,8 +47,9 @@ import pandas as pd
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 
-if TYPE_CHECKING:  # config.py imports this module (NUM_SPECIAL_TOKENS); no import cycle at run time
+if TYPE_CHECKING:
     from common.config import Config
 
 __all__ = [
@@ -63,11 +64,6 @@ __all__ = [
     "token_entropy",
 ]
 
-# Special tokens sit at the bottom of every vocabulary.
-PAD_TOKEN = 0  # padding, never a target
-MISSING_TOKEN = 1  # a candle that is NaN or absent
-BOS_TOKEN = 2  # sequence start: the first candles of a series, before a move can be measured
-NUM_SPECIAL_TOKENS = 3
 
 FORMAT_NAME = "marketgpt.ohlc_tokenizer"
 FORMAT_VERSION = 1

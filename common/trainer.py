@@ -39,7 +39,7 @@ from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.mfu import device_peak_flops, mfu
 from common.rng import rng_state, set_rng_state
-from common.tokenizer import PAD_TOKEN
+from common.special_tokens import PAD_TOKEN
 from common.training_log import Progress, TrainingLog, epoch_summary
 
 __all__ = ["EXIT_REQUEUE", "Trainer", "pick_device"]
