@@ -8,7 +8,9 @@ Sockets are blocked by pytest-socket (setup.cfg).
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import ccxt
@@ -17,10 +19,11 @@ import pandas as pd
 import pytest
 import responses
 
-from common.data.crypto import (BadSymbolError, PAGE_LIMITS, ensure_markets, fetch_ohlcv_history,
-                                make_exchange)
+from common.data.crypto import (BadSymbolError, PAGE_LIMITS, RestrictedLocation, ensure_markets,
+                                fetch_ohlcv_history, inactive_reason, make_exchange, with_quote)
 from common.errors import SourceUnavailable, UserError
 
+BINANCE = Path(__file__).parent / "fixtures" / "binance"  # constructed in the shape of real answers
 HOUR = 3_600_000
 DAY = 24 * HOUR
 T0 = 1_609_459_200_000  # 2021-01-01T00:00:00Z
@@ -398,3 +401,126 @@ def test_unsupported_timeframe_is_a_user_error():
     with pytest.raises(UserError, match="'7m'.*1d"):
         fetch_ohlcv_history(binance(fake), "BTC/USDT", "7m", T0, now_ms=T0 + 5 * DAY)
     assert fake.requests == []
+
+
+# --------------------------------------------------------------------------- real services' refusals
+# Through ccxt's own fetch, status mapping (binance.handle_errors, handle_http_status_code) and
+# market parsing, on answers shaped like the services' (tests/fixtures/binance/README.md).
+
+ANY_BINANCE = re.compile(r"https://[a-z]+\.binance\.com/.*")
+
+
+def binance_answer(name: str) -> dict:
+    return json.loads((BINANCE / name).read_text(encoding="utf-8"))
+
+
+@responses.activate
+def test_binance_451_restricted_location_is_a_user_error_without_retries():
+    responses.add(responses.GET, ANY_BINANCE, status=451, json=binance_answer("restricted_451.json"))
+    sleeps = Sleeps()
+    with pytest.raises(RestrictedLocation) as info:
+        fetch_ohlcv_history(make_exchange("binance"), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=sleeps)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and not isinstance(info.value, SourceUnavailable)
+    assert "HTTP 451" in message and "restricted location" in message
+    assert "data.exchange" in message and "bitstamp" in message and "data.quote_currency" in message
+    assert "\n" not in message
+    assert sleeps == [] and len(responses.calls) == 1  # the market list was asked for once, no retries
+
+
+@responses.activate
+def test_403_that_blocks_the_country_is_a_restricted_location_too():
+    # bybit behind CloudFront: ccxt 4.5 maps this 403 to RateLimitExceeded, a NetworkError.
+    page = ("<HTML><HEAD><TITLE>ERROR: The request could not be satisfied</TITLE></HEAD><BODY><H1>403 ERROR"
+            "</H1>The Amazon CloudFront distribution is configured to block access from your country.</BODY></HTML>")
+    responses.add(responses.GET, re.compile(r"https://api\.bybit\.com/.*"), status=403, body=page)
+    sleeps = Sleeps()
+    with pytest.raises(RestrictedLocation, match=r"bybit.*HTTP 403"):
+        ensure_markets(make_exchange("bybit"), sleep=sleeps)
+    assert sleeps == [] and len(responses.calls) == 1
+
+
+@responses.activate
+def test_plain_403_is_still_retried():
+    responses.add(responses.GET, re.compile(r"https://api\.bybit\.com/.*"), status=403, body="Forbidden")
+    sleeps = Sleeps()
+    with pytest.raises(SourceUnavailable, match="bybit"):
+        ensure_markets(make_exchange("bybit"), max_retries=2, sleep=sleeps)
+    assert sleeps == [1.0, 2.0]
+
+
+@responses.activate
+def test_binance_418_ip_ban_stops_at_once_naming_its_end():
+    responses.add(responses.GET, KLINES, status=418, json=binance_answer("banned_418.json"))
+    sleeps = Sleeps()
+    with pytest.raises(SourceUnavailable, match=r"banned.*until 2025-01-01T01:00:00\+00:00"):
+        fetch_ohlcv_history(binance(), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=sleeps)
+    assert sleeps == [] and len(responses.calls) == 1
+
+
+@responses.activate
+def test_markets_load_spot_only_and_an_inactive_pair_is_named():
+    # Only the spot list is registered: a request for the futures lists (fapi, dapi) would get a
+    # ConnectionError from `responses` and end in SourceUnavailable.
+    responses.add(responses.GET, "https://api.binance.com/api/v3/exchangeInfo",
+                  json=binance_answer("exchange_info.json"))
+    exchange = make_exchange("binance")
+    ensure_markets(exchange, max_retries=0, sleep=Sleeps())
+    assert [urlsplit(c.request.url).path for c in responses.calls] == ["/api/v3/exchangeInfo"]
+    assert {"BTC/USDT", "ETH/USDT", "SOL/USDT", "LUNA/USDT"} == set(exchange.symbols)
+    assert all(m["spot"] for m in exchange.markets.values())
+    assert inactive_reason(exchange, "BTC/USDT") is None
+    reason = inactive_reason(exchange, "LUNA/USDT")
+    assert reason is not None and "BREAK" in reason and "LUNA/USDT" in reason
+
+
+def test_quote_currency_maps_universe_symbols():
+    assert with_quote("BTC/USDT", "USD") == "BTC/USD"
+    assert with_quote("ETH/USDT", "usd") == "ETH/USD"
+    assert with_quote("BTC/USDT", None) == "BTC/USDT"
+
+
+BITSTAMP_MARKETS = [
+    {"name": f"{base}/USD", "market_symbol": f"{base.lower()}usd", "base_currency": base, "base_decimals": 8,
+     "counter_currency": "USD", "counter_decimals": 0, "minimum_order_value": "10", "trading": "Enabled",
+     "instant_order_counter_decimals": 2, "instant_and_market_orders": "Enabled",
+     "description": f"{base} / U.S. dollar", "market_type": "SPOT"} for base in ("BTC", "ETH")
+]
+
+
+class FakeBitstamp:
+    """GET /api/v2/markets/ and /api/v2/ohlc/<pair>/?step&start&end&limit (seconds), oldest first."""
+
+    def __init__(self, step_s: int, now_ms: int) -> None:
+        self.step_s, self.now_ms = step_s, now_ms
+        self.ohlc: list[dict[str, str]] = []
+
+    def __call__(self, request):
+        parts = urlsplit(request.url)
+        if parts.path == "/api/v2/markets/":
+            return 200, {}, json.dumps(BITSTAMP_MARKETS)
+        assert parts.path == "/api/v2/ohlc/btcusd/", parts.path
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        self.ohlc.append(query)
+        assert int(query["step"]) == self.step_s
+        start, end, limit = int(query["start"]), int(query["end"]), int(query["limit"])
+        last_open = (self.now_ms - self.now_ms % (self.step_s * 1000)) // 1000
+        times = [t for t in range(start - start % self.step_s, min(end, last_open) + 1, self.step_s)
+                 if t >= start][:limit]
+        rows = [dict(zip(("open", "high", "low", "close", "volume"), (f"{v:.8f}" for v in candle(t * 1000, self.step_s * 1000))),
+                     timestamp=str(t)) for t in times]
+        return 200, {}, json.dumps({"data": {"pair": "BTC/USD", "ohlc": rows}})
+
+
+@responses.activate
+def test_bitstamp_builds_a_long_history_with_usd_quotes():
+    now = T0 + 2300 * DAY + HOUR
+    fake = FakeBitstamp(86_400, now)
+    responses.add_callback(responses.GET, re.compile(r"https://www\.bitstamp\.net/api/v2/.*"), callback=fake)
+    exchange = make_exchange("bitstamp")
+    got = fetch_ohlcv_history(exchange, with_quote("BTC/USDT", "USD"), "1d", T0, now_ms=now, sleep=Sleeps())
+    assert_same_candles(got, expected_frame(T0, T0 + 2300 * DAY, DAY))
+    assert PAGE_LIMITS["bitstamp"] == 1000
+    assert [int(q["limit"]) for q in fake.ohlc] == [1000, 1000, 1000]
+    assert [int(q["start"]) * 1000 for q in fake.ohlc] == [T0, T0 + 1000 * DAY, T0 + 2000 * DAY]
+    assert inactive_reason(exchange, "BTC/USD") is None

@@ -5,9 +5,21 @@ is built by asking from `since`, continuing from the last timestamp plus one tim
 deduplicating. The newest candle is still forming until its timeframe ends; it is dropped so the
 cache only ever holds final candles.
 
-Failures: the ccxt `NetworkError` family (RateLimitExceeded, DDoSProtection = binance's 429,
-RequestTimeout, ExchangeNotAvailable) is transient and retried with exponential backoff, then
-raised as `SourceUnavailable`. A symbol the exchange does not list is permanent: `BadSymbolError`.
+Failures: the ccxt `NetworkError` family (RateLimitExceeded, DDoSProtection = binance's 429 and
+418, RequestTimeout, ExchangeNotAvailable) is transient and retried with exponential backoff, then
+raised as `SourceUnavailable`. Two answers in that family are not transient and are not retried:
+a refusal by location (HTTP 451, which ccxt 4.5 raises as ExchangeNotAvailable; or a 403 whose
+body says the country or location is blocked, which ccxt raises as ExchangeNotAvailable,
+RateLimitExceeded or PermissionDenied depending on the exchange) is `RestrictedLocation`, a user
+error naming data.exchange and the alternatives; binance's 418 "IP banned until <ms>" is
+`SourceUnavailable` at once, naming the time. A symbol the exchange does not list is permanent:
+`BadSymbolError`. A listed but inactive market (binance status BREAK: halted or being delisted)
+is reported by `inactive_reason`.
+
+Markets: only spot markets are loaded (the `fetchMarkets` types option): futures lists cost
+several MB and their hosts are blocked in more places than the spot API. Exchanges quote in
+different coins (binance BTC/USDT, bitstamp BTC/USD): `with_quote` maps a universe symbol to the
+configured data.quote_currency, so one universe serves several exchanges.
 
 Kraken is refused: its OHLC endpoint ignores `since` and only returns the latest 720 candles, so
 paging would silently produce a short history with a hole at the start.
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 import time
 from typing import Callable, Iterable, Mapping, TypeVar
 
@@ -29,14 +42,18 @@ import pandas as pd
 from common.errors import SourceUnavailable, UserError
 
 __all__ = [
+    "ALTERNATIVES",
     "BadSymbolError",
     "DEFAULT_PAGE_LIMIT",
     "NO_HISTORY_EXCHANGES",
     "PAGE_LIMITS",
     "ensure_markets",
     "fetch_ohlcv_history",
+    "inactive_reason",
     "make_exchange",
     "page_limit",
+    "RestrictedLocation",
+    "with_quote",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +77,14 @@ NO_HISTORY_EXCHANGES: dict[str, str] = {
 }
 
 _SUGGESTED = ("binance", "bybit", "okx", "kucoin", "bitstamp", "coinbase")
+# Exchanges that serve long histories through `since` paging and answer from the US (where
+# binance, bybit and okx refuse), with the quote currency their pairs use. bitstamp is tested
+# end to end (tests/test_crypto.py); its USD pairs go back to 2011 for BTC.
+ALTERNATIVES: dict[str, str] = {"bitstamp": "USD", "coinbase": "USD"}
+_RESTRICTED_WORDS = re.compile(r"restricted location|block(?:ed)? access from your (?:country|region)|"
+                               r"not available (?:in|from) your (?:country|region|location)|"
+                               r"restricted (?:country|region|jurisdiction)", re.IGNORECASE)
+_BANNED_UNTIL = re.compile(r"banned until (\d{12,14})")
 _COLUMNS = ["open", "high", "low", "close", "volume"]
 _MAX_DELAY_S = 60.0
 
@@ -68,6 +93,10 @@ T = TypeVar("T")
 
 class BadSymbolError(UserError):
     """The exchange does not list this symbol (delisted, misspelt, or quoted in another coin)."""
+
+
+class RestrictedLocation(UserError):
+    """The exchange refuses this machine's location (HTTP 451, or a 403 that says so)."""
 
 
 Markets = Iterable[dict] | Mapping[str, dict]
@@ -89,9 +118,28 @@ def make_exchange(name: str = "binance", *, markets: Markets | None = None) -> c
         raise UserError(f"unknown ccxt exchange '{name}'; {hint}"
                         f"common ones with long histories: {', '.join(_SUGGESTED)}")
     exchange: ccxt.Exchange = getattr(ccxt, key)({"enableRateLimit": True})
+    _spot_only(exchange)
     if markets is not None:
         exchange.set_markets(markets)
     return exchange
+
+
+def _spot_only(exchange: ccxt.Exchange) -> None:
+    # binance, bybit, okx, kucoin: fetchMarkets.types lists the market kinds to load (default
+    # spot and futures); older exchanges take the list itself. Others load spot only anyway.
+    option = exchange.options.get("fetchMarkets")
+    if isinstance(option, dict) and "types" in option:
+        exchange.options["fetchMarkets"] = {**option, "types": ["spot"]}
+    elif isinstance(option, list):
+        exchange.options["fetchMarkets"] = ["spot"]
+
+
+def with_quote(symbol: str, quote: str | None) -> str:
+    """The universe symbol BASE/QUOTE with its quote replaced by `quote` (None: unchanged)."""
+    if not quote:
+        return symbol
+    base = symbol.split("/", 1)[0]
+    return f"{base}/{quote.upper()}"
 
 
 def page_limit(exchange: ccxt.Exchange) -> int:
@@ -105,7 +153,10 @@ def _with_retries(call: Callable[[], T], what: str, exchange: ccxt.Exchange, *, 
     for attempt in range(max_retries + 1):
         try:
             return call()
-        except ccxt.NetworkError as e:
+        except (ccxt.NetworkError, ccxt.PermissionDenied) as e:
+            _raise_if_permanent(e, exchange)
+            if isinstance(e, ccxt.PermissionDenied):
+                raise
             if attempt == max_retries:
                 raise SourceUnavailable(
                     f"{exchange.id}: {what} still failing after {max_retries + 1} attempts "
@@ -117,7 +168,36 @@ def _with_retries(call: Callable[[], T], what: str, exchange: ccxt.Exchange, *, 
     raise AssertionError("unreachable")
 
 
-def _short(e: Exception, n: int = 200) -> str:
+def _raise_if_permanent(e: Exception, exchange: ccxt.Exchange) -> None:
+    """Refusals that no retry changes: the location, or an IP ban with an end time."""
+    text = str(e)
+    # ccxt's message: "<id> <method> <url> <status> <reason> <body>" (handle_http_status_code)
+    if re.search(r"(?:^|\s)451(?:\s|$)", text) or (re.search(r"(?:^|\s)403(?:\s|$)", text)
+                                                    and _RESTRICTED_WORDS.search(text)):
+        status = "451" if re.search(r"(?:^|\s)451(?:\s|$)", text) else "403"
+        raise RestrictedLocation(
+            f"{exchange.id} refuses requests from this machine's location (HTTP {status}: "
+            f"{_short(_body(text), 120)}); retrying will not help. Set data.exchange in the case config "
+            f"to an exchange that serves this region and pages back through history: "
+            f"{_alternatives()}") from None
+    banned = _BANNED_UNTIL.search(text)
+    if banned:
+        until = pd.Timestamp(int(banned.group(1)), unit="ms", tz="UTC")
+        raise SourceUnavailable(f"{exchange.id} has banned this IP for too many requests until "
+                                f"{until.isoformat(timespec='seconds')} (HTTP 418); run again after that") from None
+
+
+def _body(text: str) -> str:
+    start = text.find("{")
+    return text[start:] if start >= 0 else text.split(" ", 4)[-1]
+
+
+def _alternatives() -> str:
+    return ", ".join(f"{name} (pairs quoted in {quote}: also set data.quote_currency = \"{quote}\")"
+                     for name, quote in ALTERNATIVES.items())
+
+
+def _short(e: Exception | str, n: int = 200) -> str:
     text = str(e)
     return text if len(text) <= n else text[:n] + "..."
 
@@ -136,6 +216,19 @@ def _bad_symbol(exchange: ccxt.Exchange, symbol: str) -> BadSymbolError:
     hint = f" (close matches: {', '.join(close)})" if close else ""
     return BadSymbolError(f"{exchange.id} does not list symbol '{symbol}'{hint}; fix the symbol in the "
                           "universe file (unified form like BTC/USDT) or remove it")
+
+
+def inactive_reason(exchange: ccxt.Exchange, symbol: str) -> str | None:
+    """Why the exchange lists `symbol` as inactive (its history ends), or None if it trades.
+
+    Needs the markets loaded (`ensure_markets`)."""
+    market = exchange.market(symbol)
+    if market.get("active") is not False:
+        return None
+    info = market.get("info") or {}
+    status = info.get("status") or info.get("trading") or info.get("state") or "inactive"
+    return (f"{exchange.id} lists {symbol} as not trading (status {status}): halted or delisted, "
+            "so its history stops; the candles up to then are kept")
 
 
 def _check_usable(exchange: ccxt.Exchange, timeframe: str) -> None:
