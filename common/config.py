@@ -72,6 +72,13 @@ class TrainingConfig:
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
     grad_accum_steps: int = 1
     compile: bool = False  # torch.compile, CUDA only
+    # "auto": the GPU when the job has one (a job given GPUs that torch cannot use stops with
+    # the cause), else the CPU; "cuda": a GPU or stop; "cpu": the CPU even where GPUs are
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    # "auto": bf16 autocast on GPUs that support it (Ampere+), fp16 + GradScaler on older ones
+    # (V100, T4), fp32 on the CPU; "fp32" uses TF32 matmuls on Ampere+. Weights stay fp32.
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    gradient_checkpointing: bool = False  # recompute each block in backward: less activation memory
     seed: int = 42
     keep_checkpoints: int = 3  # checkpoint_epoch_N.pt files kept
     checkpoint_every_minutes: float = 30.0  # timer checkpoint inside long epochs
@@ -96,6 +103,9 @@ class DataConfig:
     start_date: str = "2005-01-01"
     end_date: Optional[str] = None  # None: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets
+    # quote currency to fetch on that exchange in place of the universe's (BTC/USDT -> BTC/USD on
+    # bitstamp or coinbase); None: the universe symbols as written
+    quote_currency: Optional[str] = None
     cache_dir: str = "data"  # relative to the case folder
     purge_gap: Optional[int] = None  # candles between splits; None: context_length
     window_stride: int = 1  # start-to-start distance of training windows
@@ -354,6 +364,9 @@ def validate(cfg: Config, where: str) -> None:
             raise ConfigError(f"{where}: 'data.{key}' = {value!r} is not a date like 2015-01-31") from None
     need(d.end_date is None or d.end_date > d.start_date, "data.end_date", "must come after data.start_date")
     need(bool(d.universe), "data.universe", "must name the universe file")
+    need(d.quote_currency is None or (d.quote_currency.isalnum() and d.quote_currency.isupper()
+                                      and 2 <= len(d.quote_currency) <= 10),
+         "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")
     for cat, n in d.universe_counts.items():
         need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
 

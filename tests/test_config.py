@@ -34,6 +34,7 @@ BAD = {
     "vocab_too_small": ["'model.vocab_size' (8) is too small", "special tokens"],
     "bad_literal": ["'data.source' = 'yahoo' is not one of 'sample', 'download'"],
     "bad_date": ["'data.start_date' = '2020-13-01' is not a date"],
+    "bad_quote_currency": ["'data.quote_currency' = 'us dollar' is not a currency code like USD"],
     "purge_too_small": ["'data.purge_gap' (10) must be at least model.context_length (128)"],
     "dropout_one": ["'model.dropout' must be in [0, 1)"],
     "null_not_allowed": ["'training.epochs' may not be null"],
