@@ -3,7 +3,8 @@
 `FakeYahoo` plays Yahoo's chart API through the `responses` library: yfinance runs unchanged
 with a plain requests.Session (YF_DISABLE_CURL_CFFI=1, so no libcurl client exists), builds its
 real URLs, and parses chart JSON shaped like Yahoo's (tests/fixtures/yahoo, written by
-make_charts.py there), cut to the requested period1/period2 like the real server does. Sockets
+make_charts.py there; constructed in the shape of real answers, not recorded), cut to the
+requested period1/period2 like the real server does. Sockets
 are blocked by pytest-socket (setup.cfg); `sleep` is injected, so no test waits.
 test_download.py imports FakeYahoo from here.
 """
@@ -29,7 +30,8 @@ import requests
 import responses
 import yfinance as yf
 
-from common.data.yahoo import NO_DATA, YahooResult, download_yahoo
+import common.data.yahoo as yahoo_module
+from common.data.yahoo import NO_DATA, YAHOO_THREADS, YahooResult, download_yahoo, requests_session
 from common.errors import SourceUnavailable, UserError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "yahoo"
@@ -68,14 +70,21 @@ def _cut(chart: dict, lo: int, hi: int) -> dict:
 class FakeYahoo:
     """Yahoo's cookie, crumb and chart endpoints on a `responses` mock.
 
-    `charts` maps ticker -> full chart JSON; unknown tickers get Yahoo's 404 "No data found".
+    `charts` maps ticker -> full chart JSON; unknown tickers get Yahoo's 404 "No data found";
+    `answers` maps ticker -> (HTTP status, fixture file name or chart JSON) for a fixed answer
+    (to range requests only, if the ticker also has a chart for the time-zone probe).
     Set `down` to "429", "401", "timeout", "connection" or "empty" to make every chart request fail
-    that way until it is set back to None (tests flip it from the injected `sleep`).
+    that way until it is set back to None (tests flip it from the injected `sleep`); `down_for`
+    does the same for single tickers. yfinance's fallback look-ups (quoteSummary, v7 quote) get
+    Yahoo's "not found" answers.
     """
 
     def __init__(self, rsps: responses.RequestsMock, charts: dict[str, dict]) -> None:
         self.charts = {k.upper(): v for k, v in charts.items()}
         self.down: str | None = None
+        self.down_for: dict[str, str] = {}
+        self.answers: dict[str, tuple[int, str | dict]] = {}
+        self.headers: list[dict[str, str]] = []  # request headers of each chart request
         self.history: list[tuple[str, dict[str, str]]] = []  # (ticker, query) of range requests
         self.requests: list[str] = []  # every chart request's ticker, time-zone probes included
         rsps.add(responses.GET, re.compile(r"https://fc\.yahoo\.com.*"), status=404)
@@ -83,6 +92,11 @@ class FakeYahoo:
                  body="fake-crumb")
         rsps.add_callback(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v8/finance/chart/.*"),
                           callback=self._chart)
+        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v10/finance/quoteSummary/.*"),
+                 status=404, json={"quoteSummary": {"result": None, "error": {
+                     "code": "Not Found", "description": "Quote not found for symbol"}}})
+        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v7/finance/quote.*"),
+                 json={"quoteResponse": {"result": [], "error": None}})
 
     def history_of(self, ticker: str) -> list[dict[str, str]]:
         return [q for t, q in self.history if t == ticker]
@@ -92,16 +106,22 @@ class FakeYahoo:
         ticker = unquote(url.path.rsplit("/", 1)[1]).upper()
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.requests.append(ticker)
+        self.headers.append(dict(request.headers))
         if "period1" in query:
             self.history.append((ticker, query))
-        if self.down == "429":
+        down = self.down_for.get(ticker, self.down)
+        if ticker in self.answers and ("period1" in query or ticker not in self.charts):
+            status, body = self.answers[ticker]
+            body = load_chart(body) if isinstance(body, str) else body
+            return status, {"Content-Type": "application/json"}, json.dumps(body)
+        if down == "429":
             return 429, {}, "Too Many Requests"
-        if self.down == "401":
+        if down == "401":
             return 401, {"Content-Type": "application/json"}, json.dumps(
                 {"finance": {"result": None, "error": {"code": "Unauthorized", "description": "Invalid Crumb"}}})
-        if self.down == "timeout":
+        if down == "timeout":
             return requests.exceptions.ReadTimeout("Read timed out. (read timeout=20)")
-        if self.down == "connection":
+        if down == "connection":
             return requests.exceptions.ConnectionError("Failed to resolve 'query2.finance.yahoo.com'")
         chart = self.charts.get(ticker)
         if chart is None:
@@ -109,7 +129,7 @@ class FakeYahoo:
         if "range" in query:  # yfinance's time-zone probe (range=1d): the last bar
             last = chart["chart"]["result"][0]["timestamp"][-1]
             body = _cut(chart, last, last + 1)
-        elif self.down == "empty":
+        elif down == "empty":
             body = _cut(chart, 0, 0)
         else:
             body = _cut(chart, int(query["period1"]), int(query["period2"]))
@@ -241,7 +261,8 @@ def test_rate_limit_then_success(yahoo):
     sleeps = Sleeps(recover)
     result = download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
                             retry_delay_s=3.0, sleep=sleeps)
-    assert sleeps == [3.0]
+    # not the 3 s backoff: at least a minute after a 429, plus up to 25% jitter
+    assert len(sleeps) == 1 and 60.0 < sleeps[0] <= 75.0
     assert result.failed == {}
     assert set(result.frames) == {"AAPL", "MSFT"}
     np.testing.assert_allclose(result.frames["AAPL"].to_numpy(), expected_frame("aapl_1d.json", True).to_numpy())
@@ -270,7 +291,10 @@ def test_unreachable_on_every_retry_raises_source_unavailable(yahoo, down, words
                        retry_delay_s=1.0, sleep=sleeps, on_batch=batches.append)
     message = str(info.value)
     assert "Yahoo Finance" in message and words in message
-    assert sleeps == [1.0, 2.0]
+    if down == "429":
+        assert len(sleeps) == 2 and all(60.0 < s <= 75.0 for s in sleeps) and sleeps[0] != sleeps[1]
+    else:
+        assert sleeps == [1.0, 2.0]
     assert batches == []  # nothing handed over to be saved
 
 
@@ -292,3 +316,85 @@ def test_import_touches_no_network_and_does_not_import_yfinance():
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# --------------------------------------------------------------------------- real services' habits
+
+
+def test_ticker_rate_limited_or_timed_out_is_unreachable_not_failed(yahoo):
+    yahoo.down_for = {"MSFT": "timeout", "SPY": "429"}
+    result = download_yahoo(["AAPL", "MSFT", "SPY", "GONE"], "1d", "2024-01-01", "2024-02-01",
+                            session=requests.Session(), max_retries=1, retry_delay_s=1.0, sleep=Sleeps())
+    assert list(result.frames) == ["AAPL"]
+    assert set(result.unreachable) == {"MSFT", "SPY"}
+    assert "ReadTimeout" in result.unreachable["MSFT"] and "429" in result.unreachable["SPY"]
+    assert list(result.failed) == ["GONE"]  # only the ticker Yahoo has no data for
+
+
+def test_yfinance_failing_on_a_200_answer_is_reported_as_that(yahoo):
+    broken = load_chart("aapl_1d.json")
+    broken["chart"]["result"][0]["indicators"]["quote"][0]["close"].pop()  # one close short
+    yahoo.answers["BRKN"] = (200, broken)  # served whole: Yahoo answered, yfinance chokes on it
+    result = download_yahoo(["BRKN", "AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            max_retries=0, sleep=Sleeps())
+    assert list(result.frames) == ["AAPL"]
+    reason = result.failed["BRKN"]
+    assert NO_DATA not in reason
+    assert "yfinance could not read" in reason and "All arrays must be of the same length" in reason
+
+
+def test_yfinance_threads_are_capped(yahoo, monkeypatch):
+    import yfinance.multi
+
+    used: list[int] = []
+    real = yfinance.multi._multitasking.set_max_threads
+
+    def record(n):
+        used.append(n)
+        return real(n)
+
+    monkeypatch.setattr(yfinance.multi._multitasking, "set_max_threads", record)
+    monkeypatch.setattr(yfinance.multi._multitasking, "cpu_count", lambda: 64)  # a big login node
+    tickers = ["AAPL", "MSFT"] + [f"GONE{i}" for i in range(10)]
+    download_yahoo(tickers, "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0,
+                   sleep=Sleeps())
+    assert used == [YAHOO_THREADS] and 4 <= YAHOO_THREADS <= 8
+
+
+def test_requests_session_carries_browser_headers(yahoo):
+    session = requests_session()
+    assert isinstance(session, requests.Session)
+    result = download_yahoo(["AAPL"], "1d", "2024-01-01", "2024-02-01", session=session, sleep=Sleeps())
+    assert set(result.frames) == {"AAPL"}
+    agent = yahoo.headers[-1]["User-Agent"]
+    assert agent.startswith("Mozilla/5.0") and "python-requests" not in agent
+    assert yahoo.headers[-1]["Accept-Language"].startswith("en-US")
+
+
+def test_null_bars_splits_capital_gains_and_a_live_last_bar(yahoo):
+    yahoo.charts["VOD.L"] = load_chart("vod_l_1d.json")
+    yahoo.charts["VFIAX"] = load_chart("fund_1d.json")
+    result = download_yahoo(["VOD.L", "VFIAX"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
+                            sleep=Sleeps())
+    assert result.failed == {} and result.unreachable == {}
+    vod, fund = result.frames["VOD.L"], result.frames["VFIAX"]
+    # The bar whose prices were all null is left out; every other session is there.
+    days = [pd.Timestamp(d, tz="UTC") for d in pd.bdate_range("2024-01-02", "2024-01-31") if d.day != 15]
+    assert list(vod.index) == [d for d in days if d != pd.Timestamp("2024-01-10", tz="UTC")]
+    assert not vod.isna().any().any()
+    # The live bar (stamped mid-session) is labelled with its date, once; events add no columns.
+    assert list(fund.index) == days and list(fund.columns) == ["open", "high", "low", "close", "volume"]
+    raw = load_chart("fund_1d.json")["chart"]["result"][0]
+    assert fund["close"].iloc[-1] == pytest.approx(raw["indicators"]["quote"][0]["close"][-1])
+    # adjusted by Yahoo's adjclose (dividend), not scaled again for the split
+    np.testing.assert_allclose(fund["close"], raw["indicators"]["adjclose"][0]["adjclose"], rtol=1e-9)
+
+
+def test_range_before_listing_400_is_no_data_in_range_not_delisted(yahoo):
+    yahoo.charts["NEWCO"] = load_chart("aapl_1d.json")  # listed now: the time-zone probe works
+    yahoo.answers["NEWCO"] = (400, "start_400.json")
+    result = download_yahoo(["NEWCO"], "1d", "2023-01-01", "2023-02-01", session=requests.Session(),
+                            max_retries=0, sleep=Sleeps())
+    reason = result.failed["NEWCO"]
+    assert "Data doesn't exist for startDate" in reason and "delisted" not in reason
+    assert result.unreachable == {}

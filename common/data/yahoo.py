@@ -3,15 +3,24 @@
 `yf.download` never raises: a delisted or renamed ticker comes back as all-NaN columns, a call
 that failed completely as an empty frame, and rate limits (HTTP 429) or connection errors are
 only logged. So this adapter checks every ticker of every call, retries the missing ones with
-exponential backoff, and then either reports them in `YahooResult.failed` with a reason (never a
-silent hole) or, when a whole batch got nothing because Yahoo could not be reached, raises
-`SourceUnavailable`.
+exponential backoff (at least RATE_LIMIT_DELAY_S, with jitter, after a 429), and then reports
+each ticker still missing, with a reason (never a silent hole): in `YahooResult.unreachable`
+when its last attempt was rate limited, timed out or could not connect (the ticker is fine; a
+rerun fetches it), in `YahooResult.failed` when Yahoo answered without candles (delisted,
+renamed, or yfinance could not read the answer). When a whole batch got nothing because Yahoo
+could not be reached, it raises `SourceUnavailable`.
+
+yfinance runs at most YAHOO_THREADS threads per call (its default, 2 x CPUs, is 50 on a big login
+node, and Yahoo rate-limits such bursts at once).
 
 To tell "Yahoo has no data for X" from "Yahoo could not be reached", the adapter watches the
 HTTP session it hands to yfinance and notes how each chart request (/v8/finance/chart/<TICKER>)
 ended: a connection error, a timeout, HTTP 429 or 5xx count as unreachable; an answer without
-candles (Yahoo's 404 "No data found, symbol may be delisted", or an empty chart) counts as no
-data. yf.download keeps its own reasons to itself (its errors only go to the log).
+candles (Yahoo's 404 "No data found, symbol may be delisted", the 400 "Data doesn't exist for
+startDate", or an empty chart) counts as no data. yf.download keeps its own reasons to itself
+(its errors only go to its log): the adapter captures yfinance's log records during each call and
+puts those that name a ticker into that ticker's reason, so a chart Yahoo sent with HTTP 200 that
+yfinance then failed to read is reported as that, not as "delisted".
 
 Prices are adjusted (auto_adjust=True: open/high/low/close scaled by Adj Close / Close, so
 splits and dividends don't look like price jumps). Yahoo's intraday bars carry no Adj Close;
@@ -25,8 +34,10 @@ available anyway and the cache keeps what earlier downloads fetched, so the hist
 by run. 4h is not a Yahoo interval (ccxt assets have it).
 
 HTTP client: with `session=None` yfinance uses its default client (curl_cffi with browser
-impersonation), which is what production should use. Pass a `requests.Session` to route every
-request through `requests` instead; that is how the tests serve recorded Yahoo answers with the
+impersonation), which is what production should use. `requests_session()` is yfinance's own
+fallback for machines without curl_cffi: plain `requests` with a browser's headers (a bare
+requests.Session is rate-limited by Yahoo at once). Pass a `requests.Session` to route every
+request through `requests`; that is how the tests serve recorded Yahoo answers with the
 `responses` library (curl_cffi goes through libcurl, which neither `responses` nor pytest-socket
 can see). In that case, if yfinance is not imported yet, YF_DISABLE_CURL_CFFI=1 is set first, so
 that yfinance's own fallback client in this process is plain requests too and nothing can slip
@@ -40,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -54,8 +66,8 @@ import pandas as pd
 from common.data.cache import COLUMNS, canonical_frame
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "NO_DATA", "PAUSE_S", "RETRY_DELAY_S",
-           "YahooResult", "download_yahoo"]
+__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "NO_DATA", "PAUSE_S", "RATE_LIMIT_DELAY_S",
+           "RETRY_DELAY_S", "YAHOO_THREADS", "YahooResult", "download_yahoo", "requests_session"]
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +83,15 @@ LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {
 NO_DATA = "no data: delisted or renamed?"
 PAUSE_S = 2.0  # between yf.download calls: Yahoo rate-limits bursts
 RETRY_DELAY_S = 5.0  # first retry; then 2x, 4x, ...
+RATE_LIMIT_DELAY_S = 60.0  # the least wait after a 429; up to 25% jitter on top, so parallel jobs spread out
+YAHOO_THREADS = 6  # threads per yf.download call
 
 
 @dataclass
 class YahooResult:
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)  # symbol -> canonical, adjusted, UTC
-    failed: dict[str, str] = field(default_factory=dict)  # symbol -> reason
+    failed: dict[str, str] = field(default_factory=dict)  # symbol -> reason (no data from Yahoo)
+    unreachable: dict[str, str] = field(default_factory=dict)  # symbol -> reason (rate limit, network)
     clamped_start: pd.Timestamp | None = None  # set when the start was moved to Yahoo's intraday limit
 
 
@@ -87,6 +102,7 @@ class YahooResult:
 class _Problem:
     unreachable: bool  # network or rate limit (worth calling the source down) vs. no data
     reason: str
+    rate_limited: bool = False  # HTTP 429: wait at least RATE_LIMIT_DELAY_S before asking again
 
 
 class _ChartLog:
@@ -131,17 +147,23 @@ class _ChartLog:
         with self._lock:
             self._last[ticker] = outcome
 
-    def problem(self, ticker: str, what: str) -> _Problem:
-        """Why `ticker` came back without candles; `what` describes the request for the message."""
+    def problem(self, ticker: str, what: str, logged: str = "") -> _Problem:
+        """Why `ticker` came back without candles; `what` describes the request for the message,
+        `logged` is what yfinance logged about the ticker during the call."""
         with self._lock:
             seen = ticker in self._last
             last = self._last.get(ticker)
             other = self._other
+        said = f"; yfinance: {logged}" if logged else ""
         if not seen:  # failed before reaching the chart API (cookie/crumb step): no answer at all
-            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else ""))
+            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else "") + said)
+        if last is None and logged:  # Yahoo answered 200 with a chart; yfinance failed on it
+            return _Problem(False, f"Yahoo answered, but yfinance could not read the answer for {what} ({logged})")
         if last is None:  # Yahoo answered with a chart, yet no candles survived for the range
             return _Problem(False, f"{NO_DATA} (Yahoo returned no candles for {what})")
-        return last
+        if last.unreachable or not logged or logged in last.reason:  # nothing new in the log
+            return last
+        return _Problem(False, last.reason + said)
 
 
 def _chart_ticker(url: str) -> str | None:
@@ -154,7 +176,7 @@ def _judge(response: Any) -> _Problem | None:
     """None for an answer with data; otherwise what went wrong."""
     status = int(response.status_code)
     if status == 429:
-        return _Problem(True, "rate limited by Yahoo (HTTP 429 Too Many Requests)")
+        return _Problem(True, "rate limited by Yahoo (HTTP 429 Too Many Requests)", rate_limited=True)
     if status >= 500:
         return _Problem(True, f"Yahoo server error (HTTP {status})")
     description = None
@@ -165,10 +187,38 @@ def _judge(response: Any) -> _Problem | None:
             description = error.get("description") if error else None
     if status in (401, 403):  # e.g. "Invalid Crumb": Yahoo refuses this client, the ticker is fine
         return _Problem(True, f"Yahoo refused the request (HTTP {status}: {description or 'no reason given'})")
+    if description and description.startswith("Data doesn't exist"):
+        # A range with no data at all (e.g. it ends before the listing): the ticker itself is fine.
+        return _Problem(False, f"no data in the requested range (Yahoo: {description})")
     if status >= 400 or description:
         detail = description or f"HTTP {status}"
         return _Problem(False, f"{NO_DATA} (Yahoo: {detail})")
     return None
+
+
+class _LogCapture(logging.Handler):
+    """yfinance's log records during one call, to find what it said about each ticker."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.messages.append(" ".join(record.getMessage().split()))
+
+    def about(self, ticker: str, n: int = 240) -> str:
+        """The distinct messages that name `ticker` ('T' in a list or a quote, or yfinance's $T:)."""
+        marks = (f"'{ticker}'", f"${ticker}:")
+        found: list[str] = []
+        for message in self.messages:
+            if any(m in message for m in marks):
+                text = message.split("]: ", 1)[1] if message.startswith("[") and "]: " in message else message
+                text = text.replace(f"${ticker}: ", "")
+                if text not in found:
+                    found.append(text)
+        joined = "; ".join(found)
+        return joined if len(joined) <= n else joined[:n] + "..."
 
 
 def _short(e: BaseException, n: int = 160) -> str:
@@ -192,6 +242,30 @@ def _import_yfinance(session: Any) -> Any:
     return yfinance
 
 
+def requests_session() -> Any:
+    """A requests.Session with the browser headers of yfinance's own fallback client.
+
+    For machines where curl_cffi can't be used; Yahoo may still rate-limit it sooner than the
+    default client. Sets YF_DISABLE_CURL_CFFI=1 if yfinance is not imported yet, so that every
+    request of this process goes through requests."""
+    import requests
+
+    if "yfinance" not in sys.modules:
+        os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
+    from yfinance import _http
+
+    if not getattr(_http, "HAS_CURL_CFFI", True):
+        return _http.new_session()  # yfinance's fallback: requests with its browser headers
+    session = requests.Session()  # yfinance was imported with curl_cffi: copy the same headers
+    session.headers.update({
+        "User-Agent": getattr(_http, "_FALLBACK_USER_AGENT", "Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
+                              "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36"),
+        "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+        "Accept-Language": "en-US,en;q=0.5",
+    })
+    return session
+
+
 def _new_session() -> Any:
     """yfinance's own default session (curl_cffi when available), so we can watch it."""
     try:
@@ -204,19 +278,24 @@ def _new_session() -> Any:
 
 
 @contextlib.contextmanager
-def _quiet_yfinance() -> Iterator[None]:
+def _quiet_yfinance(capture: _LogCapture) -> Iterator[None]:
     # yfinance logs every failed ticker at ERROR and its pandas calls raise deprecation warnings;
-    # this adapter reports failures itself, with reasons, so keep the console readable.
+    # this adapter reports failures itself, with reasons taken from those records, so they go to
+    # `capture` instead of the console.
     logger = logging.getLogger("yfinance")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logger.addHandler(capture)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             yield
     finally:
+        logger.removeHandler(capture)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _clear_request_cache(yf: Any) -> None:
@@ -251,13 +330,16 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
                    batch_size: int = 50, pause_s: float = PAUSE_S, max_retries: int = 3,
                    retry_delay_s: float = RETRY_DELAY_S, sleep: Callable[[float], None] = time.sleep,
                    timeout_s: float = 20.0, now: pd.Timestamp | None = None,
+                   rate_limit_delay_s: float = RATE_LIMIT_DELAY_S, threads: int = YAHOO_THREADS,
                    on_batch: Callable[[YahooResult], None] | None = None) -> YahooResult:
     """Adjusted candles for `symbols` from `start` (inclusive) to `end` (exclusive; None: now).
 
-    Tickers go to yf.download `batch_size` at a time with `pause_s` between calls. A ticker
-    that comes back empty or all-NaN is asked again after retry_delay_s, 2x, 4x, ... up to
-    `max_retries` times, then lands in `.failed` with the reason. If a whole batch got nothing
-    and every ticker of it failed for network reasons on every attempt, raises SourceUnavailable.
+    Tickers go to yf.download `batch_size` at a time with `pause_s` between calls, on at most
+    `threads` threads. A ticker that comes back empty or all-NaN is asked again after
+    retry_delay_s, 2x, 4x, ... (at least `rate_limit_delay_s` plus jitter after a 429) up to
+    `max_retries` times, then lands in `.unreachable` (rate limit, network) or `.failed` (no
+    data) with the reason. If a whole batch got nothing and every ticker of it failed for
+    network reasons on every attempt, raises SourceUnavailable.
     `on_batch` gets each batch's own result as soon as it is done (to save it before the next
     batch: a download killed later keeps what was fetched).
     """
@@ -293,10 +375,12 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
             sleep(pause_s)  # be polite: Yahoo rate-limits bursts
         part = _download_batch(yf, session, batch, interval, start_ts, end_ts, max_retries=max_retries,
                                retry_delay_s=retry_delay_s, sleep=sleep, timeout_s=timeout_s,
+                               rate_limit_delay_s=rate_limit_delay_s, threads=max(1, threads),
                                label=f"batch {number}/{len(batches)}")
         part.clamped_start = result.clamped_start
         result.frames.update(part.frames)
         result.failed.update(part.failed)
+        result.unreachable.update(part.unreachable)
         if on_batch is not None:
             on_batch(part)
     return result
@@ -304,7 +388,8 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
 
 def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
                     end: pd.Timestamp | None, *, max_retries: int, retry_delay_s: float,
-                    sleep: Callable[[float], None], timeout_s: float, label: str) -> YahooResult:
+                    sleep: Callable[[float], None], timeout_s: float, rate_limit_delay_s: float,
+                    threads: int, label: str) -> YahooResult:
     what = f"{interval} {start.date()} -> {end.date() if end is not None else 'now'}"
     result = YahooResult()
     problems: dict[str, _Problem] = {}
@@ -312,10 +397,13 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
     for attempt in range(max_retries + 1):
         if attempt:
             delay = retry_delay_s * 2 ** (attempt - 1)
+            if any(problems[s].rate_limited for s in pending):
+                # Yahoo's 429 lasts about a minute or more; the jitter spreads parallel jobs apart.
+                delay = max(delay, rate_limit_delay_s) * (1 + 0.25 * random.random())
             log.warning("%s %s: %d of %d tickers came back empty (%s), retry %d/%d in %.0fs", YAHOO, label,
                         len(pending), len(symbols), problems[pending[0]].reason, attempt, max_retries, delay)
             sleep(delay)
-        frames, found = _call_once(yf, session, pending, interval, start, end, timeout_s, what)
+        frames, found = _call_once(yf, session, pending, interval, start, end, timeout_s, what, threads)
         result.frames.update(frames)
         problems.update(found)
         pending = [s for s in pending if s not in frames]
@@ -328,28 +416,30 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
             f"{YAHOO} unreachable: all {len(symbols)} tickers of {label} failed on {max_retries + 1} "
             f"attempts ({'; '.join(reasons[:3])}); check the network or proxy, or wait a few minutes "
             "if rate limited, then run again")
-    result.failed = {s: problems[s].reason for s in pending}
-    for symbol, reason in result.failed.items():
-        log.warning("%s: %s: %s", YAHOO, symbol, reason)
+    result.failed = {s: problems[s].reason for s in pending if not problems[s].unreachable}
+    result.unreachable = {s: problems[s].reason for s in pending if problems[s].unreachable}
+    for symbol in pending:
+        log.warning("%s: %s: %s", YAHOO, symbol, problems[symbol].reason)
     return result
 
 
 def _call_once(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
-               end: pd.Timestamp | None, timeout_s: float,
-               what: str) -> tuple[dict[str, pd.DataFrame], dict[str, _Problem]]:
-    chart_log = _ChartLog()
+               end: pd.Timestamp | None, timeout_s: float, what: str,
+               threads: int) -> tuple[dict[str, pd.DataFrame], dict[str, _Problem]]:
+    chart_log, logged = _ChartLog(), _LogCapture()
     _clear_request_cache(yf)
-    with chart_log.watching(session), _quiet_yfinance():
+    with chart_log.watching(session), _quiet_yfinance(logged):
         data = yf.download(symbols, start=_yf_time(start, interval),
                            end=None if end is None else _yf_time(end, interval), interval=interval,
-                           auto_adjust=True, actions=False, group_by="ticker", threads=True,
+                           auto_adjust=True, actions=False, group_by="ticker",
+                           threads=min(threads, len(symbols)),
                            progress=False, timeout=timeout_s, session=session, multi_level_index=True)
     frames: dict[str, pd.DataFrame] = {}
     problems: dict[str, _Problem] = {}
     for symbol in symbols:
         frame = _ticker_frame(data, symbol.upper())
         if frame is None:
-            problems[symbol] = chart_log.problem(symbol.upper(), what)
+            problems[symbol] = chart_log.problem(symbol.upper(), what, logged.about(symbol.upper()))
         else:
             frames[symbol] = frame
     return frames, problems
