@@ -157,3 +157,32 @@ def test_broken_manifest_is_reported_and_rewritten_on_next_write(tmp_path):
         cache.manifest()
     cache.write("yfinance", "1d", "AAPL", candles("2024-01-01", 3), adjusted=True)
     assert list(cache.manifest()) == ["yfinance/1d/AAPL.parquet"]
+
+
+class NoLocks:
+    """fcntl on a Lustre or NFS mount without lock support: flock raises ENOLCK."""
+    LOCK_EX, LOCK_UN = 2, 8
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def flock(self, f, op) -> None:
+        import errno
+
+        self.calls += 1
+        raise OSError(errno.ENOLCK, "No locks available")
+
+
+def test_filesystem_without_locks_warns_once_and_goes_on(tmp_path, monkeypatch, caplog):
+    fake = NoLocks()
+    monkeypatch.setattr(cache_module, "fcntl", fake)
+    cache = CandleCache(tmp_path / "lustre")
+    cache.write("yfinance", "1d", "AAPL", candles("2024-01-01", 5), adjusted=True)
+    cache.append("yfinance", "1d", "AAPL", candles("2024-01-06", 3), adjusted=True)
+    cache.write("ccxt", "1d", "BTC/USDT", candles("2024-01-01", 4), adjusted=False)
+    assert fake.calls == 3  # every manifest update tried the lock
+    warnings = [r for r in caplog.records if "does not support file locks" in r.getMessage()]
+    assert len(warnings) == 1 and "No locks available" in warnings[0].getMessage()
+    manifest = cache.manifest()
+    assert manifest["yfinance/1d/AAPL.parquet"]["rows"] == 8
+    assert manifest["ccxt/1d/BTC%2FUSDT.parquet"]["rows"] == 4

@@ -9,12 +9,15 @@ low, close, volume), zstd-compressed. Every write goes through a temp file and a
 (common.atomic), so a download killed halfway leaves each file either as it was or complete, and
 a rerun resumes from what is there. The parquet files are the truth; the manifest is a summary
 for people and `jq` (first/last timestamp, rows, fetch time, adjusted prices or not), updated
-right after each file.
+right after each file, under an advisory lock (fcntl.flock). Lustre and NFS mounts without lock
+support raise OSError on flock: the cache then warns once and goes on unlocked, which is safe as
+long as one download at a time writes into a cache (the data files are atomic either way).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +40,9 @@ __all__ = ["COLUMNS", "CandleCache", "canonical_frame", "merge_candles"]
 
 COLUMNS = ["open", "high", "low", "close", "volume"]
 MANIFEST = "manifest.json"
+
+log = logging.getLogger(__name__)
+_unlocked_warned: set[str] = set()  # cache roots already warned about, so the warning comes once
 
 
 def canonical_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -171,7 +177,17 @@ class CandleCache:
             yield
             return
         with open(self.root / ".manifest.lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except OSError as e:  # Lustre/NFS without lock support: ENOLCK, EOPNOTSUPP, ENOSYS
+                key = str(self.root)
+                if key not in _unlocked_warned:
+                    _unlocked_warned.add(key)
+                    log.warning("%s: this filesystem does not support file locks (%s); going on "
+                                "without the manifest lock: run one download into this cache at a time",
+                                self.root, e.strerror or e)
+                yield
+                return
             try:
                 yield
             finally:
