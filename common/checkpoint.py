@@ -33,9 +33,6 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from common.atomic import replace_with, temp_path
-# The plain model under MultiGPUWrapper / DDP / DataParallel / torch.compile, which checkpoints
-# store: one implementation, in distributed_utils where the wrappers live.
-from common.distributed_utils import unwrap as unwrap_model
 from common.errors import UserError
 
 __all__ = [
@@ -50,7 +47,6 @@ __all__ = [
     "remove_stale_temp_files",
     "save_checkpoint",
     "step_checkpoint_name",
-    "unwrap_model",
     "unwrap_state_dict",
     "verify_checkpoint",
 ]

@@ -40,8 +40,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from common.evaluate import evaluate_run_dir
-    from common.training_run import summarize_results
+    from common.evaluate import evaluate_run_dir, summarize_results
 
     results = evaluate_run_dir(args.run_dir)
     print(summarize_results(args.run_dir, results))

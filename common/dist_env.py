@@ -16,7 +16,8 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["DistEnv", "TIMEOUT_ENV", "check_num_gpus", "collective_timeout_s", "detect_env", "rank_device"]
+__all__ = ["DistEnv", "TIMEOUT_ENV", "check_num_gpus", "collective_timeout_s", "detect_env", "rank_device",
+           "slurm_job_id"]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
 _DEFAULT_TIMEOUT_S = 600.0
@@ -59,6 +60,12 @@ def _first_slurm_host(nodelist: str) -> str:
     # Without scontrol: a plain name, or the prefix and first number of the first range.
     m = re.match(r"([^,\[]+)(?:\[(\w+))?", nodelist)
     return m.group(1) + (m.group(2) or "") if m else nodelist
+
+
+def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This process's Slurm job id (the per-task id in a job array), or None outside Slurm: the
+    one reader of SLURM_JOB_ID."""
+    return (os.environ if environ is None else environ).get("SLURM_JOB_ID") or None
 
 
 def _port_for_job(job_id: str) -> int:
@@ -111,7 +118,7 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
                        # an exported MASTER_ADDR / MASTER_PORT wins (two jobs pinned to one port)
                        master_addr=env.get("MASTER_ADDR") or _first_slurm_host(
                            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
-                       master_port=int(env.get("MASTER_PORT") or _port_for_job(env.get("SLURM_JOB_ID", "0"))),
+                       master_port=int(env.get("MASTER_PORT") or _port_for_job(slurm_job_id(env) or "0")),
                        launcher="submitit" if env.get("SUBMITIT_EXECUTOR") == "slurm" else "slurm",
                        gpus_on_node=gpus)
     return DistEnv(gpus_on_node=gpus)

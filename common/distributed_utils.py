@@ -39,26 +39,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# Re-exported: the launcher facts belong to the DDP plumbing's public face.
-from common.dist_env import DistEnv, TIMEOUT_ENV, check_num_gpus, collective_timeout_s, detect_env, rank_device
+from common.dist_env import DistEnv, check_num_gpus, collective_timeout_s, detect_env, rank_device
 from common.errors import UserError
 
 __all__ = [
-    "DistEnv",
     "MultiGPUWrapper",
     "RankFailed",
-    "TIMEOUT_ENV",
     "all_gather_objects",
     "all_reduce_sum",
     "any_rank",
     "barrier",
     "before_abort",
-    "check_num_gpus",
-    "collective_timeout_s",
-    "detect_env",
     "failures_reported",
     "init_distributed",
-    "rank_device",
     "share_from_main",
     "shutdown",
     "unwrap",

@@ -1,8 +1,8 @@
 """Test-split evaluation: the model's metrics next to naive baselines on the same targets.
 
-Called at the end of training by common.training_run.evaluate_best (with the best model), and
-again later by `marketgpt evaluate RUN_DIR` (`evaluate_run_dir`, which goes through the same
-evaluate_best):
+`evaluate_best` scores a run folder's best model and writes report.png and test_results.json:
+at the end of training (common.training_run), and again later by `marketgpt evaluate RUN_DIR`
+(`evaluate_run_dir`). Its core:
 
     test, train_tokens = eval_inputs(token_set.tokens, token_set.moves, token_set.ranges)
     results = evaluate_run(model, tokenizer, test, train_tokens, asset_ids, categories,
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -50,23 +51,24 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from common.baselines import BASELINES, Markov1, RepeatLast, Unigram, fit_baselines
+from common.atomic import atomic_write_json, read_json
+from common.baselines import BASELINES, fit_baselines
+from common.checkpoint import load_checkpoint
+from common.config import Config, load_config
 from common.data.universe import CATEGORIES
 from common.errors import UserError
+from common.run_folder import TokenSet
 from common.special_tokens import PAD_TOKEN
 
 __all__ = [
-    "BASELINES",
-    "Markov1",
-    "RepeatLast",
     "Scores",
     "SplitTokens",
-    "Unigram",
     "eval_inputs",
+    "evaluate_best",
     "evaluate_run",
     "evaluate_run_dir",
-    "fit_baselines",
     "score_log_probs",
+    "summarize_results",
     "wilson_interval",
 ]
 
@@ -357,25 +359,49 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     }
 
 
-# --------------------------------------------------------------------------- a finished run folder
+# --------------------------------------------------------------------------- a run folder
 
 
 _RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "tokens.npz", "best_model.pt")
 
 
-def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
-    """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder.
+def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device,
+                  status: Optional[str] = None) -> dict:
+    """The run's best_model.pt on the test split next to the baselines; writes report.png, then
+    test_results.json (so a run with test_results.json has had its report drawn) and returns
+    the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
+    status: the training status the report shows, when the log does not say it yet."""
+    from common.model import MarketGPT
 
-    Uses the run's own config.json, tokenizer.json, asset_info.json, tokens.npz and
-    best_model.pt, through the path training takes at its end (training_run.evaluate_best,
-    which writes both files).
-    """
-    from common.atomic import read_json
-    from common.config import load_config
-    from common.run_folder import TokenSet
+    ai, tokenizer = info["asset_info"], info["tokenizer"]
+    best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"]).to(device)
+    model.load_state_dict(best["model"])
+    test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges)
+    test = {s: t for s, t in test.items() if len(t.tokens)}  # an asset without test candles is left out
+    categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
+    results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,
+                           cfg.training.batch_size, device, cfg.training.eval_max_batches,
+                           category_ids=ai["categories"])
+    results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"]}
+    try:
+        from common.report import write_report
+
+        log = read_json(run_dir / "training_log.json")
+        write_report(run_dir, {**log, "status": status or log.get("status")}, results)
+    except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
+        print(f"warning: report.png not written ({type(e).__name__}: {e})", file=sys.stderr)
+        results["report_error"] = f"{type(e).__name__}: {e}"  # so --resume auto doesn't redraw it forever
+    atomic_write_json(run_dir / "test_results.json", results)
+    return results
+
+
+def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
+    """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
+    from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
+    through evaluate_best, the path training takes at its end."""
     from common.tokenizer import OHLCTokenizer
     from common.trainer import pick_device
-    from common.training_run import evaluate_best
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -398,3 +424,29 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     except OSError as e:
         raise UserError(f"cannot write test_results.json in {run_dir} ({e.strerror or e}); "
                         "copy the run folder somewhere writable and evaluate the copy") from None
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def summarize_results(run_dir: Path, r: dict) -> str:
+    """A few lines for the end of a job: where the run is, and the test metrics vs baselines."""
+    lines = [f"Run folder: {run_dir}",
+             f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
+             f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
+             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"]
+    for name, b in r.get("baselines", {}).items():
+        lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
+                     f"top-5 {_pct(b['top5_accuracy'])}")
+    d = r.get("directional", {})
+    if d.get("model"):
+        m, up = d["model"], d.get("always_up", {})
+        lines.append(f"Directional accuracy: model {_pct(m['accuracy'])} "
+                     f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
+                     f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves")
+    return "\n".join(lines)

@@ -11,13 +11,16 @@ Files (written by common.training_run and common.trainer):
                          the candle cache was updated since
     training_log.json    status, best val loss and epoch, one entry per epoch
     checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt
-    test_results.json, tensorboard/
+    report.png, test_results.json   the final outputs, written in that order before the
+                         log's status says "finished" / "early_stopped"
+    tensorboard/
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from common.atomic import atomic_path
 from common.batches import SPLITS
 from common.checkpoint import checkpoint_position, latest_good_checkpoint
 from common.config import Config, config_to_dict
+from common.dist_env import slurm_job_id
 from common.errors import UserError
 
 __all__ = [
@@ -39,16 +43,22 @@ __all__ = [
     "check_writable",
     "config_differences",
     "find_runs",
+    "has_final_outputs",
     "new_run_dir",
     "resolve_resume",
+    "reuse_unstarted_run",
 ]
 
 # Keys a resumed run may change (with --set): they don't touch the model, the data, the
 # optimizer or the batch order. Everything else must equal the run's config.json.
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
-                      "training.peak_flops", "slurm.")
+                      "training.peak_flops", "training.device", "training.gradient_checkpointing", "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
+# What a run writes before its first checkpoint (common.training_run, the trainer's first log
+# write): a folder holding nothing else was killed before it trained anything worth keeping.
+_SET_UP_FILES = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
+                 "training_log.json", "tensorboard")
 
 
 def check_writable(folder: Path) -> None:
@@ -129,14 +139,14 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
 
     1. inside a Slurm job, the run this job already trains (its id is in training_log.json):
        a requeued job continues its own run even if another job started a newer one;
-    2. else the newest run, unless it is done (finished or early-stopped with its test
-       results written, or failed) or another job still queued or running trains it: then
-       None, and a new run starts.
+    2. else the newest run, unless it is done (finished or early-stopped with its final
+       outputs written, or failed) or another job still queued or running trains it: then
+       None, and a new run starts. A run that trained to the end but lacks a final output
+       is continued: its last checkpoint has nothing left to train, so only the outputs are
+       computed.
     """
-    from common.slurm_utils import current_job_id
-
     logs = {run: _read_log(run) for run in runs}
-    me = current_job_id()
+    me = slurm_job_id()
     mine = [run for run in runs if me and logs[run].get("slurm_job_id") == me]
     if mine:
         return mine[-1]
@@ -145,7 +155,7 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
     newest = runs[-1]
     log = logs[newest]
     done = log.get("status") == "failed" or (log.get("status") in ("finished", "early_stopped")
-                                              and (newest / "test_results.json").is_file())
+                                              and has_final_outputs(newest))
     if done or _live_owner(newest, log) is not None:
         return None
     return newest
@@ -153,10 +163,39 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
 
 def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:
     """The id of another Slurm job, still queued or running, that trains this run (else None)."""
-    from common.slurm_utils import current_job_id, job_is_alive
+    from common.slurm_utils import job_is_alive
 
     owner = (log if log is not None else _read_log(run_dir)).get("slurm_job_id")
-    return owner if owner and owner != current_job_id() and job_is_alive(owner) else None
+    return owner if owner and owner != slurm_job_id() and job_is_alive(owner) else None
+
+
+def has_final_outputs(run_dir: Path) -> bool:
+    """Whether the run's report.png and test_results.json are written (test_results.json comes
+    last, and records a report that could not be drawn, so it is not retried forever)."""
+    try:
+        results = json.loads((run_dir / "test_results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (run_dir / "report.png").is_file() or (isinstance(results, dict) and "report_error" in results)
+
+
+def reuse_unstarted_run(run_dir: Path) -> bool:
+    """Empty a run folder that was killed before its first checkpoint, so a new run starts in it
+    instead of beside it; False (and untouched) if it holds anything more: a checkpoint, even a
+    damaged one, an output, a file someone put there."""
+    entries = list(run_dir.iterdir())
+    if any(p.name not in _SET_UP_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+           for p in entries):
+        return False
+    try:
+        for p in entries:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    except OSError as e:
+        raise UserError(f"cannot clear {run_dir} to reuse it ({e.strerror or e}); remove it by hand") from None
+    return True
 
 
 def _read_log(run_dir: Path) -> dict:

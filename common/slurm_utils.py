@@ -22,7 +22,6 @@ from common.errors import UserError
 __all__ = [
     "ACTIVE_STATES",
     "MAX_REQUEUES",
-    "current_job_id",
     "job_info",
     "job_is_alive",
     "job_metadata",
@@ -63,16 +62,13 @@ def _run(cmd: list[str], check: bool = True) -> Optional[str]:
     return proc.stdout
 
 
-def current_job_id() -> Optional[str]:
-    """This process's Slurm job id (the per-task id for array jobs), or None outside Slurm."""
-    return os.environ.get("SLURM_JOB_ID") or None
-
-
 def job_metadata() -> dict[str, str]:
     """What a run records about the job training it (empty outside Slurm)."""
+    from common.dist_env import slurm_job_id  # here: `marketgpt status` needs no torch
+
     meta = {}
-    if current_job_id():
-        meta["slurm_job_id"] = current_job_id()
+    if slurm_job_id():
+        meta["slurm_job_id"] = slurm_job_id()
     if os.environ.get("MARKETGPT_LOG_FILE"):  # set by the sbatch scripts and `marketgpt submit`
         meta["log_file"] = os.environ["MARKETGPT_LOG_FILE"]
     return meta

@@ -72,12 +72,17 @@ class TrainJob(submitit.helpers.Checkpointable):
         return ["train", "--config", self.config, "--num-gpus", str(self.num_gpus), "--resume", self.resume, *sets]
 
     def __call__(self) -> int:
-        from common.cli import main
+        from common.dist_env import slurm_job_id
+        from common.training_run import run_training
 
         env = submitit.JobEnvironment()
         os.environ["MARKETGPT_LOG_FILE"] = str(env.paths.stdout)  # recorded in training_log.json
-        code = main(self.argv())
-        if code == EXIT_REQUEUE and still_running(env.cluster, os.environ.get("SLURM_JOB_ID")):
+        try:
+            code = run_training(Path(self.config), self.overrides, self.resume, num_gpus=self.num_gpus)
+        except UserError as e:  # as `marketgpt train` reports it: one line, exit 2
+            print(f"marketgpt train: error: {e}", file=sys.stderr, flush=True)
+            code = 2
+        if code == EXIT_REQUEUE and still_running(env.cluster, slurm_job_id()):
             # The trainer caught USR2 (its handler stood in for submitit's while it trained),
             # saved and stopped. Hand the signal to submitit now: on rank 0 it calls
             # checkpoint() and requeues the job; on the other ranks it does nothing.

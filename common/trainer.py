@@ -25,16 +25,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
 
 from common.batches import TokenWindows
 from common.checkpoint import (CheckpointWriter, epoch_checkpoint_name, prune_checkpoints, remove_stale_temp_files,
-                               step_checkpoint_name, unwrap_model, unwrap_state_dict)
+                               step_checkpoint_name, unwrap_state_dict)
 from common.config import Config, config_to_dict
-from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort
+from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort, unwrap
 from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.mfu import device_peak_flops, mfu
@@ -74,7 +74,7 @@ class Trainer:
         self.is_main = rank == 0
         self.cuda = self.device.type == "cuda"
 
-        self.model = unwrap_model(model).to(self.device)
+        self.model = unwrap(model).to(self.device)
         self.train_model = model.to(self.device)  # what forward runs through (DDP / compiled)
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -95,6 +95,7 @@ class Trainer:
                             f"(training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
                             f"{world_size} processes); lower them or use more data")
         self.total_steps = t.epochs * self.steps_per_epoch
+        self._lr_restart: Optional[tuple[int, float]] = None  # (step, lr) where a changed length took over
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
 
         # progress: `epoch` counts finished epochs; the one in progress is epoch + 1 (1-based)
@@ -128,8 +129,8 @@ class Trainer:
         return {
             "model": unwrap_state_dict(self.model.state_dict()),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"global_step": self.global_step, "total_steps": self.total_steps},
-            "scaler": None,  # bf16 autocast needs no grad scaler
+            "lr_schedule": {"total_steps": self.total_steps,
+                            "restart": list(self._lr_restart) if self._lr_restart else None},
             "progress": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                          "global_step": self.global_step, "steps_per_epoch": self.steps_per_epoch,
                          "world_size": self.world_size, "elapsed_s": self.elapsed_before + self._session_seconds()},
@@ -154,6 +155,7 @@ class Trainer:
         self.sums = dict(state["epoch_sums"])
         es = state["early_stopping"]
         self.best_val_loss, self.best_epoch, self.bad_epochs = es["best_val_loss"], es["best_epoch"], es["bad_epochs"]
+        self._continue_lr_schedule(state)
         # each rank continues its own random streams (dropout) when the checkpoint has them
         per_rank = state.get("rng_per_rank") or []
         set_rng_state(per_rank[self.rank] if self.rank < len(per_rank) else state["rng"])
@@ -166,12 +168,37 @@ class Trainer:
         self._resumed_at = self.global_step
         self._session_start = time.monotonic()
 
+    def _continue_lr_schedule(self, state: dict[str, Any]) -> None:
+        """Keep the learning rate continuous when the run's length changed (training.epochs set
+        anew on resume): from here on it decays from the rate of the last step to the floor over
+        the new remaining steps, instead of jumping onto the cosine of the new length."""
+        t = self.cfg.training
+        saved = state.get("lr_schedule") or {}
+        restart = saved.get("restart")
+        self._lr_restart = (int(restart[0]), float(restart[1])) if restart else None
+        saved_total = saved.get("total_steps", (state.get("scheduler") or {}).get("total_steps", self.total_steps))
+        if saved_total != self.total_steps and self.global_step > 0 and self.global_step >= t.warmup_steps:
+            last = lr_at(self.global_step - 1, t.learning_rate, t.warmup_steps, saved_total, t.min_lr_ratio,
+                         self._lr_restart)
+            self._lr_restart = (self.global_step, last)
+
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0-based) in this run."""
+        t = self.cfg.training
+        return lr_at(step, t.learning_rate, t.warmup_steps, self.total_steps, t.min_lr_ratio, self._lr_restart)
+
     # ------------------------------------------------------------------ the loop
 
-    def train(self, stop_after_steps: Optional[int] = None) -> str:
+    def train(self, stop_after_steps: Optional[int] = None,
+              final_outputs: Optional[Callable[[str], None]] = None) -> str:
         """Train to the end; returns "finished", "early_stopped", "failed", "interrupted"
         (checkpoint saved on SIGTERM/SIGUSR2) or "stopped" (checkpoint saved at
-        `stop_after_steps` global steps, for tests and short slices of a run)."""
+        `stop_after_steps` global steps, for tests and short slices of a run).
+
+        When training ends ("finished"/"early_stopped"), rank 0 calls `final_outputs(status)`
+        (test results, report) once every checkpoint is on disk, and only then writes that
+        status into training_log.json: a run whose log says it is done has all of its outputs.
+        A run resumed with nothing left to train goes straight there."""
         t = self.cfg.training
         self._announce()
         self._session_start = time.monotonic()
@@ -190,6 +217,11 @@ class Trainer:
             # no rank exits before the checkpoints are on disk: a launcher that sees one rank
             # exit (torchrun, srun --kill-on-bad-exit) kills the others, rank 0 with its writes
             barrier()
+            if status in ("finished", "early_stopped"):
+                if final_outputs is not None and self.is_main:
+                    final_outputs(status)
+                self.log.set_status(status)
+                self._write_log()
             return status
 
     def _finish_writing(self, raise_errors: bool) -> None:
@@ -221,10 +253,8 @@ class Trainer:
             if sig in _STOP_SIGNALS:  # the epoch checkpoint was just written
                 return self._interrupt(sig, epoch_checkpoint_name(self.epoch))
             # SIGUSR1: the epoch checkpoint was just written
-        status = "early_stopped" if self._patience_exhausted() and self.epoch < t.epochs else "finished"
-        self.log.set_status(status)
-        self._write_log()
-        return status
+        # the status goes into the log in train(), after the final outputs
+        return "early_stopped" if self._patience_exhausted() and self.epoch < t.epochs else "finished"
 
     def _train_epoch(self, stop_after_steps: Optional[int]) -> Optional[str]:
         """Run the rest of the epoch in progress; returns a status if training must stop."""
@@ -239,7 +269,7 @@ class Trainer:
         try:
             while self.step_in_epoch < self.steps_per_epoch:
                 tic = time.monotonic()
-                lr = lr_at(self.global_step, t.learning_rate, t.warmup_steps, self.total_steps, t.min_lr_ratio)
+                lr = self.lr(self.global_step)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 sums, sig, timer_due = self._agree(self._accumulate_gradients(batches, accum))

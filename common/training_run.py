@@ -43,17 +43,18 @@ from common.atomic import atomic_write_json, read_json
 from common.batches import TokenWindows, build_windows
 from common.checkpoint import load_checkpoint
 from common.config import Config, ConfigError, load_config, save_config
-from common.distributed_utils import (DistEnv, MultiGPUWrapper, check_num_gpus, detect_env, failures_reported,
-                                      init_distributed, share_from_main, shutdown)
+from common.dist_env import DistEnv, check_num_gpus, detect_env
+from common.distributed_utils import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
 from common.errors import UserError
+from common.evaluate import evaluate_best, summarize_results
 from common.paths import case_dir_of_config
 from common.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
-                               resolve_resume)
+                               resolve_resume, reuse_unstarted_run)
 from common.rng import seed_everything
 from common.slurm_utils import job_metadata
 from common.trainer import EXIT_REQUEUE, Trainer
 
-__all__ = ["TrainingFailed", "run_training", "evaluate_best", "summarize_results"]
+__all__ = ["TrainingFailed", "run_training"]
 
 
 class TrainingFailed(UserError):
@@ -95,9 +96,7 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
     if resume is not None:
         checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
         run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
-        if run_dir is not None and ckpt is None:
-            print(f"Nothing to resume in {run_dir} (no complete checkpoint yet): starting a new run", file=out)
-        elif run_dir is None:
+        if run_dir is None:
             print(f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
                   "or trained by another job): starting a new run", file=out)
 
@@ -115,7 +114,13 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
         check_writable(case_dir_of_config(config) / "checkpoints")
         tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config))
         windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
-        run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
+        if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
+            print(f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run "
+                  "again in it", file=out)
+        else:
+            if run_dir is not None:
+                print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
+            run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
         _write_run_files(run_dir, cfg, tokens, info, data_info)
         state = None
         print(f"Run folder: {run_dir}", file=out)
@@ -165,6 +170,8 @@ def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
 
 def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
     try:
+        # first the job that owns the folder, so --resume auto elsewhere leaves it alone while it is set up
+        atomic_write_json(run_dir / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
         save_config(cfg, run_dir / "config.json")
         info["tokenizer"].save(run_dir / "tokenizer.json")
         atomic_write_json(run_dir / "asset_info.json", info["asset_info"])
@@ -244,8 +251,14 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
             raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
         trainer.log.data.setdefault("resumes", []).append(now)
     trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
+
+    def final_outputs(status: str) -> None:
+        # rank 0 alone scores the best model on the test split, before the log says the run is done
+        results = evaluate_best(cfg, run_dir, tokens, info, device, status=status)
+        print(summarize_results(run_dir, results), file=out, flush=True)
+
     try:
-        status = trainer.train(stop_after_steps=stop_after_steps)
+        status = trainer.train(stop_after_steps=stop_after_steps, final_outputs=final_outputs)
     except OSError as e:
         raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
 
@@ -253,65 +266,5 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
         raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / 'training_log.json'})")
     if status == "interrupted":
         return EXIT_REQUEUE
-    if status == "stopped" or not env.is_main:
-        return 0  # rank 0 alone scores the best model on the test split; the others are done
-    results = evaluate_best(cfg, run_dir, tokens, info, device)
-    print(summarize_results(run_dir, results), file=out, flush=True)
     return 0
 
-
-def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device) -> dict:
-    """The best model on the test split next to the baselines; writes test_results.json
-    and report.png."""
-    from common.evaluate import SplitTokens, evaluate_run
-    from common.model import MarketGPT
-
-    ai, tokenizer = info["asset_info"], info["tokenizer"]
-    best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
-    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"]).to(device)
-    model.load_state_dict(best["model"])
-    test, train = {}, {}
-    for s in tokens.symbols:
-        (train_begin, train_end), (test_begin, test_end) = tokens.ranges[s]["train"], tokens.ranges[s]["test"]
-        train[s] = tokens.tokens[s][train_begin:train_end]
-        if test_end > test_begin:
-            test[s] = SplitTokens(tokens.tokens[s][test_begin:test_end], tokens.moves[s][test_begin:test_end])
-    categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
-    results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,
-                           cfg.training.batch_size, device, cfg.training.eval_max_batches,
-                           category_ids=ai["categories"])
-    results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"]}
-    atomic_write_json(run_dir / "test_results.json", results)
-    try:
-        from common.report import write_report
-
-        write_report(run_dir, read_json(run_dir / "training_log.json"), results)
-    except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
-        print(f"warning: report.png not written ({type(e).__name__}: {e})", file=sys.stderr)
-    return results
-
-
-def _pct(v: Any) -> str:
-    return "n/a" if v is None else f"{100 * v:.1f}%"
-
-
-def _num(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
-
-
-def summarize_results(run_dir: Path, r: dict) -> str:
-    """A few lines for the end of a job: where the run is, and the test metrics vs baselines."""
-    lines = [f"Run folder: {run_dir}",
-             f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
-             f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
-             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"]
-    for name, b in r.get("baselines", {}).items():
-        lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
-                     f"top-5 {_pct(b['top5_accuracy'])}")
-    d = r.get("directional", {})
-    if d.get("model"):
-        m, up = d["model"], d.get("always_up", {})
-        lines.append(f"Directional accuracy: model {_pct(m['accuracy'])} "
-                     f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
-                     f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves")
-    return "\n".join(lines)

@@ -9,15 +9,17 @@ import pytest
 
 from common import slurm_utils
 from common.errors import UserError
-from common.run_folder import auto_resume_run, find_runs, resolve_resume
+from common.run_folder import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
 
 
 def _run(root: Path, stamp: str, test_results: bool = False, **log) -> Path:
+    """A run folder; test_results=True: with its final outputs (report.png, test_results.json)."""
     path = root / f"exp_{stamp}"
     path.mkdir(parents=True)
     if log:
         (path / "training_log.json").write_text(json.dumps(log))
     if test_results:
+        (path / "report.png").write_bytes(b"\x89PNG")
         (path / "test_results.json").write_text("{}")
     return path
 
@@ -56,6 +58,34 @@ def test_a_done_newest_run_starts_a_new_one(tmp_path, alive, log, test_results):
 def test_a_run_killed_before_its_test_evaluation_is_continued(tmp_path, alive):
     run = _run(tmp_path, "20250102_000000", status="finished")  # no test_results.json yet
     assert auto_resume_run([run]) == run
+
+
+def test_a_run_missing_any_final_output_is_continued(tmp_path, alive):
+    run = _run(tmp_path, "20250102_000000", status="early_stopped", test_results=True)
+    (run / "report.png").unlink()  # killed while drawing it (by an older version that wrote it last)
+    assert auto_resume_run([run]) == run
+    (run / "test_results.json").write_text(json.dumps({"report_error": "ImportError: no matplotlib"}))
+    assert auto_resume_run([run]) is None  # a report that cannot be drawn is not retried forever
+
+
+def test_a_folder_killed_before_its_first_checkpoint_is_reused(tmp_path, alive):
+    run = _run(tmp_path, "20250102_000000", status="running")
+    for name in ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
+                 ".tokens.npz.a1b2.tmp"):
+        (run / name).write_text("x")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out").write_text("x")
+    assert resolve_resume("auto", tmp_path, "exp") == (run, None)
+    assert reuse_unstarted_run(run) and list(run.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["checkpoint_epoch_1_step_3.pt", "best_model.pt", "notes.txt"])
+def test_a_folder_holding_more_than_its_set_up_is_not_reused(tmp_path, alive, name):
+    run = _run(tmp_path, "20250102_000000", status="running")
+    (run / "config.json").write_text("x")
+    (run / name).write_text("damaged, or someone else's")
+    assert not reuse_unstarted_run(run)
+    assert sorted(p.name for p in run.iterdir()) == sorted({"config.json", "training_log.json", name})
 
 
 def test_a_run_another_live_job_trains_is_left_alone(tmp_path, alive, monkeypatch):

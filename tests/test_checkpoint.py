@@ -17,7 +17,8 @@ from common import checkpoint as ck
 from common.checkpoint import (CheckpointWriter, CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name,
                                latest_good_checkpoint, load_checkpoint, prune_checkpoints, remove_stale_temp_files,
                                save_checkpoint,
-                               step_checkpoint_name, unwrap_model, unwrap_state_dict, verify_checkpoint)
+                               step_checkpoint_name, unwrap_state_dict, verify_checkpoint)
+from common.distributed_utils import unwrap
 
 
 def _payload(value: float = 1.0) -> dict:
@@ -180,7 +181,7 @@ def test_prune_keeps_the_last_epochs_and_fresh_steps(tmp_path):
 def test_unwrap_strips_wrapper_prefixes():
     model = torch.nn.Linear(3, 2)
     wrapped = torch.nn.DataParallel(model)
-    assert unwrap_model(wrapped) is model
+    assert unwrap(wrapped) is model
     assert set(wrapped.state_dict()) == {"module.weight", "module.bias"}
     assert set(unwrap_state_dict(wrapped.state_dict())) == {"weight", "bias"}
     assert set(unwrap_state_dict({"module._orig_mod.blocks.0.w": 1, "_orig_mod.x": 2})) == {"blocks.0.w", "x"}
@@ -190,5 +191,5 @@ def test_unwrap_strips_wrapper_prefixes():
             super().__init__()
             self._orig_mod = inner
 
-    assert unwrap_model(torch.nn.DataParallel(Compiled(model))) is model
+    assert unwrap(torch.nn.DataParallel(Compiled(model))) is model
     assert ck.__all__ and "save_checkpoint" in ck.__all__

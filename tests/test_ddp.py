@@ -12,11 +12,10 @@ import time
 import pytest
 import torch
 
-from common.checkpoint import checkpoint_files, load_checkpoint, unwrap_model
+from common.checkpoint import checkpoint_files, load_checkpoint
 from common.cli import main
-from common.dist_env import _first_slurm_host, _tasks_per_node
-from common.distributed_utils import (DistEnv, MultiGPUWrapper, check_num_gpus,
-                                      collective_timeout_s, detect_env, unwrap)
+from common.dist_env import DistEnv, _first_slurm_host, _tasks_per_node, check_num_gpus, collective_timeout_s, detect_env
+from common.distributed_utils import MultiGPUWrapper, unwrap
 from common.errors import UserError
 from ddp_helpers import (GLOBAL_BATCH, REPO, STEPS, assert_same_run, final_weights, logged_epochs, make_case,
                          max_weight_difference, reference, run, run_dirs, start_ranks, train_command, wait_for_line)
@@ -89,7 +88,7 @@ def test_in_one_process_the_wrapper_is_a_pass_through_that_checkpoints_unwrap():
     model = torch.nn.Linear(3, 2)
     wrapped = MultiGPUWrapper(model, num_gpus=1, env=DistEnv())
     assert wrapped.module is model and unwrap(wrapped) is model and wrapped.model is model
-    assert unwrap_model(wrapped) is model
+    assert unwrap(wrapped) is model
     with wrapped.no_sync():
         wrapped(torch.ones(1, 3)).sum().backward()
     assert model.weight.grad is not None

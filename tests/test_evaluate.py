@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from common import evaluate as ev
+from common.baselines import fit_baselines
 from common.config import ModelConfig
-from common.evaluate import SplitTokens, eval_inputs, evaluate_run, fit_baselines, wilson_interval
+from common.evaluate import SplitTokens, eval_inputs, evaluate_run, wilson_interval
 from common.model import MarketGPT
 from common.report import write_report
 from common.tokenizer import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN, OHLCTokenizer

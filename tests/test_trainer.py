@@ -19,7 +19,7 @@ from common.config import Config, ModelConfig
 from common.model import MarketGPT
 from common.lr_schedule import lr_at
 from common.rng import seed_everything
-from common.trainer import EXIT_REQUEUE, Trainer
+from common.trainer import Trainer
 
 torch.set_num_threads(1)
 # urllib3 (imported by tensorboard) probes for IPv6 by creating a socket at import: no traffic
@@ -97,6 +97,66 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lr_at(0, 2.0, 0, 10, 0.0) == pytest.approx(2.0)
 
 
+def _applied_lrs(trainer: Trainer) -> list[float]:
+    """The learning rate of every optimizer step the trainer takes from now on."""
+    seen: list[float] = []
+    real_step = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    return seen
+
+
+@pytest.mark.parametrize("stop_at", [None, 9], ids=["finished", "mid-run"])
+def test_extending_a_run_keeps_the_learning_rate_continuous(tmp_path, stop_at):
+    first = _trainer(tmp_path, epochs=2, min_lr_ratio=0.1)  # 12 steps, warmup 3
+    before = _applied_lrs(first)
+    assert first.train(stop_after_steps=stop_at) == ("stopped" if stop_at else "finished")
+    extended = _resume(tmp_path, epochs=4, min_lr_ratio=0.1)  # 24 steps now: the cosine must not jump up
+    after = _applied_lrs(extended)
+    assert extended.train() == "finished"
+    done = len(before)
+    assert after[0] == pytest.approx(before[-1], rel=1e-12)  # right after == right before
+    assert all(a >= b for a, b in zip(after, after[1:]))  # then only down...
+    assert after[-1] == pytest.approx(extended.lr(23)) and extended.lr(24) == pytest.approx(3e-3 * 0.1)
+    assert len(after) == 24 - done
+    # ...and a later resume of the extended run keeps the same schedule
+    again = _resume(tmp_path, epochs=4, min_lr_ratio=0.1)
+    assert [again.lr(s) for s in range(done, 24)] == after
+
+
+def test_final_outputs_are_written_before_the_log_says_finished(tmp_path):
+    tr = _trainer(tmp_path, epochs=1)
+    seen = []
+
+    def final_outputs(status):
+        seen.append((status, json.loads((tmp_path / "training_log.json").read_text())["status"],
+                     (tmp_path / "best_model.pt").is_file(), [p.name for p in checkpoint_files(tmp_path)]))
+
+    assert tr.train(final_outputs=final_outputs) == "finished"
+    assert seen == [("finished", "running", True, ["checkpoint_epoch_1.pt"])]
+    assert json.loads((tmp_path / "training_log.json").read_text())["status"] == "finished"
+    # resumed with nothing left to train, it only writes the final outputs again
+    again = _resume(tmp_path, epochs=1)
+    steps = _applied_lrs(again)
+    assert again.train(final_outputs=final_outputs) == "finished" and steps == [] and len(seen) == 2
+
+
+def test_nan_validation_loss_fails_the_run_and_is_never_saved_as_best(tmp_path):
+    tr = _trainer(tmp_path, epochs=3)
+    val = iter([3.0, float("nan")])
+    tr.evaluate = lambda split, max_batches=None: (next(val), 0.5)
+    assert tr.train(final_outputs=lambda status: pytest.fail("a failed run has no final outputs")) == "failed"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "failed" and "non-finite validation loss" in log["error"] and "epoch 2" in log["error"]
+    assert [e["epoch"] for e in log["epochs"]] == [1] and (log["best_epoch"], log["best_val_loss"]) == (1, 3.0)
+    assert load_checkpoint(tmp_path / "best_model.pt")["epoch"] == 1
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["checkpoint_epoch_1.pt"]
+
+
 def test_training_learns_and_reports_in_the_seed_format(tmp_path):
     out = io.StringIO()
     tr = _trainer(tmp_path, out=out, epochs=4, max_steps_per_epoch=10, learning_rate=1e-2)
@@ -166,7 +226,6 @@ def test_stop_signal_saves_at_the_step_boundary_and_stops_then_resumes_exactly(t
     assert [p.name for p in checkpoint_files(tmp_path)][-1] == "checkpoint_epoch_2_step_2.pt"
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["status"] == "running" and signal.Signals(sig).name in log["interrupted"]
-    assert EXIT_REQUEUE == 75
     second = _resume(tmp_path)
     assert second.train() == "finished"
     assert all(torch.equal(second.model.state_dict()[k], w) for k, w in straight[0].items())
@@ -243,8 +302,9 @@ def test_state_dict_holds_everything_a_resume_needs(tmp_path):
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["status"] == "running" and log["epochs"] == [] and log["best_val_loss"] is None
     state = load_checkpoint(latest_good_checkpoint(tmp_path))
-    assert {"model", "optimizer", "scheduler", "scaler", "progress", "epoch_sums", "early_stopping", "rng",
+    assert {"model", "optimizer", "lr_schedule", "progress", "epoch_sums", "early_stopping", "rng",
             "log", "config"} <= set(state)
+    assert state["lr_schedule"] == {"total_steps": 18, "restart": None}
     assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
     assert state["config"]["model"]["d_model"] == 32
