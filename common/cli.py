@@ -48,6 +48,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_forecast(args: argparse.Namespace) -> int:
+    from common.forecast_output import run_forecast_command
+
+    return run_forecast_command(args)
+
+
 def _cmd_data_download(args: argparse.Namespace) -> int:
     from common.config import load_config
     from common.data.download import download_case
@@ -107,6 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="recompute a run's test_results.json and report.png from its best model")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder, case_X/checkpoints/<experiment>_<time>")
     p.set_defaults(handler=_cmd_evaluate)
+
+    p = sub.add_parser("forecast", help="sampled price paths of a trained run: quantiles, P(up), fan charts "
+                       "(docs/forecasting.md)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--symbols", default=None, help="comma-separated assets of the run, e.g. BTC/USDT,ETH/USDT")
+    which.add_argument("--all", action="store_true", help="every asset of the run (the default)")
+    p.add_argument("--horizon", type=int, default=24, help="candles ahead (default 24)")
+    p.add_argument("--samples", type=int, default=256, help="sampled paths per asset (default 256)")
+    p.add_argument("--as-of", default=None, metavar="TIME", help="forecast from the candles up to this UTC time "
+                   "(default: each asset's last candle in the run's data source)")
+    p.add_argument("--temperature", type=float, default=1.0, help="1 = the model's own distribution (default)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens (narrows the bands)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (narrows the bands)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/forecasts/<as-of>/)")
+    p.add_argument("--save-paths", action="store_true", help="also write the sampled paths (paths.npz)")
+    p.set_defaults(handler=_cmd_forecast)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
                        "before the time limit), as a job array with --array, or run it here with --local")

@@ -1,7 +1,8 @@
 """MarketGPT: a decoder-only transformer over candle tokens, conditioned on the asset.
 
-One file, read top to bottom: rotary helpers, dropout, attention, MLP, block, the model,
-then `describe_model` for `marketgpt model-info`. No training or distributed code lives here.
+One file, read top to bottom: rotary helpers, the key/value cache sampling uses, dropout,
+attention, MLP, block, the model, then `describe_model` for `marketgpt model-info`. No training
+or distributed code lives here.
 
 Dropout (model.dropout) acts on the embeddings and on each residual branch's output, not on
 the attention probabilities: that keeps attention on SDPA's fused kernels on every device (the
@@ -26,7 +27,7 @@ from common.config import Config, ModelConfig
 from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
-__all__ = ["Dropout", "MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
+__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
 
 # Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
 # a real observation (a gap in the data) and stays samplable.
@@ -49,6 +50,53 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# --------------------------------------------------------------------------- key/value cache
+
+
+class LayerKV:
+    """One layer's cached keys and values, (B, nh, capacity, hs) each, filled up to `length`.
+
+    Sampling prefills a context once, then feeds one token per step: each step's attention
+    reads the keys and values of the earlier tokens from here instead of recomputing them.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0) -> None:
+        self.k, self.v, self.length = k, v, length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, nh, T, hs) new keys and values; return all of them so far."""
+        end = self.length + k.size(2)
+        if self.length and k.size(2) != 1:
+            raise ValueError("a filled cache takes one token per step (prefill an empty cache instead)")
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache holds {self.k.size(2)} positions; {end} requested")
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """Every layer's LayerKV for a batch of B sequences; `MarketGPT.new_cache` makes one."""
+
+    def __init__(self, layers: list[LayerKV]) -> None:
+        self.layers = layers
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far: the position the next token takes."""
+        return self.layers[0].length
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].k.size(0)
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """A new cache of the given batch rows (repeats allowed): one prefilled context, many samples."""
+        return KVCache([LayerKV(layer.k.index_select(0, rows), layer.v.index_select(0, rows), layer.length)
+                        for layer in self.layers])
 
 
 # --------------------------------------------------------------------------- layers
@@ -95,17 +143,22 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
+                kv: Optional["LayerKV"] = None) -> torch.Tensor:
         B, T, C = x.shape
+        start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         q = q.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
         v = v.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
         if rope is not None:
-            cos, sin = rope
-            q, k = apply_rotary(q, cos[:T], sin[:T]), apply_rotary(k, cos[:T], sin[:T])
-        # fused kernels (flash on CUDA and CPU); the causal mask is never materialized
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+            cos, sin = rope[0][start:start + T], rope[1][start:start + T]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv is not None:
+            k, v = kv.append(k, v)  # (B, nh, start + T, hs): every key so far
+        # fused kernels (flash on CUDA and CPU); the causal mask is never materialized. A one-token
+        # decode step sees every cached key, so it needs no mask (is_causal would align it top-left).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.proj(y))
 
@@ -131,8 +184,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope)
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
+                kv: Optional["LayerKV"] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -213,30 +267,43 @@ class MarketGPT(nn.Module):
         n = self.num_parameters(non_embedding=True) + self.wte.weight.numel()  # body + tied head
         return 6 * n + 12 * self.config.num_layers * T * self.config.d_model
 
+    def new_cache(self, batch_size: int, device: Optional[torch.device] = None,
+                  dtype: Optional[torch.dtype] = None) -> KVCache:
+        """An empty KV cache for batch_size sequences of up to context_length tokens."""
+        c = self.config
+        ref = self.lm_head.weight
+        shape = (batch_size, c.num_heads, c.context_length, c.d_model // c.num_heads)
+        return KVCache([LayerKV(ref.new_empty(shape, device=device, dtype=dtype),
+                                ref.new_empty(shape, device=device, dtype=dtype)) for _ in self.blocks])
+
     def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                targets: Optional[torch.Tensor] = None, last_only: bool = False
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                targets: Optional[torch.Tensor] = None, last_only: bool = False,
+                cache: Optional[KVCache] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
 
         Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
         cross-entropy over targets that are not PAD_TOKEN (None without targets).
+        With a cache (inference only), idx continues the cached tokens: a whole context into an
+        empty cache (prefill), then one token per call at position cache.length.
         """
         B, T = idx.shape
-        if T > self.config.context_length:
-            raise ValueError(f"sequence length {T} exceeds model.context_length {self.config.context_length}; "
-                             "crop the input to the last context_length tokens")
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.context_length:
+            raise ValueError(f"sequence length {start + T} exceeds model.context_length "
+                             f"{self.config.context_length}; crop the input to the last context_length tokens")
         if asset_ids.shape != (B,) or category_ids.shape != (B,):
             raise ValueError(f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
                              f"must both have shape ({B},), one id per sequence")
 
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
         x = self.drop(x + self.cond_proj(cond).unsqueeze(1))  # (B, 1, C) broadcast over T
         rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
-        for block in self.blocks:
-            x = block(x, rope)
+        layer_kvs = cache.layers if cache is not None else [None] * len(self.blocks)
+        for block, kv in zip(self.blocks, layer_kvs):
+            x = block(x, rope, kv)
         x = self.ln_f(x)
 
         if last_only:

@@ -31,8 +31,9 @@ Special tokens:
   - PAD is never emitted here; batching code uses it.
 
 Tokens are int16 when the vocabulary fits (vocab_size <= 32768, all the cases), else int32.
-Everything is vectorised numpy per asset, except `decode_path`, which is sequential by nature
-(each step's sigma depends on the previous steps' moves) and runs on short generated sequences.
+Everything is vectorised numpy per asset. `decode_path` / `decode_ohlc` are sequential over
+steps by nature (each step's sigma depends on the previous steps' moves) and vectorised over
+paths: thousands of sampled paths decode in one loop over the horizon.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ SIGMA_FLOOR = 1e-8
 _PRICE_COLUMNS = ("open", "high", "low", "close")
 
 CandleInput = Union[pd.DataFrame, np.ndarray, Mapping[str, Any]]
+ArrayOrFloat = Union[float, np.ndarray]  # one value for every path, or one per path
 
 
 class VolState(NamedTuple):
@@ -349,32 +351,65 @@ class OHLCTokenizer:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {t.min()}..{t.max()}")
         return self._move_table[t], self._shape_table[t]
 
-    def decode_path(self, tokens: np.ndarray, last_close: float, sigma: float,
-                    ewma_weight: Optional[float] = None) -> np.ndarray:
-        """Close prices of a (sampled) token sequence, continuing from `last_close` with `sigma`.
+    def decode_path(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+                    ewma_weight: Optional[ArrayOrFloat] = None) -> np.ndarray:
+        """Close prices of (sampled) token sequences, continuing from `last_close` with `sigma`.
 
+        tokens: (H,) for one path or (P, H) for P paths; last_close, sigma, ewma_weight: one
+        number for all paths or (P,), one per path. Returns closes shaped like tokens.
         Each move token multiplies the close by exp(move_z * sigma), then updates sigma with the
         same EWMA as `encode`. Pass `vol_state(history)` for an exact continuation; without
         `ewma_weight` the EWMA is taken as converged (weight 1/alpha). Special and unused tokens
         give NaN (no candle) and leave the close and sigma unchanged, like MISSING in `encode`.
         """
-        move_z, _ = self.decode(np.asarray(tokens).ravel())
-        if not (last_close > 0 and math.isfinite(last_close)):
+        log_close, _, _ = self._walk(tokens, last_close, sigma, ewma_weight)
+        return np.exp(log_close)
+
+    def decode_ohlc(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+                    ewma_weight: Optional[ArrayOrFloat] = None) -> dict[str, np.ndarray]:
+        """open, high, low, close of (sampled) token sequences, as `decode_path` takes them.
+
+        A token holds the move and the range log(high / low), not where the open sits, so:
+        open = the previous close; the body spans open..close; the range (at least the body)
+        puts what it has beyond the body half above max(open, close) and half below min.
+        """
+        log_close, prev, sig = self._walk(tokens, last_close, sigma, ewma_weight)
+        _, shape_z = self.decode(np.asarray(tokens))
+        body = np.abs(log_close - prev)
+        wick = 0.5 * np.maximum(shape_z * sig - body, 0.0)  # NaN where there is no candle
+        return {"open": np.exp(prev), "high": np.exp(np.maximum(prev, log_close) + wick),
+                "low": np.exp(np.minimum(prev, log_close) - wick), "close": np.exp(log_close)}
+
+    def _walk(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+              ewma_weight: Optional[ArrayOrFloat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log close, log close before the step, sigma used) per step, NaN where a step has no
+        candle: the EWMA recursion runs over steps, vectorized over paths."""
+        t = np.asarray(tokens)
+        if t.ndim not in (1, 2):
+            raise ValueError(f"tokens must be (H,) or (paths, H), got shape {t.shape}")
+        move_z, _ = self.decode(t)
+        z = np.atleast_2d(move_z)  # (P, H)
+        P, H = z.shape
+        close0 = np.broadcast_to(np.asarray(last_close, dtype=np.float64), (P,))
+        if not (np.all(close0 > 0) and np.all(np.isfinite(close0))):
             raise UserError(f"decode_path: last_close must be a positive price, got {last_close}")
-        weight = 1.0 / self.alpha if ewma_weight is None else float(ewma_weight)
-        var = float(sigma) ** 2
-        log_close = math.log(last_close)
-        out = np.full(len(move_z), np.nan)
+        weight = np.broadcast_to(np.asarray(1.0 / self.alpha if ewma_weight is None else ewma_weight,
+                                            dtype=np.float64), (P,)).copy()
+        var = np.broadcast_to(np.asarray(sigma, dtype=np.float64) ** 2, (P,)).copy()
+        log_close = np.log(close0)
+        out, before, sig = np.full((P, H), np.nan), np.full((P, H), np.nan), np.full((P, H), np.nan)
         decay = 1.0 - self.alpha
-        for i, z in enumerate(move_z):  # sequential: sigma depends on the moves so far
-            if math.isnan(z):  # special token: no candle
-                continue
-            r = z * max(math.sqrt(var), SIGMA_FLOOR)
-            log_close += r
-            out[i] = math.exp(log_close)
-            weight = decay * weight + 1.0  # bias-corrected EWMA, as pandas ewm(adjust=True)
-            var += (r * r - var) / weight
-        return out
+        for i in range(H):  # sequential over steps: sigma depends on the moves so far
+            ok = ~np.isnan(z[:, i])  # special token: no candle, nothing changes
+            s = np.maximum(np.sqrt(var), SIGMA_FLOOR)
+            r = np.where(ok, z[:, i] * s, 0.0)
+            before[ok, i] = log_close[ok]
+            log_close = log_close + r
+            out[ok, i], sig[ok, i] = log_close[ok], s[ok]
+            new_weight = decay * weight + 1.0  # bias-corrected EWMA, as pandas ewm(adjust=True)
+            var = np.where(ok, var + (r * r - var) / new_weight, var)
+            weight = np.where(ok, new_weight, weight)
+        return out.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape)
 
     def usage(self, tokens: np.ndarray) -> dict:
         """Entropy of the candle tokens (specials left out) against the ids the tokenizer can emit."""

@@ -1,0 +1,117 @@
+"""Sampling token paths with a KV cache: many contexts x samples in one batch.
+
+    tokens = sample_paths(model, contexts, asset_ids, category_ids, horizon=64, samples=256)
+    # (N contexts, samples, horizon) token ids
+
+Each context is prefilled once (batch N), its keys and values are copied to its `samples`
+rows, and then every step feeds one token per row: a step costs one token's forward per
+path instead of a whole context's (`MarketGPT.generate` re-runs the context every step).
+
+The window. The cache holds at most context_length (T) tokens, at positions 0, 1, ... as in
+training, so learned and rotary positions are both right. The prefill takes the last
+max(T - horizon, T // 2) context tokens, so a horizon up to T // 2 fits in the window without
+ever re-running anything; when the cache is full, it is rebuilt by prefilling the last T // 2
+tokens (batch N x samples) and decoding goes on. Every step thus sees between T // 2 and T
+tokens, the lengths every training window holds too. `on_step` sees each step's window and
+logits: the parity test checks them against the uncached forward on that window.
+
+Rows are processed in chunks of `max_batch` (the cache is the memory: 2 x layers x T x d_model
+floats per row); with a seeded generator the draws depend on the arguments alone, so the same
+call gives the same paths.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch.nn import functional as F
+
+from common.model import MarketGPT
+
+__all__ = ["CACHE_BUDGET_BYTES", "draw_tokens", "prefill_length", "sample_paths"]
+
+CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB): bounds max_batch by default
+
+# on_step(step, contexts, seq, window, logits): step's tokens are about to be drawn from logits
+# (B, V), computed from the last `window` tokens of seq (B, L); contexts (B,): each row's context.
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, int, torch.Tensor], None]
+
+
+def prefill_length(context_length: int, horizon: int, available: int) -> int:
+    """Context tokens prefilled: all of the forecast fits in the window when it can."""
+    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
+
+
+def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                banned: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row of logits (B, V): softmax(logits / temperature), greedy at 0.
+
+    banned (V,) bool: ids never drawn. top_k keeps the k likeliest ids, top_p the smallest set
+    whose probability reaches p (both narrow every path; see docs/forecasting.md).
+    """
+    logits = logits.float().masked_fill(banned, -float("inf"))
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        before = sorted_logits.softmax(dim=-1).cumsum(dim=-1) - sorted_logits.softmax(dim=-1)
+        drop = torch.zeros_like(logits, dtype=torch.bool).scatter(1, order, before >= top_p)
+        logits = logits.masked_fill(drop, -float("inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+
+
+@torch.no_grad()
+def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                 horizon: int, samples: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, banned: Optional[torch.Tensor] = None,
+                 generator: Optional[torch.Generator] = None, max_batch: Optional[int] = None,
+                 on_step: Optional[StepHook] = None) -> torch.Tensor:
+    """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
+
+    asset_ids, category_ids: (N,). banned: (V,) bool of ids never drawn (default none).
+    Runs in eval mode and restores the previous mode.
+    """
+    N, L = contexts.shape
+    T = model.config.context_length
+    device = contexts.device
+    if banned is None:
+        banned = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
+    keep = max(1, T // 2)  # tokens a full cache is rebuilt from
+    P = prefill_length(T, horizon, L)
+    if max_batch is None:
+        per_row = 2 * model.config.num_layers * T * model.config.d_model * model.lm_head.weight.element_size()
+        max_batch = max(1, CACHE_BUDGET_BYTES // per_row)
+
+    was_training = model.training
+    model.eval()
+    try:
+        first_cache = model.new_cache(N)
+        first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache)[0][:, -1]
+        rows = torch.arange(N, device=device).repeat_interleave(samples)  # row -> its context
+        out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
+        for lo in range(0, N * samples, max_batch):
+            r = rows[lo:lo + max_batch]
+            a, c = asset_ids[r], category_ids[r]
+            cache, logits = first_cache.select(r), first_logits[r]
+            seq = torch.cat((contexts[r, L - P:], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
+            for step in range(horizon):
+                end = P + step  # tokens of seq known so far
+                if on_step is not None:
+                    on_step(step, r, seq[:, :end], cache.length, logits)
+                tok = draw_tokens(logits, temperature, top_k, top_p, banned, generator)
+                seq[:, end] = tok
+                if step == horizon - 1:
+                    break
+                if cache.length == T:  # full: rebuild from the last `keep` tokens, positions from 0
+                    cache = model.new_cache(len(r))
+                    logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache)[0][:, -1]
+                else:
+                    logits = model(tok[:, None], a, c, last_only=True, cache=cache)[0][:, -1]
+            out[lo:lo + len(r)] = seq[:, P:]
+    finally:
+        model.train(was_training)
+    return out.view(N, samples, horizon)

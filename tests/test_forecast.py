@@ -1,0 +1,372 @@
+"""Forecasting: KV-cache parity, vectorized decoding with the exact volatility state, the
+Forecaster's table (determinism, shapes, quantiles, P(up), no look-ahead, analytic quantiles
+from a model with fixed logits) and `marketgpt forecast` end to end on a tiny trained run."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from common.cli import main
+from common.config import ModelConfig, load_config
+from common.data.universe import Asset, asset_info
+from common.forecast import QUANTILES, Forecaster, History, future_timestamps
+from common.model import MarketGPT
+from common.sampling import prefill_length, sample_paths
+from common.tokenizer import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN, OHLCTokenizer
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+
+TINY = {
+    "experiment": "tiny",
+    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
+              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
+    "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
+                 "warmup_steps": 1, "log_every_steps": 3},
+    "data": {"source": "sample", "interval": "1d"},
+}
+
+
+def candles(n: int, seed: int, vol: float = 0.02, start: str = "2020-01-01", freq: str = "D") -> pd.DataFrame:
+    """Random-walk candles with wicks (canonical frame)."""
+    rng = np.random.default_rng(seed)
+    ret = vol * rng.standard_t(4, n) / math.sqrt(2)
+    close = 100 * np.exp(np.cumsum(ret))
+    open_ = close * np.exp(-ret * rng.uniform(0.2, 1.0, n))
+    wick = vol * np.abs(rng.standard_normal((2, n)))
+    index = pd.date_range(start, periods=n, freq=freq, tz="UTC", name="timestamp")
+    return pd.DataFrame({"open": open_, "high": np.maximum(open_, close) * np.exp(wick[0]),
+                         "low": np.minimum(open_, close) * np.exp(-wick[1]), "close": close, "volume": 1.0},
+                        index=index)
+
+
+def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
+    return OHLCTokenizer(vocab, 4, vol_halflife=10.0, vol_warmup=5).fit({f"A{i}": candles(400, i) for i in range(4)})
+
+
+# ---------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+@pytest.mark.parametrize("horizon", [5, 23])  # 23 > T // 2: the cache fills and is rebuilt, twice
+def test_cached_logits_equal_uncached_at_every_step(positional, horizon):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                      asset_embed_dim=4, category_embed_dim=4, positional=positional, dropout=0.1)
+    model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
+    contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
+    a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
+    samples = 2
+    seen = []
+
+    def check(step, rows, seq, window, logits):
+        ref = model(seq[:, -window:], a[rows], c[rows], last_only=True)[0]
+        seen.append((step, window, (ref[:, -1] - logits).abs().max().item()))
+
+    out = sample_paths(model, contexts, a, c, horizon, samples, generator=torch.Generator().manual_seed(1),
+                       on_step=check, max_batch=4)  # chunks of 4 rows: 2 contexts' samples split across chunks
+    assert out.shape == (3, samples, horizon) and model.training  # the mode is restored
+    assert len(seen) == 2 * horizon  # every step of both chunks (4 rows, then 2)
+    assert max(err for _, _, err in seen) < 1e-5
+    windows = [w for _, w, _ in seen[:horizon]]
+    P = prefill_length(12, horizon, 20)
+    assert windows[0] == P and max(windows) == min(12, P + horizon - 1) and min(windows) >= 6
+    if horizon > 12 - P:
+        assert windows.count(6) >= 1  # the window was full and rebuilt from the last T // 2 tokens
+
+
+def test_cache_refuses_tokens_beyond_the_window():
+    model = MarketGPT(ModelConfig(vocab_size=16, context_length=4, d_model=8, num_layers=1, num_heads=2, d_ff=16,
+                                  asset_embed_dim=2, category_embed_dim=2))
+    cache = model.new_cache(1)
+    ids = torch.zeros(1, dtype=torch.long)
+    model(torch.full((1, 4), 5), ids, ids, cache=cache)
+    with pytest.raises(ValueError, match="exceeds model.context_length"):
+        model(torch.full((1, 1), 5), ids, ids, cache=cache)
+
+
+# ---------------------------------------------------------------------- decoding
+
+
+def _decode_one(tok: OHLCTokenizer, tokens, last_close, sigma, weight):
+    """The scalar loop decode_path was before it was vectorized: the reference."""
+    move_z, _ = tok.decode(np.asarray(tokens))
+    var, log_close, out = sigma ** 2, math.log(last_close), np.full(len(move_z), np.nan)
+    for i, z in enumerate(move_z):
+        if math.isnan(z):
+            continue
+        r = z * max(math.sqrt(var), 1e-8)
+        log_close += r
+        out[i] = math.exp(log_close)
+        weight = (1 - tok.alpha) * weight + 1
+        var += (r * r - var) / weight
+    return out
+
+
+def test_vectorized_decode_path_equals_the_loop_per_path():
+    tok = fitted_tokenizer()
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(NUM_SPECIAL_TOKENS, tok.vocab_size, size=(50, 30))  # includes unused ids (NaN)
+    tokens[rng.random(tokens.shape) < 0.05] = MISSING_TOKEN
+    states = [tok.vol_state(candles(30 + 7 * i, i), "X") for i in range(50)]
+    closes = tok.decode_path(tokens, *(np.array(v) for v in zip(*states)))
+    for i, s in enumerate(states):
+        np.testing.assert_allclose(closes[i], _decode_one(tok, tokens[i], *s), rtol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(tok.decode_path(tokens[3], *states[3]), closes[3], rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("history_len", [9, 300])  # EWMA weights far from / near converged
+def test_decoded_candles_reencode_to_the_sampled_tokens(history_len):
+    """decode_ohlc carries the volatility state exactly: its candles, appended to the history,
+    encode back to the sampled move bins, and to the shape bins where the range covers the body."""
+    tok = fitted_tokenizer()
+    history = candles(history_len, 7)
+    state = tok.vol_state(history, "X")
+    rng = np.random.default_rng(1)
+    sampled = rng.integers(NUM_SPECIAL_TOKENS, tok.num_used_ids, size=(6, 40))
+    ohlc = tok.decode_ohlc(sampled, *state)
+    for p in range(len(sampled)):
+        idx = pd.date_range(history.index[-1] + pd.Timedelta(days=1), periods=40, freq="D", tz="UTC")
+        future = pd.DataFrame({k: ohlc[k][p] for k in ("open", "high", "low", "close")} | {"volume": 0.0}, index=idx)
+        again = tok.encode(pd.concat([history, future]), "X")[history_len:]
+        moves, shapes = tok.split_token(again)
+        want_moves, want_shapes = tok.split_token(sampled[p])
+        np.testing.assert_array_equal(moves, want_moves)
+        move_z, shape_z = tok.decode(sampled[p])
+        covers = np.abs(shape_z) > np.abs(move_z) * 1.001  # range wider than the body: the shape is exact
+        np.testing.assert_array_equal(shapes[covers], want_shapes[covers])
+        assert (ohlc["high"][p] >= np.maximum(ohlc["open"][p], ohlc["close"][p])).all()
+        assert (ohlc["low"][p] <= np.minimum(ohlc["open"][p], ohlc["close"][p])).all()
+
+
+# ---------------------------------------------------------------------- Forecaster on a fixed-logit model
+
+
+def _fixed_logit_forecaster(logits: torch.Tensor, tok: OHLCTokenizer, tmp_path) -> Forecaster:
+    """A real MarketGPT whose next-token logits are `logits` whatever the input: the final norm
+    outputs the constant unit vector e0 (weight 0, bias e0) and the tied head's column 0 is `logits`."""
+    raw = json.loads(json.dumps(TINY))
+    raw["model"].update(vocab_size=len(logits), bias=True)
+    (tmp_path / "fixed.json").write_text(json.dumps(raw))
+    cfg = load_config(tmp_path / "fixed.json")
+    info = asset_info([Asset("X", "sample", "us_stock", "x"), Asset("C", "sample", "crypto", "c")])
+    model = MarketGPT(cfg.model, num_assets=2, num_categories=2)
+    with torch.no_grad():
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.zero_()
+        model.ln_f.bias[0] = 1.0
+        model.wte.weight[:, 0] = logits
+    return Forecaster(model, tok, info, cfg)
+
+
+def _token(tok: OHLCTokenizer, ret_bin: int, shape_bin: int = 0) -> int:
+    return NUM_SPECIAL_TOKENS + ret_bin * tok.shape_bins + shape_bin
+
+
+def test_a_certain_token_gives_the_analytic_path_with_the_carried_volatility(tmp_path):
+    tok = fitted_tokenizer()
+    t = _token(tok, tok.ret_bins - 2, 1)
+    logits = torch.full((tok.vocab_size,), -1e4)
+    logits[t] = 0.0
+    fc = _fixed_logit_forecaster(logits, tok, tmp_path)
+    history = candles(200, 3)
+    result = fc.forecast([History("X", history)], horizon=6, samples=5, seed=0, return_paths=True)
+    # Independent reference: pandas' EWMA over the history's squared returns, extended by the new ones.
+    z = tok.decode(np.array([t]))[0][0]
+    rets = list(np.diff(np.log(history["close"].to_numpy())))
+    closes, c = [], history["close"].iloc[-1]
+    for _ in range(6):
+        sigma = math.sqrt(pd.Series(np.square(rets)).ewm(halflife=tok.vol_halflife, adjust=True).mean().iloc[-1])
+        c *= math.exp(z * sigma)
+        rets.append(z * sigma)
+        closes.append(c)
+    table = result.table
+    for p in QUANTILES:
+        np.testing.assert_allclose(table[f"p{p}"], closes, rtol=1e-10)
+    np.testing.assert_allclose(result.paths["close"][0, :, 1:], np.tile(closes, (5, 1)), rtol=1e-10)
+    assert (table["std_log_return"] < 1e-12).all() and (table["p_up"] == float(z > 0)).all()
+
+
+def test_three_token_distribution_gives_its_analytic_quantiles(tmp_path):
+    tok = fitted_tokenizer()
+    low, mid, high = _token(tok, 0), _token(tok, tok.ret_bins // 2), _token(tok, tok.ret_bins - 1)
+    logits = torch.full((tok.vocab_size,), -1e4)
+    logits[[low, mid, high]] = torch.log(torch.tensor([0.2, 0.6, 0.2]))
+    logits[[PAD_TOKEN, BOS_TOKEN, MISSING_TOKEN]] = 5.0  # likely, but a forecast never samples them
+    fc = _fixed_logit_forecaster(logits, tok, tmp_path)
+    history = candles(300, 4)
+    state = tok.vol_state(history, "X")
+    S = 4000
+    result = fc.forecast({"X": history}, horizon=1, samples=S, seed=3, return_paths=True)
+    row = result.table.iloc[0]
+    z = tok.decode(np.array([low, mid, high]))[0]
+    value = state.last_close * np.exp(z * state.sigma)
+    expect = {5: value[0], 10: value[0], 25: value[1], 50: value[1], 75: value[1], 90: value[2], 95: value[2]}
+    for p, v in expect.items():
+        assert row[f"p{p}"] == pytest.approx(v, rel=1e-12), p
+    mean = float(np.dot([0.2, 0.6, 0.2], z * state.sigma))
+    sd = math.sqrt(float(np.dot([0.2, 0.6, 0.2], (z * state.sigma - mean) ** 2)))
+    assert row["mean_log_return"] == pytest.approx(mean, abs=5 * sd / math.sqrt(S))
+    assert row["std_log_return"] == pytest.approx(sd, rel=0.05)
+    assert set(np.unique(result.tokens)) <= {low, mid, high}
+
+
+# ---------------------------------------------------------------------- Forecaster on a trained run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    config = tmp_path_factory.mktemp("fc") / "case" / "configs" / "tiny.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(TINY))
+    assert main(["train", "--config", str(config)]) == 0
+    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
+    return run
+
+
+@pytest.fixture(scope="module")
+def forecaster(run_dir):
+    return Forecaster.from_run(run_dir)
+
+
+def test_forecast_table_and_paths(forecaster):
+    histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
+    r1 = forecaster.forecast(histories, horizon=7, samples=50, seed=11, return_paths=True)
+    r2 = forecaster.forecast(histories, horizon=7, samples=50, seed=11, return_paths=True)
+    pd.testing.assert_frame_equal(r1.table, r2.table)  # determinism
+    np.testing.assert_array_equal(r1.tokens, r2.tokens)
+    assert not forecaster.forecast(histories, 7, 50, seed=12).table.equals(r1.table)
+    table, paths = r1.table, r1.paths
+    assert len(table) == 2 * 7 and list(table["step"]) == list(range(1, 8)) * 2
+    assert paths["close"].shape == (2, 50, 8) and paths["high"].shape == (2, 50, 7) and r1.tokens.shape == (2, 50, 7)
+    assert np.isfinite(paths["close"]).all()
+    q = table[[f"p{p}" for p in QUANTILES]].to_numpy()
+    assert (np.diff(q, axis=1) >= 0).all()  # quantiles never cross
+    for i, h in enumerate(histories):
+        last = h.candles["close"].dropna().iloc[-1]
+        assert (paths["close"][i, :, 0] == last).all()  # every path starts from the last real close
+        part = table[table["symbol"] == h.symbol]
+        np.testing.assert_array_equal(part["p_up"], (paths["close"][i, :, 1:] > last).mean(axis=0))
+        np.testing.assert_allclose(part["p50"], np.median(paths["close"][i, :, 1:], axis=0))
+        assert (part["as_of"] == h.candles.index[-1]).all() and h.candles.index[-1] <= pd.Timestamp("2012-06-01", tz="UTC")
+        assert (pd.DatetimeIndex(part["timestamp"]).day_of_week < 5).all()  # stocks: trading days
+
+
+def test_changing_candles_after_as_of_never_changes_the_forecast(forecaster, monkeypatch):
+    import common.data.loading as loading
+
+    as_of = "2012-06-01"
+    before = forecaster.forecast(forecaster.load_history(["AAPL", "IBM"], as_of), 5, 40, seed=2).table
+    real = loading.load_market_data
+
+    def doctored(cfg, case_dir):
+        market = real(cfg, case_dir)
+        for symbol, frame in market.candles.items():
+            frame = frame.copy()
+            later = frame.index > pd.Timestamp(as_of, tz="UTC")
+            frame.loc[later, ["open", "high", "low", "close"]] *= 3.0
+            frame.loc[frame.index[later][:5], "close"] = np.nan  # broken rows after the origin too
+            market.candles[symbol] = frame
+        return market
+
+    monkeypatch.setattr(loading, "load_market_data", doctored)
+    after = forecaster.forecast(forecaster.load_history(["AAPL", "IBM"], as_of), 5, 40, seed=2).table
+    pd.testing.assert_frame_equal(before, after)
+
+
+def test_the_last_real_close_is_the_start_after_a_gap(forecaster):
+    history = candles(100, 9, freq="h", vol=0.005)
+    history.iloc[-3:, :4] = np.nan  # the last three bars are missing (MISSING tokens)
+    r = forecaster.forecast([History("AAPL", history)], 3, 20, return_paths=True)
+    assert (r.paths["close"][0, :, 0] == history["close"].iloc[-4]).all()
+
+
+def test_future_timestamps_follow_the_calendar():
+    fri = pd.Timestamp("2024-05-31", tz="UTC")
+    assert list(future_timestamps(fri, "1d", "us_stock", 3).day) == [3, 4, 5]
+    assert list(future_timestamps(fri, "1d", "crypto", 3).day) == [1, 2, 3]
+    hours = future_timestamps(pd.Timestamp("2024-05-31 22:00", tz="UTC"), "1h", "crypto", 3)
+    assert list(hours.hour) == [23, 0, 1]
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def _forecast(capsys, *args) -> tuple[int, str, str]:
+    code = main(["forecast", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_end_to_end_is_byte_reproducible(run_dir, tmp_path, capsys):
+    args = [run_dir, "--symbols", "AAPL,^GSPC", "--horizon", "5", "--samples", "32", "--seed", "4", "--save-paths"]
+    code, out, err = _forecast(capsys, *args, "--out", tmp_path / "a")
+    assert code == 0, err
+    assert "AAPL" in out and "P50" in out and "P(up)" in out
+    files = {p.name for p in (tmp_path / "a").iterdir()}
+    assert files == {"forecast.parquet", "forecast.csv", "forecast.json", "paths.npz", "fan_AAPL.png", "fan_GSPC.png"}
+    table = pd.read_parquet(tmp_path / "a" / "forecast.parquet")
+    assert len(table) == 10 and {"timestamp", "p5", "p95", "mean_log_return", "std_log_return", "p_up",
+                                  "expected_range"} <= set(table.columns)
+    meta = json.loads((tmp_path / "a" / "forecast.json").read_text())
+    assert meta["seed"] == 4 and meta["samples"] == 32 and len(meta["checkpoint_sha256"]) == 64
+    assert meta["tokenizer"]["version"] == 1 and meta["as_of"] == "latest"
+    assert _forecast(capsys, *args, "--out", tmp_path / "b")[0] == 0
+    assert (tmp_path / "a" / "forecast.parquet").read_bytes() == (tmp_path / "b" / "forecast.parquet").read_bytes()
+    code, out, err = _forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "4",
+                               "--top-k", "5", "--as-of", "2010-01-05")
+    assert code == 0 and "overconfident" in err
+    assert (run_dir / "forecasts" / "2010-01-05T0000" / "forecast.csv").is_file()
+
+
+def _one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("marketgpt forecast: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--symbols", "APPL"], ["unknown symbol 'APPL'", "'AAPL'"]),
+    (["--symbols", "AAPL", "--as-of", "1985-01-01"], ["before its data starts"]),
+    (["--symbols", "AAPL", "--as-of", "2999-01-01"], ["in the future"]),
+    (["--symbols", "AAPL", "--as-of", "tomorrow-ish"], ["not a date"]),
+    (["--horizon", "0"], ["--horizon 0", "between 1 and"]),
+    (["--horizon", "100000"], ["--horizon 100000"]),
+    (["--samples", "0"], ["--samples 0"]),
+    (["--temperature", "-1", "--symbols", "AAPL"], ["--temperature"]),
+])
+def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
+    _one_line_error(*_forecast(capsys, run_dir, *args)[::2], *needles)
+
+
+def test_short_history_says_how_many_candles(run_dir, capsys, forecaster):
+    first = forecaster.load_history(["AAPL"])[0].candles.index[3]
+    _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--as-of", first.isoformat())[::2],
+                    "AAPL: 4 candles", "22 needed")
+
+
+def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
+    no_best = tmp_path / "no_best"
+    shutil.copytree(run_dir, no_best, ignore=shutil.ignore_patterns("forecasts", "tensorboard"))
+    (no_best / "best_model.pt").unlink()
+    _one_line_error(*_forecast(capsys, no_best)[::2], "no best_model.pt")
+
+    old_tok = tmp_path / "old_tok"
+    shutil.copytree(run_dir, old_tok, ignore=shutil.ignore_patterns("forecasts", "tensorboard"))
+    raw = json.loads((old_tok / "tokenizer.json").read_text())
+    (old_tok / "tokenizer.json").write_text(json.dumps(raw | {"version": 99}))
+    _one_line_error(*_forecast(capsys, old_tok)[::2], "version 99 is not supported")
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
+                               "--out", blocker / "out")[::2], "is not writable")
+    assert blocker.read_text() == "not a folder"
