@@ -12,14 +12,16 @@
 #   ./launch_parallel_training.sh --cases a,b,c      # any of a, b, c
 #   ./launch_parallel_training.sh --dry-run          # check and show, submit nothing
 #   ./launch_parallel_training.sh -y --set training.epochs=5   # no question; --set goes to every case
+#
+# The cluster environment (module load, conda activate) comes from common/slurm/cluster_env.sh.
 set -uo pipefail
+# Every possibly-empty array is expanded as ${a[@]+"${a[@]}"}: bash < 4.4 (RHEL/CentOS 7)
+# calls a plain "${a[@]}" of an empty array unbound under set -u.
 
 REPO=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 cd "$REPO" || exit 1
-# shellcheck source=common/slurm/job.sh
-source "$REPO/common/slurm/job.sh"  # marketgpt_activate_env: the cluster environment, set up in one place
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "launch_parallel_training.sh: $*" >&2; exit 2; }
 
 cases_arg=a,b yes=0 dry_run=0 sets=()
@@ -42,57 +44,70 @@ declare -A CONFIG=([a]=case_a_full_market/configs/full_market_config.json
                    [b]=case_b_reduced/configs/reduced_config.json
                    [c]=case_c_crypto/configs/crypto_prototype.json)
 
+in_list() {  # in_list WORD [ITEM...]: whether WORD is one of the items
+    local word=$1 item
+    shift
+    for item in "$@"; do [ "$item" = "$word" ] && return 0; done
+    return 1
+}
+
 # ---------------------------------------------------------------- 1. checks
 cases=()
 IFS=, read -r -a requested <<<"$cases_arg"
-for c in "${requested[@]}"; do
+for c in ${requested[@]+"${requested[@]}"}; do
     case ${c,,} in
         a|case_a_full_market) c=a ;;
         b|case_b_reduced) c=b ;;
         c|case_c_crypto) c=c ;;
         *) die "unknown case '$c' in --cases $cases_arg (use a, b, c, e.g. --cases a,b)" ;;
     esac
-    [[ " ${cases[*]} " == *" $c "* ]] || cases+=("$c")
+    in_list "$c" ${cases[@]+"${cases[@]}"} || cases+=("$c")
 done
 [ ${#cases[@]} -gt 0 ] || die "--cases is empty (use a, b, c)"
 
-for c in "${cases[@]}"; do
+for c in ${cases[@]+"${cases[@]}"}; do
     [ -f "${SCRIPT[$c]}" ] || die "missing ${SCRIPT[$c]}"
     [ -f "${CONFIG[$c]}" ] || die "missing ${CONFIG[$c]}"
 done
-command -v sbatch >/dev/null && sinfo -h >/dev/null 2>&1 \
-    || die "Slurm does not answer (sbatch/sinfo missing or slurmctld down): run this on the cluster's login node"
-marketgpt_activate_env || exit 2
+if ! command -v sbatch >/dev/null || ! sinfo -h >/dev/null 2>&1; then
+    die "Slurm does not answer (sbatch/sinfo missing or slurmctld down): run this on the cluster's login node"
+fi
+# module load / conda activate scripts often reference unset variables: no set -u while they run
+set +u
+# shellcheck source=common/slurm/cluster_env.sh
+source "$REPO/common/slurm/cluster_env.sh" || exit 2
+set -u
 
 echo "==> Checking the configs"
 partitions=()
-for c in "${cases[@]}"; do
+for c in ${cases[@]+"${cases[@]}"}; do
     # the config with every --set, the case and the partition, exactly as `marketgpt submit` checks them
-    if ! check=$("$PYTHON" -m common.cli submit --case "$c" --config "${CONFIG[$c]}" --dry-run "${sets[@]}" 2>&1); then
+    if ! check=$("$PYTHON" -m common.cli submit --case "$c" --config "${CONFIG[$c]}" --dry-run ${sets[@]+"${sets[@]}"} 2>&1); then
         echo "$check" | grep -v '^ ' >&2
         die "case $c: fix the error above; nothing was submitted"
     fi
     p=$(sed -n 's/^#SBATCH --partition=\([^ ]*\).*/\1/p' "${SCRIPT[$c]}")
-    [ -n "$p" ] && [ -n "$(sinfo -h -p "$p" -o %P 2>/dev/null)" ] \
-        || die "${SCRIPT[$c]} asks for partition '$p', which this cluster does not have ($(sinfo -h -o %R | sort -u | xargs))"
+    if [ -z "$p" ] || [ -z "$(sinfo -h -p "$p" -o %P 2>/dev/null)" ]; then
+        die "${SCRIPT[$c]} asks for partition '$p', which this cluster does not have ($(sinfo -h -o %R | sort -u | xargs))"
+    fi
     echo "    ${SCRIPT[$c]}  (${CONFIG[$c]}, partition ${p:-default})"
-    [[ " ${partitions[*]} " == *" $p "* ]] || partitions+=("$p")
+    in_list "$p" ${partitions[@]+"${partitions[@]}"} || partitions+=("$p")
 done
 
 # ---------------------------------------------------------------- 2. cluster state
-plist=$(IFS=,; echo "${partitions[*]}")
+plist=$(IFS=,; echo "${partitions[*]-}")
 echo "==> Cluster: sinfo -p $plist"
 sinfo -p "$plist" -o "%P %D %N %G %C %m"
 echo "==> Queue: squeue -p $plist"
 squeue -p "$plist"
 
 commands=()
-for c in "${cases[@]}"; do
-    commands+=("sbatch ${SCRIPT[$c]}${sets[*]:+$(printf ' %q' "${sets[@]}")}")
+for c in ${cases[@]+"${cases[@]}"}; do
+    commands+=("sbatch ${SCRIPT[$c]}$([ ${#sets[@]} -eq 0 ] || printf ' %q' ${sets[@]+"${sets[@]}"})")
 done
 if [ "$dry_run" = 1 ]; then
     echo "==> Dry run: would submit ${#cases[@]} job(s):"
-    printf '    %s\n' "${commands[@]}"
+    printf '    %s\n' ${commands[@]+"${commands[@]}"}
     exit 0
 fi
 
@@ -102,16 +117,16 @@ if [ "$yes" = 0 ]; then
         echo "No terminal to ask for confirmation and no -y: nothing submitted (rerun with -y to submit)." >&2
         exit 1
     fi
-    read -r -p "Submit ${#cases[@]} job(s) (${cases[*]})? [y/N] " answer
+    read -r -p "Submit ${#cases[@]} job(s) (${cases[*]-})? [y/N] " answer
     [[ $answer =~ ^[Yy] ]] || { echo "Nothing submitted."; exit 1; }
 fi
 
 # ---------------------------------------------------------------- 4. submit
 ids=() logs=()
-for c in "${cases[@]}"; do
-    if ! out=$(sbatch --parsable "${SCRIPT[$c]}" "${sets[@]}" 2>&1); then
+for c in ${cases[@]+"${cases[@]}"}; do
+    if ! out=$(sbatch --parsable "${SCRIPT[$c]}" ${sets[@]+"${sets[@]}"} 2>&1); then
         echo "$out" >&2
-        [ ${#ids[@]} -eq 0 ] || echo "Already submitted: ${ids[*]} (scancel them if you want to start over)" >&2
+        [ ${#ids[@]} -eq 0 ] || echo "Already submitted: ${ids[*]-} (scancel them if you want to start over)" >&2
         die "sbatch ${SCRIPT[$c]} failed"
     fi
     id=${out%%;*}
@@ -122,7 +137,7 @@ for c in "${cases[@]}"; do
 done
 
 # ---------------------------------------------------------------- 5. monitoring script
-job_list=$(IFS=,; echo "${ids[*]}")
+job_list=$(IFS=,; echo "${ids[*]-}")
 monitor=monitor_training.sh
 cat >"$monitor" <<EOF
 #!/bin/bash
@@ -131,12 +146,12 @@ cat >"$monitor" <<EOF
 # ./$monitor --watch    the same every 60 s (Ctrl-C to stop)
 REPO=\$(cd "\$(dirname "\$(readlink -f "\${BASH_SOURCE[0]}")")" && pwd)
 cd "\$REPO" || exit 1
-source "\$REPO/common/slurm/job.sh" && marketgpt_activate_env || exit 1
+source "\$REPO/common/slurm/cluster_env.sh" || exit 1
 show() {
     echo "== \$(date '+%F %T') jobs $job_list"
     squeue -t all -j "$job_list" -o "%i %P %j %u %T %M %D %R" 2>/dev/null || echo "(the jobs have left the queue)"
     echo; "\$PYTHON" -m common.cli status
-    for log in ${logs[*]}; do
+    for log in ${logs[*]-}; do
         echo; echo "-- \$log"; tail -n 4 "\$log" 2>/dev/null || echo "(no log yet: the job has not started)"
     done
 }
@@ -149,5 +164,5 @@ echo
 echo "Jobs: $job_list"
 echo "Monitor:  ./$monitor   (or ./$monitor --watch)"
 echo "          squeue -j $job_list"
-for log in "${logs[@]}"; do echo "          tail -f $log"; done
-echo "Cancel:   scancel ${ids[*]}   (each leaves a checkpoint; submit again to resume)"
+for log in ${logs[@]+"${logs[@]}"}; do echo "          tail -f $log"; done
+echo "Cancel:   scancel ${ids[*]-}   (each leaves a checkpoint; submit again to resume)"

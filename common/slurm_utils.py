@@ -21,7 +21,6 @@ from common.errors import UserError
 
 __all__ = [
     "ACTIVE_STATES",
-    "MAX_REQUEUES",
     "job_info",
     "job_is_alive",
     "job_metadata",
@@ -36,9 +35,6 @@ __all__ = [
 # States in which a job still holds (or will hold) its run folder.
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
                            "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
-# A job that requeues itself more often than this is stuck (a checkpoint that never makes
-# progress); the sbatch scripts and `marketgpt submit` both stop there.
-MAX_REQUEUES = int(os.environ.get("MARKETGPT_MAX_REQUEUES", "20"))
 _CALL_TIMEOUT_S = 30.0
 
 

@@ -14,7 +14,7 @@ returns 75; the job then hands the signal to submitit, which calls `checkpoint()
 training, pinned to this job's run folder) and requeues it. submitit counts every signal
 that comes after min(0.8 x limit, limit - 10 min) as a time-out, and allows only
 `max_num_timeout` of those (3 by default): short jobs always look timed out, and a 7-day run
-on a 2-day partition needs 4, so the cap is raised to common.slurm_utils.MAX_REQUEUES.
+on a 2-day partition needs 4, so the cap is raised to common.requeue.MAX_REQUEUES.
 
 Nothing is queued before the case, the config with its overrides, every array value and the
 partition have been checked. There is no `sacct` on some clusters (submitit then reports the
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import sys
 from dataclasses import dataclass
@@ -37,12 +38,13 @@ import submitit
 from common.config import Config, SlurmConfig, load_config
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir
-from common.slurm_utils import MAX_REQUEUES, check_partition, job_info, slurm_available
+from common.requeue import EXIT_REQUEUE, MAX_REQUEUES
+from common.slurm_utils import check_partition, job_info, slurm_available
 
 __all__ = ["Submission", "TrainJob", "parse_array", "parse_slurm_time", "plan_submission", "submit",
            "executor_parameters"]
 
-EXIT_REQUEUE = 75  # common.trainer.EXIT_REQUEUE (not imported: that pulls in torch)
+CLUSTER_ENV = REPO_ROOT / "common" / "slurm" / "cluster_env.sh"  # the one place to adapt to a cluster
 ARRAY_ALIASES = {"seeds": "training.seed", "seed": "training.seed"}
 
 
@@ -195,7 +197,9 @@ def executor_parameters(s: SlurmConfig, signal_delay_s: Optional[int] = None) ->
         "signal_delay_s": 60 * s.signal_minutes_before_limit if signal_delay_s is None else signal_delay_s,
         # srun 22.05+ doesn't inherit --cpus-per-task from the allocation
         "srun_args": [f"--cpus-per-task={s.cpus_per_task}"],
-        "setup": ["export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}",
+        # the cluster environment (module load, conda activate), as every sbatch script sources it
+        "setup": [f"source {shlex.quote(str(CLUSTER_ENV))} || exit 1",
+                  "export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}",
                   f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{s.cpus_per_task}}}"],
         "additional_parameters": {"requeue": True},
     }

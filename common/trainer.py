@@ -38,13 +38,13 @@ from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier
 from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.mfu import device_peak_flops, mfu
+from common.requeue import EXIT_REQUEUE
 from common.rng import rng_state, set_rng_state
 from common.special_tokens import PAD_TOKEN
 from common.training_log import Progress, TrainingLog, epoch_summary
 
 __all__ = ["EXIT_REQUEUE", "Trainer", "pick_device"]
 
-EXIT_REQUEUE = 75  # saved a checkpoint on SIGTERM/SIGUSR2 and stopped: resume with --resume auto
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 _SAVE_SIGNALS = (signal.SIGUSR1,)
 _SIGNAL_ORDER = _STOP_SIGNALS + _SAVE_SIGNALS  # when ranks got different signals, the first wins

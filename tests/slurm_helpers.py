@@ -26,7 +26,8 @@ TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.
         "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
         "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
         "training.epochs=2", "training.max_steps_per_epoch=6", "training.eval_max_batches=4",
-        "training.warmup_steps=2", "training.log_every_steps=3"]
+        "training.warmup_steps=2", "training.log_every_steps=3",
+        "training.device=cpu"]  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
 
 
 def sets(overrides: Sequence[str]) -> list[str]:
@@ -44,9 +45,11 @@ def copy_repo(dst: Path) -> Path:
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    """The environment sbatch passes on to a job: this interpreter, one thread per rank."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))}
-    env.update(MARKETGPT_PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    """The environment sbatch passes on to a job: this interpreter, one thread per rank, and
+    the local cluster's SLURM_CONF (set by the slurm_cluster fixture) but no other SLURM_*."""
+    env = {k: v for k, v in os.environ.items()
+           if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))}
+    env.update({"MARKETGPT_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
     return env
 
 

@@ -2,18 +2,17 @@
 writer, pruning, unwrapping."""
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import io
 import os
 import threading
-import time
 import zipfile
 
 import pytest
 import torch
 
-from common import checkpoint as ck
 from common.checkpoint import (CheckpointWriter, CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name,
                                latest_good_checkpoint, load_checkpoint, prune_checkpoints, remove_stale_temp_files,
                                save_checkpoint,
@@ -69,6 +68,13 @@ def test_writer_returns_after_serializing_and_publishes_in_order_in_the_backgrou
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def _wait_published(writer: CheckpointWriter, timeout_s: float = 30.0) -> None:
+    """Wait, at most timeout_s, until the writer's queued publishes have run, without collecting
+    their outcome (check() and save() must still see a failure)."""
+    _, running = concurrent.futures.wait(list(writer._pending), timeout=timeout_s)
+    assert not running, f"a checkpoint publish still runs after {timeout_s} s"
+
+
 def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
     writer = CheckpointWriter()
     with pytest.raises(Exception):  # a pickling failure happens in save() itself
@@ -85,13 +91,11 @@ def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
     writer.save(_payload(), tmp_path / epoch_checkpoint_name(2), then=lambda: (release.wait(), fail()))
     writer.check()  # still publishing: nothing to report, and check() doesn't wait for it
     release.set()
-    while not writer._pending[0].done():
-        time.sleep(0.01)
+    _wait_published(writer)
     with pytest.raises(OSError, match="disk went away"):
         writer.check()
     writer.save(_payload(), tmp_path / epoch_checkpoint_name(3), then=fail)
-    while not writer._pending[0].done():
-        time.sleep(0.01)
+    _wait_published(writer)
     with pytest.raises(OSError, match="disk went away"):  # the next save reports it, having saved
         writer.save(_payload(), tmp_path / epoch_checkpoint_name(4))
     writer.wait()
@@ -192,4 +196,3 @@ def test_unwrap_strips_wrapper_prefixes():
             self._orig_mod = inner
 
     assert unwrap(torch.nn.DataParallel(Compiled(model))) is model
-    assert ck.__all__ and "save_checkpoint" in ck.__all__

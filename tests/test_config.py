@@ -153,11 +153,18 @@ def test_missing_file():
         load_config(FIXTURES / "nope.json")
 
 
-def test_cli_reports_a_bad_config_on_one_line_and_fails():
-    path = FIXTURES / "bad" / "unknown_model_key.json"
-    proc = subprocess.run([sys.executable, "-m", "common.cli", "model-info", "--config", str(path)],
-                          capture_output=True, text=True, cwd=REPO_ROOT)
-    assert proc.returncode != 0
+@pytest.mark.parametrize("command,config,overrides,needle", [
+    ("model-info", "bad", [], "model.d_modle"),
+    ("train", "bad", [], "model.d_modle"),
+    ("train", "case", ["--set", "training.batch_size=zero"], "training.batch_size"),
+], ids=["model-info", "train", "train --set"])
+def test_cli_reports_a_bad_config_on_one_line_and_exits_2(command, config, overrides, needle):
+    path = {"bad": FIXTURES / "bad" / "unknown_model_key.json",
+            "case": REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"}[config]
+    proc = subprocess.run([sys.executable, "-m", "common.cli", command, "--config", str(path), *overrides],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr  # the README's promise: 2 for a usage or config error
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "model.d_modle" in lines[0] and str(path) in lines[0]
+    assert lines[0].startswith(f"marketgpt {command}: error: ") and needle in lines[0]
+    assert str(path) in lines[0] or overrides

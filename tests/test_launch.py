@@ -123,3 +123,5 @@ def test_help_lists_the_options(launch):
     run, _, _ = launch
     proc = run("--help")
     assert proc.returncode == 0 and re.search(r"--cases a,b,c", proc.stdout) and "--dry-run" in proc.stdout
+    assert "common/slurm/cluster_env.sh" in proc.stdout
+    assert not re.search(r"^\s*set ", proc.stdout, flags=re.M), proc.stdout  # the script's `set -uo pipefail`

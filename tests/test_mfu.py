@@ -52,16 +52,24 @@ def test_mfu_is_model_flops_over_the_peak_of_all_devices():
     assert mfu(1000.0, 6_000_000, None) is None
 
 
+def test_flops_per_token_counts_the_weights_and_attention():
+    cfg = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                      asset_embed_dim=4, category_embed_dim=4)
+    model = MarketGPT(cfg)
+    weights = model.num_parameters(non_embedding=True) + 64 * 32  # the body and the tied head
+    assert model.flops_per_token(T) == 6 * weights + 12 * 2 * T * 32
+    assert model.flops_per_token(4 * T) - model.flops_per_token(T) == 12 * 2 * (3 * T) * 32
+
+
 def test_trainer_logs_mfu_per_epoch_against_a_stated_peak(tmp_path):
     out = io.StringIO()
     tr = _trainer(tmp_path, out, peak_flops=5e9)
+    assert tr.flops_per_token == MarketGPT(tr.cfg.model).flops_per_token(T) and tr.peak_flops == 5e9
+    tr.flops_per_token = 123_456  # injected: the log must follow the formula with these numbers
     assert tr.train() == "finished"
     log = json.loads((tmp_path / "training_log.json").read_text())
-    fpt = tr.model.flops_per_token(T)
-    assert fpt == MarketGPT(tr.cfg.model).flops_per_token(T) > 0
     for e in log["epochs"]:
-        assert e["mfu"] == pytest.approx(e["tokens_per_sec"] * fpt / 5e9, rel=1e-9)
-        assert 0 < e["mfu"] < 1
+        assert e["tokens_per_sec"] > 0 and e["mfu"] == pytest.approx(e["tokens_per_sec"] * 123_456 / 5e9, rel=1e-9)
     lines = [line for line in out.getvalue().splitlines() if line.startswith("Throughput:")]
     assert len(lines) == 2 and all(line.endswith("of 0.005 TFLOP/s per device") for line in lines)
     assert f"MFU: {100 * log['epochs'][-1]['mfu']:.1f}%" in lines[-1]

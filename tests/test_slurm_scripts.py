@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
+from common.requeue import DEFAULT_MAX_REQUEUES, EXIT_REQUEUE
 from slurm_helpers import CASES, FAKE_SCONTROL, FAKE_SRUN, REPO, copy_repo, fake_bin, job_env, sbatch_lines, shell_vars
 
 SCRIPTS = {key: REPO / case / "slurm_scripts" / script for key, (case, script, _) in CASES.items()}
@@ -60,12 +61,21 @@ def test_the_three_scripts_differ_only_in_their_case():
     assert texts[0] == texts[1] == texts[2]
 
 
-@pytest.mark.parametrize("path", [*SCRIPTS.values(), REPO / "common/slurm/job.sh", REPO / "launch_parallel_training.sh"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*SCRIPTS.values(), REPO / "common/slurm/job.sh", REPO / "common/slurm/cluster_env.sh",
+                                  REPO / "launch_parallel_training.sh"], ids=lambda p: p.name)
 def test_shell_syntax(path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
-    if path.suffix == ".sh" and path.name != "job.sh":
+    if path.parent.name != "slurm" or path.parent.parent.name != "common":  # common/slurm/*.sh are sourced
         assert os.access(path, os.X_OK), f"{path} is not executable"
+
+
+def test_job_sh_agrees_with_common_requeue():
+    """The exit code that means "requeue me" and the default requeue cap, as job.sh sees them."""
+    env = {k: v for k, v in job_env().items() if k != "MARKETGPT_MAX_REQUEUES"}
+    proc = subprocess.run(["bash", "-c", 'source common/slurm/job.sh && echo "$MARKETGPT_EXIT_REQUEUE $MARKETGPT_REQUEUE_CAP"'],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(EXIT_REQUEUE), str(DEFAULT_MAX_REQUEUES)]
 
 
 # --------------------------------------------------------------------------- job.sh with fake Slurm
@@ -131,7 +141,7 @@ def test_a_finished_job_logs_to_the_case_folder_and_passes_extra_arguments(repo,
 
 
 def test_exit_75_requeues_and_the_log_is_appended(repo, tmp_path):
-    job = FakeJob(repo, tmp_path, "exit:75", job_id="102")
+    job = FakeJob(repo, tmp_path, f"exit:{EXIT_REQUEUE}", job_id="102")
     assert job.run() == 0
     assert "scontrol requeue 102" in job.recorded()
     again = FakeJob(repo, tmp_path / "second", "exit:0", job_id="102", restarts=1)
@@ -159,15 +169,18 @@ def test_scancel_leaves_the_checkpoint_and_never_requeues(repo, tmp_path):
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)  # scancel: SIGTERM to the batch shell and to the steps
     os.kill(srun, signal.SIGTERM)
-    assert proc.wait(timeout=30) == 75
+    assert proc.wait(timeout=30) == EXIT_REQUEUE
     assert "srun got TERM" in job.recorded() and "requeue" not in job.recorded()
     assert "submit the same script again to resume" in job.log()
 
 
 def test_requeues_stop_at_the_cap(repo, tmp_path):
-    job = FakeJob(repo, tmp_path, "exit:75", job_id="105", restarts=20)
-    assert job.run() == 75
-    assert "requeue" not in job.recorded() and "not requeued: already restarted 20 times" in job.log()
+    job = FakeJob(repo, tmp_path, f"exit:{EXIT_REQUEUE}", job_id="105", restarts=DEFAULT_MAX_REQUEUES)
+    assert job.run() == EXIT_REQUEUE
+    assert "requeue" not in job.recorded()
+    assert f"not requeued: already restarted {DEFAULT_MAX_REQUEUES} times" in job.log()
+    below = FakeJob(repo, tmp_path / "below", f"exit:{EXIT_REQUEUE}", job_id="108", restarts=DEFAULT_MAX_REQUEUES - 1)
+    assert below.run() == 0 and "scontrol requeue 108" in below.recorded()
 
 
 def test_the_repo_is_found_from_the_submit_dir_when_scontrol_has_no_command(repo, tmp_path):

@@ -34,5 +34,6 @@ REPO=$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n "s|^ *Comm
 until [ -f "$REPO/common/slurm/job.sh" ] || [ "$REPO" = / ]; do REPO=$(dirname "$REPO"); done
 [ -f "$REPO/common/slurm/job.sh" ] || { echo "cannot find the MarketGPT repo (common/slurm/job.sh)" >&2; exit 2; }
 
+# shellcheck source=common/slurm/job.sh
 source "$REPO/common/slurm/job.sh"
 marketgpt_train "$@"

@@ -4,7 +4,7 @@
 #
 #   1. logs:    stdout/stderr go to $REPO/$CASE/logs/<LOG_PREFIX>_<JOBID>.out/.err, appended, so
 #               `tail -f` works whichever directory sbatch was called from and across requeues;
-#   2. env:     activates the cluster environment (the block below: the one place to adapt);
+#   2. env:     sources common/slurm/cluster_env.sh (module load, conda: the one place to adapt);
 #   3. train:   srun starts one task per GPU: `python -m common.cli train --config ... --num-gpus
 #               N --resume auto "$@"` (extra sbatch arguments such as --set k=v pass through);
 #   4. requeue: USR2 before the time limit (#SBATCH --signal=B:USR2@...) is forwarded to the
@@ -13,36 +13,17 @@
 #               continues this job's own run folder (its id is in training_log.json).
 #               scancel (SIGTERM) also leaves a checkpoint, but never requeues.
 
-# ============================================================================================
-# CLUSTER ENVIRONMENT: the one place to adapt to your cluster (all three case scripts and
-# launch_parallel_training.sh use it). Uncomment / edit what your cluster needs, e.g.:
-#
-#   module load python/3.11 cuda/12.1
-#   source "$HOME/miniconda3/etc/profile.d/conda.sh" && conda activate llm-training
-#   source "$HOME/venvs/marketgpt/bin/activate"
-#
-# Then MARKETGPT_PYTHON (if set), else the repo's .venv (if it exists), else the python3 on
-# PATH runs the training. sbatch passes the submitting shell's environment to the job, so an
-# environment active when you run sbatch is active in the job too.
-# ============================================================================================
+# The cluster environment (module load, conda activate, the python to run) is set up in
+# common/slurm/cluster_env.sh, the one file to adapt; every way a job starts sources it.
 marketgpt_activate_env() {
-    # module load ...
-    # conda activate ...
-    if [ -n "${MARKETGPT_PYTHON:-}" ]; then
-        PYTHON=$MARKETGPT_PYTHON
-    elif [ -x "$REPO/.venv/bin/python" ]; then
-        PYTHON=$REPO/.venv/bin/python
-    else
-        PYTHON=$(command -v python3 || command -v python) || {
-            echo "marketgpt: no python3 on PATH; adapt the CLUSTER ENVIRONMENT block in $REPO/common/slurm/job.sh" >&2
-            return 1
-        }
-    fi
-    export PYTHON
+    # shellcheck source=common/slurm/cluster_env.sh
+    source "$REPO/common/slurm/cluster_env.sh"
 }
-# ============================================================================================
 
-MARKETGPT_EXIT_REQUEUE=75  # common/trainer.py EXIT_REQUEUE: saved a checkpoint, run me again
+# common/requeue.py's EXIT_REQUEUE and DEFAULT_MAX_REQUEUES (tests/test_slurm_scripts.py checks
+# that they agree): exit 75 = saved a checkpoint, run me again; requeue at most 20 times.
+MARKETGPT_EXIT_REQUEUE=75
+MARKETGPT_REQUEUE_CAP=${MARKETGPT_MAX_REQUEUES:-20}
 
 # Send everything this job prints to the case's logs/ folder, appended (a requeued job adds
 # to the same files). sbatch's own #SBATCH --output file (in the directory sbatch was called
@@ -126,7 +107,7 @@ marketgpt_train() {
     # Requeue after the checkpoint-and-stop exit (75), or after a USR2 that reached the tasks
     # before the trainer could catch it; never after scancel, never beyond the cap.
     if [ "$_marketgpt_cancelled" = 0 ] && { [ "$rc" = "$MARKETGPT_EXIT_REQUEUE" ] || { [ "$_marketgpt_warned" = 1 ] && [ "$rc" != 0 ]; }; }; then
-        local cap=${MARKETGPT_MAX_REQUEUES:-20}
+        local cap=$MARKETGPT_REQUEUE_CAP
         if [ "$restarts" -ge "$cap" ]; then
             echo "marketgpt: not requeued: already restarted $restarts times (MARKETGPT_MAX_REQUEUES=$cap); resubmit to continue"
         else

@@ -5,16 +5,30 @@
 # Debian's packages and runs the daemons as root).
 #
 #   tools/local_slurm/local_slurm.sh install        # apt-get install slurmctld slurmd munge
-#   tools/local_slurm/local_slurm.sh start [--nodes 1|2]
+#   tools/local_slurm/local_slurm.sh start [--nodes 1|2] [--own-conf]
 #   tools/local_slurm/local_slurm.sh status
 #   tools/local_slurm/local_slurm.sh stop
 #
-# State lives in $LOCAL_SLURM_DIR (default /tmp/marketgpt-slurm). The config written there is
-# also installed as /etc/slurm/slurm.conf, where the client commands (sbatch, squeue) look.
+# It never touches a Slurm it did not set up:
+# - the config goes to $STATE/slurm.conf and is installed as /etc/slurm/slurm.conf (where the
+#   client commands look) only when that file is missing or carries this tool's marker line
+#   (its first line). Any other slurm.conf belongs to the machine's own Slurm: start refuses.
+#   With --own-conf (or LOCAL_SLURM_OWN_CONF=1) it leaves /etc/slurm alone and runs from
+#   $STATE/slurm.conf on other ports; commands then need `export SLURM_CONF=$STATE/slurm.conf`
+#   ($STATE/slurm_conf names the config in use, for the tests);
+# - stop signals only the daemons it started, by the pid files in $STATE;
+# - the node names go into /etc/hosts once, on lines marked "# marketgpt-local-slurm", which
+#   stop removes.
+#
+# Environment: LOCAL_SLURM_DIR (state, default /tmp/marketgpt-slurm), LOCAL_SLURM_CONF_DIR
+# (default /etc/slurm) and LOCAL_SLURM_HOSTS (default /etc/hosts).
 set -euo pipefail
 
 STATE=${LOCAL_SLURM_DIR:-/tmp/marketgpt-slurm}
-CONF_DIR=/etc/slurm
+CONF_DIR=${LOCAL_SLURM_CONF_DIR:-/etc/slurm}
+HOSTS=${LOCAL_SLURM_HOSTS:-/etc/hosts}
+MARKER="# Written by tools/local_slurm/local_slurm.sh: a one-machine test cluster."
+HOSTS_MARK="# marketgpt-local-slurm"
 HOST=$(hostname -s)
 
 die() { echo "local_slurm: $*" >&2; exit 1; }
@@ -32,20 +46,55 @@ cmd_install() {
     apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null
 }
 
+# Whether $1 is missing or was written by this tool (its first line is the marker).
+ours() { [ ! -e "$1" ] || [ "$(head -n 1 "$1")" = "$MARKER" ]; }
+
+# The config dir start may write: $CONF_DIR when it is free or ours, else refuse. A gres.conf
+# beside a slurm.conf of ours is ours too (earlier versions wrote it without the marker).
+check_conf_dir() {
+    local f files=("$CONF_DIR/slurm.conf")
+    [ -e "$CONF_DIR/slurm.conf" ] || files+=("$CONF_DIR/gres.conf")
+    for f in ${files[@]+"${files[@]}"}; do
+        ours "$f" || die "refusing to start: $f was not written by this tool (its first line is not
+  '$MARKER'), so it belongs to this machine's own Slurm, which this tool never touches.
+  To run the test cluster beside it with its own config (other ports, nothing under $CONF_DIR):
+    $0 start --own-conf        (or LOCAL_SLURM_OWN_CONF=1, e.g. for the tests)
+    export SLURM_CONF=$STATE/slurm.conf"
+    done
+}
+
+# "127.0.0.1 node1 node2  # marketgpt-local-slurm" in $HOSTS, once: node names resolve as on a
+# real cluster (the DDP master is the first host of the job).
+add_hosts() {
+    local names=$1
+    grep -qF "$HOSTS_MARK" "$HOSTS" 2>/dev/null && remove_hosts
+    echo "127.0.0.1 $names  $HOSTS_MARK" >> "$HOSTS"
+}
+
+remove_hosts() {
+    [ -f "$HOSTS" ] && grep -qF "$HOSTS_MARK" "$HOSTS" || return 0
+    local kept
+    kept=$(grep -vF "$HOSTS_MARK" "$HOSTS" || true)
+    # rewritten in place (/etc/hosts is often a bind mount that cannot be replaced)
+    printf '%s\n' "$kept" > "$HOSTS"
+}
+
 write_config() {
-    local nodes=$1
-    mkdir -p "$STATE"/{spool,log,gres} "$CONF_DIR"
+    local nodes=$1 conf=$2 port=$3 first=$(($3 + 10184))  # slurmd ports: 17001.. (own config: 27001..)
+    mkdir -p "$STATE"/{spool,log,gres}
     # gres.conf needs File= pointing at files that exist, or the node registers with 0 GPUs.
-    : > "$STATE/gres.conf"
-    local n
+    echo "$MARKER" > "$STATE/gres.conf"
+    local n names=""
     for n in $(seq 1 "$nodes"); do
         touch "$STATE/gres/node${n}_gpu0" "$STATE/gres/node${n}_gpu1"
         echo "NodeName=node$n Name=gpu Type=a100 File=$STATE/gres/node${n}_gpu[0-1]" >> "$STATE/gres.conf"
-        # node names resolve like on a real cluster (the DDP master is the first host of the job)
-        grep -qE "^127\.0\.0\.1[[:space:]].*\bnode$n\b" /etc/hosts || echo "127.0.0.1 node$n" >> /etc/hosts
+        names+="${names:+ }node$n"
     done
+    add_hosts "$names"
+    local node_line="NodeName=node[1-$nodes] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$first-$((first + nodes - 1))]"
+    [ "$nodes" -eq 1 ] && node_line="NodeName=node1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$first"
     cat > "$STATE/slurm.conf" <<EOF
-# Written by tools/local_slurm/local_slurm.sh: a one-machine test cluster.
+$MARKER
 ClusterName=marketgpt-local
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
@@ -59,7 +108,7 @@ SlurmctldPidFile=$STATE/slurmctld.pid
 SlurmdPidFile=$STATE/slurmd_%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd_%n.log
-SlurmctldPort=6817
+SlurmctldPort=$port
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -73,45 +122,60 @@ MinJobAge=300
 KillWait=10
 SchedulerType=sched/backfill
 JobRequeue=1
-NodeName=node[1-$nodes] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[17001-$((17000 + nodes))] CPUs=64 RealMemory=262144 Gres=gpu:a100:2 State=UNKNOWN
+$node_line CPUs=64 RealMemory=262144 Gres=gpu:a100:2 State=UNKNOWN
 PartitionName=long Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=medium Nodes=ALL MaxTime=2-00:00:00 State=UP
 EOF
-    [ "$nodes" -eq 1 ] && sed -i 's/NodeName=node\[1-1\]/NodeName=node1/; s/Port=\[17001-17001\]/Port=17001/' "$STATE/slurm.conf"
-    cp "$STATE/slurm.conf" "$CONF_DIR/slurm.conf"
-    cp "$STATE/gres.conf" "$CONF_DIR/gres.conf"
+    if [ "$conf" != "$STATE/slurm.conf" ]; then
+        mkdir -p "$CONF_DIR"
+        cp "$STATE/slurm.conf" "$CONF_DIR/slurm.conf"
+        cp "$STATE/gres.conf" "$CONF_DIR/gres.conf"
+    fi
     echo "$nodes" > "$STATE/nodes"
+    echo "$conf" > "$STATE/slurm_conf"
 }
 
 cmd_start() {
-    local nodes=1
+    local nodes=1 own=${LOCAL_SLURM_OWN_CONF:-0}
     while [ $# -gt 0 ]; do
         case $1 in
-            --nodes) nodes=$2; shift 2 ;;
+            --nodes) [ $# -ge 2 ] || die "--nodes needs 1 or 2"; nodes=$2; shift 2 ;;
+            --own-conf) own=1; shift ;;
             *) die "unknown option $1" ;;
         esac
     done
     [[ $nodes =~ ^[12]$ ]] || die "--nodes must be 1 or 2"
+    local conf=$CONF_DIR/slurm.conf port=6817
+    if [ "$own" = 1 ]; then
+        conf=$STATE/slurm.conf port=16817  # beside a real slurmctld, which may hold 6817
+    else
+        check_conf_dir
+    fi
     need_root
     cmd_install
-    cmd_stop >/dev/null 2>&1 || true
-    write_config "$nodes"
+    cmd_stop >/dev/null
+    write_config "$nodes" "$conf" "$port"
+    export SLURM_CONF=$conf
 
     mkdir -p /run/munge /var/log/munge /var/lib/munge
-    pgrep -x munged >/dev/null || munged --force
+    if ! pgrep -x munged >/dev/null; then
+        munged --force
+        cp /run/munge/munged.pid "$STATE/munged.pid" 2>/dev/null || true
+    fi
     munge -n | unmunge >/dev/null || die "munge does not work (munge -n | unmunge failed)"
 
-    slurmctld -i -f "$CONF_DIR/slurm.conf"
+    slurmctld -i -f "$conf"
     local n
     for n in $(seq 1 "$nodes"); do
-        slurmd -N "node$n" -f "$CONF_DIR/slurm.conf"
+        slurmd -N "node$n" -f "$conf"
     done
     wait_idle "$nodes"
+    [ "$conf" = "$CONF_DIR/slurm.conf" ] || echo "local_slurm: commands need: export SLURM_CONF=$conf"
 }
 
 wait_idle() {
-    local nodes=$1 i idle
-    for i in $(seq 1 60); do
+    local nodes=$1 idle
+    for _ in $(seq 1 60); do
         idle=$(sinfo -h -N -t idle -o "%N" 2>/dev/null | sort -u | wc -l)
         if [ "$idle" -ge "$nodes" ]; then
             echo "local_slurm: $nodes node(s) idle in partition long"
@@ -125,35 +189,54 @@ wait_idle() {
     die "nodes did not become idle within 60 s (logs in $STATE/log)"
 }
 
+# The pid in pid file $1 when that process is still the daemon the file is named for.
+daemon_pid() {
+    local file=$1 name pid
+    name=$(basename "$file" .pid)
+    name=${name%%_*}  # slurmd_node1 -> slurmd
+    pid=$(cat "$file" 2>/dev/null) || return 1
+    [[ $pid =~ ^[0-9]+$ ]] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && echo "$pid"
+}
+
 cmd_stop() {
-    local pidfile
-    for pidfile in "$STATE"/slurmd_*.pid "$STATE"/slurmctld.pid; do
-        [ -f "$pidfile" ] || continue
-        kill "$(cat "$pidfile")" 2>/dev/null || true
+    local file pid pids=()
+    for file in "$STATE"/slurmd_*.pid "$STATE"/slurmctld.pid "$STATE"/munged.pid; do
+        [ -f "$file" ] || continue
+        if pid=$(daemon_pid "$file"); then
+            kill "$pid" 2>/dev/null && pids+=("$pid")
+        fi
+        rm -f "$file"
     done
-    pkill -x slurmd 2>/dev/null || true
-    pkill -x slurmctld 2>/dev/null || true
-    local i
-    for i in $(seq 1 20); do
-        pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || break
+    for _ in $(seq 1 20); do
+        local alive=0
+        for pid in ${pids[@]+"${pids[@]}"}; do [ -d "/proc/$pid" ] && alive=1; done
+        [ "$alive" = 0 ] && break
         sleep 0.5
     done
-    pkill -9 -x slurmd 2>/dev/null || true
-    pkill -9 -x slurmctld 2>/dev/null || true
+    for pid in ${pids[@]+"${pids[@]}"}; do kill -9 "$pid" 2>/dev/null || true; done
     rm -rf "$STATE/spool"
+    remove_hosts
     echo "local_slurm: stopped"
 }
 
 cmd_status() {
-    pgrep -x slurmctld >/dev/null || die "slurmctld is not running (start it: $0 start)"
+    if ! daemon_pid "$STATE/slurmctld.pid" >/dev/null; then
+        die "the test cluster's slurmctld is not running (start it: $0 start)"
+    fi
+    SLURM_CONF=$(cat "$STATE/slurm_conf")
+    export SLURM_CONF
+    echo "local_slurm: running; SLURM_CONF=$SLURM_CONF"
     sinfo -N -o "%N %P %T %C %m %G"
     squeue
 }
+
+# Sourced (the tests call its functions), it only defines them.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 case ${1:-} in
     install) cmd_install ;;
     start) shift; cmd_start "$@" ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    *) echo "usage: $0 {install|start [--nodes 1|2]|status|stop}" >&2; exit 2 ;;
+    *) echo "usage: $0 {install|start [--nodes 1|2] [--own-conf]|status|stop}" >&2; exit 2 ;;
 esac
