@@ -62,7 +62,20 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     case = case_dir(args.case)
     cfg = load_config(args.config or case_config(case), args.overrides)
     summary = download_case(cfg, case)  # raises SourceUnavailable (exit 2) if a source is down
-    return 1 if summary.failed else 0  # 1: some assets failed (listed in the summary)
+    return summary.exit_code  # 1: some assets failed, are inactive or unreachable (listed in the summary)
+
+
+def _cmd_data_check(args: argparse.Namespace) -> int:
+    from common.config import load_config
+    from common.data.download import check_usable
+    from common.paths import case_config, case_dir
+
+    case = case_dir(args.case)
+    usable = check_usable(load_config(args.config or case_config(case), args.overrides), case)
+    print(usable.format())
+    if not usable.usable:
+        return 2
+    return 1 if usable.unusable else 0
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -97,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
     _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
     p.set_defaults(handler=_cmd_data_download)
+    p = data_sub.add_parser("check", help="which cached assets training would use under the case config, "
+                            "and why the others not (no network); exit 1 if some are not usable, 2 if none")
+    p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
+    _add_config_args(p, required=False)
+    p.set_defaults(handler=_cmd_data_check)
 
     p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "
                        "(exit 75: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")

@@ -10,6 +10,7 @@ stays on underneath.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pandas as pd
 import pytest
 import responses
 
+from test_crypto import BINANCE, BITSTAMP_MARKETS
 from test_yahoo import FakeYahoo, expected_frame, load_chart, ny_midnight
 
 import common.data.cache as cache_module
@@ -27,7 +29,7 @@ from common.cli import main
 from common.config import Config
 from common.data import crypto
 from common.data.cache import CandleCache
-from common.data.download import download_case
+from common.data.download import TRAINING_CHECK, check_usable, download_case
 from common.errors import SourceUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +50,7 @@ class FakeCcxt:
         self.calls.append((symbol, since_ms, until_ms))
         if symbol == self.die_on:
             raise KeyboardInterrupt  # the job is killed while this asset downloads
-        if symbol == "NOPE/USDT":
+        if symbol.startswith("NOPE/"):
             raise crypto.BadSymbolError(f"{exchange.id} does not list symbol '{symbol}'")
         end = until_ms if until_ms is not None else kwargs["now_ms"]
         stamps = np.arange(since_ms, end, DAY_MS)
@@ -87,6 +89,10 @@ def net(monkeypatch):
     monkeypatch.setattr(crypto, "fetch_ohlcv_history", fake_ccxt)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
         yahoo = FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
+        yahoo.rsps = rsps
+        # binance's market list, parsed by ccxt (fetch_ohlcv_history itself is FakeCcxt)
+        rsps.add(responses.GET, "https://api.binance.com/api/v3/exchangeInfo",
+                 body=(BINANCE / "exchange_info.json").read_text(encoding="utf-8"))
         yield yahoo, fake_ccxt
 
 
@@ -248,7 +254,10 @@ def test_cli_download_without_network_fails_clearly_and_leaves_the_cache(tmp_pat
     err = capsys.readouterr().err
     assert code == 2
     assert "marketgpt data: error: could not reach Yahoo Finance and ccxt exchange binance;" in err
-    assert _snapshot(cache_dir) == before
+    after = _snapshot(cache_dir)
+    check = json.loads(after.pop(TRAINING_CHECK)[0])  # the only new file: what would train now
+    assert _snapshot(cache_dir) != before and after == before  # the candles are as they were
+    assert check["usable"] == 0 and check["assets"] == 100 and check["problem"]
 
 
 def test_case_wrapper_runs_the_cli():
@@ -257,3 +266,151 @@ def test_case_wrapper_runs_the_cli():
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr
     assert "marketgpt data download" in done.stdout and "--case" in done.stdout
+
+
+# --------------------------------------------------------------------------- what will train
+
+
+def late_listed_chart(sessions: int) -> dict:
+    """AAPL's chart with only its last `sessions` bars: a ticker listed at the end of the range."""
+    chart = load_chart("aapl_1d.json")
+    result = chart["chart"]["result"][0]
+    result["timestamp"] = result["timestamp"][-sessions:]
+    quote = result["indicators"]["quote"][0]
+    for key in quote:
+        quote[key] = quote[key][-sessions:]
+    result["indicators"]["adjclose"][0]["adjclose"] = result["indicators"]["adjclose"][0]["adjclose"][-sessions:]
+    result["events"] = {}
+    return chart
+
+
+def small_config(case_dir: Path, **data) -> Path:
+    """A config file in the case with a context short enough for a month of daily candles."""
+    values = {"start_date": "2024-01-01", "end_date": "2024-02-01", "interval": "1d", **data}
+    path = case_dir / "configs" / "small.json"
+    path.write_text(json.dumps({"model": {"context_length": 4}, "data": values}), encoding="utf-8")
+    return path
+
+
+def test_usable_for_training_is_printed_recorded_and_checked_offline(case, net, capsys):
+    yahoo, _ = net
+    yahoo.charts["LATE"] = late_listed_chart(4)
+    with open(case / "universe.csv", "a", encoding="utf-8") as f:
+        f.write("LATE,yfinance,us_stock,Listed late\n")
+    path = small_config(case)
+    from common.config import load_config
+
+    summary = run(load_config(path), case)
+
+    usable = summary.usable
+    assert usable.usable == ["AAPL", "MSFT", "BTC/USDT"] and usable.total == 6
+    assert list(usable.unusable) == ["GONE", "NOPE/USDT", "LATE"]
+    assert "no candles" in usable.unusable["GONE"]
+    assert "0 candles before the train/val cut" in usable.unusable["LATE"]
+    out = capsys.readouterr().out
+    assert "Usable for training (1d, context 4): 3 of 6 assets" in out and "LATE: 0 candles before" in out
+    recorded = json.loads((case / "data" / TRAINING_CHECK).read_text())
+    assert recorded["usable"] == 3 and set(recorded["not_usable"]) == {"GONE", "NOPE/USDT", "LATE"}
+    # MARKETGPT_YAHOO_HTTP=requests: yfinance's browser headers, not python-requests'
+    assert yahoo.headers[-1]["User-Agent"].startswith("Mozilla/5.0")
+
+    # `marketgpt data check`: the same from the cache, with every network request refused
+    with responses.RequestsMock(assert_all_requests_are_fired=False):
+        code = main(["data", "check", "--case", str(case), "--config", str(path)])
+    checked = capsys.readouterr().out
+    assert code == 1  # some assets are not usable
+    assert "Usable for training (1d, context 4): 3 of 6 assets" in checked
+    assert checked.splitlines()[0] == out[out.index("Usable for training"):].splitlines()[0]
+
+
+def test_data_check_with_an_empty_cache_says_so(case, capsys):
+    path = small_config(case)
+    code = main(["data", "check", "--case", str(case), "--config", str(path)])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "0 of 5 assets" in out and "marketgpt data download" in out
+
+
+def test_pence_glitch_is_repaired_and_counted_in_data_info(case, net):
+    yahoo, _ = net
+    yahoo.charts["VOD.L"] = load_chart("vod_l_1d.json")
+    with open(case / "universe.csv", "a", encoding="utf-8") as f:
+        f.write("VOD.L,yfinance,eu_stock,Vodafone\n")
+    from common.config import load_config
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+
+    cfg = load_config(small_config(case))
+    summary = run(cfg, case)
+    assert summary.usable.fixes["subunit_repaired"] == 1
+    raw = CandleCache(case / "data").read("yfinance", "1d", "VOD.L")
+    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    info = prepared.info
+    assert info["assets"]["VOD.L"]["fixes"]["subunit_repaired"] == 1
+    assert info["totals"]["fixes"]["subunit_repaired"] == 1
+    glitch = pd.Timestamp("2024-01-19", tz="UTC")  # the bar Yahoo sent in pounds
+    assert raw.loc[glitch, "close"] < 100  # cached as Yahoo sent it ...
+    clean = prepared.candles["VOD.L"]
+    assert clean.loc[glitch, "close"] == pytest.approx(raw.loc[glitch, "close"] * 100)  # ... repaired for training
+    neighbours = clean["close"].drop(glitch)
+    assert neighbours.min() * 0.9 < clean.loc[glitch, "close"] < neighbours.max() * 1.1
+
+
+def test_unreachable_ticker_is_not_failed_and_a_rerun_fetches_it(case, net, capsys):
+    yahoo, _ = net
+    yahoo.down_for["MSFT"] = "timeout"
+    summary = run(config("2024-02-01"), case)
+    assert summary.assets["MSFT"].status == "unreachable" and "ReadTimeout" in summary.assets["MSFT"].reason
+    assert {a.symbol for a in summary.failed} == {"GONE", "NOPE/USDT"}
+    assert summary.exit_code == 1
+    out = capsys.readouterr().out
+    assert "unreachable (rate limited or timed out; run the same command again later):" in out
+    assert "MSFT (yfinance)" in out.split("unreachable (rate limited")[1]
+
+    yahoo.down_for.clear()
+    yahoo.history.clear()
+    again = run(config("2024-02-01"), case)
+    assert again.assets["MSFT"].status == "ok"
+    # MSFT from the start; AAPL only from its overlap candle on
+    assert [int(q["period1"]) for q in yahoo.history_of("MSFT")] == [ny_midnight("2024-01-01")]
+    assert [int(q["period1"]) for q in yahoo.history_of("AAPL")] == [ny_midnight("2024-01-30")]
+
+
+def test_inactive_pair_is_kept_and_reported(case, net, capsys):
+    with open(case / "universe.csv", "a", encoding="utf-8") as f:
+        f.write("LUNA/USDT,ccxt,crypto,Terra\n")
+    summary = run(config("2024-02-01"), case)
+    luna = summary.assets["LUNA/USDT"]
+    assert luna.status == "inactive" and "BREAK" in luna.reason
+    assert summary.assets["BTC/USDT"].status == "ok"
+    assert CandleCache(case / "data").read("ccxt", "1d", "LUNA/USDT") is not None  # candles up to then kept
+    assert summary.exit_code == 1
+    assert "inactive (halted or delisted" in capsys.readouterr().out
+
+
+def test_exchange_refusing_the_location_stops_crypto_with_one_clear_line(case, net, capsys):
+    yahoo, fake_ccxt = net
+    yahoo.rsps.replace(responses.GET, "https://api.binance.com/api/v3/exchangeInfo", status=451,
+                       body=(BINANCE / "restricted_451.json").read_text(encoding="utf-8"))
+    path = small_config(case)
+    code = main(["data", "download", "--case", str(case), "--config", str(path)])
+    captured = capsys.readouterr()
+    assert code == 2
+    error = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(error) == 1 and "binance refuses requests from this machine's location (HTTP 451" in error[0]
+    assert "data.exchange" in error[0] and "bitstamp" in error[0]
+    assert "refused: ccxt exchange binance" in captured.out  # the summary came first
+    assert fake_ccxt.calls == []  # no candles asked for
+    assert CandleCache(case / "data").read("yfinance", "1d", "AAPL") is not None  # Yahoo's part was saved
+
+
+def test_quote_currency_fetches_usd_pairs_on_bitstamp(case, net):
+    yahoo, fake_ccxt = net
+    yahoo.rsps.add(responses.GET, "https://www.bitstamp.net/api/v2/markets/", json=BITSTAMP_MARKETS)
+    cfg = config("2024-02-01")
+    cfg.data.exchange, cfg.data.quote_currency = "bitstamp", "USD"
+    summary = run(cfg, case)
+    assert [c[0] for c in fake_ccxt.calls] == ["BTC/USD", "NOPE/USD"]
+    assert summary.assets["BTC/USDT"].status == "ok"  # cached under the universe's symbol
+    entry = CandleCache(case / "data").manifest_entry("ccxt", "1d", "BTC/USDT")
+    assert entry["origin"] == "bitstamp USD"

@@ -16,19 +16,31 @@ History before the first cached candle is not fetched again: to extend data.star
 backwards, delete the asset's files (or the cache) and download again.
 
 The run prints progress (a tqdm bar when stderr is a terminal, plain lines otherwise, as in a
-Slurm log) and a summary: assets ok / empty / failed, rows added, date range. A source that
-stays unreachable after retries stops that source, the other source still runs, and then
-`SourceUnavailable` is raised naming it (the CLI exits non-zero); nothing partial is written.
+Slurm log) and a summary: assets ok / empty / failed / unreachable / inactive, rows added, date
+range, and how many assets are usable for training under the case config (`check_usable`: the
+same preparation training runs, on the cache; an asset with fewer candles before the first split
+cut than a context window is not), also written to <cache>/training_check.json. `marketgpt data
+check` prints the same from the cache alone. Statuses: "failed" means the source has no data for
+the symbol (fix the universe); "unreachable" means it was rate limited or timed out (a rerun
+fetches it); "inactive" means the exchange lists the pair as halted or delisted (its candles up to
+then are kept). A source that stays unreachable after retries stops that source, the other source
+still runs, and then `SourceUnavailable` is raised naming it (the CLI exits non-zero); nothing
+partial is written. An exchange that refuses this machine's location stops the crypto part the
+same way, with a `RestrictedLocation` error naming data.exchange and the alternatives.
 
 Environment knobs:
   MARKETGPT_RETRY_DELAY_S   base delay in seconds of the retry backoff and of the pause between
                             Yahoo batches (default: Yahoo 5 s retries, 2 s pauses; ccxt 1 s).
                             0 makes an unreachable source fail at once; the tests use it.
-  MARKETGPT_YAHOO_HTTP      "requests" to talk to Yahoo through a plain requests.Session instead
-                            of yfinance's default curl_cffi client (tests; unusual proxies).
+  MARKETGPT_YAHOO_HTTP      "requests" to talk to Yahoo through requests with yfinance's own
+                            browser headers instead of its default curl_cffi client (machines
+                            where curl_cffi can't be used; tests). Yahoo may rate-limit it sooner.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import os
 import sys
 import time
@@ -39,12 +51,15 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import pandas as pd
 
+from common.atomic import atomic_write_json
 from common.config import Config
 from common.data.cache import CandleCache
-from common.data.universe import Asset, load_universe
+from common.data.universe import Asset, load_universe, universe_as_of
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["AssetResult", "DownloadSummary", "download_case"]
+__all__ = ["AssetResult", "DownloadSummary", "TRAINING_CHECK", "Usability", "check_usable", "download_case"]
+
+TRAINING_CHECK = "training_check.json"  # in the cache folder: the last download's usable-for-training check
 
 YAHOO_ORIGIN = "yahoo"
 # Relative change of a complete cached close, re-fetched, that means Yahoo re-adjusted history:
@@ -56,7 +71,7 @@ RESTATE_RTOL = 1e-4
 class AssetResult:
     symbol: str
     source: str
-    status: str = "pending"  # ok | empty | failed | unreachable
+    status: str = "pending"  # ok | empty | failed | unreachable | inactive
     rows_added: int = 0
     reason: str = ""
     first: pd.Timestamp | None = None  # cached range after this run
@@ -70,7 +85,9 @@ class DownloadSummary:
     cache_dir: Path
     assets: dict[str, AssetResult] = field(default_factory=dict)  # universe order
     unavailable: dict[str, str] = field(default_factory=dict)  # source name -> why
+    refused: dict[str, str] = field(default_factory=dict)  # source name -> why (a user error: e.g. location)
     notes: list[str] = field(default_factory=list)
+    usable: Usability | None = None  # set after the download
 
     def with_status(self, status: str) -> list[AssetResult]:
         return [a for a in self.assets.values() if a.status == status]
@@ -92,13 +109,23 @@ class DownloadSummary:
         return self.with_status("unreachable")
 
     @property
+    def inactive(self) -> list[AssetResult]:
+        return self.with_status("inactive")
+
+    @property
+    def exit_code(self) -> int:
+        """0: everything downloaded; 1: some assets failed, are inactive or were not reached."""
+        return 1 if self.failed or self.inactive or self.unreachable else 0
+
+    @property
     def rows_added(self) -> int:
         return sum(a.rows_added for a in self.assets.values())
 
     @property
     def date_range(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
-        firsts = [a.first for a in self.ok if a.first is not None]
-        lasts = [a.last for a in self.ok if a.last is not None]
+        kept = self.ok + self.inactive
+        firsts = [a.first for a in kept if a.first is not None]
+        lasts = [a.last for a in kept if a.last is not None]
         return (min(firsts), max(lasts)) if firsts else None
 
     def format(self) -> str:
@@ -106,17 +133,27 @@ class DownloadSummary:
         lines = [
             f"Download summary: {self.case_dir.name}, {self.interval} candles, cache {self.cache_dir}",
             f"  assets: {len(self.ok)} ok, {len(self.empty)} empty, {len(self.failed)} failed"
-            + (f", {len(self.unreachable)} not downloaded (source unreachable)" if self.unreachable else ""),
+            + (f", {len(self.inactive)} inactive" if self.inactive else "")
+            + (f", {len(self.unreachable)} not downloaded (unreachable: a rerun fetches them)"
+               if self.unreachable else ""),
             f"  rows added: {self.rows_added:,}",
             f"  date range: {_day(span[0])} -> {_day(span[1])}" if span else "  date range: -",
         ]
-        for title, items in (("failed", self.failed), ("empty", self.empty)):
+        titles = (("failed (no data from the source: fix or replace them in the universe)", self.failed),
+                  ("empty", self.empty),
+                  ("inactive (halted or delisted on the exchange; candles up to then are kept)", self.inactive),
+                  ("unreachable (rate limited or timed out; run the same command again later)", self.unreachable))
+        for title, items in titles:
             if items:
                 lines.append(f"  {title}:")
                 lines += [f"    {a.symbol} ({a.source}): {a.reason}" for a in items]
         for source, why in self.unavailable.items():
             lines.append(f"  unreachable: {source}: {why}")
+        for source, why in self.refused.items():
+            lines.append(f"  refused: {source}: {why}")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.usable is not None:
+            lines.append(self.usable.format())
         return "\n".join(lines)
 
 
@@ -174,9 +211,9 @@ def _env_yahoo_session() -> Any:
     if choice in ("", "default"):
         return None
     if choice == "requests":
-        import requests
+        from common.data.yahoo import requests_session
 
-        return requests.Session()
+        return requests_session()
     raise UserError(f"MARKETGPT_YAHOO_HTTP={choice!r}: expected 'requests' or 'default'")
 
 
@@ -287,8 +324,11 @@ class _Run:
                           replace=symbol in replace)
             for symbol, reason in part.failed.items():
                 self.mark(symbol, "failed", reason)
-            done = len(part.frames) + len(part.failed)
-            self.progress.advance(done, f"yfinance: {len(part.frames)} ok, {len(part.failed)} failed")
+            for symbol, reason in part.unreachable.items():
+                self.mark(symbol, "unreachable", reason)
+            done = len(part.frames) + len(part.failed) + len(part.unreachable)
+            self.progress.advance(done, f"yfinance: {len(part.frames)} ok, {len(part.failed)} failed"
+                                  + (f", {len(part.unreachable)} unreachable" if part.unreachable else ""))
 
         for number, (_, members) in enumerate(sorted(groups.items())):
             if number:
@@ -310,6 +350,8 @@ class _Run:
                     self.save("yfinance", symbol, frame, adjusted=True, origin=YAHOO_ORIGIN, replace=True)
                 for symbol, reason in part.failed.items():
                     self.mark(symbol, "failed", reason)
+                for symbol, reason in part.unreachable.items():
+                    self.mark(symbol, "unreachable", reason)
 
             self.sleep(pause_s)
             download_yahoo(restate, self.interval, self.start, self.end, on_batch=replace_batch, **kwargs)
@@ -322,10 +364,13 @@ class _Run:
         from common.data import crypto
 
         exchange = crypto.make_exchange(self.cfg.data.exchange)
-        origin = exchange.id
+        quote = self.cfg.data.quote_currency
+        # Candles of BTC/USD and BTC/USDT differ a little: a cache filled with another quote is replaced.
+        origin = exchange.id if not quote else f"{exchange.id} {quote}"
         retry: dict[str, Any] = dict(sleep=self.sleep)
         if self.delay is not None:
             retry["base_delay_s"] = self.delay
+        crypto.ensure_markets(exchange, **retry)  # once, up front: a refusal by location stops here
         now_ms = None if self.now is None else int(self.now.timestamp() * 1000)
         until_ms = None if self.end is None else int(self.end.timestamp() * 1000)
         for asset in assets:
@@ -334,8 +379,9 @@ class _Run:
             if frame is not None and self.end is not None and start >= self.end:
                 self.up_to_date(asset.symbol, frame)
                 continue
+            market = crypto.with_quote(asset.symbol, quote)
             try:
-                new = crypto.fetch_ohlcv_history(exchange, asset.symbol, self.interval,
+                new = crypto.fetch_ohlcv_history(exchange, market, self.interval,
                                                  int(start.timestamp() * 1000), until_ms, now_ms=now_ms, **retry)
             except crypto.BadSymbolError as e:
                 self.mark(asset.symbol, "failed", str(e))
@@ -351,7 +397,11 @@ class _Run:
                 self.progress.advance(1, f"ccxt {asset.symbol}: no candles")
                 continue
             self.save("ccxt", asset.symbol, new, adjusted=False, origin=origin, replace=replace)
-            self.progress.advance(1, f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows")
+            inactive = crypto.inactive_reason(exchange, market) if exchange.markets else None
+            if inactive:
+                self.mark(asset.symbol, "inactive", inactive)
+            self.progress.advance(1, f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows"
+                                  + (" (inactive)" if inactive else ""))
 
 
 def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
@@ -393,11 +443,21 @@ def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
                     if run.summary.assets[asset.symbol].status == "pending":
                         run.mark(asset.symbol, "unreachable", f"{name} unreachable")
                 run.progress.note(f"{name}: unreachable, skipping its remaining assets")
+            except UserError as e:  # e.g. the exchange refuses this location: no asset of it can come
+                run.summary.refused[name] = str(e)
+                for asset in group:
+                    if run.summary.assets[asset.symbol].status == "pending":
+                        run.mark(asset.symbol, "failed", f"{name} refused: see below")
+                run.progress.note(f"{name}: refused, skipping its remaining assets")
     finally:
         run.progress.close()
 
     summary = run.summary
+    summary.usable = check_usable(cfg, case_dir)
+    atomic_write_json(run.cache.root / TRAINING_CHECK, summary.usable.to_json())
     print(summary.format(), flush=True)
+    if summary.refused:
+        raise UserError(" | ".join(summary.refused.values()))
     if summary.unavailable:
         names = " and ".join(summary.unavailable)
         raise SourceUnavailable(
@@ -405,3 +465,66 @@ def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
             f"downloaded. {' | '.join(summary.unavailable.values())}. The cache keeps what it had; run the "
             "same command again when the network is back, it resumes")
     return summary
+
+
+# --------------------------------------------------------------------------- usable for training
+
+
+@dataclass
+class Usability:
+    """Which cached assets training under a config would use, and why the others would not."""
+    case_dir: Path
+    interval: str
+    context_length: int
+    total: int
+    usable: list[str]
+    unusable: dict[str, str]  # symbol -> why, universe order
+    problem: str | None = None  # why nothing is usable, when nothing is
+    fixes: dict[str, int] = field(default_factory=dict)  # cleaning fixes over the usable assets
+    universe_as_of: str | None = None
+
+    def format(self) -> str:
+        lines = [f"Usable for training ({self.interval}, context {self.context_length}): "
+                 f"{len(self.usable)} of {self.total} assets"]
+        if self.problem:
+            lines.append(f"  none: {self.problem}")
+        if self.unusable:
+            lines.append("  not usable:")
+            lines += [f"    {symbol}: {why}" for symbol, why in self.unusable.items()]
+        repaired = {k: v for k, v in self.fixes.items() if v}
+        if repaired:
+            lines.append("  cleaning: " + ", ".join(f"{k} {v}" for k, v in repaired.items()))
+        if self.universe_as_of:
+            lines.append(f"  universe as of {self.universe_as_of}: today's constituents trained on past data "
+                         "(survivorship bias: assets that failed or were delisted before then are absent)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"case": self.case_dir.name, "interval": self.interval, "context_length": self.context_length,
+                "assets": self.total, "usable": len(self.usable), "usable_symbols": self.usable,
+                "not_usable": self.unusable, "problem": self.problem, "fixes": self.fixes,
+                "universe_as_of": self.universe_as_of,
+                "checked_at": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
+
+
+def check_usable(cfg: Config, case_dir: Path) -> Usability:
+    """Run training's own loading and preparation on the cache (no network) and report the result."""
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+
+    case_dir = Path(case_dir)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="download"))
+    d = cfg.data
+    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    result = Usability(case_dir=case_dir, interval=d.interval, context_length=cfg.model.context_length,
+                       total=len(assets), usable=[], unusable={}, universe_as_of=universe_as_of(case_dir / d.universe))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # loading's "left out" warning: reported below
+            prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
+    except UserError as e:
+        result.problem = str(e)
+        return result
+    result.usable = [a.symbol for a in prepared.assets]
+    result.unusable = dict(prepared.dropped)
+    result.fixes = dict(prepared.info["totals"]["fixes"])
+    return result

@@ -42,7 +42,12 @@ FIX_KINDS = (
     "high_repaired",  # high below max(open, close): set to max(open, high, close)
     "low_repaired",  # low above min(open, close): set to min(open, low, close)
     "volume_clipped",  # negative or missing volume set to 0
+    "subunit_repaired",  # rows with prices 100x off (pence vs pounds, cents vs rand) scaled back
 )
+# Yahoo tickers quoted in a sub-unit (GBp, ZAc, ILA) on which Yahoo now and then reports a bar in
+# the main unit (or the other way round): 100x one-day jumps that revert. London, Johannesburg, Tel Aviv.
+SUBUNIT_SUFFIXES = (".L", ".IL", ".JO", ".TA")
+_SUBUNIT_WINDOW = 11  # bars around each bar whose median close is the reference (a glitch run < 6 bars)
 SPLITS = ("train", "val", "test")
 _STEP_SECONDS = {"1m": 60, "5m": 300, "15m": 900, "30m": 1800, "1h": 3600, "4h": 14400, "1d": 86400}
 _NS = 1_000_000_000
@@ -92,10 +97,14 @@ def _frame(ts: np.ndarray, values: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({c: values[:, i] for i, c in enumerate(COLUMNS)}, index=index)
 
 
-def clean_candles(frame: pd.DataFrame, symbol: str) -> tuple[pd.DataFrame, dict[str, int]]:
+def clean_candles(frame: pd.DataFrame, symbol: str, *,
+                  subunits: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
     """Sort, dedupe, drop or repair invalid candles; returns the canonical frame and fix counts.
 
-    Only the canonical columns are kept; a naive index is taken as UTC.
+    Only the canonical columns are kept; a naive index is taken as UTC. `subunits`: the prices
+    are quoted in a sub-unit (pence): a price 80-125x below or above the median close of the
+    bars around it is scaled back by 100 (Yahoo's pence/pound glitch; no market moves 100x for a
+    day and back).
     """
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
@@ -124,6 +133,8 @@ def clean_candles(frame: pd.DataFrame, symbol: str) -> tuple[pd.DataFrame, dict[
     if not keep.all():
         ts, values = ts[keep], values[keep]
 
+    if subunits and len(ts) >= 3:
+        fixes["subunit_repaired"] = _repair_subunits(values)
     o, h, l, c, v = (values[:, i] for i in range(5))  # views: writes below fix `values`
     top, bottom = np.maximum(o, c), np.minimum(o, c)
     bad_high, bad_low = h < top, l > bottom
@@ -135,6 +146,21 @@ def clean_candles(frame: pd.DataFrame, symbol: str) -> tuple[pd.DataFrame, dict[
     fixes["volume_clipped"] = int(bad_volume.sum())
     v[bad_volume] = 0.0
     return _frame(ts, values), fixes
+
+
+def _repair_subunits(values: np.ndarray) -> int:
+    """Scale prices 100x off the local median close back in place; returns the rows changed."""
+    reference = pd.Series(values[:, 3]).rolling(_SUBUNIT_WINDOW, center=True, min_periods=3).median().to_numpy()
+    ratio = values[:, :4] / reference[:, None]
+    low = (ratio > 1 / 125) & (ratio < 1 / 80)  # in pounds among pence
+    high = (ratio > 80) & (ratio < 125)  # in pence among pounds
+    values[:, :4][low] *= 100.0
+    values[:, :4][high] /= 100.0
+    return int((low | high).any(axis=1).sum())
+
+
+def _subunits(asset: Asset) -> bool:
+    return asset.source == "yfinance" and asset.symbol.upper().endswith(SUBUNIT_SUFFIXES)
 
 
 def fill_gaps(frame: pd.DataFrame, step: pd.Timedelta) -> tuple[pd.DataFrame, int]:
@@ -194,7 +220,7 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     dropped: dict[str, str] = {}
     for asset in market.assets:
         raw = market.candles[asset.symbol]
-        frame, fixes = clean_candles(raw, asset.symbol)
+        frame, fixes = clean_candles(raw, asset.symbol, subunits=_subunits(asset))
         record: dict[str, Any] = {"category": asset.category, "raw_rows": len(raw), "rows": len(frame),
                                   "fixes": fixes, "gaps_filled": 0}
         records[asset.symbol] = record

@@ -1,6 +1,6 @@
 """Asset universes: which assets a case trains on, read from a small CSV in the case folder.
 
-    # comment lines and blank lines are allowed
+    # As of 2025-06-30: constituents on that date (comment lines and blank lines are allowed)
     symbol,source,category,name
     AAPL,yfinance,us_stock,Apple
     BTC/USDT,ccxt,crypto,Bitcoin
@@ -8,12 +8,15 @@
 The symbol drives the model's asset embedding and the category its category embedding; the
 ids of both go to asset_info.json in the run folder. Every problem in the file is a UserError
 that names the file and the line, because a bad universe only shows up days later otherwise.
+A comment "# As of YYYY-MM-DD" dates the list (`universe_as_of`): a universe is a list of the
+constituents on that day, trained on their past, so it carries survivorship bias.
 """
 from __future__ import annotations
 
 import csv
 import difflib
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Iterable
 
 from common.errors import UserError
 
-__all__ = ["Asset", "CATEGORIES", "SOURCES", "HEADER", "load_universe", "asset_info"]
+__all__ = ["Asset", "CATEGORIES", "SOURCES", "HEADER", "load_universe", "asset_info", "universe_as_of"]
 
 CATEGORIES: tuple[str, ...] = ("us_stock", "eu_stock", "emerging", "commodity", "crypto", "index", "fx")
 SOURCES: tuple[str, ...] = ("yfinance", "ccxt", "sample")
@@ -40,6 +43,22 @@ def _suggest(value: str, choices: Iterable[str]) -> str:
     choices = list(choices)
     close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
     return f"did you mean '{close[0]}'?" if close else f"expected one of {', '.join(choices)}"
+
+
+_AS_OF = re.compile(r"^\s*#\s*as of\s*:?\s*(\d{4}-\d{2}-\d{2})\b", re.IGNORECASE)
+
+
+def universe_as_of(path: str | os.PathLike) -> str | None:
+    """The date of the "# As of YYYY-MM-DD" comment line of a universe file, or None."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        match = _AS_OF.match(line)
+        if match:
+            return match.group(1)
+    return None
 
 
 def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | None = None) -> list[Asset]:

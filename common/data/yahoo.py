@@ -156,7 +156,8 @@ class _ChartLog:
             other = self._other
         said = f"; yfinance: {logged}" if logged else ""
         if not seen:  # failed before reaching the chart API (cookie/crumb step): no answer at all
-            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else "") + said)
+            # (yfinance's own guess here, "possibly delisted", is wrong: it got no answer either)
+            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else ""))
         if last is None and logged:  # Yahoo answered 200 with a chart; yfinance failed on it
             return _Problem(False, f"Yahoo answered, but yfinance could not read the answer for {what} ({logged})")
         if last is None:  # Yahoo answered with a chart, yet no candles survived for the range
