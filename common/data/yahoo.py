@@ -253,9 +253,11 @@ def requests_session() -> Any:
 
     if "yfinance" not in sys.modules:
         os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
-    from yfinance import _http
-
-    if not getattr(_http, "HAS_CURL_CFFI", True):
+    try:
+        from yfinance import _http
+    except ImportError:  # a yfinance without the module: the same headers, written here
+        _http = None
+    if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
         return _http.new_session()  # yfinance's fallback: requests with its browser headers
     session = requests.Session()  # yfinance was imported with curl_cffi: copy the same headers
     session.headers.update({
