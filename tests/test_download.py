@@ -414,3 +414,12 @@ def test_quote_currency_fetches_usd_pairs_on_bitstamp(case, net):
     assert summary.assets["BTC/USDT"].status == "ok"  # cached under the universe's symbol
     entry = CandleCache(case / "data").manifest_entry("ccxt", "1d", "BTC/USDT")
     assert entry["origin"] == "bitstamp USD"
+
+
+def test_shipped_universes_are_dated():
+    from common.data.universe import universe_as_of
+
+    for universe in sorted(REPO.glob("case_*/universe.csv")):
+        as_of = universe_as_of(universe)
+        assert as_of is not None, f"{universe} has no '# As of YYYY-MM-DD' line"
+        pd.Timestamp(as_of)  # a real date
