@@ -1,0 +1,85 @@
+"""Scorecard time on the shipped daily sample, case C's shape, with a baseline as the forecaster.
+
+Target (issue 14): the whole scorecard with the model <= 2 minutes on 2 cores, for all assets,
+horizons 1/5/20, 200 samples, every 5th test candle as an origin. The model's share comes with
+the Forecaster; this measures everything else: fitting the baselines (GARCH per asset on the
+train split), building the no-look-ahead histories, sampling the three baselines, the metrics,
+block-bootstrap skill, backtest, and writing scorecard.json + scorecard.png.
+
+    python bench/bench_scorecard.py [--forecaster rw_ewma] [--horizons 1,5,20] [--samples 200]
+                                    [--stride 5] [--out DIR] [--json PATH]
+
+Always exits 0: it reports, it does not gate.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, bench_args, finish, row  # noqa: E402  (puts the repo on sys.path)
+
+__all__ = ["run", "main"]
+
+TARGET_SECONDS = 120.0
+CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
+
+
+def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), samples: int = 200, stride: int = 5,
+        out: Path | None = None) -> dict[str, Any]:
+    from common.config import load_config
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+    from common.scorecard import fit_price_baselines, make_scorecard, series_from_prepared, write_scorecard
+
+    t0 = time.perf_counter()
+    cfg = load_config(CASE_C, ["data.source=sample", "data.interval=1d"])
+    series = series_from_prepared(prepare_data(cfg, load_market_data(cfg, CASE_C.parent.parent)))
+    t_data = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    baselines = fit_price_baselines(series, cfg.data.interval)
+    t_fit = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    card = make_scorecard(series, baselines[forecaster], interval=cfg.data.interval, horizons=horizons,
+                          stride=stride, n_samples=samples, baselines=baselines, progress=print)
+    t_score = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_scorecard(card, out or tmp)
+    t_write = time.perf_counter() - t0
+
+    total = t_fit + t_score + t_write
+    origins = sum(h["n"] for h in card["horizons"].values())
+    with_test = sum(1 for s in series if len(s.test))
+    print("\n".join(card["verdicts"]))
+    print(f"data {t_data:.2f} s (not counted: the CLI loads it anyway); baselines fit {t_fit:.2f} s; "
+          f"forecasts + metrics {t_score:.2f} s; files {t_write:.2f} s")
+    print(f"total {total:.2f} s for {origins} origins x 4 forecasters x {samples} samples "
+          f"({with_test} of {len(series)} assets have a test split)   target <= {TARGET_SECONDS:.0f} s with the model")
+    detail = (f"sample 1d, {with_test} assets, H={','.join(map(str, horizons))}, {samples} samples, "
+              f"stride {stride}, {origins} origins; '{forecaster}' stands in for the model")
+    return {"rows": [row("Scorecard (baseline as model)", "seconds", total, "s", f"<= {TARGET_SECONDS:g}", detail)],
+            "figures": {"data_s": t_data, "fit_s": t_fit, "score_s": t_score, "write_s": t_write, "total_s": total,
+                        "origins": origins, "assets_with_test": with_test, "verdicts": card["verdicts"]}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args(__doc__.splitlines()[0])
+    ap.add_argument("--forecaster", choices=("rw_ewma", "bootstrap", "garch"), default="rw_ewma")
+    ap.add_argument("--horizons", default="1,5,20")
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--stride", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None, help="keep scorecard.json and scorecard.png here")
+    args = ap.parse_args(argv)
+    horizons = tuple(int(h) for h in args.horizons.split(","))
+    return finish("scorecard", run(args.forecaster, horizons, args.samples, args.stride, args.out), args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
