@@ -31,7 +31,8 @@ same way, with a `RestrictedLocation` error naming data.exchange and the alterna
 Environment knobs:
   MARKETGPT_RETRY_DELAY_S   base delay in seconds of the retry backoff and of the pause between
                             Yahoo batches (default: Yahoo 5 s retries, 2 s pauses; ccxt 1 s).
-                            0 makes an unreachable source fail at once; the tests use it.
+                            0 makes an unreachable source fail at once (the wait of at least
+                            60 s after a Yahoo 429 stays); the tests use it.
   MARKETGPT_YAHOO_HTTP      "requests" to talk to Yahoo through requests with yfinance's own
                             browser headers instead of its default curl_cffi client (machines
                             where curl_cffi can't be used; tests). Yahoo may rate-limit it sooner.
