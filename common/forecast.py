@@ -36,9 +36,11 @@ from common.config import Config
 from common.errors import UserError
 from common.model import MarketGPT
 from common.sampling import sample_paths
-from common.tokenizer import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN, OHLCTokenizer
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokenizer import OHLCTokenizer
 
-__all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "summarize_paths"]
+__all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
+           "summarize_paths"]
 
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
 MAX_SAMPLES = 100_000
@@ -56,6 +58,12 @@ class History:
 
     symbol: str
     candles: pd.DataFrame
+
+
+def histories_at(symbol: str, candles: pd.DataFrame, origins: Sequence[Any]) -> list[History]:
+    """One History per origin time: the candles up to and including it (a walk-forward's inputs)."""
+    index = candles.index
+    return [History(symbol, candles.iloc[:int(index.searchsorted(pd.Timestamp(t), side="right"))]) for t in origins]
 
 
 @dataclass

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -15,10 +17,15 @@ import torch
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset, asset_info
-from common.forecast import QUANTILES, Forecaster, History, future_timestamps
+from common.forecast import QUANTILES, Forecaster, History, future_timestamps, histories_at
 from common.model import MarketGPT
+from common.paths import REPO_ROOT
 from common.sampling import prefill_length, sample_paths
-from common.tokenizer import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN, OHLCTokenizer
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.tokenizer import OHLCTokenizer
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from bench_forecast import old_decode_path  # noqa: E402  (decode_path before it was vectorized)
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
@@ -94,21 +101,6 @@ def test_cache_refuses_tokens_beyond_the_window():
 # ---------------------------------------------------------------------- decoding
 
 
-def _decode_one(tok: OHLCTokenizer, tokens, last_close, sigma, weight):
-    """The scalar loop decode_path was before it was vectorized: the reference."""
-    move_z, _ = tok.decode(np.asarray(tokens))
-    var, log_close, out = sigma ** 2, math.log(last_close), np.full(len(move_z), np.nan)
-    for i, z in enumerate(move_z):
-        if math.isnan(z):
-            continue
-        r = z * max(math.sqrt(var), 1e-8)
-        log_close += r
-        out[i] = math.exp(log_close)
-        weight = (1 - tok.alpha) * weight + 1
-        var += (r * r - var) / weight
-    return out
-
-
 def test_vectorized_decode_path_equals_the_loop_per_path():
     tok = fitted_tokenizer()
     rng = np.random.default_rng(0)
@@ -117,7 +109,7 @@ def test_vectorized_decode_path_equals_the_loop_per_path():
     states = [tok.vol_state(candles(30 + 7 * i, i), "X") for i in range(50)]
     closes = tok.decode_path(tokens, *(np.array(v) for v in zip(*states)))
     for i, s in enumerate(states):
-        np.testing.assert_allclose(closes[i], _decode_one(tok, tokens[i], *s), rtol=1e-12, equal_nan=True)
+        np.testing.assert_allclose(closes[i], old_decode_path(tok, tokens[i], *s), rtol=1e-12, equal_nan=True)
     np.testing.assert_allclose(tok.decode_path(tokens[3], *states[3]), closes[3], rtol=0, equal_nan=True)
 
 
@@ -237,6 +229,9 @@ def forecaster(run_dir):
 
 def test_forecast_table_and_paths(forecaster):
     histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
+    whole = forecaster.load_history(["AAPL"])[0].candles
+    (again,) = histories_at("AAPL", whole, ["2012-06-01T00:00Z"])  # a walk-forward's cut, same history
+    pd.testing.assert_frame_equal(again.candles, histories[0].candles)
     r1 = forecaster.forecast(histories, horizon=7, samples=50, seed=11, return_paths=True)
     r2 = forecaster.forecast(histories, horizon=7, samples=50, seed=11, return_paths=True)
     pd.testing.assert_frame_equal(r1.table, r2.table)  # determinism
@@ -370,3 +365,16 @@ def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
     _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
                                "--out", blocker / "out")[::2], "is not writable")
     assert blocker.read_text() == "not a folder"
+
+
+def test_bench_forecast_smoke_writes_its_rows(tmp_path):
+    """bench/bench_forecast.py runs end to end at toy sizes (nothing here times anything)."""
+    out = tmp_path / "forecast.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_forecast.py"), "--assets", "2",
+                           "--samples", "4", "--horizon", "3", "--ref-samples", "1", "--threads", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    figures = {r["figure"]: r["value"] for r in result["rows"]}
+    assert figures["KV cache / generate paths/s"] > 0 and figures["peak memory"] > 0
+    assert result["figures"]["samples"] == 4 and result["figures"]["horizon"] == 3
