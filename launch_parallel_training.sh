@@ -146,6 +146,7 @@ cat >"$monitor" <<EOF
 # ./$monitor --watch    the same every 60 s (Ctrl-C to stop)
 REPO=\$(cd "\$(dirname "\$(readlink -f "\${BASH_SOURCE[0]}")")" && pwd)
 cd "\$REPO" || exit 1
+# shellcheck source=common/slurm/cluster_env.sh
 source "\$REPO/common/slurm/cluster_env.sh" || exit 1
 show() {
     echo "== \$(date '+%F %T') jobs $job_list"

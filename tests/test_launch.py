@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def test_y_submits_the_chosen_cases_and_writes_a_monitoring_script(launch):
     assert "jobs 501,502" in monitor.stdout and "squeue -t all -j 501,502" in calls.read_text()
     assert "No runs under case_*/checkpoints yet" in monitor.stdout  # `marketgpt status` of that repo
     assert "-- case_c_crypto/logs/crypto_502.out" in monitor.stdout and "(no log yet" in monitor.stdout
+    if shutil.which("shellcheck"):  # tests/test_shellcheck.py fails under CI when it is missing
+        checked = subprocess.run(["shellcheck", "--external-sources", "monitor_training.sh"], cwd=repo,
+                                 capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout
 
 
 @pytest.mark.parametrize("args,env,message", [
