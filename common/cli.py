@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from common.errors import UserError
+from common.requeue import EXIT_REQUEUE
 
 __all__ = ["main", "build_parser"]
 
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_data_check)
 
     p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "
-                       "(exit 75: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")
+                       f"(exit {EXIT_REQUEUE}: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")
     _add_config_args(p, required=False)
     p.add_argument("--resume", metavar="auto|PATH", default=None,
                    help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
