@@ -1,9 +1,10 @@
 """Price-space baselines: forecasters of the H-step log return that every model is scored beside.
 
 A forecaster is any callable `forecast_fn(histories, horizon, n_samples, seed)` returning an
-(len(histories), n_samples) array of H-step log returns, one row per origin. A `History` holds a
-COPY of one asset's candles up to and including its origin candle, and nothing else: the
-scorecard builds it, so no forecaster (these baselines or the model) can see a later candle.
+(len(histories), n_samples) array of H-step log returns, one row per origin. The histories are
+the Forecaster's own `common.forecast.History` (symbol, candles): the scorecard builds each from
+a COPY of one asset's candles up to and including its origin candle, and nothing else, so no
+forecaster (these baselines or the model) can see a later candle.
 
 - RandomWalkEWMA: zero drift, Gaussian, variance H * sigma^2 with sigma^2 the RiskMetrics EWMA
   of squared log returns (lambda 0.94 for daily bars; other bar lengths keep the same ~11-day
@@ -24,17 +25,19 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.signal import lfilter
 
+if TYPE_CHECKING:  # the Forecaster's own input type; only annotations here, so no torch import
+    from common.forecast import History
+
 __all__ = [
     "BOOTSTRAP_WINDOW",
     "GarchT",
     "HistoricalBootstrap",
-    "History",
     "ForecastFn",
     "MIN_GARCH_RETURNS",
     "RandomWalkEWMA",
@@ -47,18 +50,6 @@ BOOTSTRAP_WINDOW = 250
 MIN_GARCH_RETURNS = 250
 RISKMETRICS_DAILY_LAMBDA = 0.94
 _VAR_FLOOR = 1e-12  # a series that never moved still gets a positive variance
-
-
-@dataclass(frozen=True)
-class History:
-    """One forecast origin: an asset and a copy of its candles up to and including the origin."""
-    symbol: str
-    category: str
-    candles: pd.DataFrame  # open, high, low, close, volume; the last row is the origin candle
-
-    @property
-    def origin(self) -> pd.Timestamp:
-        return self.candles.index[-1]
 
 
 class ForecastFn(Protocol):

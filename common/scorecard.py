@@ -3,7 +3,7 @@
     per asset: whole cleaned candles + train / test ranges (the run's, purge gap included)
       ──► origin dates: every `stride`-th date of the test split (or `n_origins` evenly spaced),
           and per horizon H only origins whose close H bars later exists inside the series
-      ──► History = copy of candles[: origin + 1]  (the only thing any forecaster is given)
+      ──► common.forecast.History(symbol, copy of candles[: origin + 1]): all a forecaster is given
       ──► model and baselines (common.price_baselines) sample H-step log returns on the SAME origins
       ──► common.metrics: CRPS, coverage, PIT, MAE/MASE, direction, QLIKE, rank IC, block-bootstrap skill
       ──► common.backtest: sign(mean) positions vs buy-and-hold and 20-period momentum
@@ -29,8 +29,9 @@ from common.errors import UserError
 from common.evaluate import wilson_interval
 from common.metrics import (COVERAGE_LEVELS, coverage_flags, crps, format_verdict, newey_west_t, pit_histogram,
                             pit_values, qlike, rank_ic, skill_interval)
-from common.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, History, RandomWalkEWMA, ewma_lambda,
-                                    log_returns, momentum_signal)
+from common.forecast import History
+from common.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda, log_returns,
+                                    momentum_signal)
 
 __all__ = [
     "AssetSeries",
@@ -171,8 +172,9 @@ def _horizon_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.nda
 
 
 def _history(s: AssetSeries, i: int) -> History:
-    # a copy: the forecaster cannot reach the rows after the origin through a view's base
-    return History(s.symbol, s.category, s.candles.iloc[: i + 1].copy())
+    # a copy, unlike common.forecast.histories_at's view: a forecaster cannot reach the rows
+    # after the origin through the view's base array
+    return History(s.symbol, s.candles.iloc[: i + 1].copy())
 
 
 def _sample_stats(samples: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,13 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from common.price_baselines import (GarchParams, GarchT, HistoricalBootstrap, History, RandomWalkEWMA, ewma_lambda,
-                                    log_returns, momentum_signal)
+from common.forecast import History
+from common.price_baselines import (GarchParams, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda, log_returns,
+                                    momentum_signal)
 from scorecard_helpers import candles_from_returns, garch_returns
 
 
 def _history(r: np.ndarray) -> History:
-    return History("A", "synthetic", candles_from_returns(r))
+    return History("A", candles_from_returns(r))
 
 
 def test_log_returns_skip_missing_closes():

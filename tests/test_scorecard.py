@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.price_baselines import History, RandomWalkEWMA
+from common.forecast import History
+from common.price_baselines import RandomWalkEWMA
 from common.scorecard import (SCORECARD_JSON, SCORECARD_PNG, AssetSeries, fit_price_baselines, make_scorecard,
                               origin_indices, run_scorecard, write_scorecard)
 from scorecard_helpers import garch_returns, synthetic_series
@@ -40,13 +41,13 @@ def test_an_origin_never_sees_a_candle_after_itself():
     assert len(rec.seen) == card["horizons"]["1"]["n"] + card["horizons"]["5"]["n"]
     for horizon, h in rec.seen:
         s = by_symbol[h.symbol]
-        i = s.candles.index.get_loc(h.origin)
+        i = s.candles.index.get_loc(h.candles.index[-1])
         assert s.test.start <= i < s.test.stop - horizon  # inside the test split, purge gap respected
         assert h.candles.equals(s.candles.iloc[: i + 1])  # exactly the candles up to the origin
         # a copy: no view whose base reaches the rows after the origin
         assert not np.shares_memory(h.candles["close"].to_numpy(), s.candles["close"].to_numpy())
     # and the origin dates are every 3rd test date
-    dates = sorted({h.origin for horizon, h in rec.seen if horizon == 1})
+    dates = sorted({h.candles.index[-1] for horizon, h in rec.seen if horizon == 1})
     assert dates == list(series[0].candles.index[series[0].test.start:series[0].test.stop - 1:3])
 
 
