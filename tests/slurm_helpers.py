@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from common.requeue import EXIT_REQUEUE
+
 REPO = Path(__file__).resolve().parent.parent
 CASES = {
     "a": ("case_a_full_market", "train_full_a100.sh", "full_market_config.json"),
@@ -107,18 +109,18 @@ echo "scontrol $*" >> "$FAKE_CALLS"
 
 FAKE_SRUN = """#!/bin/bash
 # fake srun: records its arguments, then behaves as FAKE_SRUN says:
-#   exit:N   exit with N          signal   wait for USR2 or TERM, then exit 75 (saved, stop)
+#   exit:N   exit with N          signal   wait for USR2 or TERM, then exit EXIT_REQUEUE (saved, stop)
 echo "srun $*" >> "$FAKE_CALLS"
 echo $$ > "$FAKE_CALLS.srun_pid"
 case $FAKE_SRUN in
     exit:*) exit "${FAKE_SRUN#exit:}" ;;
     signal)
-        trap 'echo "srun got USR2" >> "$FAKE_CALLS"; exit 75' USR2
-        trap 'echo "srun got TERM" >> "$FAKE_CALLS"; exit 75' TERM
+        trap 'echo "srun got USR2" >> "$FAKE_CALLS"; exit EXIT_REQUEUE' USR2
+        trap 'echo "srun got TERM" >> "$FAKE_CALLS"; exit EXIT_REQUEUE' TERM
         for i in $(seq 1 300); do sleep 0.1; done
         exit 99 ;;
 esac
-"""
+""".replace("EXIT_REQUEUE", str(EXIT_REQUEUE))
 
 
 def fake_bin(folder: Path, **scripts: str) -> Path:
