@@ -16,8 +16,8 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["DistEnv", "TIMEOUT_ENV", "check_num_gpus", "collective_timeout_s", "detect_env", "rank_device",
-           "slurm_job_id"]
+__all__ = ["DistEnv", "TIMEOUT_ENV", "check_gpus_usable", "check_num_gpus", "collective_timeout_s",
+           "cuda_unusable_reason", "detect_env", "driver_version", "gpus_requested", "rank_device", "slurm_job_id"]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
 _DEFAULT_TIMEOUT_S = 600.0
@@ -159,14 +159,65 @@ def check_num_gpus(num_gpus: Optional[int], env: DistEnv) -> None:
             f"#SBATCH --gres=gpu:<type>:N, --ntasks-per-node=N and --num-gpus N the same number")
 
 
-def rank_device(env: DistEnv) -> torch.device:
-    """This rank's device: the GPU of its local rank, or the CPU."""
-    if not torch.cuda.is_available():
+def gpus_requested(env: DistEnv, num_gpus: Optional[int] = None, device: str = "auto") -> Optional[str]:
+    """Why this job expects to train on GPUs ('SLURM_GPUS_ON_NODE=2', '--num-gpus 2',
+    'training.device=cuda'), or None when nothing asked for them."""
+    if device == "cuda":
+        return "training.device=cuda"
+    if device == "cpu":
+        return None  # the CPU on purpose (tests on the local Slurm cluster's fake GPUs)
+    if env.gpus_on_node > 0:
+        return f"SLURM_GPUS_ON_NODE={env.gpus_on_node}"
+    if num_gpus is not None:
+        return f"--num-gpus {num_gpus}"
+    return None
+
+
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver version from nvidia-smi, or None where there is no nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
+
+
+def cuda_unusable_reason() -> Optional[str]:
+    """Why torch cannot use a GPU in this process (a CPU build, a driver older than the wheel's
+    CUDA, no visible GPU), or None when it can."""
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) is a CPU build (torch.version.cuda is None): install the "
+                "CUDA build (pip install -r requirements_gpu.txt on Linux x86_64)")
+    if torch.cuda.is_available():
+        return None
+    driver = driver_version()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and cannot use a GPU (NVIDIA driver: "
+            f"{driver or 'unknown, no nvidia-smi'}; CUDA_VISIBLE_DEVICES={visible!r}): a driver older than "
+            f"CUDA {torch.version.cuda} needs (see requirements_gpu.txt), or no GPU visible to this process")
+
+
+def check_gpus_usable(env: DistEnv, num_gpus: Optional[int] = None, device: str = "auto") -> None:
+    """Stop at once when the job was given GPUs but torch cannot use them, rather than train
+    on the CPU for days. `device` is training.device ("auto", "cuda" or "cpu")."""
+    why = gpus_requested(env, num_gpus, device)
+    reason = cuda_unusable_reason() if why else None
+    if reason:
+        raise UserError(f"this job was given GPUs ({why}) but {reason}; run `marketgpt doctor` on the node, or "
+                        "--set training.device=cpu to train on the CPU on purpose")
+
+
+def rank_device(env: DistEnv, device: str = "auto") -> torch.device:
+    """This rank's device: the GPU of its local rank, or the CPU (`device` is training.device)."""
+    if device == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     count = torch.cuda.device_count()
-    if count == 1:  # Slurm bound one GPU to this task (--gpus-per-task / --gpu-bind)
+    if count >= env.local_world_size and env.local_rank < count:
+        return torch.device("cuda", env.local_rank)
+    # Slurm bound one GPU to each task (--gpus-per-task / --gpu-bind): each sees one, its own
+    if count == 1 and env.launcher in ("slurm", "submitit") and env.gpus_on_node >= env.local_world_size:
         return torch.device("cuda", 0)
-    if env.local_rank >= count:
-        raise UserError(f"rank {env.rank} has local rank {env.local_rank} but this node shows {count} GPU(s): "
-                        "start one task per GPU")
-    return torch.device("cuda", env.local_rank)
+    raise UserError(f"this node runs {env.local_world_size} processes of the job but rank {env.rank} (local rank "
+                    f"{env.local_rank}) sees {count} GPU(s): several ranks on one GPU fail in NCCL; start one "
+                    f"process per GPU (torchrun --nproc-per-node {count}, or --ntasks-per-node={count})")

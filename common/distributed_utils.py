@@ -82,16 +82,16 @@ def was_distributed() -> bool:
     return _WAS_DISTRIBUTED
 
 
-def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] = None
+def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] = None, device_setting: str = "auto"
                      ) -> tuple[DistEnv, torch.device]:
     """Start torch.distributed for this rank and pick its device.
 
     Each rank binds the GPU of its local rank. `timeout_s` (default MARKETGPT_DIST_TIMEOUT)
-    bounds the rendezvous and every collective.
+    bounds the rendezvous and every collective. `device_setting` is training.device.
     """
     global _STORE, _ENV, _DEVICE, _WAS_DISTRIBUTED
     env = env or detect_env()
-    device = rank_device(env)
+    device = rank_device(env, device_setting)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if env.distributed and not dist.is_initialized():

@@ -21,10 +21,12 @@ from typing import Optional, Union
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
 from common.errors import UserError
+from common.memory import estimate_training_memory
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
 __all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
@@ -211,6 +213,7 @@ class MarketGPT(nn.Module):
         if config.d_model % config.num_heads:
             raise ValueError(f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})")
         self.config = config
+        self.gradient_checkpointing = False  # training.gradient_checkpointing (set by the Trainer)
         self.num_assets = num_assets
         self.num_categories = num_categories
         C = config.d_model
@@ -303,7 +306,12 @@ class MarketGPT(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
         layer_kvs = cache.layers if cache is not None else [None] * len(self.blocks)
         for block, kv in zip(self.blocks, layer_kvs):
-            x = block(x, rope, kv)
+            if self.gradient_checkpointing and self.training and kv is None and torch.is_grad_enabled():
+                # keep only the block's input; backward reruns the block (same dropout masks:
+                # checkpoint restores the RNG state) for the same loss and gradients
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope, kv)
         x = self.ln_f(x)
 
         if last_only:
@@ -392,22 +400,22 @@ def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories
     m, B = cfg.model, cfg.training.batch_size
     n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
 
-    static = 16 * n_total  # fp32 weights + grads + AdamW exp_avg + exp_avg_sq
-    # Activations kept for backward under bf16 autocast with flash attention (no T x T term),
-    # after Korthikanti et al. 2022: about (18 * d_model + 4 * d_ff) bytes per token per layer,
-    # plus the logits (bf16) and their fp32 copy in the loss: 6 bytes per token per vocab entry.
-    tokens = B * m.context_length
-    act_layers = tokens * m.num_layers * (18 * m.d_model + 4 * m.d_ff)
-    act_logits = tokens * m.vocab_size * 6
+    t = cfg.training
+    precision = "bf16" if t.precision == "auto" else t.precision  # auto: bf16 on the GPUs the cases use
+    world = cfg.slurm.nodes * cfg.slurm.gpus_per_node
+    est = estimate_training_memory(m, n_total, B, precision, t.gradient_checkpointing, world)
+    per_param = 16 + est.autocast_copies // max(n_total, 1) + est.ddp_buckets // max(n_total, 1)
     return "\n".join([
         f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
         f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
         f"assets {num_assets}, categories {num_categories}",
         f"parameters: {n_total:,} total, {n_body:,} non-embedding",
-        f"training memory per GPU (batch {B} x {m.context_length} tokens, bf16 autocast):",
-        f"  weights + grads + AdamW moments (fp32, 16 B/param): {_gb(static)}",
-        f"  activations (rough: B*T*layers*(18*d_model + 4*d_ff) B + logits B*T*vocab*6 B): "
-        f"{_gb(act_layers + act_logits)}",
-        f"  total: about {_gb(static + act_layers + act_logits)} "
-        "(plus CUDA context and allocator slack, roughly 1-2 GB)",
+        f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
+        f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
+        f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",
+        f"  weights + grads + AdamW moments (fp32, 16 B/param), autocast copies, DDP buckets "
+        f"({per_param} B/param): {_gb(est.static)}",
+        f"  activations (fp32 residual stream, see common/memory.py): {_gb(est.activations)}",
+        f"  logits and loss: {_gb(est.logits)}",
+        f"  total: about {_gb(est.total)} (plus CUDA context and allocator slack, roughly 1-2 GB)",
     ])

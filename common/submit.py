@@ -41,7 +41,7 @@ from common.paths import REPO_ROOT, case_config, case_dir
 from common.requeue import EXIT_REQUEUE, MAX_REQUEUES
 from common.slurm_utils import check_partition, job_info, slurm_available
 
-__all__ = ["Submission", "TrainJob", "parse_array", "parse_slurm_time", "plan_submission", "submit",
+__all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "parse_slurm_time", "plan_submission", "submit",
            "executor_parameters"]
 
 CLUSTER_ENV = REPO_ROOT / "common" / "slurm" / "cluster_env.sh"  # the one place to adapt to a cluster
@@ -263,7 +263,8 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
     if local:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(timeout_min=params["time"], tasks_per_node=s.gpus_per_node * s.nodes,
-                                   signal_delay_s=params["signal_delay_s"])
+                                   signal_delay_s=params["signal_delay_s"],
+                                   gpus_per_node=local_gpus(s.gpus_per_node * s.nodes, plan[0].cfg.training.device))
     else:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(**params)
@@ -280,6 +281,21 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
                   f"  cancel:  scancel {job.job_id}", file=out)
     out.flush()
     return jobs
+
+
+def local_gpus(tasks: int, device: str = "auto") -> int:
+    """GPUs for a --local job of `tasks` processes: one each, or none on a machine without a
+    usable GPU. Without gpus_per_node submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES=""
+    and a GPU workstation would train on the CPU."""
+    import torch  # only here: submitting to Slurm needs no torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return 0
+    have = torch.cuda.device_count()
+    if have < tasks:
+        raise UserError(f"--local runs {tasks} process(es), one per GPU, but this machine has {have} GPU(s): "
+                        f"--set slurm.gpus_per_node={have} (and slurm.nodes=1)")
+    return tasks
 
 
 def wait_local(jobs: list, out: Optional[TextIO] = None) -> int:

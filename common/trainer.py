@@ -37,9 +37,11 @@ from common.config import Config, config_to_dict
 from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort, unwrap
 from common.errors import UserError
 from common.lr_schedule import lr_at
+from common.gpu_stats import format_gpu_line, gpu_stats
 from common.mfu import device_peak_flops, mfu
+from common.precision import autocast, describe_precision, grad_scaler, resolve_precision, use_tf32
 from common.requeue import EXIT_REQUEUE
-from common.rng import rng_state, set_rng_state
+from common.rng import rng_state, seed_everything, set_rng_state
 from common.special_tokens import PAD_TOKEN
 from common.training_log import Progress, TrainingLog, epoch_summary
 
@@ -74,15 +76,23 @@ class Trainer:
         self.is_main = rank == 0
         self.cuda = self.device.type == "cuda"
 
+        if t.device == "cuda" and not self.cuda:
+            raise UserError(f"training.device=cuda but this process trains on {self.device}; "
+                            "run `marketgpt doctor` on the node")
         self.model = unwrap(model).to(self.device)
+        self.model.gradient_checkpointing = t.gradient_checkpointing
         self.train_model = model.to(self.device)  # what forward runs through (DDP / compiled)
-        if self.cuda:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-            if t.compile:
-                self.train_model = torch.compile(self.train_model)
+        self.precision = resolve_precision(t.precision, self.device)
+        self.tf32 = use_tf32(self.device)
+        self.scaler = grad_scaler(self.precision, self.device)  # fp16 only
+        if self.cuda and t.compile:
+            self.train_model = torch.compile(self.train_model)
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
+        # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
+        self._kernel_flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
+        # the per-step signal/timer flags, filled on the host and copied without a sync
+        self._flags = torch.zeros(len(_SIGNAL_ORDER) + 1, dtype=torch.float64, pin_memory=self.cuda)
         # MFU in the epoch log: model FLOPs per token against one device's peak (None: unknown)
         self.flops_per_token = self.model.flops_per_token(windows.context_length)
         self.peak_flops = device_peak_flops(self.device, t.peak_flops)
@@ -129,6 +139,8 @@ class Trainer:
         return {
             "model": unwrap_state_dict(self.model.state_dict()),
             "optimizer": self.optimizer.state_dict(),
+            # fp16's loss scale and its growth tracker; None in bf16 / fp32, which need no scaler
+            "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "lr_schedule": {"total_steps": self.total_steps,
                             "restart": list(self._lr_restart) if self._lr_restart else None},
             "progress": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
@@ -150,6 +162,10 @@ class Trainer:
                             "resume with the same ones")
         self.model.load_state_dict(unwrap_state_dict(state["model"]))
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, flags in zip(self.optimizer.param_groups, self._kernel_flags):
+            group.update(flags)  # a CPU checkpoint resumed on a GPU keeps the fused AdamW
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.epoch, self.step_in_epoch, self.global_step = p["epoch"], p["step_in_epoch"], p["global_step"]
         self.elapsed_before = float(p["elapsed_s"])
         self.sums = dict(state["epoch_sums"])
@@ -158,7 +174,12 @@ class Trainer:
         self._continue_lr_schedule(state)
         # each rank continues its own random streams (dropout) when the checkpoint has them
         per_rank = state.get("rng_per_rank") or []
-        set_rng_state(per_rank[self.rank] if self.rank < len(per_rank) else state["rng"])
+        if self.rank < len(per_rank):
+            set_rng_state(per_rank[self.rank])
+        else:
+            set_rng_state(state["rng"])
+            if self.rank > 0:  # a rank added on resume (more GPUs now): its own streams, not rank 0's
+                seed_everything(self.cfg.training.seed + 7919 * self.rank + 1_000_003 * self.global_step)
         saved_world = p.get("world_size", 1)
         if saved_world != self.world_size and self.is_main:
             print(f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
@@ -201,6 +222,7 @@ class Trainer:
         A run resumed with nothing left to train goes straight there."""
         t = self.cfg.training
         self._announce()
+        self.log.data["precision"] = self.precision
         self._session_start = time.monotonic()
         self._next_timer = self._session_start + 60.0 * t.checkpoint_every_minutes
         self._compiling = self.cuda and t.compile  # torch.compile compiles on the first step
@@ -272,19 +294,33 @@ class Trainer:
                 lr = self.lr(self.global_step)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                sums, sig, timer_due = self._agree(self._accumulate_gradients(batches, accum))
-                loss_sum, correct, tokens = sums[0], int(sums[1]), int(sums[2])  # the whole job's
+                sums = self._accumulate_gradients(batches, accum)
+                # Clip before the agreement, so the step waits for the device once: the norm rides
+                # in the same all-reduce (rank 0's alone: DDP gave every rank the same gradients).
+                norm = torch.zeros(1, dtype=torch.float64, device=self.device)
+                if t.gradient_clip > 0:
+                    if self.scaler is not None:
+                        self.scaler.unscale_(self.optimizer)  # clip the true gradients
+                    clipped = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.gradient_clip)
+                    if self.is_main:
+                        norm = clipped.reshape(1).double()
+                values, sig, timer_due = self._agree(torch.cat([sums, norm]))
+                loss_sum, correct, tokens = values[0], int(values[1]), int(values[2])  # the whole job's
                 if not math.isfinite(loss_sum):
                     return self._fail(f"non-finite training loss ({loss_sum / max(tokens, 1)}) at step "
                                       f"{self.global_step + 1} (epoch {self.epoch + 1}); nothing of it was "
                                       "saved; lower training.learning_rate or check the data")
-                grad_norm = None
-                if t.gradient_clip > 0:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.gradient_clip))
-                    if not math.isfinite(grad_norm):
+                grad_norm = values[3] if t.gradient_clip > 0 else None
+                if grad_norm is not None and not math.isfinite(grad_norm):
+                    if self.scaler is None:
                         return self._fail(f"non-finite gradient norm at step {self.global_step + 1} "
                                           f"(epoch {self.epoch + 1}); lower training.learning_rate")
-                self.optimizer.step()
+                    grad_norm = None  # fp16 overflow: the scaler skips this step and lowers its scale
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step_in_epoch += 1
                 self.global_step += 1
@@ -323,7 +359,8 @@ class Trainer:
             with self._no_sync(last=i == accum - 1):
                 with self._autocast():
                     logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y)
-                (loss / accum).backward()
+                scaled = loss / accum
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             with torch.no_grad():
                 mask = b.y != PAD_TOKEN
                 n = mask.sum()
@@ -340,9 +377,12 @@ class Trainer:
         """All ranks' `sums` added up, the signal any rank got (stop beats save) and whether
         any rank's checkpoint timer is due: one all-reduce, one host sync per step."""
         pending, self._pending_signal = self._pending_signal, None
-        flags = [float(pending == s) for s in _SIGNAL_ORDER] + [float(time.monotonic() >= self._next_timer)]
-        values = all_reduce_sum(torch.cat([sums, torch.tensor(flags, dtype=torch.float64, device=sums.device)]))
-        values = values.tolist()
+        for i, s in enumerate(_SIGNAL_ORDER):
+            self._flags[i] = float(pending == s)
+        self._flags[-1] = float(time.monotonic() >= self._next_timer)
+        # pinned host buffer -> device without waiting; reused only after tolist() waited for it
+        flags = self._flags.to(sums.device, non_blocking=True)
+        values = all_reduce_sum(torch.cat([sums, flags])).tolist()  # the step's one wait for the device
         n = len(sums)
         sig = next((s for s, count in zip(_SIGNAL_ORDER, values[n:]) if count > 0), None)
         return values[:n], sig, values[-1] > 0
@@ -372,6 +412,7 @@ class Trainer:
         train_loss, train_acc = s["loss"] / max(s["tokens"], 1), s["correct"] / max(s["tokens"], 1)
         tokens_per_sec = s["seen"] * self.world_size / max(s["seconds"], 1e-9)
         epoch_mfu = mfu(tokens_per_sec, self.flops_per_token, self.peak_flops, self.world_size)
+        gpus = self._gpu_health()
         self.epoch += 1
         self.step_in_epoch = 0
         self.sums = _new_sums()
@@ -386,9 +427,13 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.log.add_epoch(epoch=self.epoch, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
                            val_acc=val_acc, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_s=round(elapsed, 3),
-                           eta_s=round(eta, 3), step=self.global_step, mfu=epoch_mfu)
+                           eta_s=round(eta, 3), step=self.global_step, mfu=epoch_mfu, gpus=gpus)
         if epoch_mfu is not None:
             self._scalar("epoch/mfu", epoch_mfu, self.global_step)
+        for rank, g in enumerate(gpus or []):
+            for key in ("util_pct", "mem_allocated_gb", "mem_peak_gb", "nvml_mem_used_gb", "temperature_c", "power_w"):
+                if g.get(key) is not None:
+                    self._scalar(f"gpu{rank}/{key}", g[key], self.global_step)
         for name, value in (("loss/train", train_loss), ("loss/val", val_loss), ("accuracy/train", train_acc),
                             ("accuracy/val", val_acc), ("epoch/lr", lr), ("epoch/tokens_per_sec", tokens_per_sec),
                             ("epoch/epoch", self.epoch)):
@@ -401,6 +446,16 @@ class Trainer:
             if epoch_mfu is not None:
                 print(f"Throughput: {tokens_per_sec / 1000:.1f}k tok/s | MFU: {100 * epoch_mfu:.1f}% of "
                       f"{self.peak_flops / 1e12:g} TFLOP/s per device", file=self.out, flush=True)
+            for rank, g in enumerate(gpus or []):
+                print(format_gpu_line(rank, g), file=self.out, flush=True)
+
+    def _gpu_health(self) -> Optional[list[dict[str, Any]]]:
+        """Every rank's GPU readings for this epoch (peak memory since the last epoch), in rank
+        order; None on the CPU. Every rank calls it at the same point (a collective under DDP)."""
+        if not self.cuda:
+            return None
+        stats = gpu_stats(self.device)
+        return all_gather_objects(stats) if self.world_size > 1 else [stats]
 
     @torch.no_grad()
     def evaluate(self, split: str, max_batches: Optional[int] = None,
@@ -490,9 +545,7 @@ class Trainer:
         return time.monotonic() - self._session_start
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cuda:
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()  # fp32 on the CPU
+        return autocast(self.precision, self.device)  # training.precision, resolved for this device
 
     def _scalar(self, tag: str, value: float, step: int) -> None:
         if not self._tensorboard:
@@ -520,6 +573,8 @@ class Trainer:
                 print("training.compile is ignored on the CPU", file=self.out)
         if self.world_size > 1:
             print(f"DDP: {self.world_size} processes ({'nccl' if self.cuda else 'gloo'})", file=self.out)
+        print(f"Precision: {describe_precision(self.precision, self.device)} (training.precision={t.precision})"
+              + (" | gradient checkpointing: on" if t.gradient_checkpointing else ""), file=self.out)
         print(f"Effective batch size: {self.effective_batch_size} "
               f"({t.batch_size} per process x {self.world_size} processes x {t.grad_accum_steps} accumulation)",
               file=self.out)

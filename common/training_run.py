@@ -43,7 +43,7 @@ from common.atomic import atomic_write_json, read_json
 from common.batches import TokenWindows, build_windows
 from common.checkpoint import load_checkpoint
 from common.config import Config, ConfigError, load_config, save_config
-from common.dist_env import DistEnv, check_num_gpus, detect_env
+from common.dist_env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed_utils import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
 from common.errors import UserError
 from common.evaluate import evaluate_best, summarize_results
@@ -72,7 +72,9 @@ def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: 
         raise UserError("--config is required (with --resume auto too: it names the case and experiment); "
                         "only --resume RUN_FOLDER works without it")
     cfg = load_config(config, overrides) if config is not None else None
-    env, device = init_distributed(env)
+    device_setting = cfg.training.device if cfg is not None else "auto"
+    check_gpus_usable(env, num_gpus, device_setting)  # never train on the CPU by accident
+    env, device = init_distributed(env, device_setting=device_setting)
     with failures_reported():
         if env.is_main:
             try:

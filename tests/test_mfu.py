@@ -11,7 +11,7 @@ import torch
 
 from common.batches import build_windows
 from common.config import Config, ConfigError, ModelConfig, load_config
-from common.mfu import device_peak_flops, mfu
+from common.mfu import device_peak_flops, known_peak, mfu
 from common.model import MarketGPT
 from common.paths import REPO_ROOT
 from common.rng import seed_everything
@@ -42,8 +42,23 @@ def test_peak_is_the_stated_one_else_a_known_card_else_none(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     assert device_peak_flops(torch.device("cuda", 0)) == 312e12
     assert device_peak_flops(torch.device("cuda", 0), 1e14) == 1e14  # the config wins
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
-    assert device_peak_flops(torch.device("cuda", 0)) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GH200 480GB")
+    assert device_peak_flops(torch.device("cuda", 0)) is None  # not in the table: no MFU
+
+
+@pytest.mark.parametrize("name, peak, dtype", [
+    ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"), ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
+    ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"), ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
+    ("NVIDIA H100 NVL", 835.5e12, "bf16"), ("NVIDIA H200", 989.5e12, "bf16"),
+    ("NVIDIA H200 NVL", 835.5e12, "bf16"), ("NVIDIA L40S", 362.05e12, "bf16"), ("NVIDIA L40", 181.05e12, "bf16"),
+    ("NVIDIA L4", 121e12, "bf16"), ("NVIDIA A10", 125e12, "bf16"), ("NVIDIA GeForce RTX 4090", 165.2e12, "bf16"),
+    ("NVIDIA GeForce RTX 3090", 71e12, "bf16"), ("Tesla V100-SXM2-32GB", 125e12, "fp16"),
+    ("Tesla V100-PCIE-16GB", 112e12, "fp16"), ("Tesla V100S-PCIE-32GB", 130e12, "fp16"),
+    ("Tesla T4", 65e12, "fp16"),
+    ("NVIDIA A10G", None, None),  # an AWS part without a datasheet figure, not the A10's
+])
+def test_known_cards_most_specific_name_first(name, peak, dtype):
+    assert known_peak(name) == ((peak, dtype) if peak else None)
 
 
 def test_mfu_is_model_flops_over_the_peak_of_all_devices():

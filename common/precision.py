@@ -1,0 +1,76 @@
+"""training.precision: which autocast dtype a run trains in, and its GradScaler.
+
+    auto  bf16 on GPUs with bf16 tensor cores (compute capability 8.0+: A100, A10, L4, L40S,
+          RTX 3090/4090, H100, H200); fp16 with a GradScaler on older ones (V100, T4); fp32 on
+          the CPU
+    bf16  autocast to bfloat16 (no scaler: bf16 has fp32's exponent range)
+    fp16  autocast to float16 with a GradScaler (its state travels in the checkpoint)
+    fp32  no autocast; on Ampere and newer the matmuls use TF32 tensor cores
+
+Whatever the precision, the parameters, gradients and AdamW moments stay fp32 ("master
+weights"): autocast only casts the inputs of matmuls, so checkpoints hold fp32 weights. An
+explicit bf16 or fp16 on the CPU is honoured (slow, but it lets the tests run the paths).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from common.errors import UserError
+
+__all__ = ["AUTOCAST_DTYPES", "autocast", "bf16_supported", "describe_precision", "grad_scaler",
+           "resolve_precision", "use_tf32"]
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bf16 tensor cores: compute capability 8.0 (Ampere) and newer. True on the CPU."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_precision(setting: str, device: torch.device) -> str:
+    """training.precision ("auto", "bf16", "fp16", "fp32") made concrete for `device`."""
+    if setting == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if bf16_supported(device) else "fp16"
+    if setting == "bf16" and not bf16_supported(device):
+        name = torch.cuda.get_device_name(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        raise UserError(f"training.precision=bf16 but {name} (compute capability {major}.{minor}) has no bf16 "
+                        "tensor cores; use training.precision=auto (fp16 with a grad scaler) or fp16")
+    return setting
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def grad_scaler(precision: str, device: torch.device) -> Optional[torch.amp.GradScaler]:
+    """fp16 gradients underflow without loss scaling; the other precisions need no scaler."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def use_tf32(device: torch.device) -> bool:
+    """Let fp32 matmuls (fp32 precision, and whatever runs outside autocast) use TF32 tensor
+    cores on Ampere and newer; returns whether they do."""
+    if device.type != "cuda" or not bf16_supported(device):
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
+def describe_precision(precision: str, device: torch.device) -> str:
+    """One line for the start of the log."""
+    if precision == "bf16":
+        return "bf16 autocast (fp32 master weights)"
+    if precision == "fp16":
+        return "fp16 autocast with a GradScaler (fp32 master weights)"
+    return "fp32 (TF32 matmuls)" if device.type == "cuda" and bf16_supported(device) else "fp32"

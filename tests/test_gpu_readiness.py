@@ -1,0 +1,396 @@
+"""GPU readiness, tested on the CPU: no silent CPU fallback (Slurm variables set in the test, a
+fake nvidia-smi), one GPU per rank, precision and its GradScaler on resume, one host sync per
+step with the same results as a plain loop, the optimizer's kernel flags after a resume, RNG
+streams of ranks added on resume, gradient checkpointing (same gradients, less memory by
+torch's profiler), and GPU health in the epoch log from faked torch.cuda and NVML."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from common import gpu_stats as gpu_stats_mod
+from common.checkpoint import latest_good_checkpoint, load_checkpoint
+from common.config import ModelConfig
+from common.dist_env import DistEnv, check_gpus_usable, detect_env, rank_device
+from common.errors import UserError
+from common.lr_schedule import lr_at
+from common.memory import estimate_training_memory
+from common.model import MarketGPT
+from common.precision import resolve_precision
+from common.rng import seed_everything
+from common.submit import local_gpus
+from test_trainer import WINDOWS, _config, _trainer
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+SLURM_2_GPUS = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                "SLURM_TASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "SLURM_JOB_ID": "77"}
+
+
+def _fake_cuda(monkeypatch, names=("NVIDIA A100-SXM4-80GB",), capability=(8, 0)) -> None:
+    """torch.cuda as a node with these GPUs would answer (no kernel ever runs)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: names[getattr(d, "index", None) or 0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+
+
+# --------------------------------------------------------------------------- no silent CPU fallback
+
+
+def test_a_job_given_gpus_stops_when_torch_is_a_cpu_build(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    env = detect_env(SLURM_2_GPUS)
+    with pytest.raises(UserError, match=r"given GPUs \(SLURM_GPUS_ON_NODE=2\) but this torch .* is a CPU build"):
+        check_gpus_usable(env)
+    with pytest.raises(UserError, match=r"given GPUs \(--num-gpus 1\)"):
+        check_gpus_usable(DistEnv(), num_gpus=1)
+    with pytest.raises(UserError, match=r"given GPUs \(training.device=cuda\)"):
+        check_gpus_usable(DistEnv(), device="cuda")
+    check_gpus_usable(env, num_gpus=2, device="cpu")  # the CPU on purpose
+    check_gpus_usable(DistEnv())  # nothing asked for a GPU: the CPU is fine
+
+
+def test_a_driver_older_than_the_wheels_cuda_is_named_with_both_versions(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 470.82.01\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError) as e:
+        check_gpus_usable(detect_env(SLURM_2_GPUS))
+    assert "built for CUDA 12.8" in str(e.value) and "NVIDIA driver: 470.82.01" in str(e.value)
+
+
+def test_train_under_slurm_with_gpus_but_cpu_torch_exits_2_before_any_work(monkeypatch, tmp_path, capsys):
+    from common.cli import main
+
+    for key, value in SLURM_2_GPUS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = tmp_path / "case" / "configs" / "c.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"data": {"source": "sample"}}))
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this job was given GPUs (SLURM_GPUS_ON_NODE=2)" in err[0]
+    assert "training.device=cpu" in err[0]
+    assert not (tmp_path / "case" / "checkpoints").exists()  # stopped before any run folder
+
+
+def test_more_ranks_on_a_node_than_gpus_is_a_clear_error(monkeypatch):
+    _fake_cuda(monkeypatch)  # one visible GPU
+    torchrun = DistEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, launcher="torchrun")
+    with pytest.raises(UserError, match=r"runs 2 processes of the job but rank 1 \(local rank 1\) sees 1 GPU"):
+        rank_device(torchrun)
+    # Slurm bound one GPU to each task: one visible GPU each is right
+    bound = DistEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, launcher="slurm", gpus_on_node=2)
+    assert rank_device(bound) == torch.device("cuda", 0)
+    assert rank_device(torchrun, device="cpu") == torch.device("cpu")
+    _fake_cuda(monkeypatch, names=("NVIDIA A100-SXM4-80GB",) * 2)
+    assert rank_device(torchrun) == torch.device("cuda", 1)
+
+
+def test_submit_local_gives_the_job_its_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_gpus(2) == 0  # no GPU here: the CPU (submitit then hides GPUs, there are none)
+    _fake_cuda(monkeypatch, names=("NVIDIA A100-SXM4-80GB",) * 2)
+    assert local_gpus(2) == 2
+    assert local_gpus(2, device="cpu") == 0
+    with pytest.raises(UserError, match=r"--local runs 4 process\(es\), one per GPU, but this machine has 2"):
+        local_gpus(4)
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def test_auto_precision_per_gpu_generation(monkeypatch):
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    _fake_cuda(monkeypatch, capability=(8, 0))
+    assert resolve_precision("auto", torch.device("cuda", 0)) == "bf16"
+    _fake_cuda(monkeypatch, names=("Tesla V100-SXM2-32GB",), capability=(7, 0))
+    assert resolve_precision("auto", torch.device("cuda", 0)) == "fp16"
+    with pytest.raises(UserError, match=r"training.precision=bf16 but Tesla V100-SXM2-32GB .*7\.0"):
+        resolve_precision("bf16", torch.device("cuda", 0))
+    assert resolve_precision("fp32", torch.device("cuda", 0)) == "fp32"
+
+
+def test_fp16_resume_carries_the_grad_scaler_and_checkpoints_keep_fp32_weights(tmp_path):
+    out = io.StringIO()
+    tr = _trainer(tmp_path, out=out, precision="fp16")
+    # a scaler that has moved away from the defaults: growth every step from 1024
+    tr.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    assert tr.train(stop_after_steps=3) == "stopped"
+    assert "Precision: fp16 autocast with a GradScaler" in out.getvalue()
+    state = load_checkpoint(latest_good_checkpoint(tmp_path))
+    assert state["grad_scaler"]["scale"] == tr.scaler.get_scale() != 65536.0
+    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+    resumed = _trainer(tmp_path, precision="fp16")
+    resumed.load_state_dict(state)
+    assert resumed.scaler.state_dict() == tr.scaler.state_dict()
+    assert resumed.train() == "finished"
+
+
+def test_bf16_checkpoints_hold_fp32_master_weights(tmp_path):
+    tr = _trainer(tmp_path, precision="bf16")
+    assert tr.train(stop_after_steps=2) == "stopped" and tr.log.data["precision"] == "bf16"
+    state = load_checkpoint(latest_good_checkpoint(tmp_path))
+    assert state["grad_scaler"] is None
+    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in state["optimizer"]["state"].values())
+
+
+# --------------------------------------------------------------------------- one host sync per step
+
+
+def _reference_run(steps: int, **training) -> tuple[dict, list[float]]:
+    """The textbook loop the Trainer must equal bit for bit: same seed, batches, schedule."""
+    cfg = _config(**training)
+    t = cfg.training
+    seed_everything(t.seed)
+    model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
+    opt = model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), "cpu")
+    per_epoch = min(WINDOWS.num_batches("train", t.batch_size, 1, drop_last=True) // t.grad_accum_steps,
+                    t.max_steps_per_epoch)
+    batches = WINDOWS.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=0, drop_last=True,
+                              limit=per_epoch * t.grad_accum_steps)
+    model.train()
+    norms = []
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, t.learning_rate, t.warmup_steps, t.epochs * per_epoch, t.min_lr_ratio)
+        for _ in range(t.grad_accum_steps):
+            b = next(batches)
+            _, loss = model(b.x, b.asset_ids, b.category_ids, b.y)
+            (loss / t.grad_accum_steps).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.gradient_clip)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {k: v.clone() for k, v in model.state_dict().items()}, norms
+
+
+def test_the_one_sync_step_equals_a_plain_loop_bit_for_bit(tmp_path):
+    steps = 5
+    tr = _trainer(tmp_path, log_every_steps=1)
+    norms = []
+    tr._tensorboard = True
+    tr._scalar = lambda tag, value, step: norms.append(value) if tag == "train/grad_norm" else None
+    assert tr.train(stop_after_steps=steps) == "stopped"
+    weights, ref_norms = _reference_run(steps, log_every_steps=1)
+    assert norms == ref_norms  # the norm that rode in the all-reduce is the clip's own
+    for key, value in tr.model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
+def test_each_step_waits_for_the_device_once(tmp_path, monkeypatch):
+    """Counts the Python-level reads of tensor values (each one a device sync on a GPU) in the
+    step, outside the optimizer (its CPU step counters; the GPU's fused AdamW reads none) and
+    the checkpoint code between steps."""
+    tr = _trainer(tmp_path)
+    reads = {"n": 0, "on": True}
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, **kwargs):
+            reads["n"] += reads["on"]
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def paused(fn):
+        def run(*args, **kwargs):
+            reads["on"] = False
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                reads["on"] = True
+        return run
+
+    tr.optimizer.step = paused(tr.optimizer.step)
+    tr._step_boundary = paused(tr._step_boundary)
+    tr._announce = paused(tr._announce)
+    tr._write_log = paused(tr._write_log)
+    assert tr.train(stop_after_steps=4) == "stopped"
+    assert reads["n"] == 4
+
+
+def test_resume_restores_the_optimizers_own_kernel_flags(tmp_path):
+    tr = _trainer(tmp_path)
+    assert tr.train(stop_after_steps=1) == "stopped"
+    state = load_checkpoint(latest_good_checkpoint(tmp_path))
+    for group in state["optimizer"]["param_groups"]:  # as a checkpoint from a GPU run says
+        group["fused"], group["foreach"] = True, False
+    resumed = _trainer(tmp_path)
+    built = [(g["fused"], g["foreach"]) for g in resumed.optimizer.param_groups]
+    resumed.load_state_dict(state)
+    assert [(g["fused"], g["foreach"]) for g in resumed.optimizer.param_groups] == built
+    assert resumed.train(stop_after_steps=2) == "stopped"  # a CPU AdamW with fused=True would raise
+
+
+# --------------------------------------------------------------------------- RNG of ranks added on resume
+
+
+def test_ranks_added_on_resume_get_their_own_random_streams(tmp_path):
+    cfg = _config()
+    states = {}
+    for rank in (0, 1, 2):
+        seed_everything(cfg.training.seed)
+        tr = _make_rank(tmp_path, cfg, rank)
+        if rank == 0:
+            saved = tr.state_dict()  # a checkpoint of a one-process run: no rng_per_rank
+            saved["progress"]["global_step"] = 7
+        tr.load_state_dict(saved)
+        states[rank] = torch.get_rng_state()
+    assert torch.equal(states[0], saved["rng"]["torch"])  # rank 0 continues the saved streams
+    assert not torch.equal(states[1], states[0]) and not torch.equal(states[2], states[0])
+    assert not torch.equal(states[1], states[2])
+    tr = _make_rank(tmp_path, cfg, 1)
+    tr.load_state_dict(saved)
+    assert torch.equal(torch.get_rng_state(), states[1])  # and reproducibly so
+
+
+def _make_rank(run_dir, cfg, rank):
+    from common.trainer import Trainer
+
+    model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
+    return Trainer(cfg, model, WINDOWS, run_dir / f"r{rank}", rank=rank, world_size=3, out=io.StringIO(),
+                   tensorboard=False)
+
+
+# --------------------------------------------------------------------------- gradient checkpointing
+
+
+def _step_model(gradient_checkpointing: bool) -> tuple[MarketGPT, torch.Tensor, tuple]:
+    cfg = ModelConfig(vocab_size=64, context_length=64, d_model=64, num_layers=4, num_heads=4, d_ff=256,
+                      dropout=0.1, asset_embed_dim=4, category_embed_dim=4)
+    seed_everything(3)
+    model = MarketGPT(cfg)
+    model.gradient_checkpointing = gradient_checkpointing
+    x = torch.randint(3, 64, (8, 64))
+    ids = torch.zeros(8, dtype=torch.long)
+    return model, x, (x, ids, ids, x)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    results = []
+    for on in (False, True):
+        model, _, args = _step_model(on)
+        torch.manual_seed(11)  # the same dropout masks; checkpoint replays them in the recompute
+        _, loss = model(*args)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=0, atol=1e-7, msg=name)
+
+
+def _profiled_peak_bytes(model: MarketGPT, args: tuple, tmp_path) -> int:
+    """Peak CPU memory of one forward + backward by torch's memory profiler (its timeline)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
+        _, loss = model(*args)
+        loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated for CUDA snapshots; the CPU has no other
+        p.export_memory_timeline(str(tmp_path / "timeline.json"), device="cpu")
+    _, sizes = json.loads((tmp_path / "timeline.json").read_text())
+    return max(sum(s) for s in sizes)
+
+
+def test_gradient_checkpointing_lowers_peak_memory_and_the_estimate_knows(tmp_path):
+    peaks = {on: _profiled_peak_bytes(*_step_model(on)[::2], tmp_path) for on in (False, True)}
+    assert peaks[True] < 0.7 * peaks[False], peaks
+    model, x, _ = _step_model(False)
+    estimates = {on: estimate_training_memory(model.config, model.num_parameters(), 8, "fp32", on).activations
+                 for on in (False, True)}
+    assert estimates[True] < 0.7 * estimates[False]
+
+
+# --------------------------------------------------------------------------- GPU health in the log
+
+
+class _FakeNVML(types.ModuleType):
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.handles = []
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.handles.append(uuid)
+        return uuid
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=97, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=31_500_000_000, total=80_000_000_000)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 64
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # a reading this card lacks
+
+
+def _fake_gpu_memory(monkeypatch) -> None:
+    props = types.SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=80_000_000_000, uuid="1234-abcd")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 30_000_000_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 35_100_000_000)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 36_000_000_000)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
+
+
+def test_gpu_stats_from_torch_and_a_fake_nvml(monkeypatch):
+    _fake_gpu_memory(monkeypatch)
+    nvml = _FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    s = gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
+    assert nvml.handles == ["GPU-1234-abcd"]
+    assert s == {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "mem_total_gb": 80.0, "mem_allocated_gb": 30.0,
+                 "mem_peak_gb": 35.1, "mem_reserved_gb": 36.0, "util_pct": 97.0, "nvml_mem_used_gb": 31.5,
+                 "temperature_c": 64.0, "power_w": None}
+    assert gpu_stats_mod.gpu_stats(torch.device("cpu")) is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: torch's numbers only
+    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    s = gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
+    assert s["util_pct"] is None and s["mem_peak_gb"] == 35.1
+
+
+def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeypatch):
+    tr = _trainer(tmp_path / "cpu", epochs=1, max_steps_per_epoch=2)
+    assert tr.train() == "finished"
+    assert [e["gpus"] for e in json.loads((tmp_path / "cpu" / "training_log.json").read_text())["epochs"]] == [None]
+
+    _fake_gpu_memory(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
+    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    out = io.StringIO()
+    tr = _trainer(tmp_path / "gpu", out=out, epochs=1, max_steps_per_epoch=2)
+    tr.cuda, real_device = True, tr.device  # the epoch's readings as on GPU 0; the maths stays on the CPU
+    monkeypatch.setattr("common.trainer.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
+    scalars = {}
+    tr._tensorboard = True
+    tr._scalar = lambda tag, value, step: scalars.__setitem__(tag, value)
+    assert tr.train() == "finished" and tr.device == real_device
+    (epoch,) = json.loads((tmp_path / "gpu" / "training_log.json").read_text())["epochs"]
+    assert epoch["gpus"][0]["util_pct"] == 97.0 and epoch["gpus"][0]["mem_peak_gb"] == 35.1
+    assert scalars["gpu0/util_pct"] == 97.0 and scalars["gpu0/temperature_c"] == 64.0
+    assert ("GPU 0 (rank 0) NVIDIA A100-SXM4-80GB: util 97% | mem 30.0 GB, peak 35.1 of 80.0 GB | "
+            "card 31.5 GB used | 64 C") in out.getvalue()
