@@ -61,9 +61,11 @@ class History:
 
 
 def histories_at(symbol: str, candles: pd.DataFrame, origins: Sequence[Any]) -> list[History]:
-    """One History per origin time: the candles up to and including it (a walk-forward's inputs)."""
+    """One History per origin time: a copy of the candles up to and including it (a walk-forward's
+    inputs; a copy, so nothing after the origin is reachable from it)."""
     index = candles.index
-    return [History(symbol, candles.iloc[:int(index.searchsorted(pd.Timestamp(t), side="right"))]) for t in origins]
+    return [History(symbol, candles.iloc[:int(index.searchsorted(pd.Timestamp(t), side="right"))].copy())
+            for t in origins]
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from common.errors import UserError
@@ -46,7 +47,11 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     if args.top_k is not None or args.top_p is not None:
         warn("--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
              "come out overconfident (see docs/forecasting.md)")
-    fc = Forecaster.from_run(args.run_dir)
+    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
+        raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    fc = Forecaster.from_run(args.run_dir, device=args.device)
     symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
     fc.check_request(args.horizon, args.samples)  # before any data is read
     histories = fc.load_history(symbols, args.as_of)

@@ -20,7 +20,7 @@ from common.data.universe import Asset, asset_info
 from common.forecast import QUANTILES, Forecaster, History, future_timestamps, histories_at
 from common.model import MarketGPT
 from common.paths import REPO_ROOT
-from common.sampling import prefill_length, sample_paths
+from common.sampling import draw_tokens, prefill_length, sample_paths
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 from common.tokenizer import OHLCTokenizer
 
@@ -86,6 +86,18 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon):
     assert windows[0] == P and max(windows) == min(12, P + horizon - 1) and min(windows) >= 6
     if horizon > 12 - P:
         assert windows.count(6) >= 1  # the window was full and rebuilt from the last T // 2 tokens
+
+
+def test_truncation_keeps_the_likeliest_ids_and_bans_hold():
+    logits = torch.log(torch.tensor([[0.1, 0.4, 0.3, 0.2]])).expand(2000, 4)
+    banned = torch.tensor([False, False, False, True])
+    g = torch.Generator().manual_seed(0)
+    # id 3 banned: 0.1, 0.4, 0.3 renormalize to 0.125, 0.5, 0.375; p = 0.6 needs ids 1 and 2
+    assert set(draw_tokens(logits, 1.0, None, 0.6, banned, g).tolist()) == {1, 2}
+    assert set(draw_tokens(logits, 1.0, None, 0.5, banned, g).tolist()) == {1}
+    assert set(draw_tokens(logits, 1.0, 1, None, banned, g).tolist()) == {1}
+    assert set(draw_tokens(logits, 1.0, None, None, banned, g).tolist()) == {0, 1, 2}
+    assert set(draw_tokens(logits, 0.0, None, None, banned, g).tolist()) == {1}
 
 
 def test_cache_refuses_tokens_beyond_the_window():
