@@ -86,6 +86,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return wait_local(jobs) if args.local else 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from common.doctor import run_doctor
+
+    return run_doctor(sys.stdout)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from common.status import status_table
 
@@ -162,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
     p.add_argument("--dry-run", action="store_true", help="check everything and show the job(s); submit nothing")
     p.set_defaults(handler=_cmd_submit)
+
+    p = sub.add_parser("doctor", help="run first on a new node: torch/CUDA/NCCL/driver versions, the GPUs, Slurm "
+                       "variables, whether the cases fit; exit 1 if training would fall back to the CPU")
+    p.set_defaults(handler=_cmd_doctor)
 
     p = sub.add_parser("status", help="one table of all runs under case_*/checkpoints: Slurm state, epoch, "
                        "losses, tokens/s, ETA, last log line")

@@ -55,6 +55,7 @@ __all__ = [
     "share_from_main",
     "shutdown",
     "unwrap",
+    "wait_for_main",
 ]
 
 _REPORT_WAIT_S = 5.0  # how long a rank that lost a peer waits for the others' error reports
@@ -263,6 +264,30 @@ def share_from_main(name: str, value: Any = None) -> Any:
         return value
     _STORE.wait([key], datetime.timedelta(seconds=collective_timeout_s()))
     return json.loads(_STORE.get(key))
+
+
+def wait_for_main(name: str, poll_s: float = 0.5, ack_s: float = 30.0) -> None:
+    """Hold the other ranks, with no time limit, until rank 0 is done with `name` (its final
+    test scoring): srun ends a step's remaining tasks WaitTime seconds after the first one
+    exits, so ranks that left early would get rank 0 killed mid-evaluation. A rank 0 that
+    raises (the watchdog, failures_reported) or dies (its store goes) ends the wait with an
+    error. Rank 0 then waits up to `ack_s` for the others to have seen it: it serves the store."""
+    if not _active() or _STORE is None or _ENV is None:
+        return
+    done, seen = _key(f"done/{name}"), _key(f"done/{name}/seen")
+    if _ENV.is_main:
+        _STORE.set(done, "1")
+        deadline = time.monotonic() + ack_s
+        while _STORE.add(seen, 0) < _ENV.world_size - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    try:
+        while not _STORE.check([done]):
+            time.sleep(poll_s)
+        _STORE.add(seen, 1)
+    except (RuntimeError, dist.DistError) as e:
+        raise RankFailed(f"rank {_ENV.rank}: rank 0 ended while this rank waited for its {name} "
+                         f"({str(e).splitlines()[0][:200]}); see rank 0's log") from None
 
 
 # --------------------------------------------------------------------------- failures

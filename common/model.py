@@ -29,7 +29,7 @@ from common.errors import UserError
 from common.memory import estimate_training_memory
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
-__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "apply_rotary", "describe_model", "rotary_tables"]
+__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "apply_rotary", "describe_model", "meta_model", "rotary_tables"]
 
 # Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
 # a real observation (a gap in the data) and stays samplable.
@@ -381,8 +381,8 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.2f} GB"
 
 
-def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
-    """Parameter counts and a per-GPU training memory estimate, built on the meta device.
+def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> MarketGPT:
+    """The case's model on the meta device (shapes only: no memory, no init cost).
 
     Without num_assets / num_categories, the case's data.universe_counts gives them (the sum
     of its counts and its number of categories), or 1 if it is empty.
@@ -394,9 +394,14 @@ def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories
         num_categories = len(counts) or 1
     if num_assets < 1 or num_categories < 1:
         raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
+    with torch.device("meta"):
+        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
 
-    with torch.device("meta"):  # shapes only: no memory, no init cost
-        model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
+
+def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
+    """Parameter counts and a per-GPU training memory estimate (see meta_model for the sizes)."""
+    model = meta_model(cfg, num_assets, num_categories)
+    num_assets, num_categories = model.num_assets, model.num_categories
     m, B = cfg.model, cfg.training.batch_size
     n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
 

@@ -1,7 +1,7 @@
 """`marketgpt status`: one table of every run under case_*/checkpoints.
 
-    CASE           RUN                              JOB  SLURM    STATUS   EPOCH  BEST VAL  LAST VAL  TOK/S  ETA    LAST LOG LINE
-    case_c_crypto  crypto_prototype_20250106_091500  812  RUNNING  running  12/50  2.412     2.430     41.2k  3h 5m  epoch 13/50 step 150/...
+    CASE           RUN                              JOB  SLURM    STATUS   EPOCH  BEST VAL  LAST VAL  TOK/S  PEAK MEM   ETA    LAST LOG LINE
+    case_c_crypto  crypto_prototype_20250106_091500  812  RUNNING  running  12/50  2.412     2.430     41.2k  35.1/34.8G 3h 5m  epoch 13/50 ...
 
 Everything comes from the run folders (training_log.json, config.json) and the job's log
 file; the Slurm state comes from `squeue`, matched through the job id the run recorded in
@@ -35,11 +35,12 @@ class RunRow:
     best_val: str = "-"
     last_val: str = "-"
     tokens_per_sec: str = "-"
+    peak_mem: str = "-"  # each GPU's peak memory in the last epoch ("-" on the CPU)
     eta: str = "-"
     last_log_line: str = ""
 
 
-_HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "TOK/S", "ETA",
+_HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "TOK/S", "PEAK MEM", "ETA",
             "LAST LOG LINE")
 
 
@@ -81,6 +82,17 @@ def _tokens(value: Any) -> str:
     return f"{value / 1e6:.1f}M" if value >= 1e6 else f"{value / 1e3:.1f}k" if value >= 1e3 else f"{value:.0f}"
 
 
+def _peak_memory(gpus: Any) -> str:
+    """'35.1G' for one GPU, '35.1/34.8G' per GPU for a few, 'max 35.1G x16' for many."""
+    peaks = [g.get("mem_peak_gb") for g in gpus or [] if isinstance(g, dict)]
+    peaks = [p for p in peaks if isinstance(p, (int, float))]
+    if not peaks:
+        return "-"
+    if len(peaks) > 4:
+        return f"max {max(peaks):.1f}G x{len(peaks)}"
+    return "/".join(f"{p:.1f}" for p in peaks) + "G"
+
+
 def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
     if log.get("log_file"):
         return Path(log["log_file"])
@@ -117,6 +129,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         last = epochs[-1]
         row.last_val = _num(last.get("val_loss"))
         row.tokens_per_sec = _tokens(last.get("tokens_per_sec"))
+        row.peak_mem = _peak_memory(last.get("gpus"))
         if row.status == "running" and isinstance(last.get("eta_s"), (int, float)):
             row.eta = format_duration(last["eta_s"])
     row.last_log_line = last_line(_log_file(case, run_cfg, log))

@@ -34,7 +34,7 @@ from common.batches import TokenWindows
 from common.checkpoint import (CheckpointWriter, epoch_checkpoint_name, prune_checkpoints, remove_stale_temp_files,
                                step_checkpoint_name, unwrap_state_dict)
 from common.config import Config, config_to_dict
-from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort, unwrap
+from common.distributed_utils import all_gather_objects, all_reduce_sum, barrier, before_abort, unwrap, wait_for_main
 from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.gpu_stats import format_gpu_line, gpu_stats
@@ -244,6 +244,7 @@ class Trainer:
                     final_outputs(status)
                 self.log.set_status(status)
                 self._write_log()
+                wait_for_main("final outputs")  # no rank leaves while rank 0 scores the test split
             return status
 
     def _finish_writing(self, raise_errors: bool) -> None:

@@ -394,3 +394,111 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
     assert scalars["gpu0/util_pct"] == 97.0 and scalars["gpu0/temperature_c"] == 64.0
     assert ("GPU 0 (rank 0) NVIDIA A100-SXM4-80GB: util 97% | mem 30.0 GB, peak 35.1 of 80.0 GB | "
             "card 31.5 GB used | 64 C") in out.getvalue()
+
+
+# --------------------------------------------------------------------------- marketgpt doctor
+
+
+def _fake_node(monkeypatch, tmp_path, names, memory=80e9, capability=(9, 0)) -> None:
+    _fake_cuda(monkeypatch, names=names, capability=capability)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: types.SimpleNamespace(name=names[d.index], total_memory=int(memory)))
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text("#!/bin/sh\necho 570.124.06\necho 570.124.06\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:/usr/bin:/bin")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SUBMITIT_EXECUTOR", "SLURM_STEP_ID", "SLURM_STEPID"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_doctor_on_a_cpu_only_machine_exits_1_naming_the_cause(capsys):
+    from common.cli import main
+
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "built for CUDA none (CPU build)" in out and "GPUs visible to torch: 0" in out
+    assert out.strip().splitlines()[-1].startswith("PROBLEM: training here would run on the CPU: this torch")
+
+
+def test_doctor_on_a_two_gpu_slurm_node(monkeypatch, tmp_path, capsys):
+    from common.cli import main
+
+    _fake_node(monkeypatch, tmp_path, ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"))
+    for key, value in SLURM_2_GPUS.items():
+        monkeypatch.setenv(key, value)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torch " in out and "built for CUDA 12.8 | NCCL 2.27.3" in out and "NVIDIA driver: 570.124.06" in out
+    assert ("  GPU 1: NVIDIA H100 PCIe, 80.0 GB, compute capability 9.0, bf16 yes, peak 756.5 TFLOP/s dense bf16, "
+            "training.precision=auto -> bf16") in out
+    assert "SLURM_GPUS_ON_NODE=2" in out and "SLURM_JOB_ID=77" in out
+    case_lines = [line for line in out.splitlines() if "/configs/" in line]
+    assert len(case_lines) == 3 and all(line.endswith(": fits") for line in case_lines)
+    assert out.strip().splitlines()[-1] == "OK: training here uses 2 GPU(s)"
+
+
+def test_doctor_flags_a_gpu_too_small_and_more_ranks_than_gpus(monkeypatch, tmp_path, capsys):
+    from common.cli import main
+
+    _fake_node(monkeypatch, tmp_path, ("Tesla T4",), memory=4e9, capability=(7, 5))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun --nproc-per-node 2 on one GPU
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "bf16 no, peak 65 TFLOP/s dense fp16, training.precision=auto -> fp16" in out
+    assert any("case_a_full_market" in line and "does NOT fit" in line for line in out.splitlines())
+    assert "PROBLEM: this node runs 2 processes of the job but rank 0 (local rank 0) sees 1 GPU(s)" in out
+
+
+def test_status_shows_each_gpus_peak_memory(tmp_path, monkeypatch):
+    from common import status
+
+    monkeypatch.setattr(status, "slurm_available", lambda: False)
+    epoch = {"epoch": 1, "val_loss": 2.0, "tokens_per_sec": 5e4, "eta_s": 60.0}
+    for name, gpus in (("gpu_run", [{"mem_peak_gb": 35.14}, {"mem_peak_gb": 34.8}]), ("cpu_run", None)):
+        run = tmp_path / "case_c_crypto" / "checkpoints" / name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"training": {"epochs": 5}}))
+        (run / "training_log.json").write_text(json.dumps({"status": "running", "epochs": [{**epoch, "gpus": gpus}]}))
+    header, cpu_row, gpu_row = status.status_table(root=tmp_path).splitlines()
+    column = header.index("PEAK MEM")
+    assert gpu_row[column:].split()[0] == "35.1/34.8G"
+    assert cpu_row[column:].split()[0] == "-"
+
+
+# --------------------------------------------------------------------------- the final test scoring
+
+_SCORING = """
+import sys, time
+from common.distributed_utils import init_distributed, shutdown, wait_for_main
+env, _ = init_distributed()
+if env.is_main:
+    print("scoring", time.time(), flush=True)
+    time.sleep(3)  # rank 0 scores the test split
+    if sys.argv[1] == "dies":
+        import os; os._exit(9)
+    print("scored", time.time(), flush=True)
+wait_for_main("final outputs")
+print("left", time.time(), flush=True)
+shutdown()
+"""
+
+
+@pytest.mark.enable_socket
+@pytest.mark.parametrize("how", ["scores", "dies"])
+def test_other_ranks_wait_for_rank_0s_final_scoring(how):
+    from ddp_helpers import start_ranks
+
+    ranks = start_ranks(2, [sys.executable, "-c", _SCORING, how])
+    outs = [p.communicate(timeout=120) for p in ranks]
+    times = [{line.split()[0]: float(line.split()[1]) for line in out.splitlines()} for out, _ in outs]
+    if how == "scores":
+        assert [p.returncode for p in ranks] == [0, 0], outs
+        assert times[1]["left"] >= times[0]["scored"]  # rank 1 left only after rank 0 had scored
+    else:  # rank 0 died while scoring: rank 1 stops with an error instead of waiting for ever
+        assert ranks[0].returncode == 9 and ranks[1].returncode != 0
+        assert "left" not in times[1] and "rank 0 ended while this rank waited for its final outputs" in outs[1][1]
