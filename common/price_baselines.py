@@ -1,7 +1,10 @@
 """Price-space baselines: forecasters of the H-step log return that every model is scored beside.
 
-A forecaster is any callable `forecast_fn(histories, horizon, n_samples, seed)` returning an
-(len(histories), n_samples) array of H-step log returns, one row per origin. The histories are
+A forecaster is any callable `forecast_fn(histories, horizon, n_samples, seed)` returning
+sampled paths: an (len(histories), n_samples, horizon) array whose [:, :, h - 1] is the log
+return from the origin's close to the close h bars later (so one call at the longest horizon
+serves every shorter one; a 2-D (len(histories), n_samples) array of H-step log returns is
+accepted too, and then the scorecard calls once per horizon). The histories are
 the Forecaster's own `common.forecast.History` (symbol, candles): the scorecard builds each from
 a COPY of one asset's candles up to and including its origin candle, and nothing else, so no
 forecaster (these baselines or the model) can see a later candle.
@@ -54,7 +57,8 @@ _VAR_FLOOR = 1e-12  # a series that never moved still gets a positive variance
 
 class ForecastFn(Protocol):
     def __call__(self, histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
-        """(len(histories), n_samples) samples of the H-step log return after each origin."""
+        """(len(histories), n_samples, horizon) cumulative log returns after each origin
+        (or (len(histories), n_samples) H-step log returns)."""
 
 
 def log_returns(candles: pd.DataFrame) -> np.ndarray:
@@ -89,8 +93,8 @@ class RandomWalkEWMA:
 
     def __call__(self, histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
         sigma = np.sqrt([_ewma_next_variance(log_returns(h.candles), self.lam) for h in histories])
-        z = np.random.default_rng(seed).standard_normal((len(histories), n_samples))
-        return z * (sigma * math.sqrt(horizon))[:, None]
+        z = np.random.default_rng(seed).standard_normal((len(histories), n_samples, horizon))
+        return np.cumsum(z, axis=2) * sigma[:, None, None]
 
 
 @dataclass
@@ -101,11 +105,11 @@ class HistoricalBootstrap:
 
     def __call__(self, histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
-        out = np.zeros((len(histories), n_samples))
+        out = np.zeros((len(histories), n_samples, horizon))
         for i, h in enumerate(histories):
             r = log_returns(h.candles)[-self.window:]
             if len(r):
-                out[i] = r[rng.integers(0, len(r), size=(n_samples, horizon))].sum(1)
+                out[i] = np.cumsum(r[rng.integers(0, len(r), size=(n_samples, horizon))], axis=1)
         return out
 
 
@@ -152,16 +156,16 @@ class GarchT:
 
     def __call__(self, histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
-        out = np.empty((len(histories), n_samples))
+        out = np.empty((len(histories), n_samples, horizon))
         for i, h in enumerate(histories):
             p = self.params.get(h.symbol, self.fallback_params)
             var = self._next_variance(log_returns(h.candles), p)
             ret = np.zeros(n_samples)
-            for _ in range(horizon):
+            for step in range(horizon):
                 eps = np.sqrt(var) * _standardized_t(rng, p.nu, n_samples)
-                ret += eps
+                ret = ret + eps
+                out[i, :, step] = ret
                 var = p.omega + p.alpha * eps * eps + p.beta * var
-            out[i] = ret
         return out
 
     @staticmethod

@@ -40,6 +40,7 @@ __all__ = [
     "SCORECARD_JSON",
     "SCORECARD_PNG",
     "fit_price_baselines",
+    "forecaster_fn",
     "make_scorecard",
     "origin_indices",
     "run_scorecard",
@@ -146,29 +147,49 @@ def fit_price_baselines(series: Sequence[AssetSeries], interval: str) -> dict[st
 # --------------------------------------------------------------------------- forecasting
 
 
+def forecaster_fn(forecaster, **options) -> ForecastFn:
+    """A trained run's `common.forecast.Forecaster` as a scorecard forecaster: the log returns
+    log(close_h / close_0), h = 1..horizon, of its sampled paths. options go to
+    `Forecaster.forecast` (temperature, top_k, max_batch, ...)."""
+    def fn(histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
+        close = forecaster.forecast(list(histories), horizon, n_samples, seed=seed, return_paths=True,
+                                    **options).paths["close"]  # (N, S, H + 1), step 0 the last real close
+        return np.log(close[:, :, 1:] / close[:, :, :1])
+    return fn
+
+
 @dataclass
 class _Origins:
-    """Every (asset, origin) of one horizon, flat, in asset order."""
-    series: list[int]  # index into the series list
+    """(asset, origin) pairs, flat, in asset order, with the realized return at each horizon."""
+    series: np.ndarray  # index into the series list
     index: np.ndarray  # origin candle index
     dates: np.ndarray  # origin timestamps (int64 ns)
-    y: np.ndarray  # realized H-step log return
+    y: dict[int, np.ndarray]  # horizon -> realized log return, NaN where that horizon has no target
+
+    def subset(self, mask: np.ndarray, horizon: int) -> "_Origins":
+        return _Origins(self.series[mask], self.index[mask], self.dates[mask], {horizon: self.y[horizon][mask]})
 
 
-def _horizon_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray], horizon: int) -> _Origins:
-    ks, idx, dates, ys = [], [], [], []
+def _all_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray], horizons: Sequence[int]) -> _Origins:
+    """Every origin with a target at one horizon at least (the shortest)."""
+    ks, idx, dates, ys = [], [], [], {h: [] for h in horizons}
     for k, s in enumerate(series):
-        close = s.candles["close"].to_numpy(dtype=np.float64)
+        log_close = np.log(s.candles["close"].to_numpy(dtype=np.float64))  # NaN at gap rows
         i = origins[s.symbol]
-        i = i[i + horizon < len(close)]
-        target = close[i + horizon]
-        i = i[np.isfinite(target) & (target > 0)]
-        ks += [k] * len(i)
+        i = i[i + horizons[0] < len(log_close)]
+        for h in horizons:
+            target = np.full(len(i), np.nan)
+            inside = i + h < len(log_close)
+            target[inside] = log_close[i[inside] + h]
+            ys[h].append(target - log_close[i])
+        ks.append(np.full(len(i), k))
         idx.append(i)
         dates.append(s.candles.index[i].asi8)
-        ys.append(np.log(close[i + horizon]) - np.log(close[i]))
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
-    return _Origins(ks, cat(idx, np.int64), cat(dates, np.int64), cat(ys, np.float64))
+    y = {h: cat(ys[h], np.float64) for h in horizons}
+    keep = np.isfinite(y[horizons[0]])
+    return _Origins(cat(ks, np.int64)[keep], cat(idx, np.int64)[keep], cat(dates, np.int64)[keep],
+                    {h: v[keep] for h, v in y.items()})
 
 
 def _history(s: AssetSeries, i: int) -> History:
@@ -185,25 +206,48 @@ def _sample_stats(samples: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
     return stats
 
 
-def _forecast_all(series: Sequence[AssetSeries], o: _Origins, forecasters: Mapping[str, ForecastFn], horizon: int,
-                  n_samples: int, seed: int, momentum: bool) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
-    """Per forecaster, per-origin stats (crps, pit, median, ...); and momentum signals if asked."""
-    parts: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in forecasters}
+def _call(name: str, fn: ForecastFn, histories: list[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
+    """The forecaster's samples, checked: (n, S, horizon) paths or (n, S) H-step returns, finite."""
+    out = np.asarray(fn(histories, horizon, n_samples, seed), dtype=np.float64)
+    n = len(histories)
+    if out.shape not in ((n, n_samples, horizon), (n, n_samples)) or not np.all(np.isfinite(out)):
+        raise ValueError(f"forecaster {name!r} returned {out.shape} samples with "
+                         f"{np.size(out) - np.isfinite(out).sum()} non-finite values; expected finite log returns, "
+                         f"({n}, {n_samples}, {horizon}) paths or ({n}, {n_samples}) at the horizon")
+    return out
+
+
+def _forecast_all(series: Sequence[AssetSeries], o: _Origins, forecasters: Mapping[str, ForecastFn],
+                  horizons: Sequence[int], n_samples: int, seed: int, say: Callable[[str], None]
+                  ) -> tuple[dict[int, dict[str, dict[str, np.ndarray]]], np.ndarray]:
+    """horizon -> forecaster -> per-origin stats (crps, pit, median, ...) over the origins with a
+    target at that horizon; and the 20-period momentum signal of every origin.
+
+    One call per batch and forecaster at the longest horizon serves every horizon when the
+    forecaster returns paths; one returning only H-step returns is called once per horizon."""
+    longest = horizons[-1]
+    parts = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))
     for b, lo in enumerate(range(0, len(o.index), _BATCH)):
         hi = min(lo + _BATCH, len(o.index))
+        say(f"origins {lo + 1}-{hi} of {len(o.index)}")
         histories = [_history(series[o.series[j]], int(o.index[j])) for j in range(lo, hi)]
-        if momentum:
-            mom[lo:hi] = [momentum_signal(h) for h in histories]
+        mom[lo:hi] = [momentum_signal(h) for h in histories]
         for f, (name, fn) in enumerate(forecasters.items()):
-            call_seed = int(np.random.SeedSequence([seed, horizon, b, f]).generate_state(1)[0])
-            samples = np.asarray(fn(histories, horizon, n_samples, call_seed), dtype=np.float64)
-            if samples.shape != (hi - lo, n_samples) or not np.all(np.isfinite(samples)):
-                raise ValueError(f"forecaster {name!r} returned {samples.shape} samples with "
-                                 f"{np.size(samples) - np.isfinite(samples).sum()} non-finite values; "
-                                 f"expected ({hi - lo}, {n_samples}) finite H-step log returns")
-            parts[name].append(_sample_stats(samples, o.y[lo:hi]))
-    stats = {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in parts.items() if ps}
+            call_seed = lambda h: int(np.random.SeedSequence([seed, b, f, h]).generate_state(1)[0])  # noqa: E731
+            out = _call(name, fn, histories, longest, n_samples, call_seed(longest))
+            for h in horizons:
+                if out.ndim == 3:
+                    samples = out[:, :, h - 1]
+                else:
+                    samples = out if h == longest else _call(name, fn, histories, h, n_samples, call_seed(h))
+                    if samples.ndim != 2:
+                        raise ValueError(f"forecaster {name!r} returned paths for horizon {h} but not for {longest}")
+                y = o.y[h][lo:hi]
+                ok = np.isfinite(y)
+                parts[h][name].append(_sample_stats(samples[ok], y[ok]))
+    stats = {h: {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in by_name.items()}
+             for h, by_name in parts.items()}
     return stats, mom
 
 
@@ -247,7 +291,7 @@ def _groups(labels: np.ndarray, stats: dict[str, dict[str, np.ndarray]], y: np.n
 
 def _horizon_card(series: Sequence[AssetSeries], o: _Origins, stats: dict[str, dict[str, np.ndarray]],
                   ranked: Sequence[str], horizon: int, stride: int, n_boot: int, seed: int) -> dict:
-    y = o.y
+    y = o.y[horizon]
     card: dict = {"n": int(len(y)), "n_dates": int(len(np.unique(o.dates)))}
     scores = {name: _scores(st, y) for name, st in stats.items()}
     for key in ("crps", "mae", "mase", "qlike"):
@@ -343,15 +387,19 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     garch = baselines.get("garch")
     if isinstance(garch, GarchT):
         card["garch_fallback"] = list(garch.fallback)
+    o = _all_origins(series, origins, horizons)
+    if len(o.index) == 0:
+        raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
+    say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
+    stats, momentum = _forecast_all(series, o, forecasters, horizons, n_samples, seed, say)
     for h in horizons:
-        o = _horizon_origins(series, origins, h)
-        if len(o.index) == 0:
+        oh = o.subset(np.isfinite(o.y[h]), h)
+        if len(oh.index) == 0:
             raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
-        say(f"H={h}: {len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples")
-        stats, momentum = _forecast_all(series, o, forecasters, h, n_samples, seed, momentum=h == bt_horizon)
-        card["horizons"][str(h)] = _horizon_card(series, o, stats, ranked, h, step, n_boot, seed)
+        card["horizons"][str(h)] = _horizon_card(series, oh, stats[h], ranked, h, step, n_boot, seed)
         if h == bt_horizon:
-            card["backtest"] = _backtest_card(series, o, stats["model"], momentum, h, cost_bp, n_boot, seed)
+            card["backtest"] = _backtest_card(series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h,
+                                              cost_bp, n_boot, seed)
     first = card["horizons"][str(horizons[0])]
     card["calibration"] = {"horizon": horizons[0], "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
     card["verdicts"] = verdict_lines(card)

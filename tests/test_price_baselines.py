@@ -32,10 +32,11 @@ def test_rw_ewma_variance_is_the_riskmetrics_recursion():
     lam, var = 0.94, np.mean(r[:20] ** 2)
     for x in r:
         var = lam * var + (1 - lam) * x * x
-    samples = RandomWalkEWMA(lam)([_history(r)], 4, 40000, seed=1)
-    assert samples.shape == (1, 40000)
-    assert samples.std() == pytest.approx(math.sqrt(4 * var), rel=0.02)
-    assert abs(samples.mean()) < 0.01 * math.sqrt(4 * var) * 5
+    paths = RandomWalkEWMA(lam)([_history(r)], 4, 40000, seed=1)
+    assert paths.shape == (1, 40000, 4)
+    for h in (1, 4):  # the h-step return of a path: variance h sigma^2
+        assert paths[..., h - 1].std() == pytest.approx(math.sqrt(h * var), rel=0.02)
+    assert abs(paths[..., -1].mean()) < 5 * math.sqrt(4 * var / 40000)
 
 
 def test_bootstrap_draws_only_from_the_last_250_returns():
@@ -43,7 +44,9 @@ def test_bootstrap_draws_only_from_the_last_250_returns():
     h1 = HistoricalBootstrap()([_history(r)], 1, 1000, seed=0)
     assert set(np.round(h1.ravel(), 12)) == {0.01, 0.02}  # never the older 0.5 returns
     h3 = HistoricalBootstrap()([_history(r)], 3, 1000, seed=0)
-    assert h3.min() >= 0.03 - 1e-12 and h3.max() <= 0.06 + 1e-12
+    steps = np.diff(h3, axis=2, prepend=0.0)  # each step of a path is one drawn return
+    assert h3.shape == (1, 1000, 3) and set(np.round(steps.ravel(), 12)) == {0.01, 0.02}
+    assert h3[..., -1].min() >= 0.03 - 1e-12 and h3[..., -1].max() <= 0.06 + 1e-12
 
 
 def test_garch_fit_recovers_the_generating_parameters():
@@ -65,11 +68,10 @@ def test_garch_samples_follow_the_filtered_variance():
     for x in r:
         var = p.omega + p.alpha * x * x + p.beta * var
     g = GarchT({"A": p}, p)
-    one = g([_history(r)], 1, 40000, seed=2)
-    assert one.var() == pytest.approx(var, rel=0.05)
+    paths = g([_history(r)], 2, 40000, seed=2)
+    assert paths.shape == (1, 40000, 2) and paths[..., 0].var() == pytest.approx(var, rel=0.05)
     # two steps: var + (omega + (alpha + beta) var), the expected variance of the second step
-    two = g([_history(r)], 2, 40000, seed=2)
-    assert two.var() == pytest.approx(var + p.omega + (p.alpha + p.beta) * var, rel=0.06)
+    assert paths[..., 1].var() == pytest.approx(var + p.omega + (p.alpha + p.beta) * var, rel=0.06)
 
 
 def test_momentum_signal_reads_the_last_20_returns():

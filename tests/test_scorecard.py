@@ -38,16 +38,17 @@ def test_an_origin_never_sees_a_candle_after_itself():
     card = make_scorecard(series, rec, interval="1d", horizons=[1, 5], stride=3, n_samples=20, n_boot=50,
                           baselines={"rw_ewma": RandomWalkEWMA()})
     by_symbol = {s.symbol: s for s in series}
-    assert len(rec.seen) == card["horizons"]["1"]["n"] + card["horizons"]["5"]["n"]
+    # one call per batch at the longest horizon: its paths serve H=1 too
+    assert len(rec.seen) == card["horizons"]["1"]["n"] and {horizon for horizon, _ in rec.seen} == {5}
     for horizon, h in rec.seen:
         s = by_symbol[h.symbol]
         i = s.candles.index.get_loc(h.candles.index[-1])
-        assert s.test.start <= i < s.test.stop - horizon  # inside the test split, purge gap respected
+        assert s.test.start <= i < s.test.stop - 1  # inside the test split, purge gap respected
         assert h.candles.equals(s.candles.iloc[: i + 1])  # exactly the candles up to the origin
         # a copy: no view whose base reaches the rows after the origin
         assert not np.shares_memory(h.candles["close"].to_numpy(), s.candles["close"].to_numpy())
     # and the origin dates are every 3rd test date
-    dates = sorted({h.candles.index[-1] for horizon, h in rec.seen if horizon == 1})
+    dates = sorted({h.candles.index[-1] for _, h in rec.seen})
     assert dates == list(series[0].candles.index[series[0].test.start:series[0].test.stop - 1:3])
 
 
@@ -169,3 +170,39 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     with pytest.raises(UserError, match="missing tokens.npz"):
         (run / "tokens.npz").unlink()
         run_scorecard(run, RandomWalkEWMA())
+
+
+def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
+    """The wiring: a real Forecaster (an untrained tiny MarketGPT) through `forecaster_fn`; its
+    H-step returns are those of the Forecaster's own paths and table."""
+    import torch
+
+    from common.config import load_config
+    from common.data.universe import Asset, asset_info
+    from common.forecast import Forecaster
+    from common.model import MarketGPT
+    from common.scorecard import forecaster_fn
+    from common.tokenizer import OHLCTokenizer
+
+    torch.manual_seed(0)
+    (tmp_path / "tiny.json").write_text(json.dumps({
+        "experiment": "tiny", "data": {"source": "sample", "interval": "1d"},
+        "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 1, "num_heads": 2,
+                  "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4}}))
+    cfg = load_config(tmp_path / "tiny.json")
+    rng = np.random.default_rng(4)
+    series = synthetic_series([rng.normal(0, 0.01, 300) for _ in range(2)], category="us_stock")
+    tok = OHLCTokenizer(vocab_size=64).fit({s.symbol: s.candles.iloc[:s.train.stop] for s in series})
+    fc = Forecaster(MarketGPT(cfg.model, num_assets=2, num_categories=1), tok,
+                    asset_info([Asset(s.symbol, "sample", "us_stock", s.symbol) for s in series]), cfg)
+    fn = forecaster_fn(fc)
+    history = History("A0", series[0].candles.iloc[:series[0].test.start + 1])
+    paths = fn([history], 3, 16, 5)
+    result = fc.forecast([history], 3, 16, seed=5, return_paths=True)
+    assert paths.shape == (1, 16, 3)
+    np.testing.assert_allclose(paths[0, :, 2], np.log(result.paths["close"][0, :, 3] / history.candles["close"].iloc[-1]))
+    assert result.table["mean_log_return"].to_numpy() == pytest.approx(paths[0].mean(0))
+
+    card = make_scorecard(series, fn, interval="1d", horizons=[1, 3], stride=20, n_samples=16, n_boot=50,
+                          baselines={"rw_ewma": RandomWalkEWMA()})
+    assert card["horizons"]["3"]["n"] > 0 and card["horizons"]["3"]["crps"]["model"] > 0
