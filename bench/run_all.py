@@ -5,7 +5,8 @@
 Each benchmark runs in a process of its own (its peak RSS is its own, and one that crashes
 doesn't stop the rest) and hands its figures back through `--json`; its own output streams
 through as it runs. About 4 minutes on 2 cores. The Slurm benchmark (bench_slurm.py) needs the local cluster (tools/local_slurm/local_slurm.sh start --nodes 2): when
-`scontrol ping` doesn't answer, it is skipped with a note in the table and the JSON.
+`scontrol ping` doesn't answer, it is skipped with a note in the table and the JSON; so is the
+GPU benchmark (bench_gpu.py) where torch sees no GPU.
 --smoke runs every benchmark at toy sizes (seconds, not minutes): it checks the command works,
 its figures mean nothing.
 
@@ -39,9 +40,11 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "forecast": ("bench_forecast.py", ["--assets", "2", "--samples", "8", "--horizon", "8", "--ref-samples", "1"]),
     "scorecard": ("bench_scorecard.py", ["--horizons", "1,5", "--samples", "20", "--stride", "20"]),
     "slurm": ("bench_slurm.py", []),  # not run by --smoke
+    "gpu": ("bench_gpu.py", ["--smoke", "--no-max-batch"]),  # only where torch sees a GPU
 }
 TIMEOUT_S = 1800
-TITLES = {"slurm": "Slurm, local cluster"}  # table name of a benchmark in a row run_all writes for it
+# table name of a benchmark in a row run_all writes for it
+TITLES = {"slurm": "Slurm, local cluster", "gpu": "GPU training"}
 
 
 def slurm_status() -> Optional[str]:
@@ -56,6 +59,16 @@ def slurm_status() -> Optional[str]:
         return ("skipped: Slurm is not up (start it with tools/local_slurm/local_slurm.sh start --nodes 2): "
                 + " ".join((ping.stdout + ping.stderr).split())[:120])
     return None
+
+
+def gpu_status() -> Optional[str]:
+    """None when torch sees a CUDA GPU, else why the GPU benchmark is skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"skipped: no GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'}); "
+            "run bench/bench_gpu.py on a GPU node (marketgpt doctor says why there is none)")
 
 
 def _run_streaming(cmd: list[str]) -> tuple[Optional[int], str]:
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name in chosen:
         script, smoke = BENCHMARKS[name]
-        skip = slurm_status() if name == "slurm" else None
+        skip = slurm_status() if name == "slurm" else gpu_status() if name == "gpu" else None
         if name == "slurm" and args.smoke:
             skip = "skipped: --smoke"
         if skip is not None:

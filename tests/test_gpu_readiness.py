@@ -502,3 +502,36 @@ def test_other_ranks_wait_for_rank_0s_final_scoring(how):
     else:  # rank 0 died while scoring: rank 1 stops with an error instead of waiting for ever
         assert ranks[0].returncode == 9 and ranks[1].returncode != 0
         assert "left" not in times[1] and "rank 0 ended while this rank waited for its final outputs" in outs[1][1]
+
+
+# --------------------------------------------------------------------------- bench/bench_gpu.py
+
+
+def test_bench_gpu_runs_its_step_and_writes_json_with_the_device(tmp_path):
+    import subprocess
+
+    from common.paths import REPO_ROOT
+
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_gpu.py"), "--device", "cpu", "--smoke",
+                           "--cases", "C", "--threads", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "GPU training, case C, fp32, eager  tokens/s" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["figures"]["device"] == "cpu"
+    (run,) = result["figures"]["cases"]["C"]["runs"]
+    assert run["tokens_per_sec"] > 0 and run["estimate_bytes"] > 0 and run["mfu"] is None  # no peak for a CPU
+
+
+def test_bench_gpu_largest_batch_search(monkeypatch):
+    from common.paths import REPO_ROOT
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    import bench_gpu
+
+    tried = []
+    monkeypatch.setattr(bench_gpu, "_fits", lambda cfg, device, batch: tried.append(batch) or batch <= 100)
+    assert bench_gpu.largest_batch(None, torch.device("cpu"), 32, 4096) == 100
+    assert tried[:3] == [32, 64, 128]  # doubling until out of memory, then bisection
+    assert bench_gpu.largest_batch(None, torch.device("cpu"), 32, 48) == 48  # capped by the limit
