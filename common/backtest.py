@@ -5,7 +5,8 @@
 
 `r_a` is the asset's log return from this origin date to its next one (the holding period), so
 each position is entered at an origin's close and held to the next origin's close. Costs are in
-basis points per side: going from +1 to -1 pays twice. Turnover is sum |delta w| per period.
+basis points per side: going from +1 to -1 pays twice. Turnover is sum |delta w| per period; an
+asset absent on a date (its market closed) keeps its last weight there, so it pays nothing.
 
 Statistics come from `empyrical-reloaded` (annual return, Sharpe, max drawdown) with the
 annualization taken from the dates themselves (periods per year); the Sharpe's 95% interval is
@@ -60,7 +61,10 @@ def backtest(positions: pd.DataFrame, log_returns: pd.DataFrame, cost_bp: float 
     r = np.where(held, log_returns.to_numpy(dtype=np.float64), 0.0)
     n_assets = held.sum(1, keepdims=True)
     weights = np.divide(pos, n_assets, out=np.zeros_like(pos), where=n_assets > 0)
-    turnover = np.abs(np.diff(weights, axis=0, prepend=0.0)).sum(1)
+    # an asset with no origin on a date (another market's holiday) keeps its last weight for
+    # the turnover: skipping a date is not selling and buying back
+    carried = pd.DataFrame(np.where(held, weights, np.nan)).ffill().fillna(0.0).to_numpy()
+    turnover = np.abs(np.diff(carried, axis=0, prepend=0.0)).sum(1)
     net = (weights * np.expm1(r)).sum(1) - cost_bp / 1e4 * turnover
 
     ppy = annualization or periods_per_year(pd.DatetimeIndex(positions.index))

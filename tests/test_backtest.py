@@ -35,6 +35,15 @@ def test_equal_weight_and_assets_not_held():
     assert out["max_drawdown"] == pytest.approx(-(1 - (1 - 0.01) * (1 - 0.01)), rel=1e-9)
 
 
+def test_a_closed_market_day_costs_nothing():
+    # B has no origin on date 2 (a holiday there): it keeps its weight, nothing is traded for it
+    pos = pd.DataFrame({"A": [1.0, 1.0, 1.0], "B": [1.0, np.nan, 1.0]}, index=DATES)
+    r = pd.DataFrame({"A": [0.0, 0.0, 0.0], "B": [0.0, np.nan, 0.0]}, index=DATES)
+    out = backtest(pos, r, cost_bp=10, annualization=52, n_boot=20)
+    # entry: 1 (A 0.5, B 0.5); date 2: A goes to weight 1 (+0.5), B carried; date 3: A back to 0.5
+    assert out["turnover"] == pytest.approx((1.0 + 0.5 + 0.5) / 3)
+
+
 def test_sharpe_interval_brackets_a_steady_winner():
     dates = pd.date_range("2020-01-01", periods=200, freq="D", tz="UTC")
     r = np.random.default_rng(0).normal(0.002, 0.01, 200)
