@@ -52,7 +52,9 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
-_TEMP_NAME = re.compile(r"^\.(checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt\.\w+\.tmp$")  # atomic.temp_path
+# atomic.temp_path's names for what a trainer writes: checkpoints, the log, the final outputs
+_TEMP_NAME = re.compile(r"^\.((checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt|training_log\.json|test_results\.json"
+                        r"|report\.png)\.\w+\.tmp$")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 
 
@@ -168,8 +170,8 @@ class CheckpointWriter:
 
 
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:
-    """Delete temp files a killed writer left (`kill -9`, a node crash), each up to a whole
-    checkpoint's size. For the run folder's one trainer, at its start."""
+    """Delete temp files a killed writer left (`kill -9`, a node crash) beside checkpoints, the
+    training log and the final outputs. For the run folder's one trainer, at its start."""
     run_dir = Path(run_dir)
     stale = [p for p in run_dir.iterdir() if _TEMP_NAME.match(p.name)] if run_dir.is_dir() else []
     for path in stale:

@@ -55,10 +55,11 @@ HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "tr
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
                       "training.peak_flops", "training.device", "training.gradient_checkpointing", "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
-# What a run writes before its first checkpoint (common.training_run, the trainer's first log
-# write): a folder holding nothing else was killed before it trained anything worth keeping.
-_SET_UP_FILES = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
-                 "training_log.json", "tensorboard")
+# What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
+# tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
+# holding nothing else has nothing to resume from, and a new run may start over in it.
+_BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
+                            "training_log.json", "tensorboard", "best_model.pt")
 
 
 def check_writable(folder: Path) -> None:
@@ -184,7 +185,7 @@ def reuse_unstarted_run(run_dir: Path) -> bool:
     instead of beside it; False (and untouched) if it holds anything more: a checkpoint, even a
     damaged one, an output, a file someone put there."""
     entries = list(run_dir.iterdir())
-    if any(p.name not in _SET_UP_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+    if any(p.name not in _BEFORE_FIRST_CHECKPOINT and not (p.name.startswith(".") and p.name.endswith(".tmp"))
            for p in entries):
         return False
     try:

@@ -581,7 +581,11 @@ class Trainer:
               file=self.out)
         print(f"Model parameters: {self.model.num_parameters():,} | train windows: "
               f"{self.windows.num_windows('train'):,} | steps per epoch: {self.steps_per_epoch:,}", file=self.out)
-        if self.global_step:
+        if self.epoch >= t.epochs or self._patience_exhausted():
+            stopped = ", stopped early" if self.epoch < t.epochs else ""
+            print(f"Nothing left to train ({self.epoch} of {t.epochs} epochs done{stopped}): writing the final "
+                  "outputs", file=self.out)
+        elif self.global_step:
             print(f"Resuming at epoch {self.epoch + 1}, step {self.step_in_epoch} of {self.steps_per_epoch} "
                   f"(global step {self.global_step})", file=self.out)
         self.out.flush()

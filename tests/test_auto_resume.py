@@ -71,7 +71,7 @@ def test_a_run_missing_any_final_output_is_continued(tmp_path, alive):
 def test_a_folder_killed_before_its_first_checkpoint_is_reused(tmp_path, alive):
     run = _run(tmp_path, "20250102_000000", status="running")
     for name in ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
-                 ".tokens.npz.a1b2.tmp"):
+                 ".tokens.npz.a1b2.tmp", "best_model.pt"):  # killed between best_model.pt and its epoch checkpoint
         (run / name).write_text("x")
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out").write_text("x")
@@ -79,7 +79,7 @@ def test_a_folder_killed_before_its_first_checkpoint_is_reused(tmp_path, alive):
     assert reuse_unstarted_run(run) and list(run.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["checkpoint_epoch_1_step_3.pt", "best_model.pt", "notes.txt"])
+@pytest.mark.parametrize("name", ["checkpoint_epoch_1_step_3.pt", "checkpoint_epoch_1.pt", "report.png", "notes.txt"])
 def test_a_folder_holding_more_than_its_set_up_is_not_reused(tmp_path, alive, name):
     run = _run(tmp_path, "20250102_000000", status="running")
     (run / "config.json").write_text("x")

@@ -104,8 +104,9 @@ def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
 
 def test_temp_files_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
     stale = [".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp", ".checkpoint_epoch_3.pt.a8b9c0.tmp",
-             ".best_model.pt.zz99.tmp"]
-    others = [".training_log.json.abc123.tmp", "notes.tmp", "checkpoint_epoch_3.pt", ".checkpoint_epoch_3.pt.tmp"]
+             ".best_model.pt.zz99.tmp", ".training_log.json.abc123.tmp", ".report.png.q1w2e3r4.tmp",
+             ".test_results.json.x_y_z.tmp"]
+    others = [".notes.txt.abc123.tmp", "notes.tmp", "checkpoint_epoch_3.pt", ".checkpoint_epoch_3.pt.tmp"]
     for name in stale + others:
         (tmp_path / name).write_bytes(b"x")
     assert sorted(p.name for p in remove_stale_temp_files(tmp_path)) == sorted(stale)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint import checkpoint_files
+from common.checkpoint import checkpoint_files, load_checkpoint
 from common.cli import main
 from common.config import load_config
 from common.paths import REPO_ROOT
@@ -126,6 +127,50 @@ def test_resume_with_a_harmless_override_extends_the_run(finished_run, capsys, t
     assert _epoch_losses(copy)[:2] == _epoch_losses(run_dir)
 
 
+def _copy_into_case(finished_run, tmp_path) -> tuple[Path, Path]:
+    """The finished run as the only run of a fresh case folder: (config, run folder)."""
+    config, run_dir = finished_run
+    case = tmp_path / "case"
+    shutil.copytree(config.parent, case / "configs")
+    shutil.copytree(run_dir, case / "checkpoints" / run_dir.name)
+    return case / "configs" / config.name, case / "checkpoints" / run_dir.name
+
+
+@pytest.mark.parametrize("missing", [("report.png",), ("report.png", "test_results.json")])
+def test_resume_auto_of_a_trained_run_missing_an_output_writes_only_the_outputs(finished_run, capsys, tmp_path,
+                                                                               missing):
+    config, copy = _copy_into_case(finished_run, tmp_path)
+    for name in missing:  # killed while writing its final outputs
+        (copy / name).unlink()
+    log = json.loads((copy / "training_log.json").read_text())
+    log["status"] = "running"  # the kill came before the log said finished
+    (copy / "training_log.json").write_text(json.dumps(log))
+    before = {p.name: p.stat().st_mtime_ns for p in copy.glob("*.pt")}
+    code, out, _ = _run(capsys, "--config", config, "--resume", "auto")
+    assert code == 0 and f"Resuming {copy}" in out
+    assert "Nothing left to train (2 of 2 epochs done): writing the final outputs" in out
+    assert " step " not in out and "Epoch " not in out  # no training step, no epoch
+    assert {p.name: p.stat().st_mtime_ns for p in copy.glob("*.pt")} == before
+    assert (copy / "report.png").is_file() and _run_dirs(config) == [copy]
+    assert json.loads((copy / "test_results.json").read_text()) == \
+        json.loads((finished_run[1] / "test_results.json").read_text())
+    log = json.loads((copy / "training_log.json").read_text())
+    assert log["status"] == "finished" and _epoch_losses(copy) == _epoch_losses(finished_run[1])
+
+
+def test_resume_auto_starts_over_in_a_folder_killed_before_its_first_checkpoint(finished_run, capsys, tmp_path):
+    config, _ = _copy_into_case(finished_run, tmp_path)
+    shutil.rmtree(config.parent.parent / "checkpoints")
+    early = config.parent.parent / "checkpoints" / "tiny_20250101_000000"
+    early.mkdir(parents=True)
+    (early / "config.json").write_text("{")  # killed while setting the run up
+    (early / "training_log.json").write_text(json.dumps({"status": "running", "epochs": []}))
+    code, out, _ = _run(capsys, "--config", config, "--resume", "auto")
+    assert code == 0 and "killed before its first checkpoint" in out
+    assert _run_dirs(config) == [early] and RUN_FILES <= {p.name for p in early.iterdir()}
+    assert _epoch_losses(early) == _epoch_losses(finished_run[1])
+
+
 def test_resume_auto_skips_a_corrupted_newest_checkpoint(finished_run, capsys, tmp_path):
     config, run_dir = finished_run
     case = tmp_path / "case"
@@ -142,47 +187,89 @@ def test_resume_auto_skips_a_corrupted_newest_checkpoint(finished_run, capsys, t
     assert _epoch_losses(copy) == _epoch_losses(run_dir)  # epoch 2 redone, identically
 
 
-def test_sigterm_then_kill_9_then_resume_auto_matches_a_straight_run(tmp_path, capsys):
-    long = {"epochs": 3, "max_steps_per_epoch": 150, "log_every_steps": 10}
-    straight = _case(tmp_path, "straight", training=long)
-    assert main(["train", "--config", str(straight)]) == 0
-    capsys.readouterr()
-    config = _case(tmp_path, "killed", training=long)
+def test_sigterm_then_resume_auto_continues_from_the_step_checkpoint(tmp_path, capsys):
+    config = _case(tmp_path, "killed", training={"max_steps_per_epoch": 150, "log_every_steps": 10})
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "common.cli", "train", "--config", str(config), "--resume", "auto"]
-
-    # 1. SIGTERM mid-epoch: checkpoint at the next step boundary, exit 75 (requeue me)
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = _lines(proc)
-    _wait_for(lines, r"epoch 1/3 step \d+/150")
-    proc.send_signal(signal.SIGTERM)
+    _wait_for(_lines(proc), r"epoch 1/2 step \d+/150")
+    proc.send_signal(signal.SIGTERM)  # checkpoint at the next step boundary, exit 75 (requeue me)
     assert proc.wait(timeout=60) == 75
     (run_dir,) = _run_dirs(config)
     first = [p.name for p in checkpoint_files(run_dir)]
     assert len(first) == 1 and re.fullmatch(r"checkpoint_epoch_1_step_\d+\.pt", first[0])
+    code, out, _ = _run(capsys, "--config", config, "--resume", "auto", "--set", "training.epochs=1")
+    assert code == 0 and f"Resuming {run_dir} from {first[0]}" in out and _run_dirs(config) == [run_dir]
 
-    # 2. kill -9 after the resumed process wrote its next checkpoint
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = _lines(proc)
-    _wait_for(lines, r"Resuming .* from checkpoint_epoch_1_step_")
-    deadline = time.monotonic() + 60
-    while (run_dir / "checkpoint_epoch_1.pt").exists() is False and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.kill()
-    assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert "test_results.json" not in {p.name for p in run_dir.iterdir()}
-    half_written = run_dir / ".checkpoint_epoch_2_step_40.pt.x1y2z3.tmp"  # a kill -9 inside torch.save
-    half_written.write_bytes(b"PK\x03\x04")
 
-    # 3. --resume auto continues from the last good checkpoint and finishes
-    code, out, _ = _run(capsys, "--config", config, "--resume", "auto")
-    assert code == 0 and f"Resuming {run_dir}" in out
-    assert f"Removed {half_written.name}, left by a writer that was killed" in out
-    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
-    assert _run_dirs(config) == [run_dir]
+# Kill moments: each waits for an event of the run, then a random delay (fixed seed), so every
+# kill lands somewhere else in the run but the count never depends on the machine's speed.
+_KILLS = ("setup", "step", "checkpoint write", "step", "final outputs")
+_TEMP = re.compile(r"^\.(checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt\.\w+\.tmp$")
+
+
+def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path, anchor: str,
+                 rng: random.Random) -> bool:
+    """Wait for `anchor` in the run, then a random delay; False if the process ended first."""
+    if anchor == "setup":
+        time.sleep(rng.uniform(0.5, 3.0))  # imports, data, tokenizer, run folder: any of them
+    elif anchor == "step":
+        try:
+            _wait_for(lines, r"epoch \d/\d step \d+/|Test \(best model")
+        except AssertionError:  # the output ended: the process is done
+            return False
+        time.sleep(rng.uniform(0.0, 0.5))
+    else:  # poll the run folder for a checkpoint's temp file (a few ms: if none is seen in a
+        # random 1-4 s, any moment will do), or for the first final output
+        wanted = _TEMP.match if anchor == "checkpoint write" else (lambda n: n.startswith(".report.png.")
+                                                                   or n in ("report.png", "test_results.json"))
+        deadline = time.monotonic() + (rng.uniform(1.0, 4.0) if anchor == "checkpoint write" else 120)
+        while not any(wanted(p.name) for d in _run_dirs(config) for p in d.iterdir()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.0005)
+    return proc.poll() is None
+
+
+def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_run(tmp_path, capsys):
+    # a timer checkpoint every 0.3 s: kills land in checkpoint writes as well as between them
+    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.005}
+    straight = _case(tmp_path, "straight", training=training)
+    assert main(["train", "--config", str(straight)]) == 0
+    capsys.readouterr()
+    (straight_dir,) = _run_dirs(straight)
+    config = _case(tmp_path, "killed", training=training)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "common.cli", "train", "--config", str(config), "--resume", "auto"]
+    rng = random.Random(1234)
+    killed, finished = [], False
+    for anchor in _KILLS:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        if _kill_moment(proc, _lines(proc), config, anchor, rng):
+            proc.kill()
+            killed.append(anchor)
+        proc.wait(timeout=120)
+        finished = proc.returncode == 0
+        if finished:
+            break  # it completed before this kill
+        assert proc.returncode == -signal.SIGKILL, f"exit {proc.returncode} after kills {killed}"
+    assert len(killed) >= 4, killed
+    log = json.loads((_run_dirs(config)[0] / "training_log.json").read_text())
+    if not finished and log["status"] != "finished":  # the last kill came before the end
+        code, _, _ = _run(capsys, "--config", config, "--resume", "auto")  # the requeued job, say
+        assert code == 0
+
+    (run_dir,) = _run_dirs(config)  # one run folder, however early a kill came
+    names = {p.name for p in run_dir.iterdir()}
+    assert RUN_FILES <= names and not [n for n in names if n.endswith(".tmp")], names
     log = json.loads((run_dir / "training_log.json").read_text())
-    assert log["status"] == "finished" and len(log["resumes"]) == 2
-    assert _epoch_losses(run_dir) == _epoch_losses(_run_dirs(straight)[0])  # exact, across processes
+    assert log["status"] == "finished" and _epoch_losses(run_dir) == _epoch_losses(straight_dir)
+    for name in ("best_model.pt", "checkpoint_epoch_2.pt"):
+        mine, ref = load_checkpoint(run_dir / name)["model"], load_checkpoint(straight_dir / name)["model"]
+        assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in ref), name
+    results = json.loads((run_dir / "test_results.json").read_text())
+    assert results == json.loads((straight_dir / "test_results.json").read_text())
 
 
 def _lines(proc: subprocess.Popen) -> "queue.Queue[str]":
