@@ -4,15 +4,18 @@
               time) -> tokenizer fit on TRAIN candles -> encode each asset's whole cleaned
               series (tokens are causal, so slicing them by the split ranges is leak-free)
               -> run folder with config.json, tokenizer.json, asset_info.json,
-              data_info.json, tokens.npz -> train -> best model on test -> test_results.json
+              data_info.json, tokens.npz -> train -> best model on test -> report.png,
+              test_results.json -> only then the log's status says finished
     resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens.npz,
               plus the checkpoint; nothing is re-read from the candle cache.
 
 --resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
 checkpoints/, from its newest checkpoint whose CRC32s hold (a corrupted one is skipped with
-a warning); with no run, a run that died before its first checkpoint, a newest run that is
-done (finished with test results, or failed) or one another live Slurm job trains, a new run
-starts, so a Slurm script can always pass it. A requeued Slurm job continues its own run
+a warning); a run that trained to the end but lacks a final output resumes with nothing left
+to train and only writes the outputs. With no run, a newest run that is done (finished with
+its outputs, or failed) or one another live Slurm job trains, a new run starts, so a Slurm
+script can always pass it; a newest run killed before its first checkpoint is started over in
+its own folder (run_folder.reuse_unstarted_run). A requeued Slurm job continues its own run
 (run_folder.auto_resume_run). --resume PATH: a run folder or one checkpoint file; --config
 is then optional. Either way the case config (with --set) must describe the same run as the
 run folder's config.json, except the keys in run_folder.HARMLESS_ON_RESUME (epochs, patience,
