@@ -7,6 +7,6 @@ from __future__ import annotations
 
 from common.model import MarketGPT
 
-__all__ = ["MarketGPTMultiAsset", "MarketGPT"]
+__all__ = ["MarketGPTMultiAsset"]
 
 MarketGPTMultiAsset = MarketGPT

@@ -54,13 +54,9 @@ if TYPE_CHECKING:
     from common.config import Config
 
 __all__ = [
-    "BOS_TOKEN",
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "MISSING_TOKEN",
-    "NUM_SPECIAL_TOKENS",
     "OHLCTokenizer",
-    "PAD_TOKEN",
     "VolState",
     "token_entropy",
 ]

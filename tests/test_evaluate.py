@@ -15,7 +15,8 @@ from common.config import ModelConfig
 from common.evaluate import SplitTokens, eval_inputs, evaluate_run, wilson_interval
 from common.model import MarketGPT
 from common.report import write_report
-from common.tokenizer import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN, OHLCTokenizer
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokenizer import OHLCTokenizer
 
 torch.set_num_threads(1)
 
