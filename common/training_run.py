@@ -272,4 +272,3 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     if status == "interrupted":
         return EXIT_REQUEUE
     return 0
-

@@ -382,30 +382,6 @@ def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(t
                                                     for s in tokens.symbols)
 
 
-def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(tmp_path: Path, monkeypatch):
-    from common.tokenizer import OHLCTokenizer
-    from common.training_run import _prepare_new
-
-    fitted: list[pd.DataFrame] = []
-    real_fit = OHLCTokenizer.fit
-
-    def spy(self, frames, *args, **kwargs):
-        fitted.extend(frames.values() if isinstance(frames, dict) else frames)
-        return real_fit(self, frames, *args, **kwargs)
-
-    monkeypatch.setattr(OHLCTokenizer, "fit", spy)
-    cfg = config(context=16, interval="1d")
-    cfg.data.source = "sample"
-    tokens, info, data_info = _prepare_new(cfg, tmp_path)  # what `marketgpt train` runs for a new run
-    assert fitted and sum(len(f) for f in fitted) > 0
-    last_fitted = max(f.index.max() for f in fitted if len(f))
-    first_cut = pd.Timestamp(data_info["split_cuts"]["val_start"])
-    assert last_fitted < first_cut
-    # and the fit saw the train split of every asset, not less
-    assert sorted(len(f) for f in fitted) == sorted(tokens.ranges[s]["train"][1] - tokens.ranges[s]["train"][0]
-                                                    for s in tokens.symbols)
-
-
 def test_sample_source_refuses_an_interval_it_does_not_have(tmp_path: Path):
     cfg = config(interval="4h")
     cfg.data.source = "sample"
