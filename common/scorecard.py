@@ -303,7 +303,7 @@ def _horizon_card(series: Sequence[AssetSeries], o: _Origins, stats: dict[str, d
 
     card["rank_ic"] = {}
     for name in ranked:  # zero-mean baselines rank noise: left out
-        d, ic = rank_ic(o.dates, stats[name]["mean"], y)
+        _, ic = rank_ic(o.dates, stats[name]["mean"], y)
         lags = max(math.ceil(horizon / stride) - 1, math.floor(4 * (len(ic) / 100) ** (2 / 9))) if len(ic) else 0
         card["rank_ic"][name] = ({"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)),
                                   "nw_lags": lags} if len(ic) >= 2 else None)
@@ -402,6 +402,9 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                                               cost_bp, n_boot, seed)
     first = card["horizons"][str(horizons[0])]
     card["calibration"] = {"horizon": horizons[0], "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
+    # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
+    best = min(first["skill"]["crps"], key=lambda name: first["crps"][name], default=None)
+    card["headline"] = {"horizon": horizons[0], "baseline": best, **first["skill"]["crps"][best]} if best else None
     card["verdicts"] = verdict_lines(card)
     return card
 

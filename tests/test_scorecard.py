@@ -122,6 +122,9 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert set(ic) == {"model", "bootstrap"}  # the zero-mean baselines rank nothing
     assert loaded["horizons"]["1"]["direction"]["always_up"]["n"] > 0
     assert set(loaded["horizons"]["1"]["by_asset"]) == {f"A{k}" for k in range(5)}
+    crps1 = loaded["horizons"]["1"]["crps"]
+    best = min(("rw_ewma", "bootstrap", "garch"), key=crps1.get)
+    assert loaded["headline"] == {"horizon": 1, "baseline": best, **loaded["horizons"]["1"]["skill"]["crps"][best]}
     if shutil.which("jq"):
         out = subprocess.run(["jq", "-r", '.horizons["1"].skill.crps.garch.verdict', str(json_path)],
                              capture_output=True, text=True, check=True).stdout.strip()
