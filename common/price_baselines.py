@@ -156,16 +156,18 @@ class GarchT:
 
     def __call__(self, histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
+        ps = [self.params.get(h.symbol, self.fallback_params) for h in histories]
+        # every origin of the batch at once: (n, 1) parameter columns against (n, S) paths
+        omega, alpha, beta, nu = (np.array([getattr(p, k) for p in ps])[:, None] for k in ("omega", "alpha", "beta", "nu"))
+        var = np.array([self._next_variance(log_returns(h.candles), p) for h, p in zip(histories, ps)])[:, None]
+        var = np.repeat(var, n_samples, axis=1)
         out = np.empty((len(histories), n_samples, horizon))
-        for i, h in enumerate(histories):
-            p = self.params.get(h.symbol, self.fallback_params)
-            var = self._next_variance(log_returns(h.candles), p)
-            ret = np.zeros(n_samples)
-            for step in range(horizon):
-                eps = np.sqrt(var) * _standardized_t(rng, p.nu, n_samples)
-                ret = ret + eps
-                out[i, :, step] = ret
-                var = p.omega + p.alpha * eps * eps + p.beta * var
+        ret = np.zeros((len(histories), n_samples))
+        for step in range(horizon):
+            eps = np.sqrt(var) * _standardized_t(rng, nu, n_samples)
+            ret = ret + eps
+            out[:, :, step] = ret
+            var = omega + alpha * eps * eps + beta * var
         return out
 
     @staticmethod
@@ -180,11 +182,14 @@ class GarchT:
         return max(float(out[-1]), _VAR_FLOOR)
 
 
-def _standardized_t(rng: np.random.Generator, nu: float, n: int) -> np.ndarray:
-    """Student-t draws scaled to unit variance (nu > 2; a huge nu is the normal)."""
-    if nu > 1e4:
-        return rng.standard_normal(n)
-    return rng.standard_t(nu, n) * math.sqrt((nu - 2) / nu)
+def _standardized_t(rng: np.random.Generator, nu: np.ndarray, n: int) -> np.ndarray:
+    """(len(nu), n) Student-t draws scaled to unit variance, one row per nu (> 2); a row with a
+    huge nu (the IGARCH fallback's 1e6) is normal."""
+    nu = np.asarray(nu, dtype=np.float64).reshape(-1, 1)
+    normal = nu > 1e4
+    df = np.where(normal, 5.0, nu)  # any valid df for the rows replaced by normals below
+    t = rng.standard_t(np.broadcast_to(df, (len(df), n))) * np.sqrt((df - 2) / df)
+    return np.where(normal, rng.standard_normal((len(df), n)), t)
 
 
 def momentum_signal(history: History, lookback: int = 20) -> float:

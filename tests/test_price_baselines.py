@@ -72,6 +72,13 @@ def test_garch_samples_follow_the_filtered_variance():
     assert paths.shape == (1, 40000, 2) and paths[..., 0].var() == pytest.approx(var, rel=0.05)
     # two steps: var + (omega + (alpha + beta) var), the expected variance of the second step
     assert paths[..., 1].var() == pytest.approx(var + p.omega + (p.alpha + p.beta) * var, rel=0.06)
+    # a batch mixing a fitted asset and one on the normal IGARCH fallback: each row its own model
+    fallback = GarchParams(0.0, 0.06, 0.94, 1e6)
+    mixed = GarchT({"A": p}, fallback)([_history(r), History("B", candles_from_returns(r))], 1, 40000, seed=3)
+    assert mixed[0, :, 0].var() == pytest.approx(var, rel=0.05)
+    assert mixed[1, :, 0].var() == pytest.approx(GarchT._next_variance(r, fallback), rel=0.05)
+    kurtosis = lambda x: ((x - x.mean()) ** 4).mean() / x.var() ** 2  # noqa: E731
+    assert kurtosis(mixed[0, :, 0]) > 4 and kurtosis(mixed[1, :, 0]) == pytest.approx(3, abs=0.2)  # t(6) vs normal
 
 
 def test_momentum_signal_reads_the_last_20_returns():
