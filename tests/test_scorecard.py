@@ -209,3 +209,16 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     card = make_scorecard(series, fn, interval="1d", horizons=[1, 3], stride=20, n_samples=16, n_boot=50,
                           baselines={"rw_ewma": RandomWalkEWMA()})
     assert card["horizons"]["3"]["n"] > 0 and card["horizons"]["3"]["crps"]["model"] > 0
+
+
+def test_garch_is_fitted_on_the_train_split_only(monkeypatch):
+    from common.price_baselines import GarchT
+
+    rng = np.random.default_rng(5)
+    series = synthetic_series([rng.normal(0, 0.01, 400), rng.normal(0, 0.02, 500)])
+    seen = {}
+    real_fit = GarchT.fit.__func__
+    monkeypatch.setattr(GarchT, "fit", classmethod(lambda cls, train, lam=0.94: seen.update(train) or real_fit(cls, train, lam)))
+    fit_price_baselines(series, "1d")
+    for s in series:  # the train candles' returns, nothing from val or test
+        np.testing.assert_array_equal(seen[s.symbol], np.diff(np.log(s.candles["close"].to_numpy()[:s.train.stop])))
