@@ -284,13 +284,20 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
 
 
 def local_gpus(tasks: int, device: str = "auto") -> int:
-    """GPUs for a --local job of `tasks` processes: one each, or none on a machine without a
-    usable GPU. Without gpus_per_node submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES=""
-    and a GPU workstation would train on the CPU."""
+    """GPUs for a --local job of `tasks` processes, one each (none with training.device=cpu).
+    Without gpus_per_node submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES="" and a GPU
+    workstation would train on the CPU; on a machine without a usable GPU the job (which
+    passes --num-gpus) would stop, so this says so before submitting."""
     import torch  # only here: submitting to Slurm needs no torch
 
-    if device == "cpu" or not torch.cuda.is_available():
+    from common.dist_env import cuda_unusable_reason
+
+    if device == "cpu":
         return 0
+    reason = cuda_unusable_reason()
+    if reason:
+        raise UserError(f"--local runs one process per GPU but {reason}; --set training.device=cpu trains on "
+                        "this machine's CPU")
     have = torch.cuda.device_count()
     if have < tasks:
         raise UserError(f"--local runs {tasks} process(es), one per GPU, but this machine has {have} GPU(s): "

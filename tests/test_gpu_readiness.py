@@ -101,8 +101,12 @@ def test_more_ranks_on_a_node_than_gpus_is_a_clear_error(monkeypatch):
 
 
 def test_submit_local_gives_the_job_its_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert local_gpus(2) == 0  # no GPU here: the CPU (submitit then hides GPUs, there are none)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(UserError, match=r"--local runs one process per GPU but this torch .* CPU build.*"
+                                        r"--set training.device=cpu"):
+        local_gpus(2)  # said before submitting, not by each task of the job
+    assert local_gpus(2, device="cpu") == 0
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     _fake_cuda(monkeypatch, names=("NVIDIA A100-SXM4-80GB",) * 2)
     assert local_gpus(2) == 2
     assert local_gpus(2, device="cpu") == 0
