@@ -10,13 +10,17 @@ What one training step holds at its peak (the start of backward), per GPU:
   matmul-side tensors at a bytes: LayerNorm outputs cast for the matmuls, q, k, v, attention
   output and its re-laid-out copy, the MLP's fc and GELU outputs (a x (7C + 2F)); the two
   dropout masks (1 B each, 2C, when model.dropout > 0). Flash attention keeps no T x T term.
-  With gradient checkpointing a layer keeps only its fp32 input (4C) and one layer's full set
-  is rebuilt at a time in backward;
+  With gradient checkpointing a layer keeps only its fp32 input (4C); in backward one layer's
+  full set is rebuilt at a time, beside the logits and the fp32 gradients flowing through it,
+  after the loss's own memory is freed (the peak is the larger of the two moments);
 - per token once: the embedding output and ln_f input (fp32, 8C), the head's input (aC);
-  the logits (a x V), their fp32 copy and log-softmax in the loss (8V) and its gradient (4V).
+  the logits (a x V, kept through backward), under autocast their fp32 copy (4V), the loss's
+  log-softmax (4V) and its gradient (4V).
 
-The constants follow what autocast and DDP keep (see docs/performance.md); they are checked
-against torch.cuda.max_memory_allocated by bench/bench_gpu.py on a GPU.
+The constants follow what autocast and DDP keep (see docs/performance.md). On the CPU, torch's
+memory profiler agrees within 10% under bf16 autocast and fp32, with and without dropout and
+gradient checkpointing (tests/test_gpu_readiness.py); on a GPU bench/bench_gpu.py compares them
+with torch.cuda.max_memory_allocated (not run yet: no GPU here).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ class MemoryEstimate:
     ddp_buckets: int  # DDP's fp32 gradient buckets
     activations: int  # kept for backward, layers and the rest
     logits: int  # logits, the loss's fp32 copy and log-softmax, their gradient
+    recompute: int = 0  # gradient checkpointing: one layer's activations rebuilt in backward
 
     @property
     def static(self) -> int:
@@ -41,7 +46,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.static + self.activations + self.logits
+        return self.static + self.activations + max(self.logits, self.recompute)
 
 
 def estimate_training_memory(m: ModelConfig, num_parameters: int, batch_size: int, precision: str = "bf16",
@@ -52,12 +57,16 @@ def estimate_training_memory(m: ModelConfig, num_parameters: int, batch_size: in
     tokens = batch_size * m.context_length
     masks = 2 * C if m.dropout > 0 else 0
     per_layer = 8 * C + a * (7 * C + 2 * F) + masks
-    layers = m.num_layers * 4 * C + per_layer if gradient_checkpointing else m.num_layers * per_layer
+    layers = m.num_layers * (4 * C if gradient_checkpointing else per_layer)
     once = 8 * C + a * C + (C if m.dropout > 0 else 0)
     return MemoryEstimate(
         weights_optimizer=16 * num_parameters,
         autocast_copies=0 if a == 4 else 2 * num_parameters,
         ddp_buckets=4 * num_parameters if world_size > 1 else 0,
         activations=tokens * (layers + once),
-        logits=tokens * V * (a + 8 + 4),
+        # the logits (kept through backward for the accuracy), their fp32 copy under autocast,
+        # log-softmax's output and, in backward, its gradient
+        logits=tokens * V * (a + (4 if a == 2 else 0) + 4 + 4),
+        # one layer rebuilt, beside the logits still held and the fp32 gradients in and out of it
+        recompute=tokens * (per_layer + a * V + 8 * C) if gradient_checkpointing else 0,
     )

@@ -273,9 +273,10 @@ def _make_rank(run_dir, cfg, rank):
 # --------------------------------------------------------------------------- gradient checkpointing
 
 
-def _step_model(gradient_checkpointing: bool) -> tuple[MarketGPT, torch.Tensor, tuple]:
-    cfg = ModelConfig(vocab_size=64, context_length=64, d_model=64, num_layers=4, num_heads=4, d_ff=256,
-                      dropout=0.1, asset_embed_dim=4, category_embed_dim=4)
+def _step_model(gradient_checkpointing: bool, dropout: float = 0.1, vocab_size: int = 64
+                ) -> tuple[MarketGPT, torch.Tensor, tuple]:
+    cfg = ModelConfig(vocab_size=vocab_size, context_length=64, d_model=64, num_layers=4, num_heads=4, d_ff=256,
+                      dropout=dropout, asset_embed_dim=4, category_embed_dim=4)
     seed_everything(3)
     model = MarketGPT(cfg)
     model.gradient_checkpointing = gradient_checkpointing
@@ -298,13 +299,17 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
         torch.testing.assert_close(grads_b[name], grad, rtol=0, atol=1e-7, msg=name)
 
 
-def _profiled_peak_bytes(model: MarketGPT, args: tuple, tmp_path) -> int:
-    """Peak CPU memory of one forward + backward by torch's memory profiler (its timeline)."""
+def _profiled_peak_bytes(model: MarketGPT, args: tuple, tmp_path, precision: str = "fp32") -> int:
+    """Peak CPU memory of one forward + backward by torch's memory profiler (its timeline):
+    what the step allocates (the gradients too), not the weights that were there before."""
     from torch.profiler import ProfilerActivity, profile
 
+    from common.precision import autocast
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
-        _, loss = model(*args)
-        loss.backward()
+        with autocast(precision, torch.device("cpu")):
+            logits, loss = model(*args)
+        loss.backward()  # with the logits held, as the Trainer holds them for the accuracy
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated for CUDA snapshots; the CPU has no other
         p.export_memory_timeline(str(tmp_path / "timeline.json"), device="cpu")
@@ -539,3 +544,15 @@ def test_bench_gpu_largest_batch_search(monkeypatch):
     assert bench_gpu.largest_batch(None, torch.device("cpu"), 32, 4096) == 100
     assert tried[:3] == [32, 64, 128]  # doubling until out of memory, then bisection
     assert bench_gpu.largest_batch(None, torch.device("cpu"), 32, 48) == 48  # capped by the limit
+
+
+@pytest.mark.parametrize("precision, dropout, checkpointing", [
+    ("bf16", 0.1, False), ("bf16", 0.0, False), ("bf16", 0.1, True), ("fp32", 0.0, False), ("fp32", 0.1, True)])
+def test_memory_estimate_matches_torchs_profiler_within_15_percent(tmp_path, precision, dropout, checkpointing):
+    """CPU autocast keeps what CUDA autocast keeps (16-bit weight copies, fp32 residual stream
+    and LayerNorm inputs), so the profiler checks the constants here; bench_gpu does on a GPU."""
+    model, _, args = _step_model(checkpointing, dropout=dropout, vocab_size=256)
+    measured = _profiled_peak_bytes(model, args, tmp_path, precision)
+    est = estimate_training_memory(model.config, model.num_parameters(), 8, precision, checkpointing)
+    expected = est.total - est.weights_optimizer + 4 * model.num_parameters()  # the step's part: grads, not weights
+    assert 0.85 <= measured / expected <= 1.15, (measured, expected)
