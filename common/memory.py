@@ -18,7 +18,7 @@ What one training step holds at its peak (the start of backward), per GPU:
   log-softmax (4V) and its gradient (4V).
 
 The constants follow what autocast and DDP keep (see docs/performance.md). On the CPU, torch's
-memory profiler agrees within 10% under bf16 autocast and fp32, with and without dropout and
+memory profiler agrees within 15% under bf16 autocast and fp32, with and without dropout and
 gradient checkpointing (tests/test_gpu_readiness.py); on a GPU bench/bench_gpu.py compares them
 with torch.cuda.max_memory_allocated (not run yet: no GPU here).
 """
