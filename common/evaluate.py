@@ -57,6 +57,7 @@ from common.checkpoint import load_checkpoint
 from common.config import Config, load_config
 from common.data.universe import CATEGORIES
 from common.errors import UserError
+from common.precision import autocast as precision_autocast, resolve_precision
 from common.run_folder import TokenSet
 from common.special_tokens import PAD_TOKEN
 
@@ -207,7 +208,8 @@ def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
 def _score_model(model: torch.nn.Module, w: _Windows, asset_ids: np.ndarray, category_ids: np.ndarray,
                  token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
     token_moves = token_moves.float().to(device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # the precision training.precision=auto picks: bf16 on Ampere+, fp16 on V100/T4, fp32 on the CPU
+    autocast = precision_autocast(resolve_precision("auto", device), device)
     parts = []
     for i in range(0, len(w.x), batch_size):
         x = torch.from_numpy(w.x[i:i + batch_size]).to(device)
