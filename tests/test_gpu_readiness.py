@@ -144,6 +144,15 @@ def test_fp16_resume_carries_the_grad_scaler_and_checkpoints_keep_fp32_weights(t
     assert resumed.train() == "finished"
 
 
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale_instead_of_failing(tmp_path):
+    tr = _trainer(tmp_path, precision="fp16")
+    tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100)  # fp16 gradients overflow at once
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    assert tr.train(stop_after_steps=1) == "stopped"
+    assert tr.scaler.get_scale() == 2.0 ** 99
+    assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())  # the step was skipped
+
+
 def test_bf16_checkpoints_hold_fp32_master_weights(tmp_path):
     tr = _trainer(tmp_path, precision="bf16")
     assert tr.train(stop_after_steps=2) == "stopped" and tr.log.data["precision"] == "bf16"
