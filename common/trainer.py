@@ -569,7 +569,8 @@ class Trainer:
             if t.compile:
                 print("torch.compile: on", file=self.out)
         else:
-            print("CUDA not available: training on CPU", file=self.out)
+            print("Training on the CPU (training.device=cpu)" if t.device == "cpu" else
+                  "CUDA not available: training on CPU", file=self.out)
             if t.compile:
                 print("training.compile is ignored on the CPU", file=self.out)
         if self.world_size > 1:
