@@ -1,9 +1,11 @@
 """Model FLOPs utilization (MFU): the share of the hardware's peak FLOP/s that training turns
 into model FLOPs (`MarketGPT.flops_per_token` x tokens/s), as in PaLM (Chowdhery et al. 2022).
 
-The peak is one device's: `training.peak_flops` when set, else the bf16 dense peak of a card we
-know by name (bf16, or fp16 on cards without bf16). A CPU's peak depends on its cores, clock and threads, so there it is the user's to
-state (bench/bench_train.py measures one with a large torch.mm); without a peak there is no MFU.
+The peak is one device's: `training.peak_flops` when set, else the dense 16-bit tensor-core
+peak of a card we know by name (bf16, or fp16 on cards without bf16: what training.precision
+auto trains in there; an fp32/TF32 run is measured against it too). A CPU's peak depends on its
+cores, clock and threads, so there it is the user's to state (bench/bench_train.py measures one
+with a large torch.mm); without a peak there is no MFU.
 """
 from __future__ import annotations
 
