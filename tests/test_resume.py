@@ -213,17 +213,19 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
     """Wait for `anchor` in the run, then a random delay; False if the process ended first."""
     if anchor == "setup":
         time.sleep(rng.uniform(0.5, 3.0))  # imports, data, tokenizer, run folder: any of them
-    elif anchor == "step":
+    elif anchor in ("step", "checkpoint write"):
         try:
             _wait_for(lines, r"epoch \d/\d step \d+/|Test \(best model")
         except AssertionError:  # the output ended: the process is done
             return False
-        time.sleep(rng.uniform(0.0, 0.5))
-    else:  # poll the run folder for a checkpoint's temp file (a few ms: if none is seen in a
-        # random 1-4 s, any moment will do), or for the first final output
+        if anchor == "step":
+            time.sleep(rng.uniform(0.0, 0.5))
+    if anchor in ("checkpoint write", "final outputs"):
+        # poll the run folder for a checkpoint's temp file (it lives a few ms: if none shows up
+        # within a random 0.2-1 s, that moment will do), or for the first final output
         wanted = _TEMP.match if anchor == "checkpoint write" else (lambda n: n.startswith(".report.png.")
                                                                    or n in ("report.png", "test_results.json"))
-        deadline = time.monotonic() + (rng.uniform(1.0, 4.0) if anchor == "checkpoint write" else 120)
+        deadline = time.monotonic() + (rng.uniform(0.2, 1.0) if anchor == "checkpoint write" else 120)
         while not any(wanted(p.name) for d in _run_dirs(config) for p in d.iterdir()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 break
@@ -232,8 +234,8 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
 
 
 def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_run(tmp_path, capsys):
-    # a timer checkpoint every 0.3 s: kills land in checkpoint writes as well as between them
-    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.005}
+    # a timer checkpoint every 0.06 s (a few steps): kills land in checkpoint writes as well as between them
+    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.001}
     straight = _case(tmp_path, "straight", training=training)
     assert main(["train", "--config", str(straight)]) == 0
     capsys.readouterr()
