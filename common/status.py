@@ -1,10 +1,11 @@
 """`marketgpt status`: one table of every run under case_*/checkpoints.
 
-    CASE           RUN                              JOB  SLURM    STATUS   EPOCH  BEST VAL  LAST VAL  TOK/S  PEAK MEM   ETA    LAST LOG LINE
-    case_c_crypto  crypto_prototype_20250106_091500  812  RUNNING  running  12/50  2.412     2.430     41.2k  35.1/34.8G 3h 5m  epoch 13/50 ...
+    CASE           RUN                              JOB  SLURM    STATUS   EPOCH  BEST VAL  LAST VAL  SCORE  TOK/S  PEAK MEM   ETA    LAST LOG LINE
+    case_c_crypto  crypto_prototype_20250106_091500  812  RUNNING  running  12/50  2.412     2.430     -      41.2k  35.1/34.8G 3h 5m  epoch 13/50 ...
 
-Everything comes from the run folders (training_log.json, config.json) and the job's log
-file; the Slurm state comes from `squeue`, matched through the job id the run recorded in
+Everything comes from the run folders (training_log.json, config.json, scorecard.json: SCORE is
+its headline, the CRPS skill against the best baseline at H=1) and the job's log file; the
+Slurm state comes from `squeue`, matched through the job id the run recorded in
 training_log.json (`slurm_job_id`). Without Slurm the SLURM column shows "-". A case's jobs
 that are queued but have no run folder yet get a row of their own.
 """
@@ -34,14 +35,15 @@ class RunRow:
     epoch: str = "-"
     best_val: str = "-"
     last_val: str = "-"
+    score: str = "-"  # scorecard.json's headline, e.g. "-0.4% GARCH"
     tokens_per_sec: str = "-"
     peak_mem: str = "-"  # each GPU's peak memory in the last epoch ("-" on the CPU)
     eta: str = "-"
     last_log_line: str = ""
 
 
-_HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "TOK/S", "PEAK MEM", "ETA",
-            "LAST LOG LINE")
+_HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "SCORE", "TOK/S", "PEAK MEM",
+            "ETA", "LAST LOG LINE")
 
 
 def _read_json(path: Path) -> dict:
@@ -93,6 +95,16 @@ def _peak_memory(gpus: Any) -> str:
     return "/".join(f"{p:.1f}" for p in peaks) + "G"
 
 
+def _score(headline: Any) -> str:
+    """'+2.1% GARCH': the headline CRPS skill and the baseline it is measured against."""
+    if not isinstance(headline, dict) or not isinstance(headline.get("value"), (int, float)):
+        return "-"
+    from common.scorecard import BASELINE_NAMES
+
+    name = headline.get("baseline")
+    return f"{100 * headline['value']:+.1f}% {BASELINE_NAMES.get(name, name)}"
+
+
 def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
     if log.get("log_file"):
         return Path(log["log_file"])
@@ -132,6 +144,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         row.peak_mem = _peak_memory(last.get("gpus"))
         if row.status == "running" and isinstance(last.get("eta_s"), (int, float)):
             row.eta = format_duration(last["eta_s"])
+    row.score = _score(_read_json(run_dir / "scorecard.json").get("headline"))
     row.last_log_line = last_line(_log_file(case, run_cfg, log))
     return row
 

@@ -63,8 +63,25 @@ def test_without_slurm_every_run_folder_is_a_row(root, monkeypatch):
     assert "finished" in first and "50/50" in first
     cells = second.split()
     assert cells[1:5] == ["crypto_prototype_20250106_091500", "812", "-", "running"]
-    assert cells[5:9] == ["12/50", "2.412", "2.430", "41.2k"]
+    assert cells[5:10] == ["12/50", "2.412", "2.430", "-", "41.2k"]  # SCORE "-": no scorecard.json
     assert "3h 5m" in second and second.endswith("epoch 13/50 step 150/1200 | loss 2.512 | lr 1.0e-04 | 41.2k tok/s")
+
+
+def test_score_is_the_scorecard_headline(root, monkeypatch):
+    _no_slurm(monkeypatch)
+    scored = _run(root, "crypto_prototype_20250101_000000", status="finished", best_val_loss=2.0,
+                  epochs=[_epoch(50, 2.1)])
+    (scored / "scorecard.json").write_text(json.dumps({"headline": {
+        "horizon": 1, "baseline": "garch", "value": -0.0042, "ci95": [-0.019, 0.01], "verdict": "no edge"}}))
+    _run(root, "crypto_prototype_20250102_000000", status="finished", best_val_loss=2.0, epochs=[_epoch(50, 2.1)])
+    broken = _run(root, "crypto_prototype_20250103_000000", status="finished", best_val_loss=2.0,
+                  epochs=[_epoch(50, 2.1)])
+    (broken / "scorecard.json").write_text('{"headline": null')  # half-written: no score, no crash
+    header, *rows = status_table(root=root).splitlines()
+    column = header.index("SCORE")
+    assert header.index("LAST VAL") < column < header.index("TOK/S")
+    assert [row[column:].split("  ")[0] for row in rows] == ["-0.4% GARCH", "-", "-"]
+    assert [r.score for r in collect_rows(root=root)] == ["-0.4% GARCH", "-", "-"]
 
 
 def test_slurm_states_come_from_the_job_id_in_the_log(root, monkeypatch):
