@@ -96,9 +96,13 @@ class DataConfig:
     val_ratio: float = 0.15
     test_ratio: float = 0.15
     # "sample": the real OHLCV sample shipped in the package (no network);
-    # "download": the case universe fetched by `marketgpt data download` into the cache.
-    source: Literal["sample", "download"] = "download"
-    universe: str = "universe.csv"  # relative to the case folder
+    # "download": the case universe fetched by `marketgpt data download` into the cache;
+    # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py).
+    source: Literal["sample", "download", "files"] = "download"
+    # relative to the case folder; "files" (with data.source = "files"): every file is an asset
+    universe: str = "universe.csv"
+    files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
+    default_category: Optional[str] = None  # category of every asset when data.universe = "files"
     interval: Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"] = "1d"
     start_date: str = "2005-01-01"
     end_date: Optional[str] = None  # None: up to now
@@ -364,6 +368,15 @@ def validate(cfg: Config, where: str) -> None:
             raise ConfigError(f"{where}: 'data.{key}' = {value!r} is not a date like 2015-01-31") from None
     need(d.end_date is None or d.end_date > d.start_date, "data.end_date", "must come after data.start_date")
     need(bool(d.universe), "data.universe", "must name the universe file")
+    need(d.source != "files" or bool(d.files_dir), "data.files_dir",
+         "must name a folder of candle files (or one file with a symbol column) when data.source = 'files'")
+    if d.universe == "files":
+        from common.data.universe import CATEGORIES
+
+        need(d.source == "files", "data.universe", "= 'files' needs data.source = 'files'")
+        need(d.default_category in CATEGORIES, "data.default_category",
+             f"= {d.default_category!r} must be one of {', '.join(CATEGORIES)} when data.universe = 'files' "
+             "(every file becomes an asset of that category)")
     need(d.quote_currency is None or (d.quote_currency.isalnum() and d.quote_currency.isupper()
                                       and 2 <= len(d.quote_currency) <= 10),
          "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")

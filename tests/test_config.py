@@ -41,6 +41,10 @@ BAD = {
     "counts_not_int": ["'data.universe_counts.crypto' must be an integer"],
     "not_json": ["not valid JSON", "line 1"],
     "not_object": ["top level must be a JSON object"],
+    "files_without_dir": ["'data.files_dir' must name a folder of candle files", "data.source = 'files'"],
+    "files_universe_no_category": ["'data.default_category' = None must be one of", "crypto",
+                                   "data.universe = 'files'"],
+    "files_universe_wrong_source": ["'data.universe' = 'files' needs data.source = 'files'"],
 }
 
 

@@ -7,7 +7,7 @@ the config's data.source picks. Nothing here touches the network: "download" rea
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +24,10 @@ class MarketData:
     assets: list[Asset]  # universe order; asset ids follow it
     candles: dict[str, pd.DataFrame]  # symbol -> canonical candle frame
     interval: str
+    # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
+    # and the file each symbol came from
+    fixes: dict[str, dict[str, int]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
@@ -31,7 +35,8 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
 
     "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
     of the config does not apply to it). "download": the case universe read from the parquet
-    cache, cut to [data.start_date, data.end_date).
+    cache, cut to [data.start_date, data.end_date). "files": the user's CSV or parquet files in
+    data.files_dir, whole (common.data.files).
     """
     case_dir = Path(case_dir)
     interval = cfg.data.interval
@@ -39,7 +44,11 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
         return _load_sample(interval)
     if cfg.data.source == "download":
         return _load_cache(cfg, case_dir)
-    raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample' or 'download'")
+    if cfg.data.source == "files":
+        from common.data.files import load_files
+
+        return load_files(cfg, case_dir)
+    raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download' or 'files'")
 
 
 def _load_sample(interval: str) -> MarketData:

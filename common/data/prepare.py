@@ -11,6 +11,7 @@ Everything here is vectorized per asset: case A (600 assets x 5000 candles) take
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +187,13 @@ def fill_gaps(frame: pd.DataFrame, step: pd.Timedelta) -> tuple[pd.DataFrame, in
     return _frame(new_ts, values), filled
 
 
+def _report_fixes(path: str, fixes: dict[str, int]) -> None:
+    # The user's own files: say what was dropped or repaired, not only in data_info.json.
+    done = [f"{n} {kind.replace('_', ' ')}" for kind, n in fixes.items() if n]
+    if done:
+        print(f"cleaned {path}: {', '.join(done)} (rows; see data_info.json)", file=sys.stderr)
+
+
 def _fills_gaps(asset: Asset) -> bool:
     # Crypto trades around the clock, so a missing bar is a real hole (a MISSING token).
     # Stock and futures markets close at night, weekends and holidays: absent bars are normal.
@@ -222,7 +230,11 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
         raw = market.candles[asset.symbol]
         frame, fixes = clean_candles(raw, asset.symbol, subunits=_subunits(asset))
         record: dict[str, Any] = {"category": asset.category, "raw_rows": len(raw), "rows": len(frame),
-                                  "fixes": fixes, "gaps_filled": 0}
+                                  "fixes": {**fixes, **market.fixes.get(asset.symbol, {})}, "gaps_filled": 0}
+        if asset.symbol in market.files:  # data.source = "files": the rows the reader dropped count too
+            record["file"] = market.files[asset.symbol]
+            record["raw_rows"] += sum(market.fixes.get(asset.symbol, {}).values())
+            _report_fixes(record["file"], record["fixes"])
         records[asset.symbol] = record
         if frame.empty:
             dropped[asset.symbol] = (f"no valid candles after cleaning ({len(raw)} raw rows)" if len(raw)
@@ -287,7 +299,8 @@ def _info(cfg: Config, market: MarketData, kept: list[Asset], records: dict[str,
     totals: dict[str, Any] = {
         "raw_rows": sum(r["raw_rows"] for r in kept_records.values()),
         "rows": sum(r["rows"] for r in kept_records.values()),
-        "fixes": {k: sum(r["fixes"][k] for r in kept_records.values()) for k in FIX_KINDS},
+        "fixes": {k: sum(r["fixes"].get(k, 0) for r in kept_records.values())
+                  for k in dict.fromkeys([*FIX_KINDS, *(k for r in kept_records.values() for k in r["fixes"])])},
         "gaps_filled": sum(r["gaps_filled"] for r in kept_records.values()),
     }
     totals.update({name: sum(r[name] for r in kept_records.values()) for name in SPLITS})

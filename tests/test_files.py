@@ -1,0 +1,184 @@
+"""data.source = "files": the user's own CSV/parquet candles, good and bad files, and `marketgpt
+train` on them end to end (fixtures in tests/fixtures/files/)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.cli import main
+from common.config import Config
+from common.data.files import load_files, read_candle_file
+from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
+from common.errors import UserError
+
+FILES = Path(__file__).parent / "fixtures" / "files"
+
+
+def files_config(files_dir: Path, universe: str = "files", interval: str = "1d",
+                 category: str | None = "us_stock") -> Config:
+    cfg = Config()
+    cfg.model.context_length = 8
+    cfg.data.source, cfg.data.files_dir, cfg.data.universe = "files", str(files_dir), universe
+    cfg.data.interval, cfg.data.default_category = interval, category
+    return cfg
+
+
+def test_folder_of_files_every_file_an_asset():
+    market = load_market_data(files_config(FILES / "good_folder"), Path("."))
+    assert [a.symbol for a in market.assets] == ["AAA", "BBB", "CCC"]
+    assert {a.category for a in market.assets} == {"us_stock"}
+    aaa, bbb = market.candles["AAA"], market.candles["BBB"]
+    # naive dates are UTC midnight; New York midnight (parquet, tz-aware) is 05:00 UTC in winter
+    assert aaa.index[0] == pd.Timestamp("2020-01-01", tz="UTC")
+    assert bbb.index[0] == pd.Timestamp("2020-01-01 05:00", tz="UTC")
+    assert list(aaa.columns) == ["open", "high", "low", "close", "volume"] and len(aaa) == 160
+    raw = pd.read_csv(FILES / "good_folder" / "AAA.csv")
+    assert aaa["close"].tolist() == raw["Close"].tolist()
+
+
+def test_naive_timestamps_are_noted(capsys):
+    load_files(files_config(FILES / "good_folder"), Path("."))
+    err = capsys.readouterr().err
+    assert "AAA.csv" in err and "CCC.csv" in err and "taken as UTC" in err and "BBB" not in err
+
+
+def test_messy_file_is_cleaned_and_every_count_reported(capsys):
+    cfg = files_config(FILES / "good_folder")
+    prepared = prepare_data(cfg, load_files(cfg, Path(".")))
+    record = prepared.info["assets"]["CCC"]
+    # CCC.csv: 2 duplicated rows, 1 zero close, 2 unparsable dates, 3 13:00 rows among daily ones
+    fixes = record["fixes"]
+    assert (fixes["duplicates"], fixes["nonpositive_price"]) == (2, 1)
+    assert (fixes["unparsable_timestamp"], fixes["off_interval"]) == (2, 3)
+    assert record["raw_rows"] == len(pd.read_csv(FILES / "good_folder" / "CCC.csv")) == 165
+    assert record["rows"] == 165 - 2 - 1 - 2 - 3
+    assert record["file"].endswith("CCC.csv")
+    assert prepared.info["totals"]["fixes"]["off_interval"] == 3
+    assert prepared.info["assets"]["AAA"]["fixes"]["off_interval"] == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("cleaned") and "CCC.csv" in x)
+    assert "2 duplicates" in line and "3 off interval" in line and "2 unparsable timestamp" in line
+    assert not any("AAA.csv" in x for x in err.splitlines() if x.startswith("cleaned"))
+
+
+def test_long_file_with_symbol_column_and_epoch_seconds():
+    cfg = files_config(FILES / "long_hourly.csv", interval="1h", category="crypto")
+    market = load_market_data(cfg, Path("."))
+    assert [a.symbol for a in market.assets] == ["BTC-USD", "ETH-USD"]
+    btc = market.candles["BTC-USD"]
+    assert btc.index[0] == pd.Timestamp("2023-01-01", tz="UTC") and len(btc) == 300
+    assert (np.diff(btc.index.asi8) == 3600 * 10**9).all()
+    prepared = prepare_data(cfg, market)
+    assert prepared.info["source"] == "files" and prepared.info["num_assets"] == 2
+
+
+def test_universe_csv_picks_and_categorises_files(tmp_path):
+    (tmp_path / "universe.csv").write_text("symbol,source,category,name\nBTC/USD,ccxt,crypto,Bitcoin\n")
+    cfg = files_config(FILES / "long_hourly.csv", universe="universe.csv", interval="1h", category=None)
+    market = load_files(cfg, tmp_path)
+    # BTC/USD in the universe finds the BTC-USD candles; ETH-USD is not listed, so it is left out
+    assert [(a.symbol, a.category) for a in market.assets] == [("BTC/USD", "crypto")]
+    assert len(market.candles["BTC/USD"]) == 300
+
+
+def test_universe_symbol_without_a_file_is_named(tmp_path):
+    (tmp_path / "universe.csv").write_text("symbol,source,category,name\nAAA,yfinance,us_stock,A\n"
+                                           "ZZZ,yfinance,us_stock,Z\n")
+    cfg = files_config(FILES / "good_folder", universe="universe.csv", category=None)
+    with pytest.raises(UserError, match=r"no candles for 1 universe symbol\(s\): ZZZ"):
+        load_files(cfg, tmp_path)
+
+
+BAD = {
+    "empty.csv": "the file is empty",
+    "header_only.csv": "the file is empty",
+    "missing_columns.csv": "missing column(s) high, low, volume (found: date, open, close)",
+    "unparsable_timestamps.csv": "no timestamp in column 'date' parses (first: 'yesterday')",
+    "hourly_as_daily.csv": "candles are mostly 1h apart, 1/24 of the configured data.interval = '1d'",
+    "not_a_table.parquet": "cannot read the file",
+}
+
+
+def test_every_bad_file_has_an_expectation():
+    assert {p.name for p in (FILES / "bad").iterdir()} == set(BAD)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_file_is_one_line_naming_the_file(name):
+    path = FILES / "bad" / name
+    with pytest.raises(UserError) as err:
+        read_candle_file(path, "1d")
+    message = str(err.value)
+    assert message.startswith(str(path)) and "\n" not in message
+    assert BAD[name] in message
+
+
+def test_daily_file_under_an_hourly_config_says_how_far_off(tmp_path):
+    with pytest.raises(UserError, match=r"AAA.csv: candles are mostly 1d apart, 24x as long as .* '1h'"):
+        read_candle_file(FILES / "good_folder" / "AAA.csv", "1h")
+
+
+def test_bad_folder_and_paths(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_files(files_config(tmp_path / "nowhere"), Path("."))
+    (tmp_path / "notes.txt").write_text("not candles")
+    with pytest.raises(UserError, match=r"no candle files \(\*.csv"):
+        load_files(files_config(tmp_path), Path("."))
+    shutil.copy(FILES / "good_folder" / "AAA.csv", tmp_path / "AAA.csv")
+    pd.read_csv(tmp_path / "AAA.csv").to_parquet(tmp_path / "AAA.parquet")
+    with pytest.raises(UserError, match="two files for symbol AAA"):
+        load_files(files_config(tmp_path), Path("."))
+
+
+def test_long_file_with_empty_symbol_is_refused(tmp_path):
+    frame = pd.read_csv(FILES / "long_hourly.csv")
+    frame.loc[5, "Symbol"] = None
+    frame.to_csv(tmp_path / "long.csv", index=False)
+    with pytest.raises(UserError, match=r"long.csv: 1 row\(s\) have an empty symbol"):
+        read_candle_file(tmp_path / "long.csv", "1h", symbol_column=True)
+
+
+TINY = {
+    "experiment": "own",
+    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 1, "num_heads": 2,
+              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
+    "training": {"batch_size": 8, "epochs": 1, "max_steps_per_epoch": 2, "eval_max_batches": 1,
+                 "warmup_steps": 1, "device": "cpu"},
+    "data": {"source": "files", "files_dir": "my_candles", "universe": "files",
+             "default_category": "us_stock", "interval": "1d"},
+}
+
+
+def _case(tmp_path: Path, files: Path) -> Path:
+    config = tmp_path / "case" / "configs" / "own.json"
+    config.parent.mkdir(parents=True)
+    shutil.copytree(files, tmp_path / "case" / "my_candles")
+    config.write_text(json.dumps(TINY))
+    return config
+
+
+def test_train_on_own_files_end_to_end(tmp_path):
+    config = _case(tmp_path, FILES / "good_folder")
+    assert main(["train", "--config", str(config)]) == 0
+    (run,) = (config.parent.parent / "checkpoints").glob("own_*")
+    info = json.loads((run / "data_info.json").read_text())
+    assert info["source"] == "files" and set(info["assets"]) == {"AAA", "BBB", "CCC"}
+    assert info["assets"]["CCC"]["fixes"]["off_interval"] == 3
+    assets = json.loads((run / "asset_info.json").read_text())
+    assert [a["source"] for a in assets["assets"]] == ["files"] * 3
+    assert (run / "test_results.json").is_file()
+
+
+def test_train_on_a_bad_file_exits_2_with_one_line(tmp_path, capsys):
+    config = _case(tmp_path, FILES / "good_folder")
+    shutil.copy(FILES / "bad" / "missing_columns.csv", tmp_path / "case" / "my_candles" / "DDD.csv")
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("DDD.csv: missing column(s) high, low, volume" in line for line in err)
+    assert not list((config.parent.parent / "checkpoints").glob("own_*/config.json"))
