@@ -99,6 +99,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_remote(args: argparse.Namespace) -> int:
+    from common.remote import run_remote_command
+
+    return run_remote_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marketgpt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -177,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "losses, tokens/s, ETA, last log line")
     p.add_argument("--case", default=None, help="only this case (default: all)")
     p.set_defaults(handler=_cmd_status)
+
+    from common.remote import add_parser as add_remote_parser  # argparse only: no torch, no ssh yet
+
+    add_remote_parser(sub, _cmd_remote)
 
     return parser
 
