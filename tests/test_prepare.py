@@ -387,3 +387,76 @@ def test_sample_source_refuses_an_interval_it_does_not_have(tmp_path: Path):
     cfg.data.source = "sample"
     with pytest.raises(UserError, match="'4h'.*1d, 1h"):
         load_market_data(cfg, tmp_path)
+
+
+# --------------------------------------------------------------------------- eras that do not overlap
+
+
+def _overlaps(a: pd.DatetimeIndex, b: pd.DatetimeIndex) -> bool:
+    return len(a) > 0 and len(b) > 0 and a[0] <= b[-1] and b[0] <= a[-1]
+
+
+def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
+    # OLD and OLD2 overlap each other (one era); NEW starts after both end (another era).
+    m = market({"OLD": candles("2010-01-01", 600, seed=1), "OLD2": candles("2010-06-01", 400, seed=2),
+                "NEW": candles("2016-01-01", 500, seed=3)})
+    data = prepare_data(config(context=16), m)
+    assert set(data.splits) == {"OLD", "OLD2", "NEW"}
+    eras = data.info["split_eras"]
+    assert [e["symbols"] for e in eras] == [["OLD", "OLD2"], ["NEW"]]
+    for era in eras:  # each era's cuts are its own pooled quantiles
+        pooled = np.sort(np.concatenate([m.candles[s].index.as_unit("ns").asi8 for s in era["symbols"]]))
+        share = np.searchsorted(pooled, pd.Timestamp(era["val_start"]).value) / len(pooled)
+        assert abs(share - 0.70) < 2 / len(pooled)
+    for symbol, split in data.splits.items():  # every asset has all three splits
+        assert min(len(split.train), len(split.val), len(split.test)) > 17 and not split.short
+    # No asset's val or test period overlaps another asset's training period.
+    periods = {s: {name: data.candles[s].index[getattr(sp, name).start:getattr(sp, name).stop]
+                   for name in ("train", "val", "test")} for s, sp in data.splits.items()}
+    for a in periods:
+        for b in periods:
+            if a != b:
+                for name in ("val", "test"):
+                    assert not _overlaps(periods[a][name], periods[b]["train"]), (a, name, b)
+    # data.cuts / split_cuts are the era with the most candles (OLD + OLD2)
+    assert data.info["split_cuts"]["val_start"] == eras[0]["val_start"]
+    assert "2 eras that do not overlap" in capsys.readouterr().err
+
+
+def test_one_era_keeps_the_shared_cuts_and_records_no_eras():
+    data = prepare_data(config(context=16), split_market())
+    assert "split_eras" not in data.info
+
+
+def test_shipped_hourly_sample_has_a_test_split_under_case_c():
+    from common.config import load_config
+
+    cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["data.source=sample"])
+    assert cfg.data.interval == "1h"
+    data = prepare_data(cfg, load_market_data(cfg, REPO_ROOT / "case_c_crypto"))
+    window = cfg.model.context_length + 1
+    assert set(data.splits) == {"BTC-USD", "EURUSD=X"}
+    for split in data.splits.values():
+        assert len(split.test) >= window and len(split.val) >= window
+    assert [e["symbols"] for e in data.info["split_eras"]] == [["EURUSD=X"], ["BTC-USD"]]
+
+
+def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Path):
+    import shutil
+
+    from common.cli import main
+
+    case = tmp_path / "case_c_crypto"
+    shutil.copytree(REPO_ROOT / "case_c_crypto" / "configs", case / "configs")
+    shutil.copy(REPO_ROOT / "case_c_crypto" / "universe.csv", case / "universe.csv")
+    tiny = ["data.source=sample", "model.context_length=32", "model.d_model=32", "model.num_layers=1",
+            "model.num_heads=2", "model.d_ff=64", "training.epochs=1", "training.max_steps_per_epoch=2",
+            "training.eval_max_batches=1", "training.warmup_steps=1", "training.device=cpu"]
+    args = ["train", "--config", str(case / "configs" / "crypto_prototype.json")]
+    assert main(args + [a for kv in tiny for a in ("--set", kv)]) == 0
+    (run,) = (case / "checkpoints").glob("crypto_prototype_*")
+    info = json.loads((run / "data_info.json").read_text())
+    assert info["interval"] == "1h" and len(info["split_eras"]) == 2
+    assert all(info["assets"][s]["test"] > 32 for s in ("BTC-USD", "EURUSD=X"))
+    results = json.loads((run / "test_results.json").read_text())
+    assert results["num_tokens"] > 0 and set(results["per_asset"]) == {"BTC-USD", "EURUSD=X"}
