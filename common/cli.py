@@ -55,6 +55,12 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     return run_forecast_command(args)
 
 
+def _cmd_scorecard(args: argparse.Namespace) -> int:
+    from common.scorecard_run import run_scorecard_command
+
+    return run_scorecard_command(args)
+
+
 def _cmd_data_download(args: argparse.Namespace) -> int:
     from common.config import load_config
     from common.data.download import download_case
@@ -172,6 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one job per value, each its own experiment: seeds=1,2,3 or e.g. "
                         "training.learning_rate=1e-4,3e-4")
     p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
+    p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
+                       "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    p.add_argument("--horizons", default="1,5,20", help="candles ahead, comma-separated (default 1,5,20)")
+    p.add_argument("--stride", type=int, default=None, metavar="K",
+                   help="every K-th test candle is an origin (default 5)")
+    p.add_argument("--origins", type=int, default=None, metavar="N", help="or N origin dates, evenly spaced")
+    p.add_argument("--samples", type=int, default=200, help="sampled paths per origin (default 200)")
+    p.add_argument("--assets", default=None, help="comma-separated assets of the run (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost-bp", type=float, default=10.0, help="backtest costs, basis points per side (default 10)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.set_defaults(handler=_cmd_scorecard)
+
     p.add_argument("--dry-run", action="store_true", help="check everything and show the job(s); submit nothing")
     p.set_defaults(handler=_cmd_submit)
 

@@ -85,6 +85,10 @@ class TrainingConfig:
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
+    # end-of-training scorecard (common.scorecard_run): origin dates evenly spaced over the test
+    # split (0 turns it off) and sampled paths per origin; horizons 1, 5, 20
+    scorecard_origins: int = 20
+    scorecard_samples: int = 100
     # peak FLOP/s of one device, for the MFU in training_log.json; null: the card's bf16 peak
     # when it is known (A100: 312e12), else no MFU (on a CPU, state the peak you measured)
     peak_flops: Optional[float] = None
@@ -345,6 +349,9 @@ def validate(cfg: Config, where: str) -> None:
          f"must be positive, got {t.checkpoint_every_minutes}")
     need(t.peak_flops is None or (t.peak_flops > 0 and math.isfinite(t.peak_flops)), "training.peak_flops",
          f"must be positive (FLOP/s of one device, e.g. 312e12) or null, got {t.peak_flops}")
+    need(t.scorecard_origins >= 0, "training.scorecard_origins",
+         f"must be zero (off) or positive, got {t.scorecard_origins}")
+    need(t.scorecard_samples >= 2, "training.scorecard_samples", f"must be at least 2, got {t.scorecard_samples}")
     for key in ("max_steps_per_epoch", "eval_max_batches"):
         v = getattr(t, key)
         need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")

@@ -368,11 +368,12 @@ _RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "tokens.npz", 
 
 
 def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device,
-                  status: Optional[str] = None) -> dict:
+                  status: Optional[str] = None, extra: Optional[Mapping[str, Any]] = None) -> dict:
     """The run's best_model.pt on the test split next to the baselines; writes report.png, then
     test_results.json (so a run with test_results.json has had its report drawn) and returns
     the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
-    status: the training status the report shows, when the log does not say it yet."""
+    status: the training status the report shows, when the log does not say it yet;
+    extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
     from common.model import MarketGPT
 
     ai, tokenizer = info["asset_info"], info["tokenizer"]
@@ -385,7 +386,7 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
     results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,
                            cfg.training.batch_size, device, cfg.training.eval_max_batches,
                            category_ids=ai["categories"])
-    results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"]}
+    results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
         from common.report import write_report
 

@@ -53,7 +53,8 @@ __all__ = [
 # optimizer or the batch order. Everything else must equal the run's config.json.
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
-                      "training.peak_flops", "training.device", "training.gradient_checkpointing", "slurm.")
+                      "training.peak_flops", "training.device", "training.gradient_checkpointing",
+                      "training.scorecard_origins", "training.scorecard_samples", "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder

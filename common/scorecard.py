@@ -468,7 +468,8 @@ def _plot(card: dict, path: Path) -> None:
         ax[1, 1].plot(pd.to_datetime(st["dates"]), st["equity"], label=f"{name} (Sharpe {_fmt(st['sharpe'])})")
     ax[1, 1].set(title=f"backtest equity, {bt.get('cost_bp', DEFAULT_COST_BP):g} bp per side "
                        f"(H={bt.get('horizon', '-')})", ylabel="growth of 1")
-    ax[1, 1].legend(fontsize=8)
+    if bt.get("strategies"):
+        ax[1, 1].legend(fontsize=8)
     ax[1, 1].tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     with atomic_path(path) as tmp:

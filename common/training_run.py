@@ -4,8 +4,9 @@
               time) -> tokenizer fit on TRAIN candles -> encode each asset's whole cleaned
               series (tokens are causal, so slicing them by the split ranges is leak-free)
               -> run folder with config.json, tokenizer.json, asset_info.json,
-              data_info.json, tokens.npz -> train -> best model on test -> report.png,
-              test_results.json -> only then the log's status says finished
+              data_info.json, tokens.npz -> train -> best model on test -> scorecard.json and
+              .png (training.scorecard_*), report.png, test_results.json -> only then the
+              log's status says finished
     resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens.npz,
               plus the checkpoint; nothing is re-read from the candle cache.
 
@@ -54,6 +55,7 @@ from common.paths import case_dir_of_config
 from common.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
                                resolve_resume, reuse_unstarted_run)
 from common.rng import seed_everything
+from common.scorecard_run import end_of_training_scorecard
 from common.slurm_utils import job_metadata
 from common.trainer import EXIT_REQUEUE, Trainer
 
@@ -258,8 +260,11 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
 
     def final_outputs(status: str) -> None:
-        # rank 0 alone scores the best model on the test split, before the log says the run is done
-        results = evaluate_best(cfg, run_dir, tokens, info, device, status=status)
+        # rank 0 alone scores the best model on the test split, before the log says the run is done;
+        # the scorecard first, so test_results.json (with its error, if any) stays the last output
+        scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
+        results = evaluate_best(cfg, run_dir, tokens, info, device, status=status,
+                                extra={"scorecard_error": scorecard_error} if scorecard_error else None)
         print(summarize_results(run_dir, results), file=out, flush=True)
 
     try:

@@ -23,12 +23,14 @@ CASES = {
     "c": ("case_c_crypto", "train_crypto_a100.sh", "crypto_prototype.json"),
 }
 
-# --set overrides that make any case tiny: the shipped sample (no network), a 2-layer model.
+# --set overrides that make any case tiny: the shipped sample (no network), a 2-layer model,
+# no end-of-training scorecard (its fixed cost, ~10 s of imports, GARCH fits and a plot, is
+# tested once in test_scorecard_cli.py, not in every job of these suites).
 TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.context_length=16",
         "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
         "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
         "training.epochs=2", "training.max_steps_per_epoch=6", "training.eval_max_batches=4",
-        "training.warmup_steps=2", "training.log_every_steps=3",
+        "training.warmup_steps=2", "training.log_every_steps=3", "training.scorecard_origins=0",
         "training.device=cpu"]  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
 
 

@@ -31,11 +31,12 @@ TINY = {
     "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
               "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
     "training": {"batch_size": 16, "epochs": 2, "max_steps_per_epoch": 6, "eval_max_batches": 4,
-                 "warmup_steps": 2, "log_every_steps": 3},
+                 "warmup_steps": 2, "log_every_steps": 3, "scorecard_origins": 2, "scorecard_samples": 4},
     "data": {"source": "sample", "interval": "1d"},
 }
 RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
-             "training_log.json", "test_results.json", "tokens.npz", "report.png", "tensorboard"}
+             "training_log.json", "test_results.json", "tokens.npz", "report.png", "tensorboard",
+             "scorecard.json", "scorecard.png"}
 
 
 def _case(root: Path, name: str = "case", **sections) -> Path:

@@ -1,0 +1,117 @@
+"""`marketgpt scorecard RUN_DIR` end to end on a tiny trained run, and the small scorecard every
+run writes at the end of training (training.scorecard_*): written before test_results.json,
+recomputed by --resume auto when missing, switched off by training.scorecard_origins=0."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common import scorecard
+from common.cli import main
+from common.run_folder import has_final_outputs
+
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+
+TINY = {
+    "experiment": "tiny",
+    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
+              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
+    "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
+                 "warmup_steps": 1, "log_every_steps": 3, "scorecard_origins": 3, "scorecard_samples": 8},
+    "data": {"source": "sample", "interval": "1d"},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    config = tmp_path_factory.mktemp("sc") / "case" / "configs" / "tiny.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(TINY))
+    assert main(["train", "--config", str(config)]) == 0
+    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
+    return config, run
+
+
+def _card(run) -> dict:
+    return json.loads((run / "scorecard.json").read_text())
+
+
+def test_training_ends_with_a_small_scorecard(trained):
+    _, run = trained
+    card = _card(run)
+    assert card["samples"] == 8 and sorted(card["horizons"], key=int) == ["1", "5", "20"]
+    assert card["horizons"]["1"]["n_dates"] <= 3 and (run / "scorecard.png").is_file()
+    assert card["headline"]["horizon"] == 1 and card["headline"]["baseline"] in card["baselines"]
+    assert "scorecard_error" not in json.loads((run / "test_results.json").read_text())
+    # written before test_results.json, the output whose presence says the run is complete
+    assert (run / "scorecard.json").stat().st_mtime_ns <= (run / "test_results.json").stat().st_mtime_ns
+
+
+def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trained, capsys):
+    _, run = trained
+    code = main(["scorecard", str(run), "--horizons", "1,3", "--origins", "4", "--samples", "16",
+                 "--assets", "AAPL,^GSPC", "--seed", "3", "--cost-bp", "5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    verdicts = [line for line in out.splitlines() if line.startswith("H=")]
+    assert len(verdicts) == 2 * 3 and all(v.endswith(("(beats)", "(no edge)", "(worse)")) for v in verdicts)
+    assert "origins" in err  # progress goes to stderr, the verdicts alone to stdout
+    card = _card(run)
+    assert card["verdicts"] == verdicts and card["samples"] == 16 and card["seed"] == 3
+    assert card["origins"]["assets"] == 2 and card["backtest"]["cost_bp"] == 5
+    assert set(card["horizons"]["1"]["by_asset"]) <= {"AAPL", "^GSPC"}  # an origin date may be a holiday
+    assert card["horizons"]["1"]["skill"]["crps"]["garch"]["verdict"] in ("beats", "no edge", "worse")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--horizons", "1,x"], "--horizons '1,x'"),
+    (["--horizons", "0"], "--horizons '0'"),
+    (["--stride", "0"], "--stride 0: must be at least 1"),
+    (["--stride", "2", "--origins", "3"], "not both"),
+    (["--samples", "1"], "--samples 1"),
+    (["--assets", "NOPE"], "unknown assets NOPE"),
+    (["--cost-bp", "-1"], "--cost-bp -1"),
+])
+def test_bad_input_is_one_line_and_exit_2(trained, capsys, args, needle):
+    _, run = trained
+    before = (run / "scorecard.json").read_bytes()
+    code = main(["scorecard", str(run), "--origins" if "--stride" not in args else "--seed", "2", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("marketgpt scorecard: error: "), err
+    assert needle in err[0], err[0]
+    assert (run / "scorecard.json").read_bytes() == before  # nothing half-written in its place
+
+
+def test_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):
+    assert main(["scorecard", str(tmp_path / "nope")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+
+
+def test_resume_recomputes_a_missing_scorecard_or_skips_it_when_switched_off(trained, capsys):
+    config, run = trained
+    for name in ("scorecard.json", "scorecard.png", "test_results.json"):  # killed in the final outputs
+        (run / name).unlink()
+    assert not has_final_outputs(run)
+    assert main(["train", "--config", str(config), "--resume", "auto"]) == 0
+    assert _card(run)["samples"] == 8 and has_final_outputs(run)
+    assert "Scorecard (3 origin dates, 8 samples" in capsys.readouterr().out
+
+    for name in ("scorecard.json", "scorecard.png", "test_results.json"):
+        (run / name).unlink()
+    assert main(["train", "--config", str(config), "--resume", "auto", "--set", "training.scorecard_origins=0"]) == 0
+    assert has_final_outputs(run) and not (run / "scorecard.json").exists()
+
+
+def test_a_failing_scorecard_is_recorded_and_does_not_fail_the_run(trained, monkeypatch, capsys):
+    config, run = trained
+    (run / "test_results.json").unlink()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(scorecard, "run_scorecard", broken)
+    assert main(["train", "--config", str(config), "--resume", "auto"]) == 0
+    results = json.loads((run / "test_results.json").read_text())
+    assert results["scorecard_error"] == "OSError: disk full"
+    assert "scorecard.json not written (OSError: disk full)" in capsys.readouterr().err
+    assert has_final_outputs(run)  # so --resume auto does not retry it forever
