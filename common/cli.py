@@ -37,7 +37,10 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from common.training_run import run_training
 
-    return run_training(args.config, args.overrides, args.resume, num_gpus=args.num_gpus)
+    overrides = list(args.overrides)
+    if args.init_from is not None:  # the same as --set training.init_from=..., made absolute for jobs
+        overrides.append(f"training.init_from={args.init_from.expanduser().resolve()}")
+    return run_training(args.config, overrides, args.resume, num_gpus=args.num_gpus)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -145,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpus", type=int, default=None, metavar="N",
                    help="GPUs (= processes) per node this job uses; checked against how srun or torchrun "
                         "started it (one process per GPU), e.g. --num-gpus 1 to test on a single GPU")
+    p.add_argument("--init-from", type=Path, default=None, metavar="RUN_DIR|CHECKPOINT",
+                   help="fine-tune: start a new run from a trained run's weights and tokenizer "
+                        "(= --set training.init_from=...; see docs/training.md)")
     p.set_defaults(handler=_cmd_train)
 
     p = sub.add_parser("evaluate", help="recompute a run's test_results.json and report.png from its best model")

@@ -13,11 +13,12 @@ import difflib
 import json
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Sequence
+from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
@@ -89,6 +90,11 @@ class TrainingConfig:
     # split (0 turns it off) and sampled paths per origin; horizons 1, 5, 20
     scorecard_origins: int = 20
     scorecard_samples: int = 100
+    # fine-tuning (common/finetune.py): a parent run folder or checkpoint whose weights and
+    # tokenizer a new run starts from (`--init-from`); null: train from scratch
+    init_from: Optional[str] = None
+    # "none" | "embeddings" | "all_but_last_N": parameters that get no gradient (nor weight decay)
+    freeze: str = "none"
     # peak FLOP/s of one device, for the MFU in training_log.json; null: the card's bf16 peak
     # when it is known (A100: 312e12), else no MFU (on a CPU, state the peak you measured)
     peak_flops: Optional[float] = None
@@ -119,6 +125,9 @@ class DataConfig:
     window_stride: int = 1  # start-to-start distance of training windows
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
     universe_counts: Dict[str, int] = field(default_factory=dict)
+    # train on these categories of the universe only, e.g. ["crypto"] (--set data.categories=crypto);
+    # [] keeps every category
+    categories: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -213,7 +222,8 @@ def _parse_value(text: str, hint: Any) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text if str in _allowed_types(hint) or _literal_values(hint) else _Unparsed(text)
+        return text if str in _allowed_types(hint) or _literal_values(hint) or typing.get_origin(hint) is list \
+        else _Unparsed(text)
 
 
 class _Unparsed(str):
@@ -266,6 +276,13 @@ def _literal_values(hint: Any) -> tuple:
 
 
 def _coerce(value: Any, hint: Any, where: str, key: str) -> Any:
+    if typing.get_origin(hint) is list:
+        (item_t,) = typing.get_args(hint)
+        if isinstance(value, str):  # --set data.categories=crypto,fx
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: '{key}' must be a list, got {_jtype(value)} {value!r}")
+        return [_coerce(v, item_t, where, key) for v in value]
     if typing.get_origin(hint) is dict:
         key_t, val_t = typing.get_args(hint)
         if not isinstance(value, dict):
@@ -352,6 +369,11 @@ def validate(cfg: Config, where: str) -> None:
     need(t.scorecard_origins >= 0, "training.scorecard_origins",
          f"must be zero (off) or positive, got {t.scorecard_origins}")
     need(t.scorecard_samples >= 2, "training.scorecard_samples", f"must be at least 2, got {t.scorecard_samples}")
+    freeze = re.fullmatch(r"all_but_last_(\d+)", t.freeze)
+    need(t.freeze in ("none", "embeddings") or freeze is not None, "training.freeze",
+         f"= {t.freeze!r} is not one of 'none', 'embeddings', 'all_but_last_N' (e.g. all_but_last_2)")
+    need(freeze is None or 1 <= int(freeze.group(1)) <= m.num_layers, "training.freeze",
+         f"= {t.freeze!r}: N must be from 1 to model.num_layers ({m.num_layers})")
     for key in ("max_steps_per_epoch", "eval_max_batches"):
         v = getattr(t, key)
         need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")
@@ -389,6 +411,11 @@ def validate(cfg: Config, where: str) -> None:
          "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")
     for cat, n in d.universe_counts.items():
         need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
+    from common.data.universe import CATEGORIES
+
+    for cat in d.categories:
+        need(cat in CATEGORIES, "data.categories", f"names unknown category {cat!r}; expected some of "
+             f"{', '.join(CATEGORIES)}")
 
     need(tok.shape_bins >= 1, "tokenizer.shape_bins", f"must be at least 1, got {tok.shape_bins}")
     need(tok.vol_halflife > 0, "tokenizer.vol_halflife", f"must be positive, got {tok.vol_halflife}")

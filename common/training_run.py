@@ -46,7 +46,7 @@ import torch
 from common.atomic import atomic_write_json, read_json
 from common.batches import TokenWindows, build_windows
 from common.checkpoint import load_checkpoint
-from common.config import Config, ConfigError, load_config, save_config
+from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.dist_env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed_utils import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
 from common.errors import UserError
@@ -157,12 +157,21 @@ def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
     from common.data.universe import asset_info
     from common.tokenizer import OHLCTokenizer
 
+    parent = None
+    if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
+        from common.finetune import check_parent_fits, resolve_parent
+
+        parent = resolve_parent(cfg.training.init_from)
+        check_parent_fits(config_to_dict(cfg), parent)
     market = load_market_data(cfg, case)
     prepared = prepare_data(cfg, market)
     symbols = [a.symbol for a in prepared.assets]
     train_frames = {s: prepared.candles[s].iloc[prepared.splits[s].train.start:prepared.splits[s].train.stop]
                     for s in symbols}
-    tokenizer = OHLCTokenizer.from_config(cfg).fit(train_frames)
+    if parent is not None:  # fine-tuning: the parent's token ids, which its weights were trained on
+        tokenizer = OHLCTokenizer.load(parent.run_dir / "tokenizer.json")
+    else:
+        tokenizer = OHLCTokenizer.from_config(cfg).fit(train_frames)
     tokens, moves, ranges = {}, {}, {}
     for s in symbols:
         frame, split = prepared.candles[s], prepared.splits[s]
@@ -239,6 +248,14 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     if state is None:
         seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    lineage = None
+    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
+        from common.finetune import init_from_parent, resolve_parent
+
+        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)
+    from common.finetune import apply_freeze
+
+    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
     if state is None and env.rank > 0:
         seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
     model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
@@ -251,6 +268,13 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
             num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
             windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
             steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
+        if lineage is not None or frozen:
+            from common.finetune import record_lineage
+
+            lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
+            trainer.log.data["lineage"] = lineage
+            if env.is_main:
+                record_lineage(run_dir, lineage)
     else:
         try:
             trainer.load_state_dict(state)

@@ -45,6 +45,8 @@ BAD = {
     "files_universe_no_category": ["'data.default_category' = None must be one of", "crypto",
                                    "data.universe = 'files'"],
     "files_universe_wrong_source": ["'data.universe' = 'files' needs data.source = 'files'"],
+    "freeze_too_deep": ["'training.freeze' = 'all_but_last_7': N must be from 1 to model.num_layers (6)"],
+    "categories_unknown": ["'data.categories' names unknown category 'stocks'"],
 }
 
 

@@ -36,19 +36,37 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
     of the config does not apply to it). "download": the case universe read from the parquet
     cache, cut to [data.start_date, data.end_date). "files": the user's CSV or parquet files in
-    data.files_dir, whole (common.data.files).
+    data.files_dir, whole (common.data.files). data.categories keeps only those categories.
     """
     case_dir = Path(case_dir)
     interval = cfg.data.interval
     if cfg.data.source == "sample":
-        return _load_sample(interval)
-    if cfg.data.source == "download":
-        return _load_cache(cfg, case_dir)
-    if cfg.data.source == "files":
+        market = _load_sample(interval)
+    elif cfg.data.source == "download":
+        market = _load_cache(cfg, case_dir)
+    elif cfg.data.source == "files":
         from common.data.files import load_files
 
-        return load_files(cfg, case_dir)
-    raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download' or 'files'")
+        market = load_files(cfg, case_dir)
+    else:
+        raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download' or 'files'")
+    return _only_categories(market, cfg.data.categories)
+
+
+def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
+    """data.categories: keep those categories' assets (fine-tuning per market); [] keeps all."""
+    if not categories:
+        return market
+    kept = [a for a in market.assets if a.category in categories]
+    have = sorted({a.category for a in market.assets})
+    empty = [c for c in categories if c not in have]
+    if empty:
+        raise UserError(f"data.categories = {categories}: no asset of {', '.join(empty)} in this universe "
+                        f"(it has {', '.join(have)})")
+    symbols = {a.symbol for a in kept}
+    return MarketData(assets=kept, candles={s: f for s, f in market.candles.items() if s in symbols},
+                      interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
+                      files={s: f for s, f in market.files.items() if s in symbols})
 
 
 def _load_sample(interval: str) -> MarketData:
