@@ -32,6 +32,13 @@ deterministically.
 Baselines (common.baselines: unigram, repeat_last, markov1) are fit on TRAIN tokens only and
 scored on exactly the model's targets.
 
+Token skill ("token_skill"). The model's loss skill 1 - loss/baseline loss against unigram and
+markov1 on the same targets, with a paired circular block-bootstrap 95% interval
+(common.metrics.skill_interval): blocks of consecutive test positions, every asset's target at
+one position resampled together, because neighbouring tokens share their volatility state.
+The unigram is no naive baseline: a token is the candle's move over the EWMA volatility, so the
+unigram is in effect EWMA volatility times the empirical standardized residuals.
+
 Directional. A token decodes to its bin's representative move (move/sigma, `tokenizer.decode`);
 a predictor's expected next move is sum_v p(v) * move(v) (special ids count 0). Its sign is
 compared with the sign of the actual move (`tokenizer.features`); targets whose actual move is
@@ -76,6 +83,8 @@ __all__ = [
 TOP_K = 5
 _Z95 = 1.959963984540054  # two-sided 95% normal quantile
 _CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
+_SKILL_BASELINES = ("unigram", "markov1")  # token_skill: the model's loss against these
+_SKILL_BOOT = 1000
 
 
 @dataclass
@@ -177,11 +186,12 @@ class _Windows:
     moves: np.ndarray  # (W, T) actual move of each target's candle
     asset: np.ndarray  # (W,) index into symbols
     symbols: list
+    start: np.ndarray  # (W,) position of each window's first input in its asset's test tokens
 
 
 def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
     T = context_length
-    xs, ys, ms, owner = [], [], [], []
+    xs, ys, ms, owner, first = [], [], [], [], []
     symbols = list(test)
     for a, symbol in enumerate(symbols):
         toks, moves = test[symbol].tokens, test[symbol].moves
@@ -198,10 +208,12 @@ def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
         ys.append(chunk[:, 1:])
         ms.append(padded_moves[idx][:, 1:])
         owner.append(np.full(len(starts), a))
+        first.append(starts)
     if not xs:
         empty = np.zeros((0, T), np.int64)
-        return _Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols)
-    return _Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols)
+        return _Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
+    return _Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
+                    np.concatenate(first))
 
 
 @torch.no_grad()
@@ -270,6 +282,27 @@ def _group(scores: dict[str, Scores], groups: np.ndarray, names: Sequence[str], 
     return out
 
 
+def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
+    """Loss skill 1 - model/baseline (cross-entropy, nats) against unigram and markov1, with a
+    paired block-bootstrap 95% interval: blocks of consecutive test positions, every asset's
+    targets at a position resampled together (neighbouring tokens share their volatility).
+    None where undefined: no targets, or an infinite loss (a target given probability 0)."""
+    from common.metrics import block_length, skill_interval
+
+    def skill(name: str) -> Optional[dict]:
+        model, base = scores["model"].nll, scores[name].nll
+        if not len(position) or not (np.isfinite(model).all() and np.isfinite(base).all()) or base.sum() <= 0:
+            return None
+        return skill_interval(model, base, position, horizon=1, stride=1, n_boot=_SKILL_BOOT, seed=0)
+
+    out: dict = {name: skill(name) for name in _SKILL_BASELINES}
+    n_positions = len(np.unique(position))
+    out["method"] = {"skill": "1 - model loss / baseline loss", "bootstrap": "paired circular block",
+                     "block_positions": block_length(n_positions, 1, 1) if n_positions else None,
+                     "resamples": _SKILL_BOOT}
+    return out
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -300,12 +333,13 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     w = _windows(test, context_length)
     if max_batches is not None and len(w.x) > max_batches * batch_size:
         keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
-        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols)
+        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep])
 
     # flat per-target arrays, in the row-major order _score_model produces
     mask = w.y != PAD_TOKEN
     targets, prev, moves = w.y[mask], w.x[mask], w.moves[mask]
     owner = np.broadcast_to(w.asset[:, None], w.y.shape)[mask]
+    position = (w.start[:, None] + np.arange(1, context_length + 1))[mask]  # of each target in its asset's test
 
     was_training = model.training
     model.eval()
@@ -345,6 +379,7 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
         "num_tokens": total["num_tokens"],
         "num_assets": len(w.symbols),
         "baselines": {name: _metrics(scores[name]) for name in BASELINES},
+        "token_skill": _token_skill(scores, position),
         "directional": directional,
         "per_asset": per_asset,
         "per_category": per_category,
@@ -433,6 +468,11 @@ def _pct(v: Any) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
+def _skill(s: dict) -> str:
+    lo, hi = s["ci95"]
+    return f"{100 * s['value']:+.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] ({s['verdict']})"
+
+
 def _num(v: Any) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
@@ -446,6 +486,10 @@ def summarize_results(run_dir: Path, r: dict) -> str:
     for name, b in r.get("baselines", {}).items():
         lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
                      f"top-5 {_pct(b['top5_accuracy'])}")
+    skill = r.get("token_skill") or {}
+    parts = [f"vs {name} {_skill(skill[name])}" for name in _SKILL_BASELINES if skill.get(name)]
+    if parts:
+        lines.append("Loss skill 1 - model/baseline [95% block-bootstrap CI]: " + " | ".join(parts))
     d = r.get("directional", {})
     if d.get("model"):
         m, up = d["model"], d.get("always_up", {})

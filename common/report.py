@@ -2,7 +2,8 @@
 
     write_report(run_dir, training_log, test_results) -> run_dir / "report.png"
 
-Four panels: train/val loss per epoch (best epoch marked), test loss and test accuracy
+Four panels: train/val loss per epoch (best epoch marked), test loss (with the loss skill
+against unigram and markov1 and its 95% block-bootstrap interval) and test accuracy
 (top-1, top-5) of the model next to the naive baselines, and directional accuracy with its 95%
 interval next to always-up. Both dicts are the JSON files of the run folder (training_log.json,
 test_results.json); a missing or null value leaves its bar or point out instead of failing.
@@ -35,6 +36,7 @@ def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: d
                  f"{test_results.get('num_tokens', 0):,} test tokens", fontsize=12)
     _loss_curves(axes[0, 0], training_log)
     _bars(axes[0, 1], test_results, "loss", "Test loss (cross-entropy, nats; lower is better)", "{:.3f}")
+    _skill_note(axes[0, 1], test_results)
     _accuracy(axes[1, 0], test_results)
     _directional(axes[1, 1], test_results)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
@@ -89,6 +91,16 @@ def _bars(ax: Any, results: dict, key: str, title: str, fmt: str) -> None:
     ax.bar_label(bars, labels=[fmt.format(v) for v in values], padding=2, fontsize=9)
     ax.set_title(title)
     ax.margins(y=0.15)
+
+
+def _skill_note(ax: Any, results: dict) -> None:
+    """The model's loss skill against unigram and markov1 with its block-bootstrap interval."""
+    skill = results.get("token_skill") or {}
+    lines = [f"skill vs {name}: {100 * s['value']:+.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] "
+             f"({s['verdict']})" for name in ("unigram", "markov1") if isinstance(s := skill.get(name), dict)]
+    if lines:
+        ax.text(0.98, 0.97, "\n".join(lines), transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
 
 
 def _accuracy(ax: Any, results: dict) -> None:

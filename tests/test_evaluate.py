@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import torch
 from common import evaluate as ev
 from common.baselines import fit_baselines
 from common.config import ModelConfig
-from common.evaluate import SplitTokens, eval_inputs, evaluate_run, wilson_interval
+from common.evaluate import SplitTokens, eval_inputs, evaluate_run, summarize_results, wilson_interval
 from common.model import MarketGPT
 from common.report import write_report
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -426,3 +427,41 @@ def test_cli_evaluate_refuses_a_corrupted_best_model(tmp_path, capsys):
     (run / "best_model.pt").write_bytes(data[: len(data) // 2])
     assert main(["evaluate", str(run)]) == 2
     assert "best_model.pt" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- token skill with intervals
+
+
+def _iid(probs: np.ndarray, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).choice(V, size=n, p=probs / probs.sum())
+
+
+def test_token_skill_is_one_minus_the_loss_ratio_with_a_bootstrap_interval():
+    test = {s: split([3, 4, 3, 5, 3, 6, 7, 3, 4, 4, 5]) for s in ("A", "B")}
+    r = run(test, context_length=4)
+    for name in ("unigram", "markov1"):
+        skill = r["token_skill"][name]
+        assert skill["value"] == pytest.approx(1 - r["test_loss"] / r["baselines"][name]["loss"], rel=1e-9)
+        lo, hi = skill["ci95"]
+        assert lo <= skill["value"] <= hi and skill["verdict"] in ("beats", "no edge", "worse")
+    assert r["token_skill"]["method"]["resamples"] == 1000
+    assert "Loss skill 1 - model/baseline" in summarize_results(Path("run"), {**r, "best_epoch": 1})
+
+
+def test_token_skill_verdicts_follow_the_true_distribution():
+    true = np.array([0, 0, 0, 0.4, 0.3, 0.15, 0.1, 0.05])
+    flat = np.array([0, 0, 0, 1, 1, 1, 1, 1]) / 5.0
+    test = {s: split(_iid(true, 600, k)) for k, s in enumerate("ABC")}
+    # the model knows the true distribution, the unigram learned a flat one on train
+    good = run(test, train={"A": np.tile([3, 4, 5, 6, 7], 40)}, model=FixedModel(true), context_length=16)
+    assert good["token_skill"]["unigram"]["verdict"] == "beats" and good["token_skill"]["unigram"]["ci95"][0] > 0
+    # the other way round: a flat model against a unigram fit on the true distribution
+    bad = run(test, train={"A": _iid(true, 5000, 9)}, model=FixedModel(flat), context_length=16)
+    assert bad["token_skill"]["unigram"]["verdict"] == "worse" and bad["token_skill"]["unigram"]["ci95"][1] < 0
+
+
+def test_token_skill_is_null_when_a_target_had_probability_zero():
+    probs = np.array([0, 0, 0, 0.5, 0.5, 0, 0, 0])  # token 5 impossible for the model
+    r = run({"A": split([3, 4, 5, 3, 4])}, model=FixedModel(probs), context_length=4)
+    assert r["token_skill"]["unigram"] is None and r["token_skill"]["markov1"] is None
+    json.dumps(r["token_skill"], allow_nan=False)  # no NaN or infinity
