@@ -182,3 +182,13 @@ def test_train_on_a_bad_file_exits_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert any("DDD.csv: missing column(s) high, low, volume" in line for line in err)
     assert not list((config.parent.parent / "checkpoints").glob("own_*/config.json"))
+
+
+def test_data_check_reads_own_files(tmp_path, capsys):
+    config = _case(tmp_path, FILES / "good_folder")
+    assert main(["data", "check", "--case", str(tmp_path / "case"), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 assets" in out and "off_interval 3" in out and "unparsable_timestamp 2" in out
+    shutil.copy(FILES / "bad" / "empty.csv", tmp_path / "case" / "my_candles" / "DDD.csv")
+    assert main(["data", "check", "--case", str(tmp_path / "case"), "--config", str(config)]) == 2
+    assert "DDD.csv: the file is empty" in capsys.readouterr().out

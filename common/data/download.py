@@ -514,14 +514,19 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
     from common.data.prepare import prepare_data
 
     case_dir = Path(case_dir)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="download"))
+    if cfg.data.source != "files":  # the cache, even under a config that trains on the sample
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="download"))
     d = cfg.data
-    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    listed = d.universe != "files"  # data.universe = "files": the files are the universe
+    assets = load_universe(case_dir / d.universe, d.universe_counts or None) if listed else []
     result = Usability(case_dir=case_dir, interval=d.interval, context_length=cfg.model.context_length,
-                       total=len(assets), usable=[], unusable={}, universe_as_of=universe_as_of(case_dir / d.universe))
+                       total=len(assets), usable=[], unusable={},
+                       universe_as_of=universe_as_of(case_dir / d.universe) if listed else None)
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # loading's "left out" warning: reported below
-            prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
+            market = load_market_data(cfg, case_dir)
+            result.total = len(market.assets)
+            prepared = prepare_data(cfg, market)
     except UserError as e:
         result.problem = str(e)
         return result
