@@ -7,7 +7,11 @@ into the big tensor, and each window's asset id and category id. A batch of wind
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
 Epoch order is a permutation drawn from a generator seeded with (seed, epoch), so a resumed
-run sees exactly the order the interrupted one saw. Under DDP the order is cut into global
+run sees exactly the order the interrupted one saw. With an epoch stride k > 1
+(data.epoch_stride) a training epoch takes every k-th window of each asset, from an offset in
+[0, k) drawn per cycle of k epochs (each offset once a cycle, so a cycle reaches every window):
+each candle is then a target about context_length / k times per epoch instead of
+context_length times (stride-1 windows overlap). Under DDP the order is cut into global
 batches of batch_size x world_size windows and rank r takes the r-th slice of each: at every
 step the ranks' batches together are exactly the batch one process with batch_size x
 world_size would train on, so N processes learn what that one process learns. Training drops
@@ -46,6 +50,7 @@ class SplitWindows:
     starts: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
+    positions: torch.Tensor | None = None  # (W,) each window's index among its asset's windows
 
     def __len__(self) -> int:
         return int(self.starts.numel())
@@ -62,10 +67,12 @@ def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
 class TokenWindows:
     """The in-memory token set of one run and its per-split windows."""
 
-    def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int) -> None:
+    def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int,
+                 epoch_stride: int = 1) -> None:
         self.tokens = tokens
         self.splits = dict(splits)
         self.context_length = context_length
+        self.epoch_stride = epoch_stride  # training epochs take every k-th window of an asset
         # (T + 1,) offsets of a window's tokens from its start, built once
         self._offsets = torch.arange(context_length + 1, device=tokens.device)
 
@@ -76,16 +83,35 @@ class TokenWindows:
     def num_windows(self, split: str) -> int:
         return len(self.splits[split])
 
-    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:
+    def epoch_windows(self, split: str) -> int:
+        """Windows in one shuffled epoch of `split`: all of them, or with an epoch stride k the
+        fewest any offset selects (every epoch the same length, so steps per epoch are fixed)."""
+        w, k = self.splits[split], self.epoch_stride
+        if k == 1 or w.positions is None:
+            return len(w)
+        return int(torch.bincount(w.positions.cpu() % k, minlength=k).min())
+
+    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False,
+                    shuffle: bool = False) -> int:
         """Global batches (batch_size x world_size windows) in one pass over `split`: the
-        batches each rank takes a slice of. The last incomplete one counts unless drop_last."""
-        n, size = self.num_windows(split), batch_size * world_size
+        batches each rank takes a slice of. The last incomplete one counts unless drop_last.
+        shuffle: a training epoch's pass (see epoch_windows)."""
+        n = self.epoch_windows(split) if shuffle else self.num_windows(split)
+        size = batch_size * world_size
         return n // size if drop_last else -(-n // size)
 
     def epoch_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
-        """A permutation of the split's windows that depends only on (seed, epoch)."""
+        """The windows of one epoch in a random order that depends only on (seed, epoch): a
+        permutation of all of them, or with an epoch stride k of one offset's every k-th."""
         g = torch.Generator().manual_seed(_mix(seed, epoch))
-        return torch.randperm(self.num_windows(split), generator=g)  # on the CPU: same on any device
+        w, k = self.splits[split], self.epoch_stride
+        if k == 1 or w.positions is None:
+            return torch.randperm(self.num_windows(split), generator=g)  # on the CPU: same on any device
+        # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
+        cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
+        offset = int(torch.randperm(k, generator=cycle)[epoch % k])
+        chosen = torch.nonzero(w.positions.cpu() % k == offset)[:, 0]
+        return chosen[torch.randperm(len(chosen), generator=g)][:self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
@@ -106,7 +132,7 @@ class TokenWindows:
         Without drop_last, a rank whose slice of the last batch is empty skips it.
         """
         order = self.epoch_order(split, seed, epoch) if shuffle else torch.arange(self.num_windows(split))
-        n = self.num_batches(split, batch_size, world_size, drop_last)
+        n = self.num_batches(split, batch_size, world_size, drop_last, shuffle=shuffle)
         if limit is not None:
             n = min(n, limit)
         for i in range(start, n):
@@ -123,13 +149,15 @@ def _mix(seed: int, epoch: int) -> int:
 
 def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping[str, Sequence[int]]],
                   asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
-                  strides: Mapping[str, int], device: torch.device | str = "cpu") -> TokenWindows:
+                  strides: Mapping[str, int], device: torch.device | str = "cpu",
+                  epoch_stride: int = 1) -> TokenWindows:
     """Concatenate every asset's tokens and cut each split's windows.
 
     tokens: symbol -> 1-D token array of the asset's whole cleaned series;
     ranges: symbol -> {"train": (begin, end), "val": ..., "test": ...} candle index ranges
     (end exclusive) into that series; asset_ids / category_ids: symbol -> id;
-    strides: split -> start-to-start distance of that split's windows.
+    strides: split -> start-to-start distance of that split's windows; epoch_stride: a training
+    epoch's distance between the windows it takes (see the module docstring).
     """
     length = context_length + 1
     parts, offset = [], 0
@@ -156,9 +184,11 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
         starts = np.concatenate([s for s, _, _ in found[split]] or [np.zeros(0, np.int64)])
         a = np.concatenate([np.full(len(s), i, np.int64) for s, i, _ in found[split]] or [np.zeros(0, np.int64)])
         c = np.concatenate([np.full(len(s), i, np.int64) for s, _, i in found[split]] or [np.zeros(0, np.int64)])
-        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c)))
+        pos = np.concatenate([np.arange(len(s), dtype=np.int64) for s, _, _ in found[split]]
+                             or [np.zeros(0, np.int64)])
+        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c, pos)))
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
                             f"than model.context_length + 1; lower model.context_length or use longer histories")
-    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length)
+    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length, epoch_stride)

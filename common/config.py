@@ -57,6 +57,12 @@ class ModelConfig:
     # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
     positional: Literal["learned", "rope"] = "learned"
     bias: bool = False
+    # output head (common/heads.py): "flat" softmax over the vocabulary, or "factorized"
+    # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
+    head: Literal["flat", "factorized"] = "flat"
+    # the token grid the factorized head reads; null: filled in from the tokenizer section
+    move_bins: Optional[int] = None
+    shape_bins: Optional[int] = None
 
 
 @dataclass
@@ -123,6 +129,10 @@ class DataConfig:
     cache_dir: str = "data"  # relative to the case folder
     purge_gap: Optional[int] = None  # candles between splits; None: context_length
     window_stride: int = 1  # start-to-start distance of training windows
+    # a training epoch takes every k-th window of each asset from a random offset per epoch
+    # (common/batches.py): with stride-1 windows an epoch otherwise shows each candle
+    # context_length times; 1 keeps every window in every epoch
+    epoch_stride: int = 1
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
     universe_counts: Dict[str, int] = field(default_factory=dict)
     # train on these categories of the universe only, e.g. ["crypto"] (--set data.categories=crypto);
@@ -133,6 +143,9 @@ class DataConfig:
 @dataclass
 class TokenizerConfig:
     shape_bins: int = 8  # candle-shape bins; return bins fill the rest of the vocabulary
+    # move (return) bins; null: as many as fill the vocabulary. Fewer bins for small data sets:
+    # the vocabulary keeps its size and the ids past the last bin are never emitted.
+    ret_bins: Optional[int] = None
     vol_halflife: float = 20.0  # EWMA half-life (candles) of the volatility that scales moves
     vol_warmup: int = 20  # candles before the volatility estimate counts as warm
 
@@ -388,6 +401,7 @@ def validate(cfg: Config, where: str) -> None:
          f"({d.purge_gap}) must be at least model.context_length ({m.context_length}) so no training "
          "window overlaps a val or test window")
     need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
+    need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
     for key in ("start_date",) + (("end_date",) if d.end_date is not None else ()):
         value = getattr(d, key)
         try:
@@ -418,6 +432,17 @@ def validate(cfg: Config, where: str) -> None:
              f"{', '.join(CATEGORIES)}")
 
     need(tok.shape_bins >= 1, "tokenizer.shape_bins", f"must be at least 1, got {tok.shape_bins}")
+    most = (m.vocab_size - NUM_SPECIAL_TOKENS) // tok.shape_bins
+    need(tok.ret_bins is None or 2 <= tok.ret_bins <= most, "tokenizer.ret_bins",
+         f"must be null or from 2 to {most} (what model.vocab_size {m.vocab_size} holds with "
+         f"{tok.shape_bins} shape bins), got {tok.ret_bins}")
+    if m.head == "factorized":  # the head reads the tokenizer's grid: recorded in config.json
+        ret_bins = tok.ret_bins or most
+        if m.move_bins is None and m.shape_bins is None:
+            m.move_bins, m.shape_bins = ret_bins, tok.shape_bins
+        need((m.move_bins, m.shape_bins) == (ret_bins, tok.shape_bins), "model.move_bins",
+             f"and model.shape_bins ({m.move_bins}, {m.shape_bins}) must match the tokenizer's "
+             f"({ret_bins}, {tok.shape_bins}); leave them null")
     need(tok.vol_halflife > 0, "tokenizer.vol_halflife", f"must be positive, got {tok.vol_halflife}")
     need(tok.vol_warmup >= 1, "tokenizer.vol_warmup", f"must be at least 1, got {tok.vol_warmup}")
 

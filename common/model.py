@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
 from common.errors import UserError
+from common.heads import FactorizedHead
 from common.memory import estimate_training_memory
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
@@ -232,6 +233,9 @@ class MarketGPT(nn.Module):
         self.ln_f = nn.LayerNorm(C, bias=config.bias)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying: one (V, C) matrix, counted once
+        # model.head: "flat" reads logits through lm_head; "factorized" through p(move) p(shape | move)
+        self.head = (FactorizedHead(C, config.vocab_size, config.move_bins, config.shape_bins)
+                     if config.head == "factorized" else None)
 
         if config.positional == "rope":
             cos, sin = rotary_tables(config.context_length, C // config.num_heads)
@@ -274,6 +278,11 @@ class MarketGPT(nn.Module):
         n = self.num_parameters(non_embedding=True) + self.wte.weight.numel()  # body + tied head
         return 6 * n + 12 * self.config.num_layers * T * self.config.d_model
 
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (.., C) -> logits over the vocabulary (.., V), for the configured
+        model.head (the factorized head's are log-probabilities; softmax reads both alike)."""
+        return self.lm_head(x) if self.head is None else self.head(x)
+
     def new_cache(self, batch_size: int, device: Optional[torch.device] = None,
                   dtype: Optional[torch.dtype] = None) -> KVCache:
         """An empty KV cache for batch_size sequences of up to context_length tokens."""
@@ -303,6 +312,8 @@ class MarketGPT(nn.Module):
                              f"must both have shape ({B},), one id per sequence")
 
         x = self.wte(idx)  # (B, T, C)
+        if self.head is not None:
+            x = x + self.head.embed(idx)  # + the token's move-bin and shape-bin vectors
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
@@ -319,8 +330,8 @@ class MarketGPT(nn.Module):
         x = self.ln_f(x)
 
         if last_only:
-            return self.lm_head(x[:, -1:, :]), None  # (B, 1, V): skips the (B, T, V) matmul
-        logits = self.lm_head(x)  # (B, T, V)
+            return self.head_logits(x[:, -1:, :]), None  # (B, 1, V): skips the (B, T, V) matmul
+        logits = self.head_logits(x)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)

@@ -176,7 +176,7 @@ class OHLCTokenizer:
     """Candles -> one token each (move bin x shape bin), and back. See the module docstring."""
 
     def __init__(self, vocab_size: int = 1024, shape_bins: int = 8, vol_halflife: float = 20.0,
-                 vol_warmup: int = 20) -> None:
+                 vol_warmup: int = 20, ret_bins: Optional[int] = None) -> None:
         if shape_bins < 1:
             raise UserError(f"tokenizer shape_bins must be at least 1, got {shape_bins}")
         if vocab_size < NUM_SPECIAL_TOKENS + 2 * shape_bins:
@@ -188,7 +188,11 @@ class OHLCTokenizer:
             raise UserError(f"tokenizer vol_warmup must be at least 1, got {vol_warmup}")
         self.vocab_size = int(vocab_size)
         self.shape_bins = int(shape_bins)
-        self.ret_bins = (self.vocab_size - NUM_SPECIAL_TOKENS) // self.shape_bins
+        most = (self.vocab_size - NUM_SPECIAL_TOKENS) // self.shape_bins
+        if ret_bins is not None and not 2 <= ret_bins <= most:
+            raise UserError(f"tokenizer ret_bins must be from 2 to {most} for vocab_size {vocab_size}, got {ret_bins}")
+        # fewer bins than the vocabulary holds (tokenizer.ret_bins): the rest of the ids go unused
+        self.ret_bins = int(ret_bins) if ret_bins is not None else most
         # Ids from here to vocab_size - 1 are never emitted (the division above leaves a remainder).
         self.num_used_ids = NUM_SPECIAL_TOKENS + self.ret_bins * self.shape_bins
         self.vol_halflife = float(vol_halflife)
@@ -206,7 +210,7 @@ class OHLCTokenizer:
         """The tokenizer a case config asks for (model.vocab_size and the tokenizer section)."""
         tok = cfg.tokenizer
         return cls(vocab_size=cfg.model.vocab_size, shape_bins=tok.shape_bins,
-                   vol_halflife=tok.vol_halflife, vol_warmup=tok.vol_warmup)
+                   vol_halflife=tok.vol_halflife, vol_warmup=tok.vol_warmup, ret_bins=tok.ret_bins)
 
     @property
     def is_fitted(self) -> bool:
@@ -463,9 +467,7 @@ class OHLCTokenizer:
                             "the code version that wrote it")
         try:
             tok = cls(vocab_size=raw["vocab_size"], shape_bins=raw["shape_bins"],
-                      vol_halflife=raw["vol_halflife"], vol_warmup=raw["vol_warmup"])
-            if raw.get("ret_bins") != tok.ret_bins:
-                raise ValueError(f"ret_bins {raw.get('ret_bins')} does not match vocab_size and shape_bins")
+                      vol_halflife=raw["vol_halflife"], vol_warmup=raw["vol_warmup"], ret_bins=raw.get("ret_bins"))
             tok.move_binning = _Bins.from_dict(raw["move"], tok.ret_bins, "move")
             tok.shape_binning = _Bins.from_dict(raw["shape"], tok.shape_bins, "shape")
             tok.fit_stats = dict(raw.get("fit_stats", {}))

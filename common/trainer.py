@@ -98,7 +98,8 @@ class Trainer:
         self.peak_flops = device_peak_flops(self.device, t.peak_flops)
 
         # full global batches only: DDP's gradient mean equals one big batch's only when every rank has one
-        batches = windows.num_batches("train", t.batch_size, world_size, drop_last=True) // t.grad_accum_steps
+        batches = windows.num_batches("train", t.batch_size, world_size, drop_last=True,
+                                      shuffle=True) // t.grad_accum_steps
         self.steps_per_epoch = min(batches, t.max_steps_per_epoch or batches)
         if self.steps_per_epoch == 0:
             raise UserError(f"{windows.num_windows('train')} training windows are too few for one optimizer step "

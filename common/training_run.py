@@ -236,7 +236,26 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
     return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
-                         strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device)
+                         strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
+                         epoch_stride=cfg.data.epoch_stride)
+
+
+# fewer training candles per candle id than this: the vocabulary is too fine for the data
+MIN_CANDLES_PER_ID = 100
+
+
+def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
+    """How many training candles each used candle id gets, with a hint when that is few."""
+    candles = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
+    ids = tokenizer.ret_bins * tokenizer.shape_bins
+    per_id = candles / ids
+    line = (f"Vocabulary: {ids:,} candle ids ({tokenizer.ret_bins} move x {tokenizer.shape_bins} shape bins) for "
+            f"{candles:,} training candles: {per_id:.1f} candles per id")
+    if per_id < MIN_CANDLES_PER_ID:
+        fewer = max(2, min(tokenizer.ret_bins - 1, candles // (MIN_CANDLES_PER_ID * tokenizer.shape_bins)))
+        line += (f" (too fine for this data: --set tokenizer.ret_bins={fewer} gives about {MIN_CANDLES_PER_ID}; "
+                 "see docs/generalization.md)")
+    return line
 
 
 def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
@@ -260,6 +279,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
         seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
     model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
+    if env.is_main:
+        print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if state is None:
         trainer.log.data.update(

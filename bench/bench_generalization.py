@@ -1,0 +1,152 @@
+"""Generalization on the shipped sample: does a short CPU training beat the token unigram?
+
+Trains case C's config on the shipped sample (data.source=sample) with the small-data
+settings below plus any --set overrides, then scores the best model (chosen on validation by
+the trainer) on one split against the unigram and Markov baselines, per target:
+
+    skill = mean over targets of (baseline NLL - model NLL), nats per token (> 0: model better)
+
+with a paired block-bootstrap 95% interval (common.metrics.skill_interval, kind "diff") over
+the split's candle positions: every asset's target at the same position is resampled together
+(the daily sample's assets share dates), in blocks of consecutive positions.
+
+    python bench/bench_generalization.py --split val [--set model.head="flat" ...]   # select here
+    python bench/bench_generalization.py --split test                                # report once
+
+Prints the per-epoch train/val losses, the wall time with the load average, and the skill
+lines. Always exits 0: it reports, it does not gate.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO  # noqa: E402  (puts the repo on sys.path)
+
+__all__ = ["SMALL_DATA", "run", "main"]
+
+CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
+
+# The documented small-data settings (docs/generalization.md): a smaller model than case C's on the daily sample.
+SMALL_DATA = (
+    'data.source="sample"', 'data.interval="1d"', "data.universe_counts={}",
+    "model.d_model=128", "model.num_layers=4", "model.num_heads=4", "model.d_ff=512", "model.context_length=64",
+    'model.head="factorized"', "data.epoch_stride=16", "tokenizer.ret_bins=32",
+    "model.dropout=0.2", "training.weight_decay=0.1", "training.learning_rate=1e-3",
+    "training.warmup_steps=50", "training.batch_size=32", "training.epochs=12", "training.max_steps_per_epoch=40",
+    "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=1000",
+)
+
+
+def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
+    """Per-target NLL of the run's best model and of the baselines on `split` ("val" or "test"),
+    with each target's asset and candle position inside the split."""
+    import numpy as np
+    import torch
+
+    from common.baselines import fit_baselines
+    from common.checkpoint import load_checkpoint
+    from common.config import load_config
+    from common.evaluate import _score_baseline, _score_model, _windows, eval_inputs
+    from common.model import MarketGPT
+    from common.run_folder import TokenSet
+    from common.special_tokens import PAD_TOKEN
+    from common.tokenizer import OHLCTokenizer
+
+    cfg = load_config(run_dir / "config.json")
+    tokens = TokenSet.load(run_dir / "tokens.npz")
+    tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
+    ai = json.loads((run_dir / "asset_info.json").read_text())
+    ranges = {s: {"train": r["train"], "test": r[split]} for s, r in tokens.ranges.items()}
+    data, train = eval_inputs(tokens.tokens, tokens.moves, ranges)
+    data = {s: t for s, t in data.items() if len(t.tokens) > 1}
+    best = load_checkpoint(run_dir / "best_model.pt", map_location="cpu")
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    model.load_state_dict(best["model"])
+    model.eval()
+    w = _windows(data, cfg.model.context_length)
+    cat = {rec["symbol"]: ai["categories"][rec["category"]] for rec in ai["assets"]}
+    a_ids = np.array([ai["symbols"][s] for s in w.symbols], np.int64)
+    c_ids = np.array([cat[s] for s in w.symbols], np.int64)
+    moves = torch.zeros(tok.vocab_size)
+    mask = w.y != PAD_TOKEN
+    out = {"model": _score_model(model, w, a_ids, c_ids, moves, 64, torch.device("cpu")).nll}
+    baselines = fit_baselines(train, tok.vocab_size)
+    for name in ("unigram", "markov1"):
+        out[name] = _score_baseline(baselines[name], w.x[mask], w.y[mask], moves).nll
+    # targets come window by window, each asset's in order: positions 1 .. n - 1 of its split
+    out["position"] = np.concatenate([np.arange(1, len(data[s].tokens)) for s in w.symbols])
+    assert len(out["position"]) == len(out["model"]), "target order differs from the windows'"
+    out["best_epoch"] = best["epoch"]
+    return out
+
+
+def run(split: str, overrides: Sequence[str] = (), keep: Path | None = None) -> dict[str, Any]:
+    from common.metrics import skill_interval
+    from common.training_run import run_training
+
+    case = Path(tempfile.mkdtemp(prefix="bench_gen_"))
+    (case / "configs").mkdir()
+    shutil.copy(CASE_C, case / "configs" / CASE_C.name)
+    shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
+    sets = list(SMALL_DATA) + ['experiment="gen"'] + list(overrides)
+    log = io.StringIO()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    code = run_training(case / "configs" / CASE_C.name, sets, out=log)
+    wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
+    if code != 0:
+        raise SystemExit(f"training exited {code}:\n{log.getvalue()[-2000:]}")
+    run_dir = next((case / "configs" / "checkpoints").glob("gen_*"), None) or next((case / "checkpoints").glob("gen_*"))
+    train_log = json.loads((run_dir / "training_log.json").read_text())
+    s = split_scores(run_dir, split)
+    res: dict[str, Any] = {
+        "split": split, "overrides": sets, "wall_s": round(wall, 1), "loadavg_1m": [load0, load1],
+        "steps": train_log["epochs"][-1]["step"], "best_epoch": s["best_epoch"],
+        "epochs": [{k: round(e[k], 4) for k in ("epoch", "train_loss", "val_loss")} for e in train_log["epochs"]],
+        "vocabulary": next((line for line in log.getvalue().splitlines() if line.startswith("Vocabulary:")), None),
+        "loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")},
+    }
+    for name in ("unigram", "markov1"):
+        res[f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1, stride=1, kind="diff",
+                                                 n_boot=2000)
+    if keep is not None:
+        shutil.copytree(run_dir, keep / run_dir.name)
+    shutil.rmtree(case, ignore_errors=True)
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--split", choices=("val", "test"), default="val")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    p.add_argument("--json", type=Path, help="also write the result here")
+    a = p.parse_args(argv)
+    res = run(a.split, a.overrides)
+    print(f"machine: {os.cpu_count()} vCPU; wall {res['wall_s']} s for {res['steps']} steps; "
+          f"load average (1 min) {res['loadavg_1m'][0]:.1f} at start, {res['loadavg_1m'][1]:.1f} at end")
+    print(res["vocabulary"])
+    for e in res["epochs"]:
+        print(f"  epoch {e['epoch']:>2}: train {e['train_loss']:.4f}  val {e['val_loss']:.4f}")
+    L = res["loss"]
+    print(f"{a.split} loss (best epoch {res['best_epoch']}): model {L['model']:.4f} | unigram {L['unigram']:.4f} | "
+          f"markov1 {L['markov1']:.4f}")
+    for name in ("unigram", "markov1"):
+        sk = res[f"skill_vs_{name}"]
+        print(f"skill vs {name}: {sk['value']:+.4f} nats/token, 95% CI [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] "
+              f"({sk['verdict']})")
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
