@@ -21,14 +21,14 @@ to equal that process's); evaluation keeps it, unevenly sliced (a rank may get n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
 from common.errors import UserError
 
-__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
+__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts", "with_features"]
 
 SPLITS = ("train", "val", "test")
 
@@ -41,6 +41,11 @@ class Batch:
     y: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
+    features: Optional[torch.Tensor] = None  # (B, T, 3) time and volume ids of x (see with_features)
+
+    def extra_inputs(self) -> dict:
+        """Keyword inputs of the model beyond the ids, only when the run has them."""
+        return {} if self.features is None else {"features": self.features}
 
 
 @dataclass
@@ -66,6 +71,8 @@ def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
 
 class TokenWindows:
     """The in-memory token set of one run and its per-split windows."""
+
+    features: Optional[torch.Tensor] = None  # (N, 3) ids aligned with tokens, when the model reads them
 
     def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int,
                  epoch_stride: int = 1) -> None:
@@ -119,7 +126,9 @@ class TokenWindows:
         index = index.to(self.device, non_blocking=True)
         starts = w.starts[index]  # (B,)
         chunk = self.tokens[starts[:, None] + self._offsets]  # (B, T + 1): the one gather
-        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index], category_ids=w.category_ids[index])
+        features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]]
+        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index], category_ids=w.category_ids[index],
+                     features=features)
 
     def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
@@ -140,6 +149,18 @@ class TokenWindows:
             index = order[first:first + batch_size]
             if len(index):
                 yield self.gather(split, index)
+
+
+def with_features(windows: TokenWindows, tokens: Mapping[str, np.ndarray],
+                  features: Mapping[str, np.ndarray]) -> TokenWindows:
+    """Attach per-candle feature ids (model.time_features / volume_input), concatenated in the
+    order build_windows concatenated `tokens`, so a window's features line up with its tokens."""
+    for symbol, toks in tokens.items():
+        if len(features[symbol]) != len(toks):
+            raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
+    stacked = np.concatenate([np.asarray(features[s], dtype=np.int64) for s in tokens])
+    windows.features = torch.from_numpy(stacked).to(windows.device)
+    return windows
 
 
 def _mix(seed: int, epoch: int) -> int:

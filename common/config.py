@@ -57,6 +57,11 @@ class ModelConfig:
     # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
     positional: Literal["learned", "rope"] = "learned"
     bias: bool = False
+    # inputs added to the token embedding (common/candle_features.py): the candle's own time
+    # (hour + weekday intraday, month + weekday daily) and its volume bin (volume / its EWMA,
+    # quantile edges fitted on train); off in the case configs
+    time_features: bool = False
+    volume_input: bool = False
     # output head (common/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"

@@ -96,6 +96,7 @@ class SplitTokens:
 
     tokens: np.ndarray
     moves: np.ndarray
+    features: Optional[np.ndarray] = None  # (n, 3) time and volume ids, when the model reads them
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens).astype(np.int64)
@@ -105,7 +106,8 @@ class SplitTokens:
 
 
 def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray],
-                ranges: Mapping[str, Mapping[str, Sequence[int]]]
+                ranges: Mapping[str, Mapping[str, Sequence[int]]],
+                features: Optional[Mapping[str, np.ndarray]] = None
                 ) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
     """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
 
@@ -120,7 +122,8 @@ def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray
             train[symbol] = np.asarray(toks[b:e])
         if "test" in ranges[symbol]:
             b, e = ranges[symbol]["test"]
-            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e])
+            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e],
+                                       features[symbol][b:e] if features is not None else None)
     return test, train
 
 
@@ -187,11 +190,12 @@ class _Windows:
     asset: np.ndarray  # (W,) index into symbols
     symbols: list
     start: np.ndarray  # (W,) position of each window's first input in its asset's test tokens
+    features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
 
 
 def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
     T = context_length
-    xs, ys, ms, owner, first = [], [], [], [], []
+    xs, ys, ms, owner, first, fs = [], [], [], [], [], []
     symbols = list(test)
     for a, symbol in enumerate(symbols):
         toks, moves = test[symbol].tokens, test[symbol].moves
@@ -207,13 +211,15 @@ def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
         xs.append(chunk[:, :-1])
         ys.append(chunk[:, 1:])
         ms.append(padded_moves[idx][:, 1:])
+        if test[symbol].features is not None:
+            fs.append(np.concatenate([test[symbol].features, np.zeros((T, 3), np.int64)])[idx][:, :-1])
         owner.append(np.full(len(starts), a))
         first.append(starts)
     if not xs:
         empty = np.zeros((0, T), np.int64)
         return _Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
     return _Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
-                    np.concatenate(first))
+                    np.concatenate(first), np.concatenate(fs) if fs else None)
 
 
 @torch.no_grad()
@@ -228,8 +234,9 @@ def _score_model(model: torch.nn.Module, w: _Windows, asset_ids: np.ndarray, cat
         y = torch.from_numpy(w.y[i:i + batch_size]).to(device)
         a = torch.from_numpy(asset_ids[w.asset[i:i + batch_size]]).to(device)
         c = torch.from_numpy(category_ids[w.asset[i:i + batch_size]]).to(device)
+        extra = {} if w.features is None else {"features": torch.from_numpy(w.features[i:i + batch_size]).to(device)}
         with autocast:
-            logits, _ = model(x, a, c)
+            logits, _ = model(x, a, c, **extra)
         keep = y != PAD_TOKEN  # (B, T); row-major order matches the flattened targets
         log_probs = F.log_softmax(logits[keep].float(), dim=-1)  # (n, V)
         parts.append(score_log_probs(log_probs, y[keep], token_moves))
@@ -333,7 +340,8 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     w = _windows(test, context_length)
     if max_batches is not None and len(w.x) > max_batches * batch_size:
         keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
-        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep])
+        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep],
+                     w.features[keep] if w.features is not None else None)
 
     # flat per-target arrays, in the row-major order _score_model produces
     mask = w.y != PAD_TOKEN
@@ -415,7 +423,7 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"]).to(device)
     model.load_state_dict(best["model"])
-    test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges)
+    test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges, tokens.features)
     test = {s: t for s, t in test.items() if len(t.tokens)}  # an asset without test candles is left out
     categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
     results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,

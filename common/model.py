@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.nn import functional as F
 
+from common.candle_features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 from common.config import Config, ModelConfig
 from common.errors import UserError
 from common.heads import FactorizedHead
@@ -228,6 +229,11 @@ class MarketGPT(nn.Module):
         self.asset_emb = nn.Embedding(num_assets, config.asset_embed_dim)
         self.category_emb = nn.Embedding(num_categories, config.category_embed_dim)
         self.cond_proj = nn.Linear(config.asset_embed_dim + config.category_embed_dim, C, bias=config.bias)
+        # model.time_features / model.volume_input: per-candle ids (common/candle_features.py)
+        # whose embeddings add to the token's; None when off, so the documented counts hold
+        self.time_emb = (nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)])
+                         if config.time_features else None)
+        self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(C, bias=config.bias)
@@ -267,6 +273,7 @@ class MarketGPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
+            tables += [*(self.time_emb or []), *([self.volume_emb] if self.volume_emb is not None else [])]
             total -= sum(t.weight.numel() for t in tables)
         return total
 
@@ -283,6 +290,19 @@ class MarketGPT(nn.Module):
         model.head (the factorized head's are log-probabilities; softmax reads both alike)."""
         return self.lm_head(x) if self.head is None else self.head(x)
 
+    def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
+        """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
+        if features is None or features.shape != (B, T, NUM_FEATURES):
+            got = "none" if features is None else tuple(features.shape)
+            raise ValueError(f"this model reads model.time_features / model.volume_input: pass features of shape "
+                             f"({B}, {T}, {NUM_FEATURES}) (common/candle_features.py), got {got}")
+        out = 0
+        if self.time_emb is not None:
+            out = self.time_emb[0](features[..., 0]) + self.time_emb[1](features[..., 1])
+        if self.volume_emb is not None:
+            out = out + self.volume_emb(features[..., 2])
+        return out
+
     def new_cache(self, batch_size: int, device: Optional[torch.device] = None,
                   dtype: Optional[torch.dtype] = None) -> KVCache:
         """An empty KV cache for batch_size sequences of up to context_length tokens."""
@@ -294,7 +314,8 @@ class MarketGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
                 targets: Optional[torch.Tensor] = None, last_only: bool = False,
-                cache: Optional[KVCache] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                cache: Optional[KVCache] = None,
+                features: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
 
         Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
@@ -317,6 +338,8 @@ class MarketGPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
+        if self.time_emb is not None or self.volume_emb is not None:
+            x = x + self._input_features(features, B, T)
         x = self.drop(x + self.cond_proj(cond).unsqueeze(1))  # (B, 1, C) broadcast over T
         rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
         layer_kvs = cache.layers if cache is not None else [None] * len(self.blocks)
@@ -413,6 +436,15 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
         return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
 
 
+def _inputs_line(cfg: Config) -> str:
+    """What model.time_features and model.volume_input add (each is a lookup table of d_model rows)."""
+    C = cfg.model.d_model
+    adds = {"time_features": (CALENDAR_A + CALENDAR_B) * C, "volume_input": (VOLUME_BINS + 1) * C}
+    parts = [f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
+             f"+{n:,} parameters)" for key, n in adds.items()]
+    return "inputs besides tokens: " + "; ".join(parts)
+
+
 def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
     """Parameter counts and a per-GPU training memory estimate (see meta_model for the sizes)."""
     model = meta_model(cfg, num_assets, num_categories)
@@ -430,6 +462,7 @@ def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories
         f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
         f"assets {num_assets}, categories {num_categories}",
         f"parameters: {n_total:,} total, {n_body:,} non-embedding",
+        _inputs_line(cfg),
         f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
         f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
         f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",

@@ -242,15 +242,19 @@ class TokenSet:
     tokens: dict[str, np.ndarray]
     moves: dict[str, np.ndarray]
     ranges: dict[str, dict[str, tuple[int, int]]]
+    # model.time_features / model.volume_input: (n, 3) ids per candle (common/candle_features.py)
+    features: Optional[dict[str, np.ndarray]] = None
 
     def save(self, path: Path) -> None:
         lengths = np.array([len(self.tokens[s]) for s in self.symbols], dtype=np.int64)
         ranges = np.array([[self.ranges[s][split] for split in SPLITS] for s in self.symbols], dtype=np.int64)
+        extra = ({"features": np.concatenate([self.features[s] for s in self.symbols]).astype(np.int64)}
+                 if self.features is not None else {})
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, symbols=np.array(self.symbols, dtype=str), lengths=lengths,
                      ranges=ranges.reshape(len(self.symbols), len(SPLITS), 2),
                      tokens=np.concatenate([self.tokens[s] for s in self.symbols]),
-                     moves=np.concatenate([self.moves[s] for s in self.symbols]).astype(np.float64))
+                     moves=np.concatenate([self.moves[s] for s in self.symbols]).astype(np.float64), **extra)
 
     @classmethod
     def load(cls, path: Path) -> "TokenSet":
@@ -259,6 +263,7 @@ class TokenSet:
                 symbols = [str(s) for s in z["symbols"]]
                 bounds = np.concatenate([[0], np.cumsum(z["lengths"])])
                 tokens, moves, ranges = z["tokens"], z["moves"], z["ranges"]
+                features = z["features"] if "features" in z.files else None
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"{path}: cannot read the run's token set ({e}); the run folder is incomplete") from None
         return cls(
@@ -267,4 +272,6 @@ class TokenSet:
             moves={s: moves[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
             ranges={s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
                     for i, s in enumerate(symbols)},
+            features=({s: features[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
+                      if features is not None else None),
         )

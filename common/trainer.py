@@ -360,7 +360,7 @@ class Trainer:
             b = next(batches)
             with self._no_sync(last=i == accum - 1):
                 with self._autocast():
-                    logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y)
+                    logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
                 scaled = loss / accum
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             with torch.no_grad():
@@ -476,7 +476,7 @@ class Trainer:
             for b in self.windows.batches(split, self.cfg.training.batch_size, shuffle=False, rank=self.rank,
                                           world_size=self.world_size, limit=max_batches):
                 with self._autocast():
-                    logits, _ = model(b.x, b.asset_ids, b.category_ids)
+                    logits, _ = model(b.x, b.asset_ids, b.category_ids, **b.extra_inputs())
                 logits = logits.float()
                 loss_sum += F.cross_entropy(logits.view(-1, logits.size(-1)), b.y.reshape(-1),
                                             ignore_index=PAD_TOKEN, reduction="sum").double()

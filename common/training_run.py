@@ -35,6 +35,7 @@ on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 import time
@@ -181,7 +182,13 @@ def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
                      (("train", split.train), ("val", split.val), ("test", split.test))}
     info = asset_info(prepared.assets)
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
-    return TokenSet(symbols, tokens, moves, ranges), {"asset_info": info, "tokenizer": tokenizer}, data_info
+    features = None
+    if cfg.model.time_features or cfg.model.volume_input:  # per-candle time and volume ids
+        from common.candle_features import run_features
+
+        features, data_info["volume_edges"] = run_features(
+            {s: prepared.candles[s] for s in symbols}, {s: ranges[s]["train"] for s in symbols}, prepared.interval)
+    return TokenSet(symbols, tokens, moves, ranges, features), {"asset_info": info, "tokenizer": tokenizer}, data_info
 
 
 def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
@@ -235,6 +242,11 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
     cats = {rec["symbol"]: rec["category_id"] for rec in asset_info["assets"]}
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
+    if tokens.features is not None:  # model.time_features / volume_input
+        from common.batches import with_features
+
+        return with_features(_windows(cfg, dataclasses.replace(tokens, features=None), asset_info, device),
+                             tokens.tokens, tokens.features)
     return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
                          strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
                          epoch_stride=cfg.data.epoch_stride)
