@@ -90,7 +90,7 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     return out
 
 
-def run(split: str, overrides: Sequence[str] = (), keep: Path | None = None) -> dict[str, Any]:
+def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None = None) -> dict[str, Any]:
     from common.metrics import skill_interval
     from common.training_run import run_training
 
@@ -107,17 +107,19 @@ def run(split: str, overrides: Sequence[str] = (), keep: Path | None = None) -> 
         raise SystemExit(f"training exited {code}:\n{log.getvalue()[-2000:]}")
     run_dir = next((case / "configs" / "checkpoints").glob("gen_*"), None) or next((case / "checkpoints").glob("gen_*"))
     train_log = json.loads((run_dir / "training_log.json").read_text())
-    s = split_scores(run_dir, split)
     res: dict[str, Any] = {
-        "split": split, "overrides": sets, "wall_s": round(wall, 1), "loadavg_1m": [load0, load1],
-        "steps": train_log["epochs"][-1]["step"], "best_epoch": s["best_epoch"],
+        "overrides": sets, "wall_s": round(wall, 1), "loadavg_1m": [load0, load1],
+        "steps": train_log["epochs"][-1]["step"], "best_epoch": train_log.get("best_epoch"),
         "epochs": [{k: round(e[k], 4) for k in ("epoch", "train_loss", "val_loss")} for e in train_log["epochs"]],
         "vocabulary": next((line for line in log.getvalue().splitlines() if line.startswith("Vocabulary:")), None),
-        "loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")},
     }
-    for name in ("unigram", "markov1"):
-        res[f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1, stride=1, kind="diff",
-                                                 n_boot=2000)
+    for split in splits:
+        s = split_scores(run_dir, split)
+        res["best_epoch"] = s["best_epoch"]
+        res[split] = {"loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")}}
+        for name in ("unigram", "markov1"):
+            res[split][f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1, stride=1,
+                                                            kind="diff", n_boot=2000)
     if keep is not None:
         shutil.copytree(run_dir, keep / run_dir.name)
     shutil.rmtree(case, ignore_errors=True)
@@ -126,23 +128,25 @@ def run(split: str, overrides: Sequence[str] = (), keep: Path | None = None) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--split", choices=("val", "test"), default="val")
+    p.add_argument("--split", choices=("val", "test", "val,test"), default="val",
+                   help="val,test: both from one training (select on val; read test once, for the chosen settings)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--json", type=Path, help="also write the result here")
     a = p.parse_args(argv)
-    res = run(a.split, a.overrides)
+    res = run(a.split.split(","), a.overrides)
     print(f"machine: {os.cpu_count()} vCPU; wall {res['wall_s']} s for {res['steps']} steps; "
           f"load average (1 min) {res['loadavg_1m'][0]:.1f} at start, {res['loadavg_1m'][1]:.1f} at end")
     print(res["vocabulary"])
     for e in res["epochs"]:
         print(f"  epoch {e['epoch']:>2}: train {e['train_loss']:.4f}  val {e['val_loss']:.4f}")
-    L = res["loss"]
-    print(f"{a.split} loss (best epoch {res['best_epoch']}): model {L['model']:.4f} | unigram {L['unigram']:.4f} | "
-          f"markov1 {L['markov1']:.4f}")
-    for name in ("unigram", "markov1"):
-        sk = res[f"skill_vs_{name}"]
-        print(f"skill vs {name}: {sk['value']:+.4f} nats/token, 95% CI [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] "
-              f"({sk['verdict']})")
+    for split in a.split.split(","):
+        L = res[split]["loss"]
+        print(f"{split} loss (best epoch {res['best_epoch']}): model {L['model']:.4f} | unigram {L['unigram']:.4f} | "
+              f"markov1 {L['markov1']:.4f}")
+        for name in ("unigram", "markov1"):
+            sk = res[split][f"skill_vs_{name}"]
+            print(f"  {split} skill vs {name}: {sk['value']:+.4f} nats/token, 95% CI [{sk['ci95'][0]:+.4f}, "
+                  f"{sk['ci95'][1]:+.4f}] ({sk['verdict']})")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     return 0

@@ -49,6 +49,21 @@ class FactorizedHead(nn.Module):
         self.register_buffer("move_of", torch.where(real, code // shape_bins + 1, 0), persistent=False)
         self.register_buffer("shape_of", torch.where(real, code % shape_bins + 1, 0), persistent=False)
 
+    @torch.no_grad()
+    def start_at_unigram(self, counts: torch.Tensor) -> None:
+        """Set the output biases so that, before any training, the head predicts the training
+        tokens' unigram (counts: (V,) occurrences of each id, add-one smoothed here): the
+        flat start is log(S + M) + log(K) nats, which a few hundred steps at a small-data
+        learning rate do not unlearn (the biases move about lr per step)."""
+        S, M, K = NUM_SPECIAL_TOKENS, self.move_bins, self.shape_bins
+        c = counts.double()[:S + M * K] + 1.0
+        pair = c[S:].view(M, K)
+        move = torch.cat((c[:S], pair.sum(1)))
+        self.move_out.bias.copy_(move.log() - move.log().mean())
+        self.shape_out.bias.zero_()
+        shape = pair.log() - pair.log().mean(1, keepdim=True)
+        self.move_shape.copy_(shape)
+
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T, C): the bin vectors added to the token's own embedding."""
         return self.move_in(self.move_of[idx]) + self.shape_in(self.shape_of[idx])

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
+import numpy as np
 import torch
 
 from common.atomic import atomic_write_json, read_json
@@ -252,6 +253,15 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
                          epoch_stride=cfg.data.epoch_stride)
 
 
+def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
+    """(V,) occurrences of each token id in the train split of every asset."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for symbol, toks in tokens.tokens.items():
+        b, e = tokens.ranges[symbol]["train"]
+        counts += torch.bincount(torch.from_numpy(np.asarray(toks[b:e], dtype=np.int64)), minlength=vocab_size).double()
+    return counts
+
+
 # fewer training candles per candle id than this: the vocabulary is too fine for the data
 MIN_CANDLES_PER_ID = 100
 
@@ -289,6 +299,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
     if state is None and env.rank > 0:
         seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
+    if state is None and model.head is not None:  # the factorized head starts at the train split's unigram
+        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
     model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:

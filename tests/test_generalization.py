@@ -202,3 +202,16 @@ def test_vocabulary_line_says_when_the_vocabulary_is_too_fine() -> None:
     assert "40,000 training candles: 39.4 candles per id" in fine and "tokenizer.ret_bins=50" in fine
     coarse = vocabulary_line(SimpleNamespace(ret_bins=32, shape_bins=8), tokens)
     assert "156.2 candles per id" in coarse and "too fine" not in coarse
+
+
+def test_the_factorized_head_can_start_at_the_unigram() -> None:
+    from common.heads import FactorizedHead
+
+    head = FactorizedHead(16, 100, move_bins=10, shape_bins=4)
+    counts = torch.zeros(100)
+    counts[NUM_SPECIAL_TOKENS:NUM_SPECIAL_TOKENS + 40] = torch.arange(40.0) * 3
+    counts[1] = 5  # a few MISSING tokens
+    head.start_at_unigram(counts)
+    log_probs = head(torch.zeros(1, 16))[0]  # a hidden state of zeros reads the biases alone
+    expected = (counts[:43] + 1) / (counts[:43] + 1).sum()  # add-one over the ids the tokenizer emits
+    assert torch.allclose(log_probs[:43].exp(), expected, atol=1e-6)
