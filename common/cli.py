@@ -108,6 +108,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from common.export import export_run
+
+    out = export_run(args.run_dir, args.format, args.out)
+    print(f"Exported {args.run_dir} ({args.format}) to {out}")
+    return 0
+
+
 def _cmd_remote(args: argparse.Namespace) -> int:
     from common.remote import run_remote_command
 
@@ -209,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "losses, tokens/s, ETA, last log line")
     p.add_argument("--case", default=None, help="only this case (default: all)")
     p.set_defaults(handler=_cmd_status)
+
+    p = sub.add_parser("export", help="the best model's next-token forward as ONNX or TorchScript, with its "
+                       "tokenizer, asset ids and a model card, for inference without torch (docs/remote.md)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    p.add_argument("--format", default="onnx", help="onnx (default; onnxruntime) or torchscript")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>)")
+    p.set_defaults(handler=_cmd_export)
 
     from common.remote import add_parser as add_remote_parser  # argparse only: no torch, no ssh yet
 
