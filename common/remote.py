@@ -140,7 +140,7 @@ class Remote:
             stdin: Optional[str] = None) -> str:
         """Run one local command (ssh or rsync); its stdout, or StepFailed naming `step`."""
         if self.dry_run:
-            self.out(shlex.join(cmd) + (" <<< " + shlex.quote(stdin) if stdin is not None else ""))
+            self.out(shlex.join(cmd) + ("  # the file names on stdin" if stdin is not None else ""))
             return ""
         try:
             proc = subprocess.run(cmd, input=stdin, text=True, timeout=timeout,

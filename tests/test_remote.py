@@ -190,6 +190,23 @@ def test_an_interrupted_fetch_leaves_no_file_under_its_final_name_and_a_second_f
     assert (final / "best_model.pt").read_bytes() == (run / "best_model.pt").read_bytes()
 
 
+def test_status_and_logs_run_there(workstation):
+    local, remote = workstation["local"], workstation["remote"]
+    assert marketgpt(local, "sync").returncode == 0
+    _fake_run(remote)
+    logs = remote / "case_c_crypto" / "logs"
+    logs.mkdir()
+    (logs / "crypto_123.out").write_text("".join(f"line {i}\n" for i in range(10)))
+    proc = marketgpt(local, "logs", "123", "-n", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "line 8\nline 9\n"
+    proc = marketgpt(local, "logs", "999")
+    assert proc.returncode == 1 and "no case_*/logs/*_999.out" in proc.stderr
+    proc = marketgpt(local, "status", "--case", "c")
+    assert proc.returncode == 0, proc.stderr
+    assert "exp_20240101_000000" in proc.stdout  # `marketgpt status` of the remote repo, not of this one
+
+
 # --------------------------------------------------------------------------- bad input
 
 
