@@ -167,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("forecast", help="sampled price paths of a trained run: quantiles, P(up), fan charts "
                        "(docs/forecasting.md)")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    p.add_argument("run_dir", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
+                        "their equal-weight ensemble, samples pooled")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--symbols", default=None, help="comma-separated assets of the run, e.g. BTC/USDT,ETH/USDT")
     which.add_argument("--all", action="store_true", help="every asset of the run (the default)")
@@ -194,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
     p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
                        "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    p.add_argument("run_dir", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
+                        "their equal-weight ensemble, written to FIRST_RUN/ensemble_N/")
     p.add_argument("--horizons", default="1,5,20", help="candles ahead, comma-separated (default 1,5,20)")
     p.add_argument("--stride", type=int, default=None, metavar="K",
                    help="every K-th test candle is an origin (default 5)")

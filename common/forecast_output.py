@@ -42,7 +42,8 @@ def _check_writable(folder: Path) -> None:
 
 
 def run_forecast_command(args: argparse.Namespace) -> int:
-    from common.forecast import Forecaster, warn
+    from common.ensemble import forecaster_for
+    from common.forecast import warn
 
     if args.top_k is not None or args.top_p is not None:
         warn("--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
@@ -51,13 +52,15 @@ def run_forecast_command(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
-    fc = Forecaster.from_run(args.run_dir, device=args.device)
+    runs = list(args.run_dir) if isinstance(args.run_dir, (list, tuple)) else [args.run_dir]
+    fc = forecaster_for(runs, device=args.device)  # several runs: their ensemble
     symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
     fc.check_request(args.horizon, args.samples)  # before any data is read
     histories = fc.load_history(symbols, args.as_of)
     as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if args.as_of is None else None
     label = pd.Timestamp(args.as_of if args.as_of is not None else as_of)
-    out = Path(args.out) if args.out else Path(args.run_dir) / "forecasts" / label.strftime("%Y-%m-%dT%H%M")
+    name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
+    out = Path(args.out) if args.out else Path(runs[0]) / "forecasts" / name
     _check_writable(out)
     result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, return_paths=True)
@@ -84,6 +87,7 @@ def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: di
             "tokenizer": {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": fc.tokenizer.vocab_size},
             "context_length": fc.cfg.model.context_length, "interval": fc.cfg.data.interval,
             "data_source": fc.cfg.data.source,
+            **({"ensemble": fc.ensemble} if getattr(fc, "ensemble", None) else {}),
             "origins": [{"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"]}
                         for o in result.origins]}
     atomic_write_json(written[2], meta)

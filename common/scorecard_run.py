@@ -38,7 +38,8 @@ def parse_horizons(text: str) -> tuple[int, ...]:
 
 def run_scorecard_command(args: argparse.Namespace) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
-    from common.forecast import Forecaster
+    from common.atomic import atomic_write_json
+    from common.ensemble import forecaster_for
     from common.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard
 
     horizons = parse_horizons(args.horizons)
@@ -53,12 +54,17 @@ def run_scorecard_command(args: argparse.Namespace) -> int:
     if args.cost_bp < 0:
         raise UserError(f"--cost-bp {args.cost_bp:g}: must be zero or positive (basis points per side)")
     assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else None
-    forecaster = Forecaster.from_run(args.run_dir, device=_device(args.device))
-    card = run_scorecard(args.run_dir, forecaster_fn(forecaster), horizons=horizons, stride=stride,
+    runs = list(args.run_dir) if isinstance(args.run_dir, (list, tuple)) else [args.run_dir]
+    forecaster = forecaster_for(runs, device=_device(args.device))  # several runs: their ensemble
+    # an ensemble's card goes beside the first run's own, with the member list
+    out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
+    if len(runs) > 1:
+        atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
+    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=horizons, stride=stride,
                          n_origins=args.origins, n_samples=args.samples, seed=args.seed, cost_bp=args.cost_bp,
-                         assets=assets, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                         assets=assets, out_dir=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print("\n".join(card["verdicts"]))
-    print(f"Wrote {args.run_dir / SCORECARD_JSON} and {args.run_dir / SCORECARD_PNG}")
+    print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
 
 
