@@ -143,7 +143,7 @@ class Remote:
             self.out(shlex.join(cmd) + ("  # the file names on stdin" if stdin is not None else ""))
             return ""
         try:
-            proc = subprocess.run(cmd, input=stdin, text=True, timeout=timeout,
+            proc = subprocess.run(cmd, input=stdin, text=True, errors="replace", timeout=timeout,
                                   stdout=None if stream else subprocess.PIPE, stderr=subprocess.PIPE)
         except FileNotFoundError:
             raise StepFailed(step, f"`{cmd[0]}` is not installed here; install OpenSSH and rsync") from None
@@ -231,14 +231,16 @@ class Remote:
                  "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
                  "echo \"state=${s:-UNKNOWN}\"; ")
         if log:
-            probe += f"f={q(log)}; [ -f \"$f\" ] && echo \"size=$(wc -c < \"$f\")\" && tail -c +{offset + 1} \"$f\"; true"
+            # the bytes from `offset` up to the size just read: the next poll starts exactly there
+            probe += (f"f={q(log)}; [ -f \"$f\" ] && n=$(wc -c < \"$f\") && echo \"size=$n\" && "
+                      f"tail -c +{offset + 1} \"$f\" | head -c $((n - {offset})); true")
         out = self.run("wait (squeue)", self.ssh_cmd(probe))
         head, _, rest = out.partition("\n")
         state = head.removeprefix("state=").strip()
         if log and rest.startswith("size="):
             size_line, _, text = rest.partition("\n")
-            size = int(size_line.removeprefix("size=") or offset)
-            return (None if state == "UNKNOWN" else state), text[:max(0, size - offset)], size
+            size = int(size_line.removeprefix("size=").strip() or offset)
+            return (None if state == "UNKNOWN" else state), text, max(size, offset)
         return (None if state == "UNKNOWN" else state), "", offset
 
     def wait(self, job_id: str, log: str, poll_s: float = 10.0, timeout_s: Optional[float] = None) -> Optional[str]:
