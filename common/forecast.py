@@ -177,10 +177,11 @@ class Forecaster:
 
     def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
         """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
-        from common.forecast_data import load_histories
+        from common.forecast_data import load_histories  # the data layer: pandas/parquet, loaded when asked
 
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
-        return load_histories(self, chosen, as_of)
+        categories = {s: self.assets[s]["category"] for s in chosen}
+        return [History(s, frame) for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of)]
 
     # ------------------------------------------------------------------ forecasting
 

@@ -8,15 +8,16 @@ dropped before anything looks at them), then cleaned and gap-filled as training 
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
+from common.config import Config
+from common.data.loading import load_market_data
+from common.data.prepare import clean_candles, fill_gaps, interval_step
 from common.errors import UserError
-
-if TYPE_CHECKING:
-    from common.forecast import Forecaster, History
 
 __all__ = ["load_histories", "parse_as_of"]
 
@@ -35,15 +36,11 @@ def parse_as_of(text: str) -> pd.Timestamp:
     return t
 
 
-def load_histories(forecaster: "Forecaster", symbols: Sequence[str], as_of: Optional[str]) -> list["History"]:
-    """One History per symbol: its cleaned candles up to as-of (default: all of them)."""
-    from common.data.loading import load_market_data
-    from common.data.prepare import clean_candles, fill_gaps, interval_step
-    from common.forecast import History, warn
-
-    cfg = forecaster.cfg
+def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str, str], symbols: Sequence[str],
+                   as_of: Optional[str]) -> list[tuple[str, pd.DataFrame]]:
+    """(symbol, cleaned candles up to as-of) per symbol (default: all of its candles).
+    `categories` maps each symbol to its category (crypto gaps are filled as in training)."""
     cut = parse_as_of(as_of) if as_of is not None else None
-    run_dir = forecaster.run_dir
     case_dir = run_dir.resolve().parent.parent if run_dir is not None else None
     if cfg.data.source == "download" and case_dir is None:
         raise UserError("this Forecaster has no run folder, so it cannot find the case's candle cache; "
@@ -63,10 +60,10 @@ def load_histories(forecaster: "Forecaster", symbols: Sequence[str], as_of: Opti
                                 f"({index.min().isoformat()}); pick a later --as-of")
             raw = raw[index <= cut]
         frame, _ = clean_candles(raw, symbol)
-        if forecaster.assets[symbol]["category"] == "crypto":
+        if categories[symbol] == "crypto":
             frame, _ = fill_gaps(frame, step)
         if cut is not None and len(frame) and cut - frame.index[-1] > 10 * step:
-            warn(f"{symbol}: its last candle ({frame.index[-1].isoformat()}) is "
-                 f"{cut - frame.index[-1]} before --as-of; the forecast starts there")
-        out.append(History(symbol, frame))
+            print(f"warning: {symbol}: its last candle ({frame.index[-1].isoformat()}) is "
+                 f"{cut - frame.index[-1]} before --as-of; the forecast starts there", file=sys.stderr)
+        out.append((symbol, frame))
     return out
