@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from common.config import Config
 from common.data.cache import CandleCache
-from common.data.loading import MarketData, load_market_data
+from common.data.loading import load_market_data
+from common.data.market import MarketData
 from common.data.prepare import FIX_KINDS, clean_candles, fill_gaps, interval_step, prepare_data
 from common.data.universe import Asset
 from common.errors import UserError

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config
-from common.data.loading import MarketData
+from common.data.market import MarketData
 from common.data.prepare import COLUMNS, interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError

@@ -7,27 +7,17 @@ the config's data.source picks. Nothing here touches the network: "download" rea
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from common.config import Config
+from common.data.files import load_files
+from common.data.market import MarketData
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 
 __all__ = ["MarketData", "load_market_data"]
-
-
-@dataclass
-class MarketData:
-    assets: list[Asset]  # universe order; asset ids follow it
-    candles: dict[str, pd.DataFrame]  # symbol -> canonical candle frame
-    interval: str
-    # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
-    # and the file each symbol came from
-    fixes: dict[str, dict[str, int]] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
 
 
 def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
@@ -45,8 +35,6 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     elif cfg.data.source == "download":
         market = _load_cache(cfg, case_dir)
     elif cfg.data.source == "files":
-        from common.data.files import load_files
-
         market = load_files(cfg, case_dir)
     else:
         raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download' or 'files'")

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config
-from common.data.loading import MarketData
+from common.data.market import MarketData
 from common.data.universe import Asset
 from common.errors import UserError
 
