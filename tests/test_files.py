@@ -149,7 +149,7 @@ TINY = {
     "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 1, "num_heads": 2,
               "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
     "training": {"batch_size": 8, "epochs": 1, "max_steps_per_epoch": 2, "eval_max_batches": 1,
-                 "warmup_steps": 1, "device": "cpu"},
+                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
     "data": {"source": "files", "files_dir": "my_candles", "universe": "files",
              "default_category": "us_stock", "interval": "1d"},
 }

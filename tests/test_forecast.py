@@ -35,7 +35,7 @@ TINY = {
     "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
               "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
     "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
-                 "warmup_steps": 1, "log_every_steps": 3},
+                 "warmup_steps": 1, "log_every_steps": 3, "scorecard_origins": 0},
     "data": {"source": "sample", "interval": "1d"},
 }
 

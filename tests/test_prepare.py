@@ -452,7 +452,8 @@ def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Pa
     shutil.copy(REPO_ROOT / "case_c_crypto" / "universe.csv", case / "universe.csv")
     tiny = ["data.source=sample", "model.context_length=32", "model.d_model=32", "model.num_layers=1",
             "model.num_heads=2", "model.d_ff=64", "training.epochs=1", "training.max_steps_per_epoch=2",
-            "training.eval_max_batches=1", "training.warmup_steps=1", "training.device=cpu"]
+            "training.eval_max_batches=1", "training.warmup_steps=1", "training.device=cpu",
+            "training.scorecard_origins=0"]
     args = ["train", "--config", str(case / "configs" / "crypto_prototype.json")]
     assert main(args + [a for kv in tiny for a in ("--set", kv)]) == 0
     (run,) = (case / "checkpoints").glob("crypto_prototype_*")
