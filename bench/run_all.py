@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tokenizer": ("bench_tokenizer.py", ["--assets", "20", "--candles", "500"]),
     "data": ("bench_data.py", ["--assets", "20", "--candles", "2000"]),
     "forecast": ("bench_forecast.py", ["--assets", "2", "--samples", "8", "--horizon", "8", "--ref-samples", "1"]),
+    "export": ("bench_export.py", ["--assets", "2", "--samples", "4", "--horizon", "3", "--rounds", "1"]),
     "scorecard": ("bench_scorecard.py", ["--horizons", "1,5", "--samples", "20", "--stride", "20"]),
     "slurm": ("bench_slurm.py", []),  # not run by --smoke
     "gpu": ("bench_gpu.py", ["--smoke", "--no-max-batch"]),  # only where torch sees a GPU

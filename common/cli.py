@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/forecasts/<as-of>/)")
     p.add_argument("--save-paths", action="store_true", help="also write the sampled paths (paths.npz)")
     p.add_argument("--device", default="cpu", help="cpu (default: byte-reproducible) or cuda")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "
+                        "(no torch needed; docs/remote.md)")
     p.set_defaults(handler=_cmd_forecast)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "

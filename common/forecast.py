@@ -26,18 +26,20 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
-import torch
 
 from common.config import Config
 from common.errors import UserError
-from common.model import MarketGPT
-from common.sampling import sample_paths
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokenizer import OHLCTokenizer
+
+if TYPE_CHECKING:  # torch only where a torch model runs: common.infer forecasts with onnxruntime alone
+    import torch
+
+    from common.model import MarketGPT
 
 __all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
            "summarize_paths"]
@@ -135,9 +137,12 @@ class Forecaster:
     @classmethod
     def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None) -> "Forecaster":
         """The run's best model (best_model.pt), tokenizer, asset ids and config."""
+        import torch
+
         from common.atomic import read_json
         from common.checkpoint import load_checkpoint, unwrap_state_dict
         from common.config import load_config
+        from common.model import MarketGPT
 
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
@@ -236,14 +241,10 @@ class Forecaster:
             origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
                             "category": self.assets[symbol]["category"]})
 
-        dev = self.device
-        generator = torch.Generator(device=dev).manual_seed(int(seed))
-        tokens = sample_paths(
-            self.model, torch.as_tensor(np.stack(contexts), device=dev),
-            torch.tensor([self.assets[o["symbol"]]["id"] for o in origins], device=dev),
-            torch.tensor([self.assets[o["symbol"]]["category_id"] for o in origins], device=dev),
-            horizon, samples, temperature=temperature, top_k=top_k, top_p=top_p, banned=self._banned_ids(),
-            generator=generator, max_batch=max_batch).cpu().numpy()  # (N, S, H)
+        tokens = self.sample_tokens(
+            np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
+            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]), horizon, samples, seed=seed,
+            temperature=temperature, top_k=top_k, top_p=top_p, max_batch=max_batch)  # (N, S, H)
 
         N = len(origins)
         rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
@@ -263,9 +264,26 @@ class Forecaster:
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
 
-    def _banned_ids(self) -> torch.Tensor:
-        """Ids a forecast never samples: the specials and the ids the tokenizer never emits."""
-        banned = torch.zeros(self.cfg.model.vocab_size, dtype=torch.bool, device=self.device)
+    def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
+                      samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                      max_batch: Optional[int]) -> np.ndarray:
+        """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
+        replaces (common.infer.ExportedForecaster samples with onnxruntime)."""
+        import torch
+
+        from common.sampling import sample_paths
+
+        dev = self.device
+        generator = torch.Generator(device=dev).manual_seed(int(seed))
+        return sample_paths(
+            self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
+            torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
+            top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
+            max_batch=max_batch).cpu().numpy()
+
+    def banned_ids(self) -> np.ndarray:
+        """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""
+        banned = np.zeros(self.cfg.model.vocab_size, dtype=bool)
         banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
         banned[self.tokenizer.num_used_ids:] = True
         return banned

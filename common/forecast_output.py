@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from common.errors import UserError
@@ -42,7 +41,6 @@ def _check_writable(folder: Path) -> None:
 
 
 def run_forecast_command(args: argparse.Namespace) -> int:
-    from common.ensemble import forecaster_for
     from common.forecast import warn
 
     if args.top_k is not None or args.top_p is not None:
@@ -50,10 +48,22 @@ def run_forecast_command(args: argparse.Namespace) -> int:
              "come out overconfident (see docs/forecasting.md)")
     if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
         raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
     runs = list(args.run_dir) if isinstance(args.run_dir, (list, tuple)) else [args.run_dir]
-    fc = forecaster_for(runs, device=args.device)  # several runs: their ensemble
+    backend = getattr(args, "backend", "torch")
+    if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
+        from common.infer import ExportedForecaster
+
+        if args.device != "cpu" or len(runs) != 1:
+            raise UserError("--backend onnx takes one export folder and runs on the CPU (no --device)")
+        fc = ExportedForecaster.from_export(runs[0])
+    else:
+        import torch
+
+        from common.ensemble import forecaster_for
+
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+        fc = forecaster_for(runs, device=args.device)  # several runs: their ensemble
     symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
     fc.check_request(args.horizon, args.samples)  # before any data is read
     histories = fc.load_history(symbols, args.as_of)
@@ -64,7 +74,7 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     _check_writable(out)
     result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, return_paths=True)
-    settings = {"as_of": args.as_of or "latest", "seed": args.seed, "horizon": args.horizon,
+    settings = {"backend": backend, "as_of": args.as_of or "latest", "seed": args.seed, "horizon": args.horizon,
                 "samples": args.samples, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     written = write_outputs(fc, result, histories, out, settings, save_paths=args.save_paths)
     print(stdout_table(result.table))

@@ -28,9 +28,8 @@ import numpy as np
 
 from common.errors import UserError
 from common.forecast import Forecaster
-from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 
-__all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "banned_ids", "draw_tokens_np", "sample_paths_np",
+__all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
            "window_start"]
 
 # what `marketgpt export --format onnx` writes (model.pt instead of model.onnx for torchscript)
@@ -85,14 +84,6 @@ class OnnxBackend:
                                             "asset_ids": np.asarray(asset_ids, dtype=np.int64),
                                             "category_ids": np.asarray(category_ids, dtype=np.int64),
                                             "past_k": past_k, "past_v": past_v})
-
-
-def banned_ids(vocab_size: int, num_used_ids: int) -> np.ndarray:
-    """(V,) bool: ids a forecast never samples (the specials, and ids the tokenizer never emits)."""
-    banned = np.zeros(vocab_size, dtype=bool)
-    banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
-    banned[num_used_ids:] = True
-    return banned
 
 
 def window_start(context_length: int, horizon: int, available: int) -> int:

@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from common.cli import main
 from common.export import PARITY_ATOL, NextTokenLogits, random_inputs
 from common.forecast import Forecaster
-from common.infer import OnnxBackend, banned_ids, draw_tokens_np, sample_paths_np
+from common.infer import OnnxBackend, draw_tokens_np, sample_paths_np
 from common.sampling import sample_paths
-from test_forecast import TINY
+from slurm_helpers import REPO
+from test_forecast import TINY, run_dir  # noqa: F401 (run_dir: the tiny trained run fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # training's tensorboard
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    config = tmp_path_factory.mktemp("export") / "case" / "configs" / "tiny.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps(TINY))
-    assert main(["train", "--config", str(config)]) == 0
-    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +87,7 @@ def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached):
     (a plain logits function re-running the window)."""
     info = json.loads((onnx_dir / "asset_info.json").read_text())
     t, a, c = random_inputs(3, 16, 60, info["num_assets"], info["num_categories"], seed=5)
-    banned = banned_ids(64, forecaster.tokenizer.num_used_ids)
+    banned = forecaster.banned_ids()
     ref = sample_paths(forecaster.model, t, a, c, horizon=20, samples=2, temperature=0.0,
                        banned=torch.as_tensor(banned)).numpy()
     backend = OnnxBackend(onnx_dir / "model.onnx", 16)
@@ -135,3 +129,57 @@ def test_a_run_without_a_best_model_unknown_format_and_unwritable_out_are_clear_
     blocker.write_text("")
     assert main(["export", str(run_dir), "--out", str(blocker / "out")]) == 2
     assert f"--out {blocker / 'out'} is not writable" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- forecasting from the export
+
+
+def test_forecast_with_onnxruntime_is_the_torch_forecast(onnx_dir, forecaster):
+    """Greedy decoding takes the sampler's draws out: the same table from both backends."""
+    from common.infer import ExportedForecaster
+
+    fc = ExportedForecaster.from_export(onnx_dir)
+    histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
+    ref = forecaster.forecast(histories, horizon=12, samples=3, temperature=0.0).table
+    got = fc.forecast(histories, horizon=12, samples=3, temperature=0.0).table
+    pd.testing.assert_frame_equal(got, ref)
+    sampled = fc.forecast(histories, horizon=12, samples=40, seed=4)
+    pd.testing.assert_frame_equal(sampled.table, fc.forecast(histories, horizon=12, samples=40, seed=4).table)
+    assert (sampled.table["p95"] > sampled.table["p5"]).all()
+
+
+BLOCK_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, NoTorch())
+from common.cli import main
+code = main(sys.argv[1:])
+assert not [m for m in sys.modules if m.split(".")[0] == "torch"]
+sys.exit(code)
+"""
+
+
+def test_marketgpt_forecast_backend_onnx_runs_without_torch(onnx_dir, tmp_path):
+    out = tmp_path / "fc"
+    proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, "forecast", str(onnx_dir), "--backend", "onnx",
+                           "--symbols", "AAPL,IBM", "--horizon", "5", "--samples", "30", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "AAPL" in proc.stdout and "IBM" in proc.stdout
+    meta = json.loads((out / "forecast.json").read_text())
+    card = json.loads((onnx_dir / "model_card.json").read_text())
+    assert meta["backend"] == "onnx" and meta["checkpoint_sha256"] == card["checkpoint_sha256"]
+    assert len(pd.read_parquet(out / "forecast.parquet")) == 2 * 5
+
+
+def test_forecast_backend_onnx_on_a_run_folder_or_a_torchscript_export_says_what_is_missing(run_dir, tmp_path,
+                                                                                              capsys):
+    assert main(["forecast", str(run_dir), "--backend", "onnx", "--out", str(tmp_path / "a")]) == 2
+    assert "missing model.onnx" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(tmp_path / "ts")]) == 0
+    capsys.readouterr()
+    assert main(["forecast", str(tmp_path / "ts"), "--backend", "onnx", "--out", str(tmp_path / "b")]) == 2
+    assert "a torchscript export" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""ms per forecast on the CPU: an ONNX export under onnxruntime against the torch Forecaster.
+
+    python bench/bench_export.py [--assets 20] [--samples 100] [--horizon 24] [--rounds 3] [--json PATH]
+
+One forecast = `forecast(histories, horizon, samples)` for every asset: encode, sample every
+asset x sample path (both with a KV cache: torch's common.sampling; ONNX's model.onnx prefill
+then model_step.onnx per step, common.infer), decode, the quantile table. The model is case C's
+(crypto_prototype.json, context 128) with random weights, the candles seeded random walks:
+speed depends on neither. The two run in alternating rounds on the same threads; each side's
+fastest round is reported (bench/_common.py). Always exits 0: it reports, it does not gate.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import alternate, bench_args, finish, row, set_threads  # noqa: E402
+from bench_forecast import setup  # noqa: E402
+
+from common.export import STEP_FILE, Prefill, Step, _export_onnx, _export_onnx_step, random_inputs  # noqa: E402
+from common.infer import ExportedForecaster, OnnxBackend  # noqa: E402
+
+
+def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3) -> dict[str, Any]:
+    fc, histories = setup(assets, "cpu")
+    cfg = fc.cfg
+    folder = Path(tempfile.mkdtemp(prefix="bench_export_"))
+    example = random_inputs(2, cfg.model.context_length, cfg.model.vocab_size, assets, 1)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _export_onnx(Prefill(fc.model).eval(), example, folder / "model.onnx")
+        _export_onnx_step(Prefill(fc.model).eval(), Step(fc.model).eval(), example, folder / STEP_FILE)
+    info = {"assets": list(fc.assets.values()), "symbols": fc.symbols}
+    onnx = ExportedForecaster(OnnxBackend(folder / "model.onnx", cfg.model.context_length, torch.get_num_threads()),
+                              fc.tokenizer, info, cfg)
+    for f in (fc, onnx):  # warm-up: allocator, kernels, onnxruntime's first-run planning
+        f.forecast(histories[:1], horizon=2, samples=2)
+
+    def timed(f: Any) -> float:
+        t0 = time.perf_counter()
+        f.forecast(histories, horizon=horizon, samples=samples, seed=0)
+        return time.perf_counter() - t0
+
+    times = alternate({"torch": lambda: timed(fc), "onnxruntime": lambda: timed(onnx)}, rounds)
+    ms = {k: 1000 * min(v) for k, v in times.items()}
+    shape = f"{assets} assets x {samples} samples x {horizon} steps, case C model, CPU, {torch.get_num_threads()} threads"
+    for k, v in ms.items():
+        print(f"{k}: {v:,.0f} ms per forecast (best of {rounds}; all: {', '.join(f'{1000 * t:,.0f}' for t in times[k])})")
+    return {"rows": [row("Forecast from an export", "torch ms per forecast", ms["torch"], "ms", None, shape),
+                     row("Forecast from an export", "onnxruntime ms per forecast", ms["onnxruntime"], "ms", None,
+                         shape),
+                     row("Forecast from an export", "onnxruntime / torch time", ms["onnxruntime"] / ms["torch"], "x",
+                         None, "both with a KV cache; below 1 = onnxruntime faster")],
+            "figures": {"assets": assets, "samples": samples, "horizon": horizon, "rounds": rounds,
+                        "seconds": times, "ms_per_forecast": ms}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_args(__doc__.splitlines()[0])
+    ap.add_argument("--assets", type=int, default=20)
+    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--horizon", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    set_threads(args.threads)
+    return finish("export", run(args.assets, args.samples, args.horizon, args.rounds), args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
