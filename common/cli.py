@@ -189,14 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "(no torch needed; docs/remote.md)")
     p.set_defaults(handler=_cmd_forecast)
 
-    p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
-                       "before the time limit), as a job array with --array, or run it here with --local")
-    p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
-    _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
-    p.add_argument("--array", metavar="KEY=V1,V2", default=None,
-                   help="one job per value, each its own experiment: seeds=1,2,3 or e.g. "
-                        "training.learning_rate=1e-4,3e-4")
-    p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
     p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
                        "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)")
     p.add_argument("run_dir", type=Path, nargs="+", metavar="RUN_DIR",
@@ -213,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.set_defaults(handler=_cmd_scorecard)
 
+    p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
+                       "before the time limit), as a job array with --array, or run it here with --local")
+    p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
+    _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
+    p.add_argument("--array", metavar="KEY=V1,V2", default=None,
+                   help="one job per value, each its own experiment: seeds=1,2,3 or e.g. "
+                        "training.learning_rate=1e-4,3e-4")
+    p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
     p.add_argument("--dry-run", action="store_true", help="check everything and show the job(s); submit nothing")
     p.set_defaults(handler=_cmd_submit)
 
