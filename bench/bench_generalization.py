@@ -10,8 +10,8 @@ with a paired block-bootstrap 95% interval (common.metrics.skill_interval, kind 
 the split's candle positions: every asset's target at the same position is resampled together
 (the daily sample's assets share dates), in blocks of consecutive positions.
 
-    python bench/bench_generalization.py --split val [--set model.head="flat" ...]   # select here
-    python bench/bench_generalization.py --split test                                # report once
+    python bench/bench_generalization.py --split val [--set model.head="factorized" ...]   # select here
+    python bench/bench_generalization.py --split val,test     # one training; read test once, for the chosen settings
 
 Prints the per-epoch train/val losses, the wall time with the load average, and the skill
 lines. Always exits 0: it reports, it does not gate.
@@ -40,7 +40,7 @@ CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 SMALL_DATA = (
     'data.source="sample"', 'data.interval="1d"', "data.universe_counts={}",
     "model.d_model=128", "model.num_layers=4", "model.num_heads=4", "model.d_ff=512", "model.context_length=64",
-    'model.head="factorized"', "data.epoch_stride=16", "tokenizer.ret_bins=32",
+    'model.head="flat"', "data.epoch_stride=16", "tokenizer.ret_bins=32",
     "model.dropout=0.2", "training.weight_decay=0.1", "training.learning_rate=1e-3",
     "training.warmup_steps=50", "training.batch_size=32", "training.epochs=12", "training.max_steps_per_epoch=40",
     "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=1000",
