@@ -55,11 +55,11 @@ def _windows():
 WINDOWS = _windows()
 
 
-def _trainer(run_dir, cfg=None, out=None, **training) -> Trainer:
+def _trainer(run_dir, cfg=None, out=None, windows=None, **training) -> Trainer:
     cfg = cfg or _config(**training)
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
-    return Trainer(cfg, model, WINDOWS, run_dir, out=out or io.StringIO(), tensorboard=False)
+    return Trainer(cfg, model, windows or WINDOWS, run_dir, out=out or io.StringIO(), tensorboard=False)
 
 
 def _weights(trainer: Trainer) -> dict:
@@ -79,9 +79,9 @@ def straight(tmp_path_factory):
     return _weights(tr), _losses(tr)
 
 
-def _resume(run_dir, **training) -> Trainer:
+def _resume(run_dir, windows=None, **training) -> Trainer:
     """A new process's view: fresh model with other random weights, state from the newest checkpoint."""
-    tr = _trainer(run_dir, **training)
+    tr = _trainer(run_dir, windows=windows, **training)
     torch.manual_seed(12345)  # the checkpoint, not this, must decide dropout from here on
     tr.load_state_dict(load_checkpoint(latest_good_checkpoint(run_dir)))
     return tr
@@ -200,6 +200,25 @@ def test_resume_is_bit_identical(tmp_path, straight, stop_at):
     for name, w in weights.items():
         assert torch.equal(second.model.state_dict()[name], w), name
     assert _losses(second) == losses
+
+
+@pytest.mark.parametrize("stop_at", [4, 9], ids=["mid-epoch", "next-epoch"])
+def test_resume_with_strided_epochs_is_bit_identical(tmp_path, straight, stop_at):
+    """data.epoch_stride: each epoch takes every k-th window from an offset drawn per cycle of
+    epochs; a resume (mid-epoch or in the next epoch) must see exactly the same windows."""
+    strided = _windows()
+    strided.epoch_stride = 3
+    whole = _trainer(tmp_path / "straight", windows=strided)
+    assert whole.train() == "finished"
+    plain_weights, _ = straight  # stride 1
+    assert any(not torch.equal(whole.model.state_dict()[k], w) for k, w in plain_weights.items())  # it took effect
+    first = _trainer(tmp_path / "cut", windows=strided)
+    assert first.train(stop_after_steps=stop_at) == "stopped"
+    second = _resume(tmp_path / "cut", windows=strided)
+    assert second.train() == "finished"
+    for name, w in whole.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[name], w), name
+    assert _losses(second) == _losses(whole)
 
 
 def _signal_at_step(trainer: Trainer, sig: int, step: int) -> None:
