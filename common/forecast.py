@@ -17,6 +17,8 @@ candle is carried exactly into the decoded future), take the last context_length
 `samples` token paths of `horizon` candles (common.sampling: KV cache, every origin and sample
 in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The future is made of
 candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
+A run with model.time_features / model.volume_input also gets each candle's ids: the history's
+as training computed them, the future's calendar with volume bin 0 (unknown).
 """
 from __future__ import annotations
 
@@ -122,8 +124,10 @@ class Forecaster:
     """A trained model, its tokenizer and asset ids: `from_run(run_dir)`, then `forecast(...)`."""
 
     def __init__(self, model: MarketGPT, tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any], cfg: Config,
-                 run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None) -> None:
+                 run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
+                 volume_edges: Optional[Sequence[float]] = None) -> None:
         self.model = model.eval()
+        self.volume_edges = None if volume_edges is None else list(volume_edges)  # data_info.json's, if stored
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.run_dir = run_dir
@@ -169,7 +173,18 @@ class Forecaster:
             raise UserError(f"{run_dir / 'best_model.pt'} does not fit the run's config.json "
                             f"({str(e).splitlines()[0]})") from None
         sha = hashlib.sha256((run_dir / "best_model.pt").read_bytes()).hexdigest()
-        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha)
+        edges = None  # training stores the fitted volume edges in data_info.json
+        if (cfg.model.time_features or cfg.model.volume_input) and (run_dir / "data_info.json").is_file():
+            try:
+                edges = read_json(run_dir / "data_info.json").get("volume_edges")
+            except ValueError as e:
+                raise UserError(f"{run_dir / 'data_info.json'} is not valid JSON ({e}); "
+                                "the run folder is damaged") from None
+        if cfg.model.volume_input and edges is None:
+            raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
+                            "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
+        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
+                   volume_edges=edges)
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -225,7 +240,7 @@ class Forecaster:
             raise UserError(f"--top-p {top_p}: must be in (0, 1]")
 
         T = self.cfg.model.context_length
-        contexts, states, origins = [], [], []
+        contexts, states, origins, features = [], [], [], []
         for h in histories:
             symbol = self.resolve_symbol(h.symbol)
             candles = h.candles
@@ -240,11 +255,14 @@ class Forecaster:
             states.append(state)
             origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
                             "category": self.assets[symbol]["category"]})
+            if self.cfg.model.time_features or self.cfg.model.volume_input:
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
 
         tokens = self.sample_tokens(
             np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
             np.array([self.assets[o["symbol"]]["category_id"] for o in origins]), horizon, samples, seed=seed,
-            temperature=temperature, top_k=top_k, top_p=top_p, max_batch=max_batch)  # (N, S, H)
+            temperature=temperature, top_k=top_k, top_p=top_p, max_batch=max_batch,
+            **({"features": np.stack(features)} if features else {}))  # (N, S, H)
 
         N = len(origins)
         rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
@@ -266,9 +284,10 @@ class Forecaster:
 
     def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
                       samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                      max_batch: Optional[int]) -> np.ndarray:
+                      max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
-        replaces (common.infer.ExportedForecaster samples with onnxruntime)."""
+        replaces (common.infer.ExportedForecaster samples with onnxruntime). features: (N, L +
+        horizon, 3) candle ids, only for a model with time_features / volume_input."""
         import torch
 
         from common.sampling import sample_paths
@@ -279,7 +298,26 @@ class Forecaster:
             self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
             torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
             top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
-            max_batch=max_batch).cpu().numpy()
+            max_batch=max_batch, features=None if features is None else torch.as_tensor(features, device=dev),
+        ).cpu().numpy()
+
+    def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
+        """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
+        volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
+        from common.candle_features import VOLUME_BINS, calendar_ids, candle_features
+
+        interval = self.cfg.data.interval
+        edges = self.volume_edges
+        if edges is None:
+            if self.cfg.model.volume_input:
+                raise UserError("model.volume_input is on but the run's volume edges are unknown "
+                                "(data_info.json volume_edges); retrain the run")
+            edges = [0.0] * (VOLUME_BINS - 1)  # the volume ids are not read by this model
+        if "volume" not in candles.columns:
+            candles = candles.assign(volume=np.nan)  # no readings: volume id 0
+        future = calendar_ids(future_timestamps(candles.index[-1], interval, category, horizon), interval)
+        future = np.concatenate([future, np.zeros((horizon, 1), dtype=np.int64)], axis=1)
+        return np.concatenate([candle_features(candles, interval, edges), future], axis=0)
 
     def banned_ids(self) -> np.ndarray:
         """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""

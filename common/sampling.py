@@ -77,10 +77,13 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
                  horizon: int, samples: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, banned: Optional[torch.Tensor] = None,
                  generator: Optional[torch.Generator] = None, max_batch: Optional[int] = None,
-                 on_step: Optional[StepHook] = None) -> torch.Tensor:
+                 on_step: Optional[StepHook] = None, features: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
 
     asset_ids, category_ids: (N,). banned: (V,) bool of ids never drawn (default none).
+    features: (N, L + horizon, 3) candle ids (common/candle_features.py) of the context's
+    candles and then the future steps', for a model with time_features / volume_input; every
+    forward gets the slice aligned with its tokens.
     Runs in eval mode and restores the previous mode.
     """
     N, L = contexts.shape
@@ -98,13 +101,16 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
     model.eval()
     try:
         first_cache = model.new_cache(N)
-        first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache)[0][:, -1]
+        feats = None if features is None else features[:, L - P:]  # aligned with seq below: (N, P + H, 3)
+        first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache,
+                             features=None if feats is None else feats[:, :P])[0][:, -1]
         rows = torch.arange(N, device=device).repeat_interleave(samples)  # row -> its context
         out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
         for lo in range(0, N * samples, max_batch):
             r = rows[lo:lo + max_batch]
             a, c = asset_ids[r], category_ids[r]
             cache, logits = first_cache.select(r), first_logits[r]
+            f = None if feats is None else feats[r]
             seq = torch.cat((contexts[r, L - P:], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
             for step in range(horizon):
                 end = P + step  # tokens of seq known so far
@@ -116,9 +122,11 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
                     break
                 if cache.length == T:  # full: rebuild from the last `keep` tokens, positions from 0
                     cache = model.new_cache(len(r))
-                    logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache)[0][:, -1]
+                    logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache,
+                                   features=None if f is None else f[:, end + 1 - keep:end + 1])[0][:, -1]
                 else:
-                    logits = model(tok[:, None], a, c, last_only=True, cache=cache)[0][:, -1]
+                    logits = model(tok[:, None], a, c, last_only=True, cache=cache,
+                                   features=None if f is None else f[:, end:end + 1])[0][:, -1]
             out[lo:lo + len(r)] = seq[:, P:]
     finally:
         model.train(was_training)

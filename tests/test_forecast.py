@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from common.candle_features import VOLUME_BINS, calendar_ids
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset, asset_info
@@ -62,27 +63,34 @@ def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
 
 @pytest.mark.parametrize("positional", ["learned", "rope"])
 @pytest.mark.parametrize("horizon", [5, 23])  # 23 > T // 2: the cache fills and is rebuilt, twice
-def test_cached_logits_equal_uncached_at_every_step(positional, horizon):
+@pytest.mark.parametrize("inputs", [False, True])  # model.time_features + model.volume_input
+def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4, positional=positional, dropout=0.1)
+                      asset_embed_dim=4, category_embed_dim=4, positional=positional, dropout=0.1,
+                      time_features=inputs, volume_input=inputs)
     model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
     samples = 2
     seen = []
+    P = prefill_length(12, horizon, 20)
+    # every candle (context, then future step) its own ids, so a misaligned slice changes the logits
+    features = torch.stack([torch.randint(0, n, (3, 20 + horizon)) for n in (24, 7, VOLUME_BINS + 1)], dim=-1)
 
     def check(step, rows, seq, window, logits):
-        ref = model(seq[:, -window:], a[rows], c[rows], last_only=True)[0]
+        end = seq.shape[1]  # seq is contexts[:, 20 - P:] and the steps drawn so far
+        f = features[rows, 20 - P + end - window:20 - P + end] if inputs else None
+        ref = model(seq[:, -window:], a[rows], c[rows], last_only=True, features=f)[0]
         seen.append((step, window, (ref[:, -1] - logits).abs().max().item()))
 
     out = sample_paths(model, contexts, a, c, horizon, samples, generator=torch.Generator().manual_seed(1),
-                       on_step=check, max_batch=4)  # chunks of 4 rows: 2 contexts' samples split across chunks
+                       on_step=check, max_batch=4,  # chunks of 4 rows: 2 contexts' samples split across chunks
+                       features=features if inputs else None)
     assert out.shape == (3, samples, horizon) and model.training  # the mode is restored
     assert len(seen) == 2 * horizon  # every step of both chunks (4 rows, then 2)
     assert max(err for _, _, err in seen) < 1e-5
     windows = [w for _, w, _ in seen[:horizon]]
-    P = prefill_length(12, horizon, 20)
     assert windows[0] == P and max(windows) == min(12, P + horizon - 1) and min(windows) >= 6
     if horizon > 12 - P:
         assert windows.count(6) >= 1  # the window was full and rebuilt from the last T // 2 tokens
@@ -377,6 +385,58 @@ def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
     _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
                                "--out", blocker / "out")[::2], "is not writable")
     assert blocker.read_text() == "not a folder"
+
+
+@pytest.fixture(scope="module")
+def feature_run(tmp_path_factory):
+    """A tiny run with model.time_features and model.volume_input, its end-of-training scorecard on."""
+    config = tmp_path_factory.mktemp("fcf") / "case" / "configs" / "tiny.json"
+    config.parent.mkdir(parents=True)
+    spec = json.loads(json.dumps(TINY))
+    spec["model"].update(time_features=True, volume_input=True)
+    spec["training"].update(scorecard_origins=2, scorecard_samples=4)
+    config.write_text(json.dumps(spec))
+    assert main(["train", "--config", str(config)]) == 0
+    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
+    return run
+
+
+def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, capsys):
+    from common.run_folder import TokenSet
+
+    results = json.loads((feature_run / "test_results.json").read_text())
+    assert "scorecard_error" not in results and (feature_run / "scorecard.json").is_file()
+    fc = Forecaster.from_run(feature_run)
+    (h,) = fc.load_history(["AAPL"], as_of="2012-06-01")
+    n, category = len(h.candles), fc.assets["AAPL"]["category"]
+    ids = fc.candle_features(h.candles, category, 4)
+    # the context's ids are training's own (same candles, same fitted volume edges) ...
+    np.testing.assert_array_equal(ids[:n], TokenSet.load(feature_run / "tokens.npz").features["AAPL"][:n])
+    assert ids[:n, 2].max() > 1
+    # ... the future's: the forecast's own timestamps' calendar, volume unknown (0)
+    when = future_timestamps(h.candles.index[-1], "1d", category, 4)
+    np.testing.assert_array_equal(ids[n:, :2], calendar_ids(when, "1d"))
+    assert (ids[n:, 2] == 0).all()
+
+    r = fc.forecast([h], 4, 16, seed=0, return_paths=True)
+    assert np.isfinite(r.paths["close"]).all()
+    np.testing.assert_array_equal(r.table["timestamp"], when)
+    fc.volume_edges = [e + 0.5 for e in fc.volume_edges]  # other volume ids reach the model: another forecast
+    assert not np.array_equal(fc.forecast([h], 4, 16, seed=0, return_paths=True).tokens, r.tokens)
+
+    code, out, err = _forecast(capsys, feature_run, "--symbols", "AAPL", "--horizon", "3", "--samples", "8",
+                               "--out", tmp_path / "out")
+    assert code == 0 and "P50" in out, err
+    code = main(["scorecard", str(feature_run), "--horizons", "1", "--origins", "2", "--samples", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "H=1:" in out, err
+
+    old = tmp_path / "old"  # a run from before the volume edges were stored
+    shutil.copytree(feature_run, old, ignore=shutil.ignore_patterns("forecasts", "tensorboard"))
+    info = json.loads((old / "data_info.json").read_text())
+    del info["volume_edges"]
+    (old / "data_info.json").write_text(json.dumps(info))
+    _one_line_error(*_forecast(capsys, old)[::2], "model.volume_input is on", "no volume_edges", "retrain")
 
 
 def test_bench_forecast_smoke_writes_its_rows(tmp_path):
