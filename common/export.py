@@ -131,6 +131,10 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     fc = Forecaster.from_run(run_dir)  # checks the run folder; a run without best_model.pt says so
+    if fc.cfg.model.time_features or fc.cfg.model.volume_input:
+        # the exported forward takes tokens, assets and categories only
+        raise UserError("this run reads model.time_features / model.volume_input, which the export does not "
+                        "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)")
     out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / Path(run_dir).name
     try:
         out.mkdir(parents=True, exist_ok=True)

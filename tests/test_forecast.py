@@ -450,3 +450,10 @@ def test_bench_forecast_smoke_writes_its_rows(tmp_path):
     figures = {r["figure"]: r["value"] for r in result["rows"]}
     assert figures["KV cache / generate paths/s"] > 0 and figures["peak memory"] > 0
     assert result["figures"]["samples"] == 4 and result["figures"]["horizon"] == 3
+
+
+def test_export_refuses_a_run_with_calendar_or_volume_inputs(feature_run, tmp_path, capsys):
+    # the exported forward takes tokens, assets and categories only: say so rather than fail later
+    assert main(["export", str(feature_run), "--format", "onnx", "--out", str(tmp_path / "x")]) == 2
+    assert "model.time_features / model.volume_input" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
