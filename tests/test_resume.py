@@ -215,12 +215,17 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
     if anchor == "setup":
         time.sleep(rng.uniform(0.5, 3.0))  # imports, data, tokenizer, run folder: any of them
     elif anchor in ("step", "checkpoint write"):
+        # a step line at or past a random step of the first epoch and a half, so that the kill
+        # lands mid-training however fast the machine runs the steps (lines come every 4 steps)
+        target = rng.randint(4, 36)
         try:
-            _wait_for(lines, r"epoch \d/\d step \d+/|Test \(best model")
+            while True:
+                line = _wait_for(lines, r"epoch \d/\d step \d+/|Test \(best model")
+                m = re.search(r"epoch (\d)/\d step (\d+)/(\d+)", line)
+                if m is None or (int(m[1]) - 1) * int(m[3]) + int(m[2]) >= target:
+                    break
         except AssertionError:  # the output ended: the process is done
             return False
-        if anchor == "step":
-            time.sleep(rng.uniform(0.0, 0.5))
     if anchor in ("checkpoint write", "final outputs"):
         # poll the run folder for a checkpoint's temp file (it lives a few ms: if none shows up
         # within a random 0.2-1 s, that moment will do), or for the first final output
@@ -247,6 +252,9 @@ def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_
     rng = random.Random(1234)
     killed, finished = [], False
     for anchor in _KILLS:
+        logs = [d / "training_log.json" for d in _run_dirs(config) if (d / "training_log.json").is_file()]
+        if logs and json.loads(logs[0].read_text())["status"] == "finished":
+            break  # complete (a kill came after the end): another start would be a new run, as documented
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
         if _kill_moment(proc, _lines(proc), config, anchor, rng):
