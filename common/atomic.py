@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "read_json", "replace_with", "temp_path"]
+from common.errors import UserError
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
 
 
 def _default_mode() -> int:
@@ -105,3 +107,15 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Create `folder` if needed and prove a file can be written in it, else a UserError
+    "<what> <folder> is not writable (<why>); <fix>"."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_test_", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{what} {folder} is not writable ({e.strerror or e}); {fix}") from None

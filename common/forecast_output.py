@@ -12,32 +12,20 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
 
 __all__ = ["run_forecast_command", "write_outputs"]
 
 MAX_SINGLE_CHARTS = 4  # above this many assets, one multi-panel chart
 _HISTORY_SHOWN = 3  # fan charts show this many horizons of history before the origin
-
-
-def _check_writable(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write_test_", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise UserError(f"--out {folder} is not writable ({e.strerror or e}); pass --out a folder you can write") from None
 
 
 def run_forecast_command(args: argparse.Namespace) -> int:
@@ -71,7 +59,7 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     label = pd.Timestamp(args.as_of if args.as_of is not None else as_of)
     name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
     out = Path(args.out) if args.out else Path(runs[0]) / "forecasts" / name
-    _check_writable(out)
+    check_writable(out, "--out", "pass --out a folder you can write")
     result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, return_paths=True)
     settings = {"backend": backend, "as_of": args.as_of or "latest", "seed": args.seed, "horizon": args.horizon,

@@ -25,7 +25,6 @@ Returns between valid closes only: NaN rows (the gaps of 24/7 markets) are skipp
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence

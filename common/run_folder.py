@@ -18,10 +18,8 @@ Files (written by common.training_run and common.trainer):
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from common.atomic import atomic_path
+from common.atomic import check_writable as _check_writable
 from common.batches import SPLITS
 from common.checkpoint import checkpoint_position, latest_good_checkpoint
 from common.config import Config, config_to_dict
@@ -65,14 +64,8 @@ _BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", 
 
 def check_writable(folder: Path) -> None:
     """Create `folder` if needed and prove a file can be written in it, or raise UserError."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write_test_", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise UserError(f"run folder location {folder} is not writable ({e.strerror or e}); fix its "
-                        "permissions or free space, or point --config at a case folder you can write") from None
+    _check_writable(folder, "run folder location", "fix its permissions or free space, or point --config at a "
+                    "case folder you can write")
 
 
 def new_run_dir(checkpoints: Path, experiment: str) -> Path:

@@ -29,7 +29,7 @@ from common.cli import main
 from common.config import Config
 from common.data import crypto
 from common.data.cache import CandleCache
-from common.data.download import TRAINING_CHECK, check_usable, download_case
+from common.data.download import TRAINING_CHECK, download_case
 from common.errors import SourceUnavailable
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,7 +30,6 @@ import requests
 import responses
 import yfinance as yf
 
-import common.data.yahoo as yahoo_module
 from common.data.yahoo import NO_DATA, YAHOO_THREADS, YahooResult, download_yahoo, requests_session
 from common.errors import SourceUnavailable, UserError
 

@@ -14,7 +14,7 @@ import pandas as pd
 from common.config import Config
 from common.data.files import load_files
 from common.data.market import MarketData
-from common.data.universe import Asset, load_universe
+from common.data.universe import load_universe
 from common.errors import UserError
 
 __all__ = ["MarketData", "load_market_data"]
