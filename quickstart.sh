@@ -37,7 +37,7 @@ if ! "$py" -m pip show --quiet marketgpt >/dev/null 2>&1; then
     "$py" -m pip install --quiet --disable-pip-version-check -e .
 fi
 
-echo "==> Training case C's model shape on the shipped sample (about 5 minutes on 2 CPU cores)"
+echo "==> Training case C's model shape on the shipped sample (about 5 minutes on 2 CPU cores, then a small scorecard)"
 start=$(date +%s)
 "$py" -m common.cli train --config case_c_crypto/configs/crypto_prototype.json \
     --set 'experiment="quickstart"' \
