@@ -10,17 +10,13 @@ import pytest
 from common import scorecard
 from common.cli import main
 from common.run_folder import has_final_outputs
+from test_forecast import TINY as FORECAST_TINY
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
 
-TINY = {
-    "experiment": "tiny",
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
-                 "warmup_steps": 1, "log_every_steps": 3, "scorecard_origins": 3, "scorecard_samples": 8},
-    "data": {"source": "sample", "interval": "1d"},
-}
+# test_forecast's tiny run, with a small end-of-training scorecard on
+TINY = json.loads(json.dumps(FORECAST_TINY))
+TINY["training"].update(scorecard_origins=3, scorecard_samples=8)
 
 
 @pytest.fixture(scope="module")
