@@ -204,23 +204,24 @@ def test_sigterm_then_resume_auto_continues_from_the_step_checkpoint(tmp_path, c
 
 
 # Kill moments: each waits for an event of the run, then a random delay (fixed seed), so every
-# kill lands somewhere else in the run but the count never depends on the machine's speed.
-_KILLS = ("setup", "step", "checkpoint write", "step", "final outputs")
+# kill lands somewhere else in the run but the count never depends on the machine's speed. The
+# mid-training kills aim at steps of their own stretch of the run's 48 (a resumed run already past
+# its stretch is killed at its first line), so that each finds the run still alive.
+_KILLS = (("setup", None), ("step", (4, 14)), ("checkpoint write", (16, 28)), ("step", (30, 40)),
+          ("final outputs", None))
 _TEMP = re.compile(r"^\.(checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt\.\w+\.tmp$")
 
 
 def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path, anchor: str,
-                 rng: random.Random) -> bool:
+                 steps: tuple[int, int] | None, rng: random.Random) -> bool:
     """Wait for `anchor` in the run, then a random delay; False if the process ended first."""
     if anchor == "setup":
         time.sleep(rng.uniform(0.5, 3.0))  # imports, data, tokenizer, run folder: any of them
-    elif anchor in ("step", "checkpoint write"):
-        # a step line at or past a random step of the first epoch and a half, so that the kill
-        # lands mid-training however fast the machine runs the steps (lines come every 4 steps)
-        target = rng.randint(4, 36)
+    elif steps is not None:
+        target = rng.randint(*steps)  # counted over both epochs (lines come every 4 steps)
         try:
             while True:
-                line = _wait_for(lines, r"epoch \d/\d step \d+/|Test \(best model")
+                line = _wait_for(lines, r"epoch \d/\d step \d+/|Nothing left to train|Test \(best model")
                 m = re.search(r"epoch (\d)/\d step (\d+)/(\d+)", line)
                 if m is None or (int(m[1]) - 1) * int(m[3]) + int(m[2]) >= target:
                     break
@@ -228,10 +229,10 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
             return False
     if anchor in ("checkpoint write", "final outputs"):
         # poll the run folder for a checkpoint's temp file (it lives a few ms: if none shows up
-        # within a random 0.2-1 s, that moment will do), or for the first final output
+        # within a random 0.05-0.3 s, that moment will do), or for the first final output
         wanted = _TEMP.match if anchor == "checkpoint write" else (lambda n: n.startswith(".report.png.")
                                                                    or n in ("report.png", "test_results.json"))
-        deadline = time.monotonic() + (rng.uniform(0.2, 1.0) if anchor == "checkpoint write" else 120)
+        deadline = time.monotonic() + (rng.uniform(0.05, 0.3) if anchor == "checkpoint write" else 120)
         while not any(wanted(p.name) for d in _run_dirs(config) for p in d.iterdir()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 break
@@ -240,24 +241,27 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
 
 
 def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_run(tmp_path, capsys):
-    # a timer checkpoint every 0.06 s (a few steps): kills land in checkpoint writes as well as between them
-    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.001}
-    straight = _case(tmp_path, "straight", training=training)
+    # a model big enough that a step takes milliseconds on any machine (a kill lands near its line),
+    # and a timer checkpoint every 0.06 s: kills land in checkpoint writes as well as between them
+    model = {"d_model": 128, "d_ff": 256, "context_length": 32}
+    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.001,
+                "batch_size": 32}
+    straight = _case(tmp_path, "straight", model=model, training=training)
     assert main(["train", "--config", str(straight)]) == 0
     capsys.readouterr()
     (straight_dir,) = _run_dirs(straight)
-    config = _case(tmp_path, "killed", training=training)
+    config = _case(tmp_path, "killed", model=model, training=training)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "common.cli", "train", "--config", str(config), "--resume", "auto"]
     rng = random.Random(1234)
     killed, finished = [], False
-    for anchor in _KILLS:
+    for anchor, steps in _KILLS:
         logs = [d / "training_log.json" for d in _run_dirs(config) if (d / "training_log.json").is_file()]
         if logs and json.loads(logs[0].read_text())["status"] == "finished":
             break  # complete (a kill came after the end): another start would be a new run, as documented
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-        if _kill_moment(proc, _lines(proc), config, anchor, rng):
+        if _kill_moment(proc, _lines(proc), config, anchor, steps, rng):
             proc.kill()
             killed.append(anchor)
         proc.wait(timeout=120)
