@@ -79,3 +79,20 @@ def test_bench_slurm_reports_start_and_requeue_latency_as_json(slurm_cluster, tm
     parts = ("signal_to_checkpoint", "checkpoint_to_requeued", "requeued_to_running", "resume_startup")
     assert sum(best[p] for p in parts) == pytest.approx(best["requeue_to_resumed_step"])
     assert "sbatch -> first training step" in proc.stdout
+
+
+def test_quickstart_trains_with_the_documented_small_data_settings():
+    # quickstart.sh is what a newcomer runs; bench_generalization.py measured those settings: the same list
+    import shlex
+
+    from bench_generalization import SMALL_DATA
+    from common.config import load_config
+
+    words = shlex.split((REPO_ROOT / "quickstart.sh").read_text().split('-m common.cli train', 1)[1].split('"$@"')[0],
+                        comments=True)
+    quick = {words[i + 1] for i, w in enumerate(words) if w == "--set"}
+    bench_only = {"training.scorecard_origins=0", "training.log_every_steps=1000"}  # a bench's, not a newcomer's
+    assert set(SMALL_DATA) - bench_only == quick - {'experiment="quickstart"', "training.log_every_steps=10"}
+    config = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
+    assert f"--config {config.relative_to(REPO_ROOT)}" in (REPO_ROOT / "quickstart.sh").read_text()
+    load_config(config, sorted(quick))  # every override is a valid key and value
