@@ -135,7 +135,7 @@ def test_factorized_head_is_a_distribution_over_the_whole_vocabulary() -> None:
     assert torch.allclose(p.sum(-1), torch.ones(3, 8), atol=1e-5)
     assert torch.allclose(logits.exp().sum(-1), torch.ones(3, 8), atol=1e-5)  # logits are log-probs
     assert p[..., NUM_SPECIAL_TOKENS + 80:].max() < 1e-30  # ids the tokenizer never emits
-    assert abs(float(loss) - float(-torch.log_softmax(logits, -1).gather(-1, idx[..., None]).mean())) < 1e-5
+    assert abs(loss.item() - (-torch.log_softmax(logits.detach(), -1).gather(-1, idx[..., None]).mean()).item()) < 1e-5
 
 
 def test_factorized_grid_must_match_the_tokenizer() -> None:
@@ -183,8 +183,8 @@ def test_fewer_move_bins_leave_the_rest_of_the_vocabulary_unused(tmp_path) -> No
     rng = np.random.default_rng(0)
     close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 2000)))
     frame = pd.DataFrame({"open": close * (1 + rng.normal(0, 0.002, 2000)), "close": close})
-    frame["high"] = frame[["open", "close"]].max(1) * 1.003
-    frame["low"] = frame[["open", "close"]].min(1) * 0.997
+    frame["high"] = frame[["open", "close"]].max(axis=1) * 1.003
+    frame["low"] = frame[["open", "close"]].min(axis=1) * 0.997
     tok = OHLCTokenizer(vocab_size=1024, shape_bins=8, ret_bins=16).fit([frame])
     ids = tok.encode(frame)
     assert ids.max() < NUM_SPECIAL_TOKENS + 16 * 8 and tok.ret_bins == 16
