@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.model import decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_run", "model_card"]
 
@@ -68,6 +69,9 @@ class _GrowingKV:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k, self.v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
         return self.k, self.v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return decode_attention(q, *self.append(k, v))
 
 
 class _GrowingCache:

@@ -31,7 +31,7 @@ from common.heads import FactorizedHead
 from common.memory import estimate_training_memory
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
-__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "apply_rotary", "describe_model", "meta_model", "rotary_tables"]
+__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "SharedPrefixKV", "decode_attention", "apply_rotary", "describe_model", "meta_model", "rotary_tables"]
 
 # Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
 # a real observation (a gap in the data) and stays samplable.
@@ -81,6 +81,53 @@ class LayerKV:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A decode step: store one token's k, v (B, nh, 1, hs); q's attention over every key so
+        far, (B, nh, 1, hs)."""
+        return decode_attention(q, *self.append(k, v))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query token's attention (B, nh, 1, hs) over keys and values (B, nh, L, hs). No mask
+    (it sees every cached key); two plain matmuls, as SDPA's CPU flash kernel is about 2x slower
+    at query length 1."""
+    return (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))).softmax(dim=-1) @ v
+
+
+class SharedPrefixKV:
+    """A decode cache for `group` samples of each of n contexts that share one prefilled prefix.
+
+    The prefix's keys and values are kept once per context, not copied to each of its samples,
+    and a step's attention over them is one matrix product per context (the group's queries
+    against the same keys) instead of `group` matrix-vector products; each sample's own tokens
+    go to a small per-row LayerKV. The softmax runs over prefix and own keys together, so this is
+    the same attention as a LayerKV holding prefix + own tokens, up to float rounding. Rows are
+    context-major: row i * group + j is sample j of context i.
+    """
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, group: int, capacity: int) -> None:
+        n, nh, _, hs = prefix_k.shape  # (n, nh, P, hs)
+        self.k, self.v, self.group = prefix_k, prefix_v, group
+        self.own = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
+                           prefix_v.new_empty((n * group, nh, capacity, hs)))
+
+    @property
+    def length(self) -> int:
+        return self.k.size(2) + self.own.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError("a shared-prefix cache takes decode steps only (attend)")
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        own_k, own_v = self.own.append(k, v)  # (B, nh, L, hs)
+        n, nh, P, hs = self.k.shape
+        B, scale = q.size(0), 1.0 / math.sqrt(hs)
+        grouped = q.reshape(n, self.group, nh, hs).transpose(1, 2)  # (n, nh, group, hs)
+        shared = (grouped @ self.k.transpose(-2, -1) * scale).transpose(1, 2).reshape(B, nh, 1, P)
+        w = torch.cat((shared, q @ own_k.transpose(-2, -1) * scale), dim=-1).softmax(dim=-1)  # (B, nh, 1, P + L)
+        from_prefix = w[..., :P].reshape(n, self.group, nh, P).transpose(1, 2) @ self.v  # (n, nh, group, hs)
+        return from_prefix.transpose(1, 2).reshape(B, nh, 1, hs) + w[..., P:] @ own_v
+
 
 class KVCache:
     """Every layer's LayerKV for a batch of B sequences; `MarketGPT.new_cache` makes one."""
@@ -93,14 +140,16 @@ class KVCache:
         """Tokens cached so far: the position the next token takes."""
         return self.layers[0].length
 
-    @property
-    def batch_size(self) -> int:
-        return self.layers[0].k.size(0)
-
     def select(self, rows: torch.Tensor) -> "KVCache":
         """A new cache of the given batch rows (repeats allowed): one prefilled context, many samples."""
         return KVCache([LayerKV(layer.k.index_select(0, rows), layer.v.index_select(0, rows), layer.length)
                         for layer in self.layers])
+
+    def shared(self, first: int, end: int, group: int, capacity: int) -> "KVCache":
+        """A decode cache for `group` samples of each prefilled context first..end-1 (rows of this
+        cache), sharing their prefix (SharedPrefixKV, no copy); `capacity` own tokens per sample."""
+        return KVCache([SharedPrefixKV(layer.k[first:end, :, :layer.length], layer.v[first:end, :, :layer.length],
+                                       group, capacity) for layer in self.layers])
 
 
 # --------------------------------------------------------------------------- layers
@@ -148,7 +197,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Optional["LayerKV"] = None) -> torch.Tensor:
+                kv: Union["LayerKV", "SharedPrefixKV", "decode_attention", None] = None) -> torch.Tensor:
         B, T, C = x.shape
         start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
@@ -158,13 +207,11 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             cos, sin = rope[0][start:start + T], rope[1][start:start + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv is not None:
-            k, v = kv.append(k, v)  # (B, nh, start + T, hs): every key so far
         if start > 0:
-            # one-token decode step: it sees every cached key, so no mask; two plain matmuls, as
-            # SDPA's CPU flash kernel is about 2x slower at query length 1
-            y = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))).softmax(dim=-1) @ v  # (B, nh, 1, hs)
+            y = kv.attend(q, k, v)  # one-token decode step over every cached key: (B, nh, 1, hs)
         else:
+            if kv is not None:
+                k, v = kv.append(k, v)  # prefill: store the context's keys and values
             # fused kernels (flash on CUDA and CPU); the causal mask is never materialized
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
@@ -193,7 +240,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Optional["LayerKV"] = None) -> torch.Tensor:
+                kv: Union["LayerKV", "SharedPrefixKV", "decode_attention", None] = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -285,10 +332,16 @@ class MarketGPT(nn.Module):
         n = self.num_parameters(non_embedding=True) + self.wte.weight.numel()  # body + tied head
         return 6 * n + 12 * self.config.num_layers * T * self.config.d_model
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+    def head_logits(self, x: torch.Tensor, vocab: Optional[int] = None) -> torch.Tensor:
         """Final hidden states (.., C) -> logits over the vocabulary (.., V), for the configured
-        model.head (the factorized head's are log-probabilities; softmax reads both alike)."""
-        return self.lm_head(x) if self.head is None else self.head(x)
+        model.head (the factorized head's are log-probabilities; softmax reads both alike).
+        vocab: the first `vocab` ids' logits only (sampling skips the ids it never draws)."""
+        if self.head is not None:
+            return self.head(x)[..., :vocab]
+        if vocab is None:
+            return self.lm_head(x)
+        bias = None if self.lm_head.bias is None else self.lm_head.bias[:vocab]
+        return F.linear(x, self.lm_head.weight[:vocab], bias)
 
     def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
         """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
@@ -314,14 +367,15 @@ class MarketGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
                 targets: Optional[torch.Tensor] = None, last_only: bool = False,
-                cache: Optional[KVCache] = None,
-                features: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                cache: Optional[KVCache] = None, features: Optional[torch.Tensor] = None,
+                vocab: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
 
         Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
         cross-entropy over targets that are not PAD_TOKEN (None without targets).
         With a cache (inference only), idx continues the cached tokens: a whole context into an
-        empty cache (prefill), then one token per call at position cache.length.
+        empty cache (prefill), then one token per call at position cache.length. vocab (with
+        last_only): logits of the first `vocab` ids only.
         """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
@@ -352,8 +406,8 @@ class MarketGPT(nn.Module):
                 x = block(x, rope, kv)
         x = self.ln_f(x)
 
-        if last_only:
-            return self.head_logits(x[:, -1:, :]), None  # (B, 1, V): skips the (B, T, V) matmul
+        if last_only:  # (B, 1, V): skips the (B, T, V) matmul; with vocab, (B, 1, vocab)
+            return self.head_logits(x[:, -1:, :], vocab), None
         logits = self.head_logits(x)  # (B, T, V)
         loss = None
         if targets is not None:

@@ -64,7 +64,10 @@ def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
 @pytest.mark.parametrize("positional", ["learned", "rope"])
 @pytest.mark.parametrize("horizon", [5, 23])  # 23 > T // 2: the cache fills and is rebuilt, twice
 @pytest.mark.parametrize("inputs", [False, True])  # model.time_features + model.volume_input
-def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs):
+# chunks of rows: two contexts' samples (sharing their prefixes), then one context's; or each
+# context's 3 samples in parts of 2 and 1
+@pytest.mark.parametrize("samples, max_batch, chunks", [(2, 4, 2), (3, 2, 6)])
+def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs, samples, max_batch, chunks):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
                       asset_embed_dim=4, category_embed_dim=4, positional=positional, dropout=0.1,
@@ -72,7 +75,6 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs)
     model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
-    samples = 2
     seen = []
     P = prefill_length(12, horizon, 20)
     # every candle (context, then future step) its own ids, so a misaligned slice changes the logits
@@ -82,18 +84,34 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs)
         end = seq.shape[1]  # seq is contexts[:, 20 - P:] and the steps drawn so far
         f = features[rows, 20 - P + end - window:20 - P + end] if inputs else None
         ref = model(seq[:, -window:], a[rows], c[rows], last_only=True, features=f)[0]
-        seen.append((step, window, (ref[:, -1] - logits).abs().max().item()))
+        assert logits.shape[1] == 37  # ids past the last that may be drawn get no logits
+        seen.append((step, window, (ref[:, -1, :37] - logits).abs().max().item()))
 
     out = sample_paths(model, contexts, a, c, horizon, samples, generator=torch.Generator().manual_seed(1),
-                       on_step=check, max_batch=4,  # chunks of 4 rows: 2 contexts' samples split across chunks
-                       features=features if inputs else None)
+                       on_step=check, max_batch=max_batch, features=features if inputs else None,
+                       banned=torch.arange(40) >= 37)  # a tokenizer's unused tail
+    assert out.max() < 37
     assert out.shape == (3, samples, horizon) and model.training  # the mode is restored
-    assert len(seen) == 2 * horizon  # every step of both chunks (4 rows, then 2)
+    assert len(seen) == chunks * horizon  # every step of every chunk
     assert max(err for _, _, err in seen) < 1e-5
     windows = [w for _, w, _ in seen[:horizon]]
     assert windows[0] == P and max(windows) == min(12, P + horizon - 1) and min(windows) >= 6
     if horizon > 12 - P:
         assert windows.count(6) >= 1  # the window was full and rebuilt from the last T // 2 tokens
+
+
+def test_every_sample_lands_in_its_contexts_rows_however_the_rows_are_chunked():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                      asset_embed_dim=4, category_embed_dim=4)
+    model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
+    contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
+    a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
+    alone = torch.stack([sample_paths(model, contexts[i:i + 1], a[i:i + 1], c[i:i + 1], 5, 1, temperature=0)[0, 0]
+                         for i in range(3)])  # (3, 5): each context's greedy path, sampled on its own
+    for samples, max_batch in [(3, 2), (3, 6), (2, 5), (4, 100)]:
+        out = sample_paths(model, contexts, a, c, 5, samples, temperature=0, max_batch=max_batch)
+        assert torch.equal(out, alone[:, None].expand(3, samples, 5)), (samples, max_batch)
 
 
 def test_truncation_keeps_the_likeliest_ids_and_bans_hold():
