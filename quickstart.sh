@@ -6,7 +6,7 @@
 # unpinned torch would download a multi-GB CUDA build) and this package, then trains on the
 # real OHLCV sample shipped in the package (daily candles, all its assets) with the small-data
 # settings of docs/generalization.md: case C's config with a smaller model (d_model 128,
-# 4 layers, context 64, 1.1M parameters), strided epochs, 32 move bins, dropout 0.2, weight
+# 4 layers, context 64, 0.93M parameters), strided epochs, 32 move bins, dropout 0.2, weight
 # decay 0.1, lr 1e-3, 12 epochs x 40 steps with early stopping. About a minute on 2 idle CPU
 # cores (several when they are busy), a small scorecard included. At the end it prints the run
 # folder and the test results next to the naive baselines, with the token-level skill against
