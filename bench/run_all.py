@@ -4,7 +4,8 @@
 
 Each benchmark runs in a process of its own (its peak RSS is its own, and one that crashes
 doesn't stop the rest) and hands its figures back through `--json`; its own output streams
-through as it runs. About 4 minutes on 2 cores before the forecast, scorecard and export benches were added; those add several minutes each (not yet timed as a whole on a quiet machine). The Slurm benchmark (bench_slurm.py) needs the local cluster (tools/local_slurm/local_slurm.sh start --nodes 2): when
+through as it runs. About 7.5 minutes on 2 idle cores, the Slurm benchmark included (2026-11-23).
+The Slurm benchmark (bench_slurm.py) needs the local cluster (tools/local_slurm/local_slurm.sh start --nodes 2): when
 `scontrol ping` doesn't answer, it is skipped with a note in the table and the JSON; so is the
 GPU benchmark (bench_gpu.py) where torch sees no GPU.
 --smoke runs every benchmark at toy sizes (seconds, not minutes): it checks the command works,
