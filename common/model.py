@@ -140,11 +140,6 @@ class KVCache:
         """Tokens cached so far: the position the next token takes."""
         return self.layers[0].length
 
-    def select(self, rows: torch.Tensor) -> "KVCache":
-        """A new cache of the given batch rows (repeats allowed): one prefilled context, many samples."""
-        return KVCache([LayerKV(layer.k.index_select(0, rows), layer.v.index_select(0, rows), layer.length)
-                        for layer in self.layers])
-
     def shared(self, first: int, end: int, group: int, capacity: int) -> "KVCache":
         """A decode cache for `group` samples of each prefilled context first..end-1 (rows of this
         cache), sharing their prefix (SharedPrefixKV, no copy); `capacity` own tokens per sample."""
