@@ -8,6 +8,7 @@ import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -250,14 +251,19 @@ def test_three_token_distribution_gives_its_analytic_quantiles(tmp_path):
 # ---------------------------------------------------------------------- Forecaster on a trained run
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    config = tmp_path_factory.mktemp("fc") / "case" / "configs" / "tiny.json"
+def train_tiny(root: Path, spec: dict) -> tuple[Path, Path]:
+    """Train `spec` as root/case/configs/tiny.json; returns the config and its run folder."""
+    config = root / "case" / "configs" / "tiny.json"
     config.parent.mkdir(parents=True)
-    config.write_text(json.dumps(TINY))
+    config.write_text(json.dumps(spec))
     assert main(["train", "--config", str(config)]) == 0
     (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
-    return run
+    return config, run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return train_tiny(tmp_path_factory.mktemp("fc"), TINY)[1]
 
 
 @pytest.fixture(scope="module")
@@ -408,15 +414,10 @@ def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def feature_run(tmp_path_factory):
     """A tiny run with model.time_features and model.volume_input, its end-of-training scorecard on."""
-    config = tmp_path_factory.mktemp("fcf") / "case" / "configs" / "tiny.json"
-    config.parent.mkdir(parents=True)
     spec = json.loads(json.dumps(TINY))
     spec["model"].update(time_features=True, volume_input=True)
     spec["training"].update(scorecard_origins=2, scorecard_samples=4)
-    config.write_text(json.dumps(spec))
-    assert main(["train", "--config", str(config)]) == 0
-    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
-    return run
+    return train_tiny(tmp_path_factory.mktemp("fcf"), spec)[1]
 
 
 def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 from common import scorecard
 from common.cli import main
 from common.run_folder import has_final_outputs
-from test_forecast import TINY as FORECAST_TINY
+from test_forecast import TINY as FORECAST_TINY, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
 
@@ -21,12 +21,7 @@ TINY["training"].update(scorecard_origins=3, scorecard_samples=8)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    config = tmp_path_factory.mktemp("sc") / "case" / "configs" / "tiny.json"
-    config.parent.mkdir(parents=True)
-    config.write_text(json.dumps(TINY))
-    assert main(["train", "--config", str(config)]) == 0
-    (run,) = (config.parent.parent / "checkpoints").glob("tiny_*")
-    return config, run
+    return train_tiny(tmp_path_factory.mktemp("sc"), TINY)
 
 
 def _card(run) -> dict:
