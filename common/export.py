@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from common.model import decode_attention
+from common.model import KVCache, decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_run", "model_card"]
 
@@ -74,15 +74,8 @@ class _GrowingKV:
         return decode_attention(q, *self.append(k, v))
 
 
-class _GrowingCache:
-    """Duck-types common.model.KVCache for MarketGPT.forward."""
-
-    def __init__(self, layers: list[_GrowingKV]) -> None:
-        self.layers = layers
-
-    @property
-    def length(self) -> int:
-        return self.layers[0].length
+class _GrowingCache(KVCache):
+    """common.model.KVCache over _GrowingKV layers, for MarketGPT.forward."""
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.stack([x.k for x in self.layers]), torch.stack([x.v for x in self.layers])
