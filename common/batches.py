@@ -28,7 +28,7 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts", "with_features"]
+__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
 
 SPLITS = ("train", "val", "test")
 
@@ -41,7 +41,7 @@ class Batch:
     y: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
-    features: Optional[torch.Tensor] = None  # (B, T, 3) time and volume ids of x (see with_features)
+    features: Optional[torch.Tensor] = None  # (B, T, 3) time and volume ids of x (see build_windows)
 
     def extra_inputs(self) -> dict:
         """Keyword inputs of the model beyond the ids, only when the run has them."""
@@ -72,11 +72,10 @@ def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
 class TokenWindows:
     """The in-memory token set of one run and its per-split windows."""
 
-    features: Optional[torch.Tensor] = None  # (N, 3) ids aligned with tokens, when the model reads them
-
     def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int,
-                 epoch_stride: int = 1) -> None:
+                 epoch_stride: int = 1, features: Optional[torch.Tensor] = None) -> None:
         self.tokens = tokens
+        self.features = features  # (N, 3) ids aligned with tokens, when the model reads them
         self.splits = dict(splits)
         self.context_length = context_length
         self.epoch_stride = epoch_stride  # training epochs take every k-th window of an asset
@@ -151,18 +150,6 @@ class TokenWindows:
                 yield self.gather(split, index)
 
 
-def with_features(windows: TokenWindows, tokens: Mapping[str, np.ndarray],
-                  features: Mapping[str, np.ndarray]) -> TokenWindows:
-    """Attach per-candle feature ids (model.time_features / volume_input), concatenated in the
-    order build_windows concatenated `tokens`, so a window's features line up with its tokens."""
-    for symbol, toks in tokens.items():
-        if len(features[symbol]) != len(toks):
-            raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
-    stacked = np.concatenate([np.asarray(features[s], dtype=np.int64) for s in tokens])
-    windows.features = torch.from_numpy(stacked).to(windows.device)
-    return windows
-
-
 def _mix(seed: int, epoch: int) -> int:
     # distinct (seed, epoch) pairs give distinct generator seeds; the multiplier is a large odd constant
     return (seed * 1_000_003 + epoch) % (2**63 - 1)
@@ -171,17 +158,19 @@ def _mix(seed: int, epoch: int) -> int:
 def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping[str, Sequence[int]]],
                   asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
                   strides: Mapping[str, int], device: torch.device | str = "cpu",
-                  epoch_stride: int = 1) -> TokenWindows:
+                  epoch_stride: int = 1, features: Optional[Mapping[str, np.ndarray]] = None) -> TokenWindows:
     """Concatenate every asset's tokens and cut each split's windows.
 
     tokens: symbol -> 1-D token array of the asset's whole cleaned series;
     ranges: symbol -> {"train": (begin, end), "val": ..., "test": ...} candle index ranges
     (end exclusive) into that series; asset_ids / category_ids: symbol -> id;
     strides: split -> start-to-start distance of that split's windows; epoch_stride: a training
-    epoch's distance between the windows it takes (see the module docstring).
+    epoch's distance between the windows it takes (see the module docstring); features: symbol ->
+    (len(tokens), 3) per-candle ids (model.time_features / volume_input), concatenated alike so
+    a window's features line up with its tokens.
     """
     length = context_length + 1
-    parts, offset = [], 0
+    parts, feature_parts, offset = [], [], 0
     found: dict[str, list[tuple[np.ndarray, int, int]]] = {s: [] for s in SPLITS}
     for symbol, toks in tokens.items():
         toks = np.asarray(toks)
@@ -196,6 +185,10 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
             starts = window_starts(begin, end, length, strides[split]) + offset
             found[split].append((starts, asset_ids[symbol], category_ids[symbol]))
         parts.append(toks.astype(np.int64))
+        if features is not None:
+            if len(features[symbol]) != len(toks):
+                raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
+            feature_parts.append(np.asarray(features[symbol], dtype=np.int64))
         offset += len(toks)
     if not parts:
         raise UserError("no assets to train on: every asset was dropped while preparing the data")
@@ -212,4 +205,6 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
                             f"than model.context_length + 1; lower model.context_length or use longer histories")
-    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length, epoch_stride)
+    stacked = torch.from_numpy(np.concatenate(feature_parts)).to(device) if features is not None else None
+    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length, epoch_stride,
+                        stacked)

@@ -35,7 +35,6 @@ on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
 """
 from __future__ import annotations
 
-import dataclasses
 import socket
 import sys
 import time
@@ -243,14 +242,9 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
     cats = {rec["symbol"]: rec["category_id"] for rec in asset_info["assets"]}
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
-    if tokens.features is not None:  # model.time_features / volume_input
-        from common.batches import with_features
-
-        return with_features(_windows(cfg, dataclasses.replace(tokens, features=None), asset_info, device),
-                             tokens.tokens, tokens.features)
     return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
                          strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
-                         epoch_stride=cfg.data.epoch_stride)
+                         epoch_stride=cfg.data.epoch_stride, features=tokens.features)
 
 
 def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
