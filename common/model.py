@@ -31,7 +31,8 @@ from common.heads import FactorizedHead
 from common.memory import estimate_training_memory
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN
 
-__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "SharedPrefixKV", "decode_attention", "apply_rotary", "describe_model", "meta_model", "rotary_tables"]
+__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "SharedPrefixKV", "apply_rotary", "decode_attention",
+           "describe_model", "meta_model", "rotary_tables"]
 
 # Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
 # a real observation (a gap in the data) and stays samplable.
@@ -115,9 +116,6 @@ class SharedPrefixKV:
     def length(self) -> int:
         return self.k.size(2) + self.own.length
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError("a shared-prefix cache takes decode steps only (attend)")
-
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         own_k, own_v = self.own.append(k, v)  # (B, nh, L, hs)
         n, nh, P, hs = self.k.shape
@@ -192,7 +190,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union["LayerKV", "SharedPrefixKV", "decode_attention", None] = None) -> torch.Tensor:
+                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
         B, T, C = x.shape
         start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
@@ -235,7 +233,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union["LayerKV", "SharedPrefixKV", "decode_attention", None] = None) -> torch.Tensor:
+                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
