@@ -293,7 +293,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
     if state is None and env.rank > 0:
         seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
-    if state is None and model.head is not None:  # the factorized head starts at the train split's unigram
+    if state is None and lineage is None and model.head is not None:
+        # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
         model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
     model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
