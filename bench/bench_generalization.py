@@ -105,7 +105,7 @@ def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None 
     wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
     if code != 0:
         raise SystemExit(f"training exited {code}:\n{log.getvalue()[-2000:]}")
-    run_dir = next((case / "configs" / "checkpoints").glob("gen_*"), None) or next((case / "checkpoints").glob("gen_*"))
+    run_dir = next((case / "checkpoints").glob("gen_*"))  # a config in case/configs runs in case/checkpoints
     train_log = json.loads((run_dir / "training_log.json").read_text())
     res: dict[str, Any] = {
         "overrides": sets, "wall_s": round(wall, 1), "loadavg_1m": [load0, load1],
