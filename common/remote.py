@@ -360,12 +360,14 @@ def _explain(code: int, stderr: str, host: Optional[str]) -> str:
 
 def _parse_listing(listing: str, all_checkpoints: bool) -> dict[str, int]:
     """`find -printf '%s\\t%P\\n'` -> {relative path: size}, epoch checkpoints left out unless asked."""
+    from common.checkpoint import checkpoint_position
+
     files = {}
     for line in listing.splitlines():
         size, _, name = line.partition("\t")
         if not name or name.startswith(".rsync-partial/"):
             continue
-        if not all_checkpoints and re.fullmatch(r"checkpoint_epoch_\d+(_step_\d+)?\.pt", Path(name).name):
+        if not all_checkpoints and checkpoint_position(name) is not None:
             continue
         files[name] = int(size)
     return files
