@@ -36,8 +36,8 @@ def run_forecast_command(args: argparse.Namespace) -> int:
              "come out overconfident (see docs/forecasting.md)")
     if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
         raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
-    runs = list(args.run_dir) if isinstance(args.run_dir, (list, tuple)) else [args.run_dir]
-    backend = getattr(args, "backend", "torch")
+    runs = list(args.run_dir)
+    backend = args.backend
     if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
         from common.infer import ExportedForecaster
 

@@ -54,7 +54,7 @@ def run_scorecard_command(args: argparse.Namespace) -> int:
     if args.cost_bp < 0:
         raise UserError(f"--cost-bp {args.cost_bp:g}: must be zero or positive (basis points per side)")
     assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else None
-    runs = list(args.run_dir) if isinstance(args.run_dir, (list, tuple)) else [args.run_dir]
+    runs = list(args.run_dir)
     forecaster = forecaster_for(runs, device=_device(args.device))  # several runs: their ensemble
     # an ensemble's card goes beside the first run's own, with the member list
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
