@@ -418,9 +418,9 @@ def validate(cfg: Config, where: str) -> None:
     need(bool(d.universe), "data.universe", "must name the universe file")
     need(d.source != "files" or bool(d.files_dir), "data.files_dir",
          "must name a folder of candle files (or one file with a symbol column) when data.source = 'files'")
-    if d.universe == "files":
-        from common.data.universe import CATEGORIES
+    from common.data.universe import CATEGORIES
 
+    if d.universe == "files":
         need(d.source == "files", "data.universe", "= 'files' needs data.source = 'files'")
         need(d.default_category in CATEGORIES, "data.default_category",
              f"= {d.default_category!r} must be one of {', '.join(CATEGORIES)} when data.universe = 'files' "
@@ -430,8 +430,6 @@ def validate(cfg: Config, where: str) -> None:
          "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")
     for cat, n in d.universe_counts.items():
         need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
-    from common.data.universe import CATEGORIES
-
     for cat in d.categories:
         need(cat in CATEGORIES, "data.categories", f"names unknown category {cat!r}; expected some of "
              f"{', '.join(CATEGORIES)}")
