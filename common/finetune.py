@@ -20,6 +20,7 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -44,8 +45,12 @@ _FREE_MODEL_KEYS = ("dropout",)
 class Parent:
     run_dir: Path
     checkpoint: Path
-    sha256: str
     config: dict  # the parent's config.json
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The checkpoint's digest, read only when the lineage is written (it can be gigabytes)."""
+        return _sha256(self.checkpoint)
 
 
 def _sha256(path: Path) -> str:
@@ -76,8 +81,7 @@ def resolve_parent(path: str | Path) -> Parent:
         if not (run_dir / name).is_file():
             raise UserError(f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
                             "made by `marketgpt train` (or a checkpoint inside one)")
-    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), sha256=_sha256(checkpoint),
-                  config=read_json(run_dir / "config.json"))
+    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / "config.json"))
 
 
 def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
