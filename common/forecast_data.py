@@ -8,6 +8,7 @@ dropped before anything looks at them), then cleaned and gap-filled as training 
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -62,9 +63,7 @@ def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
         if categories[symbol] == "crypto":
             frame, _ = fill_gaps(frame, step)
         if cut is not None and len(frame) and cut - frame.index[-1] > 10 * step:
-            from common.forecast import warn
-
-            warn(f"{symbol}: its last candle ({frame.index[-1].isoformat()}) is {cut - frame.index[-1]} before "
-                 "--as-of; the forecast starts there")
+            print(f"warning: {symbol}: its last candle ({frame.index[-1].isoformat()}) is "
+                 f"{cut - frame.index[-1]} before --as-of; the forecast starts there", file=sys.stderr)
         out.append((symbol, frame))
     return out
