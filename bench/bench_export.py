@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_args, finish, row, set_threads  # noqa: E402
 from bench_forecast import setup  # noqa: E402
 
-from common.export import STEP_FILE, Prefill, Step, _export_onnx, _export_onnx_step, random_inputs  # noqa: E402
+from common.export import Prefill, Step, _export_onnx, _export_onnx_step, random_inputs  # noqa: E402
+from common.infer import STEP_FILE  # noqa: E402
 from common.infer import ExportedForecaster, OnnxBackend  # noqa: E402
 
 

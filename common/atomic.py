@@ -100,6 +100,15 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
+def read_json_or_empty(path: str | os.PathLike) -> dict:
+    """A JSON object file, or {} when it is missing, unreadable or not an object (optional outputs)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _json_default(obj: Any) -> Any:
     # numpy scalars and paths show up in metrics and configs; everything else is a bug.
     if hasattr(obj, "item") and callable(obj.item):

@@ -32,13 +32,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from common.atomic import read_json_or_empty
 from common.errors import UserError
+from common.infer import STEP_FILE
 from common.model import KVCache, decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_run", "model_card"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
-STEP_FILE = "model_step.onnx"  # ONNX only: one decoding step with the KV cache
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
 ONNX_OPSET = 17
 INPUTS = ("tokens", "asset_ids", "category_ids")
@@ -140,9 +141,8 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
         raise UserError(f"--out {out} is not writable ({e.strerror or e}); pass --out a folder you can write") from None
     try:
         wrapper = NextTokenLogits(fc.model.eval()).eval()
-        info = json.loads((Path(run_dir) / "asset_info.json").read_text())
-        example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, info["num_assets"],
-                                info["num_categories"])
+        ids = fc.model.asset_emb.num_embeddings, fc.model.category_emb.num_embeddings  # asset_info.json's counts
+        example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         target = staging / FORMATS[fmt]
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on python ints in shapes (checked by check_parity)
@@ -152,8 +152,7 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
                 _export_onnx_step(Prefill(fc.model).eval(), Step(fc.model).eval(), example, staging / STEP_FILE)
             else:
                 torch.jit.trace(wrapper, example, check_trace=False).save(str(target))
-        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size,
-                             info["num_assets"], info["num_categories"])
+        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         for name in ("config.json", "tokenizer.json", "asset_info.json"):
             shutil.copy2(Path(run_dir) / name, staging / name)
         card = model_card(Path(run_dir), fc, fmt, worst)
@@ -228,9 +227,9 @@ def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length:
 
 def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     """What the export is, what it was trained on, and how good it is (when the run was scored)."""
-    data_info = _json_or_empty(run_dir / "data_info.json")
-    card = _json_or_empty(run_dir / "scorecard.json")
-    results = _json_or_empty(run_dir / "test_results.json")
+    data_info = read_json_or_empty(run_dir / "data_info.json")
+    card = read_json_or_empty(run_dir / "scorecard.json")
+    results = read_json_or_empty(run_dir / "test_results.json")
     cuts = data_info.get("split_cuts", {})
     cfg = fc.cfg
     return {
@@ -263,9 +262,3 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     }
 
 
-def _json_or_empty(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

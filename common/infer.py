@@ -36,7 +36,7 @@ __all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "dra
 EXPORT_FILES = ("model.onnx", "config.json", "tokenizer.json", "asset_info.json", "model_card.json")
 ROWS_PER_CALL = 4096  # sampled paths per call without a cache: bounds the activations' memory
 CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB), as common.sampling
-STEP_FILE = "model_step.onnx"  # common.export.STEP_FILE
+STEP_FILE = "model_step.onnx"  # ONNX only: one decoding step with the KV cache
 
 # tokens (B, L) int64, asset_ids (B,), category_ids (B,) -> last position's logits (B, V) float32
 LogitsFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]

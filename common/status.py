@@ -11,11 +11,11 @@ that are queued but have no run folder yet get a row of their own.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from common.atomic import read_json_or_empty
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.slurm_utils import ACTIVE_STATES, job_commands, job_states, slurm_available
 from common.training_log import format_duration
@@ -44,14 +44,6 @@ class RunRow:
 
 _HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "SCORE", "TOK/S", "PEAK MEM",
             "ETA", "LAST LOG LINE")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def last_line(path: Optional[Path], width: int = _LINE_WIDTH) -> str:
@@ -116,8 +108,8 @@ def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
 
 
 def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) -> RunRow:
-    log = _read_json(run_dir / "training_log.json")
-    run_cfg = _read_json(run_dir / "config.json")
+    log = read_json_or_empty(run_dir / "training_log.json")
+    run_cfg = read_json_or_empty(run_dir / "config.json")
     row = RunRow(case=case.name, run=run_dir.name)
     job = log.get("slurm_job_id")
     state = states.get(str(job)) if job else None
@@ -144,7 +136,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         row.peak_mem = _peak_memory(last.get("gpus"))
         if row.status == "running" and isinstance(last.get("eta_s"), (int, float)):
             row.eta = format_duration(last["eta_s"])
-    row.score = _score(_read_json(run_dir / "scorecard.json").get("headline"))
+    row.score = _score(read_json_or_empty(run_dir / "scorecard.json").get("headline"))
     row.last_log_line = last_line(_log_file(case, run_cfg, log))
     return row
 
@@ -171,7 +163,8 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
     slurm_on = slurm_available()
     if slurm_on:  # ask only about this user's jobs and the jobs the runs recorded
         commands = job_commands()
-        recorded = {str(_read_json(r / "training_log.json").get("slurm_job_id")) for rs in runs.values() for r in rs}
+        recorded = {str(read_json_or_empty(r / "training_log.json").get("slurm_job_id"))
+                    for rs in runs.values() for r in rs}
         states = job_states(sorted((recorded - {"None"}) | set(commands)))
     rows = []
     for folder in cases:
