@@ -286,18 +286,17 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
                 for era in eras]
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
     main = max(range(len(eras)), key=lambda i: sum(len(real_ts[s]) for s in eras[i]))  # most candles
-    cut1, cut2 = era_cuts[main]
 
     splits: dict[str, AssetSplit] = {}
     for symbol, frame in cleaned.items():
         ts = frame.index.asi8
         n = len(ts)
-        cut1, cut2 = cut_of[symbol]
-        i1, i2 = (int(i) for i in np.searchsorted(ts, [cut1, cut2], side="left"))
+        c1, c2 = cut_of[symbol]
+        i1, i2 = (int(i) for i in np.searchsorted(ts, [c1, c2], side="left"))
         split = AssetSplit(train=range(0, i1), val=range(min(i1 + purge, i2), i2),
                            test=range(min(i2 + purge, n), n))
         if len(split.train) < window:
-            dropped[symbol] = (f"{len(split.train)} candles before the train/val cut {_iso(cut1)} "
+            dropped[symbol] = (f"{len(split.train)} candles before the train/val cut {_iso(c1)} "
                                f"(of {n}); a training window needs context_length + 1 = {window}")
             continue
         short = tuple(name for name in ("val", "test") if len(getattr(split, name)) < window)
