@@ -55,7 +55,7 @@ class SplitWindows:
     starts: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
-    positions: torch.Tensor | None = None  # (W,) each window's index among its asset's windows
+    positions: torch.Tensor  # (W,) each window's index among its asset's windows
 
     def __len__(self) -> int:
         return int(self.starts.numel())
@@ -93,7 +93,7 @@ class TokenWindows:
         """Windows in one shuffled epoch of `split`: all of them, or with an epoch stride k the
         fewest any offset selects (every epoch the same length, so steps per epoch are fixed)."""
         w, k = self.splits[split], self.epoch_stride
-        if k == 1 or w.positions is None:
+        if k == 1:
             return len(w)
         return int(torch.bincount(w.positions.cpu() % k, minlength=k).min())
 
@@ -111,7 +111,7 @@ class TokenWindows:
         permutation of all of them, or with an epoch stride k of one offset's every k-th."""
         g = torch.Generator().manual_seed(_mix(seed, epoch))
         w, k = self.splits[split], self.epoch_stride
-        if k == 1 or w.positions is None:
+        if k == 1:
             return torch.randperm(self.num_windows(split), generator=g)  # on the CPU: same on any device
         # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
         cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
