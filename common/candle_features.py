@@ -60,9 +60,12 @@ def volume_ids(relative: np.ndarray, edges: list[float]) -> np.ndarray:
     return np.where(np.isfinite(relative), ids, 0).astype(np.int64)
 
 
-def candle_features(frame: pd.DataFrame, interval: str, edges: list[float]) -> np.ndarray:
-    """(n, NUM_FEATURES) int64 ids of a cleaned candle frame, one row per candle (token)."""
-    relative = relative_volume(frame["volume"].to_numpy(dtype=np.float64))
+def candle_features(frame: pd.DataFrame, interval: str, edges: list[float],
+                    relative: np.ndarray | None = None) -> np.ndarray:
+    """(n, NUM_FEATURES) int64 ids of a cleaned candle frame, one row per candle (token).
+    relative: the frame's relative_volume, when already computed."""
+    if relative is None:
+        relative = relative_volume(frame["volume"].to_numpy(dtype=np.float64))
     return np.concatenate([calendar_ids(frame.index, interval), volume_ids(relative, edges)[:, None]], axis=1)
 
 
@@ -71,6 +74,5 @@ def run_features(frames: dict[str, pd.DataFrame], train: dict[str, tuple[int, in
     """Every asset's feature ids, with the volume edges fitted on the train ranges only."""
     relative = {s: relative_volume(f["volume"].to_numpy(dtype=np.float64)) for s, f in frames.items()}
     edges = fit_volume_edges(relative[s][train[s][0]:train[s][1]] for s in frames)
-    features = {s: np.concatenate([calendar_ids(f.index, interval), volume_ids(relative[s], edges)[:, None]], axis=1)
-                for s, f in frames.items()}
+    features = {s: candle_features(f, interval, edges, relative[s]) for s, f in frames.items()}
     return features, edges
