@@ -123,10 +123,11 @@ def summarize_paths(close: np.ndarray, high: np.ndarray, low: np.ndarray) -> dic
 class Forecaster:
     """A trained model, its tokenizer and asset ids: `from_run(run_dir)`, then `forecast(...)`."""
 
-    def __init__(self, model: MarketGPT, tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any], cfg: Config,
-                 run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
+    def __init__(self, model: Optional[MarketGPT], tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any],
+                 cfg: Config, run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
                  volume_edges: Optional[Sequence[float]] = None) -> None:
-        self.model = model.eval()
+        # model None: a subclass samples without torch (common.infer.ExportedForecaster)
+        self.model = model.eval() if model is not None else None
         self.volume_edges = None if volume_edges is None else list(volume_edges)  # data_info.json's, if stored
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -134,7 +135,7 @@ class Forecaster:
         self.checkpoint_sha256 = checkpoint_sha256
         self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
         self.symbols = list(asset_info["symbols"])
-        self.device = next(model.parameters()).device
+        self.device = next(model.parameters()).device if model is not None else "cpu"
 
     # ------------------------------------------------------------------ loading
 

@@ -196,17 +196,10 @@ class ExportedForecaster(Forecaster):
 
     def __init__(self, backend: LogitsFn, tokenizer: Any, asset_info: dict, cfg: Any,
                  export_dir: Optional[Path] = None, card: Optional[dict] = None) -> None:
-        # Forecaster's attributes without a torch model: the backend stands in for it
-        self.model = None
-        self.backend = backend
-        self.tokenizer = tokenizer
-        self.cfg = cfg
-        self.run_dir = export_dir
         self.card = card or {}
-        self.checkpoint_sha256 = self.card.get("checkpoint_sha256")
-        self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
-        self.symbols = list(asset_info["symbols"])
-        self.device = "cpu"
+        super().__init__(None, tokenizer, asset_info, cfg, run_dir=export_dir,
+                         checkpoint_sha256=self.card.get("checkpoint_sha256"))
+        self.backend = backend  # stands in for the torch model
 
     @classmethod
     def from_export(cls, export_dir: Union[str, os.PathLike], threads: Optional[int] = None) -> "ExportedForecaster":
