@@ -192,12 +192,12 @@ def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path
                       opset_version=ONNX_OPSET, dynamo=False)
 
 
-def load_exported(path: Path, fmt: str) -> Any:
+def load_exported(path: Path, fmt: str, context_length: int) -> Any:
     """A callable (tokens, asset_ids, category_ids) -> numpy logits for an exported model file."""
     if fmt == "onnx":
         from common.infer import OnnxBackend
 
-        return OnnxBackend(path, context_length=10**9)
+        return OnnxBackend(path, context_length=context_length)
     module = torch.jit.load(str(path))
     return lambda t, a, c: module(torch.as_tensor(t), torch.as_tensor(a), torch.as_tensor(c)).detach().numpy()
 
@@ -206,7 +206,7 @@ def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length:
                  num_assets: int, num_categories: int) -> float:
     """Largest |logit difference| between the export and the torch model on random inputs of
     several batch sizes and lengths; a UserError if it exceeds PARITY_ATOL."""
-    run = load_exported(path, fmt)
+    run = load_exported(path, fmt, context_length)
     wrapper.eval()
     worst = 0.0
     for i, (batch, length) in enumerate(((1, 1), (3, max(1, context_length // 2)), (5, context_length))):
