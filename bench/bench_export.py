@@ -11,6 +11,7 @@ fastest round is reported (bench/_common.py). Always exits 0: it reports, it doe
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -24,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_args, finish, row, set_threads  # noqa: E402
 from bench_forecast import setup  # noqa: E402
 
-from common.export import Prefill, Step, _export_onnx, _export_onnx_step, random_inputs  # noqa: E402
-from common.infer import STEP_FILE  # noqa: E402
+from common.export import export_onnx, random_inputs  # noqa: E402
 from common.infer import ExportedForecaster, OnnxBackend  # noqa: E402
 
 
@@ -36,8 +36,7 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
     example = random_inputs(2, cfg.model.context_length, cfg.model.vocab_size, assets, 1)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _export_onnx(Prefill(fc.model).eval(), example, folder / "model.onnx")
-        _export_onnx_step(Prefill(fc.model).eval(), Step(fc.model).eval(), example, folder / STEP_FILE)
+        export_onnx(fc.model, example, folder)
     info = {"assets": list(fc.assets.values()), "symbols": fc.symbols}
     onnx = ExportedForecaster(OnnxBackend(folder / "model.onnx", cfg.model.context_length, torch.get_num_threads()),
                               fc.tokenizer, info, cfg)
@@ -50,6 +49,7 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
         return time.perf_counter() - t0
 
     times = alternate({"torch": lambda: timed(fc), "onnxruntime": lambda: timed(onnx)}, rounds)
+    shutil.rmtree(folder, ignore_errors=True)
     ms = {k: 1000 * min(v) for k, v in times.items()}
     shape = f"{assets} assets x {samples} samples x {horizon} steps, case C model, CPU, {torch.get_num_threads()} threads"
     for k, v in ms.items():

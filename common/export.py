@@ -37,7 +37,7 @@ from common.errors import UserError
 from common.infer import STEP_FILE
 from common.model import KVCache, decode_attention
 
-__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_run", "model_card"]
+__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_run", "model_card"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
@@ -147,9 +147,7 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on python ints in shapes (checked by check_parity)
             if fmt == "onnx":
-                # eval() on every wrapper: the exporter restores the mode of the module it was given
-                _export_onnx(Prefill(fc.model).eval(), example, target)
-                _export_onnx_step(Prefill(fc.model).eval(), Step(fc.model).eval(), example, staging / STEP_FILE)
+                export_onnx(fc.model, example, staging)
             else:
                 torch.jit.trace(wrapper, example, check_trace=False).save(str(target))
         worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
@@ -190,6 +188,14 @@ def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path
                       dynamic_axes={"token": batch, "asset_ids": batch, "category_ids": batch, "past_k": past,
                                     "past_v": past, "logits": batch, "present_k": past, "present_v": past},
                       opset_version=ONNX_OPSET, dynamo=False)
+
+
+def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folder: Path) -> None:
+    """model.onnx (a whole window's next-token logits) and STEP_FILE (one decoding step with the
+    KV cache) into folder, traced on `example` (random_inputs). Call under torch.no_grad()."""
+    # eval() on every wrapper: the exporter restores the mode of the module it was given
+    _export_onnx(Prefill(model).eval(), example, folder / FORMATS["onnx"])
+    _export_onnx_step(Prefill(model).eval(), Step(model).eval(), example, folder / STEP_FILE)
 
 
 def load_exported(path: Path, fmt: str, context_length: int) -> Any:
