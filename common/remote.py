@@ -175,8 +175,8 @@ class Remote:
             if line.startswith(wanted):
                 self.out(line)
 
-    def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> str:
-        """sbatch the case's script there; returns the job id."""
+    def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
+        """sbatch the case's script there; returns the job id and its log file (relative to the repo)."""
         from common.paths import case_dir
 
         case_path = case_dir(case, root=self.repo)
@@ -187,17 +187,18 @@ class Remote:
         if not self.dry_run:
             self.check_repo()
         answer = self.run("submit (sbatch)", self.ssh_cmd(command))
+        log = f"{case_path.name}/logs/{_log_prefix(script)}_{{}}.out"
         if self.dry_run:
-            return "JOBID"
+            return "JOBID", log.format("JOBID")
         job_id = answer.strip().splitlines()[-1].split(";")[0] if answer.strip() else ""
         if not job_id.isdigit():
             raise StepFailed("submit (sbatch)", f"sbatch printed no job id: {answer.strip()!r}")
-        log = f"{case_path.name}/logs/{_log_prefix(script)}_{job_id}.out"
+        log = log.format(job_id)
         self.out(f"Submitted job {job_id} on {self.s.host}")
         self.out(f"  follow:  marketgpt remote logs {job_id} -f     "
                  f"(ssh {self.s.host} tail -f {self.s.path.rstrip('/')}/{log})")
         self.out(f"  queue:   ssh {self.s.host} squeue -j {job_id}")
-        return job_id
+        return job_id, log
 
     def status(self, case: Optional[str]) -> str:
         args = " --case " + shlex.quote(case) if case else ""
@@ -519,11 +520,7 @@ def run_remote_command(args: argparse.Namespace) -> int:
 
 def _train(r: Remote, args: argparse.Namespace) -> int:
     r.sync()
-    job_id = r.submit(args.case, args.overrides, args.sbatch_args)
-    from common.paths import case_dir
-
-    case_path = case_dir(args.case, root=r.repo)
-    log = f"{case_path.name}/logs/{_log_prefix(_case_script(case_path))}_{job_id}.out"
+    job_id, log = r.submit(args.case, args.overrides, args.sbatch_args)
     if r.dry_run:
         r.out(f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
               "then fetch its run folder)")
