@@ -55,7 +55,7 @@ class SplitWindows:
     starts: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
-    positions: torch.Tensor  # (W,) each window's index among its asset's windows
+    positions: torch.Tensor  # (W,) each window's index among its asset's windows, on the CPU
 
     def __len__(self) -> int:
         return int(self.starts.numel())
@@ -95,7 +95,7 @@ class TokenWindows:
         w, k = self.splits[split], self.epoch_stride
         if k == 1:
             return len(w)
-        return int(torch.bincount(w.positions.cpu() % k, minlength=k).min())
+        return int(torch.bincount(w.positions % k, minlength=k).min())
 
     def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False,
                     shuffle: bool = False) -> int:
@@ -116,7 +116,7 @@ class TokenWindows:
         # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
         cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
         offset = int(torch.randperm(k, generator=cycle)[epoch % k])
-        chosen = torch.nonzero(w.positions.cpu() % k == offset)[:, 0]
+        chosen = torch.nonzero(w.positions % k == offset)[:, 0]
         return chosen[torch.randperm(len(chosen), generator=g)][:self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
@@ -200,7 +200,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
         c = np.concatenate([np.full(len(s), i, np.int64) for s, _, i in found[split]] or [np.zeros(0, np.int64)])
         pos = np.concatenate([np.arange(len(s), dtype=np.int64) for s, _, _ in found[split]]
                              or [np.zeros(0, np.int64)])
-        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c, pos)))
+        # positions stay on the CPU: only the epoch order reads them
+        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c)), torch.from_numpy(pos))
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
