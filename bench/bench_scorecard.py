@@ -7,8 +7,8 @@ asset on the train split), building the no-look-ahead histories, sampling the th
 the metrics, block-bootstrap skill, backtest, and writing scorecard.json + scorecard.png.
 With --run RUN_DIR the run's Forecaster is the model (its data and splits are the run's).
 
-    python bench/bench_scorecard.py [--forecaster rw_ewma | --run RUN_DIR] [--horizons 1,5,20]
-                                    [--samples 200] [--stride 5] [--out DIR] [--json PATH]
+    python bench/bench_scorecard.py [--forecaster rw_ewma | --run RUN_DIR [--precision auto|fp32|bf16]]
+                                    [--horizons 1,5,20] [--samples 200] [--stride 5] [--out DIR] [--json PATH]
 
 Always exits 0: it reports, it does not gate.
 """
@@ -30,7 +30,7 @@ CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 
 
 def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), samples: int = 200, stride: int = 5,
-        out: Path | None = None, run_dir: Path | None = None) -> dict[str, Any]:
+        out: Path | None = None, run_dir: Path | None = None, precision: str = "auto") -> dict[str, Any]:
     from common.config import load_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
@@ -51,7 +51,8 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     if run_dir is not None:
         from common.forecast import Forecaster
 
-        model, forecaster = forecaster_fn(Forecaster.from_run(run_dir)), f"run {Path(run_dir).name}"
+        fc = Forecaster.from_run(run_dir, precision=precision)
+        model, forecaster = forecaster_fn(fc), f"run {Path(run_dir).name}, {fc.precision}"
     else:
         model = baselines[forecaster]
     t_fit = time.perf_counter() - t0
@@ -89,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--stride", type=int, default=5)
     ap.add_argument("--run", type=Path, default=None, help="a run folder: its Forecaster is the model")
+    ap.add_argument("--precision", default="auto", help="the run's inference precision: auto, fp32 or bf16")
     ap.add_argument("--out", type=Path, default=None, help="keep scorecard.json and scorecard.png here")
     args = ap.parse_args(argv)
     horizons = tuple(int(h) for h in args.horizons.split(","))
-    result = run(args.forecaster, horizons, args.samples, args.stride, args.out, args.run)
+    result = run(args.forecaster, horizons, args.samples, args.stride, args.out, args.run, args.precision)
     return finish("scorecard", result, args.json)
 
 

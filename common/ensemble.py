@@ -36,14 +36,15 @@ class Ensemble(Forecaster):
         for m in members[1:]:
             _check_same(first, m)
         super().__init__(first.model, first.tokenizer, {"assets": list(first.assets.values()), "symbols": first.symbols},
-                         first.cfg, run_dir=first.run_dir, checkpoint_sha256=first.checkpoint_sha256)
+                         first.cfg, run_dir=first.run_dir, checkpoint_sha256=first.checkpoint_sha256,
+                         precision=first.precision)
         self.members = list(members)
         self.ensemble = [{"run": str(m.run_dir), "checkpoint_sha256": m.checkpoint_sha256} for m in members]
 
     @classmethod
-    def from_runs(cls, run_dirs: Sequence[Union[str, Path]],
-                  device: Union[str, torch.device, None] = None) -> "Ensemble":
-        return cls([Forecaster.from_run(r, device=device) for r in run_dirs])
+    def from_runs(cls, run_dirs: Sequence[Union[str, Path]], device: Union[str, torch.device, None] = None,
+                  precision: str = "auto") -> "Ensemble":
+        return cls([Forecaster.from_run(r, device=device, precision=precision) for r in run_dirs])
 
     def min_history(self) -> int:
         return max(m.min_history() for m in self.members)
@@ -93,11 +94,12 @@ def _tokenizer_text(fc: Forecaster) -> Optional[str]:
     return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
 
 
-def forecaster_for(run_dirs: Union[Path, Sequence[Path]], device: Union[str, torch.device, None] = None) -> Forecaster:
+def forecaster_for(run_dirs: Union[Path, Sequence[Path]], device: Union[str, torch.device, None] = None,
+                   precision: str = "auto") -> Forecaster:
     """One run folder: its Forecaster; several: their Ensemble."""
     runs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     if len(runs) == 1:
-        return Forecaster.from_run(runs[0], device=device)
+        return Forecaster.from_run(runs[0], device=device, precision=precision)
     if len({Path(r).resolve() for r in runs}) < len(runs):
         raise UserError("the same run folder is given twice; an ensemble needs distinct runs")
-    return Ensemble.from_runs(runs, device=device)
+    return Ensemble.from_runs(runs, device=device, precision=precision)

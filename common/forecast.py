@@ -125,9 +125,10 @@ class Forecaster:
 
     def __init__(self, model: Optional[MarketGPT], tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any],
                  cfg: Config, run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
-                 volume_edges: Optional[Sequence[float]] = None) -> None:
+                 volume_edges: Optional[Sequence[float]] = None, precision: str = "fp32") -> None:
         # model None: a subclass samples without torch (common.infer.ExportedForecaster)
         self.model = model.eval() if model is not None else None
+        self.precision = precision  # "fp32" or "bf16" (autocast): common.precision.inference_precision
         self.volume_edges = None if volume_edges is None else list(volume_edges)  # data_info.json's, if stored
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -140,14 +141,18 @@ class Forecaster:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None) -> "Forecaster":
-        """The run's best model (best_model.pt), tokenizer, asset ids and config."""
+    def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None,
+                 precision: str = "auto") -> "Forecaster":
+        """The run's best model (best_model.pt), tokenizer, asset ids and config. precision:
+        "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
+        "fp32" or "bf16"."""
         import torch
 
-        from common.atomic import read_json
+        from common.atomic import read_json, read_json_or_empty
         from common.checkpoint import load_checkpoint, unwrap_state_dict
         from common.config import load_config
         from common.model import MarketGPT
+        from common.precision import inference_precision
 
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
@@ -166,6 +171,8 @@ class Forecaster:
         except ValueError as e:
             raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
         device = torch.device(device) if device is not None else torch.device("cpu")
+        precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
+                                        device)
         best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
         model = MarketGPT(cfg.model, num_assets=asset_info["num_assets"], num_categories=asset_info["num_categories"])
         try:
@@ -185,7 +192,7 @@ class Forecaster:
             raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
         return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
-                   volume_edges=edges)
+                   volume_edges=edges, precision=precision)
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -291,16 +298,18 @@ class Forecaster:
         horizon, 3) candle ids, only for a model with time_features / volume_input."""
         import torch
 
+        from common.precision import autocast
         from common.sampling import sample_paths
 
-        dev = self.device
+        dev = torch.device(self.device)
         generator = torch.Generator(device=dev).manual_seed(int(seed))
-        return sample_paths(
-            self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
-            torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
-            top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
-            max_batch=max_batch, features=None if features is None else torch.as_tensor(features, device=dev),
-        ).cpu().numpy()
+        with autocast(self.precision, dev):  # bf16: matmuls and the KV cache in bf16, sampling in fp32
+            return sample_paths(
+                self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
+                torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
+                top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
+                max_batch=max_batch, features=None if features is None else torch.as_tensor(features, device=dev),
+            ).cpu().numpy()
 
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's

@@ -41,8 +41,9 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
         from common.infer import ExportedForecaster
 
-        if args.device != "cpu" or len(runs) != 1:
-            raise UserError("--backend onnx takes one export folder and runs on the CPU (no --device)")
+        if args.device != "cpu" or len(runs) != 1 or args.precision not in ("auto", "fp32"):
+            raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
+                            "(no --device, no --precision)")
         fc = ExportedForecaster.from_export(runs[0])
     else:
         import torch
@@ -51,7 +52,7 @@ def run_forecast_command(args: argparse.Namespace) -> int:
 
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
-        fc = forecaster_for(runs, device=args.device)  # several runs: their ensemble
+        fc = forecaster_for(runs, device=args.device, precision=args.precision)  # several runs: their ensemble
     symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
     fc.check_request(args.horizon, args.samples)  # before any data is read
     histories = fc.load_history(symbols, args.as_of)
@@ -62,7 +63,8 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     check_writable(out, "--out", "pass --out a folder you can write")
     result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, return_paths=True)
-    settings = {"backend": backend, "as_of": args.as_of or "latest", "seed": args.seed, "horizon": args.horizon,
+    settings = {"backend": backend, "precision": fc.precision, "as_of": args.as_of or "latest", "seed": args.seed,
+                "horizon": args.horizon,
                 "samples": args.samples, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     written = write_outputs(fc, result, histories, out, settings, save_paths=args.save_paths)
     print(stdout_table(result.table))

@@ -10,6 +10,10 @@
 Whatever the precision, the parameters, gradients and AdamW moments stay fp32 ("master
 weights"): autocast only casts the inputs of matmuls, so checkpoints hold fp32 weights. An
 explicit bf16 or fp16 on the CPU is honoured (slow, but it lets the tests run the paths).
+
+Forecasts and scorecards (`--precision`, `inference_precision`) run in fp32 or bf16 autocast:
+auto is bf16 for a run that trained in bf16 (its forward saw bf16 matmuls throughout
+training) on a device that multiplies bf16 in hardware, and fp32 otherwise.
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["AUTOCAST_DTYPES", "autocast", "bf16_supported", "describe_precision", "grad_scaler",
-           "resolve_precision", "use_tf32"]
+__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "describe_precision",
+           "fast_bf16", "grad_scaler", "inference_precision", "resolve_precision", "use_tf32"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -44,6 +49,30 @@ def resolve_precision(setting: str, device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         raise UserError(f"training.precision=bf16 but {name} (compute capability {major}.{minor}) has no bf16 "
                         "tensor cores; use training.precision=auto (fp16 with a grad scaler) or fp16")
+    return setting
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """bf16 matrix products in hardware: a GPU of compute capability 8.0+, or a CPU with
+    AVX512-BF16 or AMX-BF16. Elsewhere torch emulates bf16, which is slower than fp32."""
+    if device.type == "cuda":
+        return bf16_supported(device)
+    if device.type != "cpu":
+        return False
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def inference_precision(setting: str, trained: Optional[str], device: torch.device) -> str:
+    """--precision of forecast / scorecard ("auto", "fp32", "bf16") made concrete for `device`.
+    trained: the run's training precision (training_log.json), None when unknown."""
+    if setting not in INFERENCE_PRECISIONS:
+        raise UserError(f"--precision {setting!r}: expected one of {', '.join(INFERENCE_PRECISIONS)}")
+    if setting == "auto":
+        return "bf16" if trained == "bf16" and fast_bf16(device) else "fp32"
+    if setting == "bf16" and not bf16_supported(device):
+        raise UserError(f"--precision bf16 but {torch.cuda.get_device_name(device)} has no bf16 tensor cores; "
+                        "use --precision fp32")
     return setting
 
 

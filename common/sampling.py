@@ -113,14 +113,16 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
     banned = banned[:V]
     keep = max(1, T // 2)  # tokens a full cache is rebuilt from
     P = prefill_length(T, horizon, L)
-    if max_batch is None:
+    # under autocast (a bf16 forecast) the cache holds what the matmuls make and read: no casts per step
+    cache_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    if max_batch is None:  # counted in fp32 for bf16 too: larger chunks were no faster
         per_row = 2 * model.config.num_layers * T * model.config.d_model * model.lm_head.weight.element_size()
         max_batch = max(1, CACHE_BUDGET_BYTES // per_row)
 
     was_training = model.training
     model.eval()
     try:
-        first_cache = model.new_cache(N)
+        first_cache = model.new_cache(N, dtype=cache_dtype)
         feats = None if features is None else features[:, L - P:]  # aligned with seq below: (N, P + H, 3)
         first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache,
                              features=None if feats is None else feats[:, :P], vocab=V)[0][:, -1]
@@ -141,7 +143,7 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
                 if step == horizon - 1:
                     break
                 if cache.length == T:  # full: rebuild from the last `keep` tokens, positions from 0
-                    cache = model.new_cache(len(r))
+                    cache = model.new_cache(len(r), dtype=cache_dtype)
                     logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache,
                                    features=None if f is None else f[:, end + 1 - keep:end + 1], vocab=V)[0][:, -1]
                 else:

@@ -3,6 +3,7 @@ writes at the end of training (common.training_run's final outputs).
 
     marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
+                                [--precision auto|fp32|bf16]
 
 Both score the run's best model (`common.forecast.Forecaster`) with `common.scorecard.run_scorecard`
 and write scorecard.json and scorecard.png into the run folder. The end-of-training one uses
@@ -55,14 +56,15 @@ def run_scorecard_command(args: argparse.Namespace) -> int:
         raise UserError(f"--cost-bp {args.cost_bp:g}: must be zero or positive (basis points per side)")
     assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else None
     runs = list(args.run_dir)
-    forecaster = forecaster_for(runs, device=_device(args.device))  # several runs: their ensemble
+    forecaster = forecaster_for(runs, device=_device(args.device), precision=args.precision)  # several: an ensemble
     # an ensemble's card goes beside the first run's own, with the member list
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
     if len(runs) > 1:
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
     card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=horizons, stride=stride,
                          n_origins=args.origins, n_samples=args.samples, seed=args.seed, cost_bp=args.cost_bp,
-                         assets=assets, out_dir=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                         assets=assets, out_dir=out, precision=forecaster.precision,
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print("\n".join(card["verdicts"]))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
@@ -91,9 +93,10 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
         return None
     out = out or sys.stdout
     try:
-        card = run_scorecard(run_dir, forecaster_fn(Forecaster.from_run(run_dir, device=device)),
-                             horizons=DEFAULT_HORIZONS, stride=None, n_origins=t.scorecard_origins,
-                             n_samples=t.scorecard_samples, seed=t.seed)
+        forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
+        card = run_scorecard(run_dir, forecaster_fn(forecaster), horizons=DEFAULT_HORIZONS, stride=None,
+                             n_origins=t.scorecard_origins, n_samples=t.scorecard_samples, seed=t.seed,
+                             precision=forecaster.precision)
     except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
         reason = f"{type(e).__name__}: {e}"
         print(f"warning: scorecard.json not written ({reason})", file=sys.stderr, flush=True)

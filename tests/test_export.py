@@ -172,6 +172,7 @@ def test_marketgpt_forecast_backend_onnx_runs_without_torch(onnx_dir, tmp_path):
     meta = json.loads((out / "forecast.json").read_text())
     card = json.loads((onnx_dir / "model_card.json").read_text())
     assert meta["backend"] == "onnx" and meta["checkpoint_sha256"] == card["checkpoint_sha256"]
+    assert meta["precision"] == "fp32"
     assert len(pd.read_parquet(out / "forecast.parquet")) == 2 * 5
 
 
@@ -179,6 +180,8 @@ def test_forecast_backend_onnx_on_a_run_folder_or_a_torchscript_export_says_what
                                                                                               capsys):
     assert main(["forecast", str(run_dir), "--backend", "onnx", "--out", str(tmp_path / "a")]) == 2
     assert "missing model.onnx" in capsys.readouterr().err
+    assert main(["forecast", str(run_dir), "--backend", "onnx", "--precision", "bf16"]) == 2
+    assert "in fp32 (no --device, no --precision)" in capsys.readouterr().err
     assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(tmp_path / "ts")]) == 0
     capsys.readouterr()
     assert main(["forecast", str(tmp_path / "ts"), "--backend", "onnx", "--out", str(tmp_path / "b")]) == 2

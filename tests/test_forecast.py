@@ -101,6 +101,37 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
         assert windows.count(6) >= 1  # the window was full and rebuilt from the last T // 2 tokens
 
 
+def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(monkeypatch):
+    """--precision bf16: sampling under bf16 autocast. The KV cache is bf16 (no cast per step)
+    and every step's next-token distribution stays within 0.01 (total variation) of the fp32
+    uncached forward on the same tokens; the logits differ, so bf16 did run."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                      asset_embed_dim=4, category_embed_dim=4, positional="rope")
+    model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
+    with torch.no_grad():
+        model.wte.weight.mul_(8)  # logits with a spread of about 1, like a trained model's (tied head)
+    contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
+    a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
+    cache_dtypes, logit_err, tv = [], [], []
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda *args, **kw: cache_dtypes.append(kw.get("dtype")) or
+                        new_cache(*args, **kw))
+
+    def check(step, rows, seq, window, logits):
+        with torch.autocast("cpu", enabled=False):
+            ref = model(seq[:, -window:], a[rows], c[rows], last_only=True)[0][:, -1]
+        logit_err.append((ref - logits.float()).abs().max().item())
+        tv.append(0.5 * (ref.softmax(-1) - logits.float().softmax(-1)).abs().sum(-1).max().item())
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sample_paths(model, contexts, a, c, 8, 3, generator=torch.Generator().manual_seed(1), on_step=check,
+                     max_batch=4)
+    assert cache_dtypes and set(cache_dtypes) == {torch.bfloat16}
+    assert len(tv) == 3 * 8 and max(tv) < 0.01, max(tv)  # 3 chunks (one context each) x 8 steps
+    assert min(logit_err) > 1e-4  # bf16 rounding is visible: the autocast path ran
+
+
 def test_every_sample_lands_in_its_contexts_rows_however_the_rows_are_chunked():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
@@ -356,12 +387,20 @@ def test_cli_end_to_end_is_byte_reproducible(run_dir, tmp_path, capsys):
     meta = json.loads((tmp_path / "a" / "forecast.json").read_text())
     assert meta["seed"] == 4 and meta["samples"] == 32 and len(meta["checkpoint_sha256"]) == 64
     assert meta["tokenizer"]["version"] == 1 and meta["as_of"] == "latest"
+    assert meta["precision"] == "fp32"  # auto: the run trained in fp32 (on the CPU)
     assert _forecast(capsys, *args, "--out", tmp_path / "b")[0] == 0
     assert (tmp_path / "a" / "forecast.parquet").read_bytes() == (tmp_path / "b" / "forecast.parquet").read_bytes()
     code, out, err = _forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "4",
                                "--top-k", "5", "--as-of", "2010-01-05")
     assert code == 0 and "overconfident" in err
     assert (run_dir / "forecasts" / "2010-01-05T0000" / "forecast.csv").is_file()
+    assert _forecast(capsys, *args, "--precision", "bf16", "--out", tmp_path / "bf16")[0] == 0
+    assert json.loads((tmp_path / "bf16" / "forecast.json").read_text())["precision"] == "bf16"
+    assert _forecast(capsys, *args, "--precision", "bf16", "--out", tmp_path / "bf16_again")[0] == 0
+    assert ((tmp_path / "bf16" / "forecast.parquet").read_bytes()
+            == (tmp_path / "bf16_again" / "forecast.parquet").read_bytes())  # reproducible in bf16 too
+    bf16 = np.load(tmp_path / "bf16" / "paths.npz")["tokens"]
+    assert bf16.shape == (2, 32, 5) and not np.array_equal(bf16, np.load(tmp_path / "a" / "paths.npz")["tokens"])
 
 
 def _one_line_error(code: int, err: str, *needles: str) -> None:
@@ -381,6 +420,7 @@ def _one_line_error(code: int, err: str, *needles: str) -> None:
     (["--horizon", "100000"], ["--horizon 100000"]),
     (["--samples", "0"], ["--samples 0"]),
     (["--temperature", "-1", "--symbols", "AAPL"], ["--temperature"]),
+    (["--precision", "fp16"], ["--precision 'fp16'", "auto, fp32, bf16"]),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
     _one_line_error(*_forecast(capsys, run_dir, *args)[::2], *needles)

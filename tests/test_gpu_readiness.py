@@ -22,7 +22,7 @@ from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.memory import estimate_training_memory
 from common.model import MarketGPT
-from common.precision import resolve_precision
+from common.precision import inference_precision, resolve_precision
 from common.rng import seed_everything
 from common.submit import local_gpus
 from test_trainer import WINDOWS, _config, _trainer
@@ -126,6 +126,24 @@ def test_auto_precision_per_gpu_generation(monkeypatch):
     with pytest.raises(UserError, match=r"training.precision=bf16 but Tesla V100-SXM2-32GB .*7\.0"):
         resolve_precision("bf16", torch.device("cuda", 0))
     assert resolve_precision("fp32", torch.device("cuda", 0)) == "fp32"
+
+
+def test_forecast_precision_auto_is_the_runs_own_where_bf16_is_in_hardware(monkeypatch):
+    cpu = torch.device("cpu")
+    for caps, trained, expected in (({"avx512_bf16": True}, "bf16", "bf16"), ({"amx_bf16": True}, "bf16", "bf16"),
+                                    ({"avx2": True}, "bf16", "fp32"),  # emulated bf16 is slower than fp32
+                                    ({"avx512_bf16": True}, "fp32", "fp32"), ({"avx512_bf16": True}, None, "fp32")):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda caps=caps: caps)
+        assert inference_precision("auto", trained, cpu) == expected, (caps, trained)
+    assert inference_precision("bf16", "fp32", cpu) == "bf16" and inference_precision("fp32", "bf16", cpu) == "fp32"
+    with pytest.raises(UserError, match="--precision 'fp16'"):
+        inference_precision("fp16", "fp16", cpu)
+    _fake_cuda(monkeypatch, capability=(8, 0))
+    assert inference_precision("auto", "bf16", torch.device("cuda", 0)) == "bf16"
+    _fake_cuda(monkeypatch, names=("Tesla V100-SXM2-32GB",), capability=(7, 0))
+    assert inference_precision("auto", "fp16", torch.device("cuda", 0)) == "fp32"
+    with pytest.raises(UserError, match="--precision bf16 but Tesla V100-SXM2-32GB"):
+        inference_precision("bf16", None, torch.device("cuda", 0))
 
 
 def test_fp16_resume_carries_the_grad_scaler_and_checkpoints_keep_fp32_weights(tmp_path):

@@ -34,6 +34,7 @@ def test_training_ends_with_a_small_scorecard(trained):
     assert card["samples"] == 8 and sorted(card["horizons"], key=int) == ["1", "5", "20"]
     assert card["horizons"]["1"]["n_dates"] <= 3 and (run / "scorecard.png").is_file()
     assert card["headline"]["horizon"] == 1 and card["headline"]["baseline"] in card["baselines"]
+    assert card["precision"] == "fp32"  # the precision it trained in (the CPU's)
     assert "scorecard_error" not in json.loads((run / "test_results.json").read_text())
     # written before test_results.json, the output whose presence says the run is complete
     assert (run / "scorecard.json").stat().st_mtime_ns <= (run / "test_results.json").stat().st_mtime_ns
@@ -42,7 +43,7 @@ def test_training_ends_with_a_small_scorecard(trained):
 def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trained, capsys):
     _, run = trained
     code = main(["scorecard", str(run), "--horizons", "1,3", "--origins", "4", "--samples", "16",
-                 "--assets", "AAPL,^GSPC", "--seed", "3", "--cost-bp", "5"])
+                 "--assets", "AAPL,^GSPC", "--seed", "3", "--cost-bp", "5", "--precision", "bf16"])
     out, err = capsys.readouterr()
     assert code == 0, err
     verdicts = [line for line in out.splitlines() if line.startswith("H=")]
@@ -50,6 +51,7 @@ def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trai
     assert "origins" in err  # progress goes to stderr, the verdicts alone to stdout
     card = _card(run)
     assert card["verdicts"] == verdicts and card["samples"] == 16 and card["seed"] == 3
+    assert card["precision"] == "bf16"
     assert card["origins"]["assets"] == 2 and card["backtest"]["cost_bp"] == 5
     assert set(card["horizons"]["1"]["by_asset"]) <= {"AAPL", "^GSPC"}  # an origin date may be a holiday
     assert card["horizons"]["1"]["skill"]["crps"]["garch"]["verdict"] in ("beats", "no edge", "worse")
@@ -63,6 +65,7 @@ def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trai
     (["--samples", "1"], "--samples 1"),
     (["--assets", "NOPE"], "unknown assets NOPE"),
     (["--cost-bp", "-1"], "--cost-bp -1"),
+    (["--precision", "half"], "--precision 'half'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(trained, capsys, args, needle):
     _, run = trained
