@@ -103,6 +103,22 @@ def test_categories_filter_the_universe_for_a_per_market_run(parent, tmp_path):
     assert json.loads((child / "config.json").read_text())["data"]["categories"] == ["fx"]
 
 
+def test_a_factorized_parent_passes_on_its_trained_head(tmp_path):
+    """A new factorized head starts at the train split's unigram; a fine-tuned one must keep
+    the parent's trained head instead (the child's unigram, over other assets, differs)."""
+    factorized = ["--set", 'model.head="factorized"']
+    pconfig = make_case(tmp_path / "p", "fparent", PARENT_UNIVERSE, learning_rate=1e-2)
+    assert main(["train", "--config", str(pconfig), *factorized]) == 0
+    parent = only_run(pconfig)
+    config = make_case(tmp_path / "c", "fchild", CHILD_UNIVERSE, learning_rate=1e-12)  # the weights stay put
+    assert main(["train", "--config", str(config), "--init-from", str(parent), *factorized]) == 0
+    p, c = weights(parent / "best_model.pt"), weights(only_run(config) / "checkpoint_epoch_1.pt")
+    head = [k for k in p if k.startswith("head.")]
+    assert head
+    for k in head:
+        torch.testing.assert_close(c[k], p[k], atol=1e-6, rtol=0, msg=k)
+
+
 @pytest.mark.parametrize("override, fragment", [
     ("model.vocab_size=128", "model.vocab_size = 128, the parent's tokenizer has 64 ids"),
     ("tokenizer.shape_bins=4", "tokenizer.shape_bins = 4, the parent's is 8; fine-tuning keeps the parent's tokenizer"),
