@@ -67,7 +67,7 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
     ai = json.loads((run_dir / "asset_info.json").read_text())
     ranges = {s: {"train": r["train"], "test": r[split]} for s, r in tokens.ranges.items()}
-    data, train = eval_inputs(tokens.tokens, tokens.moves, ranges)
+    data, train = eval_inputs(tokens.tokens, tokens.moves, ranges, tokens.features)
     data = {s: t for s, t in data.items() if len(t.tokens) > 1}
     best = load_checkpoint(run_dir / "best_model.pt", map_location="cpu")
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])

@@ -498,6 +498,14 @@ def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, caps
     _one_line_error(*_forecast(capsys, old)[::2], "model.volume_input is on", "no volume_edges", "retrain")
 
 
+def test_bench_generalization_scores_a_run_with_time_and_volume_inputs(feature_run):
+    from bench_generalization import split_scores
+
+    scores = split_scores(feature_run, "val")  # the model reads the candles' feature ids too
+    assert len(scores["model"]) == len(scores["unigram"]) == len(scores["position"]) > 0
+    assert np.isfinite(scores["model"]).all()
+
+
 def test_bench_forecast_smoke_writes_its_rows(tmp_path):
     """bench/bench_forecast.py runs end to end at toy sizes (nothing here times anything)."""
     out = tmp_path / "forecast.json"
