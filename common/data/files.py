@@ -27,14 +27,10 @@ from common.data.prepare import COLUMNS, interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 
-__all__ = ["FILE_FIX_KINDS", "FILES_UNIVERSE", "SUFFIXES", "load_files", "read_candle_file"]
+__all__ = ["FILES_UNIVERSE", "SUFFIXES", "load_files", "read_candle_file"]
 
 FILES_UNIVERSE = "files"  # data.universe value: every file is an asset, in data.default_category
 SUFFIXES = (".csv", ".csv.gz", ".parquet")
-FILE_FIX_KINDS = (
-    "unparsable_timestamp",  # rows dropped: the timestamp does not parse
-    "off_interval",  # rows dropped: closer than one data.interval to the row before (mixed intervals)
-)
 _TIME_ALIASES = ("timestamp", "date", "datetime", "time")
 
 
@@ -188,6 +184,8 @@ def read_candle_file(path: Path, interval: str, symbol_column: bool = False
         keep = ~off
         index = pd.DatetimeIndex(s_ts[keep].view("datetime64[ns]"), name="timestamp").tz_localize("UTC")
         frames[symbol] = pd.DataFrame(s_values[keep], index=index, columns=list(COLUMNS))
+        # rows dropped because the timestamp does not parse, or is closer than one data.interval to
+        # the row before (mixed intervals): counted per asset in data_info.json
         fixes[symbol] = {"unparsable_timestamp": int((rows & bad_time).sum()), "off_interval": int(off.sum())}
     return frames, fixes, naive
 
