@@ -332,6 +332,23 @@ def test_missing_assets_are_left_out_with_a_warning_and_recorded(tmp_path: Path,
     assert "not in the cache" in prepared.dropped["GC=F"] and "not in the cache" in prepared.dropped["BTC/USDT"]
 
 
+def test_data_categories_reads_only_those_assets_from_the_cache(tmp_path: Path, capsys, monkeypatch):
+    write_case(tmp_path, UNIVERSE)
+    CandleCache(tmp_path / "data").write("ccxt", "1d", "BTC/USDT", candles("2015-01-01", 300), adjusted=False)
+    cfg = download_config()
+    cfg.data.categories = ["crypto"]
+    read = []
+    real = CandleCache.read
+    monkeypatch.setattr(CandleCache, "read", lambda self, source, interval, symbol: read.append(symbol) or
+                        real(self, source, interval, symbol))
+    data = load_market_data(cfg, tmp_path)
+    assert [a.symbol for a in data.assets] == ["BTC/USDT"] and read == ["BTC/USDT"]
+    assert "no 1d candles" not in capsys.readouterr().err  # no warning about the assets left out on purpose
+    cfg.data.categories = ["fx"]
+    with pytest.raises(UserError, match=r"no asset of fx in this universe \(it has commodity, crypto, us_stock\)"):
+        load_market_data(cfg, tmp_path)
+
+
 def test_a_repo_case_is_named_by_its_folder_name(tmp_path: Path):
     cfg = download_config(cache_dir=str(tmp_path / "empty_cache"))  # absolute: ignores the case folder
     cfg.data.universe_counts = {"crypto": 20}

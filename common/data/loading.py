@@ -41,16 +41,23 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     return _only_categories(market, cfg.data.categories)
 
 
-def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
-    """data.categories: keep those categories' assets (fine-tuning per market); [] keeps all."""
+def _in_categories(assets: list, categories: list[str]) -> list:
+    """The assets of `categories` ([] keeps all); a UserError for a category with none."""
     if not categories:
-        return market
-    kept = [a for a in market.assets if a.category in categories]
-    have = sorted({a.category for a in market.assets})
+        return assets
+    have = sorted({a.category for a in assets})
     empty = [c for c in categories if c not in have]
     if empty:
         raise UserError(f"data.categories = {categories}: no asset of {', '.join(empty)} in this universe "
                         f"(it has {', '.join(have)})")
+    return [a for a in assets if a.category in categories]
+
+
+def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
+    """data.categories: keep those categories' assets (fine-tuning per market); [] keeps all."""
+    if not categories:
+        return market
+    kept = _in_categories(market.assets, categories)
     symbols = {a.symbol for a in kept}
     return MarketData(assets=kept, candles={s: f for s, f in market.candles.items() if s in symbols},
                       interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
@@ -69,7 +76,8 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
     from common.data.cache import CandleCache  # written alongside
 
     d = cfg.data
-    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    # data.categories first: a per-market run of case A reads its own markets' files, not all 600
+    assets = _in_categories(load_universe(case_dir / d.universe, d.universe_counts or None), d.categories)
     cache_root = case_dir / d.cache_dir
     cache = CandleCache(cache_root)
     start = pd.Timestamp(d.start_date, tz="UTC")
