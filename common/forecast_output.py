@@ -64,8 +64,8 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, return_paths=True)
     settings = {"backend": backend, "precision": fc.precision, "as_of": args.as_of or "latest", "seed": args.seed,
-                "horizon": args.horizon,
-                "samples": args.samples, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+                "horizon": args.horizon, "samples": args.samples, "temperature": args.temperature,
+                "top_k": args.top_k, "top_p": args.top_p}
     written = write_outputs(fc, result, histories, out, settings, save_paths=args.save_paths)
     print(stdout_table(result.table))
     print(f"Wrote {', '.join(p.name for p in written)} in {out}")

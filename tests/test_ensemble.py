@@ -56,6 +56,8 @@ def test_pooled_paths_are_each_runs_share_and_the_table_reads_them_all(runs):
     for column, values in pooled.items():
         assert np.allclose(rows[column].to_numpy(dtype=float), values, equal_nan=True), column
     assert not np.array_equal(own_a.paths["close"][:, :3], own_b.paths["close"])  # two different models
+    assert ens.precision == "fp32"
+    assert Ensemble([a, Forecaster.from_run(runs[1], precision="bf16")]).precision == "bf16+fp32"  # as each samples
 
 
 def test_runs_with_another_tokenizer_are_refused(runs):
