@@ -1,7 +1,8 @@
 """`marketgpt doctor`: what to run first on a new node (or inside a job: srun marketgpt doctor).
 
 It prints the torch, CUDA and NCCL versions, the NVIDIA driver, every visible GPU (name,
-memory, bf16 support, dense 16-bit peak), the Slurm variables the process sees and whether
+memory, bf16 support, dense 16-bit peak), whether the CPU has bf16 in hardware (what forecasts
+and scorecards use it for), the Slurm variables the process sees and whether
 each case config's training fits in the smallest GPU's memory. It exits 1 when training here
 would fall back to the CPU (no usable GPU: a CPU build of torch, a driver older than the
 wheel's CUDA, no GPU visible), or when the job has more processes on this node than GPUs.
@@ -52,6 +53,16 @@ def _gpu_lines() -> tuple[list[str], list[int], list[str]]:
     return lines, memory, precisions
 
 
+def _cpu_line() -> str:
+    from common.precision import fast_bf16
+
+    caps = torch.cpu.get_capabilities()
+    has = fast_bf16(torch.device("cpu"))
+    return (f"CPU: {caps.get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
+            + ("yes (forecast/scorecard --precision auto runs bf16-trained runs in bf16 here)" if has else
+               "no (forecasts and scorecards run in fp32 here)"))
+
+
 def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str]:
     from common.config import load_config
     from common.memory import estimate_training_memory
@@ -90,6 +101,7 @@ def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     print(f"GPUs visible to torch: {len(lines)}", file=out)
     for line in lines:
         print(line, file=out)
+    print(_cpu_line(), file=out)
     seen = [f"{k}={os.environ[k]}" for k in SLURM_VARIABLES if k in os.environ]
     print("Slurm and launcher variables: " + (" ".join(seen) if seen else "none (not inside a Slurm job)"), file=out)
     print(f"Case configs (estimate + {_SLACK_BYTES / 1e9:g} GB slack vs the smallest GPU):", file=out)

@@ -450,13 +450,17 @@ def _fake_node(monkeypatch, tmp_path, names, memory=80e9, capability=(9, 0)) -> 
         monkeypatch.delenv(key, raising=False)
 
 
-def test_doctor_on_a_cpu_only_machine_exits_1_naming_the_cause(capsys):
+def test_doctor_on_a_cpu_only_machine_exits_1_naming_the_cause(capsys, monkeypatch):
     from common.cli import main
 
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "built for CUDA none (CPU build)" in out and "GPUs visible to torch: 0" in out
     assert out.strip().splitlines()[-1].startswith("PROBLEM: training here would run on the CPU: this torch")
+    for caps, answer in (({"avx512_bf16": True}, "bf16 in hardware: yes"), ({"avx2": True}, "bf16 in hardware: no")):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda caps=caps: caps)
+        assert main(["doctor"]) == 1
+        assert answer in capsys.readouterr().out
 
 
 def test_doctor_on_a_two_gpu_slurm_node(monkeypatch, tmp_path, capsys):
