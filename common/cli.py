@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/forecasts/<as-of>/)")
     p.add_argument("--save-paths", action="store_true", help="also write the sampled paths (paths.npz)")
-    p.add_argument("--device", default="cpu", help="cpu (default: byte-reproducible) or cuda")
+    p.add_argument("--device", default="cpu", help="cpu (default: byte-reproducible on one machine and precision) "
+                   "or cuda")
     _add_precision_arg(p)
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "

@@ -41,7 +41,9 @@ def run_forecast_command(args: argparse.Namespace) -> int:
     if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
         from common.infer import ExportedForecaster
 
-        if args.device != "cpu" or len(runs) != 1 or args.precision not in ("auto", "fp32"):
+        if args.precision not in ("auto", "fp32", "bf16"):  # the same words as common.precision (no torch here)
+            raise UserError(f"--precision {args.precision!r}: expected one of auto, fp32, bf16")
+        if args.device != "cpu" or len(runs) != 1 or args.precision == "bf16":
             raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
                             "(no --device, no --precision)")
         fc = ExportedForecaster.from_export(runs[0])

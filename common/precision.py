@@ -45,11 +45,14 @@ def resolve_precision(setting: str, device: torch.device) -> str:
             return "fp32"
         return "bf16" if bf16_supported(device) else "fp16"
     if setting == "bf16" and not bf16_supported(device):
-        name = torch.cuda.get_device_name(device)
-        major, minor = torch.cuda.get_device_capability(device)
-        raise UserError(f"training.precision=bf16 but {name} (compute capability {major}.{minor}) has no bf16 "
-                        "tensor cores; use training.precision=auto (fp16 with a grad scaler) or fp16")
+        raise UserError(f"training.precision=bf16 but {_no_bf16(device)}; use training.precision=auto (fp16 with "
+                        "a grad scaler) or fp16")
     return setting
+
+
+def _no_bf16(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no bf16 tensor cores"
 
 
 def fast_bf16(device: torch.device) -> bool:
@@ -71,8 +74,7 @@ def inference_precision(setting: str, trained: Optional[str], device: torch.devi
     if setting == "auto":
         return "bf16" if trained == "bf16" and fast_bf16(device) else "fp32"
     if setting == "bf16" and not bf16_supported(device):
-        raise UserError(f"--precision bf16 but {torch.cuda.get_device_name(device)} has no bf16 tensor cores; "
-                        "use --precision fp32")
+        raise UserError(f"--precision bf16 but {_no_bf16(device)}; use --precision fp32")
     return setting
 
 

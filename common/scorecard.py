@@ -485,15 +485,17 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
                   stride: Optional[int] = 5, n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
                   cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
                   out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
-                  precision: str = "fp32") -> dict:
+                  precision: Optional[str] = None) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
-    precision: the model's (fp32 or bf16 autocast), recorded in the card."""
+    precision: the model's (fp32 or bf16 autocast), recorded in the card when given."""
     series, interval = series_from_run(run_dir)
     card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
                           n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
                           progress=progress)
-    card["run"], card["precision"] = str(run_dir), precision
+    card["run"] = str(run_dir)
+    if precision is not None:
+        card["precision"] = precision
     try:
         write_scorecard(card, out_dir or run_dir)
     except OSError as e:
