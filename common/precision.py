@@ -62,7 +62,8 @@ def fast_bf16(device: torch.device) -> bool:
         return bf16_supported(device)
     if device.type != "cpu":
         return False
-    caps = torch.cpu.get_capabilities()
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch 2.13 has it; older ones may not
+    caps = capabilities() if capabilities is not None else {}
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 

@@ -587,3 +587,28 @@ def test_memory_estimate_matches_torchs_profiler_within_15_percent(tmp_path, pre
     est = estimate_training_memory(model.config, model.num_parameters(), 8, precision, checkpointing)
     expected = est.total - est.weights_optimizer + 4 * model.num_parameters()  # the step's part: grads, not weights
     assert 0.85 <= measured / expected <= 1.15, (measured, expected)
+
+
+# --------------------------------------------------------------------------- tools/gpu_check.py
+
+
+def test_gpu_check_runs_every_step_on_the_cpu_and_writes_its_summary(tmp_path, capsys):
+    """The one command a GPU session runs (issue 12), at toy size on the CPU: the stopped and
+    resumed training, the checkpoint on the CPU, and the first-step comparison (exact here)."""
+    from common.paths import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import gpu_check
+
+    assert gpu_check.step_losses("  epoch 1/2 step 3/40 | loss 6.931 | lr 1e-04\nstep 4/40 | loss 6.5 |") == [6.931, 6.5]
+    out = tmp_path / "out"
+    code = gpu_check.main(["--out", str(out), "--device", "cpu", "--tiny", "--skip-bench", "--skip-scorecard",
+                           "--steps", "3"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0, summary
+    assert summary["training"]["ok"] and summary["training"]["precision"] == "fp32"
+    assert [e["epoch"] for e in summary["training"]["epochs"]] == [1, 2]
+    first = summary["first_steps"]
+    assert first["ok"] and len(first["losses"]["cpu"]) == 5 and first["max_relative_difference"] == 0.0
+    assert {p.name for p in out.iterdir()} == {"doctor.txt", "train.log", "training_log.json", "summary.json"}
+    assert "Resuming at epoch 2" in (out / "train.log").read_text()
