@@ -54,12 +54,10 @@ def _gpu_lines() -> tuple[list[str], list[int], list[str]]:
 
 
 def _cpu_line() -> str:
-    from common.precision import fast_bf16
+    from common.precision import cpu_capabilities, fast_bf16
 
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    caps = capabilities() if capabilities is not None else {}
     has = fast_bf16(torch.device("cpu"))
-    return (f"CPU: {caps.get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
+    return (f"CPU: {cpu_capabilities().get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
             + ("yes (forecast/scorecard --precision auto runs bf16-trained runs in bf16 here)" if has else
                "no (forecasts and scorecards run in fp32 here)"))
 

@@ -24,8 +24,8 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "describe_precision",
-           "fast_bf16", "grad_scaler", "inference_precision", "resolve_precision", "use_tf32"]
+__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "cpu_capabilities",
+           "describe_precision", "fast_bf16", "grad_scaler", "inference_precision", "resolve_precision", "use_tf32"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")
@@ -62,9 +62,14 @@ def fast_bf16(device: torch.device) -> bool:
         return bf16_supported(device)
     if device.type != "cpu":
         return False
-    capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch 2.13 has it; older ones may not
-    caps = capabilities() if capabilities is not None else {}
+    caps = cpu_capabilities()
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def cpu_capabilities() -> dict:
+    """torch's view of this CPU (instruction sets, cpu_name); {} on a torch without the call."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch 2.13 has it; older ones may not
+    return capabilities() if capabilities is not None else {}
 
 
 def inference_precision(setting: str, trained: Optional[str], device: torch.device) -> str:
