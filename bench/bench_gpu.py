@@ -13,7 +13,10 @@ Per case and compile setting:
 - peak memory (torch.cuda.max_memory_allocated) against the estimate of common.memory for one
   GPU (the target: within +-15%);
 - without compile, the largest batch that fits: doubling from --batch until out of memory,
-  then bisection (one step per try).
+  then bisection (one step per try);
+- with --profile DIR, a torch.profiler summary of 5 more steps per case and setting
+  (DIR/profile_<case>_<eager|compile>.txt: the top kernels by device time), to find what holds
+  MFU back (attention kernel, host syncs, optimizer, graph breaks).
 
 It prints the table and writes JSON (--json, with the device name). Target (the issue's):
 case A MFU >= 40% with compile on an A100 or H100. Without a GPU it stops with a note (run_all
@@ -21,6 +24,7 @@ skips it); --device cpu --smoke runs toy sizes on the CPU to check the command i
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -49,19 +53,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool):
-    """One training step as the Trainer runs it, on random tokens; returns (step, model)."""
+def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool, compile_mode: Optional[str] = None,
+             sdpa: Optional[str] = None):
+    """One training step as the Trainer runs it, on random tokens; returns (step, model).
+    `compile_mode` and `sdpa` (an attention backend: flash, cudnn, efficient, math) are for
+    experiments; the Trainer uses torch.compile's default mode and lets torch pick the backend."""
     m, t = cfg.model, cfg.training
     counts = cfg.data.universe_counts
     model = MarketGPT(m, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1).to(device)
     precision = resolve_precision("auto", device)
     opt = model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), device.type)
-    forward = torch.compile(model) if compile_model else model
+    model.gradient_checkpointing = cfg.training.gradient_checkpointing
+    forward = torch.compile(model, mode=compile_mode) if compile_model else model
+    backend = (lambda: torch.nn.attention.sdpa_kernel(getattr(torch.nn.attention.SDPBackend, {
+        "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+        "math": "MATH"}[sdpa]))) if sdpa else contextlib.nullcontext
     x = torch.randint(4, m.vocab_size, (batch, m.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
 
     def step() -> None:
-        with autocast(precision, device):
+        with autocast(precision, device), backend():
             _, loss = forward(x, ids, ids, x)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.gradient_clip)
@@ -97,12 +108,26 @@ def largest_batch(cfg: Config, device: torch.device, start: int, limit: int) -> 
     return lo
 
 
+def _profile(step, device: torch.device, path: Path, steps: int = 5) -> None:
+    """The top operators by device time over `steps` steps, as a table in `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70) + "\n")
+
+
 def run_case(cfg: Config, device: torch.device, batch: int, steps: int, warmup: int, compile_model: bool,
-             peak_flops: Optional[float]) -> dict[str, Any]:
+             peak_flops: Optional[float], profile_path: Optional[Path] = None, compile_mode: Optional[str] = None,
+             sdpa: Optional[str] = None) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    step, model, precision = _step_fn(cfg, device, batch, compile_model)
+    step, model, precision = _step_fn(cfg, device, batch, compile_model, compile_mode, sdpa)
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
@@ -118,6 +143,8 @@ def run_case(cfg: Config, device: torch.device, batch: int, steps: int, warmup: 
     est = estimate_training_memory(cfg.model, model.num_parameters(), batch, precision,
                                    cfg.training.gradient_checkpointing, world_size=1)
     peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    if profile_path is not None:
+        _profile(step, device, profile_path)
     return {"batch": batch, "compile": compile_model, "precision": precision, "steps": steps,
             "warmup_seconds": warmup_s, "seconds": seconds, "tokens_per_sec": tokens_per_sec,
             "flops_per_token": fpt, "mfu": tokens_per_sec * fpt / peak_flops if peak_flops else None,
@@ -137,6 +164,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s if not a known card")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy model sizes and 2 steps: checks the command only")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every case (e.g. model.dropout=0.0), for experiments")
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
+    ap.add_argument("--sdpa", choices=["flash", "cudnn", "efficient", "math"], default=None,
+                    help="force one attention backend (default: torch picks)")
+    ap.add_argument("--profile", type=Path, default=None, help="folder for a torch.profiler summary per run")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA GPU visible to torch (run `marketgpt doctor`); nothing measured")
@@ -157,9 +190,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_config(case_config(case_dir(case)))
         if args.smoke:
             apply_overrides(cfg, SMOKE, "--smoke")
+        apply_overrides(cfg, args.set, "--set")
         cases[case] = {"num_parameters": meta_model(cfg).num_parameters(), "runs": []}
         for compile_model in compiles:
-            r = run_case(cfg, device, args.batch, steps, warmup, compile_model, peak)
+            prof = args.profile / f"profile_{case}_{'compile' if compile_model else 'eager'}.txt" if args.profile else None
+            r = run_case(cfg, device, args.batch, steps, warmup, compile_model, peak, prof, args.compile_mode, args.sdpa)
             cases[case]["runs"].append(r)
             label = f"case {case}, {r['precision']}, {'compile' if compile_model else 'eager'}"
             rows.append(row(f"GPU training, {label}", "tokens/s", r["tokens_per_sec"], "tok/s",
@@ -178,6 +213,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             detail=f"eager, up to {args.max_batch_limit}"))
     result = {"rows": rows, "figures": {"device": name, "peak_flops": peak, "torch": torch.__version__,
                                         "cuda": torch.version.cuda, "smoke": args.smoke, "cases": cases,
+                                        "set": args.set, "compile_mode": args.compile_mode, "sdpa": args.sdpa,
                                         "machine": machine_info()}}
     return finish("gpu", result, args.json)
 
