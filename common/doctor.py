@@ -18,6 +18,7 @@ import torch
 from common.dist_env import cuda_unusable_reason, detect_env, driver_version, rank_device
 from common.errors import UserError
 from common.mfu import known_peak
+from common.precision import compile_problem
 
 __all__ = ["SLURM_VARIABLES", "run_doctor"]
 
@@ -101,6 +102,11 @@ def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     for line in lines:
         print(line, file=out)
     print(_cpu_line(), file=out)
+    if not reason:
+        problem = compile_problem()
+        print("torch.compile (training.compile, on in the case configs): "
+              + (f"UNAVAILABLE, training falls back to eager: {problem}" if problem else "ready (Triton and a C compiler)"),
+              file=out)
     seen = [f"{k}={os.environ[k]}" for k in SLURM_VARIABLES if k in os.environ]
     print("Slurm and launcher variables: " + (" ".join(seen) if seen else "none (not inside a Slurm job)"), file=out)
     print(f"Case configs (estimate + {_SLACK_BYTES / 1e9:g} GB slack vs the smallest GPU):", file=out)

@@ -14,18 +14,24 @@ explicit bf16 or fp16 on the CPU is honoured (slow, but it lets the tests run th
 Forecasts and scorecards (`--precision`, `inference_precision`) run in fp32 or bf16 autocast:
 auto is bf16 for a run that trained in bf16 (its forward saw bf16 matmuls throughout
 training) on a device that multiplies bf16 in hardware, and fp32 otherwise.
+
+training.compile (on in the case configs, CUDA only) needs Triton and a C compiler on the node:
+`compile_problem` says what is missing, and the Trainer then trains eagerly rather than failing.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import shutil
 from typing import Optional
 
 import torch
 
 from common.errors import UserError
 
-__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "cpu_capabilities",
-           "describe_precision", "fast_bf16", "grad_scaler", "inference_precision", "resolve_precision", "use_tf32"]
+__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "compile_problem",
+           "cpu_capabilities", "describe_precision", "fast_bf16", "grad_scaler", "inference_precision", "resolve_precision", "use_tf32"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")
@@ -111,3 +117,18 @@ def describe_precision(precision: str, device: torch.device) -> str:
     if precision == "fp16":
         return "fp16 autocast with a GradScaler (fp32 master weights)"
     return "fp32 (TF32 matmuls)" if device.type == "cuda" and bf16_supported(device) else "fp32"
+
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def compile_problem() -> Optional[str]:
+    """Why torch.compile cannot build CUDA kernels here, or None. Inductor writes Triton kernels,
+    and Triton compiles a small C launcher with the system's C compiler on first use, so a node
+    without one would fail at the first training step, after the job waited in the queue."""
+    if not _triton_installed():
+        return "Triton is not installed (it comes with torch's CUDA wheels; reinstall torch from them)"
+    if not (os.environ.get("CC") or any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
+        return "no C compiler on PATH (Triton builds its kernel launcher with one: `module load gcc`, or set CC)"
+    return None

@@ -39,7 +39,7 @@ from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.gpu_stats import format_gpu_line, gpu_stats
 from common.mfu import device_peak_flops, mfu
-from common.precision import autocast, describe_precision, grad_scaler, resolve_precision, use_tf32
+from common.precision import autocast, compile_problem, describe_precision, grad_scaler, resolve_precision, use_tf32
 from common.requeue import EXIT_REQUEUE
 from common.rng import rng_state, seed_everything, set_rng_state
 from common.special_tokens import PAD_TOKEN
@@ -85,7 +85,8 @@ class Trainer:
         self.precision = resolve_precision(t.precision, self.device)
         self.tf32 = use_tf32(self.device)
         self.scaler = grad_scaler(self.precision, self.device)  # fp16 only
-        if self.cuda and t.compile:
+        self.compiled = self.cuda and t.compile and compile_problem() is None
+        if self.compiled:
             self.train_model = torch.compile(self.train_model)
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
@@ -226,7 +227,7 @@ class Trainer:
         self.log.data["precision"] = self.precision
         self._session_start = time.monotonic()
         self._next_timer = self._session_start + 60.0 * t.checkpoint_every_minutes
-        self._compiling = self.cuda and t.compile  # torch.compile compiles on the first step
+        self._compiling = self.compiled  # torch.compile compiles on the first step
         self.log.set_status("running")
         self.log.data.pop("interrupted", None)
         self._write_log()  # jq works on the log from the first step on
@@ -567,8 +568,11 @@ class Trainer:
         t = self.cfg.training
         if self.cuda:
             print(f"Using GPUs: {self.world_size}", file=self.out)
-            if t.compile:
+            if self.compiled:
                 print("torch.compile: on", file=self.out)
+            elif t.compile:
+                print(f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
+                      f"silences this): {compile_problem()}", file=self.out)
         else:
             print("Training on the CPU (training.device=cpu)" if t.device == "cpu" else
                   "CUDA not available: training on CPU", file=self.out)
