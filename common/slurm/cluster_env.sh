@@ -10,6 +10,9 @@
 #   source "$HOME/miniconda3/etc/profile.d/conda.sh" && conda activate llm-training
 #   source "$HOME/venvs/marketgpt/bin/activate"
 #   export NCCL_SOCKET_IFNAME=ib0
+#   module load gcc        # training.compile (on in the case configs) needs a C compiler on the
+#                          # node; without one the job trains eagerly and says so in its log
+#   export TORCHINDUCTOR_CACHE_DIR=$HOME/.cache/torchinductor   # a requeued job reuses the compiled kernels
 #
 # sbatch passes the submitting shell's environment on to the job, so an environment active
 # when you submit is active in the job too; lines here also hold where it is not.
