@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
@@ -44,6 +45,9 @@ from common.precision import autocast, resolve_precision, use_tf32  # noqa: E402
 
 __all__ = ["main", "run_case"]
 
+# --sdpa: one attention kernel forced, to compare with the one torch picks
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 SMOKE = ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64", "model.vocab_size=64",
          "model.context_length=16", "model.asset_embed_dim=4", "model.category_embed_dim=4"]
 
@@ -63,11 +67,9 @@ def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool,
     model = MarketGPT(m, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1).to(device)
     precision = resolve_precision("auto", device)
     opt = model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), device.type)
-    model.gradient_checkpointing = cfg.training.gradient_checkpointing
+    model.gradient_checkpointing = t.gradient_checkpointing
     forward = torch.compile(model, mode=compile_mode) if compile_model else model
-    backend = (lambda: torch.nn.attention.sdpa_kernel(getattr(torch.nn.attention.SDPBackend, {
-        "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-        "math": "MATH"}[sdpa]))) if sdpa else contextlib.nullcontext
+    backend = (lambda: sdpa_kernel(SDPA_BACKENDS[sdpa])) if sdpa else contextlib.nullcontext
     x = torch.randint(4, m.vocab_size, (batch, m.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
 
@@ -167,7 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every case (e.g. model.dropout=0.0), for experiments")
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
-    ap.add_argument("--sdpa", choices=["flash", "cudnn", "efficient", "math"], default=None,
+    ap.add_argument("--sdpa", choices=sorted(SDPA_BACKENDS), default=None,
                     help="force one attention backend (default: torch picks)")
     ap.add_argument("--profile", type=Path, default=None, help="folder for a torch.profiler summary per run")
     args = ap.parse_args(argv)

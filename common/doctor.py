@@ -18,7 +18,7 @@ import torch
 from common.dist_env import cuda_unusable_reason, detect_env, driver_version, rank_device
 from common.errors import UserError
 from common.mfu import known_peak
-from common.precision import compile_problem
+from common.precision import bf16_supported, compile_problem, cpu_capabilities, fast_bf16, resolve_precision
 
 __all__ = ["SLURM_VARIABLES", "run_doctor"]
 
@@ -37,8 +37,6 @@ def _nccl_version() -> str:
 
 def _gpu_lines() -> tuple[list[str], list[int], list[str]]:
     """One line per visible GPU, their memory in bytes, and the precision `auto` picks on each."""
-    from common.precision import bf16_supported, resolve_precision
-
     lines, memory, precisions = [], [], []
     for i in range(torch.cuda.device_count()):
         device = torch.device("cuda", i)
@@ -55,8 +53,6 @@ def _gpu_lines() -> tuple[list[str], list[int], list[str]]:
 
 
 def _cpu_line() -> str:
-    from common.precision import cpu_capabilities, fast_bf16
-
     has = fast_bf16(torch.device("cpu"))
     return (f"CPU: {cpu_capabilities().get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
             + ("yes (forecast/scorecard --precision auto runs bf16-trained runs in bf16 here)" if has else
@@ -104,9 +100,9 @@ def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     print(_cpu_line(), file=out)
     if not reason:
         problem = compile_problem()
-        print("torch.compile (training.compile, on in the case configs): "
-              + (f"UNAVAILABLE, training falls back to eager: {problem}" if problem else "ready (Triton and a C compiler)"),
-              file=out)
+        state = (f"UNAVAILABLE, training falls back to eager: {problem}" if problem
+                 else "ready (Triton and a C compiler)")
+        print(f"torch.compile (training.compile, on in the case configs): {state}", file=out)
     seen = [f"{k}={os.environ[k]}" for k in SLURM_VARIABLES if k in os.environ]
     print("Slurm and launcher variables: " + (" ".join(seen) if seen else "none (not inside a Slurm job)"), file=out)
     print(f"Case configs (estimate + {_SLACK_BYTES / 1e9:g} GB slack vs the smallest GPU):", file=out)

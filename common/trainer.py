@@ -39,7 +39,8 @@ from common.errors import UserError
 from common.lr_schedule import lr_at
 from common.gpu_stats import format_gpu_line, gpu_stats
 from common.mfu import device_peak_flops, mfu
-from common.precision import autocast, compile_problem, describe_precision, grad_scaler, resolve_precision, use_tf32
+from common.precision import (autocast, compile_problem, describe_precision, grad_scaler, resolve_precision,
+                              use_tf32)
 from common.requeue import EXIT_REQUEUE
 from common.rng import rng_state, seed_everything, set_rng_state
 from common.special_tokens import PAD_TOKEN
@@ -85,7 +86,9 @@ class Trainer:
         self.precision = resolve_precision(t.precision, self.device)
         self.tf32 = use_tf32(self.device)
         self.scaler = grad_scaler(self.precision, self.device)  # fp16 only
-        self.compiled = self.cuda and t.compile and compile_problem() is None
+        # why training.compile cannot run on this node (None: it can, or it is off / on the CPU)
+        self.compile_problem = compile_problem() if self.cuda and t.compile else None
+        self.compiled = self.cuda and t.compile and self.compile_problem is None
         if self.compiled:
             self.train_model = torch.compile(self.train_model)
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
@@ -574,7 +577,7 @@ class Trainer:
                 print("torch.compile: on", file=self.out)
             elif t.compile:
                 print(f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
-                      f"silences this): {compile_problem()}", file=self.out)
+                      f"silences this): {self.compile_problem}", file=self.out)
         else:
             print("Training on the CPU (training.device=cpu)" if t.device == "cpu" else
                   "CUDA not available: training on CPU", file=self.out)
