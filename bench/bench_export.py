@@ -3,8 +3,8 @@
     python bench/bench_export.py [--assets 20] [--samples 100] [--horizon 24] [--rounds 3] [--json PATH]
 
 One forecast = `forecast(histories, horizon, samples)` for every asset: encode, sample every
-asset x sample path (both with a KV cache: torch's common.sampling; ONNX's model.onnx prefill
-then model_step.onnx per step, common.infer), decode, the quantile table. The model is case C's
+asset x sample path (both with a KV cache: torch's common.model.sampling; ONNX's model.onnx prefill
+then model_step.onnx per step, common.forecasting.infer), decode, the quantile table. The model is case C's
 (crypto_prototype.json, context 128) with random weights, the candles seeded random walks:
 speed depends on neither. The two run in alternating rounds on the same threads; each side's
 fastest round is reported (bench/_common.py). Always exits 0: it reports, it does not gate.
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_args, finish, row, set_threads  # noqa: E402
 from bench_forecast import setup  # noqa: E402
 
-from common.export import export_onnx, random_inputs  # noqa: E402
-from common.infer import ExportedForecaster, OnnxBackend  # noqa: E402
+from common.forecasting.export import export_onnx, random_inputs  # noqa: E402
+from common.forecasting.infer import ExportedForecaster, OnnxBackend  # noqa: E402
 
 
 def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3) -> dict[str, Any]:

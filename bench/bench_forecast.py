@@ -34,9 +34,9 @@ from bench_tokenizer import make_candles  # noqa: E402
 
 from common.config import load_config  # noqa: E402
 from common.data.universe import Asset, asset_info  # noqa: E402
-from common.forecast import Forecaster, History  # noqa: E402
-from common.model import MarketGPT  # noqa: E402
-from common.tokenizer import OHLCTokenizer  # noqa: E402
+from common.forecasting.forecaster import Forecaster, History  # noqa: E402
+from common.model.gpt import MarketGPT  # noqa: E402
+from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
 

@@ -6,7 +6,7 @@ the trainer) on one split against the unigram and Markov baselines, per target:
 
     skill = mean over targets of (baseline NLL - model NLL), nats per token (> 0: model better)
 
-with a paired block-bootstrap 95% interval (common.metrics.skill_interval, kind "diff") over
+with a paired block-bootstrap 95% interval (common.evaluation.metrics.skill_interval, kind "diff") over
 the split's candle positions: every asset's target at the same position is resampled together
 (the daily sample's assets share dates), in blocks of consecutive positions.
 
@@ -53,14 +53,14 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from common.baselines import fit_baselines
-    from common.checkpoint import load_checkpoint
+    from common.evaluation.baselines import fit_baselines
+    from common.training.checkpoint import load_checkpoint
     from common.config import load_config
-    from common.evaluate import _score_baseline, _score_model, _windows, eval_inputs
-    from common.model import MarketGPT
-    from common.run_folder import TokenSet
+    from common.evaluation.evaluate import _score_baseline, _score_model, _windows, eval_inputs
+    from common.model.gpt import MarketGPT
+    from common.training.run_folder import TokenSet
     from common.special_tokens import PAD_TOKEN
-    from common.tokenizer import OHLCTokenizer
+    from common.tokens.tokenizer import OHLCTokenizer
 
     cfg = load_config(run_dir / "config.json")
     tokens = TokenSet.load(run_dir / "tokens.npz")
@@ -91,8 +91,8 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
 
 
 def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None = None) -> dict[str, Any]:
-    from common.metrics import skill_interval
-    from common.training_run import run_training
+    from common.evaluation.metrics import skill_interval
+    from common.commands.train import run_training
 
     case = Path(tempfile.mkdtemp(prefix="bench_gen_"))
     (case / "configs").mkdir()

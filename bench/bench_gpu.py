@@ -9,8 +9,8 @@ Per case and compile setting:
   fused AdamW, zero_grad), timed over --steps steps after warm-up (the compile happens there)
   with torch.cuda.synchronize() around the timed block;
 - MFU: model FLOPs per token (MarketGPT.flops_per_token) x tokens/s over the device's dense
-  peak (common.mfu.KNOWN_PEAKS; none for an unknown card: set --peak-flops);
-- peak memory (torch.cuda.max_memory_allocated) against the estimate of common.memory for one
+  peak (common.training.mfu.KNOWN_PEAKS; none for an unknown card: set --peak-flops);
+- peak memory (torch.cuda.max_memory_allocated) against the estimate of common.model.memory for one
   GPU (the target: within +-15%);
 - without compile, the largest batch that fits: doubling from --batch until out of memory,
   then bisection (one step per try);
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
-from common.memory import estimate_training_memory  # noqa: E402
-from common.mfu import device_peak_flops  # noqa: E402
-from common.model import MarketGPT, meta_model  # noqa: E402
+from common.model.memory import estimate_training_memory  # noqa: E402
+from common.training.mfu import device_peak_flops  # noqa: E402
+from common.model.gpt import MarketGPT, meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
-from common.precision import autocast, resolve_precision, use_tf32  # noqa: E402
+from common.distributed.precision import autocast, resolve_precision, use_tf32  # noqa: E402
 
 __all__ = ["main", "run_case"]
 

@@ -34,7 +34,7 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     from common.config import load_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
-    from common.scorecard import (fit_price_baselines, forecaster_fn, make_scorecard, series_from_prepared,
+    from common.evaluation.scorecard import (fit_price_baselines, forecaster_fn, make_scorecard, series_from_prepared,
                                   series_from_run, write_scorecard)
 
     t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     t0 = time.perf_counter()
     baselines = fit_price_baselines(series, interval)
     if run_dir is not None:
-        from common.forecast import Forecaster
+        from common.forecasting.forecaster import Forecaster
 
         fc = Forecaster.from_run(run_dir, precision=precision)
         model, forecaster = forecaster_fn(fc), f"run {Path(run_dir).name}, {fc.precision}"

@@ -23,7 +23,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, row  # noqa: E402  (puts the repo on sys.path)
 
-from common.tokenizer import OHLCTokenizer  # noqa: E402
+from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
 
 __all__ = ["make_candles", "run", "main"]
 

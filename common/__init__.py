@@ -1,7 +1,7 @@
 """MarketGPT: GPT-style transformers on tokenized market candles.
 
-Modules, each one thing: config (typed case configs), tokenizer (OHLC -> tokens), model
-(the transformer), data (universes, sources, cache, sample, cleaning and splits), and the
-training, evaluation, distributed and Slurm pieces built on them.
+Packages as floors, each importing only the floors below it (docs/architecture.md):
+root (errors, atomic, paths, markets, config) -> data, tokens -> model -> distributed ->
+training -> forecasting -> evaluation -> commands -> cluster, with cli.py on top.
 """
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from common.errors import UserError
-from common.requeue import EXIT_REQUEUE
+from common.distributed.requeue import EXIT_REQUEUE
 
 __all__ = ["main", "build_parser"]
 
@@ -34,14 +34,14 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
     from common.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from common.model import describe_model
+    from common.model.gpt import describe_model
 
     print(describe_model(cfg, num_assets=args.num_assets, num_categories=args.num_categories))
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from common.training_run import run_training
+    from common.commands.train import run_training
 
     overrides = list(args.overrides)
     if args.init_from is not None:  # the same as --set training.init_from=..., made absolute for jobs
@@ -50,7 +50,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from common.evaluate import evaluate_run_dir, summarize_results
+    from common.evaluation.evaluate import evaluate_run_dir, summarize_results
 
     results = evaluate_run_dir(args.run_dir)
     print(summarize_results(args.run_dir, results))
@@ -59,13 +59,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_forecast(args: argparse.Namespace) -> int:
-    from common.forecast_output import run_forecast_command
+    from common.commands.forecast import run_forecast_command
 
     return run_forecast_command(args)
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
-    from common.scorecard_run import run_scorecard_command
+    from common.commands.scorecard import run_scorecard_command
 
     return run_scorecard_command(args)
 
@@ -95,27 +95,27 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from common.submit import submit, wait_local
+    from common.cluster.submit import submit, wait_local
 
     jobs = submit(args.case, args.config, args.overrides, array=args.array, local=args.local, dry_run=args.dry_run)
     return wait_local(jobs) if args.local else 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from common.doctor import run_doctor
+    from common.commands.doctor import run_doctor
 
     return run_doctor(sys.stdout)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from common.status import status_table
+    from common.cluster.status import status_table
 
     print(status_table(case=args.case))
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from common.export import export_run
+    from common.forecasting.export import export_run
 
     out = export_run(args.run_dir, args.format, args.out)
     print(f"Exported {args.run_dir} ({args.format}) to {out}")
@@ -123,7 +123,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_remote(args: argparse.Namespace) -> int:
-    from common.remote import run_remote_command
+    from common.cluster.remote import run_remote_command
 
     return run_remote_command(args)
 
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>)")
     p.set_defaults(handler=_cmd_export)
 
-    from common.remote import add_parser as add_remote_parser  # argparse only: no torch, no ssh yet
+    from common.cluster.remote import add_parser as add_remote_parser  # argparse only: no torch, no ssh yet
 
     add_remote_parser(sub, _cmd_remote)
 
@@ -271,7 +271,7 @@ def entry() -> None:
     into 134. In-process callers (tests, submitit jobs) call main() and are not affected.
     """
     code = main()
-    dist_utils = sys.modules.get("common.distributed_utils")
+    dist_utils = sys.modules.get("common.distributed.ddp")
     if dist_utils is not None and dist_utils.was_distributed():
         sys.stdout.flush()
         sys.stderr.flush()

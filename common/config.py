@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
+from common.markets import CATEGORIES
 from common.special_tokens import NUM_SPECIAL_TOKENS
 
 __all__ = [
@@ -57,12 +58,12 @@ class ModelConfig:
     # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
     positional: Literal["learned", "rope"] = "learned"
     bias: bool = False
-    # inputs added to the token embedding (common/candle_features.py): the candle's own time
+    # inputs added to the token embedding (common/tokens/features.py): the candle's own time
     # (hour + weekday intraday, month + weekday daily) and its volume bin (volume / its EWMA,
     # quantile edges fitted on train); off in the case configs
     time_features: bool = False
     volume_input: bool = False
-    # output head (common/heads.py): "flat" softmax over the vocabulary, or "factorized"
+    # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"
     # the token grid the factorized head reads; null: filled in from the tokenizer section
@@ -97,11 +98,11 @@ class TrainingConfig:
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
-    # end-of-training scorecard (common.scorecard_run): origin dates evenly spaced over the test
+    # end-of-training scorecard (common.commands.scorecard): origin dates evenly spaced over the test
     # split (0 turns it off) and sampled paths per origin; horizons 1, 5, 20
     scorecard_origins: int = 20
     scorecard_samples: int = 100
-    # fine-tuning (common/finetune.py): a parent run folder or checkpoint whose weights and
+    # fine-tuning (common/training/finetune.py): a parent run folder or checkpoint whose weights and
     # tokenizer a new run starts from (`--init-from`); null: train from scratch
     init_from: Optional[str] = None
     # "none" | "embeddings" | "all_but_last_N": parameters that get no gradient (nor weight decay)
@@ -135,7 +136,7 @@ class DataConfig:
     purge_gap: Optional[int] = None  # candles between splits; None: context_length
     window_stride: int = 1  # start-to-start distance of training windows
     # a training epoch takes every k-th window of each asset from a random offset per epoch
-    # (common/batches.py): with stride-1 windows an epoch otherwise shows each candle
+    # (common/training/batches.py): with stride-1 windows an epoch otherwise shows each candle
     # context_length times; 1 keeps every window in every epoch
     epoch_stride: int = 1
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
@@ -418,7 +419,6 @@ def validate(cfg: Config, where: str) -> None:
     need(bool(d.universe), "data.universe", "must name the universe file")
     need(d.source != "files" or bool(d.files_dir), "data.files_dir",
          "must name a folder of candle files (or one file with a symbol column) when data.source = 'files'")
-    from common.data.universe import CATEGORIES
 
     if d.universe == "files":
         need(d.source == "files", "data.universe", "= 'files' needs data.source = 'files'")

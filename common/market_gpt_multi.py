@@ -1,11 +1,11 @@
 """The seed guide's import path: `from common.market_gpt_multi import MarketGPTMultiAsset`.
 
-It is the same class as `common.model.MarketGPT` (not a subclass or a copy), so checkpoints
+It is the same class as `common.model.gpt.MarketGPT` (not a subclass or a copy), so checkpoints
 and isinstance checks work whichever name a script uses.
 """
 from __future__ import annotations
 
-from common.model import MarketGPT
+from common.model.gpt import MarketGPT
 
 __all__ = ["MarketGPTMultiAsset"]
 

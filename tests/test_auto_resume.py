@@ -9,7 +9,7 @@ import pytest
 
 from common import slurm_utils
 from common.errors import UserError
-from common.run_folder import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
+from common.training.run_folder import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
 
 
 def _run(root: Path, stamp: str, test_results: bool = False, **log) -> Path:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.backtest import backtest, periods_per_year, signal_positions
+from common.evaluation.backtest import backtest, periods_per_year, signal_positions
 
 DATES = pd.date_range("2020-01-06", periods=3, freq="W-MON", tz="UTC")
 

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-from common.candle_features import (VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids)
+from common.tokens.features import (VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids)
 from common.config import ModelConfig, load_config
-from common.model import MarketGPT, describe_model
+from common.model.gpt import MarketGPT, describe_model
 from common.paths import REPO_ROOT
-from common.run_folder import TokenSet
+from common.training.run_folder import TokenSet
 from common.special_tokens import PAD_TOKEN
-from common.tokenizer import OHLCTokenizer
+from common.tokens.tokenizer import OHLCTokenizer
 
 
 def test_calendar_ids_are_hour_and_weekday_intraday_month_and_weekday_daily():

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from common.checkpoint import checkpoint_files, load_checkpoint
+from common.training.checkpoint import checkpoint_files, load_checkpoint
 from common.cli import main
-from common.dist_env import DistEnv, _first_slurm_host, _tasks_per_node, check_num_gpus, collective_timeout_s, detect_env
-from common.distributed_utils import MultiGPUWrapper, unwrap
+from common.distributed.env import DistEnv, _first_slurm_host, _tasks_per_node, check_num_gpus, collective_timeout_s, detect_env
+from common.distributed.ddp import MultiGPUWrapper, unwrap
 from common.errors import UserError
 from ddp_helpers import (GLOBAL_BATCH, REPO, STEPS, assert_same_run, final_weights, logged_epochs, make_case,
                          max_weight_difference, reference, run, run_dirs, start_ranks, train_command, wait_for_line)
@@ -270,7 +270,7 @@ def test_num_gpus_that_disagrees_with_torchrun_stops_every_rank(tmp_path):
 def test_no_sync_skips_the_gradient_all_reduce_until_the_last_micro_step():
     script = """
 import torch
-from common.distributed_utils import MultiGPUWrapper, all_gather_objects, init_distributed, unwrap
+from common.distributed.ddp import MultiGPUWrapper, all_gather_objects, init_distributed, unwrap
 env, _ = init_distributed()
 torch.manual_seed(env.rank)  # different weights per rank: DDP starts every rank from rank 0's
 model = MultiGPUWrapper(torch.nn.Linear(4, 1, bias=False), num_gpus=2)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from common.cli import main
-from common.ensemble import Ensemble
+from common.forecasting.ensemble import Ensemble
 from common.errors import UserError
-from common.forecast import Forecaster, summarize_paths
+from common.forecasting.forecaster import Forecaster, summarize_paths
 
 TINY = {
     "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 1, "num_heads": 2,

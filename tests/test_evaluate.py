@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from common import evaluate as ev
-from common.baselines import fit_baselines
+from common.evaluation.baselines import fit_baselines
 from common.config import ModelConfig
-from common.evaluate import SplitTokens, eval_inputs, evaluate_run, summarize_results, wilson_interval
-from common.model import MarketGPT
-from common.report import write_report
+from common.evaluation.evaluate import SplitTokens, eval_inputs, evaluate_run, summarize_results, wilson_interval
+from common.model.gpt import MarketGPT
+from common.evaluation.report import write_report
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
-from common.tokenizer import OHLCTokenizer
+from common.tokens.tokenizer import OHLCTokenizer
 
 torch.set_num_threads(1)
 
@@ -348,9 +348,9 @@ def test_report_of_a_run_without_epochs_or_moves(tmp_path):
 def _fake_run_folder(root) -> tuple:
     """A run folder in the trainer's format (config, tokenizer, asset_info, tokens.npz, best model)."""
     from common.atomic import atomic_write_json
-    from common.checkpoint import save_checkpoint
+    from common.training.checkpoint import save_checkpoint
     from common.config import Config, config_to_dict, save_config
-    from common.run_folder import TokenSet
+    from common.training.run_folder import TokenSet
 
     rng = np.random.default_rng(3)
     frames = {"BTC/USDT": _candles(rng, 120), "^GSPC": _candles(rng, 100)}

@@ -1,5 +1,5 @@
 """`marketgpt export`: ONNX and TorchScript exports of a tiny trained run, their parity with the
-torch model, the model card, the torch-free sampler of common.infer, and bad input."""
+torch model, the model card, the torch-free sampler of common.forecasting.infer, and bad input."""
 from __future__ import annotations
 
 import json
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from common.cli import main
-from common.export import PARITY_ATOL, NextTokenLogits, random_inputs
-from common.forecast import Forecaster
-from common.infer import OnnxBackend, draw_tokens_np, sample_paths_np
-from common.sampling import sample_paths
+from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_inputs
+from common.forecasting.forecaster import Forecaster
+from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
+from common.model.sampling import sample_paths
 from slurm_helpers import REPO
 from test_forecast import TINY, run_dir  # noqa: F401 (run_dir: the tiny trained run fixture)
 
@@ -82,7 +82,7 @@ def test_torchscript_export_matches_torch(run_dir, forecaster, tmp_path):
 
 @pytest.mark.parametrize("cached", [True, False])
 def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached):
-    """common.infer's window is the torch sampler's: with greedy decoding both give the same
+    """common.forecasting.infer's window is the torch sampler's: with greedy decoding both give the same
     tokens, across the window's rebuild (horizon > T / 2), with the ONNX KV cache and without
     (a plain logits function re-running the window)."""
     info = json.loads((onnx_dir / "asset_info.json").read_text())
@@ -136,7 +136,7 @@ def test_a_run_without_a_best_model_unknown_format_and_unwritable_out_are_clear_
 
 def test_forecast_with_onnxruntime_is_the_torch_forecast(onnx_dir, forecaster):
     """Greedy decoding takes the sampler's draws out: the same table from both backends."""
-    from common.infer import ExportedForecaster
+    from common.forecasting.infer import ExportedForecaster
 
     fc = ExportedForecaster.from_export(onnx_dir)
     histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")

@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 import torch
 
-from common.candle_features import VOLUME_BINS, calendar_ids
+from common.tokens.features import VOLUME_BINS, calendar_ids
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset, asset_info
-from common.forecast import QUANTILES, Forecaster, History, future_timestamps, histories_at
-from common.model import MarketGPT
+from common.forecasting.forecaster import QUANTILES, Forecaster, History, future_timestamps, histories_at
+from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
-from common.sampling import draw_tokens, prefill_length, sample_paths
+from common.model.sampling import draw_tokens, prefill_length, sample_paths
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
-from common.tokenizer import OHLCTokenizer
+from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from bench_forecast import old_decode_path  # noqa: E402  (decode_path before it was vectorized)
@@ -475,7 +475,7 @@ def feature_run(tmp_path_factory):
 
 
 def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, capsys):
-    from common.run_folder import TokenSet
+    from common.training.run_folder import TokenSet
 
     results = json.loads((feature_run / "test_results.json").read_text())
     assert "scorecard_error" not in results and (feature_run / "scorecard.json").is_file()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.config import Config, validate
-from common.model import MarketGPT
+from common.model.gpt import MarketGPT
 from common.special_tokens import NUM_SPECIAL_TOKENS
 
 MOVES, SHAPES, LAGS = 8, 2, 3
@@ -152,7 +152,7 @@ def test_factorized_grid_must_match_the_tokenizer() -> None:
 
 
 def test_epoch_stride_takes_every_kth_window_from_a_random_offset_per_epoch() -> None:
-    from common.batches import build_windows
+    from common.training.batches import build_windows
 
     tokens = {"A": np.arange(300) % 50 + 3, "B": np.arange(203) % 50 + 3}
     ranges = {"A": {"train": (0, 300)}, "B": {"train": (0, 203)}}
@@ -178,7 +178,7 @@ def test_epoch_stride_takes_every_kth_window_from_a_random_offset_per_epoch() ->
 def test_fewer_move_bins_leave_the_rest_of_the_vocabulary_unused(tmp_path) -> None:
     import pandas as pd
 
-    from common.tokenizer import OHLCTokenizer
+    from common.tokens.tokenizer import OHLCTokenizer
 
     rng = np.random.default_rng(0)
     close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 2000)))
@@ -195,7 +195,7 @@ def test_fewer_move_bins_leave_the_rest_of_the_vocabulary_unused(tmp_path) -> No
 def test_vocabulary_line_says_when_the_vocabulary_is_too_fine() -> None:
     from types import SimpleNamespace
 
-    from common.training_run import vocabulary_line
+    from common.commands.train import vocabulary_line
 
     tokens = SimpleNamespace(ranges={"A": {"train": (0, 30000)}, "B": {"train": (100, 10100)}})
     fine = vocabulary_line(SimpleNamespace(ret_bins=127, shape_bins=8), tokens)
@@ -205,7 +205,7 @@ def test_vocabulary_line_says_when_the_vocabulary_is_too_fine() -> None:
 
 
 def test_the_factorized_head_can_start_at_the_unigram() -> None:
-    from common.heads import FactorizedHead
+    from common.model.heads import FactorizedHead
 
     head = FactorizedHead(16, 100, move_bins=10, shape_bins=4)
     counts = torch.zeros(100)

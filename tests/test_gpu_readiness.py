@@ -16,16 +16,16 @@ import torch
 
 from common import gpu_stats as gpu_stats_mod
 from common import precision
-from common.checkpoint import latest_good_checkpoint, load_checkpoint
+from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.config import ModelConfig
-from common.dist_env import DistEnv, check_gpus_usable, detect_env, rank_device
+from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
 from common.errors import UserError
-from common.lr_schedule import lr_at
-from common.memory import estimate_training_memory
-from common.model import MarketGPT
-from common.precision import inference_precision, resolve_precision
-from common.rng import seed_everything
-from common.submit import local_gpus
+from common.training.lr_schedule import lr_at
+from common.model.memory import estimate_training_memory
+from common.model.gpt import MarketGPT
+from common.distributed.precision import inference_precision, resolve_precision
+from common.training.rng import seed_everything
+from common.cluster.submit import local_gpus
 from test_trainer import WINDOWS, _config, _trainer
 
 torch.set_num_threads(1)
@@ -291,7 +291,7 @@ def test_ranks_added_on_resume_get_their_own_random_streams(tmp_path):
 
 
 def _make_rank(run_dir, cfg, rank):
-    from common.trainer import Trainer
+    from common.training.trainer import Trainer
 
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
     return Trainer(cfg, model, WINDOWS, run_dir / f"r{rank}", rank=rank, world_size=3, out=io.StringIO(),
@@ -332,7 +332,7 @@ def _profiled_peak_bytes(model: MarketGPT, args: tuple, tmp_path, precision: str
     what the step allocates (the gradients too), not the weights that were there before."""
     from torch.profiler import ProfilerActivity, profile
 
-    from common.precision import autocast
+    from common.distributed.precision import autocast
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
         with autocast(precision, torch.device("cpu")):
@@ -421,7 +421,7 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
     out = io.StringIO()
     tr = _trainer(tmp_path / "gpu", out=out, epochs=1, max_steps_per_epoch=2)
     tr.cuda, real_device = True, tr.device  # the epoch's readings as on GPU 0; the maths stays on the CPU
-    monkeypatch.setattr("common.trainer.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
+    monkeypatch.setattr("common.training.trainer.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
     scalars = {}
     tr._tensorboard = True
     tr._scalar = lambda tag, value, step: scalars.__setitem__(tag, value)
@@ -534,7 +534,7 @@ def test_status_shows_each_gpus_peak_memory(tmp_path, monkeypatch):
 
 _SCORING = """
 import sys, time
-from common.distributed_utils import init_distributed, shutdown, wait_for_main
+from common.distributed.ddp import init_distributed, shutdown, wait_for_main
 env, _ = init_distributed()
 if env.is_main:
     print("scoring", time.time(), flush=True)

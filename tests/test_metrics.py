@@ -8,7 +8,7 @@ import pytest
 import scoringrules as sr
 from scipy.stats import norm, spearmanr
 
-from common.metrics import (block_bootstrap_indices, coverage_flags, crps, format_verdict, newey_west_t,
+from common.evaluation.metrics import (block_bootstrap_indices, coverage_flags, crps, format_verdict, newey_west_t,
                             pit_histogram, pit_values, qlike, rank_ic, skill_interval, verdict)
 
 

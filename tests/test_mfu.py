@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.batches import build_windows
+from common.training.batches import build_windows
 from common.config import Config, ConfigError, ModelConfig, load_config
-from common.mfu import device_peak_flops, known_peak, mfu
-from common.model import MarketGPT
+from common.training.mfu import device_peak_flops, known_peak, mfu
+from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
-from common.rng import seed_everything
-from common.trainer import Trainer
+from common.training.rng import seed_everything
+from common.training.trainer import Trainer
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # tensorboard's urllib3

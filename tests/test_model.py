@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.model import Dropout, MarketGPT, apply_rotary, describe_model, rotary_tables
+from common.model.gpt import Dropout, MarketGPT, apply_rotary, describe_model, rotary_tables
 from common.paths import REPO_ROOT
-from common.tokenizer import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.tokens.tokenizer import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 
 torch.set_num_threads(1)  # a shared 2-core box; these models are tiny anyway
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint import save_checkpoint
+from common.training.checkpoint import save_checkpoint
 from slurm_helpers import REPO, TINY, copy_repo
 
 SSHD = Path("/usr/sbin/sshd")
@@ -303,7 +303,7 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
 
 
 def test_wait_follows_a_requeued_job_to_its_end_and_survives_a_few_ssh_failures(capsys):
-    from common.remote import Remote, RemoteSettings, StepFailed
+    from common.cluster.remote import Remote, RemoteSettings, StepFailed
 
     answers = [("PENDING", "", 0), ("RUNNING", "epoch 1/2\n", 10), StepFailed("wait (squeue)", "blip"),
                ("REQUEUED", "requeueing\n", 21), ("PENDING", "", 21), ("RUNNING", "resumed\n", 29),

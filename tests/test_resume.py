@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint import checkpoint_files, load_checkpoint
+from common.training.checkpoint import checkpoint_files, load_checkpoint
 from common.cli import main
 from common.config import load_config
 from common.paths import REPO_ROOT
@@ -371,7 +371,7 @@ def test_run_folder_not_writable(tmp_path, capsys):
 
 
 def test_nan_loss_fails_the_run_with_its_step(tmp_path, capsys, monkeypatch):
-    from common.model import MarketGPT
+    from common.model.gpt import MarketGPT
 
     real_forward = MarketGPT.forward
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from common import rng
-from common.rng import rng_state, seed_everything, set_rng_state
+from common.training.rng import rng_state, seed_everything, set_rng_state
 
 
 def _draws() -> tuple:

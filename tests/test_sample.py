@@ -15,7 +15,7 @@ import pytest
 
 from common.data.sample import (NOTICE_FILE, SAMPLE_FILE, SAMPLE_INTERVALS, load_sample, sample_assets,
                                 sample_metadata)
-from common.data.universe import CATEGORIES
+from common.markets import CATEGORIES
 from common.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent

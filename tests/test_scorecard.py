@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.forecast import History
-from common.price_baselines import RandomWalkEWMA
-from common.scorecard import (SCORECARD_JSON, SCORECARD_PNG, AssetSeries, fit_price_baselines, make_scorecard,
+from common.forecasting.forecaster import History
+from common.evaluation.price_baselines import RandomWalkEWMA
+from common.evaluation.scorecard import (SCORECARD_JSON, SCORECARD_PNG, AssetSeries, fit_price_baselines, make_scorecard,
                               origin_indices, run_scorecard, write_scorecard)
 from scorecard_helpers import garch_returns, synthetic_series
 
@@ -152,7 +152,7 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     from common.config import load_config, save_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
-    from common.run_folder import TokenSet
+    from common.training.run_folder import TokenSet
 
     cfg = load_config(REPO / "case_c_crypto" / "configs" / "crypto_prototype.json",
                       ["data.source=sample", "data.interval=1d"])
@@ -182,10 +182,10 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
 
     from common.config import load_config
     from common.data.universe import Asset, asset_info
-    from common.forecast import Forecaster
-    from common.model import MarketGPT
-    from common.scorecard import forecaster_fn
-    from common.tokenizer import OHLCTokenizer
+    from common.forecasting.forecaster import Forecaster
+    from common.model.gpt import MarketGPT
+    from common.evaluation.scorecard import forecaster_fn
+    from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)
     (tmp_path / "tiny.json").write_text(json.dumps({
@@ -212,7 +212,7 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
 
 
 def test_garch_is_fitted_on_the_train_split_only(monkeypatch):
-    from common.price_baselines import GarchT
+    from common.evaluation.price_baselines import GarchT
 
     rng = np.random.default_rng(5)
     series = synthetic_series([rng.normal(0, 0.01, 400), rng.normal(0, 0.02, 500)])

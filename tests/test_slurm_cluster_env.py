@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.slurm_utils import wait_for_jobs
+from common.distributed.slurm import wait_for_jobs
 from slurm_helpers import copy_repo, job_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
@@ -30,7 +30,7 @@ SUBMITIT_JOB = f"""
 import os, sys
 import submitit
 from common.config import load_config
-from common.submit import executor_parameters
+from common.cluster.submit import executor_parameters
 
 params = executor_parameters(load_config("case_c_crypto/configs/crypto_prototype.json").slurm)
 params["time"] = 5

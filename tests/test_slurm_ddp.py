@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common.slurm_utils import wait_for_jobs
+from common.distributed.slurm import wait_for_jobs
 from ddp_helpers import GLOBAL_BATCH, TINY, assert_same_run, final_weights, logged_epochs
 from slurm_helpers import copy_repo, job_env, run_dirs, scontrol_field, sets, training_log
 

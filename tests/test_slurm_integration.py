@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from common.slurm_utils import wait_for_jobs
+from common.distributed.slurm import wait_for_jobs
 from slurm_helpers import (CASES, TINY, assert_same_weights, copy_repo, job_env, run_dirs, scontrol_field, sets,
                            training_log)
 
@@ -111,7 +111,7 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
     submitted["requeue"] = _sbatch(repo, "c", [*LONG, "experiment=rq_sbatch"],
                                    options=("--time=1", "--signal=B:USR2@10"))
     submitted["reference"] = _sbatch(repo, "c", [*LONG, "experiment=reference"])
-    from common.submit import submit
+    from common.cluster.submit import submit
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the submitit job inherits this environment
     try:

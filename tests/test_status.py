@@ -9,7 +9,7 @@ import pytest
 
 from common import status
 from common.cli import main
-from common.status import collect_rows, last_line, status_table
+from common.cluster.status import collect_rows, last_line, status_table
 from slurm_helpers import REPO
 
 

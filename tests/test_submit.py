@@ -12,11 +12,11 @@ import pytest
 import submitit
 
 from common import slurm_utils, submit as submit_mod
-from common.checkpoint import save_checkpoint
+from common.training.checkpoint import save_checkpoint
 from common.cli import main
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.submit import TrainJob, executor_parameters, parse_array, parse_slurm_time, plan_submission
+from common.cluster.submit import TrainJob, executor_parameters, parse_array, parse_slurm_time, plan_submission
 from slurm_helpers import CASES, TINY, sbatch_lines, sets
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from common.config import Config
 from common.errors import UserError
-from common.tokenizer import (
+from common.tokens.tokenizer import (
     BOS_TOKEN,
     MISSING_TOKEN,
     NUM_SPECIAL_TOKENS,
@@ -431,7 +431,7 @@ def test_normalization_spreads_tokens_across_volatility_scales(monkeypatch):
     assert tv < 0.2  # both assets use the return bins alike although their moves differ 25x
     # The same check on unscaled features (sigma pinned to 1) fails: the calm asset's moves
     # crowd into the middle bins. This is what the volatility scaling buys.
-    monkeypatch.setattr("common.tokenizer.SIGMA_FLOOR", 1.0)
+    monkeypatch.setattr("common.tokens.tokenizer.SIGMA_FLOOR", 1.0)
     raw_usage, raw_tv = _usage_by_scale()
     assert raw_tv > 0.5 and raw_usage["calm"]["ret_bins_used"] < 0.8
 

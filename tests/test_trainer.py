@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.batches import build_windows
-from common.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
+from common.training.batches import build_windows
+from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
 from common.config import Config, ModelConfig
-from common.model import MarketGPT
-from common.lr_schedule import lr_at
-from common.rng import seed_everything
-from common.trainer import Trainer
+from common.model.gpt import MarketGPT
+from common.training.lr_schedule import lr_at
+from common.training.rng import seed_everything
+from common.training.trainer import Trainer
 
 torch.set_num_threads(1)
 # urllib3 (imported by tensorboard) probes for IPv6 by creating a socket at import: no traffic

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.data.universe import CATEGORIES, Asset, asset_info, load_universe
+from common.data.universe import Asset, asset_info, load_universe
+from common.markets import CATEGORIES
 from common.errors import UserError
 from common.paths import CASES, REPO_ROOT, case_config
 

@@ -55,7 +55,7 @@ def _case(root: Path, name: str) -> Path:
 
 
 def _train(config: Path, sets: list[str], log: io.StringIO, **kw: Any) -> int:
-    from common.training_run import run_training
+    from common.commands.train import run_training
 
     return run_training(config, sets, out=log, **kw)
 
@@ -67,7 +67,7 @@ def step_losses(text: str) -> list[float]:
 
 def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[str, Any]:
     """Step 3: a run stopped in its second epoch, resumed, finished; its log and checkpoint."""
-    from common.forecast import Forecaster
+    from common.forecasting.forecaster import Forecaster
 
     config = _case(Path(tempfile.mkdtemp(prefix="gpu_check_")), "train")
     num_gpus = 1 if device == "cuda" else None
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
 
     def doctor() -> dict[str, Any]:
-        from common.doctor import run_doctor
+        from common.commands.doctor import run_doctor
 
         text = io.StringIO()
         code = run_doctor(text)

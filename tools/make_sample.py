@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a plain script from anywhere in the repo
 
 from common.atomic import atomic_path  # noqa: E402
-from common.data.universe import CATEGORIES  # noqa: E402
+from common.markets import CATEGORIES  # noqa: E402
 
 __all__ = ["Package", "Series", "PACKAGES", "SERIES", "build_sample", "main"]
 

@@ -23,7 +23,8 @@ import pandas as pd
 
 from common.config import Config
 from common.data.market import MarketData
-from common.data.prepare import COLUMNS, interval_step
+from common.data.prepare import COLUMNS
+from common.markets import interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 

@@ -24,6 +24,7 @@ from common.config import Config
 from common.data.market import MarketData
 from common.data.universe import Asset
 from common.errors import UserError
+from common.markets import interval_step
 
 __all__ = [
     "COLUMNS",
@@ -32,7 +33,6 @@ __all__ = [
     "PreparedData",
     "clean_candles",
     "fill_gaps",
-    "interval_step",
     "prepare_data",
 ]
 
@@ -52,7 +52,6 @@ FIX_KINDS = (
 SUBUNIT_SUFFIXES = (".L", ".IL", ".JO", ".TA")
 _SUBUNIT_WINDOW = 11  # bars around each bar whose median close is the reference (a glitch run < 6 bars)
 SPLITS = ("train", "val", "test")
-_STEP_SECONDS = {"1m": 60, "5m": 300, "15m": 900, "30m": 1800, "1h": 3600, "4h": 14400, "1d": 86400}
 _NS = 1_000_000_000
 
 
@@ -77,13 +76,6 @@ class PreparedData:
     interval: str
     info: dict[str, Any]  # JSON-ready: data_info.json
 
-
-def interval_step(interval: str) -> pd.Timedelta:
-    """The bar length of a config interval ("1h" -> 1 hour)."""
-    try:
-        return pd.Timedelta(seconds=_STEP_SECONDS[interval])
-    except KeyError:
-        raise UserError(f"interval {interval!r} is not one of {', '.join(_STEP_SECONDS)}") from None
 
 
 # --------------------------------------------------------------------------- cleaning

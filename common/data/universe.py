@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Iterable
 
 from common.errors import UserError
+from common.markets import CATEGORIES
 
-__all__ = ["Asset", "CATEGORIES", "SOURCES", "HEADER", "load_universe", "asset_info", "universe_as_of"]
+__all__ = ["Asset", "SOURCES", "HEADER", "load_universe", "asset_info", "universe_as_of"]
 
-CATEGORIES: tuple[str, ...] = ("us_stock", "eu_stock", "emerging", "commodity", "crypto", "index", "fx")
 SOURCES: tuple[str, ...] = ("yfinance", "ccxt", "sample")
 HEADER: tuple[str, ...] = ("symbol", "source", "category", "name")
 

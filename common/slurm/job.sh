@@ -20,7 +20,7 @@ marketgpt_activate_env() {
     source "$REPO/common/slurm/cluster_env.sh"
 }
 
-# common/requeue.py's EXIT_REQUEUE and DEFAULT_MAX_REQUEUES (tests/test_slurm_scripts.py checks
+# common/distributed/requeue.py's EXIT_REQUEUE and DEFAULT_MAX_REQUEUES (tests/test_slurm_scripts.py checks
 # that they agree): exit 75 = saved a checkpoint, run me again; requeue at most 20 times.
 MARKETGPT_EXIT_REQUEUE=75
 MARKETGPT_REQUEUE_CAP=${MARKETGPT_MAX_REQUEUES:-20}
@@ -88,7 +88,7 @@ marketgpt_train() {
     # srun takes the job's tasks (--ntasks-per-node = GPUs); --cpus-per-task is passed on
     # explicitly because srun 22.05+ no longer inherits it from sbatch. No --kill-on-bad-exit:
     # a rank that exits 75 first must not kill rank 0 while it finishes its log; a rank that
-    # dies makes the others stop by themselves (common/distributed_utils.py).
+    # dies makes the others stop by themselves (common/distributed/ddp.py).
     srun --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
         "$PYTHON" -m common.cli train --config "$CASE/$CONFIG" --num-gpus "$gpus" --resume auto "$@" &
     _marketgpt_srun_pid=$!

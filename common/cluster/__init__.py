@@ -1,0 +1,1 @@
+"""Jobs on a cluster: submitit submission, run status, the workstation's remote loop."""

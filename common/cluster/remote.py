@@ -1,0 +1,536 @@
+"""`marketgpt remote`: sync, submit, follow and fetch a cluster run from a workstation.
+
+Settings come from `remote.json` in the local repo (git-ignored; remote.example.json shows
+every key) or from flags: the host (anything `ssh` accepts, e.g. a ~/.ssh/config alias), the
+repo's path there, the python to run there and a shell line that sets up its environment
+(`module load ...`, `conda activate ...`).
+
+Everything goes through the system's `ssh` and `rsync` with the user's own keys and agent:
+nothing here stores or asks for a password (BatchMode=yes), and ConnectTimeout makes an
+unreachable host fail in seconds. Every command takes --dry-run (print the exact commands, run
+nothing); a failing step raises StepFailed, which names the step (exit 1).
+
+Fetching never leaves a partial file under its final name: rsync copies the run into a
+staging folder beside it (`.fetch_<run>`, kept after an interruption so a second fetch
+resumes), the files are checked there (sizes against the remote listing, every checkpoint's
+CRC32s as load_checkpoint checks them, every JSON file parses), and only then is each file
+renamed into the run folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from common.errors import UserError
+from common.paths import REPO_ROOT
+
+__all__ = ["Remote", "RemoteSettings", "StepFailed", "load_settings", "run_remote_command"]
+
+SETTINGS_FILE = "remote.json"
+# What `remote sync` leaves out: history, environments, caches, and each case's data and outputs.
+SYNC_EXCLUDES = ("/.git", "/.venv", "__pycache__", "/case_*/data", "/case_*/checkpoints", "/case_*/logs")
+# Slurm states after which a job will not run again (anything else: still queued, running or requeued).
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                          "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"})
+_SSH_CALL_TIMEOUT_S = 120  # one short remote command (status, squeue, a listing)
+_POLL_RETRIES = 5  # ssh failures in a row a wait survives (a network blip, a login node restart)
+
+
+class StepFailed(Exception):
+    """A remote step failed: `step` names it, the message says why and what to do."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"{step}: {message}")
+        self.step, self.reason = step, message
+
+
+@dataclass
+class RemoteSettings:
+    host: Optional[str] = None  # user@host, or a ~/.ssh/config alias
+    path: Optional[str] = None  # the repo's folder there (absolute, or ~/...)
+    python: Optional[str] = None  # the python there (default: python3 on its PATH); jobs get it as MARKETGPT_PYTHON
+    env: Optional[str] = None  # shell line run before every remote command, e.g. "module load python/3.11"
+    ssh_options: str = ""  # extra ssh arguments, e.g. "-p 2222 -i ~/.ssh/id_cluster"
+    rsync_options: str = ""  # extra rsync arguments, e.g. "--bwlimit=5m"
+    connect_timeout_s: int = 10  # an unreachable host fails after this long
+
+
+def load_settings(repo: Path, flags: argparse.Namespace) -> RemoteSettings:
+    """remote.json of the local repo (when there is one), then the flags on top."""
+    from common.config import ConfigError, _build
+
+    path = repo / SETTINGS_FILE
+    settings = RemoteSettings()
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text())
+        except ValueError as e:
+            raise UserError(f"{path} is not valid JSON ({e}); see remote.example.json") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{path}: expected a JSON object like remote.example.json")
+        try:
+            settings = _build(RemoteSettings, raw, str(path), "")
+        except ConfigError as e:
+            raise UserError(str(e)) from None
+    for f in fields(RemoteSettings):
+        value = getattr(flags, f.name, None)
+        if value is not None:
+            setattr(settings, f.name, value)
+    if not settings.host or not settings.path:
+        raise UserError(f"no remote host/path: copy remote.example.json to {path} and fill in host and path, "
+                        "or pass --host and --path")
+    if settings.connect_timeout_s < 1:
+        raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
+    return settings
+
+
+def _remote_path(path: str) -> str:
+    """The path quoted for the remote shell; a leading ~/ stays the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+class Remote:
+    """The ssh and rsync commands for one remote repo; dry_run prints them instead."""
+
+    def __init__(self, settings: RemoteSettings, repo: Path, dry_run: bool = False,
+                 out: Callable[[str], None] = print) -> None:
+        self.s = settings
+        self.repo = repo
+        self.dry_run = dry_run
+        self.out = out
+
+    # ------------------------------------------------------------------ commands
+
+    def ssh_base(self) -> list[str]:
+        return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.s.connect_timeout_s}",
+                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", *shlex.split(self.s.ssh_options)]
+
+    def shell(self, command: str, in_repo: bool = True) -> str:
+        """The remote shell line: the env line, then `command` in the repo folder."""
+        parts = []
+        if in_repo:
+            parts.append(f"cd {_remote_path(self.s.path)}")
+        if self.s.env:
+            parts.append(self.s.env)
+        if self.s.python:
+            parts.append(f"export MARKETGPT_PYTHON={shlex.quote(self.s.python)}")
+        parts.append(command)
+        return " && ".join(parts)
+
+    def ssh_cmd(self, command: str, in_repo: bool = True, tty: bool = False) -> list[str]:
+        return [*self.ssh_base(), *(["-t"] if tty else []), self.s.host, self.shell(command, in_repo)]
+
+    def python(self) -> str:
+        return '"${MARKETGPT_PYTHON:-python3}"'
+
+    def run(self, step: str, cmd: list[str], *, stream: bool = False, timeout: Optional[float] = _SSH_CALL_TIMEOUT_S,
+            stdin: Optional[str] = None) -> str:
+        """Run one local command (ssh or rsync); its stdout, or StepFailed naming `step`."""
+        if self.dry_run:
+            self.out(shlex.join(cmd) + ("  # the file names on stdin" if stdin is not None else ""))
+            return ""
+        try:
+            proc = subprocess.run(cmd, input=stdin, text=True, errors="replace", timeout=timeout,
+                                  stdout=None if stream else subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise StepFailed(step, f"`{cmd[0]}` is not installed here; install OpenSSH and rsync") from None
+        except subprocess.TimeoutExpired:
+            raise StepFailed(step, f"no answer within {timeout:.0f} s: `{shlex.join(cmd)}`") from None
+        if proc.returncode != 0:
+            raise StepFailed(step, _explain(proc.returncode, proc.stderr, self.s.host))
+        return proc.stdout or ""
+
+    # ------------------------------------------------------------------ steps
+
+    def check_repo(self) -> None:
+        """The remote folder holds a MarketGPT repo (else: run `remote sync` first)."""
+        probe = f"test -f {_remote_path(self.s.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
+        answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
+        if answer.strip() == "no-repo":
+            raise StepFailed("check remote repo", f"{self.s.host}:{self.s.path} holds no MarketGPT repo "
+                             "(common/cli.py is missing); run `marketgpt remote sync` first, or fix the path")
+
+    def sync(self) -> None:
+        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.s.path)}", in_repo=False))
+        cmd = ["rsync", "-az", "--stats", "--human-readable", "-e", shlex.join(self.ssh_base()),
+               *[f"--exclude={p}" for p in SYNC_EXCLUDES], *shlex.split(self.s.rsync_options),
+               f"{self.repo}/", f"{self.s.host}:{self.s.path.rstrip('/')}/"]
+        summary = self.run("sync", cmd, timeout=None)
+        wanted = ("Number of files:", "Number of regular files transferred", "Total file size",
+                  "Total transferred file size", "sent ", "total size is")
+        for line in summary.splitlines():
+            if line.startswith(wanted):
+                self.out(line)
+
+    def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
+        """sbatch the case's script there; returns the job id and its log file (relative to the repo)."""
+        from common.paths import case_dir
+
+        case_path = case_dir(case, root=self.repo)
+        script = _case_script(case_path)
+        rel = f"{case_path.name}/slurm_scripts/{script.name}"
+        sets = [a for kv in overrides for a in ("--set", kv)]
+        command = shlex.join(["sbatch", "--parsable", *shlex.split(sbatch_args), rel, *sets])
+        if not self.dry_run:
+            self.check_repo()
+        answer = self.run("submit (sbatch)", self.ssh_cmd(command))
+        log = f"{case_path.name}/logs/{_log_prefix(script)}_{{}}.out"
+        if self.dry_run:
+            return "JOBID", log.format("JOBID")
+        job_id = answer.strip().splitlines()[-1].split(";")[0] if answer.strip() else ""
+        if not job_id.isdigit():
+            raise StepFailed("submit (sbatch)", f"sbatch printed no job id: {answer.strip()!r}")
+        log = log.format(job_id)
+        self.out(f"Submitted job {job_id} on {self.s.host}")
+        self.out(f"  follow:  marketgpt remote logs {job_id} -f     "
+                 f"(ssh {self.s.host} tail -f {self.s.path.rstrip('/')}/{log})")
+        self.out(f"  queue:   ssh {self.s.host} squeue -j {job_id}")
+        return job_id, log
+
+    def status(self, case: Optional[str]) -> str:
+        args = " --case " + shlex.quote(case) if case else ""
+        return self.run("status", self.ssh_cmd(f"{self.python()} -m common.cli status{args}"))
+
+    def log_path(self, job_id: str) -> str:
+        """The job's .out file under <case>/logs/ there."""
+        if not job_id.isdigit():
+            raise UserError(f"job id {job_id!r}: expected a number such as 12345")
+        found = self.run("find the job's log", self.ssh_cmd(f"ls -1 case_*/logs/*_{job_id}.out 2>/dev/null; true"))
+        if self.dry_run:
+            return f"case_*/logs/*_{job_id}.out"
+        paths = found.split()
+        if not paths:
+            raise StepFailed("find the job's log", f"no case_*/logs/*_{job_id}.out in {self.s.host}:{self.s.path} "
+                             "(not started yet? check `marketgpt remote status`)")
+        return paths[0]
+
+    def logs(self, job_id: str, follow: bool, lines: int = 50) -> None:
+        path = self.log_path(job_id)
+        tail = f"tail -n {int(lines)}{' -f' if follow else ''} {path}"
+        self.run("logs", self.ssh_cmd(tail), stream=True, timeout=None)
+
+    # ------------------------------------------------------------------ waiting
+
+    def job_state(self, job_id: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
+        """(state or None when Slurm forgot the job, the log's new text since `offset`, new offset)."""
+        q = shlex.quote
+        probe = (f"s=$(squeue -h -j {job_id} -o %T 2>/dev/null | head -1); "
+                 f"[ -n \"$s\" ] || s=$(scontrol show job -o {job_id} 2>/dev/null | "
+                 "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
+                 "echo \"state=${s:-UNKNOWN}\"; ")
+        if log:
+            # the bytes from `offset` up to the size just read: the next poll starts exactly there
+            probe += (f"f={q(log)}; [ -f \"$f\" ] && n=$(wc -c < \"$f\") && echo \"size=$n\" && "
+                      f"tail -c +{offset + 1} \"$f\" | head -c $((n - {offset})); true")
+        out = self.run("wait (squeue)", self.ssh_cmd(probe))
+        head, _, rest = out.partition("\n")
+        state = head.removeprefix("state=").strip()
+        if log and rest.startswith("size="):
+            size_line, _, text = rest.partition("\n")
+            size = int(size_line.removeprefix("size=").strip() or offset)
+            return (None if state == "UNKNOWN" else state), text, max(size, offset)
+        return (None if state == "UNKNOWN" else state), "", offset
+
+    def wait(self, job_id: str, log: str, poll_s: float = 10.0, timeout_s: Optional[float] = None) -> Optional[str]:
+        """Follow the job's state and log until it ends (a requeued job is followed on); its
+        last state (None if Slurm no longer remembers it)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        offset, failures, last_state = 0, 0, "?"
+        while True:
+            try:
+                state, text, offset = self.job_state(job_id, log, offset)
+                failures = 0
+            except StepFailed as e:
+                failures += 1
+                if failures >= _POLL_RETRIES:
+                    raise
+                self.out(f"(remote: {e}; retrying)")
+                state, text = last_state, ""
+            if text:
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+                sys.stdout.flush()
+            if state != last_state and state is not None:
+                self.out(f"[job {job_id}: {state}]")
+                last_state = state
+            if state is None or state in ENDED_STATES:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise StepFailed("wait", f"job {job_id} still {state} after {timeout_s:.0f} s; it keeps running "
+                                 f"there: `marketgpt remote logs {job_id} -f`, then `marketgpt remote fetch`")
+            time.sleep(poll_s)
+
+    def run_of_job(self, job_id: str) -> str:
+        """The run folder (repo-relative) whose training_log.json records this job."""
+        out = self.run("find the job's run", self.ssh_cmd(
+            f"grep -l '\"slurm_job_id\": \"{job_id}\"' case_*/checkpoints/*/training_log.json 2>/dev/null; true"))
+        if self.dry_run:
+            return f"case_X/checkpoints/<run of job {job_id}>"
+        runs = [str(Path(p).parent) for p in out.split()]
+        if not runs:
+            raise StepFailed("find the job's run", f"no run folder there records job {job_id} (did it fail before "
+                             f"training started? `marketgpt remote logs {job_id}`)")
+        return sorted(runs)[-1]
+
+    # ------------------------------------------------------------------ fetching
+
+    def resolve_run(self, run: Optional[str], case: Optional[str]) -> str:
+        """A run folder's path relative to the repo: RUN as a path, a folder name (in --case or any
+        case), or the newest run (`run` None)."""
+        if run is not None and "/" in run.strip("/"):
+            return run.strip("/")
+        cases = case_glob(case, self.repo)
+        pattern = f"{cases}/checkpoints/{shlex.quote(run) if run else '*'}/"
+        out = self.run("find the run", self.ssh_cmd(f"ls -1dt {pattern} 2>/dev/null; true"))
+        if self.dry_run:
+            return f"{cases}/checkpoints/{run or '<newest run>'}"
+        found = [p.rstrip("/") for p in out.split()]
+        if not found:
+            what = f"run {run!r}" if run else "no run at all"
+            raise StepFailed("find the run", f"{what} under {self.s.host}:{self.s.path}/{cases}/checkpoints; "
+                             "see `marketgpt remote status`")
+        if run and len(found) > 1:
+            raise StepFailed("find the run", f"{run!r} is in several cases ({', '.join(found)}); pass --case")
+        return found[0]
+
+    def fetch(self, run_rel: str, all_checkpoints: bool = False) -> Path:
+        """Copy a run folder into the local repo's case folder, check it, then publish it."""
+        listing = self.run("fetch (list)", self.ssh_cmd(
+            f"cd {shlex.quote(run_rel)} && find . -type f ! -name '.*.tmp' -printf '%s\\t%P\\n'"))
+        local = self.repo / run_rel
+        staging = local.parent / f".fetch_{local.name}"
+        if self.dry_run:
+            files = {}
+        else:
+            files = _parse_listing(listing, all_checkpoints)
+            if not files:
+                raise StepFailed("fetch (list)", f"{run_rel} is empty there")
+            staging.mkdir(parents=True, exist_ok=True)
+        cmd = ["rsync", "-a", "--partial-dir=.rsync-partial", "--files-from=-", "-e", shlex.join(self.ssh_base()),
+               *shlex.split(self.s.rsync_options), f"{self.s.host}:{self.s.path.rstrip('/')}/{run_rel}/",
+               f"{staging}/"]
+        self.run("fetch (rsync)", cmd, timeout=None, stdin="".join(f"{name}\n" for name in sorted(files)) or "\n")
+        if self.dry_run:
+            self.out(f"(then check sizes, checkpoint CRC32s and JSON in {staging}, and move the files into {local})")
+            return local
+        verify_fetched(staging, files)
+        _publish(staging, local)
+        return local
+
+
+def case_glob(case: Optional[str], repo: Path) -> str:
+    if case is None:
+        return "case_*"
+    from common.paths import case_dir
+
+    return case_dir(case, root=repo).name
+
+
+def _case_script(case_path: Path) -> Path:
+    scripts = sorted((case_path / "slurm_scripts").glob("*.sh"))
+    if len(scripts) != 1:
+        raise UserError(f"{case_path / 'slurm_scripts'}: expected one sbatch script, found {len(scripts)}")
+    return scripts[0]
+
+
+def _log_prefix(script: Path) -> str:
+    m = re.search(r"^LOG_PREFIX=(\S+)$", script.read_text(), flags=re.M)
+    return m.group(1) if m else "*"
+
+
+def _explain(code: int, stderr: str, host: Optional[str]) -> str:
+    """ssh's and rsync's own message, plus what to do when the connection itself failed."""
+    text = " | ".join(line.strip() for line in (stderr or "").strip().splitlines()[-6:] if line.strip())
+    if code == 255 or "connection unexpectedly closed" in (stderr or ""):
+        return (f"cannot reach {host} over ssh ({text or f'exit {code}'}); check the host and that "
+                f"`ssh {host} true` works without a password (keys or agent)")
+    return text or f"exit code {code}"
+
+
+def _parse_listing(listing: str, all_checkpoints: bool) -> dict[str, int]:
+    """`find -printf '%s\\t%P\\n'` -> {relative path: size}, epoch checkpoints left out unless asked."""
+    from common.training.checkpoint import checkpoint_position
+
+    files = {}
+    for line in listing.splitlines():
+        size, _, name = line.partition("\t")
+        if not name or name.startswith(".rsync-partial/"):
+            continue
+        if not all_checkpoints and checkpoint_position(name) is not None:
+            continue
+        files[name] = int(size)
+    return files
+
+
+def verify_fetched(folder: Path, files: dict[str, int]) -> None:
+    """Every listed file arrived whole: its size, each checkpoint's CRC32s, each JSON file parses."""
+    from common.training.checkpoint import verify_checkpoint
+
+    bad = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            bad.append(f"{name}: missing")
+        elif path.stat().st_size != size:
+            bad.append(f"{name}: {path.stat().st_size} bytes, {size} there (changed while fetching? fetch again)")
+        elif name.endswith(".pt") and not verify_checkpoint(path):
+            bad.append(f"{name}: fails its CRC32 check (damaged there or in transit)")
+        elif name.endswith(".json"):
+            try:
+                json.loads(path.read_text())
+            except ValueError as e:
+                bad.append(f"{name}: not valid JSON ({e})")
+    if bad:
+        raise StepFailed("fetch (verify)", f"{len(bad)} file(s) failed the check in {folder}, nothing was moved into "
+                         f"place: " + "; ".join(bad[:5]))
+
+
+def _publish(staging: Path, local: Path) -> None:
+    """Move every checked file from the staging folder to its final name, each by one rename."""
+    for path in sorted(staging.rglob("*")):
+        if path.is_file() and ".rsync-partial" not in path.relative_to(staging).parts:
+            target = local / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    for path in sorted(staging.rglob("*"), reverse=True):
+        if path.is_dir():
+            path.rmdir() if not any(path.iterdir()) else None
+    if not any(staging.iterdir()):
+        staging.rmdir()
+
+
+# --------------------------------------------------------------------------- results
+
+
+def print_results(run_dir: Path, out: Callable[[str], None] = print) -> None:
+    """The run's test results and, when it has a scorecard, its headline and verdicts."""
+    results = run_dir / "test_results.json"
+    if results.is_file():
+        from common.evaluation.evaluate import summarize_results
+
+        out(summarize_results(run_dir, json.loads(results.read_text())))
+    else:
+        out(f"{run_dir}: no test_results.json (the run did not finish its final evaluation)")
+    card_path = run_dir / "scorecard.json"
+    if card_path.is_file():
+        card = json.loads(card_path.read_text())
+        from common.evaluation.metrics import format_verdict
+        from common.evaluation.scorecard import BASELINE_NAMES
+
+        head = card.get("headline")
+        if head:
+            name = BASELINE_NAMES.get(head["baseline"], head["baseline"])
+            out(f"Scorecard headline: {format_verdict(head['horizon'], 'CRPS', name, head)}")
+        for line in card.get("verdicts", []):
+            out(f"  {line}")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(sub: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int]) -> None:
+    """`marketgpt remote ACTION ...` (called by common.cli)."""
+    p = sub.add_parser("remote", help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "
+                       "fetch runs back (settings: remote.json; docs/remote.md)")
+    actions = p.add_subparsers(dest="remote_command", required=True, metavar="ACTION")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help_text)
+        a.add_argument("--host", default=None, help="ssh host or ~/.ssh/config alias (default: remote.json)")
+        a.add_argument("--path", default=None, help="the repo's folder there (default: remote.json)")
+        a.add_argument("--python", default=None, help="the python there (default: remote.json, else python3)")
+        a.add_argument("--env", default=None, help="shell line run first there, e.g. 'module load python/3.11'")
+        a.add_argument("--repo", type=Path, default=REPO_ROOT,
+                       help="the local repo to sync from and fetch into (default: this one)")
+        a.add_argument("--dry-run", action="store_true", help="print the exact commands; run nothing")
+        a.set_defaults(handler=handler)
+        return a
+
+    action("sync", "rsync the repo there (without .git, .venv, caches, case data, checkpoints and logs)")
+    a = action("submit", "sbatch the case's script there; prints the job id and how to follow it")
+    _submit_args(a)
+    a = action("status", "`marketgpt status` run there")
+    a.add_argument("--case", default=None)
+    a.add_argument("--watch", type=float, default=None, metavar="N", help="refresh every N seconds")
+    a = action("logs", "show (-f: follow) a job's log there")
+    a.add_argument("job_id", metavar="JOBID")
+    a.add_argument("-f", "--follow", action="store_true")
+    a.add_argument("-n", "--lines", type=int, default=50)
+    a = action("fetch", "copy a run back into case_*/checkpoints/ here, check it, then move it into place")
+    a.add_argument("run", nargs="?", default=None, metavar="RUN", help="run folder name, or case_X/checkpoints/NAME")
+    a.add_argument("--latest", action="store_true", help="the newest run (of --case, or of any case)")
+    a.add_argument("--case", default=None)
+    a.add_argument("--all-checkpoints", action="store_true", help="also the checkpoint_epoch_*.pt files")
+    a = action("train", "sync, submit, follow the job (across requeues), fetch, check, print the results")
+    _submit_args(a)
+    a.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between queue checks (default 10)")
+    a.add_argument("--timeout", type=float, default=None, metavar="S", help="stop waiting after S seconds")
+    a.add_argument("--all-checkpoints", action="store_true")
+
+
+def _submit_args(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override passed to the job (repeatable)")
+    a.add_argument("--sbatch-args", default="", help="extra sbatch options, written with = (they start with -): --sbatch-args=\"--partition=medium --time=2:00:00\"")
+
+
+def run_remote_command(args: argparse.Namespace) -> int:
+    settings = load_settings(args.repo.resolve(), args)
+    r = Remote(settings, args.repo.resolve(), dry_run=args.dry_run)
+    what = args.remote_command
+    try:
+        if what == "sync":
+            r.sync()
+        elif what == "submit":
+            r.submit(args.case, args.overrides, args.sbatch_args)
+        elif what == "status":
+            while True:
+                print(r.status(args.case), end="")
+                if args.watch is None or r.dry_run:
+                    break
+                time.sleep(args.watch)
+        elif what == "logs":
+            r.logs(args.job_id, args.follow, args.lines)
+        elif what == "fetch":
+            if (args.run is None) == (not args.latest):
+                raise UserError("give a RUN or --latest (not both)")
+            local = r.fetch(r.resolve_run(args.run, args.case), args.all_checkpoints)
+            if not r.dry_run:
+                print(f"Fetched and checked {local}")
+        elif what == "train":
+            return _train(r, args)
+    except StepFailed as e:
+        print(f"marketgpt remote {what}: step '{e.step}' failed: {e.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _train(r: Remote, args: argparse.Namespace) -> int:
+    r.sync()
+    job_id, log = r.submit(args.case, args.overrides, args.sbatch_args)
+    if r.dry_run:
+        r.out(f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
+              "then fetch its run folder)")
+        r.fetch(r.run_of_job(job_id), args.all_checkpoints)
+        return 0
+    state = r.wait(job_id, log, poll_s=args.poll, timeout_s=args.timeout)
+    run_rel = r.run_of_job(job_id)
+    local = r.fetch(run_rel, args.all_checkpoints)
+    print(f"Fetched and checked {local}")
+    print_results(local)
+    if state not in (None, "COMPLETED"):
+        raise StepFailed("wait", f"job {job_id} ended {state}; see {log} there (`marketgpt remote logs {job_id}`)")
+    return 0

@@ -1,0 +1,1 @@
+"""What the CLI's subcommands compose from the floors below: train, forecast, scorecard, doctor."""

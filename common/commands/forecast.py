@@ -1,0 +1,162 @@
+"""`marketgpt forecast`: arguments -> Forecaster -> files in --out and a short table on stdout.
+
+Files (each written atomically, so a failed run leaves no half-written file):
+    forecast.parquet, forecast.csv   one row per asset x step (common.forecasting.forecaster.summarize_paths)
+    forecast.json                    run, checkpoint sha256, as-of, seed, horizon, samples, sampling
+                                     settings, tokenizer version, and each asset's origin
+    paths.npz                        with --save-paths: sampled tokens and OHLC paths per asset
+    fan_<symbol>.png                 one fan chart per asset (history, median, 50% and 90% bands);
+    fan_chart.png                    one multi-panel chart instead when there are more than 4 assets
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, check_writable
+from common.errors import UserError
+
+__all__ = ["run_forecast_command", "write_outputs"]
+
+MAX_SINGLE_CHARTS = 4  # above this many assets, one multi-panel chart
+_HISTORY_SHOWN = 3  # fan charts show this many horizons of history before the origin
+
+
+def run_forecast_command(args: argparse.Namespace) -> int:
+    from common.forecasting.forecaster import warn
+
+    if args.top_k is not None or args.top_p is not None:
+        warn("--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
+             "come out overconfident (see docs/forecasting.md)")
+    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
+        raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    runs = list(args.run_dir)
+    backend = args.backend
+    if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
+        from common.forecasting.infer import ExportedForecaster
+
+        if args.precision not in ("auto", "fp32", "bf16"):  # the same words as common.distributed.precision (no torch here)
+            raise UserError(f"--precision {args.precision!r}: expected one of auto, fp32, bf16")
+        if args.device != "cpu" or len(runs) != 1 or args.precision == "bf16":
+            raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
+                            "(no --device, no --precision)")
+        fc = ExportedForecaster.from_export(runs[0])
+    else:
+        import torch
+
+        from common.forecasting.ensemble import forecaster_for
+
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+        fc = forecaster_for(runs, device=args.device, precision=args.precision)  # several runs: their ensemble
+    symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
+    fc.check_request(args.horizon, args.samples)  # before any data is read
+    histories = fc.load_history(symbols, args.as_of)
+    as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if args.as_of is None else None
+    label = pd.Timestamp(args.as_of if args.as_of is not None else as_of)
+    name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
+    out = Path(args.out) if args.out else Path(runs[0]) / "forecasts" / name
+    check_writable(out, "--out", "pass --out a folder you can write")
+    result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, return_paths=True)
+    settings = {"backend": backend, "precision": fc.precision, "as_of": args.as_of or "latest", "seed": args.seed,
+                "horizon": args.horizon, "samples": args.samples, "temperature": args.temperature,
+                "top_k": args.top_k, "top_p": args.top_p}
+    written = write_outputs(fc, result, histories, out, settings, save_paths=args.save_paths)
+    print(stdout_table(result.table))
+    print(f"Wrote {', '.join(p.name for p in written)} in {out}")
+    return 0
+
+
+def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: dict, save_paths: bool) -> list[Path]:
+    """Write every output file into `out`; returns their paths."""
+    from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
+
+    table = result.table
+    written = [out / "forecast.parquet", out / "forecast.csv", out / "forecast.json"]
+    buf = io.BytesIO()
+    table.to_parquet(buf, index=False, engine="pyarrow")
+    atomic_write_bytes(written[0], buf.getvalue())
+    atomic_write_bytes(written[1], table.to_csv(index=False, float_format="%.10g").encode("utf-8"))
+    meta = {"run": str(fc.run_dir) if fc.run_dir else None, "checkpoint": "best_model.pt",
+            "checkpoint_sha256": fc.checkpoint_sha256, **settings,
+            "tokenizer": {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": fc.tokenizer.vocab_size},
+            "context_length": fc.cfg.model.context_length, "interval": fc.cfg.data.interval,
+            "data_source": fc.cfg.data.source,
+            **({"ensemble": fc.ensemble} if getattr(fc, "ensemble", None) else {}),
+            "origins": [{"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"]}
+                        for o in result.origins]}
+    atomic_write_json(written[2], meta)
+    if save_paths:
+        written.append(out / "paths.npz")
+        with atomic_path(written[-1]) as tmp, open(tmp, "wb") as f:
+            np.savez_compressed(f, symbols=np.array([o["symbol"] for o in result.origins], dtype=str),
+                                tokens=result.tokens, **result.paths)
+    written += write_fan_charts(result, histories, out)
+    return written
+
+
+def _safe(symbol: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", symbol).strip("_") or "asset"
+
+
+def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
+    """History, median and the 50% / 90% bands: one PNG per asset, or one multi-panel PNG."""
+    import matplotlib
+    matplotlib.use("Agg")  # before pyplot: no display on compute nodes
+    import matplotlib.pyplot as plt
+
+    table = result.table
+    n = len(histories)
+    single = n <= MAX_SINGLE_CHARTS
+    groups = [[i] for i in range(n)] if single else [list(range(n))]
+    written = []
+    for group in groups:
+        cols = 1 if single else min(4, n)
+        rows = 1 if single else -(-n // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(8 if single else 4 * cols, 4.5 if single else 3 * rows),
+                                 squeeze=False)
+        for ax in axes.ravel()[len(group):]:
+            ax.set_visible(False)
+        for ax, i in zip(axes.ravel(), group):
+            h = histories[i]
+            part = table.iloc[i * (len(table) // n):(i + 1) * (len(table) // n)]
+            shown = h.candles["close"].iloc[-_HISTORY_SHOWN * len(part):]
+            last = pd.DatetimeIndex([h.candles.index[-1]])
+            x = last.append(pd.DatetimeIndex(part["timestamp"]))
+            start = part["last_close"].iloc[0]
+            band = lambda col: np.concatenate([[start], part[col].to_numpy()])  # noqa: E731
+            ax.plot(shown.index, shown.to_numpy(), color="black", lw=1, label="history")
+            ax.fill_between(x, band("p5"), band("p95"), color="#1f77b4", alpha=0.2, lw=0, label="90% band")
+            ax.fill_between(x, band("p25"), band("p75"), color="#1f77b4", alpha=0.4, lw=0, label="50% band")
+            ax.plot(x, band("p50"), color="#1f77b4", lw=1.5, label="median")
+            ax.set_title(f"{h.symbol} from {h.candles.index[-1]:%Y-%m-%d %H:%M} UTC", fontsize=10)
+            ax.tick_params(labelsize=8)
+            ax.tick_params(axis="x", rotation=30)
+        axes.ravel()[0].legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        target = out / (f"fan_{_safe(histories[group[0]].symbol)}.png" if single else "fan_chart.png")
+        try:
+            with atomic_path(target) as tmp:
+                fig.savefig(tmp, format="png", dpi=100)
+        finally:
+            plt.close(fig)
+        written.append(target)
+    return written
+
+
+def stdout_table(table: pd.DataFrame) -> str:
+    """Per asset, the first and the last step: when, P5 / P50 / P95 of the close, P(up)."""
+    rows = table.groupby("symbol", sort=False).nth([0, -1])
+    lines = [f"{'symbol':<12} {'step':>4} {'timestamp':<17} {'last close':>12} {'P5':>12} {'P50':>12} "
+             f"{'P95':>12} {'P(up)':>6}"]
+    for r in rows.itertuples():
+        lines.append(f"{r.symbol:<12} {r.step:>4} {pd.Timestamp(r.timestamp):%Y-%m-%d %H:%M} {r.last_close:>12.6g} "
+                     f"{r.p5:>12.6g} {r.p50:>12.6g} {r.p95:>12.6g} {r.p_up:>6.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""The scorecard of a trained run: `marketgpt scorecard RUN_DIR`, and the small one every run
+writes at the end of training (common.commands.train's final outputs).
+
+    marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
+                                [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
+                                [--precision auto|fp32|bf16]
+
+Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with `common.evaluation.scorecard.run_scorecard`
+and write scorecard.json and scorecard.png into the run folder. The end-of-training one uses
+`training.scorecard_origins` origin dates (0 turns it off) and `training.scorecard_samples`
+paths at horizons 1, 5 and 20; the command defaults to the issue's full scorecard (every 5th
+test candle, 200 samples).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, TextIO
+
+import torch
+
+from common.config import Config
+from common.errors import UserError
+
+__all__ = ["end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
+
+
+def parse_horizons(text: str) -> tuple[int, ...]:
+    """'1,5,20' -> (1, 5, 20); a UserError for anything but positive integers."""
+    try:
+        horizons = tuple(int(h) for h in text.split(","))
+    except ValueError:
+        horizons = ()
+    if not horizons or min(horizons) < 1:
+        raise UserError(f"--horizons {text!r}: expected comma-separated positive integers, e.g. 1,5,20")
+    return horizons
+
+
+def run_scorecard_command(args: argparse.Namespace) -> int:
+    """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
+    from common.atomic import atomic_write_json
+    from common.forecasting.ensemble import forecaster_for
+    from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard
+
+    horizons = parse_horizons(args.horizons)
+    if args.stride is not None and args.origins is not None:
+        raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
+    for flag, value in (("--stride", args.stride), ("--origins", args.origins)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value}: must be at least 1")
+    stride = args.stride if args.stride is not None or args.origins is not None else 5
+    if args.samples < 2:
+        raise UserError(f"--samples {args.samples}: must be at least 2")
+    if args.cost_bp < 0:
+        raise UserError(f"--cost-bp {args.cost_bp:g}: must be zero or positive (basis points per side)")
+    assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else None
+    runs = list(args.run_dir)
+    forecaster = forecaster_for(runs, device=_device(args.device), precision=args.precision)  # several: an ensemble
+    # an ensemble's card goes beside the first run's own, with the member list
+    out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
+    if len(runs) > 1:
+        atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
+    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=horizons, stride=stride,
+                         n_origins=args.origins, n_samples=args.samples, seed=args.seed, cost_bp=args.cost_bp,
+                         assets=assets, out_dir=out, precision=forecaster.precision,
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print("\n".join(card["verdicts"]))
+    print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
+    return 0
+
+
+def _device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no usable CUDA GPU here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r}: expected cpu or cuda") from None
+
+
+def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
+                              out: Optional[TextIO] = None) -> Optional[str]:
+    """The small end-of-training scorecard (training.scorecard_*), written into the run folder
+    before the final test results. Returns None when it was written or is switched off, else
+    the reason it failed: a scorecard that fails must not fail a trained run, and the reason
+    goes into test_results.json (so --resume auto does not retry it forever)."""
+    from common.forecasting.forecaster import Forecaster
+    from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard
+
+    t = cfg.training
+    if t.scorecard_origins == 0:
+        return None
+    out = out or sys.stdout
+    try:
+        forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
+        card = run_scorecard(run_dir, forecaster_fn(forecaster), horizons=DEFAULT_HORIZONS, stride=None,
+                             n_origins=t.scorecard_origins, n_samples=t.scorecard_samples, seed=t.seed,
+                             precision=forecaster.precision)
+    except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
+        reason = f"{type(e).__name__}: {e}"
+        print(f"warning: scorecard.json not written ({reason})", file=sys.stderr, flush=True)
+        return reason
+    print(f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples; "
+          f"marketgpt scorecard {run_dir} for the full one):", file=out)
+    print("\n".join(f"  {line}" for line in card["verdicts"]), file=out, flush=True)
+    return None

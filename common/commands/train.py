@@ -1,0 +1,343 @@
+"""`marketgpt train`: config -> data -> tokenizer -> token windows -> model -> Trainer -> test.
+
+    new run:  load config -> case folder -> load_market_data -> prepare_data (clean, split by
+              time) -> tokenizer fit on TRAIN candles -> encode each asset's whole cleaned
+              series (tokens are causal, so slicing them by the split ranges is leak-free)
+              -> run folder with config.json, tokenizer.json, asset_info.json,
+              data_info.json, tokens.npz -> train -> best model on test -> scorecard.json and
+              .png (training.scorecard_*), report.png, test_results.json -> only then the
+              log's status says finished
+    resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens.npz,
+              plus the checkpoint; nothing is re-read from the candle cache.
+
+--resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
+checkpoints/, from its newest checkpoint whose CRC32s hold (a corrupted one is skipped with
+a warning); a run that trained to the end but lacks a final output resumes with nothing left
+to train and only writes the outputs. With no run, a newest run that is done (finished with
+its outputs, or failed) or one another live Slurm job trains, a new run starts, so a Slurm
+script can always pass it; a newest run killed before its first checkpoint is started over in
+its own folder (run_folder.reuse_unstarted_run). A requeued Slurm job continues its own run
+(run_folder.auto_resume_run). --resume PATH: a run folder or one checkpoint file; --config
+is then optional. Either way the case config (with --set) must describe the same run as the
+run folder's config.json, except the keys in run_folder.HARMLESS_ON_RESUME (epochs, patience,
+checkpoint timer, logging, eval cap, slurm), which --set may change.
+
+Multi-GPU (one process per GPU, started by srun or torchrun): every rank runs this command.
+Rank 0 alone decides the run folder (a new one, or the one --resume picks), prepares it and
+tells the others through the job's store; they open the same folder (so it must sit on a
+filesystem every node shares) and load the same checkpoint. All ranks train together; rank 0
+alone scores the best model on the test split at the end. --num-gpus N must match the job's
+processes per node.
+
+Exit codes: 0 done (finished or early-stopped), 2 a user error (one line on stderr, e.g. a
+NaN loss: status "failed" in training_log.json, or another rank failed), 75 saved and stopped
+on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence, TextIO
+
+import numpy as np
+import torch
+
+from common.atomic import atomic_write_json, read_json
+from common.training.batches import TokenWindows, build_windows
+from common.training.checkpoint import load_checkpoint
+from common.config import Config, ConfigError, config_to_dict, load_config, save_config
+from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
+from common.distributed.ddp import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
+from common.errors import UserError
+from common.evaluation.evaluate import evaluate_best, summarize_results
+from common.paths import case_dir_of_config
+from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
+                               resolve_resume, reuse_unstarted_run)
+from common.training.rng import seed_everything
+from common.commands.scorecard import end_of_training_scorecard
+from common.distributed.slurm import job_metadata
+from common.training.trainer import EXIT_REQUEUE, Trainer
+
+__all__ = ["TrainingFailed", "run_training"]
+
+
+class TrainingFailed(UserError):
+    """Training stopped on a non-finite loss; training_log.json has status "failed"."""
+
+
+def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: Optional[str] = None, *,
+                 out: Optional[TextIO] = None, stop_after_steps: Optional[int] = None,
+                 num_gpus: Optional[int] = None) -> int:
+    """The `marketgpt train` command; returns the exit code (UserError for user faults)."""
+    out = out or sys.stdout  # looked up now, so a redirected stdout is honoured
+    env = detect_env()
+    check_num_gpus(num_gpus, env)  # a wrong layout fails at once, alike on every rank
+    if config is None and resume in (None, "auto"):
+        raise UserError("--config is required (with --resume auto too: it names the case and experiment); "
+                        "only --resume RUN_FOLDER works without it")
+    cfg = load_config(config, overrides) if config is not None else None
+    device_setting = cfg.training.device if cfg is not None else "auto"
+    check_gpus_usable(env, num_gpus, device_setting)  # never train on the CPU by accident
+    env, device = init_distributed(env, device_setting=device_setting)
+    with failures_reported():
+        if env.is_main:
+            try:
+                cfg, run_dir, ckpt, tokens, info, windows, state = _open_or_create(cfg, config, overrides, resume,
+                                                                                  device, out)
+            except UserError as e:
+                share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
+                raise
+            share_from_main("run", {"run_dir": str(run_dir), "checkpoint": str(ckpt) if ckpt else None})
+        else:
+            cfg, run_dir, tokens, info, windows, state = _follow_rank0(share_from_main("run"), overrides, device, env)
+        code = _train_and_test(cfg, run_dir, tokens, info, windows, state, out, stop_after_steps, env)
+    shutdown()
+    return code
+
+
+def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Sequence[str], resume: Optional[str],
+                    device: torch.device, out: TextIO) -> tuple:
+    """Rank 0's part: the run to resume (and its checkpoint) or a new, prepared run folder."""
+    run_dir = ckpt = None
+    if resume is not None:
+        checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
+        run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
+        if run_dir is None:
+            print(f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
+                  "or trained by another job): starting a new run", file=out)
+
+    if ckpt is not None:
+        cfg, tokens, info = _open_run(run_dir, config, cfg, overrides)
+        windows = _windows(cfg, tokens, info["asset_info"], device)
+        state = load_checkpoint(ckpt)
+        if state.get("format") != "marketgpt-checkpoint":
+            raise UserError(f"{ckpt}: not a MarketGPT training checkpoint")
+        diff = config_differences(cfg, state["config"])
+        if diff:
+            raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
+        print(f"Resuming {run_dir} from {ckpt.name}", file=out)
+    else:
+        check_writable(case_dir_of_config(config) / "checkpoints")
+        tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config))
+        windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
+        if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
+            print(f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run "
+                  "again in it", file=out)
+        else:
+            if run_dir is not None:
+                print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
+            run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
+        _write_run_files(run_dir, cfg, tokens, info, data_info)
+        state = None
+        print(f"Run folder: {run_dir}", file=out)
+    return cfg, run_dir, ckpt, tokens, info, windows, state
+
+
+def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> tuple:
+    """The other ranks' part: open the run folder rank 0 chose and load the same checkpoint."""
+    if "error" in decision:
+        raise UserError(decision["error"])
+    run_dir = Path(decision["run_dir"])
+    if not (run_dir / "config.json").is_file():
+        raise UserError(f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
+                        "made: the case folder must be on a filesystem every node of the job shares")
+    cfg, tokens, info = _open_run(run_dir, None, None, overrides)
+    windows = _windows(cfg, tokens, info["asset_info"], device)
+    state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
+    return cfg, run_dir, tokens, info, windows, state
+
+
+# --------------------------------------------------------------------------- new run
+
+
+def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+    from common.data.universe import asset_info
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    parent = None
+    if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
+        from common.training.finetune import check_parent_fits, resolve_parent
+
+        parent = resolve_parent(cfg.training.init_from)
+        check_parent_fits(config_to_dict(cfg), parent)
+    market = load_market_data(cfg, case)
+    prepared = prepare_data(cfg, market)
+    symbols = [a.symbol for a in prepared.assets]
+    train_frames = {s: prepared.candles[s].iloc[prepared.splits[s].train.start:prepared.splits[s].train.stop]
+                    for s in symbols}
+    if parent is not None:  # fine-tuning: the parent's token ids, which its weights were trained on
+        tokenizer = OHLCTokenizer.load(parent.run_dir / "tokenizer.json")
+    else:
+        tokenizer = OHLCTokenizer.from_config(cfg).fit(train_frames)
+    tokens, moves, ranges = {}, {}, {}
+    for s in symbols:
+        frame, split = prepared.candles[s], prepared.splits[s]
+        tokens[s] = tokenizer.encode(frame, asset=s)
+        moves[s] = tokenizer.features(frame, asset=s)[0]
+        ranges[s] = {name: (r.start, r.stop) for name, r in
+                     (("train", split.train), ("val", split.val), ("test", split.test))}
+    info = asset_info(prepared.assets)
+    data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
+    features = None
+    if cfg.model.time_features or cfg.model.volume_input:  # per-candle time and volume ids
+        from common.tokens.features import run_features
+
+        features, data_info["volume_edges"] = run_features(
+            {s: prepared.candles[s] for s in symbols}, {s: ranges[s]["train"] for s in symbols}, prepared.interval)
+    return TokenSet(symbols, tokens, moves, ranges, features), {"asset_info": info, "tokenizer": tokenizer}, data_info
+
+
+def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
+    try:
+        # first the job that owns the folder, so --resume auto elsewhere leaves it alone while it is set up
+        atomic_write_json(run_dir / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
+        save_config(cfg, run_dir / "config.json")
+        info["tokenizer"].save(run_dir / "tokenizer.json")
+        atomic_write_json(run_dir / "asset_info.json", info["asset_info"])
+        atomic_write_json(run_dir / "data_info.json", data_info)
+        tokens.save(run_dir / "tokens.npz")
+    except OSError as e:
+        raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
+              overrides: Sequence[str]) -> tuple[Config, TokenSet, dict]:
+    """The run's own config (plus harmless --set overrides), token set, tokenizer and asset ids."""
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    config_json = run_dir / "config.json"
+    if not config_json.is_file():
+        raise UserError(f"{run_dir} is not a run folder (no config.json)")
+    base = load_config(config_json)
+    cfg = load_config(config_json, overrides)
+    changed = config_differences(base, cfg)
+    if changed:
+        raise ConfigError(f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
+                          f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
+                          "without --resume to change them")
+    if case_cfg is not None:
+        diff = config_differences(cfg, case_cfg)
+        if diff:
+            raise UserError(f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
+                            "resume with the config it was started with, or start a new run without --resume")
+    check_writable(run_dir)
+    tokens = TokenSet.load(run_dir / "tokens.npz")
+    info = {"asset_info": read_json(run_dir / "asset_info.json"),
+            "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
+    return cfg, tokens, info
+
+
+# --------------------------------------------------------------------------- train and test
+
+
+def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.device) -> TokenWindows:
+    ids = asset_info["symbols"]
+    cats = {rec["symbol"]: rec["category_id"] for rec in asset_info["assets"]}
+    # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
+    T = cfg.model.context_length
+    return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
+                         strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
+                         epoch_stride=cfg.data.epoch_stride, features=tokens.features)
+
+
+def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
+    """(V,) occurrences of each token id in the train split of every asset."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for symbol, toks in tokens.tokens.items():
+        b, e = tokens.ranges[symbol]["train"]
+        counts += torch.bincount(torch.from_numpy(np.asarray(toks[b:e], dtype=np.int64)), minlength=vocab_size).double()
+    return counts
+
+
+# fewer training candles per candle id than this: the vocabulary is too fine for the data
+MIN_CANDLES_PER_ID = 100
+
+
+def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
+    """How many training candles each used candle id gets, with a hint when that is few."""
+    candles = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
+    ids = tokenizer.ret_bins * tokenizer.shape_bins
+    per_id = candles / ids
+    line = (f"Vocabulary: {ids:,} candle ids ({tokenizer.ret_bins} move x {tokenizer.shape_bins} shape bins) for "
+            f"{candles:,} training candles: {per_id:.1f} candles per id")
+    if per_id < MIN_CANDLES_PER_ID:
+        fewer = max(2, min(tokenizer.ret_bins - 1, candles // (MIN_CANDLES_PER_ID * tokenizer.shape_bins)))
+        line += (f" (too fine for this data: --set tokenizer.ret_bins={fewer} gives about {MIN_CANDLES_PER_ID}; "
+                 "see docs/generalization.md)")
+    return line
+
+
+def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
+                    state: Optional[dict], out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
+    from common.model.gpt import MarketGPT
+
+    device = windows.device
+    ai = info["asset_info"]
+    if state is None:
+        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    lineage = None
+    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
+        from common.training.finetune import init_from_parent, resolve_parent
+
+        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)
+    from common.training.finetune import apply_freeze
+
+    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
+    if state is None and env.rank > 0:
+        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
+    if state is None and lineage is None and model.head is not None:
+        # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
+        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
+    model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
+    trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
+    if env.is_main:
+        print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if state is None:
+        trainer.log.data.update(
+            run=run_dir.name, experiment=cfg.experiment, started_at=now, device=device.type,
+            world_size=env.world_size, launcher=env.launcher,
+            num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
+            windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
+            steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
+        if lineage is not None or frozen:
+            from common.training.finetune import record_lineage
+
+            lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
+            trainer.log.data["lineage"] = lineage
+            if env.is_main:
+                record_lineage(run_dir, lineage)
+    else:
+        try:
+            trainer.load_state_dict(state)
+        except RuntimeError as e:  # state_dict shapes that don't fit the model
+            raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
+        trainer.log.data.setdefault("resumes", []).append(now)
+    trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
+
+    def final_outputs(status: str) -> None:
+        # rank 0 alone scores the best model on the test split, before the log says the run is done;
+        # the scorecard first, so test_results.json (with its error, if any) stays the last output
+        scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
+        results = evaluate_best(cfg, run_dir, tokens, info, device, status=status,
+                                extra={"scorecard_error": scorecard_error} if scorecard_error else None)
+        print(summarize_results(run_dir, results), file=out, flush=True)
+
+    try:
+        status = trainer.train(stop_after_steps=stop_after_steps, final_outputs=final_outputs)
+    except OSError as e:
+        raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
+
+    if status == "failed":
+        raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / 'training_log.json'})")
+    if status == "interrupted":
+        return EXIT_REQUEUE
+    return 0

@@ -1,0 +1,1 @@
+"""Judging a model: token metrics and baselines, the price-space scorecard, backtest, report."""

@@ -1,0 +1,1 @@
+"""A trained run as a forecaster: sampled price paths, ensembles, export and ONNX inference."""

@@ -1,0 +1,270 @@
+"""`marketgpt export RUN_DIR --format onnx|torchscript --out DIR`: the best model for inference
+elsewhere (a laptop without CUDA, onnxruntime without torch).
+
+What is exported is the next-token forward: tokens (batch, length) int64 with a dynamic batch
+and any length from 1 to model.context_length, plus asset_ids and category_ids (batch,), to the
+logits of the token after the last position (batch, vocab_size) float32. ONNX exports also
+return every layer's keys and values (present_k, present_v: layers x batch x heads x length x
+head size), and model_step.onnx takes them back with one more token per row: a KV cache for
+sampling (common.forecasting.infer). TorchScript exports the plain forward only. Beside the model:
+
+    config.json, tokenizer.json, asset_info.json   the run's own, so the export forecasts alone
+    model_card.json                                 format, inputs, training-data cutoff, universe,
+                                                    parameter count, parent run and checkpoint
+                                                    sha256, scorecard headline, parity check
+
+The files are written into a temp folder inside --out, the exported model is checked against
+the torch model on random inputs (ONNX: onnxruntime, which must agree to 1e-4), and only then
+is each file renamed into --out, model_card.json last: a failed export leaves no half-written
+file under a final name.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from common.atomic import read_json_or_empty
+from common.errors import UserError
+from common.forecasting.infer import STEP_FILE
+from common.model.gpt import KVCache, decode_attention
+
+__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_run", "model_card"]
+
+FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
+PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
+ONNX_OPSET = 17
+INPUTS = ("tokens", "asset_ids", "category_ids")
+
+
+class NextTokenLogits(torch.nn.Module):
+    """The exported forward: (tokens (B, L), asset_ids (B,), category_ids (B,)) -> logits (B, V)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens, asset_ids, category_ids, last_only=True)[0][:, -1]
+
+
+class _GrowingKV:
+    """A layer's keys and values as plain tensors grown by concatenation: what a traced graph
+    can take in and give back (common.model.gpt's LayerKV writes into a preallocated buffer)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    @property
+    def length(self) -> int:
+        return self.k.size(2)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k, self.v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
+        return self.k, self.v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return decode_attention(q, *self.append(k, v))
+
+
+class _GrowingCache(KVCache):
+    """common.model.gpt.KVCache over _GrowingKV layers, for MarketGPT.forward."""
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.stack([x.k for x in self.layers]), torch.stack([x.v for x in self.layers])
+
+
+class Prefill(torch.nn.Module):
+    """model.onnx: (tokens (B, L), asset_ids, category_ids) -> the next token's logits (B, V) and
+    every layer's keys and values (layers, B, heads, L, head size), to continue from."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, asset_ids: torch.Tensor,
+                category_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.model.config
+        empty = torch.zeros(tokens.size(0), c.num_heads, 0, c.d_model // c.num_heads)
+        cache = _GrowingCache([_GrowingKV(empty, empty) for _ in self.model.blocks])
+        logits = self.model(tokens, asset_ids, category_ids, last_only=True, cache=cache)[0][:, -1]
+        return (logits, *cache.stacked())
+
+
+class Step(torch.nn.Module):
+    """model_step.onnx: one more token per row, given the keys and values so far (P >= 1 of
+    them): (token (B, 1), asset_ids, category_ids, past_k, past_v) -> logits, present_k, present_v."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, token: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                past_k: torch.Tensor, past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cache = _GrowingCache([_GrowingKV(past_k[i], past_v[i]) for i in range(len(self.model.blocks))])
+        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=cache)[0][:, -1]
+        return (logits, *cache.stacked())
+
+
+def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num_categories: int,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, vocab_size, (batch, length), generator=g),
+            torch.randint(0, num_assets, (batch,), generator=g),
+            torch.randint(0, num_categories, (batch,), generator=g))
+
+
+def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
+    """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it."""
+    from common.forecasting.forecaster import Forecaster
+
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    fc = Forecaster.from_run(run_dir)  # checks the run folder; a run without best_model.pt says so
+    if fc.cfg.model.time_features or fc.cfg.model.volume_input:
+        # the exported forward takes tokens, assets and categories only
+        raise UserError("this run reads model.time_features / model.volume_input, which the export does not "
+                        "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)")
+    out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / Path(run_dir).name
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export_", dir=out))
+    except OSError as e:
+        raise UserError(f"--out {out} is not writable ({e.strerror or e}); pass --out a folder you can write") from None
+    try:
+        wrapper = NextTokenLogits(fc.model.eval()).eval()
+        ids = fc.model.asset_emb.num_embeddings, fc.model.category_emb.num_embeddings  # asset_info.json's counts
+        example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+        target = staging / FORMATS[fmt]
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on python ints in shapes (checked by check_parity)
+            if fmt == "onnx":
+                export_onnx(fc.model, example, staging)
+            else:
+                torch.jit.trace(wrapper, example, check_trace=False).save(str(target))
+        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+        for name in ("config.json", "tokenizer.json", "asset_info.json"):
+            shutil.copy2(Path(run_dir) / name, staging / name)
+        card = model_card(Path(run_dir), fc, fmt, worst)
+        (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+        model_files = (FORMATS[fmt], STEP_FILE) if fmt == "onnx" else (FORMATS[fmt],)
+        for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
+            os.replace(staging / name, out / name)
+    except OSError as e:
+        raise UserError(f"cannot write the export into {out} ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None:
+    batch = {0: "batch"}
+    kv = {1: "batch", 3: "length"}
+    # the TorchScript-based exporter: seconds, no onnxscript needed; batch and length stay dynamic
+    torch.onnx.export(wrapper, example, str(target), input_names=list(INPUTS),
+                      output_names=["logits", "present_k", "present_v"],
+                      dynamic_axes={"tokens": {0: "batch", 1: "length"}, "asset_ids": batch, "category_ids": batch,
+                                    "logits": batch, "present_k": kv, "present_v": kv},
+                      opset_version=ONNX_OPSET, dynamo=False)
+
+
+def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path) -> None:
+    """Traced with a non-empty cache, so the graph holds the one-token decode branch."""
+    tokens, asset_ids, category_ids = example
+    _, past_k, past_v = prefill(tokens[:, :-1], asset_ids, category_ids)
+    batch = {0: "batch"}
+    past = {1: "batch", 3: "past"}
+    torch.onnx.export(step, (tokens[:, -1:], asset_ids, category_ids, past_k, past_v), str(target),
+                      input_names=["token", "asset_ids", "category_ids", "past_k", "past_v"],
+                      output_names=["logits", "present_k", "present_v"],
+                      dynamic_axes={"token": batch, "asset_ids": batch, "category_ids": batch, "past_k": past,
+                                    "past_v": past, "logits": batch, "present_k": past, "present_v": past},
+                      opset_version=ONNX_OPSET, dynamo=False)
+
+
+def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folder: Path) -> None:
+    """model.onnx (a whole window's next-token logits) and STEP_FILE (one decoding step with the
+    KV cache) into folder, traced on `example` (random_inputs). Call under torch.no_grad()."""
+    # eval() on every wrapper: the exporter restores the mode of the module it was given
+    _export_onnx(Prefill(model).eval(), example, folder / FORMATS["onnx"])
+    _export_onnx_step(Prefill(model).eval(), Step(model).eval(), example, folder / STEP_FILE)
+
+
+def load_exported(path: Path, fmt: str, context_length: int) -> Any:
+    """A callable (tokens, asset_ids, category_ids) -> numpy logits for an exported model file."""
+    if fmt == "onnx":
+        from common.forecasting.infer import OnnxBackend
+
+        return OnnxBackend(path, context_length=context_length)
+    module = torch.jit.load(str(path))
+    return lambda t, a, c: module(torch.as_tensor(t), torch.as_tensor(a), torch.as_tensor(c)).detach().numpy()
+
+
+def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length: int, vocab_size: int,
+                 num_assets: int, num_categories: int) -> float:
+    """Largest |logit difference| between the export and the torch model on random inputs of
+    several batch sizes and lengths; a UserError if it exceeds PARITY_ATOL."""
+    run = load_exported(path, fmt, context_length)
+    wrapper.eval()
+    worst = 0.0
+    for i, (batch, length) in enumerate(((1, 1), (3, max(1, context_length // 2)), (5, context_length))):
+        t, a, c = random_inputs(batch, length, vocab_size, num_assets, num_categories, seed=100 + i)
+        with torch.no_grad():
+            ref = wrapper(t, a, c).numpy()
+        got = run(t.numpy(), a.numpy(), c.numpy())
+        worst = max(worst, float(np.abs(ref - got).max()))
+        if fmt == "onnx" and length > 1:  # the cached path: prefill all but the last token, then one step
+            _, k, v = run.prefill(t[:, :-1].numpy(), a.numpy(), c.numpy())
+            stepped = run.step(t[:, -1:].numpy(), a.numpy(), c.numpy(), k, v)[0]
+            worst = max(worst, float(np.abs(ref - stepped).max()))
+    if not worst <= PARITY_ATOL:
+        raise UserError(f"the {fmt} export's logits differ from torch's by {worst:.3g} (> {PARITY_ATOL}); "
+                        "not written")
+    return worst
+
+
+def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
+    """What the export is, what it was trained on, and how good it is (when the run was scored)."""
+    data_info = read_json_or_empty(run_dir / "data_info.json")
+    card = read_json_or_empty(run_dir / "scorecard.json")
+    results = read_json_or_empty(run_dir / "test_results.json")
+    cuts = data_info.get("split_cuts", {})
+    cfg = fc.cfg
+    return {
+        "format": fmt,
+        "file": FORMATS[fmt],
+        "inputs": {"tokens": "int64 (batch, length), 1 <= length <= context_length",
+                   "asset_ids": "int64 (batch,), asset_info.json's ids",
+                   "category_ids": "int64 (batch,), asset_info.json's category ids"},
+        "outputs": {"logits": "float32 (batch, vocab_size): the next token after the last position"},
+        "kv_cache": fmt == "onnx",  # ONNX: model_step.onnx continues model.onnx's keys and values
+        "step_file": STEP_FILE if fmt == "onnx" else None,
+        "opset": ONNX_OPSET if fmt == "onnx" else None,
+        "context_length": cfg.model.context_length,
+        "vocab_size": cfg.model.vocab_size,
+        "parameter_count": fc.model.num_parameters(),
+        "interval": cfg.data.interval,
+        "data_source": cfg.data.source,
+        # the model learned from candles before val_start; the best epoch was chosen on candles before test_start
+        "training_data_cutoff": cuts.get("val_start"),
+        "validation_end": cuts.get("test_start"),
+        "universe": list(fc.symbols),
+        "parent_run": str(run_dir.resolve()),
+        "checkpoint_sha256": fc.checkpoint_sha256,
+        "best_epoch": results.get("best_epoch"),
+        "test_loss": results.get("test_loss"),
+        "scorecard_headline": card.get("headline"),
+        "parity_max_abs_diff": parity,
+        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__,
+    }
+
+

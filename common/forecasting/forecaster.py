@@ -1,0 +1,345 @@
+"""Forecasts from a trained run: sampled price paths, quantile bands, P(up), one batched call.
+
+    fc = Forecaster.from_run("case_c_crypto/checkpoints/crypto_prototype_20240601_120000")
+    histories = fc.load_history(["BTC/USDT", "ETH/USDT"], as_of="2024-06-01T00:00")
+    result = fc.forecast(histories, horizon=24, samples=256, seed=0, return_paths=True)
+    result.table     # one row per origin x step: quantiles of the close, log-return moments, P(up)
+    result.paths     # closes (N, samples, horizon + 1), step 0 = the last real close; high, low
+
+The one forecasting path: `marketgpt forecast`, the scorecard and exports all call
+`Forecaster.forecast`. It takes `History` objects (an asset and its candles up to the origin)
+and never reads candles itself, so a caller that cuts each history at its origin can be sure
+no later candle reaches the model: a walk-forward scorecard passes many (asset, origin) pairs
+in one call. `load_history` is the CLI's way to get them from the run's data source.
+
+Per history: encode the candles with the run's tokenizer (the volatility state after the last
+candle is carried exactly into the decoded future), take the last context_length tokens, sample
+`samples` token paths of `horizon` candles (common.model.sampling: KV cache, every origin and sample
+in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The future is made of
+candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
+A run with model.time_features / model.volume_input also gets each candle's ids: the history's
+as training computed them, the future's calendar with volume bin 0 (unknown).
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from common.config import Config
+from common.errors import UserError
+from common.markets import interval_step
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokens.tokenizer import OHLCTokenizer
+
+if TYPE_CHECKING:  # torch only where a torch model runs: common.forecasting.infer forecasts with onnxruntime alone
+    import torch
+
+    from common.model.gpt import MarketGPT
+
+__all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
+           "summarize_paths"]
+
+QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
+MAX_SAMPLES = 100_000
+HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
+RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
+
+
+@dataclass(frozen=True)
+class History:
+    """One forecast origin: an asset and its candles up to and including the origin, nothing after.
+
+    candles: a canonical candle frame (UTC DatetimeIndex; open, high, low, close[, volume]) as
+    the data layer cleans it (crypto gaps as NaN rows). The origin is its last row.
+    """
+
+    symbol: str
+    candles: pd.DataFrame
+
+
+def histories_at(symbol: str, candles: pd.DataFrame, origins: Sequence[Any]) -> list[History]:
+    """One History per origin time: a copy of the candles up to and including it (a walk-forward's
+    inputs; a copy, so nothing after the origin is reachable from it)."""
+    index = candles.index
+    return [History(symbol, candles.iloc[:int(index.searchsorted(pd.Timestamp(t), side="right"))].copy())
+            for t in origins]
+
+
+@dataclass
+class ForecastResult:
+    table: pd.DataFrame  # one row per history x step (see summarize_paths)
+    paths: Optional[dict[str, np.ndarray]] = None  # close (N, S, H + 1); open, high, low (N, S, H)
+    tokens: Optional[np.ndarray] = None  # (N, S, H) sampled token ids, with return_paths
+    origins: list[dict[str, Any]] = field(default_factory=list)  # per history: symbol, as_of, last_close
+
+
+def future_timestamps(last: pd.Timestamp, interval: str, category: str, horizon: int) -> pd.DatetimeIndex:
+    """The next `horizon` bar times after `last` on the asset's calendar.
+
+    Crypto trades around the clock: every bar. Other markets: weekdays only (daily bars on
+    business days, intraday bars skip Saturday and Sunday); exchange holidays are not known
+    here, so a holiday gets a bar.
+    """
+
+    step = interval_step(interval)
+    if category == "crypto":
+        return pd.DatetimeIndex([last + step * k for k in range(1, horizon + 1)], name="timestamp")
+    stamps: list[pd.Timestamp] = []
+    t = last
+    while len(stamps) < horizon:
+        t = t + step
+        if t.weekday() < 5:
+            stamps.append(t)
+    return pd.DatetimeIndex(stamps, name="timestamp")
+
+
+def summarize_paths(close: np.ndarray, high: np.ndarray, low: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-step statistics over samples of one origin's paths.
+
+    close: (S, H + 1) with column 0 the last real close; high, low: (S, H). Returns (H,) arrays:
+    p5 ... p95 of the close (linear interpolation between order statistics, so quantiles of
+    higher levels are never lower), mean and std (over samples, ddof 0) of the log return from
+    the last close, p_up = fraction of paths whose close is above the last close, and
+    expected_range = mean of high - low (price units).
+    """
+    last = close[:, :1]
+    future = close[:, 1:]
+    q = np.percentile(future, QUANTILES, axis=0)  # (len(QUANTILES), H)
+    log_ret = np.log(future / last)
+    out = {f"p{p}": q[i] for i, p in enumerate(QUANTILES)}
+    out.update(mean_log_return=log_ret.mean(axis=0), std_log_return=log_ret.std(axis=0),
+               p_up=(future > last).mean(axis=0), expected_range=(high - low).mean(axis=0))
+    return out
+
+
+class Forecaster:
+    """A trained model, its tokenizer and asset ids: `from_run(run_dir)`, then `forecast(...)`."""
+
+    def __init__(self, model: Optional[MarketGPT], tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any],
+                 cfg: Config, run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
+                 volume_edges: Optional[Sequence[float]] = None, precision: str = "fp32") -> None:
+        # model None: a subclass samples without torch (common.forecasting.infer.ExportedForecaster)
+        self.model = model.eval() if model is not None else None
+        self.precision = precision  # "fp32" or "bf16" (autocast): common.distributed.precision.inference_precision
+        self.volume_edges = None if volume_edges is None else list(volume_edges)  # data_info.json's, if stored
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.checkpoint_sha256 = checkpoint_sha256
+        self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
+        self.symbols = list(asset_info["symbols"])
+        self.device = next(model.parameters()).device if model is not None else "cpu"
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None,
+                 precision: str = "auto") -> "Forecaster":
+        """The run's best model (best_model.pt), tokenizer, asset ids and config. precision:
+        "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
+        "fp32" or "bf16"."""
+        import torch
+
+        from common.atomic import read_json, read_json_or_empty
+        from common.training.checkpoint import load_checkpoint, unwrap_state_dict
+        from common.config import load_config
+        from common.model.gpt import MarketGPT
+        from common.distributed.precision import inference_precision
+
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise UserError(f"{run_dir}: no such run folder; pass one like "
+                            "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
+        missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
+        if missing == ["best_model.pt"]:
+            raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); forecast "
+                            "from a run that has, or wait for this one")
+        if missing:
+            raise UserError(f"{run_dir}: missing {', '.join(missing)}; is it a run folder?")
+        cfg = load_config(run_dir / "config.json")
+        tokenizer = OHLCTokenizer.load(run_dir / "tokenizer.json")
+        try:
+            asset_info = read_json(run_dir / "asset_info.json")
+        except ValueError as e:
+            raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
+                                        device)
+        best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
+        model = MarketGPT(cfg.model, num_assets=asset_info["num_assets"], num_categories=asset_info["num_categories"])
+        try:
+            model.load_state_dict(unwrap_state_dict(best["model"]))
+        except (KeyError, RuntimeError) as e:
+            raise UserError(f"{run_dir / 'best_model.pt'} does not fit the run's config.json "
+                            f"({str(e).splitlines()[0]})") from None
+        sha = hashlib.sha256((run_dir / "best_model.pt").read_bytes()).hexdigest()
+        edges = None  # training stores the fitted volume edges in data_info.json
+        if (cfg.model.time_features or cfg.model.volume_input) and (run_dir / "data_info.json").is_file():
+            try:
+                edges = read_json(run_dir / "data_info.json").get("volume_edges")
+            except ValueError as e:
+                raise UserError(f"{run_dir / 'data_info.json'} is not valid JSON ({e}); "
+                                "the run folder is damaged") from None
+        if cfg.model.volume_input and edges is None:
+            raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
+                            "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
+        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
+                   volume_edges=edges, precision=precision)
+
+    def resolve_symbol(self, symbol: str) -> str:
+        """`symbol` if the run knows it; else a UserError naming the nearest known one."""
+        if symbol in self.assets:
+            return symbol
+        close = difflib.get_close_matches(symbol, self.symbols, n=1, cutoff=0.0)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UserError(f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets{hint} "
+                        "(--all forecasts every one)")
+
+    def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
+        """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
+        from common.forecasting.history import load_histories  # the data layer: pandas/parquet, loaded when asked
+
+        chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
+        categories = {s: self.assets[s]["category"] for s in chosen}
+        return [History(s, frame) for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of)]
+
+    # ------------------------------------------------------------------ forecasting
+
+    def min_history(self) -> int:
+        """Candles a history needs: a whole context, and a warm volatility estimate."""
+        return max(self.cfg.model.context_length, self.tokenizer.vol_warmup + 2)
+
+    def check_request(self, horizon: int, samples: int) -> None:
+        limit = HORIZON_CONTEXTS * self.cfg.model.context_length
+        if not 1 <= horizon <= limit:
+            raise UserError(f"--horizon {horizon}: must be between 1 and {limit} steps "
+                            f"({HORIZON_CONTEXTS} context lengths of this model)")
+        if not 1 <= samples <= MAX_SAMPLES:
+            raise UserError(f"--samples {samples}: must be between 1 and {MAX_SAMPLES:,}")
+
+    def forecast(self, histories: Union[Sequence[History], Mapping[str, pd.DataFrame]], horizon: int,
+                 samples: int = 256, *, seed: int = 0, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, return_paths: bool = False,
+                 max_batch: Optional[int] = None) -> ForecastResult:
+        """Sample `samples` paths of `horizon` candles for every history, in one batch.
+
+        histories: History objects (the same asset may appear with several origins) or a
+        mapping symbol -> candles. The table has one row per history x step, histories in the
+        order given. Same arguments and seed, same result (on the CPU: byte for byte).
+        """
+        if isinstance(histories, Mapping):
+            histories = [History(s, c) for s, c in histories.items()]
+        if not histories:
+            raise UserError("nothing to forecast: no history given")
+        self.check_request(horizon, samples)
+        if temperature < 0 or not math.isfinite(temperature):
+            raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
+        if top_k is not None and top_k < 1:
+            raise UserError(f"--top-k {top_k}: must be at least 1")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise UserError(f"--top-p {top_p}: must be in (0, 1]")
+
+        T = self.cfg.model.context_length
+        contexts, states, origins, features = [], [], [], []
+        for h in histories:
+            symbol = self.resolve_symbol(h.symbol)
+            candles = h.candles
+            need = self.min_history()
+            if len(candles) < need:
+                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
+                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
+                                "pick a later --as-of or another asset")
+            tokens = self.tokenizer.encode(candles, asset=symbol)
+            state = self.tokenizer.vol_state(candles, asset=symbol)
+            contexts.append(tokens[-T:].astype(np.int64))
+            states.append(state)
+            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
+                            "category": self.assets[symbol]["category"]})
+            if self.cfg.model.time_features or self.cfg.model.volume_input:
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+
+        tokens = self.sample_tokens(
+            np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
+            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]), horizon, samples, seed=seed,
+            temperature=temperature, top_k=top_k, top_p=top_p, max_batch=max_batch,
+            **({"features": np.stack(features)} if features else {}))  # (N, S, H)
+
+        N = len(origins)
+        rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
+        ohlc = self.tokenizer.decode_ohlc(tokens.reshape(N * samples, horizon), rep([s.last_close for s in states]),
+                                          rep([s.sigma for s in states]), rep([s.ewma_weight for s in states]))
+        ohlc = {k: v.reshape(N, samples, horizon) for k, v in ohlc.items()}
+        last = np.array([s.last_close for s in states])[:, None, None]
+        close = np.concatenate([np.broadcast_to(last, (N, samples, 1)), ohlc["close"]], axis=2)
+
+        frames = []
+        for i, o in enumerate(origins):
+            stats = summarize_paths(close[i], ohlc["high"][i], ohlc["low"][i])
+            when = future_timestamps(o["as_of"], self.cfg.data.interval, o["category"], horizon)
+            frames.append(pd.DataFrame({"symbol": o["symbol"], "as_of": o["as_of"], "step": np.arange(1, horizon + 1),
+                                        "timestamp": when, "last_close": o["last_close"], **stats}))
+        table = pd.concat(frames, ignore_index=True)
+        paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
+        return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
+                      samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                      max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
+        """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
+        replaces (common.forecasting.infer.ExportedForecaster samples with onnxruntime). features: (N, L +
+        horizon, 3) candle ids, only for a model with time_features / volume_input."""
+        import torch
+
+        from common.distributed.precision import autocast
+        from common.model.sampling import sample_paths
+
+        dev = torch.device(self.device)
+        generator = torch.Generator(device=dev).manual_seed(int(seed))
+        with autocast(self.precision, dev):  # bf16: matmuls and the KV cache in bf16, sampling in fp32
+            return sample_paths(
+                self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
+                torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
+                top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
+                max_batch=max_batch, features=None if features is None else torch.as_tensor(features, device=dev),
+            ).cpu().numpy()
+
+    def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
+        """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
+        volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
+        from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
+
+        interval = self.cfg.data.interval
+        edges = self.volume_edges
+        if edges is None:
+            if self.cfg.model.volume_input:
+                raise UserError("model.volume_input is on but the run's volume edges are unknown "
+                                "(data_info.json volume_edges); retrain the run")
+            edges = [0.0] * (VOLUME_BINS - 1)  # the volume ids are not read by this model
+        if "volume" not in candles.columns:
+            candles = candles.assign(volume=np.nan)  # no readings: volume id 0
+        future = calendar_ids(future_timestamps(candles.index[-1], interval, category, horizon), interval)
+        future = np.concatenate([future, np.zeros((horizon, 1), dtype=np.int64)], axis=1)
+        return np.concatenate([candle_features(candles, interval, edges), future], axis=0)
+
+    def banned_ids(self) -> np.ndarray:
+        """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""
+        banned = np.zeros(self.cfg.model.vocab_size, dtype=bool)
+        banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
+        banned[self.tokenizer.num_used_ids:] = True
+        return banned
+
+
+def _last_time(candles: pd.DataFrame) -> str:
+    return candles.index[-1].isoformat() if len(candles) else "the start"
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

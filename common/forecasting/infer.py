@@ -1,0 +1,226 @@
+"""Forecasting from an exported model (`marketgpt export`) with onnxruntime, without torch.
+
+    fc = ExportedForecaster.from_export("case_c_crypto/exports/crypto_prototype_20240601_120000")
+    result = fc.forecast(fc.load_history(["BTC/USDT"]), horizon=24, samples=256, seed=0)
+
+`pip install -e '.[infer]'` (numpy, pandas, pyarrow, onnxruntime) is all this needs: nothing
+here or in what it imports loads torch. It is the torch Forecaster (common.forecasting.forecaster) with the
+sampler swapped: the same tokenizer, history checks, decoding and output table, while the
+next-token logits come from a pluggable backend, `logits(tokens, asset_ids, category_ids)`,
+here an onnxruntime session over model.onnx.
+
+Sampling is common.model.sampling's, in numpy: model.onnx prefills each context once and returns its
+keys and values, model_step.onnx then feeds one token per path per step (a KV cache, as the
+torch sampler); the window is the same (the last max(T - horizon, T // 2) context tokens,
+rebuilt from the last T // 2 when it reaches T), so each step's logits are the torch sampler's up
+to float rounding (tested: greedy paths are equal). A logits function without a cache (any
+callable) re-runs the window every step instead. The draws use numpy's generator: paths are
+reproducible by seed, but not the torch backend's paths.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from common.errors import UserError
+from common.forecasting.forecaster import Forecaster
+
+__all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
+           "window_start"]
+
+# what `marketgpt export --format onnx` writes (model.pt instead of model.onnx for torchscript)
+EXPORT_FILES = ("model.onnx", "config.json", "tokenizer.json", "asset_info.json", "model_card.json")
+ROWS_PER_CALL = 4096  # sampled paths per call without a cache: bounds the activations' memory
+CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB), as common.model.sampling
+STEP_FILE = "model_step.onnx"  # ONNX only: one decoding step with the KV cache
+
+# tokens (B, L) int64, asset_ids (B,), category_ids (B,) -> last position's logits (B, V) float32
+LogitsFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class OnnxBackend:
+    """Next-token logits from model.onnx with onnxruntime on the CPU; with model_step.onnx beside
+    it, also prefill() and step(): sampling with a KV cache."""
+
+    def __init__(self, path: Union[str, os.PathLike], context_length: int, threads: Optional[int] = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise UserError("--backend onnx needs onnxruntime: pip install onnxruntime (see docs/remote.md)") from None
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        path = Path(path)
+        step = path.parent / STEP_FILE
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.step_session = (ort.InferenceSession(str(step), options, providers=["CPUExecutionProvider"])
+                                 if step.is_file() else None)
+        except Exception as e:  # onnxruntime raises its own exception types for a bad file
+            raise UserError(f"{path.parent}: onnxruntime cannot load the model ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); export the run again") from None
+        self.context_length = context_length
+
+    def __call__(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
+        return self.prefill(tokens, asset_ids, category_ids, outputs=("logits",))[0]
+
+    def prefill(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray,
+                outputs: tuple[str, ...] = ("logits", "present_k", "present_v")) -> list[np.ndarray]:
+        """logits (B, V) after the last token, and the keys and values of every token."""
+        if tokens.shape[1] > self.context_length:
+            raise ValueError(f"{tokens.shape[1]} tokens: the model takes at most {self.context_length}")
+        return self.session.run(list(outputs), {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                                                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+                                                "category_ids": np.asarray(category_ids, dtype=np.int64)})
+
+    def step(self, token: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, past_k: np.ndarray,
+             past_v: np.ndarray) -> list[np.ndarray]:
+        """One more token per row (B, 1) after the cached ones: logits, present_k, present_v."""
+        return self.step_session.run(None, {"token": np.ascontiguousarray(token, dtype=np.int64),
+                                            "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+                                            "category_ids": np.asarray(category_ids, dtype=np.int64),
+                                            "past_k": past_k, "past_v": past_v})
+
+
+def window_start(context_length: int, horizon: int, available: int) -> int:
+    """Context tokens the first step sees: the same window as common.model.sampling.prefill_length."""
+    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
+
+
+def draw_tokens_np(logits: np.ndarray, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                   banned: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One id per row of logits (B, V) from softmax(logits / temperature) (greedy at 0), as
+    common.model.sampling.draw_tokens does: banned ids never, top_k / top_p narrow, then the inverse CDF
+    of one uniform per row."""
+    logits = np.where(banned, -np.inf, logits.astype(np.float64))
+    if temperature == 0:
+        return logits.argmax(axis=1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = -np.sort(-logits, axis=1)[:, min(top_k, logits.shape[1]) - 1:min(top_k, logits.shape[1])]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    if top_p is not None:
+        order = np.argsort(-probs, axis=1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, axis=1)
+        drop_sorted = (np.cumsum(sorted_p, axis=1) - sorted_p) >= top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=1)
+        probs = np.where(drop, 0.0, probs)
+    cdf = np.cumsum(probs, axis=1)
+    u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+    ids = (cdf <= u).sum(axis=1)  # the first id whose cumulative probability exceeds u
+    last = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=1)  # u * total rounding up to the total
+    return np.minimum(ids, last)
+
+
+def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray,
+                    horizon: int, samples: int, context_length: int, *, temperature: float = 1.0,
+                    top_k: Optional[int] = None, top_p: Optional[float] = None, banned: Optional[np.ndarray] = None,
+                    seed: int = 0, max_batch: Optional[int] = None) -> np.ndarray:
+    """(N, samples, horizon) sampled ids continuing each context (N, L).
+
+    A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
+    cache; any other logits function re-runs the window every step. Either way the window is
+    common.model.sampling's: the same logits up to float rounding.
+    """
+    N, L = contexts.shape
+    T = context_length
+    keep = max(1, T // 2)
+    P = window_start(T, horizon, L)
+    rng = np.random.default_rng(int(seed))
+    cached = getattr(backend, "step_session", None) is not None
+    if cached:
+        first, past_k, past_v = backend.prefill(contexts[:, L - P:], asset_ids, category_ids)
+    else:
+        first = backend(contexts[:, L - P:], asset_ids, category_ids)  # (N, V): the first step, once per context
+    if banned is None:
+        banned = np.zeros(first.shape[1], dtype=bool)
+    if max_batch is None:  # the cache is the memory: keys and values of T tokens per row
+        per_row = 2 * past_k[:, :1].nbytes * T // max(1, P) if cached else 0
+        max_batch = max(1, CACHE_BUDGET_BYTES // per_row) if per_row else ROWS_PER_CALL
+    rows = np.repeat(np.arange(N), samples)
+    out = np.empty((N * samples, horizon), dtype=np.int64)
+    for lo in range(0, N * samples, max_batch):
+        r = rows[lo:lo + max_batch]
+        a, c = asset_ids[r], category_ids[r]
+        seq = np.concatenate([contexts[r, L - P:], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
+        start, logits = 0, first[r]  # seq[start:end] is the window the logits came from
+        if cached:
+            k, v = past_k[:, r], past_v[:, r]
+        for step in range(horizon):
+            end = P + step
+            seq[:, end] = draw_tokens_np(logits, temperature, top_k, top_p, banned, rng)
+            if step == horizon - 1:
+                break
+            if end - start == T:  # the window is full: start again from its last `keep` tokens
+                start = end + 1 - keep
+                if cached:
+                    logits, k, v = backend.prefill(seq[:, start:end + 1], a, c)
+                    continue
+            if cached:
+                logits, k, v = backend.step(seq[:, end:end + 1], a, c, k, v)
+            else:
+                logits = backend(seq[:, start:end + 1], a, c)
+        out[lo:lo + len(r)] = seq[:, P:]
+    return out.reshape(N, samples, horizon)
+
+
+def read_model_card(export_dir: Path) -> dict:
+    """model_card.json of an export folder, or a UserError saying what the folder lacks."""
+    export_dir = Path(export_dir)
+    missing = [name for name in EXPORT_FILES if not (export_dir / name).is_file()]
+    if missing:
+        hint = (" (it holds model.pt: a torchscript export; --backend onnx needs `marketgpt export --format onnx`)"
+                if (export_dir / "model.pt").is_file() else "")
+        raise UserError(f"{export_dir}: missing {', '.join(missing)}; is it a `marketgpt export --format onnx` "
+                        f"folder?{hint}")
+    try:
+        return json.loads((export_dir / "model_card.json").read_text())
+    except ValueError as e:
+        raise UserError(f"{export_dir / 'model_card.json'} is not valid JSON ({e}); export the run again") from None
+
+
+
+class ExportedForecaster(Forecaster):
+    """Forecaster over an export folder: next-token logits from a backend (onnxruntime), no torch.
+
+    run_dir is the export folder: a model trained on the case's downloaded candles finds them
+    as a run does, two folders up (<case>/exports/<run>, the default `marketgpt export --out`).
+    """
+
+    def __init__(self, backend: LogitsFn, tokenizer: Any, asset_info: dict, cfg: Any,
+                 export_dir: Optional[Path] = None, card: Optional[dict] = None) -> None:
+        self.card = card or {}
+        super().__init__(None, tokenizer, asset_info, cfg, run_dir=export_dir,
+                         checkpoint_sha256=self.card.get("checkpoint_sha256"))
+        self.backend = backend  # stands in for the torch model
+
+    @classmethod
+    def from_export(cls, export_dir: Union[str, os.PathLike], threads: Optional[int] = None) -> "ExportedForecaster":
+        from common.config import load_config
+        from common.tokens.tokenizer import OHLCTokenizer
+
+        export_dir = Path(export_dir)
+        if not export_dir.is_dir():
+            raise UserError(f"{export_dir}: no such folder; pass a `marketgpt export --format onnx` folder")
+        card = read_model_card(export_dir)
+        cfg = load_config(export_dir / "config.json")
+        try:
+            asset_info = json.loads((export_dir / "asset_info.json").read_text())
+        except ValueError as e:
+            raise UserError(f"{export_dir / 'asset_info.json'} is not valid JSON ({e}); export the run again") from None
+        backend = OnnxBackend(export_dir / "model.onnx", cfg.model.context_length, threads)
+        return cls(backend, OHLCTokenizer.load(export_dir / "tokenizer.json"), asset_info, cfg, export_dir, card)
+
+    def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
+                      samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                      max_batch: Optional[int]) -> np.ndarray:
+        return sample_paths_np(self.backend, contexts, asset_ids, category_ids, horizon, samples,
+                               self.cfg.model.context_length, temperature=temperature, top_k=top_k, top_p=top_p,
+                               banned=self.banned_ids(), seed=seed, max_batch=max_batch)

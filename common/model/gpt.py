@@ -1,0 +1,521 @@
+"""MarketGPT: a decoder-only transformer over candle tokens, conditioned on the asset.
+
+One file, read top to bottom: rotary helpers, the key/value cache sampling uses, dropout,
+attention, MLP, block, the model, then `describe_model` for `marketgpt model-info`. No training
+or distributed code lives here.
+
+Dropout (model.dropout) acts on the embeddings and on each residual branch's output, not on
+the attention probabilities: that keeps attention on SDPA's fused kernels on every device (the
+CPU flash kernel has no dropout; with dropout_p > 0 SDPA falls back to materializing the
+B x nh x T x T probabilities: about 15% of a case C training step on the CPU). LLaMA-style
+GPTs train without attention dropout too.
+
+Shapes: B batch, T time (candles), C = d_model, nh heads, hs = C // nh head size, V vocab.
+Each sequence belongs to one asset; the asset and its category are embedded, concatenated,
+projected to C and added at every position, so one model learns many markets at once.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint
+from torch.nn import functional as F
+
+from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
+from common.config import Config, ModelConfig
+from common.errors import UserError
+from common.model.heads import FactorizedHead
+from common.model.memory import estimate_training_memory
+from common.special_tokens import BOS_TOKEN, PAD_TOKEN
+
+__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "SharedPrefixKV", "apply_rotary", "decode_attention",
+           "describe_model", "meta_model", "rotary_tables"]
+
+# Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
+# a real observation (a gap in the data) and stays samplable.
+_NEVER_SAMPLED = (PAD_TOKEN, BOS_TOKEN)
+
+
+# --------------------------------------------------------------------------- rotary positions
+
+
+def rotary_tables(context_length: int, head_size: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (context_length, head_size // 2), for rotary embeddings."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)  # (hs/2,)
+    angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (x1, x2) pairs, the two halves of the head dim, by position-dependent angles."""
+    # x: (B, nh, T, hs); cos, sin: (T, hs/2), cast so bf16 autocast stays bf16
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# --------------------------------------------------------------------------- key/value cache
+
+
+class LayerKV:
+    """One layer's cached keys and values, (B, nh, capacity, hs) each, filled up to `length`.
+
+    Sampling prefills a context once, then feeds one token per step: each step's attention
+    reads the keys and values of the earlier tokens from here instead of recomputing them.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0) -> None:
+        self.k, self.v, self.length = k, v, length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, nh, T, hs) new keys and values; return all of them so far."""
+        end = self.length + k.size(2)
+        if self.length and k.size(2) != 1:
+            raise ValueError("a filled cache takes one token per step (prefill an empty cache instead)")
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache holds {self.k.size(2)} positions; {end} requested")
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A decode step: store one token's k, v (B, nh, 1, hs); q's attention over every key so
+        far, (B, nh, 1, hs)."""
+        return decode_attention(q, *self.append(k, v))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query token's attention (B, nh, 1, hs) over keys and values (B, nh, L, hs). No mask
+    (it sees every cached key); two plain matmuls, as SDPA's CPU flash kernel is about 2x slower
+    at query length 1."""
+    return (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))).softmax(dim=-1) @ v
+
+
+class SharedPrefixKV:
+    """A decode cache for `group` samples of each of n contexts that share one prefilled prefix.
+
+    The prefix's keys and values are kept once per context, not copied to each of its samples,
+    and a step's attention over them is one matrix product per context (the group's queries
+    against the same keys) instead of `group` matrix-vector products; each sample's own tokens
+    go to a small per-row LayerKV. The softmax runs over prefix and own keys together, so this is
+    the same attention as a LayerKV holding prefix + own tokens, up to float rounding. Rows are
+    context-major: row i * group + j is sample j of context i.
+    """
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, group: int, capacity: int) -> None:
+        n, nh, _, hs = prefix_k.shape  # (n, nh, P, hs)
+        self.k, self.v, self.group = prefix_k, prefix_v, group
+        self.own = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
+                           prefix_v.new_empty((n * group, nh, capacity, hs)))
+
+    @property
+    def length(self) -> int:
+        return self.k.size(2) + self.own.length
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        own_k, own_v = self.own.append(k, v)  # (B, nh, L, hs)
+        n, nh, P, hs = self.k.shape
+        B, scale = q.size(0), 1.0 / math.sqrt(hs)
+        grouped = q.reshape(n, self.group, nh, hs).transpose(1, 2)  # (n, nh, group, hs)
+        shared = (grouped @ self.k.transpose(-2, -1) * scale).transpose(1, 2).reshape(B, nh, 1, P)
+        w = torch.cat((shared, q @ own_k.transpose(-2, -1) * scale), dim=-1).softmax(dim=-1)  # (B, nh, 1, P + L)
+        from_prefix = w[..., :P].reshape(n, self.group, nh, P).transpose(1, 2) @ self.v  # (n, nh, group, hs)
+        return from_prefix.transpose(1, 2).reshape(B, nh, 1, hs) + w[..., P:] @ own_v
+
+
+class KVCache:
+    """Every layer's LayerKV for a batch of B sequences; `MarketGPT.new_cache` makes one."""
+
+    def __init__(self, layers: list[LayerKV]) -> None:
+        self.layers = layers
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far: the position the next token takes."""
+        return self.layers[0].length
+
+    def shared(self, first: int, end: int, group: int, capacity: int) -> "KVCache":
+        """A decode cache for `group` samples of each prefilled context first..end-1 (rows of this
+        cache), sharing their prefix (SharedPrefixKV, no copy); `capacity` own tokens per sample."""
+        return KVCache([SharedPrefixKV(layer.k[first:end, :, :layer.length], layer.v[first:end, :, :layer.length],
+                                       group, capacity) for layer in self.layers])
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class Dropout(nn.Module):
+    """nn.Dropout (zero with probability p, scale the rest by 1 / (1 - p)), cheaper on the CPU.
+
+    torch draws a CPU dropout mask with one mt19937 call per element on one thread (its
+    vectorized MKL path is Intel-only): 4.7 ms per million elements on the AMD EPYC these
+    benchmarks ran on, 30 times a GELU per element and about 6% of a case C training step. Here every 64-bit
+    draw yields four uniform 16-bit lanes, a quarter of the draws for the same Bernoulli mask;
+    p is rounded to a multiple of 1/65536 (0.1 acts as 0.100006). The draws come from torch's
+    CPU generator, so seeding and checkpointed RNG states reproduce them exactly. On other
+    devices F.dropout (fused, counter-based) is already cheap and is used as is.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        n = x.numel()
+        words = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)  # uniform 64-bit draws
+        lanes = words.view(torch.int16)[:n].view(x.shape)  # four uniform 16-bit lanes per draw
+        keep = lanes >= round(self.p * 65536) - 32768  # P(drop) = round(p * 2^16) / 2^16
+        return x * (keep.to(x.dtype) * (1.0 / (1.0 - self.p)))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # fused q, k, v
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.resid_dropout = Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
+                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
+        B, T, C = x.shape
+        start = kv.length if kv is not None else 0  # position of x's first token
+        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        v = v.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope[0][start:start + T], rope[1][start:start + T]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if start > 0:
+            y = kv.attend(q, k, v)  # one-token decode step over every cached key: (B, nh, 1, hs)
+        else:
+            if kv is not None:
+                k, v = kv.append(k, v)  # prefill: store the context's keys and values
+            # fused kernels (flash on CUDA and CPU); the causal mask is never materialized
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.dropout = Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))  # (B, T, C) -> (B, T, d_ff) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
+                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope, kv)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class MarketGPT(nn.Module):
+    """GPT over candle tokens with an asset + category embedding added at every position.
+
+    `MarketGPT(config)` takes a ModelConfig (or a whole Config, whose `.model` is used).
+    num_assets / num_categories size the embedding tables; asset and category ids passed to
+    forward() must lie in [0, num_assets) and [0, num_categories).
+    """
+
+    def __init__(self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1) -> None:
+        super().__init__()
+        if isinstance(config, Config):
+            config = config.model
+        if num_assets < 1 or num_categories < 1:
+            raise ValueError(f"num_assets ({num_assets}) and num_categories ({num_categories}) must be at least 1")
+        if config.d_model % config.num_heads:
+            raise ValueError(f"d_model ({config.d_model}) must be divisible by num_heads ({config.num_heads})")
+        self.config = config
+        self.gradient_checkpointing = False  # training.gradient_checkpointing (set by the Trainer)
+        self.num_assets = num_assets
+        self.num_categories = num_categories
+        C = config.d_model
+
+        self.wte = nn.Embedding(config.vocab_size, C)  # token embedding, tied to the head
+        self.wpe = nn.Embedding(config.context_length, C) if config.positional == "learned" else None
+        self.asset_emb = nn.Embedding(num_assets, config.asset_embed_dim)
+        self.category_emb = nn.Embedding(num_categories, config.category_embed_dim)
+        self.cond_proj = nn.Linear(config.asset_embed_dim + config.category_embed_dim, C, bias=config.bias)
+        # model.time_features / model.volume_input: per-candle ids (common/tokens/features.py)
+        # whose embeddings add to the token's; None when off, so the documented counts hold
+        self.time_emb = (nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)])
+                         if config.time_features else None)
+        self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
+        self.drop = Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(C, bias=config.bias)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying: one (V, C) matrix, counted once
+        # model.head: "flat" reads logits through lm_head; "factorized" through p(move) p(shape | move)
+        self.head = (FactorizedHead(C, config.vocab_size, config.move_bins, config.shape_bins)
+                     if config.head == "factorized" else None)
+
+        if config.positional == "rope":
+            cos, sin = rotary_tables(config.context_length, C // config.num_heads)
+            # derived from the config, so kept out of the state_dict
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
+
+        # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual
+        # stream are scaled down so its variance doesn't grow with depth.
+        self.apply(self._init_weights)
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.num_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Exact parameter count, tied weights once. non_embedding leaves out the lookup
+        tables (tokens, learned positions, assets, categories), as in scaling-law papers."""
+        total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+        if non_embedding:
+            tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
+            tables += [*(self.time_emb or []), *([self.volume_emb] if self.volume_emb is not None else [])]
+            total -= sum(t.weight.numel() for t in tables)
+        return total
+
+    def flops_per_token(self, seq_len: Optional[int] = None) -> int:
+        """Training FLOPs per token (forward + backward) as MFU counts them (PaLM, appendix B):
+        6 x the weights every token is multiplied by (all but the lookup tables; the tied head
+        counts), plus 12 x layers x T x d_model for attention's two T-long matmuls."""
+        T = seq_len or self.config.context_length
+        n = self.num_parameters(non_embedding=True) + self.wte.weight.numel()  # body + tied head
+        return 6 * n + 12 * self.config.num_layers * T * self.config.d_model
+
+    def head_logits(self, x: torch.Tensor, vocab: Optional[int] = None) -> torch.Tensor:
+        """Final hidden states (.., C) -> logits over the vocabulary (.., V), for the configured
+        model.head (the factorized head's are log-probabilities; softmax reads both alike).
+        vocab: the first `vocab` ids' logits only (sampling skips the ids it never draws)."""
+        if self.head is not None:
+            return self.head(x)[..., :vocab]
+        if vocab is None:
+            return self.lm_head(x)
+        bias = None if self.lm_head.bias is None else self.lm_head.bias[:vocab]
+        return F.linear(x, self.lm_head.weight[:vocab], bias)
+
+    def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
+        """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
+        if features is None or features.shape != (B, T, NUM_FEATURES):
+            got = "none" if features is None else tuple(features.shape)
+            raise ValueError(f"this model reads model.time_features / model.volume_input: pass features of shape "
+                             f"({B}, {T}, {NUM_FEATURES}) (common/tokens/features.py), got {got}")
+        out = 0
+        if self.time_emb is not None:
+            out = self.time_emb[0](features[..., 0]) + self.time_emb[1](features[..., 1])
+        if self.volume_emb is not None:
+            out = out + self.volume_emb(features[..., 2])
+        return out
+
+    def new_cache(self, batch_size: int, device: Optional[torch.device] = None,
+                  dtype: Optional[torch.dtype] = None) -> KVCache:
+        """An empty KV cache for batch_size sequences of up to context_length tokens."""
+        c = self.config
+        ref = self.lm_head.weight
+        shape = (batch_size, c.num_heads, c.context_length, c.d_model // c.num_heads)
+        return KVCache([LayerKV(ref.new_empty(shape, device=device, dtype=dtype),
+                                ref.new_empty(shape, device=device, dtype=dtype)) for _ in self.blocks])
+
+    def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                targets: Optional[torch.Tensor] = None, last_only: bool = False,
+                cache: Optional[KVCache] = None, features: Optional[torch.Tensor] = None,
+                vocab: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
+
+        Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
+        cross-entropy over targets that are not PAD_TOKEN (None without targets).
+        With a cache (inference only), idx continues the cached tokens: a whole context into an
+        empty cache (prefill), then one token per call at position cache.length. vocab (with
+        last_only): logits of the first `vocab` ids only.
+        """
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.context_length:
+            raise ValueError(f"sequence length {start + T} exceeds model.context_length "
+                             f"{self.config.context_length}; crop the input to the last context_length tokens")
+        if asset_ids.shape != (B,) or category_ids.shape != (B,):
+            raise ValueError(f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
+                             f"must both have shape ({B},), one id per sequence")
+
+        x = self.wte(idx)  # (B, T, C)
+        if self.head is not None:
+            x = x + self.head.embed(idx)  # + the token's move-bin and shape-bin vectors
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
+        cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
+        if self.time_emb is not None or self.volume_emb is not None:
+            x = x + self._input_features(features, B, T)
+        x = self.drop(x + self.cond_proj(cond).unsqueeze(1))  # (B, 1, C) broadcast over T
+        rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
+        layer_kvs = cache.layers if cache is not None else [None] * len(self.blocks)
+        for block, kv in zip(self.blocks, layer_kvs):
+            if self.gradient_checkpointing and self.training and kv is None and torch.is_grad_enabled():
+                # keep only the block's input; backward reruns the block (same dropout masks:
+                # checkpoint restores the RNG state) for the same loss and gradients
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope, kv)
+        x = self.ln_f(x)
+
+        if last_only:  # (B, 1, V): skips the (B, T, V) matmul; with vocab, (B, 1, vocab)
+            return self.head_logits(x[:, -1:, :], vocab), None
+        logits = self.head_logits(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, asset_id: Union[int, torch.Tensor], category_id: Union[int, torch.Tensor],
+                 max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to idx (B, T) and return (B, T + max_new_tokens).
+
+        asset_id / category_id: one int for the whole batch, or a (B,) tensor. Only the last
+        context_length tokens are seen at each step. temperature 0 means greedy. PAD and BOS
+        are never sampled. Runs in eval mode (no dropout) and restores the previous mode.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
+        B = idx.size(0)
+        asset_ids = torch.as_tensor(asset_id, dtype=torch.long, device=idx.device).expand(B)
+        category_ids = torch.as_tensor(category_id, dtype=torch.long, device=idx.device).expand(B)
+        never = torch.tensor(_NEVER_SAMPLED, device=idx.device)
+
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                idx_cond = idx[:, -self.config.context_length:]  # (B, <= context_length)
+                logits, _ = self(idx_cond, asset_ids, category_ids, last_only=True)
+                logits = logits[:, -1, :].float()  # (B, V)
+                logits[:, never] = -float("inf")
+                if temperature == 0:
+                    next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
+                        logits = logits.masked_fill(logits < kth, -float("inf"))
+                    probs = F.softmax(logits, dim=-1)
+                    next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+                idx = torch.cat((idx, next_id), dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
+                            device_type: str) -> torch.optim.AdamW:
+        """AdamW that decays the 2-D weights (matmuls, embeddings) but not biases or norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+# --------------------------------------------------------------------------- model-info
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
+
+
+def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> MarketGPT:
+    """The case's model on the meta device (shapes only: no memory, no init cost).
+
+    Without num_assets / num_categories, the case's data.universe_counts gives them (the sum
+    of its counts and its number of categories), or 1 if it is empty.
+    """
+    counts = cfg.data.universe_counts
+    if num_assets is None:
+        num_assets = sum(counts.values()) or 1
+    if num_categories is None:
+        num_categories = len(counts) or 1
+    if num_assets < 1 or num_categories < 1:
+        raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
+    with torch.device("meta"):
+        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
+
+
+def _inputs_line(cfg: Config) -> str:
+    """What model.time_features and model.volume_input add (each is a lookup table of d_model rows)."""
+    C = cfg.model.d_model
+    adds = {"time_features": (CALENDAR_A + CALENDAR_B) * C, "volume_input": (VOLUME_BINS + 1) * C}
+    parts = [f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
+             f"+{n:,} parameters)" for key, n in adds.items()]
+    return "inputs besides tokens: " + "; ".join(parts)
+
+
+def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
+    """Parameter counts and a per-GPU training memory estimate (see meta_model for the sizes)."""
+    model = meta_model(cfg, num_assets, num_categories)
+    num_assets, num_categories = model.num_assets, model.num_categories
+    m, B = cfg.model, cfg.training.batch_size
+    n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
+
+    t = cfg.training
+    precision = "bf16" if t.precision == "auto" else t.precision  # auto: bf16 on the GPUs the cases use
+    world = cfg.slurm.nodes * cfg.slurm.gpus_per_node
+    est = estimate_training_memory(m, n_total, B, precision, t.gradient_checkpointing, world)
+    per_param = 16 + est.autocast_copies // max(n_total, 1) + est.ddp_buckets // max(n_total, 1)
+    return "\n".join([
+        f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
+        f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
+        f"assets {num_assets}, categories {num_categories}",
+        f"parameters: {n_total:,} total, {n_body:,} non-embedding",
+        _inputs_line(cfg),
+        f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
+        f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
+        f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",
+        f"  weights + grads + AdamW moments (fp32, 16 B/param), autocast copies, DDP buckets "
+        f"({per_param} B/param): {_gb(est.static)}",
+        f"  activations (fp32 residual stream, see common/model/memory.py): {_gb(est.activations)}",
+        f"  logits and loss: {_gb(est.logits)}",
+        f"  total: about {_gb(est.total)} (plus CUDA context and allocator slack, roughly 1-2 GB)",
+    ])

@@ -1,0 +1,155 @@
+"""Sampling token paths with a KV cache: many contexts x samples in one batch.
+
+    tokens = sample_paths(model, contexts, asset_ids, category_ids, horizon=64, samples=256)
+    # (N contexts, samples, horizon) token ids
+
+Each context is prefilled once (batch N), and then every step feeds one token per row: a step
+costs one token's forward per path instead of a whole context's (`MarketGPT.generate` re-runs
+the context every step). A context's samples share its prefilled keys and values
+(`SharedPrefixKV`): they are not copied to each sample, and a step's attention over them is one
+matrix product per context, which halves the time of a forecast on the CPU.
+
+The window. The cache holds at most context_length (T) tokens, at positions 0, 1, ... as in
+training, so learned and rotary positions are both right. The prefill takes the last
+max(T - horizon, T // 2) context tokens, so a horizon up to T // 2 fits in the window without
+ever re-running anything; when the cache is full, it is rebuilt by prefilling the last T // 2
+tokens (batch N x samples) and decoding goes on. Every step thus sees between T // 2 and T
+tokens, the lengths every training window holds too. `on_step` sees each step's window and
+logits: the parity test checks them against the uncached forward on that window.
+
+Rows are processed in chunks of at most `max_batch` (the cache is the memory: at most 2 x
+layers x T x d_model floats per row), whole contexts at a time while a context's samples fit;
+with a seeded generator the draws depend on the arguments alone, so the same call gives the
+same paths.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch.nn import functional as F
+
+from common.model.gpt import MarketGPT
+
+__all__ = ["CACHE_BUDGET_BYTES", "draw_tokens", "prefill_length", "sample_paths"]
+
+CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB): bounds max_batch by default
+
+# on_step(step, contexts, seq, window, logits): step's tokens are about to be drawn from logits
+# (B, V'), V' = the last id that may be drawn + 1, computed from the last `window` tokens of seq
+# (B, L); contexts (B,): each row's context.
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, int, torch.Tensor], None]
+
+
+def prefill_length(context_length: int, horizon: int, available: int) -> int:
+    """Context tokens prefilled: all of the forecast fits in the window when it can."""
+    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
+
+
+def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                banned: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row of logits (B, V): softmax(logits / temperature), greedy at 0.
+
+    banned (V,) bool: ids never drawn. top_k keeps the k likeliest ids, top_p the smallest set
+    whose probability reaches p (both narrow every path; see docs/forecasting.md).
+    """
+    logits = logits.float().masked_fill(banned, -float("inf"))
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        before = sorted_logits.softmax(dim=-1).cumsum(dim=-1) - sorted_logits.softmax(dim=-1)
+        drop = torch.zeros_like(logits, dtype=torch.bool).scatter(1, order, before >= top_p)
+        logits = logits.masked_fill(drop, -float("inf"))
+    # inverse CDF: the first id whose cumulative probability exceeds u (zero-probability ids never
+    # are); one uniform per row, about 50x cheaper than torch.multinomial on the CPU
+    probs = F.softmax(logits, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((logits.size(0), 1), generator=generator, device=logits.device) * cdf[:, -1:]
+    ids = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    # u * total can round up to the total itself: then the last id with any probability
+    last = probs.size(1) - 1 - (probs > 0).flip(1).to(torch.uint8).argmax(dim=1)
+    return torch.minimum(ids, last)
+
+
+def _chunks(n: int, samples: int, max_batch: int) -> Iterator[tuple[int, int, int, int]]:
+    """(first context, end context, samples each, first output row) per chunk of at most
+    max_batch rows: whole contexts while a context's samples fit, else one context's in parts."""
+    if samples <= max_batch:
+        per = max_batch // samples
+        for c0 in range(0, n, per):
+            yield c0, min(n, c0 + per), samples, c0 * samples
+    else:
+        for c in range(n):
+            for s0 in range(0, samples, max_batch):
+                yield c, c + 1, min(max_batch, samples - s0), c * samples + s0
+
+
+@torch.no_grad()
+def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                 horizon: int, samples: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, banned: Optional[torch.Tensor] = None,
+                 generator: Optional[torch.Generator] = None, max_batch: Optional[int] = None,
+                 on_step: Optional[StepHook] = None, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
+
+    asset_ids, category_ids: (N,). banned: (V,) bool of ids never drawn (default none).
+    features: (N, L + horizon, 3) candle ids (common/tokens/features.py) of the context's
+    candles and then the future steps', for a model with time_features / volume_input; every
+    forward gets the slice aligned with its tokens.
+    Runs in eval mode and restores the previous mode.
+    """
+    N, L = contexts.shape
+    T = model.config.context_length
+    device = contexts.device
+    if banned is None:
+        banned = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
+    # ids past the last one that may be drawn (the tokenizer's unused tail) get no logits at all
+    V = int(torch.nonzero(~banned).max()) + 1 if bool((~banned).any()) else banned.numel()
+    banned = banned[:V]
+    keep = max(1, T // 2)  # tokens a full cache is rebuilt from
+    P = prefill_length(T, horizon, L)
+    # under autocast (a bf16 forecast) the cache holds what the matmuls make and read: no casts per step
+    cache_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    if max_batch is None:  # counted in fp32 for bf16 too: larger chunks were no faster
+        per_row = 2 * model.config.num_layers * T * model.config.d_model * model.lm_head.weight.element_size()
+        max_batch = max(1, CACHE_BUDGET_BYTES // per_row)
+
+    was_training = model.training
+    model.eval()
+    try:
+        first_cache = model.new_cache(N, dtype=cache_dtype)
+        feats = None if features is None else features[:, L - P:]  # aligned with seq below: (N, P + H, 3)
+        first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache,
+                             features=None if feats is None else feats[:, :P], vocab=V)[0][:, -1]
+        out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
+        for c0, c1, group, lo in _chunks(N, samples, max_batch):
+            r = torch.arange(c0, c1, device=device).repeat_interleave(group)  # row -> its context
+            a, c = asset_ids[r], category_ids[r]
+            # the samples share their context's prefilled keys and values (no copy per sample)
+            cache, logits = first_cache.shared(c0, c1, group, T - P), first_logits[r]
+            f = None if feats is None else feats[r]
+            seq = torch.cat((contexts[r, L - P:], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
+            for step in range(horizon):
+                end = P + step  # tokens of seq known so far
+                if on_step is not None:
+                    on_step(step, r, seq[:, :end], cache.length, logits)
+                tok = draw_tokens(logits, temperature, top_k, top_p, banned, generator)
+                seq[:, end] = tok
+                if step == horizon - 1:
+                    break
+                if cache.length == T:  # full: rebuild from the last `keep` tokens, positions from 0
+                    cache = model.new_cache(len(r), dtype=cache_dtype)
+                    logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache,
+                                   features=None if f is None else f[:, end + 1 - keep:end + 1], vocab=V)[0][:, -1]
+                else:
+                    logits = model(tok[:, None], a, c, last_only=True, cache=cache,
+                                   features=None if f is None else f[:, end:end + 1], vocab=V)[0][:, -1]
+            out[lo:lo + len(r)] = seq[:, P:]
+    finally:
+        model.train(was_training)
+    return out.view(N, samples, horizon)

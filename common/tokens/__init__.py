@@ -1,0 +1,1 @@
+"""Candles to tokens: the OHLC tokenizer and the per-candle input features."""

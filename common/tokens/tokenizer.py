@@ -1,0 +1,556 @@
+"""OHLC candle tokenizer: one token per candle, carrying its move and its shape.
+
+Each candle is described by two scale-free numbers, both divided by sigma_t, a volatility
+estimate built from PAST candles only (so one vocabulary serves BTC and a utility stock):
+
+    move  r_t = log(close_t / close_prev)        close_prev: the last valid close before t
+    shape s_t = log(max(o,h,l,c) / min(o,h,l,c)) the candle's range (>= 0, never NaN)
+    sigma_t   = sqrt(EWMA of r^2 over the valid candles strictly before t)
+
+The EWMA is the bias-corrected one (pandas `ewm(halflife=vol_halflife, adjust=True)`): every
+past squared return has weight (1 - alpha)^age, normalised by the sum of the weights, with
+alpha = 1 - 0.5 ** (1 / vol_halflife).
+
+`fit` learns quantile bin edges of move/sigma (ret_bins bins) and shape/sigma (shape_bins bins)
+from training candles, so every bin is used about equally often, plus each bin's representative
+value (the median of the training values in it). A token is
+
+    token = NUM_SPECIAL_TOKENS + ret_bin * shape_bins + shape_bin
+
+with ret_bins = (vocab_size - NUM_SPECIAL_TOKENS) // shape_bins. The few ids above
+NUM_SPECIAL_TOKENS + ret_bins * shape_bins are never emitted (5 for the three cases' vocabularies);
+`decode` gives NaN for them.
+
+Special tokens:
+  - MISSING for a candle with any of open/high/low/close NaN (or infinite). The data layer inserts
+    NaN rows for absent bars, so a gap in time is a run of MISSING tokens; the next valid candle's
+    move is measured from the last valid close and missing candles never touch the volatility.
+  - BOS for the first valid candle (no move yet) and for the following ones until `vol_warmup`
+    past returns have been seen (the volatility estimate is not trustworthy before that). So the
+    first vol_warmup + 1 valid candles of every series are BOS.
+  - PAD is never emitted here; batching code uses it.
+
+Tokens are int16 when the vocabulary fits (vocab_size <= 32768, all the cases), else int32.
+Everything is vectorised numpy per asset. `decode_path` / `decode_ohlc` are sequential over
+steps by nature (each step's sigma depends on the previous steps' moves) and vectorised over
+paths: thousands of sampled paths decode in one loop over the horizon.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from common.atomic import atomic_write_json
+from common.errors import UserError
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+
+if TYPE_CHECKING:
+    from common.config import Config
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "OHLCTokenizer",
+    "VolState",
+    "token_entropy",
+]
+
+
+FORMAT_NAME = "marketgpt.ohlc_tokenizer"
+FORMAT_VERSION = 1
+
+# sigma never goes below this (log-return units): a series that has not moved for vol_halflife
+# candles would otherwise divide by zero. Its next real move then lands in an end bin (clipped).
+SIGMA_FLOOR = 1e-8
+
+_PRICE_COLUMNS = ("open", "high", "low", "close")
+
+CandleInput = Union[pd.DataFrame, np.ndarray, Mapping[str, Any]]
+ArrayOrFloat = Union[float, np.ndarray]  # one value for every path, or one per path
+
+
+class VolState(NamedTuple):
+    """Where a series stands after its last candle: what `decode_path` continues from."""
+
+    last_close: float  # last valid close
+    sigma: float  # volatility for the NEXT candle (includes the last candle's move)
+    ewma_weight: float  # sum of the EWMA weights so far (1/alpha once converged)
+
+
+def token_entropy(tokens: np.ndarray, num_symbols: int) -> dict:
+    """Shannon entropy (bits) of the token ids in `tokens`, against log2(num_symbols).
+
+    `fraction` = bits / log2(num_symbols): 1.0 means every one of the num_symbols ids is used
+    equally often. `fraction_of_distinct` measures against the ids that actually occur.
+    """
+    tokens = np.asarray(tokens).ravel()
+    n = int(tokens.size)
+    counts = np.bincount(tokens.astype(np.int64)) if n else np.zeros(0, dtype=np.int64)
+    counts = counts[counts > 0]
+    p = counts / max(n, 1)
+    bits = float(-(p * np.log2(p)).sum()) if n else 0.0
+    max_bits = math.log2(num_symbols) if num_symbols > 1 else 0.0
+    distinct_bits = math.log2(len(counts)) if len(counts) > 1 else 0.0
+    return {
+        "tokens": n,
+        "distinct": int(len(counts)),
+        "bits": bits,
+        "max_bits": max_bits,
+        "fraction": bits / max_bits if max_bits else 0.0,
+        "fraction_of_distinct": bits / distinct_bits if distinct_bits else 0.0,
+    }
+
+
+@dataclass
+class _Features:
+    """Per-candle normalised features of one series; NaN where the token is special."""
+
+    move_z: np.ndarray
+    shape_z: np.ndarray
+    special: np.ndarray  # int8: 0 for a real candle token, else MISSING_TOKEN / BOS_TOKEN
+    state: Optional[VolState] = None
+
+
+@dataclass
+class _Bins:
+    """Quantile edges (interior, ascending) and per-bin representative values of one feature."""
+
+    edges: np.ndarray  # n_bins - 1 values
+    values: np.ndarray  # n_bins values: median of the training values in each bin
+    low: float  # smallest / largest training value: beyond them a value counts as clipped
+    high: float
+
+    @classmethod
+    def fit(cls, x: np.ndarray, n_bins: int) -> "_Bins":
+        x = np.sort(x)
+        n = len(x)
+        # Quantile levels 1/n_bins .. (n_bins-1)/n_bins, linear interpolation on the sorted data
+        # (same as np.quantile's default, without re-partitioning 3M values for 4095 levels).
+        pos = np.arange(1, n_bins) / n_bins * (n - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        edges = x[lo] + (pos - lo) * (x[hi] - x[lo])
+        # A value v is in bin b when edges[b-1] <= v < edges[b] (searchsorted side="right").
+        bounds = np.searchsorted(x, edges, side="left")
+        start = np.concatenate([[0], bounds])
+        end = np.concatenate([bounds, [n]])
+        mid_lo = np.clip((start + end - 1) // 2, 0, n - 1)
+        mid_hi = np.clip((start + end) // 2, 0, n - 1)
+        values = 0.5 * (x[mid_lo] + x[mid_hi])
+        # An empty bin (tied training values, e.g. many flat candles) gets the middle of its edges.
+        empty = end <= start
+        if empty.any() and n_bins > 1:
+            lower = np.concatenate([[edges[0]], edges])
+            upper = np.concatenate([edges, [edges[-1]]])
+            values[empty] = 0.5 * (lower[empty] + upper[empty])
+        return cls(edges=edges, values=values, low=float(x[0]), high=float(x[-1]))
+
+    def assign(self, x: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.edges, x, side="right")
+
+    def to_dict(self) -> dict:
+        return {"edges": self.edges.tolist(), "values": self.values.tolist(),
+                "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_dict(cls, d: Any, n_bins: int, name: str) -> "_Bins":
+        if not isinstance(d, dict):
+            raise ValueError(f"'{name}' is not an object")
+        edges = np.asarray(d["edges"], dtype=np.float64)
+        values = np.asarray(d["values"], dtype=np.float64)
+        if edges.shape != (n_bins - 1,) or values.shape != (n_bins,):
+            raise ValueError(f"'{name}' has {edges.size} edges and {values.size} values, "
+                             f"expected {n_bins - 1} and {n_bins}")
+        if not (np.isfinite(edges).all() and np.isfinite(values).all()) or np.any(np.diff(edges) < 0):
+            raise ValueError(f"'{name}' edges are not finite and ascending")
+        return cls(edges=edges, values=values, low=float(d["low"]), high=float(d["high"]))
+
+
+class OHLCTokenizer:
+    """Candles -> one token each (move bin x shape bin), and back. See the module docstring."""
+
+    def __init__(self, vocab_size: int = 1024, shape_bins: int = 8, vol_halflife: float = 20.0,
+                 vol_warmup: int = 20, ret_bins: Optional[int] = None) -> None:
+        if shape_bins < 1:
+            raise UserError(f"tokenizer shape_bins must be at least 1, got {shape_bins}")
+        if vocab_size < NUM_SPECIAL_TOKENS + 2 * shape_bins:
+            raise UserError(f"vocab_size {vocab_size} is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} "
+                            f"special tokens plus at least 2 return bins x {shape_bins} shape bins")
+        if not vol_halflife > 0:
+            raise UserError(f"tokenizer vol_halflife must be positive, got {vol_halflife}")
+        if vol_warmup < 1:
+            raise UserError(f"tokenizer vol_warmup must be at least 1, got {vol_warmup}")
+        self.vocab_size = int(vocab_size)
+        self.shape_bins = int(shape_bins)
+        most = (self.vocab_size - NUM_SPECIAL_TOKENS) // self.shape_bins
+        if ret_bins is not None and not 2 <= ret_bins <= most:
+            raise UserError(f"tokenizer ret_bins must be from 2 to {most} for vocab_size {vocab_size}, got {ret_bins}")
+        # fewer bins than the vocabulary holds (tokenizer.ret_bins): the rest of the ids go unused
+        self.ret_bins = int(ret_bins) if ret_bins is not None else most
+        # Ids from here to vocab_size - 1 are never emitted (the division above leaves a remainder).
+        self.num_used_ids = NUM_SPECIAL_TOKENS + self.ret_bins * self.shape_bins
+        self.vol_halflife = float(vol_halflife)
+        self.vol_warmup = int(vol_warmup)
+        self.alpha = 1.0 - 0.5 ** (1.0 / self.vol_halflife)
+        self.dtype = np.int16 if self.vocab_size <= 2 ** 15 else np.int32
+        self.move_binning: Optional[_Bins] = None
+        self.shape_binning: Optional[_Bins] = None
+        self.fit_stats: dict = {}
+        # Candles encoded beyond the training range, summed over encode() calls since fit/load.
+        self.clip_counts: dict = _zero_clip_counts()
+
+    @classmethod
+    def from_config(cls, cfg: "Config") -> "OHLCTokenizer":
+        """The tokenizer a case config asks for (model.vocab_size and the tokenizer section)."""
+        tok = cfg.tokenizer
+        return cls(vocab_size=cfg.model.vocab_size, shape_bins=tok.shape_bins,
+                   vol_halflife=tok.vol_halflife, vol_warmup=tok.vol_warmup, ret_bins=tok.ret_bins)
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.move_binning is not None
+
+    def __repr__(self) -> str:
+        state = (f"fitted on {self.fit_stats.get('candles', '?')} candles of "
+                 f"{self.fit_stats.get('assets', '?')} assets" if self.is_fitted else "not fitted")
+        return (f"OHLCTokenizer(vocab_size={self.vocab_size}, ret_bins={self.ret_bins}, "
+                f"shape_bins={self.shape_bins}, unused_ids={self.vocab_size - self.num_used_ids}, "
+                f"specials=PAD:{PAD_TOKEN}/MISSING:{MISSING_TOKEN}/BOS:{BOS_TOKEN}, "
+                f"vol_halflife={self.vol_halflife:g}, vol_warmup={self.vol_warmup}, {state})")
+
+    # ------------------------------------------------------------------ features
+
+    def features(self, candles: CandleInput, asset: str = "?",
+                 timestamps: Optional[Sequence] = None) -> tuple[np.ndarray, np.ndarray]:
+        """(move/sigma, shape/sigma) per candle, NaN where the token is MISSING or BOS."""
+        f = self._features(candles, asset, timestamps)
+        return f.move_z, f.shape_z
+
+    def vol_state(self, candles: CandleInput, asset: str = "?",
+                  timestamps: Optional[Sequence] = None) -> VolState:
+        """Last close and volatility after the last candle: the starting point of `decode_path`.
+
+        Meaningful once the history is warm (more than vol_warmup + 1 valid candles), like encode.
+        """
+        state = self._features(candles, asset, timestamps, want_state=True).state
+        if state is None:
+            raise UserError(f"{asset}: no valid candle, so there is no last close to continue from")
+        return state
+
+    def _features(self, candles: CandleInput, asset: str, timestamps: Optional[Sequence],
+                  want_state: bool = False) -> _Features:
+        o, h, l, c, timestamps = _price_arrays(candles, asset, timestamps)
+        n = len(c)
+        _check_positive(o, h, l, c, asset, timestamps)
+        valid = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)
+        vi = np.flatnonzero(valid)  # the valid candles, in order; gaps simply drop out
+        m = len(vi)
+
+        special = np.where(valid, 0, MISSING_TOKEN).astype(np.int8)
+        special[vi[: self.vol_warmup + 1]] = BOS_TOKEN
+        move_z = np.full(n, np.nan)
+        shape_z = np.full(n, np.nan)
+        if m == 0:
+            return _Features(move_z, shape_z, special)
+
+        log_close = np.log(c[vi])
+        r = np.diff(log_close)  # r[j]: move of valid candle j+1 from valid candle j
+        # var[j]: EWMA of r[0..j]^2, i.e. what is known once valid candle j+1 has closed.
+        var = _ewma(r * r, self.vol_halflife)
+        k = np.arange(self.vol_warmup + 1, m)  # warm valid candles: at least vol_warmup past returns
+        if len(k):
+            sigma = np.maximum(np.sqrt(var[k - 2]), SIGMA_FLOOR)  # returns strictly before candle k
+            rows = vi[k]
+            hi = np.maximum(np.maximum(o[rows], h[rows]), np.maximum(l[rows], c[rows]))
+            lo = np.minimum(np.minimum(o[rows], h[rows]), np.minimum(l[rows], c[rows]))
+            move_z[rows] = r[k - 1] / sigma
+            shape_z[rows] = np.log(hi / lo) / sigma  # hi == lo gives exactly 0
+
+        state = None
+        if want_state:
+            last_var = float(var[-1]) if len(var) else 0.0
+            weight = (1.0 - (1.0 - self.alpha) ** len(r)) / self.alpha  # closed form of the weight sum
+            state = VolState(last_close=float(c[vi[-1]]), sigma=max(math.sqrt(last_var), SIGMA_FLOOR),
+                             ewma_weight=weight)
+        return _Features(move_z, shape_z, special, state)
+
+    # ------------------------------------------------------------------ fit / encode / decode
+
+    def fit(self, frames: Union[Mapping[str, CandleInput], Iterable[CandleInput]]) -> "OHLCTokenizer":
+        """Learn the bin edges from TRAINING candles only: a dict symbol -> frame, or frames.
+
+        Warm-up (BOS) and MISSING candles do not enter the fit.
+        """
+        if isinstance(frames, pd.DataFrame):  # one series passed on its own
+            frames = {"?": frames}
+        items = frames.items() if isinstance(frames, Mapping) else (
+            (f"#{i}", f) for i, f in enumerate(frames))
+        moves, shapes, assets = [], [], 0
+        for asset, frame in items:
+            f = self._features(frame, str(asset), None)
+            keep = f.special == 0
+            moves.append(f.move_z[keep])
+            shapes.append(f.shape_z[keep])
+            assets += 1
+        move_z = np.concatenate(moves) if moves else np.zeros(0)
+        if move_z.size == 0:
+            raise UserError(f"tokenizer fit: no usable training candles in {assets} series; each series "
+                            f"needs more than vol_warmup + 1 = {self.vol_warmup + 1} valid candles")
+        shape_z = np.concatenate(shapes)
+        del moves, shapes
+        self.move_binning = _Bins.fit(move_z, self.ret_bins)
+        self.shape_binning = _Bins.fit(shape_z, self.shape_bins)
+        self.fit_stats = {"assets": assets, "candles": int(move_z.size)}
+        self.reset_clip_counts()
+        self._build_tables()
+        return self
+
+    def encode(self, candles: CandleInput, asset: str = "?",
+               timestamps: Optional[Sequence] = None) -> np.ndarray:
+        """One token per candle, aligned one-to-one with the input rows.
+
+        Accepts a canonical candle DataFrame (UTC DatetimeIndex, columns open/high/low/close[/volume]),
+        a mapping of those column names to arrays, or an (n, 4|5) array in that column order.
+        Non-positive prices raise UserError naming the asset and the timestamp (or row).
+        """
+        self._require_fitted()
+        f = self._features(candles, asset, timestamps)
+        tokens = f.special.astype(self.dtype)
+        real = f.special == 0
+        mz, sz = f.move_z[real], f.shape_z[real]
+        mb, sb = self.move_binning, self.shape_binning
+        counts = self.clip_counts
+        counts["move_below"] += int(np.count_nonzero(mz < mb.low))
+        counts["move_above"] += int(np.count_nonzero(mz > mb.high))
+        counts["shape_below"] += int(np.count_nonzero(sz < sb.low))
+        counts["shape_above"] += int(np.count_nonzero(sz > sb.high))
+        tokens[real] = NUM_SPECIAL_TOKENS + mb.assign(mz) * self.shape_bins + sb.assign(sz)
+        return tokens
+
+    def reset_clip_counts(self) -> None:
+        self.clip_counts = _zero_clip_counts()
+
+    def split_token(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ret_bin, shape_bin) of each token; -1 for special and unused ids."""
+        t = np.asarray(tokens).astype(np.int64)
+        code = t - NUM_SPECIAL_TOKENS
+        ok = (code >= 0) & (t < self.num_used_ids)
+        return np.where(ok, code // self.shape_bins, -1), np.where(ok, code % self.shape_bins, -1)
+
+    def decode(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's representative (move/sigma, shape/sigma); NaN for special and unused ids."""
+        self._require_fitted()
+        t = np.asarray(tokens)
+        if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {t.min()}..{t.max()}")
+        return self._move_table[t], self._shape_table[t]
+
+    def decode_path(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+                    ewma_weight: Optional[ArrayOrFloat] = None) -> np.ndarray:
+        """Close prices of (sampled) token sequences, continuing from `last_close` with `sigma`.
+
+        tokens: (H,) for one path or (P, H) for P paths; last_close, sigma, ewma_weight: one
+        number for all paths or (P,), one per path. Returns closes shaped like tokens.
+        Each move token multiplies the close by exp(move_z * sigma), then updates sigma with the
+        same EWMA as `encode`. Pass `vol_state(history)` for an exact continuation; without
+        `ewma_weight` the EWMA is taken as converged (weight 1/alpha). Special and unused tokens
+        give NaN (no candle) and leave the close and sigma unchanged, like MISSING in `encode`.
+        """
+        log_close, _, _ = self._walk(tokens, last_close, sigma, ewma_weight)
+        return np.exp(log_close)
+
+    def decode_ohlc(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+                    ewma_weight: Optional[ArrayOrFloat] = None) -> dict[str, np.ndarray]:
+        """open, high, low, close of (sampled) token sequences, as `decode_path` takes them.
+
+        A token holds the move and the range log(high / low), not where the open sits, so:
+        open = the previous close; the body spans open..close; the range (at least the body)
+        puts what it has beyond the body half above max(open, close) and half below min.
+        """
+        log_close, prev, sig = self._walk(tokens, last_close, sigma, ewma_weight)
+        _, shape_z = self.decode(np.asarray(tokens))
+        body = np.abs(log_close - prev)
+        wick = 0.5 * np.maximum(shape_z * sig - body, 0.0)  # NaN where there is no candle
+        return {"open": np.exp(prev), "high": np.exp(np.maximum(prev, log_close) + wick),
+                "low": np.exp(np.minimum(prev, log_close) - wick), "close": np.exp(log_close)}
+
+    def _walk(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
+              ewma_weight: Optional[ArrayOrFloat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log close, log close before the step, sigma used) per step, NaN where a step has no
+        candle: the EWMA recursion runs over steps, vectorized over paths."""
+        t = np.asarray(tokens)
+        if t.ndim not in (1, 2):
+            raise ValueError(f"tokens must be (H,) or (paths, H), got shape {t.shape}")
+        move_z, _ = self.decode(t)
+        z = np.atleast_2d(move_z)  # (P, H)
+        P, H = z.shape
+        close0 = np.broadcast_to(np.asarray(last_close, dtype=np.float64), (P,))
+        if not (np.all(close0 > 0) and np.all(np.isfinite(close0))):
+            raise UserError(f"decode_path: last_close must be a positive price, got {last_close}")
+        weight = np.broadcast_to(np.asarray(1.0 / self.alpha if ewma_weight is None else ewma_weight,
+                                            dtype=np.float64), (P,)).copy()
+        var = np.broadcast_to(np.asarray(sigma, dtype=np.float64) ** 2, (P,)).copy()
+        log_close = np.log(close0)
+        out, before, sig = np.full((P, H), np.nan), np.full((P, H), np.nan), np.full((P, H), np.nan)
+        decay = 1.0 - self.alpha
+        for i in range(H):  # sequential over steps: sigma depends on the moves so far
+            ok = ~np.isnan(z[:, i])  # special token: no candle, nothing changes
+            s = np.maximum(np.sqrt(var), SIGMA_FLOOR)
+            r = np.where(ok, z[:, i] * s, 0.0)
+            before[ok, i] = log_close[ok]
+            log_close = log_close + r
+            out[ok, i], sig[ok, i] = log_close[ok], s[ok]
+            new_weight = decay * weight + 1.0  # bias-corrected EWMA, as pandas ewm(adjust=True)
+            var = np.where(ok, var + (r * r - var) / new_weight, var)
+            weight = np.where(ok, new_weight, weight)
+        return out.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape)
+
+    def usage(self, tokens: np.ndarray) -> dict:
+        """Entropy of the candle tokens (specials left out) against the ids the tokenizer can emit."""
+        t = np.asarray(tokens).ravel()
+        t = t[t >= NUM_SPECIAL_TOKENS]
+        return token_entropy(t - NUM_SPECIAL_TOKENS, self.num_used_ids - NUM_SPECIAL_TOKENS)
+
+    # ------------------------------------------------------------------ save / load
+
+    def to_dict(self) -> dict:
+        self._require_fitted()
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "vocab_size": self.vocab_size,
+            "shape_bins": self.shape_bins,
+            "ret_bins": self.ret_bins,
+            "vol_halflife": self.vol_halflife,
+            "vol_warmup": self.vol_warmup,
+            "special_tokens": {"PAD": PAD_TOKEN, "MISSING": MISSING_TOKEN, "BOS": BOS_TOKEN},
+            "move": self.move_binning.to_dict(),
+            "shape": self.shape_binning.to_dict(),
+            "fit_stats": self.fit_stats,
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json atomically (plain JSON: loading it runs no code)."""
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "OHLCTokenizer":
+        """Read a tokenizer.json; a missing, corrupted or incompatible file is a UserError."""
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise UserError(f"{path}: tokenizer file not found; fit a tokenizer first or point at the "
+                            "run folder's tokenizer.json") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: tokenizer file is corrupted or truncated ({e}); re-create it by "
+                            "fitting on the training data or copy it again") from None
+        except OSError as e:
+            raise UserError(f"{path}: cannot read tokenizer file ({e.strerror})") from None
+        return cls.from_dict(raw, where=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "tokenizer") -> "OHLCTokenizer":
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+            found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+            raise UserError(f"{where}: not a MarketGPT tokenizer file (format {found!r}, expected "
+                            f"{FORMAT_NAME!r})")
+        if raw.get("version") != FORMAT_VERSION:
+            raise UserError(f"{where}: tokenizer format version {raw.get('version')!r} is not supported by "
+                            f"this code (it reads version {FORMAT_VERSION}); re-fit the tokenizer or use "
+                            "the code version that wrote it")
+        try:
+            tok = cls(vocab_size=raw["vocab_size"], shape_bins=raw["shape_bins"],
+                      vol_halflife=raw["vol_halflife"], vol_warmup=raw["vol_warmup"], ret_bins=raw.get("ret_bins"))
+            tok.move_binning = _Bins.from_dict(raw["move"], tok.ret_bins, "move")
+            tok.shape_binning = _Bins.from_dict(raw["shape"], tok.shape_bins, "shape")
+            tok.fit_stats = dict(raw.get("fit_stats", {}))
+        except (KeyError, TypeError, ValueError, UserError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise UserError(f"{where}: tokenizer file is corrupted ({what}); re-fit the tokenizer") from None
+        tok._build_tables()
+        return tok
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_fitted(self) -> None:
+        if not self.is_fitted:
+            raise UserError("the tokenizer is not fitted: call fit(training frames) or "
+                            "OHLCTokenizer.load('tokenizer.json') first")
+
+    def _build_tables(self) -> None:
+        # decode is a table lookup: token id -> representative move and shape.
+        self._move_table = np.full(self.vocab_size, np.nan)
+        self._shape_table = np.full(self.vocab_size, np.nan)
+        ids = np.arange(NUM_SPECIAL_TOKENS, self.num_used_ids)
+        self._move_table[ids] = self.move_binning.values[(ids - NUM_SPECIAL_TOKENS) // self.shape_bins]
+        self._shape_table[ids] = self.shape_binning.values[(ids - NUM_SPECIAL_TOKENS) % self.shape_bins]
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _zero_clip_counts() -> dict:
+    return {"move_below": 0, "move_above": 0, "shape_below": 0, "shape_above": 0}
+
+
+def _ewma(x: np.ndarray, halflife: float) -> np.ndarray:
+    """Bias-corrected EWMA of x (pandas' cython loop: fast, no Python per-element loop)."""
+    if len(x) == 0:
+        return x
+    return pd.Series(x, copy=False).ewm(halflife=halflife, adjust=True).mean().to_numpy()
+
+
+def _price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence]):
+    """open, high, low, close as float64 arrays, plus timestamps for error messages (or None)."""
+    if isinstance(candles, pd.DataFrame):
+        missing = [c for c in _PRICE_COLUMNS if c not in candles.columns]
+        if missing:
+            raise UserError(f"{asset}: candle frame lacks column(s) {', '.join(missing)}; expected "
+                            "open, high, low, close, volume")
+        if not candles.index.is_monotonic_increasing:
+            raise UserError(f"{asset}: candles are not sorted by time; sort the frame by its index first")
+        cols = [candles[c].to_numpy(dtype=np.float64) for c in _PRICE_COLUMNS]
+        if timestamps is None and isinstance(candles.index, pd.DatetimeIndex):
+            timestamps = candles.index
+    elif isinstance(candles, Mapping):
+        try:
+            cols = [np.asarray(candles[c], dtype=np.float64) for c in _PRICE_COLUMNS]
+        except KeyError as e:
+            raise UserError(f"{asset}: candle arrays lack {e}; expected open, high, low, close") from None
+    else:
+        arr = np.asarray(candles, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] not in (4, 5):
+            raise UserError(f"{asset}: candle array must have shape (n, 4) or (n, 5) with columns "
+                            f"open, high, low, close[, volume]; got {arr.shape}")
+        cols = [arr[:, i] for i in range(4)]
+    n = len(cols[3])
+    if any(len(c) != n for c in cols) or cols[0].ndim != 1:
+        raise UserError(f"{asset}: open, high, low, close must be 1-D and of equal length")
+    if timestamps is not None and len(timestamps) != n:
+        raise UserError(f"{asset}: {len(timestamps)} timestamps for {n} candles")
+    return cols[0], cols[1], cols[2], cols[3], timestamps
+
+
+def _check_positive(o, h, l, c, asset: str, timestamps) -> None:
+    # NaN compares False, so missing candles pass; -inf is caught here.
+    bad = (o <= 0) | (h <= 0) | (l <= 0) | (c <= 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        where = f"at {_format_time(timestamps[i])}" if timestamps is not None else f"at row {i}"
+        prices = ", ".join(f"{name}={col[i]:g}" for name, col in zip(_PRICE_COLUMNS, (o, h, l, c)))
+        raise UserError(f"{asset}: non-positive price {where} ({prices}; {int(bad.sum())} such candle(s)); "
+                        "prices must be > 0: repair or drop these rows in the data layer")
+
+
+def _format_time(t: Any) -> str:
+    try:
+        return pd.Timestamp(t).isoformat()
+    except (TypeError, ValueError):
+        return str(t)

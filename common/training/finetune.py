@@ -1,0 +1,186 @@
+"""Fine-tuning: a new run that starts from a trained run's weights (training.init_from).
+
+    marketgpt train --config case_c_crypto/configs/crypto_prototype.json \\
+        --init-from case_a_full_market/checkpoints/full_market_20260101_120000 \\
+        --set data.categories=crypto --set training.learning_rate=1e-4 --set training.freeze=embeddings
+
+- The parent's tokenizer is reused (token ids must mean the same candles), so the vocabulary,
+  the tokenizer section and the model's shape must match the parent's; anything else is refused
+  with the key and both values.
+- Every weight is copied except the asset and category embeddings, which are matched by name:
+  an asset the parent knew keeps its row; a new asset starts from the mean row of its category's
+  assets in the parent; a category the parent never saw keeps its fresh init (so do its assets).
+- training.freeze: "none", "embeddings" (every nn.Embedding: tokens, positions, assets,
+  categories; the token embedding is tied to the output head, so the head stays too), or
+  "all_but_last_N" (only the last N blocks, the final norm and the head train). Frozen
+  parameters have requires_grad False: no gradient, and the optimizer never sees them, so no
+  weight decay either. The setting is applied on resume too; the parent init is not.
+- Lineage (parent run, checkpoint, its SHA-256, what was copied) goes to config.json under
+  "_lineage" and to training_log.json under "lineage".
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.atomic import read_json
+from common.errors import UserError
+
+__all__ = ["Parent", "apply_freeze", "check_parent_fits", "init_from_parent", "record_lineage", "resolve_parent"]
+
+_ALL_BUT_LAST = re.compile(r"^all_but_last_(\d+)$")
+_EMBEDDING_KEYS = ("asset_emb.weight", "category_emb.weight")  # matched by name, not copied whole
+# model keys that may differ from the parent: they change no weight's shape or meaning
+_FREE_MODEL_KEYS = ("dropout",)
+
+
+@dataclass(frozen=True)
+class Parent:
+    run_dir: Path
+    checkpoint: Path
+    config: dict  # the parent's config.json
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The checkpoint's digest, read only when the lineage is written (it can be gigabytes)."""
+        return _sha256(self.checkpoint)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_parent(path: str | Path) -> Parent:
+    """A run folder (its best_model.pt, else its newest checkpoint) or one checkpoint file."""
+    from common.training.checkpoint import checkpoint_files
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        run_dir = path
+        best = run_dir / "best_model.pt"
+        checkpoint = best if best.is_file() else (checkpoint_files(run_dir) or [None])[-1]
+        if checkpoint is None:
+            raise UserError(f"--init-from {path}: the run folder has no best_model.pt and no checkpoint yet; "
+                            "fine-tune from a run that has trained at least one epoch")
+    elif path.is_file():
+        run_dir, checkpoint = path.parent, path
+    else:
+        raise UserError(f"--init-from {path}: no such run folder or checkpoint file")
+    for name in ("config.json", "tokenizer.json", "asset_info.json"):
+        if not (run_dir / name).is_file():
+            raise UserError(f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
+                            "made by `marketgpt train` (or a checkpoint inside one)")
+    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / "config.json"))
+
+
+def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
+    """The new run must read tokens the parent's way and have the parent's shapes."""
+    theirs = parent.config
+    for key, value in cfg_dict["tokenizer"].items():
+        if key in theirs.get("tokenizer", {}) and theirs["tokenizer"][key] != value:
+            raise UserError(f"--init-from {parent.run_dir}: tokenizer.{key} = {value!r}, the parent's is "
+                            f"{theirs['tokenizer'][key]!r}; fine-tuning keeps the parent's tokenizer, since token "
+                            "ids must mean the same candles: drop that --set (a refit tokenizer needs a new run)")
+    mine, parents = cfg_dict["model"], theirs.get("model", {})
+    if mine["vocab_size"] != parents.get("vocab_size"):
+        raise UserError(f"--init-from {parent.run_dir}: model.vocab_size = {mine['vocab_size']}, the parent's "
+                        f"tokenizer has {parents.get('vocab_size')} ids; fine-tuning keeps the parent's tokenizer, "
+                        "since token ids must mean the same candles: use the parent's vocab_size")
+    for key, value in mine.items():
+        if key in parents and key not in _FREE_MODEL_KEYS and parents[key] != value:
+            raise UserError(f"--init-from {parent.run_dir}: model.{key} = {value!r}, the parent's is {parents[key]!r}; "
+                            "the weights only fit the parent's model shape: use the parent's model section")
+
+
+def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
+    from common.training.checkpoint import load_checkpoint, unwrap_state_dict
+
+    state = load_checkpoint(parent.checkpoint)
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"--init-from {parent.checkpoint}: not a MarketGPT checkpoint (no model weights)")
+    return unwrap_state_dict(state["model"])
+
+
+@torch.no_grad()
+def init_from_parent(model: nn.Module, parent: Parent, asset_info: dict) -> dict[str, Any]:
+    """Copy the parent's weights into `model` (asset_info: the new run's ids); returns the lineage."""
+    state = _parent_state(parent)
+    own = model.state_dict()
+    body = {k: v for k, v in state.items() if k not in _EMBEDDING_KEYS}
+    missing = sorted(set(own) - set(body) - set(_EMBEDDING_KEYS))
+    unexpected = sorted(set(body) - set(own))
+    wrong = sorted(k for k in body if k in own and body[k].shape != own[k].shape)
+    if missing or unexpected or wrong:
+        what = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
+                         (("missing", missing), ("unexpected", unexpected), ("other shape", wrong)) if keys)
+        raise UserError(f"--init-from {parent.checkpoint}: the weights do not fit this model ({what})")
+    model.load_state_dict(body, strict=False)
+
+    theirs = read_json(parent.run_dir / "asset_info.json")
+    their_assets = {rec["symbol"]: rec for rec in theirs["assets"]}
+    their_cats = theirs["categories"]
+    old_assets, old_cats = state["asset_emb.weight"], state["category_emb.weight"]
+    assets, cats = model.asset_emb.weight, model.category_emb.weight
+    copied: dict[str, list] = {"assets": [], "assets_from_category_mean": [], "assets_fresh": [],
+                               "categories": [], "categories_fresh": []}
+    for name, new_id in asset_info["categories"].items():
+        if name in their_cats:
+            cats[new_id] = old_cats[their_cats[name]]
+            copied["categories"].append(name)
+        else:
+            copied["categories_fresh"].append(name)
+    for rec in asset_info["assets"]:
+        old = their_assets.get(rec["symbol"])
+        if old is not None:
+            assets[rec["id"]] = old_assets[old["id"]]
+            copied["assets"].append(rec["symbol"])
+            continue
+        peers = [r["id"] for r in theirs["assets"] if r["category"] == rec["category"]]
+        if peers:
+            assets[rec["id"]] = old_assets[peers].mean(dim=0)
+            copied["assets_from_category_mean"].append(rec["symbol"])
+        else:
+            copied["assets_fresh"].append(rec["symbol"])
+    return {"parent_run": str(parent.run_dir), "checkpoint": str(parent.checkpoint),
+            "checkpoint_sha256": parent.sha256, "tokenizer": str(parent.run_dir / "tokenizer.json"),
+            "weights": "all, except asset and category embeddings (matched by name)", **copied}
+
+
+def apply_freeze(model: nn.Module, spec: str) -> list[str]:
+    """Set requires_grad per training.freeze; returns the frozen parameter names."""
+    if spec == "none":
+        return []
+    if spec == "embeddings":
+        frozen = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    else:
+        n = int(_ALL_BUT_LAST.match(spec).group(1))
+        trainable = [*model.blocks[-n:], model.ln_f, *(m for m in (getattr(model, "lm_head", None),
+                                                                   getattr(model, "head", None)) if m is not None)]
+        keep = {id(p) for m in trainable for p in m.parameters()}  # a tied token embedding is the head's
+        frozen = {id(p) for p in model.parameters() if id(p) not in keep}
+    names = []
+    for name, p in model.named_parameters():
+        if id(p) in frozen:
+            p.requires_grad_(False)
+            names.append(name)
+    return names
+
+
+def record_lineage(run_dir: Path, lineage: dict[str, Any]) -> None:
+    """config.json gains "_lineage" (load_config skips "_" keys, so resuming reads it as before)."""
+    from common.atomic import atomic_write_json
+
+    config = read_json(run_dir / "config.json")
+    config["_lineage"] = lineage
+    atomic_write_json(run_dir / "config.json", config)

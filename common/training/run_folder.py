@@ -1,0 +1,270 @@
+"""The run folder `case_X/checkpoints/<experiment>_YYYYMMDD_HHMMSS/`: naming, finding the run
+to resume, the config identity check, and the token set a run trains and is evaluated on.
+
+Files (written by common.commands.train and common.training.trainer):
+    config.json          fully resolved config; a resume reads this, not the case file
+    tokenizer.json       the tokenizer fitted on the train split
+    asset_info.json      symbol -> asset id, category -> category id (the model's embeddings)
+    data_info.json       cleaning counts, split cuts, per-asset split sizes
+    tokens.npz           every asset's tokens, actual moves and split ranges: a resume and the
+                         final evaluation see exactly the data the run started with, even if
+                         the candle cache was updated since
+    training_log.json    status, best val loss and epoch, one entry per epoch
+    checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt
+    report.png, test_results.json   the final outputs, written in that order before the
+                         log's status says "finished" / "early_stopped"
+    tensorboard/
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from common.atomic import atomic_path
+from common.atomic import check_writable as _check_writable
+from common.training.batches import SPLITS
+from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
+from common.config import Config, config_to_dict
+from common.distributed.env import slurm_job_id
+from common.errors import UserError
+
+__all__ = [
+    "HARMLESS_ON_RESUME",
+    "TokenSet",
+    "auto_resume_run",
+    "check_writable",
+    "config_differences",
+    "find_runs",
+    "has_final_outputs",
+    "new_run_dir",
+    "resolve_resume",
+    "reuse_unstarted_run",
+]
+
+# Keys a resumed run may change (with --set): they don't touch the model, the data, the
+# optimizer or the batch order. Everything else must equal the run's config.json.
+HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
+                      "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
+                      "training.peak_flops", "training.device", "training.gradient_checkpointing",
+                      "training.scorecard_origins", "training.scorecard_samples", "slurm.")
+_STAMP = "%Y%m%d_%H%M%S"
+# What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
+# tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
+# holding nothing else has nothing to resume from, and a new run may start over in it.
+_BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
+                            "training_log.json", "tensorboard", "best_model.pt")
+
+
+def check_writable(folder: Path) -> None:
+    """Create `folder` if needed and prove a file can be written in it, or raise UserError."""
+    _check_writable(folder, "run folder location", "fix its permissions or free space, or point --config at a "
+                    "case folder you can write")
+
+
+def new_run_dir(checkpoints: Path, experiment: str) -> Path:
+    """Create `<experiment>_YYYYMMDD_HHMMSS` (with `_2`, `_3`, ... if that second is taken)."""
+    check_writable(checkpoints)
+    stamp = time.strftime(_STAMP)
+    for n in range(1, 1000):
+        path = checkpoints / (f"{experiment}_{stamp}" + (f"_{n}" if n > 1 else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UserError(f"cannot create run folder {path} ({e.strerror or e})") from None
+    raise UserError(f"too many runs of {experiment} started at {stamp} in {checkpoints}")
+
+
+def find_runs(checkpoints: Path, experiment: str) -> list[Path]:
+    """The experiment's run folders under `checkpoints`, oldest first."""
+    pattern = re.compile(rf"^{re.escape(experiment)}_(\d{{8}}_\d{{6}})(?:_(\d+))?$")
+    runs = []
+    if checkpoints.is_dir():
+        for path in checkpoints.iterdir():
+            m = pattern.match(path.name)
+            if m and path.is_dir():
+                runs.append(((m.group(1), int(m.group(2) or 1)), path))
+    return [p for _, p in sorted(runs)]
+
+
+def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optional[str]
+                   ) -> tuple[Optional[Path], Optional[Path]]:
+    """(run folder, checkpoint) to resume from.
+
+    "auto": the run `auto_resume_run` picks and its newest checkpoint that checks out
+    (older ones are the fallback, with a warning); (None, None) when there is none to
+    continue, (run, None) when it has no usable checkpoint (the caller starts a new run).
+    A path: a run folder (its newest good checkpoint) or one checkpoint file, unless another
+    live Slurm job trains that run.
+    """
+    if resume == "auto":
+        run = auto_resume_run(find_runs(checkpoints, experiment) if checkpoints is not None else [])
+        if run is None:
+            return None, None
+        return run, latest_good_checkpoint(run)
+    path = Path(resume)
+    if not path.exists():
+        raise UserError(f"--resume {resume}: no such run folder or checkpoint file")
+    owner = _live_owner(path if path.is_dir() else path.parent)
+    if owner is not None:  # two trainers in one folder would overwrite each other's checkpoints
+        raise UserError(f"--resume {resume}: Slurm job {owner} is still training this run; wait for it to "
+                        f"end or stop it (scancel {owner}: it saves a checkpoint), then resume")
+    if path.is_dir():
+        ckpt = latest_good_checkpoint(path)
+        if ckpt is None:
+            raise UserError(f"--resume {resume}: the folder has no complete checkpoint_epoch_*.pt to resume from")
+        return path, ckpt
+    if checkpoint_position(path) is None:
+        raise UserError(f"--resume {resume}: not a resumable checkpoint (expected checkpoint_epoch_N.pt or "
+                        "checkpoint_epoch_N_step_S.pt; best_model.pt holds no optimizer state)")
+    return path.parent, path
+
+
+def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
+    """The run `--resume auto` continues, from an experiment's runs (oldest first):
+
+    1. inside a Slurm job, the run this job already trains (its id is in training_log.json):
+       a requeued job continues its own run even if another job started a newer one;
+    2. else the newest run, unless it is done (finished or early-stopped with its final
+       outputs written, or failed) or another job still queued or running trains it: then
+       None, and a new run starts. A run that trained to the end but lacks a final output
+       is continued: its last checkpoint has nothing left to train, so only the outputs are
+       computed.
+    """
+    logs = {run: _read_log(run) for run in runs}
+    me = slurm_job_id()
+    mine = [run for run in runs if me and logs[run].get("slurm_job_id") == me]
+    if mine:
+        return mine[-1]
+    if not runs:
+        return None
+    newest = runs[-1]
+    log = logs[newest]
+    done = log.get("status") == "failed" or (log.get("status") in ("finished", "early_stopped")
+                                              and has_final_outputs(newest))
+    if done or _live_owner(newest, log) is not None:
+        return None
+    return newest
+
+
+def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:
+    """The id of another Slurm job, still queued or running, that trains this run (else None)."""
+    from common.distributed.slurm import job_is_alive
+
+    owner = (log if log is not None else _read_log(run_dir)).get("slurm_job_id")
+    return owner if owner and owner != slurm_job_id() and job_is_alive(owner) else None
+
+
+def has_final_outputs(run_dir: Path) -> bool:
+    """Whether the run's report.png and test_results.json are written (test_results.json comes
+    last, and records a report that could not be drawn, so it is not retried forever)."""
+    try:
+        results = json.loads((run_dir / "test_results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (run_dir / "report.png").is_file() or (isinstance(results, dict) and "report_error" in results)
+
+
+def reuse_unstarted_run(run_dir: Path) -> bool:
+    """Empty a run folder that was killed before its first checkpoint, so a new run starts in it
+    instead of beside it; False (and untouched) if it holds anything more: a checkpoint, even a
+    damaged one, an output, a file someone put there."""
+    entries = list(run_dir.iterdir())
+    if any(p.name not in _BEFORE_FIRST_CHECKPOINT and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+           for p in entries):
+        return False
+    try:
+        for p in entries:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    except OSError as e:
+        raise UserError(f"cannot clear {run_dir} to reuse it ({e.strerror or e}); remove it by hand") from None
+    return True
+
+
+def _read_log(run_dir: Path) -> dict:
+    try:
+        log = json.loads((run_dir / "training_log.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no log yet (died before its first step) or unreadable: nothing recorded
+    return log if isinstance(log, dict) else {}
+
+
+def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:
+    """'section.key' -> value (a config is sections of leaves; a dict value is one leaf)."""
+    out = {}
+    raw = config_to_dict(cfg) if isinstance(cfg, Config) else cfg
+    for name, value in raw.items():
+        if isinstance(value, Mapping):
+            out.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def config_differences(a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME) -> list[str]:
+    """Keys (as 'section.key: a_value != b_value') where two configs (or their dicts, as
+    stored in a checkpoint) describe different runs."""
+    fa, fb = _flatten(a), _flatten(b)
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        if any(key == h or (h.endswith(".") and key.startswith(h)) for h in harmless):
+            continue
+        if fa.get(key) != fb.get(key):
+            out.append(f"{key}: {fa.get(key)!r} != {fb.get(key)!r}")
+    return out
+
+
+@dataclass
+class TokenSet:
+    """What a run trains and is tested on: per asset (in asset-id order) its tokens, the actual
+    normalized move of each candle (NaN where undefined) and its split ranges."""
+
+    symbols: list[str]
+    tokens: dict[str, np.ndarray]
+    moves: dict[str, np.ndarray]
+    ranges: dict[str, dict[str, tuple[int, int]]]
+    # model.time_features / model.volume_input: (n, 3) ids per candle (common/tokens/features.py)
+    features: Optional[dict[str, np.ndarray]] = None
+
+    def save(self, path: Path) -> None:
+        lengths = np.array([len(self.tokens[s]) for s in self.symbols], dtype=np.int64)
+        ranges = np.array([[self.ranges[s][split] for split in SPLITS] for s in self.symbols], dtype=np.int64)
+        extra = ({"features": np.concatenate([self.features[s] for s in self.symbols]).astype(np.int64)}
+                 if self.features is not None else {})
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, symbols=np.array(self.symbols, dtype=str), lengths=lengths,
+                     ranges=ranges.reshape(len(self.symbols), len(SPLITS), 2),
+                     tokens=np.concatenate([self.tokens[s] for s in self.symbols]),
+                     moves=np.concatenate([self.moves[s] for s in self.symbols]).astype(np.float64), **extra)
+
+    @classmethod
+    def load(cls, path: Path) -> "TokenSet":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                symbols = [str(s) for s in z["symbols"]]
+                bounds = np.concatenate([[0], np.cumsum(z["lengths"])])
+                tokens, moves, ranges = z["tokens"], z["moves"], z["ranges"]
+                features = z["features"] if "features" in z.files else None
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"{path}: cannot read the run's token set ({e}); the run folder is incomplete") from None
+        return cls(
+            symbols=symbols,
+            tokens={s: tokens[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
+            moves={s: moves[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
+            ranges={s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
+                    for i, s in enumerate(symbols)},
+            features=({s: features[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
+                      if features is not None else None),
+        )
