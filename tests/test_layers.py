@@ -1,0 +1,226 @@
+"""The library's floors (docs/architecture.md), held by a static read of every module in common/.
+
+    root (errors, atomic, paths, markets, config, special_tokens)
+      -> data, tokens -> model -> distributed -> training -> forecasting -> evaluation
+      -> commands -> cluster -> cli.py
+
+- A module imports only its own floor or floors below it, inside functions too: a lazy upward
+  import still ties the lower floor to the upper one.
+- data, tokens and cluster load without torch: nothing they import at module level, however
+  indirectly, imports torch (checked statically, then by a real import in a fresh process).
+- Only cli.py parses arguments: library code takes typed arguments, never an argparse.Namespace.
+- An import inside a function is allowed only where it is listed below with its reason: an
+  optional dependency, or keeping a heavy library (torch, pandas, matplotlib, ...) off a light path.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from common.paths import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "common"
+
+FLOORS = {"root": 0, "data": 1, "tokens": 1, "model": 2, "distributed": 3, "training": 4, "forecasting": 5,
+          "evaluation": 6, "commands": 7, "cluster": 8, "cli": 9}
+# The seed guide's import paths: thin re-exports of a name from a higher floor, kept for users' scripts.
+SEED_SHIMS = {"common.tokenizer": "tokens", "common.market_gpt_multi": "model", "common.distributed_utils": "distributed"}
+NO_TORCH = ("data", "tokens", "cluster")
+
+# (importing module, imported module) -> why the import waits for the function that needs it.
+LAZY = {
+    # the CLI's lazy loading: `marketgpt --help` is instant and one broken extra breaks one command
+    ("common.cli", "*"): "the CLI imports each subcommand's module when it runs",
+    # keeping pandas off the config's path: the config loads without numpy, pandas or torch
+    ("common.markets", "pandas"): "interval_step is the one pandas user; the config imports this leaf",
+}
+
+
+def floor_of(module: str) -> str:
+    """The floor a module of common/ stands on."""
+    if module in SEED_SHIMS:
+        return SEED_SHIMS[module]
+    parts = module.split(".")
+    if parts == ["common", "cli"]:
+        return "cli"
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS):
+        return parts[1]
+    return "root"
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(tree: ast.AST) -> list[tuple[str, bool]]:
+    """(imported module, inside a function?) for every import outside `if TYPE_CHECKING:`.
+
+    `from a.b import c` yields both a.b and a.b.c: c may be a module of the package.
+    """
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if _is_type_checking(node):
+            for child in node.orelse:
+                visit(child, in_function)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, in_function))
+            found.extend((f"{node.module}.{a.name}", in_function) for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, in_function) for a in node.names)
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def library_modules(root: Path = REPO_ROOT) -> dict[str, ast.AST]:
+    out = {}
+    for path in sorted((root / "common").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = ast.parse(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _own(imported: str, modules: dict[str, ast.AST]) -> str | None:
+    """The package module an import names (`common.x.y` of `from common.x.y import f`), else None."""
+    while imported:
+        if imported in modules:
+            return imported
+        imported = imported.rpartition(".")[0]
+    return None
+
+
+def upward_imports(modules: dict[str, ast.AST]) -> list[str]:
+    """Every import of a module on a higher floor than the importer's, as 'a (floor) -> b (floor)'."""
+    bad = []
+    for name, tree in modules.items():
+        here = FLOORS[floor_of(name)]
+        for imported, _ in imports(tree):
+            target = _own(imported, modules)
+            if target is not None and FLOORS[floor_of(target)] > here:
+                bad.append(f"{name} ({floor_of(name)}) -> {target} ({floor_of(target)})")
+    return sorted(set(bad))
+
+
+def unlisted_lazy_imports(modules: dict[str, ast.AST], allowed: dict[tuple[str, str], str] = LAZY) -> list[str]:
+    """Imports inside functions that LAZY does not list (by the top-level name of what they import)."""
+    bad = []
+    for name, tree in modules.items():
+        if (name, "*") in allowed:
+            continue
+        for imported, in_function in imports(tree):
+            target = _own(imported, modules) or imported.split(".")[0]
+            if in_function and (name, target) not in allowed:
+                bad.append(f"{name} imports {target} inside a function")
+    return sorted(set(bad))
+
+
+def torch_paths(modules: dict[str, ast.AST], packages: tuple[str, ...] = NO_TORCH) -> list[str]:
+    """For each module of `packages` that reaches torch through module-level imports: the chain."""
+    top = {name: {_own(i, modules) or i for i, in_function in imports(tree) if not in_function}
+           for name, tree in modules.items()}
+    bad = []
+    for start in sorted(n for n in modules if floor_of(n) in packages and n not in SEED_SHIMS):
+        seen, stack = {start}, [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(top.get(node, ())):
+                if nxt == "torch" or nxt.startswith("torch."):
+                    bad.append(" -> ".join(path + ["torch"]))
+                    stack.clear()
+                    break
+                if nxt in modules and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    return bad
+
+
+def argparse_users(modules: dict[str, ast.AST]) -> list[str]:
+    return sorted(name for name, tree in modules.items() if name != "common.cli"
+                  and any(i == "argparse" or i.startswith("argparse.") for i, _ in imports(tree)))
+
+
+# --------------------------------------------------------------------------- the rules on common/
+
+
+def test_no_module_imports_a_higher_floor():
+    modules = library_modules()
+    assert {floor_of(n) for n in modules} == set(FLOORS), "every floor has modules (the scan sees the package)"
+    assert upward_imports(modules) == []
+
+
+def test_imports_inside_functions_are_listed_with_a_reason():
+    assert unlisted_lazy_imports(library_modules()) == []
+
+
+def test_every_listed_lazy_import_still_exists():
+    modules = library_modules()
+    present = {(name, _own(i, modules) or i.split(".")[0]) for name, tree in modules.items()
+               for i, in_function in imports(tree) if in_function}
+    stale = [pair for pair in LAZY if pair[1] != "*" and pair not in present]
+    assert stale == [], "LAZY lists imports that are gone: remove them"
+
+
+def test_data_tokens_and_cluster_load_without_torch():
+    modules = library_modules()
+    assert torch_paths(modules) == []
+    names = sorted(n for n in modules if floor_of(n) in NO_TORCH and n not in SEED_SHIMS)
+    code = f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_only_the_cli_parses_arguments():
+    assert argparse_users(library_modules()) == []
+
+
+# --------------------------------------------------------------------------- the checks can fail
+
+
+def _fake(sources: dict[str, str]) -> dict[str, ast.AST]:
+    return {name: ast.parse(src) for name, src in sources.items()}
+
+
+def test_an_upward_import_is_found_even_inside_a_function():
+    modules = _fake({
+        "common.errors": "",
+        "common.data.cache": "from common.errors import UserError",
+        "common.training.trainer": "from common.data.cache import CandleCache",
+        "common.model.gpt": "def f():\n    from common.training.trainer import Trainer",
+        "common.tokenizer": "from common.tokens.tokenizer import OHLCTokenizer",
+        "common.tokens.tokenizer": "",
+        "common.cli": "def main():\n    from common.cluster.remote import x",
+        "common.cluster.remote": "",
+    })
+    assert upward_imports(modules) == ["common.model.gpt (model) -> common.training.trainer (training)"]
+
+
+def test_an_unlisted_lazy_import_is_found():
+    modules = _fake({"common.data.yahoo": "import numpy\ndef f():\n    import yfinance\n    import numpy",
+                     "common.cli": "def g():\n    import torch"})
+    assert unlisted_lazy_imports(modules, {("common.cli", "*"): ""}) == [
+        "common.data.yahoo imports numpy inside a function", "common.data.yahoo imports yfinance inside a function"]
+    assert unlisted_lazy_imports(modules, {("common.cli", "*"): "", ("common.data.yahoo", "numpy"): "",
+                                           ("common.data.yahoo", "yfinance"): ""}) == []
+
+
+def test_torch_reached_through_a_chain_is_found():
+    modules = _fake({"common.data.a": "from common.model.b import x", "common.model.b": "import torch.nn",
+                     "common.tokens.c": "def f():\n    import torch", "common.cluster.d": "import numpy"})
+    assert torch_paths(modules) == ["common.data.a -> common.model.b -> torch"]
+
+
+def test_argparse_outside_the_cli_is_found():
+    modules = _fake({"common.cli": "import argparse", "common.commands.x": "from argparse import Namespace"})
+    assert argparse_users(modules) == ["common.commands.x"]
