@@ -2,8 +2,8 @@
 
 Target (issue 13): at least 10x the paths per second of the code before it, in the same run:
 `MarketGPT.generate` (re-ran the whole context every step; kept here as `old_generate`) + the
-scalar `decode_path` loop per path, against `Forecaster.forecast` (encode, KV-cache sampling of every asset and sample in one
-batch, decoding vectorized over paths, the quantile table).
+scalar `decode_path` loop per path, against `Forecaster.forecast` (encode, KV-cache sampling of
+every asset and sample in one batch, decoding vectorized over paths, the quantile table).
 
     python bench/bench_forecast.py [--assets 20] [--samples 256] [--horizon 64] [--ref-samples 2]
                                    [--device cpu|cuda] [--json PATH]
