@@ -1,9 +1,9 @@
 """Forecast sampling speed at case C's shape: 20 assets x 256 samples x horizon 64.
 
 Target (issue 13): at least 10x the paths per second of the code before it, in the same run:
-`MarketGPT.generate` (re-runs the whole context every step) + the scalar `decode_path` loop per
-path, against `Forecaster.forecast` (encode, KV-cache sampling of every asset and sample in one
-batch, decoding vectorized over paths, the quantile table).
+`MarketGPT.generate` (re-ran the whole context every step; kept here as `old_generate`) + the
+scalar `decode_path` loop per path, against `Forecaster.forecast` (encode, KV-cache sampling of
+every asset and sample in one batch, decoding vectorized over paths, the quantile table).
 
     python bench/bench_forecast.py [--assets 20] [--samples 256] [--horizon 64] [--ref-samples 2]
                                    [--device cpu|cuda] [--json PATH]
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, bench_args, finish, peak_rss_mb, row, set_threads  # noqa: E402
@@ -36,9 +37,26 @@ from common.config import load_config  # noqa: E402
 from common.data.universe import Asset, asset_info  # noqa: E402
 from common.forecasting.forecaster import Forecaster, History  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
+from common.special_tokens import BOS_TOKEN, PAD_TOKEN  # noqa: E402
 from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
+
+
+@torch.no_grad()
+def old_generate(model: MarketGPT, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                 max_new_tokens: int, generator: torch.Generator) -> torch.Tensor:
+    """MarketGPT.generate as it was before issue 13 (temperature 1): the last context_length
+    tokens re-run at every step, PAD and BOS never drawn. (B, T) -> (B, T + max_new_tokens)."""
+    never = torch.tensor((PAD_TOKEN, BOS_TOKEN), device=idx.device)
+    model.eval()
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -model.config.context_length:], asset_ids, category_ids, last_only=True)
+        logits = logits[:, -1, :].float()  # (B, V)
+        logits[:, never] = -float("inf")
+        next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
+        idx = torch.cat((idx, next_id), dim=1)
+    return idx
 
 
 def old_decode_path(tok: OHLCTokenizer, tokens: np.ndarray, last_close: float, sigma: float,
@@ -97,8 +115,8 @@ def run(assets: int = 20, samples: int = 256, horizon: int = 64, ref_samples: in
     states = [fc.tokenizer.vol_state(h.candles) for h in histories]
     sync()
     t0 = time.perf_counter()
-    out = fc.model.generate(contexts, ids, torch.zeros_like(ids), horizon,
-                            generator=torch.Generator(device=device).manual_seed(0))
+    out = old_generate(fc.model, contexts, ids, torch.zeros_like(ids), horizon,
+                       generator=torch.Generator(device=device).manual_seed(0))
     new_tokens = out[:, T:].cpu().numpy()
     for i, toks in enumerate(new_tokens):
         old_decode_path(fc.tokenizer, toks, *states[i // ref_samples])

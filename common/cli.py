@@ -34,7 +34,7 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
     from common.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from common.model.gpt import describe_model
+    from common.model.sizing import describe_model
 
     print(describe_model(cfg, num_assets=args.num_assets, num_categories=args.num_categories))
     return 0

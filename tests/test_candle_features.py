@@ -13,7 +13,8 @@ import torch
 
 from common.tokens.features import (VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids)
 from common.config import ModelConfig, load_config
-from common.model.gpt import MarketGPT, describe_model
+from common.model.gpt import MarketGPT
+from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.training.run_folder import TokenSet
 from common.special_tokens import PAD_TOKEN

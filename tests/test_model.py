@@ -11,7 +11,9 @@ import torch.nn.functional as F
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.model.gpt import Dropout, MarketGPT, apply_rotary, describe_model, rotary_tables
+from common.model.gpt import Dropout, MarketGPT, apply_rotary, rotary_tables
+from common.model.sampling import sample_paths
+from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.tokens.tokenizer import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 
@@ -211,40 +213,49 @@ def test_last_only_matches_the_full_forward():
     torch.testing.assert_close(last[:, 0], full[:, -1])
 
 
-def test_generate_shapes_crop_and_never_emits_pad_or_bos():
+def never_pad_or_bos(vocab: int) -> torch.Tensor:
+    banned = torch.zeros(vocab, dtype=torch.bool)
+    banned[[PAD_TOKEN, BOS_TOKEN]] = True
+    return banned
+
+
+def test_sample_paths_shapes_crop_and_never_emits_pad_or_bos():
     # vocab 6: 3 specials of 6, so with a flat distribution unmasked specials would show up often
     model = tiny_model(vocab_size=6, context_length=8).train()
-    prompt = random_tokens(16, 12, vocab=6)  # longer than the context: generate crops it
-    out = model.generate(prompt, asset_id=1, category_id=0, max_new_tokens=20, temperature=50.0,
-                         generator=torch.Generator().manual_seed(0))
-    assert out.shape == (16, 32) and out.dtype == torch.long
-    assert torch.equal(out[:, :12], prompt)
-    new = out[:, 12:]
+    prompt = random_tokens(16, 12, vocab=6)  # longer than the context: sample_paths crops it
+    out = sample_paths(model, prompt, ids(*[1] * 16), ids(*[0] * 16), horizon=20, samples=1, temperature=50.0,
+                       banned=never_pad_or_bos(6), generator=torch.Generator().manual_seed(0))
+    assert out.shape == (16, 1, 20) and out.dtype == torch.long
+    new = out[:, 0]
     assert not torch.isin(new, ids(PAD_TOKEN, BOS_TOKEN)).any()
     assert len(torch.unique(new)) > 2  # high temperature really samples
     assert model.training  # mode restored
 
 
-def test_generate_top_k_temperature_and_generator():
+def test_sample_paths_top_k_temperature_and_generator():
     model = tiny_model()
-    prompt = random_tokens(1, 6).repeat(64, 1)
-    a = ids(*[1] * 64)
+    prompt = random_tokens(1, 6)
+    a, c, never = ids(1), ids(0), never_pad_or_bos(32)
     with torch.no_grad():
-        logits, _ = model(prompt[:1], a[:1], ids(0), last_only=True)
+        logits, _ = model(prompt, a, c, last_only=True)
     logits = logits[0, 0]
     logits[[PAD_TOKEN, BOS_TOKEN]] = -float("inf")
     top2 = torch.topk(logits, 2).indices
 
-    sampled = model.generate(prompt, a, 0, max_new_tokens=1, temperature=5.0, top_k=2)[:, -1]
+    def first_token(samples: int, **kw) -> torch.Tensor:
+        return sample_paths(model, prompt, a, c, 1, samples, banned=never, **kw)[0, :, 0]
+
+    sampled = first_token(64, temperature=5.0, top_k=2)
     assert set(sampled.tolist()) <= set(top2.tolist())
     assert len(set(sampled.tolist())) == 2  # at temperature 5 both of the top 2 appear in 64 draws
-    greedy = model.generate(prompt[:2], 1, 0, max_new_tokens=1, temperature=0.0)[:, -1]
+    greedy = first_token(2, temperature=0.0)
     assert greedy.tolist() == [top2[0].item()] * 2
-    top1 = model.generate(prompt[:2], 1, 0, max_new_tokens=1, top_k=1)[:, -1]
+    top1 = first_token(2, top_k=1)
     assert torch.equal(top1, greedy)
 
-    one = model.generate(prompt[:4], 2, 1, 10, generator=torch.Generator().manual_seed(42))
-    two = model.generate(prompt[:4], 2, 1, 10, generator=torch.Generator().manual_seed(42))
+    prompts, a4, c4 = random_tokens(4, 6), ids(2, 2, 2, 2), ids(1, 1, 1, 1)
+    one = sample_paths(model, prompts, a4, c4, 10, 1, banned=never, generator=torch.Generator().manual_seed(42))
+    two = sample_paths(model, prompts, a4, c4, 10, 1, banned=never, generator=torch.Generator().manual_seed(42))
     assert torch.equal(one, two)
 
 

@@ -431,7 +431,7 @@ def test_normalization_spreads_tokens_across_volatility_scales(monkeypatch):
     assert tv < 0.2  # both assets use the return bins alike although their moves differ 25x
     # The same check on unscaled features (sigma pinned to 1) fails: the calm asset's moves
     # crowd into the middle bins. This is what the volatility scaling buys.
-    monkeypatch.setattr("common.tokens.tokenizer.SIGMA_FLOOR", 1.0)
+    monkeypatch.setattr("common.tokens.volatility.SIGMA_FLOOR", 1.0)
     raw_usage, raw_tv = _usage_by_scale()
     assert raw_tv > 0.5 and raw_usage["calm"]["ret_bins_used"] < 0.8
 

@@ -62,7 +62,7 @@ def _cpu_line() -> str:
 def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str]:
     from common.config import load_config
     from common.model.memory import estimate_training_memory
-    from common.model.gpt import meta_model
+    from common.model.sizing import meta_model
 
     lines = []
     for path in sorted(root.glob("case_*/configs/*.json")):

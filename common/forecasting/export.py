@@ -35,7 +35,7 @@ import torch
 from common.atomic import read_json_or_empty
 from common.errors import UserError
 from common.forecasting.infer import STEP_FILE
-from common.model.gpt import KVCache, decode_attention
+from common.model.kv_cache import KVCache, decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_run", "model_card"]
 
@@ -58,7 +58,7 @@ class NextTokenLogits(torch.nn.Module):
 
 class _GrowingKV:
     """A layer's keys and values as plain tensors grown by concatenation: what a traced graph
-    can take in and give back (common.model.gpt's LayerKV writes into a preallocated buffer)."""
+    can take in and give back (common.model.kv_cache's LayerKV writes into a preallocated buffer)."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v = k, v
@@ -76,7 +76,7 @@ class _GrowingKV:
 
 
 class _GrowingCache(KVCache):
-    """common.model.gpt.KVCache over _GrowingKV layers, for MarketGPT.forward."""
+    """common.model.kv_cache.KVCache over _GrowingKV layers, for MarketGPT.forward."""
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.stack([x.k for x in self.layers]), torch.stack([x.v for x in self.layers])

@@ -1,8 +1,8 @@
 """MarketGPT: a decoder-only transformer over candle tokens, conditioned on the asset.
 
-One file, read top to bottom: rotary helpers, the key/value cache sampling uses, dropout,
-attention, MLP, block, the model, then `describe_model` for `marketgpt model-info`. No training
-or distributed code lives here.
+One file, read top to bottom: rotary helpers, dropout, attention, MLP, block, the model. The
+network and nothing else: the key/value caches sampling decodes with are in kv_cache.py,
+sampling in sampling.py, `marketgpt model-info`'s sizes in sizing.py and memory.py.
 
 Dropout (model.dropout) acts on the embeddings and on each residual branch's output, not on
 the attention probabilities: that keeps attention on SDPA's fused kernels on every device (the
@@ -24,19 +24,13 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.nn import functional as F
 
-from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 from common.config import Config, ModelConfig
-from common.errors import UserError
 from common.model.heads import FactorizedHead
-from common.model.memory import estimate_training_memory
-from common.special_tokens import BOS_TOKEN, PAD_TOKEN
+from common.model.kv_cache import KVCache, LayerKV, SharedPrefixKV
+from common.special_tokens import PAD_TOKEN
+from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 
-__all__ = ["Dropout", "KVCache", "LayerKV", "MarketGPT", "SharedPrefixKV", "apply_rotary", "decode_attention",
-           "describe_model", "meta_model", "rotary_tables"]
-
-# Never sampled by generate(): padding and sequence start are not candles. MISSING_TOKEN is
-# a real observation (a gap in the data) and stays samplable.
-_NEVER_SAMPLED = (PAD_TOKEN, BOS_TOKEN)
+__all__ = ["Dropout", "MarketGPT", "apply_rotary", "rotary_tables"]
 
 
 # --------------------------------------------------------------------------- rotary positions
@@ -55,94 +49,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-# --------------------------------------------------------------------------- key/value cache
-
-
-class LayerKV:
-    """One layer's cached keys and values, (B, nh, capacity, hs) each, filled up to `length`.
-
-    Sampling prefills a context once, then feeds one token per step: each step's attention
-    reads the keys and values of the earlier tokens from here instead of recomputing them.
-    """
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0) -> None:
-        self.k, self.v, self.length = k, v, length
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store (B, nh, T, hs) new keys and values; return all of them so far."""
-        end = self.length + k.size(2)
-        if self.length and k.size(2) != 1:
-            raise ValueError("a filled cache takes one token per step (prefill an empty cache instead)")
-        if end > self.k.size(2):
-            raise ValueError(f"KV cache holds {self.k.size(2)} positions; {end} requested")
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """A decode step: store one token's k, v (B, nh, 1, hs); q's attention over every key so
-        far, (B, nh, 1, hs)."""
-        return decode_attention(q, *self.append(k, v))
-
-
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One query token's attention (B, nh, 1, hs) over keys and values (B, nh, L, hs). No mask
-    (it sees every cached key); two plain matmuls, as SDPA's CPU flash kernel is about 2x slower
-    at query length 1."""
-    return (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))).softmax(dim=-1) @ v
-
-
-class SharedPrefixKV:
-    """A decode cache for `group` samples of each of n contexts that share one prefilled prefix.
-
-    The prefix's keys and values are kept once per context, not copied to each of its samples,
-    and a step's attention over them is one matrix product per context (the group's queries
-    against the same keys) instead of `group` matrix-vector products; each sample's own tokens
-    go to a small per-row LayerKV. The softmax runs over prefix and own keys together, so this is
-    the same attention as a LayerKV holding prefix + own tokens, up to float rounding. Rows are
-    context-major: row i * group + j is sample j of context i.
-    """
-
-    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, group: int, capacity: int) -> None:
-        n, nh, _, hs = prefix_k.shape  # (n, nh, P, hs)
-        self.k, self.v, self.group = prefix_k, prefix_v, group
-        self.own = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
-                           prefix_v.new_empty((n * group, nh, capacity, hs)))
-
-    @property
-    def length(self) -> int:
-        return self.k.size(2) + self.own.length
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        own_k, own_v = self.own.append(k, v)  # (B, nh, L, hs)
-        n, nh, P, hs = self.k.shape
-        B, scale = q.size(0), 1.0 / math.sqrt(hs)
-        grouped = q.reshape(n, self.group, nh, hs).transpose(1, 2)  # (n, nh, group, hs)
-        shared = (grouped @ self.k.transpose(-2, -1) * scale).transpose(1, 2).reshape(B, nh, 1, P)
-        w = torch.cat((shared, q @ own_k.transpose(-2, -1) * scale), dim=-1).softmax(dim=-1)  # (B, nh, 1, P + L)
-        from_prefix = w[..., :P].reshape(n, self.group, nh, P).transpose(1, 2) @ self.v  # (n, nh, group, hs)
-        return from_prefix.transpose(1, 2).reshape(B, nh, 1, hs) + w[..., P:] @ own_v
-
-
-class KVCache:
-    """Every layer's LayerKV for a batch of B sequences; `MarketGPT.new_cache` makes one."""
-
-    def __init__(self, layers: list[LayerKV]) -> None:
-        self.layers = layers
-
-    @property
-    def length(self) -> int:
-        """Tokens cached so far: the position the next token takes."""
-        return self.layers[0].length
-
-    def shared(self, first: int, end: int, group: int, capacity: int) -> "KVCache":
-        """A decode cache for `group` samples of each prefilled context first..end-1 (rows of this
-        cache), sharing their prefix (SharedPrefixKV, no copy); `capacity` own tokens per sample."""
-        return KVCache([SharedPrefixKV(layer.k[first:end, :, :layer.length], layer.v[first:end, :, :layer.length],
-                                       group, capacity) for layer in self.layers])
 
 
 # --------------------------------------------------------------------------- layers
@@ -190,7 +96,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
+                kv: Union[LayerKV, SharedPrefixKV, None] = None) -> torch.Tensor:
         B, T, C = x.shape
         start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
@@ -233,7 +139,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union["LayerKV", "SharedPrefixKV", None] = None) -> torch.Tensor:
+                kv: Union[LayerKV, SharedPrefixKV, None] = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -407,47 +313,6 @@ class MarketGPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)
         return logits, loss
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, asset_id: Union[int, torch.Tensor], category_id: Union[int, torch.Tensor],
-                 max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to idx (B, T) and return (B, T + max_new_tokens).
-
-        asset_id / category_id: one int for the whole batch, or a (B,) tensor. Only the last
-        context_length tokens are seen at each step. temperature 0 means greedy. PAD and BOS
-        are never sampled. Runs in eval mode (no dropout) and restores the previous mode.
-        """
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
-        B = idx.size(0)
-        asset_ids = torch.as_tensor(asset_id, dtype=torch.long, device=idx.device).expand(B)
-        category_ids = torch.as_tensor(category_id, dtype=torch.long, device=idx.device).expand(B)
-        never = torch.tensor(_NEVER_SAMPLED, device=idx.device)
-
-        was_training = self.training
-        self.eval()
-        try:
-            for _ in range(max_new_tokens):
-                idx_cond = idx[:, -self.config.context_length:]  # (B, <= context_length)
-                logits, _ = self(idx_cond, asset_ids, category_ids, last_only=True)
-                logits = logits[:, -1, :].float()  # (B, V)
-                logits[:, never] = -float("inf")
-                if temperature == 0:
-                    next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None:
-                        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
-                        logits = logits.masked_fill(logits < kth, -float("inf"))
-                    probs = F.softmax(logits, dim=-1)
-                    next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-                idx = torch.cat((idx, next_id), dim=1)
-        finally:
-            self.train(was_training)
-        return idx
-
     def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
                             device_type: str) -> torch.optim.AdamW:
         """AdamW that decays the 2-D weights (matmuls, embeddings) but not biases or norms."""
@@ -457,65 +322,3 @@ class MarketGPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
-
-
-# --------------------------------------------------------------------------- model-info
-
-
-def _gb(n_bytes: float) -> str:
-    return f"{n_bytes / 1e9:.2f} GB"
-
-
-def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> MarketGPT:
-    """The case's model on the meta device (shapes only: no memory, no init cost).
-
-    Without num_assets / num_categories, the case's data.universe_counts gives them (the sum
-    of its counts and its number of categories), or 1 if it is empty.
-    """
-    counts = cfg.data.universe_counts
-    if num_assets is None:
-        num_assets = sum(counts.values()) or 1
-    if num_categories is None:
-        num_categories = len(counts) or 1
-    if num_assets < 1 or num_categories < 1:
-        raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
-    with torch.device("meta"):
-        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
-
-
-def _inputs_line(cfg: Config) -> str:
-    """What model.time_features and model.volume_input add (each is a lookup table of d_model rows)."""
-    C = cfg.model.d_model
-    adds = {"time_features": (CALENDAR_A + CALENDAR_B) * C, "volume_input": (VOLUME_BINS + 1) * C}
-    parts = [f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
-             f"+{n:,} parameters)" for key, n in adds.items()]
-    return "inputs besides tokens: " + "; ".join(parts)
-
-
-def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
-    """Parameter counts and a per-GPU training memory estimate (see meta_model for the sizes)."""
-    model = meta_model(cfg, num_assets, num_categories)
-    num_assets, num_categories = model.num_assets, model.num_categories
-    m, B = cfg.model, cfg.training.batch_size
-    n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
-
-    t = cfg.training
-    precision = "bf16" if t.precision == "auto" else t.precision  # auto: bf16 on the GPUs the cases use
-    world = cfg.slurm.nodes * cfg.slurm.gpus_per_node
-    est = estimate_training_memory(m, n_total, B, precision, t.gradient_checkpointing, world)
-    per_param = 16 + est.autocast_copies // max(n_total, 1) + est.ddp_buckets // max(n_total, 1)
-    return "\n".join([
-        f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
-        f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
-        f"assets {num_assets}, categories {num_categories}",
-        f"parameters: {n_total:,} total, {n_body:,} non-embedding",
-        _inputs_line(cfg),
-        f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
-        f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
-        f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",
-        f"  weights + grads + AdamW moments (fp32, 16 B/param), autocast copies, DDP buckets "
-        f"({per_param} B/param): {_gb(est.static)}",
-        f"  activations (fp32 residual stream, see common/model/memory.py): {_gb(est.activations)}",
-        f"  logits and loss: {_gb(est.logits)}",
-        f"  total: about {_gb(est.total)} (plus CUDA context and allocator slack, roughly 1-2 GB)",
-    ])

@@ -4,10 +4,10 @@
     # (N contexts, samples, horizon) token ids
 
 Each context is prefilled once (batch N), and then every step feeds one token per row: a step
-costs one token's forward per path instead of a whole context's (`MarketGPT.generate` re-runs
-the context every step). A context's samples share its prefilled keys and values
-(`SharedPrefixKV`): they are not copied to each sample, and a step's attention over them is one
-matrix product per context, which halves the time of a forecast on the CPU.
+costs one token's forward per path instead of a whole context's. A context's samples share its
+prefilled keys and values (`SharedPrefixKV` in kv_cache.py): they are not copied to each
+sample, and a step's attention over them is one matrix product per context, which halves the
+time of a forecast on the CPU.
 
 The window. The cache holds at most context_length (T) tokens, at positions 0, 1, ... as in
 training, so learned and rotary positions are both right. The prefill takes the last
@@ -24,12 +24,14 @@ same paths.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Iterator, Optional
 
 import torch
 from torch.nn import functional as F
 
 from common.model.gpt import MarketGPT
+from common.model.kv_cache import KVCache
 
 __all__ = ["CACHE_BUDGET_BYTES", "draw_tokens", "prefill_length", "sample_paths"]
 
@@ -106,50 +108,85 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
     N, L = contexts.shape
     T = model.config.context_length
     device = contexts.device
-    if banned is None:
-        banned = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
-    # ids past the last one that may be drawn (the tokenizer's unused tail) get no logits at all
-    V = int(torch.nonzero(~banned).max()) + 1 if bool((~banned).any()) else banned.numel()
-    banned = banned[:V]
-    keep = max(1, T // 2)  # tokens a full cache is rebuilt from
+    banned, V = _drawable(banned, model.config.vocab_size, device)
+    draw = partial(draw_tokens, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned, generator=generator)
     P = prefill_length(T, horizon, L)
     # under autocast (a bf16 forecast) the cache holds what the matmuls make and read: no casts per step
     cache_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-    if max_batch is None:  # counted in fp32 for bf16 too: larger chunks were no faster
-        per_row = 2 * model.config.num_layers * T * model.config.d_model * model.lm_head.weight.element_size()
-        max_batch = max(1, CACHE_BUDGET_BYTES // per_row)
+    if max_batch is None:
+        max_batch = _default_max_batch(model)
 
     was_training = model.training
     model.eval()
     try:
-        first_cache = model.new_cache(N, dtype=cache_dtype)
+        prefix = model.new_cache(N, dtype=cache_dtype)
         feats = None if features is None else features[:, L - P:]  # aligned with seq below: (N, P + H, 3)
-        first_logits = model(contexts[:, L - P:], asset_ids, category_ids, last_only=True, cache=first_cache,
-                             features=None if feats is None else feats[:, :P], vocab=V)[0][:, -1]
+        first_logits = _next_logits(model, contexts[:, L - P:], asset_ids, category_ids, prefix,
+                                    None if feats is None else feats[:, :P], V)
         out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
         for c0, c1, group, lo in _chunks(N, samples, max_batch):
             r = torch.arange(c0, c1, device=device).repeat_interleave(group)  # row -> its context
-            a, c = asset_ids[r], category_ids[r]
             # the samples share their context's prefilled keys and values (no copy per sample)
-            cache, logits = first_cache.shared(c0, c1, group, T - P), first_logits[r]
-            f = None if feats is None else feats[r]
+            cache = prefix.shared(c0, c1, group, T - P)
             seq = torch.cat((contexts[r, L - P:], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            for step in range(horizon):
-                end = P + step  # tokens of seq known so far
-                if on_step is not None:
-                    on_step(step, r, seq[:, :end], cache.length, logits)
-                tok = draw_tokens(logits, temperature, top_k, top_p, banned, generator)
-                seq[:, end] = tok
-                if step == horizon - 1:
-                    break
-                if cache.length == T:  # full: rebuild from the last `keep` tokens, positions from 0
-                    cache = model.new_cache(len(r), dtype=cache_dtype)
-                    logits = model(seq[:, end + 1 - keep:end + 1], a, c, last_only=True, cache=cache,
-                                   features=None if f is None else f[:, end + 1 - keep:end + 1], vocab=V)[0][:, -1]
-                else:
-                    logits = model(tok[:, None], a, c, last_only=True, cache=cache,
-                                   features=None if f is None else f[:, end:end + 1], vocab=V)[0][:, -1]
+            _continue(model, seq, P, cache, first_logits[r], r, asset_ids[r], category_ids[r],
+                      None if feats is None else feats[r], draw=draw, vocab=V, cache_dtype=cache_dtype,
+                      on_step=on_step)
             out[lo:lo + len(r)] = seq[:, P:]
     finally:
         model.train(was_training)
     return out.view(N, samples, horizon)
+
+
+def _continue(model: MarketGPT, seq: torch.Tensor, known: int, cache: KVCache, logits: torch.Tensor,
+              rows: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+              features: Optional[torch.Tensor], *, draw: Callable[[torch.Tensor], torch.Tensor], vocab: int,
+              cache_dtype: Optional[torch.dtype], on_step: Optional[StepHook]) -> None:
+    """Draw seq[:, known:] in place (seq: (B, known + H)), one token per row and step.
+
+    cache holds seq's first `known` tokens (or the last of them it has room for) and logits
+    (B, vocab) are the next token's; when the cache is full it is rebuilt from the last
+    context_length // 2 tokens, positions from 0. rows (B,): each row's context, for on_step;
+    features: (B, known + H, 3) or None, aligned with seq.
+    """
+    T = model.config.context_length
+    keep = max(1, T // 2)  # tokens a full cache is rebuilt from
+    horizon = seq.size(1) - known
+    for step in range(horizon):
+        end = known + step  # tokens of seq known so far
+        if on_step is not None:
+            on_step(step, rows, seq[:, :end], cache.length, logits)
+        seq[:, end] = draw(logits)
+        if step == horizon - 1:
+            break
+        if cache.length == T:  # full: rebuild from the last `keep` tokens
+            cache = model.new_cache(len(rows), dtype=cache_dtype)
+            window = slice(end + 1 - keep, end + 1)
+        else:  # the token just drawn, at position cache.length
+            window = slice(end, end + 1)
+        logits = _next_logits(model, seq[:, window], asset_ids, category_ids, cache,
+                              None if features is None else features[:, window], vocab)
+
+
+def _next_logits(model: MarketGPT, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
+                 cache: KVCache, features: Optional[torch.Tensor], vocab: int) -> torch.Tensor:
+    """(B, vocab) logits of the token after `tokens` (B, t), which continue what cache holds."""
+    return model(tokens, asset_ids, category_ids, last_only=True, cache=cache, features=features,
+                 vocab=vocab)[0][:, -1]
+
+
+def _drawable(banned: Optional[torch.Tensor], vocab_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(banned[:V], V), V = the last id that may be drawn + 1: ids past it (the tokenizer's unused
+    tail) get no logits at all. banned None: every id may be drawn."""
+    if banned is None:
+        banned = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    V = int(torch.nonzero(~banned).max()) + 1 if bool((~banned).any()) else banned.numel()
+    return banned[:V], V
+
+
+def _default_max_batch(model: MarketGPT) -> int:
+    """Rows whose full KV cache fits CACHE_BUDGET_BYTES (counted in fp32 for bf16 too: larger
+    chunks were no faster)."""
+    c = model.config
+    per_row = 2 * c.num_layers * c.context_length * c.d_model * model.lm_head.weight.element_size()
+    return max(1, CACHE_BUDGET_BYTES // per_row)

@@ -34,53 +34,32 @@ Tokens are int16 when the vocabulary fits (vocab_size <= 32768, all the cases), 
 Everything is vectorised numpy per asset. `decode_path` / `decode_ohlc` are sequential over
 steps by nature (each step's sigma depends on the previous steps' moves) and vectorised over
 paths: thousands of sampled paths decode in one loop over the horizon.
+
+This module is the tokenizer and its file format (tokenizer.json); the candle input it reads is
+in candles.py, the volatility scaling and its inverse in volatility.py, the bins in bins.py.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_write_json
+from common.config import Config
 from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.tokens.bins import QuantileBins
+from common.tokens.candles import CandleInput
+from common.tokens.volatility import ArrayOrFloat, CandleFeatures, VolState, candle_features, ewma_alpha, walk
 
-if TYPE_CHECKING:
-    from common.config import Config
-
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "OHLCTokenizer",
-    "VolState",
-    "token_entropy",
-]
-
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "OHLCTokenizer", "token_entropy"]
 
 FORMAT_NAME = "marketgpt.ohlc_tokenizer"
 FORMAT_VERSION = 1
-
-# sigma never goes below this (log-return units): a series that has not moved for vol_halflife
-# candles would otherwise divide by zero. Its next real move then lands in an end bin (clipped).
-SIGMA_FLOOR = 1e-8
-
-_PRICE_COLUMNS = ("open", "high", "low", "close")
-
-CandleInput = Union[pd.DataFrame, np.ndarray, Mapping[str, Any]]
-ArrayOrFloat = Union[float, np.ndarray]  # one value for every path, or one per path
-
-
-class VolState(NamedTuple):
-    """Where a series stands after its last candle: what `decode_path` continues from."""
-
-    last_close: float  # last valid close
-    sigma: float  # volatility for the NEXT candle (includes the last candle's move)
-    ewma_weight: float  # sum of the EWMA weights so far (1/alpha once converged)
 
 
 def token_entropy(tokens: np.ndarray, num_symbols: int) -> dict:
@@ -105,71 +84,6 @@ def token_entropy(tokens: np.ndarray, num_symbols: int) -> dict:
         "fraction": bits / max_bits if max_bits else 0.0,
         "fraction_of_distinct": bits / distinct_bits if distinct_bits else 0.0,
     }
-
-
-@dataclass
-class _Features:
-    """Per-candle normalised features of one series; NaN where the token is special."""
-
-    move_z: np.ndarray
-    shape_z: np.ndarray
-    special: np.ndarray  # int8: 0 for a real candle token, else MISSING_TOKEN / BOS_TOKEN
-    state: Optional[VolState] = None
-
-
-@dataclass
-class _Bins:
-    """Quantile edges (interior, ascending) and per-bin representative values of one feature."""
-
-    edges: np.ndarray  # n_bins - 1 values
-    values: np.ndarray  # n_bins values: median of the training values in each bin
-    low: float  # smallest / largest training value: beyond them a value counts as clipped
-    high: float
-
-    @classmethod
-    def fit(cls, x: np.ndarray, n_bins: int) -> "_Bins":
-        x = np.sort(x)
-        n = len(x)
-        # Quantile levels 1/n_bins .. (n_bins-1)/n_bins, linear interpolation on the sorted data
-        # (same as np.quantile's default, without re-partitioning 3M values for 4095 levels).
-        pos = np.arange(1, n_bins) / n_bins * (n - 1)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        edges = x[lo] + (pos - lo) * (x[hi] - x[lo])
-        # A value v is in bin b when edges[b-1] <= v < edges[b] (searchsorted side="right").
-        bounds = np.searchsorted(x, edges, side="left")
-        start = np.concatenate([[0], bounds])
-        end = np.concatenate([bounds, [n]])
-        mid_lo = np.clip((start + end - 1) // 2, 0, n - 1)
-        mid_hi = np.clip((start + end) // 2, 0, n - 1)
-        values = 0.5 * (x[mid_lo] + x[mid_hi])
-        # An empty bin (tied training values, e.g. many flat candles) gets the middle of its edges.
-        empty = end <= start
-        if empty.any() and n_bins > 1:
-            lower = np.concatenate([[edges[0]], edges])
-            upper = np.concatenate([edges, [edges[-1]]])
-            values[empty] = 0.5 * (lower[empty] + upper[empty])
-        return cls(edges=edges, values=values, low=float(x[0]), high=float(x[-1]))
-
-    def assign(self, x: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.edges, x, side="right")
-
-    def to_dict(self) -> dict:
-        return {"edges": self.edges.tolist(), "values": self.values.tolist(),
-                "low": self.low, "high": self.high}
-
-    @classmethod
-    def from_dict(cls, d: Any, n_bins: int, name: str) -> "_Bins":
-        if not isinstance(d, dict):
-            raise ValueError(f"'{name}' is not an object")
-        edges = np.asarray(d["edges"], dtype=np.float64)
-        values = np.asarray(d["values"], dtype=np.float64)
-        if edges.shape != (n_bins - 1,) or values.shape != (n_bins,):
-            raise ValueError(f"'{name}' has {edges.size} edges and {values.size} values, "
-                             f"expected {n_bins - 1} and {n_bins}")
-        if not (np.isfinite(edges).all() and np.isfinite(values).all()) or np.any(np.diff(edges) < 0):
-            raise ValueError(f"'{name}' edges are not finite and ascending")
-        return cls(edges=edges, values=values, low=float(d["low"]), high=float(d["high"]))
 
 
 class OHLCTokenizer:
@@ -197,16 +111,16 @@ class OHLCTokenizer:
         self.num_used_ids = NUM_SPECIAL_TOKENS + self.ret_bins * self.shape_bins
         self.vol_halflife = float(vol_halflife)
         self.vol_warmup = int(vol_warmup)
-        self.alpha = 1.0 - 0.5 ** (1.0 / self.vol_halflife)
+        self.alpha = ewma_alpha(self.vol_halflife)
         self.dtype = np.int16 if self.vocab_size <= 2 ** 15 else np.int32
-        self.move_binning: Optional[_Bins] = None
-        self.shape_binning: Optional[_Bins] = None
+        self.move_binning: Optional[QuantileBins] = None
+        self.shape_binning: Optional[QuantileBins] = None
         self.fit_stats: dict = {}
         # Candles encoded beyond the training range, summed over encode() calls since fit/load.
         self.clip_counts: dict = _zero_clip_counts()
 
     @classmethod
-    def from_config(cls, cfg: "Config") -> "OHLCTokenizer":
+    def from_config(cls, cfg: Config) -> "OHLCTokenizer":
         """The tokenizer a case config asks for (model.vocab_size and the tokenizer section)."""
         tok = cfg.tokenizer
         return cls(vocab_size=cfg.model.vocab_size, shape_bins=tok.shape_bins,
@@ -244,41 +158,8 @@ class OHLCTokenizer:
         return state
 
     def _features(self, candles: CandleInput, asset: str, timestamps: Optional[Sequence],
-                  want_state: bool = False) -> _Features:
-        o, h, l, c, timestamps = _price_arrays(candles, asset, timestamps)
-        n = len(c)
-        _check_positive(o, h, l, c, asset, timestamps)
-        valid = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)
-        vi = np.flatnonzero(valid)  # the valid candles, in order; gaps simply drop out
-        m = len(vi)
-
-        special = np.where(valid, 0, MISSING_TOKEN).astype(np.int8)
-        special[vi[: self.vol_warmup + 1]] = BOS_TOKEN
-        move_z = np.full(n, np.nan)
-        shape_z = np.full(n, np.nan)
-        if m == 0:
-            return _Features(move_z, shape_z, special)
-
-        log_close = np.log(c[vi])
-        r = np.diff(log_close)  # r[j]: move of valid candle j+1 from valid candle j
-        # var[j]: EWMA of r[0..j]^2, i.e. what is known once valid candle j+1 has closed.
-        var = _ewma(r * r, self.vol_halflife)
-        k = np.arange(self.vol_warmup + 1, m)  # warm valid candles: at least vol_warmup past returns
-        if len(k):
-            sigma = np.maximum(np.sqrt(var[k - 2]), SIGMA_FLOOR)  # returns strictly before candle k
-            rows = vi[k]
-            hi = np.maximum(np.maximum(o[rows], h[rows]), np.maximum(l[rows], c[rows]))
-            lo = np.minimum(np.minimum(o[rows], h[rows]), np.minimum(l[rows], c[rows]))
-            move_z[rows] = r[k - 1] / sigma
-            shape_z[rows] = np.log(hi / lo) / sigma  # hi == lo gives exactly 0
-
-        state = None
-        if want_state:
-            last_var = float(var[-1]) if len(var) else 0.0
-            weight = (1.0 - (1.0 - self.alpha) ** len(r)) / self.alpha  # closed form of the weight sum
-            state = VolState(last_close=float(c[vi[-1]]), sigma=max(math.sqrt(last_var), SIGMA_FLOOR),
-                             ewma_weight=weight)
-        return _Features(move_z, shape_z, special, state)
+                  want_state: bool = False) -> CandleFeatures:
+        return candle_features(candles, asset, timestamps, self.vol_halflife, self.vol_warmup, want_state)
 
     # ------------------------------------------------------------------ fit / encode / decode
 
@@ -304,8 +185,8 @@ class OHLCTokenizer:
                             f"needs more than vol_warmup + 1 = {self.vol_warmup + 1} valid candles")
         shape_z = np.concatenate(shapes)
         del moves, shapes
-        self.move_binning = _Bins.fit(move_z, self.ret_bins)
-        self.shape_binning = _Bins.fit(shape_z, self.shape_bins)
+        self.move_binning = QuantileBins.fit(move_z, self.ret_bins)
+        self.shape_binning = QuantileBins.fit(shape_z, self.shape_bins)
         self.fit_stats = {"assets": assets, "candles": int(move_z.size)}
         self.reset_clip_counts()
         self._build_tables()
@@ -382,34 +263,14 @@ class OHLCTokenizer:
 
     def _walk(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
               ewma_weight: Optional[ArrayOrFloat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(log close, log close before the step, sigma used) per step, NaN where a step has no
-        candle: the EWMA recursion runs over steps, vectorized over paths."""
+        """(log close, log close before the step, sigma used) per step, shaped like tokens: see
+        volatility.walk."""
         t = np.asarray(tokens)
         if t.ndim not in (1, 2):
             raise ValueError(f"tokens must be (H,) or (paths, H), got shape {t.shape}")
         move_z, _ = self.decode(t)
-        z = np.atleast_2d(move_z)  # (P, H)
-        P, H = z.shape
-        close0 = np.broadcast_to(np.asarray(last_close, dtype=np.float64), (P,))
-        if not (np.all(close0 > 0) and np.all(np.isfinite(close0))):
-            raise UserError(f"decode_path: last_close must be a positive price, got {last_close}")
-        weight = np.broadcast_to(np.asarray(1.0 / self.alpha if ewma_weight is None else ewma_weight,
-                                            dtype=np.float64), (P,)).copy()
-        var = np.broadcast_to(np.asarray(sigma, dtype=np.float64) ** 2, (P,)).copy()
-        log_close = np.log(close0)
-        out, before, sig = np.full((P, H), np.nan), np.full((P, H), np.nan), np.full((P, H), np.nan)
-        decay = 1.0 - self.alpha
-        for i in range(H):  # sequential over steps: sigma depends on the moves so far
-            ok = ~np.isnan(z[:, i])  # special token: no candle, nothing changes
-            s = np.maximum(np.sqrt(var), SIGMA_FLOOR)
-            r = np.where(ok, z[:, i] * s, 0.0)
-            before[ok, i] = log_close[ok]
-            log_close = log_close + r
-            out[ok, i], sig[ok, i] = log_close[ok], s[ok]
-            new_weight = decay * weight + 1.0  # bias-corrected EWMA, as pandas ewm(adjust=True)
-            var = np.where(ok, var + (r * r - var) / new_weight, var)
-            weight = np.where(ok, new_weight, weight)
-        return out.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape)
+        log_close, before, sig = walk(np.atleast_2d(move_z), last_close, sigma, ewma_weight, self.alpha)
+        return log_close.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape)
 
     def usage(self, tokens: np.ndarray) -> dict:
         """Entropy of the candle tokens (specials left out) against the ids the tokenizer can emit."""
@@ -468,8 +329,8 @@ class OHLCTokenizer:
         try:
             tok = cls(vocab_size=raw["vocab_size"], shape_bins=raw["shape_bins"],
                       vol_halflife=raw["vol_halflife"], vol_warmup=raw["vol_warmup"], ret_bins=raw.get("ret_bins"))
-            tok.move_binning = _Bins.from_dict(raw["move"], tok.ret_bins, "move")
-            tok.shape_binning = _Bins.from_dict(raw["shape"], tok.shape_bins, "shape")
+            tok.move_binning = QuantileBins.from_dict(raw["move"], tok.ret_bins, "move")
+            tok.shape_binning = QuantileBins.from_dict(raw["shape"], tok.shape_bins, "shape")
             tok.fit_stats = dict(raw.get("fit_stats", {}))
         except (KeyError, TypeError, ValueError, UserError) as e:
             what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
@@ -498,59 +359,3 @@ class OHLCTokenizer:
 
 def _zero_clip_counts() -> dict:
     return {"move_below": 0, "move_above": 0, "shape_below": 0, "shape_above": 0}
-
-
-def _ewma(x: np.ndarray, halflife: float) -> np.ndarray:
-    """Bias-corrected EWMA of x (pandas' cython loop: fast, no Python per-element loop)."""
-    if len(x) == 0:
-        return x
-    return pd.Series(x, copy=False).ewm(halflife=halflife, adjust=True).mean().to_numpy()
-
-
-def _price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence]):
-    """open, high, low, close as float64 arrays, plus timestamps for error messages (or None)."""
-    if isinstance(candles, pd.DataFrame):
-        missing = [c for c in _PRICE_COLUMNS if c not in candles.columns]
-        if missing:
-            raise UserError(f"{asset}: candle frame lacks column(s) {', '.join(missing)}; expected "
-                            "open, high, low, close, volume")
-        if not candles.index.is_monotonic_increasing:
-            raise UserError(f"{asset}: candles are not sorted by time; sort the frame by its index first")
-        cols = [candles[c].to_numpy(dtype=np.float64) for c in _PRICE_COLUMNS]
-        if timestamps is None and isinstance(candles.index, pd.DatetimeIndex):
-            timestamps = candles.index
-    elif isinstance(candles, Mapping):
-        try:
-            cols = [np.asarray(candles[c], dtype=np.float64) for c in _PRICE_COLUMNS]
-        except KeyError as e:
-            raise UserError(f"{asset}: candle arrays lack {e}; expected open, high, low, close") from None
-    else:
-        arr = np.asarray(candles, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[1] not in (4, 5):
-            raise UserError(f"{asset}: candle array must have shape (n, 4) or (n, 5) with columns "
-                            f"open, high, low, close[, volume]; got {arr.shape}")
-        cols = [arr[:, i] for i in range(4)]
-    n = len(cols[3])
-    if any(len(c) != n for c in cols) or cols[0].ndim != 1:
-        raise UserError(f"{asset}: open, high, low, close must be 1-D and of equal length")
-    if timestamps is not None and len(timestamps) != n:
-        raise UserError(f"{asset}: {len(timestamps)} timestamps for {n} candles")
-    return cols[0], cols[1], cols[2], cols[3], timestamps
-
-
-def _check_positive(o, h, l, c, asset: str, timestamps) -> None:
-    # NaN compares False, so missing candles pass; -inf is caught here.
-    bad = (o <= 0) | (h <= 0) | (l <= 0) | (c <= 0)
-    if bad.any():
-        i = int(np.argmax(bad))
-        where = f"at {_format_time(timestamps[i])}" if timestamps is not None else f"at row {i}"
-        prices = ", ".join(f"{name}={col[i]:g}" for name, col in zip(_PRICE_COLUMNS, (o, h, l, c)))
-        raise UserError(f"{asset}: non-positive price {where} ({prices}; {int(bad.sum())} such candle(s)); "
-                        "prices must be > 0: repair or drop these rows in the data layer")
-
-
-def _format_time(t: Any) -> str:
-    try:
-        return pd.Timestamp(t).isoformat()
-    except (TypeError, ValueError):
-        return str(t)
