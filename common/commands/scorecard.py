@@ -10,6 +10,9 @@ and write scorecard.json and scorecard.png into the run folder. The end-of-train
 `training.scorecard_origins` origin dates (0 turns it off) and `training.scorecard_samples`
 paths at horizons 1, 5 and 20; the command defaults to the issue's full scorecard (every 5th
 test candle, 200 samples).
+
+The scoring imports are local: `common.commands.train` imports this module, and a training
+process starts without pandas, scipy or scoringrules.
 """
 from __future__ import annotations
 
@@ -23,10 +26,6 @@ import torch
 from common.atomic import atomic_write_json
 from common.config import Config
 from common.errors import UserError
-from common.evaluation.scorecard import (DEFAULT_HORIZONS, SCORECARD_JSON, SCORECARD_PNG, forecaster_fn,
-                                         run_scorecard)
-from common.forecasting.ensemble import forecaster_for
-from common.forecasting.forecaster import Forecaster
 
 __all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
 
@@ -60,6 +59,9 @@ def parse_horizons(text: str) -> tuple[int, ...]:
 
 def run_scorecard_command(req: ScorecardRequest) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
+    from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
+    from common.forecasting.ensemble import forecaster_for  # lazy: pandas
+
     horizons = parse_horizons(req.horizons)
     if req.stride is not None and req.origins is not None:
         raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
@@ -102,6 +104,9 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
     before the final test results. Returns None when it was written or is switched off, else
     the reason it failed: a scorecard that fails must not fail a trained run, and the reason
     goes into test_results.json (so --resume auto does not retry it forever)."""
+    from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard  # lazy: scipy
+    from common.forecasting.forecaster import Forecaster  # lazy: pandas
+
     t = cfg.training
     if t.scorecard_origins == 0:
         return None
