@@ -36,6 +36,11 @@ def _add_precision_arg(p: argparse.ArgumentParser) -> None:
                         "hardware (about 2x faster); fp32 otherwise (docs/forecasting.md#precision)")
 
 
+def _names(text: str) -> list[str]:
+    """'BTC/USDT, ETH/USDT' -> ['BTC/USDT', 'ETH/USDT'] (a comma-separated flag)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _cmd_model_info(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # a bad config fails before torch loads
     from common.model.gpt import describe_model  # lazy: torch
@@ -65,7 +70,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_forecast(args: argparse.Namespace) -> int:
     from common.commands.forecast import ForecastRequest, run_forecast_command  # lazy: pandas (torch later)
 
-    symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
+    symbols = None if args.all or not args.symbols else _names(args.symbols)
     return run_forecast_command(ForecastRequest(
         run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
@@ -73,12 +78,12 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
-    from common.commands.scorecard import ScorecardRequest, run_scorecard_command  # lazy: torch
+    from common.commands.scorecard import ScorecardRequest, parse_horizons, run_scorecard_command  # lazy: torch
 
     return run_scorecard_command(ScorecardRequest(
-        run_dirs=tuple(args.run_dir), horizons=args.horizons, stride=args.stride, origins=args.origins,
-        samples=args.samples, assets=args.assets, seed=args.seed, cost_bp=args.cost_bp, device=args.device,
-        precision=args.precision))
+        run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
+        origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
+        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:

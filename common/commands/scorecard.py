@@ -35,11 +35,11 @@ class ScorecardRequest:
     """What `marketgpt scorecard` was asked for (the flags' defaults are common.cli's)."""
 
     run_dirs: Sequence[Path]  # one run, or several: their equal-weight ensemble
-    horizons: str = "1,5,20"  # candles ahead, comma-separated
+    horizons: Sequence[int] = (1, 5, 20)  # candles ahead (parse_horizons reads the flag)
     stride: Optional[int] = None  # every K-th test candle is an origin (5 when neither this nor origins)
     origins: Optional[int] = None  # or N origin dates, evenly spaced
     samples: int = 200
-    assets: Optional[str] = None  # comma-separated; None: all
+    assets: Optional[Sequence[str]] = None  # None: every asset of the run
     seed: int = 0
     cost_bp: float = 10.0
     device: str = "cpu"
@@ -62,7 +62,6 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
     from common.forecasting.ensemble import forecaster_for  # lazy: pandas
 
-    horizons = parse_horizons(req.horizons)
     if req.stride is not None and req.origins is not None:
         raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
     for flag, value in (("--stride", req.stride), ("--origins", req.origins)):
@@ -73,16 +72,15 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     if req.cost_bp < 0:
         raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
-    assets = [a.strip() for a in req.assets.split(",") if a.strip()] if req.assets else None
     runs = list(req.run_dirs)
     forecaster = forecaster_for(runs, device=_device(req.device), precision=req.precision)  # several: an ensemble
     # an ensemble's card goes beside the first run's own, with the member list
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
     if len(runs) > 1:
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
-    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=horizons, stride=stride,
+    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
-                         assets=assets, out_dir=out, precision=forecaster.precision,
+                         assets=req.assets, out_dir=out, precision=forecaster.precision,
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print("\n".join(card["verdicts"]))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
