@@ -1,8 +1,9 @@
 """`marketgpt` command line: one entry point, one small handler per subcommand.
 
-Handlers import their module lazily so `marketgpt --help` stays instant and a broken optional
-dependency only breaks the subcommand that needs it. A `UserError` (bad config, missing file,
-unreachable source) becomes one line on stderr and exit code 2.
+Handlers import their heavy modules (torch, pandas, submitit) lazily so `marketgpt --help` stays
+instant and a broken optional dependency only breaks the subcommand that needs it. A `UserError`
+(bad config, missing file, unreachable source) becomes one line on stderr and exit code 2; a
+failed `remote` step (StepFailed) one line naming the step and exit code 1.
 """
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common.errors import UserError
+from common.cluster.remote import Remote, StepFailed, load_settings
+from common.cluster.remote_commands import fetch_run, train_remote, watch_status
+from common.cluster.status import status_table
+from common.config import load_config
 from common.distributed.requeue import EXIT_REQUEUE
+from common.errors import UserError
+from common.paths import REPO_ROOT, case_config, case_dir
 
 __all__ = ["main", "build_parser"]
 
@@ -30,18 +36,21 @@ def _add_precision_arg(p: argparse.ArgumentParser) -> None:
                         "hardware (about 2x faster); fp32 otherwise (docs/forecasting.md#precision)")
 
 
-def _cmd_model_info(args: argparse.Namespace) -> int:
-    from common.config import load_config
+def _names(text: str) -> list[str]:
+    """'BTC/USDT, ETH/USDT' -> ['BTC/USDT', 'ETH/USDT'] (a comma-separated flag)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
-    cfg = load_config(args.config, args.overrides)
-    from common.model.sizing import describe_model
+
+def _cmd_model_info(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)  # a bad config fails before torch loads
+    from common.model.sizing import describe_model  # lazy: torch
 
     print(describe_model(cfg, num_assets=args.num_assets, num_categories=args.num_categories))
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from common.commands.train import run_training
+    from common.commands.train import run_training  # lazy: torch
 
     overrides = list(args.overrides)
     if args.init_from is not None:  # the same as --set training.init_from=..., made absolute for jobs
@@ -50,7 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from common.evaluation.evaluate import evaluate_run_dir, summarize_results
+    from common.evaluation.evaluate import evaluate_run_dir, summarize_results  # lazy: torch
 
     results = evaluate_run_dir(args.run_dir)
     print(summarize_results(args.run_dir, results))
@@ -59,21 +68,26 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_forecast(args: argparse.Namespace) -> int:
-    from common.commands.forecast import run_forecast_command
+    from common.commands.forecast import ForecastRequest, run_forecast_command  # lazy: pandas (torch later)
 
-    return run_forecast_command(args)
+    symbols = None if args.all or not args.symbols else _names(args.symbols)
+    return run_forecast_command(ForecastRequest(
+        run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
+        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend))
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
-    from common.commands.scorecard import run_scorecard_command
+    from common.commands.scorecard import ScorecardRequest, parse_horizons, run_scorecard_command  # lazy: torch
 
-    return run_scorecard_command(args)
+    return run_scorecard_command(ScorecardRequest(
+        run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
+        origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
+        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
-    from common.config import load_config
-    from common.data.download import download_case
-    from common.paths import case_config, case_dir
+    from common.data.download import download_case  # lazy: pandas
 
     case = case_dir(args.case)
     cfg = load_config(args.config or case_config(case), args.overrides)
@@ -82,9 +96,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_check(args: argparse.Namespace) -> int:
-    from common.config import load_config
-    from common.data.download import check_usable
-    from common.paths import case_config, case_dir
+    from common.data.download import check_usable  # lazy: pandas
 
     case = case_dir(args.case)
     usable = check_usable(load_config(args.config or case_config(case), args.overrides), case)
@@ -95,37 +107,90 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from common.cluster.submit import submit, wait_local
+    from common.cluster.submit import submit, wait_local  # lazy: submitit is slow to import
 
     jobs = submit(args.case, args.config, args.overrides, array=args.array, local=args.local, dry_run=args.dry_run)
     return wait_local(jobs) if args.local else 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from common.commands.doctor import run_doctor
+    from common.commands.doctor import run_doctor  # lazy: torch
 
     return run_doctor(sys.stdout)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from common.cluster.status import status_table
-
     print(status_table(case=args.case))
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from common.forecasting.export import export_run
+    from common.forecasting.export import export_run  # lazy: torch
 
     out = export_run(args.run_dir, args.format, args.out)
     print(f"Exported {args.run_dir} ({args.format}) to {out}")
     return 0
 
 
-def _cmd_remote(args: argparse.Namespace) -> int:
-    from common.cluster.remote import run_remote_command
+def _remote(args: argparse.Namespace) -> Remote:
+    """The remote repo that remote.json and the --host/--path/--python/--env flags name."""
+    repo = args.repo.resolve()
+    settings = load_settings(repo, host=args.host, path=args.path, python=args.python, env=args.env)
+    return Remote(settings, repo, dry_run=args.dry_run)
 
-    return run_remote_command(args)
+
+def _cmd_remote_sync(args: argparse.Namespace) -> int:
+    _remote(args).sync()
+    return 0
+
+
+def _cmd_remote_submit(args: argparse.Namespace) -> int:
+    _remote(args).submit(args.case, args.overrides, args.sbatch_args)
+    return 0
+
+
+def _cmd_remote_status(args: argparse.Namespace) -> int:
+    watch_status(_remote(args), args.case, every_s=args.watch)
+    return 0
+
+
+def _cmd_remote_logs(args: argparse.Namespace) -> int:
+    _remote(args).logs(args.job_id, args.follow, args.lines)
+    return 0
+
+
+def _cmd_remote_fetch(args: argparse.Namespace) -> int:
+    fetch_run(_remote(args), args.run, latest=args.latest, case=args.case, all_checkpoints=args.all_checkpoints)
+    return 0
+
+
+def _cmd_remote_train(args: argparse.Namespace) -> int:
+    train_remote(_remote(args), args.case, args.overrides, args.sbatch_args, poll_s=args.poll,
+                 timeout_s=args.timeout, all_checkpoints=args.all_checkpoints)
+    return 0
+
+
+def _add_remote_action(actions: argparse._SubParsersAction, name: str, help_text: str,
+                       handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """One `marketgpt remote ACTION`, with the flags every action takes."""
+    a = actions.add_parser(name, help=help_text)
+    a.add_argument("--host", default=None, help="ssh host or ~/.ssh/config alias (default: remote.json)")
+    a.add_argument("--path", default=None, help="the repo's folder there (default: remote.json)")
+    a.add_argument("--python", default=None, help="the python there (default: remote.json, else python3)")
+    a.add_argument("--env", default=None, help="shell line run first there, e.g. 'module load python/3.11'")
+    a.add_argument("--repo", type=Path, default=REPO_ROOT,
+                   help="the local repo to sync from and fetch into (default: this one)")
+    a.add_argument("--dry-run", action="store_true", help="print the exact commands; run nothing")
+    a.set_defaults(handler=handler)
+    return a
+
+
+def _add_remote_submit_args(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override passed to the job (repeatable)")
+    a.add_argument("--sbatch-args", default="", help="extra sbatch options, written with = (they start with -): "
+                   "--sbatch-args=\"--partition=medium --time=2:00:00\"")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,9 +306,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>)")
     p.set_defaults(handler=_cmd_export)
 
-    from common.cluster.remote import add_parser as add_remote_parser  # argparse only: no torch, no ssh yet
-
-    add_remote_parser(sub, _cmd_remote)
+    p = sub.add_parser("remote", help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "
+                       "fetch runs back (settings: remote.json; docs/remote.md)")
+    actions = p.add_subparsers(dest="remote_command", required=True, metavar="ACTION")
+    _add_remote_action(actions, "sync", "rsync the repo there (without .git, .venv, caches, case data, checkpoints "
+                       "and logs)", _cmd_remote_sync)
+    a = _add_remote_action(actions, "submit", "sbatch the case's script there; prints the job id and how to follow "
+                           "it", _cmd_remote_submit)
+    _add_remote_submit_args(a)
+    a = _add_remote_action(actions, "status", "`marketgpt status` run there", _cmd_remote_status)
+    a.add_argument("--case", default=None)
+    a.add_argument("--watch", type=float, default=None, metavar="N", help="refresh every N seconds")
+    a = _add_remote_action(actions, "logs", "show (-f: follow) a job's log there", _cmd_remote_logs)
+    a.add_argument("job_id", metavar="JOBID")
+    a.add_argument("-f", "--follow", action="store_true")
+    a.add_argument("-n", "--lines", type=int, default=50)
+    a = _add_remote_action(actions, "fetch", "copy a run back into case_*/checkpoints/ here, check it, then move it "
+                           "into place", _cmd_remote_fetch)
+    a.add_argument("run", nargs="?", default=None, metavar="RUN", help="run folder name, or case_X/checkpoints/NAME")
+    a.add_argument("--latest", action="store_true", help="the newest run (of --case, or of any case)")
+    a.add_argument("--case", default=None)
+    a.add_argument("--all-checkpoints", action="store_true", help="also the checkpoint_epoch_*.pt files")
+    a = _add_remote_action(actions, "train", "sync, submit, follow the job (across requeues), fetch, check, print "
+                           "the results", _cmd_remote_train)
+    _add_remote_submit_args(a)
+    a.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between queue checks (default 10)")
+    a.add_argument("--timeout", type=float, default=None, metavar="S", help="stop waiting after S seconds")
+    a.add_argument("--all-checkpoints", action="store_true")
 
     return parser
 
@@ -257,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"marketgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except StepFailed as e:  # a `remote` step (ssh, rsync, sbatch) failed: it names the step
+        print(f"marketgpt remote {args.remote_command}: step '{e.step}' failed: {e.reason}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"marketgpt {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common import status
+from common.cluster import status
 from common.cli import main
 from common.cluster.status import collect_rows, last_line, status_table
 from slurm_helpers import REPO

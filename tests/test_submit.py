@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import submitit
 
-from common import slurm_utils, submit as submit_mod
+from common.cluster import submit as submit_mod
+from common.distributed import slurm as slurm_utils
 from common.training.checkpoint import save_checkpoint
 from common.cli import main
 from common.errors import UserError

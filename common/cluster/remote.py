@@ -1,4 +1,5 @@
-"""`marketgpt remote`: sync, submit, follow and fetch a cluster run from a workstation.
+"""`marketgpt remote`: the ssh and rsync steps that sync, submit, follow and fetch a cluster run
+from a workstation (the actions built from several steps are in common.cluster.remote_commands).
 
 Settings come from `remote.json` in the local repo (git-ignored; remote.example.json shows
 every key) or from flags: the host (anything `ssh` accepts, e.g. a ~/.ssh/config alias), the
@@ -13,27 +14,27 @@ nothing); a failing step raises StepFailed, which names the step (exit 1).
 Fetching never leaves a partial file under its final name: rsync copies the run into a
 staging folder beside it (`.fetch_<run>`, kept after an interruption so a second fetch
 resumes), the files are checked there (sizes against the remote listing, every checkpoint's
-CRC32s as load_checkpoint checks them, every JSON file parses), and only then is each file
-renamed into the run folder.
+CRC32s as load_checkpoint checks them, every JSON file parses: common.cluster.fetch_check),
+and only then is each file renamed into the run folder.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from common.cluster.fetch_check import fetch_problems, parse_listing, publish
+from common.config import ConfigError, _build
 from common.errors import UserError
-from common.paths import REPO_ROOT
+from common.paths import case_dir
 
-__all__ = ["Remote", "RemoteSettings", "StepFailed", "load_settings", "run_remote_command"]
+__all__ = ["Remote", "RemoteSettings", "StepFailed", "load_settings"]
 
 SETTINGS_FILE = "remote.json"
 # What `remote sync` leaves out: history, environments, caches, and each case's data and outputs.
@@ -64,29 +65,28 @@ class RemoteSettings:
     connect_timeout_s: int = 10  # an unreachable host fails after this long
 
 
-def load_settings(repo: Path, flags: argparse.Namespace) -> RemoteSettings:
-    """remote.json of the local repo (when there is one), then the flags on top."""
-    from common.config import ConfigError, _build
-
-    path = repo / SETTINGS_FILE
+def load_settings(repo: Path, host: Optional[str] = None, path: Optional[str] = None, python: Optional[str] = None,
+                  env: Optional[str] = None) -> RemoteSettings:
+    """remote.json of the local repo (when there is one), then the flags (those not None) on top."""
+    flags = {"host": host, "path": path, "python": python, "env": env}
+    settings_file = repo / SETTINGS_FILE
     settings = RemoteSettings()
-    if path.is_file():
+    if settings_file.is_file():
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(settings_file.read_text())
         except ValueError as e:
-            raise UserError(f"{path} is not valid JSON ({e}); see remote.example.json") from None
+            raise UserError(f"{settings_file} is not valid JSON ({e}); see remote.example.json") from None
         if not isinstance(raw, dict):
-            raise UserError(f"{path}: expected a JSON object like remote.example.json")
+            raise UserError(f"{settings_file}: expected a JSON object like remote.example.json")
         try:
-            settings = _build(RemoteSettings, raw, str(path), "")
+            settings = _build(RemoteSettings, raw, str(settings_file), "")
         except ConfigError as e:
             raise UserError(str(e)) from None
-    for f in fields(RemoteSettings):
-        value = getattr(flags, f.name, None)
+    for name, value in flags.items():
         if value is not None:
-            setattr(settings, f.name, value)
+            setattr(settings, name, value)
     if not settings.host or not settings.path:
-        raise UserError(f"no remote host/path: copy remote.example.json to {path} and fill in host and path, "
+        raise UserError(f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
                         "or pass --host and --path")
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
@@ -177,8 +177,6 @@ class Remote:
 
     def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
         """sbatch the case's script there; returns the job id and its log file (relative to the repo)."""
-        from common.paths import case_dir
-
         case_path = case_dir(case, root=self.repo)
         script = _case_script(case_path)
         rel = f"{case_path.name}/slurm_scripts/{script.name}"
@@ -314,7 +312,7 @@ class Remote:
         if self.dry_run:
             files = {}
         else:
-            files = _parse_listing(listing, all_checkpoints)
+            files = parse_listing(listing, all_checkpoints)
             if not files:
                 raise StepFailed("fetch (list)", f"{run_rel} is empty there")
             staging.mkdir(parents=True, exist_ok=True)
@@ -325,16 +323,17 @@ class Remote:
         if self.dry_run:
             self.out(f"(then check sizes, checkpoint CRC32s and JSON in {staging}, and move the files into {local})")
             return local
-        verify_fetched(staging, files)
-        _publish(staging, local)
+        bad = fetch_problems(staging, files)
+        if bad:
+            raise StepFailed("fetch (verify)", f"{len(bad)} file(s) failed the check in {staging}, nothing was moved "
+                             "into place: " + "; ".join(bad[:5]))
+        publish(staging, local)
         return local
 
 
 def case_glob(case: Optional[str], repo: Path) -> str:
     if case is None:
         return "case_*"
-    from common.paths import case_dir
-
     return case_dir(case, root=repo).name
 
 
@@ -357,180 +356,3 @@ def _explain(code: int, stderr: str, host: Optional[str]) -> str:
         return (f"cannot reach {host} over ssh ({text or f'exit {code}'}); check the host and that "
                 f"`ssh {host} true` works without a password (keys or agent)")
     return text or f"exit code {code}"
-
-
-def _parse_listing(listing: str, all_checkpoints: bool) -> dict[str, int]:
-    """`find -printf '%s\\t%P\\n'` -> {relative path: size}, epoch checkpoints left out unless asked."""
-    from common.training.checkpoint import checkpoint_position
-
-    files = {}
-    for line in listing.splitlines():
-        size, _, name = line.partition("\t")
-        if not name or name.startswith(".rsync-partial/"):
-            continue
-        if not all_checkpoints and checkpoint_position(name) is not None:
-            continue
-        files[name] = int(size)
-    return files
-
-
-def verify_fetched(folder: Path, files: dict[str, int]) -> None:
-    """Every listed file arrived whole: its size, each checkpoint's CRC32s, each JSON file parses."""
-    from common.training.checkpoint import verify_checkpoint
-
-    bad = []
-    for name, size in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            bad.append(f"{name}: missing")
-        elif path.stat().st_size != size:
-            bad.append(f"{name}: {path.stat().st_size} bytes, {size} there (changed while fetching? fetch again)")
-        elif name.endswith(".pt") and not verify_checkpoint(path):
-            bad.append(f"{name}: fails its CRC32 check (damaged there or in transit)")
-        elif name.endswith(".json"):
-            try:
-                json.loads(path.read_text())
-            except ValueError as e:
-                bad.append(f"{name}: not valid JSON ({e})")
-    if bad:
-        raise StepFailed("fetch (verify)", f"{len(bad)} file(s) failed the check in {folder}, nothing was moved into "
-                         f"place: " + "; ".join(bad[:5]))
-
-
-def _publish(staging: Path, local: Path) -> None:
-    """Move every checked file from the staging folder to its final name, each by one rename."""
-    for path in sorted(staging.rglob("*")):
-        if path.is_file() and ".rsync-partial" not in path.relative_to(staging).parts:
-            target = local / path.relative_to(staging)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
-    for path in sorted(staging.rglob("*"), reverse=True):
-        if path.is_dir():
-            path.rmdir() if not any(path.iterdir()) else None
-    if not any(staging.iterdir()):
-        staging.rmdir()
-
-
-# --------------------------------------------------------------------------- results
-
-
-def print_results(run_dir: Path, out: Callable[[str], None] = print) -> None:
-    """The run's test results and, when it has a scorecard, its headline and verdicts."""
-    results = run_dir / "test_results.json"
-    if results.is_file():
-        from common.evaluation.evaluate import summarize_results
-
-        out(summarize_results(run_dir, json.loads(results.read_text())))
-    else:
-        out(f"{run_dir}: no test_results.json (the run did not finish its final evaluation)")
-    card_path = run_dir / "scorecard.json"
-    if card_path.is_file():
-        card = json.loads(card_path.read_text())
-        from common.evaluation.metrics import format_verdict
-        from common.evaluation.scorecard import BASELINE_NAMES
-
-        head = card.get("headline")
-        if head:
-            name = BASELINE_NAMES.get(head["baseline"], head["baseline"])
-            out(f"Scorecard headline: {format_verdict(head['horizon'], 'CRPS', name, head)}")
-        for line in card.get("verdicts", []):
-            out(f"  {line}")
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_parser(sub: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int]) -> None:
-    """`marketgpt remote ACTION ...` (called by common.cli)."""
-    p = sub.add_parser("remote", help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "
-                       "fetch runs back (settings: remote.json; docs/remote.md)")
-    actions = p.add_subparsers(dest="remote_command", required=True, metavar="ACTION")
-
-    def action(name: str, help_text: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_text)
-        a.add_argument("--host", default=None, help="ssh host or ~/.ssh/config alias (default: remote.json)")
-        a.add_argument("--path", default=None, help="the repo's folder there (default: remote.json)")
-        a.add_argument("--python", default=None, help="the python there (default: remote.json, else python3)")
-        a.add_argument("--env", default=None, help="shell line run first there, e.g. 'module load python/3.11'")
-        a.add_argument("--repo", type=Path, default=REPO_ROOT,
-                       help="the local repo to sync from and fetch into (default: this one)")
-        a.add_argument("--dry-run", action="store_true", help="print the exact commands; run nothing")
-        a.set_defaults(handler=handler)
-        return a
-
-    action("sync", "rsync the repo there (without .git, .venv, caches, case data, checkpoints and logs)")
-    a = action("submit", "sbatch the case's script there; prints the job id and how to follow it")
-    _submit_args(a)
-    a = action("status", "`marketgpt status` run there")
-    a.add_argument("--case", default=None)
-    a.add_argument("--watch", type=float, default=None, metavar="N", help="refresh every N seconds")
-    a = action("logs", "show (-f: follow) a job's log there")
-    a.add_argument("job_id", metavar="JOBID")
-    a.add_argument("-f", "--follow", action="store_true")
-    a.add_argument("-n", "--lines", type=int, default=50)
-    a = action("fetch", "copy a run back into case_*/checkpoints/ here, check it, then move it into place")
-    a.add_argument("run", nargs="?", default=None, metavar="RUN", help="run folder name, or case_X/checkpoints/NAME")
-    a.add_argument("--latest", action="store_true", help="the newest run (of --case, or of any case)")
-    a.add_argument("--case", default=None)
-    a.add_argument("--all-checkpoints", action="store_true", help="also the checkpoint_epoch_*.pt files")
-    a = action("train", "sync, submit, follow the job (across requeues), fetch, check, print the results")
-    _submit_args(a)
-    a.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between queue checks (default 10)")
-    a.add_argument("--timeout", type=float, default=None, metavar="S", help="stop waiting after S seconds")
-    a.add_argument("--all-checkpoints", action="store_true")
-
-
-def _submit_args(a: argparse.ArgumentParser) -> None:
-    a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
-    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override passed to the job (repeatable)")
-    a.add_argument("--sbatch-args", default="", help="extra sbatch options, written with = (they start with -): --sbatch-args=\"--partition=medium --time=2:00:00\"")
-
-
-def run_remote_command(args: argparse.Namespace) -> int:
-    settings = load_settings(args.repo.resolve(), args)
-    r = Remote(settings, args.repo.resolve(), dry_run=args.dry_run)
-    what = args.remote_command
-    try:
-        if what == "sync":
-            r.sync()
-        elif what == "submit":
-            r.submit(args.case, args.overrides, args.sbatch_args)
-        elif what == "status":
-            while True:
-                print(r.status(args.case), end="")
-                if args.watch is None or r.dry_run:
-                    break
-                time.sleep(args.watch)
-        elif what == "logs":
-            r.logs(args.job_id, args.follow, args.lines)
-        elif what == "fetch":
-            if (args.run is None) == (not args.latest):
-                raise UserError("give a RUN or --latest (not both)")
-            local = r.fetch(r.resolve_run(args.run, args.case), args.all_checkpoints)
-            if not r.dry_run:
-                print(f"Fetched and checked {local}")
-        elif what == "train":
-            return _train(r, args)
-    except StepFailed as e:
-        print(f"marketgpt remote {what}: step '{e.step}' failed: {e.reason}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _train(r: Remote, args: argparse.Namespace) -> int:
-    r.sync()
-    job_id, log = r.submit(args.case, args.overrides, args.sbatch_args)
-    if r.dry_run:
-        r.out(f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
-              "then fetch its run folder)")
-        r.fetch(r.run_of_job(job_id), args.all_checkpoints)
-        return 0
-    state = r.wait(job_id, log, poll_s=args.poll, timeout_s=args.timeout)
-    run_rel = r.run_of_job(job_id)
-    local = r.fetch(run_rel, args.all_checkpoints)
-    print(f"Fetched and checked {local}")
-    print_results(local)
-    if state not in (None, "COMPLETED"):
-        raise StepFailed("wait", f"job {job_id} ended {state}; see {log} there (`marketgpt remote logs {job_id}`)")
-    return 0

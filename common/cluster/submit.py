@@ -37,7 +37,7 @@ import submitit
 
 from common.config import Config, SlurmConfig, load_config
 from common.errors import UserError
-from common.paths import REPO_ROOT, case_config, case_dir
+from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
 from common.distributed.slurm import check_partition, job_info, slurm_available
 
@@ -74,8 +74,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         return ["train", "--config", self.config, "--num-gpus", str(self.num_gpus), "--resume", self.resume, *sets]
 
     def __call__(self) -> int:
-        from common.distributed.env import slurm_job_id
-        from common.commands.train import run_training
+        from common.commands.train import run_training  # lazy: torch, in the job only
+        from common.distributed.env import slurm_job_id  # lazy: torch, in the job only
 
         env = submitit.JobEnvironment()
         os.environ["MARKETGPT_LOG_FILE"] = str(env.paths.stdout)  # recorded in training_log.json
@@ -98,9 +98,8 @@ class TrainJob(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """The same training, resuming this job's own run (--resume auto while it has no
         checkpoint yet); submitit requeues it."""
-        from common.training.checkpoint import latest_good_checkpoint
-        from common.paths import case_dir_of_config
-        from common.training.run_folder import auto_resume_run, find_runs
+        from common.training.checkpoint import latest_good_checkpoint  # lazy: torch, in the job only
+        from common.training.run_folder import auto_resume_run, find_runs  # lazy: torch, in the job only
 
         resume = "auto"
         cfg = load_config(self.config, self.overrides)
@@ -290,7 +289,7 @@ def local_gpus(tasks: int, device: str = "auto") -> int:
     passes --num-gpus) would stop, so this says so before submitting."""
     import torch  # only here: submitting to Slurm needs no torch
 
-    from common.distributed.env import cuda_unusable_reason
+    from common.distributed.env import cuda_unusable_reason  # lazy: torch
 
     if device == "cpu":
         return 0

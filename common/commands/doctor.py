@@ -15,10 +15,14 @@ from typing import Optional, TextIO
 
 import torch
 
+from common.config import load_config
 from common.distributed.env import cuda_unusable_reason, detect_env, driver_version, rank_device
-from common.errors import UserError
-from common.training.mfu import known_peak
 from common.distributed.precision import bf16_supported, compile_problem, cpu_capabilities, fast_bf16, resolve_precision
+from common.errors import UserError
+from common.model.memory import estimate_training_memory
+from common.model.sizing import meta_model
+from common.paths import REPO_ROOT
+from common.training.mfu import known_peak
 
 __all__ = ["SLURM_VARIABLES", "run_doctor"]
 
@@ -60,10 +64,6 @@ def _cpu_line() -> str:
 
 
 def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str]:
-    from common.config import load_config
-    from common.model.memory import estimate_training_memory
-    from common.model.sizing import meta_model
-
     lines = []
     for path in sorted(root.glob("case_*/configs/*.json")):
         try:
@@ -86,8 +86,6 @@ def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str
 
 def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     """Print the report; 0 when training here would use the GPU(s), 1 when it would not."""
-    from common.paths import REPO_ROOT
-
     root = root or REPO_ROOT
     print(f"torch {torch.__version__} | built for CUDA {torch.version.cuda or 'none (CPU build)'} | "
           f"NCCL {_nccl_version()}", file=out)

@@ -10,74 +10,94 @@ Files (each written atomically, so a failed run leaves no half-written file):
 """
 from __future__ import annotations
 
-import argparse
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
+from common.forecasting.forecaster import warn
+from common.forecasting.infer import ExportedForecaster
+from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
 
-__all__ = ["run_forecast_command", "write_outputs"]
+__all__ = ["ForecastRequest", "run_forecast_command", "write_outputs"]
 
 MAX_SINGLE_CHARTS = 4  # above this many assets, one multi-panel chart
 _HISTORY_SHOWN = 3  # fan charts show this many horizons of history before the origin
 
 
-def run_forecast_command(args: argparse.Namespace) -> int:
-    from common.forecasting.forecaster import warn
+@dataclass(frozen=True)
+class ForecastRequest:
+    """What `marketgpt forecast` was asked for (the flags' defaults are common.cli's)."""
 
-    if args.top_k is not None or args.top_p is not None:
+    run_dirs: Sequence[Path]  # one run, or several: their equal-weight ensemble
+    symbols: Optional[Sequence[str]] = None  # None: every asset of the run
+    horizon: int = 24
+    samples: int = 256
+    as_of: Optional[str] = None  # None: each asset's last candle
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    seed: int = 0
+    out: Optional[Path] = None  # None: RUN_DIR/forecasts/<as-of>/
+    save_paths: bool = False
+    device: str = "cpu"
+    precision: str = "auto"
+    backend: str = "torch"  # or "onnx": run_dirs is one `marketgpt export --format onnx` folder
+
+
+def run_forecast_command(req: ForecastRequest) -> int:
+    """Forecast, write the files into the output folder, print a short table; exit code 0."""
+    if req.top_k is not None or req.top_p is not None:
         warn("--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
              "come out overconfident (see docs/forecasting.md)")
-    if args.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", args.device):
-        raise UserError(f"--device {args.device}: expected cpu, cuda or cuda:N")
-    runs = list(args.run_dir)
-    backend = args.backend
-    if backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
-        from common.forecasting.infer import ExportedForecaster
-
-        if args.precision not in ("auto", "fp32", "bf16"):  # the same words as common.distributed.precision (no torch here)
-            raise UserError(f"--precision {args.precision!r}: expected one of auto, fp32, bf16")
-        if args.device != "cpu" or len(runs) != 1 or args.precision == "bf16":
-            raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
-                            "(no --device, no --precision)")
-        fc = ExportedForecaster.from_export(runs[0])
-    else:
-        import torch
-
-        from common.forecasting.ensemble import forecaster_for
-
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
-        fc = forecaster_for(runs, device=args.device, precision=args.precision)  # several runs: their ensemble
-    symbols = None if args.all or not args.symbols else [s.strip() for s in args.symbols.split(",") if s.strip()]
-    fc.check_request(args.horizon, args.samples)  # before any data is read
-    histories = fc.load_history(symbols, args.as_of)
-    as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if args.as_of is None else None
-    label = pd.Timestamp(args.as_of if args.as_of is not None else as_of)
+    if req.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", req.device):
+        raise UserError(f"--device {req.device}: expected cpu, cuda or cuda:N")
+    runs = list(req.run_dirs)
+    fc = _forecaster(req, runs)
+    fc.check_request(req.horizon, req.samples)  # before any data is read
+    histories = fc.load_history(req.symbols, req.as_of)
+    as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if req.as_of is None else None
+    label = pd.Timestamp(req.as_of if req.as_of is not None else as_of)
     name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
-    out = Path(args.out) if args.out else Path(runs[0]) / "forecasts" / name
+    out = Path(req.out) if req.out else Path(runs[0]) / "forecasts" / name
     check_writable(out, "--out", "pass --out a folder you can write")
-    result = fc.forecast(histories, args.horizon, args.samples, seed=args.seed, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, return_paths=True)
-    settings = {"backend": backend, "precision": fc.precision, "as_of": args.as_of or "latest", "seed": args.seed,
-                "horizon": args.horizon, "samples": args.samples, "temperature": args.temperature,
-                "top_k": args.top_k, "top_p": args.top_p}
-    written = write_outputs(fc, result, histories, out, settings, save_paths=args.save_paths)
+    result = fc.forecast(histories, req.horizon, req.samples, seed=req.seed, temperature=req.temperature,
+                         top_k=req.top_k, top_p=req.top_p, return_paths=True)
+    settings = {"backend": req.backend, "precision": fc.precision, "as_of": req.as_of or "latest", "seed": req.seed,
+                "horizon": req.horizon, "samples": req.samples, "temperature": req.temperature,
+                "top_k": req.top_k, "top_p": req.top_p}
+    written = write_outputs(fc, result, histories, out, settings, save_paths=req.save_paths)
     print(stdout_table(result.table))
     print(f"Wrote {', '.join(p.name for p in written)} in {out}")
     return 0
 
 
+def _forecaster(req: ForecastRequest, runs: list) -> Any:
+    """The torch Forecaster (several runs: their ensemble), or onnxruntime over an export folder."""
+    if req.backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
+        if req.precision not in ("auto", "fp32", "bf16"):  # the same words as common.distributed.precision (no torch here)
+            raise UserError(f"--precision {req.precision!r}: expected one of auto, fp32, bf16")
+        if req.device != "cpu" or len(runs) != 1 or req.precision == "bf16":
+            raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
+                            "(no --device, no --precision)")
+        return ExportedForecaster.from_export(runs[0])
+    import torch  # lazy: the onnx backend runs without torch
+
+    from common.forecasting.ensemble import forecaster_for  # lazy: imports torch
+
+    if req.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {req.device}: no CUDA GPU is visible here; use --device cpu")
+    return forecaster_for(runs, device=req.device, precision=req.precision)  # several runs: their ensemble
+
+
 def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: dict, save_paths: bool) -> list[Path]:
     """Write every output file into `out`; returns their paths."""
-    from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
-
     table = result.table
     written = [out / "forecast.parquet", out / "forecast.csv", out / "forecast.json"]
     buf = io.BytesIO()
@@ -108,9 +128,9 @@ def _safe(symbol: str) -> str:
 
 def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
     """History, median and the 50% / 90% bands: one PNG per asset, or one multi-panel PNG."""
-    import matplotlib
+    import matplotlib  # lazy, as the other chart writers: Agg is chosen here, before pyplot loads
     matplotlib.use("Agg")  # before pyplot: no display on compute nodes
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use
 
     table = result.table
     n = len(histories)

@@ -10,20 +10,40 @@ and write scorecard.json and scorecard.png into the run folder. The end-of-train
 `training.scorecard_origins` origin dates (0 turns it off) and `training.scorecard_samples`
 paths at horizons 1, 5 and 20; the command defaults to the issue's full scorecard (every 5th
 test candle, 200 samples).
+
+The scoring imports are local: `common.commands.train` imports this module, and a training
+process starts without pandas, scipy or scoringrules.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Optional, Sequence, TextIO
 
 import torch
 
+from common.atomic import atomic_write_json
 from common.config import Config
 from common.errors import UserError
 
-__all__ = ["end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
+__all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
+
+
+@dataclass(frozen=True)
+class ScorecardRequest:
+    """What `marketgpt scorecard` was asked for (the flags' defaults are common.cli's)."""
+
+    run_dirs: Sequence[Path]  # one run, or several: their equal-weight ensemble
+    horizons: Sequence[int] = (1, 5, 20)  # candles ahead (parse_horizons reads the flag)
+    stride: Optional[int] = None  # every K-th test candle is an origin (5 when neither this nor origins)
+    origins: Optional[int] = None  # or N origin dates, evenly spaced
+    samples: int = 200
+    assets: Optional[Sequence[str]] = None  # None: every asset of the run
+    seed: int = 0
+    cost_bp: float = 10.0
+    device: str = "cpu"
+    precision: str = "auto"
 
 
 def parse_horizons(text: str) -> tuple[int, ...]:
@@ -37,33 +57,30 @@ def parse_horizons(text: str) -> tuple[int, ...]:
     return horizons
 
 
-def run_scorecard_command(args: argparse.Namespace) -> int:
+def run_scorecard_command(req: ScorecardRequest) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
-    from common.atomic import atomic_write_json
-    from common.forecasting.ensemble import forecaster_for
-    from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard
+    from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
+    from common.forecasting.ensemble import forecaster_for  # lazy: pandas
 
-    horizons = parse_horizons(args.horizons)
-    if args.stride is not None and args.origins is not None:
+    if req.stride is not None and req.origins is not None:
         raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
-    for flag, value in (("--stride", args.stride), ("--origins", args.origins)):
+    for flag, value in (("--stride", req.stride), ("--origins", req.origins)):
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: must be at least 1")
-    stride = args.stride if args.stride is not None or args.origins is not None else 5
-    if args.samples < 2:
-        raise UserError(f"--samples {args.samples}: must be at least 2")
-    if args.cost_bp < 0:
-        raise UserError(f"--cost-bp {args.cost_bp:g}: must be zero or positive (basis points per side)")
-    assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else None
-    runs = list(args.run_dir)
-    forecaster = forecaster_for(runs, device=_device(args.device), precision=args.precision)  # several: an ensemble
+    stride = req.stride if req.stride is not None or req.origins is not None else 5
+    if req.samples < 2:
+        raise UserError(f"--samples {req.samples}: must be at least 2")
+    if req.cost_bp < 0:
+        raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
+    runs = list(req.run_dirs)
+    forecaster = forecaster_for(runs, device=_device(req.device), precision=req.precision)  # several: an ensemble
     # an ensemble's card goes beside the first run's own, with the member list
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
     if len(runs) > 1:
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
-    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=horizons, stride=stride,
-                         n_origins=args.origins, n_samples=args.samples, seed=args.seed, cost_bp=args.cost_bp,
-                         assets=assets, out_dir=out, precision=forecaster.precision,
+    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
+                         n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
+                         assets=req.assets, out_dir=out, precision=forecaster.precision,
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print("\n".join(card["verdicts"]))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
@@ -85,8 +102,8 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
     before the final test results. Returns None when it was written or is switched off, else
     the reason it failed: a scorecard that fails must not fail a trained run, and the reason
     goes into test_results.json (so --resume auto does not retry it forever)."""
-    from common.forecasting.forecaster import Forecaster
-    from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard
+    from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard  # lazy: scipy
+    from common.forecasting.forecaster import Forecaster  # lazy: pandas
 
     t = cfg.training
     if t.scorecard_origins == 0:
