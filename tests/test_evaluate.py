@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from common import evaluate as ev
+from common.evaluation import evaluate as ev
 from common.evaluation.baselines import fit_baselines
 from common.config import ModelConfig
 from common.evaluation.evaluate import SplitTokens, eval_inputs, evaluate_run, summarize_results, wilson_interval
