@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from common.atomic import atomic_path
+from common.atomic import atomic_savefig
 
 __all__ = ["REPORT_NAME", "write_report"]
 
@@ -43,8 +43,7 @@ def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: d
 
     target = Path(run_dir) / REPORT_NAME
     try:
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
+        atomic_savefig(fig, target)
     finally:
         plt.close(fig)
     return target
