@@ -60,12 +60,13 @@ from torch.nn import functional as F
 
 from common.atomic import atomic_write_json, read_json
 from common.evaluation.baselines import BASELINES, fit_baselines
+from common.evaluation.metrics import block_length, skill_interval, wilson_interval
 from common.training.checkpoint import load_checkpoint
-from common.config import Config, load_config
+from common.config import Config
 from common.markets import CATEGORIES
 from common.errors import UserError
 from common.distributed.precision import autocast as precision_autocast, resolve_precision
-from common.training.run_folder import TokenSet
+from common.training.run_folder import TokenSet, open_run
 from common.special_tokens import PAD_TOKEN
 
 __all__ = [
@@ -77,11 +78,9 @@ __all__ = [
     "evaluate_run_dir",
     "score_log_probs",
     "summarize_results",
-    "wilson_interval",
 ]
 
 TOP_K = 5
-_Z95 = 1.959963984540054  # two-sided 95% normal quantile
 _CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
 _SKILL_BASELINES = ("unigram", "markov1")  # token_skill: the model's loss against these
 _SKILL_BOOT = 1000
@@ -155,17 +154,6 @@ def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves:
     move = log_probs.exp() @ token_moves.to(log_probs.dtype)  # (n,)
     return Scores(nll=-target_lp[:, 0].double().cpu().numpy(), top1=(rank < 1).cpu().numpy(),
                   top5=(rank < TOP_K).cpu().numpy(), move=move.double().cpu().numpy())
-
-
-def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[float], Optional[float]]:
-    """Wilson score interval of a binomial proportion; (None, None) when n == 0."""
-    if n == 0:
-        return None, None
-    p = successes / n
-    denom = 1.0 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
 
 
 def _score_baseline(baseline: Any, prev: np.ndarray, targets: np.ndarray, token_moves: torch.Tensor) -> Scores:
@@ -294,8 +282,6 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
     paired block-bootstrap 95% interval: blocks of consecutive test positions, every asset's
     targets at a position resampled together (neighbouring tokens share their volatility).
     None where undefined: no targets, or an infinite loss (a target given probability 0)."""
-    from common.evaluation.metrics import block_length, skill_interval
-
     def skill(name: str) -> Optional[dict]:
         model, base = scores["model"].nll, scores[name].nll
         if not len(position) or not (np.isfinite(model).all() and np.isfinite(base).all()) or base.sum() <= 0:
@@ -407,9 +393,6 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
 # --------------------------------------------------------------------------- a run folder
 
 
-_RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "tokens.npz", "best_model.pt")
-
-
 def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device,
                   status: Optional[str] = None, extra: Optional[Mapping[str, Any]] = None) -> dict:
     """The run's best_model.pt on the test split next to the baselines; writes report.png, then
@@ -446,29 +429,14 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
     from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
     through evaluate_best, the path training takes at its end."""
-    from common.tokens.tokenizer import OHLCTokenizer
     from common.training.trainer import pick_device
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run folder; pass one like "
-                        "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
-    missing = [name for name in _RUN_FILES if not (run_dir / name).is_file()]
-    if missing:
-        why = ("the run has not finished an epoch yet" if missing == ["best_model.pt"]
-               else "is it a run folder, and did training get past its set-up?")
-        raise UserError(f"{run_dir}: missing {', '.join(missing)} ({why})")
+    run = open_run(run_dir, need_tokens=True)
+    info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}
     try:
-        asset_info = read_json(run_dir / "asset_info.json")
-    except ValueError as e:
-        raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
-    cfg = load_config(run_dir / "config.json")
-    tokens = TokenSet.load(run_dir / "tokens.npz")
-    info = {"asset_info": asset_info, "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
-    try:
-        return evaluate_best(cfg, run_dir, tokens, info, torch.device(device) if device else pick_device())
+        return evaluate_best(run.cfg, run.path, run.tokens, info, torch.device(device) if device else pick_device())
     except OSError as e:
-        raise UserError(f"cannot write test_results.json in {run_dir} ({e.strerror or e}); "
+        raise UserError(f"cannot write test_results.json in {run.path} ({e.strerror or e}); "
                         "copy the run folder somewhere writable and evaluate the copy") from None
 
 

@@ -26,9 +26,8 @@ import pandas as pd
 from common.atomic import atomic_path, atomic_write_json
 from common.evaluation.backtest import DEFAULT_COST_BP, backtest, signal_positions
 from common.errors import UserError
-from common.evaluation.evaluate import wilson_interval
 from common.evaluation.metrics import (COVERAGE_LEVELS, coverage_flags, crps, format_verdict, newey_west_t, pit_histogram,
-                            pit_values, qlike, rank_ic, skill_interval)
+                            pit_values, qlike, rank_ic, skill_interval, wilson_interval)
 from common.forecasting.forecaster import History
 from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda, log_returns,
                                     momentum_signal)

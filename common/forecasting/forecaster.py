@@ -50,7 +50,6 @@ __all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_times
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
 MAX_SAMPLES = 100_000
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
-RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
 
 
 @dataclass(frozen=True)
@@ -150,26 +149,12 @@ class Forecaster:
 
         from common.atomic import read_json, read_json_or_empty
         from common.training.checkpoint import load_checkpoint, unwrap_state_dict
-        from common.config import load_config
+        from common.training.run_folder import open_run
         from common.model.gpt import MarketGPT
         from common.distributed.precision import inference_precision
 
-        run_dir = Path(run_dir)
-        if not run_dir.is_dir():
-            raise UserError(f"{run_dir}: no such run folder; pass one like "
-                            "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
-        missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
-        if missing == ["best_model.pt"]:
-            raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); forecast "
-                            "from a run that has, or wait for this one")
-        if missing:
-            raise UserError(f"{run_dir}: missing {', '.join(missing)}; is it a run folder?")
-        cfg = load_config(run_dir / "config.json")
-        tokenizer = OHLCTokenizer.load(run_dir / "tokenizer.json")
-        try:
-            asset_info = read_json(run_dir / "asset_info.json")
-        except ValueError as e:
-            raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
+        run = open_run(run_dir, need_tokens=False)
+        run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
         device = torch.device(device) if device is not None else torch.device("cpu")
         precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
                                         device)
@@ -191,7 +176,7 @@ class Forecaster:
         if cfg.model.volume_input and edges is None:
             raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
-        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
+        return cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
                    volume_edges=edges, precision=precision)
 
     def resolve_symbol(self, symbol: str) -> str:
