@@ -225,31 +225,8 @@ class Forecaster:
         if not histories:
             raise UserError("nothing to forecast: no history given")
         self.check_request(horizon, samples)
-        if temperature < 0 or not math.isfinite(temperature):
-            raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
-        if top_k is not None and top_k < 1:
-            raise UserError(f"--top-k {top_k}: must be at least 1")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise UserError(f"--top-p {top_p}: must be in (0, 1]")
-
-        T = self.cfg.model.context_length
-        contexts, states, origins, features = [], [], [], []
-        for h in histories:
-            symbol = self.resolve_symbol(h.symbol)
-            candles = h.candles
-            need = self.min_history()
-            if len(candles) < need:
-                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
-                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
-                                "pick a later --as-of or another asset")
-            tokens = self.tokenizer.encode(candles, asset=symbol)
-            state = self.tokenizer.vol_state(candles, asset=symbol)
-            contexts.append(tokens[-T:].astype(np.int64))
-            states.append(state)
-            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
-                            "category": self.assets[symbol]["category"]})
-            if self.cfg.model.time_features or self.cfg.model.volume_input:
-                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+        _check_sampling(temperature, top_k, top_p)
+        contexts, states, origins, features = self._encode(histories, horizon)
 
         tokens = self.sample_tokens(
             np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
@@ -274,6 +251,30 @@ class Forecaster:
         table = pd.concat(frames, ignore_index=True)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def _encode(self, histories: Sequence[History], horizon: int) -> tuple[list, list, list, list]:
+        """Per history: its last context_length tokens, its volatility state after the last candle,
+        its origin (symbol, as_of, last_close, category) and, for a model that reads them, its
+        candle ids (the future's included)."""
+        T = self.cfg.model.context_length
+        contexts, states, origins, features = [], [], [], []
+        for h in histories:
+            symbol = self.resolve_symbol(h.symbol)
+            candles = h.candles
+            need = self.min_history()
+            if len(candles) < need:
+                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
+                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
+                                "pick a later --as-of or another asset")
+            tokens = self.tokenizer.encode(candles, asset=symbol)
+            state = self.tokenizer.vol_state(candles, asset=symbol)
+            contexts.append(tokens[-T:].astype(np.int64))
+            states.append(state)
+            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
+                            "category": self.assets[symbol]["category"]})
+            if self.cfg.model.time_features or self.cfg.model.volume_input:
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+        return contexts, states, origins, features
 
     def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
                       samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
@@ -320,6 +321,15 @@ class Forecaster:
         banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
         banned[self.tokenizer.num_used_ids:] = True
         return banned
+
+
+def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[float]) -> None:
+    if temperature < 0 or not math.isfinite(temperature):
+        raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k}: must be at least 1")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p}: must be in (0, 1]")
 
 
 def _last_time(candles: pd.DataFrame) -> str:
