@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from common import scorecard
+from common.evaluation import scorecard
 from common.cli import main
 from common.training.run_folder import has_final_outputs
 from test_forecast import TINY as FORECAST_TINY, train_tiny
