@@ -18,9 +18,9 @@ __all__ = ["plot_scorecard"]
 
 def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     """Draw the card into `path` (PNG, written atomically); labels: baseline name -> its name in the legend."""
-    import matplotlib
+    import matplotlib  # slow to import: only when a picture is drawn
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # before pyplot: no display on compute nodes
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
