@@ -13,6 +13,9 @@ from typing import Sequence
 
 import pandas as pd
 
+from common.config import load_config
+from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
 from common.errors import UserError
 from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda,
                                                log_returns)
@@ -39,10 +42,7 @@ def series_from_prepared(prepared) -> list[AssetSeries]:
 def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
     """(series, interval) of a run folder: its config's candles, cleaned as training did, with the
     split ranges the run recorded in tokens.npz (so the test split and purge gap are the run's)."""
-    from common.config import load_config
-    from common.data.loading import load_market_data
-    from common.data.prepare import prepare_data
-    from common.training.run_folder import TokenSet
+    from common.training.run_folder import TokenSet  # torch: kept out of `marketgpt status` (it reads BASELINE_NAMES)
 
     run_dir = Path(run_dir)
     for name in ("config.json", "tokens.npz"):
