@@ -63,6 +63,7 @@ from common.config import Config
 from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
 from common.evaluation.metrics import block_length, skill_interval, wilson_interval
+from common.evaluation.report import write_report
 from common.evaluation.token_scoring import (Scores, SplitTokens, Windows, eval_inputs, score_baseline, score_model,
                                              split_windows)
 from common.markets import CATEGORIES
@@ -269,7 +270,7 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
     the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
     status: the training status the report shows, when the log does not say it yet;
     extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
-    from common.model.gpt import MarketGPT
+    from common.model.gpt import MarketGPT  # pandas (common.tokens.features): kept out of the training start-up
 
     ai, tokenizer = info["asset_info"], info["tokenizer"]
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
@@ -283,8 +284,6 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
                            category_ids=ai["categories"])
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
-        from common.evaluation.report import write_report
-
         log = read_json(run_dir / "training_log.json")
         write_report(run_dir, {**log, "status": status or log.get("status")}, results)
     except Exception as e:  # the numbers are saved; a picture that fails must not fail the run

@@ -59,7 +59,7 @@ def _metric(results: dict, predictor: str, key: str) -> Optional[float]:
 
 
 def _loss_curves(ax: Any, log: dict) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib only when a report is drawn
 
     epochs = log.get("epochs") or []
     for key, label, style in (("train_loss", "train", "-o"), ("val_loss", "val", "-s")):

@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from common.atomic import read_json, read_json_or_empty
 from common.config import Config
 from common.errors import UserError
 from common.markets import interval_step
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
 from common.tokens.tokenizer import OHLCTokenizer
 
 if TYPE_CHECKING:  # torch only where a torch model runs: common.forecasting.infer forecasts with onnxruntime alone
@@ -145,13 +147,12 @@ class Forecaster:
         """The run's best model (best_model.pt), tokenizer, asset ids and config. precision:
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
         "fp32" or "bf16"."""
-        import torch
+        import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
 
-        from common.atomic import read_json, read_json_or_empty
-        from common.training.checkpoint import load_checkpoint, unwrap_state_dict
-        from common.training.run_folder import open_run
-        from common.model.gpt import MarketGPT
-        from common.distributed.precision import inference_precision
+        from common.distributed.precision import inference_precision  # torch
+        from common.model.gpt import MarketGPT  # torch
+        from common.training.checkpoint import load_checkpoint, unwrap_state_dict  # torch
+        from common.training.run_folder import open_run  # torch
 
         run = open_run(run_dir, need_tokens=False)
         run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
@@ -282,10 +283,10 @@ class Forecaster:
         """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
         replaces (common.forecasting.infer.ExportedForecaster samples with onnxruntime). features: (N, L +
         horizon, 3) candle ids, only for a model with time_features / volume_input."""
-        import torch
+        import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
 
-        from common.distributed.precision import autocast
-        from common.model.sampling import sample_paths
+        from common.distributed.precision import autocast  # torch
+        from common.model.sampling import sample_paths  # torch
 
         dev = torch.device(self.device)
         generator = torch.Generator(device=dev).manual_seed(int(seed))
@@ -300,8 +301,6 @@ class Forecaster:
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
-        from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
-
         interval = self.cfg.data.interval
         edges = self.volume_edges
         if edges is None:
