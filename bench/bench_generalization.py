@@ -56,7 +56,7 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     from common.evaluation.baselines import fit_baselines
     from common.training.checkpoint import load_checkpoint
     from common.config import load_config
-    from common.evaluation.evaluate import _score_baseline, _score_model, _windows, eval_inputs
+    from common.evaluation.token_scoring import eval_inputs, score_baseline, score_model, split_windows
     from common.model.gpt import MarketGPT
     from common.training.run_folder import TokenSet
     from common.special_tokens import PAD_TOKEN
@@ -73,16 +73,16 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
     model.load_state_dict(best["model"])
     model.eval()
-    w = _windows(data, cfg.model.context_length)
+    w = split_windows(data, cfg.model.context_length)
     cat = {rec["symbol"]: ai["categories"][rec["category"]] for rec in ai["assets"]}
     a_ids = np.array([ai["symbols"][s] for s in w.symbols], np.int64)
     c_ids = np.array([cat[s] for s in w.symbols], np.int64)
     moves = torch.zeros(tok.vocab_size)
     mask = w.y != PAD_TOKEN
-    out = {"model": _score_model(model, w, a_ids, c_ids, moves, 64, torch.device("cpu")).nll}
+    out = {"model": score_model(model, w, a_ids, c_ids, moves, 64, torch.device("cpu")).nll}
     baselines = fit_baselines(train, tok.vocab_size)
     for name in ("unigram", "markov1"):
-        out[name] = _score_baseline(baselines[name], w.x[mask], w.y[mask], moves).nll
+        out[name] = score_baseline(baselines[name], w.x[mask], w.y[mask], moves).nll
     # targets come window by window, each asset's in order: positions 1 .. n - 1 of its split
     out["position"] = np.concatenate([np.arange(1, len(data[s].tokens)) for s in w.symbols])
     assert len(out["position"]) == len(out["model"]), "target order differs from the windows'"

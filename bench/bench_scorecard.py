@@ -34,8 +34,8 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     from common.config import load_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
-    from common.evaluation.scorecard import (fit_price_baselines, forecaster_fn, make_scorecard, series_from_prepared,
-                                  series_from_run, write_scorecard)
+    from common.evaluation.asset_series import fit_price_baselines, series_from_prepared, series_from_run
+    from common.evaluation.scorecard import forecaster_fn, make_scorecard, write_scorecard
 
     t0 = time.perf_counter()
     if run_dir is not None:

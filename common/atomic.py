@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from common.errors import UserError
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
+__all__ = ["atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
 
 
 def _default_mode() -> int:
@@ -93,6 +93,12 @@ def atomic_write_json(target: str | os.PathLike, obj: Any, fsync: bool = True) -
     """Write `obj` as indented JSON (NaN/inf are refused: jq cannot read them)."""
     text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n"
     atomic_write_bytes(target, text.encode("utf-8"), fsync=fsync)
+
+
+def atomic_savefig(fig: Any, path: str | os.PathLike, dpi: int = 100) -> None:
+    """Write a matplotlib figure as a PNG atomically (matplotlib is the caller's: nothing is imported here)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
 
 
 def read_json(path: str | os.PathLike) -> Any:

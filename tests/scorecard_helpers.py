@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from common.evaluation.scorecard import AssetSeries
+from common.evaluation.asset_series import AssetSeries
 
 
 def garch_returns(n: int, rng: np.random.Generator, omega: float = 1e-5, alpha: float = 0.15,

@@ -13,9 +13,11 @@ import torch
 from common.evaluation import evaluate as ev
 from common.evaluation.baselines import fit_baselines
 from common.config import ModelConfig
-from common.evaluation.evaluate import SplitTokens, eval_inputs, evaluate_run, summarize_results, wilson_interval
+from common.evaluation.evaluate import evaluate_run, summarize_results
+from common.evaluation.metrics import wilson_interval
 from common.model.gpt import MarketGPT
 from common.evaluation.report import write_report
+from common.evaluation.token_scoring import SplitTokens, eval_inputs
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.tokenizer import OHLCTokenizer
 

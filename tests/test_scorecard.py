@@ -13,8 +13,9 @@ import pytest
 from common.errors import UserError
 from common.forecasting.forecaster import History
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import (SCORECARD_JSON, SCORECARD_PNG, AssetSeries, fit_price_baselines, make_scorecard,
-                              origin_indices, run_scorecard, write_scorecard)
+from common.evaluation.asset_series import AssetSeries, fit_price_baselines
+from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, make_scorecard, run_scorecard, write_scorecard
+from common.evaluation.walk_forward import origin_indices
 from scorecard_helpers import garch_returns, synthetic_series
 
 REPO = Path(__file__).resolve().parent.parent

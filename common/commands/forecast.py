@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, check_writable
+from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
 from common.forecasting.forecaster import warn
 from common.forecasting.infer import ExportedForecaster
@@ -163,8 +163,7 @@ def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
         fig.tight_layout()
         target = out / (f"fan_{_safe(histories[group[0]].symbol)}.png" if single else "fan_chart.png")
         try:
-            with atomic_path(target) as tmp:
-                fig.savefig(tmp, format="png", dpi=100)
+            atomic_savefig(fig, target)
         finally:
             plt.close(fig)
         written.append(target)

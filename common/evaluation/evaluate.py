@@ -10,7 +10,9 @@ at the end of training (common.commands.train), and again later by `marketgpt ev
                            category_ids=asset_info["categories"])
     atomic_write_json(run_dir / "test_results.json", results)
 
-`evaluate_run` returns the JSON-ready dict that is test_results.json (no NaN anywhere: an
+The inputs, the windows the model reads and the per-target scores live in
+common.evaluation.token_scoring (eval_inputs, split_windows, score_model, score_baseline); this
+module sums them up. `evaluate_run` returns the JSON-ready dict that is test_results.json (no NaN anywhere: an
 undefined number is null). Top level: test_loss, test_accuracy (fraction in [0, 1]),
 test_accuracy_pct, top5_accuracy, perplexity, num_tokens; then "baselines", "directional",
 "per_asset", "per_category" and "settings".
@@ -50,197 +52,29 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from common.atomic import atomic_write_json, read_json
-from common.evaluation.baselines import BASELINES, fit_baselines
-from common.training.checkpoint import load_checkpoint
-from common.config import Config, load_config
-from common.markets import CATEGORIES
+from common.config import Config
 from common.errors import UserError
-from common.distributed.precision import autocast as precision_autocast, resolve_precision
-from common.training.run_folder import TokenSet
+from common.evaluation.baselines import BASELINES, fit_baselines
+from common.evaluation.metrics import block_length, skill_interval, wilson_interval
+from common.evaluation.report import write_report
+from common.evaluation.token_scoring import (Scores, SplitTokens, Windows, eval_inputs, score_baseline, score_model,
+                                             split_windows)
+from common.markets import CATEGORIES
 from common.special_tokens import PAD_TOKEN
+from common.training.checkpoint import load_checkpoint
+from common.training.run_folder import TokenSet, open_run
 
-__all__ = [
-    "Scores",
-    "SplitTokens",
-    "eval_inputs",
-    "evaluate_best",
-    "evaluate_run",
-    "evaluate_run_dir",
-    "score_log_probs",
-    "summarize_results",
-    "wilson_interval",
-]
+__all__ = ["evaluate_best", "evaluate_run", "evaluate_run_dir", "summarize_results"]
 
-TOP_K = 5
-_Z95 = 1.959963984540054  # two-sided 95% normal quantile
-_CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
 _SKILL_BASELINES = ("unigram", "markov1")  # token_skill: the model's loss against these
 _SKILL_BOOT = 1000
-
-
-@dataclass
-class SplitTokens:
-    """One asset's test tokens and the actual normalized move of each token's candle.
-
-    moves[i] is move/sigma of candle i (`tokenizer.features`), NaN where undefined (BOS, MISSING).
-    """
-
-    tokens: np.ndarray
-    moves: np.ndarray
-    features: Optional[np.ndarray] = None  # (n, 3) time and volume ids, when the model reads them
-
-    def __post_init__(self) -> None:
-        self.tokens = np.asarray(self.tokens).astype(np.int64)
-        self.moves = np.asarray(self.moves, dtype=np.float64)
-        if self.tokens.ndim != 1 or self.tokens.shape != self.moves.shape:
-            raise ValueError(f"tokens {self.tokens.shape} and moves {self.moves.shape} must be 1-D and aligned")
-
-
-def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray],
-                ranges: Mapping[str, Mapping[str, Sequence[int]]],
-                features: Optional[Mapping[str, np.ndarray]] = None
-                ) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
-    """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
-
-    tokens / moves: symbol -> the asset's whole series of tokens and actual moves (aligned, as
-    in the run folder's tokens.npz); ranges: symbol -> {"train": (begin, end), "test": ...},
-    end exclusive. Moves must come from the whole series (sigma needs the past), not the slice.
-    """
-    test, train = {}, {}
-    for symbol, toks in tokens.items():
-        if "train" in ranges[symbol]:
-            b, e = ranges[symbol]["train"]
-            train[symbol] = np.asarray(toks[b:e])
-        if "test" in ranges[symbol]:
-            b, e = ranges[symbol]["test"]
-            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e],
-                                       features[symbol][b:e] if features is not None else None)
-    return test, train
-
-
-# --------------------------------------------------------------------------- scoring
-
-
-@dataclass
-class Scores:
-    """Per-target results of one predictor, all (N,): the unit every metric is summed from."""
-
-    nll: np.ndarray  # -log p(target), nats
-    top1: np.ndarray  # bool: target ranked first
-    top5: np.ndarray  # bool: target in the top 5
-    move: np.ndarray  # expected next move, sum_v p(v) move(v)
-
-    @classmethod
-    def concat(cls, parts: Sequence["Scores"]) -> "Scores":
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
-                     for f in ("nll", "top1", "top5", "move")))
-
-
-def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves: torch.Tensor) -> Scores:
-    """Score (n, V) log-probabilities against (n,) targets; token_moves (V,) has 0 for specials."""
-    log_probs = log_probs.float() if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs
-    target_lp = log_probs.gather(1, targets[:, None])  # (n, 1)
-    ids = torch.arange(log_probs.size(1), device=log_probs.device)
-    # rank = ids strictly more likely + equally likely ids with a lower id (stable-sort order)
-    rank = (log_probs > target_lp).sum(1) + ((log_probs == target_lp) & (ids < targets[:, None])).sum(1)
-    move = log_probs.exp() @ token_moves.to(log_probs.dtype)  # (n,)
-    return Scores(nll=-target_lp[:, 0].double().cpu().numpy(), top1=(rank < 1).cpu().numpy(),
-                  top5=(rank < TOP_K).cpu().numpy(), move=move.double().cpu().numpy())
-
-
-def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[float], Optional[float]]:
-    """Wilson score interval of a binomial proportion; (None, None) when n == 0."""
-    if n == 0:
-        return None, None
-    p = successes / n
-    denom = 1.0 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
-
-
-def _score_baseline(baseline: Any, prev: np.ndarray, targets: np.ndarray, token_moves: torch.Tensor) -> Scores:
-    rows = max(1, _CHUNK_ELEMENTS // len(token_moves))
-    parts = []
-    for i in range(0, len(targets), rows):
-        lp = torch.from_numpy(baseline.log_probs(prev[i:i + rows]))
-        parts.append(score_log_probs(lp, torch.from_numpy(targets[i:i + rows]), token_moves.double()))
-    return Scores.concat(parts)
-
-
-# --------------------------------------------------------------------------- the model
-
-
-@dataclass
-class _Windows:
-    """Every test target once, as (W, T) windows; PAD targets are padding."""
-
-    x: np.ndarray  # (W, T) inputs
-    y: np.ndarray  # (W, T) targets
-    moves: np.ndarray  # (W, T) actual move of each target's candle
-    asset: np.ndarray  # (W,) index into symbols
-    symbols: list
-    start: np.ndarray  # (W,) position of each window's first input in its asset's test tokens
-    features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
-
-
-def _windows(test: Mapping[str, SplitTokens], context_length: int) -> _Windows:
-    T = context_length
-    xs, ys, ms, owner, first, fs = [], [], [], [], [], []
-    symbols = list(test)
-    for a, symbol in enumerate(symbols):
-        toks, moves = test[symbol].tokens, test[symbol].moves
-        n = len(toks)
-        starts = np.arange(0, max(n - 1, 0), T)  # windows [s, s + T] share their boundary token
-        if len(starts) == 0:
-            continue
-        # pad the tail so every window has T + 1 tokens; the padding is a PAD target, ignored
-        padded = np.concatenate([toks, np.full(T, PAD_TOKEN, np.int64)])
-        padded_moves = np.concatenate([moves, np.full(T, np.nan)])
-        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1)
-        chunk = padded[idx]
-        xs.append(chunk[:, :-1])
-        ys.append(chunk[:, 1:])
-        ms.append(padded_moves[idx][:, 1:])
-        if test[symbol].features is not None:
-            fs.append(np.concatenate([test[symbol].features, np.zeros((T, 3), np.int64)])[idx][:, :-1])
-        owner.append(np.full(len(starts), a))
-        first.append(starts)
-    if not xs:
-        empty = np.zeros((0, T), np.int64)
-        return _Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
-    return _Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
-                    np.concatenate(first), np.concatenate(fs) if fs else None)
-
-
-@torch.no_grad()
-def _score_model(model: torch.nn.Module, w: _Windows, asset_ids: np.ndarray, category_ids: np.ndarray,
-                 token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
-    token_moves = token_moves.float().to(device)
-    # the precision training.precision=auto picks: bf16 on Ampere+, fp16 on V100/T4, fp32 on the CPU
-    autocast = precision_autocast(resolve_precision("auto", device), device)
-    parts = []
-    for i in range(0, len(w.x), batch_size):
-        x = torch.from_numpy(w.x[i:i + batch_size]).to(device)
-        y = torch.from_numpy(w.y[i:i + batch_size]).to(device)
-        a = torch.from_numpy(asset_ids[w.asset[i:i + batch_size]]).to(device)
-        c = torch.from_numpy(category_ids[w.asset[i:i + batch_size]]).to(device)
-        extra = {} if w.features is None else {"features": torch.from_numpy(w.features[i:i + batch_size]).to(device)}
-        with autocast:
-            logits, _ = model(x, a, c, **extra)
-        keep = y != PAD_TOKEN  # (B, T); row-major order matches the flattened targets
-        log_probs = F.log_softmax(logits[keep].float(), dim=-1)  # (n, V)
-        parts.append(score_log_probs(log_probs, y[keep], token_moves))
-    return Scores.concat(parts)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -294,8 +128,6 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
     paired block-bootstrap 95% interval: blocks of consecutive test positions, every asset's
     targets at a position resampled together (neighbouring tokens share their volatility).
     None where undefined: no targets, or an infinite loss (a target given probability 0)."""
-    from common.evaluation.metrics import block_length, skill_interval
-
     def skill(name: str) -> Optional[dict]:
         model, base = scores["model"].nll, scores[name].nll
         if not len(position) or not (np.isfinite(model).all() and np.isfinite(base).all()) or base.sum() <= 0:
@@ -308,6 +140,7 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
                      "block_positions": block_length(n_positions, 1, 1) if n_positions else None,
                      "resamples": _SKILL_BOOT}
     return out
+
 
 
 # --------------------------------------------------------------------------- entry point
@@ -328,56 +161,27 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     max_batches caps the model's batches for quick runs: then an evenly spaced subset of the
     windows is scored, and the baselines are scored on exactly those targets.
     """
-    device = torch.device(device)
     vocab_size = int(tokenizer.vocab_size)
     move_table, _ = tokenizer.decode(np.arange(vocab_size))
     token_moves = torch.from_numpy(np.nan_to_num(np.asarray(move_table, np.float64), nan=0.0))
-    if category_ids is None:
-        present = set(categories.values())
-        order = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
-        category_ids = {name: i for i, name in enumerate(order)}
+    w = _subsample(split_windows(test, context_length), max_batches, batch_size)
 
-    w = _windows(test, context_length)
-    if max_batches is not None and len(w.x) > max_batches * batch_size:
-        keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
-        w = _Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep],
-                     w.features[keep] if w.features is not None else None)
-
-    # flat per-target arrays, in the row-major order _score_model produces
+    # flat per-target arrays, in the row-major order score_model produces
     mask = w.y != PAD_TOKEN
     targets, prev, moves = w.y[mask], w.x[mask], w.moves[mask]
     owner = np.broadcast_to(w.asset[:, None], w.y.shape)[mask]
     position = (w.start[:, None] + np.arange(1, context_length + 1))[mask]  # of each target in its asset's test
 
-    was_training = model.training
-    model.eval()
-    try:
-        a_ids = np.array([asset_ids[s] for s in w.symbols], dtype=np.int64)
-        c_ids = np.array([category_ids[categories[s]] for s in w.symbols], dtype=np.int64)
-        scores = {"model": _score_model(model, w, a_ids, c_ids, token_moves, batch_size, device)}
-    finally:
-        model.train(was_training)
+    a_ids = np.array([asset_ids[s] for s in w.symbols], dtype=np.int64)
+    category_ids = category_ids if category_ids is not None else _category_ids(categories)
+    c_ids = np.array([category_ids[categories[s]] for s in w.symbols], dtype=np.int64)
+    scores = {"model": _eval_mode_scores(model, w, a_ids, c_ids, token_moves, batch_size, torch.device(device))}
     baselines = fit_baselines(train_tokens, vocab_size)
     for name in BASELINES:
-        scores[name] = _score_baseline(baselines[name], prev, targets, token_moves)
+        scores[name] = score_baseline(baselines[name], prev, targets, token_moves)
 
     total = _metrics(scores["model"])
-    counted = np.isfinite(moves) & (moves != 0)
-    up = moves[counted] > 0
-    directional = {"num_moves": int(counted.sum()),
-                   "model": _directional(scores["model"].move[counted], up),
-                   "always_up": _directional(np.ones(len(up)), up)}
-    for name in BASELINES:
-        directional[name] = _directional(scores[name].move[counted], up)
-
-    cat_names = sorted(set(categories[s] for s in w.symbols))
-    cat_of_asset = np.array([cat_names.index(categories[s]) for s in w.symbols], dtype=np.int64)
-    per_category = _group(scores, cat_of_asset[owner], cat_names, moves)
-    per_category = {c: {"num_assets": sum(categories[s] == c for s in w.symbols), **per_category[c]}
-                    for c in cat_names}
-    per_asset = _group(scores, owner, w.symbols, moves)
-    per_asset = {s: {"category": categories[s], **per_asset[s]} for s in w.symbols}
-
+    per_asset, per_category = _breakdowns(scores, w.symbols, categories, owner, moves)
     return {
         "test_loss": total["loss"],
         "test_accuracy": total["accuracy"],
@@ -388,7 +192,7 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
         "num_assets": len(w.symbols),
         "baselines": {name: _metrics(scores[name]) for name in BASELINES},
         "token_skill": _token_skill(scores, position),
-        "directional": directional,
+        "directional": _directional_all(scores, moves),
         "per_asset": per_asset,
         "per_category": per_category,
         "settings": {
@@ -404,10 +208,59 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     }
 
 
+def _category_ids(categories: Mapping[str, str]) -> dict[str, int]:
+    """asset_info's rule: CATEGORIES order, restricted to the categories present, then unknown ones sorted."""
+    present = set(categories.values())
+    order = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+    return {name: i for i, name in enumerate(order)}
+
+
+def _subsample(w: Windows, max_batches: Optional[int], batch_size: int) -> Windows:
+    """At most max_batches batches of windows, evenly spaced (all of them when max_batches is None)."""
+    if max_batches is None or len(w.x) <= max_batches * batch_size:
+        return w
+    keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
+    return Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep],
+                   w.features[keep] if w.features is not None else None)
+
+
+def _eval_mode_scores(model: torch.nn.Module, w: Windows, a_ids: np.ndarray, c_ids: np.ndarray,
+                      token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
+    """score_model with the model in eval mode, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        return score_model(model, w, a_ids, c_ids, token_moves, batch_size, device)
+    finally:
+        model.train(was_training)
+
+
+def _directional_all(scores: dict[str, Scores], moves: np.ndarray) -> dict:
+    """Directional accuracy of the model, always-up and each baseline, over the moves that are nonzero."""
+    counted = np.isfinite(moves) & (moves != 0)
+    up = moves[counted] > 0
+    directional = {"num_moves": int(counted.sum()),
+                   "model": _directional(scores["model"].move[counted], up),
+                   "always_up": _directional(np.ones(len(up)), up)}
+    for name in BASELINES:
+        directional[name] = _directional(scores[name].move[counted], up)
+    return directional
+
+
+def _breakdowns(scores: dict[str, Scores], symbols: Sequence[str], categories: Mapping[str, str],
+                owner: np.ndarray, moves: np.ndarray) -> tuple[dict, dict]:
+    """(per_asset, per_category) of test_results.json; owner: each target's index into symbols."""
+    cat_names = sorted(set(categories[s] for s in symbols))
+    cat_of_asset = np.array([cat_names.index(categories[s]) for s in symbols], dtype=np.int64)
+    per_category = _group(scores, cat_of_asset[owner], cat_names, moves)
+    per_category = {c: {"num_assets": sum(categories[s] == c for s in symbols), **per_category[c]}
+                    for c in cat_names}
+    per_asset = _group(scores, owner, symbols, moves)
+    per_asset = {s: {"category": categories[s], **per_asset[s]} for s in symbols}
+    return per_asset, per_category
+
+
 # --------------------------------------------------------------------------- a run folder
-
-
-_RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "tokens.npz", "best_model.pt")
 
 
 def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device,
@@ -417,7 +270,7 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
     the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
     status: the training status the report shows, when the log does not say it yet;
     extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
-    from common.model.gpt import MarketGPT
+    from common.model.gpt import MarketGPT  # pandas (common.tokens.features): kept out of the training start-up
 
     ai, tokenizer = info["asset_info"], info["tokenizer"]
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
@@ -431,8 +284,6 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
                            category_ids=ai["categories"])
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
-        from common.evaluation.report import write_report
-
         log = read_json(run_dir / "training_log.json")
         write_report(run_dir, {**log, "status": status or log.get("status")}, results)
     except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
@@ -446,29 +297,14 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
     from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
     through evaluate_best, the path training takes at its end."""
-    from common.tokens.tokenizer import OHLCTokenizer
     from common.training.trainer import pick_device
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run folder; pass one like "
-                        "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
-    missing = [name for name in _RUN_FILES if not (run_dir / name).is_file()]
-    if missing:
-        why = ("the run has not finished an epoch yet" if missing == ["best_model.pt"]
-               else "is it a run folder, and did training get past its set-up?")
-        raise UserError(f"{run_dir}: missing {', '.join(missing)} ({why})")
+    run = open_run(run_dir, need_tokens=True)
+    info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}
     try:
-        asset_info = read_json(run_dir / "asset_info.json")
-    except ValueError as e:
-        raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
-    cfg = load_config(run_dir / "config.json")
-    tokens = TokenSet.load(run_dir / "tokens.npz")
-    info = {"asset_info": asset_info, "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
-    try:
-        return evaluate_best(cfg, run_dir, tokens, info, torch.device(device) if device else pick_device())
+        return evaluate_best(run.cfg, run.path, run.tokens, info, torch.device(device) if device else pick_device())
     except OSError as e:
-        raise UserError(f"cannot write test_results.json in {run_dir} ({e.strerror or e}); "
+        raise UserError(f"cannot write test_results.json in {run.path} ({e.strerror or e}); "
                         "copy the run folder somewhere writable and evaluate the copy") from None
 
 

@@ -13,6 +13,7 @@ them per asset, per category or over everything, and bootstrap them.
   its skill is a difference of means, not a ratio.
 - Rank IC: the Spearman correlation, across assets, of predicted mean and realized return on
   each origin date with at least `min_assets` assets; its mean and a Newey-West t-statistic.
+- Wilson interval of a hit rate (directional accuracy): 95% by default.
 - Skill 1 - model/baseline with a paired circular block bootstrap over consecutive origin dates:
   losses of all assets on one date stay together (cross-sectional correlation) and blocks of
   consecutive dates keep the autocorrelation that overlapping horizons create.
@@ -23,8 +24,6 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
-import scoringrules as sr
-from scipy.stats import rankdata
 
 __all__ = [
     "COVERAGE_LEVELS",
@@ -41,14 +40,18 @@ __all__ = [
     "rank_ic",
     "skill_interval",
     "verdict",
+    "wilson_interval",
 ]
 
 COVERAGE_LEVELS = (50, 80, 90)
 PIT_BINS = 10
+_Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
 def crps(samples: np.ndarray, y: np.ndarray) -> np.ndarray:
     """(n,) fair ensemble CRPS of each origin's samples (n, S) at its realized value y (n,)."""
+    import scoringrules as sr  # seconds to import: kept out of training, which imports this module (wilson_interval)
+
     samples, y = _check(samples, y)
     return np.asarray(sr.crps_ensemble(y, samples, estimator="pwm", backend="numpy"), dtype=np.float64)
 
@@ -87,6 +90,8 @@ def rank_ic(dates: np.ndarray, predicted: np.ndarray, realized: np.ndarray, min_
             ) -> tuple[np.ndarray, np.ndarray]:
     """(dates, IC) of every date with at least `min_assets` origins and non-constant predictions:
     the Spearman correlation of predicted and realized returns across the assets of that date."""
+    from scipy.stats import rankdata  # seconds to import: kept out of training, which imports this module
+
     dates, predicted, realized = np.asarray(dates), np.asarray(predicted, float), np.asarray(realized, float)
     order = np.argsort(dates, kind="stable")
     dates, predicted, realized = dates[order], predicted[order], realized[order]
@@ -169,6 +174,17 @@ def skill_interval(model: np.ndarray, baseline: np.ndarray, dates: np.ndarray, *
 def verdict(lo: float, hi: float) -> str:
     """'beats' when the whole 95% interval is above 0, 'worse' when below, else 'no edge'."""
     return "beats" if lo > 0 else "worse" if hi < 0 else "no edge"
+
+
+def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[float], Optional[float]]:
+    """Wilson score interval of a binomial proportion; (None, None) when n == 0."""
+    if n == 0:
+        return None, None
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
 
 
 def format_verdict(horizon: int, score: str, baseline: str, skill: dict, percent: bool = True) -> str:

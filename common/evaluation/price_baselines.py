@@ -132,7 +132,7 @@ class GarchT:
     @classmethod
     def fit(cls, train_returns: Mapping[str, np.ndarray], lam: float = RISKMETRICS_DAILY_LAMBDA) -> "GarchT":
         """Fit every asset's GARCH(1,1)-t on its train-split log returns (and nothing later)."""
-        from arch import arch_model
+        from arch import arch_model  # slow to import: only when GARCH is fitted
 
         fallback_params = GarchParams(0.0, 1 - lam, lam, 1e6)
         params, fallback = {}, []

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from common.atomic import atomic_path
+from common.atomic import atomic_savefig
 
 __all__ = ["REPORT_NAME", "write_report"]
 
@@ -43,8 +43,7 @@ def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: d
 
     target = Path(run_dir) / REPORT_NAME
     try:
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
+        atomic_savefig(fig, target)
     finally:
         plt.close(fig)
     return target
@@ -60,7 +59,7 @@ def _metric(results: dict, predictor: str, key: str) -> Optional[float]:
 
 
 def _loss_curves(ax: Any, log: dict) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib only when a report is drawn
 
     epochs = log.get("epochs") or []
     for key, label, style in (("train_loss", "train", "-o"), ("val_loss", "val", "-s")):

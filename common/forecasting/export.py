@@ -34,7 +34,8 @@ import torch
 
 from common.atomic import read_json_or_empty
 from common.errors import UserError
-from common.forecasting.infer import STEP_FILE
+from common.forecasting.forecaster import Forecaster
+from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_run", "model_card"]
@@ -124,8 +125,6 @@ def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num
 
 def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
     """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it."""
-    from common.forecasting.forecaster import Forecaster
-
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     fc = Forecaster.from_run(run_dir)  # checks the run folder; a run without best_model.pt says so
@@ -201,8 +200,6 @@ def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folde
 def load_exported(path: Path, fmt: str, context_length: int) -> Any:
     """A callable (tokens, asset_ids, category_ids) -> numpy logits for an exported model file."""
     if fmt == "onnx":
-        from common.forecasting.infer import OnnxBackend
-
         return OnnxBackend(path, context_length=context_length)
     module = torch.jit.load(str(path))
     return lambda t, a, c: module(torch.as_tensor(t), torch.as_tensor(a), torch.as_tensor(c)).detach().numpy()

@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from common.atomic import read_json, read_json_or_empty
 from common.config import Config
 from common.errors import UserError
 from common.markets import interval_step
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
 from common.tokens.tokenizer import OHLCTokenizer
 
 if TYPE_CHECKING:  # torch only where a torch model runs: common.forecasting.infer forecasts with onnxruntime alone
@@ -50,7 +52,6 @@ __all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_times
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
 MAX_SAMPLES = 100_000
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
-RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
 
 
 @dataclass(frozen=True)
@@ -146,30 +147,15 @@ class Forecaster:
         """The run's best model (best_model.pt), tokenizer, asset ids and config. precision:
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
         "fp32" or "bf16"."""
-        import torch
+        import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
 
-        from common.atomic import read_json, read_json_or_empty
-        from common.training.checkpoint import load_checkpoint, unwrap_state_dict
-        from common.config import load_config
-        from common.model.gpt import MarketGPT
-        from common.distributed.precision import inference_precision
+        from common.distributed.precision import inference_precision  # torch
+        from common.model.gpt import MarketGPT  # torch
+        from common.training.checkpoint import load_checkpoint, unwrap_state_dict  # torch
+        from common.training.run_folder import open_run  # torch
 
-        run_dir = Path(run_dir)
-        if not run_dir.is_dir():
-            raise UserError(f"{run_dir}: no such run folder; pass one like "
-                            "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
-        missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
-        if missing == ["best_model.pt"]:
-            raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); forecast "
-                            "from a run that has, or wait for this one")
-        if missing:
-            raise UserError(f"{run_dir}: missing {', '.join(missing)}; is it a run folder?")
-        cfg = load_config(run_dir / "config.json")
-        tokenizer = OHLCTokenizer.load(run_dir / "tokenizer.json")
-        try:
-            asset_info = read_json(run_dir / "asset_info.json")
-        except ValueError as e:
-            raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
+        run = open_run(run_dir, need_tokens=False)
+        run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
         device = torch.device(device) if device is not None else torch.device("cpu")
         precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
                                         device)
@@ -191,7 +177,7 @@ class Forecaster:
         if cfg.model.volume_input and edges is None:
             raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
-        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
+        return cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
                    volume_edges=edges, precision=precision)
 
     def resolve_symbol(self, symbol: str) -> str:
@@ -240,31 +226,8 @@ class Forecaster:
         if not histories:
             raise UserError("nothing to forecast: no history given")
         self.check_request(horizon, samples)
-        if temperature < 0 or not math.isfinite(temperature):
-            raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
-        if top_k is not None and top_k < 1:
-            raise UserError(f"--top-k {top_k}: must be at least 1")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise UserError(f"--top-p {top_p}: must be in (0, 1]")
-
-        T = self.cfg.model.context_length
-        contexts, states, origins, features = [], [], [], []
-        for h in histories:
-            symbol = self.resolve_symbol(h.symbol)
-            candles = h.candles
-            need = self.min_history()
-            if len(candles) < need:
-                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
-                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
-                                "pick a later --as-of or another asset")
-            tokens = self.tokenizer.encode(candles, asset=symbol)
-            state = self.tokenizer.vol_state(candles, asset=symbol)
-            contexts.append(tokens[-T:].astype(np.int64))
-            states.append(state)
-            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
-                            "category": self.assets[symbol]["category"]})
-            if self.cfg.model.time_features or self.cfg.model.volume_input:
-                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+        _check_sampling(temperature, top_k, top_p)
+        contexts, states, origins, features = self._encode(histories, horizon)
 
         tokens = self.sample_tokens(
             np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
@@ -290,16 +253,40 @@ class Forecaster:
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
 
+    def _encode(self, histories: Sequence[History], horizon: int) -> tuple[list, list, list, list]:
+        """Per history: its last context_length tokens, its volatility state after the last candle,
+        its origin (symbol, as_of, last_close, category) and, for a model that reads them, its
+        candle ids (the future's included)."""
+        T = self.cfg.model.context_length
+        contexts, states, origins, features = [], [], [], []
+        for h in histories:
+            symbol = self.resolve_symbol(h.symbol)
+            candles = h.candles
+            need = self.min_history()
+            if len(candles) < need:
+                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
+                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
+                                "pick a later --as-of or another asset")
+            tokens = self.tokenizer.encode(candles, asset=symbol)
+            state = self.tokenizer.vol_state(candles, asset=symbol)
+            contexts.append(tokens[-T:].astype(np.int64))
+            states.append(state)
+            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
+                            "category": self.assets[symbol]["category"]})
+            if self.cfg.model.time_features or self.cfg.model.volume_input:
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+        return contexts, states, origins, features
+
     def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
                       samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
                       max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
         replaces (common.forecasting.infer.ExportedForecaster samples with onnxruntime). features: (N, L +
         horizon, 3) candle ids, only for a model with time_features / volume_input."""
-        import torch
+        import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
 
-        from common.distributed.precision import autocast
-        from common.model.sampling import sample_paths
+        from common.distributed.precision import autocast  # torch
+        from common.model.sampling import sample_paths  # torch
 
         dev = torch.device(self.device)
         generator = torch.Generator(device=dev).manual_seed(int(seed))
@@ -314,8 +301,6 @@ class Forecaster:
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
-        from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
-
         interval = self.cfg.data.interval
         edges = self.volume_edges
         if edges is None:
@@ -335,6 +320,15 @@ class Forecaster:
         banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
         banned[self.tokenizer.num_used_ids:] = True
         return banned
+
+
+def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[float]) -> None:
+    if temperature < 0 or not math.isfinite(temperature):
+        raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k}: must be at least 1")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p}: must be in (0, 1]")
 
 
 def _last_time(candles: pd.DataFrame) -> str:

@@ -26,8 +26,10 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from common.config import load_config
 from common.errors import UserError
 from common.forecasting.forecaster import Forecaster
+from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
            "window_start"]
@@ -203,9 +205,6 @@ class ExportedForecaster(Forecaster):
 
     @classmethod
     def from_export(cls, export_dir: Union[str, os.PathLike], threads: Optional[int] = None) -> "ExportedForecaster":
-        from common.config import load_config
-        from common.tokens.tokenizer import OHLCTokenizer
-
         export_dir = Path(export_dir)
         if not export_dir.is_dir():
             raise UserError(f"{export_dir}: no such folder; pass a `marketgpt export --format onnx` folder")

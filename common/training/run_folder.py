@@ -27,16 +27,18 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.atomic import atomic_path
+from common.atomic import atomic_path, read_json
 from common.atomic import check_writable as _check_writable
 from common.training.batches import SPLITS
 from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
-from common.config import Config, config_to_dict
+from common.config import Config, config_to_dict, load_config
 from common.distributed.env import slurm_job_id
 from common.errors import UserError
 
 __all__ = [
     "HARMLESS_ON_RESUME",
+    "RUN_FILES",
+    "OpenRun",
     "TokenSet",
     "auto_resume_run",
     "check_writable",
@@ -44,6 +46,7 @@ __all__ = [
     "find_runs",
     "has_final_outputs",
     "new_run_dir",
+    "open_run",
     "resolve_resume",
     "reuse_unstarted_run",
 ]
@@ -268,3 +271,46 @@ class TokenSet:
             features=({s: features[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
                       if features is not None else None),
         )
+
+
+# What a finished epoch leaves in a run folder, enough to rebuild its best model (forecasts,
+# exports); evaluating the test split also needs tokens.npz.
+RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
+
+
+@dataclass
+class OpenRun:
+    """A run folder's files read back: config.json, tokenizer.json, asset_info.json, and tokens.npz
+    when asked for; best_model.pt is known to exist, and is the caller's to load."""
+
+    path: Path
+    cfg: Config
+    tokenizer: Any  # common.tokens.tokenizer.OHLCTokenizer
+    asset_info: dict
+    tokens: Optional[TokenSet] = None
+
+
+def open_run(run_dir: str | Path, need_tokens: bool) -> OpenRun:
+    """Check that `run_dir` is a run folder with a best model and read its files, or raise a
+    UserError that says which file is missing or damaged. need_tokens: also tokens.npz (the
+    test split), for evaluation."""
+    from common.tokens.tokenizer import OHLCTokenizer  # pandas: kept out of the training start-up
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder; pass one like "
+                        "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
+    names = RUN_FILES[:-1] + (("tokens.npz",) if need_tokens else ()) + RUN_FILES[-1:]
+    missing = [name for name in names if not (run_dir / name).is_file()]
+    if missing == ["best_model.pt"]:
+        raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); use a run "
+                        "that has, or wait for this one")
+    if missing:
+        raise UserError(f"{run_dir}: missing {', '.join(missing)}; is it a run folder, and did training get "
+                        "past its set-up?")
+    try:
+        asset_info = read_json(run_dir / "asset_info.json")
+    except ValueError as e:
+        raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
+    return OpenRun(run_dir, load_config(run_dir / "config.json"), OHLCTokenizer.load(run_dir / "tokenizer.json"),
+                   asset_info, TokenSet.load(run_dir / "tokens.npz") if need_tokens else None)

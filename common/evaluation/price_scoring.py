@@ -1,0 +1,119 @@
+"""The scorecard's numbers from the walk-forward's per-origin stats: per horizon the scores
+(CRPS, MAE/MASE, QLIKE, coverage, PIT, direction), rank IC, skill against each baseline with its
+block-bootstrap interval and the per-asset / per-category breakdown; and the backtest of the
+model's sign(mean) positions beside buy-and-hold and momentum.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from common.evaluation.asset_series import AssetSeries
+from common.evaluation.backtest import backtest, signal_positions
+from common.evaluation.metrics import (COVERAGE_LEVELS, newey_west_t, pit_histogram, qlike, rank_ic, skill_interval,
+                                       wilson_interval)
+from common.evaluation.walk_forward import Origins
+
+__all__ = ["SKILL_KINDS", "backtest_card", "horizon_card"]
+
+SKILL_KINDS = {"crps": "ratio", "mae": "ratio", "qlike": "diff"}
+
+
+def _mean(x: np.ndarray) -> Optional[float]:
+    return float(np.mean(x)) if len(x) else None
+
+
+def _scores(st: dict[str, np.ndarray], y: np.ndarray) -> dict:
+    abs_err, rw_err = np.abs(y - st["median"]), np.abs(y)
+    return {"crps": _mean(st["crps"]), "mae": _mean(abs_err),
+            "mase": float(abs_err.sum() / rw_err.sum()) if rw_err.sum() > 0 else None,
+            "qlike": _mean(qlike(st["var"], y)),
+            "coverage": {str(l): _mean(st[f"cover{l}"].astype(float)) for l in COVERAGE_LEVELS}}
+
+
+def _direction(predicted_up: np.ndarray, y: np.ndarray) -> dict:
+    moved = y != 0
+    hits, n = int((predicted_up[moved] == (y[moved] > 0)).sum()), int(moved.sum())
+    lo, hi = wilson_interval(hits, n)
+    return {"accuracy": hits / n if n else None, "ci95": [lo, hi], "n": n}
+
+
+def _losses(st: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
+    return {"crps": st["crps"], "mae": np.abs(y - st["median"]), "qlike": qlike(st["var"], y)}
+
+
+def _groups(labels: np.ndarray, stats: dict[str, dict[str, np.ndarray]], y: np.ndarray) -> dict:
+    out = {}
+    for label in dict.fromkeys(labels.tolist()):
+        m = labels == label
+        entry = {"n": int(m.sum()), "crps": {name: _mean(st["crps"][m]) for name, st in stats.items()}}
+        model = stats["model"]
+        entry["coverage90"] = _mean(model["cover90"][m].astype(float))
+        entry["direction"] = _direction(model["p_up"][m] >= 0.5, y[m])["accuracy"]
+        out[label] = entry
+    return out
+
+
+def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dict[str, np.ndarray]],
+                  ranked: Sequence[str], horizon: int, stride: int, n_boot: int, seed: int) -> dict:
+    y = o.y[horizon]
+    card: dict = {"n": int(len(y)), "n_dates": int(len(np.unique(o.dates)))}
+    scores = {name: _scores(st, y) for name, st in stats.items()}
+    for key in ("crps", "mae", "mase", "qlike"):
+        card[key] = {name: sc[key] for name, sc in scores.items()}
+    card["coverage"] = {name: sc["coverage"] for name, sc in scores.items()}
+    card["pit"] = {name: pit_histogram(st["pit"]) for name, st in stats.items()}
+    card["direction"] = {name: _direction(st["p_up"] >= 0.5, y) for name, st in stats.items()}
+    card["direction"]["always_up"] = _direction(np.ones(len(y), bool), y)
+
+    card["rank_ic"] = {}
+    for name in ranked:  # zero-mean baselines rank noise: left out
+        _, ic = rank_ic(o.dates, stats[name]["mean"], y)
+        lags = max(math.ceil(horizon / stride) - 1, math.floor(4 * (len(ic) / 100) ** (2 / 9))) if len(ic) else 0
+        card["rank_ic"][name] = ({"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)),
+                                  "nw_lags": lags} if len(ic) >= 2 else None)
+
+    model_losses = _losses(stats["model"], y)
+    card["skill"] = {key: {} for key in SKILL_KINDS}
+    for name, st in stats.items():
+        if name == "model":
+            continue
+        base_losses = _losses(st, y)
+        for key, kind in SKILL_KINDS.items():
+            card["skill"][key][name] = skill_interval(model_losses[key], base_losses[key], o.dates, horizon=horizon,
+                                                      stride=stride, kind=kind, n_boot=n_boot, seed=seed)
+    symbols = np.array([series[k].symbol for k in o.series], dtype=object)
+    categories = np.array([series[k].category for k in o.series], dtype=object)
+    card["by_asset"] = _groups(symbols, stats, y)
+    card["by_category"] = _groups(categories, stats, y)
+    return card
+
+
+def backtest_card(series: Sequence[AssetSeries], o: Origins, model: dict[str, np.ndarray], momentum: np.ndarray,
+                   horizon: int, cost_bp: float, n_boot: int, seed: int) -> dict:
+    """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold, momentum."""
+    symbols = [series[k].symbol for k in o.series]
+    hold = np.full(len(o.index), np.nan)
+    for k, s in enumerate(series):
+        rows = np.flatnonzero(np.asarray(o.series) == k)
+        if len(rows) < 2:
+            continue
+        log_close = np.log(s.candles["close"].to_numpy(dtype=np.float64))
+        i = o.index[rows]
+        hold[rows[:-1]] = log_close[i[1:]] - log_close[i[:-1]]  # the last origin has no next one: not held
+    frame = pd.DataFrame({"date": pd.to_datetime(o.dates, utc=True), "symbol": symbols, "r": hold,
+                          "model": signal_positions(model["mean"], model["p_up"]),
+                          "buy_and_hold": 1.0, "momentum20": momentum})
+    frame = frame[np.isfinite(frame["r"])]
+    if frame.empty:
+        return {"horizon": horizon, "strategies": {}, "sharpe": None, "sharpe_ci95": [None, None]}
+    wide = lambda col: frame.pivot(index="date", columns="symbol", values=col).sort_index()  # noqa: E731
+    r = wide("r")
+    strategies = {name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed)
+                  for name in ("model", "buy_and_hold", "momentum20")}
+    return {"horizon": horizon, "signal": "sign(mean)", "cost_bp": cost_bp,
+            "sharpe": strategies["model"]["sharpe"], "sharpe_ci95": strategies["model"]["sharpe_ci95"],
+            "strategies": strategies}

@@ -1,0 +1,69 @@
+"""scorecard.png: CRPS skill per horizon and baseline, the model's coverage, its PIT histogram and
+the backtest's equity curves. Rendering uses matplotlib's Agg backend (no display on Slurm nodes).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional
+
+import numpy as np
+import pandas as pd
+
+from common.atomic import atomic_savefig
+from common.evaluation.backtest import DEFAULT_COST_BP
+from common.evaluation.metrics import COVERAGE_LEVELS
+
+__all__ = ["plot_scorecard"]
+
+
+def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
+    """Draw the card into `path` (PNG, written atomically); labels: baseline name -> its name in the legend."""
+    import matplotlib  # slow to import: only when a picture is drawn
+
+    matplotlib.use("Agg")  # before pyplot: no display on compute nodes
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    horizons = list(card["horizons"])
+    names = list(next(iter(card["horizons"].values()))["skill"]["crps"])
+    width = 0.8 / max(len(names), 1)
+    for j, name in enumerate(names):
+        sk = [card["horizons"][h]["skill"]["crps"][name] for h in horizons]
+        v = np.array([s["value"] for s in sk]) * 100
+        err = np.abs(np.array([s["ci95"] for s in sk]).T * 100 - v)
+        ax[0, 0].bar(np.arange(len(horizons)) + j * width, v, width, yerr=err, capsize=3,
+                     label=labels.get(name, name))
+    ax[0, 0].axhline(0, color="k", lw=0.8)
+    ax[0, 0].set_xticks(np.arange(len(horizons)) + width * (len(names) - 1) / 2, [f"H={h}" for h in horizons])
+    ax[0, 0].set(title="CRPS skill vs baseline (95% block-bootstrap CI)", ylabel="skill, %")
+    ax[0, 0].legend(fontsize=8)
+
+    levels = [int(l) for l in COVERAGE_LEVELS]
+    ax[0, 1].plot(levels, levels, "k--", lw=0.8, label="nominal")
+    for h in horizons:
+        cov = card["horizons"][h]["coverage"]["model"]
+        ax[0, 1].plot(levels, [100 * (cov[str(l)] or 0) for l in levels], "o-", label=f"H={h}")
+    ax[0, 1].set(title="central interval coverage (model)", xlabel="nominal %", ylabel="actual %")
+    ax[0, 1].legend(fontsize=8)
+
+    pit = card["calibration"]["pit"]
+    ax[1, 0].bar(np.arange(len(pit)) / len(pit), pit, 1 / len(pit), align="edge", edgecolor="w")
+    ax[1, 0].axhline(1 / len(pit), color="k", ls="--", lw=0.8)
+    ax[1, 0].set(title=f"PIT histogram (model, H={card['calibration']['horizon']})", xlabel="PIT", ylabel="share")
+
+    bt = card.get("backtest", {})
+    for name, st in bt.get("strategies", {}).items():
+        ax[1, 1].plot(pd.to_datetime(st["dates"]), st["equity"], label=f"{name} (Sharpe {_fmt(st['sharpe'])})")
+    ax[1, 1].set(title=f"backtest equity, {bt.get('cost_bp', DEFAULT_COST_BP):g} bp per side "
+                       f"(H={bt.get('horizon', '-')})", ylabel="growth of 1")
+    if bt.get("strategies"):
+        ax[1, 1].legend(fontsize=8)
+    ax[1, 1].tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+

@@ -1,0 +1,163 @@
+"""Per-target scores on the test split: the inputs (SplitTokens, eval_inputs), the windows the
+model reads (split_windows) and the scores of the model and of a token baseline on every target.
+common.evaluation.evaluate sums them up; its docstring says which targets and how they are ranked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from common.distributed.precision import autocast as precision_autocast, resolve_precision
+from common.special_tokens import PAD_TOKEN
+
+__all__ = ["Scores", "SplitTokens", "TOP_K", "Windows", "eval_inputs", "score_baseline", "score_log_probs",
+           "score_model", "split_windows"]
+
+TOP_K = 5
+_CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
+
+
+@dataclass
+class SplitTokens:
+    """One asset's test tokens and the actual normalized move of each token's candle.
+
+    moves[i] is move/sigma of candle i (`tokenizer.features`), NaN where undefined (BOS, MISSING).
+    """
+
+    tokens: np.ndarray
+    moves: np.ndarray
+    features: Optional[np.ndarray] = None  # (n, 3) time and volume ids, when the model reads them
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens).astype(np.int64)
+        self.moves = np.asarray(self.moves, dtype=np.float64)
+        if self.tokens.ndim != 1 or self.tokens.shape != self.moves.shape:
+            raise ValueError(f"tokens {self.tokens.shape} and moves {self.moves.shape} must be 1-D and aligned")
+
+
+def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray],
+                ranges: Mapping[str, Mapping[str, Sequence[int]]],
+                features: Optional[Mapping[str, np.ndarray]] = None
+                ) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
+    """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
+
+    tokens / moves: symbol -> the asset's whole series of tokens and actual moves (aligned, as
+    in the run folder's tokens.npz); ranges: symbol -> {"train": (begin, end), "test": ...},
+    end exclusive. Moves must come from the whole series (sigma needs the past), not the slice.
+    """
+    test, train = {}, {}
+    for symbol, toks in tokens.items():
+        if "train" in ranges[symbol]:
+            b, e = ranges[symbol]["train"]
+            train[symbol] = np.asarray(toks[b:e])
+        if "test" in ranges[symbol]:
+            b, e = ranges[symbol]["test"]
+            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e],
+                                       features[symbol][b:e] if features is not None else None)
+    return test, train
+
+
+@dataclass
+class Scores:
+    """Per-target results of one predictor, all (N,): the unit every metric is summed from."""
+
+    nll: np.ndarray  # -log p(target), nats
+    top1: np.ndarray  # bool: target ranked first
+    top5: np.ndarray  # bool: target in the top 5
+    move: np.ndarray  # expected next move, sum_v p(v) move(v)
+
+    @classmethod
+    def concat(cls, parts: Sequence["Scores"]) -> "Scores":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
+                     for f in ("nll", "top1", "top5", "move")))
+
+
+def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves: torch.Tensor) -> Scores:
+    """Score (n, V) log-probabilities against (n,) targets; token_moves (V,) has 0 for specials."""
+    log_probs = log_probs.float() if log_probs.dtype in (torch.float16, torch.bfloat16) else log_probs
+    target_lp = log_probs.gather(1, targets[:, None])  # (n, 1)
+    ids = torch.arange(log_probs.size(1), device=log_probs.device)
+    # rank = ids strictly more likely + equally likely ids with a lower id (stable-sort order)
+    rank = (log_probs > target_lp).sum(1) + ((log_probs == target_lp) & (ids < targets[:, None])).sum(1)
+    move = log_probs.exp() @ token_moves.to(log_probs.dtype)  # (n,)
+    return Scores(nll=-target_lp[:, 0].double().cpu().numpy(), top1=(rank < 1).cpu().numpy(),
+                  top5=(rank < TOP_K).cpu().numpy(), move=move.double().cpu().numpy())
+
+
+def score_baseline(baseline: Any, prev: np.ndarray, targets: np.ndarray, token_moves: torch.Tensor) -> Scores:
+    rows = max(1, _CHUNK_ELEMENTS // len(token_moves))
+    parts = []
+    for i in range(0, len(targets), rows):
+        lp = torch.from_numpy(baseline.log_probs(prev[i:i + rows]))
+        parts.append(score_log_probs(lp, torch.from_numpy(targets[i:i + rows]), token_moves.double()))
+    return Scores.concat(parts)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class Windows:
+    """Every test target once, as (W, T) windows; PAD targets are padding."""
+
+    x: np.ndarray  # (W, T) inputs
+    y: np.ndarray  # (W, T) targets
+    moves: np.ndarray  # (W, T) actual move of each target's candle
+    asset: np.ndarray  # (W,) index into symbols
+    symbols: list
+    start: np.ndarray  # (W,) position of each window's first input in its asset's test tokens
+    features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
+
+
+def split_windows(test: Mapping[str, SplitTokens], context_length: int) -> Windows:
+    T = context_length
+    xs, ys, ms, owner, first, fs = [], [], [], [], [], []
+    symbols = list(test)
+    for a, symbol in enumerate(symbols):
+        toks, moves = test[symbol].tokens, test[symbol].moves
+        n = len(toks)
+        starts = np.arange(0, max(n - 1, 0), T)  # windows [s, s + T] share their boundary token
+        if len(starts) == 0:
+            continue
+        # pad the tail so every window has T + 1 tokens; the padding is a PAD target, ignored
+        padded = np.concatenate([toks, np.full(T, PAD_TOKEN, np.int64)])
+        padded_moves = np.concatenate([moves, np.full(T, np.nan)])
+        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1)
+        chunk = padded[idx]
+        xs.append(chunk[:, :-1])
+        ys.append(chunk[:, 1:])
+        ms.append(padded_moves[idx][:, 1:])
+        if test[symbol].features is not None:
+            fs.append(np.concatenate([test[symbol].features, np.zeros((T, 3), np.int64)])[idx][:, :-1])
+        owner.append(np.full(len(starts), a))
+        first.append(starts)
+    if not xs:
+        empty = np.zeros((0, T), np.int64)
+        return Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
+    return Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
+                    np.concatenate(first), np.concatenate(fs) if fs else None)
+
+
+@torch.no_grad()
+def score_model(model: torch.nn.Module, w: Windows, asset_ids: np.ndarray, category_ids: np.ndarray,
+                 token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
+    token_moves = token_moves.float().to(device)
+    # the precision training.precision=auto picks: bf16 on Ampere+, fp16 on V100/T4, fp32 on the CPU
+    autocast = precision_autocast(resolve_precision("auto", device), device)
+    parts = []
+    for i in range(0, len(w.x), batch_size):
+        x = torch.from_numpy(w.x[i:i + batch_size]).to(device)
+        y = torch.from_numpy(w.y[i:i + batch_size]).to(device)
+        a = torch.from_numpy(asset_ids[w.asset[i:i + batch_size]]).to(device)
+        c = torch.from_numpy(category_ids[w.asset[i:i + batch_size]]).to(device)
+        extra = {} if w.features is None else {"features": torch.from_numpy(w.features[i:i + batch_size]).to(device)}
+        with autocast:
+            logits, _ = model(x, a, c, **extra)
+        keep = y != PAD_TOKEN  # (B, T); row-major order matches the flattened targets
+        log_probs = F.log_softmax(logits[keep].float(), dim=-1)  # (n, V)
+        parts.append(score_log_probs(log_probs, y[keep], token_moves))
+    return Scores.concat(parts)
