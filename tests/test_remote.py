@@ -306,7 +306,9 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
     settings = {**workstation["settings"],
                 "env": f"export OMP_NUM_THREADS=1 SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')}"}
     (local / "remote.json").write_text(json.dumps(settings))
-    args = [a for kv in [*TINY, "experiment=remote_tiny"] for a in ("--set", kv)]
+    # a small end-of-training scorecard (TINY turns it off), so that the results printed at the end include one
+    scored = [*TINY, "training.scorecard_origins=2", "training.scorecard_samples=4", "experiment=remote_tiny"]
+    args = [a for kv in scored for a in ("--set", kv)]
     proc = marketgpt(local, "train", "--case", "c", *args, "--poll", "2", "--timeout", "600", timeout=700)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -317,11 +319,13 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
     assert "epoch 2/2" in out  # followed the log
     (run,) = (local / "case_c_crypto" / "checkpoints").glob("remote_tiny_*")
     assert f"Fetched and checked {run}" in out
-    assert "Test (best model, epoch" in out  # the test results
-    if (run / "scorecard.json").is_file():  # written by runs that score themselves at the end
-        card = json.loads((run / "scorecard.json").read_text())
-        assert "Scorecard headline: H=" in out and all(line in out for line in card["verdicts"])
-    for name in ("best_model.pt", "test_results.json", "training_log.json", "config.json", "tokenizer.json"):
+    results = out.split(f"Fetched and checked {run}")[1]  # printed from the fetched files (the log has them too)
+    assert "Test (best model, epoch" in results  # the test results
+    card = json.loads((run / "scorecard.json").read_text())
+    assert card["verdicts"] and f"Scorecard headline: H={card['headline']['horizon']}: CRPS skill vs " in results
+    assert all(f"  {line}\n" in results for line in card["verdicts"])
+    for name in ("best_model.pt", "test_results.json", "training_log.json", "config.json", "tokenizer.json",
+                 "scorecard.json"):
         assert (run / name).is_file(), name
     assert not list(run.glob("checkpoint_epoch_*.pt"))
     there = remote / "case_c_crypto" / "checkpoints" / run.name
