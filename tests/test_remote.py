@@ -218,7 +218,7 @@ def test_status_and_logs_run_there(workstation):
 # which its ConnectTimeout covers as it covers the connect (a host that never answers, without a
 # packet leaving this machine). Prints its port, then holds the connections until killed.
 SILENT_SERVER = """
-import socket, sys
+import socket
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
