@@ -143,14 +143,16 @@ def test_code_in_a_checkpoint_is_refused(tmp_path):
         load_checkpoint(path)
 
 
-def test_a_crash_before_the_rename_leaves_the_old_file(tmp_path, monkeypatch):
+def test_an_interrupt_before_the_rename_leaves_the_old_file_and_removes_the_temp_file(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) just before the rename: the save's own cleanup runs. A kill -9
+    would skip it and leave the temp file (test_resume.py's kill -9 test covers that case)."""
     path = tmp_path / "best_model.pt"
     save_checkpoint(_payload(1.0), path)
 
-    def crash(src, dst):  # kill -9 just before the rename
+    def interrupted(src, dst):  # the exception a Ctrl-C raises, just before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(os, "replace", crash)
+    monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(_payload(2.0), path)
     monkeypatch.undo()

@@ -1,8 +1,8 @@
 """`marketgpt` exit codes at the command line: what the README promises scripts can rely on.
 
-`marketgpt data download` runs the real yfinance code against recorded Yahoo chart responses
-(FakeYahoo on a `responses` mock, as tests/test_yahoo.py and tests/test_download.py do): no
-network is touched.
+`marketgpt data download` runs the real yfinance code against Yahoo chart responses constructed
+in the shape of real ones, not recorded (FakeYahoo on a `responses` mock, as tests/test_yahoo.py
+and tests/test_download.py do): no network is touched.
 """
 from __future__ import annotations
 

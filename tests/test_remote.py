@@ -5,6 +5,8 @@ The sshd is Debian's openssh-server with its own config, host key and a generate
 on a free port, stopped by its pid. The client reaches it through an ssh config alias with
 strict host key checking, as a user's ~/.ssh/config would. The "workstation" is a throwaway
 copy of the repo, the remote repo another temp folder, so nothing lands in the working tree.
+Without sshd, ssh or rsync the tests that need them fail under CI=true (.ci/run installs them)
+and skip elsewhere. Every address is on 127.0.0.1: no packet leaves this machine.
 """
 from __future__ import annotations
 
@@ -16,16 +18,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
 
 from common.training.checkpoint import save_checkpoint
+from ci_helpers import unavailable
 from slurm_helpers import REPO, TINY, copy_repo
 
 SSHD = Path("/usr/sbin/sshd")
-pytestmark = pytest.mark.skipif(not SSHD.is_file() or shutil.which("rsync") is None,
-                                reason="needs Debian's openssh-server and rsync (.ci/run installs them)")
 ALIAS = "loginnode"
 
 
@@ -38,6 +40,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory) -> dict:
+    if not SSHD.is_file() or not all(shutil.which(tool) for tool in ("ssh", "ssh-keygen", "rsync")):
+        unavailable("needs Debian's openssh-server, openssh-client and rsync (.ci/run installs them)")
     d = tmp_path_factory.mktemp("sshd")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True, timeout=60)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user_key")], check=True, timeout=60)
@@ -210,14 +214,40 @@ def test_status_and_logs_run_there(workstation):
 # --------------------------------------------------------------------------- bad input
 
 
+# Accepts TCP connections on 127.0.0.1 and never says a word: ssh waits for the server's banner,
+# which its ConnectTimeout covers as it covers the connect (a host that never answers, without a
+# packet leaving this machine). Prints its port, then holds the connections until killed.
+SILENT_SERVER = """
+import socket
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+print(server.getsockname()[1], flush=True)
+held = []
+while True:
+    held.append(server.accept()[0])
+"""
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    proc = subprocess.Popen([sys.executable, "-c", SILENT_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.parametrize("where", ["closed port", "no answer"])
-def test_an_unreachable_host_fails_in_seconds_naming_the_step(workstation, where):
+def test_an_unreachable_host_fails_in_seconds_naming_the_step(workstation, request, where):
     local = workstation["local"]
-    # a port nothing listens on (refused at once), or an address that never answers (ConnectTimeout)
-    host, options, says = (("root@127.0.0.1", f"-p {_free_port()}", "Connection refused") if where == "closed port"
-                           else ("root@10.255.255.1", "", "timed out"))
-    (local / "remote.json").write_text(json.dumps({**workstation["settings"], "host": host, "ssh_options": options,
-                                                   "connect_timeout_s": 3}))
+    # a port nothing listens on (refused at once), or a server that never answers (ConnectTimeout);
+    # only 127.0.0.1: a test sends no packet off this machine (test_loopback_only.py)
+    port = _free_port() if where == "closed port" else request.getfixturevalue("silent_port")
+    host, says = "root@127.0.0.1", ("Connection refused" if where == "closed port" else "timed out")
+    (local / "remote.json").write_text(json.dumps({**workstation["settings"], "host": host,
+                                                   "ssh_options": f"-p {port}", "connect_timeout_s": 3}))
     # timeout=30 bounds the test: an ssh that hung for minutes would fail it with TimeoutExpired
     proc = marketgpt(local, "status", timeout=30)
     assert proc.returncode == 1
@@ -276,7 +306,9 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
     settings = {**workstation["settings"],
                 "env": f"export OMP_NUM_THREADS=1 SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')}"}
     (local / "remote.json").write_text(json.dumps(settings))
-    args = [a for kv in [*TINY, "experiment=remote_tiny"] for a in ("--set", kv)]
+    # a small end-of-training scorecard (TINY turns it off), so that the results printed at the end include one
+    scored = [*TINY, "training.scorecard_origins=2", "training.scorecard_samples=4", "experiment=remote_tiny"]
+    args = [a for kv in scored for a in ("--set", kv)]
     proc = marketgpt(local, "train", "--case", "c", *args, "--poll", "2", "--timeout", "600", timeout=700)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -287,11 +319,13 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
     assert "epoch 2/2" in out  # followed the log
     (run,) = (local / "case_c_crypto" / "checkpoints").glob("remote_tiny_*")
     assert f"Fetched and checked {run}" in out
-    assert "Test (best model, epoch" in out  # the test results
-    if (run / "scorecard.json").is_file():  # written by runs that score themselves at the end
-        card = json.loads((run / "scorecard.json").read_text())
-        assert "Scorecard headline: H=" in out and all(line in out for line in card["verdicts"])
-    for name in ("best_model.pt", "test_results.json", "training_log.json", "config.json", "tokenizer.json"):
+    results = out.split(f"Fetched and checked {run}")[1]  # printed from the fetched files (the log has them too)
+    assert "Test (best model, epoch" in results  # the test results
+    card = json.loads((run / "scorecard.json").read_text())
+    assert card["verdicts"] and f"Scorecard headline: H={card['headline']['horizon']}: CRPS skill vs " in results
+    assert all(f"  {line}\n" in results for line in card["verdicts"])
+    for name in ("best_model.pt", "test_results.json", "training_log.json", "config.json", "tokenizer.json",
+                 "scorecard.json"):
         assert (run / name).is_file(), name
     assert not list(run.glob("checkpoint_epoch_*.pt"))
     there = remote / "case_c_crypto" / "checkpoints" / run.name

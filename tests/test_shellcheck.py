@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_helpers import unavailable
 from slurm_helpers import REPO
 
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "checkpoints", "logs", "data", "build"}
@@ -49,10 +50,7 @@ def test_the_scripts_are_found():
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shellcheck_is_clean(script):
     if shutil.which("shellcheck") is None:
-        message = "shellcheck is not installed (Debian: apt-get install shellcheck; .ci/run installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("shellcheck is not installed (Debian: apt-get install shellcheck; .ci/run installs it)")
     # from the repo root, so `# shellcheck source=common/slurm/job.sh` directives resolve
     proc = subprocess.run(["shellcheck", "--external-sources", "--format=gcc", str(script.relative_to(REPO))],
                           cwd=REPO, capture_output=True, text=True, timeout=120)

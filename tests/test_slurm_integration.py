@@ -5,9 +5,10 @@ Every job is submitted at the start (the `jobs` fixture), in a throwaway copy of
 the two nodes stay busy while the tests look at one job after another:
 - each case script, unmodified but for --set overrides that make it tiny, from the repo root
   and from its slurm_scripts/ folder;
-- a longer run three times: uninterrupted (the reference), with `sbatch --time=1
-  --signal=B:USR2@10`, and through submitit with a 1-minute limit; the last two get Slurm's
-  warning signal, checkpoint, requeue, resume and must end with the reference's exact weights;
+- a longer run three times: uninterrupted (the reference), with `sbatch --signal=B:USR2@10`,
+  and through submitit with a 10-s warning; the last two get their time limit cut short once
+  they train (_Holder), so they get Slurm's warning signal, checkpoint, requeue, resume and must
+  end with the reference's exact weights;
 - a run that is scancel'ed mid-epoch, then submitted again: it resumes;
 - launch_parallel_training.sh -y --cases b,c, and the monitoring script it writes.
 There is no sacct here: every wait asks squeue / scontrol show job, under a timeout.
@@ -15,13 +16,16 @@ There is no sacct here: every wait asks squeue / scontrol show job, under a time
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -33,8 +37,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
 
 TIMEOUT_S = 900  # for the whole module's jobs; they normally finish within ~5 minutes
-# The longer run: about a minute of training on 2 cores, so that Slurm's warning (sent 20-50 s
-# into a 1-minute job: USR2@10 plus slurmctld's 30-s check period) always comes mid-training.
+# The longer run: about a minute of training on 2 cores. The signalled runs start with a 10-minute
+# limit and wait for the warning mid-training (_Holder), so it finds them training on any machine.
 LONG = [*TINY, "training.epochs=6", "training.max_steps_per_epoch=null", "training.log_every_steps=200"]
 LONG_EPOCHS = 6
 # The scancel'ed run: two full epochs, cancelled after 400 steps of the first.
@@ -101,6 +105,87 @@ class _Extender(threading.Thread):
             time.sleep(1.0)
 
 
+def _job_pythons(job_id: str) -> list[int]:
+    """The job's Python processes on this machine (its ranks: the local cluster's nodes are here)."""
+    python, pids = os.path.realpath(sys.executable), []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and os.path.realpath(proc / "exe") == python
+                    and f"SLURM_JOB_ID={job_id}".encode() in (proc / "environ").read_bytes().split(b"\0")):
+                pids.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _usr2_pending_or_gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    masks = re.findall(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", status, flags=re.M)
+    return any(int(mask, 16) >> (signal.SIGUSR2 - 1) & 1 for mask in masks)
+
+
+def _send(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Holder(threading.Thread):
+    """Bring Slurm's time-limit warning to a job mid-training, on a fast machine or a busy one: the
+    job starts with a 10-minute limit (no warning while it starts up); once its log shows a training
+    step, its ranks are stopped (SIGSTOP) and its limit cut to the next whole minute at least 20 s
+    away (Slurm warns 10 s or up to a minute more before it); once USR2 is pending on a rank, they
+    continue (SIGCONT) and checkpoint. Like the kill -9 test in test_resume.py, it waits for events
+    of the run, not for a number of seconds."""
+
+    def __init__(self, job_id: str, log: Callable[[], str], timeout_s: float) -> None:
+        super().__init__(daemon=True)
+        self.job_id, self.log, self.timeout_s = job_id, log, timeout_s
+        self.held: list[int] = []
+        self.cut: str | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not re.search(r"epoch 1/\d+ step \d+/", self.log()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        self.held = _job_pythons(self.job_id)
+        _send(self.held, signal.SIGSTOP)
+        try:
+            minutes = math.ceil((_seconds(scontrol_field(self.job_id, "RunTime") or "0") + 20) / 60)
+            proc = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"TimeLimit={minutes}"],
+                                  capture_output=True, text=True, timeout=60)
+            self.cut = f"TimeLimit={minutes}: exit {proc.returncode} {proc.stderr.strip()}"
+            until = time.monotonic() + 60 * minutes + 60
+            # the ranks agree on a signal any of them got: one with USR2 pending is enough
+            while not any(_usr2_pending_or_gone(pid) for pid in self.held) and time.monotonic() < until:
+                time.sleep(0.2)
+        finally:
+            _send(self.held, signal.SIGCONT)
+
+    def __str__(self) -> str:
+        return f"held pids {self.held}, {self.cut}"
+
+
+def _seconds(run_time: str) -> int:
+    """scontrol's [D-]HH:MM:SS (or MM:SS) in seconds."""
+    days, _, clock = run_time.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = 60 * seconds + int(part)
+    return 86400 * int(days or 0) + seconds
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
     repo = copy_repo(tmp_path_factory.mktemp("slurm_repo"))
@@ -109,19 +194,24 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
 
     # the long-running ones first: Slurm starts jobs in submission order
     submitted["requeue"] = _sbatch(repo, "c", [*LONG, "experiment=rq_sbatch"],
-                                   options=("--time=1", "--signal=B:USR2@10"))
+                                   options=("--time=10", "--signal=B:USR2@10"))
     submitted["reference"] = _sbatch(repo, "c", [*LONG, "experiment=reference"])
     from common.cluster.submit import submit
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the submitit job inherits this environment
     try:
-        (job,) = submit(str(repo / "case_c_crypto"), None, [*LONG, "experiment=rq_submitit", "slurm.time=00:01:00"],
+        (job,) = submit(str(repo / "case_c_crypto"), None, [*LONG, "experiment=rq_submitit", "slurm.time=00:10:00"],
                         out=io.StringIO(), signal_delay_s=10)
     finally:
         os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
     submitted["submitit"] = job
     for job_id in (submitted["requeue"], job.job_id):
         _Extender(job_id, TIMEOUT_S).start()
+    submitted["holders"] = {
+        submitted["requeue"]: _Holder(submitted["requeue"], lambda: _log(repo, "c", submitted["requeue"]), TIMEOUT_S),
+        job.job_id: _Holder(job.job_id, lambda: _read(Path(job.paths.stdout)), TIMEOUT_S)}
+    for holder in submitted["holders"].values():
+        holder.start()
 
     submitted["scancel"] = _sbatch(repo, "c", [*MEDIUM, "experiment=cancelled"])
     canceller = _Canceller(repo, submitted["scancel"], r"epoch 1/2 step 400/", TIMEOUT_S)
@@ -181,8 +271,9 @@ def test_a_short_time_limit_signals_checkpoints_requeues_and_ends_like_an_uninte
     repo, job_id = jobs["repo"], jobs["requeue"]
     states = _wait([job_id, jobs["reference"]], jobs["deadline"])
     out = _log(repo, "c", job_id)
-    assert states[job_id] == "COMPLETED" and states[jobs["reference"]] == "COMPLETED", out[-4000:]
-    assert scontrol_field(job_id, "Restarts") == "1", out[-4000:]
+    held = str(jobs["holders"][job_id])
+    assert states[job_id] == "COMPLETED" and states[jobs["reference"]] == "COMPLETED", out[-4000:] + held
+    assert scontrol_field(job_id, "Restarts") == "1", out[-4000:] + held
     # one log, appended across the requeue
     assert "restart 0 =====" in out and "restart 1 =====" in out
     assert "USR2 (time limit near or preemption)" in out
@@ -201,8 +292,9 @@ def test_the_same_through_submitit(jobs):
     repo, job = jobs["repo"], jobs["submitit"]
     states = _wait([job.job_id, jobs["reference"]], jobs["deadline"])
     out = Path(job.paths.stdout).read_text()
-    assert states[job.job_id] == "COMPLETED", out[-4000:] + Path(job.paths.stderr).read_text()[-3000:]
-    assert int(scontrol_field(job.job_id, "Restarts")) >= 1
+    held = str(jobs["holders"][job.job_id])
+    assert states[job.job_id] == "COMPLETED", out[-4000:] + Path(job.paths.stderr).read_text()[-3000:] + held
+    assert int(scontrol_field(job.job_id, "Restarts")) >= 1, out[-4000:] + held
     assert "Received SIGUSR2: saved checkpoint_epoch_" in out and f"Requeued job {job.job_id}" in out
     (run_dir,) = run_dirs(repo, "case_c_crypto", "rq_submitit")
     assert f"Resuming {run_dir} from checkpoint_epoch_" in out
