@@ -151,7 +151,7 @@ def _fault_main(argv: list[str]) -> int:
     stuck = "--stuck" in argv
     argv = [a for a in argv if a != "--stuck"]
     rank, step, args = int(argv[0]), int(argv[1]), argv[2:]
-    from common import trainer
+    from common.training import trainer
     from common.cli import main
 
     mine = int(os.environ.get("RANK", 0)) == rank

@@ -14,8 +14,8 @@ import warnings
 import pytest
 import torch
 
-from common import gpu_stats as gpu_stats_mod
-from common import precision
+from common.training import gpu_stats as gpu_stats_mod
+from common.distributed import precision
 from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.config import ModelConfig
 from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
@@ -515,7 +515,7 @@ def test_doctor_flags_a_gpu_too_small_and_more_ranks_than_gpus(monkeypatch, tmp_
 
 
 def test_status_shows_each_gpus_peak_memory(tmp_path, monkeypatch):
-    from common import status
+    from common.cluster import status
 
     monkeypatch.setattr(status, "slurm_available", lambda: False)
     epoch = {"epoch": 1, "val_loss": 2.0, "tokens_per_sec": 5e4, "eta_s": 60.0}

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from common import rng
+from common.training import rng
 from common.training.rng import rng_state, seed_everything, set_rng_state
 
 
