@@ -39,7 +39,7 @@ from common.config import Config, SlurmConfig, load_config
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir
 from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
-from common.distributed.slurm import check_partition, job_info, slurm_available
+from common.distributed.slurm import check_partition, job_info, slurm_available, slurm_job_id
 
 __all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "parse_slurm_time", "plan_submission", "submit",
            "executor_parameters"]
@@ -74,7 +74,6 @@ class TrainJob(submitit.helpers.Checkpointable):
         return ["train", "--config", self.config, "--num-gpus", str(self.num_gpus), "--resume", self.resume, *sets]
 
     def __call__(self) -> int:
-        from common.distributed.env import slurm_job_id
         from common.commands.train import run_training
 
         env = submitit.JobEnvironment()

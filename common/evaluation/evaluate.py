@@ -447,7 +447,7 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
     through evaluate_best, the path training takes at its end."""
     from common.tokens.tokenizer import OHLCTokenizer
-    from common.training.trainer import pick_device
+    from common.distributed.env import pick_device
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

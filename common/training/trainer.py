@@ -89,9 +89,7 @@ class Trainer:
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
 
         # progress: `epoch` counts finished epochs; the one in progress is epoch + 1 (1-based)
-        self.epoch = 0
-        self.step_in_epoch = 0
-        self.global_step = 0
+        self.epoch = self.step_in_epoch = self.global_step = 0
         self.elapsed_before = 0.0  # seconds trained by earlier sessions of this run
         self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
