@@ -535,7 +535,8 @@ def test_status_shows_each_gpus_peak_memory(tmp_path, monkeypatch):
 
 _SCORING = """
 import sys, time
-from common.distributed.ddp import init_distributed, shutdown, wait_for_main
+from common.distributed.ddp import init_distributed, shutdown
+from common.distributed.job_store import wait_for_main
 env, _ = init_distributed()
 if env.is_main:
     print("scoring", time.time(), flush=True)

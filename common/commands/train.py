@@ -49,7 +49,8 @@ from common.training.batches import TokenWindows, build_windows
 from common.training.checkpoint import load_checkpoint
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
-from common.distributed.ddp import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
+from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
+from common.distributed.job_store import failures_reported, share_from_main
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.paths import case_dir_of_config

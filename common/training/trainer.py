@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, TextIO
 import torch
 
 from common.config import Config, config_to_dict
-from common.distributed.ddp import barrier, unwrap, wait_for_main
+from common.distributed.ddp import barrier, unwrap
+from common.distributed.job_store import wait_for_main
 from common.distributed.precision import autocast, compile_problem, grad_scaler, resolve_precision, use_tf32
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
