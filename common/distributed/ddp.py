@@ -35,6 +35,7 @@ __all__ = [
     "any_rank",
     "barrier",
     "init_distributed",
+    "no_sync",
     "shutdown",
     "unwrap",
     "was_distributed",
@@ -132,6 +133,13 @@ def barrier() -> None:
 
 
 # --------------------------------------------------------------------------- the model wrapper
+
+
+def no_sync(model: nn.Module, skip: bool) -> contextlib.AbstractContextManager:
+    """With skip, no gradient all-reduce in this backward (accumulation's micro-batches but the
+    last): the model's no_sync (MultiGPUWrapper, DDP); a no-op for a model without one."""
+    model_no_sync = getattr(model, "no_sync", None)
+    return model_no_sync() if model_no_sync is not None and skip else contextlib.nullcontext()
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -15,7 +15,6 @@ The banner, TensorBoard, MFU and GPU health are the `metrics` object's (metrics.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import sys
@@ -26,7 +25,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, TextIO
 import torch
 
 from common.config import Config, config_to_dict
-from common.distributed.ddp import barrier, unwrap
+from common.distributed.ddp import barrier, no_sync, unwrap
 from common.distributed.job_store import wait_for_main
 from common.distributed.precision import autocast, compile_problem, grad_scaler, resolve_precision, use_tf32
 from common.distributed.requeue import EXIT_REQUEUE
@@ -62,10 +61,8 @@ class _NonFinite(Exception):
 class Trainer:
     """Trains `model` on `windows` and writes checkpoints and training_log.json to `run_dir`.
 
-    rank / world_size shard the batches for DDP (wrapping the model in MultiGPUWrapper is the
-    caller's job). Under DDP every rank runs this same loop: per-step sums, signals and the
-    checkpoint timer go through one all-reduce, so all ranks log the same global numbers and
-    checkpoint at the same step; only rank 0 writes files and prints.
+    rank / world_size shard the batches for DDP (the caller wraps the model in MultiGPUWrapper).
+    Every rank runs this same loop and logs the same global numbers; rank 0 writes and prints.
     """
 
     def __init__(self, cfg: Config, model: torch.nn.Module, windows: TokenWindows, run_dir: Path, *,
@@ -280,7 +277,7 @@ class Trainer:
         sums = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss x tokens, correct, tokens
         for i in range(accum):
             b = next(batches)
-            with self._no_sync(last=i == accum - 1):
+            with no_sync(self.train_model, skip=i < accum - 1):
                 with autocast(self.precision, self.device):
                     logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
                 self.scaler.scale(loss / accum).backward()
@@ -332,10 +329,6 @@ class Trainer:
         progress.update(self.step_in_epoch, loss, lr, step_tps)
         if self.global_step % t.log_every_steps == 0:
             self.metrics.log_step(self.global_step, loss, lr, step_tps, step.grad_norm)
-
-    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        no_sync = getattr(self.train_model, "no_sync", None)  # MultiGPUWrapper / DDP
-        return no_sync() if no_sync is not None and not last else contextlib.nullcontext()
 
     def _step_boundary(self, stop_after_steps: Optional[int], sig: Optional[int] = None,
                        timer_due: bool = False) -> Optional[str]:
