@@ -100,10 +100,10 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
             start = time.perf_counter()
             trainer._save(name)  # returns when training may go on
             parts["atomic_waits"].append(time.perf_counter() - start)
-            trainer._checkpoints._pending[-1].add_done_callback(  # fsynced, renamed, pruned
+            trainer.checkpoints.writer._pending[-1].add_done_callback(  # fsynced, renamed, pruned
                 lambda _: parts["atomic_published"].append(time.perf_counter() - start))
             work()  # training goes on beside the background thread
-            trainer._checkpoints.wait()
+            trainer.checkpoints.writer.wait()
             return time.perf_counter() - start
 
         def plain_save() -> float:

@@ -214,8 +214,8 @@ def test_the_one_sync_step_equals_a_plain_loop_bit_for_bit(tmp_path):
     steps = 5
     tr = _trainer(tmp_path, log_every_steps=1)
     norms = []
-    tr._tensorboard = True
-    tr._scalar = lambda tag, value, step: norms.append(value) if tag == "train/grad_norm" else None
+    tr.metrics.tensorboard = True
+    tr.metrics.scalar = lambda tag, value, step: norms.append(value) if tag == "train/grad_norm" else None
     assert tr.train(stop_after_steps=steps) == "stopped"
     weights, ref_norms = _reference_run(steps, log_every_steps=1)
     assert norms == ref_norms  # the norm that rode in the all-reduce is the clip's own
@@ -249,7 +249,7 @@ def test_each_step_waits_for_the_device_once(tmp_path, monkeypatch):
 
     tr.optimizer.step = paused(tr.optimizer.step)
     tr._step_boundary = paused(tr._step_boundary)
-    tr._announce = paused(tr._announce)
+    tr.metrics.banner = paused(tr.metrics.banner)
     tr._write_log = paused(tr._write_log)
     assert tr.train(stop_after_steps=4) == "stopped"
     assert reads["n"] == 4
@@ -420,11 +420,12 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
     monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
     out = io.StringIO()
     tr = _trainer(tmp_path / "gpu", out=out, epochs=1, max_steps_per_epoch=2)
-    tr.cuda, real_device = True, tr.device  # the epoch's readings as on GPU 0; the maths stays on the CPU
-    monkeypatch.setattr("common.training.trainer.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
+    tr.cuda = tr.metrics.cuda = True  # the epoch's readings as on GPU 0; the maths stays on the CPU
+    real_device = tr.device
+    monkeypatch.setattr("common.training.metrics.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
     scalars = {}
-    tr._tensorboard = True
-    tr._scalar = lambda tag, value, step: scalars.__setitem__(tag, value)
+    tr.metrics.tensorboard = True
+    tr.metrics.scalar = lambda tag, value, step: scalars.__setitem__(tag, value)
     assert tr.train() == "finished" and tr.device == real_device
     (epoch,) = json.loads((tmp_path / "gpu" / "training_log.json").read_text())["epochs"]
     assert epoch["gpus"][0]["util_pct"] == 97.0 and epoch["gpus"][0]["mem_peak_gb"] == 35.1
@@ -534,7 +535,8 @@ def test_status_shows_each_gpus_peak_memory(tmp_path, monkeypatch):
 
 _SCORING = """
 import sys, time
-from common.distributed.ddp import init_distributed, shutdown, wait_for_main
+from common.distributed.ddp import init_distributed, shutdown
+from common.distributed.job_store import wait_for_main
 env, _ = init_distributed()
 if env.is_main:
     print("scoring", time.time(), flush=True)

@@ -79,8 +79,8 @@ def test_flops_per_token_counts_the_weights_and_attention():
 def test_trainer_logs_mfu_per_epoch_against_a_stated_peak(tmp_path):
     out = io.StringIO()
     tr = _trainer(tmp_path, out, peak_flops=5e9)
-    assert tr.flops_per_token == MarketGPT(tr.cfg.model).flops_per_token(T) and tr.peak_flops == 5e9
-    tr.flops_per_token = 123_456  # injected: the log must follow the formula with these numbers
+    assert tr.metrics.flops_per_token == MarketGPT(tr.cfg.model).flops_per_token(T) and tr.metrics.peak_flops == 5e9
+    tr.metrics.flops_per_token = 123_456  # injected: the log must follow the formula with these numbers
     assert tr.train() == "finished"
     log = json.loads((tmp_path / "training_log.json").read_text())
     for e in log["epochs"]:

@@ -160,7 +160,7 @@ def test_nan_validation_loss_fails_the_run_and_is_never_saved_as_best(tmp_path):
 def test_training_learns_and_reports_in_the_seed_format(tmp_path):
     out = io.StringIO()
     tr = _trainer(tmp_path, out=out, epochs=4, max_steps_per_epoch=10, learning_rate=1e-2)
-    tr._tensorboard = True
+    tr.metrics.tensorboard = True
     before, _ = tr.evaluate("val")
     assert tr.train() == "finished"
     text = out.getvalue()

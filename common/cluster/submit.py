@@ -39,7 +39,7 @@ from common.config import Config, SlurmConfig, load_config
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
-from common.distributed.slurm import check_partition, job_info, slurm_available
+from common.distributed.slurm import check_partition, job_info, slurm_available, slurm_job_id
 
 __all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "parse_slurm_time", "plan_submission", "submit",
            "executor_parameters"]
@@ -75,7 +75,6 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         from common.commands.train import run_training  # lazy: torch, in the job only
-        from common.distributed.env import slurm_job_id  # lazy: torch, in the job only
 
         env = submitit.JobEnvironment()
         os.environ["MARKETGPT_LOG_FILE"] = str(env.paths.stdout)  # recorded in training_log.json

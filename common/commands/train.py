@@ -49,13 +49,16 @@ from common.training.batches import TokenWindows, build_windows
 from common.training.checkpoint import load_checkpoint
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
-from common.distributed.ddp import MultiGPUWrapper, failures_reported, init_distributed, share_from_main, shutdown
+from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
+from common.distributed.job_store import failures_reported, share_from_main
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.paths import case_dir_of_config
 from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
                                resolve_resume, reuse_unstarted_run)
 from common.training.rng import seed_everything
+from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
+from common.model.gpt import MarketGPT
 from common.commands.scorecard import end_of_training_scorecard
 from common.distributed.slurm import job_metadata
 from common.training.trainer import EXIT_REQUEUE, Trainer
@@ -160,8 +163,6 @@ def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
 
     parent = None
     if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
-        from common.training.finetune import check_parent_fits, resolve_parent
-
         parent = resolve_parent(cfg.training.init_from)
         check_parent_fits(config_to_dict(cfg), parent)
     market = load_market_data(cfg, case)
@@ -276,51 +277,21 @@ def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
 
 def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
                     state: Optional[dict], out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
-    from common.model.gpt import MarketGPT
-
+    """Build the model (or take the checkpoint's), train it, and on rank 0 write the final outputs."""
+    model, lineage, frozen = _build_model(cfg, tokens, info["asset_info"], state, env)
     device = windows.device
-    ai = info["asset_info"]
-    if state is None:
-        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
-    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
-    lineage = None
-    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
-        from common.training.finetune import init_from_parent, resolve_parent
-
-        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)
-    from common.training.finetune import apply_freeze
-
-    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
-    if state is None and env.rank > 0:
-        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
-    if state is None and lineage is None and model.head is not None:
-        # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
-        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
     model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
         print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
-    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if state is None:
-        trainer.log.data.update(
-            run=run_dir.name, experiment=cfg.experiment, started_at=now, device=device.type,
-            world_size=env.world_size, launcher=env.launcher,
-            num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
-            windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
-            steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
-        if lineage is not None or frozen:
-            from common.training.finetune import record_lineage
-
-            lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
-            trainer.log.data["lineage"] = lineage
-            if env.is_main:
-                record_lineage(run_dir, lineage)
+        _start_log(trainer, cfg, run_dir, info["asset_info"], env, lineage, frozen)
     else:
         try:
             trainer.load_state_dict(state)
         except RuntimeError as e:  # state_dict shapes that don't fit the model
             raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
-        trainer.log.data.setdefault("resumes", []).append(now)
+        trainer.log.data.setdefault("resumes", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
 
     def final_outputs(status: str) -> None:
@@ -341,3 +312,40 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     if status == "interrupted":
         return EXIT_REQUEUE
     return 0
+
+
+def _build_model(cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict],
+                 env: DistEnv) -> tuple[MarketGPT, Optional[dict], list[str]]:
+    """The model before training: (model, lineage of a new fine-tuning run or None, frozen
+    parameter names). The RNG draws here (initial weights, then each rank's dropout seed) are
+    part of what makes a run reproducible: keep their order."""
+    if state is None:
+        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
+    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    lineage = None
+    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
+        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)
+    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
+    if state is None and env.rank > 0:
+        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
+    if state is None and lineage is None and model.head is not None:
+        # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
+        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
+    return model, lineage, frozen
+
+
+def _start_log(trainer: Trainer, cfg: Config, run_dir: Path, ai: dict, env: DistEnv, lineage: Optional[dict],
+               frozen: list[str]) -> None:
+    """A new run's training_log.json header (and a fine-tuned run's lineage)."""
+    windows = trainer.windows
+    trainer.log.data.update(
+        run=run_dir.name, experiment=cfg.experiment, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        device=windows.device.type, world_size=env.world_size, launcher=env.launcher,
+        num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
+        windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
+        steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
+    if lineage is not None or frozen:
+        lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
+        trainer.log.data["lineage"] = lineage
+        if env.is_main:
+            record_lineage(run_dir, lineage)

@@ -14,10 +14,11 @@ from typing import Mapping, Optional
 
 import torch
 
+from common.distributed.slurm import slurm_job_id
 from common.errors import UserError
 
 __all__ = ["DistEnv", "TIMEOUT_ENV", "check_gpus_usable", "check_num_gpus", "collective_timeout_s",
-           "cuda_unusable_reason", "detect_env", "driver_version", "gpus_requested", "rank_device", "slurm_job_id"]
+           "cuda_unusable_reason", "detect_env", "driver_version", "gpus_requested", "pick_device", "rank_device"]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
 _DEFAULT_TIMEOUT_S = 600.0
@@ -60,12 +61,6 @@ def _first_slurm_host(nodelist: str) -> str:
     # Without scontrol: a plain name, or the prefix and first number of the first range.
     m = re.match(r"([^,\[]+)(?:\[(\w+))?", nodelist)
     return m.group(1) + (m.group(2) or "") if m else nodelist
-
-
-def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """This process's Slurm job id (the per-task id in a job array), or None outside Slurm: the
-    one reader of SLURM_JOB_ID."""
-    return (os.environ if environ is None else environ).get("SLURM_JOB_ID") or None
 
 
 def _port_for_job(job_id: str) -> int:
@@ -221,3 +216,8 @@ def rank_device(env: DistEnv, device: str = "auto") -> torch.device:
     raise UserError(f"this node runs {env.local_world_size} processes of the job but rank {env.rank} (local rank "
                     f"{env.local_rank}) sees {count} GPU(s): several ranks on one GPU fail in NCCL; start one "
                     f"process per GPU (torchrun --nproc-per-node {count}, or --ntasks-per-node={count})")
+
+
+def pick_device() -> torch.device:
+    """This process's current GPU, or the CPU without CUDA."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

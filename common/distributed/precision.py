@@ -96,9 +96,10 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
-def grad_scaler(precision: str, device: torch.device) -> Optional[torch.amp.GradScaler]:
-    """fp16 gradients underflow without loss scaling; the other precisions need no scaler."""
-    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 gradients underflow without loss scaling; in the other precisions the scaler is
+    disabled, a pass-through (scale, unscale_, update do nothing; step is optimizer.step)."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
 def use_tf32(device: torch.device) -> bool:

@@ -15,12 +15,13 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from common.errors import UserError
 
 __all__ = [
     "ACTIVE_STATES",
+    "slurm_job_id",
     "job_info",
     "job_is_alive",
     "job_metadata",
@@ -58,10 +59,14 @@ def _run(cmd: list[str], check: bool = True) -> Optional[str]:
     return proc.stdout
 
 
+def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This process's Slurm job id (the per-task id in a job array), or None outside Slurm: the
+    one reader of SLURM_JOB_ID."""
+    return (os.environ if environ is None else environ).get("SLURM_JOB_ID") or None
+
+
 def job_metadata() -> dict[str, str]:
     """What a run records about the job training it (empty outside Slurm)."""
-    from common.distributed.env import slurm_job_id  # here: `marketgpt status` needs no torch
-
     meta = {}
     if slurm_job_id():
         meta["slurm_job_id"] = slurm_job_id()

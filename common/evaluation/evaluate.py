@@ -60,6 +60,7 @@ import torch
 
 from common.atomic import atomic_write_json, read_json
 from common.config import Config
+from common.distributed.env import pick_device
 from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
 from common.evaluation.metrics import block_length, skill_interval, wilson_interval
@@ -297,7 +298,6 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
     from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
     through evaluate_best, the path training takes at its end."""
-    from common.training.trainer import pick_device
 
     run = open_run(run_dir, need_tokens=True)
     info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}

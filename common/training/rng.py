@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "rng_state", "set_rng_state"]
+__all__ = ["restore_rank_rng", "seed_everything", "rng_state", "set_rng_state"]
 
 
 def seed_everything(seed: int) -> None:
@@ -45,3 +45,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state
             cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]
         torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
+
+
+def restore_rank_rng(checkpoint: dict[str, Any], rank: int, new_rank_seed: int) -> None:
+    """Continue this rank's own random streams (dropout) from a training checkpoint: its entry
+    in `rng_per_rank` (a DDP run's), else the checkpoint's `rng`; a rank the checkpoint has no
+    streams for (more GPUs now) is seeded with `new_rank_seed` instead of copying rank 0's."""
+    per_rank = checkpoint.get("rng_per_rank") or []
+    if rank < len(per_rank):
+        set_rng_state(per_rank[rank])
+        return
+    set_rng_state(checkpoint["rng"])
+    if rank > 0:
+        seed_everything(new_rank_seed)
