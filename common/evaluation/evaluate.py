@@ -298,7 +298,6 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
     from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
     through evaluate_best, the path training takes at its end."""
-
     run = open_run(run_dir, need_tokens=True)
     info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}
     try:
