@@ -36,6 +36,8 @@ def test_same_seed_same_frames_and_one_asset_alone_equals_the_stream():
     other = generate_asset(SyntheticSpec(assets=3, candles=300, interval="1h", gap_prob=0.1, seed=8), 2)
     assert not np.allclose(other.candles["close"].to_numpy()[:100], alone.candles["close"].to_numpy()[:100])
     assert not np.allclose(first[0].candles["close"].to_numpy(), first[1].candles["close"].to_numpy())
+    with pytest.raises(UserError, match="asset index 3"):
+        generate_asset(spec, 3)
 
 
 def test_categories_cycle_and_symbols_sort():

@@ -21,7 +21,9 @@ sqrt(h_{t+1}) sqrt((nu-2)/nu) (so its sd is sigma * sqrt(nu/(nu-2))). It is cond
 candle up to t AND on two things no forecaster sees: the latent regime s_{t+1} of the next candle
 and the next candle's timestamp (which a gap may move). That is the oracle: by Gibbs' inequality
 its expected NLL is a lower bound on the expected NLL of any forecaster that uses the candles up
-to t. `nll_next` is -log density of the realized r_{t+1} under it (NaN on the last candle).
+to t. It does not know the next candle's market factor g_{t+1} (other assets' next candles would
+tell some of it). `nll_next` is -log density of the realized r_{t+1} under it; the last candle,
+with nothing after it, has NaN in every column.
 
 Generation is deterministic per asset: the market (regime, factor, gaps) comes from
 SeedSequence([seed, 2**32]) and asset i from SeedSequence([seed, i]), so one asset can be made
