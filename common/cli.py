@@ -83,7 +83,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
 def _cmd_data_check(args: argparse.Namespace) -> int:
     from common.config import load_config
-    from common.data.download import check_usable
+    from common.data.check import check_usable
     from common.paths import case_config, case_dir
 
     case = case_dir(args.case)

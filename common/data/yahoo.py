@@ -60,6 +60,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
+import requests
 
 from common.data.cache import COLUMNS, canonical_frame
 from common.data.yahoo_requests import ChartLog, LogCapture, Problem
@@ -98,13 +99,11 @@ class YahooResult:
 
 def _import_yfinance(session: Any) -> Any:
     if session is not None and "yfinance" not in sys.modules:
-        import requests
-
         if isinstance(session, requests.Session):
             # See the module docstring: keep every yfinance request on `requests`. yfinance reads
             # this once, at import; setdefault leaves an explicit choice of the user alone.
             os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
-    import yfinance
+    import yfinance  # lazy: it reads YF_DISABLE_CURL_CFFI once, at import (set just above)
 
     return yfinance
 
@@ -115,12 +114,10 @@ def requests_session() -> Any:
     For machines where curl_cffi can't be used; Yahoo may still rate-limit it sooner than the
     default client. Sets YF_DISABLE_CURL_CFFI=1 if yfinance is not imported yet, so that every
     request of this process goes through requests."""
-    import requests
-
     if "yfinance" not in sys.modules:
         os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
     try:
-        from yfinance import _http
+        from yfinance import _http  # lazy: after YF_DISABLE_CURL_CFFI (see _import_yfinance)
     except ImportError:  # a yfinance without the module: the same headers, written here
         _http = None
     if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
@@ -138,10 +135,8 @@ def requests_session() -> Any:
 def _new_session() -> Any:
     """yfinance's own default session (curl_cffi when available), so we can watch it."""
     try:
-        from yfinance._http import new_session
+        from yfinance._http import new_session  # lazy: see _import_yfinance
     except ImportError:  # older yfinance: plain requests works with it too
-        import requests
-
         return requests.Session()
     return new_session()
 
@@ -171,7 +166,7 @@ def _clear_request_cache(yf: Any) -> None:
     # yfinance memoises chart answers for past date ranges in memory (YfData.cache_get); a retry
     # served from there would just repeat the empty answer it is meant to replace.
     with contextlib.suppress(Exception):
-        from yfinance.data import YfData
+        from yfinance.data import YfData  # lazy: see _import_yfinance; a private module, may change
 
         YfData.cache_get.cache_clear()
 
