@@ -31,7 +31,7 @@ CASE=case_a_full_market
 CONFIG=configs/full_market_config.json
 LOG_PREFIX=full
 REPO=$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n "s|^ *Command=\(.*\)/$CASE/slurm_scripts/.*|\1|p")
-[ -f "$REPO/common/slurm/job.sh" ] || REPO=$(cd "${SLURM_SUBMIT_DIR:-$(dirname "$(readlink -f "$0")")}" && until [ -f common/slurm/job.sh ] || [ "$PWD" = / ]; do cd ..; done; pwd)
+[ -f "$REPO/common/slurm/job.sh" ] || REPO=$(cd "${SLURM_SUBMIT_DIR:-$(dirname "$(readlink -f "$0")")}" && until [ -f common/slurm/job.sh ] || [ "$PWD" = / ]; do cd ..; done && pwd)
 # shellcheck source=common/slurm/job.sh
 source "$REPO/common/slurm/job.sh" 2>/dev/null || { echo "cannot find the MarketGPT repo (common/slurm/job.sh)" >&2; exit 2; }
 marketgpt_train "$@"
