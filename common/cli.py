@@ -96,7 +96,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_check(args: argparse.Namespace) -> int:
-    from common.data.download import check_usable  # lazy: pandas
+    from common.data.check import check_usable  # lazy: pandas
 
     case = case_dir(args.case)
     usable = check_usable(load_config(args.config or case_config(case), args.overrides), case)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import os
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,9 +19,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from common.atomic import atomic_write_json
+from common.config_checks import check_data, check_model, check_slurm, check_tokenizer, check_training
 from common.errors import UserError
-from common.markets import CATEGORIES
-from common.special_tokens import NUM_SPECIAL_TOKENS
 
 __all__ = [
     "Config",
@@ -352,107 +349,17 @@ def _jtype(value: Any) -> str:
 
 
 def validate(cfg: Config, where: str) -> None:
-    """Impossible values, each reported with its key and the reason."""
-    m, t, d, tok, s = cfg.model, cfg.training, cfg.data, cfg.tokenizer, cfg.slurm
+    """Impossible values, each reported with its key and the reason (common/config_checks.py)."""
 
     def need(ok: bool, key: str, why: str) -> None:
         if not ok:
             raise ConfigError(f"{where}: '{key}' {why}")
 
-    for key in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff",
-                "asset_embed_dim", "category_embed_dim"):
-        need(getattr(m, key) > 0, f"model.{key}", f"must be positive, got {getattr(m, key)}")
-    need(m.d_model % m.num_heads == 0, "model.d_model",
-         f"({m.d_model}) must be divisible by model.num_heads ({m.num_heads})")
-    need(m.positional != "rope" or (m.d_model // m.num_heads) % 2 == 0, "model.positional",
-         "'rope' needs an even head size (d_model / num_heads)")
-    need(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
-    min_vocab = NUM_SPECIAL_TOKENS + 2 * tok.shape_bins
-    need(m.vocab_size >= min_vocab, "model.vocab_size",
-         f"({m.vocab_size}) is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} special tokens plus "
-         f"at least 2 return bins x {tok.shape_bins} shape bins = {min_vocab}")
-
-    for key in ("batch_size", "epochs", "grad_accum_steps", "keep_checkpoints", "log_every_steps"):
-        need(getattr(t, key) > 0, f"training.{key}", f"must be positive, got {getattr(t, key)}")
-    need(t.learning_rate > 0 and math.isfinite(t.learning_rate), "training.learning_rate",
-         f"must be positive, got {t.learning_rate}")
-    for key in ("early_stopping_patience", "gradient_clip", "weight_decay", "warmup_steps"):
-        need(getattr(t, key) >= 0, f"training.{key}", f"must be zero or positive, got {getattr(t, key)}")
-    need(0.0 <= t.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
-    for key in ("beta1", "beta2"):
-        need(0.0 <= getattr(t, key) < 1.0, f"training.{key}", f"must be in [0, 1), got {getattr(t, key)}")
-    need(t.checkpoint_every_minutes > 0, "training.checkpoint_every_minutes",
-         f"must be positive, got {t.checkpoint_every_minutes}")
-    need(t.peak_flops is None or (t.peak_flops > 0 and math.isfinite(t.peak_flops)), "training.peak_flops",
-         f"must be positive (FLOP/s of one device, e.g. 312e12) or null, got {t.peak_flops}")
-    need(t.scorecard_origins >= 0, "training.scorecard_origins",
-         f"must be zero (off) or positive, got {t.scorecard_origins}")
-    need(t.scorecard_samples >= 2, "training.scorecard_samples", f"must be at least 2, got {t.scorecard_samples}")
-    freeze = re.fullmatch(r"all_but_last_(\d+)", t.freeze)
-    need(t.freeze in ("none", "embeddings") or freeze is not None, "training.freeze",
-         f"= {t.freeze!r} is not one of 'none', 'embeddings', 'all_but_last_N' (e.g. all_but_last_2)")
-    need(freeze is None or 1 <= int(freeze.group(1)) <= m.num_layers, "training.freeze",
-         f"= {t.freeze!r}: N must be from 1 to model.num_layers ({m.num_layers})")
-    for key in ("max_steps_per_epoch", "eval_max_batches"):
-        v = getattr(t, key)
-        need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")
-
-    for key in ("train_ratio", "val_ratio", "test_ratio"):
-        v = getattr(d, key)
-        need(0.0 < v < 1.0, f"data.{key}", f"must be between 0 and 1, got {v}")
-    total = d.train_ratio + d.val_ratio + d.test_ratio
-    need(abs(total - 1.0) < 1e-6, "data.train_ratio",
-         f"+ data.val_ratio + data.test_ratio must sum to 1, got {total:g}")
-    need(d.purge_gap is None or d.purge_gap >= m.context_length, "data.purge_gap",
-         f"({d.purge_gap}) must be at least model.context_length ({m.context_length}) so no training "
-         "window overlaps a val or test window")
-    need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
-    need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
-    for key in ("start_date",) + (("end_date",) if d.end_date is not None else ()):
-        value = getattr(d, key)
-        try:
-            from datetime import date
-            date.fromisoformat(value)
-        except ValueError:
-            raise ConfigError(f"{where}: 'data.{key}' = {value!r} is not a date like 2015-01-31") from None
-    need(d.end_date is None or d.end_date > d.start_date, "data.end_date", "must come after data.start_date")
-    need(bool(d.universe), "data.universe", "must name the universe file")
-    need(d.source != "files" or bool(d.files_dir), "data.files_dir",
-         "must name a folder of candle files (or one file with a symbol column) when data.source = 'files'")
-
-    if d.universe == "files":
-        need(d.source == "files", "data.universe", "= 'files' needs data.source = 'files'")
-        need(d.default_category in CATEGORIES, "data.default_category",
-             f"= {d.default_category!r} must be one of {', '.join(CATEGORIES)} when data.universe = 'files' "
-             "(every file becomes an asset of that category)")
-    need(d.quote_currency is None or (d.quote_currency.isalnum() and d.quote_currency.isupper()
-                                      and 2 <= len(d.quote_currency) <= 10),
-         "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")
-    for cat, n in d.universe_counts.items():
-        need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
-    for cat in d.categories:
-        need(cat in CATEGORIES, "data.categories", f"names unknown category {cat!r}; expected some of "
-             f"{', '.join(CATEGORIES)}")
-
-    need(tok.shape_bins >= 1, "tokenizer.shape_bins", f"must be at least 1, got {tok.shape_bins}")
-    most = (m.vocab_size - NUM_SPECIAL_TOKENS) // tok.shape_bins
-    need(tok.ret_bins is None or 2 <= tok.ret_bins <= most, "tokenizer.ret_bins",
-         f"must be null or from 2 to {most} (what model.vocab_size {m.vocab_size} holds with "
-         f"{tok.shape_bins} shape bins), got {tok.ret_bins}")
-    if m.head == "factorized":  # the head reads the tokenizer's grid: recorded in config.json
-        ret_bins = tok.ret_bins or most
-        if m.move_bins is None and m.shape_bins is None:
-            m.move_bins, m.shape_bins = ret_bins, tok.shape_bins
-        need((m.move_bins, m.shape_bins) == (ret_bins, tok.shape_bins), "model.move_bins",
-             f"and model.shape_bins ({m.move_bins}, {m.shape_bins}) must match the tokenizer's "
-             f"({ret_bins}, {tok.shape_bins}); leave them null")
-    need(tok.vol_halflife > 0, "tokenizer.vol_halflife", f"must be positive, got {tok.vol_halflife}")
-    need(tok.vol_warmup >= 1, "tokenizer.vol_warmup", f"must be at least 1, got {tok.vol_warmup}")
-
-    for key in ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb"):
-        need(getattr(s, key) > 0, f"slurm.{key}", f"must be positive, got {getattr(s, key)}")
-    need(bool(s.partition), "slurm.partition", "must name a partition")
-    need(s.signal_minutes_before_limit >= 0, "slurm.signal_minutes_before_limit", "must be zero or positive")
+    check_model(cfg.model, cfg.tokenizer, need)
+    check_training(cfg.training, cfg.model, need)
+    check_data(cfg.data, cfg.model, need)
+    check_tokenizer(cfg.tokenizer, cfg.model, need)
+    check_slurm(cfg.slurm, need)
     need(bool(cfg.experiment) and "/" not in cfg.experiment, "experiment",
          f"must be a non-empty name without '/', got {cfg.experiment!r}")
 

@@ -10,6 +10,10 @@
 # (tests/test_slurm_scripts.py checks it). Override them for one job on the command line,
 # e.g. `sbatch --partition=medium --time=2-00:00:00 ...`: the job requeues itself before each
 # time limit and resumes, so a 7-day run also fits a 2-day partition.
+#
+# sbatch runs a spooled copy of this file, so the last lines first find the repo: from the path
+# sbatch was given (scontrol's Command=), else walking up from the directory sbatch was called in.
+# common/slurm/job.sh, shared by the three cases, does the rest (logs, srun, requeue).
 #SBATCH --job-name=full_market
 #SBATCH --partition=long
 #SBATCH --nodes=1
@@ -26,14 +30,8 @@
 CASE=case_a_full_market
 CONFIG=configs/full_market_config.json
 LOG_PREFIX=full
-
-# sbatch runs a spooled copy of this file, so find the repo from the path sbatch was given
-# (scontrol's Command=), else from the directory sbatch was called in, walking up.
 REPO=$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n "s|^ *Command=\(.*\)/$CASE/slurm_scripts/.*|\1|p")
-[ -f "$REPO/common/slurm/job.sh" ] || REPO=${SLURM_SUBMIT_DIR:-$(dirname "$(readlink -f "$0")")}
-until [ -f "$REPO/common/slurm/job.sh" ] || [ "$REPO" = / ]; do REPO=$(dirname "$REPO"); done
-[ -f "$REPO/common/slurm/job.sh" ] || { echo "cannot find the MarketGPT repo (common/slurm/job.sh)" >&2; exit 2; }
-
+[ -f "$REPO/common/slurm/job.sh" ] || REPO=$(cd "${SLURM_SUBMIT_DIR:-$(dirname "$(readlink -f "$0")")}" && until [ -f common/slurm/job.sh ] || [ "$PWD" = / ]; do cd ..; done && pwd)
 # shellcheck source=common/slurm/job.sh
-source "$REPO/common/slurm/job.sh"
+source "$REPO/common/slurm/job.sh" 2>/dev/null || { echo "cannot find the MarketGPT repo (common/slurm/job.sh)" >&2; exit 2; }
 marketgpt_train "$@"

@@ -12,10 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from common.config import Config
+from common.data.cache import CandleCache
 from common.data.files import load_files
 from common.data.market import MarketData
+from common.data.sample import load_sample, sample_assets
 from common.data.universe import load_universe
 from common.errors import UserError
+from common.paths import REPO_ROOT
 
 __all__ = ["MarketData", "load_market_data"]
 
@@ -65,16 +68,12 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
 
 
 def _load_sample(interval: str) -> MarketData:
-    from common.data.sample import load_sample, sample_assets  # written alongside
-
     assets = sample_assets(interval)  # a UserError naming the sample's intervals if it lacks this one
     frames = load_sample(interval)
     return MarketData(assets=assets, candles={a.symbol: frames[a.symbol] for a in assets}, interval=interval)
 
 
 def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
-    from common.data.cache import CandleCache  # written alongside
-
     d = cfg.data
     # data.categories first: a per-market run of case A reads its own markets' files, not all 600
     assets = _in_categories(load_universe(case_dir / d.universe, d.universe_counts or None), d.categories)
@@ -115,7 +114,5 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
 
 def _case_arg(case_dir: Path) -> str:
     """The shortest --case value that finds this folder: its name for the repo's own cases."""
-    from common.paths import REPO_ROOT
-
     resolved = case_dir.resolve()
     return resolved.name if resolved == REPO_ROOT / resolved.name else str(case_dir)

@@ -242,8 +242,46 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     context = cfg.model.context_length
     window = context + 1  # a training window: context inputs plus the next-token target
     purge = cfg.data.purge_gap or context
-    step = interval_step(market.interval)
+    cleaned, real_ts, records, dropped = _clean_all(market)
+    if not cleaned:
+        raise UserError(f"none of the {len(market.assets)} assets has a valid candle; check the data "
+                        f"source ({cfg.data.source}) and interval ({market.interval})")
+    d = cfg.data
+    eras = _eras(real_ts)
+    era_cuts = [_global_cuts([real_ts[s] for s in era], d.train_ratio, d.train_ratio + d.val_ratio)
+                for era in eras]
+    cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
+    main = max(range(len(eras)), key=lambda i: sum(len(real_ts[s]) for s in eras[i]))  # most candles
+    splits = _split_all(cleaned, cut_of, purge, window, records, dropped)
+    cut1, cut2 = era_cuts[main]
+    if not splits:
+        raise _too_short(cleaned, context, cut1)
 
+    kept = [a for a in market.assets if a.symbol in splits]
+    info = _info(cfg, market, kept, records, dropped, cut1, cut2, purge)
+    if len(eras) > 1:
+        info["split_eras"] = [{"symbols": era, "first": _iso(min(int(real_ts[s][0]) for s in era)),
+                               "last": _iso(max(int(real_ts[s][-1]) for s in era)),
+                               "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]
+        print(f"note: the assets fall into {len(eras)} eras that do not overlap in time "
+              f"({'; '.join(_era_text(e, real_ts) for e in eras)}); each era is split on its own dates "
+              "(split_eras in data_info.json)", file=sys.stderr)
+    return PreparedData(
+        assets=kept,
+        candles={a.symbol: cleaned[a.symbol] for a in kept},
+        splits={a.symbol: splits[a.symbol] for a in kept},
+        cuts=(pd.Timestamp(cut1, tz="UTC"), pd.Timestamp(cut2, tz="UTC")),
+        purge_gap=purge,
+        dropped={a.symbol: dropped[a.symbol] for a in market.assets if a.symbol in dropped},
+        interval=market.interval,
+        info=info,
+    )
+
+
+def _clean_all(market: MarketData) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray],
+                                            dict[str, dict[str, Any]], dict[str, str]]:
+    """(cleaned frames, their valid candles' stamps, a record per asset, dropped asset -> why)."""
+    step = interval_step(market.interval)
     cleaned: dict[str, pd.DataFrame] = {}
     real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
     records: dict[str, dict[str, Any]] = {}
@@ -268,17 +306,13 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
             record["rows"] = len(frame)
         record["first"], record["last"] = frame.index[0].isoformat(), frame.index[-1].isoformat()
         cleaned[asset.symbol] = frame
+    return cleaned, real_ts, records, dropped
 
-    if not cleaned:
-        raise UserError(f"none of the {len(market.assets)} assets has a valid candle; check the data "
-                        f"source ({cfg.data.source}) and interval ({market.interval})")
-    d = cfg.data
-    eras = _eras(real_ts)
-    era_cuts = [_global_cuts([real_ts[s] for s in era], d.train_ratio, d.train_ratio + d.val_ratio)
-                for era in eras]
-    cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
-    main = max(range(len(eras)), key=lambda i: sum(len(real_ts[s]) for s in eras[i]))  # most candles
 
+def _split_all(cleaned: dict[str, pd.DataFrame], cut_of: dict[str, tuple[int, int]], purge: int, window: int,
+               records: dict[str, dict[str, Any]], dropped: dict[str, str]) -> dict[str, AssetSplit]:
+    """Each asset's train/val/test rows at its era's cuts, with `purge` rows left out after each cut;
+    an asset with less than a window before its first cut goes to `dropped`."""
     splits: dict[str, AssetSplit] = {}
     for symbol, frame in cleaned.items():
         ts = frame.index.asi8
@@ -296,36 +330,19 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
         record = records[symbol]
         record.update({name: len(getattr(split, name)) for name in SPLITS})
         record["no_windows_in"] = list(short)
+    return splits
 
-    cut1, cut2 = era_cuts[main]
-    if not splits:
-        longest = max(len(f) for f in cleaned.values())
-        longest_train = max(int(np.searchsorted(f.index.asi8, cut1)) for f in cleaned.values())
-        raise UserError(
-            f"context length {context} is longer than any asset's history (longest: {longest} candles, "
-            f"of which {longest_train} fall before the train/val cut {_iso(cut1)}; a training window "
-            f"needs {window}): lower model.context_length to at most {max(longest_train - 1, 1)} "
-            "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)")
 
-    kept = [a for a in market.assets if a.symbol in splits]
-    info = _info(cfg, market, kept, records, dropped, cut1, cut2, purge)
-    if len(eras) > 1:
-        info["split_eras"] = [{"symbols": era, "first": _iso(min(int(real_ts[s][0]) for s in era)),
-                               "last": _iso(max(int(real_ts[s][-1]) for s in era)),
-                               "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]
-        print(f"note: the assets fall into {len(eras)} eras that do not overlap in time "
-              f"({'; '.join(_era_text(e, real_ts) for e in eras)}); each era is split on its own dates "
-              "(split_eras in data_info.json)", file=sys.stderr)
-    return PreparedData(
-        assets=kept,
-        candles={a.symbol: cleaned[a.symbol] for a in kept},
-        splits={a.symbol: splits[a.symbol] for a in kept},
-        cuts=(pd.Timestamp(cut1, tz="UTC"), pd.Timestamp(cut2, tz="UTC")),
-        purge_gap=purge,
-        dropped={a.symbol: dropped[a.symbol] for a in market.assets if a.symbol in dropped},
-        interval=market.interval,
-        info=info,
-    )
+def _too_short(cleaned: dict[str, pd.DataFrame], context: int, cut1: int) -> UserError:
+    """The error when no asset has a training window before the train/val cut."""
+    window = context + 1
+    longest = max(len(f) for f in cleaned.values())
+    longest_train = max(int(np.searchsorted(f.index.asi8, cut1)) for f in cleaned.values())
+    return UserError(
+        f"context length {context} is longer than any asset's history (longest: {longest} candles, "
+        f"of which {longest_train} fall before the train/val cut {_iso(cut1)}; a training window "
+        f"needs {window}): lower model.context_length to at most {max(longest_train - 1, 1)} "
+        "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)")
 
 
 def _info(cfg: Config, market: MarketData, kept: list[Asset], records: dict[str, dict[str, Any]],

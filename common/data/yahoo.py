@@ -20,7 +20,7 @@ candles (Yahoo's 404 "No data found, symbol may be delisted", the 400 "Data does
 startDate", or an empty chart) counts as no data. yf.download keeps its own reasons to itself
 (its errors only go to its log): the adapter captures yfinance's log records during each call and
 puts those that name a ticker into that ticker's reason, so a chart Yahoo sent with HTTP 200 that
-yfinance then failed to read is reported as that, not as "delisted".
+yfinance then failed to read is reported as that, not as "delisted" (common.data.yahoo_requests).
 
 Prices are adjusted (auto_adjust=True: open/high/low/close scaled by Adj Close / Close, so
 splits and dividends don't look like price jumps). Yahoo's intraday bars carry no Adj Close;
@@ -53,20 +53,20 @@ import logging
 import os
 import random
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence
-from urllib.parse import unquote, urlsplit
 
 import pandas as pd
+import requests
 
 from common.data.cache import COLUMNS, canonical_frame
+from common.data.yahoo_requests import ChartLog, LogCapture, Problem
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "NO_DATA", "PAUSE_S", "RATE_LIMIT_DELAY_S",
+__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "PAUSE_S", "RATE_LIMIT_DELAY_S",
            "RETRY_DELAY_S", "YAHOO_THREADS", "YahooResult", "download_yahoo", "requests_session"]
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,6 @@ LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {
     "60m": pd.Timedelta(days=729),
     "1h": pd.Timedelta(days=729),
 }
-NO_DATA = "no data: delisted or renamed?"
 PAUSE_S = 2.0  # between yf.download calls: Yahoo rate-limits bursts
 RETRY_DELAY_S = 5.0  # first retry; then 2x, 4x, ...
 RATE_LIMIT_DELAY_S = 60.0  # the least wait after a 429; up to 25% jitter on top, so parallel jobs spread out
@@ -95,150 +94,16 @@ class YahooResult:
     clamped_start: pd.Timestamp | None = None  # set when the start was moved to Yahoo's intraday limit
 
 
-# --------------------------------------------------------------------------- the request log
-
-
-@dataclass
-class _Problem:
-    unreachable: bool  # network or rate limit (worth calling the source down) vs. no data
-    reason: str
-    rate_limited: bool = False  # HTTP 429: wait at least RATE_LIMIT_DELAY_S before asking again
-
-
-class _ChartLog:
-    """How each chart request ended, per ticker, noted by wrapping the session's `get`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[str, _Problem | None] = {}  # ticker -> last outcome (None: got candles)
-        self._other: str | None = None  # the last error on any other Yahoo URL (cookie, crumb)
-
-    @contextlib.contextmanager
-    def watching(self, session: Any) -> Iterator[None]:
-        original = session.get
-
-        def get(*args: Any, **kwargs: Any) -> Any:
-            url = kwargs.get("url", args[0] if args else "")
-            ticker = _chart_ticker(str(url))
-            try:
-                response = original(*args, **kwargs)
-            except Exception as e:
-                if ticker:
-                    self._note(ticker, _Problem(True, f"{type(e).__name__}: {_short(e)}"))
-                else:
-                    with self._lock:
-                        self._other = f"{type(e).__name__} from {urlsplit(str(url)).hostname}: {_short(e)}"
-                raise
-            if ticker:
-                self._note(ticker, _judge(response))
-            return response
-
-        own = vars(session).get("get")  # normally None: `get` comes from the class
-        session.get = get  # yfinance calls session.get(url=..., params=..., timeout=...)
-        try:
-            yield
-        finally:
-            if own is None:
-                del session.get
-            else:
-                session.get = own
-
-    def _note(self, ticker: str, outcome: _Problem | None) -> None:
-        with self._lock:
-            self._last[ticker] = outcome
-
-    def problem(self, ticker: str, what: str, logged: str = "") -> _Problem:
-        """Why `ticker` came back without candles; `what` describes the request for the message,
-        `logged` is what yfinance logged about the ticker during the call."""
-        with self._lock:
-            seen = ticker in self._last
-            last = self._last.get(ticker)
-            other = self._other
-        said = f"; yfinance: {logged}" if logged else ""
-        if not seen:  # failed before reaching the chart API (cookie/crumb step): no answer at all
-            # (yfinance's own guess here, "possibly delisted", is wrong: it got no answer either)
-            return _Problem(True, "no answer from Yahoo" + (f" ({other})" if other else ""))
-        if last is None and logged:  # Yahoo answered 200 with a chart; yfinance failed on it
-            return _Problem(False, f"Yahoo answered, but yfinance could not read the answer for {what} ({logged})")
-        if last is None:  # Yahoo answered with a chart, yet no candles survived for the range
-            return _Problem(False, f"{NO_DATA} (Yahoo returned no candles for {what})")
-        if last.unreachable or not logged or logged in last.reason:  # nothing new in the log
-            return last
-        return _Problem(False, last.reason + said)
-
-
-def _chart_ticker(url: str) -> str | None:
-    path = urlsplit(url).path
-    marker = "/v8/finance/chart/"
-    return unquote(path.split(marker, 1)[1]).upper() if marker in path else None
-
-
-def _judge(response: Any) -> _Problem | None:
-    """None for an answer with data; otherwise what went wrong."""
-    status = int(response.status_code)
-    if status == 429:
-        return _Problem(True, "rate limited by Yahoo (HTTP 429 Too Many Requests)", rate_limited=True)
-    if status >= 500:
-        return _Problem(True, f"Yahoo server error (HTTP {status})")
-    description = None
-    if status >= 400 or len(response.content) < 4096:  # only small answers can be errors
-        with contextlib.suppress(Exception):
-            body = response.json()
-            error = (body.get("chart") or body.get("finance") or {}).get("error")
-            description = error.get("description") if error else None
-    if status in (401, 403):  # e.g. "Invalid Crumb": Yahoo refuses this client, the ticker is fine
-        return _Problem(True, f"Yahoo refused the request (HTTP {status}: {description or 'no reason given'})")
-    if description and description.startswith("Data doesn't exist"):
-        # A range with no data at all (e.g. it ends before the listing): the ticker itself is fine.
-        return _Problem(False, f"no data in the requested range (Yahoo: {description})")
-    if status >= 400 or description:
-        detail = description or f"HTTP {status}"
-        return _Problem(False, f"{NO_DATA} (Yahoo: {detail})")
-    return None
-
-
-class _LogCapture(logging.Handler):
-    """yfinance's log records during one call, to find what it said about each ticker."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):
-            self.messages.append(" ".join(record.getMessage().split()))
-
-    def about(self, ticker: str, n: int = 240) -> str:
-        """The distinct messages that name `ticker` ('T' in a list or a quote, or yfinance's $T:)."""
-        marks = (f"'{ticker}'", f"${ticker}:")
-        found: list[str] = []
-        for message in self.messages:
-            if any(m in message for m in marks):
-                text = message.split("]: ", 1)[1] if message.startswith("[") and "]: " in message else message
-                text = text.replace(f"${ticker}: ", "")
-                if text not in found:
-                    found.append(text)
-        joined = "; ".join(found)
-        return joined if len(joined) <= n else joined[:n] + "..."
-
-
-def _short(e: BaseException, n: int = 160) -> str:
-    text = " ".join(str(e).split())  # one line: the CLI prints errors on one line
-    return text if len(text) <= n else text[:n] + "..."
-
-
 # --------------------------------------------------------------------------- yfinance
 
 
 def _import_yfinance(session: Any) -> Any:
     if session is not None and "yfinance" not in sys.modules:
-        import requests
-
         if isinstance(session, requests.Session):
             # See the module docstring: keep every yfinance request on `requests`. yfinance reads
             # this once, at import; setdefault leaves an explicit choice of the user alone.
             os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
-    import yfinance
+    import yfinance  # lazy: it reads YF_DISABLE_CURL_CFFI once, at import (set just above)
 
     return yfinance
 
@@ -249,12 +114,10 @@ def requests_session() -> Any:
     For machines where curl_cffi can't be used; Yahoo may still rate-limit it sooner than the
     default client. Sets YF_DISABLE_CURL_CFFI=1 if yfinance is not imported yet, so that every
     request of this process goes through requests."""
-    import requests
-
     if "yfinance" not in sys.modules:
         os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
     try:
-        from yfinance import _http
+        from yfinance import _http  # lazy: after YF_DISABLE_CURL_CFFI (see _import_yfinance)
     except ImportError:  # a yfinance without the module: the same headers, written here
         _http = None
     if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
@@ -272,16 +135,14 @@ def requests_session() -> Any:
 def _new_session() -> Any:
     """yfinance's own default session (curl_cffi when available), so we can watch it."""
     try:
-        from yfinance._http import new_session
+        from yfinance._http import new_session  # lazy: see _import_yfinance
     except ImportError:  # older yfinance: plain requests works with it too
-        import requests
-
         return requests.Session()
     return new_session()
 
 
 @contextlib.contextmanager
-def _quiet_yfinance(capture: _LogCapture) -> Iterator[None]:
+def _quiet_yfinance(capture: LogCapture) -> Iterator[None]:
     # yfinance logs every failed ticker at ERROR and its pandas calls raise deprecation warnings;
     # this adapter reports failures itself, with reasons taken from those records, so they go to
     # `capture` instead of the console.
@@ -305,7 +166,7 @@ def _clear_request_cache(yf: Any) -> None:
     # yfinance memoises chart answers for past date ranges in memory (YfData.cache_get); a retry
     # served from there would just repeat the empty answer it is meant to replace.
     with contextlib.suppress(Exception):
-        from yfinance.data import YfData
+        from yfinance.data import YfData  # lazy: see _import_yfinance; a private module, may change
 
         YfData.cache_get.cache_clear()
 
@@ -395,7 +256,7 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
                     threads: int, label: str) -> YahooResult:
     what = f"{interval} {start.date()} -> {end.date() if end is not None else 'now'}"
     result = YahooResult()
-    problems: dict[str, _Problem] = {}
+    problems: dict[str, Problem] = {}
     pending = list(symbols)
     for attempt in range(max_retries + 1):
         if attempt:
@@ -428,8 +289,8 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
 
 def _call_once(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
                end: pd.Timestamp | None, timeout_s: float, what: str,
-               threads: int) -> tuple[dict[str, pd.DataFrame], dict[str, _Problem]]:
-    chart_log, logged = _ChartLog(), _LogCapture()
+               threads: int) -> tuple[dict[str, pd.DataFrame], dict[str, Problem]]:
+    chart_log, logged = ChartLog(), LogCapture()
     _clear_request_cache(yf)
     with chart_log.watching(session), _quiet_yfinance(logged):
         data = yf.download(symbols, start=_yf_time(start, interval),
@@ -438,7 +299,7 @@ def _call_once(yf: Any, session: Any, symbols: list[str], interval: str, start: 
                            threads=min(threads, len(symbols)),
                            progress=False, timeout=timeout_s, session=session, multi_level_index=True)
     frames: dict[str, pd.DataFrame] = {}
-    problems: dict[str, _Problem] = {}
+    problems: dict[str, Problem] = {}
     for symbol in symbols:
         frame = _ticker_frame(data, symbol.upper())
         if frame is None:
