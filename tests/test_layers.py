@@ -30,9 +30,56 @@ SEED_SHIMS = {"common.tokenizer": "tokens", "common.market_gpt_multi": "model", 
 NO_TORCH = ("data", "tokens", "cluster")
 
 # (importing module, imported module) -> why the import waits for the function that needs it.
+_TORCH_LATER = "torch loads only when this path runs: the module itself is imported where torch is not"
 LAZY = {
     # the CLI's lazy loading: `marketgpt --help` is instant and one broken extra breaks one command
     ("common.cli", "*"): "the CLI imports each subcommand's module when it runs",
+    # optional dependencies (setup.cfg extras) and libraries a command may never need
+    ("common.forecasting.infer", "onnxruntime"): "the `infer`/`export` extra",
+    ("common.data.download", "ccxt"): "about 2 s to import; only crypto assets need it",
+    ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
+    ("common.data.yahoo", "yfinance"): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
+    ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
+    ("common.evaluation.metrics", "scipy"): "seconds to import; training imports this module",
+    ("common.evaluation.metrics", "scoringrules"): "seconds to import; training imports this module",
+    ("common.evaluation.report", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
+    ("common.evaluation.scorecard_plot", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
+    ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
+    ("common.training.log", "tqdm"): "only when the output is a terminal",
+    ("common.training.metrics", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
+    ("common.training.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
+    # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
+    ("common.cluster.fetch_check", "common.training.checkpoint"): _TORCH_LATER,
+    ("common.cluster.remote_commands", "common.evaluation.evaluate"): _TORCH_LATER,
+    ("common.cluster.remote_commands", "common.evaluation.metrics"): _TORCH_LATER,
+    ("common.cluster.remote_commands", "common.evaluation.scorecard"): _TORCH_LATER,
+    ("common.cluster.status", "common.evaluation.scorecard"): _TORCH_LATER,
+    ("common.cluster.submit", "torch"): _TORCH_LATER,
+    ("common.cluster.submit", "common.commands.train"): _TORCH_LATER,
+    ("common.cluster.submit", "common.distributed.env"): _TORCH_LATER,
+    ("common.cluster.submit", "common.training.checkpoint"): _TORCH_LATER,
+    ("common.cluster.submit", "common.training.run_folder"): _TORCH_LATER,
+    ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
+    ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
+    ("common.forecasting.forecaster", "torch"): "common.forecasting.infer forecasts with onnxruntime, without torch",
+    ("common.forecasting.forecaster", "common.model.gpt"): "torch (as above)",
+    ("common.forecasting.forecaster", "common.model.sampling"): "torch (as above)",
+    ("common.forecasting.forecaster", "common.distributed.precision"): "torch (as above)",
+    ("common.forecasting.forecaster", "common.training.checkpoint"): "torch (as above)",
+    ("common.forecasting.forecaster", "common.training.run_folder"): "torch (as above)",
+    ("common.forecasting.forecaster", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
+    # keeping pandas, scipy and the data layer out of the training start-up (and of a resume)
+    ("common.commands.train", "common.data.loading"): "a new run reads candles; a resumed one reads tokens.npz",
+    ("common.commands.train", "common.data.prepare"): "a new run reads candles; a resumed one reads tokens.npz",
+    ("common.commands.train", "common.data.universe"): "a new run reads candles; a resumed one reads tokens.npz",
+    ("common.commands.train", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
+    ("common.commands.train", "common.tokens.features"): "pandas: only with model.time_features or volume_input",
+    ("common.training.run_folder", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
+    ("common.evaluation.evaluate", "common.model.gpt"): "pandas (common.tokens.features): out of the training start-up",
+    ("common.evaluation.asset_series", "common.training.run_folder"): "torch: kept out of `marketgpt status`",
+    ("common.commands.scorecard", "common.evaluation.scorecard"): "scipy and scoringrules: out of the training start-up",
+    ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
+    ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
     # keeping pandas off the config's path: the config loads without numpy, pandas or torch
     ("common.markets", "pandas"): "interval_step is the one pandas user; the config imports this leaf",
 }

@@ -240,7 +240,7 @@ class _Run:
     def ccxt(self, assets: list[Asset]) -> None:
         import ccxt  # lazy: ccxt takes ~2 s to import, and only ccxt assets need it
 
-        from common.data import crypto  # lazy: imports ccxt
+        import common.data.crypto as crypto  # lazy: imports ccxt
 
         exchange = crypto.make_exchange(self.cfg.data.exchange)
         quote = self.cfg.data.quote_currency

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.atomic import read_json
+from common.atomic import atomic_write_json, read_json
 from common.errors import UserError
+from common.training.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
 
 __all__ = ["Parent", "apply_freeze", "check_parent_fits", "init_from_parent", "record_lineage", "resolve_parent"]
 
@@ -63,8 +64,6 @@ def _sha256(path: Path) -> str:
 
 def resolve_parent(path: str | Path) -> Parent:
     """A run folder (its best_model.pt, else its newest checkpoint) or one checkpoint file."""
-    from common.training.checkpoint import checkpoint_files
-
     path = Path(path).expanduser()
     if path.is_dir():
         run_dir = path
@@ -104,8 +103,6 @@ def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
 
 
 def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
-    from common.training.checkpoint import load_checkpoint, unwrap_state_dict
-
     state = load_checkpoint(parent.checkpoint)
     if not isinstance(state, dict) or "model" not in state:
         raise UserError(f"--init-from {parent.checkpoint}: not a MarketGPT checkpoint (no model weights)")
@@ -179,8 +176,6 @@ def apply_freeze(model: nn.Module, spec: str) -> list[str]:
 
 def record_lineage(run_dir: Path, lineage: dict[str, Any]) -> None:
     """config.json gains "_lineage" (load_config skips "_" keys, so resuming reads it as before)."""
-    from common.atomic import atomic_write_json
-
     config = read_json(run_dir / "config.json")
     config["_lineage"] = lineage
     atomic_write_json(run_dir / "config.json", config)
