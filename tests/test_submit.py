@@ -17,7 +17,8 @@ from common.training.checkpoint import save_checkpoint
 from common.cli import main
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.cluster.submit import TrainJob, executor_parameters, parse_array, parse_slurm_time, plan_submission
+from common.cluster.submit import TrainJob, executor_parameters, parse_array, plan_submission
+from common.distributed.slurm import parse_slurm_time
 from slurm_helpers import CASES, TINY, sbatch_lines, sets
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

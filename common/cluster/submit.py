@@ -39,9 +39,9 @@ from common.config import Config, SlurmConfig, load_config
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
-from common.distributed.slurm import check_partition, job_info, slurm_available, slurm_job_id
+from common.distributed.slurm import check_partition, job_info, parse_slurm_time, slurm_available, slurm_job_id
 
-__all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "parse_slurm_time", "plan_submission", "submit",
+__all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "plan_submission", "submit",
            "executor_parameters"]
 
 CLUSTER_ENV = REPO_ROOT / "common" / "slurm" / "cluster_env.sh"  # the one place to adapt to a cluster
@@ -118,25 +118,6 @@ def still_running(cluster: str, job_id: Optional[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- planning
-
-
-def parse_slurm_time(text: str) -> int:
-    """Slurm's --time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) -> minutes, rounded up."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
-    if not m:
-        raise UserError(f"slurm.time = {text!r} is not a Slurm time like 7-00:00:00, 2:00:00 or 90")
-    days, a, b, c = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        seconds = int(days) * 86400 + a * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # H:M:S
-        seconds = a * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # M:S
-        seconds = a * 60 + int(b)
-    else:  # M
-        seconds = a * 60
-    if seconds <= 0:
-        raise UserError(f"slurm.time = {text!r} must be positive")
-    return -(-seconds // 60)
 
 
 def parse_array(spec: str) -> tuple[str, list[str]]:

@@ -12,6 +12,7 @@ status` and a requeued job can find the run folder a job trains.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -29,6 +30,7 @@ __all__ = [
     "job_states",
     "partitions",
     "check_partition",
+    "parse_slurm_time",
     "slurm_available",
     "wait_for_jobs",
 ]
@@ -174,3 +176,22 @@ def wait_for_jobs(job_ids: Iterable[str], timeout_s: float, poll_s: float = 3.0,
             raise TimeoutError(f"jobs still active after {timeout_s:.0f} s: "
                                + ", ".join(f"{j} {states.get(j, '?')}" for j in pending))
         time.sleep(poll_s)
+
+
+def parse_slurm_time(text: str) -> int:
+    """Slurm's --time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) -> minutes, rounded up."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise UserError(f"slurm.time = {text!r} is not a Slurm time like 7-00:00:00, 2:00:00 or 90")
+    days, a, b, c = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = int(days) * 86400 + a * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # H:M:S
+        seconds = a * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # M:S
+        seconds = a * 60 + int(b)
+    else:  # M
+        seconds = a * 60
+    if seconds <= 0:
+        raise UserError(f"slurm.time = {text!r} must be positive")
+    return -(-seconds // 60)
