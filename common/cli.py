@@ -49,6 +49,12 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from common.commands.plan import run_plan  # lazy: torch (the model's size)
+
+    return run_plan(args.config, args.overrides)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from common.commands.train import run_training  # lazy: torch
 
@@ -203,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assets in the embedding table (default: the case universe's size)")
     p.add_argument("--num-categories", type=int, default=None)
     p.set_defaults(handler=_cmd_model_info)
+
+    p = sub.add_parser("plan", help="before a GPU job: tokens per split, tokens per parameter, steps and time per "
+                       "epoch on the job's GPUs, memory, and warnings (no network)")
+    _add_config_args(p)
+    p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("data", help="market data: download a case's universe into its parquet cache")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")

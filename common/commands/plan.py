@@ -1,0 +1,213 @@
+"""`marketgpt plan --config CFG`: what a config will do, before the queue wait.
+
+Candles (= tokens) per split: exact where the data is here (the shipped sample, your files, or
+the parquet cache: the same load_market_data + prepare_data that training runs, offline),
+otherwise estimated from the universe, the dates and the interval. Then parameters, unique
+training tokens per parameter, windows, steps and tokens per epoch, how often each candle is
+seen, time per epoch and per run on the job's GPUs and on a CPU, peak GPU memory, and warnings
+(common/commands/plan_figures.py holds the arithmetic and the text).
+
+Time comes from measured training rates: compiled bf16 tokens/s of one H100 per case shape,
+scaled to other GPUs by their dense bf16 peak, and to other shapes by training FLOPs per token.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, TextIO
+
+import pandas as pd
+
+from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures, Plan, Rate, asset_windows,
+                                          epoch_windows, format_plan, steps_per_epoch)
+from common.config import Config, load_config
+from common.data.cache import CandleCache
+from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
+from common.data.universe import Asset, load_universe
+from common.data.yahoo import LOOKBACK_LIMITS
+from common.distributed.requeue import MAX_REQUEUES
+from common.distributed.slurm import parse_slurm_time
+from common.markets import INTERVAL_SECONDS
+from common.model.memory import estimate_training_memory
+from common.model.sizing import meta_model
+from common.paths import case_dir_of_config
+from common.training.mfu import known_peak
+
+__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "build_plan", "data_figures", "gpu_rate", "plan_of_run", "run_plan"]
+
+# Compiled bf16 training tokens/s of one NVIDIA H100 80GB HBM3 at batch 32, measured 2026-11-23
+# (bench/results/2026-11-23-h100/): case A through the Trainer (trainer_case_a_compile.log, 150
+# steps), cases B and C by bench_gpu.json. (d_model, num_layers, context_length) ->
+# (tokens/s, training FLOPs per token of that case's model, MarketGPT.flops_per_token).
+H100_RATES: dict[tuple[int, int, int], tuple[float, int]] = {
+    (768, 12, 512): (581_300.0, 585_662_976),  # case A
+    (512, 8, 256): (597_750.0, 170_068_992),  # case B
+    (256, 6, 128): (383_663.0, 32_300_544),  # case C
+}
+H100_PEAK = 989.5e12  # dense bf16 FLOP/s (common/training/mfu.py)
+# Model FLOP/s of fp32 training on the CPU: case C's shape on the 2-core development VM
+# (docs/performance.md, "Hardware utilization, case C": 181 GFLOP/s). Rough: scales with cores.
+CPU_MODEL_FLOPS = 181e9
+
+# Estimated candles per year: category -> (trading days per year, trading hours per day).
+# Stock exchanges and indices trade ~252 days of ~6.5 h; FX 24 h on weekdays; crypto 24/7.
+_SESSIONS: dict[str, tuple[int, float]] = {"crypto": (365, 24.0), "fx": (260, 24.0), "commodity": (252, 23.0)}
+_STOCK_SESSION = (252, 6.5)
+# the first candle a source can give: Binance (the cases' ccxt exchange) opened on 2017-07-14
+_FIRST_CANDLE = {"ccxt": pd.Timestamp("2017-07-14", tz="UTC")}
+# model shapes tried for "a shape the data supports": (d_model, num_layers)
+_SHAPES = ((512, 8), (384, 6), (256, 6), (256, 4), (128, 4), (128, 2), (64, 2), (32, 1))
+
+
+def run_plan(config: Path, overrides: Sequence[str] = (), out: Optional[TextIO] = None) -> int:
+    """The `marketgpt plan` command: the plan's lines on `out`; 0 (UserError for a bad config)."""
+    cfg = load_config(config, overrides)
+    plan = build_plan(cfg, data_figures(cfg, case_dir_of_config(config)))
+    print(format_plan(plan), file=out or sys.stdout)  # looked up now: a redirected stdout counts
+    return 0
+
+
+def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = None,
+               flops_per_token: Optional[int] = None, steps: Optional[int] = None) -> Plan:
+    """The plan of `cfg` on `data`; parameters, FLOPs per token and steps per epoch default to
+    the config's model on its universe and the job's GPUs (slurm.nodes x gpus_per_node)."""
+    t, s = cfg.training, cfg.slurm
+    gpus = s.nodes * s.gpus_per_node
+    if parameters is None or flops_per_token is None:
+        model = meta_model(cfg, num_assets=data.assets or None)
+        parameters, flops_per_token = model.num_parameters(), model.flops_per_token()
+    if steps is None:
+        steps = steps_per_epoch(data.epoch_windows, t.batch_size, gpus, t.grad_accum_steps, t.max_steps_per_epoch)
+    precision = "bf16" if t.precision == "auto" else t.precision
+    memory = estimate_training_memory(cfg.model, parameters, t.batch_size, precision, t.gradient_checkpointing, gpus)
+    plan = Plan(data=data, parameters=parameters, context_length=cfg.model.context_length, epochs=t.epochs,
+                steps_per_epoch=steps, global_batch=t.batch_size * gpus * t.grad_accum_steps,
+                epoch_stride=cfg.data.epoch_stride, gpus=gpus, gpu_type=s.gpu_type,
+                gpu_rate=gpu_rate(cfg, flops_per_token), cpu_rate=cpu_rate(flops_per_token),
+                memory_gb=memory.total / 1e9, slurm_time_s=parse_slurm_time(s.time) * 60, max_requeues=MAX_REQUEUES)
+    if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
+        plan.suggestions = _supported_shapes(cfg, data)
+    return plan
+
+
+def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], *, train_windows: int,
+                epoch_windows: int, parameters: int, flops_per_token: int, steps: int) -> str:
+    """The short plan a starting training run prints, from its own data, windows and model."""
+    candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in _SPLITS}
+    data = DataFigures(candles, train_windows, epoch_windows, basis="exact (this run)", assets=len(ranges))
+    plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps)
+    return format_plan(plan, short=True)
+
+
+_SPLITS = ("train", "val", "test")
+
+
+# --------------------------------------------------------------------------- rates
+
+
+def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
+    """Training tokens/s of one of the job's GPUs: the H100 measurement of this shape (or of the
+    nearest shape, scaled by FLOPs per token), scaled by the GPU's dense bf16 peak."""
+    m = cfg.model
+    key = (m.d_model, m.num_layers, m.context_length)
+    if key in H100_RATES:
+        rate, label = H100_RATES[key][0], "H100 rate measured for this shape (2026-11-23)"
+    else:  # the measured shape nearest in FLOPs per token, at the same model FLOP/s
+        near = min(H100_RATES.values(), key=lambda r: abs(math.log(r[1] / flops_per_token)))
+        rate, label = near[0] * near[1] / flops_per_token, "estimate: the nearest measured H100 shape, scaled by FLOPs per token"
+    peak = known_peak(cfg.slurm.gpu_type)
+    if peak is None:
+        return None
+    if peak[0] != H100_PEAK:
+        label += f"; {cfg.slurm.gpu_type} estimated as {peak[0] / H100_PEAK:.2f}x an H100 (dense bf16 peak)"
+    return Rate(rate * peak[0] / H100_PEAK, label + "; training steps only, no validation")
+
+
+def cpu_rate(flops_per_token: int) -> Rate:
+    return Rate(CPU_MODEL_FLOPS / flops_per_token,
+                "rough estimate: fp32 at 181 GFLOP/s of model FLOPs (2-core VM, docs/performance.md)")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
+    """Exact counts where the candles are here (sample, files, cache), else an estimate."""
+    d = cfg.data
+    if d.source == "sample":
+        return _exact(cfg, case_dir, "exact (the shipped sample)")
+    if d.source == "files":
+        return _exact(cfg, case_dir, f"exact (your files in {d.files_dir})")
+    assets = _universe(cfg, case_dir)
+    cache = CandleCache(case_dir / d.cache_dir)
+    cached = sum(cache.path_for(a.source, d.interval, a.symbol).exists() for a in assets)
+    if cached == 0:
+        return _estimate(cfg, assets)
+    return _exact(cfg, case_dir, f"exact (cache: {cached} of {len(assets)} assets)")
+
+
+def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
+    d = cfg.data
+    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    return [a for a in assets if not d.categories or a.category in d.categories]
+
+
+def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
+    """The candles training would use: load_market_data + prepare_data (offline)."""
+    prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
+    lengths = [(len(s.train), len(s.val), len(s.test)) for s in prepared.splits.values()]
+    return _figures(cfg, lengths, basis)
+
+
+def _figures(cfg: Config, lengths: Sequence[tuple[int, int, int]], basis: str) -> DataFigures:
+    """Counts from per-asset (train, val, test) candles; an asset too short to train is left out."""
+    window = cfg.model.context_length + 1
+    kept = [n for n in lengths if n[0] >= window]
+    windows = [asset_windows(n[0], window, cfg.data.window_stride) for n in kept]
+    candles = {split: sum(n[i] for n in kept) for i, split in enumerate(_SPLITS)}
+    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis, len(kept))
+
+
+def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:
+    """Candles of one asset between start and end from its market's trading calendar."""
+    first = max(start, _FIRST_CANDLE.get(asset.source, start))
+    if asset.source == "yfinance" and interval in LOOKBACK_LIMITS:  # Yahoo serves recent intraday only
+        first = max(first, end - LOOKBACK_LIMITS[interval])
+    days, hours = _SESSIONS.get(asset.category, _STOCK_SESSION)
+    per_day = 1.0 if interval == "1d" else hours * 3600 / INTERVAL_SECONDS[interval]
+    years = max(0.0, (end - first).total_seconds() / (365.25 * 86400))
+    return int(years * days * per_day)
+
+
+def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
+    d = cfg.data
+    start = pd.Timestamp(d.start_date, tz="UTC")
+    end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else pd.Timestamp.now(tz="UTC").floor("D")
+    purge = d.purge_gap or cfg.model.context_length
+    lengths = []
+    for asset in assets:
+        n = estimated_candles(asset, d.interval, start, end)
+        train, val = int(n * d.train_ratio), int(n * d.val_ratio)
+        lengths.append((train, max(0, val - purge), max(0, n - train - val - purge)))
+    basis = (f"estimated from {len(assets)} assets, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles "
+             "and each market's trading hours (nothing cached)")
+    return _figures(cfg, lengths, basis)
+
+
+def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:
+    """The largest shape of _SHAPES with at least MIN_TOKENS_PER_PARAMETER tokens per parameter."""
+    for d_model, layers in _SHAPES:
+        if d_model >= cfg.model.d_model and layers >= cfg.model.num_layers:
+            continue
+        shape = copy.deepcopy(cfg)
+        heads = max(2, d_model // 64)
+        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = \
+            d_model, layers, heads, 4 * d_model
+        n = meta_model(shape, num_assets=data.assets or None).num_parameters()
+        if data.candles["train"] / n >= MIN_TOKENS_PER_PARAMETER:
+            return [f"a smaller model the data supports: --set model.d_model={d_model} --set model.num_layers={layers} "
+                    f"--set model.num_heads={heads} --set model.d_ff={4 * d_model} ({n:,} parameters)"]
+    return []

@@ -1,0 +1,179 @@
+"""The arithmetic of `marketgpt plan`: data, model and time figures of a run, and their text.
+
+Pure: plain numbers in, a `Plan` and its lines out, so the tests check it on hand-made figures
+and `marketgpt train` prints the same lines from the figures of the run it is starting. One
+candle is one token, so tokens per split are candles per split. Windows and steps follow
+`common/training/batches.py` (TokenWindows) and the Trainer's `_count_steps_per_epoch`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+__all__ = ["MIN_TOKENS_PER_PARAMETER", "SHORT_RUN_SHARE", "DataFigures", "Plan", "Rate", "asset_windows",
+           "epoch_windows", "format_plan", "plan_warnings", "steps_per_epoch"]
+
+# Warn below 1 unique training token per parameter. Language models are trained compute-optimally
+# at about 20 tokens per parameter (Hoffmann et al. 2022, "Chinchilla"), and a market token
+# carries less to learn than a word (a next-candle distribution close to the unigram). Below 1
+# a model is more than 20x short of that, and the shipped sample shows what follows: at 0.008
+# (case C's 5.0M parameters on 38k daily candles) and 0.04 (the small-data 0.93M) the validation
+# loss is best after an epoch or two and the model then memorizes (docs/generalization.md).
+MIN_TOKENS_PER_PARAMETER = 1.0
+# a run that uses less than this share of the Slurm time it asks for queues longer than it needs
+SHORT_RUN_SHARE = 0.10
+
+
+@dataclass
+class DataFigures:
+    """Candles (= tokens) per split and the training windows they give."""
+
+    candles: dict[str, int]  # "train", "val", "test"
+    train_windows: int  # context_length + 1 long, data.window_stride apart
+    epoch_windows: int  # those one training epoch takes with data.epoch_stride
+    basis: str  # "exact (...)" or "estimated (...)": where the counts come from
+    assets: int = 0
+
+
+@dataclass
+class Rate:
+    """Training tokens/s of one device and where the figure comes from."""
+
+    tokens_per_s: float
+    label: str
+
+
+@dataclass
+class Plan:
+    data: DataFigures
+    parameters: int
+    context_length: int
+    epochs: int
+    steps_per_epoch: int
+    global_batch: int  # windows per optimizer step: batch_size x GPUs x grad_accum_steps
+    epoch_stride: int
+    gpus: int
+    gpu_type: str
+    gpu_rate: Optional[Rate]  # per GPU; None: a GPU we know no peak of
+    cpu_rate: Rate
+    memory_gb: float  # per GPU, the estimate of common/model/memory.py
+    slurm_time_s: int
+    max_requeues: int
+    suggestions: list[str] = field(default_factory=list)  # model shapes the data supports, filled in by the caller
+
+    @property
+    def tokens_per_parameter(self) -> float:
+        return self.data.candles["train"] / max(self.parameters, 1)
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return self.steps_per_epoch * self.global_batch * self.context_length
+
+    @property
+    def times_seen(self) -> float:
+        """How often each training candle is a target over all epochs (stride-1 windows overlap)."""
+        return self.epochs * self.tokens_per_epoch / max(self.data.candles["train"], 1)
+
+    def epoch_seconds(self, rate: Rate, devices: int = 1) -> float:
+        return self.tokens_per_epoch / (rate.tokens_per_s * devices)
+
+    @property
+    def run_seconds(self) -> Optional[float]:
+        """All epochs on the job's GPUs (DDP scales about linearly); None without a GPU rate."""
+        return None if self.gpu_rate is None else self.epochs * self.epoch_seconds(self.gpu_rate, self.gpus)
+
+
+def asset_windows(candles: int, length: int, stride: int) -> int:
+    """Windows of `length` tokens, `stride` apart, inside one asset's `candles` (window_starts)."""
+    return max(0, (candles - length) // stride + 1)
+
+
+def epoch_windows(per_asset: Sequence[int], epoch_stride: int) -> int:
+    """One training epoch's windows: every k-th of each asset from the offset that gives the
+    fewest (TokenWindows.epoch_windows), i.e. the offset k - 1: floor(w / k) per asset."""
+    return sum(per_asset) if epoch_stride == 1 else sum(w // epoch_stride for w in per_asset)
+
+
+def steps_per_epoch(windows: int, batch_size: int, world_size: int, grad_accum_steps: int,
+                    max_steps: Optional[int]) -> int:
+    """Optimizer steps of one epoch: full global batches only, as the Trainer counts them."""
+    steps = windows // (batch_size * world_size) // grad_accum_steps
+    return min(steps, max_steps or steps)
+
+
+def duration(seconds: float) -> str:
+    """3 d 9 h, 5 h 12 min, 31 min, 45 s."""
+    if seconds >= 86400:
+        return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _count(n: float) -> str:
+    """1,234 / 1.2M / 3.4B: short enough for one line."""
+    for size, unit in ((1e9, "B"), (1e6, "M")):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if n < 10 * size else f"{n / size:.1f}{unit}"
+    return f"{n:,.0f}"
+
+
+def slurm_time(seconds: float) -> str:
+    """Seconds -> a Slurm --time (D-HH:MM:SS), rounded up to the hour."""
+    hours = max(1, math.ceil(seconds / 3600))
+    return f"{hours // 24}-{hours % 24:02d}:00:00" if hours >= 24 else f"{hours}:00:00"
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """Each warning one line, with its numbers and a concrete suggestion."""
+    out = []
+    if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
+        needed = plan.parameters * MIN_TOKENS_PER_PARAMETER / max(plan.data.candles["train"], 1)
+        fixes = list(plan.suggestions) + [f"about {needed:,.0f}x more training candles (longer histories, more "
+                                          "assets, a shorter data.interval)"]
+        if plan.epoch_stride == 1 and plan.context_length >= 16:
+            fixes.append(f"--set data.epoch_stride={plan.context_length // 8} (each candle a target about 8 times "
+                         f"per epoch instead of {plan.context_length})")
+        out.append(f"WARNING: {plan.tokens_per_parameter:.3g} unique training tokens per parameter "
+                   f"({_count(plan.data.candles['train'])} tokens, {_count(plan.parameters)} parameters), below "
+                   f"{MIN_TOKENS_PER_PARAMETER:g}: the model can memorize the data. Try " + "; or ".join(fixes))
+    run, limit = plan.run_seconds, plan.slurm_time_s
+    if run is not None and limit > 0:
+        where = f"{plan.gpus}x {plan.gpu_type}"
+        if run > limit:
+            requeues = math.ceil(run / limit) - 1
+            over = f", more than the {plan.max_requeues} requeues a job allows" if requeues > plan.max_requeues else ""
+            out.append(f"WARNING: the run needs about {duration(run)} on {where}, more than slurm.time "
+                       f"{duration(limit)}: it will requeue about {requeues} time(s){over}. Ask for "
+                       f"--set slurm.time={slurm_time(run * 1.2)} where the partition allows it, or fewer "
+                       "training.epochs, or a larger data.epoch_stride")
+        elif run < SHORT_RUN_SHARE * limit:
+            out.append(f"WARNING: the run needs about {duration(run)} on {where}, {run / limit:.1%} of slurm.time "
+                       f"{duration(limit)}: a shorter --time queues sooner, e.g. --set slurm.time="
+                       f"{slurm_time(run * 1.5 + 1800)}")
+    return out
+
+
+def format_plan(plan: Plan, short: bool = False) -> str:
+    """The plan's lines; short: the main figures and the warnings (the training banner)."""
+    c, d = plan.data.candles, plan.data
+    lines = [f"Plan: candles = tokens per split, {d.basis}: train {_count(c['train'])}, val {_count(c['val'])}, "
+             f"test {_count(c['test'])}" + (f" ({d.assets} assets)" if d.assets else ""),
+             f"  parameters {_count(plan.parameters)}: {plan.tokens_per_parameter:.3g} unique training tokens per "
+             f"parameter (warn below {MIN_TOKENS_PER_PARAMETER:g})",
+             f"  epoch: {_count(d.epoch_windows)} of {_count(d.train_windows)} training windows (data.epoch_stride "
+             f"{plan.epoch_stride}), {plan.steps_per_epoch:,} steps of {plan.global_batch} windows = "
+             f"{_count(plan.tokens_per_epoch)} tokens; {plan.epochs} epochs show each training candle about "
+             f"{plan.times_seen:,.0f} times"]
+    if plan.gpu_rate is not None:
+        lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: {duration(plan.epoch_seconds(plan.gpu_rate, plan.gpus))}"
+                     f" per epoch, {duration(plan.run_seconds)} for {plan.epochs} epochs (slurm.time "
+                     f"{duration(plan.slurm_time_s)}); {plan.gpu_rate.label}")
+    else:
+        lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: unknown (no peak FLOP/s for this GPU model)")
+    if not short:
+        lines.append(f"  time on a CPU: {duration(plan.epoch_seconds(plan.cpu_rate))} per epoch; {plan.cpu_rate.label}")
+        lines.append(f"  peak GPU memory: about {plan.memory_gb:.1f} GB per GPU (estimate, common/model/memory.py; "
+                     "plus 1-2 GB CUDA context)")
+    return "\n".join(lines + plan_warnings(plan))
