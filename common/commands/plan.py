@@ -71,13 +71,14 @@ def run_plan(config: Path, overrides: Sequence[str] = (), out: Optional[TextIO] 
 
 
 def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = None,
-               flops_per_token: Optional[int] = None, steps: Optional[int] = None) -> Plan:
-    """The plan of `cfg` on `data`; parameters, FLOPs per token and steps per epoch default to
-    the config's model on its universe and the job's GPUs (slurm.nodes x gpus_per_node)."""
+               flops_per_token: Optional[int] = None, steps: Optional[int] = None,
+               world_size: Optional[int] = None) -> Plan:
+    """The plan of `cfg` on `data`; parameters, FLOPs per token, steps per epoch and processes
+    default to the config's model on its universe and the job's GPUs (slurm.nodes x gpus_per_node)."""
     t, s = cfg.training, cfg.slurm
-    gpus = s.nodes * s.gpus_per_node
+    gpus = world_size or s.nodes * s.gpus_per_node
     if parameters is None or flops_per_token is None:
-        model = meta_model(cfg, num_assets=data.assets or None)
+        model = meta_model(cfg, num_assets=data.assets or None, num_categories=data.categories or None)
         parameters, flops_per_token = model.num_parameters(), model.flops_per_token()
     if steps is None:
         steps = steps_per_epoch(data.epoch_windows, t.batch_size, gpus, t.grad_accum_steps, t.max_steps_per_epoch)
@@ -94,11 +95,12 @@ def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = No
 
 
 def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], *, train_windows: int,
-                epoch_windows: int, parameters: int, flops_per_token: int, steps: int) -> str:
+                epoch_windows: int, parameters: int, flops_per_token: int, steps: int, world_size: int) -> str:
     """The short plan a starting training run prints, from its own data, windows and model."""
     candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in _SPLITS}
     data = DataFigures(candles, train_windows, epoch_windows, basis="exact (this run)", assets=len(ranges))
-    plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps)
+    plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps,
+                      world_size=world_size)
     return format_plan(plan, short=True)
 
 
@@ -117,7 +119,11 @@ def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
         rate, label = H100_RATES[key][0], "H100 rate measured for this shape (2026-11-23)"
     else:  # the measured shape nearest in FLOPs per token, at the same model FLOP/s
         near = min(H100_RATES.values(), key=lambda r: abs(math.log(r[1] / flops_per_token)))
-        rate, label = near[0] * near[1] / flops_per_token, "estimate: the nearest measured H100 shape, scaled by FLOPs per token"
+        rate = near[0] * near[1] / flops_per_token
+        label = "estimate: the nearest measured H100 shape, scaled by FLOPs per token"
+        if flops_per_token < near[1]:  # a smaller model is bound by kernel launches, not FLOPs: no faster
+            rate = near[0]
+            label = "estimate: the tokens/s of the nearest, larger measured H100 shape (small models are launch-bound)"
     peak = known_peak(cfg.slurm.gpu_type)
     if peak is None:
         return None
@@ -159,16 +165,17 @@ def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
     """The candles training would use: load_market_data + prepare_data (offline)."""
     prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
     lengths = [(len(s.train), len(s.val), len(s.test)) for s in prepared.splits.values()]
-    return _figures(cfg, lengths, basis)
+    return _figures(cfg, lengths, basis, len({a.category for a in prepared.assets}))
 
 
-def _figures(cfg: Config, lengths: Sequence[tuple[int, int, int]], basis: str) -> DataFigures:
+def _figures(cfg: Config, lengths: Sequence[tuple[int, int, int]], basis: str, categories: int) -> DataFigures:
     """Counts from per-asset (train, val, test) candles; an asset too short to train is left out."""
     window = cfg.model.context_length + 1
     kept = [n for n in lengths if n[0] >= window]
     windows = [asset_windows(n[0], window, cfg.data.window_stride) for n in kept]
     candles = {split: sum(n[i] for n in kept) for i, split in enumerate(_SPLITS)}
-    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis, len(kept))
+    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis, len(kept),
+                       categories)
 
 
 def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:
@@ -194,7 +201,7 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
         lengths.append((train, max(0, val - purge), max(0, n - train - val - purge)))
     basis = (f"estimated from {len(assets)} assets, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles "
              "and each market's trading hours (nothing cached)")
-    return _figures(cfg, lengths, basis)
+    return _figures(cfg, lengths, basis, len({a.category for a in assets}))
 
 
 def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:
@@ -206,7 +213,7 @@ def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:
         heads = max(2, d_model // 64)
         shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = \
             d_model, layers, heads, 4 * d_model
-        n = meta_model(shape, num_assets=data.assets or None).num_parameters()
+        n = meta_model(shape, num_assets=data.assets or None, num_categories=data.categories or None).num_parameters()
         if data.candles["train"] / n >= MIN_TOKENS_PER_PARAMETER:
             return [f"a smaller model the data supports: --set model.d_model={d_model} --set model.num_layers={layers} "
                     f"--set model.num_heads={heads} --set model.d_ff={4 * d_model} ({n:,} parameters)"]

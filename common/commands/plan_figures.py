@@ -33,7 +33,8 @@ class DataFigures:
     train_windows: int  # context_length + 1 long, data.window_stride apart
     epoch_windows: int  # those one training epoch takes with data.epoch_stride
     basis: str  # "exact (...)" or "estimated (...)": where the counts come from
-    assets: int = 0
+    assets: int = 0  # the assets and categories the model's embeddings hold (0: the config's counts)
+    categories: int = 0
 
 
 @dataclass

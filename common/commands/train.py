@@ -59,6 +59,7 @@ from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writ
 from common.training.rng import seed_everything
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
 from common.model.gpt import MarketGPT
+from common.commands.plan import plan_of_run
 from common.commands.scorecard import end_of_training_scorecard
 from common.distributed.slurm import job_metadata
 from common.training.trainer import EXIT_REQUEUE, Trainer
@@ -284,6 +285,10 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
         print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
+        print(plan_of_run(cfg, tokens.ranges, train_windows=windows.num_windows("train"),
+                          epoch_windows=windows.epoch_windows("train"), parameters=trainer.model.num_parameters(),
+                          flops_per_token=trainer.model.flops_per_token(windows.context_length),
+                          steps=trainer.steps_per_epoch, world_size=env.world_size), file=out, flush=True)
     if state is None:
         _start_log(trainer, cfg, run_dir, info["asset_info"], env, lineage, frozen)
     else:

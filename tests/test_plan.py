@@ -1,0 +1,191 @@
+"""`marketgpt plan`: the arithmetic on hand-made figures, the three case configs from the configs
+alone (no network: pytest-socket blocks it), and the plan of the shipped sample against what a
+real run recorded in data_info.json and training_log.json."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.cli import main
+from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate
+from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
+                                          steps_per_epoch)
+from common.config import load_config
+from common.model.sizing import meta_model
+from common.paths import REPO_ROOT
+from common.training.batches import build_windows
+
+CASES = {"a": "case_a_full_market/configs/full_market_config.json",
+         "b": "case_b_reduced/configs/reduced_config.json",
+         "c": "case_c_crypto/configs/crypto_prototype.json"}
+# a model case C's estimated 1.1M hourly candles support (tens of thousands of parameters)
+SMALL = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.d_ff=64"]
+
+
+def _sets(overrides):
+    return [arg for kv in overrides for arg in ("--set", kv)]
+
+
+def _plan_text(capsys, tmp_path, case: str, overrides=()) -> str:
+    # an empty cache folder: the figures come from the config and universe alone, whatever is cached here
+    args = ["plan", "--config", str(REPO_ROOT / CASES[case]), "--set", f"data.cache_dir={tmp_path / 'empty'}"]
+    assert main(args + _sets(overrides)) == 0
+    return capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the arithmetic
+
+
+def test_windows_and_steps_follow_token_windows():
+    assert asset_windows(100, 17, 1) == 84 and asset_windows(100, 17, 2) == 42 and asset_windows(10, 17, 1) == 0
+    lengths = {"x": 60, "y": 45}
+    ranges = {s: {"train": (0, n), "val": (0, n), "test": (0, n)} for s, n in lengths.items()}
+    tokens = {s: np.zeros(n, dtype=np.int64) for s, n in lengths.items()}
+    for stride in (1, 3, 7):
+        w = build_windows(tokens, ranges, {"x": 0, "y": 1}, {"x": 0, "y": 0}, 8,
+                          strides={"train": 1, "val": 8, "test": 8}, epoch_stride=stride)
+        per_asset = [asset_windows(n, 9, 1) for n in lengths.values()]
+        assert sum(per_asset) == w.num_windows("train")
+        assert epoch_windows(per_asset, stride) == w.epoch_windows("train")
+    assert steps_per_epoch(1000, 16, 2, 1, None) == 31
+    assert steps_per_epoch(1000, 16, 2, 2, None) == 15
+    assert steps_per_epoch(1000, 16, 2, 1, 5) == 5
+
+
+def _plan(**changes) -> Plan:
+    fields = dict(data=DataFigures({"train": 1000, "val": 100, "test": 100}, 900, 900, "estimated"),
+                  parameters=2000, context_length=8, epochs=5, steps_per_epoch=10, global_batch=4, epoch_stride=1,
+                  gpus=2, gpu_type="a100", gpu_rate=Rate(100.0, "test"), cpu_rate=Rate(10.0, "test"),
+                  memory_gb=1.0, slurm_time_s=80, max_requeues=20)
+    fields.update(changes)
+    return Plan(**fields)
+
+
+def test_plan_figures_on_hand_made_numbers():
+    plan = _plan()
+    assert plan.tokens_per_parameter == 0.5
+    assert plan.tokens_per_epoch == 10 * 4 * 8 == 320
+    assert plan.times_seen == pytest.approx(5 * 320 / 1000)
+    assert plan.epoch_seconds(plan.gpu_rate, 2) == pytest.approx(1.6)
+    assert plan.run_seconds == pytest.approx(8.0)
+    assert plan.epoch_seconds(plan.cpu_rate) == pytest.approx(32.0)
+
+
+def test_warnings_on_hand_made_numbers():
+    (tokens,) = plan_warnings(_plan(slurm_time_s=70))  # 8 s in 70 s: neither too long nor too short
+    assert "0.5 unique training tokens per parameter" in tokens and "data.epoch_stride=" not in tokens
+    assert "2x more training candles" in tokens
+    (long,) = plan_warnings(_plan(parameters=500, slurm_time_s=3))  # 8 s in 3 s slots
+    assert "it will requeue about 2 time(s)" in long and "--set slurm.time=1:00:00" in long
+    (short,) = plan_warnings(_plan(parameters=500, slurm_time_s=3600))
+    assert "0.2% of slurm.time" in short and "--set slurm.time=1:00:00" in short
+    assert plan_warnings(_plan(parameters=500, slurm_time_s=70)) == []
+
+
+def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
+    cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
+    fpt = meta_model(cfg).flops_per_token()
+    assert fpt == H100_RATES[(256, 6, 128)][1]  # the table's FLOPs per token are the case's model's
+    assert gpu_rate(cfg, fpt).tokens_per_s == H100_RATES[(256, 6, 128)][0]
+    cfg.slurm.gpu_type = "a100"
+    a100 = gpu_rate(cfg, fpt)
+    assert a100.tokens_per_s == pytest.approx(H100_RATES[(256, 6, 128)][0] * 312 / 989.5)
+    assert "estimated as 0.32x an H100" in a100.label
+    cfg.model.num_layers = 12  # not measured: case C's rate at the same model FLOP/s
+    rate = gpu_rate(cfg, fpt * 2)
+    assert rate.tokens_per_s == pytest.approx(a100.tokens_per_s / 2) and "estimate" in rate.label
+    cfg.model.num_layers = 1  # smaller than any measured: case C's tokens/s (launch-bound, not FLOP-bound)
+    assert gpu_rate(cfg, fpt // 100).tokens_per_s == pytest.approx(a100.tokens_per_s)
+    cfg.slurm.gpu_type = "abacus"
+    assert gpu_rate(cfg, fpt) is None
+
+
+# --------------------------------------------------------------------------- the case configs
+
+
+def _tokens_per_parameter(text: str) -> float:
+    return float(re.search(r"([\d.]+) unique training tokens per parameter", text).group(1))
+
+
+@pytest.mark.parametrize("case, low, high, params", [("a", 0.015, 0.04, "88.6M"), ("b", 0.008, 0.03, "26.4M"),
+                                                      ("c", 0.15, 0.3, "5.02M")])
+def test_case_configs_are_planned_from_the_configs_alone(capsys, tmp_path, case, low, high, params):
+    text = _plan_text(capsys, tmp_path, case)
+    first = text.splitlines()[0]
+    assert "estimated from" in first and "exact" not in text
+    assert f"parameters {params}" in text
+    assert low < _tokens_per_parameter(text) < high
+    assert "time on 2x a100" in text and "per epoch" in text and "time on a CPU" in text
+    assert "peak GPU memory: about" in text
+
+
+def test_case_a_warns_with_suggestions(capsys, tmp_path):
+    text = _plan_text(capsys, tmp_path, "a")
+    (warning,) = [line for line in text.splitlines() if "tokens per parameter" in line and "WARNING" in line]
+    assert "--set model.d_model=" in warning and "more training candles" in warning
+    assert "--set data.epoch_stride=64" in warning
+
+
+def test_no_warning_when_the_data_supports_the_model_and_the_time_fits(capsys, tmp_path):
+    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=10:00:00"])  # 8 h of training in 10 h
+    assert "WARNING: the run" not in text
+    text = _plan_text(capsys, tmp_path, "c", SMALL)
+    assert _tokens_per_parameter(text) > 1
+    assert not [line for line in text.splitlines() if line.startswith("WARNING") and "per parameter" in line]
+
+
+def test_time_warnings(capsys, tmp_path):
+    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=2:00:00"])
+    assert "it will requeue about 3 time(s)" in text and "--set slurm.time=" in text
+    text = _plan_text(capsys, tmp_path, "c")  # 8 h of a 7-day slot
+    assert "a shorter --time queues sooner" in text
+
+
+def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
+    assert main(["plan", "--config", str(REPO_ROOT / CASES["c"]), "--set", "model.nope=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.nope" in err
+    assert main(["plan", "--config", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not found" in err
+
+
+# --------------------------------------------------------------------------- against a real run
+
+
+def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
+    case = tmp_path / "case_c_crypto"
+    shutil.copytree(REPO_ROOT / "case_c_crypto" / "configs", case / "configs")
+    shutil.copy(REPO_ROOT / "case_c_crypto" / "universe.csv", case / "universe.csv")
+    config = case / "configs" / "crypto_prototype.json"
+    # the whole epoch (no max_steps cap) is a few steps: a large epoch stride and batch
+    tiny = ["data.source=sample", "data.interval=1d", "data.universe_counts={}", "model.vocab_size=64",
+            "model.context_length=16", *SMALL, "training.batch_size=64", "data.epoch_stride=37",
+            "training.epochs=1", "training.max_steps_per_epoch=null", "training.eval_max_batches=1",
+            "training.warmup_steps=1", "training.device=cpu", "training.scorecard_origins=0",
+            "slurm.gpus_per_node=1"]
+    assert main(["train", "--config", str(config)] + _sets(tiny)) == 0
+    printed = capsys.readouterr().out
+    assert "Plan: candles = tokens per split, exact (this run)" in printed
+    (run,) = (case / "checkpoints").glob("crypto_prototype_*")
+    info = json.loads((run / "data_info.json").read_text())
+    log = json.loads((run / "training_log.json").read_text())
+
+    cfg = load_config(config, tiny)
+    data = data_figures(cfg, case)
+    plan = build_plan(cfg, data)
+    assert data.basis == "exact (the shipped sample)"
+    assert data.candles == {split: info["totals"][split] for split in ("train", "val", "test")}
+    assert data.train_windows == log["windows"]["train"]
+    assert plan.steps_per_epoch == log["steps_per_epoch"] > 1
+    assert plan.parameters == log["num_parameters"]
+    assert plan.global_batch == log["effective_batch_size"]
+    steps_line = f"{plan.steps_per_epoch:,} steps of {plan.global_batch} windows"
+    assert steps_line in printed
+    assert main(["plan", "--config", str(config)] + _sets(tiny)) == 0
+    assert steps_line in capsys.readouterr().out
