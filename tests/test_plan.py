@@ -95,7 +95,7 @@ def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg.slurm.gpu_type = "a100"
     a100 = gpu_rate(cfg, fpt)
     assert a100.tokens_per_s == pytest.approx(H100_RATES[(256, 6, 128)][0] * 312 / 989.5)
-    assert "estimated as 0.32x an H100" in a100.label
+    assert "estimated as 0.32 H100" in a100.label
     cfg.model.num_layers = 12  # not measured: case C's rate at the same model FLOP/s
     rate = gpu_rate(cfg, fpt * 2)
     assert rate.tokens_per_s == pytest.approx(a100.tokens_per_s / 2) and "estimate" in rate.label
@@ -171,7 +171,7 @@ def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
             "slurm.gpus_per_node=1"]
     assert main(["train", "--config", str(config)] + _sets(tiny)) == 0
     printed = capsys.readouterr().out
-    assert "Plan: candles = tokens per split, exact (this run)" in printed
+    assert "candles (= tokens) of 13 assets, exact (this run)" in printed
     (run,) = (case / "checkpoints").glob("crypto_prototype_*")
     info = json.loads((run / "data_info.json").read_text())
     log = json.loads((run / "training_log.json").read_text())

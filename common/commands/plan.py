@@ -116,7 +116,7 @@ def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
     m = cfg.model
     key = (m.d_model, m.num_layers, m.context_length)
     if key in H100_RATES:
-        rate, label = H100_RATES[key][0], "H100 rate measured for this shape (2026-11-23)"
+        rate, label = H100_RATES[key][0], "H100 tokens/s measured for this shape on 2026-11-23"
     else:  # the measured shape nearest in FLOPs per token, at the same model FLOP/s
         near = min(H100_RATES.values(), key=lambda r: abs(math.log(r[1] / flops_per_token)))
         rate = near[0] * near[1] / flops_per_token
@@ -128,7 +128,7 @@ def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
     if peak is None:
         return None
     if peak[0] != H100_PEAK:
-        label += f"; {cfg.slurm.gpu_type} estimated as {peak[0] / H100_PEAK:.2f}x an H100 (dense bf16 peak)"
+        label += f"; one {cfg.slurm.gpu_type} estimated as {peak[0] / H100_PEAK:.2f} H100 by dense bf16 peak"
     return Rate(rate * peak[0] / H100_PEAK, label + "; training steps only, no validation")
 
 
@@ -199,8 +199,8 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
         n = estimated_candles(asset, d.interval, start, end)
         train, val = int(n * d.train_ratio), int(n * d.val_ratio)
         lengths.append((train, max(0, val - purge), max(0, n - train - val - purge)))
-    basis = (f"estimated from {len(assets)} assets, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles "
-             "and each market's trading hours (nothing cached)")
+    basis = (f"estimated from the universe, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles and "
+             "each market's trading hours (nothing cached)")
     return _figures(cfg, lengths, basis, len({a.category for a in assets}))
 
 

@@ -159,8 +159,9 @@ def plan_warnings(plan: Plan) -> list[str]:
 def format_plan(plan: Plan, short: bool = False) -> str:
     """The plan's lines; short: the main figures and the warnings (the training banner)."""
     c, d = plan.data.candles, plan.data
-    lines = [f"Plan: candles = tokens per split, {d.basis}: train {_count(c['train'])}, val {_count(c['val'])}, "
-             f"test {_count(c['test'])}" + (f" ({d.assets} assets)" if d.assets else ""),
+    assets = f" of {d.assets} assets" if d.assets else ""
+    lines = [f"Plan: {_count(c['train'])} train, {_count(c['val'])} val, {_count(c['test'])} test candles (= tokens)"
+             f"{assets}, {d.basis}",
              f"  parameters {_count(plan.parameters)}: {plan.tokens_per_parameter:.3g} unique training tokens per "
              f"parameter (warn below {MIN_TOKENS_PER_PARAMETER:g})",
              f"  epoch: {_count(d.epoch_windows)} of {_count(d.train_windows)} training windows (data.epoch_stride "
@@ -170,7 +171,8 @@ def format_plan(plan: Plan, short: bool = False) -> str:
     if plan.gpu_rate is not None:
         lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: {duration(plan.epoch_seconds(plan.gpu_rate, plan.gpus))}"
                      f" per epoch, {duration(plan.run_seconds)} for {plan.epochs} epochs (slurm.time "
-                     f"{duration(plan.slurm_time_s)}); {plan.gpu_rate.label}")
+                     f"{duration(plan.slurm_time_s)})")
+        lines.append(f"    ({plan.gpu_rate.label})")
     else:
         lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: unknown (no peak FLOP/s for this GPU model)")
     if not short:
