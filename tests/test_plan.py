@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.cli import main
-from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate
+from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate, plan_of_run
 from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
                                           steps_per_epoch)
 from common.config import load_config
@@ -189,3 +189,10 @@ def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
     assert steps_line in printed
     assert main(["plan", "--config", str(config)] + _sets(tiny)) == 0
     assert steps_line in capsys.readouterr().out
+
+
+def test_a_run_with_a_bad_slurm_time_still_prints_a_line():
+    cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.time=soon"])
+    line = plan_of_run(cfg, {"X": {"train": (0, 500), "val": (600, 700), "test": (800, 900)}}, train_windows=372,
+                       epoch_windows=372, parameters=1000, flops_per_token=6000, steps=5, world_size=1)
+    assert line.startswith("Plan: not available (slurm.time = 'soon'")

@@ -30,6 +30,7 @@ from common.data.universe import Asset, load_universe
 from common.data.yahoo import LOOKBACK_LIMITS
 from common.distributed.requeue import MAX_REQUEUES
 from common.distributed.slurm import parse_slurm_time
+from common.errors import UserError
 from common.markets import INTERVAL_SECONDS
 from common.model.memory import estimate_training_memory
 from common.model.sizing import meta_model
@@ -99,8 +100,11 @@ def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], 
     """The short plan a starting training run prints, from its own data, windows and model."""
     candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in _SPLITS}
     data = DataFigures(candles, train_windows, epoch_windows, basis="exact (this run)", assets=len(ranges))
-    plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps,
-                      world_size=world_size)
+    try:
+        plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps,
+                          world_size=world_size)
+    except UserError as e:  # e.g. a slurm.time that is no Slurm time: the run trains all the same
+        return f"Plan: not available ({e})"
     return format_plan(plan, short=True)
 
 
