@@ -8,6 +8,7 @@ import re
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from common.cli import main
@@ -15,6 +16,9 @@ from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate,
 from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
                                           steps_per_epoch)
 from common.config import load_config
+from common.data.cache import CandleCache
+from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
 from common.model.sizing import meta_model
 from common.paths import REPO_ROOT
 from common.training.batches import build_windows
@@ -195,3 +199,26 @@ def test_a_run_with_a_bad_slurm_time_still_prints_a_line():
     line = plan_of_run(cfg, {"X": {"train": (0, 500), "val": (600, 700), "test": (800, 900)}}, train_windows=372,
                        epoch_windows=372, parameters=1000, flops_per_token=6000, steps=5, world_size=1)
     assert line.startswith("Plan: not available (slurm.time = 'soon'")
+
+
+def test_cached_candles_are_counted_exactly(tmp_path, capsys):
+    case = tmp_path / "case"
+    (case / "configs").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / CASES["c"], case / "configs" / "c.json")
+    (case / "universe.csv").write_text("symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n"
+                                       "ETH/USDT,ccxt,crypto,Ether\nSOL/USDT,ccxt,crypto,Solana\n")
+    rng = np.random.default_rng(0)
+    for i, symbol in enumerate(("BTC/USDT", "ETH/USDT")):  # SOL/USDT is not cached
+        index = pd.date_range("2020-01-01", periods=3000 - 500 * i, freq="1h", tz="UTC", name="timestamp")
+        close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, len(index))))
+        frame = pd.DataFrame({"open": close, "high": close * 1.01, "low": close * 0.99, "close": close,
+                              "volume": 1.0}, index=index)
+        CandleCache(case / "data").write("ccxt", "1h", symbol, frame, adjusted=False)
+    cfg = load_config(case / "configs" / "c.json", ["data.universe_counts={}"])
+    data = data_figures(cfg, case)
+    assert data.basis == "exact (cache: 2 of 3 assets)" and data.assets == 2
+    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    assert data.candles["train"] == sum(len(s.train) for s in prepared.splits.values())
+    assert data.candles["test"] == sum(len(s.test) for s in prepared.splits.values())
+    assert data.train_windows == sum(len(s.train) - 128 for s in prepared.splits.values())
+    assert "1 of 3 assets have no 1h candles" in capsys.readouterr().err  # training's own warning
