@@ -125,7 +125,9 @@ def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
         near = min(H100_RATES.values(), key=lambda r: abs(math.log(r[1] / flops_per_token)))
         rate = near[0] * near[1] / flops_per_token
         label = "estimate: the nearest measured H100 shape, scaled by FLOPs per token"
-        if flops_per_token < near[1]:  # a smaller model is bound by kernel launches, not FLOPs: no faster
+        # smaller than that shape: its tokens/s. The measured ones gain little from fewer FLOPs
+        # (case C has 1/18 of case A's FLOPs per token and fewer tokens/s): kernel launches bound them
+        if flops_per_token < near[1]:
             rate = near[0]
             label = "estimate: the tokens/s of the nearest, larger measured H100 shape (small models are launch-bound)"
     peak = known_peak(cfg.slurm.gpu_type)
