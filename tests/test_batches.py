@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.training.batches import SPLITS, build_windows, window_starts
 from common.errors import UserError
-from common.tokens.tokenizer import PAD_TOKEN
+from common.special_tokens import PAD_TOKEN
+from common.training.batches import SPLITS, build_windows, window_starts
 
 T = 8  # context length in these tests
 

@@ -15,7 +15,7 @@ from common.model.gpt import Dropout, MarketGPT, apply_rotary, rotary_tables
 from common.model.sampling import sample_paths
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
-from common.tokens.tokenizer import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.special_tokens import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 
 torch.set_num_threads(1)  # a shared 2-core box; these models are tiny anyway
 
