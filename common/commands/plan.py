@@ -25,7 +25,7 @@ from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures,
 from common.config import Config, load_config
 from common.data.cache import CandleCache
 from common.data.loading import load_market_data
-from common.data.prepare import prepare_data
+from common.data.prepare import SPLITS, prepare_data
 from common.data.universe import Asset, load_universe
 from common.data.yahoo import LOOKBACK_LIMITS
 from common.distributed.requeue import MAX_REQUEUES
@@ -98,7 +98,7 @@ def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = No
 def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], *, train_windows: int,
                 epoch_windows: int, parameters: int, flops_per_token: int, steps: int, world_size: int) -> str:
     """The short plan a starting training run prints, from its own data, windows and model."""
-    candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in _SPLITS}
+    candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in SPLITS}
     data = DataFigures(candles, train_windows, epoch_windows, basis="exact (this run)", assets=len(ranges))
     try:
         plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps,
@@ -106,9 +106,6 @@ def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], 
     except UserError as e:  # e.g. a slurm.time that is no Slurm time: the run trains all the same
         return f"Plan: not available ({e})"
     return format_plan(plan, short=True)
-
-
-_SPLITS = ("train", "val", "test")
 
 
 # --------------------------------------------------------------------------- rates
@@ -179,7 +176,7 @@ def _figures(cfg: Config, lengths: Sequence[tuple[int, int, int]], basis: str, c
     window = cfg.model.context_length + 1
     kept = [n for n in lengths if n[0] >= window]
     windows = [asset_windows(n[0], window, cfg.data.window_stride) for n in kept]
-    candles = {split: sum(n[i] for n in kept) for i, split in enumerate(_SPLITS)}
+    candles = {split: sum(n[i] for n in kept) for i, split in enumerate(SPLITS)}
     return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis, len(kept),
                        categories)
 
