@@ -58,12 +58,12 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     from common.config import load_config
     from common.evaluation.token_scoring import eval_inputs, score_baseline, score_model, split_windows
     from common.model.gpt import MarketGPT
-    from common.training.run_folder import TokenSet
+    from common.training.run_folder import TokenSet, token_path
     from common.special_tokens import PAD_TOKEN
     from common.tokens.tokenizer import OHLCTokenizer
 
     cfg = load_config(run_dir / "config.json")
-    tokens = TokenSet.load(run_dir / "tokens.npz")
+    tokens = TokenSet.load(token_path(run_dir))
     tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
     ai = json.loads((run_dir / "asset_info.json").read_text())
     ranges = {s: {"train": r["train"], "test": r[split]} for s, r in tokens.ranges.items()}

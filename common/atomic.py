@@ -9,21 +9,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 from common.errors import UserError
 
-__all__ = ["atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
+__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
 
 
-def _default_mode() -> int:
-    # mkstemp creates 0600 files; the files we publish should read like any other the user
-    # writes (group members on a shared cluster read run folders and the data cache).
+def _default_mode(folder: bool = False) -> int:
+    # mkstemp creates 0600 files (mkdtemp 0700 folders); what we publish should read like any
+    # other the user writes (group members on a shared cluster read run folders and the data cache).
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return (0o777 if folder else 0o666) & ~umask
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -82,6 +83,30 @@ def atomic_path(target: str | os.PathLike, fsync: bool = True) -> Iterator[Path]
             tmp.unlink()
         raise
     replace_with(tmp, target, fsync)
+
+
+@contextlib.contextmanager
+def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new empty folder beside `target`; on clean exit it becomes `target` by rename
+    (an existing `target` is swapped out and removed). On an exception it is removed and
+    `target` is left untouched, so a reader sees the old folder or the whole new one."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        os.chmod(tmp, _default_mode(folder=True))
+        yield tmp
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes, fsync: bool = True) -> None:

@@ -138,6 +138,10 @@ class DataConfig:
     epoch_stride: int = 1
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
     universe_counts: Dict[str, int] = field(default_factory=dict)
+    # prepare the corpus once into memory-mapped token shards in data.cache_dir/shards/, reused by
+    # every run, rank and resumed job with the same data (common/tokens/shards.py); false: in memory
+    # for each run (a read-only data cache), written to the run folder alone
+    shards: bool = True
     # train on these categories of the universe only, e.g. ["crypto"] (--set data.categories=crypto);
     # [] keeps every category
     categories: List[str] = field(default_factory=list)

@@ -35,6 +35,8 @@ def check_model(m: ModelConfig, tok: TokenizerConfig, need: Need) -> None:
     need(m.vocab_size >= min_vocab, "model.vocab_size",
          f"({m.vocab_size}) is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} special tokens plus "
          f"at least 2 return bins x {tok.shape_bins} shape bins = {min_vocab}")
+    need(m.vocab_size <= 2**15, "model.vocab_size",
+         f"({m.vocab_size}) is too large: token folders store int16 ids, so at most {2**15}")
 
 
 def check_training(t: TrainingConfig, m: ModelConfig, need: Need) -> None:

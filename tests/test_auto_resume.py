@@ -70,8 +70,8 @@ def test_a_run_missing_any_final_output_is_continued(tmp_path, alive):
 
 def test_a_folder_killed_before_its_first_checkpoint_is_reused(tmp_path, alive):
     run = _run(tmp_path, "20250102_000000", status="running")
-    for name in ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
-                 ".tokens.npz.a1b2.tmp", "best_model.pt"):  # killed between best_model.pt and its epoch checkpoint
+    for name in ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens",
+                 ".tokens.a1b2.tmp", "best_model.pt"):  # killed between best_model.pt and its epoch checkpoint
         (run / name).write_text("x")
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out").write_text("x")

@@ -52,11 +52,11 @@ def test_token_set_keeps_features(tmp_path):
     tokens = TokenSet(["A"], {"A": np.arange(5)}, {"A": np.zeros(5)}, {"A": {"train": (0, 3), "val": (3, 4),
                                                                           "test": (4, 5)}},
                       {"A": np.arange(15).reshape(5, 3)})
-    tokens.save(tmp_path / "tokens.npz")
-    back = TokenSet.load(tmp_path / "tokens.npz")
+    tokens.save(tmp_path / "tokens")
+    back = TokenSet.load(tmp_path / "tokens")
     assert back.features["A"].tolist() == tokens.features["A"].tolist()
-    TokenSet(["A"], tokens.tokens, tokens.moves, tokens.ranges).save(tmp_path / "plain.npz")
-    assert TokenSet.load(tmp_path / "plain.npz").features is None
+    TokenSet(["A"], tokens.tokens, tokens.moves, tokens.ranges).save(tmp_path / "plain")
+    assert TokenSet.load(tmp_path / "plain").features is None
 
 
 def test_off_in_the_case_configs_and_model_info_says_what_each_adds():

@@ -348,7 +348,7 @@ def test_report_of_a_run_without_epochs_or_moves(tmp_path):
 
 
 def _fake_run_folder(root) -> tuple:
-    """A run folder in the trainer's format (config, tokenizer, asset_info, tokens.npz, best model)."""
+    """A run folder in the trainer's format (config, tokenizer, asset_info, tokens/, best model)."""
     from common.atomic import atomic_write_json
     from common.training.checkpoint import save_checkpoint
     from common.config import Config, config_to_dict, save_config
@@ -377,7 +377,7 @@ def _fake_run_folder(root) -> tuple:
     save_config(cfg, run / "config.json")
     tok.save(run / "tokenizer.json")
     atomic_write_json(run / "asset_info.json", info)
-    tokens.save(run / "tokens.npz")
+    tokens.save(run / "tokens")
     atomic_write_json(run / "training_log.json", {"status": "finished", "best_epoch": 1, "best_val_loss": 3.4,
                                                   "epochs": [{"epoch": 1, "train_loss": 3.5, "val_loss": 3.4}]})
     torch.manual_seed(0)

@@ -343,7 +343,8 @@ def test_data_categories_reads_only_those_assets_from_the_cache(tmp_path: Path, 
     monkeypatch.setattr(CandleCache, "read", lambda self, source, interval, symbol: read.append(symbol) or
                         real(self, source, interval, symbol))
     data = load_market_data(cfg, tmp_path)
-    assert [a.symbol for a in data.assets] == ["BTC/USDT"] and read == ["BTC/USDT"]
+    assert [a.symbol for a in data.assets] == ["BTC/USDT"] and read == []  # each asset is read when used
+    assert len(data.candles["BTC/USDT"]) == 300 and read == ["BTC/USDT"]
     assert "no 1d candles" not in capsys.readouterr().err  # no warning about the assets left out on purpose
     cfg.data.categories = ["fx"]
     with pytest.raises(UserError, match=r"no asset of fx in this universe \(it has commodity, crypto, us_stock\)"):
@@ -385,7 +386,8 @@ def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(t
     real_fit = OHLCTokenizer.fit
 
     def spy(self, frames, *args, **kwargs):
-        fitted.extend(frames.values() if isinstance(frames, dict) else frames)
+        frames = list(frames.values() if isinstance(frames, dict) else frames)  # may be a generator
+        fitted.extend(frames)
         return real_fit(self, frames, *args, **kwargs)
 
     monkeypatch.setattr(OHLCTokenizer, "fit", spy)

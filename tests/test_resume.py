@@ -35,7 +35,7 @@ TINY = {
     "data": {"source": "sample", "interval": "1d"},
 }
 RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
-             "training_log.json", "test_results.json", "tokens.npz", "report.png", "tensorboard",
+             "training_log.json", "test_results.json", "tokens", "report.png", "tensorboard",
              "scorecard.json", "scorecard.png"}
 
 

@@ -149,7 +149,7 @@ def test_bad_forecasts_and_arguments_are_refused():
 
 
 def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
-    """series_from_run reads config.json and tokens.npz; the files land in the run folder."""
+    """series_from_run reads config.json and the token folder; the files land in the run folder."""
     from common.config import load_config, save_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
@@ -166,13 +166,13 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     splits = {s: prepared.splits[s] for s in symbols}
     TokenSet(symbols, {s: np.zeros(n[s], np.int16) for s in symbols}, {s: np.zeros(n[s]) for s in symbols},
              {s: {k: (getattr(splits[s], k).start, getattr(splits[s], k).stop) for k in ("train", "val", "test")}
-              for s in symbols}).save(run / "tokens.npz")
+              for s in symbols}).save(run / "tokens")
     with_test = [s for s in symbols if len(splits[s].test) > 40][:3]
     card = run_scorecard(run, RandomWalkEWMA(), horizons=[1], stride=20, n_samples=20, assets=with_test)
     assert (run / SCORECARD_JSON).is_file() and (run / SCORECARD_PNG).is_file()
     assert set(card["horizons"]["1"]["by_asset"]) == set(with_test) and card["interval"] == "1d"
-    with pytest.raises(UserError, match="missing tokens.npz"):
-        (run / "tokens.npz").unlink()
+    with pytest.raises(UserError, match="missing tokens"):
+        shutil.rmtree(run / "tokens")
         run_scorecard(run, RandomWalkEWMA())
 
 

@@ -44,7 +44,7 @@ LONG_EPOCHS = 6
 # The scancel'ed run: two full epochs, cancelled after 400 steps of the first.
 MEDIUM = [*TINY, "training.max_steps_per_epoch=null", "training.log_every_steps=100"]
 RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
-             "training_log.json", "test_results.json", "tokens.npz", "report.png", "tensorboard",
+             "training_log.json", "test_results.json", "tokens", "report.png", "tensorboard",
              "checkpoint_epoch_2.pt"}
 
 

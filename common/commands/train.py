@@ -1,13 +1,14 @@
 """`marketgpt train`: config -> data -> tokenizer -> token windows -> model -> Trainer -> test.
 
-    new run:  load config -> case folder -> load_market_data -> prepare_data (clean, split by
-              time) -> tokenizer fit on TRAIN candles -> encode each asset's whole cleaned
-              series (tokens are causal, so slicing them by the split ranges is leak-free)
-              -> run folder with config.json, tokenizer.json, asset_info.json,
-              data_info.json, tokens.npz -> train -> best model on test -> scorecard.json and
+    new run:  load config -> case folder -> the config's token shard (common/tokens/shards.py:
+              reused when an earlier run or job prepared the same data, else prepared now:
+              clean, split by time, tokenizer fit on TRAIN candles, encode each asset's whole
+              cleaned series; tokens are causal, so slicing them by the split ranges is
+              leak-free) -> run folder with config.json, tokenizer.json, asset_info.json,
+              data_info.json, tokens/ (hard links to the shard) -> train -> best model on test -> scorecard.json and
               .png (training.scorecard_*), report.png, test_results.json -> only then the
               log's status says finished
-    resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens.npz,
+    resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens/,
               plus the checkpoint; nothing is re-read from the candle cache.
 
 --resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
@@ -55,7 +56,7 @@ from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.paths import case_dir_of_config
 from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
-                               resolve_resume, reuse_unstarted_run)
+                               resolve_resume, reuse_unstarted_run, token_path)
 from common.training.rng import seed_everything
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
 from common.model.gpt import MarketGPT
@@ -124,7 +125,7 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
         print(f"Resuming {run_dir} from {ckpt.name}", file=out)
     else:
         check_writable(case_dir_of_config(config) / "checkpoints")
-        tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config))
+        tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config), out)
         windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
         if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
             print(f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run "
@@ -156,41 +157,20 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
 # --------------------------------------------------------------------------- new run
 
 
-def _prepare_new(cfg: Config, case: Path) -> tuple[TokenSet, dict, dict]:
-    from common.data.loading import load_market_data
-    from common.data.prepare import prepare_data
-    from common.data.universe import asset_info
-    from common.tokens.tokenizer import OHLCTokenizer
+def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple[TokenSet, dict, dict]:
+    """The corpus of a new run: the config's token shard (prepared now, or reused), or with
+    data.shards = false prepared in memory for this run alone."""
+    from common.tokens.shards import prepare_in_memory, prepare_shards
 
     parent = None
     if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
         parent = resolve_parent(cfg.training.init_from)
         check_parent_fits(config_to_dict(cfg), parent)
-    market = load_market_data(cfg, case)
-    prepared = prepare_data(cfg, market)
-    symbols = [a.symbol for a in prepared.assets]
-    train_frames = {s: prepared.candles[s].iloc[prepared.splits[s].train.start:prepared.splits[s].train.stop]
-                    for s in symbols}
-    if parent is not None:  # fine-tuning: the parent's token ids, which its weights were trained on
-        tokenizer = OHLCTokenizer.load(parent.run_dir / "tokenizer.json")
-    else:
-        tokenizer = OHLCTokenizer.from_config(cfg).fit(train_frames)
-    tokens, moves, ranges = {}, {}, {}
-    for s in symbols:
-        frame, split = prepared.candles[s], prepared.splits[s]
-        tokens[s] = tokenizer.encode(frame, asset=s)
-        moves[s] = tokenizer.features(frame, asset=s)[0]
-        ranges[s] = {name: (r.start, r.stop) for name, r in
-                     (("train", split.train), ("val", split.val), ("test", split.test))}
-    info = asset_info(prepared.assets)
-    data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
-    features = None
-    if cfg.model.time_features or cfg.model.volume_input:  # per-candle time and volume ids
-        from common.tokens.features import run_features
-
-        features, data_info["volume_edges"] = run_features(
-            {s: prepared.candles[s] for s in symbols}, {s: ranges[s]["train"] for s in symbols}, prepared.interval)
-    return TokenSet(symbols, tokens, moves, ranges, features), {"asset_info": info, "tokenizer": tokenizer}, data_info
+    # fine-tuning: the parent's token ids, which its weights were trained on
+    parent_tokenizer = parent.run_dir / "tokenizer.json" if parent is not None else None
+    prepare = prepare_shards if cfg.data.shards else prepare_in_memory
+    p = prepare(cfg, case, parent_tokenizer, out=out)
+    return p.tokens, {"asset_info": p.asset_info, "tokenizer": p.tokenizer}, p.data_info
 
 
 def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
@@ -201,7 +181,7 @@ def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, d
         info["tokenizer"].save(run_dir / "tokenizer.json")
         atomic_write_json(run_dir / "asset_info.json", info["asset_info"])
         atomic_write_json(run_dir / "data_info.json", data_info)
-        tokens.save(run_dir / "tokens.npz")
+        tokens.save(run_dir / "tokens")  # hard links to the shard's files
     except OSError as e:
         raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
 
@@ -230,7 +210,7 @@ def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
             raise UserError(f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
                             "resume with the config it was started with, or start a new run without --resume")
     check_writable(run_dir)
-    tokens = TokenSet.load(run_dir / "tokens.npz")
+    tokens = TokenSet.load(token_path(run_dir))
     info = {"asset_info": read_json(run_dir / "asset_info.json"),
             "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
     return cfg, tokens, info
@@ -246,7 +226,7 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
     T = cfg.model.context_length
     return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
                          strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
-                         epoch_stride=cfg.data.epoch_stride, features=tokens.features)
+                         epoch_stride=cfg.data.epoch_stride, features=tokens.features, flat=tokens.flat())
 
 
 def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:

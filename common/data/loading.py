@@ -13,14 +13,14 @@ import pandas as pd
 
 from common.config import Config
 from common.data.cache import CandleCache
-from common.data.files import load_files
-from common.data.market import MarketData
-from common.data.sample import load_sample, sample_assets
+from common.data.files import FILES_UNIVERSE, load_files
+from common.data.market import LazyFrames, MarketData
+from common.data.sample import load_sample, sample_assets, sample_file
 from common.data.universe import load_universe
 from common.errors import UserError
 from common.paths import REPO_ROOT
 
-__all__ = ["MarketData", "load_market_data"]
+__all__ = ["MarketData", "input_files", "load_market_data"]
 
 
 def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
@@ -44,6 +44,27 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     return _only_categories(market, cfg.data.categories)
 
 
+def input_files(cfg: Config, case_dir: Path) -> list[Path]:
+    """The files load_market_data reads for this config (those that exist), in a fixed order: a
+    change to any of them (size or time stamp) means the candles may have changed."""
+    d, case_dir = cfg.data, Path(case_dir)
+    if d.source == "sample":
+        return [sample_file()]
+    if d.source == "download":
+        cache = CandleCache(case_dir / d.cache_dir)
+        universe = case_dir / d.universe
+        paths = [cache.path_for(a.source, d.interval, a.symbol)
+                 for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)]
+        return [universe, *(p for p in paths if p.is_file())]
+    if d.source == "files" and d.files_dir:
+        root = Path(d.files_dir).expanduser()
+        root = root if root.is_absolute() else case_dir / root
+        found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        universe = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
+        return [*universe, *(p for p in found if p.is_file())]
+    return []  # "synthetic": the config alone decides the candles
+
+
 def _in_categories(assets: list, categories: list[str]) -> list:
     """The assets of `categories` ([] keeps all); a UserError for a category with none."""
     if not categories:
@@ -62,7 +83,9 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
         return market
     kept = _in_categories(market.assets, categories)
     symbols = {a.symbol for a in kept}
-    return MarketData(assets=kept, candles={s: f for s, f in market.candles.items() if s in symbols},
+    candles = (market.candles.only(symbols) if isinstance(market.candles, LazyFrames)
+               else {s: f for s, f in market.candles.items() if s in symbols})
+    return MarketData(assets=kept, candles=candles,
                       interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
                       files={s: f for s, f in market.files.items() if s in symbols})
 
@@ -82,18 +105,18 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
     start = pd.Timestamp(d.start_date, tz="UTC")
     end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else None
 
-    candles: dict[str, pd.DataFrame] = {}
-    missing: list[str] = []
-    for asset in assets:
-        frame = cache.read(asset.source, d.interval, asset.symbol)
-        if frame is None or frame.empty:
-            missing.append(asset.symbol)
-            continue
+    def read(symbol: str) -> pd.DataFrame:
+        frame = cache.read(source_of[symbol], d.interval, symbol)
+        if frame is None:  # a file that vanished since the check below: no candles, dropped later
+            return _EMPTY.copy()
         # The index is sorted (cache contract), so two binary searches cut the date range.
         lo = frame.index.searchsorted(start, side="left")
         hi = frame.index.searchsorted(end, side="left") if end is not None else len(frame)
-        candles[asset.symbol] = frame.iloc[lo:hi]
+        return frame.iloc[lo:hi]
 
+    # each asset is read when training's preparation reaches it, so memory holds one at a time
+    source_of = {a.symbol: a.source for a in assets}
+    missing = [a.symbol for a in assets if not cache.path_for(a.source, d.interval, a.symbol).is_file()]
     if missing:
         command = f"marketgpt data download --case {_case_arg(case_dir)}"
         if len(missing) == len(assets):
@@ -106,10 +129,11 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
         print(f"warning: {len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
               f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
               f"them in {case_dir / d.universe} if the download reports them as failed", file=sys.stderr)
-        empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},
-                             index=pd.DatetimeIndex([], tz="UTC", name="timestamp"))
-        candles.update({symbol: empty for symbol in missing})
-    return MarketData(assets=assets, candles=candles, interval=d.interval)
+    return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=d.interval)
+
+
+_EMPTY = pd.DataFrame({c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},
+                      index=pd.DatetimeIndex([], tz="UTC", name="timestamp"))
 
 
 def _case_arg(case_dir: Path) -> str:

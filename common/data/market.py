@@ -2,20 +2,47 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
 
 import pandas as pd
 
 from common.data.universe import Asset
 
-__all__ = ["MarketData"]
+__all__ = ["LazyFrames", "MarketData"]
 
 
 @dataclass
 class MarketData:
     assets: list[Asset]  # universe order; asset ids follow it
-    candles: dict[str, pd.DataFrame]  # symbol -> canonical candle frame
+    # symbol -> canonical candle frame: a dict, or LazyFrames that reads each one when asked
+    candles: Mapping[str, pd.DataFrame]
     interval: str
     # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
     # and the file each symbol came from
     fixes: dict[str, dict[str, int]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+
+
+class LazyFrames(Mapping[str, pd.DataFrame]):
+    """symbol -> frame, read by `load(symbol)` on every access and never kept: a caller that
+    walks the assets one at a time holds one asset's candles, whatever the universe's size."""
+
+    def __init__(self, symbols: list[str], load: Callable[[str], pd.DataFrame]) -> None:
+        self._symbols = list(symbols)
+        self._known = set(self._symbols)
+        self._load = load
+
+    def __getitem__(self, symbol: str) -> pd.DataFrame:
+        if symbol not in self._known:
+            raise KeyError(symbol)
+        return self._load(symbol)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._symbols)
+
+    def __len__(self) -> int:
+        return len(self._symbols)
+
+    def only(self, symbols: set[str]) -> "LazyFrames":
+        """The same reader over fewer symbols."""
+        return LazyFrames([s for s in self._symbols if s in symbols], self._load)

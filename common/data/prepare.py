@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,11 @@ __all__ = [
     "FIX_KINDS",
     "AssetSplit",
     "PreparedData",
+    "clean_asset",
     "clean_candles",
     "fill_gaps",
     "prepare_data",
+    "split_data",
 ]
 
 COLUMNS = ("open", "high", "low", "close", "volume")
@@ -67,7 +69,7 @@ class AssetSplit:
 @dataclass
 class PreparedData:
     assets: list[Asset]  # the kept assets, in universe order
-    candles: dict[str, pd.DataFrame]  # symbol -> cleaned frame (crypto gaps are NaN rows)
+    candles: Mapping[str, pd.DataFrame]  # symbol -> cleaned frame (crypto gaps are NaN rows)
     splits: dict[str, AssetSplit]
     # val starts at cuts[0], test at cuts[1] (UTC); with several eras, those of the one with most candles
     cuts: tuple[pd.Timestamp, pd.Timestamp]
@@ -239,26 +241,57 @@ def _era_text(era: list[str], real_ts: dict[str, np.ndarray]) -> str:
 
 def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     """Clean every asset, split all of them at the same instants, and record what was done."""
+    step = interval_step(market.interval)
+    cleaned: dict[str, pd.DataFrame] = {}
+    real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
+    records: dict[str, dict[str, Any]] = {}
+    dropped: dict[str, str] = {}
+    for asset in market.assets:
+        frame, records[asset.symbol], why = clean_asset(asset, market.candles[asset.symbol], step,
+                                                        reader_fixes=market.fixes.get(asset.symbol),
+                                                        file=market.files.get(asset.symbol))
+        if frame is None:
+            dropped[asset.symbol] = why
+            continue
+        cleaned[asset.symbol] = frame
+        real_ts[asset.symbol] = _valid_stamps(frame)
+    stamps = {s: f.index.asi8 for s, f in cleaned.items()}
+    return split_data(cfg, market.assets, market.interval, stamps, real_ts, records, dropped, cleaned)
+
+
+def _valid_stamps(frame: pd.DataFrame) -> np.ndarray:
+    """The timestamps (ns) of a cleaned frame's real candles: not the all-NaN rows fill_gaps adds."""
+    return frame.index.asi8[np.isfinite(frame["close"].to_numpy())]
+
+
+def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mapping[str, np.ndarray],
+               real_ts: Mapping[str, np.ndarray], records: dict[str, dict[str, Any]], dropped: dict[str, str],
+               candles: Mapping[str, pd.DataFrame]) -> PreparedData:
+    """Split the cleaned assets at the same instants, from their timestamps alone.
+
+    universe: every asset asked for, in order; stamps / real_ts: symbol -> the timestamps of each
+    cleaned asset's rows / real candles; records, dropped: from clean_asset (dropped grows here);
+    candles: symbol -> cleaned frame, kept as given (a dict, or frames read from disk on access).
+    """
     context = cfg.model.context_length
     window = context + 1  # a training window: context inputs plus the next-token target
     purge = cfg.data.purge_gap or context
-    cleaned, real_ts, records, dropped = _clean_all(market)
-    if not cleaned:
-        raise UserError(f"none of the {len(market.assets)} assets has a valid candle; check the data "
-                        f"source ({cfg.data.source}) and interval ({market.interval})")
+    if not stamps:
+        raise UserError(f"none of the {len(universe)} assets has a valid candle; check the data "
+                        f"source ({cfg.data.source}) and interval ({interval})")
     d = cfg.data
     eras = _eras(real_ts)
     era_cuts = [_global_cuts([real_ts[s] for s in era], d.train_ratio, d.train_ratio + d.val_ratio)
                 for era in eras]
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
     main = max(range(len(eras)), key=lambda i: sum(len(real_ts[s]) for s in eras[i]))  # most candles
-    splits = _split_all(cleaned, cut_of, purge, window, records, dropped)
+    splits = _split_all(stamps, cut_of, purge, window, records, dropped)
     cut1, cut2 = era_cuts[main]
     if not splits:
-        raise _too_short(cleaned, context, cut1)
+        raise _too_short(stamps, context, cut1)
 
-    kept = [a for a in market.assets if a.symbol in splits]
-    info = _info(cfg, market, kept, records, dropped, cut1, cut2, purge)
+    kept = [a for a in universe if a.symbol in splits]
+    info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
     if len(eras) > 1:
         info["split_eras"] = [{"symbols": era, "first": _iso(min(int(real_ts[s][0]) for s in era)),
                                "last": _iso(max(int(real_ts[s][-1]) for s in era)),
@@ -268,54 +301,46 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
               "(split_eras in data_info.json)", file=sys.stderr)
     return PreparedData(
         assets=kept,
-        candles={a.symbol: cleaned[a.symbol] for a in kept},
+        candles=candles if not isinstance(candles, dict) else {a.symbol: candles[a.symbol] for a in kept},
         splits={a.symbol: splits[a.symbol] for a in kept},
         cuts=(pd.Timestamp(cut1, tz="UTC"), pd.Timestamp(cut2, tz="UTC")),
         purge_gap=purge,
-        dropped={a.symbol: dropped[a.symbol] for a in market.assets if a.symbol in dropped},
-        interval=market.interval,
+        dropped={a.symbol: dropped[a.symbol] for a in universe if a.symbol in dropped},
+        interval=interval,
         info=info,
     )
 
 
-def _clean_all(market: MarketData) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray],
-                                            dict[str, dict[str, Any]], dict[str, str]]:
-    """(cleaned frames, their valid candles' stamps, a record per asset, dropped asset -> why)."""
-    step = interval_step(market.interval)
-    cleaned: dict[str, pd.DataFrame] = {}
-    real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
-    records: dict[str, dict[str, Any]] = {}
-    dropped: dict[str, str] = {}
-    for asset in market.assets:
-        raw = market.candles[asset.symbol]
-        frame, fixes = clean_candles(raw, asset.symbol, subunits=_subunits(asset))
-        record: dict[str, Any] = {"category": asset.category, "raw_rows": len(raw), "rows": len(frame),
-                                  "fixes": {**fixes, **market.fixes.get(asset.symbol, {})}, "gaps_filled": 0}
-        if asset.symbol in market.files:  # data.source = "files": the rows the reader dropped count too
-            record["file"] = market.files[asset.symbol]
-            record["raw_rows"] += sum(market.fixes.get(asset.symbol, {}).values())
-            _report_fixes(record["file"], record["fixes"])
-        records[asset.symbol] = record
-        if frame.empty:
-            dropped[asset.symbol] = (f"no valid candles after cleaning ({len(raw)} raw rows)" if len(raw)
-                                     else "no candles (not in the cache, or none in the configured date range)")
-            continue
-        real_ts[asset.symbol] = frame.index.asi8
-        if _fills_gaps(asset):
-            frame, record["gaps_filled"] = fill_gaps(frame, step)
-            record["rows"] = len(frame)
-        record["first"], record["last"] = frame.index[0].isoformat(), frame.index[-1].isoformat()
-        cleaned[asset.symbol] = frame
-    return cleaned, real_ts, records, dropped
+def clean_asset(asset: Asset, raw: pd.DataFrame, step: pd.Timedelta, *, reader_fixes: Optional[dict[str, int]] = None,
+                file: Optional[str] = None) -> tuple[Optional[pd.DataFrame], dict[str, Any], Optional[str]]:
+    """One asset's (cleaned frame or None, record for data_info.json, why it was dropped or None).
+
+    reader_fixes, file: data.source = "files": the rows the file reader dropped, and the file."""
+    reader_fixes = reader_fixes or {}
+    frame, fixes = clean_candles(raw, asset.symbol, subunits=_subunits(asset))
+    record: dict[str, Any] = {"category": asset.category, "raw_rows": len(raw), "rows": len(frame),
+                              "fixes": {**fixes, **reader_fixes}, "gaps_filled": 0}
+    if file is not None:  # the rows the reader dropped count too
+        record["file"] = file
+        record["raw_rows"] += sum(reader_fixes.values())
+        _report_fixes(record["file"], record["fixes"])
+    if frame.empty:
+        return None, record, (f"no valid candles after cleaning ({len(raw)} raw rows)" if len(raw)
+                              else "no candles (not in the cache, or none in the configured date range)")
+    if _fills_gaps(asset):
+        frame, record["gaps_filled"] = fill_gaps(frame, step)
+        record["rows"] = len(frame)
+    record["first"], record["last"] = frame.index[0].isoformat(), frame.index[-1].isoformat()
+    return frame, record, None
 
 
-def _split_all(cleaned: dict[str, pd.DataFrame], cut_of: dict[str, tuple[int, int]], purge: int, window: int,
+def _split_all(stamps: Mapping[str, np.ndarray], cut_of: dict[str, tuple[int, int]], purge: int, window: int,
                records: dict[str, dict[str, Any]], dropped: dict[str, str]) -> dict[str, AssetSplit]:
     """Each asset's train/val/test rows at its era's cuts, with `purge` rows left out after each cut;
     an asset with less than a window before its first cut goes to `dropped`."""
     splits: dict[str, AssetSplit] = {}
-    for symbol, frame in cleaned.items():
-        ts = frame.index.asi8
+    for symbol in stamps:
+        ts = stamps[symbol]
         n = len(ts)
         c1, c2 = cut_of[symbol]
         i1, i2 = (int(i) for i in np.searchsorted(ts, [c1, c2], side="left"))
@@ -333,11 +358,11 @@ def _split_all(cleaned: dict[str, pd.DataFrame], cut_of: dict[str, tuple[int, in
     return splits
 
 
-def _too_short(cleaned: dict[str, pd.DataFrame], context: int, cut1: int) -> UserError:
+def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> UserError:
     """The error when no asset has a training window before the train/val cut."""
     window = context + 1
-    longest = max(len(f) for f in cleaned.values())
-    longest_train = max(int(np.searchsorted(f.index.asi8, cut1)) for f in cleaned.values())
+    longest = max(len(ts) for ts in stamps.values())
+    longest_train = max(int(np.searchsorted(ts, cut1)) for ts in stamps.values())
     return UserError(
         f"context length {context} is longer than any asset's history (longest: {longest} candles, "
         f"of which {longest_train} fall before the train/val cut {_iso(cut1)}; a training window "
@@ -345,7 +370,7 @@ def _too_short(cleaned: dict[str, pd.DataFrame], context: int, cut1: int) -> Use
         "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)")
 
 
-def _info(cfg: Config, market: MarketData, kept: list[Asset], records: dict[str, dict[str, Any]],
+def _info(cfg: Config, interval: str, universe: list[Asset], kept: list[Asset], records: dict[str, dict[str, Any]],
           dropped: dict[str, str], cut1: int, cut2: int, purge: int) -> dict[str, Any]:
     kept_records = {a.symbol: records[a.symbol] for a in kept}
     totals: dict[str, Any] = {
@@ -358,7 +383,7 @@ def _info(cfg: Config, market: MarketData, kept: list[Asset], records: dict[str,
     totals.update({name: sum(r[name] for r in kept_records.values()) for name in SPLITS})
     return {
         "source": cfg.data.source,
-        "interval": market.interval,
+        "interval": interval,
         "context_length": cfg.model.context_length,
         "purge_gap": purge,
         "ratios": {"train": cfg.data.train_ratio, "val": cfg.data.val_ratio, "test": cfg.data.test_ratio},
@@ -368,5 +393,5 @@ def _info(cfg: Config, market: MarketData, kept: list[Asset], records: dict[str,
         "totals": totals,
         "assets": kept_records,
         "dropped": [{"symbol": s, "reason": dropped[s], **records[s]}
-                    for s in (a.symbol for a in market.assets) if s in dropped],
+                    for s in (a.symbol for a in universe) if s in dropped],
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 from common.data.universe import Asset
 from common.errors import UserError
 
-__all__ = ["SAMPLE_INTERVALS", "SAMPLE_FILE", "NOTICE_FILE", "sample_assets", "load_sample", "sample_metadata"]
+__all__ = ["SAMPLE_INTERVALS", "SAMPLE_FILE", "NOTICE_FILE", "sample_assets", "load_sample", "sample_file", "sample_metadata"]
 
 SAMPLE_INTERVALS: tuple[str, ...] = ("1d", "1h")
 SAMPLE_FILE = "candles.parquet"
@@ -32,6 +33,11 @@ _COLUMNS = ["open", "high", "low", "close", "volume"]
 def _resource(name: str) -> resources.abc.Traversable:
     # importlib.resources finds the file in a source tree, an installed package or a zip alike.
     return resources.files("common.data").joinpath("sample", name)
+
+
+def sample_file() -> Path:
+    """The sample's parquet file on disk (for fingerprints of what a run was prepared from)."""
+    return Path(str(_resource(SAMPLE_FILE)))
 
 
 def _check_interval(interval: str) -> None:

@@ -16,6 +16,7 @@ import pandas as pd
 from common.config import load_config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
+from common.tokens.token_set import TokenSet, token_path
 from common.errors import UserError
 from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda,
                                                log_returns)
@@ -41,16 +42,14 @@ def series_from_prepared(prepared) -> list[AssetSeries]:
 
 def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
     """(series, interval) of a run folder: its config's candles, cleaned as training did, with the
-    split ranges the run recorded in tokens.npz (so the test split and purge gap are the run's)."""
-    from common.training.run_folder import TokenSet  # torch: kept out of `marketgpt status` (it reads BASELINE_NAMES)
-
+    split ranges the run recorded in its token set (so the test split and purge gap are the run's)."""
     run_dir = Path(run_dir)
-    for name in ("config.json", "tokens.npz"):
-        if not (run_dir / name).is_file():
+    for name in ("config.json", token_path(run_dir).name):
+        if not (run_dir / name).exists():
             raise UserError(f"{run_dir}: missing {name}; pass a run folder like "
                             "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
     cfg = load_config(run_dir / "config.json")
-    tokens = TokenSet.load(run_dir / "tokens.npz")
+    tokens = TokenSet.load(token_path(run_dir))
     prepared = prepare_data(cfg, load_market_data(cfg, run_dir.parent.parent))
     by_symbol = {s.symbol: s for s in series_from_prepared(prepared)}
     out = []

@@ -1,6 +1,8 @@
 """Training windows kept in memory and gathered by index: no DataLoader, no per-sample Python.
 
-All tokens of all assets sit in one contiguous 1-D tensor (on the GPU when there is one).
+All tokens of all assets sit in one contiguous 1-D int16 tensor: on the GPU when there is one
+(2 bytes a candle: 100M candles take 200 MB), else the memory map of the run's token folder
+itself, so a CPU process reads only the pages its windows touch.
 A window is `context_length + 1` consecutive tokens of one asset that lie fully inside that
 asset's train, val or test range; a split is just three arrays: the window start offsets
 into the big tensor, and each window's asset id and category id. A batch of windows is one
@@ -124,10 +126,10 @@ class TokenWindows:
         w = self.splits[split]
         index = index.to(self.device, non_blocking=True)
         starts = w.starts[index]  # (B,)
-        chunk = self.tokens[starts[:, None] + self._offsets]  # (B, T + 1): the one gather
-        features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]]
-        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index], category_ids=w.category_ids[index],
-                     features=features)
+        chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather
+        features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]].long()
+        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index].long(),
+                     category_ids=w.category_ids[index].long(), features=features)
 
     def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
@@ -158,7 +160,8 @@ def _mix(seed: int, epoch: int) -> int:
 def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping[str, Sequence[int]]],
                   asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
                   strides: Mapping[str, int], device: torch.device | str = "cpu",
-                  epoch_stride: int = 1, features: Optional[Mapping[str, np.ndarray]] = None) -> TokenWindows:
+                  epoch_stride: int = 1, features: Optional[Mapping[str, np.ndarray]] = None,
+                  flat: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None) -> TokenWindows:
     """Concatenate every asset's tokens and cut each split's windows.
 
     tokens: symbol -> 1-D token array of the asset's whole cleaned series;
@@ -167,7 +170,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
     strides: split -> start-to-start distance of that split's windows; epoch_stride: a training
     epoch's distance between the windows it takes (see the module docstring); features: symbol ->
     (len(tokens), 3) per-candle ids (model.time_features / volume_input), concatenated alike so
-    a window's features line up with its tokens.
+    a window's features line up with its tokens; flat: (tokens, features) already end to end
+    in the order of `tokens` (TokenSet.flat: the memory maps of a token folder), used as they are.
     """
     length = context_length + 1
     parts, feature_parts, offset = [], [], 0
@@ -184,28 +188,34 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
                 raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
             starts = window_starts(begin, end, length, strides[split]) + offset
             found[split].append((starts, asset_ids[symbol], category_ids[symbol]))
-        parts.append(toks.astype(np.int64))
-        if features is not None:
-            if len(features[symbol]) != len(toks):
-                raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
-            feature_parts.append(np.asarray(features[symbol], dtype=np.int64))
+        if features is not None and len(features[symbol]) != len(toks):
+            raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
+        if flat is None:
+            parts.append(toks.astype(np.int16, copy=False))
+            if features is not None:
+                feature_parts.append(np.asarray(features[symbol], dtype=np.int16))
         offset += len(toks)
-    if not parts:
+    if not tokens:
         raise UserError("no assets to train on: every asset was dropped while preparing the data")
 
     splits = {}
     for split in SPLITS:
         starts = np.concatenate([s for s, _, _ in found[split]] or [np.zeros(0, np.int64)])
-        a = np.concatenate([np.full(len(s), i, np.int64) for s, i, _ in found[split]] or [np.zeros(0, np.int64)])
-        c = np.concatenate([np.full(len(s), i, np.int64) for s, _, i in found[split]] or [np.zeros(0, np.int64)])
-        pos = np.concatenate([np.arange(len(s), dtype=np.int64) for s, _, _ in found[split]]
-                             or [np.zeros(0, np.int64)])
+        # int32: 20 bytes a window in all, a few GB for 100M windows (data.window_stride thins them)
+        a = np.concatenate([np.full(len(s), i, np.int32) for s, i, _ in found[split]] or [np.zeros(0, np.int32)])
+        c = np.concatenate([np.full(len(s), i, np.int32) for s, _, i in found[split]] or [np.zeros(0, np.int32)])
+        pos = np.concatenate([np.arange(len(s), dtype=np.int32) for s, _, _ in found[split]]
+                             or [np.zeros(0, np.int32)])
         # positions stay on the CPU: only the epoch order reads them
         splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c)), torch.from_numpy(pos))
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
                             f"than model.context_length + 1; lower model.context_length or use longer histories")
-    stacked = torch.from_numpy(np.concatenate(feature_parts)).to(device) if features is not None else None
-    return TokenWindows(torch.from_numpy(np.concatenate(parts)).to(device), splits, context_length, epoch_stride,
-                        stacked)
+    if flat is None:
+        flat = np.concatenate(parts), (np.concatenate(feature_parts) if features is not None else None)
+    all_tokens, all_features = flat
+    if len(all_tokens) != offset:
+        raise ValueError(f"flat tokens hold {len(all_tokens)} candles, the assets {offset}")
+    stacked = torch.from_numpy(all_features).to(device) if features is not None else None
+    return TokenWindows(torch.from_numpy(all_tokens).to(device), splits, context_length, epoch_stride, stacked)

@@ -6,9 +6,11 @@ Files (written by common.commands.train and common.training.trainer):
     tokenizer.json       the tokenizer fitted on the train split
     asset_info.json      symbol -> asset id, category -> category id (the model's embeddings)
     data_info.json       cleaning counts, split cuts, per-asset split sizes
-    tokens.npz           every asset's tokens, actual moves and split ranges: a resume and the
-                         final evaluation see exactly the data the run started with, even if
-                         the candle cache was updated since
+    tokens/              every asset's tokens, actual moves and split ranges, memory-mapped
+                         (common/tokens/token_set.py; hard links to the shard it was prepared
+                         from): a resume and the final evaluation see exactly the data the run
+                         started with, even if the candle cache was updated since. Runs made
+                         before token folders have tokens.npz, still read
     training_log.json    status, best val loss and epoch, one entry per epoch
     checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt
     report.png, test_results.json   the final outputs, written in that order before the
@@ -29,7 +31,7 @@ import numpy as np
 
 from common.atomic import atomic_path, read_json
 from common.atomic import check_writable as _check_writable
-from common.training.batches import SPLITS
+from common.tokens.token_set import TokenSet, token_path
 from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
 from common.config import Config, config_to_dict, load_config
 from common.distributed import slurm
@@ -56,12 +58,12 @@ __all__ = [
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
                       "training.peak_flops", "training.device", "training.gradient_checkpointing",
-                      "training.scorecard_origins", "training.scorecard_samples", "slurm.")
+                      "training.scorecard_origins", "training.scorecard_samples", "data.shards", "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
 # holding nothing else has nothing to resume from, and a new run may start over in it.
-_BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens.npz",
+_BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens", "tokens.npz",
                             "training_log.json", "tensorboard", "best_model.pt")
 
 
@@ -228,59 +230,15 @@ def config_differences(a: Config | Mapping[str, Any], b: Config | Mapping[str, A
     return out
 
 
-@dataclass
-class TokenSet:
-    """What a run trains and is tested on: per asset (in asset-id order) its tokens, the actual
-    normalized move of each candle (NaN where undefined) and its split ranges."""
-
-    symbols: list[str]
-    tokens: dict[str, np.ndarray]
-    moves: dict[str, np.ndarray]
-    ranges: dict[str, dict[str, tuple[int, int]]]
-    # model.time_features / model.volume_input: (n, 3) ids per candle (common/tokens/features.py)
-    features: Optional[dict[str, np.ndarray]] = None
-
-    def save(self, path: Path) -> None:
-        lengths = np.array([len(self.tokens[s]) for s in self.symbols], dtype=np.int64)
-        ranges = np.array([[self.ranges[s][split] for split in SPLITS] for s in self.symbols], dtype=np.int64)
-        extra = ({"features": np.concatenate([self.features[s] for s in self.symbols]).astype(np.int64)}
-                 if self.features is not None else {})
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, symbols=np.array(self.symbols, dtype=str), lengths=lengths,
-                     ranges=ranges.reshape(len(self.symbols), len(SPLITS), 2),
-                     tokens=np.concatenate([self.tokens[s] for s in self.symbols]),
-                     moves=np.concatenate([self.moves[s] for s in self.symbols]).astype(np.float64), **extra)
-
-    @classmethod
-    def load(cls, path: Path) -> "TokenSet":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                symbols = [str(s) for s in z["symbols"]]
-                bounds = np.concatenate([[0], np.cumsum(z["lengths"])])
-                tokens, moves, ranges = z["tokens"], z["moves"], z["ranges"]
-                features = z["features"] if "features" in z.files else None
-        except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"{path}: cannot read the run's token set ({e}); the run folder is incomplete") from None
-        return cls(
-            symbols=symbols,
-            tokens={s: tokens[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
-            moves={s: moves[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
-            ranges={s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
-                    for i, s in enumerate(symbols)},
-            features=({s: features[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
-                      if features is not None else None),
-        )
-
-
 # What a finished epoch leaves in a run folder, enough to rebuild its best model (forecasts,
-# exports); evaluating the test split also needs tokens.npz.
+# exports); evaluating the test split also needs the token set (tokens/).
 RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
 
 
 @dataclass
 class OpenRun:
-    """A run folder's files read back: config.json, tokenizer.json, asset_info.json, and tokens.npz
-    when asked for; best_model.pt is known to exist, and is the caller's to load."""
+    """A run folder's files read back: config.json, tokenizer.json, asset_info.json, and the token
+    set when asked for; best_model.pt is known to exist, and is the caller's to load."""
 
     path: Path
     cfg: Config
@@ -291,16 +249,16 @@ class OpenRun:
 
 def open_run(run_dir: str | Path, need_tokens: bool) -> OpenRun:
     """Check that `run_dir` is a run folder with a best model and read its files, or raise a
-    UserError that says which file is missing or damaged. need_tokens: also tokens.npz (the
-    test split), for evaluation."""
+    UserError that says which file is missing or damaged. need_tokens: also the token set
+    (the test split), for evaluation."""
     from common.tokens.tokenizer import OHLCTokenizer  # pandas: kept out of the training start-up
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run folder; pass one like "
                         "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
-    names = RUN_FILES[:-1] + (("tokens.npz",) if need_tokens else ()) + RUN_FILES[-1:]
-    missing = [name for name in names if not (run_dir / name).is_file()]
+    names = RUN_FILES[:-1] + ((token_path(run_dir).name,) if need_tokens else ()) + RUN_FILES[-1:]
+    missing = [name for name in names if not (run_dir / name).exists()]
     if missing == ["best_model.pt"]:
         raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); use a run "
                         "that has, or wait for this one")
@@ -312,4 +270,4 @@ def open_run(run_dir: str | Path, need_tokens: bool) -> OpenRun:
     except ValueError as e:
         raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
     return OpenRun(run_dir, load_config(run_dir / "config.json"), OHLCTokenizer.load(run_dir / "tokenizer.json"),
-                   asset_info, TokenSet.load(run_dir / "tokens.npz") if need_tokens else None)
+                   asset_info, TokenSet.load(token_path(run_dir)) if need_tokens else None)

@@ -1,0 +1,303 @@
+"""Token shards: prepared once, reused without reading a candle, keyed, resumable, locked, exact."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from common.config import ConfigError, load_config
+from common.data.cache import CandleCache
+from common.data.synthetic import SyntheticSpec, generate_asset
+from common.errors import UserError
+from common.paths import REPO_ROOT
+from common.tokens import shards
+from common.tokens.shards import prepare_in_memory, prepare_shards, shard_folder
+from common.tokens.token_set import TokenSet, token_path
+from common.tokens.tokenizer import OHLCTokenizer
+
+SPEC = SyntheticSpec(assets=5, candles=400, interval="1d", seed=3, gap_prob=0.02)
+CONFIG = {
+    "experiment": "shards",
+    "model": {"vocab_size": 64, "context_length": 8, "d_model": 16, "num_layers": 1, "num_heads": 2,
+              "d_ff": 32, "asset_embed_dim": 4, "category_embed_dim": 4, "dropout": 0.0},
+    "training": {"batch_size": 8, "epochs": 2, "max_steps_per_epoch": 3, "eval_max_batches": 1,
+                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
+    "data": {"source": "download", "interval": "1d", "start_date": "2019-01-01"},
+}
+
+
+def make_case(root: Path, spec: SyntheticSpec = SPEC, **data) -> Path:
+    """A case folder whose parquet cache holds the synthetic market; returns its config."""
+    case = root / "case"
+    (case / "configs").mkdir(parents=True)
+    cache = CandleCache(case / "data")
+    rows = ["symbol,source,category,name"]
+    for i in range(spec.assets):
+        asset = generate_asset(spec, i)
+        cache.write("yfinance", spec.interval, asset.symbol, asset.candles, adjusted=True)
+        rows.append(f"{asset.symbol},yfinance,us_stock,{asset.symbol}")
+    (case / "universe.csv").write_text("\n".join(rows) + "\n")
+    raw = json.loads(json.dumps(CONFIG))
+    raw["data"].update(data)
+    config = case / "configs" / "shards.json"
+    config.write_text(json.dumps(raw))
+    return config
+
+
+def same_tokens(a: TokenSet, b: TokenSet) -> bool:
+    return a.symbols == b.symbols and a.ranges == b.ranges and all(
+        np.array_equal(a.tokens[s], b.tokens[s]) and np.array_equal(a.moves[s], b.moves[s], equal_nan=True)
+        for s in a.symbols)
+
+
+def test_prepared_once_then_reused_without_reading_the_cache(tmp_path, monkeypatch, capsys):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    first = prepare_shards(cfg, case)
+    folder, _ = shard_folder(cfg, case)
+    assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
+    assert isinstance(first.tokens.tokens[first.tokens.symbols[0]], np.memmap)
+
+    reads = []
+    real_read = CandleCache.read
+    monkeypatch.setattr(CandleCache, "read", lambda self, *a: reads.append(a) or real_read(self, *a))
+    again = prepare_shards(cfg, case)
+    assert reads == []  # the spy: no parquet file was opened
+    assert "reusing" in capsys.readouterr().out
+    assert same_tokens(first.tokens, again.tokens) and again.data_info == first.data_info
+
+    # the in-memory path (data.shards = false) gives the same corpus, bit for bit
+    memory = prepare_in_memory(cfg, case)
+    assert same_tokens(first.tokens, memory.tokens) and reads  # and it does read the cache
+    assert memory.data_info == first.data_info and memory.tokenizer.to_dict() == first.tokenizer.to_dict()
+
+
+def test_rebuilt_when_a_keyed_setting_or_an_input_file_changes(tmp_path):
+    config = make_case(tmp_path)
+    case = config.parent.parent
+    base, _ = shard_folder(load_config(config), case)
+    changed = {
+        ("tokenizer.ret_bins=4",): True, ("data.train_ratio=0.6", "data.test_ratio=0.25"): True,
+        ("model.context_length=6",): True, ("model.time_features=true",): True,
+        ('data.end_date="2020-06-01"',): True,
+        # windows only, the model, or where the cache is: the same tokens
+        ("data.window_stride=2",): False, ("data.epoch_stride=4",): False, ("training.batch_size=4",): False,
+        ("model.d_model=32",): False, ("data.shards=false",): False,
+    }
+    for overrides, rebuilt in changed.items():
+        folder, _ = shard_folder(load_config(config, list(overrides)), case)
+        assert (folder != base) == rebuilt, overrides
+    # a cache file rewritten (a later download): new key
+    parquet = next((case / "data").rglob("*.parquet"))
+    os.utime(parquet, ns=(parquet.stat().st_atime_ns, parquet.stat().st_mtime_ns + 10**9))
+    assert shard_folder(load_config(config), case)[0] != base
+
+
+def test_a_changed_setting_prepares_a_new_shard_and_keeps_the_old(tmp_path):
+    config = make_case(tmp_path)
+    case = config.parent.parent
+    a = prepare_shards(load_config(config), case)
+    b = prepare_shards(load_config(config, ["tokenizer.ret_bins=4"]), case)
+    assert a.tokens.folder.parent != b.tokens.folder.parent and a.tokens.folder.is_dir()
+    assert b.tokenizer.ret_bins == 4 and a.tokenizer.ret_bins != 4
+
+
+def test_the_tokenizer_never_sees_a_val_or_test_candle(tmp_path, monkeypatch):
+    config = make_case(tmp_path)
+    seen: list[pd.Timestamp] = []
+    real_fit = OHLCTokenizer.fit
+
+    def spy(self, frames):
+        frames = list(frames.values()) if isinstance(frames, dict) else list(frames)
+        seen.extend(f.index.max() for f in frames)
+        return real_fit(self, frames)
+
+    monkeypatch.setattr(OHLCTokenizer, "fit", spy)
+    p = prepare_shards(load_config(config), config.parent.parent)
+    val_start = pd.Timestamp(p.data_info["split_cuts"]["val_start"])
+    assert len(seen) == SPEC.assets and max(seen) < val_start
+
+
+KILLER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from common.config import load_config
+    from common.tokens import shards
+    real = shards.encode_asset
+    def slow(*a, **k):
+        time.sleep(float(sys.argv[2]))
+        return real(*a, **k)
+    shards.encode_asset = slow
+    config = Path(sys.argv[1])
+    shards.prepare_shards(load_config(config), config.parent.parent)
+""")
+
+
+def _preparer(config: Path, delay: float) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.Popen([sys.executable, "-c", KILLER, str(config), str(delay)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for(predicate, what: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the preparer ended before {what}: {proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {what} within {limit} s")
+        time.sleep(0.05)
+
+
+def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkeypatch):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    folder, _ = shard_folder(cfg, case)
+    progress = folder / "work" / "encoded.json"
+
+    def encoded() -> int:
+        try:
+            return json.loads(progress.read_text())["done"]
+        except (OSError, ValueError):
+            return 0
+
+    proc = _preparer(config, 0.5)
+    _wait_for(lambda: encoded() >= 2, "two assets encoded", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (folder / "manifest.json").exists() and not (folder / "tokens").exists()
+
+    cleaned = []
+    real_clean = shards.clean_asset
+    monkeypatch.setattr(shards, "clean_asset", lambda *a, **k: cleaned.append(a[0]) or real_clean(*a, **k))
+    resumed = prepare_shards(cfg, case)
+    assert cleaned == []  # every asset was cleaned before the kill: none is read again
+    fresh = prepare_in_memory(cfg, case)
+    assert same_tokens(resumed.tokens, fresh.tokens) and resumed.data_info == fresh.data_info
+
+
+def test_two_jobs_preparing_the_same_shard_at_once(tmp_path):
+    config = make_case(tmp_path)
+    first = _preparer(config, 0.3)
+    folder, _ = shard_folder(load_config(config), config.parent.parent)
+    _wait_for(lambda: (folder / "work" / "clean").is_dir(), "the first preparer's start", first)
+    second = _preparer(config, 0.0)
+    outs = [p.communicate(timeout=300)[0] for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outs
+    assert "prepared" in outs[0] and "waiting" in outs[1] and "reusing" in outs[1], outs
+    p = prepare_shards(load_config(config), config.parent.parent)
+    assert same_tokens(p.tokens, prepare_in_memory(load_config(config), config.parent.parent).tokens)
+
+
+def test_a_full_disk_is_one_clear_error_and_leaves_no_shard(tmp_path, monkeypatch):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shards, "write_index", full)
+    with pytest.raises(UserError, match="disk is full.*rerun continues") as e:
+        prepare_shards(cfg, case)
+    assert "\n" not in str(e.value)
+    folder, _ = shard_folder(cfg, case)
+    assert not (folder / "manifest.json").exists() and not (folder / "tokens").exists()
+    monkeypatch.undo()
+    assert same_tokens(prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens)
+
+
+def test_a_token_folder_of_another_version_or_damaged_is_refused(tmp_path):
+    config = make_case(tmp_path)
+    p = prepare_shards(load_config(config), config.parent.parent)
+    copy = tmp_path / "run" / "tokens"
+    p.tokens.save(copy)
+    assert os.stat(copy / "tokens.bin").st_ino == os.stat(p.tokens.folder / "tokens.bin").st_ino  # a hard link
+    index = json.loads((copy / "index.json").read_text())
+    (copy / "index.json").unlink()  # a link: rewrite our own copy, not the shard's
+    (copy / "index.json").write_text(json.dumps(dict(index, version=99)))
+    with pytest.raises(UserError, match="token format version 99.*reads version 1"):
+        TokenSet.load(copy)
+    (copy / "index.json").write_text(json.dumps(index))
+    (copy / "tokens.bin").unlink()
+    (copy / "tokens.bin").write_bytes(b"\0" * 10)
+    with pytest.raises(UserError, match="damaged"):
+        TokenSet.load(copy)
+    with pytest.raises(ConfigError, match="data.shards"):
+        load_config(config, ["data.shard=true"])
+
+
+def test_a_run_made_before_token_folders_still_reads_its_tokens_npz(tmp_path):
+    np.savez(tmp_path / "tokens.npz", symbols=np.array(["A", "B"]), lengths=np.array([3, 2]),
+             ranges=np.array([[[0, 1], [1, 2], [2, 3]], [[0, 1], [1, 1], [1, 2]]]),
+             tokens=np.arange(5, dtype=np.int16), moves=np.linspace(0, 1, 5))
+    assert token_path(tmp_path) == tmp_path / "tokens.npz"
+    t = TokenSet.load(token_path(tmp_path))
+    assert t.tokens["B"].tolist() == [3, 4] and t.ranges["A"]["test"] == (2, 3) and t.features is None
+
+
+def test_training_reads_a_token_folder_larger_than_its_memory_bound(tmp_path):
+    """The tokens stay memory-mapped: a 400 MB token folder, batches drawn from all over it,
+    and the process grows by far less than the folder."""
+    folder = tmp_path / "tokens"
+    n = 200_000_000  # candles: 400 MB of int16 tokens, 1.6 GB of moves (sparse files: no disk used)
+    folder.mkdir()
+    for name, size in (("tokens.bin", 2 * n), ("moves.bin", 8 * n)):
+        with open(folder / name, "wb") as f:
+            f.truncate(size)
+    ranges = {"train": (0, n - 20_000_000), "val": (n - 19_000_000, n - 10_000_000), "test": (n - 9_000_000, n)}
+    (folder / "index.json").write_text(json.dumps({
+        "format": "marketgpt-tokens", "version": 1, "candles": n, "symbols": ["A"], "lengths": [n],
+        "ranges": [[list(ranges[s]) for s in ("train", "val", "test")]], "features": False}))
+    script = textwrap.dedent(f"""
+        import resource, torch
+        from common.tokens.token_set import TokenSet
+        from common.training.batches import build_windows
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t = TokenSet.load({str(folder)!r})
+        w = build_windows(t.tokens, t.ranges, {{"A": 0}}, {{"A": 0}}, 64, flat=t.flat(),
+                          strides={{"train": 4096, "val": 4096, "test": 4096}})
+        for b in w.batches("train", 64, shuffle=True, limit=50):
+            assert b.x.dtype == torch.int64 and b.x.shape == (64, 64)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(grown * 1024)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert out.returncode == 0, out.stderr
+    grown = int(out.stdout.split()[-1])
+    bound = 100 * 2**20
+    assert (folder / "tokens.bin").stat().st_size > 3 * bound and grown < bound, grown
+
+
+def test_training_is_bit_identical_with_shards_and_without(tmp_path):
+    from common.commands.train import run_training
+
+    config = make_case(tmp_path)
+    runs = {}
+    for shards_on in ("true", "false", "true"):  # prepared, in memory, reused
+        assert run_training(config, [f"data.shards={shards_on}"]) == 0
+        newest = max((config.parent.parent / "checkpoints").glob("shards_*"), key=lambda p: p.stat().st_mtime_ns)
+        runs[len(runs)] = newest
+        time.sleep(1.1)  # run folders are named by the second
+    logs = [[(e["train_loss"], e["val_loss"]) for e in json.loads((r / "training_log.json").read_text())["epochs"]]
+            for r in runs.values()]
+    weights = [torch.load(r / "best_model.pt", weights_only=False) for r in runs.values()]
+    assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 2
+    key = next(k for k in weights[0] if "model" in k)
+    for w in weights[1:]:
+        assert all(torch.equal(weights[0][key][k], w[key][k]) for k in weights[0][key])
+    assert (runs[0] / "tokens" / "tokens.bin").stat().st_nlink > 1  # linked from the shard
+    assert (runs[1] / "tokens" / "tokens.bin").stat().st_nlink == 1  # written for that run alone
