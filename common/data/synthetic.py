@@ -31,6 +31,7 @@ alone and `iter_assets` streams assets in memory bounded by one asset's candles.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,9 +128,8 @@ def _utc(when: object) -> pd.Timestamp:
 
 
 def _grid(spec: SyntheticSpec) -> pd.DatetimeIndex:
-    start = _utc(spec.start)
-    step = interval_step(spec.interval)
-    return pd.DatetimeIndex(start + step * np.arange(spec.candles), name="timestamp").as_unit("ns")
+    ns = _utc(spec.start).as_unit("ns").value + interval_step(spec.interval).value * np.arange(spec.candles)
+    return pd.DatetimeIndex(ns.view("datetime64[ns]"), name="timestamp").tz_localize("UTC")
 
 
 def _season(spec: SyntheticSpec, times: pd.DatetimeIndex) -> np.ndarray:
@@ -144,6 +144,7 @@ def _season(spec: SyntheticSpec, times: pd.DatetimeIndex) -> np.ndarray:
     return np.asarray(u(mid_hour / 24)) / norm
 
 
+@functools.lru_cache(maxsize=1)  # shared by every asset of a spec made one at a time (generate_asset)
 def _market(spec: SyntheticSpec) -> _Market:
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, MARKET_STREAM]))
     n = spec.candles
