@@ -19,7 +19,7 @@ from common.cluster.status import status_table
 from common.config import load_config
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
-from common.paths import REPO_ROOT, case_config, case_dir
+from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 
 __all__ = ["main", "build_parser"]
 
@@ -110,6 +110,17 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
     if not usable.usable:
         return 2
     return 1 if usable.unusable else 0
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from common.tokens.shards import prepare_shards  # lazy: pandas
+
+    cfg = load_config(args.config, args.overrides)
+    if not cfg.data.shards:
+        raise UserError("data.shards is false: each run prepares its data in memory, so there is nothing to "
+                        "prepare ahead (drop --set data.shards=false, or set it true in the config)")
+    prepare_shards(cfg, case_dir_of_config(args.config))
+    return 0
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -227,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
     _add_config_args(p, required=False)
     p.set_defaults(handler=_cmd_data_check)
+    p = data_sub.add_parser("prepare", help="prepare the config's token shard in the case's data cache now "
+                            "(e.g. in a CPU job before the GPU job); training reuses it (docs/data.md)")
+    _add_config_args(p)
+    p.set_defaults(handler=_cmd_data_prepare)
 
     p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "
                        f"(exit {EXIT_REQUEUE}: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")

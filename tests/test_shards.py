@@ -301,3 +301,15 @@ def test_training_is_bit_identical_with_shards_and_without(tmp_path):
         assert all(torch.equal(weights[0][key][k], w[key][k]) for k in weights[0][key])
     assert (runs[0] / "tokens" / "tokens.bin").stat().st_nlink > 1  # linked from the shard
     assert (runs[1] / "tokens" / "tokens.bin").stat().st_nlink == 1  # written for that run alone
+
+
+def test_data_prepare_makes_the_shard_training_then_reuses(tmp_path, capsys):
+    from common.cli import main
+
+    config = make_case(tmp_path)
+    assert main(["data", "prepare", "--config", str(config)]) == 0
+    assert "prepared" in capsys.readouterr().out
+    assert main(["data", "prepare", "--config", str(config)]) == 0
+    assert "reusing" in capsys.readouterr().out
+    assert main(["data", "prepare", "--config", str(config), "--set", "data.shards=false"]) == 2
+    assert "nothing to prepare" in capsys.readouterr().err
