@@ -166,13 +166,8 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
     config = make_case(tmp_path)
     cfg, case = load_config(config), config.parent.parent
     folder, _ = shard_folder(cfg, case)
-    progress = folder / "work" / "encoded.json"
-
     def encoded() -> int:
-        try:
-            return json.loads(progress.read_text())["done"]
-        except (OSError, ValueError):
-            return 0
+        return len(list((folder / "work" / "encoded").glob("*.json")))
 
     proc = _preparer(config, 0.5)
     _wait_for(lambda: encoded() >= 2, "two assets encoded", proc)
@@ -313,3 +308,25 @@ def test_data_prepare_makes_the_shard_training_then_reuses(tmp_path, capsys):
     assert "reusing" in capsys.readouterr().out
     assert main(["data", "prepare", "--config", str(config), "--set", "data.shards=false"]) == 2
     assert "nothing to prepare" in capsys.readouterr().err
+
+
+def test_stages_split_across_array_tasks_give_the_same_shard(tmp_path):
+    """What a Slurm job array runs: clean and encode split over tasks, fit and finish once."""
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    prepare_stage = shards.prepare_stage
+    prepare_stage(cfg, case, "clean", task=1, tasks=2)
+    with pytest.raises(UserError, match="was not cleaned: run the clean stage for every task"):
+        prepare_stage(cfg, case, "fit")
+    prepare_stage(cfg, case, "clean", task=0, tasks=2)
+    prepare_stage(cfg, case, "fit")
+    prepare_stage(cfg, case, "encode", task=2, tasks=3)
+    with pytest.raises(UserError, match="not encoded yet"):
+        prepare_stage(cfg, case, "finish")
+    for task in (0, 1):
+        prepare_stage(cfg, case, "encode", task=task, tasks=3)
+    prepare_stage(cfg, case, "finish")
+    folder, _ = shard_folder(cfg, case)
+    assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
+    p, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
+    assert same_tokens(p.tokens, memory.tokens) and p.data_info == memory.data_info

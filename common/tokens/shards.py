@@ -33,11 +33,12 @@ import errno
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, TextIO
+from typing import Iterator, Mapping, Optional, TextIO
 
 import numpy as np
 import pandas as pd
@@ -55,8 +56,8 @@ from common.tokens.token_set import FORMAT_VERSION, TokenSet, write_index
 from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["SHARD_VERSION", "Prepared", "encode_asset", "fit_tokenizer", "prepare_in_memory", "prepare_shards",
-           "shard_folder"]
+__all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer", "prepare_in_memory", "prepare_shards",
+           "prepare_stage", "shard_folder"]
 
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
@@ -168,15 +169,13 @@ def prepare_shards(cfg: Config, case_dir: Path, parent: Optional[Path] = None, o
 
     parent: a fine-tuning parent's tokenizer.json, whose token ids the corpus is encoded with."""
     out = out or sys.stdout
-    folder, inputs = shard_folder(cfg, case_dir, parent)
+    folder, _ = shard_folder(cfg, case_dir, parent)
     if not (folder / "manifest.json").is_file():
         with _locked(folder.with_name(f"{folder.name}.lock"), out):
             if not (folder / "manifest.json").is_file():  # not made by the job we waited for
                 started = time.monotonic()
-                try:
-                    _build(cfg, case_dir, folder, inputs, parent, out)
-                except OSError as e:
-                    raise _write_error(folder, e) from None
+                for stage in STAGES:
+                    prepare_stage(cfg, case_dir, stage, parent=parent, out=out)
                 print(f"Token shards: prepared {folder} in {time.monotonic() - started:.1f} s", file=out, flush=True)
                 return _open(folder)
     shard = _open(folder)
@@ -221,9 +220,39 @@ def _write_error(folder: Path, e: OSError) -> UserError:
 # --------------------------------------------------------------------------- building
 
 
+STAGES = ("clean", "fit", "encode", "finish")
+
+
+def prepare_stage(cfg: Config, case_dir: Path, stage: str, task: int = 0, tasks: int = 1,
+                  parent: Optional[Path] = None, out: Optional[TextIO] = None) -> None:
+    """One stage of preparing the config's shard, as task `task` of `tasks`: "clean" and "encode"
+    take the assets i with i % tasks == task (the elements of a Slurm job array, each writing
+    its own assets' files and ranges); "fit" and "finish" run once, after every task of the
+    stage before. Every stage skips what an earlier, killed try already finished."""
+    out = out or sys.stdout
+    folder, inputs = shard_folder(cfg, case_dir, parent)
+    work = folder / "work"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        if not (work / "inputs.json").is_file():
+            atomic_write_json(work / "inputs.json", inputs)
+        if stage == "clean":
+            _clean_stage(cfg, case_dir, work, task, tasks, out)
+        elif stage == "fit":
+            _fit_stage(cfg, case_dir, work, parent, out)
+        elif stage == "encode":
+            _encode_stage(work, task, tasks, out)
+        elif stage == "finish":
+            _finish_stage(folder, inputs)
+        else:
+            raise UserError(f"unknown preparation stage {stage!r}; expected one of {', '.join(STAGES)}")
+    except OSError as e:
+        raise _write_error(folder, e) from None
+
+
 class _Cleaned(Mapping[str, np.ndarray]):
-    """Pass 1's output on disk: symbol -> the timestamps (or, via frames(), the candles) of each
-    cleaned asset, read from work/clean/<i>.npz when asked for."""
+    """The clean stage's output on disk: symbol -> the timestamps (or, via frame(), the candles)
+    of each cleaned asset, read from work/clean/<i>.npz when asked for."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -245,59 +274,44 @@ class _Cleaned(Mapping[str, np.ndarray]):
         return pd.DataFrame({c: values[:, i] for i, c in enumerate(COLUMNS)}, index=index)
 
 
-def _build(cfg: Config, case_dir: Path, folder: Path, inputs: dict, parent: Optional[Path], out: TextIO) -> None:
-    work = folder / "work"
-    (work / "clean").mkdir(parents=True, exist_ok=True)
-    if not (work / "inputs.json").is_file():
-        atomic_write_json(work / "inputs.json", inputs)
-    market = load_market_data(cfg, case_dir)
-    n = len(market.assets)
-    print(f"Token shards: preparing {folder} from {n} assets ({cfg.data.source}, {market.interval}); "
-          "a killed preparation continues on the next run", file=out, flush=True)
-    cleaned, real_ts, records, dropped = _clean_pass(market, work, out)
-    prepared = split_data(cfg, market.assets, market.interval, cleaned, real_ts, records, dropped,
-                          LazyFrames(list(cleaned), cleaned.frame))
-    del real_ts
-    tokenizer, edges = _fit_pass(cfg, prepared, work, parent)
-    clip_counts = _encode_pass(prepared, cleaned, tokenizer, edges, work, out)
-    data_info = dict(prepared.info, tokenizer_clip_counts=dict(clip_counts))
-    if edges is not None:
-        data_info["volume_edges"] = edges
-    tokens = work / "tokens"
-    symbols = [a.symbol for a in prepared.assets]
-    write_index(tokens, symbols, [len(cleaned[s]) for s in symbols], {s: ranges_of(prepared, s) for s in symbols},
-                edges is not None)
-    target = folder / "tokens"
-    shutil.rmtree(target, ignore_errors=True)  # an unfinished earlier try's (no manifest)
-    tokens.rename(target)
-    tokenizer.save(folder / "tokenizer.json")
-    atomic_write_json(folder / "asset_info.json", asset_info(prepared.assets))
-    atomic_write_json(folder / "data_info.json", data_info)
-    atomic_write_json(folder / "manifest.json", {"key": folder.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                                 "assets": len(symbols), "candles": int(sum(len(cleaned[s]) for s in symbols)),
-                                                 "inputs": inputs})
-    shutil.rmtree(work, ignore_errors=True)
+def _progress(out: TextIO, what: str, done: int, total: int) -> None:
+    if done == total or done % max(1, total // 10) == 0:
+        print(f"Token shards: {what} {done}/{total} assets", file=out, flush=True)
 
 
-def _clean_pass(market: Any, work: Path, out: TextIO) -> tuple[_Cleaned, dict, dict, dict]:
-    """Pass 1: each asset cleaned once (a rerun after a kill skips the ones already kept)."""
+def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int, out: TextIO) -> None:
+    """Read, clean and gap-fill this task's assets, each kept in work/clean/<i>.npz."""
+    market = load_market_data(cfg, case_dir)  # lazy: an asset is read when its turn comes
     step = interval_step(market.interval)
-    files: dict[str, Path] = {}
-    real_ts: dict[str, np.ndarray] = {}
-    records: dict[str, dict] = {}
-    dropped: dict[str, str] = {}
+    (work / "clean").mkdir(exist_ok=True)
+    mine = [i for i in range(len(market.assets)) if i % tasks == task]
+    if task == 0:
+        print(f"Token shards: preparing {work.parent} from {len(market.assets)} assets ({cfg.data.source}, "
+              f"{market.interval}); a killed preparation continues on the next run", file=out, flush=True)
+    for k, i in enumerate(mine, 1):
+        file = work / "clean" / f"{i:06d}.npz"
+        if not file.is_file():
+            s = market.assets[i].symbol
+            frame, record, why = clean_asset(market.assets[i], market.candles[s], step,
+                                             reader_fixes=market.fixes.get(s), file=market.files.get(s))
+            ts = frame.index.asi8 if frame is not None else np.zeros(0, np.int64)
+            values = frame[list(COLUMNS)].to_numpy(np.float64) if frame is not None else np.zeros((0, len(COLUMNS)))
+            meta = json.dumps({"symbol": s, "record": record, "why": why})
+            with atomic_path(file) as tmp, open(tmp, "wb") as f:
+                # real: not the rows fill_gaps added (the split's cuts count real candles only)
+                np.savez(f, ts=ts, values=values, real=np.isfinite(values[:, 3]), meta=np.array(meta))
+        _progress(out, "cleaned", k, len(mine))
+
+
+def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Cleaned, dict, dict, dict]:
+    """Every asset's clean-stage output: (universe, interval, cleaned, real stamps, records, dropped)."""
+    market = load_market_data(cfg, case_dir)
+    files, real_ts, records, dropped = {}, {}, {}, {}
     for i, asset in enumerate(market.assets):
         file = work / "clean" / f"{i:06d}.npz"
         if not file.is_file():
-            s = asset.symbol
-            frame, record, why = clean_asset(asset, market.candles[s], step, reader_fixes=market.fixes.get(s),
-                                             file=market.files.get(s))
-            ts = frame.index.asi8 if frame is not None else np.zeros(0, np.int64)
-            values = frame[list(COLUMNS)].to_numpy(np.float64) if frame is not None else np.zeros((0, len(COLUMNS)))
-            real = np.isfinite(values[:, 3])  # not the rows fill_gaps added
-            meta = json.dumps({"symbol": s, "record": record, "why": why})
-            with atomic_path(file) as tmp, open(tmp, "wb") as f:
-                np.savez(f, ts=ts, values=values, real=real, meta=np.array(meta))
+            raise UserError(f"{asset.symbol} (asset {i}) was not cleaned: run the clean stage for every task "
+                            "first (or prepare without --array)")
         with np.load(file) as z:
             meta = json.loads(str(z["meta"]))
             if meta["symbol"] != asset.symbol:
@@ -308,64 +322,106 @@ def _clean_pass(market: Any, work: Path, out: TextIO) -> tuple[_Cleaned, dict, d
                 continue
             real_ts[asset.symbol] = z["ts"][z["real"]]
         files[asset.symbol] = file
-        if (i + 1) % max(1, len(market.assets) // 10) == 0:
-            print(f"Token shards: cleaned {i + 1}/{len(market.assets)} assets", file=out, flush=True)
-    return _Cleaned(files), real_ts, records, dropped
+    return market.assets, market.interval, _Cleaned(files), real_ts, records, dropped
 
 
-def _fit_pass(cfg: Config, prepared: PreparedData, work: Path,
-              parent: Optional[Path]) -> tuple[OHLCTokenizer, Optional[list[float]]]:
-    """Pass 3: the tokenizer and volume edges from the train ranges (kept in work/ for a rerun)."""
-    file, fit = work / "tokenizer.json", work / "fit.json"
-    if file.is_file() and fit.is_file():
-        return OHLCTokenizer.load(file), read_json(fit)["volume_edges"]
+def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], out: TextIO) -> None:
+    """Split by time from the stamps alone, fit the tokenizer (and volume edges) on the train
+    ranges only, and lay out the token arrays; work/split.json, written last, says it is done."""
+    if (work / "split.json").is_file():
+        return
+    universe, interval, cleaned, real_ts, records, dropped = _cleaned(cfg, case_dir, work)
+    prepared = split_data(cfg, universe, interval, cleaned, real_ts, records, dropped,
+                          LazyFrames(list(cleaned), cleaned.frame))
+    del real_ts
     tokenizer = fit_tokenizer(cfg, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg) else None
-    tokenizer.save(file)
-    atomic_write_json(fit, {"volume_edges": edges})
-    return tokenizer, edges
-
-
-def _encode_pass(prepared: PreparedData, cleaned: _Cleaned, tokenizer: OHLCTokenizer, edges: Optional[list[float]],
-                 work: Path, out: TextIO) -> dict:
-    """Pass 4: every asset's arrays written at its offset; returns the tokenizer's clip counts."""
     symbols = [a.symbol for a in prepared.assets]
-    lengths = np.array([len(cleaned[s]) for s in symbols], dtype=np.int64)
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    total = int(bounds[-1])
-    folder = work / "tokens"
-    folder.mkdir(exist_ok=True)
-    progress_file = work / "encoded.json"
-    progress = read_json(progress_file) if progress_file.is_file() else {"done": 0, "clip_counts": None}
-    arrays = {"tokens": _array(folder / "tokens.bin", np.int16, (total,)),
-              "moves": _array(folder / "moves.bin", np.float64, (total,))}
-    if edges is not None:
-        arrays["features"] = _array(folder / "features.bin", np.int16, (total, NUM_FEATURES))
-    if progress["clip_counts"] is not None:
-        tokenizer.clip_counts = progress["clip_counts"]
-    for j in range(progress["done"], len(symbols)):
-        s = symbols[j]
-        toks, moves, features = encode_asset(tokenizer, prepared.candles[s], s, prepared.interval, edges)
-        lo, hi = int(bounds[j]), int(bounds[j + 1])
-        arrays["tokens"][lo:hi] = toks
-        arrays["moves"][lo:hi] = moves
-        if features is not None:
-            arrays["features"][lo:hi] = features
-        for a in arrays.values():
-            if isinstance(a, np.memmap):
-                a.flush()  # on disk before the progress says so
-        atomic_write_json(progress_file, {"done": j + 1, "clip_counts": dict(tokenizer.clip_counts)}, fsync=False)
-        if (j + 1) % max(1, len(symbols) // 10) == 0:
-            print(f"Token shards: encoded {j + 1}/{len(symbols)} assets", file=out, flush=True)
-    del arrays
-    return dict(tokenizer.clip_counts)
+    lengths = [len(cleaned[s]) for s in symbols]
+    tokens = work / "tokens"
+    tokens.mkdir(exist_ok=True)
+    total = sum(lengths)
+    for name, width in (("tokens.bin", 2), ("moves.bin", 8)) + ((("features.bin", 2 * NUM_FEATURES),) if edges else ()):
+        with open(tokens / name, "wb") as f:
+            f.truncate(total * width)  # sparse until each asset's range is written
+    tokenizer.save(work / "tokenizer.json")
+    atomic_write_json(work / "split.json", {
+        "symbols": symbols, "files": [str(cleaned.files[s]) for s in symbols], "lengths": lengths,
+        "ranges": {s: ranges_of(prepared, s) for s in symbols}, "interval": interval, "volume_edges": edges,
+        "info": prepared.info, "asset_info": asset_info(prepared.assets)})
+    print(f"Token shards: split {total:,} candles of {len(symbols)} assets; tokenizer fitted on the train split",
+          file=out, flush=True)
 
 
-def _array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-    """A preallocated array on disk: reopened as it is when a killed run left it at full size."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if size == 0:
-        file.write_bytes(b"")
-        return np.zeros(shape, dtype)
-    exists = file.is_file() and file.stat().st_size == size
-    return np.memmap(file, dtype=dtype, mode="r+" if exists else "w+", shape=shape)
+def _split(work: Path) -> dict:
+    if not (work / "split.json").is_file():
+        raise UserError(f"{work.parent}: the fit stage has not run: run it after every clean task")
+    return read_json(work / "split.json")
+
+
+def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
+    """Encode this task's assets into their ranges of the token arrays; work/encoded/<j>.json
+    (that asset's clip counts) marks each one done."""
+    split = _split(work)
+    tokenizer = OHLCTokenizer.load(work / "tokenizer.json")
+    edges = split["volume_edges"]
+    bounds = np.concatenate([[0], np.cumsum(split["lengths"], dtype=np.int64)])
+    cleaned = _Cleaned(dict(zip(split["symbols"], map(Path, split["files"]))))
+    (work / "encoded").mkdir(exist_ok=True)
+    mine = [j for j in range(len(split["symbols"])) if j % tasks == task]
+    for k, j in enumerate(mine, 1):
+        done = work / "encoded" / f"{j:06d}.json"
+        if not done.is_file():
+            s = split["symbols"][j]
+            tokenizer.reset_clip_counts()  # this asset's own counts, summed by the finish stage
+            toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, split["interval"], edges)
+            lo = int(bounds[j])
+            _write_at(work / "tokens" / "tokens.bin", lo * 2, toks.astype(np.int16))
+            _write_at(work / "tokens" / "moves.bin", lo * 8, moves.astype(np.float64))
+            if features is not None:
+                _write_at(work / "tokens" / "features.bin", lo * 2 * NUM_FEATURES, features.astype(np.int16))
+            atomic_write_json(done, dict(tokenizer.clip_counts))  # after the arrays are on disk
+        _progress(out, "encoded", k, len(mine))
+
+
+def _write_at(file: Path, offset: int, array: np.ndarray) -> None:
+    # a plain positioned write, synced: array tasks on several nodes write their own ranges of
+    # one file, which a shared filesystem keeps apart where it might not for memory maps
+    with open(file, "r+b") as f:
+        f.seek(offset)
+        f.write(np.ascontiguousarray(array).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _finish_stage(folder: Path, inputs: dict) -> None:
+    """Publish: the token folder and the run files, then manifest.json; work/ is removed."""
+    if (folder / "manifest.json").is_file():
+        return
+    work = folder / "work"
+    split = _split(work)
+    symbols = split["symbols"]
+    missing = [s for j, s in enumerate(symbols) if not (work / "encoded" / f"{j:06d}.json").is_file()]
+    if missing:
+        raise UserError(f"{len(missing)} assets are not encoded yet (e.g. {missing[0]}): run the encode stage "
+                        "for every task first")
+    tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
+    counts = dict(tokenizer.clip_counts)
+    for j in range(len(symbols)):
+        for k, n in read_json(work / "encoded" / f"{j:06d}.json").items():
+            counts[k] = counts.get(k, 0) + n
+    tokenizer.clip_counts = counts
+    data_info = dict(split["info"], tokenizer_clip_counts=counts)
+    if split["volume_edges"] is not None:
+        data_info["volume_edges"] = split["volume_edges"]
+    tokens = work / "tokens"
+    write_index(tokens, symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None)
+    shutil.rmtree(folder / "tokens", ignore_errors=True)  # an unfinished earlier try's (no manifest)
+    tokens.rename(folder / "tokens")
+    tokenizer.save(folder / "tokenizer.json")
+    atomic_write_json(folder / "asset_info.json", split["asset_info"])
+    atomic_write_json(folder / "data_info.json", data_info)
+    atomic_write_json(folder / "manifest.json", {
+        "key": folder.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "assets": len(symbols),
+        "candles": int(sum(split["lengths"])), "inputs": inputs})
+    shutil.rmtree(work, ignore_errors=True)
