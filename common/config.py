@@ -116,8 +116,9 @@ class DataConfig:
     test_ratio: float = 0.15
     # "sample": the real OHLCV sample shipped in the package (no network);
     # "download": the case universe fetched by `marketgpt data download` into the cache;
-    # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py).
-    source: Literal["sample", "download", "files"] = "download"
+    # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py);
+    # "synthetic": the synthetic market of data.synthetic (common/data/synthetic.py), made as it is read.
+    source: Literal["sample", "download", "files", "synthetic"] = "download"
     # relative to the case folder; "files" (with data.source = "files"): every file is an asset
     universe: str = "universe.csv"
     files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
@@ -145,6 +146,10 @@ class DataConfig:
     # train on these categories of the universe only, e.g. ["crypto"] (--set data.categories=crypto);
     # [] keeps every category
     categories: List[str] = field(default_factory=list)
+    # data.source = "synthetic": common.synthetic_spec.SyntheticSpec's settings but interval and start
+    # (data.interval, data.start_date), e.g. {"assets": 50, "candles": 20000, "categories": ["crypto"]};
+    # {} takes the spec's defaults
+    synthetic: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -296,6 +301,8 @@ def _literal_values(hint: Any) -> tuple:
 
 
 def _coerce(value: Any, hint: Any, where: str, key: str) -> Any:
+    if hint is Any:  # a free-form value (data.synthetic's): its section's check types it
+        return value
     if typing.get_origin(hint) is list:
         (item_t,) = typing.get_args(hint)
         if isinstance(value, str):  # --set data.categories=crypto,fx
@@ -345,6 +352,8 @@ def _describe(hint: Any) -> str:
 
 
 def _jtype(value: Any) -> str:
+    if isinstance(value, _Unparsed):
+        return "text that is not JSON"
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
             dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from common.markets import CATEGORIES
 from common.special_tokens import NUM_SPECIAL_TOKENS
+from common.synthetic_spec import SyntheticSpecError, spec_from_dict
 
 if TYPE_CHECKING:
     from common.config import DataConfig, ModelConfig, SlurmConfig, TokenizerConfig, TrainingConfig
@@ -99,6 +100,22 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
     for cat in d.categories:
         need(cat in CATEGORIES, "data.categories", f"names unknown category {cat!r}; expected some of "
              f"{', '.join(CATEGORIES)}")
+    _check_synthetic(d, need)
+
+
+def _check_synthetic(d: DataConfig, need: Need) -> None:
+    """data.synthetic: the spec's own checks with data.source = "synthetic", nothing otherwise."""
+    if d.source != "synthetic":  # it would be silently ignored
+        need(not d.synthetic, "data.synthetic", f"is read only with data.source = 'synthetic' (here {d.source!r}): "
+             "remove it, or --set data.source=synthetic")
+        return
+    for key, instead in (("interval", "data.interval"), ("start", "data.start_date")):
+        need(key not in d.synthetic, f"data.synthetic.{key}", f"is not read: the synthetic market's {key} is "
+             f"{instead}; set that instead")
+    try:
+        spec_from_dict(d.synthetic, {"interval": d.interval, "start": d.start_date})
+    except SyntheticSpecError as e:
+        need(False, f"data.synthetic.{e.key}", e.why)
 
 
 def _is_date(value: str) -> bool:

@@ -40,10 +40,11 @@ def sets(overrides: Sequence[str]) -> list[str]:
 
 def copy_repo(dst: Path) -> Path:
     """What a job needs from the repo (common/, the case folders, the launcher) under `dst`."""
-    ignore = shutil.ignore_patterns("__pycache__", "checkpoints", "logs", "data", "*.pyc")
-    shutil.copytree(REPO / "common", dst / "common", ignore=ignore)
-    for case, _, _ in CASES.values():
-        shutil.copytree(REPO / case, dst / case, ignore=ignore)
+    code = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "common", dst / "common", ignore=code)  # common/data included
+    for case, _, _ in CASES.values():  # without the case's runs, logs and candle cache
+        shutil.copytree(REPO / case, dst / case, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints",
+                                                                                "logs", "data"))
     shutil.copy2(REPO / "launch_parallel_training.sh", dst / "launch_parallel_training.sh")
     return dst
 
@@ -123,6 +124,17 @@ case $FAKE_SRUN in
         exit 99 ;;
 esac
 """.replace("EXIT_REQUEUE", str(EXIT_REQUEUE))
+
+
+FAKE_PYTHON = """#!/bin/bash
+# fake python for job.sh's `marketgpt plan` (srun is fake too): records its arguments, then
+# exits N for FAKE_PLAN=fail:N, else prints a plan line
+echo "python $*" >> "$FAKE_CALLS"
+case ${FAKE_PLAN:-ok} in
+    fail:*) echo "marketgpt plan: error: fake failure" >&2; exit "${FAKE_PLAN#fail:}" ;;
+esac
+echo "Plan: (fake) $*"
+"""
 
 
 def fake_bin(folder: Path, **scripts: str) -> Path:

@@ -47,6 +47,12 @@ BAD = {
     "files_universe_wrong_source": ["'data.universe' = 'files' needs data.source = 'files'"],
     "freeze_too_deep": ["'training.freeze' = 'all_but_last_7': N must be from 1 to model.num_layers (6)"],
     "categories_unknown": ["'data.categories' names unknown category 'stocks'"],
+    "synthetic_unknown_key": ["'data.synthetic.asets' is not a setting of the synthetic market",
+                              "did you mean 'assets'"],
+    "synthetic_bad_value": ["'data.synthetic.garch_beta' = 0.85 plus garch_alpha must be < 1 (stationary)"],
+    "synthetic_wrong_type": ["'data.synthetic.candles' = 'lots' must be an integer"],
+    "synthetic_interval": ["'data.synthetic.interval' is not read", "data.interval; set that instead"],
+    "synthetic_without_source": ["'data.synthetic' is read only with data.source = 'synthetic' (here 'sample')"],
 }
 
 

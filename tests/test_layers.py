@@ -1,6 +1,6 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
-    root (errors, atomic, paths, markets, config, special_tokens)
+    root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec)
       -> data, tokens -> model -> distributed -> training -> forecasting -> evaluation
       -> commands -> cluster -> cli.py
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import common.data.synthetic as synthetic
 from common.cli import main
 from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate, plan_of_run
 from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
@@ -222,3 +223,23 @@ def test_cached_candles_are_counted_exactly(tmp_path, capsys):
     assert data.candles["test"] == sum(len(s.test) for s in prepared.splits.values())
     assert data.train_windows == sum(len(s.train) - 128 for s in prepared.splits.values())
     assert "1 of 3 assets have no 1h candles" in capsys.readouterr().err  # training's own warning
+
+
+def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(capsys, tmp_path, monkeypatch):
+    spec = ('data.synthetic={"assets": 6, "candles": 3000, "gap_prob": 0.1, "categories": ["crypto", "fx", '
+            '"us_stock"]}')
+    overrides = ["data.source=synthetic", spec, "data.categories=crypto,fx"]
+    real = synthetic._asset
+    monkeypatch.setattr(synthetic, "_asset", lambda *a: pytest.fail("the plan generated an asset"))
+    text = _plan_text(capsys, tmp_path, "c", overrides)
+    assert text.splitlines()[0].endswith("candles (= tokens) of 4 assets, estimated from data.synthetic: 6 assets "
+                                         "x 3,000 1h slots from 2018-01-01, gap_prob 0.1 (nothing generated)")
+    cfg = load_config(REPO_ROOT / CASES["c"], overrides)
+    data = data_figures(cfg, tmp_path)
+    monkeypatch.setattr(synthetic, "_asset", real)
+    # the estimate against what training makes of the same market: crypto's gaps filled, fx's not
+    prepared = prepare_data(cfg, load_market_data(cfg, tmp_path))
+    for split in ("train", "val", "test"):
+        exact = sum(len(getattr(s, split)) for s in prepared.splits.values())
+        assert data.candles[split] == pytest.approx(exact, rel=0.02), split
+    assert data.assets == len(prepared.assets) == 4 and data.categories == 2

@@ -14,7 +14,8 @@ import pytest
 
 from common.config import load_config
 from common.distributed.requeue import DEFAULT_MAX_REQUEUES, EXIT_REQUEUE
-from slurm_helpers import CASES, FAKE_SCONTROL, FAKE_SRUN, REPO, copy_repo, fake_bin, job_env, sbatch_lines, shell_vars
+from slurm_helpers import (CASES, FAKE_PYTHON, FAKE_SCONTROL, FAKE_SRUN, REPO, copy_repo, fake_bin, job_env,
+                           sbatch_lines, shell_vars)
 
 SCRIPTS = {key: REPO / case / "slurm_scripts" / script for key, (case, script, _) in CASES.items()}
 
@@ -87,15 +88,18 @@ def repo(tmp_path_factory) -> Path:
 
 
 class FakeJob:
-    """The case C script as Slurm would start it, with fake srun/scontrol on PATH."""
+    """The case C script as Slurm would start it, with fake srun/scontrol on PATH and a fake python
+    for its plan (real_python: this interpreter, so the real `marketgpt plan` runs)."""
 
     def __init__(self, repo: Path, tmp: Path, srun: str, job_id: str = "4242", restarts: int = 0,
-                 command: str | None = None, submit_dir: Path | None = None, stdout: Path | None = None) -> None:
+                 command: str | None = None, submit_dir: Path | None = None, stdout: Path | None = None,
+                 real_python: bool = False) -> None:
         self.repo, self.job_id, self.calls = repo, job_id, tmp / "calls.txt"
         script = repo / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
-        bin_dir = fake_bin(tmp / "bin", srun=FAKE_SRUN, scontrol=FAKE_SCONTROL)
+        bin_dir = fake_bin(tmp / "bin", srun=FAKE_SRUN, scontrol=FAKE_SCONTROL, fake_python=FAKE_PYTHON)
+        python = {} if real_python else {"MARKETGPT_PYTHON": "fake_python"}  # found on PATH
         self.env = job_env(
-            PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_CALLS=str(self.calls), FAKE_SRUN=srun,
+            **python, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_CALLS=str(self.calls), FAKE_SRUN=srun,
             FAKE_COMMAND=f"{script} --set training.epochs=5" if command is None else command,
             FAKE_STDOUT=str(stdout or ""), SLURM_JOB_ID=job_id, SLURM_JOB_NAME="crypto", SLURM_GPUS_ON_NODE="2",
             SLURM_CPUS_PER_TASK="32", SLURM_NTASKS="2", SLURM_RESTART_COUNT=str(restarts),
@@ -131,13 +135,52 @@ class FakeJob:
 def test_a_finished_job_logs_to_the_case_folder_and_passes_extra_arguments(repo, tmp_path):
     job = FakeJob(repo, tmp_path, "exit:0", job_id="101")
     assert job.run("--set", "training.epochs=5") == 0
-    srun = job.recorded().splitlines()[0]
+    (srun,) = [line for line in job.recorded().splitlines() if line.startswith("srun ")]
     assert srun.startswith("srun --cpus-per-task=32 ") and srun.endswith(
         " -m common.cli train --config case_c_crypto/configs/crypto_prototype.json --num-gpus 2 --resume auto "
         "--set training.epochs=5")
     assert "requeue" not in job.recorded()
     log = job.log()
     assert "job 101 (crypto)" in log and "restart 0" in log and "training exited with code 0" in log
+
+
+def test_the_log_starts_with_the_plan_of_the_jobs_config_overrides_and_gpus(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="111")
+    job.env.update(SLURM_GPUS_ON_NODE="4", SLURM_JOB_NUM_NODES="2")
+    assert job.run("--set", "training.epochs=5", "--init-from", "runs/x", "--set=model.dropout=0") == 0
+    plan, srun = job.recorded().splitlines()  # the plan first, on the batch host, then srun
+    assert plan.endswith(" -m common.cli plan --config case_c_crypto/configs/crypto_prototype.json --set "
+                         "training.epochs=5 --set=model.dropout=0 --set slurm.nodes=2 --set slurm.gpus_per_node=4")
+    assert srun.startswith("srun ") and srun.endswith("--init-from runs/x --set=model.dropout=0")
+    log = job.log().splitlines()
+    assert "job 111 (crypto)" in log[0] and log[2].startswith("Plan: (fake) -m common.cli plan")
+    assert "training exited with code 0" in log[-1]
+
+
+def test_the_real_plan_runs_with_the_jobs_gpus(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="112", real_python=True)
+    job.env.update(SLURM_GPUS_ON_NODE="1")  # the config says 2 GPUs per node: the job's count wins
+    assert job.run("--set", "training.epochs=5") == 0
+    log = job.log()
+    assert "Plan: " in log and "time on 1x a100" in log and "for 5 epochs" in log
+    assert log.index("Plan: ") < log.index("training exited with code 0")
+
+
+def test_a_failed_plan_is_one_warning_and_the_job_trains(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="113")
+    job.env["FAKE_PLAN"] = "fail:2"
+    assert job.run() == 0
+    assert [line.split()[0] for line in job.recorded().splitlines()] == ["python", "srun"]
+    assert ("marketgpt: warning: `marketgpt plan` failed (exit 2; 124: over 5 minutes; its message is in the "
+            ".err log); training goes on") in job.log()
+    assert "marketgpt plan: error: fake failure" in job.log("err")
+
+
+def test_a_requeued_job_does_not_plan_again(repo, tmp_path):
+    job = FakeJob(repo, tmp_path, "exit:0", job_id="114", restarts=1)
+    assert job.run() == 0
+    assert [line.split()[0] for line in job.recorded().splitlines()] == ["srun"]
+    assert "Plan: " not in job.log()
 
 
 def test_exit_75_requeues_and_the_log_is_appended(repo, tmp_path):

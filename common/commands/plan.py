@@ -2,7 +2,8 @@
 
 Candles (= tokens) per split: exact where the data is here (the shipped sample, your files, or
 the parquet cache: the same load_market_data + prepare_data that training runs, offline),
-otherwise estimated from the universe, the dates and the interval. Then parameters, unique
+otherwise estimated from the universe, the dates and the interval, or from data.synthetic (the
+synthetic market is not generated for a plan). Then parameters, unique
 training tokens per parameter, windows, steps and tokens per epoch, how often each candle is
 seen, time per epoch and per run on the job's GPUs and on a CPU, peak GPU memory, and warnings
 (common/commands/plan_figures.py holds the arithmetic and the text).
@@ -26,6 +27,7 @@ from common.config import Config, load_config
 from common.data.cache import CandleCache
 from common.data.loading import load_market_data
 from common.data.prepare import SPLITS, prepare_data
+from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import Asset, load_universe
 from common.data.yahoo import LOOKBACK_LIMITS
 from common.distributed.requeue import MAX_REQUEUES
@@ -150,6 +152,8 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         return _exact(cfg, case_dir, "exact (the shipped sample)")
     if d.source == "files":
         return _exact(cfg, case_dir, f"exact (your files in {d.files_dir})")
+    if d.source == "synthetic":
+        return _synthetic_estimate(cfg)
     assets = _universe(cfg, case_dir)
     cache = CandleCache(case_dir / d.cache_dir)
     cached = sum(cache.path_for(a.source, d.interval, a.symbol).exists() for a in assets)
@@ -196,15 +200,31 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
     d = cfg.data
     start = pd.Timestamp(d.start_date, tz="UTC")
     end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else pd.Timestamp.now(tz="UTC").floor("D")
-    purge = d.purge_gap or cfg.model.context_length
-    lengths = []
-    for asset in assets:
-        n = estimated_candles(asset, d.interval, start, end)
-        train, val = int(n * d.train_ratio), int(n * d.val_ratio)
-        lengths.append((train, max(0, val - purge), max(0, n - train - val - purge)))
+    lengths = [_split(cfg, estimated_candles(asset, d.interval, start, end)) for asset in assets]
     basis = (f"estimated from the universe, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles and "
              "each market's trading hours (nothing cached)")
     return _figures(cfg, lengths, basis, len({a.category for a in assets}))
+
+
+def _synthetic_estimate(cfg: Config) -> DataFigures:
+    """data.source = "synthetic" from its spec alone: candles * (1 - gap_prob) rows per asset, or
+    every slot of the grid for crypto assets (training fills their gaps with empty candles)."""
+    d, spec = cfg.data, synthetic_spec(cfg)
+    assets = [a for a in synthetic_assets(spec) if not d.categories or a.category in d.categories]
+    rows = round(spec.candles * (1 - spec.gap_prob))
+    lengths = [_split(cfg, spec.candles if a.category == "crypto" else rows) for a in assets]
+    basis = (f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {d.interval} slots from "
+             f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)")
+    return _figures(cfg, lengths, basis, len({a.category for a in assets}))
+
+
+def _split(cfg: Config, n: int) -> tuple[int, int, int]:
+    """(train, val, test) candles of an asset of n at the config's ratios; val and test lose
+    data.purge_gap candles at their start, as in training."""
+    d = cfg.data
+    purge = d.purge_gap or cfg.model.context_length
+    train, val = int(n * d.train_ratio), int(n * d.val_ratio)
+    return train, max(0, val - purge), max(0, n - train - val - purge)
 
 
 def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:

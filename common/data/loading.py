@@ -16,6 +16,7 @@ from common.data.cache import CandleCache
 from common.data.files import FILES_UNIVERSE, load_files
 from common.data.market import LazyFrames, MarketData
 from common.data.sample import load_sample, sample_assets, sample_file
+from common.data.synthetic import generate_asset, synthetic_assets, synthetic_spec
 from common.data.universe import load_universe
 from common.errors import UserError
 from common.paths import REPO_ROOT
@@ -29,7 +30,9 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
     of the config does not apply to it). "download": the case universe read from the parquet
     cache, cut to [data.start_date, data.end_date). "files": the user's CSV or parquet files in
-    data.files_dir, whole (common.data.files). data.categories keeps only those categories.
+    data.files_dir, whole (common.data.files). "synthetic": the market of data.synthetic from
+    data.start_date (common.data.synthetic), each asset's candles made when they are looked up.
+    data.categories keeps only those categories.
     """
     case_dir = Path(case_dir)
     interval = cfg.data.interval
@@ -39,8 +42,10 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
         market = _load_cache(cfg, case_dir)
     elif cfg.data.source == "files":
         market = load_files(cfg, case_dir)
+    elif cfg.data.source == "synthetic":
+        market = _load_synthetic(cfg)
     else:
-        raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download' or 'files'")
+        raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download', 'files' or 'synthetic'")
     return _only_categories(market, cfg.data.categories)
 
 
@@ -82,6 +87,8 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
     if not categories:
         return market
     kept = _in_categories(market.assets, categories)
+    if len(kept) == len(market.assets):  # nothing to leave out: a lazy mapping stays lazy
+        return market
     symbols = {a.symbol for a in kept}
     candles = (market.candles.only(symbols) if isinstance(market.candles, LazyFrames)
                else {s: f for s, f in market.candles.items() if s in symbols})
@@ -94,6 +101,15 @@ def _load_sample(interval: str) -> MarketData:
     assets = sample_assets(interval)  # a UserError naming the sample's intervals if it lacks this one
     frames = load_sample(interval)
     return MarketData(assets=assets, candles={a.symbol: frames[a.symbol] for a in assets}, interval=interval)
+
+
+def _load_synthetic(cfg: Config) -> MarketData:
+    spec = synthetic_spec(cfg)
+    # data.categories first, as for the cache: the lazy candles then hold the kept assets only
+    assets = _in_categories(synthetic_assets(spec), cfg.data.categories)
+    index = {spec.symbol(i): i for i in range(spec.assets)}
+    candles = LazyFrames([a.symbol for a in assets], lambda symbol: generate_asset(spec, index[symbol]).candles)
+    return MarketData(assets=assets, candles=candles, interval=spec.interval)
 
 
 def _load_cache(cfg: Config, case_dir: Path) -> MarketData:

@@ -14,7 +14,8 @@ __all__ = ["LazyFrames", "MarketData"]
 @dataclass
 class MarketData:
     assets: list[Asset]  # universe order; asset ids follow it
-    # symbol -> canonical candle frame: a dict, or LazyFrames that reads each one when asked
+    # symbol -> canonical candle frame, read-only: a dict, or LazyFrames that reads (or, for the
+    # synthetic market, makes) each one when asked; loop over the assets rather than keep them all
     candles: Mapping[str, pd.DataFrame]
     interval: str
     # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
@@ -36,6 +37,9 @@ class LazyFrames(Mapping[str, pd.DataFrame]):
         if symbol not in self._known:
             raise KeyError(symbol)
         return self._load(symbol)
+
+    def __contains__(self, symbol: object) -> bool:  # Mapping's own would read the frame
+        return symbol in self._known
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._symbols)

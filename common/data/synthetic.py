@@ -28,6 +28,11 @@ with nothing after it, has NaN in every column.
 Generation is deterministic per asset: the market (regime, factor, gaps) comes from
 SeedSequence([seed, 2**32]) and asset i from SeedSequence([seed, i]), so one asset can be made
 alone and `iter_assets` streams assets in memory bounded by one asset's candles.
+
+Training reads it as data.source = "synthetic" (common.data.loading): `synthetic_spec(cfg)` is
+data.synthetic at data.interval from data.start_date, and the loader makes each asset's candles
+only when they are looked up (generate_asset; the market all assets share is made once per spec). SyntheticSpec itself lives in common/synthetic_spec.py, on
+the root floor, so the config checks data.synthetic as the spec does.
 """
 from __future__ import annotations
 
@@ -41,67 +46,18 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_path
+from common.config import Config
+from common.data.universe import Asset
 from common.errors import UserError
-from common.markets import CATEGORIES, INTERVAL_SECONDS, interval_step
+from common.markets import INTERVAL_SECONDS, interval_step
+from common.synthetic_spec import SyntheticSpec, spec_from_dict
 
-__all__ = ["SyntheticAsset", "SyntheticSpec", "generate_asset", "iter_assets", "oracle_nll", "read_truth",
-           "t_nll", "write_files"]
+__all__ = ["SyntheticAsset", "SyntheticSpec", "generate_asset", "iter_assets", "oracle_nll",
+           "read_truth", "synthetic_assets", "synthetic_spec", "t_nll", "write_files"]
 
 OHLCV = ("open", "high", "low", "close", "volume")
 TRUTH = ("mu", "sigma", "nu", "nll_next")
 MARKET_STREAM = 2**32  # beyond any asset index: the market's seed never equals an asset's
-
-
-@dataclass(frozen=True)
-class SyntheticSpec:
-    assets: int = 4
-    candles: int = 1000                 # slots of the time grid per asset (rows: about candles * (1 - gap_prob))
-    interval: str = "1d"                # a key of common.markets.INTERVAL_SECONDS
-    start: str = "2020-01-01"           # first slot, UTC
-    seed: int = 0
-    daily_vol: float = 0.02             # sd of a day's log return in the calm regime
-    drift: float = 0.0                  # mean log return per day
-    nu: float = 5.0                     # Student-t degrees of freedom (> 2: finite variance)
-    garch_alpha: float = 0.08
-    garch_beta: float = 0.9             # garch_alpha + garch_beta < 1 (stationary)
-    p_stress: float = 0.01              # per candle: calm -> stressed
-    p_calm: float = 0.05                # per candle: stressed -> calm
-    stress_vol: float = 2.0             # volatility multiplier in the stressed regime
-    market_beta: float = 0.5            # loading on the market factor, in [-1, 1]
-    seasonality: float = 1.5            # U-shape depth over the day, sub-daily only (0: flat)
-    gap_prob: float = 0.0               # chance that a slot has no candle
-    categories: tuple[str, ...] = ("us_stock",)
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("assets", self.assets >= 1, "must be at least 1"),
-            ("candles", self.candles >= 2, "must be at least 2"),
-            ("interval", self.interval in INTERVAL_SECONDS, f"must be one of {', '.join(INTERVAL_SECONDS)}"),
-            ("daily_vol", self.daily_vol > 0, "must be > 0"),
-            ("nu", self.nu > 2, "must be > 2 (the t needs a finite variance)"),
-            ("garch_alpha", self.garch_alpha >= 0, "must be >= 0"),
-            ("garch_beta", self.garch_beta >= 0, "must be >= 0"),
-            ("garch_beta", self.garch_alpha + self.garch_beta < 1, "plus garch_alpha must be < 1 (stationary)"),
-            ("p_stress", 0 <= self.p_stress <= 1, "must be in [0, 1]"),
-            ("p_calm", 0 <= self.p_calm <= 1, "must be in [0, 1]"),
-            ("stress_vol", self.stress_vol > 0, "must be > 0"),
-            ("market_beta", -1 <= self.market_beta <= 1, "must be in [-1, 1]"),
-            ("seasonality", self.seasonality >= 0, "must be >= 0"),
-            ("gap_prob", 0 <= self.gap_prob < 1, "must be in [0, 1)"),
-            ("categories", len(self.categories) > 0 and set(self.categories) <= set(CATEGORIES),
-             f"must be a non-empty list of {', '.join(CATEGORIES)}"),
-        ]
-        for name, ok, rule in checks:
-            if not ok:
-                raise UserError(f"SyntheticSpec.{name} = {getattr(self, name)!r} {rule}")
-        try:
-            pd.Timestamp(self.start)
-        except (ValueError, TypeError):
-            raise UserError(f"SyntheticSpec.start = {self.start!r} is not a timestamp (e.g. 2020-01-01)") from None
-
-    def symbol(self, i: int) -> str:
-        """SYN0000, SYN0001, ...: safe as a file name, sorted like the asset index."""
-        return f"SYN{i:0{max(4, len(str(self.assets - 1)))}d}"
 
 
 @dataclass
@@ -218,7 +174,7 @@ def _asset(spec: SyntheticSpec, i: int, market: _Market) -> SyntheticAsset:
                          index=index)
     truth.loc[truth.index[-1], "mu"] = np.nan  # nothing follows the last candle
     truth.loc[truth.index[-1], "nu"] = np.nan
-    return SyntheticAsset(spec.symbol(i), spec.categories[i % len(spec.categories)], candles, truth)
+    return SyntheticAsset(spec.symbol(i), spec.category(i), candles, truth)
 
 
 def generate_asset(spec: SyntheticSpec, i: int) -> SyntheticAsset:
@@ -231,6 +187,18 @@ def iter_assets(spec: SyntheticSpec) -> Iterator[SyntheticAsset]:
     market = _market(spec)
     for i in range(spec.assets):
         yield _asset(spec, i, market)
+
+
+def synthetic_spec(cfg: Config) -> SyntheticSpec:
+    """The market of data.source = "synthetic": data.synthetic's settings at data.interval from
+    data.start_date (the config checked them when it loaded)."""
+    return spec_from_dict(cfg.data.synthetic, {"interval": cfg.data.interval, "start": cfg.data.start_date})
+
+
+def synthetic_assets(spec: SyntheticSpec) -> list[Asset]:
+    """The spec's assets in index order, as a universe lists them; nothing is generated."""
+    return [Asset(symbol=spec.symbol(i), source="synthetic", category=spec.category(i), name=f"synthetic asset {i}")
+            for i in range(spec.assets)]
 
 
 def write_files(spec: SyntheticSpec, folder: str | Path) -> list[Path]:

@@ -5,6 +5,8 @@
 #   1. logs:    stdout/stderr go to $REPO/$CASE/logs/<LOG_PREFIX>_<JOBID>.out/.err, appended, so
 #               `tail -f` works whichever directory sbatch was called from and across requeues;
 #   2. env:     sources common/slurm/cluster_env.sh (module load, conda: the one place to adapt);
+#      plan:    the first start prints `marketgpt plan` of the job's config, --set overrides and
+#               GPUs at the top of the log (a plan that fails costs a warning line, not the job);
 #   3. train:   srun starts one task per GPU: `python -m common.cli train --config ... --num-gpus
 #               N --resume auto "$@"` (extra sbatch arguments such as --set k=v pass through);
 #   4. requeue: USR2 before the time limit (#SBATCH --signal=B:USR2@...) is forwarded to the
@@ -63,6 +65,25 @@ _marketgpt_on_term() {
     echo "marketgpt: $(date '+%F %T') SIGTERM (scancel or time limit): the tasks save a checkpoint; no requeue"
 }
 
+# `marketgpt plan` of the job's config with the --set overrides among the job's arguments (train's
+# other options mean nothing to plan) and the job's nodes x GPUs, so its time estimate is this
+# job's. It runs on the batch host before srun; a plan that fails or takes over 5 minutes (the
+# exact count of a big cache) prints one warning line and the job trains all the same.
+_marketgpt_print_plan() {
+    local gpus=$1 nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}} prev="" arg
+    shift
+    local sets=()
+    for arg in "$@"; do
+        if [ "$prev" = --set ]; then sets+=(--set "$arg"); fi
+        case $arg in --set=*) sets+=("$arg") ;; esac
+        prev=$arg
+    done
+    timeout 300 "$PYTHON" -m common.cli plan --config "$CASE/$CONFIG" ${sets[@]+"${sets[@]}"} \
+        --set "slurm.nodes=$nodes" --set "slurm.gpus_per_node=$gpus" ||
+        echo "marketgpt: warning: \`marketgpt plan\` failed (exit $?; 124: over 5 minutes;" \
+            "its message is in the .err log); training goes on"
+}
+
 marketgpt_train() {
     if [ -z "${SLURM_JOB_ID:-}" ]; then
         echo "marketgpt: submit this script with sbatch (e.g. sbatch $CASE/slurm_scripts/$(basename "$0"))" >&2
@@ -81,6 +102,8 @@ marketgpt_train() {
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
     export PYTHONUNBUFFERED=1
     echo "python: $PYTHON | GPUs per node: $gpus | tasks: ${SLURM_NTASKS:-1} x ${SLURM_CPUS_PER_TASK:-?} CPUs"
+    # once per job: a requeued job appends to the same log, which starts with the plan already
+    [ "$restarts" = 0 ] && _marketgpt_print_plan "$gpus" "$@"
 
     _marketgpt_warned=0 _marketgpt_cancelled=0 _marketgpt_interrupted=0 _marketgpt_srun_pid=
     trap _marketgpt_on_usr2 USR2
