@@ -24,7 +24,7 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["smoke"] is True and report["machine"]["nproc"] >= 1 and report["machine"]["torch"]
     bench = report["benchmarks"]
-    for name in ("train", "checkpoint", "tokenizer", "data"):
+    for name in ("train", "checkpoint", "tokenizer", "data", "corpus"):
         assert bench[name]["status"] == "ok", bench[name]
     assert bench["slurm"]["status"] == "skipped" and bench["slurm"]["note"]
     values = {(r["benchmark"], r["figure"]): r["value"] for r in report["rows"]}
@@ -33,7 +33,8 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
                 ("Data path", "batch gather / train step tokens/s"),
                 ("Checkpoint save, case C", "atomic / plain torch.save, cost to training"),
                 ("Timer checkpoint", "cost / interval"),
-                ("Tokenizer fit + encode", "seconds"), ("Load + clean + split", "peak RSS")]:
+                ("Tokenizer fit + encode", "seconds"), ("Load + clean + split", "peak RSS"),
+                ("Corpus preparation", "seconds"), ("Batch assembly", "tokens/s, one core")]:
         assert values[key] is not None and values[key] > 0, key
     train = bench["train"]["figures"]["cases"]["C"]
     assert train["flops_per_token"] == 32_300_544  # case C: 6 x 5.0M weights + attention at T = 128
