@@ -484,7 +484,7 @@ def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, caps
     n, category = len(h.candles), fc.assets["AAPL"]["category"]
     ids = fc.candle_features(h.candles, category, 4)
     # the context's ids are training's own (same candles, same fitted volume edges) ...
-    np.testing.assert_array_equal(ids[:n], TokenSet.load(feature_run / "tokens.npz").features["AAPL"][:n])
+    np.testing.assert_array_equal(ids[:n], TokenSet.load(feature_run / "tokens").features["AAPL"][:n])
     assert ids[:n, 2].max() > 1
     # ... the future's: the forecast's own timestamps' calendar, volume unknown (0)
     when = future_timestamps(h.candles.index[-1], "1d", category, 4)

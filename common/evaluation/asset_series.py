@@ -2,7 +2,7 @@
 ranges into them, and the price baselines fitted on the train split.
 
 `series_from_run(run_dir)` rebuilds them from a run folder (its config's candles, cleaned as
-training did, and the split ranges recorded in tokens.npz); `series_from_prepared` from
+training did, and the split ranges recorded in its token folder); `series_from_prepared` from
 candles prepared in memory (tests, benchmarks).
 """
 from __future__ import annotations

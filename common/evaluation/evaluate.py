@@ -296,7 +296,7 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
 
 def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
-    from its own config.json, tokenizer.json, asset_info.json, tokens.npz and best_model.pt,
+    from its own config.json, tokenizer.json, asset_info.json, tokens/ and best_model.pt,
     through evaluate_best, the path training takes at its end."""
     run = open_run(run_dir, need_tokens=True)
     info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}

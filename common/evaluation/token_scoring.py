@@ -46,7 +46,7 @@ def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray
     """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
 
     tokens / moves: symbol -> the asset's whole series of tokens and actual moves (aligned, as
-    in the run folder's tokens.npz); ranges: symbol -> {"train": (begin, end), "test": ...},
+    in the run folder's tokens/); ranges: symbol -> {"train": (begin, end), "test": ...},
     end exclusive. Moves must come from the whole series (sigma needs the past), not the slice.
     """
     test, train = {}, {}
