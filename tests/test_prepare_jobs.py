@@ -206,3 +206,20 @@ def test_four_jobs_on_the_local_cluster_prepare_the_shard(slurm_cluster, tmp_pat
     assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
     assert "the encode stage, task 1 of 2" in logs and "the finish stage" in logs
     assert same_tokens(TokenSet.load(folder / "tokens"), prepare_in_memory(cfg, config.parent.parent).tokens)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+def test_a_failed_stage_cancels_the_jobs_after_it(slurm_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = make_case(tmp_path)
+    submitted = submit_preparation(config, ["slurm.time=00:10:00"], tasks=2, out=io.StringIO())
+    # the config edited before the jobs start (they take seconds): the clean tasks find another shard key
+    config.write_text(json.dumps(dict(CONFIG, tokenizer={"ret_bins": 6})))
+    states = wait_for_jobs([job.job_id for jobs in submitted.values() for job in jobs], timeout_s=600, poll_s=2.0)
+    clean = [states[job.job_id] for job in submitted["clean"]]
+    after = [states[job.job_id] for stage in ("fit", "encode", "finish") for job in submitted[stage]]
+    assert clean == ["FAILED", "FAILED"] and set(after) == {"CANCELLED"}, states
+    err = Path(submitted["clean"][0].paths.stderr).read_text()
+    assert "marketgpt data prepare: error: the shard's inputs changed since it was submitted" in err
