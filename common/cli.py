@@ -113,12 +113,21 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
-    from common.tokens.shards import prepare_shards  # lazy: pandas
+    if args.array is not None and args.array != 1:
+        from common.cluster.prepare_jobs import submit_preparation  # lazy: submitit and pandas
+
+        submit_preparation(args.config, args.overrides, args.array, dry_run=args.dry_run)
+        return 0
+    from common.tokens.shards import prepare_shards, shard_folder  # lazy: pandas
 
     cfg = load_config(args.config, args.overrides)
     if not cfg.data.shards:
         raise UserError("data.shards is false: each run prepares its data in memory, so there is nothing to "
                         "prepare ahead (drop --set data.shards=false, or set it true in the config)")
+    if args.dry_run:
+        print(f"Dry run: would prepare (or reuse) {shard_folder(cfg, case_dir_of_config(args.config))[0]} in "
+              "this process; nothing done.")
+        return 0
     prepare_shards(cfg, case_dir_of_config(args.config))
     return 0
 
@@ -241,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = data_sub.add_parser("prepare", help="prepare the config's token shard in the case's data cache now "
                             "(e.g. in a CPU job before the GPU job); training reuses it (docs/data.md)")
     _add_config_args(p)
+    p.add_argument("--array", type=int, default=None, metavar="N",
+                   help="submit it to Slurm instead: 4 dependent CPU jobs (clean: an array of N tasks, fit, "
+                        "encode: N tasks, finish), partition from the config's slurm section")
+    p.add_argument("--dry-run", action="store_true", help="check everything and show the jobs; submit nothing")
     p.set_defaults(handler=_cmd_data_prepare)
 
     p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "

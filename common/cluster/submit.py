@@ -42,7 +42,7 @@ from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
 from common.distributed.slurm import check_partition, job_info, parse_slurm_time, slurm_available, slurm_job_id
 
 __all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "plan_submission", "submit",
-           "executor_parameters"]
+           "executor_parameters", "job_environment", "rel_path"]
 
 CLUSTER_ENV = REPO_ROOT / "common" / "slurm" / "cluster_env.sh"  # the one place to adapt to a cluster
 ARRAY_ALIASES = {"seeds": "training.seed", "seed": "training.seed"}
@@ -188,7 +188,7 @@ def executor_parameters(s: SlurmConfig, signal_delay_s: Optional[int] = None) ->
 
 
 @contextlib.contextmanager
-def _job_environment() -> Iterator[None]:
+def job_environment() -> Iterator[None]:
     """The job (sbatch exports the submitting environment; the local executor copies it)
     imports `common` from this repo even where the package isn't installed."""
     old = os.environ.get("PYTHONPATH")
@@ -202,7 +202,7 @@ def _job_environment() -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
-def _rel(path: Path) -> str:
+def rel_path(path: Path) -> str:
     """`path` relative to the current directory when it lies below it, else absolute."""
     path = Path(path).absolute()
     try:
@@ -232,7 +232,7 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
           f"({params['gres']}), {s.cpus_per_task} CPUs/task, {s.mem_gb}G, time {s.time}, USR2 "
           f"{params['signal_delay_s']} s before the limit", file=out)
     for job in plan:
-        print(f"  marketgpt {' '.join(TrainJob(_rel(job.config), job.overrides, s.gpus_per_node).argv())}"
+        print(f"  marketgpt {' '.join(TrainJob(rel_path(job.config), job.overrides, s.gpus_per_node).argv())}"
               + (f"   [{job.label}]" if job.label else ""), file=out)
     if dry_run:
         print("Dry run: nothing submitted.", file=out)
@@ -248,13 +248,13 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(**params)
     fns = [TrainJob(str(job.config), job.overrides, s.gpus_per_node) for job in plan]
-    with _job_environment():
+    with job_environment():
         jobs = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
     for job, sub in zip(jobs, plan):
         label = f" [{sub.label}]" if sub.label else ""
         print(f"Submitted {'local ' if local else ''}job {job.job_id}{label}: experiment {sub.cfg.experiment}\n"
-              f"  follow:  tail -f {_rel(job.paths.stdout)}\n"
-              f"  errors:  tail -f {_rel(job.paths.stderr)}", file=out)
+              f"  follow:  tail -f {rel_path(job.paths.stdout)}\n"
+              f"  errors:  tail -f {rel_path(job.paths.stderr)}", file=out)
         if not local:
             print(f"  state:   squeue -j {job.job_id}    (all runs: marketgpt status)\n"
                   f"  cancel:  scancel {job.job_id}", file=out)
