@@ -21,9 +21,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
 PROBE = "MARKETGPT_CLUSTER_ENV_PROBE"
 TIMEOUT_S = 300
 
-# In place of python for the sbatch job's tasks: records what each task sees, trains nothing.
+# In place of python for the sbatch job's tasks: records what each training task sees, trains
+# nothing (the plan job.sh prints first, on the batch host, runs through it too: not recorded).
 PROBE_PYTHON = f"""#!/bin/bash
-echo "task ${{SLURM_PROCID:-?}}: ${{{PROBE}:-unset}}" >> "$(dirname "$0")/sbatch_probe.txt"
+case " $* " in *" train "*) echo "task ${{SLURM_PROCID:-?}}: ${{{PROBE}:-unset}}" >> "$(dirname "$0")/sbatch_probe.txt";; esac
 """
 
 SUBMITIT_JOB = f"""
