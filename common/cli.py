@@ -113,22 +113,28 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
     if args.array is not None and args.array != 1:
         from common.cluster.prepare_jobs import submit_preparation  # lazy: submitit and pandas
 
+        if cfg.training.init_from:
+            raise UserError("--array does not prepare a fine-tuning config (training.init_from) yet: run "
+                            "`marketgpt data prepare` without --array, or let training prepare it")
         submit_preparation(args.config, args.overrides, args.array, dry_run=args.dry_run)
         return 0
     from common.tokens.shards import prepare_shards, shard_folder  # lazy: pandas
+    from common.training.finetune import resolve_parent  # lazy: torch
 
-    cfg = load_config(args.config, args.overrides)
     if not cfg.data.shards:
         raise UserError("data.shards is false: each run prepares its data in memory, so there is nothing to "
                         "prepare ahead (drop --set data.shards=false, or set it true in the config)")
+    # fine-tuning: the corpus in the parent's token ids, the shard training will look for
+    parent = resolve_parent(cfg.training.init_from).run_dir / "tokenizer.json" if cfg.training.init_from else None
+    case = case_dir_of_config(args.config)
     if args.dry_run:
-        print(f"Dry run: would prepare (or reuse) {shard_folder(cfg, case_dir_of_config(args.config))[0]} in "
-              "this process; nothing done.")
+        print(f"Dry run: would prepare (or reuse) {shard_folder(cfg, case, parent)[0]} in this process; nothing done.")
         return 0
-    prepare_shards(cfg, case_dir_of_config(args.config))
+    prepare_shards(cfg, case, parent)
     return 0
 
 

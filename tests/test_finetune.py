@@ -196,3 +196,14 @@ def test_fine_tuning_under_two_ddp_ranks(parent, tmp_path):
     p, c = weights(parent / "best_model.pt"), weights(child / "checkpoint_epoch_1.pt")
     assert torch.equal(c["wte.weight"], p["wte.weight"])  # frozen on both ranks
     assert not torch.equal(c["blocks.1.mlp.fc.weight"], p["blocks.1.mlp.fc.weight"])
+
+
+def test_data_prepare_makes_the_shard_a_fine_tuning_run_reuses(parent, tmp_path, capsys):
+    config = make_case(tmp_path, "child", CHILD_UNIVERSE)
+    init = f'training.init_from="{parent}"'
+    assert main(["data", "prepare", "--config", str(config), "--set", init]) == 0
+    assert "Token shards: prepared" in capsys.readouterr().out
+    assert main(["train", "--config", str(config), "--init-from", str(parent)]) == 0
+    assert "Token shards: reusing" in capsys.readouterr().out  # the parent's token ids: the same shard
+    assert main(["data", "prepare", "--config", str(config), "--set", init, "--array", "2"]) == 2
+    assert "fine-tuning" in capsys.readouterr().err
