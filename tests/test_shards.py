@@ -119,10 +119,10 @@ def test_the_tokenizer_never_sees_a_val_or_test_candle(tmp_path, monkeypatch):
     seen: list[pd.Timestamp] = []
     real_fit = OHLCTokenizer.fit
 
-    def spy(self, frames):
+    def spy(self, frames, **kwargs):
         frames = list(frames.values()) if isinstance(frames, dict) else list(frames)
         seen.extend(f.index.max() for f in frames)
-        return real_fit(self, frames)
+        return real_fit(self, frames, **kwargs)
 
     monkeypatch.setattr(OHLCTokenizer, "fit", spy)
     p = prepare_shards(load_config(config), config.parent.parent)
@@ -136,8 +136,11 @@ KILLER = textwrap.dedent("""
     from common.config import load_config
     from common.tokens import shards
     real = shards.encode_asset
+    gate = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     def slow(*a, **k):
         time.sleep(float(sys.argv[2]))
+        while gate is not None and not gate.exists():  # hold the lock until the test opens the gate
+            time.sleep(0.05)
         return real(*a, **k)
     shards.encode_asset = slow
     config = Path(sys.argv[1])
@@ -145,10 +148,11 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _preparer(config: Path, delay: float) -> subprocess.Popen:
+def _preparer(config: Path, delay: float, gate: Path | None = None, log: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.Popen([sys.executable, "-c", KILLER, str(config), str(delay)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = open(log, "w") if log is not None else subprocess.PIPE
+    return subprocess.Popen([sys.executable, "-c", KILLER, str(config), str(delay), *([str(gate)] if gate else [])],
+                            env=env, text=True, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _wait_for(predicate, what: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
@@ -186,11 +190,16 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
 
 def test_two_jobs_preparing_the_same_shard_at_once(tmp_path):
     config = make_case(tmp_path)
-    first = _preparer(config, 0.3)
+    gate, log = tmp_path / "gate", tmp_path / "second.log"
+    first = _preparer(config, 0.0, gate)  # holds the lock in its encode stage until the gate opens
     folder, _ = shard_folder(load_config(config), config.parent.parent)
-    _wait_for(lambda: (folder / "work" / "clean").is_dir(), "the first preparer's start", first)
-    second = _preparer(config, 0.0)
-    outs = [p.communicate(timeout=300)[0] for p in (first, second)]
+    _wait_for(lambda: (folder / "work" / "encoded").is_dir(), "the first preparer's encode stage", first)
+    second = _preparer(config, 0.0, log=log)
+    _wait_for(lambda: "waiting" in log.read_text(), "the second preparer waiting", second)
+    gate.touch()
+    first_out = first.communicate(timeout=300)[0]
+    second.wait(timeout=300)
+    outs = [first_out, log.read_text()]
     assert [p.returncode for p in (first, second)] == [0, 0], outs
     assert "prepared" in outs[0] and "waiting" in outs[1] and "reusing" in outs[1], outs
     p = prepare_shards(load_config(config), config.parent.parent)

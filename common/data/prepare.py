@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -204,26 +204,49 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(ns, tz="UTC").isoformat()
 
 
-def _global_cuts(stamps: list[np.ndarray], q1: float, q2: float) -> tuple[int, int]:
-    """The q1 and q2 quantiles (lower) of all candle timestamps pooled, in ns."""
-    pooled = np.concatenate(stamps)
-    k1, k2 = (int(np.floor(q * (len(pooled) - 1))) for q in (q1, q2))
-    part = np.partition(pooled, [k1, k2])  # O(n): no full sort of millions of timestamps
-    return int(part[k1]), int(part[k2])
+_DAY_NS = 86_400 * _NS
 
 
-def _eras(real_ts: dict[str, np.ndarray]) -> list[list[str]]:
+def _global_cuts(stamps: Callable[[], Iterable[np.ndarray]], q1: float, q2: float) -> tuple[int, int]:
+    """The q1 and q2 quantiles (lower) of all candle timestamps pooled, in ns.
+
+    stamps() yields each asset's sorted timestamps; it is walked twice, and memory stays bounded
+    by the days the assets span, not by their candles: count the candles of each UTC day, find
+    the day that holds each quantile, then sort only that day's candles.
+    """
+    days, counts = [], []
+    for ts in stamps():
+        d, c = np.unique(ts // _DAY_NS, return_counts=True)
+        days.append(d)
+        counts.append(c)
+    day, inverse = np.unique(np.concatenate(days), return_inverse=True)
+    per_day = np.bincount(inverse, weights=np.concatenate(counts)).astype(np.int64)
+    before = np.concatenate([[0], np.cumsum(per_day)])  # candles before each day
+    n = int(before[-1])
+    ranks = [int(np.floor(q * (n - 1))) for q in (q1, q2)]
+    which = [int(np.searchsorted(before, k, side="right")) - 1 for k in ranks]  # the day of the k-th
+    chosen: dict[int, list[np.ndarray]] = {i: [] for i in which}
+    for ts in stamps():
+        for i in chosen:
+            lo, hi = np.searchsorted(ts, [day[i] * _DAY_NS, (day[i] + 1) * _DAY_NS])
+            chosen[i].append(ts[lo:hi])
+    cut1, cut2 = (int(np.sort(np.concatenate(chosen[i]))[k - before[i]]) for i, k in zip(which, ranks))
+    return cut1, cut2
+
+
+def _eras(spans: dict[str, tuple[int, int, int]]) -> list[list[str]]:
     """Groups of assets whose [first, last] candle spans overlap, chained; in time order.
+    spans: symbol -> (first, last, candles).
 
     One group (the usual case): every asset is split at the same instants. Several: no asset of
     one group has a candle during another group's span, so each group can be split on its own
     dates and still no asset's test period overlaps another asset's training period.
     """
-    order = sorted(real_ts, key=lambda s: (int(real_ts[s][0]), s))
+    order = sorted(spans, key=lambda s: (spans[s][0], s))
     eras: list[list[str]] = []
     end = None
     for symbol in order:
-        first, last = int(real_ts[symbol][0]), int(real_ts[symbol][-1])
+        first, last, _ = spans[symbol]
         if end is None or first > end:
             eras.append([])
             end = last
@@ -232,9 +255,9 @@ def _eras(real_ts: dict[str, np.ndarray]) -> list[list[str]]:
     return eras
 
 
-def _era_text(era: list[str], real_ts: dict[str, np.ndarray]) -> str:
-    first = pd.Timestamp(min(int(real_ts[s][0]) for s in era), tz="UTC").date()
-    last = pd.Timestamp(max(int(real_ts[s][-1]) for s in era), tz="UTC").date()
+def _era_text(era: list[str], spans: dict[str, tuple[int, int, int]]) -> str:
+    first = pd.Timestamp(min(spans[s][0] for s in era), tz="UTC").date()
+    last = pd.Timestamp(max(spans[s][1] for s in era), tz="UTC").date()
     names = ", ".join(era[:3]) + (f" and {len(era) - 3} more" if len(era) > 3 else "")
     return f"{names}: {first} to {last}"
 
@@ -280,11 +303,12 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
         raise UserError(f"none of the {len(universe)} assets has a valid candle; check the data "
                         f"source ({cfg.data.source}) and interval ({interval})")
     d = cfg.data
-    eras = _eras(real_ts)
-    era_cuts = [_global_cuts([real_ts[s] for s in era], d.train_ratio, d.train_ratio + d.val_ratio)
+    spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
+    eras = _eras(spans)
+    era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
                 for era in eras]
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
-    main = max(range(len(eras)), key=lambda i: sum(len(real_ts[s]) for s in eras[i]))  # most candles
+    main = max(range(len(eras)), key=lambda i: sum(spans[s][2] for s in eras[i]))  # most candles
     splits = _split_all(stamps, cut_of, purge, window, records, dropped)
     cut1, cut2 = era_cuts[main]
     if not splits:
@@ -293,11 +317,11 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
     if len(eras) > 1:
-        info["split_eras"] = [{"symbols": era, "first": _iso(min(int(real_ts[s][0]) for s in era)),
-                               "last": _iso(max(int(real_ts[s][-1]) for s in era)),
+        info["split_eras"] = [{"symbols": era, "first": _iso(min(spans[s][0] for s in era)),
+                               "last": _iso(max(spans[s][1] for s in era)),
                                "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]
         print(f"note: the assets fall into {len(eras)} eras that do not overlap in time "
-              f"({'; '.join(_era_text(e, real_ts) for e in eras)}); each era is split on its own dates "
+              f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
               "(split_eras in data_info.json)", file=sys.stderr)
     return PreparedData(
         assets=kept,

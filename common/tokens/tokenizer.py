@@ -163,10 +163,12 @@ class OHLCTokenizer:
 
     # ------------------------------------------------------------------ fit / encode / decode
 
-    def fit(self, frames: Union[Mapping[str, CandleInput], Iterable[CandleInput]]) -> "OHLCTokenizer":
+    def fit(self, frames: Union[Mapping[str, CandleInput], Iterable[CandleInput]], every: int = 1) -> "OHLCTokenizer":
         """Learn the bin edges from TRAINING candles only: a dict symbol -> frame, or frames.
 
-        Warm-up (BOS) and MISSING candles do not enter the fit.
+        Warm-up (BOS) and MISSING candles do not enter the fit. every: pool only each series'
+        every-th candle (its features still come from the whole series), which bounds the memory
+        of the fit on a large corpus (common.tokens.shards.fit_stride).
         """
         if isinstance(frames, pd.DataFrame):  # one series passed on its own
             frames = {"?": frames}
@@ -175,9 +177,9 @@ class OHLCTokenizer:
         moves, shapes, assets = [], [], 0
         for asset, frame in items:
             f = self._features(frame, str(asset), None)
-            keep = f.special == 0
-            moves.append(f.move_z[keep])
-            shapes.append(f.shape_z[keep])
+            keep = f.special[::every] == 0
+            moves.append(f.move_z[::every][keep])
+            shapes.append(f.shape_z[::every][keep])
             assets += 1
         move_z = np.concatenate(moves) if moves else np.zeros(0)
         if move_z.size == 0:
