@@ -52,15 +52,45 @@ class Batch:
 
 @dataclass
 class SplitWindows:
-    """One split's windows: start offsets into the token tensor and their ids, all (W,)."""
+    """One split's windows as runs, one run per asset: run r holds count[r] windows whose starts
+    (offsets into the token tensor) are first[r], first[r] + stride, ... Window i of the split
+    is run r = the one whose [cum[r], cum[r + 1]) holds i, at position i - cum[r] in it. A few
+    numbers per asset, not per window: a 1B-candle corpus costs nothing here."""
 
-    starts: torch.Tensor
-    asset_ids: torch.Tensor
-    category_ids: torch.Tensor
-    positions: torch.Tensor  # (W,) each window's index among its asset's windows, on the CPU
+    first: torch.Tensor  # (R,) int64, on the token tensor's device
+    count: torch.Tensor  # (R,) int64, on the CPU: only the epoch order reads it
+    stride: int
+    asset_ids: torch.Tensor  # (R,) on the device
+    category_ids: torch.Tensor  # (R,) on the device
+
+    def __post_init__(self) -> None:
+        self.cum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.count, 0)])  # (R + 1,) CPU
+        self._ends = self.cum[1:].to(self.first.device)  # run r ends before window cum[r + 1]
+        self._cum = self.cum.to(self.first.device)
 
     def __len__(self) -> int:
-        return int(self.starts.numel())
+        return int(self.cum[-1])
+
+    def runs_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(run, start offset into the token tensor) of each window in `index` (on the device)."""
+        run = torch.searchsorted(self._ends, index, right=True)
+        return run, self.first[run] + (index - self._cum[run]) * self.stride
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """(W,) every window's start: O(W), for inspection and tests."""
+        return self.runs_of(torch.arange(len(self), device=self.first.device))[1]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """(W,) each window's index among its asset's windows, on the CPU: O(W), for inspection."""
+        index = torch.arange(len(self))
+        return index - self.cum[torch.searchsorted(self.cum[1:], index, right=True)]
+
+    def with_offset(self, k: int, offset: int) -> torch.Tensor:
+        """The windows whose position p in their run has p % k == offset, ascending (CPU)."""
+        parts = [self.cum[r] + torch.arange(offset, int(c), k) for r, c in enumerate(self.count.tolist())]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
@@ -97,7 +127,9 @@ class TokenWindows:
         w, k = self.splits[split], self.epoch_stride
         if k == 1:
             return len(w)
-        return int(torch.bincount(w.positions % k, minlength=k).min())
+        # a run of c windows has ceil((c - o) / k) at positions o, o + k, ... (none when o >= c)
+        return min(int(torch.clamp(w.count - o + k - 1, min=0).div(k, rounding_mode="floor").sum())
+                   for o in range(k))
 
     def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False,
                     shuffle: bool = False) -> int:
@@ -118,18 +150,18 @@ class TokenWindows:
         # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
         cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
         offset = int(torch.randperm(k, generator=cycle)[epoch % k])
-        chosen = torch.nonzero(w.positions % k == offset)[:, 0]
+        chosen = w.with_offset(k, offset)
         return chosen[torch.randperm(len(chosen), generator=g)][:self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
         w = self.splits[split]
         index = index.to(self.device, non_blocking=True)
-        starts = w.starts[index]  # (B,)
+        run, starts = w.runs_of(index)  # (B,), (B,)
         chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather
         features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]].long()
-        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[index].long(),
-                     category_ids=w.category_ids[index].long(), features=features)
+        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[run], category_ids=w.category_ids[run],
+                     features=features)
 
     def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
@@ -175,7 +207,7 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
     """
     length = context_length + 1
     parts, feature_parts, offset = [], [], 0
-    found: dict[str, list[tuple[np.ndarray, int, int]]] = {s: [] for s in SPLITS}
+    runs: dict[str, list[tuple[int, int, int, int]]] = {s: [] for s in SPLITS}  # (first, count, asset, category)
     for symbol, toks in tokens.items():
         toks = np.asarray(toks)
         if toks.ndim != 1:
@@ -186,8 +218,9 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
             begin, end = (int(v) for v in ranges[symbol][split])
             if not 0 <= begin <= end <= len(toks):
                 raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
-            starts = window_starts(begin, end, length, strides[split]) + offset
-            found[split].append((starts, asset_ids[symbol], category_ids[symbol]))
+            count = max(0, (end - length - begin) // strides[split] + 1)  # = len(window_starts(...))
+            if count:
+                runs[split].append((offset + begin, count, asset_ids[symbol], category_ids[symbol]))
         if features is not None and len(features[symbol]) != len(toks):
             raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
         if flat is None:
@@ -200,14 +233,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
 
     splits = {}
     for split in SPLITS:
-        starts = np.concatenate([s for s, _, _ in found[split]] or [np.zeros(0, np.int64)])
-        # int32: 20 bytes a window in all, a few GB for 100M windows (data.window_stride thins them)
-        a = np.concatenate([np.full(len(s), i, np.int32) for s, i, _ in found[split]] or [np.zeros(0, np.int32)])
-        c = np.concatenate([np.full(len(s), i, np.int32) for s, _, i in found[split]] or [np.zeros(0, np.int32)])
-        pos = np.concatenate([np.arange(len(s), dtype=np.int32) for s, _, _ in found[split]]
-                             or [np.zeros(0, np.int32)])
-        # positions stay on the CPU: only the epoch order reads them
-        splits[split] = SplitWindows(*(torch.from_numpy(v).to(device) for v in (starts, a, c)), torch.from_numpy(pos))
+        first, count, a, c = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(4))
+        splits[split] = SplitWindows(first.to(device), count, strides[split], a.to(device), c.to(device))
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
