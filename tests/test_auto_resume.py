@@ -121,3 +121,16 @@ def test_resume_path_refuses_a_run_another_live_job_trains(tmp_path, alive, monk
             resolve_resume(str(resume), None, None)
     monkeypatch.setenv("SLURM_JOB_ID", "7")  # job 7 itself, requeued with an explicit --resume
     assert resolve_resume(str(run / "checkpoint_epoch_1.pt"), None, None) == (run, run / "checkpoint_epoch_1.pt")
+
+
+def test_a_setting_added_after_a_checkpoint_counts_as_its_default():
+    """A checkpoint's stored config lacks keys added to the code later: they mean the default."""
+    from common.config import Config, config_to_dict
+    from common.training.run_folder import config_differences
+
+    old = config_to_dict(Config())
+    del old["data"]["synthetic"]  # as written before data.synthetic existed
+    assert config_differences(Config(), old) == []
+    changed = Config()
+    changed.data.synthetic = {"assets": 3}
+    assert [d.split(":")[0] for d in config_differences(changed, old)] == ["data.synthetic"]

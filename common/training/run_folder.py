@@ -219,8 +219,10 @@ def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:
 
 def config_differences(a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME) -> list[str]:
     """Keys (as 'section.key: a_value != b_value') where two configs (or their dicts, as
-    stored in a checkpoint) describe different runs."""
-    fa, fb = _flatten(a), _flatten(b)
+    stored in a checkpoint) describe different runs. A key one side lacks counts as its default:
+    a checkpoint written before a setting existed describes the run the default gives."""
+    defaults = _flatten(Config())
+    fa, fb = {**defaults, **_flatten(a)}, {**defaults, **_flatten(b)}
     out = []
     for key in sorted(set(fa) | set(fb)):
         if any(key == h or (h.endswith(".") and key.startswith(h)) for h in harmless):
