@@ -76,8 +76,8 @@ def test_dm_size_is_near_nominal_on_the_scorecard_design():
         from scipy.stats import t
         p_bartlett.append(2 * t.sf(abs(stat), len(d) - 1))
     p, p_bartlett = np.array(p), np.array(p_bartlett)
-    assert 0.02 <= (p < 0.05).mean() <= 0.09, (p < 0.05).mean()  # 0.05 here; 0.06 with another seed
-    assert 0.07 <= (p < 0.10).mean() <= 0.15 and 0.4 <= np.median(p) <= 0.6
+    assert 0.02 <= (p < 0.05).mean() <= 0.09, (p < 0.05).mean()  # 0.047 here; 0.043 to 0.073 with seeds 1, 2
+    assert 0.05 <= (p < 0.10).mean() <= 0.16 and 0.35 <= np.median(p) <= 0.65
     assert (p_bartlett < 0.05).mean() > (p < 0.05).mean()
 
 
