@@ -40,6 +40,8 @@ LAZY = {
     ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
     ("common.data.yahoo", "yfinance"): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
     ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
+    ("common.evaluation.significance", "arch"): "seconds to import; only when a scorecard is scored",
+    ("common.evaluation.significance", "scipy"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.metrics", "scipy"): "seconds to import; training imports this module",
     ("common.evaluation.metrics", "scoringrules"): "seconds to import; training imports this module",
     ("common.evaluation.report", "matplotlib"): "only when a picture is drawn (Agg chosen first)",

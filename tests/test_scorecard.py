@@ -80,6 +80,9 @@ def test_garch_beats_the_random_walk_on_garch_data():
     skill = card["horizons"]["1"]["skill"]["crps"]["rw_ewma"]
     assert skill["verdict"] == "beats" and skill["ci95"][0] > 0, skill
     assert card["verdicts"][0].startswith("H=1: CRPS skill vs RW-EWMA +") and card["verdicts"][0].endswith("(beats)")
+    dm = card["horizons"]["1"]["dm"]["crps"]["rw_ewma"]  # the one test of the family: Holm changes nothing
+    assert dm["statistic"] < 0 and dm["p_holm"] == dm["p_value"] < 0.05 and dm["verdict"] == "beats"
+    assert card["horizons"]["1"]["mcs"]["included"] == ["model"]  # the 90% set keeps GARCH alone
 
 
 def test_an_oracle_reaches_the_optimal_crps_and_nominal_coverage():
@@ -125,7 +128,29 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert set(loaded["horizons"]["1"]["by_asset"]) == {f"A{k}" for k in range(5)}
     crps1 = loaded["horizons"]["1"]["crps"]
     best = min(("rw_ewma", "bootstrap", "garch"), key=crps1.get)
-    assert loaded["headline"] == {"horizon": 1, "baseline": best, **loaded["horizons"]["1"]["skill"]["crps"][best]}
+    dm_best = loaded["horizons"]["1"]["dm"]["crps"][best]
+    assert loaded["headline"] == {"horizon": 1, "baseline": best, **loaded["horizons"]["1"]["skill"]["crps"][best],
+                                  "verdict": dm_best["verdict"], "p_value": dm_best["p_value"], "p_holm": dm_best["p_holm"]}
+    # the significance tests beside the skills: DM per baseline, Holm across the card, the 90% MCS
+    tests = [(h, name, dm) for h in ("1", "5") for name, dm in loaded["horizons"][h]["dm"]["crps"].items()]
+    assert {name for _, name, _ in tests} == {"rw_ewma", "bootstrap", "garch"} and len(tests) == 6
+    for h, name, dm in tests:
+        assert {"statistic", "p_value", "p_holm", "mean_diff", "n_dates", "lags", "verdict"} <= set(dm)
+        assert dm["n_dates"] == loaded["horizons"][h]["n_dates"] and dm["lags"] == 0  # H <= stride: no overlap
+        assert 0 <= dm["p_value"] <= dm["p_holm"] <= 1
+        assert np.sign(dm["mean_diff"]) == -np.sign(loaded["horizons"][h]["skill"]["crps"][name]["value"])
+    smallest = min(dm["p_value"] for *_, dm in tests)
+    assert min(dm["p_holm"] for *_, dm in tests) == pytest.approx(min(1.0, 6 * smallest))  # Holm's first step
+    assert loaded["significance"] == {"test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, "
+                                      "per-date CRPS", "adjustment": "holm", "family_alpha": 0.05, "family": 6}
+    mcs = loaded["horizons"]["1"]["mcs"]
+    assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", "rw_ewma", "bootstrap", "garch"}
+    assert mcs["included"] == [k for k, p in mcs["pvalues"].items() if p > 0.1] and mcs["included"]
+    assert [line.split(":")[0] for line in loaded["mcs_lines"]] == ["MCS 90% at H=1", "MCS 90% at H=5"]
+    for line, (h, name, dm) in zip(loaded["verdicts"], tests):
+        assert line.startswith(f"H={h}: CRPS skill vs ") and ", DM p " in line and line.endswith(f"({dm['verdict']})")
+    again = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
+    assert again["horizons"]["5"]["mcs"] == card["horizons"]["5"]["mcs"]  # seeded: the same set again
     if shutil.which("jq"):
         out = subprocess.run(["jq", "-r", '.horizons["1"].skill.crps.garch.verdict', str(json_path)],
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -82,7 +82,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
                          assets=req.assets, out_dir=out, precision=forecaster.precision,
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print("\n".join(card["verdicts"]))
+    print("\n".join(card["verdicts"] + card["mcs_lines"]))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
 
@@ -120,5 +120,5 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
         return reason
     print(f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples; "
           f"marketgpt scorecard {run_dir} for the full one):", file=out)
-    print("\n".join(f"  {line}" for line in card["verdicts"]), file=out, flush=True)
+    print("\n".join(f"  {line}" for line in card["verdicts"] + card["mcs_lines"]), file=out, flush=True)
     return None

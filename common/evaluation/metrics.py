@@ -187,12 +187,12 @@ def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[f
     return max(0.0, center - half), min(1.0, center + half)
 
 
-def format_verdict(horizon: int, score: str, baseline: str, skill: dict, percent: bool = True) -> str:
-    """`H=1: CRPS skill vs GARCH +2.1% [0.8, 3.4] (beats)`."""
+def format_verdict(horizon: int, score: str, baseline: str, skill: dict, percent: bool = True, detail: str = "") -> str:
+    """`H=1: CRPS skill vs GARCH +2.1% [0.8, 3.4] (beats)`; detail goes before the verdict."""
     scale, unit = (100.0, "%") if percent else (1.0, "")
     # a bound just below zero prints as -0.0: the verdict's sign stays visible
     v, lo, hi = (x * scale for x in (skill["value"], *skill["ci95"]))
-    return f"H={horizon}: {score} skill vs {baseline} {v:+.1f}{unit} [{lo:.1f}, {hi:.1f}] ({skill['verdict']})"
+    return f"H={horizon}: {score} skill vs {baseline} {v:+.1f}{unit} [{lo:.1f}, {hi:.1f}]{detail} ({skill['verdict']})"
 
 
 def _check(samples: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

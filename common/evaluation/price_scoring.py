@@ -1,6 +1,7 @@
 """The scorecard's numbers from the walk-forward's per-origin stats: per horizon the scores
 (CRPS, MAE/MASE, QLIKE, coverage, PIT, direction), rank IC, skill against each baseline with its
-block-bootstrap interval and the per-asset / per-category breakdown; and the backtest of the
+block-bootstrap interval, the Diebold-Mariano tests and the model confidence set
+(common.evaluation.significance) and the per-asset / per-category breakdown; and the backtest of the
 model's sign(mean) positions beside buy-and-hold and momentum.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from common.evaluation.asset_series import AssetSeries
 from common.evaluation.backtest import backtest, signal_positions
 from common.evaluation.metrics import (COVERAGE_LEVELS, newey_west_t, pit_histogram, qlike, rank_ic, skill_interval,
                                        wilson_interval)
+from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 
 __all__ = ["SKILL_KINDS", "backtest_card", "horizon_card"]
@@ -85,6 +87,9 @@ def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dic
         for key, kind in SKILL_KINDS.items():
             card["skill"][key][name] = skill_interval(model_losses[key], base_losses[key], o.dates, horizon=horizon,
                                                       stride=stride, kind=kind, n_boot=n_boot, seed=seed)
+    # Diebold-Mariano against each baseline and the model confidence set, on the per-date CRPS
+    card.update(significance_card({name: st["crps"] for name, st in stats.items()}, o.dates, horizon=horizon,
+                                  stride=stride, n_boot=n_boot, seed=seed))
     symbols = np.array([series[k].symbol for k in o.series], dtype=object)
     categories = np.array([series[k].category for k in o.series], dtype=object)
     card["by_asset"] = _groups(symbols, stats, y)

@@ -6,6 +6,8 @@
       ──► common.forecasting.forecaster.History(symbol, copy of candles[: origin + 1]): all a forecaster is given
       ──► model and baselines (common.evaluation.price_baselines) sample H-step log returns on the SAME origins
       ──► common.evaluation.metrics: CRPS, coverage, PIT, MAE/MASE, direction, QLIKE, rank IC, block-bootstrap skill
+      ──► common.evaluation.significance: Diebold-Mariano (HLN) per baseline, the 90% model confidence set;
+          Holm's adjustment over the card's tests decides the verdict lines
       ──► common.evaluation.backtest: sign(mean) positions vs buy-and-hold and 20-period momentum
       ──► scorecard.json (jq: .horizons["1"].skill.crps.garch), scorecard.png, verdict lines
 
@@ -33,6 +35,7 @@ from common.evaluation.metrics import format_verdict
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
+from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
 from common.forecasting.forecaster import History
 
@@ -43,6 +46,7 @@ __all__ = [
     "SCORECARD_PNG",
     "forecaster_fn",
     "make_scorecard",
+    "mcs_lines",
     "run_scorecard",
     "verdict_lines",
     "write_scorecard",
@@ -130,21 +134,68 @@ def _chosen_assets(series: Sequence[AssetSeries], assets: Optional[Sequence[str]
 
 
 def _add_summary(card: dict, shortest: int) -> None:
-    """The card's calibration at the shortest horizon, its headline and its verdict lines."""
+    """The card's calibration at the shortest horizon, the Holm-adjusted tests, its headline and
+    its verdict and MCS lines."""
     first = card["horizons"][str(shortest)]
     card["calibration"] = {"horizon": shortest, "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
+    card["significance"] = _adjust_tests(card)
     # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
     best = min(first["skill"]["crps"], key=lambda name: first["crps"][name], default=None)
-    card["headline"] = {"horizon": shortest, "baseline": best, **first["skill"]["crps"][best]} if best else None
+    card["headline"] = None
+    if best:
+        dm = first["dm"]["crps"][best]  # the verdict of the family-wise rule, as in the verdict lines
+        card["headline"] = {"horizon": shortest, "baseline": best, **first["skill"]["crps"][best],
+                            "verdict": dm["verdict"], "p_value": dm["p_value"], "p_holm": dm["p_holm"]}
     card["verdicts"] = verdict_lines(card)
+    card["mcs_lines"] = mcs_lines(card)
+
+
+def _adjust_tests(card: dict) -> dict:
+    """Holm's adjustment over every DM test of the card (all horizons and baselines: the family
+    the verdict lines draw from), and each test's verdict at the family-wise level."""
+    tests = [dm for hc in card["horizons"].values() for dm in hc["dm"]["crps"].values()]
+    for dm, p in zip(tests, holm([dm["p_value"] for dm in tests])):
+        dm["p_holm"] = p
+        dm["verdict"] = family_verdict(dm["mean_diff"], p)
+    return {"test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
+            "adjustment": "holm", "family_alpha": FAMILY_ALPHA,
+            "family": sum(dm["p_value"] is not None for dm in tests)}
+
+
+def _p(p: Optional[float]) -> str:
+    return "n/a" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def verdict_lines(card: dict) -> list[str]:
-    """One CRPS verdict line per horizon and baseline."""
+    """One CRPS verdict line per horizon and baseline: the skill with its interval, the DM
+    p-value, Holm's adjusted one, and the verdict at the family-wise 5% level."""
     lines = []
     for h, hc in card["horizons"].items():
         for name, skill in hc["skill"]["crps"].items():
-            lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), skill))
+            dm = hc.get("dm", {}).get("crps", {}).get(name)
+            if dm is None:  # a card made before the tests: the interval's own verdict
+                lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), skill))
+                continue
+            lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), {**skill, "verdict": dm["verdict"]},
+                                        detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}"))
+    return lines
+
+
+def mcs_lines(card: dict) -> list[str]:
+    """`MCS 90% at H=1: model, GARCH (out: RW-EWMA, bootstrap)`, one line per horizon."""
+    lines = []
+    for h, hc in card["horizons"].items():
+        mcs = hc.get("mcs")
+        if mcs is None:
+            continue
+        label = f"MCS {round(100 * (1 - mcs['alpha']))}% at H={h}:"
+        if mcs["included"] is None:
+            lines.append(f"{label} n/a ({mcs['note']})")
+            continue
+        name = lambda k: BASELINE_NAMES.get(k, k)  # noqa: E731
+        out = [name(k) for k in mcs["pvalues"] if k not in mcs["included"]]
+        lines.append(f"{label} {', '.join(name(k) for k in mcs['included'])}"
+                     + (f" (out: {', '.join(out)})" if out else " (none out)"))
     return lines
 
 

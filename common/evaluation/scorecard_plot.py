@@ -1,4 +1,5 @@
-"""scorecard.png: CRPS skill per horizon and baseline, the model's coverage, its PIT histogram and
+"""scorecard.png: CRPS skill per horizon and baseline (the significant ones starred, the model
+confidence set under each horizon), the model's coverage, its PIT histogram and
 the backtest's equity curves. Rendering uses matplotlib's Agg backend (no display on Slurm nodes).
 """
 from __future__ import annotations
@@ -31,11 +32,19 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
         sk = [card["horizons"][h]["skill"]["crps"][name] for h in horizons]
         v = np.array([s["value"] for s in sk]) * 100
         err = np.abs(np.array([s["ci95"] for s in sk]).T * 100 - v)
-        ax[0, 0].bar(np.arange(len(horizons)) + j * width, v, width, yerr=err, capsize=3,
-                     label=labels.get(name, name))
+        x = np.arange(len(horizons)) + j * width
+        ax[0, 0].bar(x, v, width, yerr=err, capsize=3, label=labels.get(name, name))
+        for k, h in enumerate(horizons):  # a star where the family-wise rule (Holm-adjusted DM) gives a verdict
+            dm = card["horizons"][h].get("dm", {}).get("crps", {}).get(name, {})
+            if dm.get("verdict", "no edge") != "no edge":
+                top = max(v[k] + err[1, k], 0) if v[k] >= 0 else min(v[k] - err[0, k], 0)
+                ax[0, 0].annotate("*", (x[k], top), ha="center", va="bottom" if v[k] >= 0 else "top", fontsize=12)
     ax[0, 0].axhline(0, color="k", lw=0.8)
-    ax[0, 0].set_xticks(np.arange(len(horizons)) + width * (len(names) - 1) / 2, [f"H={h}" for h in horizons])
-    ax[0, 0].set(title="CRPS skill vs baseline (95% block-bootstrap CI)", ylabel="skill, %")
+    ax[0, 0].margins(y=0.12)  # room for the stars
+    ax[0, 0].set_xticks(np.arange(len(horizons)) + width * (len(names) - 1) / 2,
+                        [_horizon_label(card["horizons"][h], h, labels) for h in horizons], fontsize=8)
+    ax[0, 0].set(title="CRPS skill vs baseline (95% block-bootstrap CI)\n* Holm-adjusted DM p < 0.05; "
+                       "below: the 90% model confidence set", ylabel="skill, %")
     ax[0, 0].legend(fontsize=8)
 
     levels = [int(l) for l in COVERAGE_LEVELS]
@@ -62,6 +71,15 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     fig.tight_layout()
     atomic_savefig(fig, path)
     plt.close(fig)
+
+
+def _horizon_label(hc: dict, h: str, labels: Mapping[str, str]) -> str:
+    """`H=1` and, below it, the forecasters left in the model confidence set."""
+    mcs = hc.get("mcs") or {}
+    if mcs.get("included") is None:
+        return f"H={h}"
+    names = [labels.get(k, k) for k in mcs["included"]]
+    return f"H={h}\n" + "\n".join(", ".join(names[i:i + 2]) for i in range(0, len(names), 2))
 
 
 def _fmt(x: Optional[float]) -> str:
