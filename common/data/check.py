@@ -50,8 +50,8 @@ class Usability:
         if repaired:
             lines.append("  cleaning: " + ", ".join(f"{k} {v}" for k, v in repaired.items()))
         if self.universe_as_of:
-            lines.append(f"  universe {self.universe_file} as of {self.universe_as_of}: today's constituents trained on past data "
-                         "(survivorship bias: assets that failed or were delisted before then are absent)")
+            lines.append(f"  universe {self.universe_file} as of {self.universe_as_of}: today's constituents trained on "
+                         "past data (survivorship bias: assets that failed or were delisted before then are absent)")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
