@@ -26,6 +26,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "ExchangeUniverseConfig",
     "ModelConfig",
     "SlurmConfig",
     "TokenizerConfig",
@@ -110,6 +111,20 @@ class TrainingConfig:
 
 
 @dataclass
+class ExchangeUniverseConfig:
+    """The filters of data.universe = "exchange" (common/data/exchange_universe.py): which of
+    data.exchange's pairs `marketgpt data download` writes to a dated universe file."""
+    quote: str = "USDT"  # pairs quoted in this currency
+    # average daily quote volume (in `quote`) over the volume_days complete days before the download
+    min_quote_volume: float = 1e6
+    volume_days: int = 30
+    max_count: Optional[int] = 200  # the most liquid pairs kept; null: all that pass
+    spot_only: bool = True  # the download loads spot markets only, so this must stay true
+    active_only: bool = True  # leave out pairs the exchange lists as halted or delisted
+    exclude_bases: List[str] = field(default_factory=list)  # e.g. stablecoins ["USDC", "FDUSD"]
+
+
+@dataclass
 class DataConfig:
     train_ratio: float = 0.70
     val_ratio: float = 0.15
@@ -119,7 +134,9 @@ class DataConfig:
     # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py);
     # "synthetic": the synthetic market of data.synthetic (common/data/synthetic.py), made as it is read.
     source: Literal["sample", "download", "files", "synthetic"] = "download"
-    # relative to the case folder; "files" (with data.source = "files"): every file is an asset
+    # relative to the case folder; "files" (with data.source = "files"): every file is an asset;
+    # "exchange": data.exchange's pairs that pass data.exchange_universe, resolved by `marketgpt data
+    # download` into a dated file universe_exchange_<exchange>_<YYYY-MM-DD>.csv (the newest is used)
     universe: str = "universe.csv"
     files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
     default_category: Optional[str] = None  # category of every asset when data.universe = "files"
@@ -150,6 +167,8 @@ class DataConfig:
     # (data.interval, data.start_date), e.g. {"assets": 50, "candles": 20000, "categories": ["crypto"]};
     # {} takes the spec's defaults
     synthetic: Dict[str, Any] = field(default_factory=dict)
+    # data.universe = "exchange": the filters (read only then)
+    exchange_universe: ExchangeUniverseConfig = field(default_factory=ExchangeUniverseConfig)
 
 
 @dataclass

@@ -92,8 +92,7 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
         need(d.default_category in CATEGORIES, "data.default_category",
              f"= {d.default_category!r} must be one of {', '.join(CATEGORIES)} when data.universe = 'files' "
              "(every file becomes an asset of that category)")
-    need(d.quote_currency is None or (d.quote_currency.isalnum() and d.quote_currency.isupper()
-                                      and 2 <= len(d.quote_currency) <= 10),
+    need(d.quote_currency is None or _is_code(d.quote_currency),
          "data.quote_currency", f"= {d.quote_currency!r} is not a currency code like USD or USDT (or null)")
     for cat, n in d.universe_counts.items():
         need(n > 0, f"data.universe_counts.{cat}", f"must be positive, got {n}")
@@ -101,6 +100,39 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
         need(cat in CATEGORIES, "data.categories", f"names unknown category {cat!r}; expected some of "
              f"{', '.join(CATEGORIES)}")
     _check_synthetic(d, need)
+    _check_exchange_universe(d, need)
+
+
+def _is_code(text: str) -> bool:
+    """A currency or coin code as exchanges write it: USD, USDT, 1INCH."""
+    return text.isalnum() and text.isupper() and 2 <= len(text) <= 10
+
+
+def _check_exchange_universe(d: DataConfig, need: Need) -> None:
+    """data.universe = "exchange" and its filters, data.exchange_universe (read only then)."""
+    f, key = d.exchange_universe, "data.exchange_universe"
+    if d.universe != "exchange":  # the filters would be silently ignored
+        need(f == type(f)(), key, f"is read only with data.universe = 'exchange' (here {d.universe!r}): "
+             "remove it, or set data.universe to 'exchange'")
+        return
+    need(d.source == "download", "data.universe", f"= 'exchange' needs data.source = 'download' "
+         f"(here {d.source!r}): the pairs are resolved and fetched by `marketgpt data download`")
+    need(not d.universe_counts, "data.universe_counts", "must be {} with data.universe = 'exchange': "
+         "the number of pairs is what the filters leave (cap it with data.exchange_universe.max_count)")
+    need(d.quote_currency is None or d.quote_currency == f.quote, "data.quote_currency",
+         f"= {d.quote_currency!r} differs from {key}.quote ({f.quote!r}); leave it null: the resolved pairs "
+         "are fetched as they are listed")
+    need(_is_code(f.quote), f"{key}.quote", f"= {f.quote!r} is not a currency code like USDT or USD")
+    need(math.isfinite(f.min_quote_volume) and f.min_quote_volume >= 0, f"{key}.min_quote_volume",
+         f"must be zero or positive (average daily volume in {f.quote}, e.g. 1e6), got {f.min_quote_volume}")
+    need(1 <= f.volume_days <= 365, f"{key}.volume_days",
+         f"must be from 1 to 365 (days of daily candles the volume is averaged over), got {f.volume_days}")
+    need(f.max_count is None or f.max_count >= 1, f"{key}.max_count",
+         f"must be at least 1, or null for every pair that passes, got {f.max_count}")
+    need(f.spot_only, f"{key}.spot_only", "must be true: the download loads an exchange's spot markets only "
+         "(common/data/crypto.py), so futures and swaps can't be fetched")
+    for base in f.exclude_bases:
+        need(_is_code(base), f"{key}.exclude_bases", f"lists {base!r}, which is not a coin code like USDC")
 
 
 def _check_synthetic(d: DataConfig, need: Need) -> None:

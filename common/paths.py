@@ -7,7 +7,7 @@ from pathlib import Path
 
 from common.errors import UserError
 
-__all__ = ["REPO_ROOT", "CASES", "case_dir", "case_config", "case_dir_of_config"]
+__all__ = ["REPO_ROOT", "CASES", "SEED_CONFIGS", "case_dir", "case_config", "case_dir_of_config"]
 
 # common/ sits at the top of the repo; the case folders are its siblings.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -30,13 +30,21 @@ def case_dir(name: str | os.PathLike, root: Path | None = None) -> Path:
     raise UserError(f"unknown case '{text}'{hint}")
 
 
+# Each case's seed-guide config: the default when its configs/ also holds example configs.
+SEED_CONFIGS = {"case_a_full_market": "full_market_config.json", "case_b_reduced": "reduced_config.json",
+                "case_c_crypto": "crypto_prototype.json"}
+
+
 def case_config(case: Path) -> Path:
-    """The case's config: the single JSON file in its configs/ folder."""
+    """The case's config: the single JSON file in its configs/ folder, or the seed guide's among several."""
     found = sorted((case / "configs").glob("*.json"))
-    if len(found) != 1:
-        raise UserError(f"{case / 'configs'}: expected one config file, found {len(found)}; "
-                        "pass --config explicitly")
-    return found[0]
+    seed = case / "configs" / SEED_CONFIGS.get(Path(case).name, "-")
+    if len(found) == 1:
+        return found[0]
+    if seed in found:
+        return seed
+    raise UserError(f"{case / 'configs'}: expected one config file, found {len(found)}; "
+                    "pass --config explicitly")
 
 
 def case_dir_of_config(config_path: str | os.PathLike) -> Path:

@@ -28,7 +28,7 @@ from common.data.cache import CandleCache
 from common.data.loading import load_market_data
 from common.data.prepare import SPLITS, prepare_data
 from common.data.synthetic import synthetic_assets, synthetic_spec
-from common.data.universe import Asset, load_universe
+from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS
 from common.distributed.requeue import MAX_REQUEUES
 from common.distributed.slurm import parse_slurm_time
@@ -157,14 +157,17 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     assets = _universe(cfg, case_dir)
     cache = CandleCache(case_dir / d.cache_dir)
     cached = sum(cache.path_for(a.source, d.interval, a.symbol).exists() for a in assets)
-    if cached == 0:
-        return _estimate(cfg, assets)
-    return _exact(cfg, case_dir, f"exact (cache: {cached} of {len(assets)} assets)")
+    figures = _estimate(cfg, assets) if cached == 0 else _exact(cfg, case_dir, f"exact (cache: {cached} of "
+                                                                              f"{len(assets)} assets)")
+    if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
+        universe = universe_path(case_dir, d.universe, d.exchange)
+        figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
+    return figures
 
 
 def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
     d = cfg.data
-    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    assets = load_universe(universe_path(case_dir, d.universe, d.exchange), d.universe_counts or None)
     return [a for a in assets if not d.categories or a.category in d.categories]
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
-from common.data.universe import load_universe, universe_as_of
+from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 
 __all__ = ["Usability", "check_usable"]
@@ -36,6 +36,7 @@ class Usability:
     problem: str | None = None  # why nothing is usable, when nothing is
     fixes: dict[str, int] = field(default_factory=dict)  # cleaning fixes over the usable assets
     universe_as_of: str | None = None
+    universe_file: str | None = None  # the universe read (with data.universe = "exchange": the newest dated one)
 
     def format(self) -> str:
         lines = [f"Usable for training ({self.interval}, context {self.context_length}): "
@@ -49,15 +50,15 @@ class Usability:
         if repaired:
             lines.append("  cleaning: " + ", ".join(f"{k} {v}" for k, v in repaired.items()))
         if self.universe_as_of:
-            lines.append(f"  universe as of {self.universe_as_of}: today's constituents trained on past data "
-                         "(survivorship bias: assets that failed or were delisted before then are absent)")
+            lines.append(f"  universe {self.universe_file} as of {self.universe_as_of}: today's constituents trained on "
+                         "past data (survivorship bias: assets that failed or were delisted before then are absent)")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"case": self.case_dir.name, "interval": self.interval, "context_length": self.context_length,
                 "assets": self.total, "usable": len(self.usable), "usable_symbols": self.usable,
                 "not_usable": self.unusable, "problem": self.problem, "fixes": self.fixes,
-                "universe_as_of": self.universe_as_of,
+                "universe_as_of": self.universe_as_of, "universe_file": self.universe_file,
                 "checked_at": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
 
 
@@ -68,10 +69,12 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="download"))
     d = cfg.data
     listed = d.universe != "files"  # data.universe = "files": the files are the universe
-    assets = load_universe(case_dir / d.universe, d.universe_counts or None) if listed else []
+    universe = universe_path(case_dir, d.universe, d.exchange) if listed else None  # "exchange": the newest
+    assets = load_universe(universe, d.universe_counts or None) if universe else []
     result = Usability(case_dir=case_dir, interval=d.interval, context_length=cfg.model.context_length,
                        total=len(assets), usable=[], unusable={},
-                       universe_as_of=universe_as_of(case_dir / d.universe) if listed else None)
+                       universe_as_of=universe_as_of(universe) if universe else None,
+                       universe_file=universe.name if universe else None)
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # loading's "left out" warning: reported below
             market = load_market_data(cfg, case_dir)

@@ -53,7 +53,7 @@ from common.config import Config
 from common.data.cache import CandleCache
 from common.data.check import check_usable
 from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day
-from common.data.universe import Asset, load_universe
+from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
 from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, requests_session
 from common.errors import SourceUnavailable, UserError
 
@@ -295,7 +295,11 @@ def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
     """
     case_dir = Path(case_dir)
     d = cfg.data
-    assets = load_universe(case_dir / d.universe, d.universe_counts or None)
+    if d.universe == EXCHANGE_UNIVERSE:  # the pairs that pass data.exchange_universe today, to a dated file
+        from common.data.exchange_universe import resolve_to_file  # lazy: imports ccxt
+
+        resolve_to_file(cfg, case_dir, now=now, sleep=sleep, base_delay_s=_env_delay(), stream=stream or sys.stderr)
+    assets = load_universe(universe_path(case_dir, d.universe, d.exchange), d.universe_counts or None)
     run = _Run(cfg, case_dir, assets, progress=progress, sleep=sleep, now=now, stream=stream or sys.stderr)
     session = yahoo_session if yahoo_session is not None else _env_yahoo_session()
 

@@ -17,7 +17,7 @@ from common.data.files import FILES_UNIVERSE, load_files
 from common.data.market import LazyFrames, MarketData
 from common.data.sample import load_sample, sample_assets, sample_file
 from common.data.synthetic import generate_asset, synthetic_assets, synthetic_spec
-from common.data.universe import load_universe
+from common.data.universe import EXCHANGE_UNIVERSE, load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.paths import REPO_ROOT
 
@@ -57,7 +57,7 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
         return [sample_file()]
     if d.source == "download":
         cache = CandleCache(case_dir / d.cache_dir)
-        universe = case_dir / d.universe
+        universe = universe_path(case_dir, d.universe, d.exchange)
         paths = [cache.path_for(a.source, d.interval, a.symbol)
                  for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)]
         return [universe, *(p for p in paths if p.is_file())]
@@ -115,7 +115,11 @@ def _load_synthetic(cfg: Config) -> MarketData:
 def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
     d = cfg.data
     # data.categories first: a per-market run of case A reads its own markets' files, not all 600
-    assets = _in_categories(load_universe(case_dir / d.universe, d.universe_counts or None), d.categories)
+    universe = universe_path(case_dir, d.universe, d.exchange)
+    if d.universe == EXCHANGE_UNIVERSE:  # say which of the dated files this run reads
+        print(f"data.universe = 'exchange': {universe.name}, the newest for {d.exchange} (as of "
+              f"{universe_as_of(universe)})", file=sys.stderr)
+    assets = _in_categories(load_universe(universe, d.universe_counts or None), d.categories)
     cache_root = case_dir / d.cache_dir
     cache = CandleCache(cache_root)
     start = pd.Timestamp(d.start_date, tz="UTC")
@@ -137,14 +141,14 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
         command = f"marketgpt data download --case {_case_arg(case_dir)}"
         if len(missing) == len(assets):
             raise UserError(f"no {d.interval} candles in the cache {cache_root} for the "
-                            f"{len(assets)} assets of {case_dir / d.universe}: run `{command}` first "
+                            f"{len(assets)} assets of {universe}: run `{command}` first "
                             "(needs network), or set data.source to 'sample' to train on the shipped sample")
         # A few tickers that failed to download (delisted, renamed) should not cost a queued
         # job: train on the rest, say so, and record them as dropped in data_info.json.
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         print(f"warning: {len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
               f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
-              f"them in {case_dir / d.universe} if the download reports them as failed", file=sys.stderr)
+              f"them in {universe} if the download reports them as failed", file=sys.stderr)
     return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=d.interval)
 
 

@@ -10,6 +10,10 @@ ids of both go to asset_info.json in the run folder. Every problem in the file i
 that names the file and the line, because a bad universe only shows up days later otherwise.
 A comment "# As of YYYY-MM-DD" dates the list (`universe_as_of`): a universe is a list of the
 constituents on that day, trained on their past, so it carries survivorship bias.
+
+data.universe = "exchange" names no file: `marketgpt data download` writes the pairs it resolves
+to a dated file per exchange and day (common/data/exchange_universe.py), and `universe_path`
+finds the newest one for training, `plan` and `data check`.
 """
 from __future__ import annotations
 
@@ -25,10 +29,12 @@ from typing import Iterable
 from common.errors import UserError
 from common.markets import CATEGORIES
 
-__all__ = ["Asset", "SOURCES", "HEADER", "load_universe", "asset_info", "universe_as_of"]
+__all__ = ["Asset", "EXCHANGE_UNIVERSE", "SOURCES", "HEADER", "asset_info", "exchange_universe_file",
+           "load_universe", "universe_as_of", "universe_path"]
 
 SOURCES: tuple[str, ...] = ("yfinance", "ccxt", "sample")
 HEADER: tuple[str, ...] = ("symbol", "source", "category", "name")
+EXCHANGE_UNIVERSE = "exchange"  # data.universe value: resolved from data.exchange at download time
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,26 @@ def universe_as_of(path: str | os.PathLike) -> str | None:
         if match:
             return match.group(1)
     return None
+
+
+def exchange_universe_file(case_dir: str | os.PathLike, exchange: str, day: str) -> Path:
+    """Where the universe of `exchange` resolved on `day` (YYYY-MM-DD) is written."""
+    return Path(case_dir) / f"universe_exchange_{exchange.strip().lower()}_{day}.csv"
+
+
+def universe_path(case_dir: str | os.PathLike, universe: str, exchange: str) -> Path:
+    """The file data.universe names: case-relative, or for "exchange" the newest dated file of
+    data.exchange; a UserError when the download has not written one yet."""
+    case_dir = Path(case_dir)
+    if universe != EXCHANGE_UNIVERSE:
+        return case_dir / universe
+    pattern = exchange_universe_file(case_dir, exchange, "*").name
+    dated = sorted(p for p in case_dir.glob(pattern)
+                   if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem.rsplit("_", 1)[-1]))
+    if not dated:
+        raise UserError(f"data.universe = 'exchange': no resolved universe of {exchange} in {case_dir} "
+                        f"({pattern}); run `marketgpt data download` first (needs network)")
+    return dated[-1]  # ISO dates sort by name
 
 
 def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | None = None) -> list[Asset]:
