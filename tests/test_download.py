@@ -2,7 +2,8 @@
 
 Yahoo is the real yfinance code against FakeYahoo (imported from test_yahoo.py, tests/ is on
 sys.path under pytest's default import mode); ccxt candles come from a stand-in for
-crypto.fetch_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py). The CLI test
+crypto.iter_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py), except in the
+long-history tests, which run the real adapter on a fake exchange. The CLI test
 blocks the network the way a machine without one does: every `requests` call (yfinance with a
 requests session, ccxt) gets a ConnectionError from an empty `responses` mock; pytest-socket
 stays on underneath.
@@ -38,8 +39,8 @@ NOW = pd.Timestamp("2024-02-05", tz="UTC")
 
 
 class FakeCcxt:
-    """Stands in for crypto.fetch_ohlcv_history: daily candles for any [since, until), values
-    fixed by the date, so overlapping fetches agree; "NOPE/USDT" is not listed."""
+    """Stands in for crypto.iter_ohlcv_history: daily candles for any [since, until) in one chunk,
+    values fixed by the date, so overlapping fetches agree; "NOPE/USDT" is not listed."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int | None]] = []
@@ -56,8 +57,8 @@ class FakeCcxt:
         stamps = np.arange(since_ms, end, DAY_MS)
         close = 40_000.0 + (stamps // DAY_MS) % 1000
         index = pd.DatetimeIndex(pd.to_datetime(stamps, unit="ms", utc=True), name="timestamp")
-        return pd.DataFrame({"open": close, "high": close + 10, "low": close - 10, "close": close,
-                             "volume": np.ones(len(stamps))}, index=index)
+        yield pd.DataFrame({"open": close, "high": close + 10, "low": close - 10, "close": close,
+                            "volume": np.ones(len(stamps))}, index=index)
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def net(monkeypatch):
     monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
     monkeypatch.setenv("MARKETGPT_YAHOO_HTTP", "requests")
     fake_ccxt = FakeCcxt()
-    monkeypatch.setattr(crypto, "fetch_ohlcv_history", fake_ccxt)
+    monkeypatch.setattr(crypto, "iter_ohlcv_history", fake_ccxt)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
         yahoo = FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
         yahoo.rsps = rsps
