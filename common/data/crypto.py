@@ -370,11 +370,11 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
             if on_page is not None:
                 on_page(progress)
             continue
-        before = len(rows)
         for row in page:
-            rows[int(row[0])] = row
+            t = int(row[0])
+            progress.candles += t not in rows and t + step <= now  # closed ones, once each
+            rows[t] = row
         next_since = int(max(row[0] for row in page)) + step
-        progress.candles += len(rows) - before
         if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
             log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol,
                         timeframe, _iso(since))
