@@ -293,7 +293,14 @@ class _Run:
                 self.mark(asset.symbol, "failed", str(e))
                 self.progress.advance(1, f"ccxt {asset.symbol}: failed")
                 continue
-            except ccxt.NetworkError as e:  # should arrive as SourceUnavailable; never as a traceback
+            except (SourceUnavailable, ccxt.NetworkError) as e:
+                if saved:  # part of its history is in the cache: not "ok" yet
+                    last = self.summary.assets[asset.symbol].last
+                    self.mark(asset.symbol, "unreachable", f"{origin} stopped answering; saved up to "
+                                                           f"{format_day(last)}, a rerun goes on from there")
+                if isinstance(e, SourceUnavailable):
+                    raise
+                # should arrive as SourceUnavailable; never as a traceback
                 raise SourceUnavailable(f"{origin}: {type(e).__name__}: {e}") from e
             for lo, hi in lines.empty_spans:
                 self.summary.notes.append(f"{asset.symbol}: {origin} had no {self.interval} candles from "
