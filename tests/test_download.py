@@ -569,3 +569,42 @@ def test_an_exchange_without_the_interval_is_one_line_naming_its_timeframes(case
     assert len(error) == 1
     assert "coinbase has no '4h' candles; it offers 1m, 5m, 15m, 30m, 1h, 2h, 6h, 1d" in error[0]
     assert fake_ccxt.calls == [] and len(yahoo.rsps.calls) == 0  # refused before any request
+
+
+# --------------------------------------------------------------------------- data.start_date = "max"
+
+
+def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
+    yahoo, fake_ccxt = net
+    cfg = config("2024-02-01")
+    cfg.data.start_date = "max"
+    summary = run(cfg, case)
+
+    assert [a.symbol for a in summary.ok] == ["AAPL", "MSFT", "BTC/USDT"]
+    # Yahoo daily: yfinance's own period="max" (99 years back), answered from the first trade
+    assert [int(q["period1"]) for q in yahoo.history_of("AAPL")] == [ny_midnight("1925-03-01")]
+    # ccxt: from 2010 on; the exchange answers from the pair's listing
+    assert fake_ccxt.calls[0] == ("BTC/USDT", crypto.HISTORY_START_MS, int(pd.Timestamp("2024-02-01", tz="UTC").value // 10**6))
+    from common.data.loading import load_market_data
+
+    market = load_market_data(cfg, case)  # "max": no lower bound on the cached candles
+    assert market.candles["BTC/USDT"].index[0] == pd.Timestamp("2010-01-01", tz="UTC")
+    assert len(market.candles["AAPL"]) == len(expected_frame("aapl_1d.json", daily=True))
+
+
+@pytest.mark.parametrize("start, instead", [("2015-01-01", "instead of 2015-01-01"),
+                                            ("max", 'instead of the first trade (data.start_date = "max")')])
+def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, start, instead):
+    case_dir = tmp_path / "case_h"
+    case_dir.mkdir()
+    (case_dir / "universe.csv").write_text("symbol,source,category,name\nSPY,yfinance,index,S&P 500 ETF\n")
+    yahoo, _ = net
+    yahoo.charts["SPY"] = load_chart("spy_1h.json")
+    cfg = Config()
+    cfg.data.start_date, cfg.data.interval = start, "1h"
+    now = pd.Timestamp("2024-01-05 12:00", tz="UTC")
+    download_case(cfg, case_dir, progress=False, sleep=lambda s: None, now=now, stream=io.StringIO())
+    out = capsys.readouterr().out
+    assert (f"note: Yahoo keeps 1h bars for the last 730 days only: fetched from 2022-01-06 12:00 {instead}"
+            in out)
+    assert [int(q["period1"]) for q in yahoo.history_of("SPY")] == [int(pd.Timestamp("2022-01-06 12:00", tz="UTC").timestamp())]
