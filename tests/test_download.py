@@ -593,7 +593,7 @@ def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
 
 
 @pytest.mark.parametrize("start, instead", [("2015-01-01", "instead of 2015-01-01"),
-                                            ("max", 'instead of the first trade (data.start_date = "max")')])
+                                            ("max", 'instead of the whole history (data.start_date = "max")')])
 def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, start, instead):
     case_dir = tmp_path / "case_h"
     case_dir.mkdir()

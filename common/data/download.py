@@ -195,8 +195,8 @@ class _Run:
             symbols = [symbol for _, symbol in members]
             result = download_yahoo(symbols, self.interval, start, self.end, on_batch=save_batch, **kwargs)
             if result.clamped_start is not None:
-                wanted = format_day(start) if start != self._yahoo_first() or self.start is not None else \
-                    'the first trade (data.start_date = "max")'
+                wanted = format_day(start) if self.start is not None or start != self._yahoo_first() else \
+                    'the whole history (data.start_date = "max")'
                 self.summary.notes.append(f"{window_text(self.interval)}: fetched from "
                                           f"{format_day(result.clamped_start)} instead of {wanted}")
         if restate:
@@ -238,10 +238,11 @@ class _Run:
         download_yahoo(restate, self.interval, self._yahoo_first(), self.end, on_batch=replace_batch, **kwargs)
 
     def _yahoo_first(self) -> pd.Timestamp:
-        """Where a Yahoo history starts: data.start_date, or for "max" the earliest Yahoo serves."""
+        """Where a Yahoo history starts: data.start_date, or for "max" the first trade (99 years back,
+        as yfinance's period="max"; download_yahoo clamps intraday bars to Yahoo's window and says so)."""
         if self.start is not None:
             return self.start
-        return earliest_start(self.interval, self.now if self.now is not None else pd.Timestamp.now(tz="UTC"))
+        return earliest_start("1d", self.now if self.now is not None else pd.Timestamp.now(tz="UTC"))
 
     def _mark_missing(self, part: YahooResult) -> None:
         for symbol, reason in part.failed.items():
