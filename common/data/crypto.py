@@ -3,7 +3,10 @@
 ccxt returns at most one page of `[ms, open, high, low, close, volume]` rows per call, so a history
 is built by asking from `since`, continuing from the last timestamp plus one timeframe, and
 deduplicating. The newest candle is still forming until its timeframe ends; it is dropped so the
-cache only ever holds final candles.
+cache only ever holds final candles. `iter_ohlcv_history` hands a long history over in chunks
+(to be saved as they come); a page answered empty while time is left (before the listing, an
+outage, on exchanges that answer by time window) is stepped over with a probe of daily candles
+(`_after_empty_page`), and the stretch is reported in `HistoryProgress.empty_spans`.
 
 Failures: the ccxt `NetworkError` family (RateLimitExceeded, DDoSProtection = binance's 429 and
 418, RequestTimeout, ExchangeNotAvailable) is transient and retried with exponential backoff, then

@@ -13,7 +13,14 @@ or split, so for Yahoo the overlap is also a check: when the re-fetched close of
 cached candle differs, the asset is fetched again in full and replaced instead of appended to.
 A cache filled from another ccxt exchange than the configured one is replaced the same way.
 History before the first cached candle is not fetched again: to extend data.start_date
-backwards, delete the asset's files (or the cache) and download again.
+backwards, delete the asset's files (or the cache) and download again. data.start_date = "max"
+asks for each asset's whole history (ccxt: from crypto.HISTORY_START_MS, answered from the
+listing; Yahoo: yahoo.earliest_start, clamped to Yahoo's intraday windows, said in the summary).
+
+Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto.iter_ohlcv_history in
+chunks of SAVE_EVERY_CANDLES, each appended to the cache as it arrives, so a kill or a network
+drop loses one chunk at most and the rerun resumes after the last saved candle; progress lines
+(candles, pages, how far, rate, ETA) come at each save and every PROGRESS_EVERY_S.
 
 The run prints progress (a tqdm bar when stderr is a terminal, plain lines otherwise, as in a
 Slurm log) and a summary: assets ok / empty / failed / unreachable / inactive, rows added, date
