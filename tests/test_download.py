@@ -584,7 +584,8 @@ def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
     # Yahoo daily: yfinance's own period="max" (99 years back), answered from the first trade
     assert [int(q["period1"]) for q in yahoo.history_of("AAPL")] == [ny_midnight("1925-03-01")]
     # ccxt: from 2010 on; the exchange answers from the pair's listing
-    assert fake_ccxt.calls[0] == ("BTC/USDT", crypto.HISTORY_START_MS, int(pd.Timestamp("2024-02-01", tz="UTC").value // 10**6))
+    end_ms = int(pd.Timestamp("2024-02-01", tz="UTC").timestamp() * 1000)
+    assert fake_ccxt.calls[0] == ("BTC/USDT", crypto.HISTORY_START_MS, end_ms)
     from common.data.loading import load_market_data
 
     market = load_market_data(cfg, case)  # "max": no lower bound on the cached candles
@@ -607,4 +608,5 @@ def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, s
     out = capsys.readouterr().out
     assert (f"note: Yahoo keeps 1h bars for the last 730 days only: fetched from 2022-01-06 12:00 {instead}"
             in out)
-    assert [int(q["period1"]) for q in yahoo.history_of("SPY")] == [int(pd.Timestamp("2022-01-06 12:00", tz="UTC").timestamp())]
+    clamped = pd.Timestamp("2022-01-06 12:00", tz="UTC")
+    assert [int(q["period1"]) for q in yahoo.history_of("SPY")] == [int(clamped.timestamp())]

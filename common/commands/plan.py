@@ -39,7 +39,8 @@ from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
 
-__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate", "plan_of_run", "run_plan"]
+__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
+           "plan_of_run", "run_plan"]
 
 # Compiled bf16 training tokens/s of one NVIDIA H100 80GB HBM3 at batch 32, measured 2026-11-23
 # (bench/results/2026-11-23-h100/): case A through the Trainer (trainer_case_a_compile.log, 150
@@ -228,7 +229,8 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
     if start is None:  # each asset from its first candle: ccxt's since the exchange opened (_FIRST_CANDLE)
         start = MAX_ESTIMATE_START
         sources = {a.source for a in assets}
-        firsts = [f"{source} assets from {when:%Y-%m-%d}" for source, when in _FIRST_CANDLE.items() if source in sources]
+        firsts = [f"{source} assets from {when:%Y-%m-%d}" for source, when in _FIRST_CANDLE.items()
+                  if source in sources]
         if sources - set(_FIRST_CANDLE):
             firsts.append(f"the others from {start:%Y-%m-%d}: their first trades are known once downloaded")
         since = f"max ({', '.join(firsts)})"
