@@ -141,7 +141,7 @@ class DataConfig:
     files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
     default_category: Optional[str] = None  # category of every asset when data.universe = "files"
     interval: Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"] = "1d"
-    start_date: str = "2005-01-01"
+    start_date: str = "2005-01-01"  # or "max": each asset's whole history (config_checks.START_MAX)
     end_date: Optional[str] = None  # None: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets
     # quote currency to fetch on that exchange in place of the universe's (BTC/USDT -> BTC/USD on

@@ -18,7 +18,11 @@ from common.synthetic_spec import SyntheticSpecError, spec_from_dict
 if TYPE_CHECKING:
     from common.config import DataConfig, ModelConfig, SlurmConfig, TokenizerConfig, TrainingConfig
 
-__all__ = ["Need", "check_data", "check_model", "check_slurm", "check_tokenizer", "check_training"]
+__all__ = ["START_MAX", "Need", "check_data", "check_model", "check_slurm", "check_tokenizer", "check_training"]
+
+# data.start_date = "max": each asset's whole history (ccxt: since the listing; Yahoo: since the first
+# trade for daily bars, as far back as Yahoo keeps intraday ones); no lower bound when loading.
+START_MAX = "max"
 
 Need = Callable[[bool, str, str], None]  # need(ok, key, why): raises when not ok
 
@@ -79,10 +83,12 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
          "window overlaps a val or test window")
     need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
     need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
-    for key in ("start_date",) + (("end_date",) if d.end_date is not None else ()):
-        value = getattr(d, key)
-        need(_is_date(value), f"data.{key}", f"= {value!r} is not a date like 2015-01-31")
-    need(d.end_date is None or d.end_date > d.start_date, "data.end_date", "must come after data.start_date")
+    need(d.start_date == START_MAX or _is_date(d.start_date), "data.start_date",
+         f"= {d.start_date!r} is not a date like 2015-01-31 (or \"{START_MAX}\": each asset's whole history)")
+    if d.end_date is not None:
+        need(_is_date(d.end_date), "data.end_date", f"= {d.end_date!r} is not a date like 2015-01-31")
+    need(d.end_date is None or d.start_date == START_MAX or d.end_date > d.start_date, "data.end_date",
+         "must come after data.start_date")
     need(bool(d.universe), "data.universe", "must name the universe file")
     need(d.source != "files" or bool(d.files_dir), "data.files_dir",
          "must name a folder of candle files (or one file with a symbol column) when data.source = 'files'")
@@ -141,6 +147,8 @@ def _check_synthetic(d: DataConfig, need: Need) -> None:
         need(not d.synthetic, "data.synthetic", f"is read only with data.source = 'synthetic' (here {d.source!r}): "
              "remove it, or --set data.source=synthetic")
         return
+    need(d.start_date != START_MAX, "data.start_date", f"= {START_MAX!r} has no first slot for the synthetic market: "
+         "set a date like 2020-01-01 with data.source = 'synthetic'")
     for key, instead in (("interval", "data.interval"), ("start", "data.start_date")):
         need(key not in d.synthetic, f"data.synthetic.{key}", f"is not read: the synthetic market's {key} is "
              f"{instead}; set that instead")

@@ -180,3 +180,13 @@ def test_cli_reports_a_bad_config_on_one_line_and_exits_2(command, config, overr
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"marketgpt {command}: error: ") and needle in lines[0]
     assert str(path) in lines[0] or overrides
+
+
+def test_start_date_max_is_each_asset_whole_history():
+    cfg = load_config(CASE_CONFIGS["case_c_crypto"], ["data.start_date=max", "data.end_date=2024-01-01"])
+    assert cfg.data.start_date == "max"
+    with pytest.raises(ConfigError, match=r"'data.start_date' = 'maximum' is not a date like 2015-01-31 \(or \"max\""):
+        load_config(CASE_CONFIGS["case_c_crypto"], ["data.start_date=maximum"])
+    # the synthetic market needs a first slot
+    with pytest.raises(ConfigError, match=r"'data.start_date' = 'max' has no first slot for the synthetic market"):
+        load_config(CASE_CONFIGS["case_c_crypto"], ["data.source=synthetic", "data.start_date=max"])

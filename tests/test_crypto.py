@@ -9,6 +9,7 @@ Sockets are blocked by pytest-socket (setup.cfg).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -19,8 +20,9 @@ import pandas as pd
 import pytest
 import responses
 
-from common.data.crypto import (BadSymbolError, PAGE_LIMITS, RestrictedLocation, ensure_markets,
-                                fetch_ohlcv_history, inactive_reason, make_exchange, with_quote)
+from common.data.crypto import (BadSymbolError, PAGE_LIMITS, RestrictedLocation, check_timeframe, ensure_markets,
+                                fetch_ohlcv_history, inactive_reason, iter_ohlcv_history, make_exchange,
+                                with_quote)
 from common.errors import SourceUnavailable, UserError
 
 BINANCE = Path(__file__).parent / "fixtures" / "binance"  # constructed in the shape of real answers
@@ -524,3 +526,153 @@ def test_bitstamp_builds_a_long_history_with_usd_quotes():
     assert [int(q["limit"]) for q in fake.ohlc] == [1000, 1000, 1000]
     assert [int(q["start"]) * 1000 for q in fake.ohlc] == [T0, T0 + 1000 * DAY, T0 + 2000 * DAY]
     assert inactive_reason(exchange, "BTC/USD") is None
+
+
+# --------------------------------------------------------------------------- full histories
+# 1-minute candles across months, with the holes real exchanges have: minutes without trades, an
+# outage longer than a page, a window before the listing. Answered through ccxt's own request
+# building and parsing (exchange.fetch replaced), each request through ccxt's rate limiter.
+
+MINUTE = 60_000
+
+
+def minus_gaps(frame: pd.DataFrame, gaps) -> pd.DataFrame:
+    ms = frame.index.as_unit("ms").asi8
+    keep = np.ones(len(frame), dtype=bool)
+    for lo, hi in gaps:
+        keep &= ~((ms >= lo) & (ms < hi))
+    return frame[keep]
+
+
+class GappyBinance(FakeBinance):
+    """FakeBinance with stretches [lo, hi) that have no candles: klines answers with the candles
+    after `startTime`, however far, as binance does."""
+
+    def __init__(self, *args, gaps=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gaps = list(gaps)
+
+    def __call__(self, url, method="GET", headers=None, body=None):
+        parts = urlsplit(url)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        self.requests.append(query)
+        if self.errors:
+            raise self.errors.pop(0)
+        start = max(int(query["startTime"]), self.listed)
+        first = -(-start // self.step) * self.step
+        last_open = self.now - self.now % self.step
+        times = (t for t in range(first, last_open + 1, self.step)
+                 if not any(lo <= t < hi for lo, hi in self.gaps))
+        times = [t for _, t in zip(range(int(query["limit"])), times)]
+        self.served += times
+        return [[t, *(f"{v:.8f}" for v in candle(t, self.step)), t + self.step - 1, "0", 7, "0", "0", "0"]
+                for t in times]
+
+
+class GappyOkx:
+    """okx's history-candles and candles, which answer by time window (before < ts < after), for
+    1m and daily bars of a pair listed at `listed` with stretches [lo, hi) without candles: a window
+    inside a stretch comes back empty (a missing page)."""
+
+    def __init__(self, now: int, listed: int, gaps=()):
+        self.now, self.listed, self.gaps = now, listed, list(gaps)
+        self.requests: list[dict[str, str]] = []
+
+    def has(self, t: int) -> bool:
+        return t >= self.listed and not any(lo <= t < hi for lo, hi in self.gaps)
+
+    def __call__(self, url, method="GET", headers=None, body=None):
+        parts = urlsplit(url)
+        assert parts.path in ("/api/v5/market/history-candles", "/api/v5/market/candles"), parts.path
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        assert query["instId"] == "BTC-USDT" and query["bar"] in ("1m", "1D", "1Dutc"), query
+        self.requests.append(query)
+        step = MINUTE if query["bar"] == "1m" else DAY
+        before, after, limit = int(query["before"]), int(query["after"]), int(query["limit"])
+        last_open = self.now - self.now % step
+        times = []
+        for t in range(before - before % step, min(after, last_open + 1), step):
+            # a day has a candle if any of its minutes has one
+            present = self.has(t) if step == MINUTE else any(self.has(m) for m in range(t, t + DAY, MINUTE))
+            if before < t < after and present:
+                times.append(t)
+        rows = [[str(t), *(f"{v:.8f}" for v in candle(t, step)), "0", "0", "1"] for t in times[:limit]]
+        return {"code": "0", "msg": "", "data": rows[::-1]}
+
+
+def rate_limited(exchange: ccxt.Exchange) -> list:
+    """Record each call of ccxt's rate limiter (instead of waiting), to show every request took it."""
+    calls: list = []
+    exchange.throttle = lambda cost=None: calls.append(cost)
+    return calls
+
+
+def test_one_minute_history_across_months_with_gaps_in_chunks():
+    start = T0 + 20 * DAY  # 2021-01-21: the range crosses two month ends
+    now = start + 40 * DAY + 30_000  # 30 s into the last minute
+    gaps = [(start + 3 * DAY + 17 * MINUTE, start + 3 * DAY + 29 * MINUTE),  # quiet minutes
+            (start + 11 * DAY, start + 13 * DAY + 7 * MINUTE)]  # a two-day outage: several pages
+    fake = GappyBinance(MINUTE, "1m", now, gaps=gaps)
+    exchange = binance(fake)
+    throttled = rate_limited(exchange)
+    seen = []
+    chunks = list(iter_ohlcv_history(exchange, "BTC/USDT", "1m", start, now_ms=now, chunk_candles=10_000,
+                                     on_page=lambda p: seen.append((p.pages, p.candles, p.fraction))))
+
+    want = minus_gaps(expected_frame(start, start + 40 * DAY, MINUTE), gaps)
+    assert_same_candles(pd.concat(chunks), want)
+    assert all(10_000 <= len(c) < 11_000 for c in chunks[:-1])  # handed over about every 10,000
+    assert all(a.index[-1] < b.index[0] for a, b in zip(chunks, chunks[1:]))  # no overlap
+    assert len(fake.requests) == math.ceil(len(fake.served) / 1000) == len(throttled)  # all rate limited
+    pages, candles, fraction = seen[-1]
+    assert pages == len(fake.requests) and candles == len(want) and fraction == 1.0
+    assert [p for p, _, _ in seen] == sorted(p for p, _, _ in seen)
+
+
+def test_windowed_exchange_goes_on_after_empty_pages_and_starts_at_the_listing():
+    listed = T0 + 40 * DAY + 9 * HOUR
+    now = listed + 5 * DAY + 30_000
+    gaps = [(listed + DAY + 3 * HOUR, listed + DAY + 13 * HOUR),  # 10 h: two 300-minute pages empty
+            (T0 + 42 * DAY + 20 * HOUR, T0 + 44 * DAY + 2 * HOUR)]  # 30 h, a whole UTC day in it
+    fake = GappyOkx(now, listed, gaps)
+    okx = make_exchange("okx", markets=OKX_MARKETS)
+    okx.fetch = fake
+    rate_limited(okx)
+    progress = []
+    got = list(iter_ohlcv_history(okx, "BTC/USDT", "1m", T0, now_ms=now, chunk_candles=None,
+                                  on_page=progress.append))[0]
+
+    assert_same_candles(got, minus_gaps(expected_frame(listed, listed + 5 * DAY, MINUTE), gaps))
+    minute_pages = [q for q in fake.requests if q["bar"] == "1m"]
+    assert len(minute_pages) <= 5 * 24 * 60 / 300 + 8  # the stretches cost a few requests, not a walk
+    assert len(fake.requests) - len(minute_pages) <= 8  # daily probes, one per empty page
+    spans = progress[-1].empty_spans
+    assert spans[0] == (T0, T0 + 40 * DAY)  # nothing before the listing: on from the listing day
+    assert any(hi == T0 + 44 * DAY and hi - lo > 20 * HOUR for lo, hi in spans)  # the empty day: one skip
+
+
+def test_binance_empty_page_ends_the_history_without_probing():
+    now = T0 + 30 * DAY
+    fake = GappyBinance(HOUR, "1h", now, gaps=[(T0 + 10 * DAY, now + DAY)])  # delisted on day 10
+    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now)
+    assert_same_candles(got, expected_frame(T0, T0 + 10 * DAY, HOUR))
+    assert [int(q["startTime"]) for q in fake.requests] == [T0, T0 + 240 * HOUR]
+
+
+def test_progress_line_names_candles_pages_rate_and_eta():
+    from common.data.crypto import HistoryProgress
+
+    p = HistoryProgress("BTC/USDT", "1m", T0, T0 + 100 * DAY, pages=1440, candles=1_440_000,
+                        reached_ms=T0 + 25 * DAY)
+    line = p.line(72.0)
+    assert line == ("BTC/USDT 1m: 1,440,000 candles, 1,440 pages, up to 2021-01-26 00:00 (25%), "
+                    "20,000 candles/s, ETA 3m36s")
+
+
+def test_a_missing_timeframe_is_one_line_naming_the_ones_it_has():
+    coinbase = make_exchange("coinbase")
+    with pytest.raises(UserError) as info:
+        check_timeframe(coinbase, "4h")
+    message = str(info.value)
+    assert "\n" not in message and "coinbase has no '4h' candles" in message
+    assert "1m, 5m, 15m, 30m, 1h, 2h, 6h, 1d" in message and "data.interval" in message

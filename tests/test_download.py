@@ -2,7 +2,8 @@
 
 Yahoo is the real yfinance code against FakeYahoo (imported from test_yahoo.py, tests/ is on
 sys.path under pytest's default import mode); ccxt candles come from a stand-in for
-crypto.fetch_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py). The CLI test
+crypto.iter_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py), except in the
+long-history tests, which run the real adapter on a fake exchange. The CLI test
 blocks the network the way a machine without one does: every `requests` call (yfinance with a
 requests session, ccxt) gets a ConnectionError from an empty `responses` mock; pytest-socket
 stays on underneath.
@@ -38,8 +39,8 @@ NOW = pd.Timestamp("2024-02-05", tz="UTC")
 
 
 class FakeCcxt:
-    """Stands in for crypto.fetch_ohlcv_history: daily candles for any [since, until), values
-    fixed by the date, so overlapping fetches agree; "NOPE/USDT" is not listed."""
+    """Stands in for crypto.iter_ohlcv_history: daily candles for any [since, until) in one chunk,
+    values fixed by the date, so overlapping fetches agree; "NOPE/USDT" is not listed."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int | None]] = []
@@ -56,8 +57,8 @@ class FakeCcxt:
         stamps = np.arange(since_ms, end, DAY_MS)
         close = 40_000.0 + (stamps // DAY_MS) % 1000
         index = pd.DatetimeIndex(pd.to_datetime(stamps, unit="ms", utc=True), name="timestamp")
-        return pd.DataFrame({"open": close, "high": close + 10, "low": close - 10, "close": close,
-                             "volume": np.ones(len(stamps))}, index=index)
+        yield pd.DataFrame({"open": close, "high": close + 10, "low": close - 10, "close": close,
+                            "volume": np.ones(len(stamps))}, index=index)
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def net(monkeypatch):
     monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
     monkeypatch.setenv("MARKETGPT_YAHOO_HTTP", "requests")
     fake_ccxt = FakeCcxt()
-    monkeypatch.setattr(crypto, "fetch_ohlcv_history", fake_ccxt)
+    monkeypatch.setattr(crypto, "iter_ohlcv_history", fake_ccxt)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
         yahoo = FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
         yahoo.rsps = rsps
@@ -423,3 +424,189 @@ def test_shipped_universes_are_dated():
         as_of = universe_as_of(universe)
         assert as_of is not None, f"{universe} has no '# As of YYYY-MM-DD' line"
         pd.Timestamp(as_of)  # a real date
+
+
+# --------------------------------------------------------------------------- long ccxt histories
+# The real adapter (crypto.iter_ohlcv_history) on a binance whose klines answers come from `Klines`:
+# twenty days of 1-minute candles, saved every 5,000, killed or cut off midway, then resumed.
+
+MINUTE_MS = 60_000
+LONG_START = pd.Timestamp("2024-01-01", tz="UTC")
+LONG_NOW = LONG_START + pd.Timedelta(days=20, seconds=30)
+
+
+class Klines:
+    """binance's /api/v3/klines for any listed symbol: 1m candles from LONG_START on, the newest
+    one still forming; after `fail_after` requests every request fails with `failure`."""
+
+    def __init__(self, fail_after: int | None = None, failure: BaseException | None = None) -> None:
+        self.fail_after, self.failure = fail_after, failure
+        self.requests: list[str] = []
+
+    def __call__(self, url, method="GET", headers=None, body=None):
+        from urllib.parse import parse_qs, urlsplit
+
+        from test_crypto import candle
+
+        query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+        if self.fail_after is not None and len(self.requests) >= self.fail_after:
+            raise self.failure
+        self.requests.append(query["symbol"])
+        start = max(int(query["startTime"]), int(LONG_START.timestamp() * 1000))
+        first = -(-start // MINUTE_MS) * MINUTE_MS
+        last_open = int(LONG_NOW.timestamp() * 1000) // MINUTE_MS * MINUTE_MS
+        times = list(range(first, last_open + 1, MINUTE_MS))[:int(query["limit"])]
+        return [[t, *(f"{v:.8f}" for v in candle(t, MINUTE_MS)), t + MINUTE_MS - 1, "0", 7, "0", "0", "0"]
+                for t in times]
+
+
+@pytest.fixture
+def long_case(tmp_path, monkeypatch):
+    """A case of two 1m pairs; make_exchange gives a binance answered by the `klines` attribute."""
+    import ccxt
+
+    from test_crypto import BINANCE_MARKETS
+
+    import common.data.download as download_module
+
+    monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
+    monkeypatch.setattr(download_module, "SAVE_EVERY_CANDLES", 5_000)
+    made = crypto.make_exchange
+
+    class Case:
+        throttled: list = []
+
+        def make(self, path: Path) -> Path:
+            path.mkdir(parents=True)
+            (path / "universe.csv").write_text("symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n"
+                                               "ETH/USDT,ccxt,crypto,Ether\n")
+            return path
+
+    case = Case()
+    case.klines = Klines()
+
+    def make_exchange(name="binance", *, markets=None):
+        exchange = made(name, markets=BINANCE_MARKETS)
+        exchange.fetch = case.klines
+        exchange.throttle = lambda cost=None: case.throttled.append(cost)  # ccxt's rate limiter, not waiting
+        return exchange
+
+    monkeypatch.setattr(crypto, "make_exchange", make_exchange)
+    case.ccxt = ccxt
+    case.tmp = tmp_path
+    return case
+
+
+def long_config() -> Config:
+    cfg = Config()
+    cfg.data.start_date, cfg.data.interval = "2024-01-01", "1m"
+    return cfg
+
+
+def long_run(case_dir: Path, stream=None):
+    return download_case(long_config(), case_dir, progress=False, sleep=lambda s: None, now=LONG_NOW,
+                         stream=stream if stream is not None else io.StringIO())
+
+
+def test_a_long_history_killed_midway_resumes_to_the_same_candles(long_case):
+    whole = long_case.make(long_case.tmp / "whole")
+    progress = io.StringIO()
+    long_run(whole, progress)
+    want = {s: CandleCache(whole / "data").read("ccxt", "1m", s) for s in ("BTC/USDT", "ETH/USDT")}
+    assert len(want["BTC/USDT"]) == 20 * 1440  # every closed minute of the twenty days
+    pages = 2 * 29  # 28,801 rows a pair, 1,000 a page
+    assert len(long_case.klines.requests) == pages and len(long_case.throttled) == pages  # all rate limited
+    lines = progress.getvalue()
+    assert "rate limit" in lines and "50 ms" in lines  # binance's ccxt rateLimit
+    assert "BTC/USDT 1m: 5,000 candles, 5 pages, up to 2024-01-04 11:20 (17%)" in lines
+    assert "candles/s, ETA" in lines and "(saved)" in lines
+
+    # Killed while BTC/USDT is on its 13th page: 10,000 candles saved, 2,000 fetched and lost.
+    killed = long_case.make(long_case.tmp / "killed")
+    long_case.klines = Klines(fail_after=12, failure=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        long_run(killed)
+    cache = CandleCache(killed / "data")
+    assert len(cache.read("ccxt", "1m", "BTC/USDT")) == 10_000 and cache.read("ccxt", "1m", "ETH/USDT") is None
+
+    long_case.klines = Klines()
+    summary = long_run(killed)
+    assert [a.symbol for a in summary.ok] == ["BTC/USDT", "ETH/USDT"]
+    # from the saved candles on (one candle of overlap), not from the start: 19 pages instead of 29
+    assert long_case.klines.requests.count("BTCUSDT") == 19
+    for symbol, frame in want.items():
+        got = cache.read("ccxt", "1m", symbol)  # no duplicate, no missing candle
+        assert got.index.is_unique and got.index.equals(frame.index)
+        np.testing.assert_array_equal(got.to_numpy(), frame.to_numpy())
+
+
+def test_a_network_drop_midway_keeps_the_saved_part_and_a_rerun_completes(long_case, capsys):
+    case_dir = long_case.make(long_case.tmp / "dropped")
+    long_case.klines = Klines(fail_after=8, failure=long_case.ccxt.NetworkError("Connection reset by peer"))
+    with pytest.raises(SourceUnavailable, match="binance"):
+        long_run(case_dir)
+    out = capsys.readouterr().out
+    assert "BTC/USDT (ccxt): binance stopped answering; saved up to 2024-01-04 11:19" in out
+    cache = CandleCache(case_dir / "data")
+    assert len(cache.read("ccxt", "1m", "BTC/USDT")) == 5_000
+
+    long_case.klines = Klines()
+    summary = long_run(case_dir)
+    assert [a.symbol for a in summary.ok] == ["BTC/USDT", "ETH/USDT"]
+    btc = cache.read("ccxt", "1m", "BTC/USDT")
+    assert len(btc) == 20 * 1440 and btc.index.is_unique
+    assert (np.diff(btc.index.asi8) == 60 * 10**9).all()  # no hole where the network went away
+
+
+def test_an_exchange_without_the_interval_is_one_line_naming_its_timeframes(case, net, capsys):
+    yahoo, fake_ccxt = net
+    (case / "universe.csv").write_text("symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n")
+    path = small_config(case, interval="4h", exchange="coinbase", quote_currency="USD")
+    code = main(["data", "download", "--case", str(case), "--config", str(path)])
+    captured = capsys.readouterr()
+    assert code == 2
+    error = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(error) == 1
+    assert "coinbase has no '4h' candles; it offers 1m, 5m, 15m, 30m, 1h, 2h, 6h, 1d" in error[0]
+    assert fake_ccxt.calls == [] and len(yahoo.rsps.calls) == 0  # refused before any request
+
+
+# --------------------------------------------------------------------------- data.start_date = "max"
+
+
+def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
+    yahoo, fake_ccxt = net
+    cfg = config("2024-02-01")
+    cfg.data.start_date = "max"
+    summary = run(cfg, case)
+
+    assert [a.symbol for a in summary.ok] == ["AAPL", "MSFT", "BTC/USDT"]
+    # Yahoo daily: yfinance's own period="max" (99 years back), answered from the first trade
+    assert [int(q["period1"]) for q in yahoo.history_of("AAPL")] == [ny_midnight("1925-03-01")]
+    # ccxt: from 2010 on; the exchange answers from the pair's listing
+    end_ms = int(pd.Timestamp("2024-02-01", tz="UTC").timestamp() * 1000)
+    assert fake_ccxt.calls[0] == ("BTC/USDT", crypto.HISTORY_START_MS, end_ms)
+    from common.data.loading import load_market_data
+
+    market = load_market_data(cfg, case)  # "max": no lower bound on the cached candles
+    assert market.candles["BTC/USDT"].index[0] == pd.Timestamp("2010-01-01", tz="UTC")
+    assert len(market.candles["AAPL"]) == len(expected_frame("aapl_1d.json", daily=True))
+
+
+@pytest.mark.parametrize("start, instead", [("2015-01-01", "instead of 2015-01-01"),
+                                            ("max", 'instead of the whole history (data.start_date = "max")')])
+def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, start, instead):
+    case_dir = tmp_path / "case_h"
+    case_dir.mkdir()
+    (case_dir / "universe.csv").write_text("symbol,source,category,name\nSPY,yfinance,index,S&P 500 ETF\n")
+    yahoo, _ = net
+    yahoo.charts["SPY"] = load_chart("spy_1h.json")
+    cfg = Config()
+    cfg.data.start_date, cfg.data.interval = start, "1h"
+    now = pd.Timestamp("2024-01-05 12:00", tz="UTC")
+    download_case(cfg, case_dir, progress=False, sleep=lambda s: None, now=now, stream=io.StringIO())
+    out = capsys.readouterr().out
+    assert (f"note: Yahoo keeps 1h bars for the last 730 days only: fetched from 2022-01-06 12:00 {instead}"
+            in out)
+    clamped = pd.Timestamp("2022-01-06 12:00", tz="UTC")
+    assert [int(q["period1"]) for q in yahoo.history_of("SPY")] == [int(clamped.timestamp())]

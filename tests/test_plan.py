@@ -243,3 +243,27 @@ def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(cap
         exact = sum(len(getattr(s, split)) for s in prepared.splits.values())
         assert data.candles[split] == pytest.approx(exact, rel=0.02), split
     assert data.assets == len(prepared.assets) == 4 and data.categories == 2
+
+
+# --------------------------------------------------------------------------- full histories
+
+
+def test_yahoo_intraday_window_is_said_plainly(capsys, tmp_path):
+    text = _plan_text(capsys, tmp_path, "b", ["data.interval=1h"])
+    (note,) = [line for line in text.splitlines() if line.startswith("  note:")]
+    assert "Yahoo keeps 1h bars for the last 730 days only: the 80 Yahoo assets start about" in note
+    assert "instead of 2005-01-01" in note
+    text = _plan_text(capsys, tmp_path, "b", ["data.interval=1m", "data.start_date=max"])
+    assert "Yahoo keeps 1m bars for the last 30 days only, 7 days per request" in text
+    assert 'instead of the whole history (data.start_date = "max")' in text
+    assert "note:" not in _plan_text(capsys, tmp_path, "b")  # daily bars: no window
+
+
+def test_start_date_max_is_estimated_from_each_source_first_candle(capsys, tmp_path):
+    dated = _plan_text(capsys, tmp_path, "c", ["data.start_date=2018-01-01"]).splitlines()[0]
+    whole = _plan_text(capsys, tmp_path, "c", ["data.start_date=max"]).splitlines()[0]
+    assert "max (ccxt assets from 2017-07-14)" in whole
+    train = [float(re.match(r"Plan: ([\d.]+)M train", line).group(1)) for line in (dated, whole)]
+    assert train[1] > train[0]  # from binance's opening, before 2018
+    b = _plan_text(capsys, tmp_path, "b", ["data.start_date=max"]).splitlines()[0]
+    assert "the others from 2000-01-01: their first trades are known once downloaded" in b

@@ -398,3 +398,55 @@ def test_range_before_listing_400_is_no_data_in_range_not_delisted(yahoo):
     reason = result.failed["NEWCO"]
     assert "Data doesn't exist for startDate" in reason and "delisted" not in reason
     assert result.unreachable == {}
+
+
+# --------------------------------------------------------------------------- Yahoo's intraday windows
+
+
+def minute_chart(first_day: str, last_day: str) -> dict:
+    """SPY's chart in 1m bars, 09:30-16:00 New York on each weekday: Yahoo's shape (spy_1h.json's
+    meta), prices fixed by the minute so that pieces fetched apart can be checked against the whole."""
+    chart = load_chart("spy_1h.json")
+    result = chart["chart"]["result"][0]
+    stamps = []
+    for day in pd.bdate_range(first_day, last_day):
+        open_ = pd.Timestamp(day.date(), tz=NY) + pd.Timedelta(hours=9, minutes=30)
+        stamps += [int((open_ + pd.Timedelta(minutes=m)).timestamp()) for m in range(390)]
+    close = [400.0 + (t // 60) % 97 * 0.25 for t in stamps]
+    result["timestamp"] = stamps
+    result["indicators"] = {"quote": [{"open": close, "high": [c + 0.5 for c in close],
+                                       "low": [c - 0.5 for c in close], "close": close,
+                                       "volume": [1000 + (t // 60) % 11 for t in stamps]}]}
+    result["meta"].update(dataGranularity="1m", tradingPeriods=[[{
+        "timezone": "EST", "start": s, "end": s + 390 * 60, "gmtoffset": -18000}] for s in stamps[::390]])
+    return chart
+
+
+def test_one_minute_bars_come_from_the_last_30_days_in_7_day_requests(yahoo, caplog):
+    now = pd.Timestamp("2024-02-01 12:00", tz="UTC")
+    yahoo.charts["SPY"] = minute_chart("2023-11-01", "2024-01-31")
+    result = download_yahoo(["SPY"], "1m", "2023-12-01", session=requests.Session(), now=now, sleep=Sleeps())
+
+    assert result.clamped_start == pd.Timestamp("2024-01-03 12:00", tz="UTC")  # 29 days back: Yahoo's 30, less one
+    assert "Yahoo keeps 1m bars for the last 30 days only, 7 days per request" in caplog.text
+    spans = [(int(q["period1"]), int(q.get("period2", 0))) for q in yahoo.history_of("SPY")]
+    starts = pd.date_range("2024-01-03 12:00", periods=5, freq="7D", tz="UTC")
+    assert [s for s, _ in spans] == [int(t.timestamp()) for t in starts]  # oldest first, 7 days each
+    assert [e for _, e in spans[:4]] == [s for s, _ in spans[1:]]  # each ends where the next starts
+    frame = result.frames["SPY"]
+    stamps = minute_chart("2024-01-03", "2024-01-31")["chart"]["result"][0]["timestamp"]
+    assert len(stamps) == 21 * 390  # the weekdays of January from the 3rd on
+    assert list(frame.index) == list(pd.to_datetime(stamps, unit="s", utc=True))  # no hole, no duplicate
+    np.testing.assert_allclose(frame["close"], [400.0 + (t // 60) % 97 * 0.25 for t in stamps])
+
+
+def test_daily_max_asks_from_99_years_back_and_keeps_everything(yahoo):
+    from common.data.yahoo import earliest_start
+
+    now = pd.Timestamp("2024-02-05", tz="UTC")
+    start = earliest_start("1d", now)
+    assert start == pd.Timestamp("1925-03-01", tz="UTC")  # yfinance's period="max": 3,122,064,000 s
+    result = download_yahoo(["AAPL"], "1d", start, session=requests.Session(), now=now, sleep=Sleeps())
+    assert result.clamped_start is None
+    np.testing.assert_allclose(result.frames["AAPL"].to_numpy(), expected_frame("aapl_1d.json", True).to_numpy())
+    assert int(yahoo.history_of("AAPL")[0]["period1"]) == ny_midnight("1925-03-01")

@@ -25,11 +25,11 @@ from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures,
                                           epoch_windows, format_plan, steps_per_epoch)
 from common.config import Config, load_config
 from common.data.cache import CandleCache
-from common.data.loading import load_market_data
+from common.data.loading import load_market_data, start_bound
 from common.data.prepare import SPLITS, prepare_data
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
-from common.data.yahoo import LOOKBACK_LIMITS
+from common.data.yahoo import LOOKBACK_LIMITS, window_text
 from common.distributed.requeue import MAX_REQUEUES
 from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
@@ -39,7 +39,8 @@ from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
 
-__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "build_plan", "data_figures", "gpu_rate", "plan_of_run", "run_plan"]
+__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
+           "plan_of_run", "run_plan"]
 
 # Compiled bf16 training tokens/s of one NVIDIA H100 80GB HBM3 at batch 32, measured 2026-11-23
 # (bench/results/2026-11-23-h100/): case A through the Trainer (trainer_case_a_compile.log, 150
@@ -61,6 +62,9 @@ _SESSIONS: dict[str, tuple[int, float]] = {"crypto": (365, 24.0), "fx": (260, 24
 _STOCK_SESSION = (252, 6.5)
 # the first candle a source can give: Binance (the cases' ccxt exchange) opened on 2017-07-14
 _FIRST_CANDLE = {"ccxt": pd.Timestamp("2017-07-14", tz="UTC")}
+# data.start_date = "max" in an estimate: where a Yahoo asset's first trade is taken to be (it is
+# known only once downloaded; most of a stock universe trades since before then)
+MAX_ESTIMATE_START = pd.Timestamp("2000-01-01", tz="UTC")
 # model shapes tried for "a shape the data supports": (d_model, num_layers)
 _SHAPES = ((512, 8), (384, 6), (256, 6), (256, 4), (128, 4), (128, 2), (64, 2), (32, 1))
 
@@ -162,7 +166,29 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
+    figures.notes += _yahoo_window_notes(cfg, assets)
     return figures
+
+
+def _yahoo_window_notes(cfg: Config, assets: Sequence[Asset]) -> list[str]:
+    """A line when Yahoo's intraday window cuts data.start_date for the config's Yahoo assets."""
+    d = cfg.data
+    yahoo = sum(a.source == "yfinance" for a in assets)
+    if not yahoo or d.interval not in LOOKBACK_LIMITS:
+        return []
+    end = _end(cfg)
+    earliest = end - LOOKBACK_LIMITS[d.interval]
+    start = start_bound(d.start_date)
+    if start is not None and start >= earliest:
+        return []
+    wanted = "the whole history (data.start_date = \"max\")" if start is None else d.start_date
+    return [f"{window_text(d.interval)}: the {yahoo} Yahoo assets start about {earliest:%Y-%m-%d} instead of "
+            f"{wanted}; each download adds the newest bars to the cache, so the history grows run by run"]
+
+
+def _end(cfg: Config) -> pd.Timestamp:
+    d = cfg.data
+    return pd.Timestamp(d.end_date, tz="UTC") if d.end_date else pd.Timestamp.now(tz="UTC").floor("D")
 
 
 def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
@@ -201,10 +227,18 @@ def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.
 
 def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
     d = cfg.data
-    start = pd.Timestamp(d.start_date, tz="UTC")
-    end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else pd.Timestamp.now(tz="UTC").floor("D")
+    start, end = start_bound(d.start_date), _end(cfg)
+    since = d.start_date
+    if start is None:  # each asset from its first candle: ccxt's since the exchange opened (_FIRST_CANDLE)
+        start = MAX_ESTIMATE_START
+        sources = {a.source for a in assets}
+        firsts = [f"{source} assets from {when:%Y-%m-%d}" for source, when in _FIRST_CANDLE.items()
+                  if source in sources]
+        if sources - set(_FIRST_CANDLE):
+            firsts.append(f"the others from {start:%Y-%m-%d}: their first trades are known once downloaded")
+        since = f"max ({', '.join(firsts)})"
     lengths = [_split(cfg, estimated_candles(asset, d.interval, start, end)) for asset in assets]
-    basis = (f"estimated from the universe, {d.start_date} to {d.end_date or 'today'}, {d.interval} candles and "
+    basis = (f"estimated from the universe, {since} to {d.end_date or 'today'}, {d.interval} candles and "
              "each market's trading hours (nothing cached)")
     return _figures(cfg, lengths, basis, len({a.category for a in assets}))
 

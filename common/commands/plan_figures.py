@@ -35,6 +35,7 @@ class DataFigures:
     basis: str  # "exact (...)" or "estimated (...)": where the counts come from
     assets: int = 0  # the assets and categories the model's embeddings hold (0: the config's counts)
     categories: int = 0
+    notes: list[str] = field(default_factory=list)  # what limits the data (e.g. Yahoo's intraday windows)
 
 
 @dataclass
@@ -162,6 +163,7 @@ def format_plan(plan: Plan, short: bool = False) -> str:
     assets = f" of {d.assets} assets" if d.assets else ""
     lines = [f"Plan: {_count(c['train'])} train, {_count(c['val'])} val, {_count(c['test'])} test candles (= tokens)"
              f"{assets}, {d.basis}",
+             *(f"  note: {n}" for n in d.notes),
              f"  parameters {_count(plan.parameters)}: {plan.tokens_per_parameter:.3g} unique training tokens per "
              f"parameter (warn below {MIN_TOKENS_PER_PARAMETER:g})",
              f"  epoch: {_count(d.epoch_windows)} of {_count(d.train_windows)} training windows (data.epoch_stride "

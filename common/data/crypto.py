@@ -3,7 +3,10 @@
 ccxt returns at most one page of `[ms, open, high, low, close, volume]` rows per call, so a history
 is built by asking from `since`, continuing from the last timestamp plus one timeframe, and
 deduplicating. The newest candle is still forming until its timeframe ends; it is dropped so the
-cache only ever holds final candles.
+cache only ever holds final candles. `iter_ohlcv_history` hands a long history over in chunks
+(to be saved as they come); a page answered empty while time is left (before the listing, an
+outage, on exchanges that answer by time window) is stepped over with a probe of daily candles
+(`_after_empty_page`), and the stretch is reported in `HistoryProgress.empty_spans`.
 
 Failures: the ccxt `NetworkError` family (RateLimitExceeded, DDoSProtection = binance's 429 and
 418, RequestTimeout, ExchangeNotAvailable) is transient and retried with exponential backoff, then
@@ -33,7 +36,8 @@ import difflib
 import logging
 import re
 import time
-from typing import Callable, Iterable, Mapping, TypeVar
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 import ccxt
 import numpy as np
@@ -44,12 +48,18 @@ from common.errors import SourceUnavailable, UserError
 __all__ = [
     "ALTERNATIVES",
     "BadSymbolError",
+    "CHUNK_CANDLES",
     "DEFAULT_PAGE_LIMIT",
+    "HISTORY_START_MS",
+    "HistoryProgress",
+    "NEXT_CANDLES_EXCHANGES",
     "NO_HISTORY_EXCHANGES",
     "PAGE_LIMITS",
+    "check_timeframe",
     "ensure_markets",
     "fetch_ohlcv_history",
     "inactive_reason",
+    "iter_ohlcv_history",
     "make_exchange",
     "page_limit",
     "RestrictedLocation",
@@ -68,6 +78,9 @@ PAGE_LIMITS: dict[str, int] = {
     "coinbase": 300,
     "kucoin": 1500,
 }
+# Candles handed over (to be saved) at a time by iter_ohlcv_history: a 1-minute history since 2017
+# (4M+ candles) is saved in a few dozen steps, so a kill loses at most one chunk of pages.
+CHUNK_CANDLES = 200_000
 # Exchanges we have not checked: small enough that no exchange we know of rejects it.
 DEFAULT_PAGE_LIMIT = 100
 
@@ -75,6 +88,14 @@ DEFAULT_PAGE_LIMIT = 100
 NO_HISTORY_EXCHANGES: dict[str, str] = {
     "kraken": "kraken ignores `since` and only returns its latest 720 candles, so it can't build a history",
 }
+
+# Exchanges whose candle endpoint answers with the next candles after `since`, however far: an
+# empty page there means the history ends (binance's klines: startTime, checked in the tests).
+NEXT_CANDLES_EXCHANGES = frozenset({"binance"})
+
+# The earliest candle any exchange could have (Mt.Gox opened in July 2010): where a history of
+# data.start_date = "max" starts asking; the exchange answers from the pair's listing.
+HISTORY_START_MS = 1_262_304_000_000  # 2010-01-01T00:00:00Z
 
 _SUGGESTED = ("binance", "bybit", "okx", "kucoin", "bitstamp", "coinbase")
 # Exchanges that serve long histories through `since` paging and answer from the US (where
@@ -231,14 +252,51 @@ def inactive_reason(exchange: ccxt.Exchange, symbol: str) -> str | None:
             "so its history stops; the candles up to then are kept")
 
 
-def _check_usable(exchange: ccxt.Exchange, timeframe: str) -> None:
+def check_timeframe(exchange: ccxt.Exchange, timeframe: str) -> None:
+    """A UserError, in one line naming the timeframes the exchange has, unless it serves `timeframe`
+    candles that page back through history. Makes no request."""
     if exchange.id in NO_HISTORY_EXCHANGES:
         raise UserError(f"{NO_HISTORY_EXCHANGES[exchange.id]}; use one of {', '.join(_SUGGESTED)}")
     if not exchange.has.get("fetchOHLCV"):
         raise UserError(f"{exchange.id} has no public candles (fetchOHLCV); use one of {', '.join(_SUGGESTED)}")
     if exchange.timeframes and timeframe not in exchange.timeframes:
         raise UserError(f"{exchange.id} has no '{timeframe}' candles; it offers "
-                        f"{', '.join(exchange.timeframes)}")
+                        f"{', '.join(exchange.timeframes)}: set data.interval to one of them or data.exchange "
+                        "to another exchange")
+
+
+@dataclass
+class HistoryProgress:
+    """How far a history download has come, updated after each page (for progress lines)."""
+
+    symbol: str
+    timeframe: str
+    since_ms: int  # where this download started
+    end_ms: int  # where it will stop: until_ms or now
+    pages: int = 0
+    candles: int = 0  # closed candles received so far
+    reached_ms: int = 0  # the open time the next request asks from
+    empty_spans: list[tuple[int, int]] = field(default_factory=list)  # [from, to) answered empty, skipped
+
+    @property
+    def fraction(self) -> float:
+        """Share of the time range covered so far (0..1)."""
+        span = max(self.end_ms - self.since_ms, 1)
+        return min(max((self.reached_ms - self.since_ms) / span, 0.0), 1.0)
+
+    def line(self, elapsed_s: float) -> str:
+        """One progress line: candles, pages, how far in time, rate and the time left at that rate."""
+        rate = self.candles / elapsed_s if elapsed_s > 0 else 0.0
+        f = self.fraction
+        eta = _clock(elapsed_s * (1 - f) / f) if f > 0 and elapsed_s > 0 else "?"
+        reached = pd.Timestamp(min(self.reached_ms, self.end_ms), unit="ms", tz="UTC").strftime("%Y-%m-%d %H:%M")
+        return (f"{self.symbol} {self.timeframe}: {self.candles:,} candles, {self.pages:,} pages, up to {reached} "
+                f"({f:.0%}), {rate:,.0f} candles/s, ETA {eta}")
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, since_ms: int,
@@ -249,9 +307,31 @@ def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, si
 
     The frame has a UTC DatetimeIndex named "timestamp" (candle open time), sorted, unique, and
     float64 columns open, high, low, close, volume; it is empty if there are no candles. For an
-    incremental update pass `since_ms` = last cached open time + one timeframe.
+    incremental update pass `since_ms` = last cached open time + one timeframe. A long history is
+    better fetched with `iter_ohlcv_history`, which hands it over in chunks to save as they come.
     """
-    _check_usable(exchange, timeframe)
+    [frame] = iter_ohlcv_history(exchange, symbol, timeframe, since_ms, until_ms, limit=limit,
+                                 max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep, now_ms=now_ms,
+                                 chunk_candles=None)
+    return frame
+
+
+def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, since_ms: int,
+                       until_ms: int | None = None, *, limit: int | None = None, max_retries: int = 5,
+                       base_delay_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+                       now_ms: int | None = None, chunk_candles: int | None = CHUNK_CANDLES,
+                       on_page: Callable[[HistoryProgress], None] | None = None) -> Iterator[pd.DataFrame]:
+    """The closed candles of [since_ms, until_ms) (or up to now), paged at the exchange's limit and
+    handed over oldest first in canonical frames of about `chunk_candles` candles (None: one frame),
+    so a caller can save each before asking for more: a download killed midway keeps what it saved.
+
+    Each request goes through ccxt's rate limiter (make_exchange turns it on). A page that comes
+    back empty while time is left (an exchange answering by time window: a stretch before the
+    listing, or an outage longer than a page) does not end the history: a probe of daily candles
+    finds where candles resume (`_after_empty_page`); the stretch skipped is in `empty_spans`.
+    `on_page` gets the progress after each page.
+    """
+    check_timeframe(exchange, timeframe)
     retry = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
     ensure_markets(exchange, **retry)
     try:
@@ -261,30 +341,84 @@ def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, si
 
     step = exchange.parse_timeframe(timeframe) * 1000
     now = exchange.milliseconds() if now_ms is None else now_ms
+    end = now if until_ms is None else min(int(until_ms), now)
+    per_call = limit or page_limit(exchange)
+    progress = HistoryProgress(symbol, timeframe, int(since_ms), end, reached_ms=int(since_ms))
     rows: dict[int, list] = {}  # open time -> row; dedupes overlapping pages
     since = int(since_ms)
-    per_call = limit or page_limit(exchange)
+
+    def fetch(since: int, frame: str = timeframe) -> list:
+        def call() -> list:
+            return exchange.fetch_ohlcv(symbol, frame, since=since, limit=per_call)
+        try:
+            return _with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, **retry)
+        except ccxt.BadSymbol:
+            raise _bad_symbol(exchange, symbol) from None
+
+    def frame_of(rows: Mapping[int, list]) -> pd.DataFrame:
+        return _to_frame(rows, since_ms=since_ms, until_ms=until_ms, now_ms=now, step=step)
 
     # Ask only while the candle opening at `since` could be closed and inside the range.
     while since + step <= now and (until_ms is None or since < until_ms):
-        def call(since: int = since) -> list:
-            return exchange.fetch_ohlcv(symbol, timeframe, since=since, limit=per_call)
-        try:
-            page = _with_retries(call, f"{symbol} {timeframe} candles from {_iso(since)}", exchange, **retry)
-        except ccxt.BadSymbol:
-            raise _bad_symbol(exchange, symbol) from None
+        page = fetch(since)
+        progress.pages += 1
         if not page:
-            break
+            resume = _after_empty_page(exchange, fetch, since, end, step, per_call)
+            if resume is None:
+                break
+            log.info("%s: %s %s: no candles from %s to %s; going on from there", exchange.id, symbol,
+                     timeframe, _iso(since), _iso(resume))
+            progress.empty_spans.append((since, resume))
+            since = progress.reached_ms = resume
+            if on_page is not None:
+                on_page(progress)
+            continue
         for row in page:
-            rows[int(row[0])] = row
+            t = int(row[0])
+            progress.candles += t not in rows and t + step <= now  # closed ones, once each
+            rows[t] = row
         next_since = int(max(row[0] for row in page)) + step
         if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
             log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol,
                         timeframe, _iso(since))
             break
-        since = next_since
+        since = progress.reached_ms = next_since
+        if on_page is not None:
+            on_page(progress)
+        if chunk_candles is not None and len(rows) >= chunk_candles:
+            yield frame_of(rows)
+            rows = {}
+    if rows or chunk_candles is None:
+        yield frame_of(rows)
 
-    return _to_frame(rows, since_ms=since_ms, until_ms=until_ms, now_ms=now, step=step)
+
+_DAY_MS = 86_400_000
+
+
+def _after_empty_page(exchange: ccxt.Exchange, fetch: Callable[..., list], since: int, end: int, step: int,
+                      per_call: int) -> int | None:
+    """Where candles resume after a page that came back empty at `since`, or None: none before `end`.
+
+    Exchanges that answer by start time (binance) return the next candles whatever the gap, so an
+    empty page means the history ends there. Those that answer by time window (okx, bitstamp:
+    [since, since + limit candles)) return nothing for a window before the listing or inside an
+    outage. Daily candles tell the two apart and how far to skip, a few requests at most: the first
+    day with a candle that ends after `since` (the listing day, the day after an outage); if that
+    day has begun already, only the empty window is skipped."""
+    if exchange.id in NEXT_CANDLES_EXCHANGES:
+        return None
+    window = per_call * step
+    if step >= _DAY_MS or "1d" not in (exchange.timeframes or {}):  # no finer probe: skip a window
+        return since + window if since + window < end else None
+    probe = since - since % _DAY_MS
+    while probe < end:
+        days = [int(row[0]) for row in fetch(probe, "1d") if int(row[0]) + _DAY_MS > since]
+        if days:
+            first = min(days)
+            resume = first if first > since else since + window
+            return resume if resume < end else None
+        probe += per_call * _DAY_MS  # a daily window without candles (before the listing)
+    return None
 
 
 def _iso(ms: int) -> str:

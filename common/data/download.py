@@ -13,7 +13,14 @@ or split, so for Yahoo the overlap is also a check: when the re-fetched close of
 cached candle differs, the asset is fetched again in full and replaced instead of appended to.
 A cache filled from another ccxt exchange than the configured one is replaced the same way.
 History before the first cached candle is not fetched again: to extend data.start_date
-backwards, delete the asset's files (or the cache) and download again.
+backwards, delete the asset's files (or the cache) and download again. data.start_date = "max"
+asks for each asset's whole history (ccxt: from crypto.HISTORY_START_MS, answered from the
+listing; Yahoo: yahoo.earliest_start, clamped to Yahoo's intraday windows, said in the summary).
+
+Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto.iter_ohlcv_history in
+chunks of SAVE_EVERY_CANDLES, each appended to the cache as it arrives, so a kill or a network
+drop loses one chunk at most and the rerun resumes after the last saved candle; progress lines
+(candles, pages, how far, rate, ETA) come at each save and every PROGRESS_EVERY_S.
 
 The run prints progress (a tqdm bar when stderr is a terminal, plain lines otherwise, as in a
 Slurm log) and a summary: assets ok / empty / failed / unreachable / inactive, rows added, date
@@ -52,12 +59,19 @@ from common.atomic import atomic_write_json
 from common.config import Config
 from common.data.cache import CandleCache
 from common.data.check import check_usable
+from common.data.loading import start_bound
 from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
-from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, requests_session
+from common.data.yahoo import (PAUSE_S, YAHOO, YahooResult, download_yahoo, earliest_start, requests_session,
+                               window_text)
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["TRAINING_CHECK", "download_case"]
+__all__ = ["PROGRESS_EVERY_S", "SAVE_EVERY_CANDLES", "TRAINING_CHECK", "download_case"]
+
+# A long ccxt history is saved every this many candles (a kill loses at most that many), and shows
+# a progress line at each save and at least every PROGRESS_EVERY_S seconds.
+SAVE_EVERY_CANDLES = 200_000
+PROGRESS_EVERY_S = 15.0
 
 TRAINING_CHECK = "training_check.json"  # in the cache folder: the last download's usable-for-training check
 
@@ -114,7 +128,7 @@ class _Run:
                  sleep: Callable[[float], None], now: pd.Timestamp | None, stream: TextIO) -> None:
         d = cfg.data
         self.cfg, self.interval, self.sleep, self.now = cfg, d.interval, sleep, now
-        self.start = _utc(d.start_date)
+        self.start = start_bound(d.start_date)  # None: "max", each asset's whole history
         self.end = _utc(d.end_date) if d.end_date else None
         self.cache = CandleCache(case_dir / d.cache_dir)
         self.manifest = self.cache.manifest()
@@ -177,7 +191,7 @@ class _Run:
                     self.save("yfinance", symbol, frame, adjusted=True, origin=YAHOO_ORIGIN,
                               replace=symbol in replace)
             self._mark_missing(part)
-            done = len(part.frames) + len(part.failed) + len(part.unreachable)
+            done = len(set(part.frames) | set(part.failed) | set(part.unreachable))
             self.progress.advance(done, f"yfinance: {len(part.frames)} ok, {len(part.failed)} failed"
                                   + (f", {len(part.unreachable)} unreachable" if part.unreachable else ""))
 
@@ -188,9 +202,10 @@ class _Run:
             symbols = [symbol for _, symbol in members]
             result = download_yahoo(symbols, self.interval, start, self.end, on_batch=save_batch, **kwargs)
             if result.clamped_start is not None:
-                self.summary.notes.append(
-                    f"Yahoo keeps {self.interval} bars for a limited time only: fetched from "
-                    f"{format_day(result.clamped_start)} instead of {format_day(start)}")
+                wanted = format_day(start) if self.start is not None or start != self._yahoo_first() else \
+                    'the whole history (data.start_date = "max")'
+                self.summary.notes.append(f"{window_text(self.interval)}: fetched from "
+                                          f"{format_day(result.clamped_start)} instead of {wanted}")
         if restate:
             self._yahoo_full_history(restate, pause_s, kwargs)
 
@@ -209,7 +224,7 @@ class _Run:
                 replace.add(asset.symbol)
             if frame is not None:
                 cached[asset.symbol] = frame
-            start = _resume_from(frame) if frame is not None else self.start
+            start = _resume_from(frame) if frame is not None else self._yahoo_first()
             if frame is not None and self.end is not None and start >= self.end:
                 self.up_to_date(asset.symbol, frame)  # holds everything up to data.end_date already
                 continue
@@ -227,7 +242,14 @@ class _Run:
             self._mark_missing(part)
 
         self.sleep(pause_s)
-        download_yahoo(restate, self.interval, self.start, self.end, on_batch=replace_batch, **kwargs)
+        download_yahoo(restate, self.interval, self._yahoo_first(), self.end, on_batch=replace_batch, **kwargs)
+
+    def _yahoo_first(self) -> pd.Timestamp:
+        """Where a Yahoo history starts: data.start_date, or for "max" the first trade (99 years back,
+        as yfinance's period="max"; download_yahoo clamps intraday bars to Yahoo's window and says so)."""
+        if self.start is not None:
+            return self.start
+        return earliest_start("1d", self.now if self.now is not None else pd.Timestamp.now(tz="UTC"))
 
     def _mark_missing(self, part: YahooResult) -> None:
         for symbol, reason in part.failed.items():
@@ -243,6 +265,7 @@ class _Run:
         import common.data.crypto as crypto  # lazy: imports ccxt
 
         exchange = crypto.make_exchange(self.cfg.data.exchange)
+        crypto.check_timeframe(exchange, self.interval)  # before any request: one line naming its timeframes
         quote = self.cfg.data.quote_currency
         # Candles of BTC/USD and BTC/USDT differ a little: a cache filled with another quote is replaced.
         origin = exchange.id if not quote else f"{exchange.id} {quote}"
@@ -250,6 +273,9 @@ class _Run:
         if self.delay is not None:
             retry["base_delay_s"] = self.delay
         crypto.ensure_markets(exchange, **retry)  # once, up front: a refusal by location stops here
+        self.progress.note(f"{origin}: {self.interval} candles, {crypto.page_limit(exchange)} a request, "
+                           f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "
+                           "through ccxt)")
         now_ms = None if self.now is None else int(self.now.timestamp() * 1000)
         until_ms = None if self.end is None else int(self.end.timestamp() * 1000)
         for asset in assets:
@@ -258,29 +284,75 @@ class _Run:
             if frame is not None and self.end is not None and start >= self.end:
                 self.up_to_date(asset.symbol, frame)
                 continue
+            since_ms = crypto.HISTORY_START_MS if start is None else int(start.timestamp() * 1000)
             market = crypto.with_quote(asset.symbol, quote)
+            lines = _HistoryLines(self.progress, f"ccxt {origin}")
+            chunks = crypto.iter_ohlcv_history(exchange, market, self.interval, since_ms, until_ms, now_ms=now_ms,
+                                               chunk_candles=SAVE_EVERY_CANDLES, on_page=lines.page, **retry)
+            saved = False
             try:
-                new = crypto.fetch_ohlcv_history(exchange, market, self.interval,
-                                                 int(start.timestamp() * 1000), until_ms, now_ms=now_ms, **retry)
+                for chunk in chunks:  # saved as it comes: a download killed midway resumes from there
+                    if chunk.empty:
+                        continue
+                    self.save("ccxt", asset.symbol, chunk, adjusted=False, origin=origin, replace=replace and not saved)
+                    saved = True
+                    lines.saved()
             except crypto.BadSymbolError as e:
                 self.mark(asset.symbol, "failed", str(e))
                 self.progress.advance(1, f"ccxt {asset.symbol}: failed")
                 continue
-            except ccxt.NetworkError as e:  # should arrive as SourceUnavailable; never as a traceback
+            except (SourceUnavailable, ccxt.NetworkError) as e:
+                if saved:  # part of its history is in the cache: not "ok" yet
+                    last = self.summary.assets[asset.symbol].last
+                    self.mark(asset.symbol, "unreachable", f"{origin} stopped answering; saved up to "
+                                                           f"{format_day(last)}, a rerun goes on from there")
+                if isinstance(e, SourceUnavailable):
+                    raise
+                # should arrive as SourceUnavailable; never as a traceback
                 raise SourceUnavailable(f"{origin}: {type(e).__name__}: {e}") from e
-            if new.empty:
-                self.mark(asset.symbol, "empty", f"{origin} returned no {self.interval} candles from {format_day(start)}")
+            for lo, hi in lines.empty_spans:
+                self.summary.notes.append(f"{asset.symbol}: {origin} had no {self.interval} candles from "
+                                          f"{_day_ms(lo)} to {_day_ms(hi)} (a page answered empty); went on after it")
+            if not saved:
+                since = format_day(start) if start is not None else "the listing"
+                self.mark(asset.symbol, "empty", f"{origin} returned no {self.interval} candles from {since}")
                 if frame is not None:
                     self.summary.assets[asset.symbol].first = frame.index[0]
                     self.summary.assets[asset.symbol].last = frame.index[-1]
                 self.progress.advance(1, f"ccxt {asset.symbol}: no candles")
                 continue
-            self.save("ccxt", asset.symbol, new, adjusted=False, origin=origin, replace=replace)
             inactive = crypto.inactive_reason(exchange, market) if exchange.markets else None
             if inactive:
                 self.mark(asset.symbol, "inactive", inactive)
             self.progress.advance(1, f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows"
                                   + (" (inactive)" if inactive else ""))
+
+
+def _day_ms(ms: int) -> str:
+    return format_day(pd.Timestamp(ms, unit="ms", tz="UTC"))
+
+
+class _HistoryLines:
+    """Progress lines of one long ccxt history: at each saved chunk, and every PROGRESS_EVERY_S."""
+
+    def __init__(self, progress: Progress, label: str) -> None:
+        self.progress, self.label = progress, label
+        self.started = self.shown = time.monotonic()
+        self.last: Any = None  # crypto.HistoryProgress of the latest page
+        self.empty_spans: list[tuple[int, int]] = []
+
+    def page(self, state: Any) -> None:
+        self.last, self.empty_spans = state, state.empty_spans
+        if time.monotonic() - self.shown >= PROGRESS_EVERY_S:
+            self._show("")
+
+    def saved(self) -> None:
+        if self.last is not None:
+            self._show(" (saved)")
+
+    def _show(self, suffix: str) -> None:
+        self.shown = time.monotonic()
+        self.progress.note(f"{self.label} {self.last.line(self.shown - self.started)}{suffix}")
 
 
 def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,

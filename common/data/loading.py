@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.config import Config
+from common.config_checks import START_MAX
 from common.data.cache import CandleCache
 from common.data.files import FILES_UNIVERSE, load_files
 from common.data.market import LazyFrames, MarketData
@@ -21,7 +22,12 @@ from common.data.universe import EXCHANGE_UNIVERSE, load_universe, universe_as_o
 from common.errors import UserError
 from common.paths import REPO_ROOT
 
-__all__ = ["MarketData", "input_files", "load_market_data"]
+__all__ = ["MarketData", "input_files", "load_market_data", "start_bound"]
+
+
+def start_bound(start_date: str) -> pd.Timestamp | None:
+    """data.start_date as a UTC timestamp; None for "max" (each asset's whole history: no lower bound)."""
+    return None if start_date == START_MAX else pd.Timestamp(start_date, tz="UTC")
 
 
 def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
@@ -29,9 +35,10 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
 
     "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
     of the config does not apply to it). "download": the case universe read from the parquet
-    cache, cut to [data.start_date, data.end_date). "files": the user's CSV or parquet files in
-    data.files_dir, whole (common.data.files). "synthetic": the market of data.synthetic from
-    data.start_date (common.data.synthetic), each asset's candles made when they are looked up.
+    cache, cut to [data.start_date, data.end_date) (no lower bound when data.start_date is
+    "max"). "files": the user's CSV or parquet files in data.files_dir, whole
+    (common.data.files). "synthetic": the market of data.synthetic from data.start_date
+    (common.data.synthetic), each asset's candles made when they are looked up.
     data.categories keeps only those categories.
     """
     case_dir = Path(case_dir)
@@ -122,7 +129,7 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
     assets = _in_categories(load_universe(universe, d.universe_counts or None), d.categories)
     cache_root = case_dir / d.cache_dir
     cache = CandleCache(cache_root)
-    start = pd.Timestamp(d.start_date, tz="UTC")
+    start = start_bound(d.start_date)
     end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else None
 
     def read(symbol: str) -> pd.DataFrame:
@@ -130,7 +137,7 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
         if frame is None:  # a file that vanished since the check below: no candles, dropped later
             return _EMPTY.copy()
         # The index is sorted (cache contract), so two binary searches cut the date range.
-        lo = frame.index.searchsorted(start, side="left")
+        lo = frame.index.searchsorted(start, side="left") if start is not None else 0
         hi = frame.index.searchsorted(end, side="left") if end is not None else len(frame)
         return frame.iloc[lo:hi]
 

@@ -27,11 +27,13 @@ splits and dividends don't look like price jumps). Yahoo's intraday bars carry n
 they are split-adjusted by Yahoo but not dividend-adjusted. Timestamps are UTC: a daily bar is
 labelled with UTC midnight of its exchange-local trading date, an intraday bar with its open time.
 
-Yahoo only serves recent intraday bars: 1m for the last 7 days (8 per request, 30 back),
-2m-90m for 60 days, 1h for 730 days. A start further back is clamped to the limit with a
-warning (and `YahooResult.clamped_start` set) rather than refused, because nothing older is
-available anyway and the cache keeps what earlier downloads fetched, so the history grows run
-by run. 4h is not a Yahoo interval (ccxt assets have it).
+Yahoo only serves recent intraday bars: 1m for the last 30 days (at most 8 days per request:
+asked for 7 days at a time, the pieces joined), 2m-90m for 60 days, 1h for 730 days. A start
+further back is clamped to the limit with a warning (and `YahooResult.clamped_start` set) rather
+than refused, because nothing older is available anyway and the cache keeps what earlier
+downloads fetched, so the history grows run by run. Daily and longer bars go back to the first
+trade: data.start_date = "max" asks from `earliest_start` (yfinance's own period="max", 99 years).
+4h is not a Yahoo interval (ccxt assets have it).
 
 HTTP client: with `session=None` yfinance uses its default client (curl_cffi with browser
 impersonation), which is what production should use. `requests_session()` is yfinance's own
@@ -66,20 +68,24 @@ from common.data.cache import COLUMNS, canonical_frame
 from common.data.yahoo_requests import ChartLog, LogCapture, Problem
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["YAHOO", "YAHOO_INTERVALS", "LOOKBACK_LIMITS", "PAUSE_S", "RATE_LIMIT_DELAY_S",
+__all__ = ["YAHOO", "YAHOO_INTERVALS", "YAHOO_WINDOW_DAYS", "LOOKBACK_LIMITS", "MAX_SPAN", "PAUSE_S",
+           "REQUEST_SPANS", "earliest_start", "window_text", "RATE_LIMIT_DELAY_S",
            "RETRY_DELAY_S", "YAHOO_THREADS", "YahooResult", "download_yahoo", "requests_session"]
 
 log = logging.getLogger(__name__)
 
 YAHOO = "Yahoo Finance"
 YAHOO_INTERVALS = ("1m", "2m", "5m", "15m", "30m", "60m", "90m", "1h", "1d", "5d", "1wk", "1mo", "3mo")
-# How far back Yahoo serves each intraday interval, a day short of its limit for clock skew.
-LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {
-    "1m": pd.Timedelta(days=7),
-    **{i: pd.Timedelta(days=59) for i in ("2m", "5m", "15m", "30m", "90m")},
-    "60m": pd.Timedelta(days=729),
-    "1h": pd.Timedelta(days=729),
-}
+# How many days back Yahoo serves each intraday interval (its own limits)...
+YAHOO_WINDOW_DAYS: dict[str, int] = {"1m": 30, **{i: 60 for i in ("2m", "5m", "15m", "30m", "90m")},
+                                     "60m": 730, "1h": 730}
+# ... asked for a day short of them, for clock skew,
+LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {i: pd.Timedelta(days=n - 1) for i, n in YAHOO_WINDOW_DAYS.items()}
+# ... and at most this much per request (Yahoo refuses more than 8 days of 1m bars in one).
+REQUEST_SPANS: dict[str, pd.Timedelta] = {"1m": pd.Timedelta(days=7)}
+# data.start_date = "max" for daily and longer bars: yfinance's own period="max" (99 years back),
+# which Yahoo answers from the first trade.
+MAX_SPAN = pd.Timedelta(seconds=3_122_064_000)
 PAUSE_S = 2.0  # between yf.download calls: Yahoo rate-limits bursts
 RETRY_DELAY_S = 5.0  # first retry; then 2x, 4x, ...
 RATE_LIMIT_DELAY_S = 60.0  # the least wait after a 429; up to 25% jitter on top, so parallel jobs spread out
@@ -189,6 +195,21 @@ def _yf_time(ts: pd.Timestamp, interval: str) -> str | int:
     return ts.strftime("%Y-%m-%d") if _is_daily(interval) else int(ts.timestamp())
 
 
+def window_text(interval: str) -> str:
+    """How far back Yahoo keeps `interval` bars, in words ("" for daily and longer bars)."""
+    if interval not in YAHOO_WINDOW_DAYS:
+        return ""
+    per_request = f", {REQUEST_SPANS[interval].days} days per request" if interval in REQUEST_SPANS else ""
+    return f"Yahoo keeps {interval} bars for the last {YAHOO_WINDOW_DAYS[interval]} days only{per_request}"
+
+
+def earliest_start(interval: str, now: pd.Timestamp) -> pd.Timestamp:
+    """The earliest start Yahoo serves for `interval` at `now`: what data.start_date = "max" asks for."""
+    if interval in LOOKBACK_LIMITS:
+        return (now - LOOKBACK_LIMITS[interval]).ceil("h")
+    return (now - MAX_SPAN).floor("D")
+
+
 def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime | pd.Timestamp,
                    end: str | datetime | pd.Timestamp | None = None, *, session: Any = None,
                    batch_size: int = 50, pause_s: float = PAUSE_S, max_retries: int = 3,
@@ -218,10 +239,9 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
 
     result = YahooResult()
     if interval in LOOKBACK_LIMITS:
-        earliest = (now - LOOKBACK_LIMITS[interval]).ceil("h")
+        earliest = earliest_start(interval, now)
         if start_ts < earliest:
-            log.warning("%s keeps %s bars for %d days only: starting at %s instead of %s",
-                        YAHOO, interval, LOOKBACK_LIMITS[interval].days + 1, earliest, start_ts)
+            log.warning("%s: starting at %s instead of %s", window_text(interval), earliest, start_ts)
             start_ts = result.clamped_start = earliest
     if end_ts is not None and end_ts <= start_ts:
         limit = f" (Yahoo keeps {interval} bars back to {start_ts} only)" if result.clamped_start is not None else ""
@@ -237,7 +257,7 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
     for number, batch in enumerate(batches, start=1):
         if number > 1 and pause_s > 0:
             sleep(pause_s)  # be polite: Yahoo rate-limits bursts
-        part = _download_batch(yf, session, batch, interval, start_ts, end_ts, max_retries=max_retries,
+        part = _download_spans(yf, session, batch, interval, start_ts, end_ts, now, max_retries=max_retries,
                                retry_delay_s=retry_delay_s, sleep=sleep, timeout_s=timeout_s,
                                rate_limit_delay_s=rate_limit_delay_s, threads=max(1, threads),
                                label=f"batch {number}/{len(batches)}")
@@ -247,6 +267,35 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
         result.unreachable.update(part.unreachable)
         if on_batch is not None:
             on_batch(part)
+    return result
+
+
+def _download_spans(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
+                    end: pd.Timestamp | None, now: pd.Timestamp, *, label: str, **kwargs: Any) -> YahooResult:
+    """One batch over [start, end), in requests of at most REQUEST_SPANS[interval] (1m: 7 days), oldest
+    first, the pieces joined per ticker. A ticker unreachable in one span is not asked for later
+    spans: what it has is contiguous, so the cache holds no hole and a rerun resumes after it."""
+    span = REQUEST_SPANS.get(interval)
+    stop = end if end is not None else now
+    if span is None or stop - start <= span:
+        return _download_batch(yf, session, symbols, interval, start, end, label=label, **kwargs)
+    pieces: dict[str, list[pd.DataFrame]] = {}
+    result, failed = YahooResult(), {}
+    lo = start
+    while lo < stop:
+        hi = min(lo + span, stop)
+        asked = [s for s in symbols if s not in result.unreachable]
+        if not asked:
+            break
+        part = _download_batch(yf, session, asked, interval, lo, None if hi >= stop and end is None else hi,
+                               label=f"{label}, {lo:%Y-%m-%d %H:%M} -> {hi:%Y-%m-%d %H:%M}", **kwargs)
+        for symbol, frame in part.frames.items():
+            pieces.setdefault(symbol, []).append(frame)
+        result.unreachable.update(part.unreachable)
+        failed.update(part.failed)
+        lo = hi
+    result.frames = {s: canonical_frame(pd.concat(p)) for s, p in pieces.items()}
+    result.failed = {s: why for s, why in failed.items() if s not in result.frames and s not in result.unreachable}
     return result
 
 
