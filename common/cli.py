@@ -344,10 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", default=None, help="only this case (default: all)")
     p.set_defaults(handler=_cmd_status)
 
-    p = sub.add_parser("export", help="the best model's next-token forward as ONNX or TorchScript, with its "
-                       "tokenizer, asset ids and a model card, for inference without torch (docs/remote.md)")
+    p = sub.add_parser("export", help="the best model for use elsewhere: its next-token forward as ONNX "
+                       "(inference without torch) or a torch.export program, or a shareable model folder "
+                       "(safetensors, README model card), with its tokenizer and asset ids (docs/remote.md)")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
-    p.add_argument("--format", default="onnx", help="onnx (default; onnxruntime) or torchscript")
+    p.add_argument("--format", default="onnx", help="onnx (default; onnxruntime), pt2 (torch.export; replaces "
+                   "the deprecated torchscript) or hf (model.safetensors + config, tokenizer, README model card: "
+                   "Forecaster.from_pretrained)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>)")
     p.set_defaults(handler=_cmd_export)
 

@@ -1,5 +1,6 @@
-"""`marketgpt export`: ONNX and TorchScript exports of a tiny trained run, their parity with the
-torch model, the model card, the torch-free sampler of common.forecasting.infer, and bad input."""
+"""`marketgpt export`: ONNX, torch.export (pt2) and hf model-folder exports of a tiny trained run,
+their parity with the torch model, the model card, the torch-free sampler of
+common.forecasting.infer, Forecaster.from_pretrained's round trip, and bad input."""
 from __future__ import annotations
 
 import json
@@ -71,13 +72,27 @@ def test_onnxruntime_and_torch_logits_agree_on_random_inputs(onnx_dir, forecaste
         np.testing.assert_allclose(stepped, ref, rtol=0, atol=1e-4)
 
 
-def test_torchscript_export_matches_torch(run_dir, forecaster, tmp_path):
-    assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(tmp_path / "ts")]) == 0
-    module = torch.jit.load(str(tmp_path / "ts" / "model.pt"))
-    t, a, c = random_inputs(3, 9, TINY["model"]["vocab_size"], 5, 2, seed=1)
-    with torch.no_grad():
-        torch.testing.assert_close(module(t, a, c), NextTokenLogits(forecaster.model)(t, a, c), atol=1e-4, rtol=0)
-    assert json.loads((tmp_path / "ts" / "model_card.json").read_text())["file"] == "model.pt"
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+def test_pt2_export_matches_torch(run_dir, forecaster, tmp_path):
+    """torch.export replaced TorchScript: the program loads without torch.jit, batch and length dynamic."""
+    assert main(["export", str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
+    module = torch.export.load(str(tmp_path / "pt2" / "model.pt2")).module()
+    for batch, length in ((3, 9), (1, 1), (6, 16)):
+        t, a, c = random_inputs(batch, length, TINY["model"]["vocab_size"], 5, 2, seed=batch + length)
+        with torch.no_grad():
+            torch.testing.assert_close(module(t, a, c), NextTokenLogits(forecaster.model)(t, a, c), atol=1e-4,
+                                       rtol=0)
+    card = json.loads((tmp_path / "pt2" / "model_card.json").read_text())
+    assert card["file"] == "model.pt2" and card["format"] == "pt2" and card["parity_max_abs_diff"] <= PARITY_ATOL
+    assert sorted(p.name for p in (tmp_path / "pt2").iterdir()) == [
+        "asset_info.json", "config.json", "model.pt2", "model_card.json", "tokenizer.json"]
+
+
+def test_torchscript_is_refused_with_the_formats_that_replace_it(run_dir, tmp_path, capsys):
+    assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(tmp_path / "ts")]) == 2
+    err = capsys.readouterr().err
+    assert "TorchScript is deprecated" in err and "--format pt2" in err and "--format onnx" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "ts").exists()
 
 
 @pytest.mark.parametrize("cached", [True, False])
@@ -123,7 +138,7 @@ def test_a_run_without_a_best_model_unknown_format_and_unwritable_out_are_clear_
     assert not (tmp_path / "x").exists()
 
     assert main(["export", str(run_dir), "--format", "tflite", "--out", str(tmp_path / "y")]) == 2
-    assert "--format 'tflite': expected one of onnx, torchscript" in capsys.readouterr().err
+    assert "--format 'tflite': expected one of onnx, pt2, hf" in capsys.readouterr().err
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -176,13 +191,147 @@ def test_marketgpt_forecast_backend_onnx_runs_without_torch(onnx_dir, tmp_path):
     assert len(pd.read_parquet(out / "forecast.parquet")) == 2 * 5
 
 
-def test_forecast_backend_onnx_on_a_run_folder_or_a_torchscript_export_says_what_is_missing(run_dir, tmp_path,
-                                                                                              capsys):
+def test_forecast_backend_onnx_on_a_run_folder_or_a_pt2_export_says_what_is_missing(run_dir, tmp_path, capsys):
     assert main(["forecast", str(run_dir), "--backend", "onnx", "--out", str(tmp_path / "a")]) == 2
     assert "missing model.onnx" in capsys.readouterr().err
     assert main(["forecast", str(run_dir), "--backend", "onnx", "--precision", "bf16"]) == 2
     assert "in fp32 (no --device, no --precision)" in capsys.readouterr().err
-    assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(tmp_path / "ts")]) == 0
+    assert main(["export", str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
     capsys.readouterr()
-    assert main(["forecast", str(tmp_path / "ts"), "--backend", "onnx", "--out", str(tmp_path / "b")]) == 2
-    assert "a torchscript export" in capsys.readouterr().err
+    assert main(["forecast", str(tmp_path / "pt2"), "--backend", "onnx", "--out", str(tmp_path / "b")]) == 2
+    assert "it holds model.pt2: a torch.export program" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the hf model folder
+
+
+@pytest.fixture(scope="module")
+def hf_dir(run_dir, tmp_path_factory):
+    """`--format hf`, then the folder moved away from the case: nothing of the run is reachable."""
+    out = tmp_path_factory.mktemp("hf_export") / "x"
+    assert main(["export", str(run_dir), "--format", "hf", "--out", str(out)]) == 0
+    moved = tmp_path_factory.mktemp("elsewhere") / "tiny-marketgpt"
+    shutil.move(str(out), moved)
+    return moved
+
+
+def test_hf_folder_files_weights_and_model_card(run_dir, hf_dir, forecaster):
+    from safetensors import safe_open
+
+    assert sorted(p.name for p in hf_dir.iterdir()) == [
+        "README.md", "asset_info.json", "config.json", "model.safetensors", "model_card.json", "tokenizer.json"]
+    for name in ("config.json", "tokenizer.json", "asset_info.json"):
+        assert (hf_dir / name).read_bytes() == (run_dir / name).read_bytes()
+    with safe_open(str(hf_dir / "model.safetensors"), framework="pt") as f:
+        meta, names = f.metadata(), set(f.keys())
+        weights = {k: f.get_tensor(k) for k in names}
+    assert meta["checkpoint_sha256"] == forecaster.checkpoint_sha256
+    state = forecaster.model.state_dict()
+    assert names <= set(state) and len(names) == len(state) - 1  # the tied head stored once
+    for k in names:
+        assert torch.equal(weights[k], state[k]), k
+    card = json.loads((hf_dir / "model_card.json").read_text())
+    assert card["format"] == "hf" and card["file"] == "model.safetensors" and card["parity_max_abs_diff"] == 0.0
+
+    readme = (hf_dir / "README.md").read_text()
+    assert readme.startswith("---\nlibrary_name: marketgpt\n")
+    cutoff = json.loads((run_dir / "data_info.json").read_text())["split_cuts"]["val_start"]
+    assert f"data cut-off: the model learned from candles before **{cutoff}**" in readme
+    assert ", ".join(json.loads((run_dir / "asset_info.json").read_text())["symbols"]) in readme
+    for section in ("## Intended use", "## Limits", "## Evaluation", "Forecaster.from_pretrained"):
+        assert section in readme, section
+    scorecard = run_dir / "scorecard.json"
+    assert ("Scorecard headline" in readme) == scorecard.is_file()
+    assert ("Not scored" in readme) == (not scorecard.is_file())
+
+
+def test_model_card_markdown_shows_the_scorecard_headline(run_dir, tmp_path):
+    from common.forecasting.export import model_card_markdown
+
+    scored = tmp_path / "run"
+    shutil.copytree(run_dir, scored, ignore=shutil.ignore_patterns("checkpoint_*", "tensorboard", "tokens*"))
+    verdict = "H=1: CRPS skill vs GARCH +2.1% [0.8, 3.4] (beats)"
+    (scored / "scorecard.json").write_text(json.dumps({"verdicts": [verdict]}))
+    card = {"universe": ["AAPL", "IBM"], "interval": "1d", "parameter_count": 1234, "context_length": 16,
+            "data_source": "sample", "training_data_cutoff": "2011-01-01", "validation_end": "2012-01-01",
+            "test_loss": 3.2, "best_epoch": 1, "exported_at": "now", "checkpoint_sha256": "ab", "torch_version": "x",
+            "scorecard_headline": {"horizon": 1, "baseline": "garch", "value": 0.021, "ci95": [0.008, 0.034],
+                                   "verdict": "beats"}}
+    readme = model_card_markdown(card, scored)
+    assert "**H=1: CRPS skill vs garch +2.1% [0.8, 3.4] (beats)**" in readme and f"- {verdict}" in readme
+    assert "Not scored" not in readme
+    assert "... (60 in all)" in model_card_markdown({**card, "universe": [f"S{i}" for i in range(60)]}, scored)
+
+
+def test_from_pretrained_forecasts_equal_the_runs_without_pickle(hf_dir, forecaster, monkeypatch):
+    import pickle
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("from_pretrained must not unpickle")
+
+    monkeypatch.setattr(torch, "load", no_pickle)
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "Unpickler", no_pickle)
+    fc = Forecaster.from_pretrained(hf_dir)
+    monkeypatch.undo()
+    assert fc.run_dir == hf_dir and fc.checkpoint_sha256 == forecaster.checkpoint_sha256
+    histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
+    assert [h.candles.equals(g.candles) for h, g in zip(fc.load_history(["AAPL", "^GSPC"], as_of="2012-06-01"),
+                                                        histories)] == [True, True]
+    ref = forecaster.forecast(histories, horizon=9, samples=64, seed=7, return_paths=True)
+    got = fc.forecast(histories, horizon=9, samples=64, seed=7, return_paths=True)
+    pd.testing.assert_frame_equal(got.table, ref.table)
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+
+
+def test_marketgpt_forecast_takes_the_hf_folder(hf_dir, forecaster, tmp_path, capsys):
+    assert main(["forecast", str(hf_dir), "--symbols", "AAPL", "--horizon", "3", "--samples", "8",
+                 "--out", str(tmp_path / "fc")]) == 0
+    assert "AAPL" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "fc" / "forecast.json").read_text())
+    assert meta["run"] == str(hf_dir) and meta["checkpoint_sha256"] == forecaster.checkpoint_sha256
+
+
+def _one_line(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for n in needles:
+        assert n in err, err
+
+
+def test_a_bad_model_folder_is_one_line_and_exit_2(run_dir, hf_dir, tmp_path, capsys):
+    forecast = lambda folder: main(["forecast", str(folder), "--symbols", "AAPL", "--horizon", "2",  # noqa: E731
+                                    "--samples", "2", "--out", str(tmp_path / "out")])
+    from common.errors import UserError
+
+    with pytest.raises(UserError, match="no such folder"):
+        Forecaster.from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="missing model.safetensors; is it a `marketgpt export --format hf`"):
+        Forecaster.from_pretrained(run_dir)  # a run folder is not a model folder
+
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    assert forecast(broken) == 2
+    _one_line(capsys, "missing tokenizer.json")
+
+    shutil.copy2(hf_dir / "tokenizer.json", broken / "tokenizer.json")
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file at all")
+    assert forecast(broken) == 2
+    _one_line(capsys, "model.safetensors: cannot be read as safetensors", "export the run again")
+
+    shutil.copy2(hf_dir / "model.safetensors", broken / "model.safetensors")
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["model"]["d_model"] = 48  # another shape than the weights'
+    (broken / "config.json").write_text(json.dumps(config))
+    assert forecast(broken) == 2
+    _one_line(capsys, "model.safetensors does not fit", "config.json")
+    config["model"]["d_model"], config["model"]["num_layers"] = 32, 3  # a layer the weights lack
+    (broken / "config.json").write_text(json.dumps(config))
+    assert forecast(broken) == 2
+    _one_line(capsys, "model.safetensors does not fit", "Missing key")
+
+    assert not (tmp_path / "out").exists()
+    assert main(["export", str(hf_dir), "--format", "onnx", "--out", str(tmp_path / "again")]) == 2
+    _one_line(capsys, "is an exported model folder, not a run folder")

@@ -538,3 +538,18 @@ def test_export_refuses_a_run_with_calendar_or_volume_inputs(feature_run, tmp_pa
     assert main(["export", str(feature_run), "--format", "onnx", "--out", str(tmp_path / "x")]) == 2
     assert "model.time_features / model.volume_input" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_hf_export_of_a_run_with_calendar_and_volume_inputs_round_trips(feature_run, tmp_path):
+    # the hf folder holds the torch model itself: its extra inputs and the fitted volume edges travel with it
+    assert main(["export", str(feature_run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    fc, ref = Forecaster.from_pretrained(tmp_path / "hf"), Forecaster.from_run(feature_run)
+    assert fc.volume_edges == ref.volume_edges and fc.volume_edges is not None
+    histories = ref.load_history(["AAPL"], as_of="2012-06-01")
+    got = fc.forecast(histories, 4, 16, seed=3, return_paths=True)
+    want = ref.forecast(histories, 4, 16, seed=3, return_paths=True)
+    pd.testing.assert_frame_equal(got.table, want.table)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    headline = json.loads((feature_run / "scorecard.json").read_text())["verdicts"][0]
+    readme = (tmp_path / "hf" / "README.md").read_text()
+    assert "Scorecard headline" in readme and f"- {headline}" in readme

@@ -70,6 +70,8 @@ LAZY = {
     ("common.forecasting.forecaster", "common.distributed.precision"): "torch (as above)",
     ("common.forecasting.forecaster", "common.training.checkpoint"): "torch (as above)",
     ("common.forecasting.forecaster", "common.training.run_folder"): "torch (as above)",
+    ("common.forecasting.forecaster", "safetensors"): "safetensors.torch imports torch (as above)",
+    ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
     ("common.forecasting.forecaster", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
     # keeping pandas, scipy and the data layer out of the training start-up (and of a resume)
     ("common.commands.train", "common.tokens.shards"): "a new run reads candles (pandas); a resumed one its token folder",

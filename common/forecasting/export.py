@@ -1,22 +1,26 @@
-"""`marketgpt export RUN_DIR --format onnx|torchscript --out DIR`: the best model for inference
-elsewhere (a laptop without CUDA, onnxruntime without torch).
+"""`marketgpt export RUN_DIR --format onnx|pt2|hf --out DIR`: the best model for inference
+elsewhere (a laptop without CUDA, onnxruntime without torch) or for sharing.
 
-What is exported is the next-token forward: tokens (batch, length) int64 with a dynamic batch
+onnx and pt2 export the next-token forward: tokens (batch, length) int64 with a dynamic batch
 and any length from 1 to model.context_length, plus asset_ids and category_ids (batch,), to the
 logits of the token after the last position (batch, vocab_size) float32. ONNX exports also
 return every layer's keys and values (present_k, present_v: layers x batch x heads x length x
 head size), and model_step.onnx takes them back with one more token per row: a KV cache for
-sampling (common.forecasting.infer). TorchScript exports the plain forward only. Beside the model:
+sampling (common.forecasting.infer). pt2 is a torch.export ExportedProgram (torch.export.load)
+of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
+2.13), whose --format now says so. hf is a model folder in a model hub's layout: the weights as
+model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. Beside the model:
 
     config.json, tokenizer.json, asset_info.json   the run's own, so the export forecasts alone
     model_card.json                                 format, inputs, training-data cutoff, universe,
                                                     parameter count, parent run and checkpoint
                                                     sha256, scorecard headline, parity check
+    README.md                                       hf only: the model card for people (model_card_markdown)
 
 The files are written into a temp folder inside --out, the exported model is checked against
-the torch model on random inputs (ONNX: onnxruntime, which must agree to 1e-4), and only then
-is each file renamed into --out, model_card.json last: a failed export leaves no half-written
-file under a final name.
+the torch model (onnx, pt2: logits on random inputs, which must agree to 1e-4; hf: the folder
+loaded back, every tensor equal), and only then is each file renamed into --out, model_card.json
+last: a failed export leaves no half-written file under a final name.
 """
 from __future__ import annotations
 
@@ -34,13 +38,14 @@ import torch
 
 from common.atomic import read_json_or_empty
 from common.errors import UserError
-from common.forecasting.forecaster import Forecaster
+from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, decode_attention
 
-__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_run", "model_card"]
+__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_pt2", "export_run", "model_card",
+           "model_card_markdown", "save_safetensors"]
 
-FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
+FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "hf": PRETRAINED_FILES[0]}
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
 ONNX_OPSET = 17
 INPUTS = ("tokens", "asset_ids", "category_ids")
@@ -125,10 +130,15 @@ def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num
 
 def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
     """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it."""
+    if fmt == "torchscript":
+        raise UserError("--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
+                        "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)")
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
+        raise UserError(f"{run_dir} is an exported model folder, not a run folder; export the run it came from")
     fc = Forecaster.from_run(run_dir)  # checks the run folder; a run without best_model.pt says so
-    if fc.cfg.model.time_features or fc.cfg.model.volume_input:
+    if fmt != "hf" and (fc.cfg.model.time_features or fc.cfg.model.volume_input):
         # the exported forward takes tokens, assets and categories only
         raise UserError("this run reads model.time_features / model.volume_input, which the export does not "
                         "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)")
@@ -143,18 +153,24 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
         ids = fc.model.asset_emb.num_embeddings, fc.model.category_emb.num_embeddings  # asset_info.json's counts
         example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         target = staging / FORMATS[fmt]
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on python ints in shapes (checked by check_parity)
-            if fmt == "onnx":
-                export_onnx(fc.model, example, staging)
-            else:
-                torch.jit.trace(wrapper, example, check_trace=False).save(str(target))
-        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         for name in ("config.json", "tokenizer.json", "asset_info.json"):
             shutil.copy2(Path(run_dir) / name, staging / name)
+        if fmt == "hf":
+            save_safetensors(fc, Path(run_dir), target)
+            worst = check_pretrained(fc.model, staging)
+        else:
+            with torch.no_grad(), warnings.catch_warnings():
+                if fmt == "onnx":
+                    warnings.simplefilter("ignore")  # the ONNX tracer's notes on python ints in shapes (checked below)
+                    export_onnx(fc.model, example, staging)
+                else:
+                    export_pt2(wrapper, example, target)
+            worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         card = model_card(Path(run_dir), fc, fmt, worst)
         (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-        model_files = (FORMATS[fmt], STEP_FILE) if fmt == "onnx" else (FORMATS[fmt],)
+        model_files = {"onnx": (FORMATS[fmt], STEP_FILE), "hf": (FORMATS[fmt], "README.md")}.get(fmt, (FORMATS[fmt],))
+        if fmt == "hf":
+            (staging / "README.md").write_text(model_card_markdown(card, Path(run_dir)), encoding="utf-8")
         for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
             os.replace(staging / name, out / name)
     except OSError as e:
@@ -197,12 +213,46 @@ def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folde
     _export_onnx_step(Prefill(model).eval(), Step(model).eval(), example, folder / STEP_FILE)
 
 
+def export_pt2(wrapper: NextTokenLogits, example: tuple[torch.Tensor, ...], target: Path) -> None:
+    """torch.export of the next-token forward, batch and length dynamic (1 to context_length),
+    saved as an ExportedProgram (.pt2). Call under torch.no_grad()."""
+    batch = torch.export.Dim("batch", min=1)
+    length = torch.export.Dim("length", min=1, max=wrapper.model.config.context_length)
+    program = torch.export.export(wrapper, example, dynamic_shapes={
+        "tokens": {0: batch, 1: length}, "asset_ids": {0: batch}, "category_ids": {0: batch}})
+    torch.export.save(program, str(target))
+
+
 def load_exported(path: Path, fmt: str, context_length: int) -> Any:
     """A callable (tokens, asset_ids, category_ids) -> numpy logits for an exported model file."""
     if fmt == "onnx":
         return OnnxBackend(path, context_length=context_length)
-    module = torch.jit.load(str(path))
+    module = torch.export.load(str(path)).module()
     return lambda t, a, c: module(torch.as_tensor(t), torch.as_tensor(a), torch.as_tensor(c)).detach().numpy()
+
+
+def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
+    """The model's weights as safetensors (tied weights once), with what from_pretrained needs
+    beyond the tensors in the header's metadata (strings only): the parent checkpoint's sha256,
+    the training precision (for --precision auto) and the fitted volume edges."""
+    from safetensors.torch import save_model  # torch
+
+    meta = {"format": "pt", "library": "marketgpt", "checkpoint_sha256": fc.checkpoint_sha256,
+            "training_precision": read_json_or_empty(run_dir / "training_log.json").get("precision"),
+            "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges)}
+    save_model(fc.model, str(target), metadata={k: str(v) for k, v in meta.items() if v is not None})
+
+
+def check_pretrained(model: torch.nn.Module, folder: Path) -> float:
+    """The model folder loaded back (Forecaster.from_pretrained): every tensor must equal the
+    model's; returns the largest difference (0.0)."""
+    loaded = Forecaster.from_pretrained(folder, precision="fp32").model.state_dict()
+    mine = model.state_dict()
+    worst = max(float((mine[k].float() - loaded[k].float()).abs().max()) if mine[k].numel() else 0.0
+                for k in mine) if mine.keys() == loaded.keys() else float("inf")
+    if worst != 0.0:
+        raise UserError(f"the hf folder's weights differ from the run's (by {worst:.3g}); not written")
+    return worst
 
 
 def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length: int, vocab_size: int,
@@ -265,3 +315,101 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     }
 
 
+
+
+def _headline_text(headline: Optional[dict]) -> Optional[str]:
+    """scorecard.json's headline as its verdict line reads: `H=1: CRPS skill vs garch +2.1% [0.8, 3.4] (beats)`."""
+    try:
+        lo, hi = headline["ci95"]
+        return (f"H={headline['horizon']}: CRPS skill vs {headline['baseline']} {100 * headline['value']:+.1f}% "
+                f"[{100 * lo:.1f}, {100 * hi:.1f}] ({headline['verdict']})")
+    except (TypeError, KeyError, ValueError):
+        return None  # no scorecard, or one of another shape: the card says it was not scored
+
+
+def _number(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str:
+    """README.md of an hf model folder: the model card in a model hub's form (YAML front matter,
+    then what the model is, its data, how good it is, intended use and limits), from model_card.json."""
+    cfg = read_json_or_empty(run_dir / "config.json")
+    name = cfg.get("experiment") or run_dir.name
+    universe = card["universe"]
+    shown = ", ".join(universe[:max_symbols]) + (f", ... ({len(universe)} in all)" if len(universe) > max_symbols
+                                                 else "")
+    headline = _headline_text(card["scorecard_headline"])
+    verdicts = read_json_or_empty(run_dir / "scorecard.json").get("verdicts") or []
+    score = ([f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "
+              f"baseline at the shortest horizon, 95% interval): **{headline}**", ""]
+             + [f"- {line}" for line in verdicts] if headline else
+             ["Not scored: this run has no scorecard.json (`marketgpt scorecard RUN_DIR`, then export again). "
+              "Judge no forecast of it before it is scored."])
+    lines = [
+        "---",
+        "library_name: marketgpt",
+        "pipeline_tag: time-series-forecasting",
+        "tags: [time-series, forecasting, finance, ohlc, gpt]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A MarketGPT model: a decoder-only transformer over tokenized OHLC candles ({card['interval']} bars), "
+        f"{card['parameter_count']:,} parameters, context of {card['context_length']} candles, conditioned on the "
+        "asset. It samples future candle paths, which give quantile bands of the close and P(up).",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from common.forecasting.forecaster import Forecaster",
+        "",
+        'fc = Forecaster.from_pretrained("THIS_FOLDER")   # JSON and safetensors only, no pickle',
+        f'result = fc.forecast(fc.load_history(["{universe[0]}"]), horizon=24, samples=256, seed=0)',
+        "```",
+        "",
+        f"or `marketgpt forecast THIS_FOLDER --symbols {universe[0]}` (the MarketGPT package).",
+        "",
+        "## Training data",
+        "",
+        f"- source: `{card['data_source']}`, interval `{card['interval']}`",
+        f"- data cut-off: the model learned from candles before **{card['training_data_cutoff']}**; its best epoch "
+        f"was chosen on candles before {card['validation_end']}; later candles are the test split",
+        f"- universe ({len(universe)} assets, asset_info.json's ids): {shown}",
+        "",
+        "## Evaluation",
+        "",
+        *score,
+        "",
+        f"Test loss (token cross-entropy): {_number(card['test_loss'])}; best epoch: {card['best_epoch']}.",
+        "",
+        "## Intended use",
+        "",
+        "Research on probabilistic forecasts of the assets above at this interval: quantile bands, P(up) and "
+        "sampled paths, compared against price baselines (random walk, bootstrap, GARCH) with the scorecard.",
+        "",
+        "## Limits",
+        "",
+        "- Not investment advice and not a trading system.",
+        "- It knows only the assets of its universe; another asset needs a new training run.",
+        f"- Its weights learned from nothing after {card['training_data_cutoff']} (its epoch was chosen on candles "
+        f"up to {card['validation_end']}): a market that changes after that is outside what it learned.",
+        "- Bands come from sampled paths; `top_k` / `top_p` narrow them and make them overconfident.",
+        "- Exchange holidays are not known: a forecast's calendar puts a bar on them.",
+        "",
+        "## Files",
+        "",
+        "| file | what |",
+        "|---|---|",
+        "| `model.safetensors` | the weights (safetensors); header metadata: parent checkpoint sha256, training "
+        "precision, volume edges |",
+        "| `config.json` | the training run's config (model shape, data, training) |",
+        "| `tokenizer.json` | the fitted OHLC tokenizer: candles to token ids and back |",
+        "| `asset_info.json` | asset and category ids |",
+        "| `model_card.json` | this card as data |",
+        "",
+        f"Exported {card['exported_at']} from checkpoint sha256 `{card['checkpoint_sha256']}` "
+        f"with torch {card['torch_version']}.",
+        "",
+    ]
+    return "\n".join(lines)

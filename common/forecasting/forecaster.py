@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import read_json, read_json_or_empty
-from common.config import Config
+from common.config import Config, load_config
 from common.errors import UserError
 from common.markets import interval_step
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -46,12 +47,14 @@ if TYPE_CHECKING:  # torch only where a torch model runs: common.forecasting.inf
 
     from common.model.gpt import MarketGPT
 
-__all__ = ["QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
+__all__ = ["PRETRAINED_FILES", "QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
            "summarize_paths"]
 
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
 MAX_SAMPLES = 100_000
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
+# what from_pretrained needs of a model folder (`marketgpt export --format hf` also writes README.md, model_card.json)
+PRETRAINED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "asset_info.json")
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,8 @@ class Forecaster:
     @classmethod
     def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None,
                  precision: str = "auto") -> "Forecaster":
-        """The run's best model (best_model.pt), tokenizer, asset ids and config. precision:
+        """The run's best model (best_model.pt), tokenizer, asset ids and config (a model folder of
+        `marketgpt export --format hf` instead: from_pretrained). precision:
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
         "fp32" or "bf16"."""
         import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
@@ -154,6 +158,8 @@ class Forecaster:
         from common.training.checkpoint import load_checkpoint, unwrap_state_dict  # torch
         from common.training.run_folder import open_run  # torch
 
+        if (Path(run_dir) / PRETRAINED_FILES[0]).is_file() and not (Path(run_dir) / "best_model.pt").exists():
+            return cls.from_pretrained(run_dir, device=device, precision=precision)  # an hf export folder
         run = open_run(run_dir, need_tokens=False)
         run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
         device = torch.device(device) if device is not None else torch.device("cpu")
@@ -179,6 +185,55 @@ class Forecaster:
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
         return cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
                    volume_edges=edges, precision=precision)
+
+    @classmethod
+    def from_pretrained(cls, folder: Union[str, Path], device: Union[str, torch.device, None] = None,
+                        precision: str = "auto") -> "Forecaster":
+        """A model folder (`marketgpt export RUN_DIR --format hf`): model.safetensors, config.json,
+        tokenizer.json and asset_info.json, without the run folder and without pickle (JSON and
+        safetensors only). precision as in from_run (the training precision is in the weights' header)."""
+        import torch  # torch only where a torch model runs (as from_run)
+        from safetensors import SafetensorError, safe_open  # the torch path's dependency (setup.cfg)
+        from safetensors.torch import load_model  # torch (as above)
+
+        from common.distributed.precision import inference_precision  # torch
+        from common.model.gpt import MarketGPT  # torch
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise UserError(f"{folder}: no such folder; pass a `marketgpt export --format hf` folder")
+        missing = [name for name in PRETRAINED_FILES if not (folder / name).is_file()]
+        if missing:
+            raise UserError(f"{folder}: missing {', '.join(missing)}; is it a `marketgpt export --format hf` folder?")
+        cfg = load_config(folder / "config.json")
+        tokenizer = OHLCTokenizer.load(folder / "tokenizer.json")
+        try:
+            asset_info = read_json(folder / "asset_info.json")
+            counts = asset_info["num_assets"], asset_info["num_categories"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
+                            "export the run again") from None
+        weights = folder / PRETRAINED_FILES[0]
+        model = MarketGPT(cfg.model, num_assets=counts[0], num_categories=counts[1])
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        try:
+            with safe_open(str(weights), framework="pt") as f:
+                meta = f.metadata() or {}
+            load_model(model, str(weights), strict=True, device=str(device))
+            edges = json.loads(meta["volume_edges"]) if "volume_edges" in meta else None
+        except (SafetensorError, OSError, ValueError) as e:  # a damaged file; a header that is not JSON
+            raise UserError(f"{weights}: cannot be read as safetensors ({type(e).__name__}: "
+                            f"{(str(e).splitlines() or [''])[0]}); export the run again") from None
+        except RuntimeError as e:  # missing, unexpected or misshapen tensors: torch's lines after its heading
+            detail = " ".join(line.strip() for line in str(e).splitlines()[1:] or [str(e)])
+            raise UserError(f"{weights} does not fit {folder / 'config.json'} / asset_info.json "
+                            f"({detail[:300]}{'...' if len(detail) > 300 else ''})") from None
+        if cfg.model.volume_input and edges is None:
+            raise UserError(f"{weights}: model.volume_input is on but its header has no volume_edges; export the "
+                            "run again")
+        precision = inference_precision(precision, meta.get("training_precision"), device)
+        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=folder,
+                   checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision)
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""

@@ -34,7 +34,7 @@ from common.tokens.tokenizer import OHLCTokenizer
 __all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
            "window_start"]
 
-# what `marketgpt export --format onnx` writes (model.pt instead of model.onnx for torchscript)
+# what `marketgpt export --format onnx` writes (--format pt2: model.pt2; hf: model.safetensors and README.md)
 EXPORT_FILES = ("model.onnx", "config.json", "tokenizer.json", "asset_info.json", "model_card.json")
 ROWS_PER_CALL = 4096  # sampled paths per call without a cache: bounds the activations' memory
 CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB), as common.model.sampling
@@ -178,8 +178,11 @@ def read_model_card(export_dir: Path) -> dict:
     export_dir = Path(export_dir)
     missing = [name for name in EXPORT_FILES if not (export_dir / name).is_file()]
     if missing:
-        hint = (" (it holds model.pt: a torchscript export; --backend onnx needs `marketgpt export --format onnx`)"
-                if (export_dir / "model.pt").is_file() else "")
+        hint = next((f" (it holds {name}: {what}; --backend onnx needs `marketgpt export --format onnx`)"
+                     for name, what in (("model.pt2", "a torch.export program"),
+                                        ("model.safetensors", "an hf model folder, which the torch backend forecasts"),
+                                        ("model.pt", "an old TorchScript export"))
+                     if (export_dir / name).is_file()), "")
         raise UserError(f"{export_dir}: missing {', '.join(missing)}; is it a `marketgpt export --format onnx` "
                         f"folder?{hint}")
     try:
