@@ -90,8 +90,9 @@ def frame_items(df: pd.DataFrame, id_column: str = "item_id",
     item id, a timestamp that is not one, timestamps out of order or repeated within an item."""
     if not isinstance(df, pd.DataFrame):
         raise UserError(f"predict_df: df must be a pandas DataFrame, got {type(df).__name__}")
-    if any(name in (id_column, timestamp_column) for name in df.index.names):  # e.g. an (item_id, timestamp) index
-        df = df.reset_index()
+    levels = [n for n in df.index.names if n in (id_column, timestamp_column) and n not in df.columns]
+    if levels:  # e.g. an (item_id, timestamp) index
+        df = df.reset_index(level=levels)
     expected = (id_column, timestamp_column, *FRAME_PRICES)
     missing = [c for c in expected if c not in df.columns]
     if missing:
