@@ -108,6 +108,9 @@ class TrainingConfig:
     # peak FLOP/s of one device, for the MFU in training_log.json; null: the card's bf16 peak
     # when it is known (A100: 312e12), else no MFU (on a CPU, state the peak you measured)
     peak_flops: Optional[float] = None
+    # where the scalars go (common/training/trackers.py): "tensorboard" (run_dir/tensorboard), or the
+    # optional "wandb" (offline, run_dir/wandb) or "mlflow" (file store run_dir/mlruns); none uses a network
+    tracker: Literal["tensorboard", "wandb", "mlflow"] = "tensorboard"
 
 
 @dataclass

@@ -49,7 +49,9 @@ LAZY = {
     ("common.evaluation.scorecard_plot", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
     ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
     ("common.training.log", "tqdm"): "only when the output is a terminal",
-    ("common.training.metrics", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
+    ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
+    ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",
+    ("common.training.trackers", "mlflow"): "the optional `mlflow` extra, only with training.tracker = mlflow",
     ("common.training.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
     # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
     ("common.cluster.fetch_check", "common.training.checkpoint"): _TORCH_LATER,

@@ -51,6 +51,7 @@ __all__ = ["PRETRAINED_FILES", "QUANTILES", "Forecaster", "ForecastResult", "His
            "summarize_paths"]
 
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
+DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'
 MAX_SAMPLES = 100_000
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
 # what from_pretrained needs of a model folder (`marketgpt export --format hf` also writes README.md, model_card.json)
@@ -239,10 +240,12 @@ class Forecaster:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
         if symbol in self.assets:
             return symbol
+        raise UserError(f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets"
+                        f"{self._nearest(symbol)} (--all forecasts every one)")
+
+    def _nearest(self, symbol: str) -> str:
         close = difflib.get_close_matches(symbol, self.symbols, n=1, cutoff=0.0)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets{hint} "
-                        "(--all forecasts every one)")
+        return f"; did you mean {close[0]!r}?" if close else ""
 
     def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
         """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
@@ -307,6 +310,68 @@ class Forecaster:
         table = pd.concat(frames, ignore_index=True)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def predict_df(self, df: pd.DataFrame, horizon: int, quantile_levels: Sequence[float] = DEFAULT_LEVELS, *,
+                   samples: int = 256, seed: int = 0, temperature: float = 1.0, top_k: Optional[int] = None,
+                   top_p: Optional[float] = None, id_column: str = "item_id",
+                   timestamp_column: str = "timestamp") -> pd.DataFrame:
+        """Forecasts for a long data frame, in the convention of the forecasting libraries.
+
+        df: one row per item and timestamp with columns item_id, timestamp, open, high, low,
+        close (and volume: needed by a model with model.volume_input); an item is an asset the
+        run was trained on, its rows in increasing time, its candles up to the forecast origin.
+        Returns one row per item and future timestamp (the run's interval, on the asset's
+        calendar): item_id, timestamp, "mean" (the mean sampled close) and one column per level
+        named str(level) ("0.1", "0.5", ...): quantiles of the sampled close. The candles are
+        cleaned as training cleaned them (common.forecasting.history.clean_history), then
+        forecast() samples the paths; same arguments and seed, same frame. Timestamps come back
+        tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one.
+        """
+        from common.forecasting.history import frame_items  # the data layer, loaded when asked
+
+        levels = _check_levels(quantile_levels)
+        self.check_request(horizon, samples)
+        items = frame_items(df, id_column, timestamp_column)
+        histories = [self._frame_history(item, raw) for item, raw in items]
+        result = self.forecast(histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k,
+                               top_p=top_p, return_paths=True)
+        future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
+        quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
+        stamps = pd.DatetimeIndex(result.table["timestamp"])
+        column = df[timestamp_column] if timestamp_column in df.columns else df.index.get_level_values(timestamp_column)
+        if isinstance(column.dtype, np.dtype) and column.dtype.kind == "M":  # naive datetime64 in, naive out
+            stamps = stamps.tz_localize(None)
+        ids = pd.Series([item for item, _ in items]).repeat(horizon).to_numpy()
+        out = pd.DataFrame({id_column: ids, timestamp_column: stamps, "mean": future.mean(axis=1).reshape(-1)})
+        for j, q in enumerate(levels):
+            out[str(q)] = quantiles[j].reshape(-1)
+        return out
+
+    def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
+        """One item of predict_df's frame as a History: a known asset, candles on the run's
+        interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
+        from common.forecasting.history import clean_history  # the data layer, loaded when asked
+
+        symbol, interval = str(item), self.cfg.data.interval
+        if symbol not in self.assets:
+            raise UserError(f"predict_df: item {item!r} is not an asset this model was trained on "
+                            f"({len(self.symbols)} assets{self._nearest(symbol)})")
+        if self.cfg.model.volume_input and raw["volume"].isna().all():
+            raise UserError(f"predict_df: item {item!r}: the model reads volume (model.volume_input), "
+                            "so the frame needs a volume column with readings")
+        step = interval_step(interval)
+        # the median spacing: weekends and holidays leave gaps, a wrong interval changes every step
+        gaps = np.diff(raw.index.as_unit("ns").asi8)
+        spacing = pd.Timedelta(int(np.median(gaps)), unit="ns") if len(gaps) else step
+        if spacing != step:
+            raise UserError(f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
+                            f"forecasts {interval} candles; resample to {interval}")
+        candles = clean_history(raw, symbol, self.assets[symbol]["category"], step)
+        if len(candles) < self.min_history():
+            raise UserError(f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
+                            f"after cleaning, {self.min_history()} needed (model.context_length "
+                            f"{self.cfg.model.context_length}, tokenizer warm-up {self.tokenizer.vol_warmup + 2})")
+        return History(symbol, candles)
 
     def _encode(self, histories: Sequence[History], horizon: int) -> tuple[list, list, list, list]:
         """Per history: its last context_length tokens, its volatility state after the last candle,
@@ -384,6 +449,16 @@ def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[fl
         raise UserError(f"--top-k {top_k}: must be at least 1")
     if top_p is not None and not 0 < top_p <= 1:
         raise UserError(f"--top-p {top_p}: must be in (0, 1]")
+
+
+def _check_levels(levels: Sequence[float]) -> list[float]:
+    try:
+        out = [float(q) for q in levels]
+    except (TypeError, ValueError):
+        raise UserError(f"quantile_levels {levels!r}: expected a list of numbers in (0, 1)") from None
+    if not out or not all(0 < q < 1 for q in out) or len(set(out)) != len(out):
+        raise UserError(f"quantile_levels {levels!r}: expected distinct numbers in (0, 1), e.g. [0.1, 0.5, 0.9]")
+    return out
 
 
 def _last_time(candles: pd.DataFrame) -> str:

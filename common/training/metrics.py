@@ -1,9 +1,10 @@
 """What the Trainer reports besides its progress line and training_log.json's bookkeeping: the
-start-up banner, TensorBoard scalars (per log step and per epoch), MFU and every rank's GPU
+start-up banner, the tracker's scalars (per log step and per epoch), MFU and every rank's GPU
 health, in one object the Trainer calls at start-up, every log step and every epoch.
 
-TensorBoard lives in `run_dir/tensorboard`, written by rank 0 alone and opened on the first
-scalar (its import is slow). Every tag shares one x axis, the global optimizer step. MFU
+The tracker (training.tracker: TensorBoard in `run_dir/tensorboard`, or wandb / MLflow, see
+trackers.py) is written by rank 0 alone and opened on the first scalar (its import is slow).
+Every tag shares one x axis, the global optimizer step. MFU
 (mfu.py) needs a peak (training.peak_flops or a known card); GPU readings (gpu_stats.py) are
 gathered from every rank, so `epoch_readings` is a collective under DDP.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TextIO
 
 import torch
 
@@ -19,6 +20,7 @@ from common.distributed.ddp import all_gather_objects
 from common.distributed.precision import describe_precision
 from common.training.gpu_stats import format_gpu_line, gpu_stats
 from common.training.mfu import device_peak_flops, mfu
+from common.training.trackers import check_tracker, open_tracker
 
 if TYPE_CHECKING:  # the banner reads the Trainer's set-up; trainer.py imports this module
     from common.training.trainer import Trainer
@@ -36,32 +38,33 @@ class EpochReadings:
 
 
 class TrainingMetrics:
-    """The Trainer's telemetry. `is_main`: this rank prints and writes TensorBoard (rank 0)."""
+    """The Trainer's telemetry. `is_main`: this rank prints and writes the tracker (rank 0).
+    `tensorboard`: scalars go to the tracker at all (tests turn it off); `tracker`: which one
+    (training.tracker), given `config` (the run's, as a dict) and the run folder."""
 
     def __init__(self, run_dir: Path, device: torch.device, world_size: int, *, is_main: bool, tensorboard: bool,
-                 flops_per_token: int, peak_flops: Optional[float] = None) -> None:
+                 flops_per_token: int, peak_flops: Optional[float] = None, tracker: str = "tensorboard",
+                 config: Optional[Mapping[str, Any]] = None) -> None:
         self.run_dir, self.device, self.world_size, self.is_main = Path(run_dir), device, world_size, is_main
         self.cuda = device.type == "cuda"
         self.tensorboard = tensorboard and is_main
+        self.tracker, self.config = tracker, dict(config or {})
+        if self.tensorboard:
+            check_tracker(tracker)  # a missing package stops the run before its first step
         # MFU in the epoch log: model FLOPs per token against one device's peak (None: unknown)
         self.flops_per_token = flops_per_token
         self.peak_flops = device_peak_flops(device, peak_flops)
         self.resumed_at = 0  # global step of the loaded checkpoint (TensorBoard drops what came after)
         self._writer: Any = None
 
-    # ------------------------------------------------------------------ TensorBoard
+    # ------------------------------------------------------------------ the tracker
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if not self.tensorboard:
             return
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter  # slow import: only when used
-
-            # After a resume, drop what an earlier session logged past the checkpoint (steps
-            # beyond the resumed global step): that part of the run is being redone.
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
-                                         purge_step=self.resumed_at + 1 if self.resumed_at else None)
-        self._writer.add_scalar(tag, value, step)
+            self._writer = open_tracker(self.tracker, self.run_dir, self.config, self.resumed_at)
+        self._writer.scalar(tag, value, step)
 
     def log_step(self, step: int, loss: float, lr: float, tokens_per_sec: float, grad_norm: Optional[float]) -> None:
         """Every training.log_every_steps optimizer steps."""

@@ -80,7 +80,8 @@ class Trainer:
                             "run `marketgpt doctor` on the node")
         self._set_up_model(model)
         self.metrics = TrainingMetrics(self.run_dir, self.device, world_size, is_main=self.is_main,
-                                       tensorboard=tensorboard, peak_flops=t.peak_flops,
+                                       tensorboard=tensorboard, peak_flops=t.peak_flops, tracker=t.tracker,
+                                       config=config_to_dict(cfg),
                                        flops_per_token=self.model.flops_per_token(windows.context_length))
         self.steps_per_epoch = self._count_steps_per_epoch()
         self.lr_schedule = LRSchedule(t.learning_rate, t.warmup_steps, t.epochs * self.steps_per_epoch, t.min_lr_ratio)
