@@ -58,13 +58,14 @@ __all__ = [
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
                       "training.peak_flops", "training.device", "training.gradient_checkpointing",
-                      "training.scorecard_origins", "training.scorecard_samples", "data.shards", "slurm.")
+                      "training.scorecard_origins", "training.scorecard_samples", "training.tracker", "data.shards",
+                      "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
 # holding nothing else has nothing to resume from, and a new run may start over in it.
 _BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens", "tokens.npz",
-                            "training_log.json", "tensorboard", "best_model.pt")
+                            "training_log.json", "tensorboard", "wandb", "mlruns", "best_model.pt")
 
 
 def check_writable(folder: Path) -> None:
