@@ -241,3 +241,13 @@ def test_calibrate_refuses_a_run_without_a_validation_split_or_too_few_origins(r
     code, _, err = _main(capsys, "calibrate", copy)
     _one_line(code, err, "calibrate", "has no validation split", "data.val_ratio")
     assert not (copy / CALIBRATION_JSON).exists()
+
+
+def test_an_onnx_export_needs_the_runs_calibration_copied_in(tmp_path):
+    from common.commands.forecast import ForecastRequest, _calibration
+
+    req = ForecastRequest(run_dirs=(tmp_path,), backend="onnx", calibrated=True)
+    with pytest.raises(UserError, match="has no calibration.json; copy the run's"):
+        _calibration(req, [tmp_path], None)
+    write_cal(tmp_path, {h: {50: 0.0, 80: 0.0, 90: 0.1} for h in range(1, 25)})
+    assert _calibration(req, [tmp_path], type("Fc", (), {"checkpoint_sha256": None})()).horizons[-1] == 24

@@ -22,7 +22,7 @@ import pandas as pd
 
 from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
-from common.forecasting.calibrated import Calibration, calibrate_table, load_calibration
+from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
 from common.forecasting.forecaster import warn
 from common.forecasting.infer import ExportedForecaster
 from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
@@ -90,6 +90,9 @@ def _calibration(req: ForecastRequest, runs: list, fc: Any) -> Calibration:
     """The run's calibration.json, checked against this forecast (one run, its steps, sampling, model)."""
     if len(runs) != 1:
         raise UserError("--calibrated takes one run: a calibration.json is fitted for one model, not an ensemble")
+    if req.backend == "onnx" and not (Path(runs[0]) / CALIBRATION_JSON).is_file():
+        raise UserError(f"--calibrated: {runs[0]} has no calibration.json; copy the run's (marketgpt calibrate "
+                        "RUN_DIR) into the export folder: it is checked against the export's checkpoint_sha256")
     calibration = load_calibration(runs[0])
     calibration.check_forecast(req.horizon, {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p},
                                fc.checkpoint_sha256)
