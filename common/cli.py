@@ -80,7 +80,16 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     return run_forecast_command(ForecastRequest(
         run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
-        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend))
+        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend,
+        calibrated=args.calibrated))
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from common.commands.calibrate import CalibrateRequest, run_calibrate_command  # lazy: torch
+
+    return run_calibrate_command(CalibrateRequest(
+        run_dir=args.run_dir, horizon=args.horizon, stride=args.stride, origins=args.origins, samples=args.samples,
+        seed=args.seed, device=args.device, precision=args.precision))
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
@@ -305,7 +314,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "
                         "(no torch needed; docs/remote.md)")
+    p.add_argument("--calibrated", action="store_true", help="move the quantile columns by RUN_DIR/calibration.json "
+                   "(fitted on the validation split by `marketgpt calibrate`; docs/forecasting.md)")
     p.set_defaults(handler=_cmd_forecast)
+
+    p = sub.add_parser("calibrate", help="fit split-conformal interval calibration on a run's validation split: "
+                       "calibration.json, for forecast --calibrated and the scorecard (docs/scorecard.md)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
+    p.add_argument("--horizon", type=int, default=24, help="calibrate steps 1..H (default 24, as forecast)")
+    p.add_argument("--stride", type=int, default=None, metavar="K",
+                   help="every K-th validation candle is an origin (default 5)")
+    p.add_argument("--origins", type=int, default=None, metavar="N", help="or N origin dates, evenly spaced")
+    p.add_argument("--samples", type=int, default=200, help="sampled paths per origin (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    _add_precision_arg(p)
+    p.set_defaults(handler=_cmd_calibrate)
 
     p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
                        "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)")

@@ -83,6 +83,7 @@ LAZY = {
     ("common.commands.scorecard", "common.evaluation.scorecard"): "scipy and scoringrules: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
+    ("common.commands.scorecard", "common.forecasting.calibrated"): "pandas: out of the training start-up",
     # keeping pandas off the config's path: the config loads without numpy, pandas or torch
     ("common.markets", "pandas"): "interval_step is the one pandas user; the config imports this leaf",
 }

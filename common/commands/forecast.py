@@ -5,6 +5,7 @@ Files (each written atomically, so a failed run leaves no half-written file):
     forecast.json                    run, checkpoint sha256, as-of, seed, horizon, samples, sampling
                                      settings, tokenizer version, and each asset's origin
     paths.npz                        with --save-paths: sampled tokens and OHLC paths per asset
+                                     (raw samples: --calibrated moves the quantile columns only)
     fan_<symbol>.png                 one fan chart per asset (history, median, 50% and 90% bands);
     fan_chart.png                    one multi-panel chart instead when there are more than 4 assets
 """
@@ -21,6 +22,7 @@ import pandas as pd
 
 from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
+from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
 from common.forecasting.forecaster import warn
 from common.forecasting.infer import ExportedForecaster
 from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
@@ -49,6 +51,7 @@ class ForecastRequest:
     device: str = "cpu"
     precision: str = "auto"
     backend: str = "torch"  # or "onnx": run_dirs is one `marketgpt export --format onnx` folder
+    calibrated: bool = False  # move the quantile columns by the run's calibration.json (marketgpt calibrate)
 
 
 def run_forecast_command(req: ForecastRequest) -> int:
@@ -61,6 +64,7 @@ def run_forecast_command(req: ForecastRequest) -> int:
     runs = list(req.run_dirs)
     fc = _forecaster(req, runs)
     fc.check_request(req.horizon, req.samples)  # before any data is read
+    calibration = _calibration(req, runs, fc) if req.calibrated else None
     histories = fc.load_history(req.symbols, req.as_of)
     as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if req.as_of is None else None
     label = pd.Timestamp(req.as_of if req.as_of is not None else as_of)
@@ -72,10 +76,27 @@ def run_forecast_command(req: ForecastRequest) -> int:
     settings = {"backend": req.backend, "precision": fc.precision, "as_of": req.as_of or "latest", "seed": req.seed,
                 "horizon": req.horizon, "samples": req.samples, "temperature": req.temperature,
                 "top_k": req.top_k, "top_p": req.top_p}
+    if calibration is not None:
+        result.table = calibrate_table(result.table, calibration)
+        settings["calibration"] = {"file": str(calibration.path), "split": "val", "dates": calibration.raw.get("dates"),
+                                   "levels": list(calibration.levels)}
     written = write_outputs(fc, result, histories, out, settings, save_paths=req.save_paths)
     print(stdout_table(result.table))
     print(f"Wrote {', '.join(p.name for p in written)} in {out}")
     return 0
+
+
+def _calibration(req: ForecastRequest, runs: list, fc: Any) -> Calibration:
+    """The run's calibration.json, checked against this forecast (one run, its steps, sampling, model)."""
+    if len(runs) != 1:
+        raise UserError("--calibrated takes one run: a calibration.json is fitted for one model, not an ensemble")
+    if req.backend == "onnx" and not (Path(runs[0]) / CALIBRATION_JSON).is_file():
+        raise UserError(f"--calibrated: {runs[0]} has no calibration.json; copy the run's (marketgpt calibrate "
+                        "RUN_DIR) into the export folder: it is checked against the export's checkpoint_sha256")
+    calibration = load_calibration(runs[0])
+    calibration.check_forecast(req.horizon, {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p},
+                               fc.checkpoint_sha256)
+    return calibration
 
 
 def _forecaster(req: ForecastRequest, runs: list) -> Any:

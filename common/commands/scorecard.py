@@ -81,10 +81,26 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
                          assets=req.assets, out_dir=out, precision=forecaster.precision,
-                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256))
     print("\n".join(card["verdicts"] + card["mcs_lines"]))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
+
+
+def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
+    """The run's calibration.json (`marketgpt calibrate`) when it was fitted for this model: one run,
+    the same best_model.pt; else None (an ensemble's intervals are not the run's)."""
+    from common.forecasting.calibrated import CALIBRATION_JSON, load_calibration  # lazy: pandas
+
+    if len(runs) != 1 or not (Path(runs[0]) / CALIBRATION_JSON).is_file():
+        return None
+    cal = load_calibration(runs[0])
+    if cal.checkpoint_sha256 and checkpoint_sha256 and cal.checkpoint_sha256 != checkpoint_sha256:
+        print(f"warning: {cal.path} was fitted for another best_model.pt; not used (refit: marketgpt calibrate "
+              f"{runs[0]})", file=sys.stderr)
+        return None
+    return cal
 
 
 def _device(name: str) -> torch.device:

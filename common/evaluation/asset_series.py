@@ -32,12 +32,13 @@ class AssetSeries:
     candles: pd.DataFrame
     train: range
     test: range  # starts after the purge gap
+    val: range = range(0)  # the validation split (after its own purge gap): common.evaluation.calibration's
 
 
 def series_from_prepared(prepared) -> list[AssetSeries]:
     """AssetSeries of every kept asset of a `common.data.prepare.PreparedData`."""
     return [AssetSeries(a.symbol, a.category, prepared.candles[a.symbol], prepared.splits[a.symbol].train,
-                        prepared.splits[a.symbol].test) for a in prepared.assets]
+                        prepared.splits[a.symbol].test, prepared.splits[a.symbol].val) for a in prepared.assets]
 
 
 def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
@@ -59,7 +60,8 @@ def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
             raise UserError(f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
                             "(the data cache changed since); score the run on a copy of the old cache")
         ranges = tokens.ranges[symbol]
-        out.append(AssetSeries(symbol, s.category, s.candles, range(*ranges["train"]), range(*ranges["test"])))
+        out.append(AssetSeries(symbol, s.category, s.candles, range(*ranges["train"]), range(*ranges["test"]),
+                               range(*ranges["val"])))
     return out, cfg.data.interval
 
 

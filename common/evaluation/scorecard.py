@@ -31,12 +31,14 @@ from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
+from common.evaluation.calibration import calibration_card
 from common.evaluation.metrics import format_verdict
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
+from common.forecasting.calibrated import Calibration
 from common.forecasting.forecaster import History
 
 __all__ = [
@@ -74,11 +76,13 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                    n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
                    cost_bp: float = DEFAULT_COST_BP, n_boot: int = 1000, assets: Optional[Sequence[str]] = None,
                    baselines: Optional[Mapping[str, ForecastFn]] = None,
-                   progress: Optional[Callable[[str], None]] = None) -> dict:
+                   progress: Optional[Callable[[str], None]] = None,
+                   calibration: Optional[Calibration] = None) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
     series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
     baselines: name -> forecaster; by default `fit_price_baselines(series, interval)`.
+    calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
     """
     horizons = _check_request(horizons, n_samples)
     series = _chosen_assets(series, assets)
@@ -111,7 +115,20 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
             card["backtest"] = backtest_card(series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h,
                                              cost_bp, n_boot, seed)
     _add_summary(card, horizons[0])
+    _add_calibrated(card, stats, calibration)
     return card
+
+
+def _add_calibrated(card: dict, stats: dict, calibration: Optional[Calibration]) -> None:
+    """Per horizon and in `calibration`, the coverage of the model's intervals once calibrated
+    (common.evaluation.calibration), beside the raw coverage and PIT; null without calibration.json."""
+    for h, hc in card["horizons"].items():
+        hc["coverage_calibrated"] = calibration_card(calibration, stats[int(h)]["model"], int(h))
+    card["calibration"]["coverage_calibrated"] = card["horizons"][str(card["calibration"]["horizon"])][
+        "coverage_calibrated"]
+    card["calibration"]["calibrated_by"] = None if calibration is None else {
+        "file": str(calibration.path), "split": "val", "dates": calibration.raw.get("dates"),
+        "n_origins": calibration.raw.get("n_origins", {}).get(str(card["calibration"]["horizon"]))}
 
 
 def _check_request(horizons: Sequence[int], n_samples: int) -> list[int]:
@@ -211,14 +228,15 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
                   stride: Optional[int] = 5, n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
                   cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
                   out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
-                  precision: Optional[str] = None) -> dict:
+                  precision: Optional[str] = None, calibration: Optional[Calibration] = None) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
-    precision: the model's (fp32 or bf16 autocast), recorded in the card when given."""
+    precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
+    calibration: the run's calibration.json, whose coverage on the test split the card reports."""
     series, interval = series_from_run(run_dir)
     card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
                           n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
-                          progress=progress)
+                          progress=progress, calibration=calibration)
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision

@@ -16,6 +16,7 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries
 from common.evaluation.metrics import coverage_flags, crps, pit_values
 from common.evaluation.price_baselines import ForecastFn, momentum_signal
+from common.forecasting.calibrated import conformity_scores
 from common.forecasting.forecaster import History
 
 __all__ = ["Origins", "all_origins", "forecast_all", "origin_indices"]
@@ -100,6 +101,7 @@ def _sample_stats(samples: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
              "median": np.median(samples, axis=1), "mean": samples.mean(1),
              "var": samples.var(1), "p_up": (samples > 0).mean(1)}
     stats.update({f"cover{k}": v for k, v in coverage_flags(samples, y).items()})
+    stats.update({f"score{k}": v for k, v in conformity_scores(samples, y).items()})  # CQR: calibration
     return stats
 
 
