@@ -80,7 +80,8 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     return run_forecast_command(ForecastRequest(
         run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
-        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend))
+        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend,
+        barrier=args.barrier, drawdown=args.drawdown))
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
@@ -305,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "
                         "(no torch needed; docs/remote.md)")
+    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
+                   help="e.g. +5%%,-3%%: per asset P(upper first), P(lower first), P(neither) within the horizon, "
+                        "from the sampled paths (barrier.csv; docs/forecasting.md#path-questions)")
+    p.add_argument("--drawdown", action="store_true",
+                   help="per asset the distribution of the maximum drawdown over the horizon (drawdown.csv)")
     p.set_defaults(handler=_cmd_forecast)
 
     p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
