@@ -90,7 +90,7 @@ def _cmd_scorecard(args: argparse.Namespace) -> int:
     return run_scorecard_command(ScorecardRequest(
         run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
         origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
-        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision))
+        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision, barrier=args.barrier))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -328,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-bp", type=float, default=10.0, help="backtest costs, basis points per side (default 10)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     _add_precision_arg(p)
+    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
+                   help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
+                        "beside the baselines' (docs/scorecard.md#barrier-probabilities)")
     p.set_defaults(handler=_cmd_scorecard)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.forecasting.paths import (barrier_outcomes, barrier_probabilities, drawdown_summary, max_drawdown,
-                                      parse_barriers, price_sequence)
+from common.forecasting.paths import (barrier_outcomes, barrier_probabilities, barrier_probability_table,
+                                      brier_score, drawdown_summary, max_drawdown, parse_barriers, price_sequence)
 
 
 def test_parse_barriers():
@@ -89,3 +89,13 @@ def test_barrier_probabilities_match_a_random_walk_simulation():
     p = barrier_probabilities(barrier_outcomes(close, np.exp(0.0499) - 1, np.exp(-0.0499) - 1))
     assert p["p_upper_first"] == pytest.approx(0.5, abs=0.02)
     assert p["p_upper_first"] + p["p_lower_first"] + p["p_neither"] == pytest.approx(1)
+
+
+def test_barrier_probability_table_from_log_returns_and_its_brier_score():
+    up, down, flat = np.log([1.01, 1.06, 1.0]), np.log([0.99, 0.96, 1.0]), np.log([1.01, 1.02, 1.01])
+    r = np.array([[up, up, down, flat], [flat, flat, flat, flat]])  # (2 origins, 4 samples, 3 steps)
+    probs = barrier_probability_table(r, 0.05, -0.03)
+    np.testing.assert_allclose(probs, [[0.5, 0.25, 0.25], [0, 0, 1]])
+    # origin 0 went up first: (0.5 - 1)^2 + 0.25^2 + 0.25^2; origin 1 touched neither: a perfect 0
+    np.testing.assert_allclose(brier_score(probs, np.array([1, 0])), [0.375, 0.0])
+    assert brier_score(np.array([[1.0, 0, 0]]), np.array([-1]))[0] == 2.0  # sure and wrong: the worst

@@ -24,7 +24,7 @@ import numpy as np
 from common.errors import UserError
 
 __all__ = ["DRAWDOWN_QUANTILES", "DRAWDOWN_THRESHOLDS", "parse_barriers", "price_sequence", "barrier_outcomes",
-           "barrier_probabilities", "max_drawdown", "drawdown_summary"]
+           "barrier_probabilities", "barrier_probability_table", "brier_score", "max_drawdown", "drawdown_summary"]
 
 DRAWDOWN_QUANTILES = (0.5, 0.9, 0.99)
 DRAWDOWN_THRESHOLDS = (0.02, 0.05, 0.10, 0.20)  # P(drawdown > x) is reported for these x
@@ -96,6 +96,24 @@ def barrier_probabilities(outcomes: dict[str, np.ndarray]) -> dict[str, float]:
     o = outcomes["outcome"]
     return {"p_upper_first": float((o == 1).mean()), "p_lower_first": float((o == -1).mean()),
             "p_neither": float((o == 0).mean()), "p_same_candle": float(outcomes["same_candle"].mean())}
+
+
+def barrier_probability_table(log_returns: np.ndarray, upper: float, lower: float) -> np.ndarray:
+    """(n, 3) P(upper first), P(lower first), P(neither) per origin from (n, S, h) close-to-start log
+    returns (step 1..h; closes only, as the scorecard's forecasters give them)."""
+    r = np.asarray(log_returns, dtype=float)
+    n, s, h = r.shape
+    close = np.exp(np.concatenate([np.zeros((n * s, 1)), r.reshape(n * s, h)], axis=1))
+    outcome = barrier_outcomes(close, upper, lower)["outcome"].reshape(n, s)
+    return np.stack([(outcome == 1).mean(1), (outcome == -1).mean(1), (outcome == 0).mean(1)], axis=1)
+
+
+def brier_score(probs: np.ndarray, outcome: np.ndarray) -> np.ndarray:
+    """Per origin, the multi-category Brier score sum_k (p_k - 1[outcome = k])^2, in [0, 2]; probs
+    columns upper first, lower first, neither; outcome +1, -1, 0 as barrier_outcomes gives it."""
+    probs = np.asarray(probs, dtype=float)
+    hit = np.stack([outcome == 1, outcome == -1, outcome == 0], axis=1).astype(float)
+    return ((probs - hit) ** 2).sum(axis=1)
 
 
 def max_drawdown(close: np.ndarray, high: Optional[np.ndarray] = None, low: Optional[np.ndarray] = None,
