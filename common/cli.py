@@ -81,7 +81,7 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
         run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
         save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend,
-        calibrated=args.calibrated))
+        calibrated=args.calibrated, barrier=args.barrier, drawdown=args.drawdown))
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -98,7 +98,7 @@ def _cmd_scorecard(args: argparse.Namespace) -> int:
     return run_scorecard_command(ScorecardRequest(
         run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
         origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
-        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision))
+        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision, barrier=args.barrier))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -316,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(no torch needed; docs/remote.md)")
     p.add_argument("--calibrated", action="store_true", help="move the quantile columns by RUN_DIR/calibration.json "
                    "(fitted on the validation split by `marketgpt calibrate`; docs/forecasting.md)")
+    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
+                   help="e.g. +5%%,-3%%: per asset P(upper first), P(lower first), P(neither) within the horizon, "
+                        "from the sampled paths (barrier.csv; docs/forecasting.md#path-questions)")
+    p.add_argument("--drawdown", action="store_true",
+                   help="per asset the distribution of the maximum drawdown over the horizon (drawdown.csv)")
     p.set_defaults(handler=_cmd_forecast)
 
     p = sub.add_parser("calibrate", help="fit split-conformal interval calibration on a run's validation split: "
@@ -346,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-bp", type=float, default=10.0, help="backtest costs, basis points per side (default 10)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     _add_precision_arg(p)
+    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
+                   help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
+                        "beside the baselines' (docs/scorecard.md#barrier-probabilities)")
     p.set_defaults(handler=_cmd_scorecard)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "

@@ -435,9 +435,34 @@ def _one_line_error(code: int, err: str, *needles: str) -> None:
     (["--temperature", "-1", "--symbols", "AAPL"], ["--temperature"]),
     (["--precision", "fp16"], ["--precision 'fp16'", "auto, fp32, bf16"]),
     (["--precision", "half", "--backend", "onnx"], ["--precision 'half'", "auto, fp32, bf16"]),
+    (["--barrier=-3%,+5%"], ["--barrier '-3%,+5%'", "upper first"]),
+    (["--barrier", "+5%,+3%"], ["below 0%"]),
+    (["--barrier", "5,-3"], ["two percentages", "+5%,-3%"]),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
     _one_line_error(*_forecast(capsys, run_dir, *args)[::2], *needles)
+
+
+def test_barrier_and_drawdown_from_the_sampled_paths(run_dir, tmp_path, capsys):
+    from common.forecasting.paths import barrier_outcomes, barrier_probabilities, max_drawdown
+
+    code, out, err = _forecast(capsys, run_dir, "--symbols", "AAPL,^GSPC", "--horizon", "6", "--samples", "64",
+                               "--barrier", "+2%,-1.5%", "--drawdown", "--save-paths", "--out", tmp_path)
+    assert code == 0, err
+    assert "P(upper 1st)" in out and "by the candles' high/low" in out and "Maximum drawdown" in out
+    barrier, drawdown = pd.read_csv(tmp_path / "barrier.csv"), pd.read_csv(tmp_path / "drawdown.csv")
+    assert barrier["symbol"].tolist() == drawdown["symbol"].tolist() == ["AAPL", "^GSPC"]
+    assert (barrier["prices"] == "high/low").all() and (barrier["samples"] == 64).all()
+    np.testing.assert_allclose(barrier[["p_upper_first", "p_lower_first", "p_neither"]].sum(axis=1), 1)
+    paths = np.load(tmp_path / "paths.npz")  # the same numbers from the saved paths
+    for i in range(2):
+        hl = {"high": paths["high"][i], "low": paths["low"][i]}
+        p = barrier_probabilities(barrier_outcomes(paths["close"][i], 0.02, -0.015, **hl))
+        assert barrier.loc[i, "p_upper_first"] == pytest.approx(p["p_upper_first"])
+        assert barrier.loc[i, "p_lower_first"] == pytest.approx(p["p_lower_first"])
+        dd = max_drawdown(paths["close"][i], **hl)
+        assert drawdown.loc[i, "mean"] == pytest.approx(dd.mean()) and drawdown.loc[i, "p90"] <= dd.max()
+    assert 0 < barrier[["p_upper_first", "p_lower_first"]].to_numpy().sum()  # the tiny model does move
 
 
 def test_short_history_says_how_many_candles(run_dir, capsys, forecaster):

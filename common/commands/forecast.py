@@ -6,6 +6,9 @@ Files (each written atomically, so a failed run leaves no half-written file):
                                      settings, tokenizer version, and each asset's origin
     paths.npz                        with --save-paths: sampled tokens and OHLC paths per asset
                                      (raw samples: --calibrated moves the quantile columns only)
+    barrier.csv                      with --barrier +5%,-3%: per asset P(upper first), P(lower first), P(neither)
+    drawdown.csv                     with --drawdown: per asset the maximum drawdown's mean, quantiles, P(> x)
+                                     (both from the sampled paths: common.forecasting.paths)
     fan_<symbol>.png                 one fan chart per asset (history, median, 50% and 90% bands);
     fan_chart.png                    one multi-panel chart instead when there are more than 4 assets
 """
@@ -25,6 +28,8 @@ from common.errors import UserError
 from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
 from common.forecasting.forecaster import warn
 from common.forecasting.infer import ExportedForecaster
+from common.forecasting.paths import (barrier_outcomes, barrier_probabilities, drawdown_summary, max_drawdown,
+                                      parse_barriers)
 from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
 
 __all__ = ["ForecastRequest", "run_forecast_command", "write_outputs"]
@@ -52,6 +57,8 @@ class ForecastRequest:
     precision: str = "auto"
     backend: str = "torch"  # or "onnx": run_dirs is one `marketgpt export --format onnx` folder
     calibrated: bool = False  # move the quantile columns by the run's calibration.json (marketgpt calibrate)
+    barrier: Optional[str] = None  # "+5%,-3%": P(upper first), P(lower first), P(neither) per asset
+    drawdown: bool = False  # the distribution of the maximum drawdown over the horizon per asset
 
 
 def run_forecast_command(req: ForecastRequest) -> int:
@@ -61,6 +68,7 @@ def run_forecast_command(req: ForecastRequest) -> int:
              "come out overconfident (see docs/forecasting.md)")
     if req.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", req.device):
         raise UserError(f"--device {req.device}: expected cpu, cuda or cuda:N")
+    barrier = parse_barriers(req.barrier) if req.barrier is not None else None  # before the model loads
     runs = list(req.run_dirs)
     fc = _forecaster(req, runs)
     fc.check_request(req.horizon, req.samples)  # before any data is read
@@ -82,6 +90,9 @@ def run_forecast_command(req: ForecastRequest) -> int:
                                    "levels": list(calibration.levels)}
     written = write_outputs(fc, result, histories, out, settings, save_paths=req.save_paths)
     print(stdout_table(result.table))
+    for path, text in write_path_questions(result, out, barrier, req.drawdown):
+        written.append(path)
+        print(text)
     print(f"Wrote {', '.join(p.name for p in written)} in {out}")
     return 0
 
@@ -141,6 +152,64 @@ def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: di
                                 tokens=result.tokens, **result.paths)
     written += write_fan_charts(result, histories, out)
     return written
+
+
+def path_question_tables(result: Any, barrier: Optional[tuple[float, float]],
+                         drawdown: bool) -> dict[str, pd.DataFrame]:
+    """Per asset, from its sampled paths: the barrier probabilities and/or the maximum drawdown's summary."""
+    paths = result.paths
+    ohlc = "high" in paths and "low" in paths  # decode_ohlc's candles: touches by the highs and lows
+    tables: dict[str, list] = {"barrier": [], "drawdown": []}
+    for i, o in enumerate(result.origins):
+        close = paths["close"][i]
+        hl = {"high": paths["high"][i], "low": paths["low"][i]} if ohlc else {}
+        head = {"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"],
+                "horizon": close.shape[1] - 1, "samples": close.shape[0], "prices": "high/low" if ohlc else "close"}
+        if barrier is not None:
+            upper, lower = barrier
+            probs = barrier_probabilities(barrier_outcomes(close, upper, lower, **hl))
+            tables["barrier"].append({**head, "upper": upper, "lower": lower,
+                                      "upper_price": o["last_close"] * (1 + upper),
+                                      "lower_price": o["last_close"] * (1 + lower), **probs})
+        if drawdown:
+            tables["drawdown"].append({**head, **drawdown_summary(max_drawdown(close, **hl))})
+    return {k: pd.DataFrame(v) for k, v in tables.items() if v}
+
+
+def write_path_questions(result: Any, out: Path, barrier: Optional[tuple[float, float]],
+                         drawdown: bool) -> list[tuple[Path, str]]:
+    """barrier.csv / drawdown.csv in `out`, each with the table printed for it."""
+    written = []
+    for name, table in path_question_tables(result, barrier, drawdown).items():
+        path = out / f"{name}.csv"
+        atomic_write_bytes(path, table.to_csv(index=False, float_format="%.10g").encode("utf-8"))
+        written.append((path, _barrier_text(table) if name == "barrier" else _drawdown_text(table)))
+    return written
+
+
+def _barrier_text(table: pd.DataFrame) -> str:
+    r0 = table.iloc[0]
+    lines = [f"Barriers {r0.upper:+.2%} / {r0.lower:+.2%} of the last close within {r0.horizon} candles "
+             f"(first touch by the candles' {r0.prices}; docs/forecasting.md#path-questions)",
+             f"{'symbol':<12} {'upper':>12} {'lower':>12} {'P(upper 1st)':>12} {'P(lower 1st)':>12} "
+             f"{'P(neither)':>10}"]
+    for r in table.itertuples():
+        lines.append(f"{r.symbol:<12} {r.upper_price:>12.6g} {r.lower_price:>12.6g} {r.p_upper_first:>12.3f} "
+                     f"{r.p_lower_first:>12.3f} {r.p_neither:>10.3f}")
+    return "\n".join(lines)
+
+
+def _drawdown_text(table: pd.DataFrame) -> str:
+    r0 = table.iloc[0]
+    more = [c for c in table.columns if c.startswith("p_gt_")]
+    lines = [f"Maximum drawdown within {r0.horizon} candles (from the running peak, by the candles' {r0.prices})",
+             f"{'symbol':<12} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7} "
+             + " ".join(f"{'P(>' + c[5:-3] + '%)':>8}" for c in more)]
+    for r in table.itertuples(index=False):
+        d = r._asdict()
+        lines.append(f"{r.symbol:<12} {r.mean:>7.2%} {r.p50:>7.2%} {r.p90:>7.2%} {r.p99:>7.2%} "
+                     + " ".join(f"{d[c]:>8.3f}" for c in more))
+    return "\n".join(lines)
 
 
 def _safe(symbol: str) -> str:

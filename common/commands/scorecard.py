@@ -3,7 +3,7 @@ writes at the end of training (common.commands.train's final outputs).
 
     marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
-                                [--precision auto|fp32|bf16]
+                                [--precision auto|fp32|bf16] [--barrier +5%,-3%]
 
 Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with `common.evaluation.scorecard.run_scorecard`
 and write scorecard.json and scorecard.png into the run folder. The end-of-training one uses
@@ -26,6 +26,7 @@ import torch
 from common.atomic import atomic_write_json
 from common.config import Config
 from common.errors import UserError
+from common.forecasting.paths import parse_barriers
 
 __all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
 
@@ -44,6 +45,7 @@ class ScorecardRequest:
     cost_bp: float = 10.0
     device: str = "cpu"
     precision: str = "auto"
+    barrier: Optional[str] = None  # "+5%,-3%": also the Brier scores of the barrier probabilities
 
 
 def parse_horizons(text: str) -> tuple[int, ...]:
@@ -62,6 +64,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
     from common.forecasting.ensemble import forecaster_for  # lazy: pandas
 
+    barrier = parse_barriers(req.barrier) if req.barrier is not None else None
     if req.stride is not None and req.origins is not None:
         raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
     for flag, value in (("--stride", req.stride), ("--origins", req.origins)):
@@ -82,8 +85,8 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
                          assets=req.assets, out_dir=out, precision=forecaster.precision,
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256))
-    print("\n".join(card["verdicts"] + card["mcs_lines"]))
+                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256), barrier=barrier)
+    print("\n".join(card["verdicts"] + card["mcs_lines"] + card.get("barrier_lines", [])))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
 

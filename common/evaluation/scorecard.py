@@ -32,20 +32,23 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
 from common.evaluation.calibration import calibration_card
-from common.evaluation.metrics import format_verdict
+from common.evaluation.metrics import format_verdict, skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
-from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
+from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecaster import History
+from common.forecasting.paths import barrier_outcomes, brier_score
 
 __all__ = [
     "BASELINE_NAMES",
     "DEFAULT_HORIZONS",
     "SCORECARD_JSON",
     "SCORECARD_PNG",
+    "barrier_card",
+    "barrier_lines",
     "forecaster_fn",
     "make_scorecard",
     "mcs_lines",
@@ -77,12 +80,15 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                    cost_bp: float = DEFAULT_COST_BP, n_boot: int = 1000, assets: Optional[Sequence[str]] = None,
                    baselines: Optional[Mapping[str, ForecastFn]] = None,
                    progress: Optional[Callable[[str], None]] = None,
-                   calibration: Optional[Calibration] = None) -> dict:
+                   calibration: Optional[Calibration] = None,
+                   barrier: Optional[tuple[float, float]] = None) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
     series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
     baselines: name -> forecaster; by default `fit_price_baselines(series, interval)`.
     calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
+    barrier: (upper, lower), e.g. (0.05, -0.03): also the Brier scores of the barrier probabilities
+    (card["barrier"], see barrier_card).
     """
     horizons = _check_request(horizons, n_samples)
     series = _chosen_assets(series, assets)
@@ -105,7 +111,7 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     if len(o.index) == 0:
         raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
     say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
-    stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say)
+    stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
     for h in horizons:
         oh = o.subset(np.isfinite(o.y[h]), h)
         if len(oh.index) == 0:
@@ -116,6 +122,9 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                                              cost_bp, n_boot, seed)
     _add_summary(card, horizons[0])
     _add_calibrated(card, stats, calibration)
+    if barrier is not None:
+        card["barrier"] = barrier_card(series, o, stats, barrier, step, n_boot, seed)
+        card["barrier_lines"] = barrier_lines(card["barrier"])
     return card
 
 
@@ -129,6 +138,52 @@ def _add_calibrated(card: dict, stats: dict, calibration: Optional[Calibration])
     card["calibration"]["calibrated_by"] = None if calibration is None else {
         "file": str(calibration.path), "split": "val", "dates": calibration.raw.get("dates"),
         "n_origins": calibration.raw.get("n_origins", {}).get(str(card["calibration"]["horizon"]))}
+
+
+def barrier_card(series: Sequence[AssetSeries], o: Origins, stats: dict, barrier: tuple[float, float], stride: int,
+                 n_boot: int, seed: int) -> dict:
+    """Per horizon H: the mean Brier score of each forecaster's P(upper first), P(lower first),
+    P(neither) within H candles (its sampled closes) against what the closes did, the realized
+    frequencies, and the model's Brier skill 1 - BS_model / BS_baseline with a block-bootstrap 95%
+    interval over the origin dates. Closes only: the baselines have no candle highs and lows."""
+    upper, lower = barrier
+    out: dict = {"upper": upper, "lower": lower, "prices": "close", "score": "Brier, 3 outcomes, in [0, 2]",
+                 "horizons": {}}
+    for h, by_name in stats.items():
+        oh = o.subset(np.isfinite(o.y[h]), h)
+        paths = np.full((len(oh.index), h + 1), np.nan)
+        for j, (k, i) in enumerate(zip(oh.series, oh.index)):
+            log_close = np.log(series[k].candles["close"].to_numpy(dtype=np.float64)[i: i + h + 1])
+            paths[j] = np.exp(log_close - log_close[0])
+        ok = np.isfinite(paths).all(axis=1)  # a gap row inside the horizon: that origin is left out
+        happened = barrier_outcomes(paths[ok], upper, lower)["outcome"]
+        scores = {name: brier_score(st["barrier_p"][ok], happened) for name, st in by_name.items()
+                  if np.isfinite(st["barrier_p"][ok]).all()}
+        hc: dict = {"n": int(ok.sum()), "realized": {"upper_first": float((happened == 1).mean()),
+                                                       "lower_first": float((happened == -1).mean()),
+                                                       "neither": float((happened == 0).mean())}
+                    if ok.any() else None,
+                    "brier": {name: float(b.mean()) if len(b) else None for name, b in scores.items()}, "skill": {}}
+        if ok.any() and "model" in scores:
+            for name, b in scores.items():
+                if name != "model":
+                    hc["skill"][name] = skill_interval(scores["model"], b, oh.dates[ok], horizon=h, stride=stride,
+                                                       n_boot=n_boot, seed=seed)
+        out["horizons"][str(h)] = hc
+    return out
+
+
+def barrier_lines(bc: dict) -> list[str]:
+    """`Barrier +5%/-3% at H=5: Brier model 0.512, GARCH 0.530 (skill +3.4% [95% CI ...], no edge), ...`"""
+    lines = []
+    for h, hc in bc["horizons"].items():
+        if not hc["skill"]:
+            continue
+        parts = [f"{BASELINE_NAMES.get(name, name)} {hc['brier'][name]:.3f} (skill {s['value']:+.1%} "
+                 f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}], {s['verdict']})" for name, s in hc["skill"].items()]
+        lines.append(f"Barrier {bc['upper']:+.1%}/{bc['lower']:+.1%} at H={h} (n={hc['n']}): Brier model "
+                     f"{hc['brier']['model']:.3f}; " + "; ".join(parts))
+    return lines
 
 
 def _check_request(horizons: Sequence[int], n_samples: int) -> list[int]:
@@ -228,7 +283,8 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
                   stride: Optional[int] = 5, n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
                   cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
                   out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
-                  precision: Optional[str] = None, calibration: Optional[Calibration] = None) -> dict:
+                  precision: Optional[str] = None, calibration: Optional[Calibration] = None,
+                  barrier: Optional[tuple[float, float]] = None) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
@@ -236,7 +292,7 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
     series, interval = series_from_run(run_dir)
     card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
                           n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
-                          progress=progress, calibration=calibration)
+                          progress=progress, calibration=calibration, barrier=barrier)
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision

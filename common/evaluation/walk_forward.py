@@ -18,6 +18,7 @@ from common.evaluation.metrics import coverage_flags, crps, pit_values
 from common.evaluation.price_baselines import ForecastFn, momentum_signal
 from common.forecasting.calibrated import conformity_scores
 from common.forecasting.forecaster import History
+from common.forecasting.paths import barrier_probability_table
 
 __all__ = ["Origins", "all_origins", "forecast_all", "origin_indices"]
 
@@ -117,13 +118,16 @@ def _call(name: str, fn: ForecastFn, histories: list[History], horizon: int, n_s
 
 
 def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping[str, ForecastFn],
-                  horizons: Sequence[int], n_samples: int, seed: int, say: Callable[[str], None]
+                  horizons: Sequence[int], n_samples: int, seed: int, say: Callable[[str], None],
+                  barrier: Optional[tuple[float, float]] = None
                   ) -> tuple[dict[int, dict[str, dict[str, np.ndarray]]], np.ndarray]:
     """horizon -> forecaster -> per-origin stats (crps, pit, median, ...) over the origins with a
     target at that horizon; and the 20-period momentum signal of every origin.
 
     One call per batch and forecaster at the longest horizon serves every horizon when the
-    forecaster returns paths; one returning only H-step returns is called once per horizon."""
+    forecaster returns paths; one returning only H-step returns is called once per horizon.
+    barrier (upper, lower): also "barrier_p", the (n, 3) barrier probabilities of its paths (NaN
+    for a forecaster without paths; common.forecasting.paths)."""
     longest = horizons[-1]
     parts = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))
@@ -144,7 +148,11 @@ def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping
                         raise ValueError(f"forecaster {name!r} returned paths for horizon {h} but not for {longest}")
                 y = o.y[h][lo:hi]
                 ok = np.isfinite(y)
-                parts[h][name].append(_sample_stats(samples[ok], y[ok]))
+                st = _sample_stats(samples[ok], y[ok])
+                if barrier is not None:
+                    st["barrier_p"] = (barrier_probability_table(out[ok, :, :h], *barrier) if out.ndim == 3
+                                       else np.full((int(ok.sum()), 3), np.nan))
+                parts[h][name].append(st)
     stats = {h: {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in by_name.items()}
              for h, by_name in parts.items()}
     return stats, mom
