@@ -20,6 +20,7 @@ from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.config import ModelConfig
 from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
 from common.errors import UserError
+from common.paths import REPO_ROOT
 from common.training.lr_schedule import lr_at
 from common.model.memory import estimate_training_memory
 from common.model.gpt import MarketGPT
@@ -481,7 +482,8 @@ def test_doctor_on_a_two_gpu_slurm_node(monkeypatch, tmp_path, capsys):
             "training.precision=auto -> bf16") in out
     assert "SLURM_GPUS_ON_NODE=2" in out and "SLURM_JOB_ID=77" in out
     case_lines = [line for line in out.splitlines() if "/configs/" in line]
-    assert len(case_lines) == 3 and all(line.endswith(": fits") for line in case_lines)
+    configs = sorted(REPO_ROOT.glob("case_*/configs/*.json"))  # the seed configs and the documented examples
+    assert len(case_lines) == len(configs) >= 3 and all(line.endswith(": fits") for line in case_lines)
     assert out.strip().splitlines()[-1] == "OK: training here uses 2 GPU(s)"
 
 

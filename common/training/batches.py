@@ -22,6 +22,7 @@ to equal that process's); evaluation keeps it, unevenly sliced (a rank may get n
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional, Sequence
 
@@ -67,9 +68,12 @@ class SplitWindows:
         self.cum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.count, 0)])  # (R + 1,) CPU
         self._ends = self.cum[1:].to(self.first.device)  # run r ends before window cum[r + 1]
         self._cum = self.cum.to(self.first.device)
+        # as Python ints, read once here: the training step never reads a tensor value for them
+        self.counts: list[int] = self.count.tolist()
+        self._windows = sum(self.counts)
 
     def __len__(self) -> int:
-        return int(self.cum[-1])
+        return self._windows
 
     def runs_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(run, start offset into the token tensor) of each window in `index` (on the device)."""
@@ -89,7 +93,8 @@ class SplitWindows:
 
     def with_offset(self, k: int, offset: int) -> torch.Tensor:
         """The windows whose position p in their run has p % k == offset, ascending (CPU)."""
-        parts = [self.cum[r] + torch.arange(offset, int(c), k) for r, c in enumerate(self.count.tolist())]
+        starts = [0, *itertools.accumulate(self.counts)]
+        parts = [torch.arange(starts[r] + offset, starts[r] + c, k) for r, c in enumerate(self.counts)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
@@ -128,8 +133,7 @@ class TokenWindows:
         if k == 1:
             return len(w)
         # a run of c windows has ceil((c - o) / k) at positions o, o + k, ... (none when o >= c)
-        return min(int(torch.clamp(w.count - o + k - 1, min=0).div(k, rounding_mode="floor").sum())
-                   for o in range(k))
+        return min(sum(max(0, -(-(c - o) // k)) for c in w.counts) for o in range(k))
 
     def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False,
                     shuffle: bool = False) -> int:
