@@ -58,3 +58,14 @@ def slurm_cluster() -> dict:
     if why is not None:
         unavailable(f"the local Slurm cluster is unavailable: {why}")
     return {"nodes": nodes}
+
+
+@pytest.fixture
+def nothing_queued(monkeypatch):
+    """Any attempt to build a submitit executor (i.e. to queue something) fails the test."""
+    import submitit  # only the tests that ask for this fixture load it
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a job was about to be submitted")
+    monkeypatch.setattr(submitit, "SlurmExecutor", refuse)
+    monkeypatch.setattr(submitit, "LocalExecutor", refuse)

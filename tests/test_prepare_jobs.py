@@ -8,7 +8,6 @@ import json
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 import submitit
 
@@ -21,6 +20,7 @@ from common.distributed.slurm import wait_for_jobs
 from common.errors import UserError
 from common.tokens.shards import prepare_in_memory, shard_folder
 from common.tokens.token_set import TokenSet
+from test_shards import same_tokens
 
 CONFIG = {
     "experiment": "prep",
@@ -38,21 +38,6 @@ def make_case(root: Path) -> Path:
     config.parent.mkdir(parents=True)
     config.write_text(json.dumps(CONFIG))
     return config
-
-
-def same_tokens(a: TokenSet, b: TokenSet) -> bool:
-    return a.symbols == b.symbols and a.ranges == b.ranges and all(
-        np.array_equal(a.tokens[s], b.tokens[s]) and np.array_equal(a.moves[s], b.moves[s], equal_nan=True)
-        for s in a.symbols)
-
-
-@pytest.fixture
-def nothing_queued(monkeypatch):
-    """Any attempt to build an executor (i.e. to queue something) fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a job was about to be submitted")
-    monkeypatch.setattr(submitit, "SlurmExecutor", refuse)
-    monkeypatch.setattr(submitit, "LocalExecutor", refuse)
 
 
 @pytest.fixture

@@ -74,15 +74,6 @@ def test_an_array_trains_one_experiment_per_value():
     assert [p.cfg.experiment for p in lr] == ["crypto_prototype_learning_rate1e-4", "crypto_prototype_learning_rate3e-4"]
 
 
-@pytest.fixture
-def nothing_queued(monkeypatch):
-    """Any attempt to build an executor (i.e. to queue something) fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a job was about to be submitted")
-    monkeypatch.setattr(submitit, "SlurmExecutor", refuse)
-    monkeypatch.setattr(submitit, "LocalExecutor", refuse)
-
-
 @pytest.mark.parametrize("argv,message", [
     (["--case", "case_c_cripto"], "unknown case 'case_c_cripto'; did you mean 'case_c_crypto'?"),
     (["--case", "c", "--config", "missing.json"], "missing.json: config file not found"),

@@ -35,6 +35,7 @@ __all__ = [
     "clean_candles",
     "fill_gaps",
     "prepare_data",
+    "real_rows",
     "split_data",
 ]
 
@@ -277,14 +278,15 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
             dropped[asset.symbol] = why
             continue
         cleaned[asset.symbol] = frame
-        real_ts[asset.symbol] = _valid_stamps(frame)
+        real_ts[asset.symbol] = frame.index.asi8[real_rows(frame)]
     stamps = {s: f.index.asi8 for s, f in cleaned.items()}
     return split_data(cfg, market.assets, market.interval, stamps, real_ts, records, dropped, cleaned)
 
 
-def _valid_stamps(frame: pd.DataFrame) -> np.ndarray:
-    """The timestamps (ns) of a cleaned frame's real candles: not the all-NaN rows fill_gaps adds."""
-    return frame.index.asi8[np.isfinite(frame["close"].to_numpy())]
+def real_rows(frame: pd.DataFrame) -> np.ndarray:
+    """(n,) bool: the cleaned frame's real candles, not the all-NaN rows fill_gaps adds (the split
+    cuts count real candles only)."""
+    return np.isfinite(frame["close"].to_numpy())
 
 
 def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mapping[str, np.ndarray],

@@ -47,7 +47,7 @@ from common.atomic import atomic_path, atomic_write_json, read_json
 from common.config import Config, config_to_dict
 from common.data.loading import input_files, load_market_data
 from common.data.market import LazyFrames
-from common.data.prepare import COLUMNS, PreparedData, clean_asset, prepare_data, split_data
+from common.data.prepare import COLUMNS, PreparedData, clean_asset, prepare_data, real_rows, split_data
 from common.data.universe import asset_info
 from common.errors import UserError
 from common.markets import interval_step
@@ -316,12 +316,13 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
             s = market.assets[i].symbol
             frame, record, why = clean_asset(market.assets[i], market.candles[s], step,
                                              reader_fixes=market.fixes.get(s), file=market.files.get(s))
-            ts = frame.index.asi8 if frame is not None else np.zeros(0, np.int64)
-            values = frame[list(COLUMNS)].to_numpy(np.float64) if frame is not None else np.zeros((0, len(COLUMNS)))
+            if frame is None:
+                ts, values, real = np.zeros(0, np.int64), np.zeros((0, len(COLUMNS))), np.zeros(0, bool)
+            else:
+                ts, values, real = frame.index.asi8, frame[list(COLUMNS)].to_numpy(np.float64), real_rows(frame)
             meta = json.dumps({"symbol": s, "record": record, "why": why})
             with atomic_path(file) as tmp, open(tmp, "wb") as f:
-                # real: not the rows fill_gaps added (the split's cuts count real candles only)
-                np.savez(f, ts=ts, values=values, real=np.isfinite(values[:, 3]), meta=np.array(meta))
+                np.savez(f, ts=ts, values=values, real=real, meta=np.array(meta))
         _progress(out, "cleaned", k, len(mine))
 
 
