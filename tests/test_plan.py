@@ -144,8 +144,9 @@ def test_no_warning_when_the_data_supports_the_model_and_the_time_fits(capsys, t
 
 
 def test_time_warnings(capsys, tmp_path):
-    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=2:00:00"])
-    assert "it will requeue about 3 time(s)" in text and "--set slurm.time=" in text
+    # about 8 h of training (the universe's candles grow by the day): 3-hour slots, 2 requeues
+    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=3:00:00"])
+    assert "it will requeue about 2 time(s)" in text and "--set slurm.time=" in text
     text = _plan_text(capsys, tmp_path, "c")  # 8 h of a 7-day slot
     assert "a shorter --time queues sooner" in text
 
