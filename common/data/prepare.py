@@ -265,12 +265,12 @@ def _era_text(era: list[str], spans: dict[str, tuple[int, int, int]]) -> str:
 
 def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     """Clean every asset, split all of them at the same instants, and record what was done."""
-    step = interval_step(market.interval)
     cleaned: dict[str, pd.DataFrame] = {}
     real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
     records: dict[str, dict[str, Any]] = {}
     dropped: dict[str, str] = {}
     for asset in market.assets:
+        step = interval_step(market.interval_of(asset.symbol))  # a series' own interval (data.intervals)
         frame, records[asset.symbol], why = clean_asset(asset, market.candles[asset.symbol], step,
                                                         reader_fixes=market.fixes.get(asset.symbol),
                                                         file=market.files.get(asset.symbol))
@@ -410,6 +410,7 @@ def _info(cfg: Config, interval: str, universe: list[Asset], kept: list[Asset], 
     return {
         "source": cfg.data.source,
         "interval": interval,
+        **({"intervals": list(cfg.data.intervals)} if cfg.data.intervals else {}),
         "context_length": cfg.model.context_length,
         "purge_gap": purge,
         "ratios": {"train": cfg.data.train_ratio, "val": cfg.data.val_ratio, "test": cfg.data.test_ratio},
