@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from common.cluster.remote import Remote, StepFailed, load_settings
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
 from common.cluster.status import status_table
-from common.config import load_config
+from common.config import at_interval, load_config
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
@@ -107,8 +107,9 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
     case = case_dir(args.case)
     cfg = load_config(args.config or case_config(case), args.overrides)
-    summary = download_case(cfg, case)  # raises SourceUnavailable (exit 2) if a source is down
-    return summary.exit_code  # 1: some assets failed, are inactive or unreachable (listed in the summary)
+    # raises SourceUnavailable (exit 2) if a source is down; data.intervals: each interval into its own cache
+    codes = [download_case(at_interval(cfg, interval), case).exit_code for interval in cfg.data.run_intervals()]
+    return max(codes)  # 1: some assets failed, are inactive or unreachable (listed in the summary)
 
 
 def _cmd_data_check(args: argparse.Namespace) -> int:

@@ -153,6 +153,11 @@ class DataConfig:
     # never mix them and an interval embedding tells the model which one it reads; the first is
     # data.interval (the default of forecast, scorecard and export --interval). []: data.interval alone
     intervals: List[Interval] = field(default_factory=list)
+    # with data.intervals: "pooled" splits every series at the same instants (no interval's training
+    # candles overlap another's test period); "per_interval" splits each interval's series on their
+    # own dates, as a one-interval run would (the same test splits; an asset's coarse training
+    # candles may then cover its fine test period: docs/data.md#several-intervals)
+    interval_split: Literal["pooled", "per_interval"] = "pooled"
     start_date: str = "2005-01-01"  # or "max": each asset's whole history (config_checks.START_MAX)
     end_date: Optional[str] = None  # None: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets

@@ -90,6 +90,8 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
              "interval for forecast, scorecard and export")
         need(d.source != "files", "data.intervals", "works with data.source 'sample', 'download' or 'synthetic'; "
              "your own files hold one interval: train one run per interval, or leave data.intervals empty")
+    need(bool(d.intervals) or d.interval_split == "pooled", "data.interval_split",
+         "is read only with data.intervals (several intervals in one model): remove it")
     need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
     need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
     need(d.start_date == START_MAX or _is_date(d.start_date), "data.start_date",

@@ -18,6 +18,7 @@ import torch
 from common.cli import main
 from common.config import ConfigError, Config, at_interval, load_config
 from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
 from common.data.synthetic import aggregate
 from common.data.universe import Asset, asset_info, pick_interval, series_ids
 from common.errors import UserError
@@ -269,3 +270,36 @@ def test_fine_tuning_a_one_interval_run_into_several_starts_the_new_rows_at_zero
     lineage = init_from_parent(grand, Parent(straight_run, straight_run / "best_model.pt", {}), info)
     best = load_checkpoint(straight_run / "best_model.pt")["model"]["interval_emb.weight"]
     assert lineage["intervals"] == INTERVALS and torch.equal(grand.interval_emb.weight, best)
+
+
+def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split():
+    """The shipped sample's hourly (2017, 2021) and daily (to 2018) candles: pooled cuts would put
+    every hourly candle after the train/val cut; per_interval keeps each one-interval run's cuts."""
+    def prepared(**data):
+        cfg = Config()
+        cfg.model.context_length = 32
+        cfg.data.source = "sample"
+        for key, value in data.items():
+            setattr(cfg.data, key, value)
+        return prepare_data(cfg, load_market_data(cfg, Path(".")))
+
+    several = prepared(interval="1h", intervals=["1h", "1d"], interval_split="per_interval")
+    for interval in ("1h", "1d"):
+        one = prepared(interval=interval)
+        for symbol, split in one.splits.items():
+            mine = several.splits[f"{symbol}@{interval}"]
+            assert (mine.train, mine.val, mine.test) == (split.train, split.val, split.test), symbol
+        assert {f"{s}@{interval}" for s in one.dropped} == {s for s in several.dropped if s.endswith(f"@{interval}")}
+    pooled = prepared(interval="1h", intervals=["1h", "1d"])
+    assert not any(s.endswith("@1h") for s in pooled.splits)  # why per_interval exists
+
+
+def test_plan_shows_candles_and_tokens_per_interval_and_category(tmp_path, capsys):
+    config = _case(tmp_path, "plan")
+    assert main(["plan", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ") and " series " in line}
+    assert list(rows)[:4] == [*INTERVALS, "crypto"]
+    train = {iv: int(rows[iv].split(" candles")[1].split()[0].replace(",", "")) for iv in INTERVALS}
+    assert train["15m"] > train["1h"] > train["4h"] > 0  # a coarser interval: fewer candles of one market
+    assert "per parameter" in rows["crypto"]

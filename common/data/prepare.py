@@ -24,7 +24,7 @@ from common.config import Config
 from common.data.market import MarketData
 from common.data.universe import Asset
 from common.errors import UserError
-from common.markets import interval_step
+from common.markets import interval_step, split_series
 
 __all__ = [
     "COLUMNS",
@@ -306,7 +306,13 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
                         f"source ({cfg.data.source}) and interval ({interval})")
     d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
-    eras = _eras(spans)
+    if d.intervals and d.interval_split == "per_interval":  # each interval's series on their own dates
+        groups: dict[str, dict] = {}
+        for s, span in spans.items():
+            groups.setdefault(split_series(s)[1], {})[s] = span
+        eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
+    else:
+        eras = _eras(spans)
     era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
                 for era in eras]
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
@@ -318,7 +324,10 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
 
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
-    if len(eras) > 1:
+    if len(eras) > 1 and d.interval_split == "per_interval":
+        info["split_eras"] = [{"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)}
+                              for era, (c1, c2) in zip(eras, era_cuts)]
+    elif len(eras) > 1:
         info["split_eras"] = [{"symbols": era, "first": _iso(min(spans[s][0] for s in era)),
                                "last": _iso(max(spans[s][1] for s in era)),
                                "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]

@@ -62,6 +62,9 @@ __all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
 _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards")
+# data settings added after the seed configs: in the key only when not at their default, so every
+# config that does not use them keeps its shard
+_KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
 
 
 @dataclasses.dataclass
@@ -153,8 +156,8 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:
     """(the shard folder this config's tokens belong in, the inputs its key is the hash of)."""
-    # data.intervals joins the key only when set, so every one-interval config keeps its shard
-    data = {k: v for k, v in config_to_dict(cfg)["data"].items() if k not in _NOT_KEYED and (k != "intervals" or v)}
+    data = {k: v for k, v in config_to_dict(cfg)["data"].items()
+            if k not in _NOT_KEYED and not (k in _KEYED_WHEN_SET and v == _KEYED_WHEN_SET[k])}
     inputs = {
         "versions": {"shard": SHARD_VERSION, "token_folder": FORMAT_VERSION,
                      "tokenizer": TOKENIZER_FORMAT},
