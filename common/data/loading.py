@@ -40,7 +40,8 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     "max"). "files": the user's CSV or parquet files in data.files_dir, whole
     (common.data.files). "synthetic": the market of data.synthetic from data.start_date
     (common.data.synthetic), each asset's candles made when they are looked up.
-    data.categories keeps only those categories.
+    data.categories keeps only those categories. data.intervals: one series per asset and
+    interval, named symbol@interval (_load_series).
     """
     case_dir = Path(case_dir)
     interval = cfg.data.interval
@@ -112,7 +113,7 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
 def _load_series(cfg: Config, case_dir: Path) -> MarketData:
     """data.intervals: one series per asset and interval (common.markets.series_name), asset-major,
     each read at its own interval as a one-interval run would read it; the synthetic market is
-    made once, at its finest interval, and aggregated to the others (data.synthetic.aggregate)."""
+    made once, at its finest interval, and aggregated to the others (common.data.synthetic.aggregate)."""
     intervals = cfg.data.intervals
     if cfg.data.source == "synthetic":
         finest = min(intervals, key=INTERVAL_SECONDS.__getitem__)

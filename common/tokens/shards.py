@@ -10,7 +10,8 @@
                         then reuses what the first made
 
 The key covers the data settings (source, universe, dates, interval, split ratios, purge gap,
-categories, ...), the tokenizer section, the context length, the time and volume inputs, the
+categories, ...; data.intervals and data.interval_split only when set, so older configs keep
+their key), the tokenizer section, the context length, the time and volume inputs, the
 formats of the tokenizer and the token folder, a fine-tuning parent's tokenizer, and the size
 and time stamp of every input file (the parquet cache, your files, the sample): change any and
 the next run prepares a new shard; change none and every run, rank and resumed job reuses it
@@ -313,7 +314,8 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
     mine = [i for i in range(len(market.assets)) if i % tasks == task]
     if task == 0:
         print(f"Token shards: preparing {work.parent} from {len(market.assets)} assets ({cfg.data.source}, "
-              f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run", file=out, flush=True)
+              f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
+              file=out, flush=True)
     for k, i in enumerate(mine, 1):
         file = work / "clean" / f"{i:06d}.npz"
         if not file.is_file():
