@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from common.cluster.remote import Remote, StepFailed, load_settings
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
 from common.cluster.status import status_table
-from common.config import load_config
+from common.config import at_interval, load_config
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
@@ -81,7 +81,7 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
         run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
         save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend,
-        calibrated=args.calibrated, barrier=args.barrier, drawdown=args.drawdown))
+        calibrated=args.calibrated, barrier=args.barrier, drawdown=args.drawdown, interval=args.interval))
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -98,7 +98,8 @@ def _cmd_scorecard(args: argparse.Namespace) -> int:
     return run_scorecard_command(ScorecardRequest(
         run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
         origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
-        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision, barrier=args.barrier))
+        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision, barrier=args.barrier,
+        interval=args.interval))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -106,8 +107,9 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
     case = case_dir(args.case)
     cfg = load_config(args.config or case_config(case), args.overrides)
-    summary = download_case(cfg, case)  # raises SourceUnavailable (exit 2) if a source is down
-    return summary.exit_code  # 1: some assets failed, are inactive or unreachable (listed in the summary)
+    # raises SourceUnavailable (exit 2) if a source is down; data.intervals: each interval into its own cache
+    codes = [download_case(at_interval(cfg, interval), case).exit_code for interval in cfg.data.run_intervals()]
+    return max(codes)  # 1: some assets failed, are inactive or unreachable (listed in the summary)
 
 
 def _cmd_data_check(args: argparse.Namespace) -> int:
@@ -168,9 +170,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from common.forecasting.export import export_run  # lazy: torch
 
-    out = export_run(args.run_dir, args.format, args.out)
+    out = export_run(args.run_dir, args.format, args.out, interval=args.interval)
     print(f"Exported {args.run_dir} ({args.format}) to {out}")
     return 0
+
+
+def _add_interval_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", default=None, metavar="INTERVAL",
+                   help="a run of several intervals (data.intervals): which one (default: the run's first)")
 
 
 def _remote(args: argparse.Namespace) -> Remote:
@@ -321,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "from the sampled paths (barrier.csv; docs/forecasting.md#path-questions)")
     p.add_argument("--drawdown", action="store_true",
                    help="per asset the distribution of the maximum drawdown over the horizon (drawdown.csv)")
+    _add_interval_arg(p)
     p.set_defaults(handler=_cmd_forecast)
 
     p = sub.add_parser("calibrate", help="fit split-conformal interval calibration on a run's validation split: "
@@ -354,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--barrier", default=None, metavar="UP,DOWN",
                    help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
                         "beside the baselines' (docs/scorecard.md#barrier-probabilities)")
+    _add_interval_arg(p)
     p.set_defaults(handler=_cmd_scorecard)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
@@ -383,7 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="onnx", help="onnx (default; onnxruntime), pt2 (torch.export; replaces "
                    "the deprecated torchscript) or hf (model.safetensors + config, tokenizer, README model card: "
                    "Forecaster.from_pretrained)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>, "
+                   "<run name>_<interval> for another interval than a run's first)")
+    _add_interval_arg(p)
     p.set_defaults(handler=_cmd_export)
 
     p = sub.add_parser("remote", help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "

@@ -8,6 +8,7 @@ field's type with `json.loads` (never eval) and checked the same way.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -31,6 +32,7 @@ __all__ = [
     "SlurmConfig",
     "TokenizerConfig",
     "TrainingConfig",
+    "at_interval",
     "config_to_dict",
     "load_config",
     "parse_overrides",
@@ -127,6 +129,9 @@ class ExchangeUniverseConfig:
     exclude_bases: List[str] = field(default_factory=list)  # e.g. stablecoins ["USDC", "FDUSD"]
 
 
+Interval = Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"]  # the keys of common.markets.INTERVAL_SECONDS
+
+
 @dataclass
 class DataConfig:
     train_ratio: float = 0.70
@@ -143,7 +148,16 @@ class DataConfig:
     universe: str = "universe.csv"
     files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
     default_category: Optional[str] = None  # category of every asset when data.universe = "files"
-    interval: Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"] = "1d"
+    interval: Interval = "1d"
+    # several intervals in one model, e.g. ["1h", "1d"]: each asset is a series per interval, windows
+    # never mix them and an interval embedding tells the model which one it reads; the first is
+    # data.interval (the default of forecast, scorecard and export --interval). []: data.interval alone
+    intervals: List[Interval] = field(default_factory=list)
+    # with data.intervals: "pooled" splits every series at the same instants (no interval's training
+    # candles overlap another's test period); "per_interval" splits each interval's series on their
+    # own dates, as a one-interval run would (the same test splits; an asset's coarse training
+    # candles may then cover its fine test period: docs/data.md#several-intervals)
+    interval_split: Literal["pooled", "per_interval"] = "pooled"
     start_date: str = "2005-01-01"  # or "max": each asset's whole history (config_checks.START_MAX)
     end_date: Optional[str] = None  # None: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets
@@ -172,6 +186,10 @@ class DataConfig:
     synthetic: Dict[str, Any] = field(default_factory=dict)
     # data.universe = "exchange": the filters (read only then)
     exchange_universe: ExchangeUniverseConfig = field(default_factory=ExchangeUniverseConfig)
+
+    def run_intervals(self) -> list[str]:
+        """The intervals the run trains on, the first being its default: data.intervals or [data.interval]."""
+        return list(self.intervals) or [self.interval]
 
 
 @dataclass
@@ -397,6 +415,14 @@ def validate(cfg: Config, where: str) -> None:
     check_slurm(cfg.slurm, need)
     need(bool(cfg.experiment) and "/" not in cfg.experiment, "experiment",
          f"must be a non-empty name without '/', got {cfg.experiment!r}")
+
+
+def at_interval(cfg: Config, interval: str) -> Config:
+    """The one-interval view of a run at one of its intervals (data.interval = interval, no
+    data.intervals): what reads that interval's candles (history, scorecard, one series' load)."""
+    view = copy.deepcopy(cfg)
+    view.data.interval, view.data.intervals = interval, []
+    return view
 
 
 # --------------------------------------------------------------------------- saving

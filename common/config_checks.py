@@ -81,6 +81,17 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
     need(d.purge_gap is None or d.purge_gap >= m.context_length, "data.purge_gap",
          f"({d.purge_gap}) must be at least model.context_length ({m.context_length}) so no training "
          "window overlaps a val or test window")
+    if d.intervals:
+        need(len(d.intervals) >= 2 and len(set(d.intervals)) == len(d.intervals), "data.intervals",
+             f"must list at least two different intervals, got {d.intervals} (one interval: set data.interval "
+             "and leave data.intervals empty)")
+        need(d.interval == d.intervals[0], "data.interval",
+             f"({d.interval!r}) must be data.intervals' first entry ({d.intervals[0]!r}): the run's default "
+             "interval for forecast, scorecard and export")
+        need(d.source != "files", "data.intervals", "works with data.source 'sample', 'download' or 'synthetic'; "
+             "your own files hold one interval: train one run per interval, or leave data.intervals empty")
+    need(bool(d.intervals) or d.interval_split == "pooled", "data.interval_split",
+         "is read only with data.intervals (several intervals in one model): remove it")
     need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
     need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
     need(d.start_date == START_MAX or _is_date(d.start_date), "data.start_date",

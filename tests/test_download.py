@@ -322,6 +322,10 @@ def test_usable_for_training_is_printed_recorded_and_checked_offline(case, net, 
     assert code == 1  # some assets are not usable
     assert "Usable for training (1d, context 4): 3 of 6 assets" in checked
     assert checked.splitlines()[0] == out[out.index("Usable for training"):].splitlines()[0]
+    # candles and training tokens of the usable assets per interval and per category
+    rows = {line.split()[0]: line.split() for line in checked.splitlines() if " series " in line}
+    assert rows["1d"][1] == "3" and rows["crypto"][1] == "1" and int(rows["us_stock"][1]) == 2
+    assert recorded["by"]["interval"]["1d"]["train_tokens"] == int(rows["1d"][5].replace(",", "")) > 0
 
 
 def test_data_check_with_an_empty_cache_says_so(case, capsys):

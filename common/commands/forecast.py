@@ -59,6 +59,7 @@ class ForecastRequest:
     calibrated: bool = False  # move the quantile columns by the run's calibration.json (marketgpt calibrate)
     barrier: Optional[str] = None  # "+5%,-3%": P(upper first), P(lower first), P(neither) per asset
     drawdown: bool = False  # the distribution of the maximum drawdown over the horizon per asset
+    interval: Optional[str] = None  # which of a run's data.intervals (None: its first)
 
 
 def run_forecast_command(req: ForecastRequest) -> int:
@@ -77,6 +78,8 @@ def run_forecast_command(req: ForecastRequest) -> int:
     as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if req.as_of is None else None
     label = pd.Timestamp(req.as_of if req.as_of is not None else as_of)
     name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
+    if fc.interval != fc.cfg.data.interval:  # a run of several intervals, at another than its first
+        name = f"{name}_{fc.interval}"
     out = Path(req.out) if req.out else Path(runs[0]) / "forecasts" / name
     check_writable(out, "--out", "pass --out a folder you can write")
     result = fc.forecast(histories, req.horizon, req.samples, seed=req.seed, temperature=req.temperature,
@@ -118,14 +121,19 @@ def _forecaster(req: ForecastRequest, runs: list) -> Any:
         if req.device != "cpu" or len(runs) != 1 or req.precision == "bf16":
             raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
                             "(no --device, no --precision)")
-        return ExportedForecaster.from_export(runs[0])
+        fc = ExportedForecaster.from_export(runs[0])
+        if req.interval is not None and req.interval != fc.interval:
+            raise UserError(f"--interval {req.interval}: the export {runs[0]} forecasts {fc.interval} candles only; "
+                            f"export the run with --interval {req.interval}")
+        return fc
     import torch  # lazy: the onnx backend runs without torch
 
     from common.forecasting.ensemble import forecaster_for  # lazy: imports torch
 
     if req.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {req.device}: no CUDA GPU is visible here; use --device cpu")
-    return forecaster_for(runs, device=req.device, precision=req.precision)  # several runs: their ensemble
+    # several runs: their ensemble
+    return forecaster_for(runs, device=req.device, precision=req.precision, interval=req.interval)
 
 
 def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: dict, save_paths: bool) -> list[Path]:

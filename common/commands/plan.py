@@ -23,8 +23,9 @@ import pandas as pd
 
 from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures, Plan, Rate, asset_windows,
                                           epoch_windows, format_plan, steps_per_epoch)
-from common.config import Config, load_config
+from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
+from common.data.check import Row, breakdown, prepared_rows
 from common.data.loading import load_market_data, start_bound
 from common.data.prepare import SPLITS, prepare_data
 from common.data.synthetic import synthetic_assets, synthetic_spec
@@ -160,13 +161,15 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         return _synthetic_estimate(cfg)
     assets = _universe(cfg, case_dir)
     cache = CandleCache(case_dir / d.cache_dir)
-    cached = sum(cache.path_for(a.source, d.interval, a.symbol).exists() for a in assets)
-    figures = _estimate(cfg, assets) if cached == 0 else _exact(cfg, case_dir, f"exact (cache: {cached} of "
-                                                                              f"{len(assets)} assets)")
+    per_interval = [sum(cache.path_for(a.source, iv, a.symbol).exists() for a in assets) for iv in d.run_intervals()]
+    cached = sum(per_interval)
+    figures = _estimate(cfg, assets) if min(per_interval) == 0 else \
+        _exact(cfg, case_dir, f"exact (cache: {cached} of {len(assets) * len(per_interval)} "
+                              f"{'series' if d.intervals else 'assets'})")
     if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
-    figures.notes += _yahoo_window_notes(cfg, assets)
+    figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
     return figures
 
 
@@ -200,18 +203,18 @@ def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
 def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
     """The candles training would use: load_market_data + prepare_data (offline)."""
     prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
-    lengths = [(len(s.train), len(s.val), len(s.test)) for s in prepared.splits.values()]
-    return _figures(cfg, lengths, basis, len({a.category for a in prepared.assets}))
+    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis)
 
 
-def _figures(cfg: Config, lengths: Sequence[tuple[int, int, int]], basis: str, categories: int) -> DataFigures:
-    """Counts from per-asset (train, val, test) candles; an asset too short to train is left out."""
+def _figures(cfg: Config, rows: Sequence[Row], basis: str) -> DataFigures:
+    """Counts from per-series (asset, interval, category, (train, val, test) candles) rows; a
+    series too short to train is left out."""
     window = cfg.model.context_length + 1
-    kept = [n for n in lengths if n[0] >= window]
-    windows = [asset_windows(n[0], window, cfg.data.window_stride) for n in kept]
-    candles = {split: sum(n[i] for n in kept) for i, split in enumerate(SPLITS)}
-    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis, len(kept),
-                       categories)
+    kept = [r for r in rows if r[3][0] >= window]
+    windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in kept]
+    candles = {split: sum(r[3][i] for r in kept) for i, split in enumerate(SPLITS)}
+    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis,
+                       len({r[0] for r in kept}), len({r[2] for r in rows}), by=breakdown(kept))
 
 
 def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:
@@ -237,22 +240,29 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
         if sources - set(_FIRST_CANDLE):
             firsts.append(f"the others from {start:%Y-%m-%d}: their first trades are known once downloaded")
         since = f"max ({', '.join(firsts)})"
-    lengths = [_split(cfg, estimated_candles(asset, d.interval, start, end)) for asset in assets]
-    basis = (f"estimated from the universe, {since} to {d.end_date or 'today'}, {d.interval} candles and "
-             "each market's trading hours (nothing cached)")
-    return _figures(cfg, lengths, basis, len({a.category for a in assets}))
+    rows = [(a.symbol, iv, a.category, _split(cfg, estimated_candles(a, iv, start, end)))
+            for a in assets for iv in d.run_intervals()]
+    basis = (f"estimated from the universe, {since} to {d.end_date or 'today'}, {', '.join(d.run_intervals())} "
+             "candles and each market's trading hours (nothing cached)")
+    return _figures(cfg, rows, basis)
 
 
 def _synthetic_estimate(cfg: Config) -> DataFigures:
     """data.source = "synthetic" from its spec alone: candles * (1 - gap_prob) rows per asset, or
     every slot of the grid for crypto assets (training fills their gaps with empty candles)."""
-    d, spec = cfg.data, synthetic_spec(cfg)
+    d = cfg.data
+    # several intervals: the market is made at the finest and aggregated (common.data.loading)
+    finest = min(d.run_intervals(), key=INTERVAL_SECONDS.__getitem__)
+    spec = synthetic_spec(at_interval(cfg, finest))
     assets = [a for a in synthetic_assets(spec) if not d.categories or a.category in d.categories]
-    rows = round(spec.candles * (1 - spec.gap_prob))
-    lengths = [_split(cfg, spec.candles if a.category == "crypto" else rows) for a in assets]
-    basis = (f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {d.interval} slots from "
+    rows = []
+    for iv in d.run_intervals():
+        slots = -(-spec.candles * INTERVAL_SECONDS[finest] // INTERVAL_SECONDS[iv])
+        rows += [(a.symbol, iv, a.category, _split(cfg, slots if a.category == "crypto" else
+                                                   round(slots * (1 - spec.gap_prob)))) for a in assets]
+    basis = (f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {finest} slots from "
              f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)")
-    return _figures(cfg, lengths, basis, len({a.category for a in assets}))
+    return _figures(cfg, rows, basis)
 
 
 def _split(cfg: Config, n: int) -> tuple[int, int, int]:

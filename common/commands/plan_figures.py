@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from common.data.check import format_breakdown
+
 __all__ = ["MIN_TOKENS_PER_PARAMETER", "SHORT_RUN_SHARE", "DataFigures", "Plan", "Rate", "asset_windows",
            "epoch_windows", "format_plan", "plan_warnings", "steps_per_epoch"]
 
@@ -36,6 +38,7 @@ class DataFigures:
     assets: int = 0  # the assets and categories the model's embeddings hold (0: the config's counts)
     categories: int = 0
     notes: list[str] = field(default_factory=list)  # what limits the data (e.g. Yahoo's intraday windows)
+    by: dict = field(default_factory=dict)  # per interval and category (common.data.check.breakdown)
 
 
 @dataclass
@@ -181,4 +184,5 @@ def format_plan(plan: Plan, short: bool = False) -> str:
         lines.append(f"  time on a CPU: {duration(plan.epoch_seconds(plan.cpu_rate))} per epoch; {plan.cpu_rate.label}")
         lines.append(f"  peak GPU memory: about {plan.memory_gb:.1f} GB per GPU (estimate, common/model/memory.py; "
                      "plus 1-2 GB CUDA context)")
+        lines += format_breakdown(d.by, plan.parameters)
     return "\n".join(lines + plan_warnings(plan))

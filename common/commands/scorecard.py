@@ -46,6 +46,7 @@ class ScorecardRequest:
     device: str = "cpu"
     precision: str = "auto"
     barrier: Optional[str] = None  # "+5%,-3%": also the Brier scores of the barrier probabilities
+    interval: Optional[str] = None  # which of a run's data.intervals (None: its first)
 
 
 def parse_horizons(text: str) -> tuple[int, ...]:
@@ -76,16 +77,21 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     if req.cost_bp < 0:
         raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
     runs = list(req.run_dirs)
-    forecaster = forecaster_for(runs, device=_device(req.device), precision=req.precision)  # several: an ensemble
-    # an ensemble's card goes beside the first run's own, with the member list
+    forecaster = forecaster_for(runs, device=_device(req.device), precision=req.precision,
+                                interval=req.interval)  # several: an ensemble
+    # an ensemble's card goes beside the first run's own, with the member list; a run's card of
+    # another interval than its first in scorecard_<interval>/
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
+    if forecaster.interval != forecaster.cfg.data.interval:
+        out = out / f"scorecard_{forecaster.interval}"
     if len(runs) > 1:
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
     card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
                          assets=req.assets, out_dir=out, precision=forecaster.precision,
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256), barrier=barrier)
+                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256), barrier=barrier,
+                         interval=forecaster.interval)
     print("\n".join(card["verdicts"] + card["mcs_lines"] + card.get("barrier_lines", [])))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0

@@ -52,6 +52,7 @@ from common.config import Config, ConfigError, config_to_dict, load_config, save
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.job_store import failures_reported, share_from_main
+from common.data.universe import series_ids
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.paths import case_dir_of_config
@@ -220,13 +221,13 @@ def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
 
 
 def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.device) -> TokenWindows:
-    ids = asset_info["symbols"]
-    cats = {rec["symbol"]: rec["category_id"] for rec in asset_info["assets"]}
+    ids, cats, intervals = series_ids(asset_info)
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
     return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
                          strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
-                         epoch_stride=cfg.data.epoch_stride, features=tokens.features, flat=tokens.flat())
+                         epoch_stride=cfg.data.epoch_stride, features=tokens.features, flat=tokens.flat(),
+                         interval_ids=intervals if "intervals" in asset_info else None)
 
 
 def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
@@ -306,7 +307,7 @@ def _build_model(cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict],
     part of what makes a run reproducible: keep their order."""
     if state is None:
         seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
-    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
+    model = MarketGPT.for_run(cfg.model, ai)
     lineage = None
     if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
         lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)

@@ -20,8 +20,9 @@ from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
+from common.markets import INTERVAL_SECONDS, split_series
 
-__all__ = ["Usability", "check_usable"]
+__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "prepared_rows"]
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Usability:
     fixes: dict[str, int] = field(default_factory=dict)  # cleaning fixes over the usable assets
     universe_as_of: str | None = None
     universe_file: str | None = None  # the universe read (with data.universe = "exchange": the newest dated one)
+    by: dict = field(default_factory=dict)  # the usable series' candles per interval and category (breakdown)
 
     def format(self) -> str:
         lines = [f"Usable for training ({self.interval}, context {self.context_length}): "
@@ -46,6 +48,7 @@ class Usability:
         if self.unusable:
             lines.append("  not usable:")
             lines += [f"    {symbol}: {why}" for symbol, why in self.unusable.items()]
+        lines += format_breakdown(self.by)
         repaired = {k: v for k, v in self.fixes.items() if v}
         if repaired:
             lines.append("  cleaning: " + ", ".join(f"{k} {v}" for k, v in repaired.items()))
@@ -58,7 +61,7 @@ class Usability:
         return {"case": self.case_dir.name, "interval": self.interval, "context_length": self.context_length,
                 "assets": self.total, "usable": len(self.usable), "usable_symbols": self.usable,
                 "not_usable": self.unusable, "problem": self.problem, "fixes": self.fixes,
-                "universe_as_of": self.universe_as_of, "universe_file": self.universe_file,
+                "universe_as_of": self.universe_as_of, "universe_file": self.universe_file, "by": self.by,
                 "checked_at": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
 
 
@@ -86,4 +89,44 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
     result.usable = [a.symbol for a in prepared.assets]
     result.unusable = dict(prepared.dropped)
     result.fixes = dict(prepared.info["totals"]["fixes"])
+    result.by = breakdown(prepared_rows(prepared, d.interval, bool(d.intervals)))
     return result
+
+
+# one row per series: (asset symbol, interval, category, (train, val, test) candles)
+Row = tuple[str, str, str, tuple[int, int, int]]
+
+
+def prepared_rows(prepared, interval: str, several: bool) -> list[Row]:
+    """The rows of a PreparedData's kept series; several: their names carry their interval."""
+    return [(*(split_series(a.symbol) if several else (a.symbol, interval)), a.category,
+             tuple(len(getattr(prepared.splits[a.symbol], name)) for name in ("train", "val", "test")))
+            for a in prepared.assets]
+
+
+def breakdown(rows: list[Row]) -> dict:
+    """{"interval": {...}, "category": {...}}: per interval and per category the series, the
+    candles of all splits (= tokens) and the training tokens, in interval and first-seen order."""
+    out: dict = {"interval": {}, "category": {}}
+    for _, interval, category, (train, val, test) in sorted(rows, key=lambda r: INTERVAL_SECONDS[r[1]]):
+        for by, key in (("interval", interval), ("category", category)):
+            row = out[by].setdefault(key, {"series": 0, "candles": 0, "train_tokens": 0})
+            row["series"] += 1
+            row["candles"] += train + val + test
+            row["train_tokens"] += train
+    return out
+
+
+def format_breakdown(by: dict, parameters: int | None = None) -> list[str]:
+    """Lines of a breakdown (nothing for an empty one); parameters: also train tokens per parameter."""
+    lines = []
+    for what in ("interval", "category"):
+        if not by.get(what):
+            continue
+        lines.append(f"  per {what}: series, candles (= tokens) of all splits, training tokens"
+                     + (", training tokens per parameter" if parameters else ""))
+        for key, r in by[what].items():
+            per = f", {r['train_tokens'] / parameters:.3g} per parameter" if parameters else ""
+            lines.append(f"    {key:<10} {r['series']:>5} series {r['candles']:>14,} candles "
+                         f"{r['train_tokens']:>14,} train{per}")
+    return lines

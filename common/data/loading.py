@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.config import Config
+from common.config import Config, at_interval
 from common.config_checks import START_MAX
 from common.data.cache import CandleCache
 from common.data.files import FILES_UNIVERSE, load_files
 from common.data.market import LazyFrames, MarketData
 from common.data.sample import load_sample, sample_assets, sample_file
-from common.data.synthetic import generate_asset, synthetic_assets, synthetic_spec
-from common.data.universe import EXCHANGE_UNIVERSE, load_universe, universe_as_of, universe_path
+from common.data.synthetic import aggregate, generate_asset, synthetic_assets, synthetic_spec
+from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.errors import UserError
+from common.markets import INTERVAL_SECONDS, series_name
 from common.paths import REPO_ROOT
 
 __all__ = ["MarketData", "input_files", "load_market_data", "start_bound"]
@@ -39,10 +40,13 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     "max"). "files": the user's CSV or parquet files in data.files_dir, whole
     (common.data.files). "synthetic": the market of data.synthetic from data.start_date
     (common.data.synthetic), each asset's candles made when they are looked up.
-    data.categories keeps only those categories.
+    data.categories keeps only those categories. data.intervals: one series per asset and
+    interval, named symbol@interval (_load_series).
     """
     case_dir = Path(case_dir)
     interval = cfg.data.interval
+    if cfg.data.intervals:
+        return _load_series(cfg, case_dir)
     if cfg.data.source == "sample":
         market = _load_sample(interval)
     elif cfg.data.source == "download":
@@ -62,6 +66,8 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
     d, case_dir = cfg.data, Path(case_dir)
     if d.source == "sample":
         return [sample_file()]
+    if d.intervals:  # every interval's files, once each
+        return list(dict.fromkeys(p for iv in d.intervals for p in input_files(at_interval(cfg, iv), case_dir)))
     if d.source == "download":
         cache = CandleCache(case_dir / d.cache_dir)
         universe = universe_path(case_dir, d.universe, d.exchange)
@@ -102,6 +108,35 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
     return MarketData(assets=kept, candles=candles,
                       interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
                       files={s: f for s, f in market.files.items() if s in symbols})
+
+
+def _load_series(cfg: Config, case_dir: Path) -> MarketData:
+    """data.intervals: one series per asset and interval (common.markets.series_name), asset-major,
+    each read at its own interval as a one-interval run would read it; the synthetic market is
+    made once, at its finest interval, and aggregated to the others (common.data.synthetic.aggregate)."""
+    intervals = cfg.data.intervals
+    if cfg.data.source == "synthetic":
+        finest = min(intervals, key=INTERVAL_SECONDS.__getitem__)
+        base = load_market_data(at_interval(cfg, finest), case_dir)
+        markets = {iv: base for iv in intervals}
+    else:
+        markets = {iv: load_market_data(at_interval(cfg, iv), case_dir) for iv in intervals}
+    assets, where = [], {}
+    for asset in dict.fromkeys(a for m in markets.values() for a in m.assets):
+        for iv in intervals:
+            if asset.symbol in markets[iv].candles:
+                name = series_name(asset.symbol, iv)
+                assets.append(Asset(name, asset.source, asset.category, asset.name))
+                where[name] = (iv, asset.symbol)
+
+    def read(name: str) -> pd.DataFrame:
+        iv, symbol = where[name]
+        frame = markets[iv].candles[symbol]
+        return aggregate(frame, iv) if cfg.data.source == "synthetic" and iv != finest else frame
+
+    fixes = {series_name(s, iv): f for iv, m in markets.items() for s, f in m.fixes.items()}
+    return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=intervals[0],
+                      fixes=fixes, series_intervals={name: iv for name, (iv, _) in where.items()})
 
 
 def _load_sample(interval: str) -> MarketData:

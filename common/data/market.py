@@ -22,6 +22,12 @@ class MarketData:
     # and the file each symbol came from
     fixes: dict[str, dict[str, int]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    # data.intervals: the assets are series (common.markets.series_name), each at its own interval
+    series_intervals: dict[str, str] = field(default_factory=dict)
+
+    def interval_of(self, symbol: str) -> str:
+        """The interval of one asset's (or series') candles."""
+        return self.series_intervals.get(symbol, self.interval)
 
 
 class LazyFrames(Mapping[str, pd.DataFrame]):

@@ -24,7 +24,7 @@ from common.config import Config
 from common.data.market import MarketData
 from common.data.universe import Asset
 from common.errors import UserError
-from common.markets import interval_step
+from common.markets import interval_step, split_series
 
 __all__ = [
     "COLUMNS",
@@ -265,12 +265,12 @@ def _era_text(era: list[str], spans: dict[str, tuple[int, int, int]]) -> str:
 
 def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     """Clean every asset, split all of them at the same instants, and record what was done."""
-    step = interval_step(market.interval)
     cleaned: dict[str, pd.DataFrame] = {}
     real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
     records: dict[str, dict[str, Any]] = {}
     dropped: dict[str, str] = {}
     for asset in market.assets:
+        step = interval_step(market.interval_of(asset.symbol))  # a series' own interval (data.intervals)
         frame, records[asset.symbol], why = clean_asset(asset, market.candles[asset.symbol], step,
                                                         reader_fixes=market.fixes.get(asset.symbol),
                                                         file=market.files.get(asset.symbol))
@@ -306,7 +306,13 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
                         f"source ({cfg.data.source}) and interval ({interval})")
     d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
-    eras = _eras(spans)
+    if d.intervals and d.interval_split == "per_interval":  # each interval's series on their own dates
+        groups: dict[str, dict] = {}
+        for s, span in spans.items():
+            groups.setdefault(split_series(s)[1], {})[s] = span
+        eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
+    else:
+        eras = _eras(spans)
     era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
                 for era in eras]
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
@@ -318,7 +324,10 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
 
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
-    if len(eras) > 1:
+    if len(eras) > 1 and d.interval_split == "per_interval":
+        info["split_eras"] = [{"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)}
+                              for era, (c1, c2) in zip(eras, era_cuts)]
+    elif len(eras) > 1:
         info["split_eras"] = [{"symbols": era, "first": _iso(min(spans[s][0] for s in era)),
                                "last": _iso(max(spans[s][1] for s in era)),
                                "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]
@@ -410,6 +419,7 @@ def _info(cfg: Config, interval: str, universe: list[Asset], kept: list[Asset], 
     return {
         "source": cfg.data.source,
         "interval": interval,
+        **({"intervals": list(cfg.data.intervals)} if cfg.data.intervals else {}),
         "context_length": cfg.model.context_length,
         "purge_gap": purge,
         "ratios": {"train": cfg.data.train_ratio, "val": cfg.data.val_ratio, "test": cfg.data.test_ratio},

@@ -52,7 +52,7 @@ from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step
 from common.synthetic_spec import SyntheticSpec, spec_from_dict
 
-__all__ = ["SyntheticAsset", "SyntheticSpec", "generate_asset", "iter_assets", "oracle_nll",
+__all__ = ["SyntheticAsset", "SyntheticSpec", "aggregate", "generate_asset", "iter_assets", "oracle_nll",
            "read_truth", "synthetic_assets", "synthetic_spec", "t_nll", "write_files"]
 
 OHLCV = ("open", "high", "low", "close", "volume")
@@ -193,6 +193,16 @@ def synthetic_spec(cfg: Config) -> SyntheticSpec:
     """The market of data.source = "synthetic": data.synthetic's settings at data.interval from
     data.start_date (the config checked them when it loaded)."""
     return spec_from_dict(cfg.data.synthetic, {"interval": cfg.data.interval, "start": cfg.data.start_date})
+
+
+def aggregate(candles: pd.DataFrame, interval: str) -> pd.DataFrame:
+    """Candles of a coarser `interval` made from finer ones, as an exchange makes them: the first
+    open, highest high, lowest low, last close and summed volume of each bar (bars aligned to the
+    UTC epoch; a bar without any fine candle is left out). Several intervals of one synthetic
+    market (data.intervals) are its finest interval's candles aggregated, so they tell one story."""
+    bars = candles.resample(interval_step(interval), origin="epoch", label="left", closed="left")
+    out = bars.agg({"open": "first", "high": "max", "low": "min", "close": "last", "volume": "sum"})
+    return out[out["close"].notna()]
 
 
 def synthetic_assets(spec: SyntheticSpec) -> list[Asset]:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
+from common.atomic import read_json
 from common.config import load_config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
+from common.data.universe import interval_series, pick_interval
 from common.tokens.token_set import TokenSet, token_path
 from common.errors import UserError
 from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda,
@@ -41,9 +43,10 @@ def series_from_prepared(prepared) -> list[AssetSeries]:
                         prepared.splits[a.symbol].test, prepared.splits[a.symbol].val) for a in prepared.assets]
 
 
-def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
+def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tuple[list[AssetSeries], str]:
     """(series, interval) of a run folder: its config's candles, cleaned as training did, with the
-    split ranges the run recorded in its token set (so the test split and purge gap are the run's)."""
+    split ranges the run recorded in its token set (so the test split and purge gap are the run's).
+    interval: which of a run's data.intervals (None: its first); its series under their assets' symbols."""
     run_dir = Path(run_dir)
     for name in ("config.json", token_path(run_dir).name):
         if not (run_dir / name).exists():
@@ -53,16 +56,19 @@ def series_from_run(run_dir: str | Path) -> tuple[list[AssetSeries], str]:
     tokens = TokenSet.load(token_path(run_dir))
     prepared = prepare_data(cfg, load_market_data(cfg, run_dir.parent.parent))
     by_symbol = {s.symbol: s for s in series_from_prepared(prepared)}
+    info = read_json(run_dir / "asset_info.json")
+    interval, _ = pick_interval(info, cfg.data.interval, interval)
+    names = interval_series(info, interval) if "series" in info else {s: s for s in tokens.symbols}
     out = []
-    for symbol in tokens.symbols:
+    for symbol in (s for s in tokens.symbols if s in names):
         s = by_symbol.get(symbol)
         if s is None or len(s.candles) != len(tokens.tokens[symbol]):
             raise UserError(f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
                             "(the data cache changed since); score the run on a copy of the old cache")
         ranges = tokens.ranges[symbol]
-        out.append(AssetSeries(symbol, s.category, s.candles, range(*ranges["train"]), range(*ranges["test"]),
+        out.append(AssetSeries(names[symbol], s.category, s.candles, range(*ranges["train"]), range(*ranges["test"]),
                                range(*ranges["val"])))
-    return out, cfg.data.interval
+    return out, interval
 
 
 def fit_price_baselines(series: Sequence[AssetSeries], interval: str) -> dict[str, ForecastFn]:

@@ -275,14 +275,23 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
 
     ai, tokenizer = info["asset_info"], info["tokenizer"]
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
-    model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"]).to(device)
+    model = MarketGPT.for_run(cfg.model, ai).to(device)
     model.load_state_dict(best["model"])
     test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges, tokens.features)
     test = {s: t for s, t in test.items() if len(t.tokens)}  # an asset without test candles is left out
     categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
-    results = evaluate_run(model, tokenizer, test, train, ai["symbols"], categories, cfg.model.context_length,
-                           cfg.training.batch_size, device, cfg.training.eval_max_batches,
-                           category_ids=ai["categories"])
+    per_interval = {}
+    for k, interval in enumerate(ai.get("intervals") or [None]):
+        # a run of several intervals: each interval's series on their own, under their assets' symbols
+        model.default_interval = k
+        results = evaluate_run(model, tokenizer, _at(test, ai, interval), _at(train, ai, interval), ai["symbols"],
+                               categories, cfg.model.context_length, cfg.training.batch_size, device,
+                               cfg.training.eval_max_batches, category_ids=ai["categories"])
+        per_interval[interval] = results
+    # the top level: the run's first (default) interval; "per_interval" has each one's results
+    results = per_interval[next(iter(per_interval))]
+    if "intervals" in ai:
+        results = {**results, "interval": ai["intervals"][0], "per_interval": per_interval}
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
         log = read_json(run_dir / "training_log.json")
@@ -292,6 +301,14 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
         results["report_error"] = f"{type(e).__name__}: {e}"  # so --resume auto doesn't redraw it forever
     atomic_write_json(run_dir / "test_results.json", results)
     return results
+
+
+def _at(by_series: Mapping[str, Any], ai: dict, interval: Optional[str]) -> dict:
+    """The series of one interval, keyed by their assets' symbols (interval None: all, as they are)."""
+    if interval is None:
+        return dict(by_series)
+    of = ai["series"]
+    return {of[s]["symbol"]: v for s, v in by_series.items() if of[s]["interval"] == interval}
 
 
 def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
@@ -325,7 +342,8 @@ def summarize_results(run_dir: Path, r: dict) -> str:
     lines = [f"Run folder: {run_dir}",
              f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
              f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
-             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"]
+             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"
+             + (f" (interval {r['interval']}; each below)" if r.get("interval") else "")]
     for name, b in r.get("baselines", {}).items():
         lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
                      f"top-5 {_pct(b['top5_accuracy'])}")
@@ -333,6 +351,10 @@ def summarize_results(run_dir: Path, r: dict) -> str:
     parts = [f"vs {name} {_skill(skill[name])}" for name in _SKILL_BASELINES if skill.get(name)]
     if parts:
         lines.append("Loss skill 1 - model/baseline [95% block-bootstrap CI]: " + " | ".join(parts))
+    for interval, ri in (r.get("per_interval") or {}).items():  # a run of several intervals
+        skill = (ri.get("token_skill") or {}).get("unigram")
+        lines.append(f"  interval {interval:<4} loss {_num(ri['test_loss'])} | {ri['num_tokens']:,} tokens"
+                     + (f" | skill vs unigram {_skill(skill)}" if skill else ""))
     d = r.get("directional", {})
     if d.get("model"):
         m, up = d["model"], d.get("always_up", {})

@@ -284,12 +284,13 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
                   cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
                   out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
                   precision: Optional[str] = None, calibration: Optional[Calibration] = None,
-                  barrier: Optional[tuple[float, float]] = None) -> dict:
+                  barrier: Optional[tuple[float, float]] = None, interval: Optional[str] = None) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
-    calibration: the run's calibration.json, whose coverage on the test split the card reports."""
-    series, interval = series_from_run(run_dir)
+    calibration: the run's calibration.json, whose coverage on the test split the card reports.
+    interval: which of a run's data.intervals (None: its first), forecast by forecast_fn."""
+    series, interval = series_from_run(run_dir, interval)
     card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
                           n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
                           progress=progress, calibration=calibration, barrier=barrier)

@@ -45,8 +45,11 @@ class Ensemble(Forecaster):
 
     @classmethod
     def from_runs(cls, run_dirs: Sequence[Union[str, Path]], device: Union[str, torch.device, None] = None,
-                  precision: str = "auto") -> "Ensemble":
-        return cls([Forecaster.from_run(r, device=device, precision=precision) for r in run_dirs])
+                  precision: str = "auto", interval: Optional[str] = None) -> "Ensemble":
+        members = [Forecaster.from_run(r, device=device, precision=precision, interval=interval) for r in run_dirs]
+        ensemble = cls(members)
+        ensemble.interval = members[0].interval
+        return ensemble
 
     def min_history(self) -> int:
         return max(m.min_history() for m in self.members)
@@ -86,9 +89,9 @@ def _check_same(first: Forecaster, other: Forecaster) -> None:
         diff = sorted(set(first.symbols) ^ set(other.symbols))
         raise UserError(f"{other.run_dir}: trained on other assets than {first.run_dir} "
                         f"({', '.join(diff[:5])}); ensemble runs of the same universe")
-    if first.cfg.data.interval != other.cfg.data.interval:
-        raise UserError(f"{other.run_dir}: data.interval {other.cfg.data.interval!r}, {first.run_dir} has "
-                        f"{first.cfg.data.interval!r}; ensemble runs of the same interval")
+    if first.interval != other.interval:
+        raise UserError(f"{other.run_dir}: interval {other.interval!r}, {first.run_dir} has "
+                        f"{first.interval!r}; ensemble runs of the same interval (--interval)")
 
 
 def _tokenizer_text(fc: Forecaster) -> Optional[str]:
@@ -97,11 +100,11 @@ def _tokenizer_text(fc: Forecaster) -> Optional[str]:
 
 
 def forecaster_for(run_dirs: Union[Path, Sequence[Path]], device: Union[str, torch.device, None] = None,
-                   precision: str = "auto") -> Forecaster:
-    """One run folder: its Forecaster; several: their Ensemble."""
+                   precision: str = "auto", interval: Optional[str] = None) -> Forecaster:
+    """One run folder: its Forecaster; several: their Ensemble. interval: --interval (None: each run's first)."""
     runs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     if len(runs) == 1:
-        return Forecaster.from_run(runs[0], device=device, precision=precision)
+        return Forecaster.from_run(runs[0], device=device, precision=precision, interval=interval)
     if len({Path(r).resolve() for r in runs}) < len(runs):
         raise UserError("the same run folder is given twice; an ensemble needs distinct runs")
-    return Ensemble.from_runs(runs, device=device, precision=precision)
+    return Ensemble.from_runs(runs, device=device, precision=precision, interval=interval)

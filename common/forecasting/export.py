@@ -128,8 +128,10 @@ def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num
             torch.randint(0, num_categories, (batch,), generator=g))
 
 
-def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
-    """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it."""
+def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Optional[str] = None) -> Path:
+    """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it.
+    interval: which of a run's data.intervals the export forecasts (None: its first; the onnx and
+    pt2 forwards take its id as a constant; an hf folder keeps every interval's row)."""
     if fmt == "torchscript":
         raise UserError("--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
                         "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)")
@@ -137,12 +139,13 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None) -> Path:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
         raise UserError(f"{run_dir} is an exported model folder, not a run folder; export the run it came from")
-    fc = Forecaster.from_run(run_dir)  # checks the run folder; a run without best_model.pt says so
+    fc = Forecaster.from_run(run_dir, interval=interval)  # checks the run folder (and --interval)
     if fmt != "hf" and (fc.cfg.model.time_features or fc.cfg.model.volume_input):
         # the exported forward takes tokens, assets and categories only
         raise UserError("this run reads model.time_features / model.volume_input, which the export does not "
                         "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)")
-    out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / Path(run_dir).name
+    name = Path(run_dir).name + (f"_{fc.interval}" if fc.interval != fc.cfg.data.interval else "")
+    out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / name
     try:
         out.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".export_", dir=out))
@@ -298,7 +301,7 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
         "context_length": cfg.model.context_length,
         "vocab_size": cfg.model.vocab_size,
         "parameter_count": fc.model.num_parameters(),
-        "interval": cfg.data.interval,
+        "interval": fc.interval,
         "data_source": cfg.data.source,
         # the model learned from candles before val_start; the best epoch was chosen on candles before test_start
         "training_data_cutoff": cuts.get("val_start"),

@@ -36,6 +36,7 @@ import pandas as pd
 
 from common.atomic import read_json, read_json_or_empty
 from common.config import Config, load_config
+from common.data.universe import pick_interval
 from common.errors import UserError
 from common.markets import interval_step
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -141,17 +142,21 @@ class Forecaster:
         self.checkpoint_sha256 = checkpoint_sha256
         self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
         self.symbols = list(asset_info["symbols"])
+        # the interval forecast (a run of several intervals: --interval, default its first);
+        # the model reads its id as model.default_interval
+        self.interval = cfg.data.interval
         self.device = next(model.parameters()).device if model is not None else "cpu"
 
     # ------------------------------------------------------------------ loading
 
     @classmethod
     def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None,
-                 precision: str = "auto") -> "Forecaster":
+                 precision: str = "auto", interval: Optional[str] = None) -> "Forecaster":
         """The run's best model (best_model.pt), tokenizer, asset ids and config (a model folder of
         `marketgpt export --format hf` instead: from_pretrained). precision:
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
-        "fp32" or "bf16"."""
+        "fp32" or "bf16". interval: which of the run's intervals to forecast (None: its first; one
+        it did not train on is a UserError)."""
         import torch  # torch only where a torch model runs (common.forecasting.infer forecasts without it)
 
         from common.distributed.precision import inference_precision  # torch
@@ -160,14 +165,17 @@ class Forecaster:
         from common.training.run_folder import open_run  # torch
 
         if (Path(run_dir) / PRETRAINED_FILES[0]).is_file() and not (Path(run_dir) / "best_model.pt").exists():
-            return cls.from_pretrained(run_dir, device=device, precision=precision)  # an hf export folder
+            return cls.from_pretrained(run_dir, device=device, precision=precision,
+                                       interval=interval)  # an hf export folder
         run = open_run(run_dir, need_tokens=False)
         run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
+        interval, interval_id = pick_interval(asset_info, cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
         precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
                                         device)
         best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
-        model = MarketGPT(cfg.model, num_assets=asset_info["num_assets"], num_categories=asset_info["num_categories"])
+        model = MarketGPT.for_run(cfg.model, asset_info)
+        model.default_interval = interval_id
         try:
             model.load_state_dict(unwrap_state_dict(best["model"]))
         except (KeyError, RuntimeError) as e:
@@ -184,12 +192,14 @@ class Forecaster:
         if cfg.model.volume_input and edges is None:
             raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
-        return cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
-                   volume_edges=edges, precision=precision)
+        fc = cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
+                 volume_edges=edges, precision=precision)
+        fc.interval = interval
+        return fc
 
     @classmethod
     def from_pretrained(cls, folder: Union[str, Path], device: Union[str, torch.device, None] = None,
-                        precision: str = "auto") -> "Forecaster":
+                        precision: str = "auto", interval: Optional[str] = None) -> "Forecaster":
         """A model folder (`marketgpt export RUN_DIR --format hf`): model.safetensors, config.json,
         tokenizer.json and asset_info.json, without the run folder and without pickle (JSON and
         safetensors only). precision as in from_run (the training precision is in the weights' header)."""
@@ -215,7 +225,8 @@ class Forecaster:
             raise UserError(f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
                             "export the run again") from None
         weights = folder / PRETRAINED_FILES[0]
-        model = MarketGPT(cfg.model, num_assets=counts[0], num_categories=counts[1])
+        model = MarketGPT.for_run(cfg.model, asset_info)
+        interval, model.default_interval = pick_interval(asset_info, cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
         try:
             with safe_open(str(weights), framework="pt") as f:
@@ -233,8 +244,10 @@ class Forecaster:
             raise UserError(f"{weights}: model.volume_input is on but its header has no volume_edges; export the "
                             "run again")
         precision = inference_precision(precision, meta.get("training_precision"), device)
-        return cls(model.to(device), tokenizer, asset_info, cfg, run_dir=folder,
-                   checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision)
+        fc = cls(model.to(device), tokenizer, asset_info, cfg, run_dir=folder,
+                 checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision)
+        fc.interval = interval
+        return fc
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -253,7 +266,8 @@ class Forecaster:
 
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
         categories = {s: self.assets[s]["category"] for s in chosen}
-        return [History(s, frame) for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of)]
+        return [History(s, frame) for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of,
+                                                                          self.interval)]
 
     # ------------------------------------------------------------------ forecasting
 
@@ -304,7 +318,7 @@ class Forecaster:
         frames = []
         for i, o in enumerate(origins):
             stats = summarize_paths(close[i], ohlc["high"][i], ohlc["low"][i])
-            when = future_timestamps(o["as_of"], self.cfg.data.interval, o["category"], horizon)
+            when = future_timestamps(o["as_of"], self.interval, o["category"], horizon)
             frames.append(pd.DataFrame({"symbol": o["symbol"], "as_of": o["as_of"], "step": np.arange(1, horizon + 1),
                                         "timestamp": when, "last_close": o["last_close"], **stats}))
         table = pd.concat(frames, ignore_index=True)
@@ -352,7 +366,7 @@ class Forecaster:
         interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
         from common.forecasting.history import clean_history  # the data layer, loaded when asked
 
-        symbol, interval = str(item), self.cfg.data.interval
+        symbol, interval = str(item), self.interval
         if symbol not in self.assets:
             raise UserError(f"predict_df: item {item!r} is not an asset this model was trained on "
                             f"({len(self.symbols)} assets{self._nearest(symbol)})")
@@ -421,7 +435,7 @@ class Forecaster:
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
-        interval = self.cfg.data.interval
+        interval = self.interval
         edges = self.volume_edges
         if edges is None:
             if self.cfg.model.volume_input:

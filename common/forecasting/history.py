@@ -21,7 +21,7 @@ import pandas as pd
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import clean_candles, fill_gaps
-from common.markets import interval_step
+from common.markets import interval_step, series_name
 from common.errors import UserError
 
 __all__ = ["clean_history", "frame_items", "load_histories", "parse_as_of"]
@@ -44,21 +44,23 @@ def parse_as_of(text: str) -> pd.Timestamp:
 
 
 def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str, str], symbols: Sequence[str],
-                   as_of: Optional[str]) -> list[tuple[str, pd.DataFrame]]:
+                   as_of: Optional[str], interval: Optional[str] = None) -> list[tuple[str, pd.DataFrame]]:
     """(symbol, cleaned candles up to as-of) per symbol (default: all of its candles).
-    `categories` maps each symbol to its category (crypto gaps are filled as in training)."""
+    `categories` maps each symbol to its category (crypto gaps are filled as in training).
+    interval: which of a run's data.intervals (default: data.interval), read from that interval's series."""
     cut = parse_as_of(as_of) if as_of is not None else None
     case_dir = run_dir.resolve().parent.parent if run_dir is not None else None
     if cfg.data.source == "download" and case_dir is None:
         raise UserError("this Forecaster has no run folder, so it cannot find the case's candle cache; "
                         "pass histories to forecast() instead")
     market = load_market_data(cfg, case_dir if case_dir is not None else Path("."))
-    step = interval_step(cfg.data.interval)
+    interval = interval or cfg.data.interval
+    step = interval_step(interval)
     out = []
     for symbol in symbols:
-        raw = market.candles.get(symbol)
+        raw = market.candles.get(series_name(symbol, interval) if cfg.data.intervals else symbol)
         if raw is None or raw.empty:
-            raise UserError(f"{symbol}: no {cfg.data.interval} candles in the run's data source "
+            raise UserError(f"{symbol}: no {interval} candles in the run's data source "
                             f"({cfg.data.source}); run `marketgpt data download` for its case first")
         if cut is not None:
             index = raw.index.tz_localize("UTC") if raw.index.tz is None else raw.index.tz_convert("UTC")

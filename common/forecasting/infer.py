@@ -204,6 +204,7 @@ class ExportedForecaster(Forecaster):
         self.card = card or {}
         super().__init__(None, tokenizer, asset_info, cfg, run_dir=export_dir,
                          checkpoint_sha256=self.card.get("checkpoint_sha256"))
+        self.interval = self.card.get("interval") or cfg.data.interval  # an export forecasts one interval
         self.backend = backend  # stands in for the torch model
 
     @classmethod

@@ -154,9 +154,14 @@ class MarketGPT(nn.Module):
     `MarketGPT(config)` takes a ModelConfig (or a whole Config, whose `.model` is used).
     num_assets / num_categories size the embedding tables; asset and category ids passed to
     forward() must lie in [0, num_assets) and [0, num_categories).
+    num_intervals > 1 (data.intervals): an interval embedding (num_intervals, d_model), zero at
+    the start, added at every position like the asset's; one interval has none, so a one-interval
+    model's parameters and checkpoints are as before. forward() reads interval_ids (B,), or
+    without them `default_interval` (what forecasts and exports of one interval set).
     """
 
-    def __init__(self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1) -> None:
+    def __init__(self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1,
+                 num_intervals: int = 1) -> None:
         super().__init__()
         if isinstance(config, Config):
             config = config.model
@@ -168,6 +173,8 @@ class MarketGPT(nn.Module):
         self.gradient_checkpointing = False  # training.gradient_checkpointing (set by the Trainer)
         self.num_assets = num_assets
         self.num_categories = num_categories
+        self.num_intervals = num_intervals
+        self.default_interval = 0  # the interval id forward() reads when given no interval_ids
         C = config.d_model
 
         self.wte = nn.Embedding(config.vocab_size, C)  # token embedding, tied to the head
@@ -175,6 +182,7 @@ class MarketGPT(nn.Module):
         self.asset_emb = nn.Embedding(num_assets, config.asset_embed_dim)
         self.category_emb = nn.Embedding(num_categories, config.category_embed_dim)
         self.cond_proj = nn.Linear(config.asset_embed_dim + config.category_embed_dim, C, bias=config.bias)
+        self.interval_emb = nn.Embedding(num_intervals, C) if num_intervals > 1 else None
         # model.time_features / model.volume_input: per-candle ids (common/tokens/features.py)
         # whose embeddings add to the token's; None when off, so the documented counts hold
         self.time_emb = (nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)])
@@ -203,6 +211,16 @@ class MarketGPT(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.proj, block.mlp.proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.num_layers))
+        if self.interval_emb is not None:
+            # zero: the intervals start alike and training tells them apart (a fine-tuned
+            # one-interval parent then forecasts every interval as it forecast its own)
+            nn.init.zeros_(self.interval_emb.weight)
+
+    @classmethod
+    def for_run(cls, config: Union[ModelConfig, Config], asset_info: dict) -> "MarketGPT":
+        """The model of a run with this asset_info.json: its assets, categories and intervals."""
+        return cls(config, num_assets=asset_info["num_assets"], num_categories=asset_info["num_categories"],
+                   num_intervals=len(asset_info.get("intervals", ())) or 1)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -220,6 +238,7 @@ class MarketGPT(nn.Module):
         if non_embedding:
             tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
             tables += [*(self.time_emb or []), *([self.volume_emb] if self.volume_emb is not None else [])]
+            tables += [self.interval_emb] if self.interval_emb is not None else []
             total -= sum(t.weight.numel() for t in tables)
         return total
 
@@ -267,7 +286,8 @@ class MarketGPT(nn.Module):
     def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
                 targets: Optional[torch.Tensor] = None, last_only: bool = False,
                 cache: Optional[KVCache] = None, features: Optional[torch.Tensor] = None,
-                vocab: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                vocab: Optional[int] = None,
+                interval_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
 
         Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
@@ -293,7 +313,12 @@ class MarketGPT(nn.Module):
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
         if self.time_emb is not None or self.volume_emb is not None:
             x = x + self._input_features(features, B, T)
-        x = self.drop(x + self.cond_proj(cond).unsqueeze(1))  # (B, 1, C) broadcast over T
+        cond = self.cond_proj(cond)  # (B, C)
+        if self.interval_emb is not None:
+            if interval_ids is None:
+                interval_ids = torch.full((B,), self.default_interval, dtype=torch.long, device=idx.device)
+            cond = cond + self.interval_emb(interval_ids)
+        x = self.drop(x + cond.unsqueeze(1))  # (B, 1, C) broadcast over T
         rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None
         layer_kvs = cache.layers if cache is not None else [None] * len(self.blocks)
         for block, kv in zip(self.blocks, layer_kvs):

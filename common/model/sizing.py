@@ -37,7 +37,8 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
     if num_assets < 1 or num_categories < 1:
         raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
     with torch.device("meta"):
-        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
+        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories,
+                         num_intervals=len(cfg.data.intervals) or 1)
 
 
 def _inputs_line(cfg: Config) -> str:

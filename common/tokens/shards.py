@@ -10,7 +10,8 @@
                         then reuses what the first made
 
 The key covers the data settings (source, universe, dates, interval, split ratios, purge gap,
-categories, ...), the tokenizer section, the context length, the time and volume inputs, the
+categories, ...; data.intervals and data.interval_split only when set, so older configs keep
+their key), the tokenizer section, the context length, the time and volume inputs, the
 formats of the tokenizer and the token folder, a fine-tuning parent's tokenizer, and the size
 and time stamp of every input file (the parquet cache, your files, the sample): change any and
 the next run prepares a new shard; change none and every run, rank and resumed job reuses it
@@ -62,6 +63,9 @@ __all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
 _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards")
+# data settings added after the seed configs: in the key only when not at their default, so every
+# config that does not use them keeps its shard
+_KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
 
 
 @dataclasses.dataclass
@@ -132,19 +136,20 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
                       out: Optional[TextIO] = None) -> Prepared:
     """The same corpus prepared in memory for one run (data.shards = false): every asset's
     candles held at once, nothing written to the data cache."""
-    prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
+    market = load_market_data(cfg, case_dir)
+    prepared = prepare_data(cfg, market)
     tokenizer = fit_tokenizer(cfg, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg) else None
     symbols = [a.symbol for a in prepared.assets]
     tokens, moves, features = {}, {}, {}
     for s in symbols:
-        tokens[s], moves[s], features[s] = encode_asset(tokenizer, prepared.candles[s], s, prepared.interval, edges)
+        tokens[s], moves[s], features[s] = encode_asset(tokenizer, prepared.candles[s], s, market.interval_of(s), edges)
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges
     token_set = TokenSet(symbols, tokens, moves, {s: ranges_of(prepared, s) for s in symbols},
                          features if edges is not None else None)
-    return Prepared(token_set, tokenizer, asset_info(prepared.assets), data_info)
+    return Prepared(token_set, tokenizer, asset_info(prepared.assets, cfg.data.intervals), data_info)
 
 
 # --------------------------------------------------------------------------- the key
@@ -152,7 +157,8 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:
     """(the shard folder this config's tokens belong in, the inputs its key is the hash of)."""
-    data = {k: v for k, v in config_to_dict(cfg)["data"].items() if k not in _NOT_KEYED}
+    data = {k: v for k, v in config_to_dict(cfg)["data"].items()
+            if k not in _NOT_KEYED and not (k in _KEYED_WHEN_SET and v == _KEYED_WHEN_SET[k])}
     inputs = {
         "versions": {"shard": SHARD_VERSION, "token_folder": FORMAT_VERSION,
                      "tokenizer": TOKENIZER_FORMAT},
@@ -304,16 +310,17 @@ def _progress(out: TextIO, what: str, done: int, total: int) -> None:
 def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int, out: TextIO) -> None:
     """Read, clean and gap-fill this task's assets, each kept in work/clean/<i>.npz."""
     market = load_market_data(cfg, case_dir)  # lazy: an asset is read when its turn comes
-    step = interval_step(market.interval)
     (work / "clean").mkdir(exist_ok=True)
     mine = [i for i in range(len(market.assets)) if i % tasks == task]
     if task == 0:
         print(f"Token shards: preparing {work.parent} from {len(market.assets)} assets ({cfg.data.source}, "
-              f"{market.interval}); a killed preparation continues on the next run", file=out, flush=True)
+              f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
+              file=out, flush=True)
     for k, i in enumerate(mine, 1):
         file = work / "clean" / f"{i:06d}.npz"
         if not file.is_file():
             s = market.assets[i].symbol
+            step = interval_step(market.interval_of(s))  # a series' own interval (data.intervals)
             frame, record, why = clean_asset(market.assets[i], market.candles[s], step,
                                              reader_fixes=market.fixes.get(s), file=market.files.get(s))
             if frame is None:
@@ -326,8 +333,8 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
         _progress(out, "cleaned", k, len(mine))
 
 
-def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Cleaned, dict, dict]:
-    """Every asset's clean-stage output: (universe, interval, cleaned, records, dropped)."""
+def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Cleaned, dict, dict, dict]:
+    """Every asset's clean-stage output: (universe, interval, cleaned, records, dropped, series intervals)."""
     market = load_market_data(cfg, case_dir)
     files, records, dropped = {}, {}, {}
     for i, asset in enumerate(market.assets):
@@ -344,7 +351,7 @@ def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Clean
                 dropped[asset.symbol] = meta["why"]
                 continue
         files[asset.symbol] = file
-    return market.assets, market.interval, _Cleaned(files), records, dropped
+    return market.assets, market.interval, _Cleaned(files), records, dropped, market.series_intervals
 
 
 def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], out: TextIO) -> None:
@@ -352,7 +359,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     ranges only, and lay out the token arrays; work/split.json, written last, says it is done."""
     if (work / "split.json").is_file():
         return
-    universe, interval, cleaned, records, dropped = _cleaned(cfg, case_dir, work)
+    universe, interval, cleaned, records, dropped, series_intervals = _cleaned(cfg, case_dir, work)
     # every asset's stamps and candles are read from work/clean/ when the split or the fit needs
     # them, never all at once: memory holds one asset, the day counts of the cuts and the fit's sample
     prepared = split_data(cfg, universe, interval, cleaned, cleaned.real(), records, dropped,
@@ -371,7 +378,8 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     atomic_write_json(work / "split.json", {
         "symbols": symbols, "files": [str(cleaned.files[s]) for s in symbols], "lengths": lengths,
         "ranges": {s: ranges_of(prepared, s) for s in symbols}, "interval": interval, "volume_edges": edges,
-        "info": prepared.info, "asset_info": asset_info(prepared.assets)})
+        "info": prepared.info, "asset_info": asset_info(prepared.assets, cfg.data.intervals),
+        "series_intervals": series_intervals})
     print(f"Token shards: split {total:,} candles of {len(symbols)} assets; tokenizer fitted on the train split",
           file=out, flush=True)
 
@@ -397,7 +405,8 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
         if not done.is_file():
             s = split["symbols"][j]
             tokenizer.reset_clip_counts()  # this asset's own counts, summed by the finish stage
-            toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, split["interval"], edges)
+            interval = split.get("series_intervals", {}).get(s, split["interval"])
+            toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, interval, edges)
             lo = int(bounds[j])
             _write_at(work / "tokens" / "tokens.bin", lo * 2, toks.astype(np.int16))
             _write_at(work / "tokens" / "moves.bin", lo * 8, moves.astype(np.float64))

@@ -45,10 +45,14 @@ class Batch:
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
     features: Optional[torch.Tensor] = None  # (B, T, 3) time and volume ids of x (see build_windows)
+    interval_ids: Optional[torch.Tensor] = None  # (B,): a run of several intervals (data.intervals)
 
     def extra_inputs(self) -> dict:
         """Keyword inputs of the model beyond the ids, only when the run has them."""
-        return {} if self.features is None else {"features": self.features}
+        extra = {} if self.features is None else {"features": self.features}
+        if self.interval_ids is not None:
+            extra["interval_ids"] = self.interval_ids
+        return extra
 
 
 @dataclass
@@ -63,6 +67,7 @@ class SplitWindows:
     stride: int
     asset_ids: torch.Tensor  # (R,) on the device
     category_ids: torch.Tensor  # (R,) on the device
+    interval_ids: Optional[torch.Tensor] = None  # (R,) on the device; a run of several intervals only
 
     def __post_init__(self) -> None:
         self.cum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.count, 0)])  # (R + 1,) CPU
@@ -165,7 +170,7 @@ class TokenWindows:
         chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather
         features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]].long()
         return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[run], category_ids=w.category_ids[run],
-                     features=features)
+                     features=features, interval_ids=None if w.interval_ids is None else w.interval_ids[run])
 
     def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
@@ -197,7 +202,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
                   asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
                   strides: Mapping[str, int], device: torch.device | str = "cpu",
                   epoch_stride: int = 1, features: Optional[Mapping[str, np.ndarray]] = None,
-                  flat: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None) -> TokenWindows:
+                  flat: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
+                  interval_ids: Optional[Mapping[str, int]] = None) -> TokenWindows:
     """Concatenate every asset's tokens and cut each split's windows.
 
     tokens: symbol -> 1-D token array of the asset's whole cleaned series;
@@ -207,11 +213,14 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
     epoch's distance between the windows it takes (see the module docstring); features: symbol ->
     (len(tokens), 3) per-candle ids (model.time_features / volume_input), concatenated alike so
     a window's features line up with its tokens; flat: (tokens, features) already end to end
-    in the order of `tokens` (TokenSet.flat: the memory maps of a token folder), used as they are.
+    in the order of `tokens` (TokenSet.flat: the memory maps of a token folder), used as they are;
+    interval_ids: symbol -> interval id, for a run of several intervals (every window is one
+    series, so one interval); None: the batches carry none.
     """
     length = context_length + 1
     parts, feature_parts, offset = [], [], 0
-    runs: dict[str, list[tuple[int, int, int, int]]] = {s: [] for s in SPLITS}  # (first, count, asset, category)
+    # (first, count, asset, category, interval)
+    runs: dict[str, list[tuple[int, int, int, int, int]]] = {s: [] for s in SPLITS}
     for symbol, toks in tokens.items():
         toks = np.asarray(toks)
         if toks.ndim != 1:
@@ -224,7 +233,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
                 raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
             count = max(0, (end - length - begin) // strides[split] + 1)  # = len(window_starts(...))
             if count:
-                runs[split].append((offset + begin, count, asset_ids[symbol], category_ids[symbol]))
+                runs[split].append((offset + begin, count, asset_ids[symbol], category_ids[symbol],
+                                    interval_ids[symbol] if interval_ids is not None else 0))
         if features is not None and len(features[symbol]) != len(toks):
             raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
         if flat is None:
@@ -237,8 +247,9 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
 
     splits = {}
     for split in SPLITS:
-        first, count, a, c = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(4))
-        splits[split] = SplitWindows(first.to(device), count, strides[split], a.to(device), c.to(device))
+        first, count, a, c, k = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(5))
+        splits[split] = SplitWindows(first.to(device), count, strides[split], a.to(device), c.to(device),
+                                     k.to(device) if interval_ids is not None else None)
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
             raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "

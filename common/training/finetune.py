@@ -10,6 +10,10 @@
 - Every weight is copied except the asset and category embeddings, which are matched by name:
   an asset the parent knew keeps its row; a new asset starts from the mean row of its category's
   assets in the parent; a category the parent never saw keeps its fresh init (so do its assets).
+  A run of several intervals (data.intervals) matches its interval embedding's rows by interval
+  name too: an interval the parent trained on with an embedding keeps its row; every other row
+  starts at zero (a one-interval parent has no interval embedding: all rows start at zero, so the
+  new run first forecasts every interval as the parent forecast its own).
 - training.freeze: "none", "embeddings" (every nn.Embedding: tokens, positions, assets,
   categories; the token embedding is tied to the output head, so the head stays too), or
   "all_but_last_N" (only the last N blocks, the final norm and the head train). Frozen
@@ -37,7 +41,8 @@ from common.training.checkpoint import checkpoint_files, load_checkpoint, unwrap
 __all__ = ["Parent", "apply_freeze", "check_parent_fits", "init_from_parent", "record_lineage", "resolve_parent"]
 
 _ALL_BUT_LAST = re.compile(r"^all_but_last_(\d+)$")
-_EMBEDDING_KEYS = ("asset_emb.weight", "category_emb.weight")  # matched by name, not copied whole
+# matched by name, not copied whole
+_EMBEDDING_KEYS = ("asset_emb.weight", "category_emb.weight", "interval_emb.weight")
 # model keys that may differ from the parent: they change no weight's shape or meaning
 _FREE_MODEL_KEYS = ("dropout",)
 
@@ -149,9 +154,25 @@ def init_from_parent(model: nn.Module, parent: Parent, asset_info: dict) -> dict
             copied["assets_from_category_mean"].append(rec["symbol"])
         else:
             copied["assets_fresh"].append(rec["symbol"])
+    if getattr(model, "interval_emb", None) is not None:
+        _copy_intervals(model.interval_emb.weight, state.get("interval_emb.weight"), theirs.get("intervals", []),
+                        asset_info["intervals"], copied)
     return {"parent_run": str(parent.run_dir), "checkpoint": str(parent.checkpoint),
             "checkpoint_sha256": parent.sha256, "tokenizer": str(parent.run_dir / "tokenizer.json"),
             "weights": "all, except asset and category embeddings (matched by name)", **copied}
+
+
+def _copy_intervals(rows: torch.Tensor, old: torch.Tensor | None, their_intervals: list[str], intervals: list[str],
+                    copied: dict[str, list]) -> None:
+    """The interval embedding's rows: the parent's row of the same interval, else zero."""
+    copied["intervals"], copied["intervals_zero"] = [], []
+    for new_id, interval in enumerate(intervals):
+        if old is not None and interval in their_intervals:
+            rows[new_id] = old[their_intervals.index(interval)]
+            copied["intervals"].append(interval)
+        else:
+            rows[new_id] = 0.0
+            copied["intervals_zero"].append(interval)
 
 
 def apply_freeze(model: nn.Module, spec: str) -> list[str]:

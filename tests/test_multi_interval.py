@@ -1,0 +1,305 @@
+"""Several intervals in one model (data.intervals): the config, the series of the synthetic
+market, the interval embedding, and a tiny run on three intervals that trains, resumes exactly
+after kill -9, forecasts, scores and exports each interval (docs/data.md#several-intervals)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from common.cli import main
+from common.config import ConfigError, Config, at_interval, load_config
+from common.data.loading import load_market_data
+from common.data.prepare import prepare_data
+from common.data.synthetic import aggregate
+from common.data.universe import Asset, asset_info, pick_interval, series_ids
+from common.errors import UserError
+from common.model.gpt import MarketGPT
+from common.paths import REPO_ROOT
+from common.tokens.shards import shard_folder
+from common.training.checkpoint import checkpoint_files, load_checkpoint
+from common.training.run_folder import config_differences
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+
+INTERVALS = ["15m", "1h", "4h"]
+TINY = {
+    "experiment": "multi",
+    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
+              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
+    "training": {"batch_size": 16, "epochs": 2, "max_steps_per_epoch": 8, "eval_max_batches": 2,
+                 "warmup_steps": 2, "log_every_steps": 1, "scorecard_origins": 0,
+                 "checkpoint_every_minutes": 0.001},
+    "data": {"source": "synthetic", "interval": "15m", "intervals": INTERVALS, "start_date": "2024-01-01",
+             "synthetic": {"assets": 2, "candles": 2000, "categories": ["crypto"]}},
+}
+
+
+def _case(root: Path, name: str) -> Path:
+    path = root / name / "configs" / "multi.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def _run_dir(config: Path) -> Path:
+    (run_dir,) = sorted((config.parent.parent / "checkpoints").glob("multi_*"))
+    return run_dir
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"intervals": ["1h"]}, "'data.intervals' must list at least two different intervals"),
+    ({"intervals": ["1h", "1h"]}, "'data.intervals' must list at least two different intervals"),
+    ({"intervals": ["1h", "1d"]}, "'data.interval' ('1d') must be data.intervals' first entry ('1h')"),
+    ({"intervals": ["1d", "2h"], "interval": "1d"}, "'data.intervals' = '2h' is not one of"),
+    ({"intervals": ["1d", "1h"], "source": "files", "files_dir": "x"}, "your own files hold one interval"),
+])
+def test_bad_intervals_name_the_key(tmp_path, data, fragment):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"data": data}))
+    with pytest.raises(ConfigError, match=None) as e:
+        load_config(path)
+    assert fragment in str(e.value)
+
+
+def test_one_interval_configs_keep_their_shard_key_and_a_change_of_intervals_is_no_resume(tmp_path):
+    one = Config()
+    explicit = Config()
+    explicit.data.intervals = []
+    several = Config()
+    several.data.intervals = ["1d", "1h"]
+    for cfg in (one, explicit, several):
+        cfg.data.source = "synthetic"  # no input files to stamp
+    assert one.data.run_intervals() == ["1d"] and several.data.run_intervals() == ["1d", "1h"]
+    key, inputs = shard_folder(one, tmp_path)
+    assert "intervals" not in inputs["data"]  # a field added after the seed configs: not in their key
+    assert shard_folder(explicit, tmp_path)[0] == key != shard_folder(several, tmp_path)[0]
+    assert [d.split(":")[0] for d in config_differences(one, several)] == ["data.intervals"]
+    view = at_interval(several, "1h")
+    assert (view.data.interval, view.data.intervals, several.data.intervals) == ("1h", [], ["1d", "1h"])
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_aggregate_makes_exchange_candles_from_finer_ones():
+    index = pd.date_range("2024-01-01", periods=8, freq="15min", tz="UTC", name="timestamp")
+    fine = pd.DataFrame({"open": np.arange(8.0) + 10, "high": np.arange(8.0) + 12, "low": np.arange(8.0) + 9,
+                         "close": np.arange(8.0) + 11, "volume": np.ones(8)}, index=index)
+    fine = fine.drop(index[5])  # a missing fine candle
+    hourly = aggregate(fine, "1h")
+    assert list(hourly.index) == [index[0], index[4]]
+    assert hourly.iloc[0].tolist() == [10.0, 15.0, 9.0, 14.0, 4.0]
+    assert hourly.iloc[1].tolist() == [14.0, 19.0, 13.0, 18.0, 3.0]
+
+
+def test_the_synthetic_market_at_several_intervals_is_one_market_aggregated():
+    cfg = Config()
+    cfg.data.source, cfg.data.start_date = "synthetic", "2024-01-01"
+    cfg.data.interval, cfg.data.intervals = "1h", ["1h", "4h", "1d"]
+    cfg.data.synthetic = {"assets": 2, "candles": 24 * 20}
+    market = load_market_data(cfg, Path("."))
+    names = [a.symbol for a in market.assets]
+    assert names == [f"SYN000{i}@{iv}" for i in range(2) for iv in ("1h", "4h", "1d")]
+    assert market.interval_of("SYN0001@4h") == "4h" and market.interval == "1h"
+    hourly = market.candles["SYN0001@1h"]
+    pd.testing.assert_frame_equal(market.candles["SYN0001@1d"], aggregate(hourly, "1d"))
+    one = load_market_data(at_interval(cfg, "1h"), Path("."))  # the finest series is the one-interval market's
+    pd.testing.assert_frame_equal(one.candles["SYN0001"], hourly)
+
+
+def test_asset_info_of_series_shares_asset_ids_across_intervals():
+    series = [Asset(f"{s}@{iv}", "sample", c, s) for s, c in (("A", "crypto"), ("B", "fx")) for iv in ("1h", "1d")]
+    info = asset_info(series, ["1h", "1d"])
+    assert info["symbols"] == {"A": 0, "B": 1} and info["num_assets"] == 2 and info["intervals"] == ["1h", "1d"]
+    assets, categories, intervals = series_ids(info)
+    assert assets == {"A@1h": 0, "A@1d": 0, "B@1h": 1, "B@1d": 1}
+    assert intervals == {"A@1h": 0, "A@1d": 1, "B@1h": 0, "B@1d": 1}
+    assert categories["B@1d"] == info["categories"]["fx"]
+    one = asset_info([Asset("A", "sample", "crypto", "A")])
+    assert "intervals" not in one and series_ids(one)[2] == {"A": 0}
+    assert pick_interval(info, "1h", None) == ("1h", 0) and pick_interval(info, "1h", "1d") == ("1d", 1)
+    with pytest.raises(UserError, match="--interval 4h: the run was trained on 1h, 1d only"):
+        pick_interval(info, "1h", "4h")
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_a_one_interval_model_has_its_old_parameters_and_several_get_a_zero_interval_embedding():
+    cfg = Config().model
+    torch.manual_seed(0)
+    one = MarketGPT(cfg, num_assets=3, num_categories=2)
+    torch.manual_seed(0)
+    again = MarketGPT.for_run(cfg, {"num_assets": 3, "num_categories": 2})
+    assert one.interval_emb is None and one.state_dict().keys() == again.state_dict().keys()
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in one.state_dict().items())
+    several = MarketGPT.for_run(cfg, {"num_assets": 3, "num_categories": 2, "intervals": ["1h", "1d"]})
+    assert set(several.state_dict()) - set(one.state_dict()) == {"interval_emb.weight"}
+    assert several.interval_emb.weight.shape == (2, cfg.d_model) and not several.interval_emb.weight.any()
+    assert several.num_parameters() - one.num_parameters() == 2 * cfg.d_model
+
+
+# --------------------------------------------------------------------------- a run on three intervals
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> Path:
+    config = _case(tmp_path_factory.mktemp("multi"), "straight")
+    assert main(["train", "--config", str(config)]) == 0
+    return _run_dir(config)
+
+
+def test_a_run_of_three_intervals_trains_and_evaluates_each(straight_run):
+    info = json.loads((straight_run / "asset_info.json").read_text())
+    assert info["intervals"] == INTERVALS and info["num_assets"] == 2
+    assert sorted(info["series"]) == sorted(f"SYN000{i}@{iv}" for i in range(2) for iv in INTERVALS)
+    data_info = json.loads((straight_run / "data_info.json").read_text())
+    assert data_info["intervals"] == INTERVALS
+    state = load_checkpoint(straight_run / "best_model.pt")["model"]
+    assert state["interval_emb.weight"].shape[0] == 3 and state["interval_emb.weight"].any()  # it trained
+    results = json.loads((straight_run / "test_results.json").read_text())
+    assert results["interval"] == "15m" and list(results["per_interval"]) == INTERVALS
+    for interval, r in results["per_interval"].items():
+        assert set(r["per_asset"]) == {"SYN0000", "SYN0001"} and r["num_tokens"] > 0
+        assert r["token_skill"]["unigram"]["value"] is not None
+    assert results["per_interval"]["4h"]["num_tokens"] < results["per_interval"]["15m"]["num_tokens"]
+
+
+def test_kill_9_then_resume_ends_bit_equal_to_a_straight_run(straight_run, tmp_path, capsys):
+    config = _case(tmp_path, "killed")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "common.cli", "train", "--config", str(config), "--resume", "auto"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    try:  # kill -9 once a step checkpoint of the first epoch is on disk
+        while not any(p.name.startswith("checkpoint_epoch_1_step_")
+                      for d in (config.parent.parent / "checkpoints").glob("multi_*") for p in checkpoint_files(d)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert main(["train", "--config", str(config), "--resume", "auto"]) == 0
+    assert "Resuming" in capsys.readouterr().out
+    run_dir = _run_dir(config)
+    losses = [json.loads((d / "training_log.json").read_text())["epochs"] for d in (run_dir, straight_run)]
+    assert [[(e["train_loss"], e["val_loss"]) for e in log] for log in losses][0] == \
+        [[(e["train_loss"], e["val_loss"]) for e in log] for log in losses][1]
+    mine, ref = (load_checkpoint(d / "checkpoint_epoch_2.pt")["model"] for d in (run_dir, straight_run))
+    assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in ref)
+
+
+def test_forecast_scorecard_and_export_take_an_interval(straight_run, capsys):
+    for interval, step in (("1h", pd.Timedelta("1h")), ("4h", pd.Timedelta("4h"))):
+        out = straight_run / f"fc_{interval}"
+        assert main(["forecast", str(straight_run), "--interval", interval, "--horizon", "2", "--samples", "4",
+                     "--out", str(out)]) == 0
+        table = pd.read_csv(out / "forecast.csv")
+        assert set(table["symbol"]) == {"SYN0000", "SYN0001"}
+        stamps = pd.to_datetime(table.sort_values(["symbol", "step"])["timestamp"].iloc[:2])
+        assert stamps.iloc[1] - stamps.iloc[0] == step
+    assert main(["scorecard", str(straight_run), "--interval", "4h", "--origins", "2", "--samples", "4",
+                 "--horizons", "1"]) == 0
+    card = json.loads((straight_run / "scorecard_4h" / "scorecard.json").read_text())
+    assert card["interval"] == "4h"
+    assert main(["export", str(straight_run), "--interval", "1h"]) == 0
+    model_card = json.loads((straight_run.parent.parent / "exports" / f"{straight_run.name}_1h" /
+                             "model_card.json").read_text())
+    assert model_card["interval"] == "1h"
+    capsys.readouterr()
+    for command in ("forecast", "scorecard", "export"):
+        assert main([command, str(straight_run), "--interval", "1d"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"marketgpt {command}: error: --interval 1d: the run was trained on 15m, 1h, 4h only; "
+                       "pick one of them (a new interval needs a run that trains on it)"]
+
+
+def test_the_interval_embedding_changes_the_forecast(straight_run):
+    from common.forecasting.forecaster import Forecaster
+
+    fc = Forecaster.from_run(straight_run, interval="1h")
+    histories = fc.load_history(["SYN0000"])
+
+    def forecast() -> np.ndarray:
+        return fc.forecast(histories, 3, 64, seed=7, return_paths=True).tokens
+
+    first = forecast()
+    assert np.array_equal(first, forecast())  # same seed, same model: same paths
+    with torch.no_grad():
+        # only the 1h row; not a constant vector, which every LayerNorm would take out again
+        g = torch.Generator().manual_seed(0)
+        fc.model.interval_emb.weight[1] += torch.randn(fc.model.config.d_model, generator=g)
+    assert not np.array_equal(first, forecast())
+    contexts = torch.randint(4, 60, (1, 16))
+    ids = torch.zeros(1, dtype=torch.long)
+    logits = [fc.model(contexts, ids, ids, interval_ids=torch.tensor([k]))[0] for k in range(3)]
+    assert not torch.equal(logits[0], logits[1]) and not torch.equal(logits[1], logits[2])
+
+
+def test_fine_tuning_a_one_interval_run_into_several_starts_the_new_rows_at_zero(straight_run, tmp_path):
+    from common.training.finetune import Parent, init_from_parent
+
+    cfg = load_config(straight_run / "config.json")
+    parent = MarketGPT.for_run(cfg.model, {"num_assets": 2, "num_categories": 1})  # a one-interval parent
+    run = tmp_path / "parent"
+    run.mkdir()
+    torch.save({"model": parent.state_dict()}, run / "best_model.pt")
+    (run / "asset_info.json").write_text(json.dumps(asset_info([Asset(f"SYN000{i}", "synthetic", "crypto", "x")
+                                                                for i in range(2)])))
+    info = json.loads((straight_run / "asset_info.json").read_text())
+    child = MarketGPT.for_run(cfg.model, info)
+    torch.nn.init.normal_(child.interval_emb.weight)
+    lineage = init_from_parent(child, Parent(run, run / "best_model.pt", {}), info)
+    assert lineage["intervals_zero"] == INTERVALS and lineage["intervals"] == []
+    assert not child.interval_emb.weight.any() and torch.equal(child.wte.weight, parent.wte.weight)
+    # and a parent of several intervals hands its rows on, by name
+    grand = MarketGPT.for_run(cfg.model, info)
+    lineage = init_from_parent(grand, Parent(straight_run, straight_run / "best_model.pt", {}), info)
+    best = load_checkpoint(straight_run / "best_model.pt")["model"]["interval_emb.weight"]
+    assert lineage["intervals"] == INTERVALS and torch.equal(grand.interval_emb.weight, best)
+
+
+def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split():
+    """The shipped sample's hourly (2017, 2021) and daily (to 2018) candles: pooled cuts would put
+    every hourly candle after the train/val cut; per_interval keeps each one-interval run's cuts."""
+    def prepared(**data):
+        cfg = Config()
+        cfg.model.context_length = 32
+        cfg.data.source = "sample"
+        for key, value in data.items():
+            setattr(cfg.data, key, value)
+        return prepare_data(cfg, load_market_data(cfg, Path(".")))
+
+    several = prepared(interval="1h", intervals=["1h", "1d"], interval_split="per_interval")
+    for interval in ("1h", "1d"):
+        one = prepared(interval=interval)
+        for symbol, split in one.splits.items():
+            mine = several.splits[f"{symbol}@{interval}"]
+            assert (mine.train, mine.val, mine.test) == (split.train, split.val, split.test), symbol
+        assert {f"{s}@{interval}" for s in one.dropped} == {s for s in several.dropped if s.endswith(f"@{interval}")}
+    pooled = prepared(interval="1h", intervals=["1h", "1d"])
+    assert not any(s.endswith("@1h") for s in pooled.splits)  # why per_interval exists
+
+
+def test_plan_shows_candles_and_tokens_per_interval_and_category(tmp_path, capsys):
+    config = _case(tmp_path, "plan")
+    assert main(["plan", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ") and " series " in line}
+    assert list(rows)[:4] == [*INTERVALS, "crypto"]
+    train = {iv: int(rows[iv].split(" candles")[1].split()[0].replace(",", "")) for iv in INTERVALS}
+    assert train["15m"] > train["1h"] > train["4h"] > 0  # a coarser interval: fewer candles of one market
+    assert "per parameter" in rows["crypto"]
