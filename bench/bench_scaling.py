@@ -25,11 +25,13 @@ and binned with the run's own tokenizer edges. Like synthetic.py's oracle it kno
 regime of the next candle, so its loss is a floor slightly below the best a forecaster can reach
 from the candles alone: the gap closed is a conservative share.
 
-Training at every point: batch 32, context 64, learning rate by size (_LR), warmup 50, dropout
+Training at every point: batch 16, context 64, learning rate by size (_LR), warmup 50, dropout
 0.1, weight decay 0.1, tokenizer.ret_bins 32 (256 candle ids), flat head, the train split's
-tokens in windows of stride 1 with data.epoch_stride 16. Steps = passes x D / (32 x 64) target
-tokens, at least --min-steps, split into 10 "epochs" (a validation each, early stopping after 4
-without progress); --max-steps caps it (the point records the cap). Sizes come from _SIZES.
+tokens in windows of stride 1 with data.epoch_stride 16. Steps = passes x D / (16 x 64) target
+tokens (--passes, default 1), at least --min-steps (200), at most --max-steps (1000), split into
+10 "epochs" (a validation each, early stopping after 4 without progress): up to 2e5 training
+tokens every point trains the same 200 steps (matched steps; the compute then grows with N only).
+Sizes come from SIZES.
 
     python bench/bench_scaling.py                           # the default CPU grid (about an hour on 2 idle cores)
     python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
@@ -68,29 +70,28 @@ __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", 
 SIZES: dict[str, tuple[int, int, int, int]] = {
     "toy": (16, 1, 2, 32), "0.2M": (64, 2, 2, 256), "0.9M": (128, 4, 4, 512),
     "5.0M": (256, 6, 8, 1024), "26M": (512, 8, 8, 2048)}
-_LR = {"toy": 1e-3, "0.2M": 1e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
+_LR = {"toy": 1e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
 # name -> (corpus, size, training tokens) points. "cpu": about an hour on 2 idle cores;
 # sizes above 1M only at small token counts there (the 26M point alone takes about 10 minutes).
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
     # in order of what the study needs first (a partial grid keeps the points that finished)
-    "cpu": ([("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN), ("synthetic", "26M", 100_000)]
-            + [("synthetic", s, 100_000) for s in ("0.2M", "0.9M", "5.0M")]
-            + [("synthetic", s, 300_000) for s in ("0.2M", "0.9M")]
-            + [("sample_1d", s, SAMPLE_TRAIN) for s in ("0.2M", "0.9M", "5.0M")]
-            + [("sample_1h", s, 5_500) for s in ("0.2M", "0.9M")]
-            + [("synthetic", s, 1_000_000) for s in ("0.2M", "0.9M")]
-            + [("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "5.0M", 300_000), ("sample_1d", "0.9M", 10_000)]),
+    "cpu": [("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
+            ("synthetic", "0.9M", 100_000), ("synthetic", "0.2M", 300_000), ("synthetic", "0.9M", 300_000),
+            ("sample_1d", "0.2M", SAMPLE_TRAIN), ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "5.0M", 100_000),
+            ("sample_1h", "0.2M", 5_500), ("sample_1h", "0.9M", 5_500), ("synthetic", "5.0M", SAMPLE_TRAIN),
+            ("sample_1d", "5.0M", SAMPLE_TRAIN), ("synthetic", "26M", 100_000), ("synthetic", "0.2M", 1_000_000),
+            ("synthetic", "0.9M", 1_000_000), ("synthetic", "5.0M", 300_000)],
     "gpu": ([("synthetic", s, d) for s in ("0.2M", "0.9M", "5.0M", "26M")
              for d in (SAMPLE_TRAIN, 100_000, 1_000_000, 10_000_000, 100_000_000)]
             + [("sample_1d", s, SAMPLE_TRAIN) for s in ("0.2M", "0.9M", "5.0M", "26M")]
             + [("sample_1h", s, 5_500) for s in ("0.2M", "0.9M", "5.0M", "26M")]),
-    "smoke": [("synthetic", "toy", 3_000), ("sample_1h", "toy", 2_000)],
+    "smoke": [("synthetic", "toy", 2_000)],
 }
 EVAL_PER_ASSET = 2_000  # synthetic: validation and test candles per asset at every token count
 SYN_ASSETS = 8
-CONTEXT, BATCH = 64, 32
+CONTEXT, BATCH = 64, 16
 
 
 def _size_sets(size: str) -> list[str]:
@@ -104,14 +105,15 @@ def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int])
     return min(steps, max_steps) if max_steps else steps
 
 
-def _data_sets(corpus: str, tokens: int) -> list[str]:
+def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS
+               ) -> list[str]:
     """The data section of one point: the corpus, sized so the train split holds about `tokens` candles."""
     purge = CONTEXT
     if corpus == "synthetic":
-        per_asset = math.ceil(tokens / SYN_ASSETS)
-        eval_n = EVAL_PER_ASSET + purge
+        per_asset = math.ceil(tokens / assets)
+        eval_n = eval_per_asset + purge
         n = per_asset + 2 * eval_n
-        spec = {"assets": SYN_ASSETS, "candles": n, "categories": ["crypto"], "seasonality": 0.0, "gap_prob": 0.0,
+        spec = {"assets": assets, "candles": n, "categories": ["crypto"], "seasonality": 0.0, "gap_prob": 0.0,
                 "seed": 0}
         val = eval_n / n
         return ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", 'data.interval="1h"',
@@ -121,8 +123,9 @@ def _data_sets(corpus: str, tokens: int) -> list[str]:
     return ['data.source="sample"', f'data.interval="{interval}"']
 
 
-def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = 4.0,
-              min_steps: int = 150, max_steps: Optional[int] = 600, keep: Optional[Path] = None) -> dict[str, Any]:
+def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = 1.0,
+              min_steps: int = 200, max_steps: Optional[int] = 1000, keep: Optional[Path] = None,
+              smoke: bool = False) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
     from common.commands.train import run_training
     from common.evaluation.metrics import skill_interval
@@ -134,7 +137,8 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
         shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
         steps = _steps(tokens, passes, min_steps, max_steps)
         epochs = 10 if steps >= 10 else 1
-        sets = (_data_sets(corpus, tokens) + _size_sets(size) + [
+        small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
+        sets = (_data_sets(corpus, tokens, **small) + _size_sets(size) + [
             'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
             "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
             f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
@@ -169,7 +173,7 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
             out["skill_vs_unigram"] = skill_interval(s["model"], s["unigram"], s["position"], horizon=1, stride=1,
                                                      kind="diff", n_boot=1000)
             if corpus == "synthetic":
-                oracle = oracle_nll(run_dir, split)
+                oracle = oracle_nll(run_dir, split, draws=10_000 if smoke else 100_000)
                 out["loss"]["oracle"] = oracle
                 gap = out["loss"]["unigram"] - oracle
                 out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
@@ -229,7 +233,7 @@ def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log
     return table
 
 
-def oracle_nll(run_dir: Path, split: str, grid: int = 100) -> float:
+def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000) -> float:
     """The oracle's mean NLL of the split's targets (positions 1 .. n-1 of each asset's split, as
     the model is scored) in the run's token space, for a data.source = "synthetic" run."""
     from common.config import load_config
@@ -260,15 +264,21 @@ def oracle_nll(run_dir: Path, split: str, grid: int = 100) -> float:
     rho, y = np.concatenate(rhos), np.concatenate(targets)
     if (y < 0).any():
         raise RuntimeError("a scored target is a special token: the split starts inside the warm-up")
+    p = oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid, draws)
+    return float(np.mean(-np.log(p[np.arange(len(y)), y])))
+
+
+def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float,
+                 grid: int = 100, draws: int = 100_000) -> np.ndarray:
+    """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
+    the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
     log_rho = np.log(rho)
-    lo, hi = np.quantile(log_rho, [0.0, 1.0])
-    knots = np.linspace(lo - 1e-6, hi + 1e-6, grid)
-    table = oracle_table(tok.move_binning.edges, tok.shape_binning.edges, spec.nu, knots)
+    knots = np.linspace(log_rho.min() - 1e-6, log_rho.max() + 1e-6, grid)
+    table = oracle_table(move_edges, shape_edges, nu, knots, draws)
     pos = np.clip((log_rho - knots[0]) / (knots[1] - knots[0]), 0, grid - 1 - 1e-9)
     k = pos.astype(np.int64)
-    w = pos - k
-    p = (1 - w) * table[k, y] + w * table[np.minimum(k + 1, grid - 1), y]
-    return float(np.mean(-np.log(p)))
+    w = (pos - k)[:, None]
+    return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
 
 
 # --------------------------------------------------------------------------- output
@@ -339,36 +349,77 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--points", help="corpus:size:tokens,... instead of --grid")
     p.add_argument("--smoke", action="store_true", help="the toy grid, few steps (seconds)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--passes", type=float, default=4.0, help="target tokens trained = passes x training tokens")
-    p.add_argument("--min-steps", type=int, default=150)
-    p.add_argument("--max-steps", type=int, default=600)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)")
+    p.add_argument("--passes", type=float, default=1.0, help="target tokens trained = passes x training tokens")
+    p.add_argument("--min-steps", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<cpu|gpu>)")
+    p.add_argument("--fit", nargs="+", type=Path, metavar="RESULTS.json",
+                   help="fit the synthetic points of these results and write common/model/scaling_fit.json")
+    p.add_argument("--name", default="scaling", help="file name of the JSON and PNG (default scaling)")
     a = p.parse_args(argv)
+    if a.fit:
+        return write_fit(a.fit)
     if a.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             print("bench_scaling: no GPU here (torch.cuda.is_available() is false); the GPU grid is skipped. "
                   "Run it where a GPU is lent: python bench/bench_scaling.py --device cuda --grid gpu")
             return 0
+    import torch
+    torch.set_num_threads(a.threads)
     points = _parse_points(a.points) if a.points else GRIDS["smoke" if a.smoke else a.grid]
     if a.smoke:
         a.min_steps, a.max_steps = 4, 4
     out = a.out or REPO / "bench" / "results" / f"{dt.date.today():%Y-%m-%d}-{'gpu' if a.device == 'cuda' else 'cpu'}"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / ("scaling_smoke.json" if a.smoke else "scaling.json")
+    path = out / f"{a.name}{'_smoke' if a.smoke else ''}.json"
     doc: dict[str, Any] = {"command": "python bench/bench_scaling.py " + " ".join(argv if argv is not None
                                                                                  else sys.argv[1:]),
                            "machine": f"{os.cpu_count()} vCPU, {_cpu_name()}", "started": _now(), "points": []}
     from common.atomic import atomic_write_json
     for corpus, size, tokens in points:
         r = run_point(corpus, size, tokens, device=a.device, passes=a.passes, min_steps=a.min_steps,
-                      max_steps=a.max_steps)
+                      max_steps=a.max_steps, smoke=a.smoke)
         doc["points"].append(r)
         doc["finished"] = _now()
         atomic_write_json(path, doc)
         print(_line(r), flush=True)
         plot(doc["points"], path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+# training candles of the seed's cases today (docs/plan figures) and of larger corpora
+CASE_TOKENS = {"sample 1d": SAMPLE_TRAIN, "case B": 360_000, "case C": 1_090_000, "case A": 2_210_000,
+               "10M": 10_000_000, "100M": 100_000_000}
+
+
+def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
+    """Fit L(N, D) to the synthetic points' test loss above the oracle (common.model.scaling_fit)
+    and write the fit file; print each point against the fit and N* for the cases' data."""
+    from common.atomic import atomic_write_json
+    from common.model.scaling_fit import FIT_FILE, fit_points
+
+    pts = [r for path in results for r in json.loads(path.read_text())["points"] if r["corpus"] == "synthetic"
+           and r["size"] != "toy"]
+    n = [r["parameters"] for r in pts]
+    d = [r["train_tokens"] for r in pts]
+    excess = [r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"] for r in pts]
+    names = ", ".join(str(p.relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results)
+    fit = fit_points(n, d, excess, source=f"synthetic market, test loss above the oracle; {names}",
+                     at_tokens=list(CASE_TOKENS.values()))
+    print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
+          + f"; rmse {fit.rmse:.4f} nats over {fit.points} points")
+    for r, e in zip(pts, excess):
+        print(f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, fit {fit.loss(r['parameters'], r['train_tokens']):.4f}")
+    for name, tokens in CASE_TOKENS.items():
+        opt = fit.optimal_parameters(tokens)
+        print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
+              f"; bootstrap 95% {fit.optimum_ci.get(f'{tokens:.0f}')}")
+    atomic_write_json(out or FIT_FILE, fit.to_dict())
+    print(f"wrote {out or FIT_FILE}")
     return 0
 
 
