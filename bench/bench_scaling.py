@@ -402,12 +402,24 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
     from common.atomic import atomic_write_json
     from common.model.scaling_fit import FIT_FILE, fit_points
 
-    pts = [r for path in results for r in json.loads(path.read_text())["points"] if r["corpus"] == "synthetic"
-           and r["size"] != "toy"]
+    every = [r for path in results for r in json.loads(path.read_text())["points"] if r["size"] != "toy"]
+    plot(every, results[0].with_name("scaling_all.png"))
+    print("| corpus | size | parameters | training tokens | steps | best epoch | val loss | test loss | test unigram | "
+          "test oracle | test skill vs unigram [95%] | gap closed [95%] | wall |\n|" + "---|" * 13)
+    for r in sorted(every, key=lambda r: (r["corpus"] != "synthetic", r["corpus"], r["parameters"], r["train_tokens"])):
+        t = r["test"]
+        sk, gap = t["skill_vs_unigram"], t.get("gap_closed")
+        print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['planned_steps']} | "
+              f"{r['best_epoch']} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
+              f"{t['loss']['unigram']:.4f} | {t['loss'].get('oracle', float('nan')):.4f} | "
+              f"{sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
+              + (f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "")
+              + f" | {r['wall_s']:.0f} s |")
+    pts = [r for r in every if r["corpus"] == "synthetic"]
     n = [r["parameters"] for r in pts]
     d = [r["train_tokens"] for r in pts]
     excess = [r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"] for r in pts]
-    names = ", ".join(str(p.relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results)
+    names = ", ".join(str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results)
     fit = fit_points(n, d, excess, source=f"synthetic market, test loss above the oracle; {names}",
                      at_tokens=list(CASE_TOKENS.values()))
     print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
@@ -418,6 +430,10 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
         opt = fit.optimal_parameters(tokens)
         print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
               f"; bootstrap 95% {fit.optimum_ci.get(f'{tokens:.0f}')}")
+    if not fit.terms:
+        print("the points support no dependence on N or D (the constant form has the lowest AICc): nothing written; "
+              "a fit that advised a size would be advice the points do not give")
+        return 0
     atomic_write_json(out or FIT_FILE, fit.to_dict())
     print(f"wrote {out or FIT_FILE}")
     return 0

@@ -6,7 +6,7 @@ The form (Chinchilla's, plus a term for a model too large for its data):
 
 Each of A, B, C may be left out when the points do not support it: every subset of the three
 terms is fitted (exponents on a grid, the coefficients by least squares, all >= 0) and the one
-with the lowest AIC is kept. The error is a bootstrap over the points (the same terms refitted
+with the lowest AICc (AIC corrected for few points) is kept. The error is a bootstrap over the points (the same terms refitted
 on resampled points). With both the A and the C term, the loss-minimising size for D tokens is
 
     N*(D) = (a A / (c C))^(1 / (a + c)) * D^(c / (a + c))
@@ -46,6 +46,7 @@ SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (384, 6, 8, 1536), (512, 8, 8, 2048), (768, 12, 12, 3072))
 _EXPONENTS = np.linspace(0.05, 1.5, 20)
 _TERMS = ("A", "B", "C")
+_UNBOUNDED = 1e30  # N* of a bootstrap draw without an interior optimum
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _fit_terms(terms: Sequence[str], n: np.ndarray, d: np.ndarray, y: np.ndarray
 
 def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, n_boot: int = 200,
                seed: int = 0, source: str = "", at_tokens: Sequence[float] = ()) -> ScalingFit:
-    """The form with the lowest AIC over the subsets of its terms, with a bootstrap over the points;
+    """The form with the lowest AICc over the subsets of its terms, with a bootstrap over the points;
     at_tokens: also the bootstrap's 95% interval of N* at these token counts (None: no optimum, unbounded)."""
     N, D, y = (np.asarray(v, dtype=np.float64) for v in (n, d, loss))
     if len(y) < 4:
@@ -125,8 +126,10 @@ def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *,
             rss, coef = _fit_terms(terms, Ns, Ds, y)
             if not math.isfinite(rss):
                 continue
-            params = 1 + 2 * len(terms)
-            aic = len(y) * math.log(max(rss, 1e-12) / len(y)) + 2 * params
+            k, n_pts = 1 + 2 * len(terms), len(y)
+            if n_pts - k - 1 <= 0:  # AICc needs more points than parameters + 1
+                continue
+            aic = n_pts * math.log(max(rss, 1e-12) / n_pts) + 2 * k + 2 * k * (k + 1) / (n_pts - k - 1)
             if best is None or aic < best[0]:
                 best = (aic, list(terms), coef, rss)
     assert best is not None  # the empty form (a constant) always fits
@@ -147,9 +150,9 @@ def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *,
         values = []
         for i in range(len(draws["E"])):
             draw = ScalingFit(terms, {key: v[i] for key, v in draws.items()}, fit.n_range, fit.d_range, 0.0, 0)
-            values.append(draw.optimal_parameters(d) or math.inf)
-        q = np.quantile(values, [0.025, 0.5, 0.975]) if values else []
-        fit.optimum_ci[f"{d:.0f}"] = [float(v) if math.isfinite(v) else None for v in q]
+            values.append(draw.optimal_parameters(d) or _UNBOUNDED)
+        q = np.quantile(values, [0.025, 0.5, 0.975], method="lower") if values else []
+        fit.optimum_ci[f"{d:.0f}"] = [float(v) if v < _UNBOUNDED else None for v in q]
     return fit
 
 
