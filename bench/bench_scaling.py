@@ -409,12 +409,12 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
     for r in sorted(every, key=lambda r: (r["corpus"] != "synthetic", r["corpus"], r["parameters"], r["train_tokens"])):
         t = r["test"]
         sk, gap = t["skill_vs_unigram"], t.get("gap_closed")
+        oracle = f"{t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "–"
+        closed = f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "–"
         print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['planned_steps']} | "
               f"{r['best_epoch']} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
-              f"{t['loss']['unigram']:.4f} | {t['loss'].get('oracle', float('nan')):.4f} | "
-              f"{sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
-              + (f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "")
-              + f" | {r['wall_s']:.0f} s |")
+              f"{t['loss']['unigram']:.4f} | {oracle} | {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
+              f"{closed} | {r['wall_s']:.0f} s |")
     pts = [r for r in every if r["corpus"] == "synthetic"]
     n = [r["parameters"] for r in pts]
     d = [r["train_tokens"] for r in pts]
