@@ -11,8 +11,9 @@ Corpora:
   targets and the share of the gap between the unigram and the oracle that the model closes:
   gap_closed = (L_unigram - L_model) / (L_unigram - L_oracle). Validation and test keep the same
   size at every token count (2,000 candles per asset each), so points differ only in training data.
-- "sample_1d", "sample_1h": the shipped sample's real candles at each interval it has; the token
-  counts are slices of its training split (the newest part of it, ending where validation starts).
+- "sample_1d", "sample_1h": the shipped sample's real candles at each interval it has; a token
+  count below the whole sample's keeps its newest candles (a later data.start_date), so validation
+  and test shrink with it.
 
 The oracle (`oracle_table`, `oracle_nll`): with drift 0, a candle's token is (move bin of r/s_e,
 shape bin of log(high/low)/s_e), s_e being the tokenizer's EWMA volatility of the past returns,
@@ -36,11 +37,13 @@ Sizes come from SIZES.
     python bench/bench_scaling.py                           # the default CPU grid (about an hour on 2 idle cores)
     python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
     python bench/bench_scaling.py --device cuda --grid gpu  # the GPU grid; skipped with a note without a GPU
-    python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000'
+    python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000' --name more
+    python bench/bench_scaling.py --fit RESULTS.json [...]  # table, combined plot, and the fit (scaling_fit.py)
 
-Writes bench/results/<date>-<cpu|gpu>/scaling.json (one record per point, appended as each
-point finishes, so a partial grid is kept) and scaling.png (loss gap closed, or skill, against
-training tokens, one line per size). Always exits 0 on a finished grid: it reports, it does not gate.
+Writes bench/results/<date>-<cpu|gpu>/<--name>.json (one record per point, rewritten as each
+point finishes, so a stopped grid keeps its finished points) and <--name>.png (the gap closed, or
+the skill, against training tokens, one line per size). --fit writes common/model/scaling_fit.json
+only when the points support a dependence on N or D. Exits 0: it reports, it does not gate.
 """
 from __future__ import annotations
 
@@ -73,8 +76,8 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 _LR = {"toy": 1e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
-# name -> (corpus, size, training tokens) points. "cpu": about an hour on 2 idle cores;
-# sizes above 1M only at small token counts there (the 26M point alone takes about 10 minutes).
+# name -> (corpus, size, training tokens) points. "cpu": meant for about an hour on 2 idle cores,
+# sizes above 1M only at small token counts (docs/scaling.md: under load 5 to 13 it needs about 5 hours).
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
     # in order of what the study needs first (a partial grid keeps the points that finished)
     "cpu": [("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),

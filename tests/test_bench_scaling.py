@@ -138,3 +138,25 @@ def test_plan_suggests_the_fitted_shape_in_one_line(monkeypatch):
     chosen = best_shape(cfg, 38_000, fit, 13, 4)
     assert "\n" not in line and f"d_model {chosen['d_model']}," in line and f"{p.parameters:,}" in line
     assert "model.size=auto" in line and "extrapolated" not in line
+
+
+def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
+    def point(size, n, d, excess):
+        loss = {"model": 4.8 + excess, "unigram": 5.0, "oracle": 4.8}
+        split = {"loss": loss, "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
+                 "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [0.0, 1.0]}
+        return {"corpus": "synthetic", "size": size, "parameters": n, "train_tokens": d, "planned_steps": 200,
+                "best_epoch": 10, "wall_s": 1.0, "val": split, "test": split}
+
+    sizes = {"0.2M": 1.7e5, "0.9M": 9.3e5, "5.0M": 5.0e6, "26M": 2.6e7}
+    grid = [point(s, n, d, 0.05 + 0.02 * (n / 1e6) ** -0.5) for s, n in sizes.items() for d in (4e4, 1e5, 3e5)]
+    results = tmp_path / "grid.json"
+    results.write_text(json.dumps({"points": grid}))
+    assert bench_scaling.write_fit([results], out=tmp_path / "fit.json") == 0
+    fit = ScalingFit.from_dict(json.loads((tmp_path / "fit.json").read_text()))
+    assert "A" in fit.terms and fit.loss(2.6e7, 1e5) < fit.loss(1.7e5, 1e5)  # bigger is better, as made
+    assert (tmp_path / "scaling_all.png").is_file()
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"points": [point(s, n, d, 0.1) for s, n in sizes.items() for d in (4e4, 1e5)]}))
+    assert bench_scaling.write_fit([flat], out=tmp_path / "none.json") == 0
+    assert not (tmp_path / "none.json").exists()  # no dependence: no fit to advise with
