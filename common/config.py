@@ -69,6 +69,10 @@ class ModelConfig:
     # the token grid the factorized head reads; null: filled in from the tokenizer section
     move_bins: Optional[int] = None
     shape_bins: Optional[int] = None
+    # "auto": d_model, num_layers, num_heads and d_ff chosen when a new run starts, for its training
+    # candles, by the scaling fit (common/model/scaling_fit.py; docs/scaling.md) and recorded in
+    # training_log.json (model_size); null: the shape as written
+    size: Optional[Literal["auto"]] = None
 
 
 @dataclass

@@ -66,6 +66,9 @@ def check_training(t: TrainingConfig, m: ModelConfig, need: Need) -> None:
          f"= {t.freeze!r} is not one of 'none', 'embeddings', 'all_but_last_N' (e.g. all_but_last_2)")
     need(freeze is None or 1 <= int(freeze.group(1)) <= m.num_layers, "training.freeze",
          f"= {t.freeze!r}: N must be from 1 to model.num_layers ({m.num_layers})")
+    need(m.size is None or not t.init_from, "model.size",
+         "= 'auto' cannot pick a shape for a fine-tuning run (training.init_from): it keeps its parent's; "
+         "set model.size=null")
     for key in ("max_steps_per_epoch", "eval_max_batches"):
         v = getattr(t, key)
         need(v is None or v > 0, f"training.{key}", f"must be positive or null, got {v}")

@@ -36,12 +36,13 @@ from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS
 from common.model.memory import estimate_training_memory
+from common.model.scaling_fit import best_shape, load_fit
 from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
 
 __all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
-           "plan_of_run", "run_plan"]
+           "plan_of_run", "run_plan", "scaling_suggestion"]
 
 # Compiled bf16 training tokens/s of one NVIDIA H100 80GB HBM3 at batch 32, measured 2026-11-23
 # (bench/results/2026-11-23-h100/): case A through the Trainer (trainer_case_a_compile.log, 150
@@ -75,7 +76,24 @@ def run_plan(config: Path, overrides: Sequence[str] = (), out: Optional[TextIO] 
     cfg = load_config(config, overrides)
     plan = build_plan(cfg, data_figures(cfg, case_dir_of_config(config)))
     print(format_plan(plan), file=out or sys.stdout)  # looked up now: a redirected stdout counts
+    suggestion = scaling_suggestion(cfg, plan)
+    if suggestion:
+        print(suggestion, file=out or sys.stdout)
     return 0
+
+
+def scaling_suggestion(cfg: Config, plan: Plan) -> Optional[str]:
+    """One line: the shape the scaling fit (common/model/scaling_fit.py) suggests for the plan's
+    training candles, beside the config's; None without a fit."""
+    fit = load_fit()
+    if fit is None:
+        return None
+    d = plan.data
+    choice = best_shape(cfg, d.candles["train"], fit, d.assets or None, d.categories or None)
+    return (f"Scaling fit (docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
+            f"{choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; this config: "
+            f"{plan.parameters:,}); --set model.size=auto trains that shape"
+            + (" (extrapolated beyond the token counts it was fitted on)" if not fit.in_range(d.candles["train"]) else ""))
 
 
 def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = None,

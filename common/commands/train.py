@@ -61,6 +61,7 @@ from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writ
 from common.training.rng import seed_everything
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
 from common.model.gpt import MarketGPT
+from common.model.scaling_fit import FIT_FILE, best_shape, load_fit
 from common.commands.plan import plan_of_run
 from common.commands.scorecard import end_of_training_scorecard
 from common.distributed.slurm import job_metadata
@@ -127,6 +128,7 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
     else:
         check_writable(case_dir_of_config(config) / "checkpoints")
         tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config), out)
+        info["model_size"] = _auto_size(cfg, tokens, info["asset_info"], out)  # before the model and config.json
         windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
         if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
             print(f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run "
@@ -172,6 +174,24 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple
     prepare = prepare_shards if cfg.data.shards else prepare_in_memory
     p = prepare(cfg, case, parent_tokenizer, out=out)
     return p.tokens, {"asset_info": p.asset_info, "tokenizer": p.tokenizer}, p.data_info
+
+
+def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -> Optional[dict]:
+    """model.size = "auto": set the shape the scaling fit suggests for the run's training candles
+    (common/model/scaling_fit.py) and return the choice for training_log.json; else None."""
+    if cfg.model.size != "auto":
+        return None
+    fit = load_fit()
+    if fit is None:
+        raise UserError(f"model.size = 'auto' needs the scaling fit {FIT_FILE} (python bench/bench_scaling.py --fit); "
+                        "or set model.size=null and the shape yourself")
+    train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
+    choice = best_shape(cfg, train, fit, ai["num_assets"], ai["num_categories"])
+    m = cfg.model
+    m.d_model, m.num_layers, m.num_heads, m.d_ff = (choice[k] for k in ("d_model", "num_layers", "num_heads", "d_ff"))
+    print(f"model.size = auto: d_model {m.d_model}, num_layers {m.num_layers}, num_heads {m.num_heads}, d_ff {m.d_ff} "
+          f"({choice['parameters']:,} parameters): {choice['why']}", file=out)
+    return choice
 
 
 def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
@@ -272,6 +292,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
                           steps=trainer.steps_per_epoch, world_size=env.world_size), file=out, flush=True)
     if state is None:
         _start_log(trainer, cfg, run_dir, info["asset_info"], env, lineage, frozen)
+        if info.get("model_size"):
+            trainer.log.data["model_size"] = info["model_size"]  # what model.size = "auto" chose, and why
     else:
         try:
             trainer.load_state_dict(state)

@@ -1,0 +1,460 @@
+"""Scaling study: does a bigger model or more data buy a better next-candle forecaster?
+
+Trains a grid of model sizes x training-token counts (one candle = one token) and records for
+each point the validation and test loss of the best epoch (chosen on validation by the trainer),
+the token skill against the train split's unigram with its paired block-bootstrap 95% interval
+(common.evaluation.metrics.skill_interval, as bench_generalization.py), and the best epoch.
+
+Corpora:
+- "synthetic": the synthetic market (common/data/synthetic.py; 8 assets, hourly, no seasonality,
+  no gaps), whose true process is known. Each point also reports the oracle's loss on the same
+  targets and the share of the gap between the unigram and the oracle that the model closes:
+  gap_closed = (L_unigram - L_model) / (L_unigram - L_oracle). Validation and test keep the same
+  size at every token count (2,000 candles per asset each), so points differ only in training data.
+- "sample_1d", "sample_1h": the shipped sample's real candles at each interval it has; a token
+  count below the whole sample's keeps its newest candles (a later data.start_date), so validation
+  and test shrink with it.
+
+The oracle (`oracle_table`, `oracle_nll`): with drift 0, a candle's token is (move bin of r/s_e,
+shape bin of log(high/low)/s_e), s_e being the tokenizer's EWMA volatility of the past returns,
+and the generator makes r = s z and log(high/low) = s (|z - 0.1 n1| + 0.5 |n2| + 0.5 |n3|)
+(z Student-t(nu), n_i N(0, 1); _ohlcv in synthetic.py), where s is the true scale of the candle
+(GARCH and regime, the truth frame's sigma). So the token's true distribution depends on one
+number, rho = s / s_e: it is tabulated by Monte Carlo (100,000 draws of (z, n1, n2, n3) per rho on
+a log grid of 100 points over the rhos seen; add-0.5 smoothing; linear interpolation in log rho)
+and binned with the run's own tokenizer edges. Like synthetic.py's oracle it knows the latent
+regime of the next candle, so its loss is a floor slightly below the best a forecaster can reach
+from the candles alone: the gap closed is a conservative share.
+
+Training at every point: batch 16, context 64, learning rate by size (_LR), warmup 50, dropout
+0.1, weight decay 0.1, tokenizer.ret_bins 32 (256 candle ids), flat head, the train split's
+tokens in windows of stride 1 with data.epoch_stride 16. Steps = passes x D / (16 x 64) target
+tokens (--passes, default 1), at least --min-steps (200), at most --max-steps (1000), split into
+10 "epochs" (a validation each, early stopping after 4 without progress): up to 2e5 training
+tokens every point trains the same 200 steps (matched steps; the compute then grows with N only).
+Sizes come from SIZES.
+
+    python bench/bench_scaling.py                           # the default CPU grid (about an hour on 2 idle cores)
+    python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
+    python bench/bench_scaling.py --device cuda --grid gpu  # the GPU grid; skipped with a note without a GPU
+    python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000' --name more
+    python bench/bench_scaling.py --fit RESULTS.json [...]  # table, combined plot, and the fit (scaling_fit.py)
+
+Writes bench/results/<date>-<cpu|gpu>/<--name>.json (one record per point, rewritten as each
+point finishes, so a stopped grid keeps its finished points) and <--name>.png (the gap closed, or
+the skill, against training tokens, one line per size). --fit writes common/model/scaling_fit.json
+only when the points support a dependence on N or D. Exits 0: it reports, it does not gate.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO  # noqa: E402  (puts the repo on sys.path)
+from bench_generalization import CASE_C, split_scores  # noqa: E402
+
+__all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", "main"]
+
+# name -> (d_model, num_layers, num_heads, d_ff); "26M" is case B's shape, "5.0M" case C's,
+# "0.9M" the quickstart's (docs/generalization.md). Parameter counts are measured per run.
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "toy": (16, 1, 2, 32), "0.2M": (64, 2, 2, 256), "0.9M": (128, 4, 4, 512),
+    "5.0M": (256, 6, 8, 1024), "26M": (512, 8, 8, 2048)}
+_LR = {"toy": 1e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
+SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
+
+# name -> (corpus, size, training tokens) points. "cpu": meant for about an hour on 2 idle cores,
+# sizes above 1M only at small token counts (docs/scaling.md: under load 5 to 13 it needs about 5 hours).
+GRIDS: dict[str, list[tuple[str, str, int]]] = {
+    # in order of what the study needs first (a partial grid keeps the points that finished)
+    "cpu": [("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
+            ("synthetic", "0.9M", 100_000), ("synthetic", "0.2M", 300_000), ("synthetic", "0.9M", 300_000),
+            ("sample_1d", "0.2M", SAMPLE_TRAIN), ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "5.0M", 100_000),
+            ("sample_1h", "0.2M", 5_500), ("sample_1h", "0.9M", 5_500), ("synthetic", "5.0M", SAMPLE_TRAIN),
+            ("sample_1d", "5.0M", SAMPLE_TRAIN), ("synthetic", "26M", 100_000), ("synthetic", "0.2M", 1_000_000),
+            ("synthetic", "0.9M", 1_000_000), ("synthetic", "5.0M", 300_000)],
+    "gpu": ([("synthetic", s, d) for s in ("0.2M", "0.9M", "5.0M", "26M")
+             for d in (SAMPLE_TRAIN, 100_000, 1_000_000, 10_000_000, 100_000_000)]
+            + [("sample_1d", s, SAMPLE_TRAIN) for s in ("0.2M", "0.9M", "5.0M", "26M")]
+            + [("sample_1h", s, 5_500) for s in ("0.2M", "0.9M", "5.0M", "26M")]),
+    "smoke": [("synthetic", "toy", 2_000)],
+}
+EVAL_PER_ASSET = 2_000  # synthetic: validation and test candles per asset at every token count
+SYN_ASSETS = 8
+CONTEXT, BATCH = 64, 16
+
+
+def _size_sets(size: str) -> list[str]:
+    d, layers, heads, ff = SIZES[size]
+    return [f"model.d_model={d}", f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.d_ff={ff}",
+            f"training.learning_rate={_LR[size]}"]
+
+
+def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int]) -> int:
+    steps = max(min_steps, math.ceil(passes * tokens / (BATCH * CONTEXT)))
+    return min(steps, max_steps) if max_steps else steps
+
+
+def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS
+               ) -> list[str]:
+    """The data section of one point: the corpus, sized so the train split holds about `tokens` candles."""
+    purge = CONTEXT
+    if corpus == "synthetic":
+        per_asset = math.ceil(tokens / assets)
+        eval_n = eval_per_asset + purge
+        n = per_asset + 2 * eval_n
+        spec = {"assets": assets, "candles": n, "categories": ["crypto"], "seasonality": 0.0, "gap_prob": 0.0,
+                "seed": 0}
+        val = eval_n / n
+        return ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", 'data.interval="1h"',
+                'data.start_date="2000-01-01"', "data.categories=[]", f"data.train_ratio={1 - 2 * val!r}",
+                f"data.val_ratio={val!r}", f"data.test_ratio={val!r}"]
+    interval = corpus.split("_")[1]
+    return ['data.source="sample"', f'data.interval="{interval}"']
+
+
+def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = 1.0,
+              min_steps: int = 200, max_steps: Optional[int] = 1000, keep: Optional[Path] = None,
+              smoke: bool = False) -> dict[str, Any]:
+    """Train one (corpus, size, tokens) point and score its best model on val and test."""
+    from common.commands.train import run_training
+    from common.evaluation.metrics import skill_interval
+
+    case = Path(tempfile.mkdtemp(prefix="bench_scaling_"))
+    try:
+        (case / "configs").mkdir()
+        shutil.copy(CASE_C, case / "configs" / CASE_C.name)
+        shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
+        steps = _steps(tokens, passes, min_steps, max_steps)
+        epochs = 10 if steps >= 10 else 1
+        small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
+        sets = (_data_sets(corpus, tokens, **small) + _size_sets(size) + [
+            'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
+            "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
+            f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
+            f"training.epochs={epochs}", f"training.max_steps_per_epoch={max(1, steps // epochs)}",
+            "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=100000",
+            f'training.device="{device}"', "training.compile=false"])
+        if corpus.startswith("sample"):
+            sets += _sample_slice(corpus, tokens)
+        log = io.StringIO()
+        t0, load0 = time.perf_counter(), os.getloadavg()[0]
+        code = run_training(case / "configs" / CASE_C.name, sets, out=log)
+        wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
+        if code != 0:
+            raise RuntimeError(f"training exited {code}:\n{log.getvalue()[-3000:]}")
+        run_dir = next((case / "checkpoints").glob("scale_*"))
+        train_log = json.loads((run_dir / "training_log.json").read_text())
+        from common.tokens.token_set import TokenSet, token_path
+        ts = TokenSet.load(token_path(run_dir))
+        res: dict[str, Any] = {
+            "corpus": corpus, "size": size, "shape": list(SIZES[size]), "tokens_target": tokens,
+            "train_tokens": int(sum(r["train"][1] - r["train"][0] for r in ts.ranges.values())),
+            "parameters": _parameters(run_dir), "steps": train_log["epochs"][-1]["step"] if train_log["epochs"]
+            and "step" in train_log["epochs"][-1] else steps, "planned_steps": steps,
+            "tokens_processed": steps * BATCH * CONTEXT, "best_epoch": train_log.get("best_epoch"),
+            "epochs_run": len(train_log["epochs"]), "val_losses": [e["val_loss"] for e in train_log["epochs"]],
+            "wall_s": round(wall, 1), "loadavg_1m": [round(load0, 2), round(load1, 2)], "overrides": sets,
+        }
+        for split in ("val", "test"):
+            s = split_scores(run_dir, split)
+            out: dict[str, Any] = {"loss": {k: float(np.mean(s[k])) for k in ("model", "unigram", "markov1")},
+                                   "targets": int(len(s["model"]))}
+            out["skill_vs_unigram"] = skill_interval(s["model"], s["unigram"], s["position"], horizon=1, stride=1,
+                                                     kind="diff", n_boot=1000)
+            if corpus == "synthetic":
+                oracle = oracle_nll(run_dir, split, draws=10_000 if smoke else 100_000)
+                out["loss"]["oracle"] = oracle
+                gap = out["loss"]["unigram"] - oracle
+                out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
+                sk = out["skill_vs_unigram"]
+                out["gap_closed_ci95"] = [c / gap for c in sk["ci95"]] if gap > 0 else None
+            res[split] = out
+        if keep is not None:
+            shutil.copytree(run_dir, keep / f"{corpus}_{size}_{tokens}")
+        return res
+    finally:
+        shutil.rmtree(case, ignore_errors=True)
+
+
+def _parameters(run_dir: Path) -> int:
+    from common.config import load_config
+    from common.model.sizing import meta_model
+
+    ai = json.loads((run_dir / "asset_info.json").read_text())
+    cfg = load_config(run_dir / "config.json")
+    return int(meta_model(cfg, ai["num_assets"], ai["num_categories"]).num_parameters())
+
+
+def _sample_slice(corpus: str, tokens: int) -> list[str]:
+    """The sample cut to about `tokens` training candles by a later data.start_date: the newest
+    history is kept, and validation and test shrink with it, in proportion (nothing when the
+    whole sample is asked for)."""
+    from common.data.sample import load_sample
+
+    frames = load_sample(corpus.split("_")[1])
+    stamps = np.sort(np.concatenate([f.index.tz_convert(None).to_numpy() for f in frames.values()]))[::-1]
+    rows = math.ceil(tokens / 0.70)  # data.train_ratio's default
+    if rows >= len(stamps) * 0.95:
+        return []
+    start = np.datetime_as_string(stamps[rows - 1], unit="D")
+    return [f'data.start_date="{start}"']
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray,
+                 draws: int = 100_000, seed: int = 0) -> np.ndarray:
+    """(len(log_rho), move_bins * shape_bins) probabilities of each candle token (move bin x
+    shape bin) at each rho = s / s_e, by Monte Carlo (module docstring), add-0.5 smoothed."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_t(nu, draws)
+    wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (np.abs(rng.standard_normal(draws))
+                                                                 + np.abs(rng.standard_normal(draws)))
+    n_shape = len(shape_edges) + 1
+    cells = (len(move_edges) + 1) * n_shape
+    table = np.empty((len(log_rho), cells))
+    for i, rho in enumerate(np.exp(log_rho)):
+        ids = np.searchsorted(move_edges, rho * z, side="right") * n_shape + np.searchsorted(shape_edges, rho * wide,
+                                                                                           side="right")
+        counts = np.bincount(ids, minlength=cells) + 0.5
+        table[i] = counts / counts.sum()
+    return table
+
+
+def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000) -> float:
+    """The oracle's mean NLL of the split's targets (positions 1 .. n-1 of each asset's split, as
+    the model is scored) in the run's token space, for a data.source = "synthetic" run."""
+    from common.config import load_config
+    from common.data.synthetic import generate_asset, synthetic_spec
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+    from common.tokens.token_set import TokenSet, token_path
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    cfg = load_config(run_dir / "config.json")
+    spec = synthetic_spec(cfg)
+    tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
+    ts = TokenSet.load(token_path(run_dir))
+    rhos, targets = [], []
+    for i in range(spec.assets):
+        asset = generate_asset(spec, i)
+        symbol = asset.symbol
+        toks = np.asarray(ts.tokens[symbol])
+        if len(toks) != len(asset.candles):
+            raise RuntimeError(f"{symbol}: {len(toks)} tokens for {len(asset.candles)} candles (rows dropped?)")
+        b, e = ts.ranges[symbol][split]
+        rows = np.arange(b + 1, e)  # the scored targets
+        log_close = np.log(asset.candles["close"].to_numpy())
+        r = log_close[rows] - log_close[rows - 1]
+        s = asset.truth["sigma"].to_numpy()[rows - 1]  # truth at t: the scale of candle t + 1
+        move_z = np.asarray(ts.moves[symbol])[rows]
+        rhos.append(s * move_z / r)  # s / s_e, with s_e = r / move_z
+        targets.append(toks[rows].astype(np.int64) - NUM_SPECIAL_TOKENS)
+    rho, y = np.concatenate(rhos), np.concatenate(targets)
+    if (y < 0).any():
+        raise RuntimeError("a scored target is a special token: the split starts inside the warm-up")
+    p = oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid, draws)
+    return float(np.mean(-np.log(p[np.arange(len(y)), y])))
+
+
+def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float,
+                 grid: int = 100, draws: int = 100_000) -> np.ndarray:
+    """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
+    the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
+    log_rho = np.log(rho)
+    knots = np.linspace(log_rho.min() - 1e-6, log_rho.max() + 1e-6, grid)
+    table = oracle_table(move_edges, shape_edges, nu, knots, draws)
+    pos = np.clip((log_rho - knots[0]) / (knots[1] - knots[0]), 0, grid - 1 - 1e-9)
+    k = pos.astype(np.int64)
+    w = (pos - k)[:, None]
+    return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
+
+
+# --------------------------------------------------------------------------- output
+
+
+def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """One panel per corpus: gap closed (synthetic) or skill vs unigram (real) on test, against
+    training tokens, one line per size, with the 95% intervals as error bars."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corpora = sorted({r["corpus"] for r in records}, key=lambda c: (c != "synthetic", c))
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.2 * len(corpora), 4.2), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        syn = corpus == "synthetic"
+        for size in SIZES:
+            pts = sorted((r for r in records if r["corpus"] == corpus and r["size"] == size),
+                         key=lambda r: r["train_tokens"])
+            if not pts:
+                continue
+            x = [r["train_tokens"] for r in pts]
+            if syn:
+                y = [r["test"]["gap_closed"] for r in pts]
+                ci = [r["test"]["gap_closed_ci95"] for r in pts]
+            else:
+                y = [r["test"]["skill_vs_unigram"]["value"] for r in pts]
+                ci = [r["test"]["skill_vs_unigram"]["ci95"] for r in pts]
+            err = [[v - c[0] for v, c in zip(y, ci)], [c[1] - v for v, c in zip(y, ci)]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens (candles)")
+        ax.set_ylabel("share of unigram-to-oracle gap closed (test)" if syn else "skill vs unigram, nats/token (test)")
+        ax.set_title(corpus)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _line(r: dict[str, Any]) -> str:
+    t, v = r["test"], r["val"]
+    sk = t["skill_vs_unigram"]
+    gap = f" gap closed {t['gap_closed']:+.3f} [{t['gap_closed_ci95'][0]:+.3f}, {t['gap_closed_ci95'][1]:+.3f}]" \
+        if t.get("gap_closed") is not None else ""
+    return (f"{r['corpus']:<10} {r['size']:>5} ({r['parameters'] / 1e6:5.2f}M) D={r['train_tokens']:>9,} "
+            f"steps {r['steps']:>5} best epoch {r['best_epoch']}: val {v['loss']['model']:.4f} test "
+            f"{t['loss']['model']:.4f} (unigram {t['loss']['unigram']:.4f}"
+            + (f", oracle {t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "")
+            + f") skill {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}]{gap}; {r['wall_s']:.0f} s")
+
+
+def _parse_points(text: str) -> list[tuple[str, str, int]]:
+    points = []
+    for item in text.split(","):
+        corpus, size, tokens = item.split(":")
+        if size not in SIZES or corpus not in ("synthetic", "sample_1d", "sample_1h"):
+            raise SystemExit(f"--points: unknown size or corpus in {item!r} (sizes {', '.join(SIZES)})")
+        points.append((corpus, size, int(float(tokens))))
+    return points
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--grid", choices=tuple(GRIDS), default="cpu")
+    p.add_argument("--points", help="corpus:size:tokens,... instead of --grid")
+    p.add_argument("--smoke", action="store_true", help="the toy grid, few steps (seconds)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)")
+    p.add_argument("--passes", type=float, default=1.0, help="target tokens trained = passes x training tokens")
+    p.add_argument("--min-steps", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=1000)
+    p.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<cpu|gpu>)")
+    p.add_argument("--fit", nargs="+", type=Path, metavar="RESULTS.json",
+                   help="fit the synthetic points of these results and write common/model/scaling_fit.json")
+    p.add_argument("--name", default="scaling", help="file name of the JSON and PNG (default scaling)")
+    a = p.parse_args(argv)
+    if a.fit:
+        return write_fit(a.fit)
+    if a.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            print("bench_scaling: no GPU here (torch.cuda.is_available() is false); the GPU grid is skipped. "
+                  "Run it where a GPU is lent: python bench/bench_scaling.py --device cuda --grid gpu")
+            return 0
+    import torch
+    torch.set_num_threads(a.threads)
+    points = _parse_points(a.points) if a.points else GRIDS["smoke" if a.smoke else a.grid]
+    if a.smoke:
+        a.min_steps, a.max_steps = 4, 4
+    out = a.out or REPO / "bench" / "results" / f"{dt.date.today():%Y-%m-%d}-{'gpu' if a.device == 'cuda' else 'cpu'}"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{a.name}{'_smoke' if a.smoke else ''}.json"
+    doc: dict[str, Any] = {"command": "python bench/bench_scaling.py " + " ".join(argv if argv is not None
+                                                                                 else sys.argv[1:]),
+                           "machine": f"{os.cpu_count()} vCPU, {_cpu_name()}", "started": _now(), "points": []}
+    from common.atomic import atomic_write_json
+    for corpus, size, tokens in points:
+        r = run_point(corpus, size, tokens, device=a.device, passes=a.passes, min_steps=a.min_steps,
+                      max_steps=a.max_steps, smoke=a.smoke)
+        doc["points"].append(r)
+        doc["finished"] = _now()
+        atomic_write_json(path, doc)
+        print(_line(r), flush=True)
+        plot(doc["points"], path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+# training candles of the seed's cases today (docs/plan figures) and of larger corpora
+CASE_TOKENS = {"sample 1d": SAMPLE_TRAIN, "case B": 360_000, "case C": 1_090_000, "case A": 2_210_000,
+               "10M": 10_000_000, "100M": 100_000_000}
+
+
+def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
+    """Fit L(N, D) to the synthetic points' test loss above the oracle (common.model.scaling_fit)
+    and write the fit file; print each point against the fit and N* for the cases' data."""
+    from common.atomic import atomic_write_json
+    from common.model.scaling_fit import FIT_FILE, fit_points
+
+    every = [r for path in results for r in json.loads(path.read_text())["points"] if r["size"] != "toy"]
+    plot(every, results[0].with_name("scaling_all.png"))
+    print("| corpus | size | parameters | training tokens | steps | best epoch | val loss | test loss | test unigram | "
+          "test oracle | test skill vs unigram [95%] | gap closed [95%] | wall |\n|" + "---|" * 13)
+    for r in sorted(every, key=lambda r: (r["corpus"] != "synthetic", r["corpus"], r["parameters"], r["train_tokens"])):
+        t = r["test"]
+        sk, gap = t["skill_vs_unigram"], t.get("gap_closed")
+        oracle = f"{t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "–"
+        closed = f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "–"
+        print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['planned_steps']} | "
+              f"{r['best_epoch']} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
+              f"{t['loss']['unigram']:.4f} | {oracle} | {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
+              f"{closed} | {r['wall_s']:.0f} s |")
+    pts = [r for r in every if r["corpus"] == "synthetic"]
+    n = [r["parameters"] for r in pts]
+    d = [r["train_tokens"] for r in pts]
+    excess = [r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"] for r in pts]
+    names = ", ".join(str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results)
+    fit = fit_points(n, d, excess, source=f"synthetic market, test loss above the oracle; {names}",
+                     at_tokens=list(CASE_TOKENS.values()))
+    print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
+          + f"; rmse {fit.rmse:.4f} nats over {fit.points} points")
+    for r, e in zip(pts, excess):
+        print(f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, fit {fit.loss(r['parameters'], r['train_tokens']):.4f}")
+    for name, tokens in CASE_TOKENS.items():
+        opt = fit.optimal_parameters(tokens)
+        print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
+              f"; bootstrap 95% {fit.optimum_ci.get(f'{tokens:.0f}')}")
+    if not fit.terms:
+        print("the points support no dependence on N or D (the constant form has the lowest AICc): nothing written; "
+              "a fit that advised a size would be advice the points do not give")
+        return 0
+    atomic_write_json(out or FIT_FILE, fit.to_dict())
+    print(f"wrote {out or FIT_FILE}")
+    return 0
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

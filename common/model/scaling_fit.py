@@ -1,0 +1,192 @@
+"""Loss against model size and data: the fit of bench/bench_scaling.py's grid, and the size it suggests.
+
+The form (Chinchilla's, plus a term for a model too large for its data):
+
+    L(N, D) = E + A / N^a + B / D^b + C * (N / D)^c        N, D in millions (parameters, training tokens)
+
+Each of A, B, C may be left out when the points do not support it: every subset of the three
+terms is fitted (exponents on a grid, the coefficients by least squares, all >= 0) and the one
+with the lowest AICc (AIC corrected for few points) is kept. The error is a bootstrap over the points (the same terms refitted
+on resampled points). With both the A and the C term, the loss-minimising size for D tokens is
+
+    N*(D) = (a A / (c C))^(1 / (a + c)) * D^(c / (a + c))
+
+without the C term bigger is better, without the A term smaller is. `best_shape` takes the
+smallest of SHAPES whose predicted loss is within TOLERANCE of the lowest one, among the shapes
+inside the measured range of N (the fit says nothing outside it).
+
+The fitted coefficients live in scaling_fit.json next to this module (written by
+`python bench/bench_scaling.py --fit RESULTS.json`); `marketgpt plan` and model.size = "auto" read it.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from common.config import Config
+from common.errors import UserError
+from common.model.sizing import meta_model
+
+__all__ = ["FIT_FILE", "SHAPES", "TOLERANCE", "ScalingFit", "best_shape", "fit_points", "load_fit"]
+
+FIT_FILE = Path(__file__).with_name("scaling_fit.json")
+UNIT = 1e6  # N and D are fitted in millions
+TOLERANCE = 0.002  # nats per token: predicted losses closer than this count as equal (then the smaller shape)
+# (d_model, num_layers, num_heads, d_ff) that model.size = "auto" chooses from: the grid's sizes and
+# shapes between them, case C's (256, 6) and case B's (512, 8) among them
+SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (64, 2, 2, 256), (128, 2, 4, 512), (128, 4, 4, 512), (192, 4, 6, 768), (256, 4, 8, 1024), (256, 6, 8, 1024),
+    (384, 6, 8, 1536), (512, 8, 8, 2048), (768, 12, 12, 3072))
+_EXPONENTS = np.linspace(0.05, 1.5, 20)
+_TERMS = ("A", "B", "C")
+_UNBOUNDED = 1e30  # N* of a bootstrap draw without an interior optimum
+
+
+@dataclass
+class ScalingFit:
+    terms: list[str]  # which of A, B, C the form keeps
+    coef: dict[str, float]  # E, A, a, B, b, C, c (0 where a term is left out)
+    n_range: list[float]  # parameters of the smallest and largest model fitted
+    d_range: list[float]  # training tokens of the fewest and most
+    rmse: float  # nats per token, of the fit on its points
+    points: int
+    bootstrap: dict[str, list[float]] = field(default_factory=dict)  # coefficient -> [2.5%, 50%, 97.5%]
+    source: str = ""  # the grid's JSON and the loss fitted
+    optimum_ci: dict[str, list[Optional[float]]] = field(default_factory=dict)  # tokens -> N* [2.5%, 50%, 97.5%]
+
+    def loss(self, n: float, d: float) -> float:
+        """Predicted loss (the fitted quantity) of n parameters trained on d tokens."""
+        return float(_predict(self.coef, np.array([n / UNIT]), np.array([d / UNIT]))[0])
+
+    def optimal_parameters(self, d: float) -> Optional[float]:
+        """N*(d) of the module docstring, or None when the form has no interior optimum."""
+        k = self.coef
+        if not (k["A"] > 0 and k["C"] > 0):
+            return None
+        a, c = k["a"], k["c"]
+        return UNIT * (a * k["A"] / (c * k["C"])) ** (1 / (a + c)) * (d / UNIT) ** (c / (a + c))
+
+    def in_range(self, d: float) -> bool:
+        return self.d_range[0] <= d <= self.d_range[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ScalingFit":
+        return cls(**raw)
+
+
+def _predict(coef: dict[str, float], n: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return (coef["E"] + coef["A"] * n ** -coef["a"] + coef["B"] * d ** -coef["b"]
+            + coef["C"] * (n / d) ** coef["c"])
+
+
+def _fit_terms(terms: Sequence[str], n: np.ndarray, d: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
+    """(residual sum of squares, coefficients) of the best fit keeping `terms`: every exponent
+    combination of the grid at once, least squares for E and the term coefficients."""
+    columns = {"A": lambda e: n[None, :] ** -e[:, None], "B": lambda e: d[None, :] ** -e[:, None],
+               "C": lambda e: (n / d)[None, :] ** e[:, None]}
+    combos = np.array(list(itertools.product(_EXPONENTS, repeat=len(terms)))) if terms else np.zeros((1, 0))
+    g = len(combos)
+    X = np.ones((g, len(y), 1 + len(terms)))
+    for j, t in enumerate(terms):
+        X[:, :, 1 + j] = columns[t](combos[:, j])
+    XtX = X.transpose(0, 2, 1) @ X + 1e-10 * np.eye(1 + len(terms))
+    beta = np.linalg.solve(XtX, (X.transpose(0, 2, 1) @ y)[..., None])[..., 0]
+    rss = ((X @ beta[..., None])[..., 0] - y) ** 2
+    rss = rss.sum(axis=1)
+    rss[(beta[:, 1:] < 0).any(axis=1)] = np.inf  # a term with a negative coefficient is no such term
+    best = int(np.argmin(rss))
+    coef = {"E": float(beta[best, 0]), "A": 0.0, "a": 0.0, "B": 0.0, "b": 0.0, "C": 0.0, "c": 0.0}
+    for j, t in enumerate(terms):
+        coef[t] = float(beta[best, 1 + j])
+        coef[t.lower()] = float(combos[best, j])
+    return float(rss[best]), coef
+
+
+def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, n_boot: int = 200,
+               seed: int = 0, source: str = "", at_tokens: Sequence[float] = ()) -> ScalingFit:
+    """The form with the lowest AICc over the subsets of its terms, with a bootstrap over the points;
+    at_tokens: also the bootstrap's 95% interval of N* at these token counts (None: no optimum, unbounded)."""
+    N, D, y = (np.asarray(v, dtype=np.float64) for v in (n, d, loss))
+    if len(y) < 4:
+        raise UserError(f"a scaling fit needs at least 4 points, got {len(y)}")
+    Ns, Ds = N / UNIT, D / UNIT
+    best = None
+    for k in range(len(_TERMS) + 1):
+        for terms in itertools.combinations(_TERMS, k):
+            rss, coef = _fit_terms(terms, Ns, Ds, y)
+            if not math.isfinite(rss):
+                continue
+            k, n_pts = 1 + 2 * len(terms), len(y)
+            if n_pts - k - 1 <= 0:  # AICc needs more points than parameters + 1
+                continue
+            aic = n_pts * math.log(max(rss, 1e-12) / n_pts) + 2 * k + 2 * k * (k + 1) / (n_pts - k - 1)
+            if best is None or aic < best[0]:
+                best = (aic, list(terms), coef, rss)
+    assert best is not None  # the empty form (a constant) always fits
+    _, terms, coef, rss = best
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {key: [] for key in coef}
+    for _ in range(n_boot):
+        pick = rng.integers(0, len(y), len(y))
+        b_rss, b_coef = _fit_terms(terms, Ns[pick], Ds[pick], y[pick])
+        if math.isfinite(b_rss):
+            for key, value in b_coef.items():
+                draws[key].append(value)
+    boot = {key: [float(q) for q in np.quantile(v, [0.025, 0.5, 0.975])] for key, v in draws.items() if v}
+    fit = ScalingFit(terms=terms, coef=coef, n_range=[float(N.min()), float(N.max())],
+                     d_range=[float(D.min()), float(D.max())], rmse=math.sqrt(rss / len(y)), points=len(y),
+                     bootstrap=boot, source=source)
+    for d in at_tokens:  # N*(d) of every bootstrap draw: inf where a draw has no interior optimum
+        values = []
+        for i in range(len(draws["E"])):
+            draw = ScalingFit(terms, {key: v[i] for key, v in draws.items()}, fit.n_range, fit.d_range, 0.0, 0)
+            values.append(draw.optimal_parameters(d) or _UNBOUNDED)
+        q = np.quantile(values, [0.025, 0.5, 0.975], method="lower") if values else []
+        fit.optimum_ci[f"{d:.0f}"] = [float(v) if v < _UNBOUNDED else None for v in q]
+    return fit
+
+
+def load_fit(path: Path = FIT_FILE) -> Optional[ScalingFit]:
+    """The committed fit, or None when there is none."""
+    if not path.is_file():
+        return None
+    try:
+        return ScalingFit.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path}: not a scaling fit ({e}); rewrite it with python bench/bench_scaling.py --fit") from None
+
+
+def best_shape(cfg: Config, train_tokens: float, fit: ScalingFit, num_assets: Optional[int] = None,
+               num_categories: Optional[int] = None) -> dict[str, Any]:
+    """The shape of SHAPES (inside the fit's measured range of N) that the fit predicts best for
+    `train_tokens`: the smallest one within TOLERANCE of the lowest predicted loss. Returns
+    d_model, num_layers, num_heads, d_ff, parameters, predicted_loss and why."""
+    rows = []
+    for d_model, layers, heads, d_ff in SHAPES:
+        shape = copy.deepcopy(cfg)
+        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = d_model, layers, heads, d_ff
+        n = meta_model(shape, num_assets, num_categories).num_parameters()
+        if fit.n_range[0] / 1.5 <= n <= fit.n_range[1] * 1.5:
+            rows.append((n, fit.loss(n, train_tokens), (d_model, layers, heads, d_ff)))
+    if not rows:
+        raise UserError("no shape of common.model.scaling_fit.SHAPES lies inside the fit's range of model sizes")
+    lowest = min(r[1] for r in rows)
+    n, loss, (d_model, layers, heads, d_ff) = min((r for r in rows if r[1] <= lowest + TOLERANCE), key=lambda r: r[0])
+    extrapolated = not fit.in_range(train_tokens)
+    return {"d_model": d_model, "num_layers": layers, "num_heads": heads, "d_ff": d_ff, "parameters": int(n),
+            "train_tokens": int(train_tokens), "predicted_loss": round(loss, 4),
+            "optimal_parameters": fit.optimal_parameters(train_tokens),
+            "why": (f"smallest shape within {TOLERANCE} nats of the lowest loss the scaling fit predicts for "
+                    f"{int(train_tokens):,} training tokens ({fit.source})"
+                    + ("; extrapolated: the fit saw " + f"{fit.d_range[0]:,.0f} to {fit.d_range[1]:,.0f} tokens"
+                       if extrapolated else ""))}

@@ -1,0 +1,162 @@
+"""The scaling study: bench_scaling's toy grid writes its JSON and PNG, its oracle is the true
+token distribution of the synthetic market, the fit finds a known optimum, and model.size =
+"auto" trains the fitted shape and says so in training_log.json."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import common.commands.train as train  # at collection: its import chain (requests) probes a socket
+from common.config import ConfigError, load_config
+from common.model.scaling_fit import SHAPES, ScalingFit, _predict, best_shape, fit_points
+from common.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+import bench_scaling  # noqa: E402
+
+CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
+TRUE = {"E": 0.02, "A": 0.01, "a": 0.5, "B": 0.005, "b": 0.35, "C": 0.003, "c": 0.6}
+
+
+def test_smoke_grid_writes_points_with_the_gap_to_the_oracle_and_a_png(tmp_path):
+    assert bench_scaling.main(["--smoke", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "scaling_smoke.json").read_text())
+    (point,) = doc["points"]
+    test = point["test"]
+    loss = test["loss"]
+    assert loss["oracle"] < loss["unigram"]  # the true distribution beats the train split's token frequencies
+    gap = (loss["unigram"] - loss["model"]) / (loss["unigram"] - loss["oracle"])
+    assert test["gap_closed"] == pytest.approx(gap)
+    low, high = test["skill_vs_unigram"]["ci95"]
+    assert low <= loss["unigram"] - loss["model"] <= high
+    assert point["parameters"] > 0 and point["best_epoch"] >= 1 and point["train_tokens"] > 0
+    assert (tmp_path / "scaling_smoke.png").stat().st_size > 1000
+
+
+def test_the_oracle_is_calibrated_on_the_market_it_describes():
+    # tokens drawn by the generator: the mean NLL of what happened equals the mean entropy of the
+    # predicted distributions when (and only when) they are the true ones
+    from common.data.synthetic import generate_asset
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+    from common.synthetic_spec import SyntheticSpec
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    spec = SyntheticSpec(assets=2, candles=6000, interval="1h", seasonality=0.0, categories=("crypto",))
+    assets = [generate_asset(spec, i) for i in range(2)]
+    tok = OHLCTokenizer(vocab_size=1024, ret_bins=16).fit({a.symbol: a.candles.iloc[:4000] for a in assets})
+    rho, y = [], []
+    for a in assets:
+        tokens, (move_z, _) = tok.encode(a.candles), tok.features(a.candles)
+        rows = np.arange(4000, 6000)
+        log_close = np.log(a.candles["close"].to_numpy())
+        r = log_close[rows] - log_close[rows - 1]
+        rho.append(a.truth["sigma"].to_numpy()[rows - 1] * move_z[rows] / r)
+        y.append(tokens[rows].astype(np.int64) - NUM_SPECIAL_TOKENS)
+    rho, y = np.concatenate(rho), np.concatenate(y)
+    p = bench_scaling.oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid=40,
+                                   draws=20_000)
+    nll = -np.log(p[np.arange(len(y)), y])
+    entropy = -(p * np.log(p)).sum(axis=1)
+    assert abs(nll.mean() - entropy.mean()) < 3 * nll.std() / np.sqrt(len(y))
+    unigram = np.bincount(y, minlength=p.shape[1]) / len(y)
+    assert nll.mean() < -np.log(unigram[y]).mean() - 0.03  # in-sample unigram, still worse
+
+
+def test_fit_recovers_a_known_optimum_and_its_form():
+    n = np.array([0.17, 0.93, 5.0, 25.7] * 4) * 1e6
+    d = np.repeat([0.038, 0.1, 0.3, 1.0], 4) * 1e6
+    y = _predict(TRUE, n / 1e6, d / 1e6) + np.random.default_rng(1).normal(0, 2e-4, len(n))
+    fit = fit_points(n, d, y, n_boot=3)
+    assert fit.terms == ["A", "B", "C"]
+    a, c = TRUE["a"], TRUE["c"]
+    true_opt = 1e6 * (a * TRUE["A"] / (c * TRUE["C"])) ** (1 / (a + c)) * 0.1 ** (c / (a + c))
+    assert fit.optimal_parameters(1e5) == pytest.approx(true_opt, rel=0.25)
+    assert fit.optimal_parameters(1e7) > 3 * fit.optimal_parameters(1e5)  # more data, a larger model
+    flat = fit_points(n, d, 0.3 + 0.01 * (d / 1e6) ** -0.3, n_boot=3)  # size does not matter
+    assert "A" not in flat.terms and "C" not in flat.terms and flat.optimal_parameters(1e5) is None
+
+
+def test_best_shape_follows_the_fit_and_prefers_the_smaller_of_equals():
+    cfg = load_config(CASE_C)
+    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
+                     points=16)
+    small, large = best_shape(cfg, 4e4, fit), best_shape(cfg, 1e6, fit)
+    assert small["parameters"] < large["parameters"]
+    assert (small["d_model"], small["num_layers"], small["num_heads"], small["d_ff"]) in SHAPES
+    flat = ScalingFit(terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6],
+                      rmse=0.0, points=16)
+    assert best_shape(cfg, 1e5, flat)["d_model"] == SHAPES[0][0]  # size does not matter: the smallest shape
+    assert "extrapolated" in best_shape(cfg, 1e8, fit)["why"]
+
+
+def test_size_auto_is_refused_for_fine_tuning():
+    with pytest.raises(ConfigError, match="model.size"):
+        load_config(CASE_C, ['model.size="auto"', 'training.init_from="somewhere"'])
+
+
+def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
+    import shutil
+
+    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
+                     points=16, source="a test fit")
+    monkeypatch.setattr(train, "load_fit", lambda: fit)
+    (tmp_path / "configs").mkdir()
+    shutil.copy(CASE_C, tmp_path / "configs" / CASE_C.name)
+    spec = {"assets": 2, "candles": 1500, "categories": ["crypto"], "seasonality": 0.0}
+    sets = ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", 'data.interval="1h"',
+            'data.start_date="2020-01-01"', "data.universe_counts={}", "model.context_length=32",
+            'model.size="auto"', "tokenizer.ret_bins=16", "training.epochs=1", "training.max_steps_per_epoch=1",
+            "training.eval_max_batches=1", "training.scorecard_origins=0", 'training.device="cpu"',
+            'experiment="auto"']
+    assert train.run_training(tmp_path / "configs" / CASE_C.name, sets, out=open(tmp_path / "out.txt", "w")) == 0
+    (run,) = (tmp_path / "checkpoints").glob("auto_*")
+    chosen = json.loads((run / "training_log.json").read_text())["model_size"]
+    expected = best_shape(load_config(CASE_C, sets), chosen["train_tokens"], fit, 2, 1)
+    assert {k: chosen[k] for k in ("d_model", "num_layers", "parameters")} == \
+        {k: expected[k] for k in ("d_model", "num_layers", "parameters")}
+    saved = load_config(run / "config.json")
+    assert (saved.model.d_model, saved.model.num_layers) == (chosen["d_model"], chosen["num_layers"])
+    assert "model.size = auto" in (tmp_path / "out.txt").read_text()
+
+
+def test_plan_suggests_the_fitted_shape_in_one_line(monkeypatch):
+    import common.commands.plan as plan
+    from common.commands.plan_figures import DataFigures
+
+    cfg = load_config(CASE_C)
+    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
+                     points=16)
+    data = DataFigures({"train": 38_000, "val": 8_000, "test": 8_000}, 37_000, 2_300, "exact (a test)", 13, 4)
+    p = plan.build_plan(cfg, data)
+    monkeypatch.setattr(plan, "load_fit", lambda: None)
+    assert plan.scaling_suggestion(cfg, p) is None  # no fit, no line
+    monkeypatch.setattr(plan, "load_fit", lambda: fit)
+    line = plan.scaling_suggestion(cfg, p)
+    chosen = best_shape(cfg, 38_000, fit, 13, 4)
+    assert "\n" not in line and f"d_model {chosen['d_model']}," in line and f"{p.parameters:,}" in line
+    assert "model.size=auto" in line and "extrapolated" not in line
+
+
+def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
+    def point(size, n, d, excess):
+        loss = {"model": 4.8 + excess, "unigram": 5.0, "oracle": 4.8}
+        split = {"loss": loss, "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
+                 "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [0.0, 1.0]}
+        return {"corpus": "synthetic", "size": size, "parameters": n, "train_tokens": d, "planned_steps": 200,
+                "best_epoch": 10, "wall_s": 1.0, "val": split, "test": split}
+
+    sizes = {"0.2M": 1.7e5, "0.9M": 9.3e5, "5.0M": 5.0e6, "26M": 2.6e7}
+    grid = [point(s, n, d, 0.05 + 0.02 * (n / 1e6) ** -0.5) for s, n in sizes.items() for d in (4e4, 1e5, 3e5)]
+    results = tmp_path / "grid.json"
+    results.write_text(json.dumps({"points": grid}))
+    assert bench_scaling.write_fit([results], out=tmp_path / "fit.json") == 0
+    fit = ScalingFit.from_dict(json.loads((tmp_path / "fit.json").read_text()))
+    assert "A" in fit.terms and fit.loss(2.6e7, 1e5) < fit.loss(1.7e5, 1e5)  # bigger is better, as made
+    assert (tmp_path / "scaling_all.png").is_file()
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"points": [point(s, n, d, 0.1) for s, n in sizes.items() for d in (4e4, 1e5)]}))
+    assert bench_scaling.write_fit([flat], out=tmp_path / "none.json") == 0
+    assert not (tmp_path / "none.json").exists()  # no dependence: no fit to advise with
