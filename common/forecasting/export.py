@@ -7,8 +7,8 @@ logits of the token after the last position (batch, vocab_size) float32. ONNX ex
 return every layer's keys and values (present_k, present_v: layers x batch x heads x length x
 head size), and model_step.onnx takes them back as a prefix shared by each context's samples,
 with each sample's own tokens since and one more token per row: a KV cache for sampling
-(common.forecasting.infer; Step below has the inputs). pt2 is a torch.export ExportedProgram (torch.export.load)
-of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
+(common.forecasting.infer; Step below has the inputs). pt2 is a torch.export ExportedProgram
+(torch.export.load) of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
 2.13), whose --format now says so. hf is a model folder in a model hub's layout: the weights as
 model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. Beside the model:
 
@@ -121,7 +121,8 @@ class _SharedStepKV(SharedPrefixKV):
     that the sampler passes a contiguous slice of its buffer (no copy per step)."""
 
     def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor,
-                 own_v: torch.Tensor) -> None:  # noqa: super().__init__ would allocate the own buffer
+                 own_v: torch.Tensor) -> None:
+        # not super().__init__: it allocates a buffer for the own tokens, which here are an input
         self.k, self.v = prefix_k, prefix_v
         self.own = _OwnKV(own_k.permute(1, 2, 0, 3), own_v.permute(1, 2, 0, 3))
 
@@ -231,7 +232,7 @@ def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path
     _, prefix_k, prefix_v = prefill(tokens[:, :-3], asset_ids, category_ids)
     rows = torch.arange(tokens.size(0)).repeat_interleave(2)
     layers, _, heads, _, size = prefix_k.shape
-    own = torch.randn(2 * layers, 2, len(rows), heads, size)
+    own = torch.zeros(2 * layers, 2, len(rows), heads, size)  # values do not matter to the trace
     names = step_input_names(layers)
     axes = {"token": {0: "batch"}, "asset_ids": {0: "batch"}, "category_ids": {0: "batch"},
             "prefix_k": {1: "contexts", 3: "prefix"}, "prefix_v": {1: "contexts", 3: "prefix"},

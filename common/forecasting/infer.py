@@ -14,9 +14,10 @@ keys and values, model_step.onnx then feeds one token per path per step (a KV ca
 torch sampler). As there, a context's samples share its prefilled keys and values (one copy per
 context, one matrix product per context and step), and each path's own tokens' keys and values
 go to a preallocated time-major buffer whose first L steps are a contiguous slice: nothing is
-concatenated or copied per step on the numpy side. The window is the same (the last max(T - horizon, T // 2) context tokens,
-rebuilt from the last T // 2 when it reaches T), so each step's logits are the torch sampler's up
-to float rounding (tested: greedy paths are equal). A logits function without a cache (any
+concatenated or copied per step on the numpy side. The window is the same (the last
+max(T - horizon, T // 2) context tokens, rebuilt from the last T // 2 when it reaches T; each
+row is then its own prefix), so each step's logits are the torch sampler's up to float rounding
+(tested: greedy paths are equal). A logits function without a cache (any
 callable) re-runs the window every step instead. The draws use numpy's generator: paths are
 reproducible by seed, but not the torch backend's paths.
 """
