@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from common.cli import main
+from common.errors import UserError
 from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_inputs
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
@@ -95,11 +96,12 @@ def test_torchscript_is_refused_with_the_formats_that_replace_it(run_dir, tmp_pa
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "ts").exists()
 
 
-@pytest.mark.parametrize("cached", [True, False])
-def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached):
+@pytest.mark.parametrize("cached,max_batch", [(True, 4), (True, 1), (False, 4)])
+def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached, max_batch):
     """common.forecasting.infer's window is the torch sampler's: with greedy decoding both give the same
     tokens, across the window's rebuild (horizon > T / 2), with the ONNX KV cache and without
-    (a plain logits function re-running the window)."""
+    (a plain logits function re-running the window). max_batch 4: chunks of two contexts whose two
+    samples share their prefix in the step graph; 1: one sample per chunk."""
     info = json.loads((onnx_dir / "asset_info.json").read_text())
     t, a, c = random_inputs(3, 16, 60, info["num_assets"], info["num_categories"], seed=5)
     banned = forecaster.banned_ids()
@@ -108,8 +110,19 @@ def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached):
     backend = OnnxBackend(onnx_dir / "model.onnx", 16)
     logits = backend if cached else (lambda *x: backend(*x))  # a plain function has no step()
     got = sample_paths_np(logits, t.numpy(), a.numpy(), c.numpy(), horizon=20, samples=2, context_length=16,
-                          temperature=0.0, banned=banned, max_batch=4)
+                          temperature=0.0, banned=banned, max_batch=max_batch)
     np.testing.assert_array_equal(got, ref)
+
+
+def test_an_older_step_graph_says_to_export_again(onnx_dir, tmp_path):
+    """Exports before the shared prefix had a step graph with a per-row cache (past_k, past_v):
+    one line saying to export again, not a wrong input name from onnxruntime mid-forecast."""
+    old = tmp_path / "old"
+    shutil.copytree(onnx_dir, old)
+    shutil.copy2(old / "model.onnx", old / "model_step.onnx")  # any graph without prefix_k stands in for it
+    with pytest.raises(UserError, match="older export's step graph.*export the run again") as e:
+        OnnxBackend(old / "model.onnx", 16)
+    assert "\n" not in str(e.value)
 
 
 def test_numpy_draws_follow_the_distribution_and_never_a_banned_id():
@@ -303,8 +316,6 @@ def _one_line(capsys, *needles):
 def test_a_bad_model_folder_is_one_line_and_exit_2(run_dir, hf_dir, tmp_path, capsys):
     forecast = lambda folder: main(["forecast", str(folder), "--symbols", "AAPL", "--horizon", "2",  # noqa: E731
                                     "--samples", "2", "--out", str(tmp_path / "out")])
-    from common.errors import UserError
-
     with pytest.raises(UserError, match="no such folder"):
         Forecaster.from_pretrained(tmp_path / "nowhere")
     with pytest.raises(UserError, match="missing model.safetensors; is it a `marketgpt export --format hf`"):

@@ -5,9 +5,10 @@ onnx and pt2 export the next-token forward: tokens (batch, length) int64 with a 
 and any length from 1 to model.context_length, plus asset_ids and category_ids (batch,), to the
 logits of the token after the last position (batch, vocab_size) float32. ONNX exports also
 return every layer's keys and values (present_k, present_v: layers x batch x heads x length x
-head size), and model_step.onnx takes them back with one more token per row: a KV cache for
-sampling (common.forecasting.infer). pt2 is a torch.export ExportedProgram (torch.export.load)
-of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
+head size), and model_step.onnx takes them back as a prefix shared by each context's samples,
+with each sample's own tokens since and one more token per row: a KV cache for sampling
+(common.forecasting.infer; Step below has the inputs). pt2 is a torch.export ExportedProgram
+(torch.export.load) of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
 2.13), whose --format now says so. hf is a model folder in a model hub's layout: the weights as
 model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. Beside the model:
 
@@ -40,7 +41,7 @@ from common.atomic import read_json_or_empty
 from common.errors import UserError
 from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
-from common.model.kv_cache import KVCache, decode_attention
+from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_pt2", "export_run", "model_card",
            "model_card_markdown", "save_safetensors"]
@@ -105,19 +106,52 @@ class Prefill(torch.nn.Module):
         return (logits, *cache.stacked())
 
 
+class _OwnKV(_GrowingKV):
+    """A sample's own keys and values in a step graph: what came in (B, nh, L, hs), plus the
+    step's token, which is kept (`new`) to be given back alone."""
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = k, v
+        return super().append(k, v)
+
+
+class _SharedStepKV(SharedPrefixKV):
+    """common.model.kv_cache.SharedPrefixKV over graph inputs: the contexts' prefix (n, nh, P, hs),
+    shared by their samples, and each sample's own tokens so far, time-major (L, B, nh, hs) so
+    that the sampler passes a contiguous slice of its buffer (no copy per step)."""
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor,
+                 own_v: torch.Tensor) -> None:
+        # not super().__init__: it allocates a buffer for the own tokens, which here are an input
+        self.k, self.v = prefix_k, prefix_v
+        self.own = _OwnKV(own_k.permute(1, 2, 0, 3), own_v.permute(1, 2, 0, 3))
+
+
 class Step(torch.nn.Module):
-    """model_step.onnx: one more token per row, given the keys and values so far (P >= 1 of
-    them): (token (B, 1), asset_ids, category_ids, past_k, past_v) -> logits, present_k, present_v."""
+    """model_step.onnx: one more token per sample, its context's keys and values shared by all of
+    the context's samples (as the torch sampler): (token (B, 1), asset_ids (B,), category_ids (B,),
+    prefix_k, prefix_v (layers, n, heads, P, head size), own_k_<i>, own_v_<i> (L, B, heads, head
+    size) per layer i) -> logits (B, V), new_k, new_v (layers, B, heads, head size): the step
+    token's. Rows are context-major (B = n x samples each); L >= 0 own tokens before this one."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, token: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                past_k: torch.Tensor, past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cache = _GrowingCache([_GrowingKV(past_k[i], past_v[i]) for i in range(len(self.model.blocks))])
-        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=cache)[0][:, -1]
-        return (logits, *cache.stacked())
+                prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+                *own: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = len(self.model.blocks)
+        layers = [_SharedStepKV(prefix_k[i], prefix_v[i], own[i], own[n + i]) for i in range(n)]
+        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=KVCache(layers))[0][:, -1]
+        return (logits, torch.stack([x.own.new[0][:, :, 0] for x in layers]),
+                torch.stack([x.own.new[1][:, :, 0] for x in layers]))
+
+
+def step_input_names(num_layers: int) -> list[str]:
+    """model_step.onnx's inputs, in order."""
+    return (["token", "asset_ids", "category_ids", "prefix_k", "prefix_v"]
+            + [f"own_k_{i}" for i in range(num_layers)] + [f"own_v_{i}" for i in range(num_layers)])
 
 
 def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num_categories: int,
@@ -195,17 +229,21 @@ def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None
 
 
 def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path) -> None:
-    """Traced with a non-empty cache, so the graph holds the one-token decode branch."""
+    """Traced with a shared prefix (2 contexts x 2 samples) and 2 own tokens each, so the graph holds
+    the one-token decode branch with the group, prefix and own lengths all read from the shapes."""
     tokens, asset_ids, category_ids = example
-    _, past_k, past_v = prefill(tokens[:, :-1], asset_ids, category_ids)
-    batch = {0: "batch"}
-    past = {1: "batch", 3: "past"}
-    torch.onnx.export(step, (tokens[:, -1:], asset_ids, category_ids, past_k, past_v), str(target),
-                      input_names=["token", "asset_ids", "category_ids", "past_k", "past_v"],
-                      output_names=["logits", "present_k", "present_v"],
-                      dynamic_axes={"token": batch, "asset_ids": batch, "category_ids": batch, "past_k": past,
-                                    "past_v": past, "logits": batch, "present_k": past, "present_v": past},
-                      opset_version=ONNX_OPSET, dynamo=False)
+    _, prefix_k, prefix_v = prefill(tokens[:, :-3], asset_ids, category_ids)
+    rows = torch.arange(tokens.size(0)).repeat_interleave(2)
+    layers, _, heads, _, size = prefix_k.shape
+    own = torch.zeros(2 * layers, 2, len(rows), heads, size)  # values do not matter to the trace
+    names = step_input_names(layers)
+    axes = {"token": {0: "batch"}, "asset_ids": {0: "batch"}, "category_ids": {0: "batch"},
+            "prefix_k": {1: "contexts", 3: "prefix"}, "prefix_v": {1: "contexts", 3: "prefix"},
+            **{name: {0: "own", 1: "batch"} for name in names[5:]},
+            "logits": {0: "batch"}, "new_k": {1: "batch"}, "new_v": {1: "batch"}}
+    torch.onnx.export(step, (tokens[rows, -3:-2], asset_ids[rows], category_ids[rows], prefix_k, prefix_v, *own),
+                      str(target), input_names=names, output_names=["logits", "new_k", "new_v"],
+                      dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False)
 
 
 def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folder: Path) -> None:

@@ -11,9 +11,13 @@ here an onnxruntime session over model.onnx.
 
 Sampling is common.model.sampling's, in numpy: model.onnx prefills each context once and returns its
 keys and values, model_step.onnx then feeds one token per path per step (a KV cache, as the
-torch sampler); the window is the same (the last max(T - horizon, T // 2) context tokens,
-rebuilt from the last T // 2 when it reaches T), so each step's logits are the torch sampler's up
-to float rounding (tested: greedy paths are equal). A logits function without a cache (any
+torch sampler). As there, a context's samples share its prefilled keys and values (one copy per
+context, one matrix product per context and step), and each path's own tokens' keys and values
+go to a preallocated time-major buffer whose first L steps are a contiguous slice: nothing is
+concatenated or copied per step on the numpy side. The window is the same (the last
+max(T - horizon, T // 2) context tokens, rebuilt from the last T // 2 when it reaches T; each
+row is then its own prefix), so each step's logits are the torch sampler's up to float rounding
+(tested: greedy paths are equal). A logits function without a cache (any
 callable) re-runs the window every step instead. The draws use numpy's generator: paths are
 reproducible by seed, but not the torch backend's paths.
 """
@@ -29,6 +33,8 @@ import numpy as np
 from common.config import load_config
 from common.errors import UserError
 from common.forecasting.forecaster import Forecaster
+from common.model.windows import context_chunks
+from common.model.windows import prefill_length as window_start  # this module's name for it
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
@@ -65,6 +71,10 @@ class OnnxBackend:
         except Exception as e:  # onnxruntime raises its own exception types for a bad file
             raise UserError(f"{path.parent}: onnxruntime cannot load the model ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); export the run again") from None
+        if self.step_session is not None and "prefix_k" not in {x.name for x in self.step_session.get_inputs()}:
+            # before 2026-11-26 the step graph took a per-row cache (past_k, past_v): about 4x slower
+            raise UserError(f"{step}: an older export's step graph (a per-row KV cache); export the run again "
+                            "(`marketgpt export RUN_DIR --format onnx`)")
         self.context_length = context_length
 
     def __call__(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
@@ -79,18 +89,23 @@ class OnnxBackend:
                                                 "asset_ids": np.asarray(asset_ids, dtype=np.int64),
                                                 "category_ids": np.asarray(category_ids, dtype=np.int64)})
 
-    def step(self, token: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, past_k: np.ndarray,
-             past_v: np.ndarray) -> list[np.ndarray]:
-        """One more token per row (B, 1) after the cached ones: logits, present_k, present_v."""
-        return self.step_session.run(None, {"token": np.ascontiguousarray(token, dtype=np.int64),
-                                            "asset_ids": np.asarray(asset_ids, dtype=np.int64),
-                                            "category_ids": np.asarray(category_ids, dtype=np.int64),
-                                            "past_k": past_k, "past_v": past_v})
-
-
-def window_start(context_length: int, horizon: int, available: int) -> int:
-    """Context tokens the first step sees: the same window as common.model.sampling.prefill_length."""
-    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
+    def step(self, token: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, prefix_k: np.ndarray,
+             prefix_v: np.ndarray, own_k: Optional[np.ndarray] = None,
+             own_v: Optional[np.ndarray] = None) -> list[np.ndarray]:
+        """One more token per row (B, 1): logits (B, V) and the token's keys and values, new_k and
+        new_v (layers, B, heads, head size). prefix_k, prefix_v (layers, n, heads, P, head size):
+        prefill()'s keys and values of n contexts, shared by their B / n rows (context-major);
+        own_k, own_v (layers, L, B, heads, head size): each row's L tokens since (None: none)."""
+        layers, _, heads, _, size = prefix_k.shape
+        if own_k is None:
+            own_k = own_v = np.empty((layers, 0, len(token), heads, size), dtype=np.float32)
+        feed = {"token": np.ascontiguousarray(token, dtype=np.int64),
+                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+                "category_ids": np.asarray(category_ids, dtype=np.int64),
+                "prefix_k": np.ascontiguousarray(prefix_k), "prefix_v": np.ascontiguousarray(prefix_v)}
+        for i in range(layers):  # one input per layer: own_k[i] is a contiguous slice of the sampler's buffer
+            feed[f"own_k_{i}"], feed[f"own_v_{i}"] = np.ascontiguousarray(own_k[i]), np.ascontiguousarray(own_v[i])
+        return self.step_session.run(None, feed)
 
 
 def draw_tokens_np(logits: np.ndarray, temperature: float, top_k: Optional[int], top_p: Optional[float],
@@ -138,23 +153,26 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
     rng = np.random.default_rng(int(seed))
     cached = getattr(backend, "step_session", None) is not None
     if cached:
-        first, past_k, past_v = backend.prefill(contexts[:, L - P:], asset_ids, category_ids)
+        first, prefix_k, prefix_v = backend.prefill(contexts[:, L - P:], asset_ids, category_ids)
     else:
         first = backend(contexts[:, L - P:], asset_ids, category_ids)  # (N, V): the first step, once per context
     if banned is None:
         banned = np.zeros(first.shape[1], dtype=bool)
-    if max_batch is None:  # the cache is the memory: keys and values of T tokens per row
-        per_row = 2 * past_k[:, :1].nbytes * T // max(1, P) if cached else 0
+    if max_batch is None:  # as the torch sampler: rows whose full cache (T tokens) fits the budget
+        per_row = 2 * prefix_k[:, :1].nbytes * T // max(1, P) if cached else 0
         max_batch = max(1, CACHE_BUDGET_BYTES // per_row) if per_row else ROWS_PER_CALL
-    rows = np.repeat(np.arange(N), samples)
     out = np.empty((N * samples, horizon), dtype=np.int64)
-    for lo in range(0, N * samples, max_batch):
-        r = rows[lo:lo + max_batch]
+    for c0, c1, group, lo in context_chunks(N, samples, max_batch):
+        r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
         a, c = asset_ids[r], category_ids[r]
         seq = np.concatenate([contexts[r, L - P:], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         start, logits = 0, first[r]  # seq[start:end] is the window the logits came from
         if cached:
-            k, v = past_k[:, r], past_v[:, r]
+            pk, pv = np.ascontiguousarray(prefix_k[:, c0:c1]), np.ascontiguousarray(prefix_v[:, c0:c1])
+            layers, _, heads, _, size = pk.shape
+            # each row's own tokens' keys and values, time-major: [:, :n] is what step() takes
+            own_k, own_v = (np.empty((layers, max(1, horizon - 1), len(r), heads, size), np.float32) for _ in "kv")
+            n = 0
         for step in range(horizon):
             end = P + step
             seq[:, end] = draw_tokens_np(logits, temperature, top_k, top_p, banned, rng)
@@ -162,11 +180,14 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
                 break
             if end - start == T:  # the window is full: start again from its last `keep` tokens
                 start = end + 1 - keep
-                if cached:
-                    logits, k, v = backend.prefill(seq[:, start:end + 1], a, c)
+                if cached:  # each row its own prefix now (a group of one)
+                    logits, pk, pv = backend.prefill(seq[:, start:end + 1], a, c)
+                    n = 0
                     continue
             if cached:
-                logits, k, v = backend.step(seq[:, end:end + 1], a, c, k, v)
+                logits, own_k[:, n], own_v[:, n] = backend.step(seq[:, end:end + 1], a, c, pk, pv, own_k[:, :n],
+                                                                own_v[:, :n])
+                n += 1
             else:
                 logits = backend(seq[:, start:end + 1], a, c)
         out[lo:lo + len(r)] = seq[:, P:]

@@ -72,10 +72,11 @@ class SharedPrefixKV:
         own_k, own_v = self.own.append(k, v)  # (B, nh, L, hs)
         n, nh, P, hs = self.k.shape
         B, scale = q.size(0), 1.0 / math.sqrt(hs)
-        grouped = q.reshape(n, self.group, nh, hs).transpose(1, 2)  # (n, nh, group, hs)
+        # -1 for the group: an exported graph (common.forecasting.export) reads it from the shapes
+        grouped = q.reshape(n, -1, nh, hs).transpose(1, 2)  # (n, nh, group, hs)
         shared = (grouped @ self.k.transpose(-2, -1) * scale).transpose(1, 2).reshape(B, nh, 1, P)
         w = torch.cat((shared, q @ own_k.transpose(-2, -1) * scale), dim=-1).softmax(dim=-1)  # (B, nh, 1, P + L)
-        from_prefix = w[..., :P].reshape(n, self.group, nh, P).transpose(1, 2) @ self.v  # (n, nh, group, hs)
+        from_prefix = w[..., :P].reshape(n, -1, nh, P).transpose(1, 2) @ self.v  # (n, nh, group, hs)
         return from_prefix.transpose(1, 2).reshape(B, nh, 1, hs) + w[..., P:] @ own_v
 
 

@@ -25,13 +25,14 @@ same paths.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 from torch.nn import functional as F
 
 from common.model.gpt import MarketGPT
 from common.model.kv_cache import KVCache
+from common.model.windows import context_chunks, prefill_length
 
 __all__ = ["CACHE_BUDGET_BYTES", "draw_tokens", "prefill_length", "sample_paths"]
 
@@ -41,11 +42,6 @@ CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB): bounds ma
 # (B, V'), V' = the last id that may be drawn + 1, computed from the last `window` tokens of seq
 # (B, L); contexts (B,): each row's context.
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, int, torch.Tensor], None]
-
-
-def prefill_length(context_length: int, horizon: int, available: int) -> int:
-    """Context tokens prefilled: all of the forecast fits in the window when it can."""
-    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
 
 
 def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
@@ -76,19 +72,6 @@ def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
     # u * total can round up to the total itself: then the last id with any probability
     last = probs.size(1) - 1 - (probs > 0).flip(1).to(torch.uint8).argmax(dim=1)
     return torch.minimum(ids, last)
-
-
-def _chunks(n: int, samples: int, max_batch: int) -> Iterator[tuple[int, int, int, int]]:
-    """(first context, end context, samples each, first output row) per chunk of at most
-    max_batch rows: whole contexts while a context's samples fit, else one context's in parts."""
-    if samples <= max_batch:
-        per = max_batch // samples
-        for c0 in range(0, n, per):
-            yield c0, min(n, c0 + per), samples, c0 * samples
-    else:
-        for c in range(n):
-            for s0 in range(0, samples, max_batch):
-                yield c, c + 1, min(max_batch, samples - s0), c * samples + s0
 
 
 @torch.no_grad()
@@ -124,7 +107,7 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
         first_logits = _next_logits(model, contexts[:, L - P:], asset_ids, category_ids, prefix,
                                     None if feats is None else feats[:, :P], V)
         out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
-        for c0, c1, group, lo in _chunks(N, samples, max_batch):
+        for c0, c1, group, lo in context_chunks(N, samples, max_batch):
             r = torch.arange(c0, c1, device=device).repeat_interleave(group)  # row -> its context
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)

@@ -1,0 +1,25 @@
+"""The sampling window and the row chunks, shared by the torch sampler (common.model.sampling)
+and the torch-free one (common.forecasting.infer): plain Python, no torch."""
+from __future__ import annotations
+
+from typing import Iterator
+
+__all__ = ["context_chunks", "prefill_length"]
+
+
+def prefill_length(context_length: int, horizon: int, available: int) -> int:
+    """Context tokens prefilled: all of the forecast fits in the window when it can."""
+    return max(1, min(available, context_length, max(context_length - horizon, context_length // 2)))
+
+
+def context_chunks(n: int, samples: int, max_batch: int) -> Iterator[tuple[int, int, int, int]]:
+    """(first context, end context, samples each, first output row) per chunk of at most
+    max_batch rows: whole contexts while a context's samples fit, else one context's in parts."""
+    if samples <= max_batch:
+        per = max_batch // samples
+        for c0 in range(0, n, per):
+            yield c0, min(n, c0 + per), samples, c0 * samples
+    else:
+        for c in range(n):
+            for s0 in range(0, samples, max_batch):
+                yield c, c + 1, min(max_batch, samples - s0), c * samples + s0
