@@ -81,7 +81,7 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                    baselines: Optional[Mapping[str, ForecastFn]] = None,
                    progress: Optional[Callable[[str], None]] = None,
                    calibration: Optional[Calibration] = None,
-                   barrier: Optional[tuple[float, float]] = None) -> dict:
+                   barrier: Optional[tuple[float, float]] = None, keep: Optional[dict] = None) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
     series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
@@ -89,6 +89,8 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
     barrier: (upper, lower), e.g. (0.05, -0.03): also the Brier scores of the barrier probabilities
     (card["barrier"], see barrier_card).
+    keep: a dict that receives the per-origin "stats" (horizon -> forecaster -> arrays), the
+    "origins" and the "stride" (common.evaluation.benchmark pools them across tasks).
     """
     horizons = _check_request(horizons, n_samples)
     series = _chosen_assets(series, assets)
@@ -112,6 +114,8 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
         raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
     say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
     stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
+    if keep is not None:
+        keep.update(stats=stats, origins=o, stride=step)
     for h in horizons:
         oh = o.subset(np.isfinite(o.y[h]), h)
         if len(oh.index) == 0:
