@@ -68,3 +68,22 @@ def test_the_cost_of_a_card_stays_within_its_budget_as_the_universe_grows():
         assert sum(calls) <= 16 and card["horizons"]["1"]["n"] <= 16
         assert (card["origins"]["drawn"] is None) == (n_assets * 8 <= 16)
         assert (card["origins"]["drawn"] in said) or card["origins"]["drawn"] is None
+
+
+def test_a_card_on_microsecond_candles_has_real_dates_and_draws(tmp_path):
+    """Frames indexed in microseconds (pandas' date_range default): the origins' dates stay int64 ns,
+    so the backtest's dates are the candles' (not 1970) and scorecard.png draws at stride 1."""
+    from common.evaluation.scorecard import write_scorecard
+
+    rng = np.random.default_rng(1)
+    series = synthetic_series([garch_returns(300, rng) for _ in range(2)])
+    series[0].candles.index = series[0].candles.index.as_unit("us")
+    series[1].candles.index = series[1].candles.index.as_unit("us")
+    card = make_scorecard(series, RandomWalkEWMA(0.94), interval="1d", horizons=[1, 5], stride=1, n_samples=8,
+                          n_boot=20, baselines={"rw_ewma": RandomWalkEWMA(0.94)})
+    first = card["backtest"]["strategies"]["model"]["dates"][0]
+    assert first[:4] == str(series[0].candles.index[series[0].test.start].year)
+    card["horizons"]["1"]["coverage_calibrated"] = {"50": 0.5, "80": 0.8, "90": 0.9}  # drawn beside the raw
+    card["barrier_lines"] = ["Barrier +5.0%/-3.0% at H=5 (n=10): Brier model 0.500"]
+    _, png = write_scorecard(card, tmp_path)
+    assert png.stat().st_size > 0

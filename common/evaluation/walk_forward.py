@@ -40,7 +40,7 @@ def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
         idx = np.arange(s.test.start, s.test.stop)
         close = s.candles["close"].to_numpy(dtype=np.float64)[idx] if len(idx) else np.zeros(0)
         valid[s.symbol] = idx[np.isfinite(close) & (close > 0)]
-    stamps = [s.candles.index[valid[s.symbol]].asi8 for s in series]
+    stamps = [s.candles.index[valid[s.symbol]].as_unit("ns").asi8 for s in series]  # ns whatever the index unit
     grid = np.unique(np.concatenate(stamps)) if stamps else np.zeros(0, np.int64)
     if len(grid) == 0:
         raise UserError("no asset has a candle in its test split; train on more data or a longer date range")
@@ -83,7 +83,7 @@ def all_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray]
             ys[h].append(target - log_close[i])
         ks.append(np.full(len(i), k))
         idx.append(i)
-        dates.append(s.candles.index[i].asi8)
+        dates.append(s.candles.index[i].as_unit("ns").asi8)  # Origins.dates are int64 ns
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
     y = {h: cat(ys[h], np.float64) for h in horizons}
     keep = np.isfinite(y[horizons[0]])
