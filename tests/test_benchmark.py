@@ -131,3 +131,18 @@ def test_bad_input_is_one_line_and_exit_2(benched, capsys, args, needle):
 def test_a_folder_that_is_no_model_is_one_line(tmp_path, capsys):
     assert main(["benchmark", str(tmp_path / "missing")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_an_hf_export_is_benchmarked_like_its_run(benched, tmp_path, capsys):
+    run, _, result = benched
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["data_cutoff"] == json.loads((run / "data_info.json").read_text())["split_cuts"]["test_start"]
+    capsys.readouterr()
+    assert main(["benchmark", str(out), "--tasks", "long-2023", "--samples", "4", "--no-leaderboard", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["data_cutoff"] == result["data_cutoff"]
+    (row,) = got["tasks"]
+    (same,) = [r for r in result["tasks"] if r["task"] == "long-2023"]
+    assert row["leakage"] is False and row["horizons"] == same["horizons"]  # the same weights, the same scores
