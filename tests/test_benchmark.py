@@ -146,3 +146,12 @@ def test_an_hf_export_is_benchmarked_like_its_run(benched, tmp_path, capsys):
     (row,) = got["tasks"]
     (same,) = [r for r in result["tasks"] if r["task"] == "long-2023"]
     assert row["leakage"] is False and row["horizons"] == same["horizons"]  # the same weights, the same scores
+
+
+def test_assets_with_less_history_than_the_model_needs_are_left_out():
+    from common.evaluation.benchmark import choose_tasks, run_benchmark
+    from common.evaluation.price_baselines import RandomWalkEWMA
+
+    (row,) = run_benchmark(RandomWalkEWMA(0.94), choose_tasks(["btc-2021"]), min_history=10_000, n_samples=4)["tasks"]
+    assert row["status"] == "skipped" and row["assets_short"] == ["BTC-USD"]
+    assert "fewer than the model's 10000 candles before 2021-01-04" in row["reason"]

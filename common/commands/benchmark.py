@@ -88,6 +88,7 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
                            interval=forecaster.cfg.data.interval, cutoff=data_cutoff(model_dir),
+                           min_history=forecaster.min_history(),
                            n_samples=req.samples, seed=req.seed, progress=say)
     result["model"] = {"path": str(model_dir), "checkpoint_sha256": forecaster.checkpoint_sha256,
                        "interval": forecaster.cfg.data.interval, "precision": forecaster.precision}

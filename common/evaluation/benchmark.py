@@ -133,7 +133,7 @@ def _best_baseline(hc: dict) -> str:
 
 
 def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], interval: Optional[str],
-                cutoff: Optional[pd.Timestamp], n_samples: int, seed: int, n_boot: int,
+                cutoff: Optional[pd.Timestamp], min_history: int, n_samples: int, seed: int, n_boot: int,
                 say: Callable[[str], None]) -> tuple[dict, Optional[dict]]:
     """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate."""
     row: dict = {"task": task.name, "interval": task.interval, "start": task.start, "end": task.end,
@@ -143,9 +143,13 @@ def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], int
     if interval is not None and interval != task.interval:
         return {**row, "status": "skipped", "reason": f"the model forecasts {interval} candles"}, None
     series = [s for s in task_series(task) if symbols is None or s.symbol in symbols]
-    row["assets_scored"] = [s.symbol for s in series]
+    short = [s.symbol for s in series if len(s.train) < min_history]  # a context longer than the history
+    series = [s for s in series if s.symbol not in short]
+    row["assets_scored"], row["assets_short"] = [s.symbol for s in series], short
     if not series:
-        return {**row, "status": "skipped", "reason": "none of the task's assets is in the model's universe"}, None
+        why = (f"{', '.join(short)}: fewer than the model's {min_history} candles before {task.start}" if short
+               else "none of the task's assets is in the model's universe")
+        return {**row, "status": "skipped", "reason": why}, None
     keep: dict = {}
     card = make_scorecard(series, forecast_fn, interval=task.interval, horizons=task.horizons, stride=task.stride,
                           n_samples=n_samples, seed=seed, n_boot=n_boot, keep=keep,
@@ -193,18 +197,21 @@ def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) ->
 
 
 def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Optional[set] = None,
-                  interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, n_samples: int = 100,
+                  interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, min_history: int = 0,
+                  n_samples: int = 100,
                   seed: int = 0, n_boot: int = 1000, progress: Optional[Callable[[str], None]] = None) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
     symbols: the assets the model can forecast (None: any); interval: its candle length (None:
     any), tasks of another interval are skipped; cutoff: its data cut-off (data_cutoff), None
-    when unknown (leakage then null)."""
+    when unknown (leakage then null); min_history: the candles a history needs (a task's assets
+    with fewer before `start` are left out, named in assets_short)."""
     say = progress or (lambda _msg: None)
     rows, parts = [], []
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
-        row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, n_samples, seed, n_boot, say)
+        row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, min_history, n_samples, seed, n_boot,
+                                say)
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)
