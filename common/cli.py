@@ -102,6 +102,15 @@ def _cmd_scorecard(args: argparse.Namespace) -> int:
         interval=args.interval))
 
 
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from common.commands.benchmark import BenchmarkRequest, run_benchmark_command  # lazy: torch
+
+    return run_benchmark_command(BenchmarkRequest(
+        model_dir=args.model_dir, tasks=_names(args.tasks) if args.tasks else None, samples=args.samples,
+        seed=args.seed, device=args.device, precision=args.precision, as_json=args.json,
+        leaderboard=args.leaderboard, append=not args.no_leaderboard))
+
+
 def _cmd_data_download(args: argparse.Namespace) -> int:
     from common.data.download import download_case  # lazy: pandas
 
@@ -364,6 +373,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "beside the baselines' (docs/scorecard.md#barrier-probabilities)")
     _add_interval_arg(p)
     p.set_defaults(handler=_cmd_scorecard)
+
+    p = sub.add_parser("benchmark", help="the fixed benchmark tasks on the shipped sample's real series, scored "
+                       "like the scorecard; a table, MODEL/benchmark.json and a leaderboard line (docs/scorecard.md)")
+    p.add_argument("model_dir", type=Path, metavar="MODEL", help="a run folder or a `marketgpt export --format hf` folder")
+    p.add_argument("--tasks", default=None, help="comma-separated task names (default: all of the version)")
+    p.add_argument("--samples", type=int, default=100, help="sampled paths per origin (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    _add_precision_arg(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the same as MODEL/benchmark.json)")
+    p.add_argument("--leaderboard", type=Path, default=None, metavar="PATH",
+                   help="append one JSON line here (default: benchmark_leaderboard.jsonl in the repo root)")
+    p.add_argument("--no-leaderboard", action="store_true", help="do not append to the leaderboard")
+    p.set_defaults(handler=_cmd_benchmark)
 
     p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
                        "before the time limit), as a job array with --array, or run it here with --local")

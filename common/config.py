@@ -106,6 +106,9 @@ class TrainingConfig:
     # split (0 turns it off) and sampled paths per origin; horizons 1, 5, 20
     scorecard_origins: int = 20
     scorecard_samples: int = 100
+    # at most this many (asset, origin) forecasts: a larger universe draws assets per origin date
+    # (docs/scorecard.md#the-end-of-training-scorecard), so the cost does not grow with it
+    scorecard_budget: int = 400
     # fine-tuning (common/training/finetune.py): a parent run folder or checkpoint whose weights and
     # tokenizer a new run starts from (`--init-from`); null: train from scratch
     init_from: Optional[str] = None

@@ -61,6 +61,8 @@ def check_training(t: TrainingConfig, m: ModelConfig, need: Need) -> None:
     need(t.scorecard_origins >= 0, "training.scorecard_origins",
          f"must be zero (off) or positive, got {t.scorecard_origins}")
     need(t.scorecard_samples >= 2, "training.scorecard_samples", f"must be at least 2, got {t.scorecard_samples}")
+    need(t.scorecard_budget >= 1, "training.scorecard_budget",
+         f"must be at least 1 (asset, origin) forecast, got {t.scorecard_budget}")
     freeze = re.fullmatch(r"all_but_last_(\d+)", t.freeze)
     need(t.freeze in ("none", "embeddings") or freeze is not None, "training.freeze",
          f"= {t.freeze!r} is not one of 'none', 'embeddings', 'all_but_last_N' (e.g. all_but_last_2)")

@@ -109,3 +109,23 @@ def test_a_failing_scorecard_is_recorded_and_does_not_fail_the_run(trained, monk
     assert results["scorecard_error"] == "OSError: disk full"
     assert "scorecard.json not written (OSError: disk full)" in capsys.readouterr().err
     assert has_final_outputs(run)  # so --resume auto does not retry it forever
+
+
+def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(trained, capsys):
+    import io
+
+    import torch
+
+    from common.commands.scorecard import end_of_training_scorecard
+    from common.config import load_config
+
+    _, run = trained
+    cfg = load_config(run / "config.json", ["training.scorecard_budget=5"])
+    log = io.StringIO()
+    assert end_of_training_scorecard(cfg, run, torch.device("cpu"), out=log) is None
+    lines = log.getvalue().splitlines()
+    card = _card(run)
+    assert card["origins"]["budget"] == 5 and card["horizons"]["1"]["n"] <= 5
+    # the progress lines in the job log (stdout), as the standalone command writes them on stderr
+    assert any(x.startswith("Scorecard: origins 1-") for x in lines), lines
+    assert any("forecasts over the budget of 5" in x for x in lines) and card["origins"]["drawn"] in log.getvalue()

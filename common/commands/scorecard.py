@@ -7,8 +7,9 @@ writes at the end of training (common.commands.train's final outputs).
 
 Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with `common.evaluation.scorecard.run_scorecard`
 and write scorecard.json and scorecard.png into the run folder. The end-of-training one uses
-`training.scorecard_origins` origin dates (0 turns it off) and `training.scorecard_samples`
-paths at horizons 1, 5 and 20; the command defaults to the issue's full scorecard (every 5th
+`training.scorecard_origins` origin dates (0 turns it off), at most `training.scorecard_budget`
+(asset, origin) forecasts drawn among them, and `training.scorecard_samples` paths at horizons 1,
+5 and 20, with its progress in the job log; the command defaults to the issue's full scorecard (every 5th
 test candle, 200 samples).
 
 The scoring imports are local: `common.commands.train` imports this module, and a training
@@ -138,12 +139,14 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
         forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
         card = run_scorecard(run_dir, forecaster_fn(forecaster), horizons=DEFAULT_HORIZONS, stride=None,
                              n_origins=t.scorecard_origins, n_samples=t.scorecard_samples, seed=t.seed,
-                             precision=forecaster.precision)
+                             precision=forecaster.precision, budget=t.scorecard_budget,
+                             progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True))
     except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
         reason = f"{type(e).__name__}: {e}"
         print(f"warning: scorecard.json not written ({reason})", file=sys.stderr, flush=True)
         return reason
-    print(f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples; "
+    drawn = f", {card['origins']['drawn']}" if card["origins"].get("drawn") else ""
+    print(f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples{drawn}; "
           f"marketgpt scorecard {run_dir} for the full one):", file=out)
     print("\n".join(f"  {line}" for line in card["verdicts"] + card["mcs_lines"]), file=out, flush=True)
     return None

@@ -37,7 +37,7 @@ from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
-from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices
+from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecaster import History
 from common.forecasting.paths import barrier_outcomes, brier_score
@@ -81,7 +81,8 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
                    baselines: Optional[Mapping[str, ForecastFn]] = None,
                    progress: Optional[Callable[[str], None]] = None,
                    calibration: Optional[Calibration] = None,
-                   barrier: Optional[tuple[float, float]] = None) -> dict:
+                   barrier: Optional[tuple[float, float]] = None, keep: Optional[dict] = None,
+                   budget: Optional[int] = None) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
     series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
@@ -89,6 +90,10 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
     barrier: (upper, lower), e.g. (0.05, -0.03): also the Brier scores of the barrier probabilities
     (card["barrier"], see barrier_card).
+    budget: at most this many (asset, origin) forecasts, drawn by walk_forward.within_budget
+    (card["origins"]["budget"] says how); None: every origin.
+    keep: a dict that receives the per-origin "stats" (horizon -> forecaster -> arrays), the
+    "origins" and the "stride" (common.evaluation.benchmark pools them across tasks).
     """
     horizons = _check_request(horizons, n_samples)
     series = _chosen_assets(series, assets)
@@ -110,8 +115,15 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     o = all_origins(series, origins, horizons)
     if len(o.index) == 0:
         raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
+    if budget is not None:
+        o, step, drawn = within_budget(o, budget, step, seed)
+        card["origins"].update(stride=step, budget=budget, drawn=drawn)
+        if drawn:
+            say(drawn)
     say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
     stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
+    if keep is not None:
+        keep.update(stats=stats, origins=o, stride=step)
     for h in horizons:
         oh = o.subset(np.isfinite(o.y[h]), h)
         if len(oh.index) == 0:
@@ -284,16 +296,18 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
                   cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
                   out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
                   precision: Optional[str] = None, calibration: Optional[Calibration] = None,
-                  barrier: Optional[tuple[float, float]] = None, interval: Optional[str] = None) -> dict:
+                  barrier: Optional[tuple[float, float]] = None, interval: Optional[str] = None,
+                  budget: Optional[int] = None) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
     calibration: the run's calibration.json, whose coverage on the test split the card reports.
-    interval: which of a run's data.intervals (None: its first), forecast by forecast_fn."""
+    interval: which of a run's data.intervals (None: its first), forecast by forecast_fn.
+    budget: at most this many (asset, origin) forecasts (make_scorecard)."""
     series, interval = series_from_run(run_dir, interval)
     card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
                           n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
-                          progress=progress, calibration=calibration, barrier=barrier)
+                          progress=progress, calibration=calibration, barrier=barrier, budget=budget)
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision

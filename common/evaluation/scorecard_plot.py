@@ -1,6 +1,7 @@
 """scorecard.png: CRPS skill per horizon and baseline (the significant ones starred, the model
-confidence set under each horizon), the model's coverage, its PIT histogram and
-the backtest's equity curves. Rendering uses matplotlib's Agg backend (no display on Slurm nodes).
+confidence set under each horizon), the model's coverage (and its calibrated coverage, when the
+run has calibration.json), its PIT histogram, the backtest's equity curves, and the barrier
+lines under the panels (scorecard --barrier). Rendering uses matplotlib's Agg backend (no display on Slurm nodes).
 """
 from __future__ import annotations
 
@@ -51,7 +52,12 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     ax[0, 1].plot(levels, levels, "k--", lw=0.8, label="nominal")
     for h in horizons:
         cov = card["horizons"][h]["coverage"]["model"]
-        ax[0, 1].plot(levels, [100 * (cov[str(l)] or 0) for l in levels], "o-", label=f"H={h}")
+        (line,) = ax[0, 1].plot(levels, [100 * (cov[str(l)] or 0) for l in levels], "o-", label=f"H={h}")
+        cal = card["horizons"][h].get("coverage_calibrated")  # calibration.json's intervals, when fitted
+        if cal:
+            cal_levels = [l for l in levels if str(l) in cal]
+            ax[0, 1].plot(cal_levels, [100 * cal[str(l)] for l in cal_levels], "s--", color=line.get_color(),
+                          label=f"H={h} calibrated")
     ax[0, 1].set(title="central interval coverage (model)", xlabel="nominal %", ylabel="actual %")
     ax[0, 1].legend(fontsize=8)
 
@@ -62,13 +68,17 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
 
     bt = card.get("backtest", {})
     for name, st in bt.get("strategies", {}).items():
-        ax[1, 1].plot(pd.to_datetime(st["dates"]), st["equity"], label=f"{name} (Sharpe {_fmt(st['sharpe'])})")
+        dates = pd.to_datetime(st["dates"], format="ISO8601")  # with or without fractional seconds
+        ax[1, 1].plot(dates, st["equity"], label=f"{name} (Sharpe {_fmt(st['sharpe'])})")
     ax[1, 1].set(title=f"backtest equity, {bt.get('cost_bp', DEFAULT_COST_BP):g} bp per side "
                        f"(H={bt.get('horizon', '-')})", ylabel="growth of 1")
     if bt.get("strategies"):
         ax[1, 1].legend(fontsize=8)
     ax[1, 1].tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
+    barrier = card.get("barrier_lines", [])  # scorecard --barrier: the Brier scores, as text under the panels
+    if barrier:
+        fig.text(0.01, 0.005, "\n".join(barrier), fontsize=7, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, min(0.025 * len(barrier), 0.3), 1, 1))
     atomic_savefig(fig, path)
     plt.close(fig)
 

@@ -20,7 +20,7 @@ from common.forecasting.calibrated import conformity_scores
 from common.forecasting.forecaster import History
 from common.forecasting.paths import barrier_probability_table
 
-__all__ = ["Origins", "all_origins", "forecast_all", "origin_indices"]
+__all__ = ["Origins", "all_origins", "forecast_all", "origin_indices", "within_budget"]
 
 _BATCH = 256  # origins per forecast call: bounds the memory of the history copies
 
@@ -40,7 +40,7 @@ def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
         idx = np.arange(s.test.start, s.test.stop)
         close = s.candles["close"].to_numpy(dtype=np.float64)[idx] if len(idx) else np.zeros(0)
         valid[s.symbol] = idx[np.isfinite(close) & (close > 0)]
-    stamps = [s.candles.index[valid[s.symbol]].asi8 for s in series]
+    stamps = [s.candles.index[valid[s.symbol]].as_unit("ns").asi8 for s in series]  # ns whatever the index unit
     grid = np.unique(np.concatenate(stamps)) if stamps else np.zeros(0, np.int64)
     if len(grid) == 0:
         raise UserError("no asset has a candle in its test split; train on more data or a longer date range")
@@ -83,12 +83,42 @@ def all_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray]
             ys[h].append(target - log_close[i])
         ks.append(np.full(len(i), k))
         idx.append(i)
-        dates.append(s.candles.index[i].asi8)
+        dates.append(s.candles.index[i].as_unit("ns").asi8)  # Origins.dates are int64 ns
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
     y = {h: cat(ys[h], np.float64) for h in horizons}
     keep = np.isfinite(y[horizons[0]])
     return Origins(cat(ks, np.int64)[keep], cat(idx, np.int64)[keep], cat(dates, np.int64)[keep],
                     {h: v[keep] for h, v in y.items()})
+
+
+def within_budget(o: Origins, budget: int, stride: int, seed: int) -> tuple[Origins, int, Optional[str]]:
+    """At most `budget` (asset, origin) forecasts: (the origins kept, their stride in dates, a line
+    saying how they were drawn, or None when all fit).
+
+    Over the budget, each origin date keeps k = budget // dates of its assets, drawn uniformly
+    without replacement and independently per date (seeded), so that the bootstrap over dates
+    also carries the variance of which assets were drawn; with fewer forecasts than dates, one
+    asset on each of `budget` evenly spaced dates."""
+    if budget < 1:
+        raise UserError(f"the forecast budget must be at least 1, got {budget}")
+    if len(o.index) <= budget:
+        return o, stride, None
+    dates = np.unique(o.dates)
+    if budget < len(dates):
+        kept_dates = dates[np.unique(np.linspace(0, len(dates) - 1, budget).round().astype(int))]
+        stride = max(stride, round(stride * len(dates) / len(kept_dates)))
+    else:
+        kept_dates = dates
+    k = max(1, budget // len(kept_dates))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, budget]))
+    keep = np.zeros(len(o.index), bool)
+    for d in kept_dates:
+        rows = np.flatnonzero(o.dates == d)
+        keep[rng.choice(rows, size=min(k, len(rows)), replace=False)] = True
+    out = Origins(o.series[keep], o.index[keep], o.dates[keep], {h: y[keep] for h, y in o.y.items()})
+    line = (f"{len(o.index)} forecasts over the budget of {budget}: {len(out.index)} drawn, up to {k} assets "
+            f"at random on each of {len(kept_dates)} origin dates")
+    return out, stride, line
 
 
 def _history(s: AssetSeries, i: int) -> History:

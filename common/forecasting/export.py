@@ -43,7 +43,7 @@ from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 
-__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "export_onnx", "export_pt2", "export_run", "model_card",
+__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "data_cutoff_of", "export_onnx", "export_pt2", "export_run", "model_card",
            "model_card_markdown", "save_safetensors"]
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "hf": PRETRAINED_FILES[0]}
@@ -319,6 +319,14 @@ def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length:
     return worst
 
 
+def data_cutoff_of(data_info: dict) -> Optional[str]:
+    """The latest test_start over the run's eras (data_info.json): the model learned from, or was
+    selected on, no candle from then on. None when data_info.json has no split cuts."""
+    cuts = [data_info.get("split_cuts", {}).get("test_start"),
+            *(era.get("test_start") for era in data_info.get("split_eras", []))]
+    return max((c for c in cuts if c), default=None)  # ISO 8601 in UTC: text order is time order
+
+
 def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     """What the export is, what it was trained on, and how good it is (when the run was scored)."""
     data_info = read_json_or_empty(run_dir / "data_info.json")
@@ -344,6 +352,7 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
         # the model learned from candles before val_start; the best epoch was chosen on candles before test_start
         "training_data_cutoff": cuts.get("val_start"),
         "validation_end": cuts.get("test_start"),
+        "data_cutoff": data_cutoff_of(data_info),  # every era's (marketgpt benchmark's leakage rule)
         "universe": list(fc.symbols),
         "parent_run": str(run_dir.resolve()),
         "checkpoint_sha256": fc.checkpoint_sha256,

@@ -58,7 +58,8 @@ __all__ = [
 HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
                       "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
                       "training.peak_flops", "training.device", "training.gradient_checkpointing",
-                      "training.scorecard_origins", "training.scorecard_samples", "training.tracker", "data.shards",
+                      "training.scorecard_origins", "training.scorecard_samples", "training.scorecard_budget",
+                      "training.tracker", "data.shards",
                       "slurm.")
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and

@@ -1,0 +1,107 @@
+"""`marketgpt benchmark MODEL`: the fixed benchmark tasks (common.evaluation.benchmark) for a run
+folder or a `marketgpt export --format hf` folder.
+
+    marketgpt benchmark MODEL [--tasks us-2017,long-2023] [--samples 100] [--seed 0] [--device cpu]
+                              [--json] [--leaderboard PATH | --no-leaderboard]
+
+Writes MODEL/benchmark.json (atomically), prints the table (or, with --json, the same JSON for jq)
+on stdout and progress on stderr, and appends one line to the leaderboard file (JSON lines,
+default benchmark_leaderboard.jsonl in the repo root; one write of the whole line in append mode,
+so concurrent benchmarks never interleave their lines).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from common.atomic import atomic_write_json, read_json
+from common.commands.scorecard import _device  # the scorecard's --device rule
+from common.errors import UserError
+from common.evaluation.benchmark import choose_tasks, data_cutoff, format_table, run_benchmark
+from common.evaluation.scorecard import forecaster_fn
+from common.forecasting.forecaster import Forecaster
+from common.paths import REPO_ROOT
+
+__all__ = ["BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line", "run_benchmark_command"]
+
+BENCHMARK_JSON = "benchmark.json"
+DEFAULT_LEADERBOARD = REPO_ROOT / "benchmark_leaderboard.jsonl"
+
+
+@dataclass(frozen=True)
+class BenchmarkRequest:
+    """What `marketgpt benchmark` was asked for (the flags' defaults are common.cli's)."""
+
+    model_dir: Path  # a run folder (best_model.pt) or an hf export folder
+    tasks: Optional[Sequence[str]] = None  # None: every task of the version
+    samples: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    precision: str = "auto"
+    as_json: bool = False
+    leaderboard: Optional[Path] = None  # None: DEFAULT_LEADERBOARD
+    append: bool = True  # False: no leaderboard line
+
+
+def append_line(path: Path, record: dict) -> None:
+    """One JSON line appended with a single write in O_APPEND mode (never interleaved with another
+    writer's line, never a partial line left by this one short of a crash mid-write), then fsync."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write to {path}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def leaderboard_record(result: dict, model_dir: Path, checkpoint_sha256: Optional[str]) -> dict:
+    """The leaderboard's line: who, when, the aggregate and each task's skill per horizon."""
+    return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "benchmark": result["benchmark"], "version": result["version"], "model": str(model_dir.resolve()),
+            "checkpoint_sha256": checkpoint_sha256, "samples": result["samples"], "seed": result["seed"],
+            "data_cutoff": result["data_cutoff"], "aggregate": {k: result["aggregate"][k] for k in
+                                                                ("value", "ci95", "verdict", "units", "tasks")},
+            "tasks": {r["task"]: {"leakage": r["leakage"], "status": r["status"],
+                                  "skill": {h: hc["skill"]["value"] for h, hc in r["horizons"].items()},
+                                  "crps": {h: hc["crps"] for h, hc in r["horizons"].items()}}
+                      for r in result["tasks"]}}
+
+
+def run_benchmark_command(req: BenchmarkRequest) -> int:
+    """`marketgpt benchmark`: the table (or JSON) on stdout, progress on stderr."""
+    tasks = choose_tasks(req.tasks)
+    if req.samples < 2:
+        raise UserError(f"--samples {req.samples}: must be at least 2")
+    leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append else None
+    model_dir = Path(req.model_dir)
+    if not model_dir.is_dir():
+        raise UserError(f"{model_dir}: no such folder; pass a run folder or a `marketgpt export --format hf` folder")
+    forecaster = Forecaster.from_run(model_dir, device=_device(req.device), precision=req.precision)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
+                           interval=forecaster.cfg.data.interval, cutoff=data_cutoff(model_dir),
+                           min_history=forecaster.min_history(),
+                           n_samples=req.samples, seed=req.seed, progress=say)
+    result["model"] = {"path": str(model_dir), "checkpoint_sha256": forecaster.checkpoint_sha256,
+                       "interval": forecaster.cfg.data.interval, "precision": forecaster.precision}
+    try:
+        atomic_write_json(model_dir / BENCHMARK_JSON, result)
+        result = read_json(model_dir / BENCHMARK_JSON)  # plain JSON types: stdout prints what the file holds
+        if leaderboard is not None:
+            append_line(leaderboard, leaderboard_record(result, model_dir, forecaster.checkpoint_sha256))
+    except OSError as e:
+        raise UserError(f"cannot write the benchmark's results ({e.strerror or e}); check the folder's "
+                        "permissions or pass --leaderboard PATH") from None
+    print(json.dumps(result, indent=2) if req.as_json else format_table(result))
+    if not req.as_json:
+        where = f" and appended a line to {leaderboard}" if leaderboard is not None else ""
+        print(f"Wrote {model_dir / BENCHMARK_JSON}{where}")
+    return 0

@@ -1,0 +1,261 @@
+"""`marketgpt benchmark`: a fixed, versioned set of evaluation tasks on the real series shipped in
+the package (common.data.sample), scored like the scorecard, so that runs trained on different
+data can be compared on the same questions.
+
+    task (TASKS): an interval, assets of the sample, a cut-off date `start` and an `end`
+      ──► each asset's cleaned candles (common.data.prepare.clean_asset) before `end`; the
+          candles before `start` are the history and GARCH's fit, origins are every `stride`-th
+          date in [start, end), targets must fall before `end`
+      ──► common.evaluation.scorecard.make_scorecard on the assets the model knows: the same
+          walk-forward, CRPS, block-bootstrap skill, Diebold-Mariano and MCS as the scorecard
+      ──► per task and horizon: CRPS of the model and each baseline, skill against the best
+          baseline; leakage when the run's data cut-off is after `start`
+      ──► aggregate: 1 - geometric mean over (task, horizon) of CRPS_model / CRPS_best baseline,
+          with a block-bootstrap 95% interval (dates resampled within each task), leaked tasks out
+
+A task never changes once released: a change is a new BENCHMARK_VERSION, and the leaderboard
+rows carry the version they were scored under.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from common.atomic import read_json_or_empty
+from common.data.prepare import clean_asset
+from common.data.sample import load_sample, sample_assets
+from common.errors import UserError
+from common.evaluation.asset_series import AssetSeries
+from common.evaluation.metrics import block_bootstrap_indices, block_length, verdict
+from common.evaluation.price_baselines import ForecastFn
+from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
+from common.forecasting.export import data_cutoff_of
+from common.markets import interval_step
+
+__all__ = ["BENCHMARK_NAME", "BENCHMARK_VERSION", "TASKS", "TASKS_FINGERPRINT", "Task", "aggregate_skill",
+           "choose_tasks", "data_cutoff", "format_table", "run_benchmark", "task_series", "tasks_fingerprint"]
+
+BENCHMARK_NAME = "marketgpt-sample"
+BENCHMARK_VERSION = "1"
+MIN_HISTORY = 250  # candles every task asset has before `start`: a context, volatility warm-up, GARCH's fit
+
+
+@dataclass(frozen=True)
+class Task:
+    """One evaluation question: forecast these assets from `start` on, at these horizons."""
+    name: str
+    interval: str
+    assets: tuple[str, ...]
+    start: str  # the cut-off: the first origin date (UTC); nothing from it on is history
+    end: str  # exclusive: no origin and no target at or after it
+    horizons: tuple[int, ...]
+    stride: int  # every stride-th candle date in [start, end) is an origin date
+    about: str
+
+
+# Version 1. Spread over the sample's eras and markets; the later tasks lie after the quickstart
+# run's data cut-off (2017-03-10), the 2008 one inside it (a leakage example).
+TASKS: tuple[Task, ...] = (
+    Task("us-2008", "1d", ("AAPL", "IBM", "MSFT", "^GSPC", "^IXIC"), "2008-06-02", "2009-06-01", (1, 5, 20), 5,
+         "US stocks and indices through the 2008 crash"),
+    Task("us-2017", "1d", ("^GSPC", "^IXIC", "AMZN", "NVDA", "GOOGL"), "2017-06-01", "2018-06-01", (1, 5, 20), 5,
+         "US stocks and indices, a calm year then the February 2018 volatility spike"),
+    Task("long-2023", "1d", ("NVDA", "005930.KS"), "2023-07-03", "2024-07-01", (1, 5, 20), 5,
+         "a US and a Korean chip maker, the AI rally"),
+    Task("btc-2021", "1d", ("BTC-USD",), "2021-01-04", "2021-10-27", (1, 5, 20), 5,
+         "bitcoin's 2021 boom and crash, daily"),
+    Task("btc-1h-2021", "1h", ("BTC-USD",), "2021-11-15", "2021-12-29", (1, 6, 24), 12,
+         "bitcoin, hourly candles"),
+    Task("fx-1h-2017", "1h", ("EURUSD=X",), "2017-10-02", "2017-12-29", (1, 6, 24), 12,
+         "EUR/USD, hourly candles"),
+)
+
+# version -> tasks_fingerprint(TASKS): a test fails when a task changes without a new version
+TASKS_FINGERPRINT = {"1": "b744905e5f04ac53"}
+
+
+def tasks_fingerprint(tasks: Sequence[Task]) -> str:
+    """The first 16 hex digits of the SHA-256 of the tasks' definitions (sorted-key JSON)."""
+    return hashlib.sha256(json.dumps([asdict(t) for t in tasks], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def choose_tasks(names: Optional[Sequence[str]]) -> list[Task]:
+    """The named tasks (all by default); a UserError naming the known ones for any other name."""
+    if not names:
+        return list(TASKS)
+    by_name = {t.name: t for t in TASKS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise UserError(f"unknown benchmark task {', '.join(unknown)}; version {BENCHMARK_VERSION} has "
+                        f"{', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def task_series(task: Task) -> list[AssetSeries]:
+    """The task's assets from the shipped sample, cleaned as training cleans them, cut at `end`:
+    `train` the candles before `start`, `test` those from `start` on."""
+    raw = load_sample(task.interval)
+    assets = {a.symbol: a for a in sample_assets(task.interval)}
+    start, end = pd.Timestamp(task.start, tz="UTC"), pd.Timestamp(task.end, tz="UTC")
+    out = []
+    for symbol in task.assets:
+        frame, _, why = clean_asset(assets[symbol], raw[symbol], interval_step(task.interval))
+        if frame is None:
+            raise ValueError(f"benchmark task {task.name}: {symbol} has no candles ({why})")
+        frame = frame[frame.index < end]
+        i0 = int(frame.index.searchsorted(start))
+        out.append(AssetSeries(symbol, assets[symbol].category, frame, range(0, i0), range(i0, len(frame))))
+    return out
+
+
+def data_cutoff(folder: str | Path) -> Optional[pd.Timestamp]:
+    """The first date the model in `folder` has not learned from or been selected on: the latest
+    test_start of its eras (data_info.json of a run; model_card.json's data_cutoff, or its
+    validation_end for an export made before it, of a `marketgpt export` folder); None when not
+    recorded."""
+    folder = Path(folder)
+    cut = data_cutoff_of(read_json_or_empty(folder / "data_info.json"))
+    if cut is None:
+        card = read_json_or_empty(folder / "model_card.json")
+        cut = card.get("data_cutoff") or card.get("validation_end")
+    return pd.Timestamp(cut) if cut else None
+
+
+def _best_baseline(hc: dict) -> str:
+    return min((name for name in hc["crps"] if name != "model"), key=lambda name: hc["crps"][name])
+
+
+def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], interval: Optional[str],
+                cutoff: Optional[pd.Timestamp], min_history: int, n_samples: int, seed: int, n_boot: int,
+                say: Callable[[str], None]) -> tuple[dict, Optional[dict]]:
+    """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate."""
+    row: dict = {"task": task.name, "interval": task.interval, "start": task.start, "end": task.end,
+                 "assets": list(task.assets), "status": "scored", "reason": None,
+                 "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
+                 "horizons": {}}
+    if interval is not None and interval != task.interval:
+        return {**row, "status": "skipped", "reason": f"the model forecasts {interval} candles"}, None
+    series = [s for s in task_series(task) if symbols is None or s.symbol in symbols]
+    short = [s.symbol for s in series if len(s.train) < min_history]  # a context longer than the history
+    series = [s for s in series if s.symbol not in short]
+    row["assets_scored"], row["assets_short"] = [s.symbol for s in series], short
+    if not series:
+        why = (f"{', '.join(short)}: fewer than the model's {min_history} candles before {task.start}" if short
+               else "none of the task's assets is in the model's universe")
+        return {**row, "status": "skipped", "reason": why}, None
+    keep: dict = {}
+    card = make_scorecard(series, forecast_fn, interval=task.interval, horizons=task.horizons, stride=task.stride,
+                          n_samples=n_samples, seed=seed, n_boot=n_boot, keep=keep,
+                          progress=lambda msg: say(f"[{task.name}] {msg}"))
+    o, grid = keep["origins"], np.unique(keep["origins"].dates)
+    sums = {}
+    for h in task.horizons:
+        hc = card["horizons"][str(h)]
+        best = _best_baseline(hc)
+        dm = hc["dm"]["crps"][best]
+        row["horizons"][str(h)] = {
+            "n": hc["n"], "n_dates": hc["n_dates"], "crps": hc["crps"], "best_baseline": best,
+            "skill": hc["skill"]["crps"][best], "dm": {"p_value": dm["p_value"], "p_holm": dm["p_holm"],
+                                                       "verdict": dm["verdict"]},
+            "mcs": hc["mcs"]["included"], "coverage": hc["coverage"]["model"]}
+        ok = np.isfinite(o.y[h])
+        at = np.searchsorted(grid, o.dates[ok])
+        sums[h] = tuple(np.bincount(at, weights=keep["stats"][h][name]["crps"], minlength=len(grid))
+                        for name in ("model", best))
+    return row, {"sums": sums, "block": block_length(len(grid), max(task.horizons), keep["stride"])}
+
+
+def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """1 - exp(mean over every (task, horizon) of log(sum CRPS_model / sum CRPS_best)), and its 95%
+    interval: a circular block bootstrap of each task's origin dates, the same draw for all of the
+    task's horizons (they share dates) and independent draws across tasks (the interval treats
+    tasks as independent: their periods or assets differ).
+
+    parts: per task {"sums": {H: (model, best) per-date CRPS sums on the task's date grid},
+    "block": dates per bootstrap block}."""
+    rng = np.random.default_rng(seed)
+    logs, boots = [], []
+    for part in parts:
+        n_dates = len(next(iter(part["sums"].values()))[0])
+        idx = block_bootstrap_indices(n_dates, part["block"], n_boot, rng)
+        for m, b in part["sums"].values():
+            logs.append(math.log(m.sum() / b.sum()))
+            boots.append(np.log(m[idx].sum(1) / b[idx].sum(1)))
+    if not logs:
+        return {"value": None, "ci95": None, "verdict": None, "units": 0}
+    value = 1 - math.exp(float(np.mean(logs)))
+    lo, hi = np.percentile(1 - np.exp(np.mean(boots, axis=0)), [2.5, 97.5])
+    return {"value": value, "ci95": [float(lo), float(hi)], "verdict": verdict(float(lo), float(hi)),
+            "units": len(logs)}
+
+
+def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Optional[set] = None,
+                  interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, min_history: int = 0,
+                  n_samples: int = 100,
+                  seed: int = 0, n_boot: int = 1000, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """The benchmark's result (a JSON-ready dict) for one forecaster.
+
+    symbols: the assets the model can forecast (None: any); interval: its candle length (None:
+    any), tasks of another interval are skipped; cutoff: its data cut-off (data_cutoff), None
+    when unknown (leakage then null); min_history: the candles a history needs (a task's assets
+    with fewer before `start` are left out, named in assets_short)."""
+    say = progress or (lambda _msg: None)
+    rows, parts = [], []
+    for task in tasks:
+        say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
+        row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, min_history, n_samples, seed, n_boot,
+                                say)
+        rows.append(row)
+        if part is not None and row["leakage"] is not True:
+            parts.append(part)
+    agg = aggregate_skill(parts, n_boot, seed)
+    agg.update(tasks=[r["task"] for r in rows if r["status"] == "scored" and r["leakage"] is not True],
+               against="the best baseline (lowest CRPS) of each task and horizon",
+               excluded={r["task"]: r["reason"] if r["status"] != "scored" else "leakage"
+                         for r in rows if r["status"] != "scored" or r["leakage"] is True})
+    return {"benchmark": BENCHMARK_NAME, "version": BENCHMARK_VERSION, "tasks_fingerprint": tasks_fingerprint(TASKS),
+            "samples": n_samples, "seed": seed,
+            "data_cutoff": None if cutoff is None else cutoff.isoformat(), "tasks": rows, "aggregate": agg,
+            "task_definitions": [asdict(t) for t in tasks]}
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def format_table(result: dict) -> str:
+    """The result as a table a person reads: one line per task and horizon, then the aggregate."""
+    head = f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<18} " \
+           f"{'skill [95% CI]':<26} {'DM (Holm)':<14} leakage"
+    lines = [f"Benchmark {result['benchmark']} v{result['version']} ({result['samples']} samples, seed "
+             f"{result['seed']}; model data cut-off {result['data_cutoff'] or 'unknown'})", head]
+    for r in result["tasks"]:
+        leak = {None: "unknown", True: "LEAKED", False: "no"}[r["leakage"]]
+        if r["status"] != "scored":
+            lines.append(f"{r['task']:<12} {r['interval']:<3} {'-':>6} {'-':>3} {'-':>5} skipped: {r['reason']}")
+            continue
+        assets = f"{len(r['assets_scored'])}/{len(r['assets'])}"
+        for h, hc in r["horizons"].items():
+            s, best = hc["skill"], hc["best_baseline"]
+            lines.append(f"{r['task']:<12} {r['interval']:<3} {assets:>6} {h:>3} {hc['n']:>5} "
+                         f"{hc['crps']['model']:>10.5f}  {BASELINE_NAMES.get(best, best):<9}{hc['crps'][best]:>9.5f} "
+                         f"{_pct(s['value']) + ' [' + _pct(s['ci95'][0]) + ', ' + _pct(s['ci95'][1]) + ']':<26} "
+                         f"{hc['dm']['verdict'] + ' (' + _p(hc['dm']['p_holm']) + ')':<14} {leak}")
+    a = result["aggregate"]
+    if a["value"] is None:
+        lines.append("Aggregate: n/a (no task scored without leakage)")
+    else:
+        lines.append(f"Aggregate over {a['units']} task-horizons of {', '.join(a['tasks'])}: CRPS skill vs the best "
+                     f"baseline {_pct(a['value'])} [{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}] ({a['verdict']})")
+    return "\n".join(lines)
+
+
+def _p(p: Optional[float]) -> str:
+    return "n/a" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"

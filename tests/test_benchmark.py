@@ -1,0 +1,157 @@
+"""`marketgpt benchmark`: the fixed tasks on the shipped sample, one row per task, the aggregate
+and its interval, the leakage flag from the run's data cut-off, the leaderboard line, bad inputs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.cli import main
+from common.data.sample import load_sample
+from common.evaluation import benchmark
+from common.evaluation.benchmark import (BENCHMARK_VERSION, MIN_HISTORY, TASKS, TASKS_FINGERPRINT, aggregate_skill,
+                                         data_cutoff, task_series, tasks_fingerprint)
+from test_forecast import TINY, train_tiny
+
+pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+
+# a daily task before the tiny run's cut-off, one after it, and an hourly one (skipped: a 1d model)
+CHOSEN = "us-2008,long-2023,fx-1h-2017"
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory):
+    _, run = train_tiny(tmp_path_factory.mktemp("bm"), TINY)
+    board = run.parent / "board.jsonl"
+    assert main(["benchmark", str(run), "--tasks", CHOSEN, "--samples", "4", "--leaderboard", str(board)]) == 0
+    return run, board, json.loads((run / "benchmark.json").read_text())
+
+
+def test_tasks_are_frozen_for_their_version_and_fit_the_sample():
+    assert tasks_fingerprint(TASKS) == TASKS_FINGERPRINT[BENCHMARK_VERSION], \
+        "a task changed: give the benchmark a new BENCHMARK_VERSION and fingerprint"
+    for task in TASKS:
+        assert task.interval in ("1d", "1h") and sorted(task.horizons) == list(task.horizons)
+        for s in task_series(task):
+            assert len(s.train) >= MIN_HISTORY, (task.name, s.symbol)
+            assert len(s.test) >= 10 * task.stride, (task.name, s.symbol)
+            # the cut-off and the end are the task's own: nothing at or after `end`
+            assert s.candles.index[s.test.start] >= pd.Timestamp(task.start, tz="UTC")
+            assert s.candles.index[-1] < pd.Timestamp(task.end, tz="UTC")
+            assert s.candles.index[s.train.stop - 1] < pd.Timestamp(task.start, tz="UTC")
+            assert s.symbol in load_sample(task.interval)
+
+
+def test_rows_aggregate_leakage_and_leaderboard(benched, capsys):
+    run, board, result = benched
+    cutoff = pd.Timestamp(json.loads((run / "data_info.json").read_text())["split_cuts"]["test_start"])
+    rows = {r["task"]: r for r in result["tasks"]}
+    assert list(rows) == CHOSEN.split(",")
+    for name in ("us-2008", "long-2023"):
+        r = rows[name]
+        assert r["status"] == "scored" and r["leakage"] == (cutoff > pd.Timestamp(r["start"], tz="UTC"))
+        assert sorted(r["horizons"], key=int) == ["1", "5", "20"]
+        for hc in r["horizons"].values():
+            best = hc["best_baseline"]
+            assert hc["crps"][best] == min(v for k, v in hc["crps"].items() if k != "model")
+            assert hc["skill"]["value"] == pytest.approx(1 - hc["crps"]["model"] / hc["crps"][best])
+    assert rows["us-2008"]["leakage"] is True and rows["long-2023"]["leakage"] is False  # the tiny run: 2010s cut
+    assert rows["fx-1h-2017"]["status"] == "skipped" and "1d" in rows["fx-1h-2017"]["reason"]
+    agg = result["aggregate"]
+    assert agg["tasks"] == ["long-2023"] and agg["units"] == 3  # leaked and skipped tasks out
+    assert set(agg["excluded"]) == {"us-2008", "fx-1h-2017"}
+    assert agg["ci95"][0] <= agg["value"] <= agg["ci95"][1]
+    line = json.loads(board.read_text())
+    assert line["aggregate"]["value"] == agg["value"] and line["version"] == BENCHMARK_VERSION
+    assert line["tasks"]["us-2008"]["leakage"] is True
+
+    # --json prints the file's content; a second benchmark appends a second line
+    assert main(["benchmark", str(run), "--tasks", "long-2023", "--samples", "4", "--json",
+                 "--leaderboard", str(board)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads((run / "benchmark.json").read_text()) and out["tasks"][0]["task"] == "long-2023"
+    assert [json.loads(x)["aggregate"]["tasks"] for x in board.read_text().splitlines()] == [["long-2023"]] * 2
+
+
+def test_table_names_every_task_and_the_leak(benched, capsys):
+    _, _, result = benched
+    table = benchmark.format_table(result).splitlines()
+    assert sum("us-2008" in x and "LEAKED" in x for x in table) == 3
+    assert any("fx-1h-2017" in x and "skipped" in x for x in table)
+    assert table[-1].startswith("Aggregate over ")
+
+
+def test_aggregate_is_the_geometric_mean_of_crps_ratios():
+    ones = np.ones(40)
+    # ratios 0.8 and 1.25: geometric mean 1, skill 0; a constant ratio: an interval of width 0
+    even = aggregate_skill([{"sums": {1: (0.8 * ones, ones)}, "block": 3}, {"sums": {1: (1.25 * ones, ones)}, "block": 3}])
+    assert even["value"] == pytest.approx(0.0, abs=1e-12) and even["units"] == 2
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1, 2, 60)
+    same = aggregate_skill([{"sums": {1: (0.9 * base, base), 5: (0.9 * base, base)}, "block": 4}])
+    assert same["value"] == pytest.approx(0.1) and same["ci95"] == pytest.approx([0.1, 0.1])
+    noisy = aggregate_skill([{"sums": {1: (base * rng.uniform(0.7, 1.1, 60), base)}, "block": 4}])
+    assert noisy["ci95"][0] < noisy["value"] < noisy["ci95"][1] and noisy["verdict"] == "beats"
+    assert aggregate_skill([])["value"] is None
+
+
+def test_data_cutoff_of_a_run_and_of_an_export(tmp_path):
+    run, export, old = tmp_path / "run", tmp_path / "export", tmp_path / "old"
+    for d in (run, export, old):
+        d.mkdir()
+    (run / "data_info.json").write_text(json.dumps({
+        "split_cuts": {"val_start": "2012-01-02T00:00:00+00:00", "test_start": "2015-01-02T00:00:00+00:00"},
+        "split_eras": [{"test_start": "2015-01-02T00:00:00+00:00"}, {"test_start": "2019-06-03T00:00:00+00:00"}]}))
+    assert data_cutoff(run) == pd.Timestamp("2019-06-03", tz="UTC")  # the latest era's
+    (export / "model_card.json").write_text(json.dumps({"data_cutoff": "2016-01-04T00:00:00+00:00",
+                                                        "validation_end": "2015-01-02T00:00:00+00:00"}))
+    assert data_cutoff(export) == pd.Timestamp("2016-01-04", tz="UTC")
+    (old / "model_card.json").write_text(json.dumps({"validation_end": "2015-01-02T00:00:00+00:00"}))
+    assert data_cutoff(old) == pd.Timestamp("2015-01-02", tz="UTC")  # an export made before data_cutoff
+    assert data_cutoff(tmp_path) is None
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tasks", "us-2008,nope"], "unknown benchmark task nope"),
+    (["--samples", "1"], "--samples 1"),
+    (["--precision", "half"], "--precision 'half'"),
+])
+def test_bad_input_is_one_line_and_exit_2(benched, capsys, args, needle):
+    run, board, _ = benched
+    before = (run / "benchmark.json").read_bytes(), board.read_bytes()
+    code = main(["benchmark", str(run), "--leaderboard", str(board), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("marketgpt benchmark: error: "), err
+    assert needle in err[0], err[0]
+    assert ((run / "benchmark.json").read_bytes(), board.read_bytes()) == before  # nothing written
+
+
+def test_a_folder_that_is_no_model_is_one_line(tmp_path, capsys):
+    assert main(["benchmark", str(tmp_path / "missing")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_an_hf_export_is_benchmarked_like_its_run(benched, tmp_path, capsys):
+    run, _, result = benched
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["data_cutoff"] == json.loads((run / "data_info.json").read_text())["split_cuts"]["test_start"]
+    capsys.readouterr()
+    assert main(["benchmark", str(out), "--tasks", "long-2023", "--samples", "4", "--no-leaderboard", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["data_cutoff"] == result["data_cutoff"]
+    (row,) = got["tasks"]
+    (same,) = [r for r in result["tasks"] if r["task"] == "long-2023"]
+    assert row["leakage"] is False and row["horizons"] == same["horizons"]  # the same weights, the same scores
+
+
+def test_assets_with_less_history_than_the_model_needs_are_left_out():
+    from common.evaluation.benchmark import choose_tasks, run_benchmark
+    from common.evaluation.price_baselines import RandomWalkEWMA
+
+    (row,) = run_benchmark(RandomWalkEWMA(0.94), choose_tasks(["btc-2021"]), min_history=10_000, n_samples=4)["tasks"]
+    assert row["status"] == "skipped" and row["assets_short"] == ["BTC-USD"]
+    assert "fewer than the model's 10000 candles before 2021-01-04" in row["reason"]
