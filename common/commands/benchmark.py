@@ -87,11 +87,11 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     forecaster = Forecaster.from_run(model_dir, device=_device(req.device), precision=req.precision)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
-                           interval=forecaster.cfg.data.interval, cutoff=data_cutoff(model_dir),
+                           interval=forecaster.interval, cutoff=data_cutoff(model_dir),
                            min_history=forecaster.min_history(),
                            n_samples=req.samples, seed=req.seed, progress=say)
     result["model"] = {"path": str(model_dir), "checkpoint_sha256": forecaster.checkpoint_sha256,
-                       "interval": forecaster.cfg.data.interval, "precision": forecaster.precision}
+                       "interval": forecaster.interval, "precision": forecaster.precision}
     try:
         atomic_write_json(model_dir / BENCHMARK_JSON, result)
         result = read_json(model_dir / BENCHMARK_JSON)  # plain JSON types: stdout prints what the file holds

@@ -56,7 +56,8 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     tokens = TokenSet.load(token_path(run_dir))
     prepared = prepare_data(cfg, load_market_data(cfg, run_dir.parent.parent))
     by_symbol = {s.symbol: s for s in series_from_prepared(prepared)}
-    info = read_json(run_dir / "asset_info.json")
+    # only a run of several intervals needs asset_info.json here (its series names and intervals)
+    info = read_json(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else {}
     interval, _ = pick_interval(info, cfg.data.interval, interval)
     names = interval_series(info, interval) if "series" in info else {s: s for s in tokens.symbols}
     out = []
