@@ -7,8 +7,8 @@
 # real OHLCV sample shipped in the package (daily candles, all its assets) with the small-data
 # settings of docs/generalization.md: case C's config with a smaller model (d_model 128,
 # 4 layers, context 64, 0.93M parameters), strided epochs, 32 move bins, dropout 0.2, weight
-# decay 0.1, lr 1e-3, 12 epochs x 40 steps with early stopping. About a minute on 2 idle CPU
-# cores (several when they are busy), a small scorecard included. At the end it prints the run
+# decay 0.1, lr 1e-3, 12 epochs x 40 steps with early stopping. About 2.5 minutes on 2 idle
+# CPU cores (longer when they are busy), a small scorecard included. At the end it prints the run
 # folder and the test results next to the naive baselines, with the token-level skill against
 # the unigram and its interval.
 #
@@ -40,7 +40,7 @@ if ! "$py" -m pip show --quiet marketgpt >/dev/null 2>&1; then
     "$py" -m pip install --quiet --disable-pip-version-check -e .
 fi
 
-echo "==> Training on the shipped sample with the small-data settings (about a minute on 2 idle CPU cores, then a small scorecard)"
+echo "==> Training on the shipped sample with the small-data settings (about 2.5 minutes on 2 idle CPU cores, a small scorecard included)"
 start=$(date +%s)
 # the same settings as SMALL_DATA in bench/bench_generalization.py (a test keeps them equal)
 "$py" -m common.cli train --config case_c_crypto/configs/crypto_prototype.json \
