@@ -220,12 +220,11 @@ class Forecaster:
         tokenizer = OHLCTokenizer.load(folder / "tokenizer.json")
         try:
             asset_info = read_json(folder / "asset_info.json")
-            counts = asset_info["num_assets"], asset_info["num_categories"]
+            model = MarketGPT.for_run(cfg.model, asset_info)  # reads its counts: a KeyError where one lacks
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
                             "export the run again") from None
         weights = folder / PRETRAINED_FILES[0]
-        model = MarketGPT.for_run(cfg.model, asset_info)
         interval, model.default_interval = pick_interval(asset_info, cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
         try:

@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
-
-from common.atomic import atomic_path, read_json
+from common.atomic import read_json
 from common.atomic import check_writable as _check_writable
 from common.tokens.token_set import TokenSet, token_path
 from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
