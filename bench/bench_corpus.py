@@ -5,6 +5,7 @@ batches assembled at >= 5M tokens/s on one core (8x the H100 case A training rat
 loader never starves a GPU).
 
     python bench/bench_corpus.py [--candles 5e6] [--assets 600] [--interval 1h] [--keep DIR] [--json PATH]
+                                 [--device cuda --consumption TOKENS_S]
 
 1. Preparation: `marketgpt data prepare` in a fresh child process on a synthetic market
    (data.source = "synthetic", common/data/synthetic.py) of --assets assets sharing --candles
@@ -15,6 +16,9 @@ loader never starves a GPU).
    and batch, 32 windows), on one thread: a random epoch order, then `gather` of batch after
    batch (the CPU path: the GPU path copies the same int16 array to the device once). Tokens/s
    = batches x 32 x 512 / seconds, beside the H100 case A rate measured in the Trainer.
+3. With --device cuda: the same gather on the GPU from the token tensor copied there once (the
+   Trainer's path), at case C's shape (32 x 128), beside --consumption, the fastest case's
+   training rate measured on the same machine (issue 28: >= 2x).
 Default: 5M candles (a minute); --candles 1e8 is the issue's corpus (several minutes).
 Always exits 0: it reports, it does not gate.
 """
@@ -39,6 +43,7 @@ TARGET_RSS_MB = 4096.0
 TARGET_TOKENS_S = 5e6
 H100_CASE_A_TOKENS_S = 581_000  # the Trainer's rate for case A, compiled bf16 (bench/results/2026-11-23-h100)
 CONTEXT, BATCH = 512, 32  # case A's shape
+CONTEXT_C = 128  # case C's: the fastest case in tokens/s, so the hardest to feed
 
 
 def _overrides(assets: int, candles: int, interval: str) -> list[str]:
@@ -69,36 +74,44 @@ def prepare(folder: Path, assets: int, candles: int, interval: str) -> dict[str,
             "assets": manifest["assets"], "shard": str(shard.parent), "log_tail": child.stdout.splitlines()[-1]}
 
 
-def assemble(shard: Path, seconds: float = 5.0) -> dict[str, Any]:
-    """Batches gathered from the shard's memory map on one thread: tokens/s and set-up costs."""
+def assemble(shard: Path, seconds: float = 5.0, device: str = "cpu", context: int = CONTEXT,
+             batch_size: int = BATCH) -> dict[str, Any]:
+    """Batches gathered from the shard's tokens on one thread: tokens/s and set-up costs. On the
+    CPU from the memory map; on a GPU (device="cuda") from the token tensor copied there once, as
+    the Trainer does, timed to the device's completion."""
     import torch
 
     from common.tokens.token_set import TokenSet
     from common.training.batches import build_windows
 
     torch.set_num_threads(1)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     tokens = TokenSet.load(shard / "tokens")
     ids = {s: i for i, s in enumerate(tokens.symbols)}
-    windows = build_windows(tokens.tokens, tokens.ranges, ids, dict.fromkeys(ids, 0), CONTEXT, flat=tokens.flat(),
-                            strides={"train": 1, "val": CONTEXT, "test": CONTEXT})
+    windows = build_windows(tokens.tokens, tokens.ranges, ids, dict.fromkeys(ids, 0), context, flat=tokens.flat(),
+                            strides={"train": 1, "val": context, "test": context}, device=device)
+    sync()
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     order = windows.epoch_order("train", seed=0, epoch=0)
     order_s = time.perf_counter() - t0
     batches, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        index = order[(batches * BATCH) % (len(order) - BATCH):][:BATCH]
+        index = order[(batches * batch_size) % (len(order) - batch_size):][:batch_size]
         batch = windows.gather("train", index)
         batches += 1
+    sync()
     elapsed = time.perf_counter() - t0
-    assert batch.x.shape == (BATCH, CONTEXT)
-    return {"tokens_per_s": batches * BATCH * CONTEXT / elapsed, "batches": batches, "windows": len(order),
+    assert batch.x.shape == (batch_size, context)
+    return {"tokens_per_s": batches * batch_size * context / elapsed, "batches": batches, "windows": len(order),
+            "device": device, "context": context, "batch": batch_size,
             "build_windows_s": build_s, "epoch_order_s": order_s,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
-def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None) -> dict[str, Any]:
+def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None, device: str = "cpu",
+        consumption: Optional[float] = None) -> dict[str, Any]:
     per_asset = max(2, candles // assets)
     with tempfile.TemporaryDirectory(prefix="bench_corpus_") as tmp:
         folder = keep or Path(tmp)
@@ -107,6 +120,7 @@ def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None) -
         print(f"prepared {p['candles']:,} candles of {p['assets']} assets in {p['seconds']:.1f} s "
               f"(peak RSS {p['peak_rss_mb']:.0f} MB, {p['bytes'] / 2**20:.0f} MB on disk): {p['log_tail']}")
         a = assemble(Path(p["shard"]))
+        g = assemble(Path(p["shard"]), device=device, context=CONTEXT_C, batch_size=BATCH) if device != "cpu" else None
     scale = 1e8 / p["candles"]  # the targets are for 100M candles: linear in candles
     rows = [
         row("Corpus preparation", "seconds", p["seconds"], "s",
@@ -123,7 +137,15 @@ def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None) -
         row("Batch assembly", "window list + epoch order", a["build_windows_s"] + a["epoch_order_s"], "s", None,
             f"{a['windows']:,} training windows; process RSS {a['rss_mb']:.0f} MB"),
     ]
-    return {"rows": rows, "figures": {"prepare": p, "assemble": a, "machine": machine_info()}}
+    if g is not None:
+        rows.append(row("Batch assembly on the GPU", "tokens/s", g["tokens_per_s"], "tok/s", None,
+                        f"batch {BATCH} x {CONTEXT_C} (case C's shape), gathered on {device}"))
+        if consumption:
+            rows.append(row("Batch assembly on the GPU", "over the fastest case's consumption",
+                            g["tokens_per_s"] / consumption, None, ">= 2",
+                            f"{consumption:,.0f} tok/s trained (--consumption), same machine"))
+    return {"rows": rows, "figures": {"prepare": p, "assemble": a, "assemble_device": g, "consumption": consumption,
+                                      "machine": machine_info()}}
 
 
 def main() -> int:
@@ -132,9 +154,13 @@ def main() -> int:
     ap.add_argument("--assets", type=int, default=600)
     ap.add_argument("--interval", default="1h")
     ap.add_argument("--keep", type=Path, default=None, help="prepare here and keep it (default: a temp folder)")
+    ap.add_argument("--device", default="cpu", help="also gather batches on this device (cuda), case C's shape")
+    ap.add_argument("--consumption", type=float, default=None,
+                    help="tokens/s the fastest case trains at on this machine, to compare the GPU gather with")
     args = ap.parse_args()
     set_threads(args.threads)
-    return finish("corpus", run(int(args.candles), args.assets, args.interval, args.keep), args.json)
+    return finish("corpus", run(int(args.candles), args.assets, args.interval, args.keep, args.device,
+                                args.consumption), args.json)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from common.training.mfu import device_peak_flops  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.model.sizing import meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
-from common.distributed.precision import autocast, resolve_precision, use_tf32  # noqa: E402
+from common.distributed.precision import CUDA_GRAPH_MODES, autocast, resolve_precision, use_tf32  # noqa: E402
 
 __all__ = ["main", "run_case"]
 
@@ -74,7 +74,11 @@ def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool,
     x = torch.randint(4, m.vocab_size, (batch, m.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
 
+    graphs = compile_model and compile_mode in CUDA_GRAPH_MODES
+
     def step() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # as the Trainer does
         with autocast(precision, device), backend():
             _, loss = forward(x, ids, ids, x)
         loss.backward()

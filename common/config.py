@@ -89,6 +89,9 @@ class TrainingConfig:
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
     grad_accum_steps: int = 1
     compile: bool = False  # torch.compile, CUDA only
+    # torch.compile's mode: "auto" replays CUDA graphs ("reduce-overhead") on one GPU and uses
+    # "default" under DDP or gradient checkpointing (common.distributed.precision.choose_compile_mode)
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "auto"
     # "auto": the GPU when the job has one (a job given GPUs that torch cannot use stops with
     # the cause), else the CPU; "cuda": a GPU or stop; "cpu": the CPU even where GPUs are
     device: Literal["auto", "cuda", "cpu"] = "auto"

@@ -27,7 +27,7 @@ from common.model.gpt import MarketGPT
 from common.distributed.precision import inference_precision, resolve_precision
 from common.training.rng import seed_everything
 from common.cluster.submit import local_gpus
-from test_trainer import WINDOWS, _config, _trainer
+from test_trainer import WINDOWS, _config, _late, _trainer
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
@@ -224,11 +224,12 @@ def test_the_one_sync_step_equals_a_plain_loop_bit_for_bit(tmp_path):
         assert torch.equal(value, weights[key]), key
 
 
-def test_each_step_waits_for_the_device_once(tmp_path, monkeypatch):
-    """Counts the Python-level reads of tensor values (each one a device sync on a GPU) in the
-    step, outside the optimizer (its CPU step counters; the GPU's fused AdamW reads none) and
-    the checkpoint code between steps."""
-    tr = _trainer(tmp_path)
+def test_no_step_waits_for_the_device(tmp_path, monkeypatch):
+    """Counts the Python-level reads of tensor values (each one a device sync on a GPU) while
+    steps are queued, outside the optimizer (its CPU step counters; the GPU's fused AdamW reads
+    none) and the checkpoint code between steps: none. Each step's sums are read once, in
+    `_settle`, while the next step runs (read_lag 1 and the fused AdamW, as on a GPU)."""
+    tr = _late(_trainer(tmp_path), fused=True)
     reads = {"n": 0, "on": True}
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         real = getattr(torch.Tensor, name)
@@ -239,21 +240,26 @@ def test_each_step_waits_for_the_device_once(tmp_path, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
 
-    def paused(fn):
+    def paused(fn, calls=None):
         def run(*args, **kwargs):
             reads["on"] = False
+            if calls is not None:
+                calls.append(args)
             try:
                 return fn(*args, **kwargs)
             finally:
                 reads["on"] = True
         return run
 
+    settled = []
     tr.optimizer.step = paused(tr.optimizer.step)
+    tr._settle = paused(tr._settle, settled)
     tr._step_boundary = paused(tr._step_boundary)
     tr.metrics.banner = paused(tr.metrics.banner)
     tr._write_log = paused(tr._write_log)
     assert tr.train(stop_after_steps=4) == "stopped"
-    assert reads["n"] == 4
+    assert reads["n"] == 0
+    assert [flight.global_step for (flight,) in settled] == [1, 2, 3, 4]
 
 
 def test_resume_restores_the_optimizers_own_kernel_flags(tmp_path):
@@ -498,6 +504,32 @@ def test_compile_problem_names_what_the_node_lacks(monkeypatch):
     assert precision.compile_problem() is None
     monkeypatch.setattr(precision, "_triton_installed", lambda: False)
     assert "Triton is not installed" in precision.compile_problem()
+
+
+def test_compile_mode_replays_cuda_graphs_on_one_gpu_only():
+    """training.compile_mode: "auto" is CUDA graphs (reduce-overhead) on one GPU, plain compile
+    under DDP or gradient checkpointing; an explicit CUDA-graph mode there falls back with a note."""
+    choose = precision.choose_compile_mode
+    assert choose("auto", 1, False) == ("reduce-overhead", None)
+    assert choose("auto", 2, False) == ("default", None)
+    assert choose("auto", 1, True) == ("default", None)
+    assert choose("default", 1, False) == ("default", None)
+    assert choose("max-autotune-no-cudagraphs", 4, False) == ("max-autotune-no-cudagraphs", None)
+    mode, note = choose("reduce-overhead", 2, False)
+    assert mode == "default" and "under DDP" in note and "training.compile_mode=reduce-overhead" in note
+    mode, note = choose("max-autotune", 1, True)
+    assert mode == "max-autotune-no-cudagraphs" and "gradient checkpointing" in note
+    with pytest.raises(ValueError, match="unknown compile mode"):
+        choose("fast", 1, False)
+
+
+def test_the_cpu_trainer_compiles_nothing_and_reads_each_step_at_once(tmp_path):
+    from common.config import apply_overrides
+
+    tr = _trainer(tmp_path, compile=True, compile_mode="reduce-overhead")
+    assert (tr.compiled, tr.cuda_graphs, tr.read_lag) == (False, False, 0)
+    with pytest.raises(UserError, match="compile_mode"):
+        apply_overrides(_config(), ['training.compile_mode="fastest"'], "--set")
 
 
 def test_doctor_flags_a_gpu_too_small_and_more_ranks_than_gpus(monkeypatch, tmp_path, capsys):

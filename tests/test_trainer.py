@@ -343,3 +343,68 @@ def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
     assert "\r" in text and "Epoch 1/1:" in text  # tqdm's bar, redrawn in place
     assert not re.search(r"^  epoch 1/1 step", text, re.M)
     assert re.search(r"(^|\r)Epoch 1/1\nTrain Loss: ", text, re.M)  # after the bar is cleared
+
+
+# ---------------------------------------------------------------- reading steps late (the GPU's way)
+
+def _late(trainer: Trainer, fused: bool = False) -> Trainer:
+    """The GPU's loop on the CPU: each step's sums read while the next step runs (read_lag 1),
+    optionally with the GPU's fused AdamW, whose found_inf skips a non-finite step on the device."""
+    trainer.read_lag = 1
+    if fused:
+        t = trainer.cfg.training
+        trainer.optimizer = trainer.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
+                                                              "cuda")  # fused=True; it runs on CPU tensors too
+        assert trainer.optimizer.defaults["fused"]
+    return trainer
+
+
+def test_reading_steps_late_trains_the_same_run_and_resumes_exactly(tmp_path, straight):
+    weights, losses = straight
+    late = _late(_trainer(tmp_path / "whole"))
+    assert late.train() == "finished"
+    assert all(torch.equal(late.model.state_dict()[k], w) for k, w in weights.items())
+    assert _losses(late) == losses
+    first = _late(_trainer(tmp_path / "cut"))
+    assert first.train(stop_after_steps=4) == "stopped"
+    assert first.global_step == 4 and first._in_flight is None  # the checkpoint holds step 4
+    second = _late(_resume(tmp_path / "cut"))
+    assert second.train() == "finished"
+    assert all(torch.equal(second.model.state_dict()[k], w) for k, w in weights.items())
+    assert _losses(second) == losses
+
+
+def test_reading_steps_late_serves_a_stop_signal_one_step_later(tmp_path, straight):
+    tr = _late(_trainer(tmp_path))
+    _signal_at_step(tr, signal.SIGTERM, 8)
+    assert tr.train() == "interrupted"
+    # the flag rode in step 8's agreement, read once step 9 was queued: the checkpoint holds step 9
+    assert [p.name for p in checkpoint_files(tmp_path)][-1] == "checkpoint_epoch_2_step_3.pt"
+    second = _late(_resume(tmp_path))
+    assert second.global_step == 9 and second.train() == "finished"
+    assert all(torch.equal(second.model.state_dict()[k], w) for k, w in straight[0].items())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["cpu-adamw", "fused-adamw"])
+def test_reading_steps_late_never_applies_or_saves_a_nan_step(tmp_path, fused):
+    tr = _late(_trainer(tmp_path, grad_accum_steps=1), fused=fused)
+    calls = {"n": 0}
+    real_forward = tr.model.forward
+
+    def forward(*args, **kwargs):
+        logits, loss = real_forward(*args, **kwargs)
+        if tr.model.training:
+            calls["n"] += 1
+            if calls["n"] == 9:  # optimizer step 9 alone: epoch 2, step 3
+                loss = loss * float("nan")
+        return logits, loss
+
+    tr.model.forward = forward
+    assert tr.train() == "failed"
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["failed_step"] == 9 and "step 9 (epoch 2)" in log["error"]
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert tr.global_step == 10  # step 10 was queued before step 9 was read ...
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["checkpoint_epoch_1.pt"]  # ... and nothing saved
+    # 10 steps queued, step 9 skipped (on the device by the fused AdamW's found_inf, else on the host)
+    assert {int(state["step"]) for state in tr.optimizer.state.values()} == {9}

@@ -7,8 +7,9 @@
 2. `bench/bench_gpu.py` (cases A, B, C; eager and compiled) -> bench_gpu.json, bench_gpu.txt.
 3. Case C's config on the shipped daily sample with --num-gpus 1: stopped part-way through its
    second epoch, then `--resume auto` to the end -> train.log and the run folder. Checked:
-   the run finished after one resume, training_log.json has mfu and gpus per epoch (on a GPU),
-   and best_model.pt loads and forecasts on the CPU.
+   the run finished after one resume, its epoch losses equal an uninterrupted run's to bf16
+   tolerance, training_log.json has mfu and gpus per epoch (on a GPU), and best_model.pt
+   loads and forecasts on the CPU.
 4. The first training steps on the device and on the CPU from the same seed, dropout off: the
    step losses must agree to bf16 tolerance (relative 2e-2) -> first_steps.json.
 5. The run's full default scorecard on the device, timed (issue 14's speed, on a GPU).
@@ -78,6 +79,8 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
     first = _train(config, sets, log, num_gpus=num_gpus, stop_after_steps=steps + steps // 2)
     second = _train(config, sets, log, num_gpus=num_gpus, resume="auto")
     seconds = time.perf_counter() - t0
+    straight_config = _case(config.parent.parent.parent, "straight")
+    straight_code = _train(straight_config, sets, io.StringIO(), num_gpus=num_gpus)
     (out / "train.log").write_text(log.getvalue())
     (run,) = (config.parent.parent / "checkpoints").glob("crypto_prototype_*")
     shutil.copy(run / "training_log.json", out / "training_log.json")
@@ -88,10 +91,20 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
         problems.append(f"exit codes {first}, {second}; status {tlog['status']}; resumes {len(tlog.get('resumes', []))}")
     if device == "cuda" and not all(e.get("mfu") and e.get("gpus") for e in epochs):
         problems.append("an epoch without mfu or gpus in training_log.json")
+    # stopped and resumed against uninterrupted: equal to bf16 tolerance (GPU kernels need not be bit-exact)
+    (straight_run,) = (straight_config.parent.parent / "checkpoints").glob("crypto_prototype_*")
+    straight = json.loads((straight_run / "training_log.json").read_text())["epochs"]
+    worst = max((abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(epochs, straight) for k in ("train_loss", "val_loss")),
+                default=None)
+    if straight_code != 0 or len(straight) != len(epochs) or worst is None or worst > LOSS_TOLERANCE:
+        problems.append(f"resumed run against uninterrupted: exit {straight_code}, epochs {len(epochs)} vs "
+                        f"{len(straight)}, worst relative loss difference {worst}")
     fc = Forecaster.from_run(run, device="cpu")  # the GPU's checkpoint on the CPU
     (h,) = fc.load_history([fc.symbols[0]])
     fc.forecast([h], horizon=3, samples=4)
     return {"ok": not problems, "problems": problems, "seconds": seconds, "run": str(run),
+            "resumed_vs_straight_max_relative_difference": worst,
+            "straight_epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "val_loss")} for e in straight],
             "precision": tlog.get("precision"), "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "val_loss",
                                                                                    "tokens_per_sec", "mfu", "gpus")}
                                                             for e in epochs]}

@@ -128,14 +128,15 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
     before the final test results. Returns None when it was written or is switched off, else
     the reason it failed: a scorecard that fails must not fail a trained run, and the reason
     goes into test_results.json (so --resume auto does not retry it forever)."""
-    from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard  # lazy: scipy
-    from common.forecasting.forecaster import Forecaster  # lazy: pandas
-
     t = cfg.training
     if t.scorecard_origins == 0:
         return None
     out = out or sys.stdout
     try:
+        # lazy (scipy, pandas, empyrical), and inside the try: a node that lacks one still keeps its run
+        from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard
+        from common.forecasting.forecaster import Forecaster
+
         forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
         card = run_scorecard(run_dir, forecaster_fn(forecaster), horizons=DEFAULT_HORIZONS, stride=None,
                              n_origins=t.scorecard_origins, n_samples=t.scorecard_samples, seed=t.seed,

@@ -30,7 +30,7 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["AUTOCAST_DTYPES", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "compile_problem",
+__all__ = ["AUTOCAST_DTYPES", "COMPILE_MODES", "CUDA_GRAPH_MODES", "choose_compile_mode", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "compile_problem",
            "cpu_capabilities", "describe_precision", "fast_bf16", "grad_scaler", "inference_precision",
            "resolve_precision", "use_tf32"]
 
@@ -134,3 +134,26 @@ def compile_problem() -> Optional[str]:
     if not (os.environ.get("CC") or any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
         return "no C compiler on PATH (Triton builds its kernel launcher with one: `module load gcc`, or set CC)"
     return None
+
+
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes that replay CUDA graphs
+
+
+def choose_compile_mode(requested: str, world_size: int, gradient_checkpointing: bool) -> tuple[str, Optional[str]]:
+    """The torch.compile mode to train with (training.compile_mode), and a one-line note when it
+    differs from the one asked for. CUDA graphs (one launch for a whole forward or backward) pay
+    most for the small shapes, whose steps are launch-bound; this suite measured and tested them
+    on one GPU only, so under DDP and with gradient checkpointing they are left out.
+    "auto": reduce-overhead where CUDA graphs are used, else default."""
+    if requested not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {requested!r}; one of {', '.join(COMPILE_MODES)}")
+    why = ("DDP (more than one process)" if world_size > 1 else
+           "gradient checkpointing" if gradient_checkpointing else None)
+    if requested == "auto":
+        return ("default" if why else "reduce-overhead"), None
+    if requested in CUDA_GRAPH_MODES and why:
+        fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
+        return fallback, (f"training.compile_mode={requested} uses CUDA graphs, which this suite leaves out "
+                          f"under {why}: compiling with mode {fallback}")
+    return requested, None

@@ -125,7 +125,10 @@ class TrainingMetrics:
         if tr.cuda:
             print(f"Using GPUs: {tr.world_size}", file=out)
             if tr.compiled:
-                print("torch.compile: on", file=out)
+                print(f"torch.compile: on (mode {tr.compile_mode}{': CUDA graphs' if tr.cuda_graphs else ''})",
+                      file=out)
+                if tr.compile_mode_note:
+                    print(f"WARNING: {tr.compile_mode_note}", file=out)
             elif t.compile:
                 print(f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
                       f"silences this): {tr.compile_problem}", file=out)

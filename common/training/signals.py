@@ -20,7 +20,7 @@ import torch
 
 from common.distributed.ddp import all_reduce_sum
 
-__all__ = ["CheckpointRequests", "SAVE_SIGNALS", "STOP_SIGNALS"]
+__all__ = ["Agreement", "CheckpointRequests", "SAVE_SIGNALS", "STOP_SIGNALS"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 SAVE_SIGNALS = (signal.SIGUSR1,)
@@ -30,12 +30,10 @@ _SIGNAL_ORDER = STOP_SIGNALS + SAVE_SIGNALS  # when ranks got different signals,
 class CheckpointRequests:
     """The signal this process got since the last step and when the timer is next due."""
 
-    def __init__(self, every_minutes: float, pin_memory: bool = False) -> None:
+    def __init__(self, every_minutes: float) -> None:
         self.every_s = 60.0 * every_minutes
         self.pending: Optional[int] = None
         self.next_due = math.inf
-        # the per-step signal/timer flags, filled on the host and copied without a sync
-        self._flags = torch.zeros(len(_SIGNAL_ORDER) + 1, dtype=torch.float64, pin_memory=pin_memory)
 
     def restart_timer(self, now: float) -> None:
         """The next timer checkpoint is due `every_minutes` after `now` (a checkpoint, a start)."""
@@ -63,14 +61,44 @@ class CheckpointRequests:
 
     def agree(self, sums: torch.Tensor) -> tuple[list[float], Optional[int], bool]:
         """All ranks' `sums` added up, the signal any rank got (stop beats save) and whether
-        any rank's checkpoint timer is due: one all-reduce, one host sync per step."""
+        any rank's checkpoint timer is due; waits for the device."""
+        return self.send(sums).get()
+
+    def send(self, sums: torch.Tensor) -> "Agreement":
+        """Start `agree` without waiting: the all-reduce and the copy to the host are queued
+        behind the step's kernels, and `Agreement.get()` waits for them. The Trainer reads a
+        step's agreement while the next step runs, so the device never idles on the host."""
         pending, self.pending = self.pending, None
-        for i, s in enumerate(_SIGNAL_ORDER):
-            self._flags[i] = float(pending == s)
-        self._flags[-1] = float(time.monotonic() >= self.next_due)
-        # pinned host buffer -> device without waiting; reused only after tolist() waited for it
-        flags = self._flags.to(sums.device, non_blocking=True)
-        values = all_reduce_sum(torch.cat([sums, flags])).tolist()  # the step's one wait for the device
-        n = len(sums)
+        flags = torch.tensor([float(pending == s) for s in _SIGNAL_ORDER] + [float(time.monotonic() >= self.next_due)],
+                             dtype=torch.float64)
+        if sums.is_cuda:
+            # pinned: copied without a sync; torch's pinned-memory cache reuses the buffer only
+            # once the copy that read it has run
+            flags = flags.pin_memory()
+        values = all_reduce_sum(torch.cat([sums, flags.to(sums.device, non_blocking=True)]))
+        return Agreement(values, len(sums))
+
+
+class Agreement:
+    """One `CheckpointRequests.send` on its way to the host."""
+
+    def __init__(self, values: torch.Tensor, n: int) -> None:
+        self.values = values  # on the device: the summed values, then the flags
+        self._n = n
+        self._ready: Optional[torch.cuda.Event] = None
+        if values.is_cuda:
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = values
+
+    def get(self) -> tuple[list[float], Optional[int], bool]:
+        """The summed values, the agreed signal and whether the timer is due (waits for them)."""
+        if self._ready is not None:
+            self._ready.synchronize()  # this step's kernels only: later ones keep running
+        values = self._host.tolist()
+        n = self._n
         sig = next((s for s, count in zip(_SIGNAL_ORDER, values[n:]) if count > 0), None)
         return values[:n], sig, values[-1] > 0

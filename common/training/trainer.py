@@ -27,7 +27,8 @@ import torch
 from common.config import Config, config_to_dict
 from common.distributed.ddp import barrier, no_sync, unwrap
 from common.distributed.job_store import wait_for_main
-from common.distributed.precision import autocast, compile_problem, grad_scaler, resolve_precision, use_tf32
+from common.distributed.precision import (CUDA_GRAPH_MODES, autocast, choose_compile_mode, compile_problem,
+                                          grad_scaler, resolve_precision, use_tf32)
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
@@ -38,7 +39,7 @@ from common.training.lr_schedule import LRSchedule
 from common.training.metrics import TrainingMetrics
 from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
-from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, CheckpointRequests
+from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, Agreement, CheckpointRequests
 from common.training.validation import EarlyStopping, split_loss
 
 __all__ = ["EXIT_REQUEUE", "Trainer"]
@@ -54,8 +55,16 @@ class _Step(NamedTuple):
     timer_due: bool  # some rank's checkpoint timer is due
 
 
+class _Flight(NamedTuple):
+    """A step queued on the device whose sums are still on their way to the host."""
+    agreement: Agreement
+    lr: float
+    step_in_epoch: int  # this step's number, 1-based, as its progress line counts
+    global_step: int
+
+
 class _NonFinite(Exception):
-    """The step's loss or gradient norm is not finite; nothing of it was applied."""
+    """The step's loss or gradient norm is not finite; no checkpoint holds it."""
 
 
 class Trainer:
@@ -93,8 +102,13 @@ class Trainer:
         self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
         self.log = TrainingLog(metadata)
+        # On a GPU a step's sums are read while the next step runs (1), so the device never waits
+        # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to overlap).
+        self.read_lag = 1 if self.cuda else 0
+        self._in_flight: Optional[_Flight] = None
+        self._clock = 0.0  # when the last step was read: a step's seconds run from there to its own
 
-        self.requests = CheckpointRequests(t.checkpoint_every_minutes, pin_memory=self.cuda)
+        self.requests = CheckpointRequests(t.checkpoint_every_minutes)
         self._session_start = time.monotonic()
         self.checkpoints = RunCheckpoints(self.run_dir, t.keep_checkpoints, is_main=self.is_main,
                                           world_size=world_size, out=self.out)
@@ -111,8 +125,12 @@ class Trainer:
         # why training.compile cannot run on this node (None: it can, or it is off / on the CPU)
         self.compile_problem = compile_problem() if self.cuda and t.compile else None
         self.compiled = self.cuda and t.compile and self.compile_problem is None
+        # the mode (CUDA graphs on one GPU under "auto") and why it differs from the one asked for
+        self.compile_mode, self.compile_mode_note = choose_compile_mode(t.compile_mode, self.world_size,
+                                                                        t.gradient_checkpointing)
+        self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
         if self.compiled:
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = torch.compile(self.train_model, mode=self.compile_mode)
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
         # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
@@ -199,8 +217,9 @@ class Trainer:
         self._session_start = time.monotonic()
         self.requests.restart_timer(self._session_start)
         # a GPU's first step sets up cuBLAS/cuDNN and the allocator (and compiles, when on): on an
-        # H100 case A's 150-step eager epoch averaged 415k tok/s with it, its later steps ~475k
-        self._warming_up = self.cuda
+        # H100 case A's 150-step eager epoch averaged 415k tok/s with it, its later steps ~475k.
+        # CUDA graphs are recorded on the second and third: those stay out of tokens/s too.
+        self._warmup_steps = (3 if self.cuda_graphs else 1) if self.cuda else 0
         self.log.set_status("running")
         self.log.data.pop("interrupted", None)
         self._write_log()  # jq works on the log from the first step on
@@ -248,29 +267,40 @@ class Trainer:
                                        start=self.step_in_epoch * accum, limit=self.steps_per_epoch * accum)
         progress = Progress(self.epoch + 1, t.epochs, self.steps_per_epoch, self.step_in_epoch,
                             t.log_every_steps, self.out, enabled=self.is_main)
+        self._progress = progress
+        self._clock = time.monotonic()
         self.train_model.train()
         try:
             while self.step_in_epoch < self.steps_per_epoch:
-                tic = time.monotonic()
-                lr = self.lr(self.global_step)
-                try:
-                    step = self._step(batches, lr)
-                except _NonFinite as e:
-                    return self._fail(str(e))
+                flight = self._step(batches, self.lr(self.global_step))
                 self.step_in_epoch += 1
                 self.global_step += 1
-                self._record_step(step, time.monotonic() - tic, lr, progress)
-                outcome = self._step_boundary(stop_after_steps, step.signal, step.timer_due)
-                if outcome is not None:
-                    return outcome
+                # read the step before this one while this one runs (read_lag 1)
+                done, self._in_flight = (flight, None) if self.read_lag == 0 else (self._in_flight, flight)
+                if done is not None:
+                    outcome = self._settle_and_serve(done, stop_after_steps)
+                    if outcome is not None:
+                        return outcome
+            if self._in_flight is not None:  # the epoch's last step, before validation
+                done, self._in_flight = self._in_flight, None
+                return self._settle_and_serve(done, stop_after_steps)
         finally:
             progress.close()
         return None
 
-    def _step(self, batches: Iterator, lr: float) -> _Step:
-        """One optimizer step: forward and backward over grad_accum_steps micro-batches (DDP
-        all-reduces the gradients on the last one), clip, agree with the other ranks, step
-        (through the grad scaler, a pass-through unless fp16), zero the gradients."""
+    def _settle_and_serve(self, flight: _Flight, stop_after_steps: Optional[int]) -> Optional[str]:
+        """Read a step, record it, and serve what it asks for at this step boundary."""
+        try:
+            step = self._settle(flight)
+        except _NonFinite as e:
+            return self._fail(str(e), flight.global_step)
+        return self._step_boundary(stop_after_steps, step.signal, step.timer_due)
+
+    def _step(self, batches: Iterator, lr: float) -> _Flight:
+        """Queue one optimizer step: forward and backward over grad_accum_steps micro-batches
+        (DDP all-reduces the gradients on the last one), clip, start the agreement with the other
+        ranks, step (through the grad scaler, a pass-through unless fp16), zero the gradients.
+        Nothing here waits for the device (except fp16's scaler); `_settle` reads the sums."""
         t = self.cfg.training
         accum = t.grad_accum_steps
         for group in self.optimizer.param_groups:
@@ -278,6 +308,8 @@ class Trainer:
         sums = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss x tokens, correct, tokens
         for i in range(accum):
             b = next(batches)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read
             with no_sync(self.train_model, skip=i < accum - 1):
                 with autocast(self.precision, self.device):
                     logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
@@ -288,31 +320,55 @@ class Trainer:
                 sums[0] += loss.detach().double() * n
                 sums[1] += ((logits.argmax(dim=-1) == b.y) & mask).sum()
                 sums[2] += n
-        # Clip before the agreement, so the step waits for the device once: the norm rides
-        # in the same all-reduce (rank 0's alone: DDP gave every rank the same gradients).
+        # The clipped norm rides in the step's one all-reduce (rank 0's alone: DDP gave every
+        # rank the same gradients), with the sums and the checkpoint flags.
         norm = torch.zeros(1, dtype=torch.float64, device=self.device)
         if t.gradient_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
             clipped = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.gradient_clip)
             if self.is_main:
                 norm = clipped.reshape(1).double()
-        values, sig, timer_due = self.requests.agree(torch.cat([sums, norm]))
+        agreement = self.requests.send(torch.cat([sums, norm]))
+        self._apply(agreement.values)
+        self.optimizer.zero_grad(set_to_none=True)
+        return _Flight(agreement, lr, self.step_in_epoch + 1, self.global_step + 1)
+
+    def _apply(self, values: torch.Tensor) -> None:
+        """The optimizer step, unless the agreed loss sum or gradient norm (`values[0]`, `[3]`)
+        is not finite: then nothing of it is applied, and `_settle` stops the run."""
+        if not self.scaler.is_enabled():  # fp16's scaler skips the steps that overflow itself
+            bad = (~torch.isfinite(values[[0, 3]])).any()
+            if self.optimizer.defaults.get("fused"):
+                self.optimizer.found_inf = bad.float()  # the fused AdamW skips on the device: no wait
+            elif bad:  # the CPU's AdamW has no found_inf: a host read (its steps are read at once anyway)
+                return
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def _settle(self, flight: _Flight) -> _Step:
+        """Wait for a queued step's agreed sums, check them and record the step. A non-finite
+        step was applied to the weights in memory, but no checkpoint holds it: every checkpoint
+        is written after the steps before it were read (`_step_boundary`)."""
+        t = self.cfg.training
+        values, sig, timer_due = flight.agreement.get()
         loss_sum, correct, tokens = values[0], int(values[1]), int(values[2])  # the whole job's
-        where = f"step {self.global_step + 1} (epoch {self.epoch + 1})"
+        where = f"step {flight.global_step} (epoch {self.epoch + 1})"
         if not math.isfinite(loss_sum):
             raise _NonFinite(f"non-finite training loss ({loss_sum / max(tokens, 1)}) at {where}; nothing of it "
                              "was saved; lower training.learning_rate or check the data")
         grad_norm = values[3] if t.gradient_clip > 0 else None
         if grad_norm is not None and not math.isfinite(grad_norm):
             if not self.scaler.is_enabled():
-                raise _NonFinite(f"non-finite gradient norm at {where}; lower training.learning_rate")
-            grad_norm = None  # fp16 overflow: the scaler skips this step and lowers its scale
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return _Step(loss_sum, correct, tokens, grad_norm, sig, timer_due)
+                raise _NonFinite(f"non-finite gradient norm at {where}; nothing of it was saved; "
+                                 "lower training.learning_rate")
+            grad_norm = None  # fp16 overflow: the scaler skipped this step and lowered its scale
+        step = _Step(loss_sum, correct, tokens, grad_norm, sig, timer_due)
+        now = time.monotonic()
+        self._record_step(step, now - self._clock, flight)
+        self._clock = now
+        return step
 
-    def _record_step(self, step: _Step, seconds: float, lr: float, progress: Progress) -> None:
+    def _record_step(self, step: _Step, seconds: float, flight: _Flight) -> None:
         """Add the step to the epoch's sums; its progress line and (every log_every_steps) scalars."""
         t = self.cfg.training
         tokens_per_rank = t.batch_size * t.grad_accum_steps * self.windows.context_length
@@ -320,22 +376,34 @@ class Trainer:
         s["loss"] += step.loss_sum
         s["correct"] += step.correct
         s["tokens"] += step.tokens
-        if self._warming_up:
-            self._warming_up = False
+        if self._warmup_steps > 0:
+            self._warmup_steps -= 1
         else:
             s["seconds"] += seconds
             s["seen"] += tokens_per_rank
         step_tps = tokens_per_rank * self.world_size / max(seconds, 1e-9)
         loss = step.loss_sum / max(step.tokens, 1)
-        progress.update(self.step_in_epoch, loss, lr, step_tps)
-        if self.global_step % t.log_every_steps == 0:
-            self.metrics.log_step(self.global_step, loss, lr, step_tps, step.grad_norm)
+        self._progress.update(flight.step_in_epoch, loss, flight.lr, step_tps)
+        if flight.global_step % t.log_every_steps == 0:
+            self.metrics.log_step(flight.global_step, loss, flight.lr, step_tps, step.grad_norm)
 
     def _step_boundary(self, stop_after_steps: Optional[int], sig: Optional[int] = None,
                        timer_due: bool = False) -> Optional[str]:
         """Checkpoints that happen between steps: signals, the timer, a requested stop
         (`sig` and `timer_due` as agreed by all ranks)."""
         self.checkpoints.check()  # a checkpoint that failed to publish stops the run now
+        stop = stop_after_steps is not None and self.global_step >= stop_after_steps
+        if not (stop or timer_due or sig in STOP_SIGNALS + SAVE_SIGNALS):
+            return None
+        if self._in_flight is not None:  # a checkpoint holds every step taken: read the last one
+            later, self._in_flight = self._in_flight, None
+            try:
+                step = self._settle(later)
+            except _NonFinite as e:
+                return self._fail(str(e), later.global_step)
+            timer_due = timer_due or step.timer_due
+            if step.signal in STOP_SIGNALS or sig is None:  # stop beats save
+                sig = step.signal or sig
         name = step_checkpoint_name(self.epoch + 1, self.step_in_epoch)
         if sig in STOP_SIGNALS:
             self._save(name)
@@ -384,9 +452,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fail(self, error: str) -> str:
+    def _fail(self, error: str, step: Optional[int] = None) -> str:
+        """Training stops with `error` at optimizer step `step` (default: the next one)."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.log.set_status("failed", error, failed_step=self.global_step + 1)
+        self.log.set_status("failed", error, failed_step=step or self.global_step + 1)
         self._write_log()
         if self.is_main:
             print(f"Training failed: {error}", file=self.out, flush=True)
