@@ -11,6 +11,7 @@
 #     first losses against the CPU
 #  5. bench_corpus: a 1M-candle shard prepared on the CPU, batch assembly timed on the GPU
 #     against the fastest case's Trainer rate from step 1
+#  6. bench_gpu: cases C and B at batch 64 with CUDA graphs (one GPU doing a 2-GPU job's batch)
 set -uo pipefail
 out=${1:?usage: tools/gpu_measure.sh OUT_DIR}
 cd "$(dirname "$0")/.." || exit 2
@@ -48,4 +49,6 @@ print(max(c.get('trainer', {}).get('tokens_per_sec', 0) for c in d['figures']['c
 step gpu_check 150 python3 tools/gpu_check.py --out "$res/gpu_check" --skip-bench --skip-scorecard
 step loader 60 python3 bench/bench_corpus.py --candles 1e6 --assets 100 --device cuda \
     --consumption "$fastest" --json "$res/bench_corpus_gpu.json"
+step cases_cb_b64_graphs 70 python3 bench/bench_gpu.py --cases C,B --compile on --no-max-batch --batch 64 \
+    --compile-mode reduce-overhead --json "$res/bench_gpu_cb64_graphs.json"
 echo "== done in $SECONDS s"
