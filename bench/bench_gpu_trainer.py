@@ -49,7 +49,7 @@ def _windows(cfg: Config, device: torch.device, steps: int) -> TokenWindows:
     """Random tokens of 8 assets, enough stride-1 windows for `steps` batches and more."""
     rng = np.random.default_rng(0)
     per_asset = (steps + 20) * cfg.training.batch_size // 8 + 2 * cfg.model.context_length + 64
-    n = int(per_asset / 0.7) + 1
+    n = max(int(per_asset / 0.7), int(3 * (cfg.model.context_length + 1) / 0.15)) + 1  # val and test hold windows
     tokens = {f"S{i}": rng.integers(4, cfg.model.vocab_size, n) for i in range(8)}
     ranges = {s: {"train": (0, int(n * .7)), "val": (int(n * .7), int(n * .85)), "test": (int(n * .85), n)}
               for s in tokens}
@@ -85,6 +85,36 @@ def _busy_share(tr: Trainer, steps: int, device: torch.device) -> Optional[float
     return kernels / wall
 
 
+def _syncs(tr: Trainer, steps: int, device: torch.device) -> Optional[dict[str, Any]]:
+    """Synchronizing CUDA calls in `steps` more Trainer steps (torch.cuda.set_sync_debug_mode),
+    each with the Python lines that made it: a steady step should make none."""
+    import traceback
+    import warnings
+
+    if device.type != "cuda":
+        return None
+    found: list[str] = []
+    save, tr._save = tr._save, lambda name: None  # the checkpoint at the stop reads the device by design
+
+    def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:  # the message and our frames
+        frames = [f"{Path(f.filename).name}:{f.lineno}" for f in reversed(traceback.extract_stack(limit=14)[:-1])
+                  if "/common/" in f.filename]
+        found.append(f"{message}".splitlines()[0][:120] + " | " + " <- ".join(frames))
+
+    try:
+        with warnings.catch_warnings():  # restores showwarning after
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                tr.train(stop_after_steps=tr.global_step + steps)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        tr._save = save
+    return {"steps": steps, "count": len(found), "first": found[:8]}
+
+
 def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path) -> dict[str, Any]:
     """The Trainer's tokens/s reading a step late and at once, and the GPU's busy share."""
     counts = cfg.data.universe_counts
@@ -102,8 +132,14 @@ def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path) 
     tr.train(stop_after_steps=2 * steps)
     at_once = _rate(tr, seen, seconds)
     tr.read_lag = 1
-    busy = _busy_share(tr, 6, device)
-    return {"tokens_per_sec": late, "tokens_per_sec_read_at_once": at_once, "gpu_busy_share": busy,
+    busy = syncs = None
+    try:  # the rates above matter most: a failure here costs only these two figures
+        busy = _busy_share(tr, 6, device)
+        syncs = _syncs(tr, 4, device)
+    except Exception as e:  # noqa: BLE001
+        print(f"profile or sync count failed: {traceback.format_exc()[-2000:]}", flush=True)
+        syncs = {"count": None, "first": [f"{type(e).__name__}: {e}"]}
+    return {"tokens_per_sec": late, "tokens_per_sec_read_at_once": at_once, "gpu_busy_share": busy, "syncs": syncs,
             "first_segment_seconds": first_s, "compile_mode": tr.compile_mode if tr.compiled else None,
             "cuda_graphs": tr.cuda_graphs, "banner": [line for line in out.getvalue().splitlines()[:8]]}
 
@@ -157,6 +193,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if tr["gpu_busy_share"] is not None:
             rows.append(row(f"Trainer vs bench, {label}", "GPU busy share", tr["gpu_busy_share"],
                             detail="kernel time / wall time over 6 steady steps (torch.profiler)"))
+        if tr["syncs"] is not None and tr["syncs"]["count"] is not None:
+            rows.append(row(f"Trainer vs bench, {label}", "synchronizing calls in 4 steps", tr["syncs"]["count"],
+                            detail="torch.cuda.set_sync_debug_mode; the first: "
+                                   + ("; ".join(tr["syncs"]["first"][:2]) or "none")))
     result = {"rows": rows, "figures": {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
                                         "compile_mode": args.compile_mode, "steps": steps, "cases": cases,
                                         "smoke": args.smoke, "set": args.set, "machine": machine_info()}}

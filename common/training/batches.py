@@ -165,6 +165,9 @@ class TokenWindows:
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
         w = self.splits[split]
+        if self.device.type == "cuda" and not index.is_cuda:
+            # pinned, or the copy from pageable memory waits for the device (a sync every step)
+            index = index.pin_memory()
         index = index.to(self.device, non_blocking=True)
         run, starts = w.runs_of(index)  # (B,), (B,)
         chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather

@@ -131,6 +131,8 @@ class Trainer:
         self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
         if self.compiled:
             self.train_model = torch.compile(self.train_model, mode=self.compile_mode)
+        # a few fused kernels rather than a dozen launches per micro-batch, where compiled
+        self._batch_sums = torch.compile(batch_sums) if self.compiled else batch_sums
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
         # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
@@ -315,11 +317,7 @@ class Trainer:
                     logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
                 self.scaler.scale(loss / accum).backward()
             with torch.no_grad():
-                mask = b.y != PAD_TOKEN
-                n = mask.sum()
-                sums[0] += loss.detach().double() * n
-                sums[1] += ((logits.argmax(dim=-1) == b.y) & mask).sum()
-                sums[2] += n
+                sums += self._batch_sums(logits.detach(), loss.detach(), b.y)
         # The clipped norm rides in the step's one all-reduce (rank 0's alone: DDP gave every
         # rank the same gradients), with the sums and the checkpoint flags.
         norm = torch.zeros(1, dtype=torch.float64, device=self.device)
@@ -337,7 +335,7 @@ class Trainer:
         """The optimizer step, unless the agreed loss sum or gradient norm (`values[0]`, `[3]`)
         is not finite: then nothing of it is applied, and `_settle` stops the run."""
         if not self.scaler.is_enabled():  # fp16's scaler skips the steps that overflow itself
-            bad = (~torch.isfinite(values[[0, 3]])).any()
+            bad = (~torch.isfinite(values[0:4:3])).any()  # a slice: a list index would copy from the host
             if self.optimizer.defaults.get("fused"):
                 self.optimizer.found_inf = bad.float()  # the fused AdamW skips on the device: no wait
             elif bad:  # the CPU's AdamW has no found_inf: a host read (its steps are read at once anyway)
@@ -494,6 +492,14 @@ class Trainer:
 
     def _session_seconds(self) -> float:
         return time.monotonic() - self._session_start
+
+
+def batch_sums(logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(loss x tokens, correct predictions, tokens) of one micro-batch, float64, on its device."""
+    mask = y != PAD_TOKEN
+    n = mask.sum()
+    correct = ((logits.argmax(dim=-1) == y) & mask).sum()
+    return torch.stack([loss.double() * n, correct.double(), n.double()])
 
 
 def _new_sums() -> dict[str, float]:
