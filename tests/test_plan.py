@@ -13,7 +13,7 @@ import pytest
 
 import common.data.synthetic as synthetic
 from common.cli import main
-from common.commands.plan import H100_RATES, build_plan, data_figures, gpu_rate, plan_of_run
+from common.commands.plan import GPU_RATES, build_plan, data_figures, gpu_rate, plan_of_run
 from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
                                           steps_per_epoch)
 from common.config import load_config
@@ -94,17 +94,22 @@ def test_warnings_on_hand_made_numbers():
 def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
     fpt = meta_model(cfg).flops_per_token()
-    assert fpt == H100_RATES[(256, 6, 128)][1]  # the table's FLOPs per token are the case's model's
-    assert gpu_rate(cfg, fpt).tokens_per_s == H100_RATES[(256, 6, 128)][0]
+    plain, graphs, table_fpt = GPU_RATES[(256, 6, 128)]
+    assert fpt == table_fpt  # the table's FLOPs per token are the case's model's
+    assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile
+    one = gpu_rate(cfg, fpt, gpus=1)  # one GPU: CUDA graphs (training.compile_mode=auto)
+    assert one.tokens_per_s == graphs and "CUDA graphs" in one.label
+    cfg.training.compile_mode = "default"
+    assert gpu_rate(cfg, fpt, gpus=1).tokens_per_s == plain
     cfg.slurm.gpu_type = "a100"
-    a100 = gpu_rate(cfg, fpt)
-    assert a100.tokens_per_s == pytest.approx(H100_RATES[(256, 6, 128)][0] * 312 / 989.5)
-    assert "estimated as 0.32 H100" in a100.label
+    a100 = gpu_rate(cfg, fpt, gpus=2)
+    assert a100.tokens_per_s == pytest.approx(plain * 312 / 989.5)
+    assert "estimated as 0.32 H200" in a100.label
     cfg.model.num_layers = 12  # not measured: case C's rate at the same model FLOP/s
-    rate = gpu_rate(cfg, fpt * 2)
+    rate = gpu_rate(cfg, fpt * 2, gpus=2)
     assert rate.tokens_per_s == pytest.approx(a100.tokens_per_s / 2) and "estimate" in rate.label
     cfg.model.num_layers = 1  # smaller than any measured: case C's tokens/s (launch-bound, not FLOP-bound)
-    assert gpu_rate(cfg, fpt // 100).tokens_per_s == pytest.approx(a100.tokens_per_s)
+    assert gpu_rate(cfg, fpt // 100, gpus=2).tokens_per_s == pytest.approx(a100.tokens_per_s)
     cfg.slurm.gpu_type = "abacus"
     assert gpu_rate(cfg, fpt) is None
 
@@ -136,7 +141,7 @@ def test_case_a_warns_with_suggestions(capsys, tmp_path):
 
 
 def test_no_warning_when_the_data_supports_the_model_and_the_time_fits(capsys, tmp_path):
-    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=10:00:00"])  # 8 h of training in 10 h
+    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=10:00:00"])  # 4.8 h of training in 10 h
     assert "WARNING: the run" not in text
     text = _plan_text(capsys, tmp_path, "c", SMALL)
     assert _tokens_per_parameter(text) > 1
@@ -144,10 +149,10 @@ def test_no_warning_when_the_data_supports_the_model_and_the_time_fits(capsys, t
 
 
 def test_time_warnings(capsys, tmp_path):
-    # about 8 h of training (the universe's candles grow by the day): 3-hour slots, 2 requeues
-    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=3:00:00"])
+    # about 4.8 h of training (the universe's candles grow by the day; 2 requeues up to 6 h): 2-hour slots
+    text = _plan_text(capsys, tmp_path, "c", ["slurm.time=2:00:00"])
     assert "it will requeue about 2 time(s)" in text and "--set slurm.time=" in text
-    text = _plan_text(capsys, tmp_path, "c")  # 8 h of a 7-day slot
+    text = _plan_text(capsys, tmp_path, "c")  # 4.8 h of a 7-day slot
     assert "a shorter --time queues sooner" in text
 
 

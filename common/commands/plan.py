@@ -8,7 +8,7 @@ training tokens per parameter, windows, steps and tokens per epoch, how often ea
 seen, time per epoch and per run on the job's GPUs and on a CPU, peak GPU memory, and warnings
 (common/commands/plan_figures.py holds the arithmetic and the text).
 
-Time comes from measured training rates: compiled bf16 tokens/s of one H100 per case shape,
+Time comes from measured training rates: compiled bf16 tokens/s of one H200 per case shape,
 scaled to other GPUs by their dense bf16 peak, and to other shapes by training FLOPs per token.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from common.data.prepare import SPLITS, prepare_data
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS, window_text
+from common.distributed.precision import CUDA_GRAPH_MODES, choose_compile_mode
 from common.distributed.requeue import MAX_REQUEUES
 from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
@@ -41,19 +42,21 @@ from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
 
-__all__ = ["CPU_MODEL_FLOPS", "H100_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
+__all__ = ["CPU_MODEL_FLOPS", "GPU_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
            "plan_of_run", "run_plan", "scaling_suggestion"]
 
-# Compiled bf16 training tokens/s of one NVIDIA H100 80GB HBM3 at batch 32, measured 2026-11-23
-# (bench/results/2026-11-23-h100/): case A through the Trainer (trainer_case_a_compile.log, 150
-# steps), cases B and C by bench_gpu.json. (d_model, num_layers, context_length) ->
-# (tokens/s, training FLOPs per token of that case's model, MarketGPT.flops_per_token).
-H100_RATES: dict[tuple[int, int, int], tuple[float, int]] = {
-    (768, 12, 512): (581_300.0, 585_662_976),  # case A
-    (512, 8, 256): (597_750.0, 170_068_992),  # case B
-    (256, 6, 128): (383_663.0, 32_300_544),  # case C
+# Compiled bf16 training tokens/s of one NVIDIA H200 at batch 32, measured 2026-11-26
+# (bench/results/2026-11-26-h200/). (d_model, num_layers, context_length) -> (tokens/s with plain
+# torch.compile, as every rank of a DDP job compiles: bench_gpu_default.json, the bare step;
+# tokens/s with CUDA graphs, training.compile_mode=auto on one GPU: the Trainer itself,
+# bench_gpu_trainer.json; training FLOPs per token of that case's model, MarketGPT.flops_per_token).
+GPU_RATES: dict[tuple[int, int, int], tuple[float, float, int]] = {
+    (768, 12, 512): (655_501.0, 644_408.0, 585_662_976),  # case A: compute-bound, graphs add nothing
+    (512, 8, 256): (608_876.0, 1_555_007.0, 170_068_992),  # case B
+    (256, 6, 128): (646_228.0, 1_260_126.0, 32_300_544),  # case C: launch-bound either way
 }
-H100_PEAK = 989.5e12  # dense bf16 FLOP/s (common/training/mfu.py)
+RATES_DEVICE, RATES_DATE = "H200", "2026-11-26"
+RATES_PEAK = 989.5e12  # the H200's dense bf16 FLOP/s, the H100 SXM's too (common/training/mfu.py)
 # Model FLOP/s of fp32 training on the CPU: case C's shape on the 2-core development VM
 # (docs/performance.md, "Hardware utilization, case C": 181 GFLOP/s). Rough: scales with cores.
 CPU_MODEL_FLOPS = 181e9
@@ -113,7 +116,7 @@ def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = No
     plan = Plan(data=data, parameters=parameters, context_length=cfg.model.context_length, epochs=t.epochs,
                 steps_per_epoch=steps, global_batch=t.batch_size * gpus * t.grad_accum_steps,
                 epoch_stride=cfg.data.epoch_stride, gpus=gpus, gpu_type=s.gpu_type,
-                gpu_rate=gpu_rate(cfg, flops_per_token), cpu_rate=cpu_rate(flops_per_token),
+                gpu_rate=gpu_rate(cfg, flops_per_token, gpus), cpu_rate=cpu_rate(flops_per_token),
                 memory_gb=memory.total / 1e9, slurm_time_s=parse_slurm_time(s.time) * 60, max_requeues=MAX_REQUEUES)
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
         plan.suggestions = _supported_shapes(cfg, data)
@@ -136,28 +139,34 @@ def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], 
 # --------------------------------------------------------------------------- rates
 
 
-def gpu_rate(cfg: Config, flops_per_token: int) -> Optional[Rate]:
-    """Training tokens/s of one of the job's GPUs: the H100 measurement of this shape (or of the
-    nearest shape, scaled by FLOPs per token), scaled by the GPU's dense bf16 peak."""
-    m = cfg.model
+def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]:
+    """Training tokens/s of one of the job's `gpus` GPUs: the measurement of this shape (or of
+    the nearest shape, scaled by FLOPs per token) in the compile mode the job will use (CUDA
+    graphs on one GPU, plain compile under DDP), scaled by the GPU's dense bf16 peak."""
+    m, t = cfg.model, cfg.training
+    mode, _ = choose_compile_mode(t.compile_mode, gpus, t.gradient_checkpointing)
+    graphs = t.compile and mode in CUDA_GRAPH_MODES
+    how = "CUDA graphs" if graphs else "plain torch.compile"
     key = (m.d_model, m.num_layers, m.context_length)
-    if key in H100_RATES:
-        rate, label = H100_RATES[key][0], "H100 tokens/s measured for this shape on 2026-11-23"
+    if key in GPU_RATES:
+        rate = GPU_RATES[key][1 if graphs else 0]
+        label = f"{RATES_DEVICE} tokens/s measured for this shape on {RATES_DATE} ({how})"
     else:  # the measured shape nearest in FLOPs per token, at the same model FLOP/s
-        near = min(H100_RATES.values(), key=lambda r: abs(math.log(r[1] / flops_per_token)))
-        rate = near[0] * near[1] / flops_per_token
-        label = "estimate: the nearest measured H100 shape, scaled by FLOPs per token"
+        near = min(GPU_RATES.values(), key=lambda r: abs(math.log(r[2] / flops_per_token)))
+        rate = near[1 if graphs else 0] * near[2] / flops_per_token
+        label = f"estimate: the nearest measured {RATES_DEVICE} shape, scaled by FLOPs per token ({how})"
         # smaller than that shape: its tokens/s. The measured ones gain little from fewer FLOPs
-        # (case C has 1/18 of case A's FLOPs per token and fewer tokens/s): kernel launches bound them
-        if flops_per_token < near[1]:
-            rate = near[0]
-            label = "estimate: the tokens/s of the nearest, larger measured H100 shape (small models are launch-bound)"
+        # (case C has 1/18 of case A's FLOPs per token and as many tokens/s): the host bounds them
+        if flops_per_token < near[2]:
+            rate = near[1 if graphs else 0]
+            label = (f"estimate: the tokens/s of the nearest, larger measured {RATES_DEVICE} shape "
+                     f"(small models are launch-bound; {how})")
     peak = known_peak(cfg.slurm.gpu_type)
     if peak is None:
         return None
-    if peak[0] != H100_PEAK:
-        label += f"; one {cfg.slurm.gpu_type} estimated as {peak[0] / H100_PEAK:.2f} H100 by dense bf16 peak"
-    return Rate(rate * peak[0] / H100_PEAK, label + "; training steps only, no validation")
+    if peak[0] != RATES_PEAK:
+        label += f"; one {cfg.slurm.gpu_type} estimated as {peak[0] / RATES_PEAK:.2f} {RATES_DEVICE} by dense bf16 peak"
+    return Rate(rate * peak[0] / RATES_PEAK, label + "; training steps only, no validation")
 
 
 def cpu_rate(flops_per_token: int) -> Rate:
