@@ -126,7 +126,7 @@ def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None, d
         row("Corpus preparation", "seconds", p["seconds"], "s",
             f"<= {TARGET_PREPARE_S / scale:.0f}" if scale > 1.01 else f"<= {TARGET_PREPARE_S:.0f}",
             f"{p['candles']:,} synthetic candles, generation included; {p['candles'] / p['seconds'] / 1e6:.2f}M "
-            "candles/s" + (f"; target scaled from 15 min at 100M" if scale > 1.01 else "")),
+            "candles/s" + ("; target scaled from 15 min at 100M" if scale > 1.01 else "")),
         row("Corpus preparation", "peak RSS", p["peak_rss_mb"], "MB", f"<= {TARGET_RSS_MB:.0f}",
             "ru_maxrss of the preparing process" + (" (the target is for 100M)" if scale > 1.01 else "")),
         row("Corpus preparation", "bytes on disk", p["bytes"] / 2**20, "MB", None,

@@ -19,6 +19,7 @@ lines. Always exits 0: it reports, it does not gate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -27,14 +28,47 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
 
-__all__ = ["SMALL_DATA", "run", "main"]
+__all__ = ["SMALL_DATA", "Trained", "run", "main", "trained_case_c"]
 
 CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
+
+
+class Trained(NamedTuple):
+    """One training of case C's config in a throwaway case folder (`trained_case_c`)."""
+    run_dir: Path
+    log: str  # what the training printed
+    wall_s: float
+    loadavg_1m: tuple[float, float]  # at start and at end: the machine is shared
+    training_log: dict[str, Any]
+
+
+@contextlib.contextmanager
+def trained_case_c(sets: Sequence[str], prefix: str) -> Iterator[Trained]:
+    """Train case C's config with `sets` (`experiment` among them) in a copy of its case folder,
+    timed; yields the run; the folder is removed after. A failed training raises with its log."""
+    from common.commands.train import run_training
+
+    case = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        (case / "configs").mkdir()
+        shutil.copy(CASE_C, case / "configs" / CASE_C.name)
+        shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
+        log = io.StringIO()
+        t0, load0 = time.perf_counter(), os.getloadavg()[0]
+        code = run_training(case / "configs" / CASE_C.name, list(sets), out=log)
+        wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
+        if code != 0:
+            raise RuntimeError(f"training exited {code}:\n{log.getvalue()[-3000:]}")
+        run_dir = next(p for p in (case / "checkpoints").iterdir() if p.is_dir())  # the one run
+        yield Trained(run_dir, log.getvalue(), wall, (load0, load1),
+                      json.loads((run_dir / "training_log.json").read_text()))
+    finally:
+        shutil.rmtree(case, ignore_errors=True)
 
 # The documented small-data settings (docs/generalization.md): a smaller model than case C's on the daily sample.
 SMALL_DATA = (
@@ -92,37 +126,25 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
 
 def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None = None) -> dict[str, Any]:
     from common.evaluation.metrics import skill_interval
-    from common.commands.train import run_training
 
-    case = Path(tempfile.mkdtemp(prefix="bench_gen_"))
-    (case / "configs").mkdir()
-    shutil.copy(CASE_C, case / "configs" / CASE_C.name)
-    shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
     sets = list(SMALL_DATA) + ['experiment="gen"'] + list(overrides)
-    log = io.StringIO()
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    code = run_training(case / "configs" / CASE_C.name, sets, out=log)
-    wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
-    if code != 0:
-        raise SystemExit(f"training exited {code}:\n{log.getvalue()[-2000:]}")
-    run_dir = next((case / "checkpoints").glob("gen_*"))  # a config in case/configs runs in case/checkpoints
-    train_log = json.loads((run_dir / "training_log.json").read_text())
-    res: dict[str, Any] = {
-        "overrides": sets, "wall_s": round(wall, 1), "loadavg_1m": [load0, load1],
-        "steps": train_log["epochs"][-1]["step"], "best_epoch": train_log.get("best_epoch"),
-        "epochs": [{k: round(e[k], 4) for k in ("epoch", "train_loss", "val_loss")} for e in train_log["epochs"]],
-        "vocabulary": next((line for line in log.getvalue().splitlines() if line.startswith("Vocabulary:")), None),
-    }
-    for split in splits:
-        s = split_scores(run_dir, split)
-        res["best_epoch"] = s["best_epoch"]
-        res[split] = {"loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")}}
-        for name in ("unigram", "markov1"):
-            res[split][f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1, stride=1,
-                                                            kind="diff", n_boot=2000)
-    if keep is not None:
-        shutil.copytree(run_dir, keep / run_dir.name)
-    shutil.rmtree(case, ignore_errors=True)
+    with trained_case_c(sets, "bench_gen_") as t:
+        train_log = t.training_log
+        res: dict[str, Any] = {
+            "overrides": sets, "wall_s": round(t.wall_s, 1), "loadavg_1m": list(t.loadavg_1m),
+            "steps": train_log["epochs"][-1]["step"], "best_epoch": train_log.get("best_epoch"),
+            "epochs": [{k: round(e[k], 4) for k in ("epoch", "train_loss", "val_loss")} for e in train_log["epochs"]],
+            "vocabulary": next((line for line in t.log.splitlines() if line.startswith("Vocabulary:")), None),
+        }
+        for split in splits:
+            s = split_scores(t.run_dir, split)
+            res["best_epoch"] = s["best_epoch"]
+            res[split] = {"loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")}}
+            for name in ("unigram", "markov1"):
+                res[split][f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1,
+                                                                stride=1, kind="diff", n_boot=2000)
+        if keep is not None:
+            shutil.copytree(t.run_dir, keep / t.run_dir.name)
     return res
 
 

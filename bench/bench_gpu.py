@@ -91,14 +91,14 @@ def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool,
 
 def _fits(cfg: Config, device: torch.device, batch: int) -> bool:
     try:
-        step, model, _ = _step_fn(cfg, device, batch, compile_model=False)
+        step = _step_fn(cfg, device, batch, compile_model=False)[0]  # its closure holds the model
         step()
         _sync(device)
         return True
     except torch.cuda.OutOfMemoryError:
         return False
     finally:
-        step = model = None  # noqa: F841 (free before the next try)
+        step = None  # noqa: F841 (free the model before the next try)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 

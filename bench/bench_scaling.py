@@ -49,14 +49,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
 import math
 import os
 import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -64,7 +61,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
-from bench_generalization import CASE_C, split_scores  # noqa: E402
+from bench_generalization import split_scores, trained_case_c  # noqa: E402
 
 __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", "main"]
 
@@ -130,35 +127,23 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
               min_steps: int = 200, max_steps: Optional[int] = 1000, keep: Optional[Path] = None,
               smoke: bool = False) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
-    from common.commands.train import run_training
     from common.evaluation.metrics import skill_interval
+    from common.tokens.token_set import TokenSet, token_path
 
-    case = Path(tempfile.mkdtemp(prefix="bench_scaling_"))
-    try:
-        (case / "configs").mkdir()
-        shutil.copy(CASE_C, case / "configs" / CASE_C.name)
-        shutil.copy(CASE_C.parent.parent / "universe.csv", case / "universe.csv")
-        steps = _steps(tokens, passes, min_steps, max_steps)
-        epochs = 10 if steps >= 10 else 1
-        small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
-        sets = (_data_sets(corpus, tokens, **small) + _size_sets(size) + [
-            'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
-            "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
-            f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
-            f"training.epochs={epochs}", f"training.max_steps_per_epoch={max(1, steps // epochs)}",
-            "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=100000",
-            f'training.device="{device}"', "training.compile=false"])
-        if corpus.startswith("sample"):
-            sets += _sample_slice(corpus, tokens)
-        log = io.StringIO()
-        t0, load0 = time.perf_counter(), os.getloadavg()[0]
-        code = run_training(case / "configs" / CASE_C.name, sets, out=log)
-        wall, load1 = time.perf_counter() - t0, os.getloadavg()[0]
-        if code != 0:
-            raise RuntimeError(f"training exited {code}:\n{log.getvalue()[-3000:]}")
-        run_dir = next((case / "checkpoints").glob("scale_*"))
-        train_log = json.loads((run_dir / "training_log.json").read_text())
-        from common.tokens.token_set import TokenSet, token_path
+    steps = _steps(tokens, passes, min_steps, max_steps)
+    epochs = 10 if steps >= 10 else 1
+    small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
+    sets = (_data_sets(corpus, tokens, **small) + _size_sets(size) + [
+        'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
+        "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
+        f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
+        f"training.epochs={epochs}", f"training.max_steps_per_epoch={max(1, steps // epochs)}",
+        "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=100000",
+        f'training.device="{device}"', "training.compile=false"])
+    if corpus.startswith("sample"):
+        sets += _sample_slice(corpus, tokens)
+    with trained_case_c(sets, "bench_scaling_") as t:
+        run_dir, train_log = t.run_dir, t.training_log
         ts = TokenSet.load(token_path(run_dir))
         res: dict[str, Any] = {
             "corpus": corpus, "size": size, "shape": list(SIZES[size]), "tokens_target": tokens,
@@ -167,7 +152,7 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
             and "step" in train_log["epochs"][-1] else steps, "planned_steps": steps,
             "tokens_processed": steps * BATCH * CONTEXT, "best_epoch": train_log.get("best_epoch"),
             "epochs_run": len(train_log["epochs"]), "val_losses": [e["val_loss"] for e in train_log["epochs"]],
-            "wall_s": round(wall, 1), "loadavg_1m": [round(load0, 2), round(load1, 2)], "overrides": sets,
+            "wall_s": round(t.wall_s, 1), "loadavg_1m": [round(x, 2) for x in t.loadavg_1m], "overrides": sets,
         }
         for split in ("val", "test"):
             s = split_scores(run_dir, split)
@@ -186,8 +171,6 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
         if keep is not None:
             shutil.copytree(run_dir, keep / f"{corpus}_{size}_{tokens}")
         return res
-    finally:
-        shutil.rmtree(case, ignore_errors=True)
 
 
 def _parameters(run_dir: Path) -> int:

@@ -131,7 +131,8 @@ class Forecaster:
 
     def __init__(self, model: Optional[MarketGPT], tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any],
                  cfg: Config, run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
-                 volume_edges: Optional[Sequence[float]] = None, precision: str = "fp32") -> None:
+                 volume_edges: Optional[Sequence[float]] = None, precision: str = "fp32",
+                 interval: Optional[str] = None) -> None:
         # model None: a subclass samples without torch (common.forecasting.infer.ExportedForecaster)
         self.model = model.eval() if model is not None else None
         self.precision = precision  # "fp32" or "bf16" (autocast): common.distributed.precision.inference_precision
@@ -144,7 +145,7 @@ class Forecaster:
         self.symbols = list(asset_info["symbols"])
         # the interval forecast (a run of several intervals: --interval, default its first);
         # the model reads its id as model.default_interval
-        self.interval = cfg.data.interval
+        self.interval = interval or cfg.data.interval
         self.device = next(model.parameters()).device if model is not None else "cpu"
 
     # ------------------------------------------------------------------ loading
@@ -193,8 +194,7 @@ class Forecaster:
             raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
                             "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
         fc = cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
-                 volume_edges=edges, precision=precision)
-        fc.interval = interval
+                 volume_edges=edges, precision=precision, interval=interval)
         return fc
 
     @classmethod
@@ -244,8 +244,8 @@ class Forecaster:
                             "run again")
         precision = inference_precision(precision, meta.get("training_precision"), device)
         fc = cls(model.to(device), tokenizer, asset_info, cfg, run_dir=folder,
-                 checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision)
-        fc.interval = interval
+                 checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision,
+                 interval=interval)
         return fc
 
     def resolve_symbol(self, symbol: str) -> str:
