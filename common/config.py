@@ -92,6 +92,9 @@ class TrainingConfig:
     # torch.compile's mode: "auto" replays CUDA graphs ("reduce-overhead") on one GPU and uses
     # "default" under DDP or gradient checkpointing (common.distributed.precision.choose_compile_mode)
     compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "auto"
+    # on a GPU, read each step's loss sums while the next step runs (no host wait in the step; a
+    # signal or a non-finite loss is then served one step later); false reads each step at once
+    overlap_host: bool = True
     # "auto": the GPU when the job has one (a job given GPUs that torch cannot use stops with
     # the cause), else the CPU; "cuda": a GPU or stop; "cpu": the CPU even where GPUs are
     device: Literal["auto", "cuda", "cpu"] = "auto"

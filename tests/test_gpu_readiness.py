@@ -526,7 +526,7 @@ def test_compile_mode_replays_cuda_graphs_on_one_gpu_only():
 def test_the_cpu_trainer_compiles_nothing_and_reads_each_step_at_once(tmp_path):
     from common.config import apply_overrides
 
-    tr = _trainer(tmp_path, compile=True, compile_mode="reduce-overhead")
+    tr = _trainer(tmp_path, compile=True, compile_mode="reduce-overhead", overlap_host=True)
     assert (tr.compiled, tr.cuda_graphs, tr.read_lag) == (False, False, 0)
     with pytest.raises(UserError, match="compile_mode"):
         apply_overrides(_config(), ['training.compile_mode="fastest"'], "--set")

@@ -103,8 +103,9 @@ class Trainer:
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
         self.log = TrainingLog(metadata)
         # On a GPU a step's sums are read while the next step runs (1), so the device never waits
-        # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to overlap).
-        self.read_lag = 1 if self.cuda else 0
+        # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to
+        # overlap; training.overlap_host=false on a GPU)
+        self.read_lag = 1 if self.cuda and t.overlap_host else 0
         self._in_flight: Optional[_Flight] = None
         self._clock = 0.0  # when the last step was read: a step's seconds run from there to its own
 
