@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of issue 28 in one call on one GPU node (about 8 minutes on an H100/H200):
+# Every GPU figure of issue 28 in one call on one GPU node (about 9 minutes on an H200):
 #   tools/gpu_measure.sh OUT_DIR
 # Each step has its own time limit and the folder is packed into OUT_DIR/results.tgz after each
 # one, so a step that fails or overruns costs only itself. Steps, most needed first:
@@ -12,6 +12,7 @@
 #  5. bench_corpus: a 1M-candle shard prepared on the CPU, batch assembly timed on the GPU
 #     against the fastest case's Trainer rate from step 1
 #  6. bench_gpu: cases C and B at batch 64 with CUDA graphs (one GPU doing a 2-GPU job's batch)
+#  7. bench_gpu_trainer: the same two in the Trainer
 set -uo pipefail
 out=${1:?usage: tools/gpu_measure.sh OUT_DIR}
 cd "$(dirname "$0")/.." || exit 2
@@ -51,4 +52,6 @@ step loader 60 python3 bench/bench_corpus.py --candles 1e6 --assets 100 --device
     --consumption "$fastest" --json "$res/bench_corpus_gpu.json"
 step cases_cb_b64_graphs 70 python3 bench/bench_gpu.py --cases C,B --compile on --no-max-batch --batch 64 \
     --compile-mode reduce-overhead --json "$res/bench_gpu_cb64_graphs.json"
+step trainer_b64 110 python3 bench/bench_gpu_trainer.py --cases C,B --steps 60 --set training.batch_size=64 \
+    --json "$res/bench_gpu_trainer_b64.json"
 echo "== done in $SECONDS s"
