@@ -44,10 +44,11 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "scorecard": ("bench_scorecard.py", ["--horizons", "1,5", "--samples", "20", "--stride", "20"]),
     "slurm": ("bench_slurm.py", []),  # not run by --smoke
     "gpu": ("bench_gpu.py", ["--smoke", "--no-max-batch"]),  # only where torch sees a GPU
+    "gpu_trainer": ("bench_gpu_trainer.py", ["--smoke"]),  # likewise
 }
 TIMEOUT_S = 1800
 # table name of a benchmark in a row run_all writes for it
-TITLES = {"slurm": "Slurm, local cluster", "gpu": "GPU training"}
+TITLES = {"slurm": "Slurm, local cluster", "gpu": "GPU training", "gpu_trainer": "Trainer vs bench"}
 
 
 def slurm_status() -> Optional[str]:
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name in chosen:
         script, smoke = BENCHMARKS[name]
-        skip = slurm_status() if name == "slurm" else gpu_status() if name == "gpu" else None
+        skip = slurm_status() if name == "slurm" else gpu_status() if name.startswith("gpu") else None
         if name == "slurm" and args.smoke:
             skip = "skipped: --smoke"
         if skip is not None:

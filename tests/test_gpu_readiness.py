@@ -623,6 +623,27 @@ def test_bench_gpu_runs_its_step_and_writes_json_with_the_device(tmp_path):
     assert "aten::mm" in (tmp_path / "prof" / "profile_C_eager.txt").read_text()  # the profiler's table
 
 
+def test_bench_gpu_trainer_times_the_trainer_beside_the_bare_step(tmp_path):
+    """bench_gpu_trainer on the CPU at toy size: the bare step, then the real Trainer reading its
+    steps late and at once (two train() calls on one Trainer); the GPU-only figures stay None."""
+    import subprocess
+
+    from common.paths import REPO_ROOT
+
+    out = tmp_path / "trainer.json"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_gpu_trainer.py"), "--device", "cpu",
+                           "--smoke", "--cases", "C", "--threads", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    case = json.loads(out.read_text())["figures"]["cases"]["C"]
+    assert "error" not in case, case
+    tr = case["trainer"]
+    assert case["bench"]["tokens_per_sec"] > 0 and tr["tokens_per_sec"] > 0 and tr["tokens_per_sec_read_at_once"] > 0
+    assert case["trainer_over_bench"] == tr["tokens_per_sec"] / case["bench"]["tokens_per_sec"]
+    assert tr["gpu_busy_share"] is None and tr["syncs"] is None and tr["cuda_graphs"] is False
+    assert "Trainer vs bench, case C" in proc.stdout
+
+
 def test_bench_gpu_largest_batch_search(monkeypatch):
     from common.paths import REPO_ROOT
 
