@@ -43,9 +43,11 @@ POLL_S = 0.05
 
 
 def copy_repo(dst: Path) -> Path:
-    ignore = shutil.ignore_patterns("__pycache__", "checkpoints", "logs", "data", "*.pyc")
-    shutil.copytree(REPO / "common", dst / "common", ignore=ignore)
-    shutil.copytree(REPO / "case_c_crypto", dst / "case_c_crypto", ignore=ignore)
+    code = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "common", dst / "common", ignore=code)  # common/data included
+    # the case without its runs, logs and candle cache
+    shutil.copytree(REPO / "case_c_crypto", dst / "case_c_crypto",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", "logs", "data"))
     return dst
 
 

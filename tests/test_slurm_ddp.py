@@ -1,9 +1,12 @@
 """DDP under Slurm through the real case script, on the local test cluster (tools/local_slurm,
 two slurmd on this machine): `sbatch case_c_crypto/slurm_scripts/train_crypto_a100.sh --set ...`
-as 1 node x 2 tasks, and with `--nodes=2` as 2 nodes x 2 tasks (4 ranks) that is forced to
-requeue once mid-training (`scancel --signal=USR2 --batch`: what the batch shell gets before
-the time limit). Both must end with the weights and logged losses of one process training the
-same global batch. Waits go through `scontrol show job` (no sacct here), under a timeout."""
+with `--nodes=2` as 2 nodes x 2 tasks (4 ranks), forced to requeue once mid-training (`scancel
+--signal=USR2 --batch`: what the batch shell gets before the time limit). It must end with the
+weights and logged losses of one process training the same global batch. One node x 2 tasks is
+no other path: test_slurm_integration.py runs every case script so under Slurm, and
+test_ddp.py checks 2 ranks against the same reference (on one node a rank's local id is its
+global one, so 2 nodes is the layout that can tell them apart). Waits go through `scontrol
+show job` (no sacct here), under a timeout."""
 from __future__ import annotations
 
 import json
@@ -29,7 +32,7 @@ CONFIG = f"{CASE}/configs/crypto_prototype.json"
 OVERRIDES = [f"{section}.{key}={value if isinstance(value, str) else json.dumps(value)}"
              for section in ("model", "training", "data") for key, value in TINY[section].items()
              ] + ["training.device=cpu"]  # the local cluster's GPUs are files
-LAYOUTS = {"1 node x 2 tasks": (1, 2), "2 nodes x 2 tasks, requeued once": (2, 2)}
+LAYOUTS = {"2 nodes x 2 tasks, requeued once": (2, 2)}
 TASKS_PER_NODE = 2  # the case script's --ntasks-per-node
 TIMEOUT_S = 600
 EPOCHS, STEPS = TINY["training"]["epochs"], TINY["training"]["max_steps_per_epoch"]
@@ -76,16 +79,15 @@ def _force_requeue(repo: Path, job_id: str, deadline: float) -> str:
 
 @pytest.fixture(scope="module")
 def finished(slurm_cluster, tmp_path_factory) -> dict:
-    """Both layouts submitted at once from a repo copy, the reference trained meanwhile, the
-    2-node job signalled once it trains; then waited for."""
+    """The 2-node job submitted from a repo copy and signalled once it trains, the reference
+    trained meanwhile; then waited for."""
     if slurm_cluster["nodes"] < 2:
         pytest.fail(f"the 2-node job needs 2 Slurm nodes, sinfo lists {slurm_cluster['nodes']}: "
                     "tools/local_slurm/local_slurm.sh start --nodes 2")
     repo = copy_repo(tmp_path_factory.mktemp("ddp_repo"))
     deadline = time.monotonic() + TIMEOUT_S
     jobs = {layout: _sbatch(repo, layout) for layout in LAYOUTS}
-    requeued = [layout for layout, (nodes, _) in LAYOUTS.items() if nodes == 2][0]
-    signalled_at = _force_requeue(repo, jobs[requeued], deadline)
+    signalled_at = {layout: _force_requeue(repo, job_id, deadline) for layout, job_id in jobs.items()}
 
     # the reference: one process, the whole global batch, the same config, no Slurm
     proc = subprocess.run([sys.executable, "-m", "common.cli", "train", "--config", CONFIG,
@@ -95,7 +97,7 @@ def finished(slurm_cluster, tmp_path_factory) -> dict:
     (ref_dir,) = run_dirs(repo, CASE, "reference")
 
     states = wait_for_jobs(list(jobs.values()), timeout_s=max(1.0, deadline - time.monotonic()), poll_s=2.0)
-    return {"repo": repo, "jobs": jobs, "states": states, "requeued": requeued, "signalled_at": signalled_at,
+    return {"repo": repo, "jobs": jobs, "states": states, "signalled_at": signalled_at,
             "reference": (final_weights(ref_dir), logged_epochs(ref_dir))}
 
 
@@ -113,14 +115,11 @@ def test_the_case_script_under_ddp_learns_what_one_process_with_the_global_batch
     assert train_log["status"] == "finished" and train_log["world_size"] == ranks
     assert train_log["launcher"] == "slurm" and train_log["slurm_job_id"] == job_id
     assert (run_dir / "test_results.json").is_file()
-    if layout == finished["requeued"]:
-        assert scontrol_field(job_id, "Restarts") == "1", log[-4000:]
-        assert "USR2 (time limit near or preemption)" in log, finished["signalled_at"]
-        saved = re.search(r"Received SIGUSR2: saved (checkpoint_epoch_\d+_step_\d+\.pt)", log)
-        assert saved and f"requeueing job {job_id}" in log and "restart 1 =====" in log, log[-4000:]
-        assert f"Resuming {run_dir} from {saved.group(1)}" in log
-        assert len(train_log["resumes"]) == 1
-    else:
-        assert "restart 1 =====" not in log
+    assert scontrol_field(job_id, "Restarts") == "1", log[-4000:]
+    assert "USR2 (time limit near or preemption)" in log, finished["signalled_at"][layout]
+    saved = re.search(r"Received SIGUSR2: saved (checkpoint_epoch_\d+_step_\d+\.pt)", log)
+    assert saved and f"requeueing job {job_id}" in log and "restart 1 =====" in log, log[-4000:]
+    assert f"Resuming {run_dir} from {saved.group(1)}" in log
+    assert len(train_log["resumes"]) == 1
     assert log.count(f"Epoch {EPOCHS}/{EPOCHS}") == 1  # rank 0 alone prints, once
     assert_same_run(run_dir, finished["reference"])

@@ -4,18 +4,23 @@
 Every job is submitted at the start (the `jobs` fixture), in a throwaway copy of the repo, so
 the two nodes stay busy while the tests look at one job after another:
 - each case script, unmodified but for --set overrides that make it tiny, from the repo root
-  and from its slurm_scripts/ folder;
+  (case a by sbatch, b and c by launch_parallel_training.sh, which runs the same `sbatch
+  <script> --set ...` from the root) and, for one case, from its slurm_scripts/ folder (the
+  three scripts differ only in their case: test_slurm_scripts.py);
 - a longer run three times: uninterrupted (the reference), with `sbatch --signal=B:USR2@10`,
   and through submitit with a 10-s warning; the last two get their time limit cut short once
   they train (_Holder), so they get Slurm's warning signal, checkpoint, requeue, resume and must
   end with the reference's exact weights;
 - a run that is scancel'ed mid-epoch, then submitted again: it resumes;
-- launch_parallel_training.sh -y --cases b,c, and the monitoring script it writes.
+- launch_parallel_training.sh -y --cases b,c, and the monitoring script it writes;
+- bench/bench_slurm.py, one round (its own sbatch, USR2 and requeue), alongside the jobs above:
+  its waits for the queue and for Slurm's requeue hold overlap theirs.
 There is no sacct here: every wait asks squeue / scontrol show job, under a timeout.
 """
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
@@ -30,22 +35,32 @@ from typing import Callable, Iterator
 import pytest
 
 from common.distributed.slurm import wait_for_jobs
-from slurm_helpers import (CASES, TINY, assert_same_weights, copy_repo, job_env, run_dirs, scontrol_field, sets,
-                           training_log)
+from slurm_helpers import (CASES, REPO, TINY, assert_same_weights, copy_repo, job_env, run_dirs, scontrol_field,
+                           sets, training_log)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
 
 TIMEOUT_S = 900  # for the whole module's jobs; they normally finish within ~5 minutes
-# The longer run: about a minute of training on 2 cores. The signalled runs start with a 10-minute
-# limit and wait for the warning mid-training (_Holder), so it finds them training on any machine.
-LONG = [*TINY, "training.epochs=6", "training.max_steps_per_epoch=null", "training.log_every_steps=200"]
-LONG_EPOCHS = 6
-# The scancel'ed run: two full epochs, cancelled after 400 steps of the first.
-MEDIUM = [*TINY, "training.max_steps_per_epoch=null", "training.log_every_steps=100"]
+# The longer run: 2 x 400 steps. The signalled runs start with a 10-minute limit and are held
+# stopped from their first step line (step 50) until the warning is pending (_Holder), so it
+# finds them training on any machine, however many steps are left.
+LONG = [*TINY, "training.epochs=2", "training.max_steps_per_epoch=400", "training.log_every_steps=50"]
+LONG_EPOCHS = 2
+# The scancel'ed run: 2 x 600 steps, cancelled after 100 of the first (500 steps to spare
+# before the epoch ends: its SIGTERM checkpoint must be a step one of epoch 1).
+MEDIUM = [*TINY, "training.max_steps_per_epoch=600", "training.log_every_steps=50"]
 RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
              "training_log.json", "test_results.json", "tokens", "report.png", "tensorboard",
              "checkpoint_epoch_2.pt"}
+
+
+# The case-script jobs sbatch'ed here; b and c from the root are launch_parallel_training.sh's.
+SUBMITTED_HERE = (("a", "root"), ("b", "slurm_scripts"))
+
+
+def _experiment(key: str, where: str) -> str:
+    return "launched" if (key, where) in (("b", "root"), ("c", "root")) else f"tiny_{where}"
 
 
 def _sbatch(repo: Path, case_key: str, overrides: list[str], *, cwd: Path | None = None,
@@ -191,6 +206,10 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
     repo = copy_repo(tmp_path_factory.mktemp("slurm_repo"))
     deadline = time.monotonic() + TIMEOUT_S
     submitted: dict = {"repo": repo, "deadline": deadline}
+    bench_json = tmp_path_factory.mktemp("bench_slurm") / "slurm.json"
+    bench = subprocess.Popen([sys.executable, str(REPO / "bench" / "bench_slurm.py"), "--rounds", "1", "--json",
+                              str(bench_json)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    submitted["bench"] = (bench, bench_json)
 
     # the long-running ones first: Slurm starts jobs in submission order
     submitted["requeue"] = _sbatch(repo, "c", [*LONG, "experiment=rq_sbatch"],
@@ -214,41 +233,44 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
         holder.start()
 
     submitted["scancel"] = _sbatch(repo, "c", [*MEDIUM, "experiment=cancelled"])
-    canceller = _Canceller(repo, submitted["scancel"], r"epoch 1/2 step 400/", TIMEOUT_S)
+    canceller = _Canceller(repo, submitted["scancel"], r"epoch 1/2 step 100/", TIMEOUT_S)
     canceller.start()
     submitted["canceller"] = canceller
 
-    # every case script, from the repo root and from its slurm_scripts/ folder
+    # the case scripts: a from the repo root, b from its slurm_scripts/ folder, by sbatch here
     submitted["cases"] = {}
-    seen_in_squeue = {}
-    for key, (case, _, _) in CASES.items():
-        for where in ("root", "slurm_scripts"):
-            cwd = repo if where == "root" else repo / case / "slurm_scripts"
-            job_id = _sbatch(repo, key, [*TINY, f"experiment=tiny_{where}"], cwd=cwd)
-            submitted["cases"][(key, where)] = (job_id, cwd)
-            seen_in_squeue[job_id] = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i %j %T"],
-                                                    capture_output=True, text=True, timeout=60).stdout
-    submitted["squeue"] = seen_in_squeue
-
-    # launch_parallel_training.sh -y --cases b,c
+    for key, where in SUBMITTED_HERE:
+        cwd = repo if where == "root" else repo / CASES[key][0] / "slurm_scripts"
+        job_id = _sbatch(repo, key, [*TINY, f"experiment={_experiment(key, where)}"], cwd=cwd)
+        submitted["cases"][(key, where)] = (job_id, cwd)
+    # launch_parallel_training.sh -y --cases b,c: b and c from the repo root
     proc = subprocess.run(["bash", str(repo / "launch_parallel_training.sh"), "-y", "--cases", "b,c",
                            *sets([*TINY, "experiment=launched"])], cwd=repo, env=job_env(),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     submitted["launch"] = proc
-    submitted["more"] = re.findall(r"Submitted case [bc]: job (\d+)", proc.stdout)  # tests add theirs
+    launched = re.findall(r"Submitted case ([bc]): job (\d+)", proc.stdout)
+    submitted["more"] = [job_id for _, job_id in launched]  # tests add theirs
+    for key, job_id in launched:
+        submitted["cases"][(key, "root")] = (job_id, repo)
+    submitted["squeue"] = {job_id: subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i %j %T"], capture_output=True,
+                                                  text=True, timeout=60).stdout
+                           for job_id, _ in submitted["cases"].values()}
     yield submitted
 
     # whatever a failed test left behind in the queue
     mine = [submitted["requeue"], submitted["reference"], job.job_id, submitted["scancel"],
             *(j for j, _ in submitted["cases"].values()), *submitted["more"]]
     subprocess.run(["scancel", *mine], capture_output=True, timeout=60)
+    if bench.poll() is None:  # a failed test's leftover: its `finally` cancels its job
+        bench.send_signal(signal.SIGINT)
+        bench.communicate(timeout=150)
 
 
-@pytest.mark.parametrize("where", ["root", "slurm_scripts"])
-@pytest.mark.parametrize("key", sorted(CASES))
+@pytest.mark.parametrize("key, where", [("a", "root"), ("b", "root"), ("c", "root"), ("b", "slurm_scripts")])
 def test_each_case_script_runs_from_the_repo_root_and_from_slurm_scripts(jobs, key, where):
     repo = jobs["repo"]
     case, _, _ = CASES[key]
+    assert (key, where) in jobs["cases"], jobs["launch"].stdout + jobs["launch"].stderr
     job_id, cwd = jobs["cases"][(key, where)]
     name = {"a": "full_market", "b": "reduced", "c": "crypto"}[key]
     assert re.match(rf"{job_id} {name} (PENDING|RUNNING|CONFIGURING|COMPLETING|COMPLETED)", jobs["squeue"][job_id]), \
@@ -259,7 +281,7 @@ def test_each_case_script_runs_from_the_repo_root_and_from_slurm_scripts(jobs, k
         out[-3000:] + _log(repo, key, job_id, "err")[-3000:]
     assert "Epoch 2/2" in out and "DDP: 2 processes (gloo)" in out and "Test (best model" in out
     assert not list(cwd.glob(f"slurm_*_{job_id}.out"))  # Slurm's own (empty) output file was cleaned up
-    (run_dir,) = run_dirs(repo, case, f"tiny_{where}")
+    (run_dir,) = run_dirs(repo, case, _experiment(key, where))
     assert RUN_FILES <= {p.name for p in run_dir.iterdir()}
     log = training_log(run_dir)
     assert log["status"] == "finished" and log["world_size"] == 2 and log["slurm_job_id"] == job_id
@@ -295,7 +317,9 @@ def test_the_same_through_submitit(jobs):
     held = str(jobs["holders"][job.job_id])
     assert states[job.job_id] == "COMPLETED", out[-4000:] + Path(job.paths.stderr).read_text()[-3000:] + held
     assert int(scontrol_field(job.job_id, "Restarts")) >= 1, out[-4000:] + held
-    assert "Received SIGUSR2: saved checkpoint_epoch_" in out and f"Requeued job {job.job_id}" in out
+    # submitit's timeout path: checkpoint, then `scontrol requeue` (whose SIGTERM to the job can come
+    # before submitit logs "Requeued job"; Restarts and the resume below show the requeue)
+    assert "Received SIGUSR2: saved checkpoint_epoch_" in out and "Calling checkpoint method" in out
     (run_dir,) = run_dirs(repo, "case_c_crypto", "rq_submitit")
     assert f"Resuming {run_dir} from checkpoint_epoch_" in out
     log = training_log(run_dir)
@@ -350,3 +374,17 @@ def test_launch_parallel_training_submits_both_cases_and_its_monitor_runs(jobs):
         assert job_id in row and "finished" in row and "2/2" in row
         assert f"-- {case}/logs/" in monitor.stdout
     assert re.search(rf"^{job_ids[0]} long reduced root (COMPLETED|COMPLETING) ", monitor.stdout, flags=re.M)
+
+
+def test_bench_slurm_reports_start_and_requeue_latency_as_json(jobs):
+    bench, out = jobs["bench"]
+    stdout, stderr = bench.communicate(timeout=max(1.0, jobs["deadline"] - time.monotonic()))
+    assert bench.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["figure"]: r for r in result["rows"]}
+    best = result["figures"]["best"]
+    assert rows["sbatch -> first training step"]["value"] == best["sbatch_to_first_step"] > 0
+    assert rows["requeue (USR2) -> resumed step"]["value"] == best["requeue_to_resumed_step"] > 0
+    parts = ("signal_to_checkpoint", "checkpoint_to_requeued", "requeued_to_running", "resume_startup")
+    assert sum(best[p] for p in parts) == pytest.approx(best["requeue_to_resumed_step"])
+    assert "sbatch -> first training step" in stdout
