@@ -44,7 +44,7 @@ from common.model.sizing import meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
 from common.distributed.precision import CUDA_GRAPH_MODES, autocast, resolve_precision, use_tf32  # noqa: E402
 
-__all__ = ["main", "run_case"]
+__all__ = ["main", "open_device", "run_case"]
 
 # --sdpa: one attention kernel forced, to compare with the one torch picks
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -101,6 +101,19 @@ def _fits(cfg: Config, device: torch.device, batch: int) -> bool:
         step = None  # noqa: F841 (free the model before the next try)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def open_device(script: str, device: str, threads: Optional[int]) -> Optional[tuple[torch.device, str]]:
+    """The device a GPU bench runs on ("cuda" or "cpu") and its name, with TF32 as training sets
+    it; None, after a note, where torch sees no CUDA GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: no CUDA GPU visible to torch (run `marketgpt doctor`); nothing measured")
+        return None
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    if threads:
+        torch.set_num_threads(threads)
+    use_tf32(dev)
+    return dev, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def largest_batch(cfg: Config, device: torch.device, start: int, limit: int) -> int:
@@ -178,14 +191,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="force one attention backend (default: torch picks)")
     ap.add_argument("--profile", type=Path, default=None, help="folder for a torch.profiler summary per run")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_gpu: no CUDA GPU visible to torch (run `marketgpt doctor`); nothing measured")
+    opened = open_device("bench_gpu", args.device, args.threads)
+    if opened is None:
         return 2
-    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    use_tf32(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    device, name = opened
     peak = device_peak_flops(device, args.peak_flops)
     steps, warmup = (2, 1) if args.smoke else (args.steps, args.warmup)
     compiles = {"both": [False, True], "on": [True], "off": [False]}[args.compile]

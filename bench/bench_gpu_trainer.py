@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
-from bench_gpu import SMOKE, run_case  # noqa: E402
+from bench_gpu import SMOKE, open_device, run_case  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
-from common.distributed.precision import choose_compile_mode, use_tf32  # noqa: E402
+from common.distributed.precision import choose_compile_mode  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
 from common.training.batches import TokenWindows, build_windows  # noqa: E402
@@ -154,14 +154,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="toy model sizes and 3 steps: checks the command only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every case")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_gpu_trainer: no CUDA GPU visible to torch (run `marketgpt doctor`); nothing measured")
+    opened = open_device("bench_gpu_trainer", args.device, args.threads)
+    if opened is None:
         return 2
-    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    use_tf32(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    device, name = opened
     peak = device_peak_flops(device, None)
     steps = 3 if args.smoke else args.steps
     mode, _ = choose_compile_mode(args.compile_mode, 1, False)

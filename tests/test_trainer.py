@@ -273,20 +273,26 @@ def test_timer_checkpoints_inside_epochs(tmp_path):
     assert json.loads((tmp_path / "training_log.json").read_text())["status"] == "running"
 
 
-def test_nan_loss_fails_with_the_step_and_is_never_saved_as_best(tmp_path):
-    tr = _trainer(tmp_path, grad_accum_steps=1)
+def _nan_loss_from(trainer: Trainer, first: int, until: float = math.inf) -> None:
+    """Training forwards `first`..`until` (1-based; one per optimizer step at grad_accum_steps 1)
+    return a NaN loss."""
     calls = {"n": 0}
-    real_forward = tr.model.forward
+    real_forward = trainer.model.forward
 
     def forward(*args, **kwargs):
         logits, loss = real_forward(*args, **kwargs)
-        if tr.model.training:
+        if trainer.model.training:
             calls["n"] += 1
-            if calls["n"] >= 9:  # optimizer step 9: epoch 2, step 3
+            if first <= calls["n"] <= until:
                 loss = loss * float("nan")
         return logits, loss
 
-    tr.model.forward = forward
+    trainer.model.forward = forward
+
+
+def test_nan_loss_fails_with_the_step_and_is_never_saved_as_best(tmp_path):
+    tr = _trainer(tmp_path, grad_accum_steps=1)
+    _nan_loss_from(tr, 9)  # optimizer step 9 (epoch 2, step 3) and every later one
     out = io.StringIO()
     tr.out = out
     assert tr.train() == "failed"
@@ -388,18 +394,7 @@ def test_reading_steps_late_serves_a_stop_signal_one_step_later(tmp_path, straig
 @pytest.mark.parametrize("fused", [False, True], ids=["cpu-adamw", "fused-adamw"])
 def test_reading_steps_late_never_applies_or_saves_a_nan_step(tmp_path, fused):
     tr = _late(_trainer(tmp_path, grad_accum_steps=1), fused=fused)
-    calls = {"n": 0}
-    real_forward = tr.model.forward
-
-    def forward(*args, **kwargs):
-        logits, loss = real_forward(*args, **kwargs)
-        if tr.model.training:
-            calls["n"] += 1
-            if calls["n"] == 9:  # optimizer step 9 alone: epoch 2, step 3
-                loss = loss * float("nan")
-        return logits, loss
-
-    tr.model.forward = forward
+    _nan_loss_from(tr, 9, until=9)  # optimizer step 9 alone: epoch 2, step 3
     assert tr.train() == "failed"
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["failed_step"] == 9 and "step 9 (epoch 2)" in log["error"]
