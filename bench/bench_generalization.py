@@ -81,9 +81,10 @@ SMALL_DATA = (
 )
 
 
-def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
+def split_scores(run_dir: Path, split: str, first_assets: int | None = None) -> dict[str, Any]:
     """Per-target NLL of the run's best model and of the baselines on `split` ("val" or "test"),
-    with each target's asset and candle position inside the split."""
+    with each target's asset and candle position inside the split; of the run's first
+    `first_assets` symbols only, when given (the baselines still fit on every asset's train split)."""
     import numpy as np
     import torch
 
@@ -102,6 +103,8 @@ def split_scores(run_dir: Path, split: str) -> dict[str, Any]:
     ai = json.loads((run_dir / "asset_info.json").read_text())
     ranges = {s: {"train": r["train"], "test": r[split]} for s, r in tokens.ranges.items()}
     data, train = eval_inputs(tokens.tokens, tokens.moves, ranges, tokens.features)
+    if first_assets is not None:
+        data = {s: data[s] for s in tokens.symbols[:first_assets] if s in data}
     data = {s: t for s, t in data.items() if len(t.tokens) > 1}
     best = load_checkpoint(run_dir / "best_model.pt", map_location="cpu")
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])

@@ -90,6 +90,7 @@ GRIDS: dict[str, list[tuple[str, str, int]]] = {
     "smoke": [("synthetic", "toy", 2_000)],
 }
 EVAL_PER_ASSET = 2_000  # synthetic: validation and test candles per asset at every token count
+NESTED_TRAIN = SAMPLE_TRAIN // 8  # --nested: training candles per asset (8 assets hold the smallest corpus)
 SYN_ASSETS = 8
 CONTEXT, BATCH = 64, 16
 
@@ -105,12 +106,17 @@ def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int])
     return min(steps, max_steps) if max_steps else steps
 
 
-def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS
-               ) -> list[str]:
-    """The data section of one point: the corpus, sized so the train split holds about `tokens` candles."""
+def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS,
+               nested: bool = False) -> list[str]:
+    """The data section of one point: the corpus, sized so the train split holds about `tokens`
+    candles. nested: every asset has NESTED_TRAIN training candles and the corpus grows by assets,
+    so a smaller corpus is the first assets of a larger one (asset i depends only on the seed, i
+    and the length: common/data/synthetic.py), and the first `assets` are the ones scored."""
     purge = CONTEXT
     if corpus == "synthetic":
-        per_asset = math.ceil(tokens / assets)
+        per_asset = NESTED_TRAIN if nested else math.ceil(tokens / assets)
+        if nested:
+            assets = max(assets, math.ceil(tokens / NESTED_TRAIN))
         eval_n = eval_per_asset + purge
         n = per_asset + 2 * eval_n
         spec = {"assets": assets, "candles": n, "categories": ["crypto"], "seasonality": 0.0, "gap_prob": 0.0,
@@ -125,7 +131,7 @@ def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, a
 
 def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = 1.0,
               min_steps: int = 200, max_steps: Optional[int] = 1000, keep: Optional[Path] = None,
-              smoke: bool = False) -> dict[str, Any]:
+              smoke: bool = False, nested: bool = False) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
     from common.evaluation.metrics import skill_interval
     from common.tokens.token_set import TokenSet, token_path
@@ -133,7 +139,7 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
     steps = _steps(tokens, passes, min_steps, max_steps)
     epochs = 10 if steps >= 10 else 1
     small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
-    sets = (_data_sets(corpus, tokens, **small) + _size_sets(size) + [
+    sets = (_data_sets(corpus, tokens, nested=nested, **small) + _size_sets(size) + [
         'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
         "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
         f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
@@ -154,14 +160,16 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
             "epochs_run": len(train_log["epochs"]), "val_losses": [e["val_loss"] for e in train_log["epochs"]],
             "wall_s": round(t.wall_s, 1), "loadavg_1m": [round(x, 2) for x in t.loadavg_1m], "overrides": sets,
         }
+        scored = (small or {}).get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
+        res["nested"], res["scored_assets"] = nested, scored
         for split in ("val", "test"):
-            s = split_scores(run_dir, split)
+            s = split_scores(run_dir, split, scored)
             out: dict[str, Any] = {"loss": {k: float(np.mean(s[k])) for k in ("model", "unigram", "markov1")},
                                    "targets": int(len(s["model"]))}
             out["skill_vs_unigram"] = skill_interval(s["model"], s["unigram"], s["position"], horizon=1, stride=1,
                                                      kind="diff", n_boot=1000)
             if corpus == "synthetic":
-                oracle = oracle_nll(run_dir, split, draws=10_000 if smoke else 100_000)
+                oracle = oracle_nll(run_dir, split, draws=10_000 if smoke else 100_000, assets=scored)
                 out["loss"]["oracle"] = oracle
                 gap = out["loss"]["unigram"] - oracle
                 out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
@@ -219,9 +227,11 @@ def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log
     return table
 
 
-def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000) -> float:
+def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000,
+               assets: Optional[int] = None) -> float:
     """The oracle's mean NLL of the split's targets (positions 1 .. n-1 of each asset's split, as
-    the model is scored) in the run's token space, for a data.source = "synthetic" run."""
+    the model is scored) in the run's token space, for a data.source = "synthetic" run; of the
+    first `assets` assets only, when given (--nested)."""
     from common.config import load_config
     from common.data.synthetic import generate_asset, synthetic_spec
     from common.special_tokens import NUM_SPECIAL_TOKENS
@@ -233,7 +243,7 @@ def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000)
     tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
     ts = TokenSet.load(token_path(run_dir))
     rhos, targets = [], []
-    for i in range(spec.assets):
+    for i in range(spec.assets if assets is None else min(assets, spec.assets)):
         asset = generate_asset(spec, i)
         symbol = asset.symbol
         toks = np.asarray(ts.tokens[symbol])
@@ -334,6 +344,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--grid", choices=tuple(GRIDS), default="cpu")
     p.add_argument("--points", help="corpus:size:tokens,... instead of --grid")
     p.add_argument("--smoke", action="store_true", help="the toy grid, few steps (seconds)")
+    p.add_argument("--nested", action="store_true",
+                   help="synthetic corpora grow by assets of one length, each a subset of the larger ones, "
+                        "all scored on the same first 8 assets (the design for a new grid; docs/scaling.md)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)")
@@ -367,7 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from common.atomic import atomic_write_json
     for corpus, size, tokens in points:
         r = run_point(corpus, size, tokens, device=a.device, passes=a.passes, min_steps=a.min_steps,
-                      max_steps=a.max_steps, smoke=a.smoke)
+                      max_steps=a.max_steps, smoke=a.smoke, nested=a.nested)
         doc["points"].append(r)
         doc["finished"] = _now()
         atomic_write_json(path, doc)

@@ -160,3 +160,26 @@ def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
     flat.write_text(json.dumps({"points": [point(s, n, d, 0.1) for s, n in sizes.items() for d in (4e4, 1e5)]}))
     assert bench_scaling.write_fit([flat], out=tmp_path / "none.json") == 0
     assert not (tmp_path / "none.json").exists()  # no dependence: no fit to advise with
+
+
+def test_nested_corpora_grow_by_assets_and_score_the_same_first_ones(tmp_path):
+    """--nested: a larger synthetic corpus holds a smaller one's assets unchanged (more assets of
+    one length), and every point is scored on the same first assets."""
+    from common.data.synthetic import generate_asset
+    from common.synthetic_spec import SyntheticSpec
+
+    def spec(tokens: int) -> SyntheticSpec:
+        (text,) = [s.split("=", 1)[1] for s in bench_scaling._data_sets("synthetic", tokens, nested=True)
+                   if s.startswith("data.synthetic=")]
+        d = json.loads(text)
+        return SyntheticSpec(**{**d, "categories": tuple(d["categories"])})
+
+    small, large = spec(bench_scaling.SAMPLE_TRAIN), spec(10 * bench_scaling.SAMPLE_TRAIN)
+    assert (small.assets, large.assets) == (8, 80) and small.candles == large.candles
+    assert generate_asset(small, 7).candles.equals(generate_asset(large, 7).candles)
+    # the smoke's sizes (300 test candles an asset, 2 scored): 3 assets trained, the first 2 scored
+    point = bench_scaling.run_point("synthetic", "toy", 3 * bench_scaling.NESTED_TRAIN, min_steps=4, max_steps=4,
+                                    smoke=True, nested=True)
+    assert point["nested"] and point["scored_assets"] == 2 and point["train_tokens"] > 2 * bench_scaling.NESTED_TRAIN
+    assert point["test"]["targets"] == 2 * 300 and 2 * 290 < point["val"]["targets"] <= 2 * 300  # not 3 assets
+    assert 0 < point["test"]["loss"]["oracle"] < point["test"]["loss"]["unigram"]
