@@ -346,8 +346,9 @@ class Trainer:
 
     def _settle(self, flight: _Flight) -> _Step:
         """Wait for a queued step's agreed sums, check them and record the step. A non-finite
-        step was applied to the weights in memory, but no checkpoint holds it: every checkpoint
-        is written after the steps before it were read (`_step_boundary`)."""
+        step was skipped (`_apply`) and stops the run here; reading a step late, the next one is
+        already applied in memory, but no checkpoint holds it: every checkpoint is written after
+        the steps before it were read (`_step_boundary`)."""
         t = self.cfg.training
         values, sig, timer_due = flight.agreement.get()
         loss_sum, correct, tokens = values[0], int(values[1]), int(values[2])  # the whole job's
