@@ -99,7 +99,8 @@ def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     if not reason:
         problem = compile_problem()
         state = (f"UNAVAILABLE, training falls back to eager: {problem}" if problem
-                 else "ready (Triton and a C compiler)")
+                 else "ready (Triton and a C compiler); training.compile_mode auto: CUDA graphs on one GPU, "
+                      "plain compile under DDP")
         print(f"torch.compile (training.compile, on in the case configs): {state}", file=out)
     seen = [f"{k}={os.environ[k]}" for k in SLURM_VARIABLES if k in os.environ]
     print("Slurm and launcher variables: " + (" ".join(seen) if seen else "none (not inside a Slurm job)"), file=out)
