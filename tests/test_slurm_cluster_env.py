@@ -34,7 +34,7 @@ from common.config import load_config
 from common.cluster.submit import executor_parameters
 
 params = executor_parameters(load_config("case_c_crypto/configs/crypto_prototype.json").slurm)
-params["time"] = 5
+params["time"] = 30  # minutes: the USR2 warning (10 min before the limit) must not come during the job
 executor = submitit.SlurmExecutor(folder=sys.argv[1])
 executor.update_parameters(**params)
 job = executor.submit(os.system, 'echo "task $SLURM_PROCID: ${{{PROBE}:-unset}}" >> ' + sys.argv[2])
