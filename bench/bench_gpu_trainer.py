@@ -16,13 +16,14 @@ Target (issue 28): the Trainer within 3% of the bench (Trainer / bench >= 0.97).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -64,6 +65,16 @@ def _rate(tr: Trainer, t0_seen: float, t0_seconds: float) -> float:
     return (tr.sums["seen"] - t0_seen) * tr.world_size / max(tr.sums["seconds"] - t0_seconds, 1e-9)
 
 
+@contextlib.contextmanager
+def _no_checkpoint(tr: Trainer) -> Iterator[None]:
+    """The checkpoint `stop_after_steps` writes is no training step: leave it out while measuring."""
+    save, tr._save = tr._save, lambda name: None
+    try:
+        yield
+    finally:
+        tr._save = save
+
+
 def _busy_share(tr: Trainer, steps: int, device: torch.device) -> Optional[float]:
     """Kernel time over wall time across `steps` more Trainer steps under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -71,15 +82,11 @@ def _busy_share(tr: Trainer, steps: int, device: torch.device) -> Optional[float
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
-    save, tr._save = tr._save, lambda name: None  # the checkpoint at the stop is no training step
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            t0 = time.perf_counter()
-            tr.train(stop_after_steps=tr.global_step + steps)
-            torch.cuda.synchronize(device)
-            wall = time.perf_counter() - t0
-    finally:
-        tr._save = save
+    with _no_checkpoint(tr), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        tr.train(stop_after_steps=tr.global_step + steps)
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
     kernels = sum(e.self_device_time_total for e in prof.key_averages()
                   if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
     return kernels / wall
@@ -94,24 +101,20 @@ def _syncs(tr: Trainer, steps: int, device: torch.device) -> Optional[dict[str, 
     if device.type != "cuda":
         return None
     found: list[str] = []
-    save, tr._save = tr._save, lambda name: None  # the checkpoint at the stop reads the device by design
 
     def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:  # the message and our frames
         frames = [f"{Path(f.filename).name}:{f.lineno}" for f in reversed(traceback.extract_stack(limit=14)[:-1])
                   if "/common/" in f.filename]
         found.append(f"{message}".splitlines()[0][:120] + " | " + " <- ".join(frames))
 
-    try:
-        with warnings.catch_warnings():  # restores showwarning after
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                tr.train(stop_after_steps=tr.global_step + steps)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        tr._save = save
+    with _no_checkpoint(tr), warnings.catch_warnings():  # restores showwarning after
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            tr.train(stop_after_steps=tr.global_step + steps)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     return {"steps": steps, "count": len(found), "first": found[:8]}
 
 

@@ -160,7 +160,7 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
             "epochs_run": len(train_log["epochs"]), "val_losses": [e["val_loss"] for e in train_log["epochs"]],
             "wall_s": round(t.wall_s, 1), "loadavg_1m": [round(x, 2) for x in t.loadavg_1m], "overrides": sets,
         }
-        scored = (small or {}).get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
+        scored = small.get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
         res["nested"], res["scored_assets"] = nested, scored
         for split in ("val", "test"):
             s = split_scores(run_dir, split, scored)

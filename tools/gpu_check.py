@@ -55,6 +55,12 @@ def _case(root: Path, name: str) -> Path:
     return Path(shutil.copy(CASE_C, case / "configs" / CASE_C.name))
 
 
+def _run_of(config: Path) -> Path:
+    """The one run folder a `_case` config trained."""
+    (run,) = (config.parent.parent / "checkpoints").glob(f"{config.stem}_*")
+    return run
+
+
 def _train(config: Path, sets: list[str], log: io.StringIO, **kw: Any) -> int:
     from common.commands.train import run_training
 
@@ -82,7 +88,7 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
     straight_config = _case(config.parent.parent.parent, "straight")
     straight_code = _train(straight_config, sets, io.StringIO(), num_gpus=num_gpus)
     (out / "train.log").write_text(log.getvalue())
-    (run,) = (config.parent.parent / "checkpoints").glob("crypto_prototype_*")
+    run = _run_of(config)
     shutil.copy(run / "training_log.json", out / "training_log.json")
     tlog = json.loads((run / "training_log.json").read_text())
     epochs = tlog["epochs"]
@@ -92,8 +98,7 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
     if device == "cuda" and not all(e.get("mfu") and e.get("gpus") for e in epochs):
         problems.append("an epoch without mfu or gpus in training_log.json")
     # stopped and resumed against uninterrupted: equal to bf16 tolerance (GPU kernels need not be bit-exact)
-    (straight_run,) = (straight_config.parent.parent / "checkpoints").glob("crypto_prototype_*")
-    straight = json.loads((straight_run / "training_log.json").read_text())["epochs"]
+    straight = json.loads((_run_of(straight_config) / "training_log.json").read_text())["epochs"]
     worst = max((abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(epochs, straight) for k in ("train_loss", "val_loss")),
                 default=None)
     if straight_code != 0 or len(straight) != len(epochs) or worst is None or worst > LOSS_TOLERANCE:

@@ -146,19 +146,19 @@ def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]
     m, t = cfg.model, cfg.training
     mode, _ = choose_compile_mode(t.compile_mode, gpus, t.gradient_checkpointing)
     graphs = t.compile and mode in CUDA_GRAPH_MODES
-    how = "CUDA graphs" if graphs else "plain torch.compile"
+    how, col = ("CUDA graphs", 1) if graphs else ("plain torch.compile", 0)  # col: GPU_RATES' rate
     key = (m.d_model, m.num_layers, m.context_length)
     if key in GPU_RATES:
-        rate = GPU_RATES[key][1 if graphs else 0]
+        rate = GPU_RATES[key][col]
         label = f"{RATES_DEVICE} tokens/s measured for this shape on {RATES_DATE} ({how})"
     else:  # the measured shape nearest in FLOPs per token, at the same model FLOP/s
         near = min(GPU_RATES.values(), key=lambda r: abs(math.log(r[2] / flops_per_token)))
-        rate = near[1 if graphs else 0] * near[2] / flops_per_token
+        rate = near[col] * near[2] / flops_per_token
         label = f"estimate: the nearest measured {RATES_DEVICE} shape, scaled by FLOPs per token ({how})"
         # smaller than that shape: its tokens/s. The measured ones gain little from fewer FLOPs
         # (case C has 1/18 of case A's FLOPs per token and as many tokens/s): the host bounds them
         if flops_per_token < near[2]:
-            rate = near[1 if graphs else 0]
+            rate = near[col]
             label = (f"estimate: the tokens/s of the nearest, larger measured {RATES_DEVICE} shape "
                      f"(small models are launch-bound; {how})")
     peak = known_peak(cfg.slurm.gpu_type)
