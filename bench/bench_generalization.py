@@ -81,10 +81,12 @@ SMALL_DATA = (
 )
 
 
-def split_scores(run_dir: Path, split: str, first_assets: int | None = None) -> dict[str, Any]:
+def split_scores(run_dir: Path, split: str, first_assets: int | None = None,
+                 score_last: int | None = None) -> dict[str, Any]:
     """Per-target NLL of the run's best model and of the baselines on `split` ("val" or "test"),
     with each target's asset and candle position inside the split; of the run's first
-    `first_assets` symbols only, when given (the baselines still fit on every asset's train split)."""
+    `first_assets` symbols only, when given (the baselines still fit on every asset's train split);
+    score_last: the model at (nearly) its full context (token_scoring.split_windows)."""
     import numpy as np
     import torch
 
@@ -110,7 +112,7 @@ def split_scores(run_dir: Path, split: str, first_assets: int | None = None) -> 
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
     model.load_state_dict(best["model"])
     model.eval()
-    w = split_windows(data, cfg.model.context_length)
+    w = split_windows(data, cfg.model.context_length, score_last)
     cat = {rec["symbol"]: ai["categories"][rec["category"]] for rec in ai["assets"]}
     a_ids = np.array([ai["symbols"][s] for s in w.symbols], np.int64)
     c_ids = np.array([cat[s] for s in w.symbols], np.int64)

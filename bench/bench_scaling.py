@@ -6,11 +6,14 @@ the token skill against the train split's unigram with its paired block-bootstra
 (common.evaluation.metrics.skill_interval, as bench_generalization.py), and the best epoch.
 
 Corpora:
-- "synthetic": the synthetic market (common/data/synthetic.py; 8 assets, hourly, no seasonality,
-  no gaps), whose true process is known. Each point also reports the oracle's loss on the same
-  targets and the share of the gap between the unigram and the oracle that the model closes:
-  gap_closed = (L_unigram - L_model) / (L_unigram - L_oracle). Validation and test keep the same
-  size at every token count (2,000 candles per asset each), so points differ only in training data.
+- "synthetic": the synthetic market (common/data/synthetic.py; hourly, no seasonality, no gaps),
+  whose true process is known. Each point also reports the oracle's loss on the same targets and
+  the share of the gap between the unigram and the oracle that the model closes:
+  gap_closed = (L_unigram - L_model) / (L_unigram - L_oracle). Nested (the default): every asset
+  has NESTED_TRAIN training candles and 2,000 validation and 2,000 test candles, a corpus grows by
+  assets, so a smaller corpus is the first assets of a larger one, and every point is scored on
+  the same first 8 assets' candles (--no-nested: 8 assets whose length grows, another market at
+  each token count, as the grid of 2026-11-25).
 - "sample_1d", "sample_1h": the shipped sample's real candles at each interval it has; a token
   count below the whole sample's keeps its newest candles (a later data.start_date), so validation
   and test shrink with it.
@@ -28,13 +31,13 @@ from the candles alone: the gap closed is a conservative share.
 
 Training at every point: batch 16, context 64, learning rate by size (_LR), warmup 50, dropout
 0.1, weight decay 0.1, tokenizer.ret_bins 32 (256 candle ids), flat head, the train split's
-tokens in windows of stride 1 with data.epoch_stride 16. Steps = passes x D / (16 x 64) target
-tokens (--passes, default 1), at least --min-steps (200), at most --max-steps (1000), split into
-10 "epochs" (a validation each, early stopping after 4 without progress): up to 2e5 training
-tokens every point trains the same 200 steps (matched steps; the compute then grows with N only).
-Sizes come from SIZES.
+tokens in windows of stride 1 with data.epoch_stride 16. Each point trains to its best: the run
+is split into --epochs validations (40) and early stopping ends it after --patience (5) without
+progress; the budget (--passes x D / (16 x 64) steps, at least --min-steps, at most --max-steps:
+100, 200, 6,000) only ends a point that is still improving, which its record says
+("still_improving"). The cosine schedule spans the budget. Sizes come from SIZES.
 
-    python bench/bench_scaling.py                           # the default CPU grid (about an hour on 2 idle cores)
+    python bench/bench_scaling.py --jobs 2                  # the default CPU grid (about an hour on 2 idle cores)
     python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
     python bench/bench_scaling.py --device cuda --grid gpu  # the GPU grid; skipped with a note without a GPU
     python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000' --name more
@@ -55,7 +58,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -68,31 +71,36 @@ __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", 
 # name -> (d_model, num_layers, num_heads, d_ff); "26M" is case B's shape, "5.0M" case C's,
 # "0.9M" the quickstart's (docs/generalization.md). Parameter counts are measured per run.
 SIZES: dict[str, tuple[int, int, int, int]] = {
-    "toy": (16, 1, 2, 32), "0.2M": (64, 2, 2, 256), "0.9M": (128, 4, 4, 512),
+    "toy": (16, 1, 2, 32), "0.05M": (32, 2, 2, 128), "0.2M": (64, 2, 2, 256), "0.9M": (128, 4, 4, 512),
     "5.0M": (256, 6, 8, 1024), "26M": (512, 8, 8, 2048)}
-_LR = {"toy": 1e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
+_LR = {"toy": 1e-3, "0.05M": 3e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
-# name -> (corpus, size, training tokens) points. "cpu": meant for about an hour on 2 idle cores,
-# sizes above 1M only at small token counts (docs/scaling.md: under load 5 to 13 it needs about 5 hours).
+# name -> (corpus, size, training tokens) points, longest first (so two --jobs finish together).
+# "cpu": about an hour on 2 idle cores with --jobs 2 (docs/scaling.md), each point trained to its best.
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
-    # in order of what the study needs first (a partial grid keeps the points that finished)
-    "cpu": [("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
-            ("synthetic", "0.9M", 100_000), ("synthetic", "0.2M", 300_000), ("synthetic", "0.9M", 300_000),
-            ("sample_1d", "0.2M", SAMPLE_TRAIN), ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "5.0M", 100_000),
-            ("sample_1h", "0.2M", 5_500), ("sample_1h", "0.9M", 5_500), ("synthetic", "5.0M", SAMPLE_TRAIN),
-            ("sample_1d", "5.0M", SAMPLE_TRAIN), ("synthetic", "26M", 100_000), ("synthetic", "0.2M", 1_000_000),
-            ("synthetic", "0.9M", 1_000_000), ("synthetic", "5.0M", 300_000)],
-    "gpu": ([("synthetic", s, d) for s in ("0.2M", "0.9M", "5.0M", "26M")
-             for d in (SAMPLE_TRAIN, 100_000, 1_000_000, 10_000_000, 100_000_000)]
-            + [("sample_1d", s, SAMPLE_TRAIN) for s in ("0.2M", "0.9M", "5.0M", "26M")]
-            + [("sample_1h", s, 5_500) for s in ("0.2M", "0.9M", "5.0M", "26M")]),
-    "smoke": [("synthetic", "toy", 2_000)],
+    "cpu": [("synthetic", "0.9M", 300_000), ("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "0.9M", 100_000),
+            ("synthetic", "0.2M", 1_000_000), ("synthetic", "0.05M", 1_000_000), ("synthetic", "0.2M", 300_000),
+            ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
+            ("synthetic", "0.05M", 300_000), ("sample_1d", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN),
+            ("synthetic", "0.05M", 100_000), ("synthetic", "0.05M", SAMPLE_TRAIN), ("sample_1h", "0.9M", 5_500),
+            ("sample_1h", "0.2M", 5_500)],
+    "gpu": ([("synthetic", s, d) for s in ("26M", "5.0M", "0.9M", "0.2M")
+             for d in (100_000_000, 10_000_000, 1_000_000, 100_000, SAMPLE_TRAIN)]
+            + [("sample_1d", s, SAMPLE_TRAIN) for s in ("26M", "5.0M", "0.9M", "0.2M")]
+            + [("sample_1h", s, 5_500) for s in ("26M", "5.0M", "0.9M", "0.2M")]),
+    "smoke": [("synthetic", "toy", 2_000), ("synthetic", "toy", 10_000)],
 }
+# How long a point trains (the CLI's defaults): to its best. The run is split into EPOCHS
+# validations and early stopping ends it after PATIENCE without progress; the budget, PASSES over
+# the training tokens, at least MIN_STEPS and at most MAX_STEPS, only caps a point that is still
+# improving (its best epoch is then its last: reported as such).
+PASSES, MIN_STEPS, MAX_STEPS, EPOCHS, PATIENCE = 100.0, 200, 6000, 40, 5
 EVAL_PER_ASSET = 2_000  # synthetic: validation and test candles per asset at every token count
 NESTED_TRAIN = SAMPLE_TRAIN // 8  # --nested: training candles per asset (8 assets hold the smallest corpus)
 SYN_ASSETS = 8
 CONTEXT, BATCH = 64, 16
+PURGE = 64  # candles between the splits: fixed, so a --context check trains on the grid's own candles
 
 
 def _size_sets(size: str) -> list[str]:
@@ -101,8 +109,8 @@ def _size_sets(size: str) -> list[str]:
             f"training.learning_rate={_LR[size]}"]
 
 
-def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int]) -> int:
-    steps = max(min_steps, math.ceil(passes * tokens / (BATCH * CONTEXT)))
+def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int], context: int = CONTEXT) -> int:
+    steps = max(min_steps, math.ceil(passes * tokens / (BATCH * context)))
     return min(steps, max_steps) if max_steps else steps
 
 
@@ -112,7 +120,7 @@ def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, a
     candles. nested: every asset has NESTED_TRAIN training candles and the corpus grows by assets,
     so a smaller corpus is the first assets of a larger one (asset i depends only on the seed, i
     and the length: common/data/synthetic.py), and the first `assets` are the ones scored."""
-    purge = CONTEXT
+    purge = PURGE
     if corpus == "synthetic":
         per_asset = NESTED_TRAIN if nested else math.ceil(tokens / assets)
         if nested:
@@ -129,22 +137,23 @@ def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, a
     return ['data.source="sample"', f'data.interval="{interval}"']
 
 
-def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = 1.0,
-              min_steps: int = 200, max_steps: Optional[int] = 1000, keep: Optional[Path] = None,
-              smoke: bool = False, nested: bool = False) -> dict[str, Any]:
+def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = PASSES,
+              min_steps: int = MIN_STEPS, max_steps: Optional[int] = MAX_STEPS, keep: Optional[Path] = None,
+              smoke: bool = False, nested: bool = True, epochs: int = EPOCHS, patience: int = PATIENCE,
+              context: int = CONTEXT) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
     from common.evaluation.metrics import skill_interval
     from common.tokens.token_set import TokenSet, token_path
 
-    steps = _steps(tokens, passes, min_steps, max_steps)
-    epochs = 10 if steps >= 10 else 1
+    steps = _steps(tokens, passes, min_steps, max_steps, context)
+    epochs = epochs if steps >= epochs else 1
     small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
     sets = (_data_sets(corpus, tokens, nested=nested, **small) + _size_sets(size) + [
-        'experiment="scale"', "data.universe_counts={}", f"model.context_length={CONTEXT}", 'model.head="flat"',
+        'experiment="scale"', "data.universe_counts={}", f"model.context_length={context}", 'model.head="flat"',
         "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
         f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
         f"training.epochs={epochs}", f"training.max_steps_per_epoch={max(1, steps // epochs)}",
-        "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=100000",
+        f"training.early_stopping_patience={patience}", "training.scorecard_origins=0", "training.log_every_steps=100000",
         f'training.device="{device}"', "training.compile=false"])
     if corpus.startswith("sample"):
         sets += _sample_slice(corpus, tokens)
@@ -156,10 +165,12 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
             "train_tokens": int(sum(r["train"][1] - r["train"][0] for r in ts.ranges.values())),
             "parameters": _parameters(run_dir), "steps": train_log["epochs"][-1]["step"] if train_log["epochs"]
             and "step" in train_log["epochs"][-1] else steps, "planned_steps": steps,
-            "tokens_processed": steps * BATCH * CONTEXT, "best_epoch": train_log.get("best_epoch"),
-            "epochs_run": len(train_log["epochs"]), "val_losses": [e["val_loss"] for e in train_log["epochs"]],
+            "tokens_processed": steps * BATCH * context, "context": context, "best_epoch": train_log.get("best_epoch"),
+            "epochs_run": len(train_log["epochs"]),
+            "val_losses": [e["val_loss"] for e in train_log["epochs"]],
             "wall_s": round(t.wall_s, 1), "loadavg_1m": [round(x, 2) for x in t.loadavg_1m], "overrides": sets,
         }
+        res["still_improving"] = _still_improving(res)
         scored = small.get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
         res["nested"], res["scored_assets"] = nested, scored
         for split in ("val", "test"):
@@ -175,6 +186,16 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
                 out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
                 sk = out["skill_vs_unigram"]
                 out["gap_closed_ci95"] = [c / gap for c in sk["ci95"]] if gap > 0 else None
+            if split == "test":  # the same targets, each scored with at least 3/4 of the context
+                full = split_scores(run_dir, split, scored, score_last=max(1, context // 4))["model"]
+                out["full_context"] = {"model": float(np.mean(full)), "score_last": max(1, context // 4),
+                                       "skill_vs_unigram": skill_interval(full, s["unigram"], s["position"], horizon=1,
+                                                                          stride=1, kind="diff", n_boot=1000)}
+                if out.get("gap_closed") is not None:
+                    gap = out["loss"]["unigram"] - out["loss"]["oracle"]
+                    sk = out["full_context"]["skill_vs_unigram"]
+                    out["full_context"]["gap_closed"] = sk["value"] / gap
+                    out["full_context"]["gap_closed_ci95"] = [c / gap for c in sk["ci95"]]
             res[split] = out
         if keep is not None:
             shutil.copytree(run_dir, keep / f"{corpus}_{size}_{tokens}")
@@ -344,15 +365,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--grid", choices=tuple(GRIDS), default="cpu")
     p.add_argument("--points", help="corpus:size:tokens,... instead of --grid")
     p.add_argument("--smoke", action="store_true", help="the toy grid, few steps (seconds)")
-    p.add_argument("--nested", action="store_true",
-                   help="synthetic corpora grow by assets of one length, each a subset of the larger ones, "
-                        "all scored on the same first 8 assets (the design for a new grid; docs/scaling.md)")
+    p.add_argument("--nested", action=argparse.BooleanOptionalAction, default=True,
+                   help="synthetic corpora grow by assets of one length, each a subset of the larger ones, all "
+                        "scored on the same first 8 assets (default); --no-nested: each token count is its own "
+                        "market of 8 assets (the grid of 2026-11-25)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)")
-    p.add_argument("--passes", type=float, default=1.0, help="target tokens trained = passes x training tokens")
-    p.add_argument("--min-steps", type=int, default=200)
-    p.add_argument("--max-steps", type=int, default=1000)
+    p.add_argument("--jobs", type=int, default=1, help="points trained at once, each in its own process")
+    p.add_argument("--passes", type=float, default=PASSES, help="budget: at most passes x training tokens trained")
+    p.add_argument("--min-steps", type=int, default=MIN_STEPS)
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS)
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="validations in a point's run (its steps split evenly)")
+    p.add_argument("--context", type=int, default=CONTEXT, help="model.context_length of every point")
+    p.add_argument("--patience", type=int, default=PATIENCE,
+                   help="early stopping after this many validations without progress")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<cpu|gpu>)")
     p.add_argument("--fit", nargs="+", type=Path, metavar="RESULTS.json",
                    help="fit the synthetic points of these results and write common/model/scaling_fit.json")
@@ -378,9 +405,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                                                  else sys.argv[1:]),
                            "machine": f"{os.cpu_count()} vCPU, {_cpu_name()}", "started": _now(), "points": []}
     from common.atomic import atomic_write_json
-    for corpus, size, tokens in points:
-        r = run_point(corpus, size, tokens, device=a.device, passes=a.passes, min_steps=a.min_steps,
-                      max_steps=a.max_steps, smoke=a.smoke, nested=a.nested)
+    kw = dict(device=a.device, passes=a.passes, min_steps=a.min_steps, max_steps=a.max_steps, smoke=a.smoke,
+              nested=a.nested, epochs=a.epochs, patience=a.patience, context=a.context)
+    for r in _run_points(points, a.jobs, a.threads, kw):
         doc["points"].append(r)
         doc["finished"] = _now()
         atomic_write_json(path, doc)
@@ -388,6 +415,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plot(doc["points"], path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
+
+
+def _run_points(points: Sequence[tuple[str, str, int]], jobs: int, threads: int,
+                kw: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each point's record as it finishes: in this process one after another, or in `jobs`
+    worker processes (spawned, `threads` torch threads each) in the order they finish."""
+    if jobs <= 1:
+        for point in points:
+            yield run_point(*point, **kw)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                             initargs=(threads,)) as pool:
+        for done in as_completed([pool.submit(run_point, *point, **kw) for point in points]):
+            yield done.result()
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+    torch.set_num_threads(threads)
 
 
 # training candles of the seed's cases today (docs/plan figures) and of larger corpora
@@ -403,18 +452,22 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
 
     every = [r for path in results for r in json.loads(path.read_text())["points"] if r["size"] != "toy"]
     plot(every, results[0].with_name("scaling_all.png"))
-    print("| corpus | size | parameters | training tokens | steps | best epoch | val loss | test loss | test unigram | "
+    print("| corpus | size | parameters | training tokens | steps | best epoch / run | val loss | test loss | test unigram | "
           "test oracle | test skill vs unigram [95%] | gap closed [95%] | wall |\n|" + "---|" * 13)
     for r in sorted(every, key=lambda r: (r["corpus"] != "synthetic", r["corpus"], r["parameters"], r["train_tokens"])):
         t = r["test"]
         sk, gap = t["skill_vs_unigram"], t.get("gap_closed")
         oracle = f"{t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "–"
         closed = f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "–"
-        print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['planned_steps']} | "
-              f"{r['best_epoch']} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
+        print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['steps']} | "
+              f"{r['best_epoch']} / {r['epochs_run']}{' (still improving)' if _still_improving(r) else ''} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
               f"{t['loss']['unigram']:.4f} | {oracle} | {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
               f"{closed} | {r['wall_s']:.0f} s |")
-    pts = [r for r in every if r["corpus"] == "synthetic"]
+    # the form describes each (N, D) trained to its best: a point the budget stopped while it was
+    # still improving is only an upper bound on its loss, shown against the fit but not fitted
+    syn = [r for r in every if r["corpus"] == "synthetic"]
+    pts = [r for r in syn if not _still_improving(r)]
+    capped = [r for r in syn if _still_improving(r)]
     n = [r["parameters"] for r in pts]
     d = [r["train_tokens"] for r in pts]
     excess = [r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"] for r in pts]
@@ -423,8 +476,12 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
                      at_tokens=list(CASE_TOKENS.values()))
     print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
           + f"; rmse {fit.rmse:.4f} nats over {fit.points} points")
-    for r, e in zip(pts, excess):
-        print(f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, fit {fit.loss(r['parameters'], r['train_tokens']):.4f}")
+    print("  bootstrap 95% (200 resamples of the points): " + ", ".join(
+        f"{k} [{fit.bootstrap[k][0]:.3g}, {fit.bootstrap[k][2]:.3g}]" for k in ("E", *fit.terms, *(t.lower() for t in fit.terms))))
+    for r in pts + capped:
+        e = r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"]
+        print(f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, fit {fit.loss(r['parameters'], r['train_tokens']):.4f}"
+              + ("  (still improving when its budget ended: an upper bound, not fitted)" if r in capped else ""))
     for name, tokens in CASE_TOKENS.items():
         opt = fit.optimal_parameters(tokens)
         print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
@@ -436,6 +493,15 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
     atomic_write_json(out or FIT_FILE, fit.to_dict())
     print(f"wrote {out or FIT_FILE}")
     return 0
+
+
+def _still_improving(r: dict[str, Any]) -> bool:
+    """The budget, not early stopping, ended the point's run: it ran every epoch and its best came
+    within the last `patience` of them, so it may have improved further (not at its best)."""
+    sets = dict(s.split("=", 1) for s in r.get("overrides", []))
+    epochs = int(sets.get("training.epochs", r["epochs_run"]))
+    patience = int(sets.get("training.early_stopping_patience", 1))
+    return r["epochs_run"] >= epochs and r["best_epoch"] > r["epochs_run"] - patience
 
 
 def _now() -> str:

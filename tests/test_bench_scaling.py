@@ -22,9 +22,13 @@ TRUE = {"E": 0.02, "A": 0.01, "a": 0.5, "B": 0.005, "b": 0.35, "C": 0.003, "c": 
 
 
 def test_smoke_grid_writes_points_with_the_gap_to_the_oracle_and_a_png(tmp_path):
-    assert bench_scaling.main(["--smoke", "--out", str(tmp_path)]) == 0
+    # two points in two worker processes (--jobs): a corpus of 2 assets and a larger one of 3
+    assert bench_scaling.main(["--smoke", "--jobs", "2", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "scaling_smoke.json").read_text())
-    (point,) = doc["points"]
+    assert len(doc["points"]) == 2
+    point, larger = sorted(doc["points"], key=lambda r: r["train_tokens"])
+    assert larger["train_tokens"] > point["train_tokens"] and larger["scored_assets"] == point["scored_assets"] == 2
+    assert larger["test"]["loss"]["oracle"] == pytest.approx(point["test"]["loss"]["oracle"], abs=0.05)  # same candles
     test = point["test"]
     loss = test["loss"]
     assert loss["oracle"] < loss["unigram"]  # the true distribution beats the train split's token frequencies
@@ -144,17 +148,20 @@ def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
     def point(size, n, d, excess):
         loss = {"model": 4.8 + excess, "unigram": 5.0, "oracle": 4.8}
         split = {"loss": loss, "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
-                 "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [0.0, 1.0]}
-        return {"corpus": "synthetic", "size": size, "parameters": n, "train_tokens": d, "planned_steps": 200,
-                "best_epoch": 10, "wall_s": 1.0, "val": split, "test": split}
+                 "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [(0.1 - excess) / 0.2, (0.3 - excess) / 0.2]}
+        return {"corpus": "synthetic", "size": size, "parameters": n, "train_tokens": d, "planned_steps": 200, "steps": 200,
+                "best_epoch": 10, "epochs_run": 14, "wall_s": 1.0, "val": split, "test": split}
 
     sizes = {"0.2M": 1.7e5, "0.9M": 9.3e5, "5.0M": 5.0e6, "26M": 2.6e7}
     grid = [point(s, n, d, 0.05 + 0.02 * (n / 1e6) ** -0.5) for s, n in sizes.items() for d in (4e4, 1e5, 3e5)]
+    # a point the budget stopped while still improving is an upper bound: left out of the fit
+    grid.append({**point("26M", 2.6e7, 1e6, 0.5), "best_epoch": 40, "epochs_run": 40})
     results = tmp_path / "grid.json"
     results.write_text(json.dumps({"points": grid}))
     assert bench_scaling.write_fit([results], out=tmp_path / "fit.json") == 0
     fit = ScalingFit.from_dict(json.loads((tmp_path / "fit.json").read_text()))
     assert "A" in fit.terms and fit.loss(2.6e7, 1e5) < fit.loss(1.7e5, 1e5)  # bigger is better, as made
+    assert fit.points == 12
     assert (tmp_path / "scaling_all.png").is_file()
     flat = tmp_path / "flat.json"
     flat.write_text(json.dumps({"points": [point(s, n, d, 0.1) for s, n in sizes.items() for d in (4e4, 1e5)]}))

@@ -467,3 +467,24 @@ def test_token_skill_is_null_when_a_target_had_probability_zero():
     r = run({"A": split([3, 4, 5, 3, 4])}, model=FixedModel(probs), context_length=4)
     assert r["token_skill"]["unigram"] is None and r["token_skill"]["markov1"] is None
     json.dumps(r["token_skill"], allow_nan=False)  # no NaN or infinity
+
+
+def test_split_windows_at_full_context_score_every_target_once():
+    """score_last=k: overlapping windows, every target scored once, each after the first window
+    with at least T - k + 1 tokens of context; the default windows do not overlap."""
+    from common.evaluation.token_scoring import SplitTokens, split_windows
+    from common.special_tokens import PAD_TOKEN
+
+    for n in (1, 2, 16, 17, 40, 65, 129):
+        toks = np.arange(n) + 10
+        for T, k in ((16, 4), (16, 16), (16, 1), (8, 3), (16, None)):
+            w = split_windows({"a": SplitTokens(toks, np.zeros(n))}, T, score_last=k)
+            scored = w.y != PAD_TOKEN
+            assert list(w.y[scored]) == list(toks[1:]), (n, T, k)
+            context = np.broadcast_to(np.arange(1, T + 1), w.y.shape)[scored]
+            if k is not None:
+                assert (context[T:] >= T - k + 1).all()
+            elif n > T + 1:
+                assert context[T] == 1  # a new window starts with no context
+    with pytest.raises(ValueError):
+        split_windows({"a": SplitTokens(np.arange(5), np.zeros(5))}, 4, score_last=5)

@@ -93,7 +93,8 @@ def scaling_suggestion(cfg: Config, plan: Plan) -> Optional[str]:
         return None
     d = plan.data
     choice = best_shape(cfg, d.candles["train"], fit, d.assets or None, d.categories or None)
-    return (f"Scaling fit (docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
+    fitted_on = fit.source.split(";")[0] or "bench_scaling.py"  # e.g. "synthetic market, test loss above the oracle"
+    return (f"Scaling fit ({fitted_on}; docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
             f"{choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; this config: "
             f"{plan.parameters:,}); --set model.size=auto trains that shape"
             + (" (extrapolated beyond the token counts it was fitted on)" if not fit.in_range(d.candles["train"]) else ""))

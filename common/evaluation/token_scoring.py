@@ -113,14 +113,24 @@ class Windows:
     features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
 
 
-def split_windows(test: Mapping[str, SplitTokens], context_length: int) -> Windows:
+def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_last: Optional[int] = None) -> Windows:
+    """Every target once, in windows of T = context_length. By default the windows do not overlap,
+    so a target sees 1 to T tokens of context (T/2 on average). score_last=k: a window starts
+    every k tokens and scores only its last k targets (the first window all T), so every target
+    after the first T sees at least T - k + 1 tokens: the model's skill at its full context, at
+    about T/k times the cost."""
     T = context_length
+    step = T if score_last is None else score_last
+    if not 1 <= step <= T:
+        raise ValueError(f"score_last must be in [1, {T}], got {score_last}")
     xs, ys, ms, owner, first, fs = [], [], [], [], [], []
     symbols = list(test)
     for a, symbol in enumerate(symbols):
         toks, moves = test[symbol].tokens, test[symbol].moves
         n = len(toks)
         starts = np.arange(0, max(n - 1, 0), T)  # windows [s, s + T] share their boundary token
+        if step < T:  # overlapping: after the first window, each adds the step targets after the last one scored
+            starts = np.concatenate([[0], np.arange(step, max(n - T, 0) + step, step)]) if n > 1 else starts[:0]
         if len(starts) == 0:
             continue
         # pad the tail so every window has T + 1 tokens; the padding is a PAD target, ignored
@@ -129,7 +139,10 @@ def split_windows(test: Mapping[str, SplitTokens], context_length: int) -> Windo
         idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1)
         chunk = padded[idx]
         xs.append(chunk[:, :-1])
-        ys.append(chunk[:, 1:])
+        y = chunk[:, 1:].copy()
+        if step < T:
+            y[1:, :T - step] = PAD_TOKEN  # scored by an earlier window, with less context
+        ys.append(y)
         ms.append(padded_moves[idx][:, 1:])
         if test[symbol].features is not None:
             fs.append(np.concatenate([test[symbol].features, np.zeros((T, 3), np.int64)])[idx][:, :-1])

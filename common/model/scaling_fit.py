@@ -103,7 +103,9 @@ def _fit_terms(terms: Sequence[str], n: np.ndarray, d: np.ndarray, y: np.ndarray
     beta = np.linalg.solve(XtX, (X.transpose(0, 2, 1) @ y)[..., None])[..., 0]
     rss = ((X @ beta[..., None])[..., 0] - y) ** 2
     rss = rss.sum(axis=1)
-    rss[(beta[:, 1:] < 0).any(axis=1)] = np.inf  # a term with a negative coefficient is no such term
+    # a term with a negative coefficient is no such term; E < 0 would be a loss below the floor
+    # (the fitted losses are above the oracle's, which no forecaster beats)
+    rss[(beta < 0).any(axis=1)] = np.inf
     best = int(np.argmin(rss))
     coef = {"E": float(beta[best, 0]), "A": 0.0, "a": 0.0, "B": 0.0, "b": 0.0, "C": 0.0, "c": 0.0}
     for j, t in enumerate(terms):
