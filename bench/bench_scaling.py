@@ -18,16 +18,11 @@ Corpora:
   count below the whole sample's keeps its newest candles (a later data.start_date), so validation
   and test shrink with it.
 
-The oracle (`oracle_table`, `oracle_nll`): with drift 0, a candle's token is (move bin of r/s_e,
-shape bin of log(high/low)/s_e), s_e being the tokenizer's EWMA volatility of the past returns,
-and the generator makes r = s z and log(high/low) = s (|z - 0.1 n1| + 0.5 |n2| + 0.5 |n3|)
-(z Student-t(nu), n_i N(0, 1); _ohlcv in synthetic.py), where s is the true scale of the candle
-(GARCH and regime, the truth frame's sigma). So the token's true distribution depends on one
-number, rho = s / s_e: it is tabulated by Monte Carlo (100,000 draws of (z, n1, n2, n3) per rho on
-a log grid of 100 points over the rhos seen; add-0.5 smoothing; linear interpolation in log rho)
-and binned with the run's own tokenizer edges. Like synthetic.py's oracle it knows the latent
-regime of the next candle, so its loss is a floor slightly below the best a forecaster can reach
-from the candles alone: the gap closed is a conservative share.
+The floors (bench/scaling_floors.py): the oracle's loss, which knows the latent regime and the
+exact variance of the next candle (no forecaster reaches it), and the loss of a Kim filter that
+knows the generator's parameters but sees only the asset's past candles ("filter") or only their
+tokens, as the model does ("filter_tokens"): a forecaster can reach those. Each synthetic point's
+test split reports all three, and the share of the gap each filter closes.
 
 Training at every point: batch 16, context 64, learning rate by size (_LR), warmup 50, dropout
 0.1, weight decay 0.1, tokenizer.ret_bins 32 (256 candle ids), flat head, the train split's
@@ -37,7 +32,7 @@ progress; the budget (--passes x D / (16 x 64) steps, at least --min-steps, at m
 100, 200, 6,000) only ends a point that is still improving, which its record says
 ("still_improving"). The cosine schedule spans the budget. Sizes come from SIZES.
 
-    python bench/bench_scaling.py --jobs 2                  # the default CPU grid (about an hour on 2 idle cores)
+    python bench/bench_scaling.py --jobs 2                  # the default CPU grid (38 minutes on 2 idle cores)
     python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
     python bench/bench_scaling.py --device cuda --grid gpu  # the GPU grid; skipped with a note without a GPU
     python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000' --name more
@@ -65,6 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
 from bench_generalization import split_scores, trained_case_c  # noqa: E402
+from scaling_floors import filter_nll, oracle_nll, oracle_probs, oracle_table  # noqa: E402,F401  (this module's API)
 
 __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", "main"]
 
@@ -77,7 +73,7 @@ _LR = {"toy": 1e-3, "0.05M": 3e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
 # name -> (corpus, size, training tokens) points, longest first (so two --jobs finish together).
-# "cpu": about an hour on 2 idle cores with --jobs 2 (docs/scaling.md), each point trained to its best.
+# "cpu": each point trained to its best; 38 minutes on 2 idle cores with --jobs 2 (docs/scaling.md).
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
     "cpu": [("synthetic", "0.9M", 300_000), ("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "0.9M", 100_000),
             ("synthetic", "0.2M", 1_000_000), ("synthetic", "0.05M", 1_000_000), ("synthetic", "0.2M", 300_000),
@@ -186,6 +182,11 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
                 out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
                 sk = out["skill_vs_unigram"]
                 out["gap_closed_ci95"] = [c / gap for c in sk["ci95"]] if gap > 0 else None
+                if split == "test":  # what a forecaster of the past candles (or of their tokens) reaches
+                    for sees, key in (("candles", "filter"), ("tokens", "filter_tokens")):
+                        out["loss"][key] = filter_nll(run_dir, split, draws=10_000 if smoke else 100_000,
+                                                      assets=scored, sees=sees)
+                        out[f"{key}_gap_closed"] = (out["loss"]["unigram"] - out["loss"][key]) / gap if gap > 0 else None
             if split == "test":  # the same targets, each scored with at least 3/4 of the context
                 full = split_scores(run_dir, split, scored, score_last=max(1, context // 4))["model"]
                 out["full_context"] = {"model": float(np.mean(full)), "score_last": max(1, context // 4),
@@ -226,84 +227,13 @@ def _sample_slice(corpus: str, tokens: int) -> list[str]:
     return [f'data.start_date="{start}"']
 
 
-# --------------------------------------------------------------------------- the oracle
-
-
-def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray,
-                 draws: int = 100_000, seed: int = 0) -> np.ndarray:
-    """(len(log_rho), move_bins * shape_bins) probabilities of each candle token (move bin x
-    shape bin) at each rho = s / s_e, by Monte Carlo (module docstring), add-0.5 smoothed."""
-    rng = np.random.default_rng(seed)
-    z = rng.standard_t(nu, draws)
-    wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (np.abs(rng.standard_normal(draws))
-                                                                 + np.abs(rng.standard_normal(draws)))
-    n_shape = len(shape_edges) + 1
-    cells = (len(move_edges) + 1) * n_shape
-    table = np.empty((len(log_rho), cells))
-    for i, rho in enumerate(np.exp(log_rho)):
-        ids = np.searchsorted(move_edges, rho * z, side="right") * n_shape + np.searchsorted(shape_edges, rho * wide,
-                                                                                           side="right")
-        counts = np.bincount(ids, minlength=cells) + 0.5
-        table[i] = counts / counts.sum()
-    return table
-
-
-def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000,
-               assets: Optional[int] = None) -> float:
-    """The oracle's mean NLL of the split's targets (positions 1 .. n-1 of each asset's split, as
-    the model is scored) in the run's token space, for a data.source = "synthetic" run; of the
-    first `assets` assets only, when given (--nested)."""
-    from common.config import load_config
-    from common.data.synthetic import generate_asset, synthetic_spec
-    from common.special_tokens import NUM_SPECIAL_TOKENS
-    from common.tokens.token_set import TokenSet, token_path
-    from common.tokens.tokenizer import OHLCTokenizer
-
-    cfg = load_config(run_dir / "config.json")
-    spec = synthetic_spec(cfg)
-    tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
-    ts = TokenSet.load(token_path(run_dir))
-    rhos, targets = [], []
-    for i in range(spec.assets if assets is None else min(assets, spec.assets)):
-        asset = generate_asset(spec, i)
-        symbol = asset.symbol
-        toks = np.asarray(ts.tokens[symbol])
-        if len(toks) != len(asset.candles):
-            raise RuntimeError(f"{symbol}: {len(toks)} tokens for {len(asset.candles)} candles (rows dropped?)")
-        b, e = ts.ranges[symbol][split]
-        rows = np.arange(b + 1, e)  # the scored targets
-        log_close = np.log(asset.candles["close"].to_numpy())
-        r = log_close[rows] - log_close[rows - 1]
-        s = asset.truth["sigma"].to_numpy()[rows - 1]  # truth at t: the scale of candle t + 1
-        move_z = np.asarray(ts.moves[symbol])[rows]
-        rhos.append(s * move_z / r)  # s / s_e, with s_e = r / move_z
-        targets.append(toks[rows].astype(np.int64) - NUM_SPECIAL_TOKENS)
-    rho, y = np.concatenate(rhos), np.concatenate(targets)
-    if (y < 0).any():
-        raise RuntimeError("a scored target is a special token: the split starts inside the warm-up")
-    p = oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid, draws)
-    return float(np.mean(-np.log(p[np.arange(len(y)), y])))
-
-
-def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float,
-                 grid: int = 100, draws: int = 100_000) -> np.ndarray:
-    """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
-    the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
-    log_rho = np.log(rho)
-    knots = np.linspace(log_rho.min() - 1e-6, log_rho.max() + 1e-6, grid)
-    table = oracle_table(move_edges, shape_edges, nu, knots, draws)
-    pos = np.clip((log_rho - knots[0]) / (knots[1] - knots[0]), 0, grid - 1 - 1e-9)
-    k = pos.astype(np.int64)
-    w = (pos - k)[:, None]
-    return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
-
-
 # --------------------------------------------------------------------------- output
 
 
 def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     """One panel per corpus: gap closed (synthetic) or skill vs unigram (real) on test, against
-    training tokens, one line per size, with the 95% intervals as error bars."""
+    training tokens, one line per size, with the 95% intervals as error bars; a hollow marker is a
+    point still improving when its budget ended."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -325,7 +255,12 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
                 y = [r["test"]["skill_vs_unigram"]["value"] for r in pts]
                 ci = [r["test"]["skill_vs_unigram"]["ci95"] for r in pts]
             err = [[v - c[0] for v, c in zip(y, ci)], [c[1] - v for v, c in zip(y, ci)]]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)")
+            color = f"C{list(SIZES).index(size)}"  # one colour per size in every panel
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color,
+                        label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)")
+            open_ = [(xi, yi) for xi, yi, r in zip(x, y, pts) if _still_improving(r)]
+            if open_:  # hollow: the budget ended it while still improving (an upper bound on its loss)
+                ax.plot(*zip(*open_), "o", mfc="white", mec=color, zorder=3)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("training tokens (candles)")

@@ -3,6 +3,7 @@ token distribution of the synthetic market, the fit finds a known optimum, and m
 "auto" trains the fitted shape and says so in training_log.json."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -37,6 +38,9 @@ def test_smoke_grid_writes_points_with_the_gap_to_the_oracle_and_a_png(tmp_path)
     low, high = test["skill_vs_unigram"]["ci95"]
     assert low <= loss["unigram"] - loss["model"] <= high
     assert point["parameters"] > 0 and point["best_epoch"] >= 1 and point["train_tokens"] > 0
+    # the floors: a filter of the past candles reaches less than the oracle, and of their tokens less still
+    assert loss["oracle"] < loss["filter"] < loss["filter_tokens"] < loss["unigram"]
+    assert 0 < test["filter_tokens_gap_closed"] < test["filter_gap_closed"] < 1
     assert (tmp_path / "scaling_smoke.png").stat().st_size > 1000
 
 
@@ -190,3 +194,41 @@ def test_nested_corpora_grow_by_assets_and_score_the_same_first_ones(tmp_path):
     assert point["nested"] and point["scored_assets"] == 2 and point["train_tokens"] > 2 * bench_scaling.NESTED_TRAIN
     assert point["test"]["targets"] == 2 * 300 and 2 * 290 < point["val"]["targets"] <= 2 * 300  # not 3 assets
     assert 0 < point["test"]["loss"]["oracle"] < point["test"]["loss"]["unigram"]
+
+
+def test_the_committed_fit_loads_and_suggests_a_listed_shape():
+    """common/model/scaling_fit.json (written by bench_scaling.py --fit from the CPU grid) is a
+    fit that plan and model.size = "auto" can use: terms the points supported, a shape of SHAPES."""
+    from common.model.scaling_fit import load_fit
+
+    fit = load_fit()
+    assert fit is not None and fit.terms and set(fit.terms) <= {"A", "B", "C"} and fit.points >= 4
+    choice = best_shape(load_config(CASE_C), 1_090_000, fit, 20, 1)
+    assert (choice["d_model"], choice["num_layers"], choice["num_heads"], choice["d_ff"]) in SHAPES
+    assert "extrapolated" in choice["why"]  # case C's candles lie above the grid's largest corpus
+
+
+def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
+    """With stress_vol 1 the regimes are one, and the GARCH variance is a function of the past
+    returns: the Kim filter's scale of each candle converges to the generator's."""
+    import scaling_floors
+    from common.data.synthetic import generate_asset
+    from common.synthetic_spec import SyntheticSpec
+
+    spec = SyntheticSpec(assets=1, candles=3000, interval="1h", seasonality=0.0, gap_prob=0.0, stress_vol=1.0,
+                         categories=("crypto",))
+    asset = generate_asset(spec, 0)
+    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, scaling_floors._range_table(20_000))
+    weights, scales = scaling_floors.kim_filter(r2, loglik, spec)
+    truth = asset.truth["sigma"].to_numpy()[:-1]  # row t: the scale of candle t + 1
+    assert np.allclose(weights[2:].sum(axis=1), 1.0)
+    assert np.allclose(scales[1000:, 0], truth[999:], rtol=1e-3)
+    # with regimes, it cannot know them: its scale errs, but it still tracks the truth
+    stressed = dataclasses.replace(spec, stress_vol=2.0)
+    asset = generate_asset(stressed, 0)
+    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, scaling_floors._range_table(20_000))
+    weights, scales = scaling_floors.kim_filter(r2, loglik, stressed)
+    mean_scale = (weights * scales)[1000:].sum(axis=1)
+    truth = asset.truth["sigma"].to_numpy()[999:-1]
+    assert not np.allclose(mean_scale, truth, rtol=1e-3)
+    assert np.corrcoef(np.log(mean_scale), np.log(truth))[0, 1] > 0.8

@@ -1,0 +1,264 @@
+"""The two floors of the scaling study on the synthetic market: what the oracle and what a filter lose.
+
+The oracle (`oracle_table`, `oracle_probs`, `oracle_nll`): with drift 0, a candle's token is (move
+bin of r/s_e, shape bin of log(high/low)/s_e), s_e being the tokenizer's EWMA volatility of the
+past returns, and the generator makes r = s z and log(high/low) = s (|z - 0.1 n1| + 0.5 |n2| +
+0.5 |n3|) (z Student-t(nu), n_i N(0, 1); _ohlcv in common/data/synthetic.py), where s is the true
+scale of the candle (GARCH and regime, the truth frame's sigma). So the token's true distribution
+depends on one number, rho = s / s_e: it is tabulated by Monte Carlo (100,000 draws of (z, n1, n2,
+n3) per rho on a log grid of 100 points over the rhos seen; add-0.5 smoothing; linear
+interpolation in log rho) and binned with the run's own tokenizer edges. Like synthetic.py's
+oracle it knows the latent regime of the next candle and its exact GARCH variance, so its loss is
+a floor below the best a forecaster can reach from the candles.
+
+The filter (`filter_nll`): a forecaster that knows the generator's parameters but sees only the
+asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
+Kim filter (Kim 1994): the probability of each regime and, per regime, one variance (the mixture
+over the regime paths collapsed to its mean each candle, the filter's one approximation), updated
+by each candle's return (Student-t) and range (`_range_table`: the density of the range beyond
+|r| given |r| / s). Its forecast of the next token is the oracle's distribution mixed over the four
+(regime now, regime next) combinations. Its loss bounds the reachable floor from above: what a
+forecaster can do is somewhere between the oracle's loss and the filter's. (It ignores volume,
+which carries |e| in the generator, and the market factor, shared across assets: a model that read
+them could beat it.)
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+__all__ = ["filter_nll", "oracle_nll", "oracle_probs", "oracle_table"]
+
+
+def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray,
+                 draws: int = 100_000, seed: int = 0) -> np.ndarray:
+    """(len(log_rho), move_bins * shape_bins) probabilities of each candle token (move bin x
+    shape bin) at each rho = s / s_e, by Monte Carlo (module docstring), add-0.5 smoothed."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_t(nu, draws)
+    wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (np.abs(rng.standard_normal(draws))
+                                                                 + np.abs(rng.standard_normal(draws)))
+    n_shape = len(shape_edges) + 1
+    cells = (len(move_edges) + 1) * n_shape
+    table = np.empty((len(log_rho), cells))
+    for i, rho in enumerate(np.exp(log_rho)):
+        ids = np.searchsorted(move_edges, rho * z, side="right") * n_shape + np.searchsorted(shape_edges, rho * wide,
+                                                                                           side="right")
+        counts = np.bincount(ids, minlength=cells) + 0.5
+        table[i] = counts / counts.sum()
+    return table
+
+
+def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float,
+                 grid: int = 100, draws: int = 100_000) -> np.ndarray:
+    """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
+    the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
+    log_rho = np.log(rho)
+    knots = np.linspace(log_rho.min() - 1e-6, log_rho.max() + 1e-6, grid)
+    table = oracle_table(move_edges, shape_edges, nu, knots, draws)
+    pos = np.clip((log_rho - knots[0]) / (knots[1] - knots[0]), 0, grid - 1 - 1e-9)
+    k = pos.astype(np.int64)
+    w = (pos - k)[:, None]
+    return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
+
+
+def _scored(run_dir: Path, split: str, assets: Optional[int]) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """(spec, tokenizer, one dict per scored asset): the split's targets (positions 1 .. n-1 of
+    each asset's split, as the model is scored) with the asset's candles and truth, the rows of
+    the targets, the tokenizer's scale s_e of each and the target token (minus the specials)."""
+    from common.config import load_config
+    from common.data.synthetic import generate_asset, synthetic_spec
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+    from common.tokens.token_set import TokenSet, token_path
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    spec = synthetic_spec(load_config(run_dir / "config.json"))
+    tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
+    ts = TokenSet.load(token_path(run_dir))
+    out = []
+    for i in range(spec.assets if assets is None else min(assets, spec.assets)):
+        asset = generate_asset(spec, i)
+        toks = np.asarray(ts.tokens[asset.symbol])
+        if len(toks) != len(asset.candles):
+            raise RuntimeError(f"{asset.symbol}: {len(toks)} tokens for {len(asset.candles)} candles (rows dropped?)")
+        b, e = ts.ranges[asset.symbol][split]
+        rows = np.arange(b + 1, e)
+        log_close = np.log(asset.candles["close"].to_numpy())
+        r = log_close[rows] - log_close[rows - 1]
+        y = toks[rows].astype(np.int64) - NUM_SPECIAL_TOKENS
+        if (y < 0).any():
+            raise RuntimeError("a scored target is a special token: the split starts inside the warm-up")
+        out.append({"asset": asset, "rows": rows, "s_e": r / np.asarray(ts.moves[asset.symbol])[rows], "y": y})
+    return spec, tok, out
+
+
+def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000,
+               assets: Optional[int] = None) -> float:
+    """The oracle's mean NLL of the split's targets in the run's token space, for a data.source =
+    "synthetic" run; of the first `assets` assets only, when given (--nested)."""
+    spec, tok, scored = _scored(run_dir, split, assets)
+    # truth at t is the scale of candle t + 1
+    rho = np.concatenate([a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] / a["s_e"] for a in scored])
+    y = np.concatenate([a["y"] for a in scored])
+    p = oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid, draws)
+    return float(np.mean(-np.log(p[np.arange(len(y)), y])))
+
+
+# --------------------------------------------------------------------------- the filter
+
+
+_RANGE_A = np.linspace(0.0, 0.6, 13)  # |z| rows; beyond 0.6 the fold |z - 0.1 n| is |z| - 0.1 n sign(z)
+_RANGE_V = np.linspace(-0.6, 7.0, 761)  # bin edges of v = log(high/low) / s - |z|
+_LOG_FLOOR = math.log(1e-6)
+
+
+def _range_table(draws: int = 400_000, seed: int = 1) -> np.ndarray:
+    """(len(_RANGE_A), len(_RANGE_V) - 1) log densities of v = |z - 0.1 n1| - |z| + 0.5 (|n2| +
+    |n3|) at each |z| of _RANGE_A, by Monte Carlo histogram (floored at 1e-6)."""
+    rng = np.random.default_rng(seed)
+    n1, extra = rng.standard_normal(draws), 0.5 * (np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws)))
+    rows = [np.histogram(np.abs(a - 0.1 * n1) - a + extra, bins=_RANGE_V, density=True)[0] for a in _RANGE_A]
+    return np.log(np.maximum(np.array(rows), 1e-6))
+
+
+def _candle_loglik(r: float, w: float, sigma: np.ndarray, nu: float, table: np.ndarray) -> np.ndarray:
+    """log p(return r, log range w | scale sigma) for each sigma: Student-t(nu) for r, times the
+    range's density beyond |r| given |r| / sigma (the Jacobian 1 / sigma for each)."""
+    z = abs(r) / sigma
+    const = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
+    t = const - np.log(sigma) - (nu + 1) / 2 * np.log1p(z * z / nu)
+    row = np.minimum(np.rint(z / (_RANGE_A[1] - _RANGE_A[0])).astype(np.int64), len(_RANGE_A) - 1)
+    v = w / sigma - z
+    col = np.searchsorted(_RANGE_V, v, side="right") - 1
+    inside = (col >= 0) & (col < table.shape[1])
+    rng_ll = np.where(inside, table[row, np.clip(col, 0, table.shape[1] - 1)], _LOG_FLOOR)
+    return t + rng_ll - np.log(sigma)
+
+
+def kim_filter(r2: np.ndarray, loglik: Callable[[int, np.ndarray], np.ndarray], spec: Any
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The Kim filter over an asset's n candles. r2[t]: candle t's squared return as the filter
+    knows it (for the GARCH update); loglik(t, scales): log p(what it sees of candle t | each
+    scale). Returns, for each candle t >= 2, the forecast made after candle t - 1: (n, 4) weights
+    of the (regime now, regime next) pairs and (n, 4) candle t's scale under each (rows 0 and 1
+    unused; candle 0 only anchors the first return)."""
+    if spec.drift != 0 or spec.seasonality != 0 or spec.gap_prob != 0:
+        raise ValueError("the filter models drift 0, no seasonality and no gaps (the scaling study's market)")
+    from common.markets import INTERVAL_SECONDS
+
+    days = INTERVAL_SECONDS[spec.interval] / 86400
+    alpha, beta, nu = spec.garch_alpha, spec.garch_beta, spec.nu
+    omega = spec.daily_vol ** 2 * days * (1 - alpha - beta)
+    c = math.sqrt((nu - 2) / nu)
+    k = np.array([1.0, spec.stress_vol])
+    trans = np.array([[1 - spec.p_stress, spec.p_stress], [spec.p_calm, 1 - spec.p_calm]])
+    n = len(r2)
+    weights, scales = np.zeros((n, 4)), np.ones((n, 4))
+    prob = np.array([spec.p_calm, spec.p_stress]) / (spec.p_calm + spec.p_stress)  # stationary
+    h = np.full(2, spec.daily_vol ** 2 * days)  # the variance of candle 1 under each regime of candle 1
+    ll = loglik(1, k * np.sqrt(h) * c)  # candle 1 (the first return) updates the stationary prior
+    post = prob * np.exp(ll - ll.max())
+    prob = post / post.sum()
+    for t in range(2, n):
+        e2 = r2[t - 1] / (k * k * h)  # the unit shock of candle t - 1 under each regime i
+        h_next = omega + (alpha * e2 + beta) * h  # variance of candle t given regime i at t - 1
+        wij = (prob[:, None] * trans).ravel()  # (i, j) -> i * 2 + j
+        sij = (np.sqrt(h_next)[:, None] * k[None, :]).ravel() * c
+        weights[t], scales[t] = wij, sij
+        ll = loglik(t, sij)
+        post = wij * np.exp(ll - ll.max())
+        post = (post / post.sum()).reshape(2, 2)
+        prob = post.sum(axis=0)
+        h = (post * h_next[:, None]).sum(axis=0) / np.maximum(prob, 1e-300)  # collapse per regime j
+    return weights, scales
+
+
+def _candle_observer(candles: Any, nu: float, table: np.ndarray):
+    """(r2, loglik) of a filter that sees the candles: exact returns and ranges."""
+    log_close = np.log(candles["close"].to_numpy())
+    r = np.diff(log_close, prepend=log_close[0])
+    w = np.log(candles["high"].to_numpy() / candles["low"].to_numpy())
+    return r * r, lambda t, scales: _candle_loglik(r[t], w[t], scales, nu, table)
+
+
+def _token_observer(tokens: np.ndarray, s_e: np.ndarray, m2: np.ndarray, n_shape: int, knots: np.ndarray,
+                    log_table: np.ndarray):
+    """(r2, loglik) of a filter that sees what the model sees: each candle's token (its move and
+    shape bins) and the tokenizer's scale s_e. The GARCH update takes the move bin's mean squared
+    move (m2, from the training split) times s_e^2; the likelihood of a token is the oracle table's
+    at rho = scale / s_e (a warm-up candle, with no token, tells nothing)."""
+    real = (tokens >= 0) & np.isfinite(s_e) & (s_e > 0)
+    r2 = np.where(real, m2[np.clip(tokens // n_shape, 0, len(m2) - 1)] * np.where(real, s_e, 0.0) ** 2, 0.0)
+    step = knots[1] - knots[0]
+
+    def loglik(t: int, scales: np.ndarray) -> np.ndarray:
+        if not real[t]:
+            return np.zeros(len(scales))
+        pos = np.clip((np.log(scales / s_e[t]) - knots[0]) / step, 0, len(knots) - 1 - 1e-9)
+        i = pos.astype(np.int64)
+        f = pos - i
+        return (1 - f) * log_table[i, tokens[t]] + f * log_table[np.minimum(i + 1, len(knots) - 1), tokens[t]]
+
+    return r2, loglik
+
+
+def filter_nll(run_dir: Path, split: str, grid: int = 200, draws: int = 100_000,
+               assets: Optional[int] = None, sees: str = "candles") -> float:
+    """The filter's mean NLL (module docstring) of the same targets as oracle_nll; sees="candles"
+    (exact returns and ranges) or "tokens" (the model's inputs: the token of each candle)."""
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+    from common.tokens.token_set import TokenSet, token_path
+
+    spec, tok, scored = _scored(run_dir, split, assets)
+    move_edges, shape_edges = tok.move_binning.edges, tok.shape_binning.edges
+    n_shape = len(shape_edges) + 1
+    if sees == "candles":
+        table = _range_table()
+    elif sees == "tokens":
+        ts = TokenSet.load(token_path(run_dir))
+        knots = np.linspace(-3.0, 3.0, 241)  # log rho
+        log_table = np.log(oracle_table(move_edges, shape_edges, spec.nu, knots, draws))
+        m2 = _bin_mean_square(ts, [a["asset"].symbol for a in scored], move_edges)
+    else:
+        raise ValueError(f"sees must be 'candles' or 'tokens', not {sees!r}")
+    rho, mix, y = [], [], []
+    for a in scored:
+        asset = a["asset"]
+        if sees == "candles":
+            r2, loglik = _candle_observer(asset.candles, spec.nu, table)
+        else:
+            moves = np.asarray(ts.moves[asset.symbol])
+            log_close = np.log(asset.candles["close"].to_numpy())
+            r = np.diff(log_close, prepend=log_close[0])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                s_e = r / moves
+            tokens = np.asarray(ts.tokens[asset.symbol]).astype(np.int64) - NUM_SPECIAL_TOKENS
+            r2, loglik = _token_observer(tokens, s_e, m2, n_shape, knots, log_table)
+        weights, scales = kim_filter(r2, loglik, spec)
+        rows = a["rows"]
+        if rows.min() < 2:
+            raise RuntimeError("the filter forecasts from the third candle on")
+        rho.append(scales[rows] / a["s_e"][:, None])
+        mix.append(weights[rows])
+        y.append(a["y"])
+    rho_all, mix_all, y_all = np.concatenate(rho), np.concatenate(mix), np.concatenate(y)
+    p = oracle_probs(rho_all.ravel(), move_edges, shape_edges, spec.nu, grid, draws)
+    p = p.reshape(len(y_all), 4, -1)
+    p_target = (mix_all * p[np.arange(len(y_all)), :, y_all]).sum(axis=1)
+    return float(np.mean(-np.log(p_target)))
+
+
+def _bin_mean_square(ts: Any, symbols: list, move_edges: np.ndarray) -> np.ndarray:
+    """Mean squared normalized move of the training candles in each move bin (the token filter's
+    stand-in for a candle's exact move)."""
+    moves = np.concatenate([np.asarray(ts.moves[s])[slice(*ts.ranges[s]["train"])] for s in symbols])
+    moves = moves[np.isfinite(moves)]
+    bins = np.searchsorted(move_edges, moves, side="right")
+    out = np.ones(len(move_edges) + 1)
+    for b in range(len(out)):
+        if (bins == b).any():
+            out[b] = float(np.mean(moves[bins == b] ** 2))
+    return out
