@@ -32,7 +32,7 @@ progress; the budget (--passes x D / (16 x 64) steps, at least --min-steps, at m
 100, 200, 6,000) only ends a point that is still improving, which its record says
 ("still_improving"). The cosine schedule spans the budget. Sizes come from SIZES.
 
-    python bench/bench_scaling.py --jobs 2                  # the default CPU grid (38 minutes on 2 idle cores)
+    python bench/bench_scaling.py --jobs 2                  # the default CPU grid (about an hour on 2 idle cores)
     python bench/bench_scaling.py --smoke                   # a toy grid in seconds (tests/test_bench_scaling.py)
     python bench/bench_scaling.py --device cuda --grid gpu  # the GPU grid; skipped with a note without a GPU
     python bench/bench_scaling.py --points 'synthetic:0.9M:38000,synthetic:26M:100000' --name more
@@ -73,9 +73,10 @@ _LR = {"toy": 1e-3, "0.05M": 3e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
 # name -> (corpus, size, training tokens) points, longest first (so two --jobs finish together).
-# "cpu": each point trained to its best; 38 minutes on 2 idle cores with --jobs 2 (docs/scaling.md).
+# "cpu": each point trained to its best; about an hour on 2 idle cores with --jobs 2 (docs/scaling.md:
+# 38 minutes for all but the first point, which took 29 minutes beside another run).
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
-    "cpu": [("synthetic", "0.9M", 300_000), ("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "0.9M", 100_000),
+    "cpu": [("synthetic", "5.0M", 100_000), ("synthetic", "0.9M", 300_000), ("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "0.9M", 100_000),
             ("synthetic", "0.2M", 1_000_000), ("synthetic", "0.05M", 1_000_000), ("synthetic", "0.2M", 300_000),
             ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
             ("synthetic", "0.05M", 300_000), ("sample_1d", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN),
