@@ -86,7 +86,8 @@ def split_scores(run_dir: Path, split: str, first_assets: int | None = None,
     """Per-target NLL of the run's best model and of the baselines on `split` ("val" or "test"),
     with each target's asset and candle position inside the split; of the run's first
     `first_assets` symbols only, when given (the baselines still fit on every asset's train split);
-    score_last: the model at (nearly) its full context (token_scoring.split_windows)."""
+    score_last: also "model_full_context", the model's NLL of the same targets scored at (nearly)
+    its full context (token_scoring.split_windows)."""
     import numpy as np
     import torch
 
@@ -112,13 +113,16 @@ def split_scores(run_dir: Path, split: str, first_assets: int | None = None,
     model = MarketGPT(cfg.model, num_assets=ai["num_assets"], num_categories=ai["num_categories"])
     model.load_state_dict(best["model"])
     model.eval()
-    w = split_windows(data, cfg.model.context_length, score_last)
+    w = split_windows(data, cfg.model.context_length)
     cat = {rec["symbol"]: ai["categories"][rec["category"]] for rec in ai["assets"]}
     a_ids = np.array([ai["symbols"][s] for s in w.symbols], np.int64)
     c_ids = np.array([cat[s] for s in w.symbols], np.int64)
     moves = torch.zeros(tok.vocab_size)
     mask = w.y != PAD_TOKEN
     out = {"model": score_model(model, w, a_ids, c_ids, moves, 64, torch.device("cpu")).nll}
+    if score_last is not None:  # the same targets in the same order, each with more context
+        out["model_full_context"] = score_model(model, split_windows(data, cfg.model.context_length, score_last),
+                                                a_ids, c_ids, moves, 64, torch.device("cpu")).nll
     baselines = fit_baselines(train, tok.vocab_size)
     for name in ("unigram", "markov1"):
         out[name] = score_baseline(baselines[name], w.x[mask], w.y[mask], moves).nll

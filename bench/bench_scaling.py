@@ -60,7 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
 from bench_generalization import split_scores, trained_case_c  # noqa: E402
-from scaling_floors import filter_nll, oracle_nll, oracle_probs, oracle_table  # noqa: E402,F401  (this module's API)
+from scaling_floors import filter_nll, floor_losses, oracle_nll, oracle_probs, oracle_table  # noqa: E402,F401  (this module's API)
 
 __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", "main"]
 
@@ -91,7 +91,7 @@ GRIDS: dict[str, list[tuple[str, str, int]]] = {
 # How long a point trains (the CLI's defaults): to its best. The run is split into EPOCHS
 # validations and early stopping ends it after PATIENCE without progress; the budget, PASSES over
 # the training tokens, at least MIN_STEPS and at most MAX_STEPS, only caps a point that is still
-# improving (its best epoch is then its last: reported as such).
+# improving (its best epoch then comes within its last PATIENCE epochs: `still_improving`).
 PASSES, MIN_STEPS, MAX_STEPS, EPOCHS, PATIENCE = 100.0, 200, 6000, 40, 5
 EVAL_PER_ASSET = 2_000  # synthetic: validation and test candles per asset at every token count
 NESTED_TRAIN = SAMPLE_TRAIN // 8  # --nested: training candles per asset (8 assets hold the smallest corpus)
@@ -139,7 +139,6 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
               smoke: bool = False, nested: bool = True, epochs: int = EPOCHS, patience: int = PATIENCE,
               context: int = CONTEXT) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
-    from common.evaluation.metrics import skill_interval
     from common.tokens.token_set import TokenSet, token_path
 
     steps = _steps(tokens, passes, min_steps, max_steps, context)
@@ -170,38 +169,47 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
         res["still_improving"] = _still_improving(res)
         scored = small.get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
         res["nested"], res["scored_assets"] = nested, scored
+        draws = 10_000 if smoke else 100_000
         for split in ("val", "test"):
-            s = split_scores(run_dir, split, scored)
+            test = split == "test"  # test also: each target at (nearly) full context, and the filters' floors
+            s = split_scores(run_dir, split, scored, score_last=max(1, context // 4) if test else None)
             out: dict[str, Any] = {"loss": {k: float(np.mean(s[k])) for k in ("model", "unigram", "markov1")},
                                    "targets": int(len(s["model"]))}
-            out["skill_vs_unigram"] = skill_interval(s["model"], s["unigram"], s["position"], horizon=1, stride=1,
-                                                     kind="diff", n_boot=1000)
-            if corpus == "synthetic":
-                oracle = oracle_nll(run_dir, split, draws=10_000 if smoke else 100_000, assets=scored)
-                out["loss"]["oracle"] = oracle
-                gap = out["loss"]["unigram"] - oracle
-                out["gap_closed"] = (out["loss"]["unigram"] - out["loss"]["model"]) / gap if gap > 0 else None
-                sk = out["skill_vs_unigram"]
-                out["gap_closed_ci95"] = [c / gap for c in sk["ci95"]] if gap > 0 else None
-                if split == "test":  # what a forecaster of the past candles (or of their tokens) reaches
-                    for sees, key in (("candles", "filter"), ("tokens", "filter_tokens")):
-                        out["loss"][key] = filter_nll(run_dir, split, draws=10_000 if smoke else 100_000,
-                                                      assets=scored, sees=sees)
-                        out[f"{key}_gap_closed"] = (out["loss"]["unigram"] - out["loss"][key]) / gap if gap > 0 else None
-            if split == "test":  # the same targets, each scored with at least 3/4 of the context
-                full = split_scores(run_dir, split, scored, score_last=max(1, context // 4))["model"]
+            out["skill_vs_unigram"] = _skill(s["model"], s)
+            if test:
+                full = s["model_full_context"]
                 out["full_context"] = {"model": float(np.mean(full)), "score_last": max(1, context // 4),
-                                       "skill_vs_unigram": skill_interval(full, s["unigram"], s["position"], horizon=1,
-                                                                          stride=1, kind="diff", n_boot=1000)}
-                if out.get("gap_closed") is not None:
-                    gap = out["loss"]["unigram"] - out["loss"]["oracle"]
-                    sk = out["full_context"]["skill_vs_unigram"]
-                    out["full_context"]["gap_closed"] = sk["value"] / gap
-                    out["full_context"]["gap_closed_ci95"] = [c / gap for c in sk["ci95"]]
+                                       "skill_vs_unigram": _skill(full, s)}
+            if corpus == "synthetic":
+                floors = floor_losses(run_dir, split, scored, draws) if test else \
+                    {"oracle": oracle_nll(run_dir, split, draws=draws, assets=scored)}
+                out["loss"].update(floors)
+                gap = out["loss"]["unigram"] - floors["oracle"]
+                if gap > 0:
+                    out["gap_closed"], out["gap_closed_ci95"] = _share(out["skill_vs_unigram"], gap)
+                else:
+                    out["gap_closed"] = out["gap_closed_ci95"] = None
+                for key in ("filter", "filter_tokens") if test else ():
+                    out[f"{key}_gap_closed"] = (out["loss"]["unigram"] - floors[key]) / gap if gap > 0 else None
+                if test and gap > 0:
+                    fc = out["full_context"]
+                    fc["gap_closed"], fc["gap_closed_ci95"] = _share(fc["skill_vs_unigram"], gap)
             res[split] = out
         if keep is not None:
             shutil.copytree(run_dir, keep / f"{corpus}_{size}_{tokens}")
         return res
+
+
+def _skill(model_nll: np.ndarray, s: dict[str, Any]) -> dict[str, Any]:
+    """The model's token skill against the unigram on the same targets, with its 95% interval."""
+    from common.evaluation.metrics import skill_interval
+
+    return skill_interval(model_nll, s["unigram"], s["position"], horizon=1, stride=1, kind="diff", n_boot=1000)
+
+
+def _share(skill: dict[str, Any], gap: float) -> tuple[float, list[float]]:
+    """A skill (and its interval) as a share of the unigram-to-oracle gap (the oracle taken as exact)."""
+    return skill["value"] / gap, [c / gap for c in skill["ci95"]]
 
 
 def _parameters(run_dir: Path) -> int:

@@ -25,12 +25,13 @@ them could beat it.)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["filter_nll", "oracle_nll", "oracle_probs", "oracle_table"]
+__all__ = ["filter_nll", "floor_losses", "kim_filter", "oracle_nll", "oracle_probs", "oracle_table"]
 
 
 def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray,
@@ -65,10 +66,20 @@ def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarra
     return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
 
 
-def _scored(run_dir: Path, split: str, assets: Optional[int]) -> tuple[Any, Any, list[dict[str, Any]]]:
-    """(spec, tokenizer, one dict per scored asset): the split's targets (positions 1 .. n-1 of
-    each asset's split, as the model is scored) with the asset's candles and truth, the rows of
-    the targets, the tokenizer's scale s_e of each and the target token (minus the specials)."""
+@dataclass
+class _Split:
+    """One split's scored targets of a synthetic run, with what the floors need to score them."""
+
+    spec: Any  # the run's SyntheticSpec
+    tok: Any  # its tokenizer
+    tokens: Any  # its TokenSet
+    assets: list[dict[str, Any]]  # per scored asset: the generated asset, the target rows, s_e and y
+
+
+def _scored(run_dir: Path, split: str, assets: Optional[int]) -> _Split:
+    """The split's targets (positions 1 .. n-1 of each asset's split, as the model is scored),
+    per asset: the asset's candles and truth, the rows of the targets, the tokenizer's scale s_e
+    of each and the target token (minus the specials)."""
     from common.config import load_config
     from common.data.synthetic import generate_asset, synthetic_spec
     from common.special_tokens import NUM_SPECIAL_TOKENS
@@ -92,18 +103,29 @@ def _scored(run_dir: Path, split: str, assets: Optional[int]) -> tuple[Any, Any,
         if (y < 0).any():
             raise RuntimeError("a scored target is a special token: the split starts inside the warm-up")
         out.append({"asset": asset, "rows": rows, "s_e": r / np.asarray(ts.moves[asset.symbol])[rows], "y": y})
-    return spec, tok, out
+    return _Split(spec, tok, ts, out)
 
 
 def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000,
                assets: Optional[int] = None) -> float:
     """The oracle's mean NLL of the split's targets in the run's token space, for a data.source =
     "synthetic" run; of the first `assets` assets only, when given (--nested)."""
-    spec, tok, scored = _scored(run_dir, split, assets)
+    return _oracle_loss(_scored(run_dir, split, assets), grid, draws)
+
+
+def floor_losses(run_dir: Path, split: str, assets: Optional[int] = None, draws: int = 100_000) -> dict[str, float]:
+    """The oracle's, the filter's and the token filter's mean NLL of the split's targets (as
+    oracle_nll and filter_nll), from one generation of the assets."""
+    sp = _scored(run_dir, split, assets)
+    return {"oracle": _oracle_loss(sp, 100, draws), "filter": _filter_loss(sp, "candles", 200, draws),
+            "filter_tokens": _filter_loss(sp, "tokens", 200, draws)}
+
+
+def _oracle_loss(sp: _Split, grid: int, draws: int) -> float:
     # truth at t is the scale of candle t + 1
-    rho = np.concatenate([a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] / a["s_e"] for a in scored])
-    y = np.concatenate([a["y"] for a in scored])
-    p = oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid, draws)
+    rho = np.concatenate([a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] / a["s_e"] for a in sp.assets])
+    y = np.concatenate([a["y"] for a in sp.assets])
+    p = oracle_probs(rho, sp.tok.move_binning.edges, sp.tok.shape_binning.edges, sp.spec.nu, grid, draws)
     return float(np.mean(-np.log(p[np.arange(len(y)), y])))
 
 
@@ -191,7 +213,8 @@ def _token_observer(tokens: np.ndarray, s_e: np.ndarray, m2: np.ndarray, n_shape
     move (m2, from the training split) times s_e^2; the likelihood of a token is the oracle table's
     at rho = scale / s_e (a warm-up candle, with no token, tells nothing)."""
     real = (tokens >= 0) & np.isfinite(s_e) & (s_e > 0)
-    r2 = np.where(real, m2[np.clip(tokens // n_shape, 0, len(m2) - 1)] * np.where(real, s_e, 0.0) ** 2, 0.0)
+    r2 = np.zeros(len(tokens))
+    r2[real] = m2[np.minimum(tokens[real] // n_shape, len(m2) - 1)] * s_e[real] ** 2
     step = knots[1] - knots[0]
 
     def loglik(t: int, scales: np.ndarray) -> np.ndarray:
@@ -209,34 +232,33 @@ def filter_nll(run_dir: Path, split: str, grid: int = 200, draws: int = 100_000,
                assets: Optional[int] = None, sees: str = "candles") -> float:
     """The filter's mean NLL (module docstring) of the same targets as oracle_nll; sees="candles"
     (exact returns and ranges) or "tokens" (the model's inputs: the token of each candle)."""
-    from common.special_tokens import NUM_SPECIAL_TOKENS
-    from common.tokens.token_set import TokenSet, token_path
+    return _filter_loss(_scored(run_dir, split, assets), sees, grid, draws)
 
-    spec, tok, scored = _scored(run_dir, split, assets)
-    move_edges, shape_edges = tok.move_binning.edges, tok.shape_binning.edges
-    n_shape = len(shape_edges) + 1
+
+def _filter_loss(sp: _Split, sees: str, grid: int, draws: int) -> float:
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+
+    spec, ts = sp.spec, sp.tokens
+    move_edges, shape_edges = sp.tok.move_binning.edges, sp.tok.shape_binning.edges
     if sees == "candles":
         table = _range_table()
     elif sees == "tokens":
-        ts = TokenSet.load(token_path(run_dir))
         knots = np.linspace(-3.0, 3.0, 241)  # log rho
         log_table = np.log(oracle_table(move_edges, shape_edges, spec.nu, knots, draws))
-        m2 = _bin_mean_square(ts, [a["asset"].symbol for a in scored], move_edges)
+        m2 = _bin_mean_square(ts, [a["asset"].symbol for a in sp.assets], move_edges)
     else:
         raise ValueError(f"sees must be 'candles' or 'tokens', not {sees!r}")
     rho, mix, y = [], [], []
-    for a in scored:
+    for a in sp.assets:
         asset = a["asset"]
         if sees == "candles":
             r2, loglik = _candle_observer(asset.candles, spec.nu, table)
         else:
-            moves = np.asarray(ts.moves[asset.symbol])
             log_close = np.log(asset.candles["close"].to_numpy())
-            r = np.diff(log_close, prepend=log_close[0])
             with np.errstate(divide="ignore", invalid="ignore"):
-                s_e = r / moves
+                s_e = np.diff(log_close, prepend=log_close[0]) / np.asarray(ts.moves[asset.symbol])
             tokens = np.asarray(ts.tokens[asset.symbol]).astype(np.int64) - NUM_SPECIAL_TOKENS
-            r2, loglik = _token_observer(tokens, s_e, m2, n_shape, knots, log_table)
+            r2, loglik = _token_observer(tokens, s_e, m2, len(shape_edges) + 1, knots, log_table)
         weights, scales = kim_filter(r2, loglik, spec)
         rows = a["rows"]
         if rows.min() < 2:
@@ -253,12 +275,10 @@ def filter_nll(run_dir: Path, split: str, grid: int = 200, draws: int = 100_000,
 
 def _bin_mean_square(ts: Any, symbols: list, move_edges: np.ndarray) -> np.ndarray:
     """Mean squared normalized move of the training candles in each move bin (the token filter's
-    stand-in for a candle's exact move)."""
+    stand-in for a candle's exact move; 1 for a bin no training candle fell in)."""
     moves = np.concatenate([np.asarray(ts.moves[s])[slice(*ts.ranges[s]["train"])] for s in symbols])
     moves = moves[np.isfinite(moves)]
     bins = np.searchsorted(move_edges, moves, side="right")
-    out = np.ones(len(move_edges) + 1)
-    for b in range(len(out)):
-        if (bins == b).any():
-            out[b] = float(np.mean(moves[bins == b] ** 2))
-    return out
+    count = np.bincount(bins, minlength=len(move_edges) + 1)
+    total = np.bincount(bins, weights=moves ** 2, minlength=len(move_edges) + 1)
+    return np.where(count > 0, total / np.maximum(count, 1), 1.0)
