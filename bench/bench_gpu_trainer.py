@@ -11,7 +11,9 @@ path: the token tensor lives on the GPU and each batch is a gather):
    with the step's sums read a step late (read_lag 1, the GPU default), then the same again
    reading each step at once (read_lag 0: the host waits for the device every step);
 3. a torch.profiler window of 6 steady Trainer steps: the GPU's busy share, kernel time over
-   the wall time of those steps (a host wait shows as idle GPU).
+   the wall time of those steps (a host wait shows as idle GPU);
+4. with --host-profile DIR, cProfile over 50 more steady steps (DIR/host_<case>.txt, by own
+   time): where the host's time per step goes, when the GPU waits for it.
 Target (issue 28): the Trainer within 3% of the bench (Trainer / bench >= 0.97).
 """
 from __future__ import annotations
@@ -118,12 +120,28 @@ def _syncs(tr: Trainer, steps: int, device: torch.device) -> Optional[dict[str, 
     return {"steps": steps, "count": len(found), "first": found[:8]}
 
 
-def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path) -> dict[str, Any]:
+def _host_profile(tr: Trainer, steps: int, path: Path) -> None:
+    """cProfile of `steps` more Trainer steps, the top functions by own time, in `path`."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    with _no_checkpoint(tr):
+        prof.runcall(tr.train, stop_after_steps=tr.global_step + steps)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    text.write(f"{steps} Trainer steps\n")
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    path.write_text(text.getvalue())
+
+
+def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path,
+                  host_profile: Optional[Path] = None) -> dict[str, Any]:
     """The Trainer's tokens/s reading a step late and at once, and the GPU's busy share."""
     counts = cfg.data.universe_counts
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1)
-    windows = _windows(cfg, device, 3 * steps + 20)
+    windows = _windows(cfg, device, 3 * steps + 80)
     out = io.StringIO()
     tr = Trainer(cfg, model, windows, run_dir, device=device, out=out, tensorboard=False)
     t0 = time.perf_counter()
@@ -139,6 +157,8 @@ def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path) 
     try:  # the rates above matter most: a failure here costs only these two figures
         busy = _busy_share(tr, 6, device)
         syncs = _syncs(tr, 4, device)
+        if host_profile is not None:
+            _host_profile(tr, 50, host_profile)
     except Exception as e:  # noqa: BLE001
         print(f"profile or sync count failed: {traceback.format_exc()[-2000:]}", flush=True)
         syncs = {"count": None, "first": [f"{type(e).__name__}: {e}"]}
@@ -156,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy model sizes and 3 steps: checks the command only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every case")
+    ap.add_argument("--host-profile", type=Path, default=None, metavar="DIR",
+                    help="cProfile 50 more steps per case into DIR/host_<case>.txt")
     args = ap.parse_args(argv)
     opened = open_device("bench_gpu_trainer", args.device, args.threads)
     if opened is None:
@@ -175,7 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             bench = run_case(cfg, device, cfg.training.batch_size, 2 if args.smoke else args.bench_steps,
                              1 if args.smoke else 5, compiled, peak, compile_mode=mode)
             with tempfile.TemporaryDirectory(prefix="bench_gpu_trainer_") as tmp:
-                tr = trainer_rates(cfg, device, steps, Path(tmp))
+                tr = trainer_rates(cfg, device, steps, Path(tmp),
+                                   args.host_profile / f"host_{case}.txt" if args.host_profile else None)
         except Exception as e:  # noqa: BLE001 (one case's failure must not cost the others' figures)
             cases[case] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             print(f"case {case} failed: {cases[case]['traceback']}", flush=True)

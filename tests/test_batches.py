@@ -153,3 +153,27 @@ def test_unshuffled_pass_covers_every_window_once_with_a_partial_last_batch():
     assert len(seen) == w.num_windows("val")
     first = w.gather("val", torch.arange(w.num_windows("val"))).x[:, 0]
     assert torch.equal(seen, first)
+
+
+@pytest.mark.parametrize("chunk_batches", [1, 2, 3])
+def test_batches_gathered_a_chunk_at_a_time_equal_one_gather_each(monkeypatch, chunk_batches):
+    # the loader gathers CHUNK_TOKENS at a time and hands out views: the same batches, ids and all
+    import common.training.batches as batches_module
+
+    w, *_ = _build()
+    B, world, rank = 4, 2, 1
+    monkeypatch.setattr(batches_module, "CHUNK_TOKENS", chunk_batches * B * (T + 1))
+    order = w.epoch_order("train", seed=5, epoch=1)
+    got = list(w.batches("train", B, shuffle=True, seed=5, epoch=1, rank=rank, world_size=world, drop_last=True,
+                         start=3))
+    n = w.num_batches("train", B, world, drop_last=True)
+    assert len(got) == n - 3
+    for i, b in zip(range(3, n), got):
+        want = w.gather("train", order[(i * world + rank) * B:][:B])
+        for field in ("x", "y", "asset_ids", "category_ids"):
+            assert torch.equal(getattr(b, field), getattr(want, field))
+    # evaluation: uneven last slices, empty ones skipped, every window once
+    per_rank = [list(w.batches("val", 3, shuffle=False, rank=r, world_size=world)) for r in range(world)]
+    seen = sorted(int(s) for batches in per_rank for b in batches for s in b.x[:, 0])
+    assert seen == sorted(w.gather("val", torch.arange(w.num_windows("val"))).x[:, 0].tolist())
+    assert all(len(b.x) for batches in per_rank for b in batches)

@@ -632,9 +632,12 @@ def test_bench_gpu_trainer_times_the_trainer_beside_the_bare_step(tmp_path):
 
     out = tmp_path / "trainer.json"
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_gpu_trainer.py"), "--device", "cpu",
-                           "--smoke", "--cases", "C", "--threads", "1", "--json", str(out)],
+                           "--smoke", "--cases", "C", "--threads", "1", "--json", str(out),
+                           "--host-profile", str(tmp_path / "host")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "50 Trainer steps" in (tmp_path / "host" / "host_C.txt").read_text()  # cProfile's table
+    assert "_step" in (tmp_path / "host" / "host_C.txt").read_text()
     case = json.loads(out.read_text())["figures"]["cases"]["C"]
     assert "error" not in case, case
     tr = case["trainer"]

@@ -403,3 +403,39 @@ def test_reading_steps_late_never_applies_or_saves_a_nan_step(tmp_path, fused):
     assert [p.name for p in checkpoint_files(tmp_path)] == ["checkpoint_epoch_1.pt"]  # ... and nothing saved
     # 10 steps queued, step 9 skipped (on the device by the fused AdamW's found_inf, else on the host)
     assert {int(state["step"]) for state in tr.optimizer.state.values()} == {9}
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])  # clipped, and left alone
+def test_clip_values_is_torchs_clipping_and_packs_the_norm(max_norm):
+    from common.training.trainer import clip_values
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in [(7, 5), (5,), (3, 2, 4)]]
+    for p in params:
+        p.grad = 3 * torch.randn_like(p)
+    grads = [p.grad.clone() for p in params]
+    want_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    sums = torch.tensor([12.5, 3.0, 8.0], dtype=torch.float64)
+    values, bad = clip_values(grads, max_norm, sums, main=True)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, params))  # bit for bit, in place
+    assert values.tolist() == [12.5, 3.0, 8.0, float(want_norm)] and float(bad) == 0.0
+    values, _ = clip_values([g.clone() for g in grads], max_norm, sums, main=False)
+    assert values[3] == 0  # only rank 0's norm enters the all-reduce
+    grads[0][0, 0] = float("inf")
+    assert float(clip_values(grads, max_norm, sums, main=True)[1]) == 1.0
+    assert float(clip_values([g.clone() for g in grads], max_norm, sums, main=False)[1]) == 0.0  # the loss decides there
+
+
+def test_one_process_agreement_keeps_the_flags_on_the_host():
+    from common.training.signals import CheckpointRequests
+
+    requests = CheckpointRequests(every_minutes=0.0)  # the timer is due at once
+    requests.restart_timer(0.0)
+    requests.pending = signal.SIGUSR2
+    sums = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    agreement = requests.send(sums)
+    assert agreement.values is sums  # nothing appended, nothing copied
+    assert agreement.get() == ([1.0, 2.0, 3.0, 4.0], signal.SIGUSR2, True)
+    assert requests.pending is None
+    requests.restart_timer(float("inf"))
+    assert requests.send(sums).get() == ([1.0, 2.0, 3.0, 4.0], None, False)

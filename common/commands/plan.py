@@ -50,10 +50,11 @@ __all__ = ["CPU_MODEL_FLOPS", "GPU_RATES", "MAX_ESTIMATE_START", "build_plan", "
 # torch.compile, as every rank of a DDP job compiles: bench_gpu_default.json, the bare step;
 # tokens/s with CUDA graphs, training.compile_mode=auto on one GPU: the Trainer itself,
 # bench_gpu_trainer.json; training FLOPs per token of that case's model, MarketGPT.flops_per_token).
+# Case C's Trainer rate: the median of three runs of the lighter step (bench/results/2026-11-26-h200-host/).
 GPU_RATES: dict[tuple[int, int, int], tuple[float, float, int]] = {
     (768, 12, 512): (655_501.0, 644_408.0, 585_662_976),  # case A: compute-bound, graphs add nothing
     (512, 8, 256): (608_876.0, 1_555_007.0, 170_068_992),  # case B
-    (256, 6, 128): (646_228.0, 1_260_126.0, 32_300_544),  # case C: launch-bound either way
+    (256, 6, 128): (646_228.0, 1_326_959.0, 32_300_544),  # case C: host-bound either way
 }
 RATES_DEVICE, RATES_DATE = "H200", "2026-11-26"
 RATES_PEAK = 989.5e12  # the H200's dense bf16 FLOP/s, the H100 SXM's too (common/training/mfu.py)

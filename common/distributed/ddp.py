@@ -36,6 +36,7 @@ __all__ = [
     "barrier",
     "init_distributed",
     "no_sync",
+    "several_ranks",
     "shutdown",
     "unwrap",
     "was_distributed",
@@ -98,8 +99,12 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _active() -> bool:
+def several_ranks() -> bool:
+    """True when this process is one of several in a process group (collectives talk to others)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+_active = several_ranks
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ to equal that process's); evaluation keeps it, unevenly sliced (a rank may get n
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional, Sequence
@@ -34,6 +35,10 @@ from common.errors import UserError
 __all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
 
 SPLITS = ("train", "val", "test")
+# Batches are gathered this many tokens at a time (int64 on the device: 16 MB, three times more
+# with features): one index copy, lookup and gather per chunk of steps instead of a dozen small
+# kernel launches per step, which held a small model's GPU step back on the host.
+CHUNK_TOKENS = 1 << 21
 
 
 @dataclass
@@ -53,6 +58,12 @@ class Batch:
         if self.interval_ids is not None:
             extra["interval_ids"] = self.interval_ids
         return extra
+
+    def split(self, sizes: Sequence[int]) -> list["Batch"]:
+        """Consecutive batches of `sizes` windows each, as views of this one."""
+        parts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        parts = {k: None if v is None else v.split(list(sizes)) for k, v in parts.items()}
+        return [Batch(**{k: None if v is None else v[i] for k, v in parts.items()}) for i in range(len(sizes))]
 
 
 @dataclass
@@ -183,17 +194,20 @@ class TokenWindows:
 
         shuffle=False walks the windows in order (evaluation). `limit` caps the global batches
         (counted from 0, so a resumed pass with the same limit ends where the first would have).
-        Without drop_last, a rank whose slice of the last batch is empty skips it.
+        Without drop_last, a rank whose slice of the last batch is empty skips it. The batches
+        are gathered CHUNK_TOKENS at a time and handed out as views of that chunk.
         """
         order = self.epoch_order(split, seed, epoch) if shuffle else torch.arange(self.num_windows(split))
         n = self.num_batches(split, batch_size, world_size, drop_last, shuffle=shuffle)
         if limit is not None:
             n = min(n, limit)
-        for i in range(start, n):
-            first = (i * world_size + rank) * batch_size  # rank r: slice r of global batch i
-            index = order[first:first + batch_size]
-            if len(index):
-                yield self.gather(split, index)
+        per_chunk = max(1, CHUNK_TOKENS // (batch_size * (self.context_length + 1)))
+        for c in range(start, n, per_chunk):
+            # rank r: slice r of global batch i
+            index = [order[(i * world_size + rank) * batch_size:][:batch_size] for i in range(c, min(c + per_chunk, n))]
+            sizes = [len(i) for i in index if len(i)]
+            if sizes:
+                yield from self.gather(split, torch.cat(index)).split(sizes)
 
 
 def _mix(seed: int, epoch: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from common.distributed.ddp import all_reduce_sum
+from common.distributed.ddp import all_reduce_sum, several_ranks
 
 __all__ = ["Agreement", "CheckpointRequests", "SAVE_SIGNALS", "STOP_SIGNALS"]
 
@@ -69,22 +69,25 @@ class CheckpointRequests:
         behind the step's kernels, and `Agreement.get()` waits for them. The Trainer reads a
         step's agreement while the next step runs, so the device never idles on the host."""
         pending, self.pending = self.pending, None
-        flags = torch.tensor([float(pending == s) for s in _SIGNAL_ORDER] + [float(time.monotonic() >= self.next_due)],
-                             dtype=torch.float64)
+        flags = [float(pending == s) for s in _SIGNAL_ORDER] + [float(time.monotonic() >= self.next_due)]
+        if not several_ranks():  # nobody to agree with: the flags need no trip through the device
+            return Agreement(sums, len(sums), flags)
+        host = torch.tensor(flags, dtype=torch.float64)
         if sums.is_cuda:
             # pinned: copied without a sync; torch's pinned-memory cache reuses the buffer only
             # once the copy that read it has run
-            flags = flags.pin_memory()
-        values = all_reduce_sum(torch.cat([sums, flags.to(sums.device, non_blocking=True)]))
-        return Agreement(values, len(sums))
+            host = host.pin_memory()
+        return Agreement(all_reduce_sum(torch.cat([sums, host.to(sums.device, non_blocking=True)])), len(sums))
 
 
 class Agreement:
-    """One `CheckpointRequests.send` on its way to the host."""
+    """One `CheckpointRequests.send` on its way to the host: `values` on the device, the summed
+    values then the flags, or (one process) the values alone with the flags as given."""
 
-    def __init__(self, values: torch.Tensor, n: int) -> None:
-        self.values = values  # on the device: the summed values, then the flags
+    def __init__(self, values: torch.Tensor, n: int, flags: Optional[list[float]] = None) -> None:
+        self.values = values
         self._n = n
+        self._flags = flags
         self._ready: Optional[torch.cuda.Event] = None
         if values.is_cuda:
             self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -98,7 +101,7 @@ class Agreement:
         """The summed values, the agreed signal and whether the timer is due (waits for them)."""
         if self._ready is not None:
             self._ready.synchronize()  # this step's kernels only: later ones keep running
-        values = self._host.tolist()
+        values = self._host.tolist() + (self._flags or [])
         n = self._n
         sig = next((s for s, count in zip(_SIGNAL_ORDER, values[n:]) if count > 0), None)
         return values[:n], sig, values[-1] > 0

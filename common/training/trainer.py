@@ -130,10 +130,18 @@ class Trainer:
         self.compile_mode, self.compile_mode_note = choose_compile_mode(t.compile_mode, self.world_size,
                                                                         t.gradient_checkpointing)
         self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
+        # a training micro-batch runs through _Forward (the loss and the step's sums in one graph),
+        # evaluation through the model itself
+        self._forward = _Forward(self.train_model)
+        # few fused kernels rather than dozens of launches per step, where compiled: a small
+        # model's GPU step is over before the host has launched it
+        self._step_values, self._nonfinite = step_values, nonfinite
         if self.compiled:
             self.train_model = torch.compile(self.train_model, mode=self.compile_mode)
-        # a few fused kernels rather than a dozen launches per micro-batch, where compiled
-        self._batch_sums = torch.compile(batch_sums) if self.compiled else batch_sums
+            self._forward = torch.compile(self._forward, mode=self.compile_mode)
+            self._step_values, self._nonfinite = torch.compile(step_values), torch.compile(nonfinite)
+        self._params = list(self.model.parameters())
+        self._no_norm = torch.zeros((), dtype=torch.float64, device=self.device)  # read only
         self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
                                                         self.device.type)
         # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
@@ -308,37 +316,40 @@ class Trainer:
         accum = t.grad_accum_steps
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss x tokens, correct, tokens
+        sums = None  # loss x tokens, correct, tokens
         for i in range(accum):
             b = next(batches)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read
             with no_sync(self.train_model, skip=i < accum - 1):
                 with autocast(self.precision, self.device):
-                    logits, loss = self.train_model(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
-                self.scaler.scale(loss / accum).backward()
-            with torch.no_grad():
-                sums += self._batch_sums(logits.detach(), loss.detach(), b.y)
+                    loss, batch = self._forward(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
+                # (dividing by 1 would cost a kernel each way)
+                self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+            sums = batch if sums is None else sums + batch  # before the next replay overwrites `batch`
         # The clipped norm rides in the step's one all-reduce (rank 0's alone: DDP gave every
-        # rank the same gradients), with the sums and the checkpoint flags.
-        norm = torch.zeros(1, dtype=torch.float64, device=self.device)
+        # rank the same gradients), with the sums and the checkpoint flags (see signals.py).
         if t.gradient_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
-            clipped = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.gradient_clip)
-            if self.is_main:
-                norm = clipped.reshape(1).double()
-        agreement = self.requests.send(torch.cat([sums, norm]))
-        self._apply(agreement.values)
+            grads = [p.grad for p in self._params if p.grad is not None]
+            # eager: compiled, its guards over every gradient cost case C more host time than its
+            # launches (docs/performance.md#gpu)
+            values, bad = clip_values(grads, t.gradient_clip, sums, self.is_main)
+        else:
+            values, bad = self._step_values(sums, self._no_norm)
+        agreement = self.requests.send(values)
+        if self.world_size > 1:  # every rank skips a step that is not finite on any rank
+            bad = self._nonfinite(agreement.values)
+        self._apply(bad)
         self.optimizer.zero_grad(set_to_none=True)
         return _Flight(agreement, lr, self.step_in_epoch + 1, self.global_step + 1)
 
-    def _apply(self, values: torch.Tensor) -> None:
-        """The optimizer step, unless the agreed loss sum or gradient norm (`values[0]`, `[3]`)
-        is not finite: then nothing of it is applied, and `_settle` stops the run."""
+    def _apply(self, bad: torch.Tensor) -> None:
+        """The optimizer step, unless `bad` (the agreed loss sum or gradient norm is not finite):
+        then nothing of it is applied, and `_settle` stops the run."""
         if not self.scaler.is_enabled():  # fp16's scaler skips the steps that overflow itself
-            bad = (~torch.isfinite(values[0:4:3])).any()  # a slice: a list index would copy from the host
             if self.optimizer.defaults.get("fused"):
-                self.optimizer.found_inf = bad.float()  # the fused AdamW skips on the device: no wait
+                self.optimizer.found_inf = bad  # the fused AdamW skips on the device: no wait
             elif bad:  # the CPU's AdamW has no found_inf: a host read (its steps are read at once anyway)
                 return
         self.scaler.step(self.optimizer)
@@ -496,12 +507,49 @@ class Trainer:
         return time.monotonic() - self._session_start
 
 
+class _Forward(torch.nn.Module):
+    """A training micro-batch: the model's loss, and its `batch_sums` from the same graph (no
+    second launch when compiled). `model` is the one training runs through (DDP under DDP)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor, y: torch.Tensor,
+                **extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, loss = self.model(x, asset_ids, category_ids, y, **extra)
+        with torch.no_grad():
+            return loss, batch_sums(logits.detach(), loss.detach(), y)
+
+
 def batch_sums(logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(loss x tokens, correct predictions, tokens) of one micro-batch, float64, on its device."""
     mask = y != PAD_TOKEN
     n = mask.sum()
     correct = ((logits.argmax(dim=-1) == y) & mask).sum()
     return torch.stack([loss.double() * n, correct.double(), n.double()])
+
+
+def step_values(sums: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's four values (the sums, then the gradient norm) and whether they are `nonfinite`."""
+    values = torch.cat([sums, norm.reshape(1).double()])
+    return values, nonfinite(values)
+
+
+def clip_values(grads: list[torch.Tensor], max_norm: float, sums: torch.Tensor, main: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip `grads` in place to a total 2-norm of `max_norm` (torch.nn.utils.clip_grad_norm_'s
+    arithmetic without its per-call grouping and checks) and return `step_values` with the norm
+    before clipping (zero unless `main`: rank 0's norm alone enters the all-reduce)."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return step_values(sums, norm if main else torch.zeros_like(norm))
+
+
+def nonfinite(values: torch.Tensor) -> torch.Tensor:
+    """1.0 (on the device) when the loss sum or the gradient norm (`values[0]`, `[3]`) is not finite.
+    A slice, not a list index: that would copy the index from the host."""
+    return (~torch.isfinite(values[0:4:3])).any().float()
 
 
 def _new_sums() -> dict[str, float]:
