@@ -232,3 +232,11 @@ def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
     truth = asset.truth["sigma"].to_numpy()[999:-1]
     assert not np.allclose(mean_scale, truth, rtol=1e-3)
     assert np.corrcoef(np.log(mean_scale), np.log(truth))[0, 1] > 0.8
+
+
+def test_a_corpus_a_few_percent_outside_the_fitted_span_is_not_extrapolation():
+    # the same corpus's training tokens move by a fraction of a percent with purge and context
+    fit = ScalingFit(terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[37_992, 1e6],
+                     rmse=0.0, points=10)
+    assert fit.in_range(37_921) and fit.in_range(1.04e6) and fit.in_range(5e5)
+    assert not fit.in_range(30_000) and not fit.in_range(1.2e6)
