@@ -104,19 +104,16 @@ def several_ranks() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-_active = several_ranks
-
-
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks in place (a no-op in a single process); returns it."""
-    if _active():
+    if several_ranks():
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
 
 
 def any_rank(flag: bool) -> bool:
     """True on every rank if it is true on any rank (e.g. a checkpoint signal that reached one)."""
-    if not _active():
+    if not several_ranks():
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=_DEVICE)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -125,7 +122,7 @@ def any_rank(flag: bool) -> bool:
 
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order (a one-element list in a single process)."""
-    if not _active():
+    if not several_ranks():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -133,7 +130,7 @@ def all_gather_objects(obj: Any) -> list[Any]:
 
 
 def barrier() -> None:
-    if _active():
+    if several_ranks():
         dist.barrier()
 
 
@@ -177,7 +174,7 @@ class MultiGPUWrapper(nn.Module):
             env, device = init_distributed(env)
         device = device or rank_device(env)
         model = model.to(device)
-        if _active():
+        if several_ranks():
             # Buffers here are constants (rotary tables): no broadcast before every forward.
             ddp = nn.parallel.DistributedDataParallel
             new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it

@@ -203,11 +203,11 @@ class TokenWindows:
             n = min(n, limit)
         per_chunk = max(1, CHUNK_TOKENS // (batch_size * (self.context_length + 1)))
         for c in range(start, n, per_chunk):
-            # rank r: slice r of global batch i
-            index = [order[(i * world_size + rank) * batch_size:][:batch_size] for i in range(c, min(c + per_chunk, n))]
-            sizes = [len(i) for i in index if len(i)]
+            firsts = [(i * world_size + rank) * batch_size for i in range(c, min(c + per_chunk, n))]
+            slices = [order[f:f + batch_size] for f in firsts]  # rank r: slice r of global batch i
+            sizes = [len(s) for s in slices if len(s)]
             if sizes:
-                yield from self.gather(split, torch.cat(index)).split(sizes)
+                yield from self.gather(split, torch.cat(slices)).split(sizes)
 
 
 def _mix(seed: int, epoch: int) -> int:
