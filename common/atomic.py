@@ -7,6 +7,7 @@ same directory, fsync it, rename it over the target, fsync the directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from typing import Any, Iterator
 
 from common.errors import UserError
 
-__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "read_json", "replace_with", "temp_path"]
+__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "publish_folder", "read_json", "replace_with", "temp_path"]
 
 
 def _default_mode(folder: bool = False) -> int:
@@ -107,6 +108,22 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_folder(tmp: Path, target: str | os.PathLike) -> bool:
+    """Rename the finished folder `tmp` to `target` unless `target` exists: True if it was
+    published, False if another writer's whole folder got there first (`tmp` is then the
+    caller's to remove). Unlike atomic_folder, a published folder is never replaced."""
+    target = Path(target)
+    os.chmod(tmp, _default_mode(folder=True))
+    try:
+        os.rename(tmp, target)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and target.is_dir():
+            return False
+        raise
+    _fsync_dir(target.parent)
+    return True
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes, fsync: bool = True) -> None:

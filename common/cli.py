@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from common.cluster.remote import Remote, StepFailed, load_settings
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
 from common.cluster.status import status_table
-from common.config import at_interval, load_config
+from common.config import Config, at_interval, load_config
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
@@ -125,11 +125,28 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
     from common.data.check import check_usable  # lazy: pandas
 
     case = case_dir(args.case)
-    usable = check_usable(load_config(args.config or case_config(case), args.overrides), case)
+    cfg = load_config(args.config or case_config(case), args.overrides)
+    usable = check_usable(cfg, case)
     print(usable.format())
     if not usable.usable:
         return 2
+    if cfg.data.shards:
+        _check_shard(cfg, case)
     return 1 if usable.unusable else 0
+
+
+def _check_shard(cfg: Config, case: Path) -> None:
+    """Every byte of the config's token shard against its manifest (a UserError if damaged)."""
+    from common.tokens.shard_manifest import verify_shard  # lazy: with the shards below
+    from common.tokens.shards import published, shard_folder  # lazy: pandas
+
+    folder, _ = shard_folder(cfg, case)
+    if not published(folder):
+        print(f"Token shard: {folder} is not prepared yet (`marketgpt data prepare` or the first run makes it)")
+        return
+    files = verify_shard(folder, full=True).get("files")
+    print(f"Token shard: {folder}: " + (f"{len(files)} files match their sha256 in manifest.json" if files else
+                                        "published before checksums; sizes only (prepare it anew to add them)"))
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
@@ -140,9 +157,13 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
         if cfg.training.init_from:
             raise UserError("--array does not prepare a fine-tuning config (training.init_from) yet: run "
                             "`marketgpt data prepare` without --array, or let training prepare it")
+        if args.rebuild and not args.dry_run:
+            from common.tokens.shards import rebuild, shard_folder  # lazy: pandas
+
+            rebuild(shard_folder(cfg, case_dir_of_config(args.config))[0])
         submit_preparation(args.config, args.overrides, args.array, dry_run=args.dry_run)
         return 0
-    from common.tokens.shards import prepare_shards, shard_folder  # lazy: pandas
+    from common.tokens.shards import prepare_shards, rebuild, shard_folder  # lazy: pandas
     from common.training.finetune import resolve_parent  # lazy: torch
 
     if not cfg.data.shards:
@@ -152,8 +173,11 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     parent = resolve_parent(cfg.training.init_from).run_dir / "tokenizer.json" if cfg.training.init_from else None
     case = case_dir_of_config(args.config)
     if args.dry_run:
-        print(f"Dry run: would prepare (or reuse) {shard_folder(cfg, case, parent)[0]} in this process; nothing done.")
+        print(f"Dry run: would {'rebuild' if args.rebuild else 'prepare (or reuse)'} "
+              f"{shard_folder(cfg, case, parent)[0]} in this process; nothing done.")
         return 0
+    if args.rebuild:
+        rebuild(shard_folder(cfg, case, parent)[0])
     prepare_shards(cfg, case, parent)
     return 0
 
@@ -285,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submit it to Slurm instead: 4 dependent CPU jobs (clean: an array of N tasks, fit, "
                         "encode: N tasks, finish), partition from the config's slurm section")
     p.add_argument("--dry-run", action="store_true", help="check everything and show the jobs; submit nothing")
+    p.add_argument("--rebuild", action="store_true", help="move a damaged shard aside (<key>.damaged-<time>) "
+                   "and prepare it anew")
     p.set_defaults(handler=_cmd_data_prepare)
 
     p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "

@@ -18,6 +18,7 @@ from common.cluster.prepare_jobs import (PREP_MAX_MINUTES, PrepareJob, plan_prep
 from common.config import load_config
 from common.distributed.slurm import wait_for_jobs
 from common.errors import UserError
+from common.tokens import shards
 from common.tokens.shards import prepare_in_memory, shard_folder
 from common.tokens.token_set import TokenSet
 from test_shards import same_tokens
@@ -137,6 +138,7 @@ def test_dry_run_shows_the_jobs_and_submits_nothing(tmp_path, capsys, nothing_qu
     (["--array", "-2"], "--array -2: the number of tasks must be 1 or more"),
     (["--array", "2", "--set", "data.shards=false"], "data.shards is false"),
     (["--array", "2", "--set", "slurm.partition=gpu-xl"], "partition 'gpu-xl' does not exist"),
+    (["--array", "6"], "--array 6: more tasks than the 5 series to prepare"),
 ])
 def test_bad_input_is_one_line_before_anything_is_queued(tmp_path, argv, message, capsys, nothing_queued, fake_slurm):
     config = make_case(tmp_path)
@@ -170,7 +172,7 @@ def test_the_jobs_run_in_order_make_the_shard_and_a_stale_key_stops(tmp_path, ca
     shard = TokenSet.load(plan.shard / "tokens")
     assert same_tokens(shard, prepare_in_memory(cfg, case).tokens)
     plan.stages["clean"][0]()  # a job queued behind a finished shard does nothing
-    assert "already prepared" in capsys.readouterr().out and not (plan.shard / "work").exists()
+    assert "already prepared" in capsys.readouterr().out and not shards.work_folder(plan.shard).exists()
 
 
 @pytest.mark.slurm
@@ -188,7 +190,7 @@ def test_four_jobs_on_the_local_cluster_prepare_the_shard(slurm_cluster, tmp_pat
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n{out.getvalue()}\n{logs[-4000:]}"
     cfg = load_config(config, ["slurm.time=00:10:00"])
     folder, _ = shard_folder(cfg, config.parent.parent)
-    assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
+    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
     assert "the encode stage, task 1 of 2" in logs and "the finish stage" in logs
     assert same_tokens(TokenSet.load(folder / "tokens"), prepare_in_memory(cfg, config.parent.parent).tokens)
 

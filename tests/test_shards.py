@@ -67,7 +67,7 @@ def test_prepared_once_then_reused_without_reading_the_cache(tmp_path, monkeypat
     cfg, case = load_config(config), config.parent.parent
     first = prepare_shards(cfg, case)
     folder, _ = shard_folder(cfg, case)
-    assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
+    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
     assert isinstance(first.tokens.tokens[first.tokens.symbols[0]], np.memmap)
 
     reads = []
@@ -171,7 +171,7 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
     cfg, case = load_config(config), config.parent.parent
     folder, _ = shard_folder(cfg, case)
     def encoded() -> int:
-        return len(list((folder / "work" / "encoded").glob("*.json")))
+        return len(list((shards.work_folder(folder) / "encoded").glob("*.npz")))
 
     proc = _preparer(config, 0.5)
     _wait_for(lambda: encoded() >= 2, "two assets encoded", proc)
@@ -193,7 +193,7 @@ def test_two_jobs_preparing_the_same_shard_at_once(tmp_path):
     gate, log = tmp_path / "gate", tmp_path / "second.log"
     first = _preparer(config, 0.0, gate)  # holds the lock in its encode stage until the gate opens
     folder, _ = shard_folder(load_config(config), config.parent.parent)
-    _wait_for(lambda: (folder / "work" / "encoded").is_dir(), "the first preparer's encode stage", first)
+    _wait_for(lambda: (shards.work_folder(folder) / "encoded").is_dir(), "the first preparer's encode stage", first)
     second = _preparer(config, 0.0, log=log)
     _wait_for(lambda: "waiting" in log.read_text(), "the second preparer waiting", second)
     gate.touch()
@@ -336,6 +336,104 @@ def test_stages_split_across_array_tasks_give_the_same_shard(tmp_path):
         prepare_stage(cfg, case, "encode", task=task, tasks=3)
     prepare_stage(cfg, case, "finish")
     folder, _ = shard_folder(cfg, case)
-    assert (folder / "manifest.json").is_file() and not (folder / "work").exists()
+    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
     p, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
     assert same_tokens(p.tokens, memory.tokens) and p.data_info == memory.data_info
+
+
+def _encoded_but_not_finished(cfg, case) -> Path:
+    for stage in ("clean", "fit", "encode"):
+        shards.prepare_stage(cfg, case, stage)
+    return shard_folder(cfg, case)[0]
+
+
+def test_a_second_fit_after_the_encode_tasks_cannot_corrupt_the_shard(tmp_path):
+    """A resubmitted array (or a training run) repeats the fit stage after the encode tasks wrote:
+    the tokens they wrote stay, and the published shard equals one made in memory."""
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    folder = _encoded_but_not_finished(cfg, case)
+    (shards.work_folder(folder) / "split.json").unlink()  # a second fit that began before the first ended
+    shards.prepare_stage(cfg, case, "fit")
+    shards.prepare_stage(cfg, case, "finish")
+    p, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
+    assert same_tokens(p.tokens, memory.tokens) and p.tokens.flat()[0].any()
+
+
+def test_two_finishers_publish_one_whole_shard_without_any_lock(tmp_path, monkeypatch, capsys):
+    """No flock (an NFS mount without lockd): a second preparer that finishes first wins the rename;
+    the other's folder is discarded whole and nothing of either is left beside the shard."""
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    monkeypatch.setattr(shards.fcntl, "flock", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOLCK, "no locks")))
+    folder = _encoded_but_not_finished(cfg, case)
+    real, raced = shards.publish_folder, []
+
+    def rival_first(private, target):
+        if not raced:  # another preparer publishes its own folder while ours is being written
+            raced.append(True)
+            shards._finish_stage(target, shard_folder(cfg, case)[1], sys.stdout)
+        return real(private, target)
+
+    monkeypatch.setattr(shards, "publish_folder", rival_first)
+    p = prepare_shards(cfg, case)
+    assert "ours is discarded" in capsys.readouterr().out
+    assert same_tokens(p.tokens, prepare_in_memory(cfg, case).tokens)
+    assert sorted(x.name for x in folder.parent.iterdir()) == [folder.name, f"{folder.name}.lock"]
+
+
+def test_a_damaged_shard_is_one_line_naming_the_file_and_the_rebuild(tmp_path, monkeypatch, capsys):
+    from common.cli import main
+    from common.tokens import shard_manifest
+
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    folder = prepare_shards(cfg, case).tokens.folder.parent
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["files"]) >= {"tokens/tokens.bin", "tokens/moves.bin", "tokens/index.json", "tokenizer.json"}
+    tokens = folder / "tokens" / "tokens.bin"
+    good = tokens.read_bytes()
+    tokens.write_bytes(good[:100] + bytes([good[100] ^ 0x40]) + good[101:])  # one flipped bit, same size
+    with pytest.raises(UserError, match=r"damaged: tokens/tokens.bin does not match its sha256.*--rebuild") as e:
+        prepare_shards(cfg, case)
+    assert "\n" not in str(e.value)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tokens/tokens.bin" in err and "\n" not in err
+    tokens.write_bytes(good)
+
+    moves = folder / "tokens" / "moves.bin"
+    moves.write_bytes(moves.read_bytes()[:-8])  # truncated
+    with pytest.raises(UserError, match="tokens/moves.bin has .* bytes where the manifest says"):
+        prepare_shards(cfg, case)
+    assert main(["data", "prepare", "--config", str(config), "--rebuild"]) == 0
+    assert "moved" in capsys.readouterr().out and same_tokens(prepare_shards(cfg, case).tokens,
+                                                             prepare_in_memory(cfg, case).tokens)
+
+    # a file too large to hash whenever training opens it: training checks its size, data check every byte
+    monkeypatch.setattr(shard_manifest, "FULL_CHECK_BYTES", 0)
+    good = tokens.read_bytes()
+    tokens.write_bytes(bytes([good[0] ^ 1]) + good[1:])
+    prepare_shards(cfg, case)
+    assert main(["data", "check", "--case", str(case), "--config", str(config)]) == 2
+    assert "tokens/tokens.bin does not match its sha256" in capsys.readouterr().err
+    tokens.write_bytes(good)
+    assert main(["data", "check", "--case", str(case), "--config", str(config)]) in (0, 1)
+    assert "files match their sha256 in manifest.json" in capsys.readouterr().out
+
+    edited = dict(json.loads((folder / "manifest.json").read_text()), candles=1)
+    (folder / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(UserError, match="manifest.json its own checksum does not match"):
+        prepare_shards(cfg, case)
+
+
+def test_an_unfinished_preparation_of_the_older_layout_is_set_aside(tmp_path):
+    """Before private publishing, an unfinished shard was its own folder with work/ inside and no
+    manifest: it must not block the rename that publishes."""
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    folder, _ = shard_folder(cfg, case)
+    (folder / "work" / "tokens").mkdir(parents=True)
+    (folder / "work" / "tokens" / "tokens.bin").write_bytes(b"\0" * 64)
+    assert same_tokens(prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens)
+    assert not (folder / "work").exists()

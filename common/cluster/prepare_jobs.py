@@ -8,7 +8,7 @@ each starting only after the one before succeeded (`--dependency=afterok:<id>`):
     1. clean    a job array of N tasks: task i reads, cleans and gap-fills the assets i, i+N, ...
     2. fit      one job: the split from the timestamps, the tokenizer fitted on the train ranges
     3. encode   a job array of N tasks: task i encodes the assets i, i+N, ... into the token arrays
-    4. finish   one job: the token folder and manifest.json published, work/ removed
+    4. finish   one job: the token folder and manifest.json published by one rename, <key>.work/ removed
 
 A failed job cancels the ones after it (`--kill-on-invalid-dep=yes`); every stage skips what an
 earlier try finished, so submitting again continues. The shard is the one `marketgpt train`
@@ -28,10 +28,11 @@ import submitit
 
 from common.cluster.submit import CLUSTER_ENV, job_environment, rel_path
 from common.config import Config, SlurmConfig, load_config
+from common.data.loading import load_market_data
 from common.distributed.slurm import check_partition, parse_slurm_time, slurm_available
 from common.errors import UserError
 from common.paths import case_dir_of_config
-from common.tokens.shards import STAGES, prepare_stage, shard_folder
+from common.tokens.shards import STAGES, prepare_stage, published, shard_folder, work_folder
 
 __all__ = ["PrepareJob", "PreparePlan", "plan_preparation", "prepare_parameters", "submit_preparation"]
 
@@ -80,7 +81,7 @@ class PrepareJob:
         if folder.name != self.key:
             raise UserError(f"the shard's inputs changed since it was submitted (key {self.key}, now {folder.name}: "
                             "a new download, or an edited config?); run `marketgpt data prepare --array N` again")
-        if (folder / "manifest.json").is_file():
+        if published(folder):
             print(f"Token shards: {folder} is already prepared; nothing to do for the {self.stage} stage", flush=True)
             return
         print(f"Token shards: the {self.stage} stage, task {self.task} of {self.tasks}, for {folder}", flush=True)
@@ -101,7 +102,7 @@ class PreparePlan:
 
     @property
     def done(self) -> bool:
-        return (self.shard / "manifest.json").is_file()
+        return published(self.shard)
 
     @property
     def log_folder(self) -> Path:
@@ -119,6 +120,10 @@ def plan_preparation(config: Path, overrides: Sequence[str] = (), tasks: int = 2
                         "prepare ahead (drop --set data.shards=false, or set it true in the config)")
     parse_slurm_time(cfg.slurm.time)
     case = case_dir_of_config(config)
+    series = len(load_market_data(cfg, case).assets)  # the universe only: candles are read lazily
+    if tasks > series:
+        raise UserError(f"--array {tasks}: more tasks than the {series} series to prepare (task i takes series i, "
+                        f"i+N, ...; a task beyond the last would have nothing to do): use --array {series} or fewer")
     shard, _ = shard_folder(cfg, case)
     plan = PreparePlan(config, list(overrides), cfg, case, shard, tasks)
     for stage in STAGES:
@@ -167,7 +172,7 @@ def submit_preparation(config: Path, overrides: Sequence[str] = (), tasks: int =
     s = plan.cfg.slurm
     check_partition(s.partition)
     params = prepare_parameters(s)
-    unfinished = (plan.shard / "work").is_dir()
+    unfinished = work_folder(plan.shard).is_dir()
     print(f"{plan.case.name}: token shard {rel_path(plan.shard)} by 4 jobs to partition {s.partition}, CPU only "
           f"({PREP_CPUS} CPUs, {params['mem']}, time {params['time']} min each)"
           + ("; continuing an unfinished preparation" if unfinished else ""), file=out)

@@ -1,13 +1,20 @@
 """Token shards: a corpus prepared once into a memory-mapped token folder in the case's data cache.
 
     <case>/<data.cache_dir>/shards/<key>/   key: a hash of everything that decides the tokens
-        manifest.json   written last: a folder without it is unfinished and never read
+        manifest.json   what the shard holds and the sha256 of every file (common/tokens/shard_manifest.py)
         tokens/         the token folder (common/tokens/token_set.py) runs hard-link
         tokenizer.json, asset_info.json, data_info.json      what a run copies into its folder
-        work/           only while preparing: each asset's cleaned candles and the encoding's
-                        progress, so a killed preparation continues where it stopped
-    <case>/<data.cache_dir>/shards/<key>.lock   one preparer at a time (flock); a second waits,
-                        then reuses what the first made
+    <case>/<data.cache_dir>/shards/<key>.work/   only while preparing: each asset's cleaned candles
+                        and tokens, one file each, so a killed preparation continues where it stopped
+    <case>/<data.cache_dir>/shards/.<key>.<random>.publish/   the finish stage's private folder
+
+Nothing is published in place. Every file under <key>.work/ is written under a temp name and
+renamed (a killed writer leaves no half file under a final name); the finish stage writes the
+whole shard into a folder of its own and renames it to <key>, which succeeds once: a second
+preparer (a resubmitted array, a training run started meanwhile, a task on another node) can
+waste work but never corrupt or half-publish a shard. <key>.lock (flock) only saves that wasted
+work where the filesystem supports it; no correctness rests on it (NFS without lockd and some
+Lustre mounts do not carry flock across nodes).
 
 The key covers the data settings (source, universe, dates, interval, split ratios, purge gap,
 categories, ...; data.intervals and data.interval_split only when set, so older configs keep
@@ -19,11 +26,12 @@ without reading a candle.
 
 Preparation streams asset by asset and holds one asset's candles at a time:
   1. clean   read, clean and gap-fill each asset (common.data.prepare.clean_asset) and keep
-             its candles in work/clean/<i>.npz
-  2. split   the cuts from the pooled timestamps alone (common.data.prepare.split_data)
-  3. fit     the tokenizer (and the volume edges) on the train ranges only, asset by asset
-  4. encode  each asset's tokens, moves (and time and volume ids) written at its offset into
-             the preallocated arrays; work/encoded.json counts the assets done
+             its candles in <key>.work/clean/<i>.npz
+  2. fit     the cuts from the pooled timestamps alone (common.data.prepare.split_data), then
+             the tokenizer (and the volume edges) on the train ranges only, asset by asset
+  3. encode  each asset's tokens, moves (and time and volume ids) in <key>.work/encoded/<j>.npz
+  4. finish  the token folder streamed from those files, hashed as it is written, then the
+             run files and manifest.json, all in a private folder published by one rename
 The tokens equal those of the in-memory path (data.shards = false) bit for bit.
 """
 from __future__ import annotations
@@ -37,6 +45,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, TextIO
@@ -44,7 +53,7 @@ from typing import Iterator, Mapping, Optional, TextIO
 import numpy as np
 import pandas as pd
 
-from common.atomic import atomic_path, atomic_write_json, read_json
+from common.atomic import atomic_path, atomic_write_json, publish_folder, read_json
 from common.config import Config, config_to_dict
 from common.data.loading import input_files, load_market_data
 from common.data.market import LazyFrames
@@ -52,13 +61,14 @@ from common.data.prepare import COLUMNS, PreparedData, clean_asset, prepare_data
 from common.data.universe import asset_info
 from common.errors import UserError
 from common.markets import interval_step
-from common.tokens.features import NUM_FEATURES, candle_features, fit_volume_edges, relative_volume
+from common.tokens.features import candle_features, fit_volume_edges, relative_volume
+from common.tokens.shard_manifest import REBUILD, Hasher, file_sha256, manifest_checksum, verify_shard
 from common.tokens.token_set import FORMAT_VERSION, TokenSet, write_index
 from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer", "prepare_in_memory", "prepare_shards",
-           "prepare_stage", "shard_folder"]
+           "prepare_stage", "published", "rebuild", "shard_folder", "work_folder"]
 
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
@@ -191,9 +201,9 @@ def prepare_shards(cfg: Config, case_dir: Path, parent: Optional[Path] = None, o
     parent: a fine-tuning parent's tokenizer.json, whose token ids the corpus is encoded with."""
     out = out or sys.stdout
     folder, _ = shard_folder(cfg, case_dir, parent)
-    if not (folder / "manifest.json").is_file():
+    if not published(folder):
         with _locked(folder.with_name(f"{folder.name}.lock"), out):
-            if not (folder / "manifest.json").is_file():  # not made by the job we waited for
+            if not published(folder):  # not made by the job we waited for
                 started = time.monotonic()
                 for stage in STAGES:
                     prepare_stage(cfg, case_dir, stage, parent=parent, out=out)
@@ -205,19 +215,41 @@ def prepare_shards(cfg: Config, case_dir: Path, parent: Optional[Path] = None, o
     return shard
 
 
+def published(folder: Path) -> bool:
+    """Whether the shard is there: a shard folder appears whole, manifest.json included."""
+    return (folder / "manifest.json").is_file()
+
+
+def work_folder(folder: Path) -> Path:
+    """Where the shard's preparation keeps its per-asset files until the finish stage."""
+    return folder.with_name(f"{folder.name}.work")
+
+
+def rebuild(folder: Path, out: Optional[TextIO] = None) -> Optional[Path]:
+    """Move a published (damaged) shard aside, so the next preparation makes it anew; where it went.
+    A run still reading the old one keeps its open files; the moved folder is the user's to delete."""
+    if not folder.exists():
+        return None
+    aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d_%H%M%S')}")
+    os.rename(folder, aside)
+    print(f"Token shards: moved {folder} aside to {aside} (delete it when no run reads it)", file=out or sys.stdout)
+    return aside
+
+
 def _open(folder: Path) -> Prepared:
+    verify_shard(folder)  # sizes, the manifest's checksum, and the sha256 of every file that costs little
     try:
         return Prepared(TokenSet.load(folder / "tokens"), OHLCTokenizer.load(folder / "tokenizer.json"),
                         read_json(folder / "asset_info.json"), read_json(folder / "data_info.json"))
     except (OSError, ValueError) as e:
-        raise UserError(f"the token shard {folder} is damaged ({e}); delete that folder and run again to "
-                        "prepare it anew") from None
+        raise UserError(f"the token shard {folder} is damaged ({e}); {REBUILD}") from None
 
 
 @contextlib.contextmanager
 def _locked(lock: Path, out: TextIO) -> Iterator[None]:
-    """Hold an exclusive flock on `lock`: the kernel drops it when the holder dies, so a killed
-    preparer never blocks the next one."""
+    """Hold an exclusive flock on `lock` where the filesystem has one (the kernel drops it when
+    the holder dies, so a killed preparer never blocks the next one). It only keeps a second
+    preparer from repeating the first one's work: publishing is safe without it."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as f:
         try:
@@ -225,6 +257,9 @@ def _locked(lock: Path, out: TextIO) -> Iterator[None]:
         except BlockingIOError:
             print(f"Token shards: another job is preparing {lock.with_suffix('')}; waiting for it", file=out, flush=True)
             fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:  # no flock here (NFS without lockd): preparers may race, which costs only time
+            yield
+            return
         try:
             yield
         finally:
@@ -252,7 +287,12 @@ def prepare_stage(cfg: Config, case_dir: Path, stage: str, task: int = 0, tasks:
     stage before. Every stage skips what an earlier, killed try already finished."""
     out = out or sys.stdout
     folder, inputs = shard_folder(cfg, case_dir, parent)
-    work = folder / "work"
+    if stage not in STAGES:
+        raise UserError(f"unknown preparation stage {stage!r}; expected one of {', '.join(STAGES)}")
+    if published(folder):
+        return
+    _set_aside_unfinished(folder)
+    work = work_folder(folder)
     try:
         work.mkdir(parents=True, exist_ok=True)
         if not (work / "inputs.json").is_file():
@@ -263,12 +303,25 @@ def prepare_stage(cfg: Config, case_dir: Path, stage: str, task: int = 0, tasks:
             _fit_stage(cfg, case_dir, work, parent, out)
         elif stage == "encode":
             _encode_stage(work, task, tasks, out)
-        elif stage == "finish":
-            _finish_stage(folder, inputs)
         else:
-            raise UserError(f"unknown preparation stage {stage!r}; expected one of {', '.join(STAGES)}")
-    except OSError as e:
+            _finish_stage(folder, inputs, out)
+    except (OSError, UserError) as e:
+        if published(folder):  # another preparer finished first (and removed the work folder)
+            print(f"Token shards: {folder} was published by another preparer; the {stage} stage has nothing "
+                  "left to do", file=out, flush=True)
+            return
+        if isinstance(e, UserError):
+            raise
         raise _write_error(folder, e) from None
+
+
+def _set_aside_unfinished(folder: Path) -> None:
+    """A shard folder without a manifest is an unfinished preparation of the layout before
+    private publishing (its work/ inside): moved out of the way of the rename that publishes."""
+    if folder.is_dir() and not published(folder):
+        with contextlib.suppress(OSError):  # another preparer moved it first
+            os.rename(folder, folder.with_name(f".{folder.name}.{os.getpid()}.unfinished"))
+            shutil.rmtree(folder.with_name(f".{folder.name}.{os.getpid()}.unfinished"), ignore_errors=True)
 
 
 class _Cleaned(Mapping[str, np.ndarray]):
@@ -313,7 +366,7 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
     (work / "clean").mkdir(exist_ok=True)
     mine = [i for i in range(len(market.assets)) if i % tasks == task]
     if task == 0:
-        print(f"Token shards: preparing {work.parent} from {len(market.assets)} assets ({cfg.data.source}, "
+        print(f"Token shards: preparing {work.parent / work.stem} from {len(market.assets)} assets ({cfg.data.source}, "
               f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
               file=out, flush=True)
     for k, i in enumerate(mine, 1):
@@ -356,7 +409,7 @@ def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Clean
 
 def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], out: TextIO) -> None:
     """Split by time from the stamps alone, fit the tokenizer (and volume edges) on the train
-    ranges only, and lay out the token arrays; work/split.json, written last, says it is done."""
+    ranges only; work/split.json, written last, says it is done."""
     if (work / "split.json").is_file():
         return
     universe, interval, cleaned, records, dropped, series_intervals = _cleaned(cfg, case_dir, work)
@@ -368,92 +421,106 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     edges = fit_volume(prepared) if wants_features(cfg) else None
     symbols = [a.symbol for a in prepared.assets]
     lengths = [len(cleaned[s]) for s in symbols]
-    tokens = work / "tokens"
-    tokens.mkdir(exist_ok=True)
-    total = sum(lengths)
-    for name, width in (("tokens.bin", 2), ("moves.bin", 8)) + ((("features.bin", 2 * NUM_FEATURES),) if edges else ()):
-        with open(tokens / name, "wb") as f:
-            f.truncate(total * width)  # sparse until each asset's range is written
+    # two fits of one shard (a resubmitted array, a training run meanwhile) write the same files,
+    # each by a rename: an encode task reads one whole version or the other
     tokenizer.save(work / "tokenizer.json")
     atomic_write_json(work / "split.json", {
-        "symbols": symbols, "files": [str(cleaned.files[s]) for s in symbols], "lengths": lengths,
+        "symbols": symbols, "files": [cleaned.files[s].name for s in symbols], "lengths": lengths,
         "ranges": {s: ranges_of(prepared, s) for s in symbols}, "interval": interval, "volume_edges": edges,
         "info": prepared.info, "asset_info": asset_info(prepared.assets, cfg.data.intervals),
         "series_intervals": series_intervals})
-    print(f"Token shards: split {total:,} candles of {len(symbols)} assets; tokenizer fitted on the train split",
-          file=out, flush=True)
+    print(f"Token shards: split {sum(lengths):,} candles of {len(symbols)} assets; tokenizer fitted on the train "
+          "split", file=out, flush=True)
 
 
 def _split(work: Path) -> dict:
     if not (work / "split.json").is_file():
-        raise UserError(f"{work.parent}: the fit stage has not run: run it after every clean task")
+        raise UserError(f"{work.parent / work.stem}: the fit stage has not run: run it after every clean task")
     return read_json(work / "split.json")
 
 
 def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
-    """Encode this task's assets into their ranges of the token arrays; work/encoded/<j>.json
-    (that asset's clip counts) marks each one done."""
+    """Encode this task's assets, each into work/encoded/<j>.npz (its tokens, moves, time and
+    volume ids and clip counts), written under a temp name and renamed: present means whole."""
     split = _split(work)
     tokenizer = OHLCTokenizer.load(work / "tokenizer.json")
     edges = split["volume_edges"]
-    bounds = np.concatenate([[0], np.cumsum(split["lengths"], dtype=np.int64)])
-    cleaned = _Cleaned(dict(zip(split["symbols"], map(Path, split["files"]))))
+    cleaned = _Cleaned({s: work / "clean" / f for s, f in zip(split["symbols"], split["files"])})
     (work / "encoded").mkdir(exist_ok=True)
     mine = [j for j in range(len(split["symbols"])) if j % tasks == task]
     for k, j in enumerate(mine, 1):
-        done = work / "encoded" / f"{j:06d}.json"
+        done = work / "encoded" / f"{j:06d}.npz"
         if not done.is_file():
             s = split["symbols"][j]
             tokenizer.reset_clip_counts()  # this asset's own counts, summed by the finish stage
             interval = split.get("series_intervals", {}).get(s, split["interval"])
             toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, interval, edges)
-            lo = int(bounds[j])
-            _write_at(work / "tokens" / "tokens.bin", lo * 2, toks.astype(np.int16))
-            _write_at(work / "tokens" / "moves.bin", lo * 8, moves.astype(np.float64))
+            if len(toks) != split["lengths"][j]:
+                raise UserError(f"{s}: {len(toks)} tokens where the fit stage counted {split['lengths'][j]}; "
+                                f"delete {work} and prepare again")
+            arrays = {"tokens": toks.astype(np.int16), "moves": moves.astype(np.float64),
+                      "clip_counts": np.array(json.dumps(dict(tokenizer.clip_counts)))}
             if features is not None:
-                _write_at(work / "tokens" / "features.bin", lo * 2 * NUM_FEATURES, features.astype(np.int16))
-            atomic_write_json(done, dict(tokenizer.clip_counts))  # after the arrays are on disk
+                arrays["features"] = features.astype(np.int16)
+            with atomic_path(done) as tmp, open(tmp, "wb") as f:
+                np.savez(f, **arrays)
         _progress(out, "encoded", k, len(mine))
 
 
-def _write_at(file: Path, offset: int, array: np.ndarray) -> None:
-    # a plain positioned write, synced: array tasks on several nodes write their own ranges of
-    # one file, which a shared filesystem keeps apart where it might not for memory maps
-    with open(file, "r+b") as f:
-        f.seek(offset)
-        f.write(np.ascontiguousarray(array).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _finish_stage(folder: Path, inputs: dict) -> None:
-    """Publish: the token folder and the run files, then manifest.json; work/ is removed."""
-    if (folder / "manifest.json").is_file():
-        return
-    work = folder / "work"
+def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
+    """Publish: the token folder, the run files and manifest.json (every file's sha256) written
+    into a private folder, renamed to the shard's name; then the work folder is removed."""
+    work = work_folder(folder)
     split = _split(work)
     symbols = split["symbols"]
-    missing = [s for j, s in enumerate(symbols) if not (work / "encoded" / f"{j:06d}.json").is_file()]
+    parts = [work / "encoded" / f"{j:06d}.npz" for j in range(len(symbols))]
+    missing = [s for s, part in zip(symbols, parts) if not part.is_file()]
     if missing:
         raise UserError(f"{len(missing)} assets are not encoded yet (e.g. {missing[0]}): run the encode stage "
                         "for every task first")
-    tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
-    counts = dict(tokenizer.clip_counts)
-    for j in range(len(symbols)):
-        for k, n in read_json(work / "encoded" / f"{j:06d}.json").items():
-            counts[k] = counts.get(k, 0) + n
-    tokenizer.clip_counts = counts
-    data_info = dict(split["info"], tokenizer_clip_counts=counts)
-    if split["volume_edges"] is not None:
-        data_info["volume_edges"] = split["volume_edges"]
-    tokens = work / "tokens"
-    write_index(tokens, symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None)
-    shutil.rmtree(folder / "tokens", ignore_errors=True)  # an unfinished earlier try's (no manifest)
-    tokens.rename(folder / "tokens")
-    tokenizer.save(folder / "tokenizer.json")
-    atomic_write_json(folder / "asset_info.json", split["asset_info"])
-    atomic_write_json(folder / "data_info.json", data_info)
-    atomic_write_json(folder / "manifest.json", {
-        "key": folder.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "assets": len(symbols),
-        "candles": int(sum(split["lengths"])), "inputs": inputs})
+    private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".publish", dir=folder.parent))
+    try:
+        (private / "tokens").mkdir()
+        files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None)
+        write_index(private / "tokens", symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None)
+        tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
+        tokenizer.clip_counts = {k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)
+                                 for k in dict.fromkeys([*tokenizer.clip_counts, *counts])}
+        data_info = dict(split["info"], tokenizer_clip_counts=tokenizer.clip_counts)
+        if split["volume_edges"] is not None:
+            data_info["volume_edges"] = split["volume_edges"]
+        tokenizer.save(private / "tokenizer.json")
+        atomic_write_json(private / "asset_info.json", split["asset_info"])
+        atomic_write_json(private / "data_info.json", data_info)
+        for name in ("tokens/index.json", "tokenizer.json", "asset_info.json", "data_info.json"):
+            files[name] = file_sha256(private / name)
+        manifest = {"key": folder.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "assets": len(symbols),
+                    "candles": int(sum(split["lengths"])), "inputs": inputs, "files": files}
+        atomic_write_json(private / "manifest.json", dict(manifest, manifest_sha256=manifest_checksum(manifest)))
+        won = publish_folder(private, folder)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)  # gone after a rename; ours alone otherwise
+    if not won:
+        print(f"Token shards: {folder} was published by another preparer meanwhile; ours is discarded",
+              file=out, flush=True)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_tokens(tokens: Path, parts: list[Path], with_features: bool) -> tuple[dict, dict]:
+    """The token arrays streamed from each asset's encoded file, hashed as they are written:
+    ({"tokens/<file>": {"bytes", "sha256"}}, the summed clip counts)."""
+    names = {"tokens": "tokens.bin", "moves": "moves.bin", **({"features": "features.bin"} if with_features else {})}
+    hashers = {k: Hasher() for k in names}
+    counts: dict[str, int] = {}
+    with contextlib.ExitStack() as stack:
+        handles = {k: stack.enter_context(open(tokens / name, "wb")) for k, name in names.items()}
+        for part in parts:
+            with np.load(part) as z:
+                for k in names:
+                    hashers[k].write(handles[k], np.ascontiguousarray(z[k]).tobytes())
+                for k, n in json.loads(str(z["clip_counts"])).items():
+                    counts[k] = counts.get(k, 0) + n
+        for f in handles.values():
+            f.flush()
+            os.fsync(f.fileno())
+    return {f"tokens/{name}": hashers[k].entry() for k, name in names.items()}, counts
