@@ -14,10 +14,21 @@
 #
 #   ./quickstart.sh                       # the defaults below
 #   ./quickstart.sh --set training.epochs=2   # extra --set overrides are passed through
+#   ./quickstart.sh test                  # the test suite instead, in the same environment
+#   ./quickstart.sh test tests/test_model.py -x   # arguments after `test` go to pytest
+#
+# `test` installs the package with its test extra into the same environment and runs pytest
+# there, with that environment first on PATH (the Slurm tests' jobs and every subprocess then
+# run its python). Either command may come first on a fresh clone.
 #
 # Environment: MARKETGPT_VENV (default .venv), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")"
+mode="train"
+if [[ "${1:-}" == "test" ]]; then
+    mode="test"
+    shift
+fi
 
 if [[ -n "${VIRTUAL_ENV:-}" ]]; then
     echo "==> Using the active virtual environment $VIRTUAL_ENV"
@@ -38,6 +49,18 @@ fi
 if ! "$py" -m pip show --quiet marketgpt >/dev/null 2>&1; then
     echo "==> Installing marketgpt and its dependencies"
     "$py" -m pip install --quiet --disable-pip-version-check -e .
+fi
+
+if [[ "$mode" == "test" ]]; then
+    # the test extra (setup.cfg): pytest, pytest-socket (setup.cfg's --disable-socket needs it), ...
+    if ! "$py" -c 'import pytest, pytest_socket, hypothesis, responses, onnx, onnxruntime, wandb, mlflow' 2>/dev/null; then
+        echo "==> Installing the test dependencies"
+        "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+    fi
+    bin=$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))')
+    export PATH="$bin:$PATH"
+    echo "==> Running the tests with $bin/python"
+    exec "$bin/python" -m pytest "$@"
 fi
 
 echo "==> Training on the shipped sample with the small-data settings (about 2.5 minutes on 2 idle CPU cores, a small scorecard included)"
