@@ -91,6 +91,24 @@ def test_warnings_on_hand_made_numbers():
     assert plan_warnings(_plan(parameters=500, slurm_time_s=70)) == []
 
 
+def test_one_gpu_with_cuda_graphs_is_advised_only_where_it_beats_the_ddp_job():
+    (advice,) = plan_warnings(_plan(parameters=500, slurm_time_s=70, one_gpu_rate=Rate(250.0, "graphs")))
+    assert "1.25x as fast as 2x a100 under DDP" in advice and "--num-gpus 1" in advice
+    assert "global batch is then 2 instead of 4" in advice and "training.seed" in advice
+    for one_gpu, gpus in ((215.0, 2), (150.0, 2), (250.0, 1)):  # within the spread; slower; a one-GPU job
+        assert plan_warnings(_plan(parameters=500, slurm_time_s=70, gpus=gpus, one_gpu_rate=Rate(one_gpu, "g"))) == []
+
+
+@pytest.mark.parametrize("case, advised", [("a", False), ("b", True)])
+def test_the_plan_says_when_one_gpu_beats_the_case_job(capsys, tmp_path, case, advised):
+    """From the measured rates: case B's 26.4M model is launch-bound enough that one GPU with CUDA
+    graphs beats two without them; case A's is compute-bound, and DDP pays."""
+    text = _plan_text(capsys, tmp_path, case)
+    assert ("WARNING: one a100 with CUDA graphs" in text) == advised
+    b = GPU_RATES[(512, 8, 256)]
+    assert advised == (case == "b") and b[1] > 1.1 * 2 * b[0]
+
+
 def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
     fpt = meta_model(cfg).flops_per_token()

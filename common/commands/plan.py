@@ -119,7 +119,8 @@ def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = No
                 steps_per_epoch=steps, global_batch=t.batch_size * gpus * t.grad_accum_steps,
                 epoch_stride=cfg.data.epoch_stride, gpus=gpus, gpu_type=s.gpu_type,
                 gpu_rate=gpu_rate(cfg, flops_per_token, gpus), cpu_rate=cpu_rate(flops_per_token),
-                memory_gb=memory.total / 1e9, slurm_time_s=parse_slurm_time(s.time) * 60, max_requeues=MAX_REQUEUES)
+                memory_gb=memory.total / 1e9, slurm_time_s=parse_slurm_time(s.time) * 60, max_requeues=MAX_REQUEUES,
+                one_gpu_rate=gpu_rate(cfg, flops_per_token, 1) if gpus > 1 else None)
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
         plan.suggestions = _supported_shapes(cfg, data)
     return plan

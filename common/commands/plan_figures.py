@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from common.data.check import format_breakdown
 
-__all__ = ["MIN_TOKENS_PER_PARAMETER", "SHORT_RUN_SHARE", "DataFigures", "Plan", "Rate", "asset_windows",
+__all__ = ["MIN_TOKENS_PER_PARAMETER", "ONE_GPU_ADVANTAGE", "SHORT_RUN_SHARE", "DataFigures", "Plan", "Rate", "asset_windows",
            "epoch_windows", "format_plan", "plan_warnings", "steps_per_epoch"]
 
 # Warn below 1 unique training token per parameter. Language models are trained compute-optimally
@@ -25,6 +25,9 @@ __all__ = ["MIN_TOKENS_PER_PARAMETER", "SHORT_RUN_SHARE", "DataFigures", "Plan",
 MIN_TOKENS_PER_PARAMETER = 1.0
 # a run that uses less than this share of the Slurm time it asks for queues longer than it needs
 SHORT_RUN_SHARE = 0.10
+# advise one GPU with CUDA graphs over a DDP job when it is at least this much faster: below it the
+# measured rates' run-to-run spread (up to 15% for case C) and the halved global batch outweigh it
+ONE_GPU_ADVANTAGE = 1.10
 
 
 @dataclass
@@ -66,6 +69,9 @@ class Plan:
     slurm_time_s: int
     max_requeues: int
     suggestions: list[str] = field(default_factory=list)  # model shapes the data supports, filled in by the caller
+    # the same model on one of the GPUs, in the compile mode one GPU gets (CUDA graphs): set for a
+    # multi-GPU job, whose ranks compile without graphs
+    one_gpu_rate: Optional[Rate] = None
 
     @property
     def tokens_per_parameter(self) -> float:
@@ -143,6 +149,7 @@ def plan_warnings(plan: Plan) -> list[str]:
         out.append(f"WARNING: {plan.tokens_per_parameter:.3g} unique training tokens per parameter "
                    f"({_count(plan.data.candles['train'])} tokens, {_count(plan.parameters)} parameters), below "
                    f"{MIN_TOKENS_PER_PARAMETER:g}: the model can memorize the data. Try " + "; or ".join(fixes))
+    out += _one_gpu_advice(plan)
     run, limit = plan.run_seconds, plan.slurm_time_s
     if run is not None and limit > 0:
         where = f"{plan.gpus}x {plan.gpu_type}"
@@ -158,6 +165,25 @@ def plan_warnings(plan: Plan) -> list[str]:
                        f"{duration(limit)}: a shorter --time queues sooner, e.g. --set slurm.time="
                        f"{slurm_time(run * 1.5 + 1800)}")
     return out
+
+
+def _one_gpu_advice(plan: Plan) -> list[str]:
+    """A warning where one GPU with CUDA graphs outruns the whole DDP job without them (small
+    models: their step is launch-bound, which graphs remove). DDP is taken to scale linearly, so
+    the comparison favours the job the user asked for."""
+    if plan.gpus < 2 or plan.gpu_rate is None or plan.one_gpu_rate is None:
+        return []
+    one, ddp = plan.one_gpu_rate.tokens_per_s, plan.gpu_rate.tokens_per_s * plan.gpus
+    if one < ONE_GPU_ADVANTAGE * ddp:
+        return []
+    per_gpu = plan.global_batch // plan.gpus
+    return [f"WARNING: one {plan.gpu_type} with CUDA graphs (about {_count(one)} tokens/s) trains this model "
+            f"{one / ddp:.2f}x as fast as {plan.gpus}x {plan.gpu_type} under DDP, where CUDA graphs are off (at most "
+            f"{_count(ddp)} tokens/s, {plan.gpus} x {_count(plan.gpu_rate.tokens_per_s)}): submit it on one GPU "
+            f"(sbatch --ntasks-per-node=1 --gres=gpu:{plan.gpu_type}:1 <the case's script> --num-gpus 1; its "
+            f"global batch is then {per_gpu} instead of {plan.global_batch}, or --set training.batch_size="
+            f"{plan.global_batch} where memory allows), or train {plan.gpus} ensemble members at once, one per "
+            "GPU, each with its own --set training.seed=N"]
 
 
 def format_plan(plan: Plan, short: bool = False) -> str:
