@@ -17,10 +17,11 @@ from typing import Any, Iterator
 
 from common.errors import UserError
 
-__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "publish_folder", "read_json", "replace_with", "temp_path"]
+__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "default_mode", "publish_folder", "read_json", "replace_with", "temp_path"]
 
 
-def _default_mode(folder: bool = False) -> int:
+def default_mode(folder: bool = False) -> int:
+    """The mode a new file (folder) gets from the umask: 0o666 (0o777) less the umask's bits."""
     # mkstemp creates 0600 files (mkdtemp 0700 folders); what we publish should read like any
     # other the user writes (group members on a shared cluster read run folders and the data cache).
     umask = os.umask(0)
@@ -56,7 +57,7 @@ def replace_with(tmp: Path, target: str | os.PathLike, fsync: bool = True) -> No
     The temp file is removed if this fails."""
     target = Path(target)
     try:
-        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else _default_mode())
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else default_mode())
         if fsync:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
@@ -95,7 +96,7 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        os.chmod(tmp, _default_mode(folder=True))
+        os.chmod(tmp, default_mode(folder=True))
         yield tmp
         if target.exists():
             old = target.with_name(f".{target.name}.old")
@@ -115,7 +116,7 @@ def publish_folder(tmp: Path, target: str | os.PathLike) -> bool:
     published, False if another writer's whole folder got there first (`tmp` is then the
     caller's to remove). Unlike atomic_folder, a published folder is never replaced."""
     target = Path(target)
-    os.chmod(tmp, _default_mode(folder=True))
+    os.chmod(tmp, default_mode(folder=True))
     try:
         os.rename(tmp, target)
     except OSError as e:

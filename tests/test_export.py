@@ -3,8 +3,11 @@ their parity with the torch model, the model card, the torch-free sampler of
 common.forecasting.infer, Forecaster.from_pretrained's round trip, and bad input."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -15,19 +18,43 @@ import torch
 
 from common.cli import main
 from common.errors import UserError
-from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_inputs
+from common.forecasting.export import PARITY_ATOL, NextTokenLogits, parent_run_of, random_inputs
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
 from common.model.sampling import sample_paths
+from common.paths import REPO_ROOT
 from slurm_helpers import REPO
 from test_forecast import TINY, run_dir  # noqa: F401 (run_dir: the tiny trained run fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # training's tensorboard
 
 
+UMASK = 0o027  # group may read, others not: an export follows the umask, not a fixed mode
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def export(*args: str) -> int:
+    with umask(UMASK):
+        return main(["export", *args])
+
+
+def assert_modes_follow_the_umask(folder) -> None:
+    """Every file of the export as a new file of the user's reads (safetensors' own is 0600)."""
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~UMASK)), modes
+
+
 @pytest.fixture(scope="module")
 def onnx_dir(run_dir):
-    assert main(["export", str(run_dir), "--format", "onnx"]) == 0  # default --out: <case>/exports/<run>
+    assert export(str(run_dir), "--format", "onnx") == 0  # default --out: <case>/exports/<run>
     return run_dir.parent.parent / "exports" / run_dir.name
 
 
@@ -48,7 +75,8 @@ def test_onnx_export_files_and_model_card(run_dir, onnx_dir, forecaster):
     assert card["training_data_cutoff"] == data_info["split_cuts"]["val_start"]
     assert card["universe"] == list(json.loads((run_dir / "asset_info.json").read_text())["symbols"])
     assert card["parameter_count"] == sum(p.numel() for p in forecaster.model.parameters())
-    assert card["parent_run"] == str(run_dir.resolve())
+    assert card["parent_run"] == run_dir.name  # outside the repository: its name, no absolute path
+    assert_modes_follow_the_umask(onnx_dir)
     assert card["kv_cache"] is True and card["context_length"] == TINY["model"]["context_length"]
     scorecard = run_dir / "scorecard.json"
     expected = json.loads(scorecard.read_text())["headline"] if scorecard.is_file() else None
@@ -76,7 +104,7 @@ def test_onnxruntime_and_torch_logits_agree_on_random_inputs(onnx_dir, forecaste
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 def test_pt2_export_matches_torch(run_dir, forecaster, tmp_path):
     """torch.export replaced TorchScript: the program loads without torch.jit, batch and length dynamic."""
-    assert main(["export", str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
+    assert export(str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")) == 0
     module = torch.export.load(str(tmp_path / "pt2" / "model.pt2")).module()
     for batch, length in ((3, 9), (1, 1), (6, 16)):
         t, a, c = random_inputs(batch, length, TINY["model"]["vocab_size"], 5, 2, seed=batch + length)
@@ -87,6 +115,15 @@ def test_pt2_export_matches_torch(run_dir, forecaster, tmp_path):
     assert card["file"] == "model.pt2" and card["format"] == "pt2" and card["parity_max_abs_diff"] <= PARITY_ATOL
     assert sorted(p.name for p in (tmp_path / "pt2").iterdir()) == [
         "asset_info.json", "config.json", "model.pt2", "model_card.json", "tokenizer.json"]
+    assert_modes_follow_the_umask(tmp_path / "pt2")
+    assert card["parent_run"] == run_dir.name
+
+
+def test_parent_run_is_relative_to_the_repository_or_the_runs_name(tmp_path):
+    """model_card.json's parent_run stays true when the export moves: never an absolute path."""
+    inside = REPO_ROOT / "case_c_crypto" / "checkpoints" / "crypto_prototype_20261128_120000"
+    assert parent_run_of(inside) == "case_c_crypto/checkpoints/crypto_prototype_20261128_120000"
+    assert parent_run_of(tmp_path / "runs" / "tiny_20240101_000000") == "tiny_20240101_000000"
 
 
 def test_torchscript_is_refused_with_the_formats_that_replace_it(run_dir, tmp_path, capsys):
@@ -209,7 +246,7 @@ def test_forecast_backend_onnx_on_a_run_folder_or_a_pt2_export_says_what_is_miss
     assert "missing model.onnx" in capsys.readouterr().err
     assert main(["forecast", str(run_dir), "--backend", "onnx", "--precision", "bf16"]) == 2
     assert "in fp32 (no --device, no --precision)" in capsys.readouterr().err
-    assert main(["export", str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
+    assert export(str(run_dir), "--format", "pt2", "--out", str(tmp_path / "pt2")) == 0
     capsys.readouterr()
     assert main(["forecast", str(tmp_path / "pt2"), "--backend", "onnx", "--out", str(tmp_path / "b")]) == 2
     assert "it holds model.pt2: a torch.export program" in capsys.readouterr().err
@@ -222,7 +259,7 @@ def test_forecast_backend_onnx_on_a_run_folder_or_a_pt2_export_says_what_is_miss
 def hf_dir(run_dir, tmp_path_factory):
     """`--format hf`, then the folder moved away from the case: nothing of the run is reachable."""
     out = tmp_path_factory.mktemp("hf_export") / "x"
-    assert main(["export", str(run_dir), "--format", "hf", "--out", str(out)]) == 0
+    assert export(str(run_dir), "--format", "hf", "--out", str(out)) == 0
     moved = tmp_path_factory.mktemp("elsewhere") / "tiny-marketgpt"
     shutil.move(str(out), moved)
     return moved
@@ -245,6 +282,8 @@ def test_hf_folder_files_weights_and_model_card(run_dir, hf_dir, forecaster):
         assert torch.equal(weights[k], state[k]), k
     card = json.loads((hf_dir / "model_card.json").read_text())
     assert card["format"] == "hf" and card["file"] == "model.safetensors" and card["parity_max_abs_diff"] == 0.0
+    assert card["parent_run"] == run_dir.name
+    assert_modes_follow_the_umask(hf_dir)
 
     readme = (hf_dir / "README.md").read_text()
     assert readme.startswith("---\nlibrary_name: marketgpt\n")

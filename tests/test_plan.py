@@ -291,3 +291,46 @@ def test_start_date_max_is_estimated_from_each_source_first_candle(capsys, tmp_p
     assert train[1] > train[0]  # from binance's opening, before 2018
     b = _plan_text(capsys, tmp_path, "b", ["data.start_date=max"]).splitlines()[0]
     assert "the others from 2000-01-01: their first trades are known once downloaded" in b
+
+
+# --------------------------------------------------------------------------- the README's excerpt
+
+
+def readme_plan_excerpt() -> tuple[str, list[str], list[str]]:
+    """The README's `marketgpt plan` example: (the day it was printed on, the command's
+    arguments, the lines shown)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    day = re.search(r"`marketgpt plan --config \.\.\.` .*? as printed on (\d{4}-\d{2}-\d{2})", readme, re.S)
+    block = re.search(r"```text\n\$ marketgpt (plan [^\n]*)\n(.*?)\n```", readme, re.S)
+    assert day and block, "README.md: the plan excerpt (its day, its ```text block with the command) moved"
+    return day.group(1), block.group(1).split(), block.group(2).split("\n")
+
+
+def excerpt_pattern(lines: list[str]) -> str:
+    """A regex the output must match from the start of a line: `...` stands for the rest of a line
+    (one character or more), alone on a line for one whole line or more; all else is verbatim."""
+    parts = [r"(?:[^\n]*\n)+" if line.strip() == "..." else
+             r"[^\n]+?".join(re.escape(piece) for piece in line.split("...")) + r"\n" for line in lines]
+    return "^" + "".join(parts)
+
+
+def test_excerpt_pattern_keeps_elisions_honest():
+    out = "a b c\nd e\nf\ng h\n"
+    assert re.search(excerpt_pattern(["a ...", "d e", "...", "g h"]), out, re.M)
+    assert not re.search(excerpt_pattern(["a ...", "f"]), out, re.M)  # a left-out line needs its `...`
+    assert not re.search(excerpt_pattern(["d e ..."]), out, re.M)  # `...` leaves something out
+    assert not re.search(excerpt_pattern(["a b", "d e"]), out, re.M)  # a line shown whole is whole
+
+
+def test_the_readme_plan_excerpt_is_what_the_command_prints(capsys, tmp_path, monkeypatch):
+    """README.md's plan example, run as shown on the day it names (case C's universe runs to the
+    day of the plan) with an empty cache: every line shown is printed, in order, `...` aside."""
+    import common.commands.plan as plan
+
+    day, args, lines = readme_plan_excerpt()
+    real_end = plan._end
+    monkeypatch.setattr(plan, "_end", lambda cfg: real_end(cfg) if cfg.data.end_date else pd.Timestamp(day, tz="UTC"))
+    args = [str(REPO_ROOT / a) if a.endswith(".json") else a for a in args]
+    assert main(args + ["--set", f"data.cache_dir={tmp_path / 'empty'}"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(excerpt_pattern(lines), out, re.M), f"README.md's plan excerpt differs from:\n{out}"

@@ -114,6 +114,26 @@ def test_a_bad_frame_is_one_error_naming_the_item(fixed, name):
         assert needle in message, message
 
 
+@pytest.mark.parametrize("item", ["X", "C"])  # a stock, and crypto (whose gaps cleaning fills)
+def test_a_nan_last_close_is_refused_and_no_forecast_lands_on_an_input_time(fixed, item):
+    """Cleaning drops a candle without a close: at the end that would move the origin back a
+    step and date the first forecast on the frame's own last timestamp. Refused instead, naming
+    the item and the time; without that row the forecast starts after the frame's new end."""
+    frame = _frame_with(lambda f: f)
+    last = frame.index[frame["item_id"] == item][-1]
+    frame.loc[last, "close"] = np.nan
+    with pytest.raises(UserError) as e:
+        fixed.predict_df(frame, horizon=3, samples=8)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"predict_df: item {item!r}: its last candle"), message
+    assert f"at {frame.loc[last, 'timestamp']}, has close NaN" in message, message
+    kept = frame.drop(index=last)
+    out = fixed.predict_df(kept, horizon=3, samples=8)
+    for name, rows in out.groupby("item_id"):
+        inputs = kept.loc[kept["item_id"] == name, "timestamp"]
+        assert rows["timestamp"].min() > inputs.max() and not rows["timestamp"].isin(inputs).any(), name
+
+
 @pytest.mark.parametrize("levels, horizon", [([0.5, 1.0], 3), ([0.5, 0.5], 3), ([], 3), ("high", 3), ([0.5], 0)])
 def test_bad_levels_and_horizons(fixed, levels, horizon):
     with pytest.raises(UserError, match="quantile_levels|--horizon"):

@@ -1,6 +1,7 @@
 """training.tracker: TensorBoard, wandb (offline) and MLflow (a file store) each get the same
 scalars at the same steps, wandb and MLflow also the config and the run folder, read back with
-each library's own reader; only rank 0 writes; a missing package stops the run in one line.
+each library's own reader; only rank 0 writes; a missing package stops the run in one line; the
+user's WANDB_MODE and MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME win over the defaults.
 The suite blocks sockets (pytest-socket); wandb-core runs in a subprocess, where the offline
 settings in common/training/trackers.py keep it off the network (checked there with strace)."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ci_helpers import unavailable
 from common.config import ConfigError, config_to_dict, load_config
 from common.errors import UserError
 from common.training.metrics import EpochReadings, TrainingMetrics
-from common.training.trackers import flat_config
+from common.training.trackers import flat_config, open_tracker
 from test_trainer import _config, _trainer
 
 torch.set_num_threads(1)
@@ -31,6 +32,15 @@ STORES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlruns"}
 EXPECTED = {"train/step_loss": [(2, 1.5), (4, 1.25)], "train/lr": [(2, 1e-3), (4, 2e-3)],
             "train/tokens_per_sec": [(2, 1000.0), (4, 1100.0)], "train/grad_norm": [(2, 0.5), (4, 0.25)],
             "epoch/mfu": [(4, 0.125)], "epoch/train_loss": [(4, 1.375)], "epoch/val_loss": [(4, 1.5)]}
+
+
+@pytest.fixture(autouse=True)
+def _no_user_settings(monkeypatch):
+    """Each test starts without the user's tracker settings, and what a tracker sets in the
+    environment (WANDB_MODE) is undone after it."""
+    for name in ("WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.setenv(name, "")  # recorded, so that teardown restores the original
+        monkeypatch.delenv(name)
 
 
 def _need(tracker: str) -> None:
@@ -70,11 +80,12 @@ def read_wandb(run: Path) -> dict:
     return {"scalars": scalars, "config": start["config"]["update"], "name": start["display_name"]}
 
 
-def read_mlflow(run: Path) -> dict:
+def read_mlflow(run: Path, uri: str = "") -> dict:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
-    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    client = MlflowClient(tracking_uri=uri or (run / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  filter_string=f"tags.run_dir = '{run}'")
     scalars = {tag: [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, tag)]
                for tag in found.data.metrics}
     return {"scalars": scalars, "params": found.data.params, "tags": found.data.tags, "name": found.info.run_name,
@@ -154,3 +165,49 @@ def test_a_training_run_logs_what_tensorboard_gets(tmp_path, tracker):
         assert [s for s, _ in scalars[tag]] == [s for s, _ in reference[tag]], tag
         if "tokens_per_sec" not in tag:
             assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in reference[tag]], rel=1e-6), tag
+
+
+def test_mlflow_follows_the_users_tracking_uri_and_experiment(tmp_path, monkeypatch):
+    """MLFLOW_TRACKING_URI: every run in one store, to compare them in one UI, grouped by the
+    config's experiment (or MLFLOW_EXPERIMENT_NAME); nothing in the run folders."""
+    _need("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    store = (tmp_path / "shared").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    runs = [tmp_path / f"tiny_2024010{i}_000000" for i in (1, 2, 3)]
+    for i, run in enumerate(runs):
+        if i == 2:
+            monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "sweep")
+        tracker = open_tracker("mlflow", run, {"experiment": "tiny", "model": {"d_model": 32}})
+        tracker.scalar("loss/val", 1.0 + i, 4)
+        tracker.close()
+        assert not run.exists()  # the store is the user's
+    client = MlflowClient(tracking_uri=store)
+    experiments = {e.name: e.experiment_id for e in client.search_experiments()}
+    assert set(experiments) >= {"tiny", "sweep"}
+    grouped = {name: sorted(r.info.run_name for r in client.search_runs([experiments[name]]))
+               for name in ("tiny", "sweep")}
+    assert grouped == {"tiny": [runs[0].name, runs[1].name], "sweep": [runs[2].name]}
+    for i, run in enumerate(runs):
+        got = read_mlflow(run, store)
+        assert got["scalars"] == {"loss/val": [(4, 1.0 + i)]} and got["params"]["model.d_model"] == "32"
+
+
+def test_wandb_follows_the_users_mode_and_is_offline_by_default(tmp_path, monkeypatch):
+    """WANDB_MODE set by the user is honoured (disabled here: no network needed, nothing written);
+    unset, the run is offline."""
+    _need("wandb")
+    import os
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    tracker = open_tracker("wandb", tmp_path / "off", {"experiment": "tiny"})
+    tracker.scalar("loss/val", 1.0, 2)
+    tracker.close()
+    assert tracker.run.settings.mode == "disabled" and not list((tmp_path / "off").glob("wandb/*run-*"))
+
+    monkeypatch.delenv("WANDB_MODE")
+    tracker = open_tracker("wandb", tmp_path / "default", {"experiment": "tiny"})
+    tracker.close()
+    assert os.environ["WANDB_MODE"] == "offline" and tracker.run.settings.mode == "offline"
+    assert len(list((tmp_path / "default").glob("wandb/offline-run-*/run-*.wandb"))) == 1

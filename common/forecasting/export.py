@@ -14,14 +14,15 @@ model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. 
 
     config.json, tokenizer.json, asset_info.json   the run's own, so the export forecasts alone
     model_card.json                                 format, inputs, training-data cutoff, universe,
-                                                    parameter count, parent run and checkpoint
-                                                    sha256, scorecard headline, parity check
+                                                    parameter count, parent run (parent_run_of) and
+                                                    checkpoint sha256, scorecard headline, parity check
     README.md                                       hf only: the model card for people (model_card_markdown)
 
 The files are written into a temp folder inside --out, the exported model is checked against
 the torch model (onnx, pt2: logits on random inputs, which must agree to 1e-4; hf: the folder
 loaded back, every tensor equal), and only then is each file renamed into --out, model_card.json
-last: a failed export leaves no half-written file under a final name.
+last: a failed export leaves no half-written file under a final name. Every file gets the mode
+the umask gives a new one (as the user's other files).
 """
 from __future__ import annotations
 
@@ -37,14 +38,15 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from common.atomic import read_json_or_empty
+from common.atomic import default_mode, read_json_or_empty
 from common.errors import UserError
 from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
+from common.paths import REPO_ROOT
 
 __all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "data_cutoff_of", "export_onnx", "export_pt2", "export_run", "model_card",
-           "model_card_markdown", "save_safetensors"]
+           "model_card_markdown", "parent_run_of", "save_safetensors"]
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "hf": PRETRAINED_FILES[0]}
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
@@ -209,6 +211,8 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
         if fmt == "hf":
             (staging / "README.md").write_text(model_card_markdown(card, Path(run_dir)), encoding="utf-8")
         for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
+            # safetensors writes 0600 and copy2 keeps the run's modes: each file reads as one the user writes
+            os.chmod(staging / name, default_mode())
             os.replace(staging / name, out / name)
     except OSError as e:
         raise UserError(f"cannot write the export into {out} ({e.strerror or e})") from None
@@ -327,6 +331,14 @@ def data_cutoff_of(data_info: dict) -> Optional[str]:
     return max((c for c in cuts if c), default=None)  # ISO 8601 in UTC: text order is time order
 
 
+def parent_run_of(run_dir: Path) -> str:
+    """The run folder as model_card.json names it: relative to the repository when inside it
+    (case_c_crypto/checkpoints/<run>), else its name. Never an absolute path, which would be
+    wrong once the export is moved or shared and would show the exporting machine's layout."""
+    run = Path(run_dir).resolve()
+    return run.relative_to(REPO_ROOT).as_posix() if run.is_relative_to(REPO_ROOT) else run.name
+
+
 def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     """What the export is, what it was trained on, and how good it is (when the run was scored)."""
     data_info = read_json_or_empty(run_dir / "data_info.json")
@@ -354,7 +366,7 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
         "validation_end": cuts.get("test_start"),
         "data_cutoff": data_cutoff_of(data_info),  # every era's (marketgpt benchmark's leakage rule)
         "universe": list(fc.symbols),
-        "parent_run": str(run_dir.resolve()),
+        "parent_run": parent_run_of(run_dir),
         "checkpoint_sha256": fc.checkpoint_sha256,
         "best_epoch": results.get("best_epoch"),
         "test_loss": results.get("test_loss"),

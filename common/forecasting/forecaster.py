@@ -363,7 +363,7 @@ class Forecaster:
     def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
         """One item of predict_df's frame as a History: a known asset, candles on the run's
         interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
-        from common.forecasting.history import clean_history  # the data layer, loaded when asked
+        from common.forecasting.history import FRAME_PRICES, clean_history  # the data layer, loaded when asked
 
         symbol, interval = str(item), self.interval
         if symbol not in self.assets:
@@ -380,6 +380,12 @@ class Forecaster:
             raise UserError(f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
                             f"forecasts {interval} candles; resample to {interval}")
         candles = clean_history(raw, symbol, self.assets[symbol]["category"], step)
+        if not len(candles) or candles.index[-1] != raw.index[-1]:
+            # cleaning dropped the last candle: the origin would move back and the first forecast
+            # step would land on the frame's own last timestamp
+            raise UserError(f"predict_df: item {item!r}: its last candle, at {raw.index[-1]}, has "
+                            f"{_invalid_prices(raw[list(FRAME_PRICES)].iloc[-1])}; the forecast starts after "
+                            "the last row, so fill that candle or drop its row to forecast from the one before")
         if len(candles) < self.min_history():
             raise UserError(f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
                             f"after cleaning, {self.min_history()} needed (model.context_length "
@@ -476,6 +482,13 @@ def _check_levels(levels: Sequence[float]) -> list[float]:
 
 def _last_time(candles: pd.DataFrame) -> str:
     return candles.index[-1].isoformat() if len(candles) else "the start"
+
+
+def _invalid_prices(prices: pd.Series) -> str:
+    """`close NaN`: the prices for which cleaning drops a candle (missing, infinite or not positive)."""
+    bad = [f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items()
+           if not (np.isfinite(v) and v > 0)]
+    return ", ".join(bad) or "invalid prices"
 
 
 def warn(message: str) -> None:
