@@ -108,7 +108,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return run_benchmark_command(BenchmarkRequest(
         model_dir=args.model_dir, tasks=_names(args.tasks) if args.tasks else None, samples=args.samples,
         seed=args.seed, device=args.device, precision=args.precision, as_json=args.json,
-        leaderboard=args.leaderboard, append=not args.no_leaderboard))
+        leaderboard=args.leaderboard, append=not args.no_leaderboard, after_cutoff=args.after_cutoff))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -404,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "like the scorecard; a table, MODEL/benchmark.json and a leaderboard line (docs/scorecard.md)")
     p.add_argument("model_dir", type=Path, metavar="MODEL", help="a run folder or a `marketgpt export --format hf` folder")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all of the version)")
+    p.add_argument("--after-cutoff", action="store_true",
+                   help="instead of the fixed tasks: one task of their scheme on the run's own candles after its "
+                        "data cut-off (MODEL/benchmark_after_cutoff.json; not comparable across models, so no "
+                        "leaderboard line)")
     p.add_argument("--samples", type=int, default=100, help="sampled paths per origin (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")

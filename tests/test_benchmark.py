@@ -1,8 +1,11 @@
 """`marketgpt benchmark`: the fixed tasks on the shipped sample, one row per task, the aggregate
-and its interval, the leakage flag from the run's data cut-off, the leaderboard line, bad inputs."""
+and its interval, the leakage flag from the run's data cut-off, the leaderboard line, bad inputs;
+a cut-off after every task (refused), --after-cutoff on the run's own candles, crypto pairs
+answering for the sample's series of the same base."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -11,9 +14,11 @@ import pytest
 from common.cli import main
 from common.data.sample import load_sample
 from common.evaluation import benchmark
+from common.errors import UserError
 from common.evaluation.benchmark import (BENCHMARK_VERSION, MIN_HISTORY, TASKS, TASKS_FINGERPRINT, aggregate_skill,
-                                         data_cutoff, task_series, tasks_fingerprint)
-from test_forecast import TINY, train_tiny
+                                         choose_tasks, data_cutoff, run_benchmark, task_series, tasks_fingerprint)
+from common.evaluation.price_baselines import RandomWalkEWMA
+from test_forecast import TINY, candles, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
 
@@ -117,6 +122,8 @@ def test_data_cutoff_of_a_run_and_of_an_export(tmp_path):
     (["--tasks", "us-2008,nope"], "unknown benchmark task nope"),
     (["--samples", "1"], "--samples 1"),
     (["--precision", "half"], "--precision 'half'"),
+    (["--tasks", "fx-1h-2017"], "no chosen benchmark task fits the model (1d candles"),
+    (["--after-cutoff", "--tasks", "us-2008"], "--after-cutoff builds its own task"),
 ])
 def test_bad_input_is_one_line_and_exit_2(benched, capsys, args, needle):
     run, board, _ = benched
@@ -149,9 +156,105 @@ def test_an_hf_export_is_benchmarked_like_its_run(benched, tmp_path, capsys):
 
 
 def test_assets_with_less_history_than_the_model_needs_are_left_out():
-    from common.evaluation.benchmark import choose_tasks, run_benchmark
-    from common.evaluation.price_baselines import RandomWalkEWMA
-
     (row,) = run_benchmark(RandomWalkEWMA(0.94), choose_tasks(["btc-2021"]), min_history=10_000, n_samples=4)["tasks"]
     assert row["status"] == "skipped" and row["assets_short"] == ["BTC-USD"]
     assert "fewer than the model's 10000 candles before 2021-01-04" in row["reason"]
+
+
+def _with_cutoff(run, dest, test_start):
+    """A copy of the trained run whose data_info.json records `test_start` as its cut-off (None: none)."""
+    shutil.copytree(run, dest, ignore=shutil.ignore_patterns("benchmark*.json"))
+    info = json.loads((dest / "data_info.json").read_text())
+    if test_start is None:
+        del info["split_cuts"]
+    else:
+        info["split_cuts"]["test_start"] = test_start
+    (dest / "data_info.json").write_text(json.dumps(info))
+    return dest
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("marketgpt benchmark: error: "), err
+    return err[0]
+
+
+def test_a_cutoff_after_every_task_is_refused_with_the_ways_out(benched, tmp_path, capsys):
+    # the cases' dates and ratios (2005 to today, 70/15/15) put the cut-off in 2023: every daily task inside it
+    run = _with_cutoff(benched[0], tmp_path / "late", "2023-09-01T00:00:00+00:00")
+    board = tmp_path / "board.jsonl"
+    capsys.readouterr()
+    assert main(["benchmark", str(run), "--samples", "4", "--leaderboard", str(board)]) == 2
+    line = _one_line(capsys)
+    assert "cut-off 2023-09-01 is after the start of every benchmark task it can answer" in line
+    assert "data.end_date before 2023-07-03" in line and "--after-cutoff" in line, line
+    assert not (run / "benchmark.json").exists() and not board.exists()
+
+
+def test_after_cutoff_scores_the_runs_own_candles_after_its_cutoff(benched, tmp_path, capsys):
+    run = _with_cutoff(benched[0], tmp_path / "late", "2024-07-01T00:00:00+00:00")
+    board = tmp_path / "board.jsonl"
+    capsys.readouterr()
+    assert main(["benchmark", str(run), "--after-cutoff", "--samples", "4", "--leaderboard", str(board)]) == 0
+    out = capsys.readouterr().out
+    result = json.loads((run / "benchmark_after_cutoff.json").read_text())
+    assert result["task_set"] == "after-cutoff" and result["comparable"] is False
+    assert "NOT the fixed ones" in out and "not comparable across models" in out
+    assert not (run / "benchmark.json").exists() and not board.exists()  # no fixed result, no leaderboard line
+    (task,), (row,) = result["task_definitions"], result["tasks"]
+    daily = next(t for t in TASKS if t.interval == "1d")
+    assert (tuple(task["horizons"]), task["stride"]) == (daily.horizons, daily.stride)  # the fixed tasks' scheme
+    # the run's assets with candles after 2024-07-01 (the sample's daily series end in early 2025)
+    assert task["start"] == "2024-07-01" and sorted(task["assets"]) == ["005930.KS", "NVDA"]
+    assert task["end"] == "2025-02-15"  # after the last candle (NVDA, 2025-02-14)
+    assert row["status"] == "scored" and row["leakage"] is False
+    assert sorted(row["horizons"], key=int) == ["1", "5", "20"]
+    assert result["aggregate"]["tasks"] == ["after-cutoff"] and result["aggregate"]["units"] == 3
+
+
+@pytest.mark.parametrize("test_start, needle", [
+    ("2025-06-01T00:00:00+00:00", "1d candles end before its data cut-off 2025-06-01 (the last is 2025-02-14)"),
+    ("2025-02-10T00:00:00+00:00", "at most 5 1d candles after the data cut-off 2025-02-10, fewer than the 21"),
+    (None, "records no data cut-off"),
+])
+def test_after_cutoff_without_candles_after_it_is_one_line(benched, tmp_path, capsys, test_start, needle):
+    run = _with_cutoff(benched[0], tmp_path / "run", test_start)
+    capsys.readouterr()
+    assert main(["benchmark", str(run), "--after-cutoff", "--no-leaderboard"]) == 2
+    line = _one_line(capsys)
+    assert needle in line, line
+    assert not (run / "benchmark_after_cutoff.json").exists()
+
+
+def test_after_cutoff_task_splits_at_the_cutoff():
+    from common.evaluation.benchmark import after_cutoff_task
+
+    cut = pd.Timestamp("2021-01-01", tz="UTC")
+    frames = {"A": ("us_stock", candles(400, 0, start="2020-01-01")),  # 34 candles from the cut-off on
+              "B": ("us_stock", candles(380, 1, start="2020-01-01")),  # 14: fewer than H=20 needs
+              "C": ("crypto", candles(300, 2, start="2020-01-01"))}  # none
+    task, series = after_cutoff_task(frames, "1d", cut)
+    (s,) = series
+    assert task.assets == ("A",) and task.start == "2021-01-01" and task.end == "2021-02-04"
+    assert s.candles.index[s.train.stop - 1] < cut <= s.candles.index[s.test.start] and s.test.stop == 400
+    with pytest.raises(UserError, match="no 4h candles"):
+        after_cutoff_task(frames, "4h", cut)
+
+
+def test_crypto_pairs_answer_for_the_samples_series_of_their_base():
+    seen = []
+    rw = RandomWalkEWMA(0.94)
+
+    def fn(histories, horizon, n_samples, seed):
+        seen.extend(h.symbol for h in histories)
+        return rw(histories, horizon, n_samples, seed)
+
+    tasks = choose_tasks(["btc-2021"])
+    pairs = run_benchmark(fn, tasks, symbols={"BTC/EUR", "BTC/USDT", "ETH/USDT"}, interval="1d", n_samples=4, n_boot=50)
+    (row,) = pairs["tasks"]
+    assert row["status"] == "scored" and row["assets_scored"] == ["BTC/USDT"] and set(seen) == {"BTC/USDT"}
+    assert pairs["symbol_map"] == {"BTC-USD": "BTC/USDT"}  # USDT before EUR
+    lines = benchmark.format_table(pairs).splitlines()
+    assert [x for x in lines if "BTC-USD -> BTC/USDT" in x] == [lines[1]]
+    (same,) = run_benchmark(rw, tasks, symbols={"BTC-USD"}, interval="1d", n_samples=4, n_boot=50)["tasks"]
+    assert row["horizons"] == same["horizons"]  # the sample's own series, under the pair's name

@@ -1,13 +1,18 @@
 """`marketgpt benchmark MODEL`: the fixed benchmark tasks (common.evaluation.benchmark) for a run
 folder or a `marketgpt export --format hf` folder.
 
-    marketgpt benchmark MODEL [--tasks us-2017,long-2023] [--samples 100] [--seed 0] [--device cpu]
-                              [--json] [--leaderboard PATH | --no-leaderboard]
+    marketgpt benchmark MODEL [--tasks us-2017,long-2023 | --after-cutoff] [--samples 100] [--seed 0]
+                              [--device cpu] [--json] [--leaderboard PATH | --no-leaderboard]
 
 Writes MODEL/benchmark.json (atomically), prints the table (or, with --json, the same JSON for jq)
 on stdout and progress on stderr, and appends one line to the leaderboard file (JSON lines,
 default benchmark_leaderboard.jsonl in the repo root; one write of the whole line in append mode,
-so concurrent benchmarks never interleave their lines).
+so concurrent benchmarks never interleave their lines). A model whose data cut-off covers every
+task it could answer is refused before any scoring (one line, exit 2).
+
+--after-cutoff: one task of the same scheme on the run's own candles after its data cut-off
+(common.evaluation.benchmark.after_cutoff_task), written to MODEL/benchmark_after_cutoff.json and
+never to the leaderboard (its tasks are the run's own, not comparable across models).
 """
 from __future__ import annotations
 
@@ -15,21 +20,26 @@ import datetime as dt
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
+
+import pandas as pd
 
 from common.atomic import atomic_write_json, read_json
 from common.commands.scorecard import _device  # the scorecard's --device rule
 from common.errors import UserError
-from common.evaluation.benchmark import choose_tasks, data_cutoff, format_table, run_benchmark
+from common.evaluation.benchmark import (after_cutoff_task, check_answerable, choose_tasks, data_cutoff, format_table,
+                                         run_benchmark)
 from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
 from common.paths import REPO_ROOT
 
-__all__ = ["BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line", "run_benchmark_command"]
+__all__ = ["AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
+           "run_benchmark_command"]
 
 BENCHMARK_JSON = "benchmark.json"
+AFTER_CUTOFF_JSON = "benchmark_after_cutoff.json"  # beside, never over, the fixed tasks' result
 DEFAULT_LEADERBOARD = REPO_ROOT / "benchmark_leaderboard.jsonl"
 
 
@@ -46,6 +56,7 @@ class BenchmarkRequest:
     as_json: bool = False
     leaderboard: Optional[Path] = None  # None: DEFAULT_LEADERBOARD
     append: bool = True  # False: no leaderboard line
+    after_cutoff: bool = False  # a task from the run's own candles after its cut-off instead of the fixed ones
 
 
 def append_line(path: Path, record: dict) -> None:
@@ -77,24 +88,37 @@ def leaderboard_record(result: dict, model_dir: Path, checkpoint_sha256: Optiona
 
 def run_benchmark_command(req: BenchmarkRequest) -> int:
     """`marketgpt benchmark`: the table (or JSON) on stdout, progress on stderr."""
-    tasks = choose_tasks(req.tasks)
+    if req.after_cutoff and req.tasks:
+        raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
+    tasks = None if req.after_cutoff else choose_tasks(req.tasks)
     if req.samples < 2:
         raise UserError(f"--samples {req.samples}: must be at least 2")
-    leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append else None
+    leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append and not req.after_cutoff else None
     model_dir = Path(req.model_dir)
     if not model_dir.is_dir():
         raise UserError(f"{model_dir}: no such folder; pass a run folder or a `marketgpt export --format hf` folder")
     forecaster = Forecaster.from_run(model_dir, device=_device(req.device), precision=req.precision)
+    cutoff = data_cutoff(model_dir)
+    own = None
+    if req.after_cutoff:
+        task, series = after_cutoff_task(_own_candles(forecaster, model_dir, cutoff), forecaster.interval, cutoff)
+        tasks, own = [task], {task.name: series}
+    else:
+        check_answerable(tasks, symbols=set(forecaster.symbols), interval=forecaster.interval, cutoff=cutoff,
+                         chosen=req.tasks is not None)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
-                           interval=forecaster.interval, cutoff=data_cutoff(model_dir),
-                           min_history=forecaster.min_history(),
-                           n_samples=req.samples, seed=req.seed, progress=say)
+                           interval=forecaster.interval, cutoff=cutoff, min_history=forecaster.min_history(),
+                           n_samples=req.samples, seed=req.seed, progress=say, series=own)
+    if result["aggregate"]["value"] is None:  # e.g. every asset's history shorter than the model's context
+        raise UserError("no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                 result["aggregate"]["excluded"].items()))
     result["model"] = {"path": str(model_dir), "checkpoint_sha256": forecaster.checkpoint_sha256,
                        "interval": forecaster.interval, "precision": forecaster.precision}
+    out = model_dir / (AFTER_CUTOFF_JSON if req.after_cutoff else BENCHMARK_JSON)
     try:
-        atomic_write_json(model_dir / BENCHMARK_JSON, result)
-        result = read_json(model_dir / BENCHMARK_JSON)  # plain JSON types: stdout prints what the file holds
+        atomic_write_json(out, result)
+        result = read_json(out)  # plain JSON types: stdout prints what the file holds
         if leaderboard is not None:
             append_line(leaderboard, leaderboard_record(result, model_dir, forecaster.checkpoint_sha256))
     except OSError as e:
@@ -102,6 +126,27 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
                         "permissions or pass --leaderboard PATH") from None
     print(json.dumps(result, indent=2) if req.as_json else format_table(result))
     if not req.as_json:
-        where = f" and appended a line to {leaderboard}" if leaderboard is not None else ""
-        print(f"Wrote {model_dir / BENCHMARK_JSON}{where}")
+        where = (f" and appended a line to {leaderboard}" if leaderboard is not None else
+                 " (no leaderboard line: after-cutoff tasks are not comparable across models)"
+                 if req.after_cutoff else "")
+        print(f"Wrote {out}{where}")
     return 0
+
+
+def _own_candles(forecaster: Forecaster, model_dir: Path,
+                 cutoff: Optional[pd.Timestamp]) -> dict[str, tuple[str, pd.DataFrame]]:
+    """symbol -> (category, cleaned candles) of every asset of the run, from its own data source,
+    the whole cache: data.end_date lifted (the candles after it are after the cut-off too)."""
+    from common.forecasting.history import load_histories  # the data layer, loaded when asked
+
+    if cutoff is None:
+        raise UserError(f"--after-cutoff: {model_dir} records no data cut-off (data_info.json's split_cuts, or "
+                        "model_card.json's data_cutoff), so there is no period after it to score")
+    cfg = forecaster.cfg
+    if cfg.data.source in ("download", "files") and not (model_dir / "best_model.pt").is_file():
+        raise UserError(f"--after-cutoff: {model_dir} is an export; pass its run folder, whose case holds the "
+                        f"{cfg.data.source} candles it was trained on")
+    cfg = replace(cfg, data=replace(cfg.data, end_date=None))
+    categories = {s: forecaster.assets[s]["category"] for s in forecaster.symbols}
+    loaded = load_histories(cfg, model_dir, categories, forecaster.symbols, None, forecaster.interval)
+    return {symbol: (categories[symbol], frame) for symbol, frame in loaded}

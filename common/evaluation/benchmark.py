@@ -15,15 +15,21 @@ data can be compared on the same questions.
 
 A task never changes once released: a change is a new BENCHMARK_VERSION, and the leaderboard
 rows carry the version they were scored under.
+
+A crypto model's ccxt pairs answer for the sample's Yahoo series of the same base asset
+(BTC/USDT for BTC-USD: sample_aliases). A model whose cut-off covers every task it could answer
+has no out-of-sample answer on them (check_answerable says so); after_cutoff_task builds a task
+of the same scheme from the run's own candles after its cut-off instead: not a fixed task, so
+not comparable across models.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -39,12 +45,15 @@ from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
 from common.forecasting.export import data_cutoff_of
 from common.markets import interval_step
 
-__all__ = ["BENCHMARK_NAME", "BENCHMARK_VERSION", "TASKS", "TASKS_FINGERPRINT", "Task", "aggregate_skill",
-           "choose_tasks", "data_cutoff", "format_table", "run_benchmark", "task_series", "tasks_fingerprint"]
+__all__ = ["AFTER_CUTOFF", "BENCHMARK_NAME", "BENCHMARK_VERSION", "TASKS", "TASKS_FINGERPRINT", "Task",
+           "after_cutoff_task", "aggregate_skill", "check_answerable", "choose_tasks", "data_cutoff", "format_table",
+           "run_benchmark", "sample_aliases", "task_scheme", "task_series", "tasks_fingerprint"]
 
 BENCHMARK_NAME = "marketgpt-sample"
 BENCHMARK_VERSION = "1"
 MIN_HISTORY = 250  # candles every task asset has before `start`: a context, volatility warm-up, GARCH's fit
+AFTER_CUTOFF = "after-cutoff"  # the task set (and its one task's name) built from a run's own candles
+QUOTE_ORDER = ("USD", "USDT", "USDC")  # which of a model's pairs of one base answers for the sample's series
 
 
 @dataclass(frozen=True)
@@ -103,16 +112,122 @@ def task_series(task: Task) -> list[AssetSeries]:
     `train` the candles before `start`, `test` those from `start` on."""
     raw = load_sample(task.interval)
     assets = {a.symbol: a for a in sample_assets(task.interval)}
-    start, end = pd.Timestamp(task.start, tz="UTC"), pd.Timestamp(task.end, tz="UTC")
+    end = pd.Timestamp(task.end, tz="UTC")
     out = []
     for symbol in task.assets:
         frame, _, why = clean_asset(assets[symbol], raw[symbol], interval_step(task.interval))
         if frame is None:
             raise ValueError(f"benchmark task {task.name}: {symbol} has no candles ({why})")
-        frame = frame[frame.index < end]
-        i0 = int(frame.index.searchsorted(start))
-        out.append(AssetSeries(symbol, assets[symbol].category, frame, range(0, i0), range(i0, len(frame))))
+        out.append(_split_at(symbol, assets[symbol].category, frame[frame.index < end], task.start))
     return out
+
+
+def _split_at(symbol: str, category: str, frame: pd.DataFrame, start: str | pd.Timestamp) -> AssetSeries:
+    """An asset's candles as a task's series: `train` (the history) before `start`, `test` from it on."""
+    i0 = int(frame.index.searchsorted(_utc(start)))
+    return AssetSeries(symbol, category, frame, range(0, i0), range(i0, len(frame)))
+
+
+def _utc(t: str | pd.Timestamp) -> pd.Timestamp:
+    t = pd.Timestamp(t)
+    return t.tz_localize("UTC") if t.tzinfo is None else t.tz_convert("UTC")
+
+
+def _pair_base(symbol: str) -> Optional[str]:
+    """A ccxt pair's base asset (BTC of BTC/USDT or BTC/USDT:USDT); None for any other symbol."""
+    return symbol.split("/")[0].upper() if "/" in symbol else None
+
+
+def _quote_rank(pair: str) -> tuple[int, str]:
+    """USD-like quotes first (QUOTE_ORDER), then by name: the pair nearest a Yahoo -USD series."""
+    quote = pair.split("/")[1].split(":")[0].upper()
+    return (QUOTE_ORDER.index(quote) if quote in QUOTE_ORDER else len(QUOTE_ORDER), pair)
+
+
+def sample_aliases(tasks: Sequence[Task], symbols: Optional[set]) -> dict[str, str]:
+    """{sample symbol: model symbol} for the tasks' crypto series the model knows by another name:
+    Yahoo's BTC-USD is the model's ccxt pair of base BTC (_quote_rank's first when it has several).
+    Symbols the model has as they are need no alias."""
+    pairs: dict[str, list[str]] = {}
+    for symbol in symbols or ():
+        if base := _pair_base(symbol):
+            pairs.setdefault(base, []).append(symbol)
+    if not pairs:
+        return {}
+    crypto = {(iv, a.symbol) for iv in {t.interval for t in tasks} for a in sample_assets(iv) if a.category == "crypto"}
+    out = {}
+    for task in tasks:
+        for symbol in task.assets:
+            base = symbol.rsplit("-", 1)[0].upper()  # Yahoo's crypto tickers: BASE-QUOTE
+            if (task.interval, symbol) in crypto and symbol not in symbols and base in pairs:
+                out[symbol] = min(pairs[base], key=_quote_rank)
+    return out
+
+
+def _known(task: Task, symbols: Optional[set], aliases: Mapping[str, str]) -> list[str]:
+    """The task's assets the model can forecast, under the sample's names."""
+    return [a for a in task.assets if symbols is None or a in symbols or a in aliases]
+
+
+def check_answerable(tasks: Sequence[Task], *, symbols: Optional[set], interval: Optional[str],
+                     cutoff: Optional[pd.Timestamp], chosen: bool = False) -> None:
+    """A UserError, before any scoring, when no task can be scored out of sample: none has the
+    model's interval and one of its assets, or the model's data cut-off is after the start of every
+    one that has (it learned from or was selected on their periods: the aggregate would be empty)."""
+    aliases = sample_aliases(tasks, symbols)
+    fit = [t for t in tasks if (interval is None or t.interval == interval) and _known(t, symbols, aliases)]
+    which = "chosen benchmark task" if chosen else "benchmark task"
+    after = ("run `marketgpt benchmark MODEL --after-cutoff` to score the period after the cut-off from the run's "
+             "own candles (a task set of its own, not comparable across models)")
+    if not fit:
+        raise UserError(f"no {which} fits the model ({interval or 'any'} candles of {len(symbols or ())} assets; "
+                        f"the tasks: {', '.join(f'{t.name} {t.interval}' for t in tasks)}); {after}")
+    if cutoff is not None and all(cutoff > _utc(t.start) for t in fit):
+        last = max(fit, key=lambda t: _utc(t.start))
+        raise UserError(f"the model's data cut-off {_stamp(cutoff)} is after the start of every {which} it can "
+                        f"answer ({', '.join(t.name for t in fit)}; the latest, {last.name}, starts {last.start}), "
+                        f"so none is out of sample: train with data.end_date before {last.start}, or {after}")
+
+
+def task_scheme(interval: str) -> tuple[tuple[int, ...], int]:
+    """The fixed tasks' (horizons, stride) at `interval`: the scheme an after-cut-off task follows."""
+    for t in TASKS:
+        if t.interval == interval:
+            return t.horizons, t.stride
+    known = ", ".join(dict.fromkeys(t.interval for t in TASKS))
+    raise UserError(f"--after-cutoff: the benchmark's tasks have no {interval} candles (only {known}), so there is "
+                    f"no horizons and origins scheme to follow at {interval}")
+
+
+def after_cutoff_task(histories: Mapping[str, tuple[str, pd.DataFrame]], interval: str,
+                      cutoff: pd.Timestamp) -> tuple[Task, list[AssetSeries]]:
+    """A task of the fixed tasks' scheme at `interval` (task_scheme) on a run's own candles after
+    its data cut-off, and its series: start the cut-off (everything before it is the history, the
+    baselines' fit included), end after the last candle; the assets with a candle past the
+    longest horizon after the cut-off. histories: symbol -> (category, cleaned candles).
+    A UserError when no asset has that."""
+    horizons, stride = task_scheme(interval)
+    series = [_split_at(symbol, category, frame, cutoff) for symbol, (category, frame) in histories.items()]
+    after = [s for s in series if len(s.test)]
+    if not after:
+        last = max((s.candles.index[-1] for s in series if len(s.candles)), default=None)
+        raise UserError(f"--after-cutoff: the run's {interval} candles end before its data cut-off {_stamp(cutoff)} "
+                        f"(the last is {'none' if last is None else _stamp(last)}): nothing after it to score "
+                        "(a downloaded case's `marketgpt data download` fetches newer candles)")
+    enough = [s for s in after if len(s.test) > max(horizons)]
+    if not enough:
+        raise UserError(f"--after-cutoff: at most {max(len(s.test) for s in after)} {interval} candles after the data "
+                        f"cut-off {_stamp(cutoff)}, fewer than the {max(horizons) + 1} the longest horizon needs")
+    end = max(s.candles.index[-1] for s in enough) + interval_step(interval)
+    task = Task(AFTER_CUTOFF, interval, tuple(s.symbol for s in enough), _stamp(cutoff), _stamp(end), horizons,
+                stride, "the model's own assets after its data cut-off, from its candle cache (not a fixed task)")
+    return task, enough
+
+
+def _stamp(t: pd.Timestamp) -> str:
+    """A UTC time as a task writes it: the date, with the time of day when it has one."""
+    t = _utc(t)
+    return t.strftime("%Y-%m-%d") if t == t.normalize() else t.strftime("%Y-%m-%dT%H:%M")
 
 
 def data_cutoff(folder: str | Path) -> Optional[pd.Timestamp]:
@@ -134,15 +249,18 @@ def _best_baseline(hc: dict) -> str:
 
 def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], interval: Optional[str],
                 cutoff: Optional[pd.Timestamp], min_history: int, n_samples: int, seed: int, n_boot: int,
-                say: Callable[[str], None]) -> tuple[dict, Optional[dict]]:
-    """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate."""
+                say: Callable[[str], None], series_of: Callable[[Task], list[AssetSeries]],
+                aliases: Mapping[str, str]) -> tuple[dict, Optional[dict]]:
+    """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate.
+    aliases: sample symbol -> the model's name for it (sample_aliases); its series go by that name."""
     row: dict = {"task": task.name, "interval": task.interval, "start": task.start, "end": task.end,
                  "assets": list(task.assets), "status": "scored", "reason": None,
                  "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
                  "horizons": {}}
     if interval is not None and interval != task.interval:
         return {**row, "status": "skipped", "reason": f"the model forecasts {interval} candles"}, None
-    series = [s for s in task_series(task) if symbols is None or s.symbol in symbols]
+    series = [replace(s, symbol=aliases.get(s.symbol, s.symbol)) for s in series_of(task)]
+    series = [s for s in series if symbols is None or s.symbol in symbols]
     short = [s.symbol for s in series if len(s.train) < min_history]  # a context longer than the history
     series = [s for s in series if s.symbol not in short]
     row["assets_scored"], row["assets_short"] = [s.symbol for s in series], short
@@ -198,20 +316,27 @@ def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) ->
 
 def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Optional[set] = None,
                   interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, min_history: int = 0,
-                  n_samples: int = 100,
-                  seed: int = 0, n_boot: int = 1000, progress: Optional[Callable[[str], None]] = None) -> dict:
+                  n_samples: int = 100, seed: int = 0, n_boot: int = 1000,
+                  progress: Optional[Callable[[str], None]] = None,
+                  series: Optional[Mapping[str, Sequence[AssetSeries]]] = None) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
     symbols: the assets the model can forecast (None: any); interval: its candle length (None:
     any), tasks of another interval are skipped; cutoff: its data cut-off (data_cutoff), None
     when unknown (leakage then null); min_history: the candles a history needs (a task's assets
-    with fewer before `start` are left out, named in assets_short)."""
+    with fewer before `start` are left out, named in assets_short). series: task name -> its
+    series for tasks not on the sample (after_cutoff_task's); such a result is marked
+    "task_set": "after-cutoff", "comparable": false. The sample's crypto series go by the
+    model's pair of the same base (sample_aliases; "symbol_map")."""
     say = progress or (lambda _msg: None)
+    own = dict(series or {})
+    series_of = lambda task: list(own[task.name]) if task.name in own else task_series(task)  # noqa: E731
+    aliases = sample_aliases([t for t in tasks if t.name not in own], symbols)
     rows, parts = [], []
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
         row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, min_history, n_samples, seed, n_boot,
-                                say)
+                                say, series_of, aliases)
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)
@@ -220,7 +345,10 @@ def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Op
                against="the best baseline (lowest CRPS) of each task and horizon",
                excluded={r["task"]: r["reason"] if r["status"] != "scored" else "leakage"
                          for r in rows if r["status"] != "scored" or r["leakage"] is True})
-    return {"benchmark": BENCHMARK_NAME, "version": BENCHMARK_VERSION, "tasks_fingerprint": tasks_fingerprint(TASKS),
+    fixed = not own
+    return {"benchmark": BENCHMARK_NAME, "version": BENCHMARK_VERSION,
+            "task_set": "fixed" if fixed else AFTER_CUTOFF, "comparable": fixed,
+            "tasks_fingerprint": tasks_fingerprint(TASKS if fixed else tasks), "symbol_map": aliases,
             "samples": n_samples, "seed": seed,
             "data_cutoff": None if cutoff is None else cutoff.isoformat(), "tasks": rows, "aggregate": agg,
             "task_definitions": [asdict(t) for t in tasks]}
@@ -235,7 +363,14 @@ def format_table(result: dict) -> str:
     head = f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<18} " \
            f"{'skill [95% CI]':<26} {'DM (Holm)':<14} leakage"
     lines = [f"Benchmark {result['benchmark']} v{result['version']} ({result['samples']} samples, seed "
-             f"{result['seed']}; model data cut-off {result['data_cutoff'] or 'unknown'})", head]
+             f"{result['seed']}; model data cut-off {result['data_cutoff'] or 'unknown'})"]
+    if result.get("task_set") == AFTER_CUTOFF:
+        lines.append("After-cutoff tasks, NOT the fixed ones: built from this run's own candles after its data "
+                     "cut-off, so not comparable across models")
+    if result.get("symbol_map"):
+        lines.append("The sample's series answered by the model's pair of the same base asset: "
+                     + ", ".join(f"{k} -> {v}" for k, v in result["symbol_map"].items()))
+    lines.append(head)
     for r in result["tasks"]:
         leak = {None: "unknown", True: "LEAKED", False: "no"}[r["leakage"]]
         if r["status"] != "scored":
