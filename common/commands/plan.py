@@ -27,7 +27,7 @@ from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
 from common.data.check import Row, breakdown, prepared_rows
 from common.data.loading import load_market_data, start_bound
-from common.data.prepare import SPLITS, prepare_data
+from common.data.prepare import SPLITS, lost_text, prepare_data, short_intervals_error
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS, window_text
@@ -240,10 +240,29 @@ def _figures(cfg: Config, rows: Sequence[Row], basis: str) -> DataFigures:
     series too short to train is left out."""
     window = cfg.model.context_length + 1
     kept = [r for r in rows if r[3][0] >= window]
+    _check_intervals(cfg, rows, kept)
     windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in kept]
     candles = {split: sum(r[3][i] for r in kept) for i, split in enumerate(SPLITS)}
     return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis,
                        len({r[0] for r in kept}), len({r[2] for r in rows}), by=breakdown(kept))
+
+
+def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> None:
+    """Refuse, as training does (common.data.prepare), an interval none of whose series would hold
+    a training, validation or test window; for an estimate too, from its per-series counts."""
+    d = cfg.data
+    texts, lost = [], []
+    for interval in d.intervals:
+        mine = [r[3] for r in kept if r[1] == interval]
+        lacks = ["train"] if not mine else [SPLITS[i] for i in (1, 2) if all(c[i] <= cfg.model.context_length
+                                                                               for c in mine)]
+        if lacks:
+            counts = [r[3] for r in rows if r[1] == interval]
+            most = "/".join(f"{max((c[i] for c in counts), default=0):,}" for i in range(3))
+            texts.append(lost_text(interval, lacks, f"{len(counts)} series, at most {most} train/val/test candles"))
+            lost.append(interval)
+    if lost:
+        raise short_intervals_error(texts, lost, cfg.model.context_length, d.purge_gap or cfg.model.context_length)
 
 
 def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:
