@@ -337,6 +337,39 @@ def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split
                        f"most 87/2/4 train/val/test candles): {fix}")
 
 
+# the sample at context 32, each interval on its own dates: three daily series too short to train,
+# BTC-USD's the only crypto one at 1d; and some kept ones without validation or test windows
+SAMPLE_LEFT_OUT = [
+    "Left out: 3 of 18 series (each one's reason: \"dropped\" in data_info.json)",
+    "  3 with fewer than context_length + 1 = 33 candles before the train/val cut: crypto 1, us_stock 2; "
+    "BTC-USD@1d, NFLX@1d, TSLA@1d",
+    "No validation windows in 3 of 15 kept series (fewer than context_length + 1 = 33 validation candles after the "
+    "purge gap): index 2, emerging 1; ^N225@1d, ^NDX@1d, ^JKSE@1d",
+    "No test windows in 6 of 15 kept series (fewer than context_length + 1 = 33 test candles after the purge gap): "
+    "us_stock 3, index 2, emerging 1; AAPL@1d, IBM@1d, META@1d, ^N225@1d, ^NDX@1d and 1 more",
+    "WARNING: category crypto at 1d: 1 of 1 series left out: the run neither trains nor tests on it "
+    "(see \"dropped\" and \"no_windows_in\" in data_info.json)",
+]
+
+
+@pytest.mark.parametrize("shards", [True, False])
+def test_plan_and_the_training_log_name_what_was_left_out_and_why(tmp_path, capsys, shards):
+    from common.commands.train import run_training
+
+    config = _sample_config(tmp_path, interval_split="per_interval", shards=shards)
+    assert main(["plan", "--config", str(config)]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert [line for line in plan if line in ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]] == \
+        ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]
+    tiny = ["model.d_model=16", "model.num_layers=1", "model.num_heads=2", "model.d_ff=32", "model.vocab_size=64",
+            "training.batch_size=8", "training.scorecard_origins=0", "training.compile=false"]
+    out = io.StringIO()
+    assert run_training(config, tiny, stop_after_steps=1, out=out) == 0
+    log = out.getvalue().splitlines()
+    start = log.index(SAMPLE_LEFT_OUT[0])
+    assert log[start:start + len(SAMPLE_LEFT_OUT)] == SAMPLE_LEFT_OUT
+
+
 def test_plan_shows_candles_and_tokens_per_interval_and_category(tmp_path, capsys):
     config = _case(tmp_path, "plan")
     assert main(["plan", "--config", str(config)]) == 0

@@ -33,6 +33,7 @@ __all__ = [
     "PreparedData",
     "clean_asset",
     "clean_candles",
+    "drop_kind",
     "fill_gaps",
     "lost_text",
     "prepare_data",
@@ -465,6 +466,18 @@ def _split_all(stamps: Mapping[str, np.ndarray], cut_of: dict[str, tuple[int, in
         record.update({name: len(getattr(split, name)) for name in SPLITS})
         record["no_windows_in"] = list(short)
     return splits
+
+
+def drop_kind(reason: str, window: int) -> str:
+    """One asset's reason in `dropped` (as clean_asset and _split_all write it) in the words of the
+    summaries that count assets per reason; an unknown reason is its own kind."""
+    if "before the train/val cut" in reason:
+        return f"fewer than context_length + 1 = {window} candles before the train/val cut"
+    if reason.startswith("no valid candles"):
+        return "no valid candles after cleaning"
+    if reason.startswith("no candles"):
+        return "no candles (not in the cache, or none in the date range)"
+    return reason
 
 
 def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> UserError:
