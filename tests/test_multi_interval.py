@@ -337,6 +337,21 @@ def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split
                        f"most 87/2/4 train/val/test candles): {fix}")
 
 
+def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
+    from common.data.prepare import split_data
+
+    cfg = Config()
+    cfg.model.context_length = 8
+    cfg.data.source, cfg.data.interval, cfg.data.intervals = "download", "1d", ["1d", "1h"]
+    universe = [Asset(f"A@{iv}", "yfinance", "us_stock", "x") for iv in ("1d", "1h")]
+    stamps = {"A@1d": pd.date_range("2020-01-01", periods=400, freq="D", tz="UTC").as_unit("ns").asi8}
+    records = {s.symbol: {"category": "us_stock"} for s in universe}
+    with pytest.raises(UserError) as e:
+        split_data(cfg, universe, "1d", stamps, stamps, records, {"A@1h": "no candles"}, {})
+    assert str(e.value) == ("interval 1h: none of its series has a valid candle (see \"dropped\" in data_info.json); "
+                            "check the data source (download) or leave 1h out of data.intervals")
+
+
 # the sample at context 32, each interval on its own dates: three daily series too short to train,
 # BTC-USD's the only crypto one at 1d; and some kept ones without validation or test windows
 SAMPLE_LEFT_OUT = [

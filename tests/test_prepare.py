@@ -495,7 +495,8 @@ def _left_out_info(intervals: list[str] | None = None) -> dict:
     dropped = [{"symbol": f"FX{i:02d}", "category": "fx", "reason": "no candles (not in the cache, or none in the "
                 "configured date range)"} for i in range(30)] + \
         [{"symbol": f"NEW{i}", "category": "us_stock", "reason": cut} for i in range(10)]
-    return {"context_length": 256, "assets": kept, "dropped": dropped, **({"intervals": intervals} if intervals else {})}
+    return {"context_length": 256, "assets": kept, "dropped": dropped,
+            **({"intervals": intervals} if intervals else {})}
 
 
 def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lost_category():

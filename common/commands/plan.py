@@ -260,7 +260,8 @@ def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
             dropped.append({"symbol": name, "category": category,
                             "reason": f"{counts[0]} candles before the train/val cut (estimated)"})
         else:
-            assets[name] = {"category": category, "no_windows_in": [s for s, n in zip(SPLITS[1:], counts[1:]) if n < window]}
+            short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < window]
+            assets[name] = {"category": category, "no_windows_in": short}
     return {"context_length": cfg.model.context_length, "intervals": list(cfg.data.intervals), "assets": assets,
             "dropped": dropped}
 

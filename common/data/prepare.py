@@ -362,7 +362,8 @@ def _split_cuts(cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Ma
     return eras, era_cuts
 
 
-def _lost_intervals(intervals: Iterable[str], universe: list[Asset], splits: Mapping[str, AssetSplit]) -> dict[str, list[str]]:
+def _lost_intervals(intervals: Iterable[str], universe: list[Asset],
+                    splits: Mapping[str, AssetSplit]) -> dict[str, list[str]]:
     """interval -> the splits ("train", "val", "test") in which none of its series has a window.
 
     A run of several intervals that silently trained, validated or tested without one of them
@@ -398,6 +399,11 @@ def _intervals_error(cfg: Config, lost: dict[str, list[str]], universe: list[Ass
     the fix: per_interval cuts where they give every lost interval its windows, else more candles."""
     context = cfg.model.context_length
     purge = cfg.data.purge_gap or context
+    for interval in lost:
+        if not any(split_series(s)[1] == interval for s in spans):  # no split setting can help
+            return UserError(f"interval {interval}: none of its series has a valid candle (see \"dropped\" in "
+                             f"data_info.json); check the data source ({cfg.data.source}) or leave {interval} "
+                             "out of data.intervals")
     fixed = False
     if not per_interval:  # would each interval's own dates give it its windows?
         eras, era_cuts = _split_cuts(cfg, spans, real_ts, True)
@@ -407,9 +413,6 @@ def _intervals_error(cfg: Config, lost: dict[str, list[str]], universe: list[Ass
     texts = []
     for interval, lacks in lost.items():
         mine = [s for s in spans if split_series(s)[1] == interval]
-        if not mine:
-            texts.append(f"interval {interval} has no valid candles in any of its series")
-            continue
         first = pd.Timestamp(min(spans[s][0] for s in mine), tz="UTC").date()
         last = pd.Timestamp(max(spans[s][1] for s in mine), tz="UTC").date()
         texts.append(lost_text(interval, lacks, f"its {len(mine)} series: {first} to {last}, "
