@@ -515,6 +515,12 @@ def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lo
                         "(see \"dropped\" and \"no_windows_in\" in data_info.json)"]
     assert left_out({"context_length": 8, "assets": {"A": {"category": "fx", "no_windows_in": []}},
                      "dropped": []}) == ([], [])
+    info = _left_out_info()
+    for record in info["assets"].values():
+        record["no_windows_in"] = ["val", "test"]
+    assert left_out(info)[1] == [  # once for all, not for each category
+        "WARNING: all assets: none of 560 kept assets has a validation or test window (see \"dropped\" and "
+        "\"no_windows_in\" in data_info.json)", warnings[0]]
 
 
 def test_left_out_warns_once_of_an_interval_lost_whole():

@@ -177,34 +177,38 @@ def left_out(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def _lost_groups(info: Mapping[str, Any], noun: str) -> list[str]:
-    """A warning for each category, interval, or category at an interval whose series were all
-    dropped, or none of which has a validation (or test) window; not repeated for the parts of a
-    group already named."""
+    """A warning for all the data, each category, interval, or category at an interval whose
+    series were all dropped, or none of which has a validation (or test) window; not repeated
+    for the parts of a group already named."""
     several = bool(info.get("intervals"))
     series = [(s, r["category"], True) for s, r in info["assets"].items()] + \
         [(d["symbol"], d["category"], False) for d in info["dropped"]]
     groups: dict[tuple[str, ...], list[tuple[str, bool]]] = {}
     for symbol, category, is_kept in series:
-        keys = [("category", category)]
+        keys = [("all",), ("category", category)]
         if several:
             interval = split_series(symbol)[1]
             keys += [("interval", interval), ("category", category, interval)]
         for key in keys:
             groups.setdefault(key, []).append((symbol, is_kept))
-    lost: dict[tuple[str, ...], str] = {}  # group -> what it lost
+    # group -> (what it lost: 0 every series, 1 its validation windows, 2 its test windows only; the words)
+    lost: dict[tuple[str, ...], tuple[int, str]] = {}
     for key, members in groups.items():
         mine = [info["assets"][s] for s, is_kept in members if is_kept]
         if not mine:
-            lost[key] = f"{len(members)} of {len(members)} {noun} left out: the run neither trains nor tests on it"
+            lost[key] = 0, f"{len(members)} of {len(members)} {noun} left out: the run neither trains nor tests on it"
             continue
-        for split, word in (("val", "validation"), ("test", "test")):
-            if all(split in r.get("no_windows_in", ()) for r in mine):
-                lost[key] = f"none of its {len(mine)} kept {noun} has a {word} window"
-                break
+        lacking = [word for split, word in (("val", "validation"), ("test", "test"))
+                   if all(split in r.get("no_windows_in", ()) for r in mine)]
+        if lacking:
+            lost[key] = 1 if "validation" in lacking else 2, \
+                f"none of {len(mine)} kept {noun} has a {' or '.join(lacking)} window"
     warnings = []
-    for key, what in sorted(lost.items(), key=lambda kv: (kv[0][0] != "interval", len(kv[0]))):
-        if len(key) == 3 and (lost.get(key[:2]) or lost.get(("interval", key[2]))):
-            continue  # said of the whole category or interval
-        name = f"category {key[1]} at {key[2]}" if len(key) == 3 else f"{key[0]} {key[1]}"
+    for key, (rank, what) in sorted(lost.items(), key=lambda kv: (len(kv[0]), kv[0][0] != "interval")):
+        parents = [] if key == ("all",) else [("all",)] + ([key[:2], ("interval", key[2])] if len(key) == 3 else [])
+        if any(p in lost and lost[p][0] <= rank for p in parents):
+            continue  # said of the whole it is part of
+        name = (f"all {noun}" if key == ("all",) else " ".join(key) if len(key) == 2
+                else f"category {key[1]} at {key[2]}")
         warnings.append(f"WARNING: {name}: {what} (see \"dropped\" and \"no_windows_in\" in data_info.json)")
     return warnings
