@@ -199,6 +199,10 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
     figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
+    if d.intervals and d.interval_split == "pooled" and not figures.basis.startswith("exact"):
+        figures.notes.append("the estimate splits each series on its own dates; the pooled cuts shared by every "
+                             "interval are checked once the candles are cached: an interval they leave without "
+                             "windows is refused then")
     return figures
 
 
