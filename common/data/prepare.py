@@ -9,6 +9,8 @@ shipped hourly sample: BTC 2021, EURUSD 2017) are split on their own era's dates
 split_eras in data_info.json. A purge gap of at least one context length is left
 out at the start of val and of test, so no training window touches a val or test window.
 Splits are integer ranges into each asset's cleaned frame; the token arrays align with it.
+With several intervals (data.intervals), a split that leaves an interval without training,
+validation or test windows is refused, naming the fix (docs/data.md, several intervals in one model).
 Everything here is vectorized per asset: case A (600 assets x 5000 candles) takes about a second.
 """
 from __future__ import annotations
