@@ -169,7 +169,8 @@ class DataConfig:
     # with data.intervals: "pooled" splits every series at the same instants (no interval's training
     # candles overlap another's test period); "per_interval" splits each interval's series on their
     # own dates, as a one-interval run would (the same test splits; an asset's coarse training
-    # candles may then cover its fine test period: docs/data.md#several-intervals)
+    # candles may then cover its fine test period: docs/data.md#several-intervals). A split that
+    # leaves an interval without training, validation or test windows is refused (common.data.prepare)
     interval_split: Literal["pooled", "per_interval"] = "pooled"
     start_date: str = "2005-01-01"  # or "max": each asset's whole history (config_checks.START_MAX)
     end_date: Optional[str] = None  # None: up to now

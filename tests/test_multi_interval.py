@@ -3,6 +3,7 @@ market, the interval embedding, and a tiny run on three intervals that trains, r
 after kill -9, forecasts, scores and exports each interval (docs/data.md#several-intervals)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 INTERVALS = ["15m", "1h", "4h"]
 TINY = {
     "experiment": "multi",
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
+    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 2, "num_heads": 2,
               "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
     "training": {"batch_size": 16, "epochs": 2, "max_steps_per_epoch": 8, "eval_max_batches": 2,
                  "warmup_steps": 2, "log_every_steps": 1, "scorecard_origins": 0,
@@ -243,7 +244,7 @@ def test_the_interval_embedding_changes_the_forecast(straight_run):
         g = torch.Generator().manual_seed(0)
         fc.model.interval_emb.weight[1] += torch.randn(fc.model.config.d_model, generator=g)
     assert not np.array_equal(first, forecast())
-    contexts = torch.randint(4, 60, (1, 16))
+    contexts = torch.randint(4, 60, (1, 8))
     ids = torch.zeros(1, dtype=torch.long)
     logits = [fc.model(contexts, ids, ids, interval_ids=torch.tensor([k]))[0] for k in range(3)]
     assert not torch.equal(logits[0], logits[1]) and not torch.equal(logits[1], logits[2])
@@ -290,8 +291,98 @@ def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split
             mine = several.splits[f"{symbol}@{interval}"]
             assert (mine.train, mine.val, mine.test) == (split.train, split.val, split.test), symbol
         assert {f"{s}@{interval}" for s in one.dropped} == {s for s in several.dropped if s.endswith(f"@{interval}")}
-    pooled = prepared(interval="1h", intervals=["1h", "1d"])
-    assert not any(s.endswith("@1h") for s in pooled.splits)  # why per_interval exists
+
+
+def _sample_config(tmp_path: Path, **data) -> Path:
+    path = tmp_path / "case" / "configs" / "sample.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"model": {"context_length": 32}, "data": {
+        "source": "sample", "universe_counts": {}, "interval": "1h", "intervals": ["1h", "1d"], **data}}))
+    return path
+
+
+@pytest.mark.parametrize("shards", [False, True])
+def test_pooled_cuts_that_leave_an_interval_without_windows_are_refused_with_the_fix(tmp_path, shards):
+    """The sample's hourly candles (2017, 2021) all fall after the pooled train/val cut (late 2015):
+    training, whether in memory or through the token shards, refuses in one line that names the
+    interval and the fix, instead of training without it."""
+    from common.tokens.shards import prepare_in_memory, prepare_shards
+
+    cfg = load_config(_sample_config(tmp_path), [f"data.shards={str(shards).lower()}"])
+    with pytest.raises(UserError) as e:
+        (prepare_shards if shards else prepare_in_memory)(cfg, tmp_path / "case", out=io.StringIO())
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("interval 1h would get no training windows")
+    assert "data.interval_split 'pooled' (cuts 2015-11-23 and 2017-12-07" in message
+    assert message.endswith("split each interval on its own dates with --set data.interval_split=per_interval "
+                            "(docs/data.md, several intervals in one model)")
+
+
+def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split_modes(tmp_path, capsys):
+    """4h series of 125 candles hold no window of context 16 after the purge gap in validation or
+    test, whatever the cuts: training and plan (an estimate here) refuse; the fix is a shorter
+    context or more candles, not per_interval."""
+    config = _case(tmp_path, "short")
+    fix = ("a window needs context_length + 1 = 17 candles after the purge gap of 16; lower model.context_length, "
+           "use longer histories (earlier data.start_date), or leave 4h out of data.intervals")
+    for split in ("pooled", "per_interval"):
+        overrides = ["model.context_length=16", f"data.interval_split={split}"]
+        with pytest.raises(UserError) as e:
+            prepare_data(load_config(config, overrides), load_market_data(load_config(config, overrides), tmp_path))
+        assert str(e.value) == ("interval 4h would get no validation or test windows (its 2 series: 2024-01-01 to "
+                                f"2024-01-21, longest 125 candles): {fix}")
+        assert main(["plan", "--config", str(config), *(x for o in overrides for x in ("--set", o))]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err == ("marketgpt plan: error: interval 4h would get no validation or test windows (2 series, at "
+                       f"most 87/2/4 train/val/test candles): {fix}")
+
+
+def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
+    from common.data.prepare import split_data
+
+    cfg = Config()
+    cfg.model.context_length = 8
+    cfg.data.source, cfg.data.interval, cfg.data.intervals = "download", "1d", ["1d", "1h"]
+    universe = [Asset(f"A@{iv}", "yfinance", "us_stock", "x") for iv in ("1d", "1h")]
+    stamps = {"A@1d": pd.date_range("2020-01-01", periods=400, freq="D", tz="UTC").as_unit("ns").asi8}
+    records = {s.symbol: {"category": "us_stock"} for s in universe}
+    with pytest.raises(UserError) as e:
+        split_data(cfg, universe, "1d", stamps, stamps, records, {"A@1h": "no candles"}, {})
+    assert str(e.value) == ("interval 1h: none of its series has a valid candle (see \"dropped\" in data_info.json); "
+                            "check the data source (download) or leave 1h out of data.intervals")
+
+
+# the sample at context 32, each interval on its own dates: three daily series too short to train,
+# BTC-USD's the only crypto one at 1d; and some kept ones without validation or test windows
+SAMPLE_LEFT_OUT = [
+    "Left out: 3 of 18 series (each one's reason: \"dropped\" in data_info.json)",
+    "  3 with fewer than context_length + 1 = 33 candles before the train/val cut: crypto 1, us_stock 2; "
+    "BTC-USD@1d, NFLX@1d, TSLA@1d",
+    "No validation windows in 3 of 15 kept series (fewer than context_length + 1 = 33 validation candles after the "
+    "purge gap): index 2, emerging 1; ^N225@1d, ^NDX@1d, ^JKSE@1d",
+    "No test windows in 6 of 15 kept series (fewer than context_length + 1 = 33 test candles after the purge gap): "
+    "us_stock 3, index 2, emerging 1; AAPL@1d, IBM@1d, META@1d, ^N225@1d, ^NDX@1d and 1 more",
+    "WARNING: category crypto at 1d: 1 of 1 series left out: the run neither trains nor tests on it "
+    "(see \"dropped\" and \"no_windows_in\" in data_info.json)",
+]
+
+
+@pytest.mark.parametrize("shards", [True, False])
+def test_plan_and_the_training_log_name_what_was_left_out_and_why(tmp_path, capsys, shards):
+    from common.commands.train import run_training
+
+    config = _sample_config(tmp_path, interval_split="per_interval", shards=shards)
+    assert main(["plan", "--config", str(config)]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert [line for line in plan if line in ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]] == \
+        ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]
+    tiny = ["model.d_model=16", "model.num_layers=1", "model.num_heads=2", "model.d_ff=32", "model.vocab_size=64",
+            "training.batch_size=8", "training.scorecard_origins=0", "training.compile=false"]
+    out = io.StringIO()
+    assert run_training(config, tiny, stop_after_steps=1, out=out) == 0
+    log = out.getvalue().splitlines()
+    start = log.index(SAMPLE_LEFT_OUT[0])
+    assert log[start:start + len(SAMPLE_LEFT_OUT)] == SAMPLE_LEFT_OUT
 
 
 def test_plan_shows_candles_and_tokens_per_interval_and_category(tmp_path, capsys):

@@ -482,3 +482,56 @@ def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Pa
     assert all(info["assets"][s]["test"] > 32 for s in ("BTC-USD", "EURUSD=X"))
     results = json.loads((run / "test_results.json").read_text())
     assert results["num_tokens"] > 0 and set(results["per_asset"]) == {"BTC-USD", "EURUSD=X"}
+
+
+# --------------------------------------------------------------------------- what was left out
+
+
+def _left_out_info(intervals: list[str] | None = None) -> dict:
+    """A data_info of 600 assets: 30 fx ones not in the cache, 10 stocks too short, 6 without test windows."""
+    cut = "12 candles before the train/val cut 2021-03-01T00:00:00+00:00 (of 40); a training window needs 257"
+    kept = {f"S{i:03d}": {"category": "us_stock" if i < 500 else "crypto", "no_windows_in": ["test"] * (i % 100 == 0)}
+            for i in range(560)}
+    dropped = [{"symbol": f"FX{i:02d}", "category": "fx", "reason": "no candles (not in the cache, or none in the "
+                "configured date range)"} for i in range(30)] + \
+        [{"symbol": f"NEW{i}", "category": "us_stock", "reason": cut} for i in range(10)]
+    return {"context_length": 256, "assets": kept, "dropped": dropped,
+            **({"intervals": intervals} if intervals else {})}
+
+
+def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lost_category():
+    from common.data.check import left_out
+
+    lines, warnings = left_out(_left_out_info())
+    assert lines == [
+        "Left out: 40 of 600 assets (each one's reason: \"dropped\" in data_info.json)",
+        "  30 with no candles (not in the cache, or none in the date range): fx 30; FX00, FX01, FX02, FX03, FX04 "
+        "and 25 more",
+        "  10 with fewer than context_length + 1 = 257 candles before the train/val cut: us_stock 10; NEW0, NEW1, "
+        "NEW2, NEW3, NEW4 and 5 more",
+        "No test windows in 6 of 560 kept assets (fewer than context_length + 1 = 257 test candles after the purge "
+        "gap): us_stock 5, crypto 1; S000, S100, S200, S300, S400 and 1 more"]
+    assert warnings == ["WARNING: category fx: 30 of 30 assets left out: the run neither trains nor tests on it "
+                        "(see \"dropped\" and \"no_windows_in\" in data_info.json)"]
+    assert left_out({"context_length": 8, "assets": {"A": {"category": "fx", "no_windows_in": []}},
+                     "dropped": []}) == ([], [])
+    info = _left_out_info()
+    for record in info["assets"].values():
+        record["no_windows_in"] = ["val", "test"]
+    assert left_out(info)[1] == [  # once for all, not for each category
+        "WARNING: all assets: none of 560 kept assets has a validation or test window (see \"dropped\" and "
+        "\"no_windows_in\" in data_info.json)", warnings[0]]
+
+
+def test_left_out_warns_once_of_an_interval_lost_whole():
+    """A token shard prepared before intervals without windows were refused: the run still says so."""
+    from common.data.check import left_out
+
+    info = _left_out_info(["1h", "1d"])
+    info["assets"] = {f"{s}@1d": r for s, r in info["assets"].items()}
+    info["dropped"] = [{**d, "symbol": f"{d['symbol']}@1d"} for d in info["dropped"]] + \
+        [{"symbol": f"{s}@1h", "category": r["category"], "reason": "0 candles before the train/val cut"}
+         for s, r in list(info["assets"].items())[:3]]
+    _, warnings = left_out(info)
+    assert [w.split(": ")[1] for w in warnings] == ["interval 1h", "category fx"]  # not fx at 1d, nor each at 1h
+    assert warnings[0].startswith("WARNING: interval 1h: 3 of 3 series left out")

@@ -25,9 +25,9 @@ from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures,
                                           epoch_windows, format_plan, steps_per_epoch)
 from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
-from common.data.check import Row, breakdown, prepared_rows
+from common.data.check import Row, breakdown, left_out, prepared_rows
 from common.data.loading import load_market_data, start_bound
-from common.data.prepare import SPLITS, prepare_data
+from common.data.prepare import SPLITS, lost_text, prepare_data, short_intervals_error
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS, window_text
@@ -35,7 +35,7 @@ from common.distributed.precision import CUDA_GRAPH_MODES, choose_compile_mode
 from common.distributed.requeue import MAX_REQUEUES
 from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
-from common.markets import INTERVAL_SECONDS
+from common.markets import INTERVAL_SECONDS, series_name
 from common.model.memory import estimate_training_memory
 from common.model.scaling_fit import best_shape, load_fit
 from common.model.sizing import meta_model
@@ -200,6 +200,10 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
     figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
+    if d.intervals and d.interval_split == "pooled" and not figures.basis.startswith("exact"):
+        figures.notes.append("the estimate splits each series on its own dates; the pooled cuts shared by every "
+                             "interval are checked once the candles are cached: an interval they leave without "
+                             "windows is refused then")
     return figures
 
 
@@ -233,18 +237,56 @@ def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
 def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
     """The candles training would use: load_market_data + prepare_data (offline)."""
     prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
-    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis)
+    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
 
 
-def _figures(cfg: Config, rows: Sequence[Row], basis: str) -> DataFigures:
+def _figures(cfg: Config, rows: Sequence[Row], basis: str, info: Optional[dict] = None) -> DataFigures:
     """Counts from per-series (asset, interval, category, (train, val, test) candles) rows; a
-    series too short to train is left out."""
+    series too short to train is left out. info: the prepared data's data_info (exact counts),
+    which says what was left out and why; else an estimate's rows say it."""
     window = cfg.model.context_length + 1
     kept = [r for r in rows if r[3][0] >= window]
+    _check_intervals(cfg, rows, kept)
     windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in kept]
     candles = {split: sum(r[3][i] for r in kept) for i, split in enumerate(SPLITS)}
+    lines, warnings = left_out(info if info is not None else _estimated_info(cfg, rows))
     return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis,
-                       len({r[0] for r in kept}), len({r[2] for r in rows}), by=breakdown(kept))
+                       len({r[0] for r in kept}), len({r[2] for r in rows}), by=breakdown(kept),
+                       left_out=lines, warnings=warnings)
+
+
+def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
+    """The data_info keys common.data.check.left_out reads, from an estimate's rows."""
+    window = cfg.model.context_length + 1
+    assets, dropped = {}, []
+    for symbol, interval, category, counts in rows:
+        name = series_name(symbol, interval) if cfg.data.intervals else symbol
+        if counts[0] < window:
+            dropped.append({"symbol": name, "category": category,
+                            "reason": f"{counts[0]} candles before the train/val cut (estimated)"})
+        else:
+            short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < window]
+            assets[name] = {"category": category, "no_windows_in": short}
+    return {"context_length": cfg.model.context_length, "intervals": list(cfg.data.intervals), "assets": assets,
+            "dropped": dropped}
+
+
+def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> None:
+    """Refuse, as training does (common.data.prepare), an interval none of whose series would hold
+    a training, validation or test window; for an estimate too, from its per-series counts."""
+    d = cfg.data
+    texts, lost = [], []
+    for interval in d.intervals:
+        mine = [r[3] for r in kept if r[1] == interval]
+        lacks = ["train"] if not mine else [SPLITS[i] for i in (1, 2) if all(c[i] <= cfg.model.context_length
+                                                                               for c in mine)]
+        if lacks:
+            counts = [r[3] for r in rows if r[1] == interval]
+            most = "/".join(f"{max((c[i] for c in counts), default=0):,}" for i in range(3))
+            texts.append(lost_text(interval, lacks, f"{len(counts)} series, at most {most} train/val/test candles"))
+            lost.append(interval)
+    if lost:
+        raise short_intervals_error(texts, lost, cfg.model.context_length, d.purge_gap or cfg.model.context_length)
 
 
 def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:

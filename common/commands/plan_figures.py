@@ -42,6 +42,9 @@ class DataFigures:
     categories: int = 0
     notes: list[str] = field(default_factory=list)  # what limits the data (e.g. Yahoo's intraday windows)
     by: dict = field(default_factory=dict)  # per interval and category (common.data.check.breakdown)
+    # what preparation leaves out, and a warning for a category or interval lost whole (common.data.check.left_out)
+    left_out: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -211,4 +214,5 @@ def format_plan(plan: Plan, short: bool = False) -> str:
         lines.append(f"  peak GPU memory: about {plan.memory_gb:.1f} GB per GPU (estimate, common/model/memory.py; "
                      "plus 1-2 GB CUDA context)")
         lines += format_breakdown(d.by, plan.parameters)
-    return "\n".join(lines + plan_warnings(plan))
+        lines += [f"  {line}" for line in d.left_out]
+    return "\n".join(lines + d.warnings + plan_warnings(plan))

@@ -52,6 +52,7 @@ from common.config import Config, ConfigError, config_to_dict, load_config, save
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.job_store import failures_reported, share_from_main
+from common.data.check import left_out
 from common.data.universe import series_ids
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
@@ -128,6 +129,9 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
     else:
         check_writable(case_dir_of_config(config) / "checkpoints")
         tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config), out)
+        lines, warnings = left_out(data_info)  # assets, categories or intervals the run goes without
+        for line in lines + warnings:
+            print(line, file=out)
         info["model_size"] = _auto_size(cfg, tokens, info["asset_info"], out)  # before the model and config.json
         windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
         if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint

@@ -10,19 +10,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
 
 from common.config import Config
 from common.data.loading import load_market_data
-from common.data.prepare import prepare_data
+from common.data.prepare import drop_kind, prepare_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, split_series
 
-__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "prepared_rows"]
+__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "left_out", "prepared_rows"]
 
 
 @dataclass
@@ -130,3 +132,83 @@ def format_breakdown(by: dict, parameters: int | None = None) -> list[str]:
             lines.append(f"    {key:<10} {r['series']:>5} series {r['candles']:>14,} candles "
                          f"{r['train_tokens']:>14,} train{per}")
     return lines
+
+
+# --------------------------------------------------------------------------- what was left out
+
+_NAMED = 5  # symbols named per line of the summary; the rest are counted
+
+
+def _names(symbols: list[str]) -> str:
+    return ", ".join(symbols[:_NAMED]) + (f" and {len(symbols) - _NAMED} more" if len(symbols) > _NAMED else "")
+
+
+def _per_category(categories: list[str]) -> str:
+    return ", ".join(f"{c} {n}" for c, n in Counter(categories).items())
+
+
+def left_out(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What preparation left out, from data_info.json (PreparedData.info): (summary lines, warnings).
+
+    The lines count the dropped assets (series, with data.intervals) per reason and category and
+    name the first few, then the kept ones without validation or test windows: a few lines for
+    600 assets. A warning for each category or interval that lost all its series, or all its
+    validation or test windows. Nothing when nothing was left out."""
+    several = bool(info.get("intervals"))
+    noun = "series" if several else "assets"
+    window = info["context_length"] + 1
+    kept, dropped = info["assets"], info["dropped"]
+    lines = []
+    if dropped:
+        lines.append(f"Left out: {len(dropped)} of {len(kept) + len(dropped)} {noun} "
+                     "(each one's reason: \"dropped\" in data_info.json)")
+        kinds: dict[str, list[dict]] = {}
+        for d in dropped:
+            kinds.setdefault(drop_kind(d["reason"], window), []).append(d)
+        lines += [f"  {len(ds)} with {kind}: {_per_category([d['category'] for d in ds])}; "
+                  f"{_names([d['symbol'] for d in ds])}" for kind, ds in kinds.items()]
+    for split, word in (("val", "validation"), ("test", "test")):
+        short = [s for s, r in kept.items() if split in r.get("no_windows_in", ())]
+        if short:
+            lines.append(f"No {word} windows in {len(short)} of {len(kept)} kept {noun} (fewer than context_length "
+                         f"+ 1 = {window} {word} candles after the purge gap): "
+                         f"{_per_category([kept[s]['category'] for s in short])}; {_names(short)}")
+    return lines, _lost_groups(info, noun)
+
+
+def _lost_groups(info: Mapping[str, Any], noun: str) -> list[str]:
+    """A warning for all the data, each category, interval, or category at an interval whose
+    series were all dropped, or none of which has a validation (or test) window; not repeated
+    for the parts of a group already named."""
+    several = bool(info.get("intervals"))
+    series = [(s, r["category"], True) for s, r in info["assets"].items()] + \
+        [(d["symbol"], d["category"], False) for d in info["dropped"]]
+    groups: dict[tuple[str, ...], list[tuple[str, bool]]] = {}
+    for symbol, category, is_kept in series:
+        keys = [("all",), ("category", category)]
+        if several:
+            interval = split_series(symbol)[1]
+            keys += [("interval", interval), ("category", category, interval)]
+        for key in keys:
+            groups.setdefault(key, []).append((symbol, is_kept))
+    # group -> (what it lost: 0 every series, 1 its validation windows, 2 its test windows only; the words)
+    lost: dict[tuple[str, ...], tuple[int, str]] = {}
+    for key, members in groups.items():
+        mine = [info["assets"][s] for s, is_kept in members if is_kept]
+        if not mine:
+            lost[key] = 0, f"{len(members)} of {len(members)} {noun} left out: the run neither trains nor tests on it"
+            continue
+        lacking = [word for split, word in (("val", "validation"), ("test", "test"))
+                   if all(split in r.get("no_windows_in", ()) for r in mine)]
+        if lacking:
+            lost[key] = 1 if "validation" in lacking else 2, \
+                f"none of {len(mine)} kept {noun} has a {' or '.join(lacking)} window"
+    warnings = []
+    for key, (rank, what) in sorted(lost.items(), key=lambda kv: (len(kv[0]), kv[0][0] != "interval")):
+        parents = [] if key == ("all",) else [("all",)] + ([key[:2], ("interval", key[2])] if len(key) == 3 else [])
+        if any(p in lost and lost[p][0] <= rank for p in parents):
+            continue  # said of the whole it is part of
+        name = (f"all {noun}" if key == ("all",) else " ".join(key) if len(key) == 2
+                else f"category {key[1]} at {key[2]}")
+        warnings.append(f"WARNING: {name}: {what} (see \"dropped\" and \"no_windows_in\" in data_info.json)")
+    return warnings

@@ -9,6 +9,8 @@ shipped hourly sample: BTC 2021, EURUSD 2017) are split on their own era's dates
 split_eras in data_info.json. A purge gap of at least one context length is left
 out at the start of val and of test, so no training window touches a val or test window.
 Splits are integer ranges into each asset's cleaned frame; the token arrays align with it.
+With several intervals (data.intervals), a split that leaves an interval without training,
+validation or test windows is refused, naming the fix (docs/data.md, several intervals in one model).
 Everything here is vectorized per asset: case A (600 assets x 5000 candles) takes about a second.
 """
 from __future__ import annotations
@@ -33,9 +35,12 @@ __all__ = [
     "PreparedData",
     "clean_asset",
     "clean_candles",
+    "drop_kind",
     "fill_gaps",
+    "lost_text",
     "prepare_data",
     "real_rows",
+    "short_intervals_error",
     "split_data",
 ]
 
@@ -306,21 +311,17 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
                         f"source ({cfg.data.source}) and interval ({interval})")
     d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
-    if d.intervals and d.interval_split == "per_interval":  # each interval's series on their own dates
-        groups: dict[str, dict] = {}
-        for s, span in spans.items():
-            groups.setdefault(split_series(s)[1], {})[s] = span
-        eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
-    else:
-        eras = _eras(spans)
-    era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
-                for era in eras]
+    per_interval = bool(d.intervals) and d.interval_split == "per_interval"
+    eras, era_cuts = _split_cuts(cfg, spans, real_ts, per_interval)
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
     main = max(range(len(eras)), key=lambda i: sum(spans[s][2] for s in eras[i]))  # most candles
     splits = _split_all(stamps, cut_of, purge, window, records, dropped)
     cut1, cut2 = era_cuts[main]
     if not splits:
         raise _too_short(stamps, context, cut1)
+    lost = _lost_intervals(d.intervals, universe, splits)
+    if lost:
+        raise _intervals_error(cfg, lost, universe, stamps, real_ts, spans, era_cuts[main], per_interval)
 
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
@@ -344,6 +345,85 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
         interval=interval,
         info=info,
     )
+
+
+def _split_cuts(cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray],
+                per_interval: bool) -> tuple[list[list[str]], list[tuple[int, int]]]:
+    """The eras and each era's (val start, test start) cuts; per_interval: each interval's series
+    are grouped into eras of their own, as in a one-interval run."""
+    d = cfg.data
+    if per_interval:
+        groups: dict[str, dict] = {}
+        for s, span in spans.items():
+            groups.setdefault(split_series(s)[1], {})[s] = span
+        eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
+    else:
+        eras = _eras(spans)
+    era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
+                for era in eras]
+    return eras, era_cuts
+
+
+def _lost_intervals(intervals: Iterable[str], universe: list[Asset],
+                    splits: Mapping[str, AssetSplit]) -> dict[str, list[str]]:
+    """interval -> the splits ("train", "val", "test") in which none of its series has a window.
+
+    A run of several intervals that silently trained, validated or tested without one of them
+    would report on fewer intervals than it was asked for."""
+    lost = {}
+    for interval in intervals:
+        mine = [splits[a.symbol] for a in universe if a.symbol in splits and split_series(a.symbol)[1] == interval]
+        lacks = ["train"] if not mine else [name for name in ("val", "test") if all(name in s.short for s in mine)]
+        if lacks:
+            lost[interval] = lacks
+    return lost
+
+
+_SPLIT_WORDS = {"train": "training", "val": "validation", "test": "test"}
+
+
+def lost_text(interval: str, lacks: list[str], about: str) -> str:
+    """'interval 4h would get no validation or test windows (<about>)': one interval's part of the error."""
+    return f"interval {interval} would get no {' or '.join(_SPLIT_WORDS[n] for n in lacks)} windows ({about})"
+
+
+def short_intervals_error(texts: list[str], intervals: Iterable[str], context: int, purge: int) -> UserError:
+    """The error for intervals whose series are too short for a window in some split, whatever the cuts."""
+    return UserError(f"{'; '.join(texts)}: a window needs context_length + 1 = {context + 1} candles after the "
+                     f"purge gap of {purge}; lower model.context_length, use longer histories (earlier "
+                     f"data.start_date), or leave {', '.join(intervals)} out of data.intervals")
+
+
+def _intervals_error(cfg: Config, lost: dict[str, list[str]], universe: list[Asset], stamps: Mapping[str, np.ndarray],
+                     real_ts: Mapping[str, np.ndarray], spans: dict[str, tuple[int, int, int]],
+                     cuts: tuple[int, int], per_interval: bool) -> UserError:
+    """The one-line error for intervals left without training, validation or test windows, with
+    the fix: per_interval cuts where they give every lost interval its windows, else more candles."""
+    context = cfg.model.context_length
+    purge = cfg.data.purge_gap or context
+    for interval in lost:
+        if not any(split_series(s)[1] == interval for s in spans):  # no split setting can help
+            return UserError(f"interval {interval}: none of its series has a valid candle (see \"dropped\" in "
+                             f"data_info.json); check the data source ({cfg.data.source}) or leave {interval} "
+                             "out of data.intervals")
+    fixed = False
+    if not per_interval:  # would each interval's own dates give it its windows?
+        eras, era_cuts = _split_cuts(cfg, spans, real_ts, True)
+        cut_of = {s: c for era, c in zip(eras, era_cuts) for s in era}
+        alone = _split_all(stamps, cut_of, purge, context + 1, {s: {} for s in stamps}, {})
+        fixed = not _lost_intervals(lost, universe, alone)
+    texts = []
+    for interval, lacks in lost.items():
+        mine = [s for s in spans if split_series(s)[1] == interval]
+        first = pd.Timestamp(min(spans[s][0] for s in mine), tz="UTC").date()
+        last = pd.Timestamp(max(spans[s][1] for s in mine), tz="UTC").date()
+        texts.append(lost_text(interval, lacks, f"its {len(mine)} series: {first} to {last}, "
+                                                f"longest {max(spans[s][2] for s in mine):,} candles"))
+    if fixed:
+        return UserError(f"{'; '.join(texts)} under data.interval_split 'pooled' (cuts {_iso(cuts[0])[:10]} and "
+                         f"{_iso(cuts[1])[:10]}, shared by every interval): split each interval on its own dates "
+                         "with --set data.interval_split=per_interval (docs/data.md, several intervals in one model)")
+    return short_intervals_error(texts, lost, context, purge)
 
 
 def clean_asset(asset: Asset, raw: pd.DataFrame, step: pd.Timedelta, *, reader_fixes: Optional[dict[str, int]] = None,
@@ -391,6 +471,18 @@ def _split_all(stamps: Mapping[str, np.ndarray], cut_of: dict[str, tuple[int, in
         record.update({name: len(getattr(split, name)) for name in SPLITS})
         record["no_windows_in"] = list(short)
     return splits
+
+
+def drop_kind(reason: str, window: int) -> str:
+    """One asset's reason in `dropped` (as clean_asset and _split_all write it) in the words of the
+    summaries that count assets per reason; an unknown reason is its own kind."""
+    if "before the train/val cut" in reason:
+        return f"fewer than context_length + 1 = {window} candles before the train/val cut"
+    if reason.startswith("no valid candles"):
+        return "no valid candles after cleaning"
+    if reason.startswith("no candles"):
+        return "no candles (not in the cache, or none in the date range)"
+    return reason
 
 
 def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> UserError:
