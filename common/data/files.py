@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
 from common.config import Config
-from common.data.market import MarketData
+from common.data.market import LazyFrames, MarketData
 from common.data.prepare import COLUMNS
 from common.markets import interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 
-__all__ = ["FILES_UNIVERSE", "SUFFIXES", "load_files", "read_candle_file"]
+__all__ = ["FILES_UNIVERSE", "SUFFIXES", "files_root", "load_files", "read_candle_file"]
 
 FILES_UNIVERSE = "files"  # data.universe value: every file is an asset, in data.default_category
 SUFFIXES = (".csv", ".csv.gz", ".parquet")
@@ -212,61 +213,94 @@ def _file_key(symbol: str) -> str:
 
 
 def load_files(cfg: Config, case_dir: Path) -> MarketData:
-    """The assets and candles of data.files_dir (relative to the case folder, or absolute)."""
+    """The assets and candles of data.files_dir (relative to the case folder, or absolute).
+
+    A folder of files is read one file at a time, when its asset is asked for (preparation
+    holds one asset's candles, and an array task reads only its own assets); one long file
+    with a symbol column is read whole, once."""
     d = cfg.data
     if not d.files_dir:
         raise UserError("data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
                         "per symbol, or one file with a symbol column (e.g. --set data.files_dir=my_data)")
-    root = Path(d.files_dir).expanduser()
-    root = root if root.is_absolute() else Path(case_dir) / root
+    root = files_root(cfg, case_dir)
     if not root.exists():
         raise UserError(f"data.files_dir {root} does not exist; point it at a folder of candle files or one file")
 
-    frames: dict[str, pd.DataFrame] = {}
-    fixes: dict[str, dict[str, int]] = {}
-    sources: dict[str, str] = {}
-    naive_files: list[str] = []
     if root.is_dir():
-        for symbol, path in _files_in(root).items():
-            got, got_fixes, naive = read_candle_file(path, d.interval)
-            frames.update(got)
-            fixes.update(got_fixes)
-            sources[symbol] = str(path)
-            if naive:
-                naive_files.append(path.name)
+        paths = _files_in(root)
+        reader = _FolderReader(paths, d.interval)
+        symbols = list(paths)
+        candles: Mapping[str, pd.DataFrame] = LazyFrames(symbols, reader.frame)
+        fixes: Mapping[str, dict[str, int]] = LazyFrames(symbols, reader.fixes)
+        sources = {s: str(p) for s, p in paths.items()}
     else:
-        frames, fixes, naive = read_candle_file(root, d.interval, symbol_column=True)
-        sources = dict.fromkeys(frames, str(root))
+        candles, fixes, naive = read_candle_file(root, d.interval, symbol_column=True)
+        symbols = list(candles)
+        sources = dict.fromkeys(symbols, str(root))
         if naive:
-            naive_files.append(root.name)
-    if naive_files:
-        shown = ", ".join(naive_files[:3]) + (f" and {len(naive_files) - 3} more" if len(naive_files) > 3 else "")
-        print(f"note: timestamps without a time zone in {shown} are taken as UTC", file=sys.stderr)
+            _note_naive(root.name)
 
     if d.universe == FILES_UNIVERSE:
-        assets = [Asset(symbol=s, source="files", category=d.default_category or "", name=s) for s in frames]
+        assets = [Asset(symbol=s, source="files", category=d.default_category or "", name=s) for s in symbols]
     else:
         assets = _match_universe(load_universe(Path(case_dir) / d.universe, d.universe_counts or None),
-                                 frames, root)
-    by_key = {_file_key(s): s for s in frames}
-    candles = {a.symbol: frames[by_key[_file_key(a.symbol)]] for a in assets}
-    return MarketData(assets=assets, candles=candles, interval=d.interval,
-                      fixes={a.symbol: fixes[by_key[_file_key(a.symbol)]] for a in assets},
-                      files={a.symbol: sources[by_key[_file_key(a.symbol)]] for a in assets})
+                                 symbols, root)
+    by_key = {_file_key(s): s for s in symbols}
+    name_of = {a.symbol: by_key[_file_key(a.symbol)] for a in assets}  # universe symbol -> file symbol
+    return MarketData(assets=assets, candles=LazyFrames(list(name_of), lambda s: candles[name_of[s]]),
+                      interval=d.interval, fixes=LazyFrames(list(name_of), lambda s: fixes[name_of[s]]),
+                      files={s: sources[f] for s, f in name_of.items()})
 
 
-def _match_universe(assets: list[Asset], frames: dict[str, pd.DataFrame], root: Path) -> list[Asset]:
+def files_root(cfg: Config, case_dir: Path) -> Path:
+    """data.files_dir: absolute, or relative to the case folder."""
+    root = Path(cfg.data.files_dir).expanduser()
+    return root if root.is_absolute() else Path(case_dir) / root
+
+
+class _FolderReader:
+    """One file per symbol, read when asked for; the last one read is kept, so an asset's
+    candles and its reader's drop counts come from one read."""
+
+    def __init__(self, paths: dict[str, Path], interval: str) -> None:
+        self.paths, self.interval = paths, interval
+        self._last: tuple[str, pd.DataFrame, dict[str, int]] | None = None
+        self._noted = False  # the note on naive time stamps: once, not once per file of a large folder
+
+    def _read(self, symbol: str) -> tuple[str, pd.DataFrame, dict[str, int]]:
+        if self._last is None or self._last[0] != symbol:
+            frames, fixes, naive = read_candle_file(self.paths[symbol], self.interval)
+            if naive and not self._noted:
+                self._noted = True
+                _note_naive(self.paths[symbol].name, others=True)
+            (frame,), (fix,) = frames.values(), fixes.values()  # the file's one symbol
+            self._last = (symbol, frame, fix)
+        return self._last
+
+    def frame(self, symbol: str) -> pd.DataFrame:
+        return self._read(symbol)[1]
+
+    def fixes(self, symbol: str) -> dict[str, int]:
+        return self._read(symbol)[2]
+
+
+def _note_naive(name: str, others: bool = False) -> None:
+    where = f"{name} (and any other file without one)" if others else name
+    print(f"note: timestamps without a time zone in {where} are taken as UTC", file=sys.stderr)
+
+
+def _match_universe(assets: list[Asset], symbols: list[str], root: Path) -> list[Asset]:
     """Every universe symbol needs candles; files the universe does not list are ignored (said)."""
-    keys = {_file_key(s) for s in frames}
+    keys = {_file_key(s) for s in symbols}
     missing = [a.symbol for a in assets if _file_key(a.symbol) not in keys]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        have = ", ".join(sorted(frames)[:5]) + (" ..." if len(frames) > 5 else "")
+        have = ", ".join(sorted(symbols)[:5]) + (" ..." if len(symbols) > 5 else "")
         raise UserError(f"{root}: no candles for {len(missing)} universe symbol(s): {shown} (files have: {have}); "
                         f"add them, remove them from the universe, or set data.universe = \"{FILES_UNIVERSE}\" "
                         "to train on every file")
     listed = {_file_key(a.symbol) for a in assets}
-    unused = [s for s in frames if _file_key(s) not in listed]
+    unused = [s for s in symbols if _file_key(s) not in listed]
     if unused:
         print(f"note: {len(unused)} symbol(s) in {root} are not in the universe and are left out: "
               f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}", file=sys.stderr)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import pandas as pd
 
 from common.config import Config, at_interval
 from common.config_checks import START_MAX
 from common.data.cache import CandleCache
-from common.data.files import FILES_UNIVERSE, load_files
+from common.data.files import FILES_UNIVERSE, files_root, load_files
 from common.data.market import LazyFrames, MarketData
 from common.data.sample import load_sample, sample_assets, sample_file
 from common.data.synthetic import aggregate, generate_asset, synthetic_assets, synthetic_spec
@@ -75,8 +76,7 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
                  for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)]
         return [universe, *(p for p in paths if p.is_file())]
     if d.source == "files" and d.files_dir:
-        root = Path(d.files_dir).expanduser()
-        root = root if root.is_absolute() else case_dir / root
+        root = files_root(cfg, case_dir)
         found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         universe = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
         return [*universe, *(p for p in found if p.is_file())]
@@ -103,11 +103,15 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
     if len(kept) == len(market.assets):  # nothing to leave out: a lazy mapping stays lazy
         return market
     symbols = {a.symbol for a in kept}
-    candles = (market.candles.only(symbols) if isinstance(market.candles, LazyFrames)
-               else {s: f for s, f in market.candles.items() if s in symbols})
-    return MarketData(assets=kept, candles=candles,
-                      interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
-                      files={s: f for s, f in market.files.items() if s in symbols})
+    return MarketData(assets=kept, candles=_only(market.candles, symbols), interval=market.interval,
+                      fixes=_only(market.fixes, symbols), files=_only(market.files, symbols))
+
+
+def _only(mapping: Mapping, symbols: set[str]) -> Mapping:
+    """The entries of `symbols`; a lazy mapping stays lazy (the files source reads nothing here)."""
+    if isinstance(mapping, LazyFrames):
+        return mapping.only(symbols)
+    return {s: v for s, v in mapping.items() if s in symbols}
 
 
 def _load_series(cfg: Config, case_dir: Path) -> MarketData:
@@ -134,9 +138,13 @@ def _load_series(cfg: Config, case_dir: Path) -> MarketData:
         frame = markets[iv].candles[symbol]
         return aggregate(frame, iv) if cfg.data.source == "synthetic" and iv != finest else frame
 
-    fixes = {series_name(s, iv): f for iv, m in markets.items() for s, f in m.fixes.items()}
-    return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=intervals[0],
-                      fixes=fixes, series_intervals={name: iv for name, (iv, _) in where.items()})
+    def fixes(name: str) -> dict[str, int]:  # looked up after the series' candles: lazy for the files source
+        iv, symbol = where[name]
+        return markets[iv].fixes.get(symbol) or {}
+
+    names = [a.symbol for a in assets]
+    return MarketData(assets=assets, candles=LazyFrames(names, read), interval=intervals[0],
+                      fixes=LazyFrames(names, fixes), series_intervals={name: iv for name, (iv, _) in where.items()})
 
 
 def _load_sample(interval: str) -> MarketData:
