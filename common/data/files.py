@@ -21,6 +21,8 @@ from typing import Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from common.config import Config
 from common.data.market import LazyFrames, MarketData
@@ -44,22 +46,30 @@ def _symbol_of(path: Path) -> str:
     return path.stem
 
 
-def _read_table(path: Path) -> pd.DataFrame:
+def _read_table(path: Path, only: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The file's rows; only: just the columns of these names (matched case-insensitively), when it has any."""
     try:
-        if path.name.lower().endswith(".parquet"):
-            return pd.read_parquet(path)
-        return pd.read_csv(path)
+        parquet = path.name.lower().endswith(".parquet")
+        columns = None
+        if only:  # the header alone first: a parquet schema, a CSV's first line
+            names = pq.read_schema(path).names if parquet else list(pd.read_csv(path, nrows=0).columns)
+            columns = [n for n in names if str(n).strip().lower() in only] or None
+        if parquet:
+            raw = pd.read_parquet(path, columns=columns)
+            if isinstance(raw.index, pd.DatetimeIndex) and raw.index.name:  # saved with its index
+                raw = raw.reset_index()
+            return raw
+        return pd.read_csv(path, usecols=columns)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
-    except (OSError, ValueError, pd.errors.ParserError) as e:
+    except (OSError, ValueError, pd.errors.ParserError, pa.ArrowException) as e:
         raise UserError(f"{path}: cannot read the file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                         "expected a CSV with a header row or a parquet file") from None
 
 
-def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = ()) -> dict[str, str]:
-    """Canonical name -> the file's column name, matched case-insensitively, aliases for the time."""
-    if isinstance(raw.index, pd.DatetimeIndex) and raw.index.name:  # a parquet saved with its index
-        raw.reset_index(inplace=True)
+def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = (), prices: bool = True) -> dict[str, str]:
+    """Canonical name -> the file's column name, matched case-insensitively, aliases for the time;
+    prices: the OHLCV columns are needed too."""
     by_lower = {str(c).strip().lower(): c for c in raw.columns}
     found: dict[str, str] = {}
     time = next((by_lower[a] for a in _TIME_ALIASES if a in by_lower), None)
@@ -68,7 +78,7 @@ def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = ()) -> dict
     for name in (*COLUMNS, *extra):
         if name in by_lower:
             found[name] = by_lower[name]
-    missing = [n for n in ("timestamp", *COLUMNS, *extra) if n not in found]
+    missing = [n for n in ("timestamp", *(COLUMNS if prices else ()), *extra) if n not in found]
     if missing:
         have = ", ".join(map(str, raw.columns)) or "none"
         raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {have}); a candle file needs "
@@ -139,24 +149,27 @@ def _duration(ns: int) -> str:
     return f"{seconds:g}s"
 
 
-def read_candle_file(path: Path, interval: str, symbol_column: bool = False
+def read_candle_file(path: Path, interval: str, symbol_column: bool = False, times_only: bool = False
                      ) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], bool]:
     """One file's candles: {symbol: frame} (UTC index, float OHLCV), per-symbol drop counts, naive?
 
-    Without `symbol_column` the file is one symbol, named by the file.
+    Without `symbol_column` the file is one symbol, named by the file. times_only: read the
+    time (and symbol) column alone and give every candle the placeholder prices 1.0, for
+    counting candles (the rows kept are those of a full read, less none for bad prices).
     """
-    raw = _read_table(path)
+    extra = ("symbol",) if symbol_column else ()
+    raw = _read_table(path, (*_TIME_ALIASES, *extra) if times_only else ())
     if raw.empty:
         raise UserError(f"{path}: the file is empty (no candle rows); remove it or fill it")
-    cols = _columns(raw, path, ("symbol",) if symbol_column else ())
+    cols = _columns(raw, path, extra, prices=not times_only)
     ts, naive = _parse_times(raw[cols["timestamp"]], path)
     bad_time = ts == np.iinfo(np.int64).min
     if bad_time.all():
         example = raw[cols["timestamp"]].iloc[0]
         raise UserError(f"{path}: no timestamp in column '{cols['timestamp']}' parses (first: {example!r}); "
                         "expected dates like 2024-01-31 or 2024-01-31 13:00:00+00:00, or Unix epochs")
-    values = np.empty((len(raw), len(COLUMNS)))
-    for i, name in enumerate(COLUMNS):
+    values = np.ones((len(raw), len(COLUMNS)))
+    for i, name in enumerate(COLUMNS if not times_only else ()):
         values[:, i] = pd.to_numeric(raw[cols[name]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     symbols = (raw[cols["symbol"]].astype("string").str.strip().to_numpy(dtype=object, na_value="")
                if symbol_column else np.full(len(raw), _symbol_of(path), dtype=object))
@@ -212,12 +225,12 @@ def _file_key(symbol: str) -> str:
     return symbol.upper().replace("/", "-").replace("_", "-")
 
 
-def load_files(cfg: Config, case_dir: Path) -> MarketData:
+def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
     """The assets and candles of data.files_dir (relative to the case folder, or absolute).
 
     A folder of files is read one file at a time, when its asset is asked for (preparation
     holds one asset's candles, and an array task reads only its own assets); one long file
-    with a symbol column is read whole, once."""
+    with a symbol column is read whole, once. times_only: see read_candle_file."""
     d = cfg.data
     if not d.files_dir:
         raise UserError("data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
@@ -228,13 +241,13 @@ def load_files(cfg: Config, case_dir: Path) -> MarketData:
 
     if root.is_dir():
         paths = _files_in(root)
-        reader = _FolderReader(paths, d.interval)
+        reader = _FolderReader(paths, d.interval, times_only)
         symbols = list(paths)
         candles: Mapping[str, pd.DataFrame] = LazyFrames(symbols, reader.frame)
         fixes: Mapping[str, dict[str, int]] = LazyFrames(symbols, reader.fixes)
         sources = {s: str(p) for s, p in paths.items()}
     else:
-        candles, fixes, naive = read_candle_file(root, d.interval, symbol_column=True)
+        candles, fixes, naive = read_candle_file(root, d.interval, symbol_column=True, times_only=times_only)
         symbols = list(candles)
         sources = dict.fromkeys(symbols, str(root))
         if naive:
@@ -262,14 +275,14 @@ class _FolderReader:
     """One file per symbol, read when asked for; the last one read is kept, so an asset's
     candles and its reader's drop counts come from one read."""
 
-    def __init__(self, paths: dict[str, Path], interval: str) -> None:
-        self.paths, self.interval = paths, interval
+    def __init__(self, paths: dict[str, Path], interval: str, times_only: bool = False) -> None:
+        self.paths, self.interval, self.times_only = paths, interval, times_only
         self._last: tuple[str, pd.DataFrame, dict[str, int]] | None = None
         self._noted = False  # the note on naive time stamps: once, not once per file of a large folder
 
     def _read(self, symbol: str) -> tuple[str, pd.DataFrame, dict[str, int]]:
         if self._last is None or self._last[0] != symbol:
-            frames, fixes, naive = read_candle_file(self.paths[symbol], self.interval)
+            frames, fixes, naive = read_candle_file(self.paths[symbol], self.interval, times_only=self.times_only)
             if naive and not self._noted:
                 self._noted = True
                 _note_naive(self.paths[symbol].name, others=True)
