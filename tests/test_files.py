@@ -233,3 +233,20 @@ def test_a_preparation_task_reads_only_its_own_files(monkeypatch, tmp_path):
     cfg = files_config((FILES / "good_folder").resolve())
     prepare_stage(cfg, tmp_path, "clean", task=1, tasks=3, out=io.StringIO())
     assert reads == ["BBB.parquet"]
+
+
+def test_plan_reads_only_the_timestamps_of_own_files(monkeypatch):
+    import common.data.files as files
+    from common.commands.plan import data_figures
+
+    columns: list[tuple[str, ...]] = []
+    real = files._read_table
+    monkeypatch.setattr(files, "_read_table", lambda path, only=(): columns.append(only) or real(path, only))
+    cfg = files_config(FILES / "good_folder")
+    data = data_figures(cfg, Path("."))
+    assert len(columns) == 3 and all("timestamp" in only and "close" not in only for only in columns)
+    assert data.basis.startswith("estimated from the timestamps in your files")
+    prepared = prepare_data(cfg, load_files(cfg, Path(".")))
+    exact = sum(len(s.train) for s in prepared.splits.values())
+    # the one row CCC.csv loses to a zero close is still counted; nothing else differs
+    assert exact <= data.candles["train"] <= exact + 1
