@@ -129,7 +129,7 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
                 continue
             files[s] = Path(tmp) / f"{i:06d}.npz"
             np.savez(files[s], ts=frame.index.asi8, real=real_rows(frame))
-            del frame
+            del frame  # not alive while the next asset is read
 
         def stamps(s: str) -> np.ndarray:
             with np.load(files[s]) as z:

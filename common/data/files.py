@@ -155,7 +155,7 @@ def read_candle_file(path: Path, interval: str, symbol_column: bool = False, tim
 
     Without `symbol_column` the file is one symbol, named by the file. times_only: read the
     time (and symbol) column alone and give every candle the placeholder prices 1.0, for
-    counting candles (the rows kept are those of a full read, less none for bad prices).
+    counting candles: the rows kept are those of a full read, as no row is dropped for its prices.
     """
     extra = ("symbol",) if symbol_column else ()
     raw = _read_table(path, (*_TIME_ALIASES, *extra) if times_only else ())
