@@ -251,6 +251,9 @@ def test_cached_candles_are_counted_from_their_timestamps(tmp_path, capsys, monk
 def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_path, capsys, monkeypatch):
     case = _cache_case(tmp_path)
     config, sets = case / "configs" / "c.json", ["--set", "data.universe_counts={}"]
+    check = ["data", "check", "--case", str(case), "--config", str(config), *sets]
+    assert main(check) == 1  # asset by asset, from the candles
+    from_candles = capsys.readouterr().out
     assert main(["data", "prepare", "--config", str(config), *sets]) == 0
     cfg = load_config(config, ["data.universe_counts={}"])
     prepared = prepare_data(cfg, load_market_data(cfg, case))
@@ -260,9 +263,9 @@ def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_pa
     for split in ("train", "val", "test"):
         assert data.candles[split] == sum(len(getattr(s, split)) for s in prepared.splits.values())
     capsys.readouterr()
-    assert main(["data", "check", "--case", str(case), "--config", str(config), *sets]) == 1
+    assert main(check) == 1
     out = capsys.readouterr().out
-    assert "2 of 3 assets" in out and "SOL/USDT: no candles" in out
+    assert out == from_candles and "2 of 3 assets" in out and "SOL/USDT: no candles" in out
 
 
 def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(capsys, tmp_path, monkeypatch):
