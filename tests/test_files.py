@@ -2,6 +2,7 @@
 train` on them end to end (fixtures in tests/fixtures/files/)."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -42,10 +43,14 @@ def test_folder_of_files_every_file_an_asset():
     assert aaa["close"].tolist() == raw["Close"].tolist()
 
 
-def test_naive_timestamps_are_noted(capsys):
-    load_files(files_config(FILES / "good_folder"), Path("."))
+def test_naive_timestamps_are_noted_once(capsys):
+    market = load_files(files_config(FILES / "good_folder"), Path("."))
+    assert "taken as UTC" not in capsys.readouterr().err  # nothing read yet
+    for symbol in ("BBB", "AAA", "CCC"):
+        market.candles[symbol]
     err = capsys.readouterr().err
-    assert "AAA.csv" in err and "CCC.csv" in err and "taken as UTC" in err and "BBB" not in err
+    assert "AAA.csv (and any other file without one)" in err and "taken as UTC" in err and "BBB" not in err
+    assert err.count("taken as UTC") == 1
 
 
 def test_messy_file_is_cleaned_and_every_count_reported(capsys):
@@ -192,3 +197,56 @@ def test_data_check_reads_own_files(tmp_path, capsys):
     shutil.copy(FILES / "bad" / "empty.csv", tmp_path / "case" / "my_candles" / "DDD.csv")
     assert main(["data", "check", "--case", str(tmp_path / "case"), "--config", str(config)]) == 2
     assert "DDD.csv: the file is empty" in capsys.readouterr().out
+
+
+def _count_reads(monkeypatch) -> list[str]:
+    """The file names the files source reads, in order."""
+    import common.data.files as files
+
+    reads: list[str] = []
+    real = files._read_table
+
+    def counted(path: Path, *args, **kwargs):
+        reads.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "_read_table", counted)
+    return reads
+
+
+def test_a_file_is_read_when_its_asset_is_asked_for(monkeypatch, tmp_path):
+    reads = _count_reads(monkeypatch)
+    market = load_market_data(files_config(FILES / "good_folder"), Path("."))
+    universe = tmp_path / "universe.csv"
+    universe.write_text("symbol,source,category,name\nccc,yfinance,us_stock,C\n")
+    picked = load_market_data(files_config(FILES / "good_folder", universe=str(universe)), Path("."))
+    assert reads == [] and [a.symbol for a in picked.assets] == ["ccc"]
+    assert len(market.candles["BBB"]) and market.fixes.get("BBB") == {"unparsable_timestamp": 0, "off_interval": 0}
+    assert reads == ["BBB.parquet"]  # the drop counts come with the candles' read
+    assert picked.fixes.get("ccc")["off_interval"] == 3 and reads == ["BBB.parquet", "CCC.csv"]
+
+
+def test_a_preparation_task_reads_only_its_own_files(monkeypatch, tmp_path):
+    from common.tokens.shards import prepare_stage
+
+    reads = _count_reads(monkeypatch)
+    cfg = files_config((FILES / "good_folder").resolve())
+    prepare_stage(cfg, tmp_path, "clean", task=1, tasks=3, out=io.StringIO())
+    assert reads == ["BBB.parquet"]
+
+
+def test_plan_reads_only_the_timestamps_of_own_files(monkeypatch):
+    import common.data.files as files
+    from common.commands.plan import data_figures
+
+    columns: list[tuple[str, ...]] = []
+    real = files._read_table
+    monkeypatch.setattr(files, "_read_table", lambda path, only=(): columns.append(only) or real(path, only))
+    cfg = files_config(FILES / "good_folder")
+    data = data_figures(cfg, Path("."))
+    assert len(columns) == 3 and all("timestamp" in only and "close" not in only for only in columns)
+    assert data.basis.startswith("estimated from the timestamps in your files")
+    prepared = prepare_data(cfg, load_files(cfg, Path(".")))
+    exact = sum(len(s.train) for s in prepared.splits.values())
+    # the one row CCC.csv loses to a zero close is still counted; nothing else differs
+    assert exact <= data.candles["train"] <= exact + 1

@@ -226,7 +226,7 @@ def test_a_run_with_a_bad_slurm_time_still_prints_a_line():
     assert line.startswith("Plan: not available (slurm.time = 'soon'")
 
 
-def test_cached_candles_are_counted_exactly(tmp_path, capsys):
+def _cache_case(tmp_path):
     case = tmp_path / "case"
     (case / "configs").mkdir(parents=True)
     shutil.copy(REPO_ROOT / CASES["c"], case / "configs" / "c.json")
@@ -239,14 +239,51 @@ def test_cached_candles_are_counted_exactly(tmp_path, capsys):
         frame = pd.DataFrame({"open": close, "high": close * 1.01, "low": close * 0.99, "close": close,
                               "volume": 1.0}, index=index)
         CandleCache(case / "data").write("ccxt", "1h", symbol, frame, adjusted=False)
+    return case
+
+
+def _no_candle_read(monkeypatch, timestamps: bool = False):
+    """Reading a cached candle's prices (or, with timestamps=False, even its timestamps) raises."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a candle file was read")
+    monkeypatch.setattr(CandleCache, "read", refuse)
+    if not timestamps:
+        monkeypatch.setattr(CandleCache, "read_times", refuse)
+
+
+def test_cached_candles_are_counted_from_their_timestamps(tmp_path, capsys, monkeypatch):
+    case = _cache_case(tmp_path)
     cfg = load_config(case / "configs" / "c.json", ["data.universe_counts={}"])
-    data = data_figures(cfg, case)
-    assert data.basis == "exact (cache: 2 of 3 assets)" and data.assets == 2
+    with monkeypatch.context() as m:
+        _no_candle_read(m, timestamps=True)
+        data = data_figures(cfg, case)
+    assert data.basis.startswith("estimated from the timestamps in the cache: 2 of 3 assets (prices not read")
+    assert data.assets == 2
     prepared = prepare_data(cfg, load_market_data(cfg, case))
     assert data.candles["train"] == sum(len(s.train) for s in prepared.splits.values())
     assert data.candles["test"] == sum(len(s.test) for s in prepared.splits.values())
     assert data.train_windows == sum(len(s.train) - 128 for s in prepared.splits.values())
     assert "1 of 3 assets have no 1h candles" in capsys.readouterr().err  # training's own warning
+
+
+def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_path, capsys, monkeypatch):
+    case = _cache_case(tmp_path)
+    config, sets = case / "configs" / "c.json", ["--set", "data.universe_counts={}"]
+    check = ["data", "check", "--case", str(case), "--config", str(config), *sets]
+    assert main(check) == 1  # asset by asset, from the candles
+    from_candles = capsys.readouterr().out
+    assert main(["data", "prepare", "--config", str(config), *sets]) == 0
+    cfg = load_config(config, ["data.universe_counts={}"])
+    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    _no_candle_read(monkeypatch)
+    data = data_figures(cfg, case)
+    assert data.basis.startswith("exact (the prepared token shard ") and data.assets == 2
+    for split in ("train", "val", "test"):
+        assert data.candles[split] == sum(len(getattr(s, split)) for s in prepared.splits.values())
+    capsys.readouterr()
+    assert main(check) == 1
+    out = capsys.readouterr().out
+    assert out == from_candles and "2 of 3 assets" in out and "SOL/USDT: no candles" in out
 
 
 def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(capsys, tmp_path, monkeypatch):

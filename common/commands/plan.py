@@ -1,9 +1,13 @@
 """`marketgpt plan --config CFG`: what a config will do, before the queue wait.
 
-Candles (= tokens) per split: exact where the data is here (the shipped sample, your files, or
-the parquet cache: the same load_market_data + prepare_data that training runs, offline),
-otherwise estimated from the universe, the dates and the interval, or from data.synthetic (the
-synthetic market is not generated for a plan). Then parameters, unique
+Candles (= tokens) per split: exact from the config's prepared token shard when there is one
+(its index.json and data_info.json: no candle read), or from the shipped sample; from the
+timestamps alone where the candles are here (your files, or the parquet cache: training's own
+cleaning and split, asset by asset, on every candle's timestamp with placeholder prices, so
+only the rows cleaning drops for bad prices are counted too: an estimate, `marketgpt data check`
+counts exactly); otherwise estimated from the universe, the dates and the interval, or from
+data.synthetic (the synthetic market is not generated for a plan). Memory holds one asset's
+timestamps, whatever the corpus' size. Then parameters, unique
 training tokens per parameter, windows, steps and tokens per epoch, how often each candle is
 seen, time per epoch and per run on the job's GPUs and on a CPU, peak GPU memory, and warnings
 (common/commands/plan_figures.py holds the arithmetic and the text).
@@ -14,6 +18,7 @@ scaled to other GPUs by their dense bf16 peak, and to other shapes by training F
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -25,7 +30,7 @@ from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures,
                                           epoch_windows, format_plan, steps_per_epoch)
 from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
-from common.data.check import Row, breakdown, left_out, prepared_rows
+from common.data.check import Row, breakdown, left_out, prepare_streamed, prepared_rows, shard_summary
 from common.data.loading import load_market_data, start_bound
 from common.data.prepare import SPLITS, lost_text, prepare_data, short_intervals_error
 from common.data.synthetic import synthetic_assets, synthetic_spec
@@ -181,12 +186,16 @@ def cpu_rate(flops_per_token: int) -> Rate:
 
 
 def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
-    """Exact counts where the candles are here (sample, files, cache), else an estimate."""
+    """Exact counts from a prepared shard or the sample; counted from the timestamps where the
+    candles are here (files, cache); else an estimate."""
     d = cfg.data
     if d.source == "sample":
         return _exact(cfg, case_dir, "exact (the shipped sample)")
+    shard = shard_summary(cfg, case_dir) if d.source in ("files", "download") else None
+    if shard is not None:
+        return _figures(cfg, shard.rows, f"exact (the prepared token shard {shard.folder.name}; no candle read)", shard.info)
     if d.source == "files":
-        return _exact(cfg, case_dir, f"exact (your files in {d.files_dir})")
+        return _from_times(cfg, case_dir, f"your files in {d.files_dir}")
     if d.source == "synthetic":
         return _synthetic_estimate(cfg)
     assets = _universe(cfg, case_dir)
@@ -194,8 +203,8 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     per_interval = [sum(cache.path_for(a.source, iv, a.symbol).exists() for a in assets) for iv in d.run_intervals()]
     cached = sum(per_interval)
     figures = _estimate(cfg, assets) if min(per_interval) == 0 else \
-        _exact(cfg, case_dir, f"exact (cache: {cached} of {len(assets) * len(per_interval)} "
-                              f"{'series' if d.intervals else 'assets'})")
+        _from_times(cfg, case_dir, f"the cache: {cached} of {len(assets) * len(per_interval)} "
+                                   f"{'series' if d.intervals else 'assets'}")
     if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
@@ -235,8 +244,19 @@ def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
 
 
 def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
-    """The candles training would use: load_market_data + prepare_data (offline)."""
+    """The candles training would use: load_market_data + prepare_data (offline; the sample is small)."""
     prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
+    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
+
+
+def _from_times(cfg: Config, case_dir: Path, where: str) -> DataFigures:
+    """The candles training would use, from their timestamps alone (no price read), one asset at
+    a time: exact unless cleaning drops rows for bad prices (NaN, <= 0), which are counted here."""
+    market = load_market_data(cfg, case_dir, times_only=True)
+    # no per-file cleaning report: without the prices it would be half of one (data check's job)
+    prepared = prepare_streamed(cfg, dataclasses.replace(market, files={}))
+    basis = (f"estimated from the timestamps in {where} (prices not read, so rows that cleaning drops for bad "
+             "prices still count; `marketgpt data check` is exact)")
     return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
 
 

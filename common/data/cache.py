@@ -107,6 +107,18 @@ class CandleCache:
                             f"delete it and run `marketgpt data download` again to re-fetch {symbol}") from None
         return frame
 
+    def read_times(self, source: str, interval: str, symbol: str) -> pd.DatetimeIndex | None:
+        """The cached candles' timestamps alone (one column of the file), or None if there is no file yet."""
+        path = self.path_for(source, interval, symbol)
+        if not path.exists():
+            return None
+        try:
+            column = pq.read_table(path, columns=["timestamp"]).column("timestamp").to_pandas()
+            return pd.DatetimeIndex(column).tz_convert("UTC").as_unit("ns").rename("timestamp")
+        except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
+                            f"delete it and run `marketgpt data download` again to re-fetch {symbol}") from None
+
     def write(self, source: str, interval: str, symbol: str, frame: pd.DataFrame, adjusted: bool, *,
               origin: str | None = None, fetched_at: datetime | None = None) -> None:
         """Replace the file with `frame` (atomically), then update its manifest entry.

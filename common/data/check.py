@@ -1,8 +1,10 @@
 """`marketgpt data check`: which cached assets training under a config would use, and why not the others.
 
-`check_usable` runs training's own loading and preparation (common.data.loading,
-common.data.prepare) on the cache, without the network: an asset with fewer candles before the
-first split cut than a context window is not usable. `marketgpt data download` runs it after
+`check_usable` runs training's own loading and cleaning (common.data.loading,
+common.data.prepare) on the cache, without the network, asset by asset: an asset with fewer
+candles before the first split cut than a context window is not usable. Memory holds one
+asset's candles (prepare_streamed), whatever the corpus' size; a token shard already prepared
+from the same inputs answers without reading a candle. `marketgpt data download` runs it after
 each download and writes the result to <cache>/training_check.json.
 """
 from __future__ import annotations
@@ -10,21 +12,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
+import numpy as np
 import pandas as pd
 
+from common.atomic import read_json
 from common.config import Config
 from common.data.loading import load_market_data
-from common.data.prepare import drop_kind, prepare_data
+from common.data.market import LazyFrames, MarketData
+from common.data.prepare import PreparedData, clean_asset, drop_kind, real_rows, split_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
-from common.markets import INTERVAL_SECONDS, split_series
+from common.markets import INTERVAL_SECONDS, interval_step, split_series
 
-__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "left_out", "prepared_rows"]
+__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "left_out", "prepare_streamed", "prepared_rows",
+           "shard_summary"]
 
 
 @dataclass
@@ -80,11 +87,20 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
                        total=len(assets), usable=[], unusable={},
                        universe_as_of=universe_as_of(universe) if universe else None,
                        universe_file=universe.name if universe else None)
+    shard = shard_summary(cfg, case_dir)
+    if shard is not None:  # prepared from these very files: its data_info.json says it all
+        info = shard.info
+        result.usable = list(info["assets"])
+        result.unusable = {r["symbol"]: r["reason"] for r in info["dropped"]}
+        result.total = len(result.usable) + len(result.unusable)
+        result.fixes = dict(info["totals"]["fixes"])
+        result.by = breakdown(shard.rows)
+        return result
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # loading's "left out" warning: reported below
             market = load_market_data(cfg, case_dir)
             result.total = len(market.assets)
-            prepared = prepare_data(cfg, market)
+            prepared = prepare_streamed(cfg, market)
     except UserError as e:
         result.problem = str(e)
         return result
@@ -93,6 +109,71 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
     result.fixes = dict(prepared.info["totals"]["fixes"])
     result.by = breakdown(prepared_rows(prepared, d.interval, bool(d.intervals)))
     return result
+
+
+def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
+    """prepare_data's assets, splits, drops and data_info, holding one asset's candles at a time.
+
+    Each asset is read and cleaned in turn; its cleaned timestamps wait in a temporary folder
+    for the split (common.data.prepare.split_data reads them from there, asset by asset). The
+    cleaned candles themselves are not kept: the result's `candles` is empty."""
+    files: dict[str, Path] = {}
+    records, dropped = {}, {}
+    with tempfile.TemporaryDirectory(prefix="marketgpt-stamps-") as tmp:
+        for i, asset in enumerate(market.assets):
+            s = asset.symbol
+            step = interval_step(market.interval_of(s))  # a series' own interval (data.intervals)
+            frame, records[s], why = clean_asset(asset, market.candles[s], step, reader_fixes=market.fixes.get(s),
+                                                 file=market.files.get(s))
+            if frame is None:
+                dropped[s] = why
+                continue
+            files[s] = Path(tmp) / f"{i:06d}.npz"
+            np.savez(files[s], ts=frame.index.asi8, real=real_rows(frame))
+            del frame  # not alive while the next asset is read
+
+        def stamps(s: str) -> np.ndarray:
+            with np.load(files[s]) as z:
+                return z["ts"]
+
+        def real(s: str) -> np.ndarray:  # the real candles' stamps (not the rows fill_gaps added)
+            with np.load(files[s]) as z:
+                return z["ts"][z["real"]]
+
+        symbols = list(files)
+        return split_data(cfg, market.assets, market.interval, LazyFrames(symbols, stamps),
+                          LazyFrames(symbols, real), records, dropped, LazyFrames([], stamps))
+
+
+@dataclass
+class ShardSummary:
+    """What a prepared token shard says of its corpus, read from its JSON files alone."""
+    folder: Path
+    info: dict  # its data_info.json
+    rows: list["Row"]  # per series: (asset, interval, category, (train, val, test) candles)
+
+
+def shard_summary(cfg: Config, case_dir: Path) -> Optional[ShardSummary]:
+    """The config's prepared token shard (common.tokens.shards), if there is one: made from the
+    same settings and the same input files (sizes and time stamps), so its counts are exact."""
+    from common.tokens.shards import shard_folder  # lazy: the tokenizer's imports
+    from common.tokens.token_set import read_index
+
+    try:
+        folder, _ = shard_folder(cfg, case_dir)
+    except (OSError, UserError):  # no universe or files to key it by: no shard either
+        return None
+    if not (folder / "manifest.json").is_file():
+        return None
+    try:
+        index = read_index(folder / "tokens")
+        info = read_json(folder / "data_info.json")
+    except (OSError, ValueError, UserError):
+        return None  # a damaged shard: counted from the candles instead
+    d = cfg.data
+    rows = [(*(split_series(s) if d.intervals else (s, d.interval)), info["assets"][s]["category"],
+             tuple(int(hi) - int(lo) for lo, hi in ranges)) for s, ranges in zip(index["symbols"], index["ranges"])]
+    return ShardSummary(folder, info, rows)
 
 
 # one row per series: (asset symbol, interval, category, (train, val, test) candles)

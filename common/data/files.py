@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from common.config import Config
-from common.data.market import MarketData
+from common.data.market import LazyFrames, MarketData
 from common.data.prepare import COLUMNS
 from common.markets import interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 
-__all__ = ["FILES_UNIVERSE", "SUFFIXES", "load_files", "read_candle_file"]
+__all__ = ["FILES_UNIVERSE", "SUFFIXES", "files_root", "load_files", "read_candle_file"]
 
 FILES_UNIVERSE = "files"  # data.universe value: every file is an asset, in data.default_category
 SUFFIXES = (".csv", ".csv.gz", ".parquet")
@@ -43,22 +46,30 @@ def _symbol_of(path: Path) -> str:
     return path.stem
 
 
-def _read_table(path: Path) -> pd.DataFrame:
+def _read_table(path: Path, only: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The file's rows; only: just the columns of these names (matched case-insensitively), when it has any."""
     try:
-        if path.name.lower().endswith(".parquet"):
-            return pd.read_parquet(path)
-        return pd.read_csv(path)
+        parquet = path.name.lower().endswith(".parquet")
+        columns = None
+        if only:  # the header alone first: a parquet schema, a CSV's first line
+            names = pq.read_schema(path).names if parquet else list(pd.read_csv(path, nrows=0).columns)
+            columns = [n for n in names if str(n).strip().lower() in only] or None
+        if parquet:
+            raw = pd.read_parquet(path, columns=columns)
+            if isinstance(raw.index, pd.DatetimeIndex) and raw.index.name:  # saved with its index
+                raw = raw.reset_index()
+            return raw
+        return pd.read_csv(path, usecols=columns)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
-    except (OSError, ValueError, pd.errors.ParserError) as e:
+    except (OSError, ValueError, pd.errors.ParserError, pa.ArrowException) as e:
         raise UserError(f"{path}: cannot read the file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                         "expected a CSV with a header row or a parquet file") from None
 
 
-def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = ()) -> dict[str, str]:
-    """Canonical name -> the file's column name, matched case-insensitively, aliases for the time."""
-    if isinstance(raw.index, pd.DatetimeIndex) and raw.index.name:  # a parquet saved with its index
-        raw.reset_index(inplace=True)
+def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = (), prices: bool = True) -> dict[str, str]:
+    """Canonical name -> the file's column name, matched case-insensitively, aliases for the time;
+    prices: the OHLCV columns are needed too."""
     by_lower = {str(c).strip().lower(): c for c in raw.columns}
     found: dict[str, str] = {}
     time = next((by_lower[a] for a in _TIME_ALIASES if a in by_lower), None)
@@ -67,7 +78,7 @@ def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = ()) -> dict
     for name in (*COLUMNS, *extra):
         if name in by_lower:
             found[name] = by_lower[name]
-    missing = [n for n in ("timestamp", *COLUMNS, *extra) if n not in found]
+    missing = [n for n in ("timestamp", *(COLUMNS if prices else ()), *extra) if n not in found]
     if missing:
         have = ", ".join(map(str, raw.columns)) or "none"
         raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {have}); a candle file needs "
@@ -138,24 +149,27 @@ def _duration(ns: int) -> str:
     return f"{seconds:g}s"
 
 
-def read_candle_file(path: Path, interval: str, symbol_column: bool = False
+def read_candle_file(path: Path, interval: str, symbol_column: bool = False, times_only: bool = False
                      ) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], bool]:
     """One file's candles: {symbol: frame} (UTC index, float OHLCV), per-symbol drop counts, naive?
 
-    Without `symbol_column` the file is one symbol, named by the file.
+    Without `symbol_column` the file is one symbol, named by the file. times_only: read the
+    time (and symbol) column alone and give every candle the placeholder prices 1.0, for
+    counting candles: the rows kept are those of a full read, as no row is dropped for its prices.
     """
-    raw = _read_table(path)
+    extra = ("symbol",) if symbol_column else ()
+    raw = _read_table(path, (*_TIME_ALIASES, *extra) if times_only else ())
     if raw.empty:
         raise UserError(f"{path}: the file is empty (no candle rows); remove it or fill it")
-    cols = _columns(raw, path, ("symbol",) if symbol_column else ())
+    cols = _columns(raw, path, extra, prices=not times_only)
     ts, naive = _parse_times(raw[cols["timestamp"]], path)
     bad_time = ts == np.iinfo(np.int64).min
     if bad_time.all():
         example = raw[cols["timestamp"]].iloc[0]
         raise UserError(f"{path}: no timestamp in column '{cols['timestamp']}' parses (first: {example!r}); "
                         "expected dates like 2024-01-31 or 2024-01-31 13:00:00+00:00, or Unix epochs")
-    values = np.empty((len(raw), len(COLUMNS)))
-    for i, name in enumerate(COLUMNS):
+    values = np.ones((len(raw), len(COLUMNS)))
+    for i, name in enumerate(COLUMNS if not times_only else ()):
         values[:, i] = pd.to_numeric(raw[cols[name]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     symbols = (raw[cols["symbol"]].astype("string").str.strip().to_numpy(dtype=object, na_value="")
                if symbol_column else np.full(len(raw), _symbol_of(path), dtype=object))
@@ -211,62 +225,95 @@ def _file_key(symbol: str) -> str:
     return symbol.upper().replace("/", "-").replace("_", "-")
 
 
-def load_files(cfg: Config, case_dir: Path) -> MarketData:
-    """The assets and candles of data.files_dir (relative to the case folder, or absolute)."""
+def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
+    """The assets and candles of data.files_dir (relative to the case folder, or absolute).
+
+    A folder of files is read one file at a time, when its asset is asked for (preparation
+    holds one asset's candles, and an array task reads only its own assets); one long file
+    with a symbol column is read whole, once. times_only: see read_candle_file."""
     d = cfg.data
     if not d.files_dir:
         raise UserError("data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
                         "per symbol, or one file with a symbol column (e.g. --set data.files_dir=my_data)")
-    root = Path(d.files_dir).expanduser()
-    root = root if root.is_absolute() else Path(case_dir) / root
+    root = files_root(cfg, case_dir)
     if not root.exists():
         raise UserError(f"data.files_dir {root} does not exist; point it at a folder of candle files or one file")
 
-    frames: dict[str, pd.DataFrame] = {}
-    fixes: dict[str, dict[str, int]] = {}
-    sources: dict[str, str] = {}
-    naive_files: list[str] = []
     if root.is_dir():
-        for symbol, path in _files_in(root).items():
-            got, got_fixes, naive = read_candle_file(path, d.interval)
-            frames.update(got)
-            fixes.update(got_fixes)
-            sources[symbol] = str(path)
-            if naive:
-                naive_files.append(path.name)
+        paths = _files_in(root)
+        reader = _FolderReader(paths, d.interval, times_only)
+        symbols = list(paths)
+        candles: Mapping[str, pd.DataFrame] = LazyFrames(symbols, reader.frame)
+        fixes: Mapping[str, dict[str, int]] = LazyFrames(symbols, reader.fixes)
+        sources = {s: str(p) for s, p in paths.items()}
     else:
-        frames, fixes, naive = read_candle_file(root, d.interval, symbol_column=True)
-        sources = dict.fromkeys(frames, str(root))
+        candles, fixes, naive = read_candle_file(root, d.interval, symbol_column=True, times_only=times_only)
+        symbols = list(candles)
+        sources = dict.fromkeys(symbols, str(root))
         if naive:
-            naive_files.append(root.name)
-    if naive_files:
-        shown = ", ".join(naive_files[:3]) + (f" and {len(naive_files) - 3} more" if len(naive_files) > 3 else "")
-        print(f"note: timestamps without a time zone in {shown} are taken as UTC", file=sys.stderr)
+            _note_naive(root.name)
 
     if d.universe == FILES_UNIVERSE:
-        assets = [Asset(symbol=s, source="files", category=d.default_category or "", name=s) for s in frames]
+        assets = [Asset(symbol=s, source="files", category=d.default_category or "", name=s) for s in symbols]
     else:
         assets = _match_universe(load_universe(Path(case_dir) / d.universe, d.universe_counts or None),
-                                 frames, root)
-    by_key = {_file_key(s): s for s in frames}
-    candles = {a.symbol: frames[by_key[_file_key(a.symbol)]] for a in assets}
-    return MarketData(assets=assets, candles=candles, interval=d.interval,
-                      fixes={a.symbol: fixes[by_key[_file_key(a.symbol)]] for a in assets},
-                      files={a.symbol: sources[by_key[_file_key(a.symbol)]] for a in assets})
+                                 symbols, root)
+    by_key = {_file_key(s): s for s in symbols}
+    name_of = {a.symbol: by_key[_file_key(a.symbol)] for a in assets}  # universe symbol -> file symbol
+    return MarketData(assets=assets, candles=LazyFrames(list(name_of), lambda s: candles[name_of[s]]),
+                      interval=d.interval, fixes=LazyFrames(list(name_of), lambda s: fixes[name_of[s]]),
+                      files={s: sources[f] for s, f in name_of.items()})
 
 
-def _match_universe(assets: list[Asset], frames: dict[str, pd.DataFrame], root: Path) -> list[Asset]:
+def files_root(cfg: Config, case_dir: Path) -> Path:
+    """data.files_dir: absolute, or relative to the case folder."""
+    root = Path(cfg.data.files_dir).expanduser()
+    return root if root.is_absolute() else Path(case_dir) / root
+
+
+class _FolderReader:
+    """One file per symbol, read when asked for; the last one read is kept, so an asset's
+    candles and its reader's drop counts come from one read."""
+
+    def __init__(self, paths: dict[str, Path], interval: str, times_only: bool = False) -> None:
+        self.paths, self.interval, self.times_only = paths, interval, times_only
+        self._last: tuple[str, pd.DataFrame, dict[str, int]] | None = None
+        self._noted = False  # the note on naive time stamps: once, not once per file of a large folder
+
+    def _read(self, symbol: str) -> tuple[str, pd.DataFrame, dict[str, int]]:
+        if self._last is None or self._last[0] != symbol:
+            frames, fixes, naive = read_candle_file(self.paths[symbol], self.interval, times_only=self.times_only)
+            if naive and not self._noted:
+                self._noted = True
+                _note_naive(self.paths[symbol].name, others=True)
+            (frame,), (fix,) = frames.values(), fixes.values()  # the file's one symbol
+            self._last = (symbol, frame, fix)
+        return self._last
+
+    def frame(self, symbol: str) -> pd.DataFrame:
+        return self._read(symbol)[1]
+
+    def fixes(self, symbol: str) -> dict[str, int]:
+        return self._read(symbol)[2]
+
+
+def _note_naive(name: str, others: bool = False) -> None:
+    where = f"{name} (and any other file without one)" if others else name
+    print(f"note: timestamps without a time zone in {where} are taken as UTC", file=sys.stderr)
+
+
+def _match_universe(assets: list[Asset], symbols: list[str], root: Path) -> list[Asset]:
     """Every universe symbol needs candles; files the universe does not list are ignored (said)."""
-    keys = {_file_key(s) for s in frames}
+    keys = {_file_key(s) for s in symbols}
     missing = [a.symbol for a in assets if _file_key(a.symbol) not in keys]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        have = ", ".join(sorted(frames)[:5]) + (" ..." if len(frames) > 5 else "")
+        have = ", ".join(sorted(symbols)[:5]) + (" ..." if len(symbols) > 5 else "")
         raise UserError(f"{root}: no candles for {len(missing)} universe symbol(s): {shown} (files have: {have}); "
                         f"add them, remove them from the universe, or set data.universe = \"{FILES_UNIVERSE}\" "
                         "to train on every file")
     listed = {_file_key(a.symbol) for a in assets}
-    unused = [s for s in frames if _file_key(s) not in listed]
+    unused = [s for s in symbols if _file_key(s) not in listed]
     if unused:
         print(f"note: {len(unused)} symbol(s) in {root} are not in the universe and are left out: "
               f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}", file=sys.stderr)

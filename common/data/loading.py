@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Mapping
 
+import numpy as np
 import pandas as pd
 
 from common.config import Config, at_interval
 from common.config_checks import START_MAX
 from common.data.cache import CandleCache
-from common.data.files import FILES_UNIVERSE, load_files
+from common.data.files import FILES_UNIVERSE, files_root, load_files
 from common.data.market import LazyFrames, MarketData
+from common.data.prepare import COLUMNS
 from common.data.sample import load_sample, sample_assets, sample_file
 from common.data.synthetic import aggregate, generate_asset, synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
@@ -23,7 +26,7 @@ from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, series_name
 from common.paths import REPO_ROOT
 
-__all__ = ["MarketData", "input_files", "load_market_data", "start_bound"]
+__all__ = ["MarketData", "input_files", "load_market_data", "placeholder_frame", "start_bound"]
 
 
 def start_bound(start_date: str) -> pd.Timestamp | None:
@@ -31,7 +34,7 @@ def start_bound(start_date: str) -> pd.Timestamp | None:
     return None if start_date == START_MAX else pd.Timestamp(start_date, tz="UTC")
 
 
-def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
+def load_market_data(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
     """Candles for every asset of the case, as canonical frames keyed by symbol.
 
     "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
@@ -46,13 +49,13 @@ def load_market_data(cfg: Config, case_dir: Path) -> MarketData:
     case_dir = Path(case_dir)
     interval = cfg.data.interval
     if cfg.data.intervals:
-        return _load_series(cfg, case_dir)
+        return _load_series(cfg, case_dir, times_only)
     if cfg.data.source == "sample":
         market = _load_sample(interval)
     elif cfg.data.source == "download":
-        market = _load_cache(cfg, case_dir)
+        market = _load_cache(cfg, case_dir, times_only)
     elif cfg.data.source == "files":
-        market = load_files(cfg, case_dir)
+        market = load_files(cfg, case_dir, times_only)
     elif cfg.data.source == "synthetic":
         market = _load_synthetic(cfg)
     else:
@@ -75,8 +78,7 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
                  for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)]
         return [universe, *(p for p in paths if p.is_file())]
     if d.source == "files" and d.files_dir:
-        root = Path(d.files_dir).expanduser()
-        root = root if root.is_absolute() else case_dir / root
+        root = files_root(cfg, case_dir)
         found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         universe = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
         return [*universe, *(p for p in found if p.is_file())]
@@ -103,14 +105,18 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
     if len(kept) == len(market.assets):  # nothing to leave out: a lazy mapping stays lazy
         return market
     symbols = {a.symbol for a in kept}
-    candles = (market.candles.only(symbols) if isinstance(market.candles, LazyFrames)
-               else {s: f for s, f in market.candles.items() if s in symbols})
-    return MarketData(assets=kept, candles=candles,
-                      interval=market.interval, fixes={s: f for s, f in market.fixes.items() if s in symbols},
-                      files={s: f for s, f in market.files.items() if s in symbols})
+    return MarketData(assets=kept, candles=_only(market.candles, symbols), interval=market.interval,
+                      fixes=_only(market.fixes, symbols), files=_only(market.files, symbols))
 
 
-def _load_series(cfg: Config, case_dir: Path) -> MarketData:
+def _only(mapping: Mapping, symbols: set[str]) -> Mapping:
+    """The entries of `symbols`; a lazy mapping stays lazy (the files source reads nothing here)."""
+    if isinstance(mapping, LazyFrames):
+        return mapping.only(symbols)
+    return {s: v for s, v in mapping.items() if s in symbols}
+
+
+def _load_series(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
     """data.intervals: one series per asset and interval (common.markets.series_name), asset-major,
     each read at its own interval as a one-interval run would read it; the synthetic market is
     made once, at its finest interval, and aggregated to the others (common.data.synthetic.aggregate)."""
@@ -120,7 +126,7 @@ def _load_series(cfg: Config, case_dir: Path) -> MarketData:
         base = load_market_data(at_interval(cfg, finest), case_dir)
         markets = {iv: base for iv in intervals}
     else:
-        markets = {iv: load_market_data(at_interval(cfg, iv), case_dir) for iv in intervals}
+        markets = {iv: load_market_data(at_interval(cfg, iv), case_dir, times_only) for iv in intervals}
     assets, where = [], {}
     for asset in dict.fromkeys(a for m in markets.values() for a in m.assets):
         for iv in intervals:
@@ -134,9 +140,13 @@ def _load_series(cfg: Config, case_dir: Path) -> MarketData:
         frame = markets[iv].candles[symbol]
         return aggregate(frame, iv) if cfg.data.source == "synthetic" and iv != finest else frame
 
-    fixes = {series_name(s, iv): f for iv, m in markets.items() for s, f in m.fixes.items()}
-    return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=intervals[0],
-                      fixes=fixes, series_intervals={name: iv for name, (iv, _) in where.items()})
+    def fixes(name: str) -> dict[str, int]:  # looked up after the series' candles: lazy for the files source
+        iv, symbol = where[name]
+        return markets[iv].fixes.get(symbol) or {}
+
+    names = [a.symbol for a in assets]
+    return MarketData(assets=assets, candles=LazyFrames(names, read), interval=intervals[0],
+                      fixes=LazyFrames(names, fixes), series_intervals={name: iv for name, (iv, _) in where.items()})
 
 
 def _load_sample(interval: str) -> MarketData:
@@ -154,7 +164,7 @@ def _load_synthetic(cfg: Config) -> MarketData:
     return MarketData(assets=assets, candles=candles, interval=spec.interval)
 
 
-def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
+def _load_cache(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
     d = cfg.data
     # data.categories first: a per-market run of case A reads its own markets' files, not all 600
     universe = universe_path(case_dir, d.universe, d.exchange)
@@ -168,7 +178,11 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
     end = pd.Timestamp(d.end_date, tz="UTC") if d.end_date else None
 
     def read(symbol: str) -> pd.DataFrame:
-        frame = cache.read(source_of[symbol], d.interval, symbol)
+        if times_only:
+            times = cache.read_times(source_of[symbol], d.interval, symbol)
+            frame = None if times is None else placeholder_frame(times)
+        else:
+            frame = cache.read(source_of[symbol], d.interval, symbol)
         if frame is None:  # a file that vanished since the check below: no candles, dropped later
             return _EMPTY.copy()
         # The index is sorted (cache contract), so two binary searches cut the date range.
@@ -192,6 +206,11 @@ def _load_cache(cfg: Config, case_dir: Path) -> MarketData:
               f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
               f"them in {universe} if the download reports them as failed", file=sys.stderr)
     return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=d.interval)
+
+
+def placeholder_frame(index: pd.DatetimeIndex) -> pd.DataFrame:
+    """Candles at these timestamps, every price and volume 1.0: a frame for counting, not for training."""
+    return pd.DataFrame(np.ones((len(index), len(COLUMNS))), index=index, columns=list(COLUMNS))
 
 
 _EMPTY = pd.DataFrame({c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},

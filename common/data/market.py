@@ -19,8 +19,8 @@ class MarketData:
     candles: Mapping[str, pd.DataFrame]
     interval: str
     # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
-    # and the file each symbol came from
-    fixes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # (a dict, or LazyFrames: known once that asset's candles are read) and the file each symbol came from
+    fixes: Mapping[str, dict[str, int]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     # data.intervals: the assets are series (common.markets.series_name), each at its own interval
     series_intervals: dict[str, str] = field(default_factory=dict)
@@ -32,7 +32,8 @@ class MarketData:
 
 class LazyFrames(Mapping[str, pd.DataFrame]):
     """symbol -> frame, read by `load(symbol)` on every access and never kept: a caller that
-    walks the assets one at a time holds one asset's candles, whatever the universe's size."""
+    walks the assets one at a time holds one asset's candles, whatever the universe's size.
+    (Any per-asset value can be looked up this way: the files source's drop counts are.)"""
 
     def __init__(self, symbols: list[str], load: Callable[[str], pd.DataFrame]) -> None:
         self._symbols = list(symbols)

@@ -235,7 +235,7 @@ def _global_cuts(stamps: Callable[[], Iterable[np.ndarray]], q1: float, q2: floa
     for ts in stamps():
         for i in chosen:
             lo, hi = np.searchsorted(ts, [day[i] * _DAY_NS, (day[i] + 1) * _DAY_NS])
-            chosen[i].append(ts[lo:hi])
+            chosen[i].append(ts[lo:hi].copy())  # a copy: a view would keep the whole asset's stamps alive
     cut1, cut2 = (int(np.sort(np.concatenate(chosen[i]))[k - before[i]]) for i, k in zip(which, ranks))
     return cut1, cut2
 
