@@ -283,7 +283,10 @@ def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_pa
     capsys.readouterr()
     assert main(check) == 1
     out = capsys.readouterr().out
-    assert out == from_candles and "2 of 3 assets" in out and "SOL/USDT: no candles" in out
+    # the same report, but for the shard's own line: now prepared, and every byte checked
+    assert out.splitlines()[:-1] == from_candles.splitlines()[:-1] and "2 of 3 assets" in out
+    assert "SOL/USDT: no candles" in out and "is not prepared yet" in from_candles.splitlines()[-1]
+    assert out.splitlines()[-1].endswith("files match their sha256 in manifest.json")
 
 
 def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(capsys, tmp_path, monkeypatch):
