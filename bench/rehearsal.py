@@ -6,7 +6,7 @@ driven as a user drives it, with faults injected on the way:
 1. corpus   case A's universe (600 assets: yfinance stocks and commodities, ccxt crypto pairs) as a
             synthetic market (common.data.synthetic), 1h candles and the 1d candles made from them,
             written by CandleCache into a throwaway repo copy's case_a_full_market/data: the layout
-            `marketgpt data download` leaves. full: >= 100M candles; reduced: about 1.5M.
+            `marketgpt data download` leaves. full: 115M candles; reduced: 1.26M.
 2. plan     `marketgpt plan` and `marketgpt data check` of case A's config with data.intervals
             ["1d", "1h"] (per-interval splits) and a tiny model through --set, on all the data.
 3. prepare  `marketgpt data prepare --array 8` on Slurm, submitted twice, one encode task
@@ -56,7 +56,6 @@ NODES, TASKS_PER_NODE = 2, 2  # the case script's --ntasks-per-node
 GLOBAL_BATCH = 16
 EPOCHS, STEPS = 2, 40
 WEIGHT_ATOL = 2e-5  # tests/ddp_helpers.assert_same_run's tolerance
-TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,13 @@ class Size:
     days: int        # the 1d candles per asset; the 1h ones are made first and the 1d from them
     hourly_gap: float  # the share of hours without a candle (a stock trades some 7 hours a day)
     start: str       # the first candle, and data.start_date
+    eval_batches: Optional[int]  # the job's training.eval_max_batches (None: every val and test token)
+    timeout_s: int   # the longest a stage may take
 
 
-SIZES = {
-    "reduced": Size(days=300, hourly_gap=0.75, start="2023-01-01"),  # 600 x (1,800 + 300) = 1.26M candles
-    "full": Size(days=7_670, hourly_gap=0.0, start="2005-01-01"),   # 600 x (184,080 + 7,670) = 115M candles
+SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (184,080 + 7,670) = 115M candles
+    "reduced": Size(days=300, hourly_gap=0.75, start="2023-01-01", eval_batches=None, timeout_s=1800),
+    "full": Size(days=7_670, hourly_gap=0.0, start="2005-01-01", eval_batches=2000, timeout_s=6 * 3600),
 }
 
 # case A at two intervals as configs/full_market_multi_interval.json has them, on all the data;
@@ -159,10 +160,10 @@ class Rehearsal:
     def env_for(self, stage: str) -> dict[str, str]:
         return {**self.env, "MARKETGPT_REHEARSAL_STAGE": stage}
 
-    def cli(self, stage: str, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    def cli(self, stage: str, *args: str) -> subprocess.CompletedProcess:
         """`marketgpt ARGS` from the repo copy; its output kept under `stage` in the report."""
         proc = subprocess.run([sys.executable, "-m", "common.cli", *args], cwd=self.repo, env=self.env_for(stage),
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=self.size.timeout_s)
         self.outputs[f"{stage}: marketgpt {args[0]}"] = proc.stdout[-6000:] + proc.stderr[-3000:]
         return proc
 
@@ -320,7 +321,8 @@ def task_pids(r: Rehearsal, array: str, task: str) -> list[int]:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             env = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
-            if want <= env and "python" in (proc / "cmdline").read_bytes().decode(errors="replace"):
+            argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if want <= env and Path(argv0).name.startswith("python"):  # not srun, not the batch shell
                 pids.append(int(proc.name))
         except OSError:  # gone, or not ours
             continue
@@ -356,7 +358,7 @@ def wait_jobs(jobs: Sequence[str], timeout_s: float) -> dict[str, str]:
 
 
 def prepare_on_slurm(r: Rehearsal) -> dict[str, Any]:
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + r.size.timeout_s
     first = submit_array(r, "prepare")
     second = submit_array(r, "prepare")  # the same array again, by mistake or from a second shell
     # a training started before the shard is there (in this machine's process, not a job)
@@ -428,10 +430,12 @@ def prepare_in_one_process(r: Rehearsal) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 4. the case script under DDP
 
 
-def job_log(r: Rehearsal, job: str) -> str:
+def job_log(r: Rehearsal, job: str, err: bool = False) -> str:
+    """The job's .out log (offsets stay put as it grows), with the end of its .err after it if `err`."""
     path = r.case / "logs" / f"{LOG_PREFIX}_{job}.out"
-    err = path.with_suffix(".err")
-    return (path.read_text() if path.exists() else "") + (err.read_text()[-3000:] if err.exists() else "")
+    errors = path.with_suffix(".err")
+    return ((path.read_text() if path.exists() else "")
+            + (errors.read_text()[-3000:] if err and errors.exists() else ""))
 
 
 def wait_log(r: Rehearsal, job: str, pattern: re.Pattern, after: int, deadline: float) -> int:
@@ -441,14 +445,15 @@ def wait_log(r: Rehearsal, job: str, pattern: re.Pattern, after: int, deadline: 
         if m:
             return m.end()
         if not squeue(job):
-            raise RuntimeError(f"job {job} ended before its log showed {pattern.pattern!r}:\n{job_log(r, job)[-2000:]}")
+            raise RuntimeError(f"job {job} ended before its log showed {pattern.pattern!r}:\n{job_log(r, job, err=True)[-2000:]}")
         time.sleep(0.1)
-    raise TimeoutError(f"no {pattern.pattern!r} in job {job}'s log in time:\n{job_log(r, job)[-2000:]}")
+    raise TimeoutError(f"no {pattern.pattern!r} in job {job}'s log in time:\n{job_log(r, job, err=True)[-2000:]}")
 
 
 def force_requeues(r: Rehearsal, job: str, times: int, deadline: float) -> list[str]:
-    """USR2 to the batch shell (what --signal=B:USR2@600 sends before the time limit) once the job
-    trains, `times` times, each after the restart before it has trained a step."""
+    """USR2 to the batch shell (what --signal=B:USR2@600 sends before the time limit), `times`
+    times: at step 3 of the first start, then at the first step each restart trains after its resume.
+    Returns where each signal found the job (the last step its log showed)."""
     step = re.compile(r"epoch (\d+)/\d+ step (\d+)/\d+")
     sent, at = [], 0
     for n in range(times):
@@ -456,7 +461,7 @@ def force_requeues(r: Rehearsal, job: str, times: int, deadline: float) -> list[
             at = wait_log(r, job, re.compile(rf"restart {n} =====.*?Resuming at epoch", re.S), at, deadline)
         at = wait_log(r, job, step, at, deadline)
         if n == 0:  # a few steps in, so the first checkpoint is mid-epoch
-            at = wait_log(r, job, re.compile(r"epoch 1/\d+ step [3-9]/"), at, deadline)
+            at = wait_log(r, job, re.compile(r"epoch 1/\d+ step [3-9]/\d+"), at, deadline)
         subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=r.env, timeout=60, check=True)
         sent.append(step.findall(job_log(r, job)[:at])[-1:])
         at = wait_log(r, job, re.compile(r"requeueing job"), at, deadline)
@@ -476,9 +481,11 @@ def final_weights(run_dir: Path) -> dict:
 def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
     from common.distributed.slurm import job_info
 
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + r.size.timeout_s
     ranks = NODES * TASKS_PER_NODE
-    job_sets = overrides(r.size, f"training.batch_size={GLOBAL_BATCH // ranks}", "experiment=ddp", *SCORECARD)
+    # the reduced size's job evaluates every val and test token, so each category has test tokens
+    job_sets = overrides(r.size, f"training.batch_size={GLOBAL_BATCH // ranks}", "experiment=ddp", *SCORECARD,
+                         f"training.eval_max_batches={json.dumps(r.size.eval_batches)}")
     proc = subprocess.run(["sbatch", "--parsable", f"--nodes={NODES}", SCRIPT, *sets(job_sets)], cwd=r.repo,
                           env=r.env_for("train_slurm"), capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
@@ -488,7 +495,7 @@ def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
     signalled = force_requeues(r, job, 2, deadline)
     state = wait_jobs([job], max(1.0, deadline - time.monotonic()))[job]
     info = job_info(job) or {}
-    log = job_log(r, job)
+    log = job_log(r, job, err=True)
     r.outputs["train_slurm: job log"] = log[-8000:]
     restarts, exit_code = info.get("Restarts"), info.get("ExitCode")
     r.check("the case script's job requeues twice, then finishes",
@@ -519,11 +526,16 @@ def reference_run(r: Rehearsal) -> dict[str, Any]:
 def _counts_by(data_info: dict, key: Callable[[str, dict], str]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for name, a in data_info.get("assets", {}).items():
-        c = out.setdefault(key(name, a), {"series": 0, "candles": 0, "train": 0})
+        c = out.setdefault(key(name, a), {"series": 0, "candles": 0, "train": 0, "test": 0, "test_series": 0})
         c["series"] += 1
         c["candles"] += a.get("train", 0) + a.get("val", 0) + a.get("test", 0)
         c["train"] += a.get("train", 0)
+        c["test"] += a.get("test", 0)
+        c["test_series"] += a.get("test", 0) > 0
     return out
+
+
+_PLAN_KEYS = ("series", "candles", "train")
 
 
 def check_outputs(r: Rehearsal) -> dict[str, Any]:
@@ -538,14 +550,19 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     for what, table in (("interval", "per_interval"), ("category", "per_category")):
         want = plan.get(what, {})
         names = INTERVALS if what == "interval" else sorted(want) or r.stages["corpus"].get("categories", [])
-        got = seen[what]
+        got = {n: {k: c[k] for k in _PLAN_KEYS} for n, c in seen[what].items()}
         wrong = {n: {"plan": want.get(n), "data_info": got.get(n)} for n in names if want.get(n) != got.get(n)}
         r.check(f"every {what} in data_info.json with plan's token counts", bool(want) and not wrong,
                 f"{len(names) - len(wrong)} of {len(names)} match" + (f"; differ: {wrong}" if wrong else ""))
-        tested = {n: (results.get(table) or {}).get(n, {}).get("num_tokens", 0) for n in names}
-        missing = [n for n, k in tested.items() if not k]
-        r.check(f"every {what} in test_results.json", not missing,
-                f"test tokens {tested}" + (f"; none for {missing}" if missing else ""))
+        # every test token but each series' first is scored, when nothing caps the evaluation
+        tested = {n: _tested(results, table, n) for n in names}
+        expected = {n: seen[what].get(n, {}).get("test", 0) - seen[what].get(n, {}).get("test_series", 0)
+                    for n in names}
+        capped = r.size.eval_batches is not None
+        wrong = [n for n in names if not tested[n] or (not capped and tested[n] != expected[n])]
+        r.check(f"every {what} in test_results.json", not wrong,
+                f"test tokens {tested}" + (" (evaluation capped)" if capped else f", data_info's test candles "
+                                           f"less one a series {expected}") + (f"; wrong: {wrong}" if wrong else ""))
     card = run_dir / "scorecard.json"
     r.check("training wrote its scorecard", card.is_file(),
             "scorecard.json there" if card.is_file() else f"none: {results.get('scorecard_error', 'no error recorded')}")
@@ -557,6 +574,15 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     r.check("marketgpt status lists the run", status.returncode == 0 and run_dir.name in status.stdout,
             f"exit {status.returncode}")
     return {"run": run_dir.name, "benchmark_exit": bench.returncode, "status_exit": status.returncode}
+
+
+def _tested(results: dict, table: str, name: str) -> int:
+    """Test tokens of one interval, or of one category over every interval, in test_results.json."""
+    intervals = results.get("per_interval") or {}
+    if table == "per_interval":
+        return intervals.get(name, {}).get("num_tokens", 0)
+    return sum((r.get("per_category") or {}).get(name, {}).get("num_tokens", 0)
+               for r in (intervals or {"": results}).values())
 
 
 def _benchmark_answer(text: str) -> tuple[Optional[float], dict[str, str]]:
