@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -154,6 +155,7 @@ class Rehearsal:
         self.stages: dict[str, dict[str, Any]] = {}
         self.checks: list[dict[str, Any]] = []
         self.outputs: dict[str, str] = {}
+        self.commands: list[dict[str, Any]] = []  # each `marketgpt` command run here: seconds, exit code
         self.jobs: list[str] = []  # every job submitted: cancelled at the end, whatever happened
         self.plan: dict[str, dict[str, dict[str, int]]] = {}  # plan's per-interval and per-category counts
 
@@ -162,9 +164,12 @@ class Rehearsal:
 
     def cli(self, stage: str, *args: str) -> subprocess.CompletedProcess:
         """`marketgpt ARGS` from the repo copy; its output kept under `stage` in the report."""
+        t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "common.cli", *args], cwd=self.repo, env=self.env_for(stage),
                               capture_output=True, text=True, timeout=self.size.timeout_s)
-        self.outputs[f"{stage}: marketgpt {args[0]}"] = proc.stdout[-6000:] + proc.stderr[-3000:]
+        what = f"{stage}: marketgpt {' '.join(a for a in args[:2] if not a.startswith('-'))}"
+        self.commands.append({"command": what, "seconds": round(time.monotonic() - t0, 1), "exit": proc.returncode})
+        self.outputs[what] = proc.stdout[-6000:] + proc.stderr[-3000:]
         return proc
 
     def stage(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -241,12 +246,15 @@ def write_corpus(r: Rehearsal) -> dict[str, Any]:
         candles = sum(pool.map(_write_assets, [str(r.case)] * workers, [r.size] * workers,
                                [list(range(w, len(assets), workers)) for w in range(workers)],
                                [cfg.data.exchange] * workers))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, the first children reaped
     files = [p for p in (r.case / "data").rglob("*") if p.is_file()]
     sources = sorted({p.relative_to(r.case / "data").parts[0] for p in files if p.suffix == ".parquet"})
     return {"candles": candles, "bytes_on_disk": sum(p.stat().st_size for p in files),
             "parquet_files": sum(p.suffix == ".parquet" for p in files), "assets": len(assets),
             "categories": sorted({a.category for a in assets}), "sources": sources, "intervals": INTERVALS,
-            "size": asdict(r.size), "workers": workers}
+            "size": asdict(r.size), "workers": workers,
+            "rusage": {"processes": workers, "max_rss_mb": round(children.ru_maxrss / 1024, 1),
+                       "max_rss_process": "corpus worker", "read_bytes": children.ru_inblock * 512, "rchar": None}}
 
 
 # --------------------------------------------------------------------------- 2. plan and check
@@ -564,8 +572,13 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
                 f"test tokens {tested}" + (" (evaluation capped)" if capped else f", data_info's test candles "
                                            f"less one a series {expected}") + (f"; wrong: {wrong}" if wrong else ""))
     card = run_dir / "scorecard.json"
-    r.check("training wrote its scorecard", card.is_file(),
-            "scorecard.json there" if card.is_file() else f"none: {results.get('scorecard_error', 'no error recorded')}")
+    origins = json.loads(card.read_text()).get("origins", {}) if card.is_file() else {}
+    drawn = re.search(r"(\d+) drawn", origins.get("drawn", ""))
+    forecasts = int(drawn.group(1)) if drawn else None
+    r.check("training wrote its scorecard, within its budget",
+            card.is_file() and forecasts is not None and forecasts <= origins.get("budget", 0),
+            f"{origins.get('drawn')} (budget {origins.get('budget')})" if card.is_file()
+            else f"no scorecard.json: {results.get('scorecard_error', 'no error recorded')}")
     bench = r.cli("after", "benchmark", str(run_dir), "--samples", "20", "--no-leaderboard", "--json")
     aggregate, excluded = _benchmark_answer(bench.stdout)
     r.check("marketgpt benchmark answers (not n/a)", bench.returncode == 0 and aggregate is not None,
@@ -641,7 +654,7 @@ def run(size: str, root: Path) -> dict[str, Any]:
     for name, summary in summarize(processes).items():
         r.stages.setdefault(name, {})["rusage"] = summary
     return {"name": "rehearsal", "size": size, "root": str(root), "seconds": round(time.monotonic() - t0, 1),
-            "stages": r.stages, "checks": r.checks, "passed": sum(c["ok"] for c in r.checks),
+            "stages": r.stages, "commands": r.commands, "checks": r.checks, "passed": sum(c["ok"] for c in r.checks),
             "failed": [c["check"] for c in r.checks if not c["ok"]], "processes": processes, "outputs": r.outputs}
 
 
@@ -650,8 +663,11 @@ def print_report(report: dict[str, Any]) -> None:
     for name, s in report["stages"].items():
         u = s.get("rusage")
         rss = (f"peak RSS {u['max_rss_mb']:,.0f} MB ({u['max_rss_process']}), {u['processes']} processes, "
-               f"{u['read_bytes'] / 1e6:,.0f} MB read from disk, {u['rchar'] / 1e6:,.0f} MB read in all") if u else ""
+               f"{u['read_bytes'] / 1e6:,.0f} MB read from disk"
+               + (f", {u['rchar'] / 1e6:,.0f} MB read in all" if u["rchar"] is not None else "")) if u else ""
         print(f"  {name:<15} {s.get('seconds', 0):>7.1f} s  {rss}")
+    for c in report["commands"]:
+        print(f"    {c['command']:<40} {c['seconds']:>7.1f} s  exit {c['exit']}")
     for c in report["checks"]:
         print(f"  [{'PASS' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail'][:300]}")
     print(f"{report['passed']} of {len(report['checks'])} checks pass")

@@ -73,7 +73,7 @@ def test_the_report_has_the_corpus_size_and_each_stage_s_processes(report):
     assert 1_000_000 <= corpus["candles"] <= 5_000_000 and corpus["bytes_on_disk"] > 0
     assert corpus["assets"] == 600 and corpus["sources"] == ["ccxt", "yfinance"]
     assert set(corpus["categories"]) == {"us_stock", "eu_stock", "emerging", "commodity", "crypto"}
-    for stage in ("plan", "prepare", "prepare_single", "train_slurm", "reference", "after"):
+    for stage in ("corpus", "plan", "prepare", "prepare_single", "train_slurm", "reference", "after"):
         rusage = report["stages"][stage]["rusage"]
         assert rusage["processes"] >= 1 and rusage["max_rss_mb"] > 0, (stage, rusage)
     # the array tasks and the 4 ranks of each of the job's 3 starts left their records
