@@ -167,7 +167,7 @@ class Rehearsal:
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "common.cli", *args], cwd=self.repo, env=self.env_for(stage),
                               capture_output=True, text=True, timeout=self.size.timeout_s)
-        what = f"{stage}: marketgpt {' '.join(a for a in args[:2] if not a.startswith('-'))}"
+        what = f"{stage}: marketgpt {' '.join(a for a in args[:2] if not a.startswith('-') and '/' not in a)}"
         self.commands.append({"command": what, "seconds": round(time.monotonic() - t0, 1), "exit": proc.returncode})
         self.outputs[what] = proc.stdout[-6000:] + proc.stderr[-3000:]
         return proc
