@@ -33,6 +33,7 @@ from common.evaluation.benchmark import (after_cutoff_task, check_answerable, ch
                                          run_benchmark)
 from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
+from common.forecasting.history import load_histories
 from common.paths import REPO_ROOT
 
 __all__ = ["AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
@@ -137,7 +138,6 @@ def _own_candles(forecaster: Forecaster, model_dir: Path,
                  cutoff: Optional[pd.Timestamp]) -> dict[str, tuple[str, pd.DataFrame]]:
     """symbol -> (category, cleaned candles) of every asset of the run, from its own data source,
     the whole cache: data.end_date lifted (the candles after it are after the cut-off too)."""
-    from common.forecasting.history import load_histories  # the data layer, loaded when asked
 
     if cutoff is None:
         raise UserError(f"--after-cutoff: {model_dir} records no data cut-off (data_info.json's split_cuts, or "

@@ -29,6 +29,8 @@ from common.data.prepare import PreparedData, clean_asset, drop_kind, real_rows,
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step, split_series
+from common.tokens.shards import shard_folder
+from common.tokens.token_set import read_index
 
 __all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "left_out", "prepare_streamed", "prepared_rows",
            "shard_summary"]
@@ -156,9 +158,6 @@ class ShardSummary:
 def shard_summary(cfg: Config, case_dir: Path) -> Optional[ShardSummary]:
     """The config's prepared token shard (common.tokens.shards), if there is one: made from the
     same settings and the same input files (sizes and time stamps), so its counts are exact."""
-    from common.tokens.shards import shard_folder  # lazy: the tokenizer's imports
-    from common.tokens.token_set import read_index
-
     try:
         folder, _ = shard_folder(cfg, case_dir)
     except (OSError, UserError):  # no universe or files to key it by: no shard either
