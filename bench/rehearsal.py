@@ -16,7 +16,8 @@ driven as a user drives it, with faults injected on the way:
 4. train    case_a_full_market/slurm_scripts/train_full_a100.sh with --nodes=2 (2 ranks each, gloo
             on the CPU), forced to requeue twice (USR2 to the batch shell), against one uninterrupted
             process training the same global batch; the end-of-training scorecard included.
-5. after    `marketgpt benchmark RUN` and `marketgpt status`.
+5. after    `marketgpt benchmark RUN` (refused: the fixed tasks precede the cut-off), then with
+             `--after-cutoff`, and `marketgpt status`.
 
 Every Python process of the rehearsal (Slurm array tasks and DDP ranks included) records its peak
 RSS (getrusage) and bytes read (/proc/self/io) when it exits, through a sitecustomize.py on its
@@ -579,10 +580,17 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
             card.is_file() and forecasts is not None and forecasts <= origins.get("budget", 0),
             f"{origins.get('drawn')} (budget {origins.get('budget')})" if card.is_file()
             else f"no scorecard.json: {results.get('scorecard_error', 'no error recorded')}")
-    bench = r.cli("after", "benchmark", str(run_dir), "--samples", "20", "--no-leaderboard", "--json")
+    # the run's cut-off (its test start) covers the fixed tasks: one line and a non-zero exit, then
+    # the way out it names, a task of the same scheme on the run's own candles after the cut-off
+    fixed = r.cli("after", "benchmark", str(run_dir), "--samples", "20", "--no-leaderboard", "--json")
+    said = fixed.stderr.strip()
+    r.check("marketgpt benchmark says the fixed tasks precede the cut-off", fixed.returncode == 2
+            and "\n" not in said and "--after-cutoff" in said, f"exit {fixed.returncode}: {said[:300]}")
+    bench = r.cli("after", "benchmark", str(run_dir), "--after-cutoff", "--samples", "20", "--json")
     aggregate, excluded = _benchmark_answer(bench.stdout)
-    r.check("marketgpt benchmark answers (not n/a)", bench.returncode == 0 and aggregate is not None,
-            f"exit {bench.returncode}, aggregate skill {aggregate}; tasks left out: {excluded}")
+    r.check("marketgpt benchmark --after-cutoff answers (not n/a)", bench.returncode == 0 and aggregate is not None,
+            f"exit {bench.returncode}, aggregate skill {aggregate}; tasks left out: {excluded}"
+            + (f"; {bench.stderr.strip()[-400:]}" if bench.returncode else ""))
     status = r.cli("after", "status", "--case", CASE)
     r.check("marketgpt status lists the run", status.returncode == 0 and run_dir.name in status.stdout,
             f"exit {status.returncode}")

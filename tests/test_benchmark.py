@@ -258,3 +258,14 @@ def test_crypto_pairs_answer_for_the_samples_series_of_their_base():
     assert [x for x in lines if "BTC-USD -> BTC/USDT" in x] == [lines[1]]
     (same,) = run_benchmark(rw, tasks, symbols={"BTC-USD"}, interval="1d", n_samples=4, n_boot=50)["tasks"]
     assert row["horizons"] == same["horizons"]  # the sample's own series, under the pair's name
+
+
+def test_the_aggregate_interval_leaves_out_draws_of_dates_without_forecasts():
+    """A short task's longest horizon has no forecast on its last dates: a bootstrap draw of only
+    those dates has no ratio. It is left out, and the result stays JSON (no NaN)."""
+    rng = np.random.default_rng(1)
+    model, best = rng.uniform(1, 2, 9), rng.uniform(1, 2, 9)
+    model[3:], best[3:] = 0.0, 0.0  # 6 of 9 dates without a forecast at this horizon
+    result = aggregate_skill([{"sums": {20: (model, best)}, "block": 1}], n_boot=400)
+    json.dumps(result, allow_nan=False)
+    assert np.isfinite(result["value"]) and (result["ci95"] is None or all(np.isfinite(result["ci95"])))

@@ -2,10 +2,9 @@
 cluster (tools/local_slurm): a 2M-candle corpus of the 600-asset universe in the download cache's
 layout, `plan` and `data check`, `data prepare --array 8` with a task killed, a second submission
 and a training started meanwhile, the case script on 2 nodes requeued twice, the scorecard,
-`benchmark` and `status`. Every check of its report must pass, but those in KNOWN_FAILING: defects
-of today's code that the rehearsal shows, each with its reason. They are reported, not asserted
-(one of them fails only when the race goes one way): remove a name once its defect is fixed, and
-the check is asserted from then on."""
+`benchmark` (refused for the fixed tasks, then `--after-cutoff`) and `status`. Every check of its
+report must pass: among them, the shard the faulted array published equals a one-process
+preparation byte for byte, and the training started during the preparation finishes."""
 from __future__ import annotations
 
 import shutil
@@ -20,21 +19,6 @@ import rehearsal  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
-
-# check name -> why it fails on today's code
-KNOWN_FAILING = {
-    "the array's shard equals a one-process preparation":
-        "shard publishing races in the array preparation: the encode tasks of two submissions, the killed "
-        "task's retry and a training's own preparation write and publish one work/ folder at once; "
-        "tokens.bin and moves.bin differ",
-    "a training started during the preparation finishes":
-        "the same race, when it goes one way: the training reads a shard whose tokens are still being "
-        "written and stops on a NaN loss at step 1",
-    "marketgpt benchmark answers (not n/a)":
-        "the benchmark answers n/a for a run of 1d and 1h: its 1h tasks are skipped ('the model forecasts "
-        "1d candles') and the 1d tasks fall before the run's data cutoff (leakage)",
-}
-
 
 @pytest.fixture(scope="module")
 def report(slurm_cluster, tmp_path_factory) -> dict:
@@ -54,18 +38,9 @@ def _failed(report: dict) -> dict[str, str]:
     return {c["check"]: c["detail"] for c in report["checks"] if not c["ok"]}
 
 
-def test_every_stage_ran_and_every_check_not_known_to_fail_passes(report):
+def test_every_stage_ran_and_every_check_passes(report):
     assert set(report["stages"]) >= {"corpus", "plan", "prepare", "prepare_single", "train_slurm", "reference", "after"}
-    unexpected = {name: detail for name, detail in _failed(report).items() if name not in KNOWN_FAILING}
-    assert not unexpected, unexpected
-
-
-def test_known_failures_name_real_checks(report):
-    names = {c["check"] for c in report["checks"]}
-    assert set(KNOWN_FAILING) <= names, set(KNOWN_FAILING) - names
-    now_passing = [name for name in KNOWN_FAILING if name not in _failed(report)]
-    if now_passing:  # shown with -rA or -s: a fixed defect's check can be asserted again
-        print(f"known failures that passed this time: {now_passing}")
+    assert len(report["checks"]) >= 14 and not _failed(report), _failed(report)
 
 
 def test_the_report_has_the_corpus_size_and_each_stage_s_processes(report):

@@ -305,11 +305,19 @@ def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) ->
         idx = block_bootstrap_indices(n_dates, part["block"], n_boot, rng)
         for m, b in part["sums"].values():
             logs.append(math.log(m.sum() / b.sum()))
-            boots.append(np.log(m[idx].sum(1) / b[idx].sum(1)))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                boots.append(np.log(m[idx].sum(1) / b[idx].sum(1)))
     if not logs:
         return {"value": None, "ci95": None, "verdict": None, "units": 0}
     value = 1 - math.exp(float(np.mean(logs)))
-    lo, hi = np.percentile(1 - np.exp(np.mean(boots, axis=0)), [2.5, 97.5])
+    # a draw made only of dates without a forecast at some horizon (a short task's last dates at its
+    # longest horizon) has no ratio there: such draws are left out rather than turn the interval NaN
+    with np.errstate(invalid="ignore", divide="ignore"):
+        draws = np.mean(boots, axis=0)
+    draws = draws[np.isfinite(draws)]
+    if len(draws) < n_boot // 2:
+        return {"value": value, "ci95": None, "verdict": None, "units": len(logs)}
+    lo, hi = np.percentile(1 - np.exp(draws), [2.5, 97.5])
     return {"value": value, "ci95": [float(lo), float(hi)], "verdict": verdict(float(lo), float(hi)),
             "units": len(logs)}
 
