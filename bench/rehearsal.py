@@ -69,8 +69,9 @@ class Size:
     timeout_s: int   # the longest a stage may take
 
 
-SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (184,080 + 7,670) = 115M candles
+SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (16,800 + 700) = 10.5M; 600 x (184,080 + 7,670) = 115M
     "reduced": Size(days=300, hourly_gap=0.75, start="2023-01-01", eval_batches=None, timeout_s=1800),
+    "medium": Size(days=700, hourly_gap=0.0, start="2023-01-01", eval_batches=2000, timeout_s=3 * 3600),
     "full": Size(days=7_670, hourly_gap=0.0, start="2005-01-01", eval_batches=2000, timeout_s=6 * 3600),
 }
 
