@@ -71,29 +71,35 @@ class Markov1:
 
 
 def fit_baselines(train_tokens: Mapping[str, np.ndarray], vocab_size: int) -> dict[str, Any]:
-    """The three baselines, fit on train tokens only (symbol -> 1-D array of one asset)."""
-    seqs = [np.asarray(t).astype(np.int64) for t in train_tokens.values()]
-    all_tokens = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
-    counts = np.bincount(all_tokens, minlength=vocab_size).astype(np.float64)
+    """The three baselines, fit on train tokens only (symbol -> 1-D array of one asset).
+
+    Counted one asset at a time, so memory holds one asset's tokens (as int64) and the V x V
+    counts, whatever the corpus: pooled int64 copies cost some 50 bytes a training candle."""
+    counts = np.zeros(vocab_size, np.int64)
+    # int32 and filled from the distinct pairs: V x V is 64 MB at vocab 4096, not 128
+    transitions = np.zeros((vocab_size, vocab_size), np.int32)
+    changes = pairs_seen = 0
+    for tokens in train_tokens.values():
+        seq = np.asarray(tokens).astype(np.int64)
+        counts += np.bincount(seq, minlength=vocab_size)
+        # transitions inside each asset: the last train token of one asset does not precede the next asset
+        prev, nxt = seq[:-1], seq[1:]
+        keep = (prev != PAD_TOKEN) & (nxt != PAD_TOKEN)
+        prev, nxt = prev[keep], nxt[keep]
+        pairs, n = np.unique(prev * vocab_size + nxt, return_counts=True)
+        transitions[pairs // vocab_size, pairs % vocab_size] += n.astype(np.int32)
+        changes += int(np.count_nonzero(prev != nxt))
+        pairs_seen += len(prev)
+    counts = counts.astype(np.float64)
     counts[PAD_TOKEN] = 0
     support = np.ones(vocab_size)
     support[PAD_TOKEN] = 0
     unigram = (counts + support) / (counts.sum() + support.sum())
 
-    # transitions inside each asset: the last train token of one asset does not precede the next asset
-    prev = np.concatenate([s[:-1] for s in seqs]) if seqs else np.zeros(0, np.int64)
-    nxt = np.concatenate([s[1:] for s in seqs]) if seqs else np.zeros(0, np.int64)
-    keep = (prev != PAD_TOKEN) & (nxt != PAD_TOKEN)
-    prev, nxt = prev[keep], nxt[keep]
-    # int32 and filled from the distinct pairs: V x V is 64 MB at vocab 4096, not 128
-    pairs, n = np.unique(prev * vocab_size + nxt, return_counts=True)
-    transitions = np.zeros((vocab_size, vocab_size), np.int32)
-    transitions[pairs // vocab_size, pairs % vocab_size] = n
-
     # eps: the maximum-likelihood value on train, kept above 0 so every loss stays finite and at
     # most (V-2)/V so the last token keeps at least twice any other id's probability: with a
     # rarely repeating train set the ML value would otherwise rank the last token LAST
-    eps = float(np.mean(prev != nxt)) if len(prev) else 0.5
+    eps = changes / pairs_seen if pairs_seen else 0.5
     eps = min(max(eps, 1e-3), (vocab_size - 2) / vocab_size)
     return {"unigram": Unigram(unigram), "repeat_last": RepeatLast(vocab_size, eps),
             "markov1": Markov1(transitions, unigram)}
