@@ -319,9 +319,10 @@ def _set_aside_unfinished(folder: Path) -> None:
     """A shard folder without a manifest is an unfinished preparation of the layout before
     private publishing (its work/ inside): moved out of the way of the rename that publishes."""
     if folder.is_dir() and not published(folder):
+        aside = folder.with_name(f".{folder.name}.{os.getpid()}.unfinished")
         with contextlib.suppress(OSError):  # another preparer moved it first
-            os.rename(folder, folder.with_name(f".{folder.name}.{os.getpid()}.unfinished"))
-            shutil.rmtree(folder.with_name(f".{folder.name}.{os.getpid()}.unfinished"), ignore_errors=True)
+            os.rename(folder, aside)
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 class _Cleaned(Mapping[str, np.ndarray]):
