@@ -259,12 +259,17 @@ def test_when_rank_0_raises_it_keeps_the_store_up_until_the_others_have_read_why
 
 
 @pytest.mark.slow
+@pytest.mark.enable_socket
 def test_num_gpus_that_disagrees_with_torchrun_stops_every_rank(tmp_path):
+    # each rank checks before any rendezvous, so each must say why on its own; started with
+    # torchrun's environment rather than by torchrun, which kills the others once one exits
     config = make_case(tmp_path)
-    proc = run(_torchrun("--config", config, "--num-gpus", "1"), timeout=120)
-    assert proc.returncode != 0
-    assert proc.stderr.count("marketgpt train: error: --num-gpus 1 but the job started 2 process(es) on this node "
-                             "(torchrun)") == 2, proc.stderr
+    ranks = start_ranks(2, train_command("--config", config, "--num-gpus", "1"))
+    for rank in ranks:
+        _, err = rank.communicate(timeout=120)
+        assert rank.returncode == 2, err
+        assert err.strip().splitlines()[-1].startswith(
+            "marketgpt train: error: --num-gpus 1 but the job started 2 process(es) on this node (torchrun)"), err
     assert not run_dirs(config)
 
 
