@@ -308,7 +308,7 @@ def test_tiny_marketgpt_end_to_end_matches_its_own_loss():
     model.eval()
     with torch.no_grad():
         for s, a in asset_ids.items():
-            t = torch.from_numpy(test[s].tokens)[None]
+            t = torch.from_numpy(test[s].tokens.astype(np.int64))[None]
             _, loss = model(t[:, :-1], torch.tensor([a]), torch.tensor([0]), t[:, 1:])
             assert r["per_asset"][s]["loss"] == pytest.approx(loss.item(), rel=1e-5)
     assert r["num_tokens"] == 64
@@ -488,6 +488,32 @@ def test_split_windows_at_full_context_score_every_target_once():
                 assert context[T] == 1  # a new window starts with no context
     with pytest.raises(ValueError):
         split_windows({"a": SplitTokens(np.arange(5), np.zeros(5))}, 4, score_last=5)
+
+
+def test_a_capped_evaluation_copies_only_the_windows_it_scores(tmp_path):
+    """max_windows picks the same evenly spaced windows as cutting down the full set, from the
+    int16 memory maps as they are: a rank scoring 2,000 batches of a 10^8-candle test split
+    holds those batches, not every test window as int64."""
+    from common.evaluation.token_scoring import SplitTokens, split_windows
+
+    rng = np.random.default_rng(0)
+    n = {"a": 50, "b": 3, "c": 97, "d": 1}
+    flat = np.lib.format.open_memmap(tmp_path / "t.npy", mode="w+", dtype=np.int16, shape=(sum(n.values()),))
+    flat[:] = rng.integers(5, 60, len(flat))
+    test, o = {}, 0
+    for s, k in n.items():
+        test[s] = SplitTokens(flat[o:o + k], rng.normal(size=k), rng.integers(0, 9, (k, 3)))
+        o += k
+    assert np.shares_memory(test["a"].tokens, flat) and test["a"].tokens.dtype == np.int16  # no copy
+    for T, k in ((8, None), (8, 3)):
+        full = split_windows(test, T, score_last=k)
+        for cap in (1, 5, len(full.x) - 1, len(full.x), len(full.x) + 4):
+            w = split_windows(test, T, score_last=k, max_windows=cap)
+            keep = (np.unique(np.linspace(0, len(full.x) - 1, cap).round().astype(np.int64))
+                    if cap < len(full.x) else np.arange(len(full.x)))
+            for field in ("x", "y", "moves", "asset", "start", "features"):
+                np.testing.assert_array_equal(getattr(w, field), getattr(full, field)[keep], err_msg=f"{field} {T} {k} {cap}")
+            assert w.x.dtype == np.int64 and w.symbols == list(n)
 
 
 def test_the_baselines_are_fit_one_asset_at_a_time():

@@ -165,7 +165,7 @@ def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, Spli
     vocab_size = int(tokenizer.vocab_size)
     move_table, _ = tokenizer.decode(np.arange(vocab_size))
     token_moves = torch.from_numpy(np.nan_to_num(np.asarray(move_table, np.float64), nan=0.0))
-    w = _subsample(split_windows(test, context_length), max_batches, batch_size)
+    w = split_windows(test, context_length, max_windows=None if max_batches is None else max_batches * batch_size)
 
     # flat per-target arrays, in the row-major order score_model produces
     mask = w.y != PAD_TOKEN
@@ -214,15 +214,6 @@ def _category_ids(categories: Mapping[str, str]) -> dict[str, int]:
     present = set(categories.values())
     order = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
     return {name: i for i, name in enumerate(order)}
-
-
-def _subsample(w: Windows, max_batches: Optional[int], batch_size: int) -> Windows:
-    """At most max_batches batches of windows, evenly spaced (all of them when max_batches is None)."""
-    if max_batches is None or len(w.x) <= max_batches * batch_size:
-        return w
-    keep = np.unique(np.linspace(0, len(w.x) - 1, max_batches * batch_size).round().astype(np.int64))
-    return Windows(w.x[keep], w.y[keep], w.moves[keep], w.asset[keep], w.symbols, w.start[keep],
-                   w.features[keep] if w.features is not None else None)
 
 
 def _eval_mode_scores(model: torch.nn.Module, w: Windows, a_ids: np.ndarray, c_ids: np.ndarray,

@@ -33,8 +33,12 @@ class SplitTokens:
     features: Optional[np.ndarray] = None  # (n, 3) time and volume ids, when the model reads them
 
     def __post_init__(self) -> None:
-        self.tokens = np.asarray(self.tokens).astype(np.int64)
+        # kept as given (a run's int16 memory map stays one): split_windows copies only the
+        # windows it scores, so an evaluation capped at k batches holds k batches, not the split
+        self.tokens = np.asarray(self.tokens)
         self.moves = np.asarray(self.moves, dtype=np.float64)
+        if not np.issubdtype(self.tokens.dtype, np.integer):
+            raise ValueError(f"tokens must be integers, got {self.tokens.dtype}")
         if self.tokens.ndim != 1 or self.tokens.shape != self.moves.shape:
             raise ValueError(f"tokens {self.tokens.shape} and moves {self.moves.shape} must be 1-D and aligned")
 
@@ -113,46 +117,67 @@ class Windows:
     features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
 
 
-def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_last: Optional[int] = None) -> Windows:
+def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_last: Optional[int] = None,
+                  max_windows: Optional[int] = None) -> Windows:
     """Every target once, in windows of T = context_length. By default the windows do not overlap,
     so a target sees 1 to T tokens of context (T/2 on average). score_last=k: a window starts
     every k tokens and scores only its last k targets (the first window all T), so every target
     after the first T sees at least T - k + 1 tokens: the model's skill at its full context, at
-    about T/k times the cost."""
+    about T/k times the cost. max_windows: at most that many windows, evenly spaced over all of
+    them in asset order; only those are copied out of the token arrays."""
     T = context_length
     step = T if score_last is None else score_last
     if not 1 <= step <= T:
         raise ValueError(f"score_last must be in [1, {T}], got {score_last}")
-    xs, ys, ms, owner, first, fs = [], [], [], [], [], []
     symbols = list(test)
-    for a, symbol in enumerate(symbols):
-        toks, moves = test[symbol].tokens, test[symbol].moves
-        n = len(toks)
-        starts = np.arange(0, max(n - 1, 0), T)  # windows [s, s + T] share their boundary token
-        if step < T:  # overlapping: after the first window, each adds the step targets after the last one scored
-            starts = np.concatenate([[0], np.arange(step, max(n - T, 0) + step, step)]) if n > 1 else starts[:0]
+    starts_of = [_window_starts(len(test[s].tokens), T, step) for s in symbols]
+    total = sum(len(st) for st in starts_of)
+    keep = None
+    if max_windows is not None and total > max_windows:
+        keep = np.unique(np.linspace(0, total - 1, max_windows).round().astype(np.int64))
+    xs, ys, ms, owner, first, fs = [], [], [], [], [], []
+    offset = 0
+    for a, (symbol, starts) in enumerate(zip(symbols, starts_of)):
+        if keep is not None:  # this asset's share of the kept windows
+            mine = keep[(keep >= offset) & (keep < offset + len(starts))] - offset
+            offset += len(starts)
+            starts, chosen = starts[mine], mine
+        else:
+            chosen = np.arange(len(starts))
         if len(starts) == 0:
             continue
-        # pad the tail so every window has T + 1 tokens; the padding is a PAD target, ignored
-        padded = np.concatenate([toks, np.full(T, PAD_TOKEN, np.int64)])
-        padded_moves = np.concatenate([moves, np.full(T, np.nan)])
-        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1)
-        chunk = padded[idx]
+        toks, moves, feats = test[symbol].tokens, test[symbol].moves, test[symbol].features
+        n = len(toks)
+        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1); past the end: a PAD target, ignored
+        inside = idx < n
+        safe = np.minimum(idx, n - 1)
+        chunk = np.where(inside, np.asarray(toks[safe.ravel()]).reshape(idx.shape).astype(np.int64), PAD_TOKEN)
         xs.append(chunk[:, :-1])
         y = chunk[:, 1:].copy()
         if step < T:
-            y[1:, :T - step] = PAD_TOKEN  # scored by an earlier window, with less context
+            y[chosen > 0, :T - step] = PAD_TOKEN  # scored by an earlier window, with less context
         ys.append(y)
-        ms.append(padded_moves[idx][:, 1:])
-        if test[symbol].features is not None:
-            fs.append(np.concatenate([test[symbol].features, np.zeros((T, 3), np.int64)])[idx][:, :-1])
+        ms.append(np.where(inside, moves[safe.ravel()].reshape(idx.shape), np.nan)[:, 1:])
+        if feats is not None:
+            f = np.asarray(feats[safe[:, :-1].ravel()]).reshape(*idx[:, :-1].shape, -1).astype(np.int64)
+            fs.append(np.where(inside[:, :-1, None], f, 0))
         owner.append(np.full(len(starts), a))
         first.append(starts)
     if not xs:
         empty = np.zeros((0, T), np.int64)
         return Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
     return Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
-                    np.concatenate(first), np.concatenate(fs) if fs else None)
+                   np.concatenate(first), np.concatenate(fs) if fs else None)
+
+
+def _window_starts(n: int, T: int, step: int) -> np.ndarray:
+    """Where one asset's windows of T + 1 tokens start (windows [s, s + T] share their boundary
+    token); with step < T, after the first window each adds the step targets after the last."""
+    if n <= 1:
+        return np.zeros(0, np.int64)
+    if step < T:
+        return np.concatenate([[0], np.arange(step, max(n - T, 0) + step, step)]).astype(np.int64)
+    return np.arange(0, n - 1, T, dtype=np.int64)
 
 
 @torch.no_grad()
