@@ -129,3 +129,59 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
     # the progress lines in the job log (stdout), as the standalone command writes them on stderr
     assert any(x.startswith("Scorecard: origins 1-") for x in lines), lines
     assert any("forecasts over the budget of 5" in x for x in lines) and card["origins"]["drawn"] in log.getvalue()
+
+
+def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(trained):
+    """The scorecard of a 10^8-candle run must not hold every asset's candles: each series reads
+    and cleans its asset when used (equal to training's cleaned frames) and the run keeps a few."""
+    import pandas as pd
+
+    from common.config import load_config
+    from common.data.loading import load_market_data
+    from common.data.prepare import prepare_data
+    from common.evaluation.asset_series import LazyCandles, series_from_run
+
+    _, run = trained
+    cfg = load_config(run / "config.json")
+    prepared = prepare_data(cfg, load_market_data(cfg, run.parent.parent))
+    series, _ = series_from_run(run)
+    assert len(series) == len(prepared.assets) >= 2
+    recent = series[0].candles._recent
+    assert len(recent) == 0  # nothing read yet
+    for s in series:
+        pd.testing.assert_frame_equal(s.candles.iloc[:], prepared.candles[s.symbol])
+        assert len(s.candles) == len(prepared.candles[s.symbol])
+        assert len(recent) <= LazyCandles.KEPT
+    assert list(recent)[-1] == series[-1].symbol
+
+
+def test_forecast_batches_hold_at_most_so_many_candles(monkeypatch):
+    import numpy as np
+
+    from common.evaluation import walk_forward
+
+    monkeypatch.setattr(walk_forward, "_BATCH", 3)
+    monkeypatch.setattr(walk_forward, "_BATCH_CANDLES", 10)
+    lengths = np.array([4, 4, 4, 1, 1, 1, 1, 30, 2])
+    assert walk_forward._batches(lengths) == [(0, 2), (2, 5), (5, 7), (7, 8), (8, 9)]
+    assert walk_forward._batches(np.array([1] * 7)) == [(0, 3), (3, 6), (6, 7)]  # the count cap alone
+
+
+def test_candles_that_changed_since_training_are_one_line_when_read(trained, monkeypatch):
+    import dataclasses
+
+    from common.config import load_config
+    from common.data.loading import load_market_data
+    from common.errors import UserError
+    from common.evaluation import asset_series
+
+    _, run = trained
+    cfg = load_config(run / "config.json")
+    market = load_market_data(cfg, run.parent.parent)
+    symbol = market.assets[0].symbol
+    shorter = dataclasses.replace(market, candles={**{a.symbol: market.candles[a.symbol] for a in market.assets},
+                                                   symbol: market.candles[symbol].iloc[:-50]})
+    monkeypatch.setattr(asset_series, "load_market_data", lambda cfg, case: shorter)
+    series, _ = asset_series.series_from_run(run)
+    with pytest.raises(UserError, match=f"the candles of {symbol} are no longer those the run was trained on"):
+        series[0].candles["close"]

@@ -17,9 +17,11 @@ never to the leaderboard (its tasks are the run's own, not comparable across mod
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -29,11 +31,12 @@ import pandas as pd
 from common.atomic import atomic_write_json, read_json
 from common.commands.scorecard import _device  # the scorecard's --device rule
 from common.errors import UserError
+from common.evaluation.asset_series import LazyCandles
 from common.evaluation.benchmark import (after_cutoff_task, check_answerable, choose_tasks, data_cutoff, format_table,
                                          run_benchmark)
 from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
-from common.forecasting.history import load_histories
+from common.forecasting.history import history_loader
 from common.paths import REPO_ROOT
 
 __all__ = ["AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
@@ -135,9 +138,10 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
 
 
 def _own_candles(forecaster: Forecaster, model_dir: Path,
-                 cutoff: Optional[pd.Timestamp]) -> dict[str, tuple[str, pd.DataFrame]]:
-    """symbol -> (category, cleaned candles) of every asset of the run, from its own data source,
-    the whole cache: data.end_date lifted (the candles after it are after the cut-off too)."""
+                 cutoff: Optional[pd.Timestamp]) -> dict[str, tuple[str, LazyCandles]]:
+    """symbol -> (category, cleaned candles, read when used) of every asset of the run, from its
+    own data source, the whole cache: data.end_date lifted (the candles after it are after the
+    cut-off too)."""
 
     if cutoff is None:
         raise UserError(f"--after-cutoff: {model_dir} records no data cut-off (data_info.json's split_cuts, or "
@@ -148,5 +152,7 @@ def _own_candles(forecaster: Forecaster, model_dir: Path,
                         f"{cfg.data.source} candles it was trained on")
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
     categories = {s: forecaster.assets[s]["category"] for s in forecaster.symbols}
-    loaded = load_histories(cfg, model_dir, categories, forecaster.symbols, None, forecaster.interval)
-    return {symbol: (categories[symbol], frame) for symbol, frame in loaded}
+    # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
+    load, recent = history_loader(cfg, model_dir, categories, None, forecaster.interval), OrderedDict()
+    return {symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
+            for symbol in forecaster.symbols}

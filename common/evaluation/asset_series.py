@@ -4,26 +4,35 @@ ranges into them, and the price baselines fitted on the train split.
 `series_from_run(run_dir)` rebuilds them from a run folder (its config's candles, cleaned as
 training did, and the split ranges recorded in its token folder); `series_from_prepared` from
 candles prepared in memory (tests, benchmarks).
+
+A run's series read their candles when asked (`LazyCandles`), keeping the last few assets:
+the scorecard walks the assets in order, so a rank scoring a 10^8-candle corpus holds a few
+assets' candles rather than all of them (about 50 bytes a candle: 5 GB at 10^8).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
 from common.atomic import read_json
 from common.config import load_config
 from common.data.loading import load_market_data
-from common.data.prepare import prepare_data
+from common.data.market import MarketData
+from common.data.prepare import clean_asset
 from common.data.universe import interval_series, pick_interval
+from common.markets import interval_step
 from common.tokens.token_set import TokenSet, token_path
 from common.errors import UserError
 from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda,
                                                log_returns)
 
-__all__ = ["AssetSeries", "fit_price_baselines", "series_from_prepared", "series_from_run"]
+__all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_prepared", "series_from_run"]
 
 
 @dataclass
@@ -31,7 +40,7 @@ class AssetSeries:
     """One asset: its whole cleaned candle frame and the run's split ranges into it."""
     symbol: str
     category: str
-    candles: pd.DataFrame
+    candles: pd.DataFrame  # or LazyCandles, which reads them when used
     train: range
     test: range  # starts after the purge gap
     val: range = range(0)  # the validation split (after its own purge gap): common.evaluation.calibration's
@@ -43,9 +52,58 @@ def series_from_prepared(prepared) -> list[AssetSeries]:
                         prepared.splits[a.symbol].test, prepared.splits[a.symbol].val) for a in prepared.assets]
 
 
+class LazyCandles:
+    """One asset's candle frame, made by `load()` each time it is used unless it is among the
+    last `KEPT` frames its group used (`recent`, shared by a run's series). It stands in for the
+    frame: `.iloc`, `["close"]`, `.index` and `len()` are the frame's (`rows`, when known, is
+    its length without reading it)."""
+
+    KEPT = 4
+
+    def __init__(self, key: str, load: Callable[[], pd.DataFrame], recent: "OrderedDict[str, pd.DataFrame]",
+                 rows: Optional[int] = None) -> None:
+        self._key, self._load, self._recent, self._rows = key, load, recent, rows
+
+    def frame(self) -> pd.DataFrame:
+        if self._key in self._recent:
+            self._recent.move_to_end(self._key)
+            return self._recent[self._key]
+        frame = self._load()
+        self._recent[self._key] = frame
+        while len(self._recent) > self.KEPT:
+            self._recent.popitem(last=False)
+        return frame
+
+    def __getattr__(self, name: str) -> Any:  # .iloc, .index, .columns, ...: the frame's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.frame(), name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.frame()[key]
+
+    def __len__(self) -> int:
+        return self._rows if self._rows is not None else len(self.frame())
+
+
+def _cleaned(market: MarketData, symbol: str, rows: int, run_dir: Path) -> Callable[[], pd.DataFrame]:
+    """A loader of one series' candles cleaned as training did, checked against the run's tokens."""
+    def load() -> pd.DataFrame:
+        asset = next(a for a in market.assets if a.symbol == symbol)
+        with contextlib.redirect_stderr(io.StringIO()):  # the cleaning's notes: training printed them
+            frame, _, _ = clean_asset(asset, market.candles[symbol], interval_step(market.interval_of(symbol)),
+                                      reader_fixes=market.fixes.get(symbol), file=market.files.get(symbol))
+        if frame is None or len(frame) != rows:
+            raise UserError(f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
+                            "(the data cache changed since); score the run on a copy of the old cache")
+        return frame
+    return load
+
+
 def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tuple[list[AssetSeries], str]:
-    """(series, interval) of a run folder: its config's candles, cleaned as training did, with the
-    split ranges the run recorded in its token set (so the test split and purge gap are the run's).
+    """(series, interval) of a run folder: its config's candles, cleaned as training did (read
+    when used, LazyCandles), with the split ranges the run recorded in its token set (so the
+    test split and purge gap are the run's).
     interval: which of a run's data.intervals (None: its first); its series under their assets' symbols."""
     run_dir = Path(run_dir)
     for name in ("config.json", token_path(run_dir).name):
@@ -54,26 +112,26 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
                             "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
     cfg = load_config(run_dir / "config.json")
     tokens = TokenSet.load(token_path(run_dir))
-    prepared = prepare_data(cfg, load_market_data(cfg, run_dir.parent.parent))
-    by_symbol = {s.symbol: s for s in series_from_prepared(prepared)}
+    market = load_market_data(cfg, run_dir.parent.parent)
+    category = {a.symbol: a.category for a in market.assets}
     # only a run of several intervals needs asset_info.json here (its series names and intervals)
     info = read_json(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else {}
     interval, _ = pick_interval(info, cfg.data.interval, interval)
     names = interval_series(info, interval) if "series" in info else {s: s for s in tokens.symbols}
-    out = []
+    out, recent = [], OrderedDict()
     for symbol in (s for s in tokens.symbols if s in names):
-        s = by_symbol.get(symbol)
-        if s is None or len(s.candles) != len(tokens.tokens[symbol]):
-            raise UserError(f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
+        if symbol not in category:
+            raise UserError(f"{run_dir}: {symbol} is no longer in the data the run was trained on "
                             "(the data cache changed since); score the run on a copy of the old cache")
-        ranges = tokens.ranges[symbol]
-        out.append(AssetSeries(names[symbol], s.category, s.candles, range(*ranges["train"]), range(*ranges["test"]),
-                               range(*ranges["val"])))
+        ranges, rows = tokens.ranges[symbol], len(tokens.tokens[symbol])
+        candles = LazyCandles(symbol, _cleaned(market, symbol, rows, run_dir), recent, rows)
+        out.append(AssetSeries(names[symbol], category[symbol], candles, range(*ranges["train"]),  # type: ignore[arg-type]
+                               range(*ranges["test"]), range(*ranges["val"])))
     return out, interval
 
 
 def fit_price_baselines(series: Sequence[AssetSeries], interval: str) -> dict[str, ForecastFn]:
     """The sampling baselines; GARCH sees each asset's train-split returns only."""
     lam = ewma_lambda(interval)
-    train = {s.symbol: log_returns(s.candles.iloc[s.train.start:s.train.stop]) for s in series}
+    train = ((s.symbol, log_returns(s.candles.iloc[s.train.start:s.train.stop])) for s in series)  # one at a time
     return {"rw_ewma": RandomWalkEWMA(lam), "bootstrap": HistoricalBootstrap(), "garch": GarchT.fit(train, lam)}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -27,7 +28,7 @@ import pandas as pd
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
-from common.evaluation.asset_series import AssetSeries
+from common.evaluation.asset_series import AssetSeries, LazyCandles
 from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
 from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
@@ -52,8 +53,12 @@ def val_series(series: Sequence[AssetSeries]) -> list[AssetSeries]:
     """Each asset with a validation split, cut after its last val row; the walk-forward draws its
     origins from `.test`, so here `.test` is the val range. A target h bars after an origin exists
     only inside the val split: by construction no candle of the purge gap or the test split is read."""
-    return [dataclasses.replace(s, candles=s.candles.iloc[: s.val.stop], test=s.val)
-            for s in series if len(s.val) > 0]
+    recent: OrderedDict = OrderedDict()  # cut when used, like a run's series (LazyCandles)
+    return [dataclasses.replace(s, candles=_cut(s, recent), test=s.val) for s in series if len(s.val) > 0]
+
+
+def _cut(s: AssetSeries, recent: OrderedDict) -> LazyCandles:
+    return LazyCandles(s.symbol, lambda: s.candles.iloc[: s.val.stop], recent, rows=s.val.stop)
 
 
 def fit_calibration(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, horizon: int,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -130,13 +130,16 @@ class GarchT:
     drift = False  # zero mean
 
     @classmethod
-    def fit(cls, train_returns: Mapping[str, np.ndarray], lam: float = RISKMETRICS_DAILY_LAMBDA) -> "GarchT":
-        """Fit every asset's GARCH(1,1)-t on its train-split log returns (and nothing later)."""
+    def fit(cls, train_returns: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+            lam: float = RISKMETRICS_DAILY_LAMBDA) -> "GarchT":
+        """Fit every asset's GARCH(1,1)-t on its train-split log returns (and nothing later):
+        symbol -> returns, or (symbol, returns) pairs made one at a time."""
         from arch import arch_model  # slow to import: only when GARCH is fitted
 
         fallback_params = GarchParams(0.0, 1 - lam, lam, 1e6)
         params, fallback = {}, []
-        for symbol, r in train_returns.items():
+        pairs = train_returns.items() if isinstance(train_returns, Mapping) else train_returns
+        for symbol, r in pairs:
             r = np.asarray(r, dtype=np.float64)
             r = r[np.isfinite(r)]
             fitted = None

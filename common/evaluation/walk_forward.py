@@ -23,6 +23,7 @@ from common.forecasting.paths import barrier_probability_table
 __all__ = ["Origins", "all_origins", "forecast_all", "origin_indices", "within_budget"]
 
 _BATCH = 256  # origins per forecast call: bounds the memory of the history copies
+_BATCH_CANDLES = 2_000_000  # and candles in them (about 100 MB of copies): long hourly series
 
 
 def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
@@ -147,6 +148,21 @@ def _call(name: str, fn: ForecastFn, histories: list[History], horizon: int, n_s
     return out
 
 
+def _batches(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) runs of at most _BATCH origins whose histories hold at most _BATCH_CANDLES
+    candles together (one origin at least)."""
+    out, lo = [], 0
+    while lo < len(lengths):
+        hi = lo + 1
+        total = int(lengths[lo])
+        while hi < len(lengths) and hi - lo < _BATCH and total + int(lengths[hi]) <= _BATCH_CANDLES:
+            total += int(lengths[hi])
+            hi += 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
 def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping[str, ForecastFn],
                   horizons: Sequence[int], n_samples: int, seed: int, say: Callable[[str], None],
                   barrier: Optional[tuple[float, float]] = None
@@ -161,8 +177,7 @@ def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping
     longest = horizons[-1]
     parts = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))
-    for b, lo in enumerate(range(0, len(o.index), _BATCH)):
-        hi = min(lo + _BATCH, len(o.index))
+    for b, (lo, hi) in enumerate(_batches(o.index + 1)):
         say(f"origins {lo + 1}-{hi} of {len(o.index)}")
         histories = [_history(series[o.series[j]], int(o.index[j])) for j in range(lo, hi)]
         mom[lo:hi] = [momentum_signal(h) for h in histories]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from common.data.prepare import clean_candles, fill_gaps
 from common.markets import interval_step, series_name
 from common.errors import UserError
 
-__all__ = ["clean_history", "frame_items", "load_histories", "parse_as_of"]
+__all__ = ["clean_history", "frame_items", "history_loader", "load_histories", "parse_as_of"]
 
 FRAME_PRICES = ("open", "high", "low", "close")  # a long frame's required candle columns; volume optional
 
@@ -48,6 +48,14 @@ def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
     """(symbol, cleaned candles up to as-of) per symbol (default: all of its candles).
     `categories` maps each symbol to its category (crypto gaps are filled as in training).
     interval: which of a run's data.intervals (default: data.interval), read from that interval's series."""
+    load = history_loader(cfg, run_dir, categories, as_of, interval)
+    return [(symbol, load(symbol)) for symbol in symbols]
+
+
+def history_loader(cfg: Config, run_dir: Optional[Path], categories: Mapping[str, str], as_of: Optional[str],
+                   interval: Optional[str] = None) -> Callable[[str], pd.DataFrame]:
+    """load_histories one symbol at a time: symbol -> its cleaned candles up to as-of, read when
+    called (a caller walking many assets holds one)."""
     cut = parse_as_of(as_of) if as_of is not None else None
     case_dir = run_dir.resolve().parent.parent if run_dir is not None else None
     if cfg.data.source == "download" and case_dir is None:
@@ -56,8 +64,8 @@ def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
     market = load_market_data(cfg, case_dir if case_dir is not None else Path("."))
     interval = interval or cfg.data.interval
     step = interval_step(interval)
-    out = []
-    for symbol in symbols:
+
+    def load(symbol: str) -> pd.DataFrame:
         raw = market.candles.get(series_name(symbol, interval) if cfg.data.intervals else symbol)
         if raw is None or raw.empty:
             raise UserError(f"{symbol}: no {interval} candles in the run's data source "
@@ -71,9 +79,9 @@ def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
         frame = clean_history(raw, symbol, categories[symbol], step)
         if cut is not None and len(frame) and cut - frame.index[-1] > 10 * step:
             print(f"warning: {symbol}: its last candle ({frame.index[-1].isoformat()}) is "
-                 f"{cut - frame.index[-1]} before --as-of; the forecast starts there", file=sys.stderr)
-        out.append((symbol, frame))
-    return out
+                  f"{cut - frame.index[-1]} before --as-of; the forecast starts there", file=sys.stderr)
+        return frame
+    return load
 
 
 def clean_history(raw: pd.DataFrame, symbol: str, category: str, step: pd.Timedelta) -> pd.DataFrame:
