@@ -46,29 +46,30 @@ class ConfigError(UserError, ValueError):
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 1024
-    context_length: int = 128
-    d_model: int = 256
-    num_layers: int = 6
-    num_heads: int = 8
-    d_ff: int = 1024
-    dropout: float = 0.1
-    asset_embed_dim: int = 32
-    category_embed_dim: int = 16
+    vocab_size: int = 1024  # token ids, special tokens included
+    context_length: int = 128  # candles (tokens) a window holds
+    d_model: int = 256  # width of the residual stream
+    num_layers: int = 6  # transformer blocks
+    num_heads: int = 8  # attention heads; d_model must be divisible by it
+    d_ff: int = 1024  # hidden width of each block's MLP
+    dropout: float = 0.1  # dropout on the embeddings and each residual branch's output (none in attention)
+    asset_embed_dim: int = 32  # size of the per-asset embedding that conditions the model
+    category_embed_dim: int = 16  # size of the per-category embedding (stocks, crypto, ...)
     # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
     positional: Literal["learned", "rope"] = "learned"
-    bias: bool = False
-    # inputs added to the token embedding (common/tokens/features.py): the candle's own time
-    # (hour + weekday intraday, month + weekday daily) and its volume bin (volume / its EWMA,
-    # quantile edges fitted on train); off in the case configs
+    bias: bool = False  # biases in the linear layers and LayerNorms
+    # add the candle's own time to the token embedding (common/tokens/features.py): hour + weekday
+    # intraday, month + weekday daily; off in the case configs
     time_features: bool = False
+    # add the candle's volume bin to the token embedding (common/tokens/features.py): volume / its
+    # EWMA, quantile edges fitted on train; off in the case configs
     volume_input: bool = False
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"
-    # the token grid the factorized head reads; null: filled in from the tokenizer section
+    # move bins of the token grid the factorized head reads; null: filled in from the tokenizer section
     move_bins: Optional[int] = None
-    shape_bins: Optional[int] = None
+    shape_bins: Optional[int] = None  # shape bins of that grid; null: tokenizer.shape_bins
     # "auto": d_model, num_layers, num_heads and d_ff chosen when a new run starts, for its training
     # candles, by the scaling fit (common/model/scaling_fit.py; docs/scaling.md) and recorded in
     # training_log.json (model_size); null: the shape as written
@@ -78,16 +79,16 @@ class ModelConfig:
 @dataclass
 class TrainingConfig:
     batch_size: int = 32  # per GPU (per process)
-    learning_rate: float = 3e-4
-    epochs: int = 100
+    learning_rate: float = 3e-4  # peak AdamW learning rate, reached after warmup_steps
+    epochs: int = 100  # the most epochs a run trains
     early_stopping_patience: int = 10  # epochs without a better val loss; 0 turns it off
     gradient_clip: float = 1.0  # max global grad norm; 0 turns clipping off
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    warmup_steps: int = 500
+    weight_decay: float = 0.1  # AdamW weight decay, on matrices and embeddings only
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    warmup_steps: int = 500  # optimizer steps of linear warmup before the cosine decay
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
-    grad_accum_steps: int = 1
+    grad_accum_steps: int = 1  # batches whose gradients add up to one optimizer step
     compile: bool = False  # torch.compile, CUDA only
     # torch.compile's mode: "auto" replays CUDA graphs ("reduce-overhead") on one GPU and uses
     # "default" under DDP or gradient checkpointing (common.distributed.precision.choose_compile_mode)
@@ -102,16 +103,16 @@ class TrainingConfig:
     # (V100, T4), fp32 on the CPU; "fp32" uses TF32 matmuls on Ampere+. Weights stay fp32.
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     gradient_checkpointing: bool = False  # recompute each block in backward: less activation memory
-    seed: int = 42
+    seed: int = 42  # random seed of the run: initial weights, window order, dropout
     keep_checkpoints: int = 3  # checkpoint_epoch_N.pt files kept
     checkpoint_every_minutes: float = 30.0  # timer checkpoint inside long epochs
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
-    # end-of-training scorecard (common.commands.scorecard): origin dates evenly spaced over the test
-    # split (0 turns it off) and sampled paths per origin; horizons 1, 5, 20
+    # end-of-training scorecard (common.commands.scorecard), horizons 1, 5, 20: origin dates evenly
+    # spaced over the test split; 0 turns it off
     scorecard_origins: int = 20
-    scorecard_samples: int = 100
+    scorecard_samples: int = 100  # sampled paths per origin of the end-of-training scorecard
     # at most this many (asset, origin) forecasts: a larger universe draws assets per origin date
     # (docs/scorecard.md#the-end-of-training-scorecard), so the cost does not grow with it
     scorecard_budget: int = 400
@@ -135,7 +136,7 @@ class ExchangeUniverseConfig:
     quote: str = "USDT"  # pairs quoted in this currency
     # average daily quote volume (in `quote`) over the volume_days complete days before the download
     min_quote_volume: float = 1e6
-    volume_days: int = 30
+    volume_days: int = 30  # complete days before the download that min_quote_volume averages over
     max_count: Optional[int] = 200  # the most liquid pairs kept; null: all that pass
     spot_only: bool = True  # the download loads spot markets only, so this must stay true
     active_only: bool = True  # leave out pairs the exchange lists as halted or delisted
@@ -147,9 +148,10 @@ Interval = Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"]  # the keys of co
 
 @dataclass
 class DataConfig:
+    # share of the candles in the training split; the split is by time, its cut dates shared by all assets
     train_ratio: float = 0.70
-    val_ratio: float = 0.15
-    test_ratio: float = 0.15
+    val_ratio: float = 0.15  # share in the validation split, after the training split
+    test_ratio: float = 0.15  # share in the test split, the last; the three ratios sum to 1
     # "sample": the real OHLCV sample shipped in the package (no network);
     # "download": the case universe fetched by `marketgpt data download` into the cache;
     # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py);
@@ -161,7 +163,7 @@ class DataConfig:
     universe: str = "universe.csv"
     files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
     default_category: Optional[str] = None  # category of every asset when data.universe = "files"
-    interval: Interval = "1d"
+    interval: Interval = "1d"  # the candles' length
     # several intervals in one model, e.g. ["1h", "1d"]: each asset is a series per interval, windows
     # never mix them and an interval embedding tells the model which one it reads; the first is
     # data.interval (the default of forecast, scorecard and export --interval). []: data.interval alone
@@ -218,26 +220,26 @@ class TokenizerConfig:
 
 @dataclass
 class SlurmConfig:
-    partition: str = "long"
-    nodes: int = 1
-    gpus_per_node: int = 2
-    gpu_type: str = "a100"
-    cpus_per_task: int = 32
-    mem_gb: int = 128
-    time: str = "7-00:00:00"
-    job_name: str = "marketgpt"
+    partition: str = "long"  # Slurm partition the job is submitted to
+    nodes: int = 1  # nodes of the job
+    gpus_per_node: int = 2  # GPUs per node, one task (DDP rank) each
+    gpu_type: str = "a100"  # GPU type in the job's --gres=gpu:<type>:<n>
+    cpus_per_task: int = 32  # CPU cores per task
+    mem_gb: int = 128  # memory per node, in GB
+    time: str = "7-00:00:00"  # the job's time limit, as Slurm writes it (D-HH:MM:SS)
+    job_name: str = "marketgpt"  # Slurm job name
     log_prefix: str = "marketgpt"  # logs/<log_prefix>_<JOBID>.out
-    signal_minutes_before_limit: int = 10
+    signal_minutes_before_limit: int = 10  # USR2 this long before the time limit: checkpoint and requeue
 
 
 @dataclass
 class Config:
     experiment: str = "marketgpt"  # run folders are <experiment>_YYYYMMDD_HHMMSS
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the transformer's shape and inputs
+    training: TrainingConfig = field(default_factory=TrainingConfig)  # optimizer, schedule, checkpoints, scorecard
+    data: DataConfig = field(default_factory=DataConfig)  # which candles, from where, and how they split
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # how candles become tokens
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)  # the job `marketgpt submit` asks Slurm for
 
 
 # --------------------------------------------------------------------------- loading
