@@ -78,7 +78,7 @@ class ModelConfig:
 
 @dataclass
 class TrainingConfig:
-    batch_size: int = 32  # per GPU (per process)
+    batch_size: int = 32  # windows per batch, per GPU (per process)
     learning_rate: float = 3e-4  # peak AdamW learning rate, reached after warmup_steps
     epochs: int = 100  # the most epochs a run trains
     early_stopping_patience: int = 10  # epochs without a better val loss; 0 turns it off
@@ -140,7 +140,7 @@ class ExchangeUniverseConfig:
     max_count: Optional[int] = 200  # the most liquid pairs kept; null: all that pass
     spot_only: bool = True  # the download loads spot markets only, so this must stay true
     active_only: bool = True  # leave out pairs the exchange lists as halted or delisted
-    exclude_bases: List[str] = field(default_factory=list)  # e.g. stablecoins ["USDC", "FDUSD"]
+    exclude_bases: List[str] = field(default_factory=list)  # base currencies left out, e.g. ["USDC", "FDUSD"]
 
 
 Interval = Literal["1m", "5m", "15m", "30m", "1h", "4h", "1d"]  # the keys of common.markets.INTERVAL_SECONDS
@@ -157,11 +157,12 @@ class DataConfig:
     # "files": your own CSV or parquet candles in data.files_dir (common/data/files.py);
     # "synthetic": the synthetic market of data.synthetic (common/data/synthetic.py), made as it is read.
     source: Literal["sample", "download", "files", "synthetic"] = "download"
-    # relative to the case folder; "files" (with data.source = "files"): every file is an asset;
+    # the universe file, relative to the case folder; "files" (with data.source = "files"): every file is an asset;
     # "exchange": data.exchange's pairs that pass data.exchange_universe, resolved by `marketgpt data
     # download` into a dated file universe_exchange_<exchange>_<YYYY-MM-DD>.csv (the newest is used)
     universe: str = "universe.csv"
-    files_dir: Optional[str] = None  # a folder of per-symbol files or one long file; case-relative
+    # data.source = "files": a folder of per-symbol files or one long file; case-relative
+    files_dir: Optional[str] = None
     default_category: Optional[str] = None  # category of every asset when data.universe = "files"
     interval: Interval = "1d"  # the candles' length
     # several intervals in one model, e.g. ["1h", "1d"]: each asset is a series per interval, windows
@@ -174,14 +175,14 @@ class DataConfig:
     # candles may then cover its fine test period: docs/data.md#several-intervals). A split that
     # leaves an interval without training, validation or test windows is refused (common.data.prepare)
     interval_split: Literal["pooled", "per_interval"] = "pooled"
-    start_date: str = "2005-01-01"  # or "max": each asset's whole history (config_checks.START_MAX)
-    end_date: Optional[str] = None  # None: up to now
+    start_date: str = "2005-01-01"  # first date, or "max": each asset's whole history (config_checks.START_MAX)
+    end_date: Optional[str] = None  # last date; null: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets
     # quote currency to fetch on that exchange in place of the universe's (BTC/USDT -> BTC/USD on
-    # bitstamp or coinbase); None: the universe symbols as written
+    # bitstamp or coinbase); null: the universe symbols as written
     quote_currency: Optional[str] = None
-    cache_dir: str = "data"  # relative to the case folder
-    purge_gap: Optional[int] = None  # candles between splits; None: context_length
+    cache_dir: str = "data"  # the candle cache, relative to the case folder
+    purge_gap: Optional[int] = None  # candles between splits; null: model.context_length
     window_stride: int = 1  # start-to-start distance of training windows
     # a training epoch takes every k-th window of each asset from a random offset per epoch
     # (common/training/batches.py): with stride-1 windows an epoch otherwise shows each candle
@@ -200,7 +201,7 @@ class DataConfig:
     # (data.interval, data.start_date), e.g. {"assets": 50, "candles": 20000, "categories": ["crypto"]};
     # {} takes the spec's defaults
     synthetic: Dict[str, Any] = field(default_factory=dict)
-    # data.universe = "exchange": the filters (read only then)
+    # the filters that pick data.exchange's pairs when data.universe = "exchange" (read only then)
     exchange_universe: ExchangeUniverseConfig = field(default_factory=ExchangeUniverseConfig)
 
     def run_intervals(self) -> list[str]:
@@ -228,13 +229,13 @@ class SlurmConfig:
     mem_gb: int = 128  # memory per node, in GB
     time: str = "7-00:00:00"  # the job's time limit, as Slurm writes it (D-HH:MM:SS)
     job_name: str = "marketgpt"  # Slurm job name
-    log_prefix: str = "marketgpt"  # logs/<log_prefix>_<JOBID>.out
+    log_prefix: str = "marketgpt"  # the job's log is logs/<log_prefix>_<JOBID>.out
     signal_minutes_before_limit: int = 10  # USR2 this long before the time limit: checkpoint and requeue
 
 
 @dataclass
 class Config:
-    experiment: str = "marketgpt"  # run folders are <experiment>_YYYYMMDD_HHMMSS
+    experiment: str = "marketgpt"  # the run-folder prefix: run folders are <experiment>_YYYYMMDD_HHMMSS
     model: ModelConfig = field(default_factory=ModelConfig)  # the transformer's shape and inputs
     training: TrainingConfig = field(default_factory=TrainingConfig)  # optimizer, schedule, checkpoints, scorecard
     data: DataConfig = field(default_factory=DataConfig)  # which candles, from where, and how they split
