@@ -508,16 +508,25 @@ def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
     log = job_log(r, job, err=True)
     r.outputs["train_slurm: job log"] = log[-8000:]
     restarts, exit_code = info.get("Restarts"), info.get("ExitCode")
+    # what a user reads in the log: every start trains on all ranks, each requeue saves and
+    # resumes, and rank 0 alone prints the epochs, once each
+    lines = {"DDP starts": log.count(f"DDP: {ranks} processes (gloo)"),
+             "batch lines": log.count(f"({GLOBAL_BATCH // ranks} per process x {ranks} processes x 2 accumulation)"),
+             "requeues": log.count(f"requeueing job {job}"), "resumes": log.count("Resuming at epoch "),
+             "last epoch lines": log.count(f"Epoch {EPOCHS}/{EPOCHS}")}
     r.check("the case script's job requeues twice, then finishes",
-            (state, exit_code, restarts) == ("COMPLETED", "0:0", "2") and f"DDP: {ranks} processes (gloo)" in log,
-            f"state {state}, exit {exit_code}, restarts {restarts}, signalled at {signalled}")
+            (state, exit_code, restarts) == ("COMPLETED", "0:0", "2")
+            and lines == {"DDP starts": 3, "batch lines": 3, "requeues": 2, "resumes": 2, "last epoch lines": 1},
+            f"state {state}, exit {exit_code}, restarts {restarts}, signalled at {signalled}; the log's {lines}")
     return {"job": job, "state": state, "exit_code": exit_code, "restarts": restarts, "signalled_at": signalled}
 
 
 def reference_run(r: Rehearsal) -> dict[str, Any]:
     """One process, the global batch, the same steps, no interruption: what the job must equal."""
+    # the job's evaluation settings, so its logged validation losses compare too
     proc = r.cli("reference", "train", "--config", CONFIG,
-                 *sets(overrides(r.size, f"training.batch_size={GLOBAL_BATCH}", "experiment=reference", *NO_SCORECARD)))
+                 *sets(overrides(r.size, f"training.batch_size={GLOBAL_BATCH}", "experiment=reference", *NO_SCORECARD,
+                                 f"training.eval_max_batches={json.dumps(r.size.eval_batches)}")))
     ddp, ref = run_dirs(r, "ddp"), run_dirs(r, "reference")
     if proc.returncode != 0 or len(ddp) != 1 or len(ref) != 1:
         r.check("the requeued weights equal an uninterrupted run", False,
@@ -527,7 +536,33 @@ def reference_run(r: Rehearsal) -> dict[str, Any]:
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a) if a.keys() == b.keys() else float("inf")
     r.check("the requeued weights equal an uninterrupted run", diff < WEIGHT_ATOL,
             f"largest weight difference {diff:.3g} (tolerance {WEIGHT_ATOL})", max_weight_difference=diff)
+    mine, theirs = logged_epochs(ddp[0]), logged_epochs(ref[0])
+    worst = _worst_log_difference(mine, theirs)
+    r.check("the requeued job logged the losses of an uninterrupted run",
+            [e["epoch"] for e in mine] == [e["epoch"] for e in theirs] and worst <= 1.0,
+            f"epochs {[e['epoch'] for e in mine]} vs {[e['epoch'] for e in theirs]}; largest difference "
+            f"{worst:.3g} of its tolerance (losses 1e-5 relative, accuracies 1e-3)")
+    log = json.loads((ddp[0] / "training_log.json").read_text())
+    kept = {k: log.get(k) for k in ("status", "world_size", "launcher", "slurm_job_id")}
+    r.outputs["train_slurm: training_log"] = json.dumps({**kept, "resumes": len(log.get("resumes", []))})
     return {"exit": proc.returncode, "max_weight_difference": diff}
+
+
+def logged_epochs(run_dir: Path) -> list[dict]:
+    log = json.loads((run_dir / "training_log.json").read_text())
+    return [{k: e[k] for k in ("epoch", "train_loss", "train_acc", "val_loss", "val_acc")} for e in log["epochs"]]
+
+
+def _worst_log_difference(mine: list[dict], ref: list[dict]) -> float:
+    """The largest difference of two runs' logged numbers, as a share of its tolerance: losses
+    1e-5 relative, accuracies 1e-3 (exact counts, unless an argmax tie flips)."""
+    worst = 0.0
+    for a, b in zip(mine, ref):
+        for key in ("train_loss", "val_loss"):
+            worst = max(worst, abs(a[key] - b[key]) / (1e-5 * abs(b[key])))
+        for key in ("train_acc", "val_acc"):
+            worst = max(worst, abs(a[key] - b[key]) / 1e-3)
+    return worst
 
 
 # --------------------------------------------------------------------------- 5. the run's outputs

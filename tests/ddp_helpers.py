@@ -1,4 +1,4 @@
-"""Shared by test_ddp.py and test_slurm_ddp.py: the tiny DDP run, its one-process reference,
+"""Shared by test_ddp.py and the tests that train under DDP: the tiny DDP run, its one-process reference,
 starting ranks the way torchrun does, and comparing runs.
 
 Run as a script (`python tests/ddp_helpers.py fault RANK STEP [--stuck] -- <marketgpt train args>`),

@@ -7,6 +7,7 @@ report must pass: among them, the shard the faulted array published equals a one
 preparation byte for byte, and the training started during the preparation finishes."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -40,7 +41,16 @@ def _failed(report: dict) -> dict[str, str]:
 
 def test_every_stage_ran_and_every_check_passes(report):
     assert set(report["stages"]) >= {"corpus", "plan", "prepare", "prepare_single", "train_slurm", "reference", "after"}
-    assert len(report["checks"]) >= 14 and not _failed(report), _failed(report)
+    assert len(report["checks"]) >= 15 and not _failed(report), _failed(report)
+
+
+def test_the_requeued_job_is_one_run_of_every_rank_on_both_nodes(report):
+    """The 2-node job (4 ranks; on one node a rank's local id is its global one, so 2 nodes is
+    the layout that tells them apart) trained one run folder, resumed twice, as Slurm's job."""
+    log = json.loads(report["outputs"]["train_slurm: training_log"])
+    ranks = rehearsal.NODES * rehearsal.TASKS_PER_NODE
+    assert log == {"status": "finished", "world_size": ranks, "launcher": "slurm",
+                   "slurm_job_id": report["stages"]["train_slurm"]["job"], "resumes": 2}, log
 
 
 def test_the_report_has_the_corpus_size_and_each_stage_s_processes(report):
