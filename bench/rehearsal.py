@@ -16,7 +16,8 @@ driven as a user drives it, with faults injected on the way:
 4. train    case_a_full_market/slurm_scripts/train_full_a100.sh with --nodes=2 (2 ranks each, gloo
             on the CPU), forced to requeue twice (USR2 to the batch shell), against one uninterrupted
             process training the same global batch; the end-of-training scorecard included.
-5. after    `marketgpt benchmark RUN` (refused: the fixed tasks precede the cut-off), then with
+5. after    `marketgpt benchmark RUN` (refused where the fixed tasks precede the cut-off, else the
+             tasks after it answered), then with
              `--after-cutoff`, and `marketgpt status`.
 
 Every Python process of the rehearsal (Slurm array tasks and DDP ranks included) records its peak
@@ -616,12 +617,23 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
             card.is_file() and forecasts is not None and forecasts <= origins.get("budget", 0),
             f"{origins.get('drawn')} (budget {origins.get('budget')})" if card.is_file()
             else f"no scorecard.json: {results.get('scorecard_error', 'no error recorded')}")
-    # the run's cut-off (its test start) covers the fixed tasks: one line and a non-zero exit, then
-    # the way out it names, a task of the same scheme on the run's own candles after the cut-off
+    # where the run's cut-off (its test start) is after every fixed task's start: one line and a
+    # non-zero exit, then the way out it names, a task of the same scheme on the run's own candles
+    # after the cut-off; where some task starts after it (the full size's data since 2005), those
+    # are answered and the others left out as leaked
     fixed = r.cli("after", "benchmark", str(run_dir), "--samples", "20", "--no-leaderboard", "--json")
     said = fixed.stderr.strip()
-    r.check("marketgpt benchmark says the fixed tasks precede the cut-off", fixed.returncode == 2
-            and "\n" not in said and "--after-cutoff" in said, f"exit {fixed.returncode}: {said[:300]}")
+    before, after = _fixed_tasks_around(run_dir)
+    if not after:
+        r.check("marketgpt benchmark says the fixed tasks precede the cut-off", fixed.returncode == 2
+                and "\n" not in said and "--after-cutoff" in said, f"exit {fixed.returncode}: {said[:300]}")
+    else:
+        aggregate, excluded = _benchmark_answer(fixed.stdout)
+        r.check("marketgpt benchmark answers the fixed tasks after the cut-off, leaves out those before",
+                fixed.returncode == 0 and aggregate is not None and set(before) <= set(excluded)
+                and not set(after) & set(excluded),
+                f"exit {fixed.returncode}, aggregate skill {aggregate}; after the cut-off {after}, before it "
+                f"{before}; left out: {excluded}" + (f"; {said[-300:]}" if fixed.returncode else ""))
     bench = r.cli("after", "benchmark", str(run_dir), "--after-cutoff", "--samples", "20", "--json")
     aggregate, excluded = _benchmark_answer(bench.stdout)
     r.check("marketgpt benchmark --after-cutoff answers (not n/a)", bench.returncode == 0 and aggregate is not None,
@@ -631,6 +643,20 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     r.check("marketgpt status lists the run", status.returncode == 0 and run_dir.name in status.stdout,
             f"exit {status.returncode}")
     return {"run": run_dir.name, "benchmark_exit": bench.returncode, "status_exit": status.returncode}
+
+
+def _fixed_tasks_around(run_dir: Path) -> tuple[list[str], list[str]]:
+    """The fixed benchmark tasks at the run's first interval that start before its data cut-off,
+    and those that start at or after it."""
+    import pandas as pd
+
+    from common.evaluation.benchmark import choose_tasks, data_cutoff
+
+    cutoff = data_cutoff(run_dir)
+    tasks = [t for t in choose_tasks(None) if t.interval == INTERVALS[0]]
+    start = lambda t: pd.Timestamp(t.start, tz="UTC")  # noqa: E731
+    return ([t.name for t in tasks if cutoff is None or start(t) < cutoff],
+            [t.name for t in tasks if cutoff is not None and start(t) >= cutoff])
 
 
 def _tested(results: dict, table: str, name: str) -> int:

@@ -108,7 +108,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return run_benchmark_command(BenchmarkRequest(
         model_dir=args.model_dir, tasks=_names(args.tasks) if args.tasks else None, samples=args.samples,
         seed=args.seed, device=args.device, precision=args.precision, as_json=args.json,
-        leaderboard=args.leaderboard, append=not args.no_leaderboard, after_cutoff=args.after_cutoff))
+        leaderboard=args.leaderboard, append=not args.no_leaderboard, after_cutoff=args.after_cutoff,
+        budget=args.budget))
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -408,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of the fixed tasks: one task of their scheme on the run's own candles after its "
                         "data cut-off (MODEL/benchmark_after_cutoff.json; not comparable across models, so no "
                         "leaderboard line)")
+    p.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="with --after-cutoff: at most N (asset, origin) forecasts, assets drawn at random on each "
+                        "origin date (default 2000)")
     p.add_argument("--samples", type=int, default=100, help="sampled paths per origin (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")

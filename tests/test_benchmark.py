@@ -124,6 +124,8 @@ def test_data_cutoff_of_a_run_and_of_an_export(tmp_path):
     (["--precision", "half"], "--precision 'half'"),
     (["--tasks", "fx-1h-2017"], "no chosen benchmark task fits the model (1d candles"),
     (["--after-cutoff", "--tasks", "us-2008"], "--after-cutoff builds its own task"),
+    (["--budget", "10"], "--budget 10: applies to --after-cutoff only"),
+    (["--after-cutoff", "--budget", "0"], "--budget 0: must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(benched, capsys, args, needle):
     run, board, _ = benched
@@ -210,6 +212,14 @@ def test_after_cutoff_scores_the_runs_own_candles_after_its_cutoff(benched, tmp_
     assert row["status"] == "scored" and row["leakage"] is False
     assert sorted(row["horizons"], key=int) == ["1", "5", "20"]
     assert result["aggregate"]["tasks"] == ["after-cutoff"] and result["aggregate"]["units"] == 3
+    assert row["origins"]["budget"] == 2000 and not row["origins"].get("drawn")  # under the default budget
+
+    # a run of many assets over years: at most --budget forecasts, assets drawn on each origin date
+    assert main(["benchmark", str(run), "--after-cutoff", "--samples", "4", "--budget", "5", "--json"]) == 0
+    (row,) = json.loads((run / "benchmark_after_cutoff.json").read_text())["tasks"]
+    drawn = row["origins"]["drawn"]
+    assert row["origins"]["budget"] == 5 and int(drawn.split(" drawn")[0].rsplit(" ", 1)[-1]) <= 5, drawn
+    assert sum(h["n"] for h in row["horizons"].values()) <= 3 * 5
 
 
 @pytest.mark.parametrize("test_start, needle", [

@@ -39,11 +39,12 @@ from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import history_loader
 from common.paths import REPO_ROOT
 
-__all__ = ["AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
+__all__ = ["AFTER_CUTOFF_BUDGET", "AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
            "run_benchmark_command"]
 
 BENCHMARK_JSON = "benchmark.json"
 AFTER_CUTOFF_JSON = "benchmark_after_cutoff.json"  # beside, never over, the fixed tasks' result
+AFTER_CUTOFF_BUDGET = 2000  # (asset, origin) forecasts of --after-cutoff's task: 600 assets x years would take hours
 DEFAULT_LEADERBOARD = REPO_ROOT / "benchmark_leaderboard.jsonl"
 
 
@@ -61,6 +62,7 @@ class BenchmarkRequest:
     leaderboard: Optional[Path] = None  # None: DEFAULT_LEADERBOARD
     append: bool = True  # False: no leaderboard line
     after_cutoff: bool = False  # a task from the run's own candles after its cut-off instead of the fixed ones
+    budget: Optional[int] = None  # --after-cutoff's forecasts at most (None: AFTER_CUTOFF_BUDGET)
 
 
 def append_line(path: Path, record: dict) -> None:
@@ -95,6 +97,9 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     if req.after_cutoff and req.tasks:
         raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
     tasks = None if req.after_cutoff else choose_tasks(req.tasks)
+    if req.budget is not None and (not req.after_cutoff or req.budget < 1):
+        raise UserError(f"--budget {req.budget}: " + ("must be at least 1" if req.after_cutoff else
+                        "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"))
     if req.samples < 2:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append and not req.after_cutoff else None
@@ -113,7 +118,8 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
                            interval=forecaster.interval, cutoff=cutoff, min_history=forecaster.min_history(),
-                           n_samples=req.samples, seed=req.seed, progress=say, series=own)
+                           n_samples=req.samples, seed=req.seed, progress=say, series=own,
+                           budget=req.budget or AFTER_CUTOFF_BUDGET)
     if result["aggregate"]["value"] is None:  # e.g. every asset's history shorter than the model's context
         raise UserError("no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in
                                                                  result["aggregate"]["excluded"].items()))

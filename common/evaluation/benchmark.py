@@ -250,9 +250,10 @@ def _best_baseline(hc: dict) -> str:
 def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], interval: Optional[str],
                 cutoff: Optional[pd.Timestamp], min_history: int, n_samples: int, seed: int, n_boot: int,
                 say: Callable[[str], None], series_of: Callable[[Task], list[AssetSeries]],
-                aliases: Mapping[str, str]) -> tuple[dict, Optional[dict]]:
+                aliases: Mapping[str, str], budget: Optional[int] = None) -> tuple[dict, Optional[dict]]:
     """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate.
-    aliases: sample symbol -> the model's name for it (sample_aliases); its series go by that name."""
+    aliases: sample symbol -> the model's name for it (sample_aliases); its series go by that name.
+    budget: at most this many (asset, origin) forecasts (make_scorecard's)."""
     row: dict = {"task": task.name, "interval": task.interval, "start": task.start, "end": task.end,
                  "assets": list(task.assets), "status": "scored", "reason": None,
                  "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
@@ -270,8 +271,10 @@ def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], int
         return {**row, "status": "skipped", "reason": why}, None
     keep: dict = {}
     card = make_scorecard(series, forecast_fn, interval=task.interval, horizons=task.horizons, stride=task.stride,
-                          n_samples=n_samples, seed=seed, n_boot=n_boot, keep=keep,
+                          n_samples=n_samples, seed=seed, n_boot=n_boot, keep=keep, budget=budget,
                           progress=lambda msg: say(f"[{task.name}] {msg}"))
+    if budget is not None:
+        row["origins"] = card["origins"]  # the budget, and how the forecasts were drawn
     o, grid = keep["origins"], np.unique(keep["origins"].dates)
     sums = {}
     for h in task.horizons:
@@ -326,7 +329,7 @@ def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Op
                   interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, min_history: int = 0,
                   n_samples: int = 100, seed: int = 0, n_boot: int = 1000,
                   progress: Optional[Callable[[str], None]] = None,
-                  series: Optional[Mapping[str, Sequence[AssetSeries]]] = None) -> dict:
+                  series: Optional[Mapping[str, Sequence[AssetSeries]]] = None, budget: Optional[int] = None) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
     symbols: the assets the model can forecast (None: any); interval: its candle length (None:
@@ -335,7 +338,9 @@ def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Op
     with fewer before `start` are left out, named in assets_short). series: task name -> its
     series for tasks not on the sample (after_cutoff_task's); such a result is marked
     "task_set": "after-cutoff", "comparable": false. The sample's crypto series go by the
-    model's pair of the same base (sample_aliases; "symbol_map")."""
+    model's pair of the same base (sample_aliases; "symbol_map"). budget: at most this many
+    (asset, origin) forecasts in each task of `series` (a run's 600 assets over years); the fixed
+    tasks are scored whole, so their results compare."""
     say = progress or (lambda _msg: None)
     own = dict(series or {})
     series_of = lambda task: list(own[task.name]) if task.name in own else task_series(task)  # noqa: E731
@@ -344,7 +349,7 @@ def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Op
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
         row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, min_history, n_samples, seed, n_boot,
-                                say, series_of, aliases)
+                                say, series_of, aliases, budget if task.name in own else None)
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)
