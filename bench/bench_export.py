@@ -28,10 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_args, finish, machine_info, row, set_threads  # noqa: E402
-from bench_forecast import setup  # noqa: E402
 
 from common.forecasting.export import export_onnx, random_inputs  # noqa: E402
 from common.forecasting.infer import ExportedForecaster, OnnxBackend  # noqa: E402
+
+from bench_forecast import setup  # noqa: E402
 
 
 def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3) -> dict[str, Any]:

@@ -31,7 +31,6 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, bench_args, finish, peak_rss_mb, row, set_threads  # noqa: E402
-from bench_tokenizer import make_candles  # noqa: E402
 
 from common.config import load_config  # noqa: E402
 from common.data.universe import Asset, asset_info  # noqa: E402
@@ -39,6 +38,8 @@ from common.forecasting.forecaster import Forecaster, History  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN  # noqa: E402
 from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
+
+from bench_tokenizer import make_candles  # noqa: E402
 
 TARGET_SPEEDUP = 10.0
 

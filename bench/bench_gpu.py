@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
-from common.model.memory import estimate_training_memory  # noqa: E402
-from common.training.mfu import device_peak_flops  # noqa: E402
+from common.distributed.precision import CUDA_GRAPH_MODES, autocast, resolve_precision, use_tf32  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
+from common.model.memory import estimate_training_memory  # noqa: E402
 from common.model.sizing import meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
-from common.distributed.precision import CUDA_GRAPH_MODES, autocast, resolve_precision, use_tf32  # noqa: E402
+from common.training.mfu import device_peak_flops  # noqa: E402
 
 __all__ = ["main", "open_device", "run_case"]
 

@@ -32,7 +32,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
-from bench_gpu import SMOKE, open_device, run_case  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
 from common.distributed.precision import choose_compile_mode  # noqa: E402
@@ -42,6 +41,8 @@ from common.training.batches import TokenWindows, build_windows  # noqa: E402
 from common.training.mfu import device_peak_flops  # noqa: E402
 from common.training.rng import seed_everything  # noqa: E402
 from common.training.trainer import Trainer  # noqa: E402
+
+from bench_gpu import SMOKE, open_device, run_case  # noqa: E402
 
 __all__ = ["main", "trainer_rates"]
 

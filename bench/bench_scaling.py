@@ -59,6 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
+
 from bench_generalization import split_scores, trained_case_c  # noqa: E402
 from scaling_floors import filter_nll, floor_losses, oracle_nll, oracle_probs, oracle_table  # noqa: E402,F401  (this module's API)
 

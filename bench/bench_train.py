@@ -38,12 +38,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, alternate, bench_args, best_ratio, finish, row, set_threads  # noqa: E402
 
-from common.training.batches import TokenWindows, build_windows  # noqa: E402
 from common.config import Config, load_config  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.paths import case_config  # noqa: E402
-from common.training.rng import seed_everything  # noqa: E402
 from common.tokens.tokenizer import NUM_SPECIAL_TOKENS  # noqa: E402
+from common.training.batches import TokenWindows, build_windows  # noqa: E402
+from common.training.rng import seed_everything  # noqa: E402
 from common.training.trainer import Trainer  # noqa: E402
 
 __all__ = ["RefGPT", "matmul_peak_round", "run", "main"]

@@ -151,8 +151,8 @@ def _fault_main(argv: list[str]) -> int:
     stuck = "--stuck" in argv
     argv = [a for a in argv if a != "--stuck"]
     rank, step, args = int(argv[0]), int(argv[1]), argv[2:]
-    from common.training import trainer
     from common.cli import main
+    from common.training import trainer
 
     mine = int(os.environ.get("RANK", 0)) == rank
     if mine or stuck:

@@ -7,6 +7,7 @@ import pytest
 from common.cli import main
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import make_scorecard
+
 from scorecard_helpers import synthetic_series
 
 SIGMA = 0.01

@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN

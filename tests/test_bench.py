@@ -77,8 +77,9 @@ def test_quickstart_trains_with_the_documented_small_data_settings():
     # quickstart.sh is what a newcomer runs; bench_generalization.py measured those settings: the same list
     import shlex
 
-    from bench_generalization import SMALL_DATA
     from common.config import load_config
+
+    from bench_generalization import SMALL_DATA
 
     words = shlex.split((REPO_ROOT / "quickstart.sh").read_text().split('-m common.cli train', 1)[1].split('"$@"')[0],
                         comments=True)

@@ -211,9 +211,10 @@ def test_the_committed_fit_loads_and_suggests_a_listed_shape():
 def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
     """With stress_vol 1 the regimes are one, and the GARCH variance is a function of the past
     returns: the Kim filter's scale of each candle converges to the generator's."""
-    import scaling_floors
     from common.data.synthetic import generate_asset
     from common.synthetic_spec import SyntheticSpec
+
+    import scaling_floors
 
     spec = SyntheticSpec(assets=1, candles=3000, interval="1h", seasonality=0.0, gap_prob=0.0, stress_vol=1.0,
                          categories=("crypto",))

@@ -13,11 +13,22 @@ import pytest
 
 from common.cli import main
 from common.data.sample import load_sample
-from common.evaluation import benchmark
 from common.errors import UserError
-from common.evaluation.benchmark import (BENCHMARK_VERSION, MIN_HISTORY, TASKS, TASKS_FINGERPRINT, aggregate_skill,
-                                         choose_tasks, data_cutoff, run_benchmark, task_series, tasks_fingerprint)
+from common.evaluation import benchmark
+from common.evaluation.benchmark import (
+    BENCHMARK_VERSION,
+    MIN_HISTORY,
+    TASKS,
+    TASKS_FINGERPRINT,
+    aggregate_skill,
+    choose_tasks,
+    data_cutoff,
+    run_benchmark,
+    task_series,
+    tasks_fingerprint,
+)
 from common.evaluation.price_baselines import RandomWalkEWMA
+
 from test_forecast import TINY, candles, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import common.data.cache as cache_module
 from common.data.cache import COLUMNS, CandleCache, merge_candles

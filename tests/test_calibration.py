@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -11,11 +11,17 @@ import pytest
 
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries
-from common.evaluation.calibration import (MIN_VAL_ORIGINS, cqr_adjustment, fit_calibration, val_series,
-                                           write_calibration)
+from common.evaluation.calibration import (
+    MIN_VAL_ORIGINS,
+    cqr_adjustment,
+    fit_calibration,
+    val_series,
+    write_calibration,
+)
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import make_scorecard
 from common.forecasting.calibrated import CALIBRATION_JSON, calibrate_table, conformity_scores, load_calibration
+
 from scorecard_helpers import candles_from_returns
 
 SIGMA = 0.01  # the returns' standard deviation

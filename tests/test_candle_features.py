@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from common.tokens.features import (VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids)
 from common.config import ModelConfig, load_config
 from common.model.gpt import MarketGPT
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
-from common.training.run_folder import TokenSet
 from common.special_tokens import PAD_TOKEN
+from common.tokens.features import VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids
 from common.tokens.tokenizer import OHLCTokenizer
+from common.training.run_folder import TokenSet
 
 
 def test_calendar_ids_are_hour_and_weekday_intraday_month_and_weekday_daily():

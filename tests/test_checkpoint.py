@@ -13,11 +13,21 @@ import zipfile
 import pytest
 import torch
 
-from common.training.checkpoint import (CheckpointWriter, CorruptCheckpoint, checkpoint_files, epoch_checkpoint_name,
-                               latest_good_checkpoint, load_checkpoint, prune_checkpoints, remove_stale_temp_files,
-                               save_checkpoint,
-                               step_checkpoint_name, unwrap_state_dict, verify_checkpoint)
 from common.distributed.ddp import unwrap
+from common.training.checkpoint import (
+    CheckpointWriter,
+    CorruptCheckpoint,
+    checkpoint_files,
+    epoch_checkpoint_name,
+    latest_good_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_stale_temp_files,
+    save_checkpoint,
+    step_checkpoint_name,
+    unwrap_state_dict,
+    verify_checkpoint,
+)
 
 
 def _payload(value: float = 1.0) -> dict:

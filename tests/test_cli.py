@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import responses
 
-from test_yahoo import FakeYahoo, load_chart
-
 from common.cli import main
 from common.data.cache import CandleCache
+
+from test_yahoo import FakeYahoo, load_chart
 
 
 def _case(root: Path, tickers: list[str]) -> tuple[Path, Path]:

@@ -20,9 +20,18 @@ import pandas as pd
 import pytest
 import responses
 
-from common.data.crypto import (BadSymbolError, PAGE_LIMITS, RestrictedLocation, check_timeframe, ensure_markets,
-                                fetch_ohlcv_history, inactive_reason, iter_ohlcv_history, make_exchange,
-                                with_quote)
+from common.data.crypto import (
+    PAGE_LIMITS,
+    BadSymbolError,
+    RestrictedLocation,
+    check_timeframe,
+    ensure_markets,
+    fetch_ohlcv_history,
+    inactive_reason,
+    iter_ohlcv_history,
+    make_exchange,
+    with_quote,
+)
 from common.errors import SourceUnavailable, UserError
 
 BINANCE = Path(__file__).parent / "fixtures" / "binance"  # constructed in the shape of real answers

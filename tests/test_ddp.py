@@ -12,13 +12,35 @@ import time
 import pytest
 import torch
 
-from common.training.checkpoint import checkpoint_files, load_checkpoint
 from common.cli import main
-from common.distributed.env import DistEnv, _first_slurm_host, _tasks_per_node, check_num_gpus, collective_timeout_s, detect_env
 from common.distributed.ddp import MultiGPUWrapper, unwrap
+from common.distributed.env import (
+    DistEnv,
+    _first_slurm_host,
+    _tasks_per_node,
+    check_num_gpus,
+    collective_timeout_s,
+    detect_env,
+)
 from common.errors import UserError
-from ddp_helpers import (GLOBAL_BATCH, REPO, STEPS, assert_same_run, final_weights, logged_epochs, make_case,
-                         max_weight_difference, reference, run, run_dirs, start_ranks, train_command, wait_for_line)
+from common.training.checkpoint import checkpoint_files, load_checkpoint
+
+from ddp_helpers import (
+    GLOBAL_BATCH,
+    REPO,
+    STEPS,
+    assert_same_run,
+    final_weights,
+    logged_epochs,
+    make_case,
+    max_weight_difference,
+    reference,
+    run,
+    run_dirs,
+    start_ranks,
+    train_command,
+    wait_for_line,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # urllib3's IPv6 probe
 

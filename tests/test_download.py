@@ -22,9 +22,6 @@ import pandas as pd
 import pytest
 import responses
 
-from test_crypto import BINANCE, BITSTAMP_MARKETS
-from test_yahoo import FakeYahoo, expected_frame, load_chart, ny_midnight
-
 import common.data.cache as cache_module
 from common.cli import main
 from common.config import Config
@@ -32,6 +29,9 @@ from common.data import crypto
 from common.data.cache import CandleCache
 from common.data.download import TRAINING_CHECK, download_case
 from common.errors import SourceUnavailable
+
+from test_crypto import BINANCE, BITSTAMP_MARKETS
+from test_yahoo import FakeYahoo, expected_frame, load_chart, ny_midnight
 
 REPO = Path(__file__).resolve().parent.parent
 DAY_MS = 86_400_000
@@ -469,9 +469,9 @@ def long_case(tmp_path, monkeypatch):
     """A case of two 1m pairs; make_exchange gives a binance answered by the `klines` attribute."""
     import ccxt
 
-    from test_crypto import BINANCE_MARKETS
-
     import common.data.download as download_module
+
+    from test_crypto import BINANCE_MARKETS
 
     monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
     monkeypatch.setattr(download_module, "SAVE_EVERY_CANDLES", 5_000)

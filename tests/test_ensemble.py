@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from common.cli import main
-from common.forecasting.ensemble import Ensemble
 from common.errors import UserError
+from common.forecasting.ensemble import Ensemble
 from common.forecasting.forecaster import Forecaster, summarize_paths
 
 TINY = {

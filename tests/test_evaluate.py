@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 import torch
 
+from common.config import ModelConfig
 from common.evaluation import evaluate as ev
 from common.evaluation.baselines import fit_baselines
-from common.config import ModelConfig
 from common.evaluation.evaluate import evaluate_run, summarize_results
 from common.evaluation.metrics import wilson_interval
-from common.model.gpt import MarketGPT
 from common.evaluation.report import write_report
 from common.evaluation.token_scoring import SplitTokens, eval_inputs
+from common.model.gpt import MarketGPT
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -350,8 +350,8 @@ def test_report_of_a_run_without_epochs_or_moves(tmp_path):
 def _fake_run_folder(root) -> tuple:
     """A run folder in the trainer's format (config, tokenizer, asset_info, tokens/, best model)."""
     from common.atomic import atomic_write_json
-    from common.training.checkpoint import save_checkpoint
     from common.config import Config, config_to_dict, save_config
+    from common.training.checkpoint import save_checkpoint
     from common.training.run_folder import TokenSet
 
     rng = np.random.default_rng(3)

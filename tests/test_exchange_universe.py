@@ -18,8 +18,6 @@ import pandas as pd
 import pytest
 import responses
 
-from test_crypto import BINANCE
-
 from common.config import Config, ConfigError, ExchangeUniverseConfig, load_config
 from common.data import crypto
 from common.data.check import check_usable
@@ -28,6 +26,8 @@ from common.data.exchange_universe import TICKER_PREFILTER, resolve_exchange_uni
 from common.data.loading import load_market_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
+
+from test_crypto import BINANCE
 
 REPO = Path(__file__).resolve().parent.parent
 DAY_MS = 86_400_000

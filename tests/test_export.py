@@ -23,6 +23,7 @@ from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
 from common.model.sampling import sample_paths
 from common.paths import REPO_ROOT
+
 from slurm_helpers import REPO
 from test_forecast import TINY, run_dir  # noqa: F401 (run_dir: the tiny trained run fixture)
 

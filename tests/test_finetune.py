@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from common.cli import main
-from common.config import ModelConfig, load_config
-from common.training.finetune import apply_freeze
-from common.model.gpt import MarketGPT
 from common.commands.train import run_training
+from common.config import ModelConfig, load_config
+from common.model.gpt import MarketGPT
+from common.training.finetune import apply_freeze
+
 from tests.ddp_helpers import start_ranks, train_command
 
 FILES = Path(__file__).parent / "fixtures" / "files" / "good_folder"

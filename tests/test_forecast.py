@@ -15,15 +15,15 @@ import pandas as pd
 import pytest
 import torch
 
-from common.tokens.features import VOLUME_BINS, calendar_ids
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset, asset_info
 from common.forecasting.forecaster import QUANTILES, Forecaster, History, future_timestamps, histories_at
 from common.model.gpt import MarketGPT
-from common.paths import REPO_ROOT
 from common.model.sampling import draw_tokens, prefill_length, sample_paths
+from common.paths import REPO_ROOT
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.tokens.features import VOLUME_BINS, calendar_ids
 from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))

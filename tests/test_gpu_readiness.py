@@ -14,19 +14,20 @@ import warnings
 import pytest
 import torch
 
-from common.training import gpu_stats as gpu_stats_mod
-from common.distributed import precision
-from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
-from common.config import ModelConfig
-from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
-from common.errors import UserError
-from common.paths import REPO_ROOT
-from common.training.lr_schedule import lr_at
-from common.model.memory import estimate_training_memory
-from common.model.gpt import MarketGPT
-from common.distributed.precision import inference_precision, resolve_precision
-from common.training.rng import seed_everything
 from common.cluster.submit import local_gpus
+from common.config import ModelConfig
+from common.distributed import precision
+from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
+from common.distributed.precision import inference_precision, resolve_precision
+from common.errors import UserError
+from common.model.gpt import MarketGPT
+from common.model.memory import estimate_training_memory
+from common.paths import REPO_ROOT
+from common.training import gpu_stats as gpu_stats_mod
+from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
+from common.training.lr_schedule import lr_at
+from common.training.rng import seed_everything
+
 from test_trainer import WINDOWS, _config, _late, _trainer
 
 torch.set_num_threads(1)

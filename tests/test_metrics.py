@@ -8,8 +8,19 @@ import pytest
 import scoringrules as sr
 from scipy.stats import norm, spearmanr
 
-from common.evaluation.metrics import (block_bootstrap_indices, coverage_flags, crps, format_verdict, newey_west_t,
-                            pit_histogram, pit_values, qlike, rank_ic, skill_interval, verdict)
+from common.evaluation.metrics import (
+    block_bootstrap_indices,
+    coverage_flags,
+    crps,
+    format_verdict,
+    newey_west_t,
+    pit_histogram,
+    pit_values,
+    qlike,
+    rank_ic,
+    skill_interval,
+    verdict,
+)
 
 
 def test_crps_hand_values():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.training.batches import build_windows
 from common.config import Config, ConfigError, ModelConfig, load_config
-from common.training.mfu import device_peak_flops, known_peak, mfu
 from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
+from common.training.batches import build_windows
+from common.training.mfu import device_peak_flops, known_peak, mfu
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer
 

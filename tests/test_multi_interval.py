@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.cli import main
-from common.config import ConfigError, Config, at_interval, load_config
+from common.config import Config, ConfigError, at_interval, load_config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
 from common.data.synthetic import aggregate

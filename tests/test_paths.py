@@ -3,8 +3,16 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.forecasting.paths import (barrier_outcomes, barrier_probabilities, barrier_probability_table,
-                                      brier_score, drawdown_summary, max_drawdown, parse_barriers, price_sequence)
+from common.forecasting.paths import (
+    barrier_outcomes,
+    barrier_probabilities,
+    barrier_probability_table,
+    brier_score,
+    drawdown_summary,
+    max_drawdown,
+    parse_barriers,
+    price_sequence,
+)
 
 
 def test_parse_barriers():

@@ -14,8 +14,15 @@ import pytest
 import common.data.synthetic as synthetic
 from common.cli import main
 from common.commands.plan import GPU_RATES, build_plan, data_figures, gpu_rate, plan_of_run
-from common.commands.plan_figures import (DataFigures, Plan, Rate, asset_windows, epoch_windows, plan_warnings,
-                                          steps_per_epoch)
+from common.commands.plan_figures import (
+    DataFigures,
+    Plan,
+    Rate,
+    asset_windows,
+    epoch_windows,
+    plan_warnings,
+    steps_per_epoch,
+)
 from common.config import load_config
 from common.data.cache import CandleCache
 from common.data.loading import load_market_data

@@ -13,6 +13,7 @@ from common.data.prepare import fill_gaps
 from common.errors import UserError
 from common.forecasting.forecaster import DEFAULT_LEVELS, Forecaster, History, future_timestamps
 from common.markets import interval_step
+
 from test_forecast import _fixed_logit_forecaster, candles, fitted_tokenizer, run_dir  # noqa: F401 (run_dir: fixture)
 
 torch.set_num_threads(1)

@@ -8,17 +8,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from common.config import Config
 from common.data.cache import CandleCache
 from common.data.loading import load_market_data
 from common.data.market import MarketData
 from common.data.prepare import FIX_KINDS, clean_candles, fill_gaps, prepare_data
-from common.markets import interval_step
 from common.data.universe import Asset
 from common.errors import UserError
+from common.markets import interval_step
 from common.paths import REPO_ROOT
 
 COLUMNS = ["open", "high", "low", "close", "volume"]
@@ -379,8 +378,8 @@ def test_sample_source_loads_the_shipped_sample(interval: str, tmp_path: Path):
 
 
 def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(tmp_path: Path, monkeypatch):
-    from common.tokens.tokenizer import OHLCTokenizer
     from common.commands.train import _prepare_new
+    from common.tokens.tokenizer import OHLCTokenizer
 
     fitted: list[pd.DataFrame] = []
     real_fit = OHLCTokenizer.fit

@@ -13,14 +13,20 @@ import submitit
 
 from common.cli import main
 from common.cluster import prepare_jobs
-from common.cluster.prepare_jobs import (PREP_MAX_MINUTES, PrepareJob, plan_preparation, prepare_parameters,
-                                         submit_preparation)
+from common.cluster.prepare_jobs import (
+    PREP_MAX_MINUTES,
+    PrepareJob,
+    plan_preparation,
+    prepare_parameters,
+    submit_preparation,
+)
 from common.config import load_config
 from common.distributed.slurm import wait_for_jobs
 from common.errors import UserError
 from common.tokens import shards
 from common.tokens.shards import prepare_in_memory, shard_folder
 from common.tokens.token_set import TokenSet
+
 from test_shards import same_tokens
 
 CONFIG = {

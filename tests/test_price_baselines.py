@@ -6,9 +6,17 @@ import math
 import numpy as np
 import pytest
 
+from common.evaluation.price_baselines import (
+    GarchParams,
+    GarchT,
+    HistoricalBootstrap,
+    RandomWalkEWMA,
+    ewma_lambda,
+    log_returns,
+    momentum_signal,
+)
 from common.forecasting.forecaster import History
-from common.evaluation.price_baselines import (GarchParams, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda, log_returns,
-                                    momentum_signal)
+
 from scorecard_helpers import candles_from_returns, garch_returns
 
 

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from common.training.checkpoint import save_checkpoint
+
 from ci_helpers import unavailable
 from slurm_helpers import REPO, TINY, copy_repo
 

@@ -13,10 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.data.sample import (NOTICE_FILE, SAMPLE_FILE, SAMPLE_INTERVALS, load_sample, sample_assets,
-                                sample_metadata)
-from common.markets import CATEGORIES
+from common.data.sample import NOTICE_FILE, SAMPLE_FILE, SAMPLE_INTERVALS, load_sample, sample_assets, sample_metadata
 from common.errors import UserError
+from common.markets import CATEGORIES
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = REPO / "common" / "data" / "sample"

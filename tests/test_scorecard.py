@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.forecasting.forecaster import History
-from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines
+from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, make_scorecard, run_scorecard, write_scorecard
 from common.evaluation.walk_forward import origin_indices
+from common.forecasting.forecaster import History
+
 from scorecard_helpers import garch_returns, synthetic_series
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,9 +209,9 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
 
     from common.config import load_config
     from common.data.universe import Asset, asset_info
+    from common.evaluation.scorecard import forecaster_fn
     from common.forecasting.forecaster import Forecaster
     from common.model.gpt import MarketGPT
-    from common.evaluation.scorecard import forecaster_fn
     from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)

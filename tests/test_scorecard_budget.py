@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
+from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import make_scorecard
 from common.evaluation.walk_forward import Origins, within_budget
-from common.evaluation.price_baselines import RandomWalkEWMA
+
 from scorecard_helpers import garch_returns, synthetic_series
 
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from common.evaluation import scorecard
 from common.cli import main
+from common.evaluation import scorecard
 from common.training.run_folder import has_final_outputs
+
 from test_forecast import TINY as FORECAST_TINY, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

@@ -8,8 +8,18 @@ import math
 import numpy as np
 import pytest
 
-from common.evaluation.significance import (MCS_MIN_DATES, date_sums, diebold_mariano, family_verdict, hln_factor, holm,
-                                            long_run_variance, model_confidence_set, overlap_steps)
+from common.evaluation.significance import (
+    MCS_MIN_DATES,
+    date_sums,
+    diebold_mariano,
+    family_verdict,
+    hln_factor,
+    holm,
+    long_run_variance,
+    model_confidence_set,
+    overlap_steps,
+)
+
 from tests.scorecard_helpers import garch_returns
 
 

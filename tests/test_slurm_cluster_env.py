@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.distributed.slurm import wait_for_jobs
+
 from slurm_helpers import copy_repo, job_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,

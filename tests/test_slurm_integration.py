@@ -35,8 +35,19 @@ from typing import Callable, Iterator
 import pytest
 
 from common.distributed.slurm import wait_for_jobs
-from slurm_helpers import (CASES, REPO, TINY, assert_same_weights, copy_repo, job_env, run_dirs, scontrol_field,
-                           sets, training_log)
+
+from slurm_helpers import (
+    CASES,
+    REPO,
+    TINY,
+    assert_same_weights,
+    copy_repo,
+    job_env,
+    run_dirs,
+    scontrol_field,
+    sets,
+    training_log,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]

@@ -14,8 +14,19 @@ import pytest
 
 from common.config import load_config
 from common.distributed.requeue import DEFAULT_MAX_REQUEUES, EXIT_REQUEUE
-from slurm_helpers import (CASES, FAKE_PYTHON, FAKE_SCONTROL, FAKE_SRUN, REPO, copy_repo, fake_bin, job_env,
-                           sbatch_lines, shell_vars)
+
+from slurm_helpers import (
+    CASES,
+    FAKE_PYTHON,
+    FAKE_SCONTROL,
+    FAKE_SRUN,
+    REPO,
+    copy_repo,
+    fake_bin,
+    job_env,
+    sbatch_lines,
+    shell_vars,
+)
 
 SCRIPTS = {key: REPO / case / "slurm_scripts" / script for key, (case, script, _) in CASES.items()}
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from common.cluster import status
 from common.cli import main
+from common.cluster import status
 from common.cluster.status import collect_rows, last_line, status_table
+
 from slurm_helpers import REPO
 
 

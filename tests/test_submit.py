@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import submitit
 
-from common.cluster import submit as submit_mod
-from common.distributed import slurm as slurm_utils
-from common.training.checkpoint import save_checkpoint
 from common.cli import main
+from common.cluster import submit as submit_mod
+from common.cluster.submit import TrainJob, executor_parameters, parse_array, plan_submission
+from common.distributed import slurm as slurm_utils
+from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.cluster.submit import TrainJob, executor_parameters, parse_array, plan_submission
-from common.distributed.slurm import parse_slurm_time
+from common.training.checkpoint import save_checkpoint
+
 from slurm_helpers import CASES, TINY, sbatch_lines, sets
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

@@ -11,8 +11,7 @@ from scipy import stats
 
 from common.config import Config
 from common.data.files import load_files, read_candle_file
-from common.data.synthetic import (SyntheticSpec, generate_asset, iter_assets, oracle_nll, read_truth, t_nll,
-                                   write_files)
+from common.data.synthetic import SyntheticSpec, generate_asset, iter_assets, oracle_nll, read_truth, t_nll, write_files
 from common.errors import UserError
 
 # No GARCH, no regimes: only the t innovations (to isolate one effect at a time).

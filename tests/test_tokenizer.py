@@ -9,8 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from common.config import Config
 from common.errors import UserError

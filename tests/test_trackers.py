@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ci_helpers import unavailable
 from common.config import ConfigError, config_to_dict, load_config
 from common.errors import UserError
 from common.training.metrics import EpochReadings, TrainingMetrics
 from common.training.trackers import flat_config, open_tracker
+
+from ci_helpers import unavailable
 from test_trainer import _config, _trainer
 
 torch.set_num_threads(1)

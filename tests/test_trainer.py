@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.training.batches import build_windows
-from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
 from common.config import Config, ModelConfig
 from common.model.gpt import MarketGPT
+from common.training.batches import build_windows
+from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer

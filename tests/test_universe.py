@@ -8,8 +8,8 @@ import pytest
 
 from common.config import load_config
 from common.data.universe import Asset, asset_info, load_universe
-from common.markets import CATEGORIES
 from common.errors import UserError
+from common.markets import CATEGORIES
 from common.paths import CASES, REPO_ROOT, case_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "universes"

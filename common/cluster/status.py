@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
-from common.paths import CASES, REPO_ROOT, case_dir
 from common.distributed.slurm import ACTIVE_STATES, job_commands, job_states, slurm_available
+from common.paths import CASES, REPO_ROOT, case_dir
 from common.training.log import format_duration
 
 __all__ = ["RunRow", "collect_rows", "last_line", "status_table"]

@@ -36,10 +36,10 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 import submitit
 
 from common.config import Config, SlurmConfig, load_config
-from common.errors import UserError
-from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
 from common.distributed.slurm import check_partition, job_info, parse_slurm_time, slurm_available, slurm_job_id
+from common.errors import UserError
+from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 
 __all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "plan_submission", "submit",
            "executor_parameters", "job_environment", "rel_path"]

@@ -28,8 +28,13 @@ from common.errors import UserError
 from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
 from common.forecasting.forecaster import warn
 from common.forecasting.infer import ExportedForecaster
-from common.forecasting.paths import (barrier_outcomes, barrier_probabilities, drawdown_summary, max_drawdown,
-                                      parse_barriers)
+from common.forecasting.paths import (
+    barrier_outcomes,
+    barrier_probabilities,
+    drawdown_summary,
+    max_drawdown,
+    parse_barriers,
+)
 from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
 
 __all__ = ["ForecastRequest", "run_forecast_command", "write_outputs"]

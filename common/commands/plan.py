@@ -26,8 +26,16 @@ from typing import Mapping, Optional, Sequence, TextIO
 
 import pandas as pd
 
-from common.commands.plan_figures import (MIN_TOKENS_PER_PARAMETER, DataFigures, Plan, Rate, asset_windows,
-                                          epoch_windows, format_plan, steps_per_epoch)
+from common.commands.plan_figures import (
+    MIN_TOKENS_PER_PARAMETER,
+    DataFigures,
+    Plan,
+    Rate,
+    asset_windows,
+    epoch_windows,
+    format_plan,
+    steps_per_epoch,
+)
 from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
 from common.data.check import Row, breakdown, left_out, prepare_streamed, prepared_rows, shard_summary

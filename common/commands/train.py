@@ -46,26 +46,34 @@ import numpy as np
 import torch
 
 from common.atomic import atomic_write_json, read_json
-from common.training.batches import TokenWindows, build_windows
-from common.training.checkpoint import load_checkpoint
-from common.config import Config, ConfigError, config_to_dict, load_config, save_config
-from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
-from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
-from common.distributed.job_store import failures_reported, share_from_main
-from common.data.check import left_out
-from common.data.universe import series_ids
-from common.errors import UserError
-from common.evaluation.evaluate import evaluate_best, summarize_results
-from common.paths import case_dir_of_config
-from common.training.run_folder import (HARMLESS_ON_RESUME, TokenSet, check_writable, config_differences, new_run_dir,
-                               resolve_resume, reuse_unstarted_run, token_path)
-from common.training.rng import seed_everything
-from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
-from common.model.gpt import MarketGPT
-from common.model.scaling_fit import FIT_FILE, best_shape, load_fit
 from common.commands.plan import plan_of_run
 from common.commands.scorecard import end_of_training_scorecard
+from common.config import Config, ConfigError, config_to_dict, load_config, save_config
+from common.data.check import left_out
+from common.data.universe import series_ids
+from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
+from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
+from common.distributed.job_store import failures_reported, share_from_main
 from common.distributed.slurm import job_metadata
+from common.errors import UserError
+from common.evaluation.evaluate import evaluate_best, summarize_results
+from common.model.gpt import MarketGPT
+from common.model.scaling_fit import FIT_FILE, best_shape, load_fit
+from common.paths import case_dir_of_config
+from common.training.batches import TokenWindows, build_windows
+from common.training.checkpoint import load_checkpoint
+from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
+from common.training.rng import seed_everything
+from common.training.run_folder import (
+    HARMLESS_ON_RESUME,
+    TokenSet,
+    check_writable,
+    config_differences,
+    new_run_dir,
+    resolve_resume,
+    reuse_unstarted_run,
+    token_path,
+)
 from common.training.trainer import EXIT_REQUEUE, Trainer
 
 __all__ = ["TrainingFailed", "run_training"]

@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 from common.config import Config
 from common.data.market import LazyFrames, MarketData
 from common.data.prepare import COLUMNS
-from common.markets import interval_step
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
+from common.markets import interval_step
 
 __all__ = ["FILES_UNIVERSE", "SUFFIXES", "files_root", "load_files", "read_candle_file"]
 

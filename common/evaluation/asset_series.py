@@ -26,11 +26,17 @@ from common.data.loading import load_market_data
 from common.data.market import MarketData
 from common.data.prepare import clean_asset
 from common.data.universe import interval_series, pick_interval
+from common.errors import UserError
+from common.evaluation.price_baselines import (
+    ForecastFn,
+    GarchT,
+    HistoricalBootstrap,
+    RandomWalkEWMA,
+    ewma_lambda,
+    log_returns,
+)
 from common.markets import interval_step
 from common.tokens.token_set import TokenSet, token_path
-from common.errors import UserError
-from common.evaluation.price_baselines import (ForecastFn, GarchT, HistoricalBootstrap, RandomWalkEWMA, ewma_lambda,
-                                               log_returns)
 
 __all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_prepared", "series_from_run"]
 

@@ -65,8 +65,15 @@ from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
 from common.evaluation.metrics import block_length, skill_interval, wilson_interval
 from common.evaluation.report import write_report
-from common.evaluation.token_scoring import (Scores, SplitTokens, Windows, eval_inputs, score_baseline, score_model,
-                                             split_windows)
+from common.evaluation.token_scoring import (
+    Scores,
+    SplitTokens,
+    Windows,
+    eval_inputs,
+    score_baseline,
+    score_model,
+    split_windows,
+)
 from common.markets import CATEGORIES
 from common.special_tokens import PAD_TOKEN
 from common.training.checkpoint import load_checkpoint

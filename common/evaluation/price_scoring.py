@@ -14,8 +14,15 @@ import pandas as pd
 
 from common.evaluation.asset_series import AssetSeries
 from common.evaluation.backtest import backtest, signal_positions
-from common.evaluation.metrics import (COVERAGE_LEVELS, newey_west_t, pit_histogram, qlike, rank_ic, skill_interval,
-                                       wilson_interval)
+from common.evaluation.metrics import (
+    COVERAGE_LEVELS,
+    newey_west_t,
+    pit_histogram,
+    qlike,
+    rank_ic,
+    skill_interval,
+    wilson_interval,
+)
 from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from common.forecasting.forecaster import ForecastResult, Forecaster, summarize_paths
+from common.forecasting.forecaster import Forecaster, ForecastResult, summarize_paths
 
 __all__ = ["Ensemble", "forecaster_for"]
 

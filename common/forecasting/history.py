@@ -21,8 +21,8 @@ import pandas as pd
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import clean_candles, fill_gaps
-from common.markets import interval_step, series_name
 from common.errors import UserError
+from common.markets import interval_step, series_name
 
 __all__ = ["clean_history", "frame_items", "history_loader", "load_histories", "parse_as_of"]
 

@@ -33,8 +33,10 @@ import numpy as np
 from common.config import load_config
 from common.errors import UserError
 from common.forecasting.forecaster import Forecaster
-from common.model.windows import context_chunks
-from common.model.windows import prefill_length as window_start  # this module's name for it
+from common.model.windows import (
+    context_chunks,
+    prefill_length as window_start,  # this module's name for it
+)
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",

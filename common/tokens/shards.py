@@ -64,8 +64,7 @@ from common.markets import interval_step
 from common.tokens.features import candle_features, fit_volume_edges, relative_volume
 from common.tokens.shard_manifest import REBUILD, Hasher, file_sha256, manifest_checksum, verify_shard
 from common.tokens.token_set import FORMAT_VERSION, TokenSet, write_index
-from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT
-from common.tokens.tokenizer import OHLCTokenizer
+from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT, OHLCTokenizer
 
 __all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer", "prepare_in_memory", "prepare_shards",
            "prepare_stage", "published", "rebuild", "shard_folder", "work_folder"]

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from common.atomic import read_json
-from common.atomic import check_writable as _check_writable
-from common.tokens.token_set import TokenSet, token_path
-from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
+from common.atomic import check_writable as _check_writable, read_json
 from common.config import Config, config_to_dict, load_config
 from common.distributed import slurm
 from common.errors import UserError
+from common.tokens.token_set import TokenSet, token_path
+from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
 
 __all__ = [
     "HARMLESS_ON_RESUME",

@@ -27,8 +27,15 @@ import torch
 from common.config import Config, config_to_dict
 from common.distributed.ddp import barrier, no_sync, unwrap
 from common.distributed.job_store import wait_for_main
-from common.distributed.precision import (CUDA_GRAPH_MODES, autocast, choose_compile_mode, compile_problem,
-                                          grad_scaler, resolve_precision, use_tf32)
+from common.distributed.precision import (
+    CUDA_GRAPH_MODES,
+    autocast,
+    choose_compile_mode,
+    compile_problem,
+    grad_scaler,
+    resolve_precision,
+    use_tf32,
+)
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN

@@ -1,7 +1,11 @@
 """Host cost of the small things a Trainer step does, on the GPU (microseconds per call)."""
-import time, contextlib, torch
+import time
+
+import torch
+
 from common.distributed.ddp import MultiGPUWrapper, no_sync
-from common.training.trainer import step_values, nonfinite
+from common.training.trainer import step_values
+
 dev = torch.device("cuda")
 def t(name, fn, n=2000):
     for _ in range(50): fn()
