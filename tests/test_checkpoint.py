@@ -87,7 +87,7 @@ def _wait_published(writer: CheckpointWriter, timeout_s: float = 30.0) -> None:
 
 def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
     writer = CheckpointWriter()
-    with pytest.raises(Exception):  # a pickling failure happens in save() itself
+    with pytest.raises(TypeError, match="pickle"):  # a pickling failure happens in save() itself
         writer.save({"lock": threading.Lock()}, tmp_path / "best_model.pt")
     assert list(tmp_path.iterdir()) == []  # no temp file left behind
 

@@ -263,7 +263,7 @@ def test_page_that_does_not_advance_stops_the_loop():
     stale = [[t, *candle(t, DAY)] for t in range(T0, T0 + 3 * DAY, DAY)]
     calls = []
 
-    def fetch_ohlcv(symbol, timeframe, since=None, limit=None, params={}):
+    def fetch_ohlcv(symbol, timeframe, since=None, limit=None, params=None):
         calls.append(since)
         if len(calls) > 10:
             raise AssertionError("fetch_ohlcv_history is looping")
@@ -354,7 +354,7 @@ def test_markets_load_lazily_with_the_same_retries():
     assert not exchange.markets  # construction made no request
     attempts = []
 
-    def load_markets(reload=False, params={}):
+    def load_markets(reload=False, params=None):
         attempts.append(1)
         if len(attempts) < 3:
             raise ccxt.ExchangeNotAvailable("binance 503")
@@ -374,7 +374,7 @@ def test_markets_load_lazily_with_the_same_retries():
 def test_markets_that_never_load_raise_source_unavailable():
     exchange = make_exchange("bybit")
 
-    def load_markets(reload=False, params={}):
+    def load_markets(reload=False, params=None):
         raise ccxt.DDoSProtection("bybit 403")
 
     exchange.load_markets = load_markets

@@ -214,6 +214,11 @@ def test_fitted_tables_do_not_change_with_the_test_period(monkeypatch):
 # --------------------------------------------------------------------------- breakdowns
 
 
+def _weighted(groups: dict, key: str) -> float:
+    """The groups' `key`, weighted by their token counts."""
+    return sum(g[key] * g["num_tokens"] for g in groups.values()) / sum(g["num_tokens"] for g in groups.values())
+
+
 def test_per_asset_and_per_category_add_up_to_the_totals():
     rng = np.random.default_rng(1)
     test = {s: split(rng.integers(1, V, n), rng.normal(size=n)) for s, n in (("A", 9), ("B", 14), ("C", 6))}
@@ -224,9 +229,8 @@ def test_per_asset_and_per_category_add_up_to_the_totals():
     for groups in (r["per_asset"], r["per_category"]):
         n = np.array([g["num_tokens"] for g in groups.values()])
         assert n.sum() == r["num_tokens"] == 9 - 1 + 14 - 1 + 6 - 1
-        weighted = lambda key: sum(g[key] * g["num_tokens"] for g in groups.values()) / n.sum()
-        assert weighted("loss") == pytest.approx(r["test_loss"])
-        assert weighted("accuracy") == pytest.approx(r["test_accuracy"])
+        assert _weighted(groups, "loss") == pytest.approx(r["test_loss"])
+        assert _weighted(groups, "accuracy") == pytest.approx(r["test_accuracy"])
         for b in ev.BASELINES:
             acc = sum(g["baseline_accuracy"][b] * g["num_tokens"] for g in groups.values()) / n.sum()
             assert acc == pytest.approx(r["baselines"][b]["accuracy"])

@@ -25,9 +25,15 @@ from common.model.sampling import sample_paths
 from common.paths import REPO_ROOT
 
 from slurm_helpers import REPO
-from test_forecast import TINY, run_dir  # noqa: F401 (run_dir: the tiny trained run fixture)
+from test_forecast import TINY, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # training's tensorboard
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """test_forecast.py's tiny trained run."""
+    return train_tiny(tmp_path_factory.mktemp("fc"), TINY)[1]
 
 
 UMASK = 0o027  # group may read, others not: an export follows the umask, not a fixed mode

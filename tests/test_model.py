@@ -88,7 +88,10 @@ def test_rotary_scores_depend_only_on_relative_position():
     cos, sin = rotary_tables(context_length=16, head_size=8)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
-    at = lambda x: apply_rotary(x.expand(1, 1, 16, 8), cos, sin)[0, 0]  # (16, 8): x at every position
+
+    def at(x: torch.Tensor) -> torch.Tensor:  # (16, 8): x at every position
+        return apply_rotary(x.expand(1, 1, 16, 8), cos, sin)[0, 0]
+
     rq, rk = at(q), at(k)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(16))  # a rotation keeps the norm
     torch.testing.assert_close(rq[5] @ rk[2], rq[12] @ rk[9])  # same distance, same score

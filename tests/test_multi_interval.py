@@ -173,7 +173,7 @@ def test_a_run_of_three_intervals_trains_and_evaluates_each(straight_run):
     assert state["interval_emb.weight"].shape[0] == 3 and state["interval_emb.weight"].any()  # it trained
     results = json.loads((straight_run / "test_results.json").read_text())
     assert results["interval"] == "15m" and list(results["per_interval"]) == INTERVALS
-    for interval, r in results["per_interval"].items():
+    for r in results["per_interval"].values():
         assert set(r["per_asset"]) == {"SYN0000", "SYN0001"} and r["num_tokens"] > 0
         assert r["token_skill"]["unigram"]["value"] is not None
     assert results["per_interval"]["4h"]["num_tokens"] < results["per_interval"]["15m"]["num_tokens"]

@@ -14,7 +14,7 @@ from common.errors import UserError
 from common.forecasting.forecaster import DEFAULT_LEVELS, Forecaster, History, future_timestamps
 from common.markets import interval_step
 
-from test_forecast import _fixed_logit_forecaster, candles, fitted_tokenizer, run_dir  # noqa: F401 (run_dir: fixture)
+from test_forecast import TINY, _fixed_logit_forecaster, candles, fitted_tokenizer, train_tiny
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
@@ -24,6 +24,12 @@ def long_frame(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """item_id, timestamp, OHLCV: one row per item and timestamp, as the libraries take them."""
     return pd.concat([f.rename_axis("timestamp").reset_index().assign(item_id=s) for s, f in frames.items()],
                      ignore_index=True)[["item_id", "timestamp", "open", "high", "low", "close", "volume"]]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """test_forecast.py's tiny trained run."""
+    return train_tiny(tmp_path_factory.mktemp("fc"), TINY)[1]
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +149,7 @@ def test_bad_levels_and_horizons(fixed, levels, horizon):
         fixed.predict_df({"X": candles(40, 3)}, 3)
 
 
-def test_the_runs_own_raw_candles_forecast_as_the_cli_does(run_dir):  # noqa: F811 (the fixture)
+def test_the_runs_own_raw_candles_forecast_as_the_cli_does(run_dir):
     """The raw candles of the run's data source, cut at an origin: predict_df cleans them as
     load_history does (common.forecasting.history.clean_history), so it samples the same paths."""
     fc = Forecaster.from_run(run_dir)

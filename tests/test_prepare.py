@@ -112,10 +112,10 @@ def test_clean_output_is_always_valid(rows):
     clean, fixes = clean_candles(raw, "H")
     ts = clean.index
     assert ts.is_monotonic_increasing and ts.is_unique
-    o, h, l, c, v = (clean[k].to_numpy() for k in COLUMNS)
+    o, h, low, c, v = (clean[k].to_numpy() for k in COLUMNS)
     assert np.isfinite(clean[["open", "high", "low", "close"]].to_numpy()).all()
     assert (clean[["open", "high", "low", "close"]].to_numpy() > 0).all()
-    assert (h >= np.maximum(o, c)).all() and (l <= np.minimum(o, c)).all() and (v >= 0).all()
+    assert (h >= np.maximum(o, c)).all() and (low <= np.minimum(o, c)).all() and (v >= 0).all()
     dropped = fixes["duplicates"] + fixes["nan_price"] + fixes["nonpositive_price"]
     assert len(clean) == len(raw) - dropped
 
@@ -428,7 +428,7 @@ def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
         pooled = np.sort(np.concatenate([m.candles[s].index.as_unit("ns").asi8 for s in era["symbols"]]))
         share = np.searchsorted(pooled, pd.Timestamp(era["val_start"]).value) / len(pooled)
         assert abs(share - 0.70) < 2 / len(pooled)
-    for symbol, split in data.splits.items():  # every asset has all three splits
+    for split in data.splits.values():  # every asset has all three splits
         assert min(len(split.train), len(split.val), len(split.test)) > 17 and not split.short
     # No asset's val or test period overlaps another asset's training period.
     periods = {s: {name: data.candles[s].index[getattr(sp, name).start:getattr(sp, name).stop]

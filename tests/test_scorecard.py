@@ -42,7 +42,7 @@ def test_an_origin_never_sees_a_candle_after_itself():
     by_symbol = {s.symbol: s for s in series}
     # one call per batch at the longest horizon: its paths serve H=1 too
     assert len(rec.seen) == card["horizons"]["1"]["n"] and {horizon for horizon, _ in rec.seen} == {5}
-    for horizon, h in rec.seen:
+    for _horizon, h in rec.seen:
         s = by_symbol[h.symbol]
         i = s.candles.index.get_loc(h.candles.index[-1])
         assert s.test.start <= i < s.test.stop - 1  # inside the test split, purge gap respected
@@ -148,7 +148,7 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", "rw_ewma", "bootstrap", "garch"}
     assert mcs["included"] == [k for k, p in mcs["pvalues"].items() if p > 0.1] and mcs["included"]
     assert [line.split(":")[0] for line in loaded["mcs_lines"]] == ["MCS 90% at H=1", "MCS 90% at H=5"]
-    for line, (h, name, dm) in zip(loaded["verdicts"], tests):
+    for line, (h, _name, dm) in zip(loaded["verdicts"], tests):
         assert line.startswith(f"H={h}: CRPS skill vs ") and ", DM p " in line and line.endswith(f"({dm['verdict']})")
     again = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
     assert again["horizons"]["5"]["mcs"] == card["horizons"]["5"]["mcs"]  # seeded: the same set again

@@ -57,8 +57,8 @@ def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
     shape = np.full(len(df), np.nan)
     kind = np.zeros(len(df), dtype=int)
     prev_close, past = None, []  # squared returns seen so far (valid candles only)
-    for i, (o, h, l, c) in enumerate(df[["open", "high", "low", "close"]].to_numpy()):
-        if np.isnan([o, h, l, c]).any():
+    for i, (o, h, low, c) in enumerate(df[["open", "high", "low", "close"]].to_numpy()):
+        if np.isnan([o, h, low, c]).any():
             kind[i] = MISSING_TOKEN
             continue
         if prev_close is None:
@@ -72,7 +72,7 @@ def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
             w = np.array([(1 - alpha) ** age for age in range(len(past))])[::-1]
             sigma = max(math.sqrt(np.dot(w, past) / w.sum()), 1e-8)
             move[i] = r / sigma
-            shape[i] = math.log(max(o, h, l, c) / min(o, h, l, c)) / sigma
+            shape[i] = math.log(max(o, h, low, c) / min(o, h, low, c)) / sigma
         past.append(r * r)
         prev_close = c
     return move, shape, kind

@@ -254,7 +254,7 @@ def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
             last = pd.DatetimeIndex([h.candles.index[-1]])
             x = last.append(pd.DatetimeIndex(part["timestamp"]))
             start = part["last_close"].iloc[0]
-            band = lambda col: np.concatenate([[start], part[col].to_numpy()])  # noqa: E731
+            band = lambda col, start=start, part=part: np.concatenate([[start], part[col].to_numpy()])  # noqa: E731
             ax.plot(shown.index, shown.to_numpy(), color="black", lw=1, label="history")
             ax.fill_between(x, band("p5"), band("p95"), color="#1f77b4", alpha=0.2, lw=0, label="90% band")
             ax.fill_between(x, band("p25"), band("p75"), color="#1f77b4", alpha=0.4, lw=0, label="50% band")

@@ -139,13 +139,13 @@ def clean_candles(frame: pd.DataFrame, symbol: str, *,
 
     if subunits and len(ts) >= 3:
         fixes["subunit_repaired"] = _repair_subunits(values)
-    o, h, l, c, v = (values[:, i] for i in range(5))  # views: writes below fix `values`
+    o, h, low, c, v = (values[:, i] for i in range(5))  # views: writes below fix `values`
     top, bottom = np.maximum(o, c), np.minimum(o, c)
-    bad_high, bad_low = h < top, l > bottom
+    bad_high, bad_low = h < top, low > bottom
     fixes["high_repaired"] = int(bad_high.sum())
     fixes["low_repaired"] = int(bad_low.sum())
     h[bad_high] = top[bad_high]
-    l[bad_low] = bottom[bad_low]
+    low[bad_low] = bottom[bad_low]
     bad_volume = ~(v >= 0)  # NaN compares False, so this catches it too
     fixes["volume_clipped"] = int(bad_volume.sum())
     v[bad_volume] = 0.0

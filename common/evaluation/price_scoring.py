@@ -40,7 +40,7 @@ def _scores(st: dict[str, np.ndarray], y: np.ndarray) -> dict:
     return {"crps": _mean(st["crps"]), "mae": _mean(abs_err),
             "mase": float(abs_err.sum() / rw_err.sum()) if rw_err.sum() > 0 else None,
             "qlike": _mean(qlike(st["var"], y)),
-            "coverage": {str(l): _mean(st[f"cover{l}"].astype(float)) for l in COVERAGE_LEVELS}}
+            "coverage": {str(level): _mean(st[f"cover{level}"].astype(float)) for level in COVERAGE_LEVELS}}
 
 
 def _direction(predicted_up: np.ndarray, y: np.ndarray) -> dict:

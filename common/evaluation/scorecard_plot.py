@@ -48,15 +48,15 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
                        "below: the 90% model confidence set", ylabel="skill, %")
     ax[0, 0].legend(fontsize=8)
 
-    levels = [int(l) for l in COVERAGE_LEVELS]
+    levels = [int(level) for level in COVERAGE_LEVELS]
     ax[0, 1].plot(levels, levels, "k--", lw=0.8, label="nominal")
     for h in horizons:
         cov = card["horizons"][h]["coverage"]["model"]
-        (line,) = ax[0, 1].plot(levels, [100 * (cov[str(l)] or 0) for l in levels], "o-", label=f"H={h}")
+        (line,) = ax[0, 1].plot(levels, [100 * (cov[str(level)] or 0) for level in levels], "o-", label=f"H={h}")
         cal = card["horizons"][h].get("coverage_calibrated")  # calibration.json's intervals, when fitted
         if cal:
-            cal_levels = [l for l in levels if str(l) in cal]
-            ax[0, 1].plot(cal_levels, [100 * cal[str(l)] for l in cal_levels], "s--", color=line.get_color(),
+            cal_levels = [level for level in levels if str(level) in cal]
+            ax[0, 1].plot(cal_levels, [100 * cal[str(level)] for level in cal_levels], "s--", color=line.get_color(),
                           label=f"H={h} calibrated")
     ax[0, 1].set(title="central interval coverage (model)", xlabel="nominal %", ylabel="actual %")
     ax[0, 1].legend(fontsize=8)

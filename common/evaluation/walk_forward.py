@@ -182,7 +182,7 @@ def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping
         histories = [_history(series[o.series[j]], int(o.index[j])) for j in range(lo, hi)]
         mom[lo:hi] = [momentum_signal(h) for h in histories]
         for f, (name, fn) in enumerate(forecasters.items()):
-            call_seed = lambda h: int(np.random.SeedSequence([seed, b, f, h]).generate_state(1)[0])  # noqa: E731
+            call_seed = lambda h, b=b, f=f: int(np.random.SeedSequence([seed, b, f, h]).generate_state(1)[0])  # noqa: E731
             out = _call(name, fn, histories, longest, n_samples, call_seed(longest))
             for h in horizons:
                 if out.ndim == 3:

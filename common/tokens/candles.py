@@ -53,15 +53,15 @@ def price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence
     return cols[0], cols[1], cols[2], cols[3], timestamps
 
 
-def check_positive(o: np.ndarray, h: np.ndarray, l: np.ndarray, c: np.ndarray, asset: str,
+def check_positive(o: np.ndarray, h: np.ndarray, low: np.ndarray, c: np.ndarray, asset: str,
                    timestamps: Optional[Sequence]) -> None:
     """UserError at the first candle with a price <= 0 (NaN compares False, so missing candles
     pass; -inf is caught here)."""
-    bad = (o <= 0) | (h <= 0) | (l <= 0) | (c <= 0)
+    bad = (o <= 0) | (h <= 0) | (low <= 0) | (c <= 0)
     if bad.any():
         i = int(np.argmax(bad))
         where = f"at {_format_time(timestamps[i])}" if timestamps is not None else f"at row {i}"
-        prices = ", ".join(f"{name}={col[i]:g}" for name, col in zip(PRICE_COLUMNS, (o, h, l, c)))
+        prices = ", ".join(f"{name}={col[i]:g}" for name, col in zip(PRICE_COLUMNS, (o, h, low, c)))
         raise UserError(f"{asset}: non-positive price {where} ({prices}; {int(bad.sum())} such candle(s)); "
                         "prices must be > 0: repair or drop these rows in the data layer")
 

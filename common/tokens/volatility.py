@@ -55,10 +55,10 @@ def candle_features(candles: CandleInput, asset: str, timestamps: Optional[Seque
                     vol_warmup: int, want_state: bool = False) -> CandleFeatures:
     """move/sigma and shape/sigma of each candle; the first vol_warmup + 1 valid candles are BOS,
     invalid ones MISSING. want_state: also the VolState after the last candle."""
-    o, h, l, c, timestamps = price_arrays(candles, asset, timestamps)
+    o, h, low, c, timestamps = price_arrays(candles, asset, timestamps)
     n = len(c)
-    check_positive(o, h, l, c, asset, timestamps)
-    valid = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)
+    check_positive(o, h, low, c, asset, timestamps)
+    valid = np.isfinite(o) & np.isfinite(h) & np.isfinite(low) & np.isfinite(c)
     vi = np.flatnonzero(valid)  # the valid candles, in order; gaps simply drop out
     m = len(vi)
 
@@ -77,8 +77,8 @@ def candle_features(candles: CandleInput, asset: str, timestamps: Optional[Seque
     if len(k):
         sigma = np.maximum(np.sqrt(var[k - 2]), SIGMA_FLOOR)  # returns strictly before candle k
         rows = vi[k]
-        hi = np.maximum(np.maximum(o[rows], h[rows]), np.maximum(l[rows], c[rows]))
-        lo = np.minimum(np.minimum(o[rows], h[rows]), np.minimum(l[rows], c[rows]))
+        hi = np.maximum(np.maximum(o[rows], h[rows]), np.maximum(low[rows], c[rows]))
+        lo = np.minimum(np.minimum(o[rows], h[rows]), np.minimum(low[rows], c[rows]))
         move_z[rows] = r[k - 1] / sigma
         shape_z[rows] = np.log(hi / lo) / sigma  # hi == lo gives exactly 0
 
