@@ -57,9 +57,13 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
     times = alternate({"torch": lambda: timed(fc), "onnxruntime": lambda: timed(onnx)}, rounds)
     shutil.rmtree(folder, ignore_errors=True)
     ms = {k: 1000 * min(v) for k, v in times.items()}
-    shape = f"{assets} assets x {samples} samples x {horizon} steps, case C model, CPU, {torch.get_num_threads()} threads"
+    shape = (
+        f"{assets} assets x {samples} samples x {horizon} steps, case C model, CPU, {torch.get_num_threads()} threads"
+    )
     for k, v in ms.items():
-        print(f"{k}: {v:,.0f} ms per forecast (best of {rounds}; all: {', '.join(f'{1000 * t:,.0f}' for t in times[k])})")
+        print(
+            f"{k}: {v:,.0f} ms per forecast (best of {rounds}; all: {', '.join(f'{1000 * t:,.0f}' for t in times[k])})"
+        )
     # each round's pair ran back to back, under about the same load: their ratio's median is the other view
     paired = sorted(o / t for o, t in zip(times["onnxruntime"], times["torch"]))
     median = statistics.median(paired)

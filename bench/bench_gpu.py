@@ -209,13 +209,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         apply_overrides(cfg, args.set, "--set")
         cases[case] = {"num_parameters": meta_model(cfg).num_parameters(), "runs": []}
         for compile_model in compiles:
-            prof = args.profile / f"profile_{case}_{'compile' if compile_model else 'eager'}.txt" if args.profile else None
-            r = run_case(cfg, device, args.batch, steps, warmup, compile_model, peak, prof, args.compile_mode, args.sdpa)
+            prof = (
+                args.profile / f"profile_{case}_{'compile' if compile_model else 'eager'}.txt" if args.profile else None
+            )
+            r = run_case(
+                cfg, device, args.batch, steps, warmup, compile_model, peak, prof, args.compile_mode, args.sdpa
+            )
             cases[case]["runs"].append(r)
             label = f"case {case}, {r['precision']}, {'compile' if compile_model else 'eager'}"
             rows.append(row(f"GPU training, {label}", "tokens/s", r["tokens_per_sec"], "tok/s",
                             detail=f"batch {args.batch} x {cfg.model.context_length}, {name}"))
-            target = ">= 0.40" if case == "A" and compile_model and peak and ("A100" in name or "H100" in name) else None
+            target = (
+                ">= 0.40" if case == "A" and compile_model and peak and ("A100" in name or "H100" in name) else None
+            )
             rows.append(row(f"GPU training, {label}", "MFU", r["mfu"], target=target,
                             detail=f"peak {peak / 1e12:g} TFLOP/s" if peak else "unknown peak: --peak-flops"))
             if r["memory_over_estimate"] is not None:

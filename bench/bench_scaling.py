@@ -77,16 +77,34 @@ SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalizatio
 # "cpu": each point trained to its best; about an hour on 2 idle cores with --jobs 2 (docs/scaling.md:
 # 38 minutes for all but the first point, which took 29 minutes beside another run).
 GRIDS: dict[str, list[tuple[str, str, int]]] = {
-    "cpu": [("synthetic", "5.0M", 100_000), ("synthetic", "0.9M", 300_000), ("synthetic", "5.0M", SAMPLE_TRAIN), ("synthetic", "0.9M", 100_000),
-            ("synthetic", "0.2M", 1_000_000), ("synthetic", "0.05M", 1_000_000), ("synthetic", "0.2M", 300_000),
-            ("sample_1d", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.9M", SAMPLE_TRAIN), ("synthetic", "0.2M", 100_000),
-            ("synthetic", "0.05M", 300_000), ("sample_1d", "0.2M", SAMPLE_TRAIN), ("synthetic", "0.2M", SAMPLE_TRAIN),
-            ("synthetic", "0.05M", 100_000), ("synthetic", "0.05M", SAMPLE_TRAIN), ("sample_1h", "0.9M", 5_500),
-            ("sample_1h", "0.2M", 5_500)],
-    "gpu": ([("synthetic", s, d) for s in ("26M", "5.0M", "0.9M", "0.2M")
-             for d in (100_000_000, 10_000_000, 1_000_000, 100_000, SAMPLE_TRAIN)]
-            + [("sample_1d", s, SAMPLE_TRAIN) for s in ("26M", "5.0M", "0.9M", "0.2M")]
-            + [("sample_1h", s, 5_500) for s in ("26M", "5.0M", "0.9M", "0.2M")]),
+    "cpu": [
+        ("synthetic", "5.0M", 100_000),
+        ("synthetic", "0.9M", 300_000),
+        ("synthetic", "5.0M", SAMPLE_TRAIN),
+        ("synthetic", "0.9M", 100_000),
+        ("synthetic", "0.2M", 1_000_000),
+        ("synthetic", "0.05M", 1_000_000),
+        ("synthetic", "0.2M", 300_000),
+        ("sample_1d", "0.9M", SAMPLE_TRAIN),
+        ("synthetic", "0.9M", SAMPLE_TRAIN),
+        ("synthetic", "0.2M", 100_000),
+        ("synthetic", "0.05M", 300_000),
+        ("sample_1d", "0.2M", SAMPLE_TRAIN),
+        ("synthetic", "0.2M", SAMPLE_TRAIN),
+        ("synthetic", "0.05M", 100_000),
+        ("synthetic", "0.05M", SAMPLE_TRAIN),
+        ("sample_1h", "0.9M", 5_500),
+        ("sample_1h", "0.2M", 5_500),
+    ],
+    "gpu": (
+        [
+            ("synthetic", s, d)
+            for s in ("26M", "5.0M", "0.9M", "0.2M")
+            for d in (100_000_000, 10_000_000, 1_000_000, 100_000, SAMPLE_TRAIN)
+        ]
+        + [("sample_1d", s, SAMPLE_TRAIN) for s in ("26M", "5.0M", "0.9M", "0.2M")]
+        + [("sample_1h", s, 5_500) for s in ("26M", "5.0M", "0.9M", "0.2M")]
+    ),
     "smoke": [("synthetic", "toy", 2_000), ("synthetic", "toy", 10_000)],
 }
 # How long a point trains (the CLI's defaults): to its best. The run is split into EPOCHS
@@ -145,13 +163,29 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
     steps = _steps(tokens, passes, min_steps, max_steps, context)
     epochs = epochs if steps >= epochs else 1
     small = {"eval_per_asset": 300, "assets": 2} if smoke else {}  # the smoke test: seconds
-    sets = (_data_sets(corpus, tokens, nested=nested, **small) + _size_sets(size) + [
-        'experiment="scale"', "data.universe_counts={}", f"model.context_length={context}", 'model.head="flat"',
-        "data.epoch_stride=16", "tokenizer.ret_bins=32", "model.dropout=0.1", "training.weight_decay=0.1",
-        f"training.warmup_steps={min(50, steps // 4)}", f"training.batch_size={BATCH}",
-        f"training.epochs={epochs}", f"training.max_steps_per_epoch={max(1, steps // epochs)}",
-        f"training.early_stopping_patience={patience}", "training.scorecard_origins=0", "training.log_every_steps=100000",
-        f'training.device="{device}"', "training.compile=false"])
+    sets = (
+        _data_sets(corpus, tokens, nested=nested, **small)
+        + _size_sets(size)
+        + [
+            'experiment="scale"',
+            "data.universe_counts={}",
+            f"model.context_length={context}",
+            'model.head="flat"',
+            "data.epoch_stride=16",
+            "tokenizer.ret_bins=32",
+            "model.dropout=0.1",
+            "training.weight_decay=0.1",
+            f"training.warmup_steps={min(50, steps // 4)}",
+            f"training.batch_size={BATCH}",
+            f"training.epochs={epochs}",
+            f"training.max_steps_per_epoch={max(1, steps // epochs)}",
+            f"training.early_stopping_patience={patience}",
+            "training.scorecard_origins=0",
+            "training.log_every_steps=100000",
+            f'training.device="{device}"',
+            "training.compile=false",
+        ]
+    )
     if corpus.startswith("sample"):
         sets += _sample_slice(corpus, tokens)
     with trained_case_c(sets, "bench_scaling_") as t:
@@ -397,17 +431,22 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
 
     every = [r for path in results for r in json.loads(path.read_text())["points"] if r["size"] != "toy"]
     plot(every, results[0].with_name("scaling_all.png"))
-    print("| corpus | size | parameters | training tokens | steps | best epoch / run | val loss | test loss | test unigram | "
-          "test oracle | test skill vs unigram [95%] | gap closed [95%] | wall |\n|" + "---|" * 13)
+    print(
+        "| corpus | size | parameters | training tokens | steps | best epoch / run | val loss | test loss | "
+        "test unigram | test oracle | test skill vs unigram [95%] | gap closed [95%] | wall |\n|" + "---|" * 13
+    )
     for r in sorted(every, key=lambda r: (r["corpus"] != "synthetic", r["corpus"], r["parameters"], r["train_tokens"])):
         t = r["test"]
         sk, gap = t["skill_vs_unigram"], t.get("gap_closed")
         oracle = f"{t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "–"
         closed = f"{gap:.3f} [{t['gap_closed_ci95'][0]:.3f}, {t['gap_closed_ci95'][1]:.3f}]" if gap is not None else "–"
-        print(f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['steps']} | "
-              f"{r['best_epoch']} / {r['epochs_run']}{' (still improving)' if _still_improving(r) else ''} | {r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | "
-              f"{t['loss']['unigram']:.4f} | {oracle} | {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
-              f"{closed} | {r['wall_s']:.0f} s |")
+        print(
+            f"| {r['corpus']} | {r['size']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['steps']} | "
+            f"{r['best_epoch']} / {r['epochs_run']}{' (still improving)' if _still_improving(r) else ''} | "
+            f"{r['val']['loss']['model']:.4f} | {t['loss']['model']:.4f} | {t['loss']['unigram']:.4f} | {oracle} | "
+            f"{sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}] | "
+            f"{closed} | {r['wall_s']:.0f} s |"
+        )
     # the form describes each (N, D) trained to its best: a point the budget stopped while it was
     # still improving is only an upper bound on its loss, shown against the fit but not fitted
     syn = [r for r in every if r["corpus"] == "synthetic"]
@@ -416,17 +455,27 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
     n = [r["parameters"] for r in pts]
     d = [r["train_tokens"] for r in pts]
     excess = [r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"] for r in pts]
-    names = ", ".join(str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results)
+    names = ", ".join(
+        str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results
+    )
     fit = fit_points(n, d, excess, source=f"synthetic market, test loss above the oracle; {names}",
                      at_tokens=list(CASE_TOKENS.values()))
     print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
           + f"; rmse {fit.rmse:.4f} nats over {fit.points} points")
-    print("  bootstrap 95% (200 resamples of the points): " + ", ".join(
-        f"{k} [{fit.bootstrap[k][0]:.3g}, {fit.bootstrap[k][2]:.3g}]" for k in ("E", *fit.terms, *(t.lower() for t in fit.terms))))
+    print(
+        "  bootstrap 95% (200 resamples of the points): "
+        + ", ".join(
+            f"{k} [{fit.bootstrap[k][0]:.3g}, {fit.bootstrap[k][2]:.3g}]"
+            for k in ("E", *fit.terms, *(t.lower() for t in fit.terms))
+        )
+    )
     for r in pts + capped:
         e = r["test"]["loss"]["model"] - r["test"]["loss"]["oracle"]
-        print(f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, fit {fit.loss(r['parameters'], r['train_tokens']):.4f}"
-              + ("  (still improving when its budget ended: an upper bound, not fitted)" if r in capped else ""))
+        print(
+            f"  {r['size']:>5} D={r['train_tokens']:>9,}: excess {e:.4f}, "
+            f"fit {fit.loss(r['parameters'], r['train_tokens']):.4f}"
+            + ("  (still improving when its budget ended: an upper bound, not fitted)" if r in capped else "")
+        )
     for name, tokens in CASE_TOKENS.items():
         opt = fit.optimal_parameters(tokens)
         print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"

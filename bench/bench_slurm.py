@@ -60,7 +60,9 @@ def wait_for(log: Path, pattern: re.Pattern, after: int = 0, timeout_s: float = 
         if m:
             return time.monotonic(), m.start()
         time.sleep(POLL_S)
-    raise TimeoutError(f"no {pattern.pattern!r} in {log} within {timeout_s:.0f} s:\n{log.read_text()[-2000:] if log.exists() else ''}")
+    raise TimeoutError(
+        f"no {pattern.pattern!r} in {log} within {timeout_s:.0f} s:\n{log.read_text()[-2000:] if log.exists() else ''}"
+    )
 
 
 def job_state(job_id: str) -> str:

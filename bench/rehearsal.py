@@ -456,7 +456,9 @@ def wait_log(r: Rehearsal, job: str, pattern: re.Pattern, after: int, deadline: 
         if m:
             return m.end()
         if not squeue(job):
-            raise RuntimeError(f"job {job} ended before its log showed {pattern.pattern!r}:\n{job_log(r, job, err=True)[-2000:]}")
+            raise RuntimeError(
+                f"job {job} ended before its log showed {pattern.pattern!r}:\n{job_log(r, job, err=True)[-2000:]}"
+            )
         time.sleep(0.1)
     raise TimeoutError(f"no {pattern.pattern!r} in job {job}'s log in time:\n{job_log(r, job, err=True)[-2000:]}")
 

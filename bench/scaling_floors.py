@@ -141,7 +141,8 @@ def _range_table(draws: int = 400_000, seed: int = 1) -> np.ndarray:
     """(len(_RANGE_A), len(_RANGE_V) - 1) log densities of v = |z - 0.1 n1| - |z| + 0.5 (|n2| +
     |n3|) at each |z| of _RANGE_A, by Monte Carlo histogram (floored at 1e-6)."""
     rng = np.random.default_rng(seed)
-    n1, extra = rng.standard_normal(draws), 0.5 * (np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws)))
+    n1 = rng.standard_normal(draws)
+    extra = 0.5 * (np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws)))
     rows = [np.histogram(np.abs(a - 0.1 * n1) - a + extra, bins=_RANGE_V, density=True)[0] for a in _RANGE_A]
     return np.log(np.maximum(np.array(rows), 1e-6))
 

@@ -17,7 +17,19 @@ from typing import Any, Iterator
 
 from common.errors import UserError
 
-__all__ = ["atomic_folder", "atomic_path", "atomic_savefig", "atomic_write_bytes", "atomic_write_json", "check_writable", "default_mode", "publish_folder", "read_json", "replace_with", "temp_path"]
+__all__ = [
+    "atomic_folder",
+    "atomic_path",
+    "atomic_savefig",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_writable",
+    "default_mode",
+    "publish_folder",
+    "read_json",
+    "replace_with",
+    "temp_path",
+]
 
 
 def default_mode(folder: bool = False) -> int:

@@ -314,8 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "and prepare it anew")
     p.set_defaults(handler=_cmd_data_prepare)
 
-    p = sub.add_parser("train", help="train a case's model: a new run, or --resume one "
-                       f"(exit {EXIT_REQUEUE}: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)")
+    p = sub.add_parser(
+        "train",
+        help="train a case's model: a new run, or --resume one "
+        f"(exit {EXIT_REQUEUE}: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)",
+    )
     _add_config_args(p, required=False)
     p.add_argument("--resume", metavar="auto|PATH", default=None,
                    help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
@@ -403,7 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("benchmark", help="the fixed benchmark tasks on the shipped sample's real series, scored "
                        "like the scorecard; a table, MODEL/benchmark.json and a leaderboard line (docs/scorecard.md)")
-    p.add_argument("model_dir", type=Path, metavar="MODEL", help="a run folder or a `marketgpt export --format hf` folder")
+    p.add_argument(
+        "model_dir", type=Path, metavar="MODEL", help="a run folder or a `marketgpt export --format hf` folder"
+    )
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all of the version)")
     p.add_argument("--after-cutoff", action="store_true",
                    help="instead of the fixed tasks: one task of their scheme on the run's own candles after its "

@@ -153,8 +153,19 @@ def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
         loss = {"model": 4.8 + excess, "unigram": 5.0, "oracle": 4.8}
         split = {"loss": loss, "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
                  "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [(0.1 - excess) / 0.2, (0.3 - excess) / 0.2]}
-        return {"corpus": "synthetic", "size": size, "parameters": n, "train_tokens": d, "planned_steps": 200, "steps": 200,
-                "best_epoch": 10, "epochs_run": 14, "wall_s": 1.0, "val": split, "test": split}
+        return {
+            "corpus": "synthetic",
+            "size": size,
+            "parameters": n,
+            "train_tokens": d,
+            "planned_steps": 200,
+            "steps": 200,
+            "best_epoch": 10,
+            "epochs_run": 14,
+            "wall_s": 1.0,
+            "val": split,
+            "test": split,
+        }
 
     sizes = {"0.2M": 1.7e5, "0.9M": 9.3e5, "5.0M": 5.0e6, "26M": 2.6e7}
     grid = [point(s, n, d, 0.05 + 0.02 * (n / 1e6) ** -0.5) for s, n in sizes.items() for d in (4e4, 1e5, 3e5)]

@@ -102,7 +102,9 @@ def test_table_names_every_task_and_the_leak(benched, capsys):
 def test_aggregate_is_the_geometric_mean_of_crps_ratios():
     ones = np.ones(40)
     # ratios 0.8 and 1.25: geometric mean 1, skill 0; a constant ratio: an interval of width 0
-    even = aggregate_skill([{"sums": {1: (0.8 * ones, ones)}, "block": 3}, {"sums": {1: (1.25 * ones, ones)}, "block": 3}])
+    even = aggregate_skill(
+        [{"sums": {1: (0.8 * ones, ones)}, "block": 3}, {"sums": {1: (1.25 * ones, ones)}, "block": 3}]
+    )
     assert even["value"] == pytest.approx(0.0, abs=1e-12) and even["units"] == 2
     rng = np.random.default_rng(0)
     base = rng.uniform(1, 2, 60)

@@ -100,8 +100,11 @@ class A:
     def f(self) -> None:  # not a field
         pass
 '''
-    assert field_comments(source) == {("A", "x"): "beside", ("A", "y"): "above, first line above, second line and beside",
-                                      ("A", "z"): ""}
+    assert field_comments(source) == {
+        ("A", "x"): "beside",
+        ("A", "y"): "above, first line above, second line and beside",
+        ("A", "z"): "",
+    }
 
 
 def test_type_names_read_as_json():

@@ -518,8 +518,16 @@ class FakeBitstamp:
         last_open = (self.now_ms - self.now_ms % (self.step_s * 1000)) // 1000
         times = [t for t in range(start - start % self.step_s, min(end, last_open) + 1, self.step_s)
                  if t >= start][:limit]
-        rows = [dict(zip(("open", "high", "low", "close", "volume"), (f"{v:.8f}" for v in candle(t * 1000, self.step_s * 1000))),
-                     timestamp=str(t)) for t in times]
+        rows = [
+            dict(
+                zip(
+                    ("open", "high", "low", "close", "volume"),
+                    (f"{v:.8f}" for v in candle(t * 1000, self.step_s * 1000)),
+                ),
+                timestamp=str(t),
+            )
+            for t in times
+        ]
         return 200, {}, json.dumps({"data": {"pair": "BTC/USD", "ohlc": rows}})
 
 

@@ -115,7 +115,8 @@ def test_download_case_fills_the_cache_and_reports(case, net, capsys):
     aapl = cache.read("yfinance", "1d", "AAPL")
     np.testing.assert_allclose(aapl.to_numpy(), expected_frame("aapl_1d.json", daily=True).to_numpy())
     btc = cache.read("ccxt", "1d", "BTC/USDT")
-    assert btc.index[0] == pd.Timestamp("2024-01-01", tz="UTC") and btc.index[-1] == pd.Timestamp("2024-01-31", tz="UTC")
+    assert btc.index[0] == pd.Timestamp("2024-01-01", tz="UTC")
+    assert btc.index[-1] == pd.Timestamp("2024-01-31", tz="UTC")
     manifest = cache.manifest()
     assert manifest["yfinance/1d/AAPL.parquet"]["adjusted"] is True
     assert manifest["ccxt/1d/BTC%2FUSDT.parquet"]["adjusted"] is False

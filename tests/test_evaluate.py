@@ -516,7 +516,9 @@ def test_a_capped_evaluation_copies_only_the_windows_it_scores(tmp_path):
             keep = (np.unique(np.linspace(0, len(full.x) - 1, cap).round().astype(np.int64))
                     if cap < len(full.x) else np.arange(len(full.x)))
             for field in ("x", "y", "moves", "asset", "start", "features"):
-                np.testing.assert_array_equal(getattr(w, field), getattr(full, field)[keep], err_msg=f"{field} {T} {k} {cap}")
+                np.testing.assert_array_equal(
+                    getattr(w, field), getattr(full, field)[keep], err_msg=f"{field} {T} {k} {cap}"
+                )
             assert w.x.dtype == np.int64 and w.symbols == list(n)
 
 

@@ -324,7 +324,8 @@ def test_forecast_table_and_paths(forecaster):
         part = table[table["symbol"] == h.symbol]
         np.testing.assert_array_equal(part["p_up"], (paths["close"][i, :, 1:] > last).mean(axis=0))
         np.testing.assert_allclose(part["p50"], np.median(paths["close"][i, :, 1:], axis=0))
-        assert (part["as_of"] == h.candles.index[-1]).all() and h.candles.index[-1] <= pd.Timestamp("2012-06-01", tz="UTC")
+        assert (part["as_of"] == h.candles.index[-1]).all()
+        assert h.candles.index[-1] <= pd.Timestamp("2012-06-01", tz="UTC")
         assert (pd.DatetimeIndex(part["timestamp"]).day_of_week < 5).all()  # stocks: trading days
 
 

@@ -48,7 +48,9 @@ def simulate(n_series: int, length: int, seed: int) -> tuple[np.ndarray, np.ndar
         moves[:, t] = (rng.random((n_series, 1)) > cum).sum(1)
         wide = rng.random(n_series) < p_wide[moves[:, t]]
         shapes[:, t] = wide
-        logp[:, t] = np.log(pm[state, moves[:, t]]) + np.log(np.where(wide, p_wide[moves[:, t]], 1 - p_wide[moves[:, t]]))
+        logp[:, t] = np.log(pm[state, moves[:, t]]) + np.log(
+            np.where(wide, p_wide[moves[:, t]], 1 - p_wide[moves[:, t]])
+        )
     return NUM_SPECIAL_TOKENS + moves * SHAPES + shapes, logp
 
 

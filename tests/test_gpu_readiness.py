@@ -684,7 +684,8 @@ def test_gpu_check_runs_every_step_on_the_cpu_and_writes_its_summary(tmp_path, c
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import gpu_check
 
-    assert gpu_check.step_losses("  epoch 1/2 step 3/40 | loss 6.931 | lr 1e-04\nstep 4/40 | loss 6.5 |") == [6.931, 6.5]
+    log = "  epoch 1/2 step 3/40 | loss 6.931 | lr 1e-04\nstep 4/40 | loss 6.5 |"
+    assert gpu_check.step_losses(log) == [6.931, 6.5]
     out = tmp_path / "out"
     code = gpu_check.main(["--out", str(out), "--device", "cpu", "--tiny", "--skip-bench", "--skip-scorecard",
                            "--steps", "3"])

@@ -100,14 +100,25 @@ def test_y_submits_the_chosen_cases_and_writes_a_monitoring_script(launch):
         assert checked.returncode == 0, checked.stdout
 
 
-@pytest.mark.parametrize("args,env,message", [
-    (["--cases", "a,x"], {}, "unknown case 'x' in --cases a,x (use a, b, c"),
-    (["--cases", "c", "--set", "training.epoch=3"], {},
-     "unknown key 'training.epoch' (did you mean 'training.epochs'?)"),
-    (["--cases", "c"], {"FAKE_SLURM_DOWN": "1"}, "Slurm does not answer"),
-    (["--cases", "c"], {"FAKE_PARTITIONS": "short"}, "partition 'long' does not exist on this cluster (partitions: short)"),
-    (["--frobnicate"], {}, "unknown option '--frobnicate'"),
-], ids=["case typo", "unknown key", "no slurm", "no partition", "bad option"])
+@pytest.mark.parametrize(
+    "args,env,message",
+    [
+        (["--cases", "a,x"], {}, "unknown case 'x' in --cases a,x (use a, b, c"),
+        (
+            ["--cases", "c", "--set", "training.epoch=3"],
+            {},
+            "unknown key 'training.epoch' (did you mean 'training.epochs'?)",
+        ),
+        (["--cases", "c"], {"FAKE_SLURM_DOWN": "1"}, "Slurm does not answer"),
+        (
+            ["--cases", "c"],
+            {"FAKE_PARTITIONS": "short"},
+            "partition 'long' does not exist on this cluster (partitions: short)",
+        ),
+        (["--frobnicate"], {}, "unknown option '--frobnicate'"),
+    ],
+    ids=["case typo", "unknown key", "no slurm", "no partition", "bad option"],
+)
 def test_bad_input_submits_nothing(launch, args, env, message):
     run, _, calls = launch
     proc = run("-y", *args, **env)

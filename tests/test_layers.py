@@ -26,7 +26,11 @@ PACKAGE = REPO_ROOT / "common"
 FLOORS = {"root": 0, "data": 1, "tokens": 1, "model": 2, "distributed": 3, "training": 4, "forecasting": 5,
           "evaluation": 6, "commands": 7, "cluster": 8, "cli": 9}
 # The seed guide's import paths: thin re-exports of a name from a higher floor, kept for users' scripts.
-SEED_SHIMS = {"common.tokenizer": "tokens", "common.market_gpt_multi": "model", "common.distributed_utils": "distributed"}
+SEED_SHIMS = {
+    "common.tokenizer": "tokens",
+    "common.market_gpt_multi": "model",
+    "common.distributed_utils": "distributed",
+}
 NO_TORCH = ("data", "tokens", "cluster")
 
 # (importing module, imported module) -> why the import waits for the function that needs it.
@@ -38,7 +42,7 @@ LAZY = {
     ("common.forecasting.infer", "onnxruntime"): "the `infer`/`export` extra",
     ("common.data.download", "ccxt"): "about 2 s to import; only crypto assets need it",
     ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
-    ("common.data.download", "common.data.exchange_universe"): "imports ccxt (above); only data.universe = \"exchange\"",
+    ("common.data.download", "common.data.exchange_universe"): 'imports ccxt (above); only data.universe = "exchange"',
     ("common.data.yahoo", "yfinance"): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
     ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
     ("common.evaluation.significance", "arch"): "seconds to import; only when a scorecard is scored",
@@ -74,13 +78,22 @@ LAZY = {
     ("common.forecasting.forecaster", "common.training.run_folder"): "torch (as above)",
     ("common.forecasting.forecaster", "safetensors"): "safetensors.torch imports torch (as above)",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
-    ("common.forecasting.forecaster", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
+    (
+        "common.forecasting.forecaster",
+        "common.forecasting.history",
+    ): "the data layer (parquet) only when histories are read",
     # keeping pandas, scipy and the data layer out of the training start-up (and of a resume)
-    ("common.commands.train", "common.tokens.shards"): "a new run reads candles (pandas); a resumed one its token folder",
+    (
+        "common.commands.train",
+        "common.tokens.shards",
+    ): "a new run reads candles (pandas); a resumed one its token folder",
     ("common.commands.train", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
     ("common.training.run_folder", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
     ("common.evaluation.evaluate", "common.model.gpt"): "pandas (common.tokens.features): out of the training start-up",
-    ("common.commands.scorecard", "common.evaluation.scorecard"): "scipy and scoringrules: out of the training start-up",
+    (
+        "common.commands.scorecard",
+        "common.evaluation.scorecard",
+    ): "scipy and scoringrules: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.calibrated"): "pandas: out of the training start-up",

@@ -130,8 +130,14 @@ def test_scorecard_files_read_with_jq(tmp_path):
     crps1 = loaded["horizons"]["1"]["crps"]
     best = min(("rw_ewma", "bootstrap", "garch"), key=crps1.get)
     dm_best = loaded["horizons"]["1"]["dm"]["crps"][best]
-    assert loaded["headline"] == {"horizon": 1, "baseline": best, **loaded["horizons"]["1"]["skill"]["crps"][best],
-                                  "verdict": dm_best["verdict"], "p_value": dm_best["p_value"], "p_holm": dm_best["p_holm"]}
+    assert loaded["headline"] == {
+        "horizon": 1,
+        "baseline": best,
+        **loaded["horizons"]["1"]["skill"]["crps"][best],
+        "verdict": dm_best["verdict"],
+        "p_value": dm_best["p_value"],
+        "p_holm": dm_best["p_holm"],
+    }
     # the significance tests beside the skills: DM per baseline, Holm across the card, the 90% MCS
     tests = [(h, name, dm) for h in ("1", "5") for name, dm in loaded["horizons"][h]["dm"]["crps"].items()]
     assert {name for _, name, _ in tests} == {"rw_ewma", "bootstrap", "garch"} and len(tests) == 6
@@ -230,7 +236,9 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     paths = fn([history], 3, 16, 5)
     result = fc.forecast([history], 3, 16, seed=5, return_paths=True)
     assert paths.shape == (1, 16, 3)
-    np.testing.assert_allclose(paths[0, :, 2], np.log(result.paths["close"][0, :, 3] / history.candles["close"].iloc[-1]))
+    np.testing.assert_allclose(
+        paths[0, :, 2], np.log(result.paths["close"][0, :, 3] / history.candles["close"].iloc[-1])
+    )
     assert result.table["mean_log_return"].to_numpy() == pytest.approx(paths[0].mean(0))
 
     card = make_scorecard(series, fn, interval="1d", horizons=[1, 3], stride=20, n_samples=16, n_boot=50,
@@ -245,7 +253,9 @@ def test_garch_is_fitted_on_the_train_split_only(monkeypatch):
     series = synthetic_series([rng.normal(0, 0.01, 400), rng.normal(0, 0.02, 500)])
     seen = {}
     real_fit = GarchT.fit.__func__
-    monkeypatch.setattr(GarchT, "fit", classmethod(lambda cls, train, lam=0.94: seen.update(train) or real_fit(cls, train, lam)))
+    monkeypatch.setattr(
+        GarchT, "fit", classmethod(lambda cls, train, lam=0.94: seen.update(train) or real_fit(cls, train, lam))
+    )
     fit_price_baselines(series, "1d")
     for s in series:  # the train candles' returns, nothing from val or test
         np.testing.assert_array_equal(seen[s.symbol], np.diff(np.log(s.candles["close"].to_numpy()[:s.train.stop])))

@@ -99,7 +99,9 @@ def test_dm_finds_a_clearly_better_forecaster():
         out = diebold_mariano(model, base, h)
         assert out["statistic"] < 0 and out["p_value"] < 0.01, out
         worse = diebold_mariano(base, model, h)  # swapped: the same test, the other sign
-        assert worse["statistic"] == pytest.approx(-out["statistic"]) and worse["p_value"] == pytest.approx(out["p_value"])
+        assert worse["statistic"] == pytest.approx(-out["statistic"]) and worse["p_value"] == pytest.approx(
+            out["p_value"]
+        )
     p10 = np.array([diebold_mariano(*_scorecard_design(rng, 0.10), h)["p_value"] for _ in range(50)])
     assert (p10 < 0.05).mean() > 0.5  # 10% lower loss: found most of the time (74 of 100 with seed 1)
     assert family_verdict(-1.0, 0.01) == "beats" and family_verdict(1.0, 0.01) == "worse"
@@ -115,7 +117,9 @@ def test_holm_matches_statsmodels():
 
 
 def test_overlap_and_date_sums():
-    assert overlap_steps(20, 5) == 4 and overlap_steps(5, 5) == 1 and overlap_steps(5, 1) == 5 and overlap_steps(1, 7) == 1
+    assert (
+        overlap_steps(20, 5) == 4 and overlap_steps(5, 5) == 1 and overlap_steps(5, 1) == 5 and overlap_steps(1, 7) == 1
+    )
     np.testing.assert_allclose(date_sums(np.array([1.0, 2.0, 3.0, 4.0]), np.array([20, 10, 20, 30])), [2.0, 4.0, 4.0])
 
 

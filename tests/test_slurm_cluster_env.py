@@ -25,7 +25,9 @@ TIMEOUT_S = 300
 # In place of python for the sbatch job's tasks: records what each training task sees, trains
 # nothing (the plan job.sh prints first, on the batch host, runs through it too: not recorded).
 PROBE_PYTHON = f"""#!/bin/bash
-case " $* " in *" train "*) echo "task ${{SLURM_PROCID:-?}}: ${{{PROBE}:-unset}}" >> "$(dirname "$0")/sbatch_probe.txt";; esac
+case " $* " in
+    *" train "*) echo "task ${{SLURM_PROCID:-?}}: ${{{PROBE}:-unset}}" >> "$(dirname "$0")/sbatch_probe.txt";;
+esac
 """
 
 SUBMITIT_JOB = f"""

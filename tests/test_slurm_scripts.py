@@ -84,8 +84,14 @@ def test_shell_syntax(path):
 def test_job_sh_agrees_with_common_requeue():
     """The exit code that means "requeue me" and the default requeue cap, as job.sh sees them."""
     env = {k: v for k, v in job_env().items() if k != "MARKETGPT_MAX_REQUEUES"}
-    proc = subprocess.run(["bash", "-c", 'source common/slurm/job.sh && echo "$MARKETGPT_EXIT_REQUEUE $MARKETGPT_REQUEUE_CAP"'],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "-c", 'source common/slurm/job.sh && echo "$MARKETGPT_EXIT_REQUEUE $MARKETGPT_REQUEUE_CAP"'],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(EXIT_REQUEUE), str(DEFAULT_MAX_REQUEUES)]
 

@@ -72,7 +72,10 @@ def test_an_array_trains_one_experiment_per_value():
     assert [(p.label, p.cfg.training.seed, p.cfg.experiment, p.cfg.training.epochs) for p in plan] == [
         ("training.seed=1", 1, "crypto_prototype_seed1", 3), ("training.seed=2", 2, "crypto_prototype_seed2", 3)]
     lr = plan_submission("c", array="training.learning_rate=1e-4,3e-4")
-    assert [p.cfg.experiment for p in lr] == ["crypto_prototype_learning_rate1e-4", "crypto_prototype_learning_rate3e-4"]
+    assert [p.cfg.experiment for p in lr] == [
+        "crypto_prototype_learning_rate1e-4",
+        "crypto_prototype_learning_rate3e-4",
+    ]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -423,7 +423,9 @@ def test_clip_values_is_torchs_clipping_and_packs_the_norm(max_norm):
     assert values[3] == 0  # only rank 0's norm enters the all-reduce
     grads[0][0, 0] = float("inf")
     assert float(clip_values(grads, max_norm, sums, main=True)[1]) == 1.0
-    assert float(clip_values([g.clone() for g in grads], max_norm, sums, main=False)[1]) == 0.0  # the loss decides there
+    assert (
+        float(clip_values([g.clone() for g in grads], max_norm, sums, main=False)[1]) == 0.0
+    )  # the loss decides there
 
 
 def test_one_process_agreement_keeps_the_flags_on_the_host():

@@ -94,7 +94,9 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
     epochs = tlog["epochs"]
     problems = []
     if (first, second) != (0, 0) or tlog["status"] != "finished" or len(tlog.get("resumes", [])) != 1:
-        problems.append(f"exit codes {first}, {second}; status {tlog['status']}; resumes {len(tlog.get('resumes', []))}")
+        problems.append(
+            f"exit codes {first}, {second}; status {tlog['status']}; resumes {len(tlog.get('resumes', []))}"
+        )
     if device == "cuda" and not all(e.get("mfu") and e.get("gpus") for e in epochs):
         problems.append("an epoch without mfu or gpus in training_log.json")
     # stopped and resumed against uninterrupted: equal to bf16 tolerance (GPU kernels need not be bit-exact)
@@ -124,7 +126,9 @@ def check_first_steps(device: str, sets: list[str], steps: int = 5) -> dict[str,
     for name, extra in (("device", [f"training.device={device}"]),
                         ("cpu", ["training.device=cpu", "training.precision=fp32"])):
         log = io.StringIO()
-        code = _train(_case(root, name), common + extra, log, num_gpus=1 if name == "device" and device == "cuda" else None)
+        code = _train(
+            _case(root, name), common + extra, log, num_gpus=1 if name == "device" and device == "cuda" else None
+        )
         losses[name] = step_losses(log.getvalue()) if code == 0 else []
     pairs = list(zip(losses["device"], losses["cpu"]))
     worst = max((abs(a - b) / abs(b) for a, b in pairs), default=None)

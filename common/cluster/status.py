@@ -8,7 +8,7 @@ its headline, the CRPS skill against the best baseline at H=1) and the job's log
 Slurm state comes from `squeue`, matched through the job id the run recorded in
 training_log.json (`slurm_job_id`). Without Slurm the SLURM column shows "-". A case's jobs
 that are queued but have no run folder yet get a row of their own.
-"""
+"""  # noqa: E501 (the example lines are as wide as the table the command prints)
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

@@ -82,7 +82,9 @@ def run_forecast_command(req: ForecastRequest) -> int:
     histories = fc.load_history(req.symbols, req.as_of)
     as_of = max(h.candles.index[-1] for h in histories if len(h.candles)) if req.as_of is None else None
     label = pd.Timestamp(req.as_of if req.as_of is not None else as_of)
-    name = label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
+    name = (
+        label.strftime("%Y-%m-%dT%H%M") if len(runs) == 1 else f"ensemble_{len(runs)}_{label.strftime('%Y-%m-%dT%H%M')}"
+    )
     if fc.interval != fc.cfg.data.interval:  # a run of several intervals, at another than its first
         name = f"{name}_{fc.interval}"
     out = Path(req.out) if req.out else Path(runs[0]) / "forecasts" / name
@@ -121,7 +123,8 @@ def _calibration(req: ForecastRequest, runs: list, fc: Any) -> Calibration:
 def _forecaster(req: ForecastRequest, runs: list) -> Any:
     """The torch Forecaster (several runs: their ensemble), or onnxruntime over an export folder."""
     if req.backend == "onnx":  # RUN_DIR is a `marketgpt export --format onnx` folder: onnxruntime, no torch
-        if req.precision not in ("auto", "fp32", "bf16"):  # the same words as common.distributed.precision (no torch here)
+        # the same words as common.distributed.precision (no torch here)
+        if req.precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"--precision {req.precision!r}: expected one of auto, fp32, bf16")
         if req.device != "cpu" or len(runs) != 1 or req.precision == "bf16":
             raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "

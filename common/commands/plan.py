@@ -108,10 +108,12 @@ def scaling_suggestion(cfg: Config, plan: Plan) -> Optional[str]:
     d = plan.data
     choice = best_shape(cfg, d.candles["train"], fit, d.assets or None, d.categories or None)
     fitted_on = fit.source.split(";")[0] or "bench_scaling.py"  # e.g. "synthetic market, test loss above the oracle"
-    return (f"Scaling fit ({fitted_on}; docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
-            f"{choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; this config: "
-            f"{plan.parameters:,}); --set model.size=auto trains that shape"
-            + (" (extrapolated beyond the token counts it was fitted on)" if not fit.in_range(d.candles["train"]) else ""))
+    return (
+        f"Scaling fit ({fitted_on}; docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
+        f"{choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; this config: "
+        f"{plan.parameters:,}); --set model.size=auto trains that shape"
+        + (" (extrapolated beyond the token counts it was fitted on)" if not fit.in_range(d.candles["train"]) else "")
+    )
 
 
 def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = None,
@@ -201,7 +203,9 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         return _exact(cfg, case_dir, "exact (the shipped sample)")
     shard = shard_summary(cfg, case_dir) if d.source in ("files", "download") else None
     if shard is not None:
-        return _figures(cfg, shard.rows, f"exact (the prepared token shard {shard.folder.name}; no candle read)", shard.info)
+        return _figures(
+            cfg, shard.rows, f"exact (the prepared token shard {shard.folder.name}; no candle read)", shard.info
+        )
     if d.source == "files":
         return _from_times(cfg, case_dir, f"your files in {d.files_dir}")
     if d.source == "synthetic":

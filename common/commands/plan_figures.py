@@ -13,8 +13,19 @@ from typing import Optional, Sequence
 
 from common.data.check import format_breakdown
 
-__all__ = ["MIN_TOKENS_PER_PARAMETER", "ONE_GPU_ADVANTAGE", "SHORT_RUN_SHARE", "DataFigures", "Plan", "Rate", "asset_windows",
-           "epoch_windows", "format_plan", "plan_warnings", "steps_per_epoch"]
+__all__ = [
+    "MIN_TOKENS_PER_PARAMETER",
+    "ONE_GPU_ADVANTAGE",
+    "SHORT_RUN_SHARE",
+    "DataFigures",
+    "Plan",
+    "Rate",
+    "asset_windows",
+    "epoch_windows",
+    "format_plan",
+    "plan_warnings",
+    "steps_per_epoch",
+]
 
 # Warn below 1 unique training token per parameter. Language models are trained compute-optimally
 # at about 20 tokens per parameter (Hoffmann et al. 2022, "Chinchilla"), and a market token

@@ -5,12 +5,12 @@ writes at the end of training (common.commands.train's final outputs).
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
                                 [--precision auto|fp32|bf16] [--barrier +5%,-3%]
 
-Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with `common.evaluation.scorecard.run_scorecard`
-and write scorecard.json and scorecard.png into the run folder. The end-of-training one uses
-`training.scorecard_origins` origin dates (0 turns it off), at most `training.scorecard_budget`
-(asset, origin) forecasts drawn among them, and `training.scorecard_samples` paths at horizons 1,
-5 and 20, with its progress in the job log; the command defaults to the issue's full scorecard (every 5th
-test candle, 200 samples).
+Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with
+`common.evaluation.scorecard.run_scorecard` and write scorecard.json and scorecard.png into the
+run folder. The end-of-training one uses `training.scorecard_origins` origin dates (0 turns it
+off), at most `training.scorecard_budget` (asset, origin) forecasts drawn among them, and
+`training.scorecard_samples` paths at horizons 1, 5 and 20, with its progress in the job log;
+the command defaults to the issue's full scorecard (every 5th test candle, 200 samples).
 
 The scoring imports are local: `common.commands.train` imports this module, and a training
 process starts without pandas, scipy or scoringrules.

@@ -32,8 +32,16 @@ from common.markets import INTERVAL_SECONDS, interval_step, split_series
 from common.tokens.shards import shard_folder
 from common.tokens.token_set import read_index
 
-__all__ = ["Usability", "breakdown", "check_usable", "format_breakdown", "left_out", "prepare_streamed", "prepared_rows",
-           "shard_summary"]
+__all__ = [
+    "Usability",
+    "breakdown",
+    "check_usable",
+    "format_breakdown",
+    "left_out",
+    "prepare_streamed",
+    "prepared_rows",
+    "shard_summary",
+]
 
 
 @dataclass
@@ -64,8 +72,10 @@ class Usability:
         if repaired:
             lines.append("  cleaning: " + ", ".join(f"{k} {v}" for k, v in repaired.items()))
         if self.universe_as_of:
-            lines.append(f"  universe {self.universe_file} as of {self.universe_as_of}: today's constituents trained on "
-                         "past data (survivorship bias: assets that failed or were delisted before then are absent)")
+            lines.append(
+                f"  universe {self.universe_file} as of {self.universe_as_of}: today's constituents trained on "
+                "past data (survivorship bias: assets that failed or were delisted before then are absent)"
+            )
         return "\n".join(lines)
 
     def to_json(self) -> dict:

@@ -21,7 +21,15 @@ import pyarrow.parquet as pq
 from common.data.universe import Asset
 from common.errors import UserError
 
-__all__ = ["SAMPLE_INTERVALS", "SAMPLE_FILE", "NOTICE_FILE", "sample_assets", "load_sample", "sample_file", "sample_metadata"]
+__all__ = [
+    "SAMPLE_INTERVALS",
+    "SAMPLE_FILE",
+    "NOTICE_FILE",
+    "sample_assets",
+    "load_sample",
+    "sample_file",
+    "sample_metadata",
+]
 
 SAMPLE_INTERVALS: tuple[str, ...] = ("1d", "1h")
 SAMPLE_FILE = "candles.parquet"

@@ -31,8 +31,9 @@ alone and `iter_assets` streams assets in memory bounded by one asset's candles.
 
 Training reads it as data.source = "synthetic" (common.data.loading): `synthetic_spec(cfg)` is
 data.synthetic at data.interval from data.start_date, and the loader makes each asset's candles
-only when they are looked up (generate_asset; the market all assets share is made once per spec). SyntheticSpec itself lives in common/synthetic_spec.py, on
-the root floor, so the config checks data.synthetic as the spec does.
+only when they are looked up (generate_asset; the market all assets share is made once per spec).
+SyntheticSpec itself lives in common/synthetic_spec.py, on the root floor, so the config checks
+data.synthetic as the spec does.
 """
 from __future__ import annotations
 

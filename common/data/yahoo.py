@@ -39,14 +39,15 @@ HTTP client: with `session=None` yfinance uses its default client (curl_cffi wit
 impersonation), which is what production should use. `requests_session()` is yfinance's own
 fallback for machines without curl_cffi: plain `requests` with a browser's headers (a bare
 requests.Session is rate-limited by Yahoo at once). Pass a `requests.Session` to route every
-request through `requests`; that is how the tests serve Yahoo answers (constructed in the
-shape of real ones, not recorded) with the `responses` library (curl_cffi goes through libcurl, which neither `responses` nor pytest-socket
-can see). In that case, if yfinance is not imported yet, YF_DISABLE_CURL_CFFI=1 is set first, so
-that yfinance's own fallback client in this process is plain requests too and nothing can slip
-past the test's network guard. yfinance 1.7 quirk in that mode: it needs https://fc.yahoo.com to
-answer (a connection error there turns into an AttributeError about requests.exceptions.DNSError
-inside yfinance); the adapter then reports the tickers as unreachable, which is what happened.
-Nothing here touches the network at import: yfinance is imported inside `download_yahoo`.
+request through `requests`; that is how the tests serve Yahoo answers (constructed in the shape
+of real ones, not recorded) with the `responses` library (curl_cffi goes through libcurl, which
+neither `responses` nor pytest-socket can see). In that case, if yfinance is not imported yet,
+YF_DISABLE_CURL_CFFI=1 is set first, so that yfinance's own fallback client in this process is
+plain requests too and nothing can slip past the test's network guard. yfinance 1.7 quirk in
+that mode: it needs https://fc.yahoo.com to answer (a connection error there turns into an
+AttributeError about requests.exceptions.DNSError inside yfinance); the adapter then reports the
+tickers as unreachable, which is what happened. Nothing here touches the network at import:
+yfinance is imported inside `download_yahoo`.
 """
 from __future__ import annotations
 

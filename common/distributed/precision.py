@@ -30,9 +30,23 @@ import torch
 
 from common.errors import UserError
 
-__all__ = ["AUTOCAST_DTYPES", "COMPILE_MODES", "CUDA_GRAPH_MODES", "choose_compile_mode", "INFERENCE_PRECISIONS", "autocast", "bf16_supported", "compile_problem",
-           "cpu_capabilities", "describe_precision", "fast_bf16", "grad_scaler", "inference_precision",
-           "resolve_precision", "use_tf32"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "COMPILE_MODES",
+    "CUDA_GRAPH_MODES",
+    "choose_compile_mode",
+    "INFERENCE_PRECISIONS",
+    "autocast",
+    "bf16_supported",
+    "compile_problem",
+    "cpu_capabilities",
+    "describe_precision",
+    "fast_bf16",
+    "grad_scaler",
+    "inference_precision",
+    "resolve_precision",
+    "use_tf32",
+]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")

@@ -56,7 +56,9 @@ def crps(samples: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.asarray(sr.crps_ensemble(y, samples, estimator="pwm", backend="numpy"), dtype=np.float64)
 
 
-def coverage_flags(samples: np.ndarray, y: np.ndarray, levels: Sequence[int] = COVERAGE_LEVELS) -> dict[str, np.ndarray]:
+def coverage_flags(
+    samples: np.ndarray, y: np.ndarray, levels: Sequence[int] = COVERAGE_LEVELS
+) -> dict[str, np.ndarray]:
     """level -> (n,) bool: y inside the central `level`% interval of the samples (ends included)."""
     samples, y = _check(samples, y)
     out = {}

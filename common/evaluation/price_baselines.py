@@ -151,7 +151,9 @@ class GarchT:
                     res = model.fit(disp="off", show_warning=False)
                 p = res.params
                 if res.convergence_flag == 0 and np.all(np.isfinite(p.to_numpy())):
-                    fitted = GarchParams(float(p["omega"]) / 1e4, float(p["alpha[1]"]), float(p["beta[1]"]), float(p["nu"]))
+                    fitted = GarchParams(
+                        float(p["omega"]) / 1e4, float(p["alpha[1]"]), float(p["beta[1]"]), float(p["nu"])
+                    )
             if fitted is None:
                 fallback.append(symbol)
             params[symbol] = fitted or fallback_params
@@ -161,7 +163,9 @@ class GarchT:
         rng = np.random.default_rng(seed)
         ps = [self.params.get(h.symbol, self.fallback_params) for h in histories]
         # every origin of the batch at once: (n, 1) parameter columns against (n, S) paths
-        omega, alpha, beta, nu = (np.array([getattr(p, k) for p in ps])[:, None] for k in ("omega", "alpha", "beta", "nu"))
+        omega, alpha, beta, nu = (
+            np.array([getattr(p, k) for p in ps])[:, None] for k in ("omega", "alpha", "beta", "nu")
+        )
         var = np.array([self._next_variance(log_returns(h.candles), p) for h, p in zip(histories, ps)])[:, None]
         var = np.repeat(var, n_samples, axis=1)
         out = np.empty((len(histories), n_samples, horizon))

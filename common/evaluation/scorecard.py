@@ -260,8 +260,15 @@ def verdict_lines(card: dict) -> list[str]:
             if dm is None:  # a card made before the tests: the interval's own verdict
                 lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), skill))
                 continue
-            lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), {**skill, "verdict": dm["verdict"]},
-                                        detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}"))
+            lines.append(
+                format_verdict(
+                    int(h),
+                    "CRPS",
+                    BASELINE_NAMES.get(name, name),
+                    {**skill, "verdict": dm["verdict"]},
+                    detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}",
+                )
+            )
     return lines
 
 

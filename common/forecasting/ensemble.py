@@ -37,9 +37,15 @@ class Ensemble(Forecaster):
             _check_same(first, m)
         # each member samples in its own precision (auto follows how each run trained): recorded as is
         precision = "+".join(sorted({m.precision for m in members}))
-        super().__init__(first.model, first.tokenizer, {"assets": list(first.assets.values()), "symbols": first.symbols},
-                         first.cfg, run_dir=first.run_dir, checkpoint_sha256=first.checkpoint_sha256,
-                         precision=precision)
+        super().__init__(
+            first.model,
+            first.tokenizer,
+            {"assets": list(first.assets.values()), "symbols": first.symbols},
+            first.cfg,
+            run_dir=first.run_dir,
+            checkpoint_sha256=first.checkpoint_sha256,
+            precision=precision,
+        )
         self.members = list(members)
         self.ensemble = [{"run": str(m.run_dir), "checkpoint_sha256": m.checkpoint_sha256} for m in members]
 

@@ -45,8 +45,19 @@ from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 from common.paths import REPO_ROOT
 
-__all__ = ["FORMATS", "PARITY_ATOL", "NextTokenLogits", "data_cutoff_of", "export_onnx", "export_pt2", "export_run", "model_card",
-           "model_card_markdown", "parent_run_of", "save_safetensors"]
+__all__ = [
+    "FORMATS",
+    "PARITY_ATOL",
+    "NextTokenLogits",
+    "data_cutoff_of",
+    "export_onnx",
+    "export_pt2",
+    "export_run",
+    "model_card",
+    "model_card_markdown",
+    "parent_run_of",
+    "save_safetensors",
+]
 
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "hf": PRETRAINED_FILES[0]}
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely

@@ -48,8 +48,16 @@ if TYPE_CHECKING:  # torch only where a torch model runs: common.forecasting.inf
 
     from common.model.gpt import MarketGPT
 
-__all__ = ["PRETRAINED_FILES", "QUANTILES", "Forecaster", "ForecastResult", "History", "future_timestamps", "histories_at",
-           "summarize_paths"]
+__all__ = [
+    "PRETRAINED_FILES",
+    "QUANTILES",
+    "Forecaster",
+    "ForecastResult",
+    "History",
+    "future_timestamps",
+    "histories_at",
+    "summarize_paths",
+]
 
 QUANTILES = (5, 10, 25, 50, 75, 90, 95)  # percent: the close's P5 ... P95 columns
 DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'

@@ -6,8 +6,9 @@ The form (Chinchilla's, plus a term for a model too large for its data):
 
 Each of A, B, C may be left out when the points do not support it: every subset of the three
 terms is fitted (exponents on a grid, the coefficients by least squares, all >= 0) and the one
-with the lowest AICc (AIC corrected for few points) is kept. The error is a bootstrap over the points (the same terms refitted
-on resampled points). With both the A and the C term, the loss-minimising size for D tokens is
+with the lowest AICc (AIC corrected for few points) is kept. The error is a bootstrap over the
+points (the same terms refitted on resampled points). With both the A and the C term, the
+loss-minimising size for D tokens is
 
     N*(D) = (a A / (c C))^(1 / (a + c)) * D^(c / (a + c))
 
@@ -169,7 +170,9 @@ def load_fit(path: Path = FIT_FILE) -> Optional[ScalingFit]:
     try:
         return ScalingFit.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError) as e:
-        raise UserError(f"{path}: not a scaling fit ({e}); rewrite it with python bench/bench_scaling.py --fit") from None
+        raise UserError(
+            f"{path}: not a scaling fit ({e}); rewrite it with python bench/bench_scaling.py --fit"
+        ) from None
 
 
 def best_shape(cfg: Config, train_tokens: float, fit: ScalingFit, num_assets: Optional[int] = None,
@@ -180,7 +183,8 @@ def best_shape(cfg: Config, train_tokens: float, fit: ScalingFit, num_assets: Op
     rows = []
     for d_model, layers, heads, d_ff in SHAPES:
         shape = copy.deepcopy(cfg)
-        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = d_model, layers, heads, d_ff
+        m = shape.model
+        m.d_model, m.num_layers, m.num_heads, m.d_ff = d_model, layers, heads, d_ff
         n = meta_model(shape, num_assets, num_categories).num_parameters()
         if fit.n_range[0] / 1.5 <= n <= fit.n_range[1] * 1.5:
             rows.append((n, fit.loss(n, train_tokens), (d_model, layers, heads, d_ff)))

@@ -66,8 +66,20 @@ from common.tokens.shard_manifest import REBUILD, Hasher, file_sha256, manifest_
 from common.tokens.token_set import FORMAT_VERSION, TokenSet, write_index
 from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT, OHLCTokenizer
 
-__all__ = ["SHARD_VERSION", "STAGES", "Prepared", "encode_asset", "fit_tokenizer", "prepare_in_memory", "prepare_shards",
-           "prepare_stage", "published", "rebuild", "shard_folder", "work_folder"]
+__all__ = [
+    "SHARD_VERSION",
+    "STAGES",
+    "Prepared",
+    "encode_asset",
+    "fit_tokenizer",
+    "prepare_in_memory",
+    "prepare_shards",
+    "prepare_stage",
+    "published",
+    "rebuild",
+    "shard_folder",
+    "work_folder",
+]
 
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
@@ -194,7 +206,9 @@ def _sha256(path: Path) -> str:
 # --------------------------------------------------------------------------- prepare or reuse
 
 
-def prepare_shards(cfg: Config, case_dir: Path, parent: Optional[Path] = None, out: Optional[TextIO] = None) -> Prepared:
+def prepare_shards(
+    cfg: Config, case_dir: Path, parent: Optional[Path] = None, out: Optional[TextIO] = None
+) -> Prepared:
     """The config's shard, prepared now if no earlier run (or another job right now) made it.
 
     parent: a fine-tuning parent's tokenizer.json, whose token ids the corpus is encoded with."""
@@ -254,7 +268,9 @@ def _locked(lock: Path, out: TextIO) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"Token shards: another job is preparing {lock.with_suffix('')}; waiting for it", file=out, flush=True)
+            print(
+                f"Token shards: another job is preparing {lock.with_suffix('')}; waiting for it", file=out, flush=True
+            )
             fcntl.flock(f, fcntl.LOCK_EX)
         except OSError:  # no flock here (NFS without lockd): preparers may race, which costs only time
             yield

@@ -62,8 +62,19 @@ _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
 # holding nothing else has nothing to resume from, and a new run may start over in it.
-_BEFORE_FIRST_CHECKPOINT = ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens", "tokens.npz",
-                            "training_log.json", "tensorboard", "wandb", "mlruns", "best_model.pt")
+_BEFORE_FIRST_CHECKPOINT = (
+    "config.json",
+    "tokenizer.json",
+    "asset_info.json",
+    "data_info.json",
+    "tokens",
+    "tokens.npz",
+    "training_log.json",
+    "tensorboard",
+    "wandb",
+    "mlruns",
+    "best_model.pt",
+)
 
 
 def check_writable(folder: Path) -> None:
@@ -216,7 +227,9 @@ def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_differences(a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME) -> list[str]:
+def config_differences(
+    a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME
+) -> list[str]:
     """Keys (as 'section.key: a_value != b_value') where two configs (or their dicts, as
     stored in a checkpoint) describe different runs. A key one side lacks counts as its default:
     a checkpoint written before a setting existed describes the run the default gives."""
