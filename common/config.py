@@ -33,6 +33,7 @@ __all__ = [
     "TokenizerConfig",
     "TrainingConfig",
     "at_interval",
+    "build_dataclass",
     "config_to_dict",
     "load_config",
     "parse_overrides",
@@ -262,7 +263,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         raise ConfigError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: the top level must be a JSON object")
-    cfg = _build(Config, raw, where, prefix="")
+    cfg = build_dataclass(Config, raw, where, prefix="")
     apply_overrides(cfg, overrides, where)
     validate(cfg, where)
     return cfg
@@ -312,7 +313,10 @@ class _Unparsed(str):
     """Override text that is not a JSON value, kept so the type error can quote it."""
 
 
-def _build(cls: type, raw: dict, where: str, prefix: str) -> Any:
+def build_dataclass(cls: type, raw: dict, where: str, prefix: str) -> Any:
+    """An instance of the dataclass `cls` (its nested sections too) from a JSON object, every value
+    checked against its field's type; ConfigError names `where` and the key (`prefix`: '' or 'section.').
+    Keys starting with "_" are comments."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
@@ -326,7 +330,7 @@ def _build(cls: type, raw: dict, where: str, prefix: str) -> Any:
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: '{full}' must be an object (a section), got {_jtype(value)}")
-            kwargs[key] = _build(hint, value, where, prefix=f"{full}.")
+            kwargs[key] = build_dataclass(hint, value, where, prefix=f"{full}.")
         else:
             kwargs[key] = _coerce(value, hint, where, full)
     return cls(**kwargs)

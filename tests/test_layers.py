@@ -11,6 +11,8 @@
 - Only cli.py parses arguments: library code takes typed arguments, never an argparse.Namespace.
 - An import inside a function is allowed only where it is listed below with its reason: an
   optional dependency, or keeping a heavy library (torch, pandas, matplotlib, ...) off a light path.
+- No module imports another module's private name (`from common.x import _name`): a name used
+  across modules is public.
 """
 from __future__ import annotations
 
@@ -209,6 +211,18 @@ def torch_paths(modules: dict[str, ast.AST], packages: tuple[str, ...] = NO_TORC
     return bad
 
 
+def private_imports(modules: dict[str, ast.AST]) -> list[str]:
+    """Every `from common.x import _name` (or a relative one), as 'importer imports module._name'."""
+    bad = []
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or _own(node.module or "", modules)):
+                continue
+            bad.extend(f"{name} imports {'.' * node.level}{node.module or ''}.{a.name}" for a in node.names
+                       if a.name.startswith("_") and not a.name.startswith("__"))
+    return sorted(set(bad))
+
+
 def argparse_users(modules: dict[str, ast.AST]) -> list[str]:
     return sorted(name for name, tree in modules.items() if name != "common.cli"
                   and any(i == "argparse" or i.startswith("argparse.") for i, _ in imports(tree)))
@@ -247,6 +261,10 @@ def test_data_tokens_and_cluster_load_without_torch():
 
 def test_only_the_cli_parses_arguments():
     assert argparse_users(library_modules()) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert private_imports(library_modules()) == []
 
 
 # --------------------------------------------------------------------------- the checks can fail
@@ -288,3 +306,12 @@ def test_torch_reached_through_a_chain_is_found():
 def test_argparse_outside_the_cli_is_found():
     modules = _fake({"common.cli": "import argparse", "common.commands.x": "from argparse import Namespace"})
     assert argparse_users(modules) == ["common.commands.x"]
+
+
+def test_a_private_import_across_modules_is_found():
+    modules = _fake({"common.config": "def _build(): pass\ndef load_config(): pass",
+                     "common.cluster.remote": "from common.config import _build, load_config as _load\n"
+                                              "from yfinance import _http\nfrom common.config import __all__",
+                     "common.data.yahoo": "def f():\n    from .cache import _key"})
+    assert private_imports(modules) == ["common.cluster.remote imports common.config._build",
+                                        "common.data.yahoo imports .cache._key"]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from common.cluster.fetch_check import fetch_problems, parse_listing, publish
-from common.config import ConfigError, _build
+from common.config import ConfigError, build_dataclass
 from common.errors import UserError
 from common.paths import case_dir
 
@@ -79,7 +79,7 @@ def load_settings(repo: Path, host: Optional[str] = None, path: Optional[str] = 
         if not isinstance(raw, dict):
             raise UserError(f"{settings_file}: expected a JSON object like remote.example.json")
         try:
-            settings = _build(RemoteSettings, raw, str(settings_file), "")
+            settings = build_dataclass(RemoteSettings, raw, str(settings_file), "")
         except ConfigError as e:
             raise UserError(str(e)) from None
     for name, value in flags.items():

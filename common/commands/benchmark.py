@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from common.atomic import atomic_write_json, read_json
-from common.commands.scorecard import _device  # the scorecard's --device rule
+from common.commands.scorecard import parse_device  # the scorecard's --device rule
 from common.errors import UserError
 from common.evaluation.asset_series import LazyCandles
 from common.evaluation.benchmark import (
@@ -112,7 +112,7 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     model_dir = Path(req.model_dir)
     if not model_dir.is_dir():
         raise UserError(f"{model_dir}: no such folder; pass a run folder or a `marketgpt export --format hf` folder")
-    forecaster = Forecaster.from_run(model_dir, device=_device(req.device), precision=req.precision)
+    forecaster = Forecaster.from_run(model_dir, device=parse_device(req.device), precision=req.precision)
     cutoff = data_cutoff(model_dir)
     own = None
     if req.after_cutoff:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from common.commands.scorecard import _device  # the scorecard's --device check (torch)
+from common.commands.scorecard import parse_device  # the scorecard's --device check (torch)
 from common.errors import UserError
 from common.evaluation.asset_series import series_from_run
 from common.evaluation.calibration import fit_calibration, write_calibration
@@ -50,7 +50,7 @@ def run_calibrate_command(req: CalibrateRequest) -> int:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     stride = req.stride if req.stride is not None or req.origins is not None else 5
     series, _ = series_from_run(req.run_dir)
-    forecaster = Forecaster.from_run(req.run_dir, device=_device(req.device), precision=req.precision)
+    forecaster = Forecaster.from_run(req.run_dir, device=parse_device(req.device), precision=req.precision)
     forecaster.check_request(req.horizon, req.samples)
     content = fit_calibration(series, forecaster_fn(forecaster), horizon=req.horizon, stride=stride,
                               n_origins=req.origins, n_samples=req.samples, seed=req.seed, source=str(req.run_dir),

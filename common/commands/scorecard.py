@@ -29,7 +29,7 @@ from common.config import Config
 from common.errors import UserError
 from common.forecasting.paths import parse_barriers
 
-__all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_horizons", "run_scorecard_command"]
+__all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_device", "parse_horizons", "run_scorecard_command"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     if req.cost_bp < 0:
         raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
     runs = list(req.run_dirs)
-    forecaster = forecaster_for(runs, device=_device(req.device), precision=req.precision,
+    forecaster = forecaster_for(runs, device=parse_device(req.device), precision=req.precision,
                                 interval=req.interval)  # several: an ensemble
     # an ensemble's card goes beside the first run's own, with the member list; a run's card of
     # another interval than its first in scorecard_<interval>/
@@ -113,7 +113,8 @@ def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
     return cal
 
 
-def _device(name: str) -> torch.device:
+def parse_device(name: str) -> torch.device:
+    """The torch device a --device NAME asks for; UserError for a CUDA device this machine lacks or a bad name."""
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name}: no usable CUDA GPU here; use --device cpu")
     try:
