@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Sequence
+from typing import Any, Dict, List, Literal, Optional, Sequence, cast
 
 from common.atomic import atomic_write_json
 from common.config_checks import check_data, check_model, check_slurm, check_tokenizer, check_training
@@ -327,7 +327,7 @@ def build_dataclass(cls: type, raw: dict, where: str, prefix: str) -> Any:
             raise ConfigError(f"{where}: {_unknown(key, fields, prefix)}")
         full = f"{prefix}{key}"
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: '{full}' must be an object (a section), got {_jtype(value)}")
             kwargs[key] = build_dataclass(hint, value, where, prefix=f"{full}.")
@@ -442,7 +442,7 @@ def at_interval(cfg: Config, interval: str) -> Config:
     """The one-interval view of a run at one of its intervals (data.interval = interval, no
     data.intervals): what reads that interval's candles (history, scorecard, one series' load)."""
     view = copy.deepcopy(cfg)
-    view.data.interval, view.data.intervals = interval, []
+    view.data.interval, view.data.intervals = cast(Interval, interval), []  # one of the run's intervals
     return view
 
 

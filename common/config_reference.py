@@ -36,12 +36,13 @@ def field_comments(source: str) -> dict[tuple[str, str], str]:
         for node in cls.body:
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
                 continue
-            above = []
+            above: list[str] = []
             line = node.lineno - 1  # the line above (ast and tokenize count from 1, hence lines[line - 1])
             while line in comments and lines[line - 1].lstrip().startswith("#"):
                 above.insert(0, comments[line])
                 line -= 1
-            beside = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+            end = node.end_lineno or node.lineno  # set by ast.parse
+            beside = [comments[n] for n in range(node.lineno, end + 1) if n in comments]
             out[(cls.name, node.target.id)] = " ".join(above + beside)
     return out
 

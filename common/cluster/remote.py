@@ -107,7 +107,10 @@ class Remote:
 
     def __init__(self, settings: RemoteSettings, repo: Path, dry_run: bool = False,
                  out: Callable[[str], None] = print) -> None:
+        assert settings.host and settings.path, "load_settings makes sure both are set"
         self.s = settings
+        self.host: str = settings.host
+        self.path: str = settings.path
         self.repo = repo
         self.dry_run = dry_run
         self.out = out
@@ -122,7 +125,7 @@ class Remote:
         """The remote shell line: the env line, then `command` in the repo folder."""
         parts = []
         if in_repo:
-            parts.append(f"cd {_remote_path(self.s.path)}")
+            parts.append(f"cd {_remote_path(self.path)}")
         if self.s.env:
             parts.append(self.s.env)
         if self.s.python:
@@ -131,7 +134,7 @@ class Remote:
         return " && ".join(parts)
 
     def ssh_cmd(self, command: str, in_repo: bool = True, tty: bool = False) -> list[str]:
-        return [*self.ssh_base(), *(["-t"] if tty else []), self.s.host, self.shell(command, in_repo)]
+        return [*self.ssh_base(), *(["-t"] if tty else []), self.host, self.shell(command, in_repo)]
 
     def python(self) -> str:
         return '"${MARKETGPT_PYTHON:-python3}"'
@@ -150,24 +153,24 @@ class Remote:
         except subprocess.TimeoutExpired:
             raise StepFailed(step, f"no answer within {timeout:.0f} s: `{shlex.join(cmd)}`") from None
         if proc.returncode != 0:
-            raise StepFailed(step, _explain(proc.returncode, proc.stderr, self.s.host))
+            raise StepFailed(step, _explain(proc.returncode, proc.stderr, self.host))
         return proc.stdout or ""
 
     # ------------------------------------------------------------------ steps
 
     def check_repo(self) -> None:
         """The remote folder holds a MarketGPT repo (else: run `remote sync` first)."""
-        probe = f"test -f {_remote_path(self.s.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
+        probe = f"test -f {_remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
         answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
         if answer.strip() == "no-repo":
-            raise StepFailed("check remote repo", f"{self.s.host}:{self.s.path} holds no MarketGPT repo "
+            raise StepFailed("check remote repo", f"{self.host}:{self.path} holds no MarketGPT repo "
                              "(common/cli.py is missing); run `marketgpt remote sync` first, or fix the path")
 
     def sync(self) -> None:
-        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.s.path)}", in_repo=False))
+        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.path)}", in_repo=False))
         cmd = ["rsync", "-az", "--stats", "--human-readable", "-e", shlex.join(self.ssh_base()),
                *[f"--exclude={p}" for p in SYNC_EXCLUDES], *shlex.split(self.s.rsync_options),
-               f"{self.repo}/", f"{self.s.host}:{self.s.path.rstrip('/')}/"]
+               f"{self.repo}/", f"{self.host}:{self.path.rstrip('/')}/"]
         summary = self.run("sync", cmd, timeout=None)
         wanted = ("Number of files:", "Number of regular files transferred", "Total file size",
                   "Total transferred file size", "sent ", "total size is")
@@ -192,10 +195,10 @@ class Remote:
         if not job_id.isdigit():
             raise StepFailed("submit (sbatch)", f"sbatch printed no job id: {answer.strip()!r}")
         log = log.format(job_id)
-        self.out(f"Submitted job {job_id} on {self.s.host}")
+        self.out(f"Submitted job {job_id} on {self.host}")
         self.out(f"  follow:  marketgpt remote logs {job_id} -f     "
-                 f"(ssh {self.s.host} tail -f {self.s.path.rstrip('/')}/{log})")
-        self.out(f"  queue:   ssh {self.s.host} squeue -j {job_id}")
+                 f"(ssh {self.host} tail -f {self.path.rstrip('/')}/{log})")
+        self.out(f"  queue:   ssh {self.host} squeue -j {job_id}")
         return job_id, log
 
     def status(self, case: Optional[str]) -> str:
@@ -211,7 +214,7 @@ class Remote:
             return f"case_*/logs/*_{job_id}.out"
         paths = found.split()
         if not paths:
-            raise StepFailed("find the job's log", f"no case_*/logs/*_{job_id}.out in {self.s.host}:{self.s.path} "
+            raise StepFailed("find the job's log", f"no case_*/logs/*_{job_id}.out in {self.host}:{self.path} "
                              "(not started yet? check `marketgpt remote status`)")
         return paths[0]
 
@@ -297,7 +300,7 @@ class Remote:
         found = [p.rstrip("/") for p in out.split()]
         if not found:
             what = f"run {run!r}" if run else "no run at all"
-            raise StepFailed("find the run", f"{what} under {self.s.host}:{self.s.path}/{cases}/checkpoints; "
+            raise StepFailed("find the run", f"{what} under {self.host}:{self.path}/{cases}/checkpoints; "
                              "see `marketgpt remote status`")
         if run and len(found) > 1:
             raise StepFailed("find the run", f"{run!r} is in several cases ({', '.join(found)}); pass --case")
@@ -317,7 +320,7 @@ class Remote:
                 raise StepFailed("fetch (list)", f"{run_rel} is empty there")
             staging.mkdir(parents=True, exist_ok=True)
         cmd = ["rsync", "-a", "--partial-dir=.rsync-partial", "--files-from=-", "-e", shlex.join(self.ssh_base()),
-               *shlex.split(self.s.rsync_options), f"{self.s.host}:{self.s.path.rstrip('/')}/{run_rel}/",
+               *shlex.split(self.s.rsync_options), f"{self.host}:{self.path.rstrip('/')}/{run_rel}/",
                f"{staging}/"]
         self.run("fetch (rsync)", cmd, timeout=None, stdin="".join(f"{name}\n" for name in sorted(files)) or "\n")
         if self.dry_run:

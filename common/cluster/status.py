@@ -78,8 +78,8 @@ def _tokens(value: Any) -> str:
 
 def _peak_memory(gpus: Any) -> str:
     """'35.1G' for one GPU, '35.1/34.8G' per GPU for a few, 'max 35.1G x16' for many."""
-    peaks = [g.get("mem_peak_gb") for g in gpus or [] if isinstance(g, dict)]
-    peaks = [p for p in peaks if isinstance(p, (int, float))]
+    found = [g.get("mem_peak_gb") for g in gpus or [] if isinstance(g, dict)]
+    peaks = [p for p in found if isinstance(p, (int, float))]
     if not peaks:
         return "-"
     if len(peaks) > 4:
@@ -93,7 +93,7 @@ def _score(headline: Any) -> str:
         return "-"
     from common.evaluation.scorecard import BASELINE_NAMES  # lazy: torch, only for a run with a scorecard
 
-    name = headline.get("baseline")
+    name = str(headline.get("baseline"))
     return f"{100 * headline['value']:+.1f}% {BASELINE_NAMES.get(name, name)}"
 
 

@@ -239,6 +239,7 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
         return []
 
     folder = plan[0].case / "logs" / "submitit"
+    executor: submitit.Executor
     if local:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(timeout_min=params["time"], tasks_per_node=s.gpus_per_node * s.nodes,
@@ -250,14 +251,14 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
     fns = [TrainJob(str(job.config), job.overrides, s.gpus_per_node) for job in plan]
     with job_environment():
         jobs = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
-    for job, sub in zip(jobs, plan):
+    for submitted, sub in zip(jobs, plan):
         label = f" [{sub.label}]" if sub.label else ""
-        print(f"Submitted {'local ' if local else ''}job {job.job_id}{label}: experiment {sub.cfg.experiment}\n"
-              f"  follow:  tail -f {rel_path(job.paths.stdout)}\n"
-              f"  errors:  tail -f {rel_path(job.paths.stderr)}", file=out)
+        print(f"Submitted {'local ' if local else ''}job {submitted.job_id}{label}: experiment {sub.cfg.experiment}\n"
+              f"  follow:  tail -f {rel_path(submitted.paths.stdout)}\n"
+              f"  errors:  tail -f {rel_path(submitted.paths.stderr)}", file=out)
         if not local:
-            print(f"  state:   squeue -j {job.job_id}    (all runs: marketgpt status)\n"
-                  f"  cancel:  scancel {job.job_id}", file=out)
+            print(f"  state:   squeue -j {submitted.job_id}    (all runs: marketgpt status)\n"
+                  f"  cancel:  scancel {submitted.job_id}", file=out)
     out.flush()
     return jobs
 

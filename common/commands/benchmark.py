@@ -102,7 +102,7 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     """`marketgpt benchmark`: the table (or JSON) on stdout, progress on stderr."""
     if req.after_cutoff and req.tasks:
         raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
-    tasks = None if req.after_cutoff else choose_tasks(req.tasks)
+    tasks = [] if req.after_cutoff else choose_tasks(req.tasks)  # --after-cutoff: its own task, below
     if req.budget is not None and (not req.after_cutoff or req.budget < 1):
         raise UserError(f"--budget {req.budget}: " + ("must be at least 1" if req.after_cutoff else
                         "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"))
@@ -165,6 +165,7 @@ def _own_candles(forecaster: Forecaster, model_dir: Path,
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
     categories = {s: forecaster.assets[s]["category"] for s in forecaster.symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
-    load, recent = history_loader(cfg, model_dir, categories, None, forecaster.interval), OrderedDict()
+    load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
+    recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     return {symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
             for symbol in forecaster.symbols}

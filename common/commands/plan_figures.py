@@ -213,9 +213,10 @@ def format_plan(plan: Plan, short: bool = False) -> str:
              f"{plan.epoch_stride}), {plan.steps_per_epoch:,} steps of {plan.global_batch} windows = "
              f"{_count(plan.tokens_per_epoch)} tokens; {plan.epochs} epochs show each training candle about "
              f"{plan.times_seen:,.0f} times"]
-    if plan.gpu_rate is not None:
+    run_seconds = plan.run_seconds  # None exactly when gpu_rate is
+    if plan.gpu_rate is not None and run_seconds is not None:
         lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: {duration(plan.epoch_seconds(plan.gpu_rate, plan.gpus))}"
-                     f" per epoch, {duration(plan.run_seconds)} for {plan.epochs} epochs (slurm.time "
+                     f" per epoch, {duration(run_seconds)} for {plan.epochs} epochs (slurm.time "
                      f"{duration(plan.slurm_time_s)})")
         lines.append(f"    ({plan.gpu_rate.label})")
     else:

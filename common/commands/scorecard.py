@@ -64,7 +64,7 @@ def parse_horizons(text: str) -> tuple[int, ...]:
 def run_scorecard_command(req: ScorecardRequest) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
     from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
-    from common.forecasting.ensemble import forecaster_for  # lazy: pandas
+    from common.forecasting.ensemble import Ensemble, forecaster_for  # lazy: pandas
 
     barrier = parse_barriers(req.barrier) if req.barrier is not None else None
     if req.stride is not None and req.origins is not None:
@@ -85,7 +85,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
     if forecaster.interval != forecaster.cfg.data.interval:
         out = out / f"scorecard_{forecaster.interval}"
-    if len(runs) > 1:
+    if isinstance(forecaster, Ensemble):  # several runs
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
     card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
                          n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,

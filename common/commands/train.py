@@ -120,11 +120,13 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
     if resume is not None:
         checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
         run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
-        if run_dir is None:
+        if run_dir is None:  # only --resume auto, which needs --config
+            assert cfg is not None
             print(f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
                   "or trained by another job): starting a new run", file=out)
 
     if ckpt is not None:
+        assert run_dir is not None  # resolve_resume returns a checkpoint with its run folder
         cfg, tokens, info = _open_run(run_dir, config, cfg, overrides)
         windows = _windows(cfg, tokens, info["asset_info"], device)
         state = load_checkpoint(ckpt)
@@ -134,7 +136,8 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
         if diff:
             raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
         print(f"Resuming {run_dir} from {ckpt.name}", file=out)
-    else:
+    else:  # a new run: --config is given (a --resume RUN_FOLDER without it always has a checkpoint)
+        assert cfg is not None and config is not None
         check_writable(case_dir_of_config(config) / "checkpoints")
         tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config), out)
         lines, warnings = left_out(data_info)  # assets, categories or intervals the run goes without
@@ -294,8 +297,8 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     """Build the model (or take the checkpoint's), train it, and on rank 0 write the final outputs."""
     model, lineage, frozen = _build_model(cfg, tokens, info["asset_info"], state, env)
     device = windows.device
-    model = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
-    trainer = Trainer(cfg, model, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
+    wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
+    trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
         print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
         print(plan_of_run(cfg, tokens.ranges, train_windows=windows.num_windows("train"),

@@ -21,7 +21,8 @@ import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from types import ModuleType
+from typing import Iterator, Optional
 from urllib.parse import quote
 
 import pandas as pd
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from common.atomic import atomic_path, atomic_write_json
 from common.errors import UserError
 
+fcntl: Optional[ModuleType]
 try:  # a lock file keeps two downloads into one cache from losing each other's manifest entries
     import fcntl
 except ImportError:  # Windows: no advisory locks; single-process use is still safe

@@ -130,7 +130,8 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
     for the split (common.data.prepare.split_data reads them from there, asset by asset). The
     cleaned candles themselves are not kept: the result's `candles` is empty."""
     files: dict[str, Path] = {}
-    records, dropped = {}, {}
+    records: dict[str, dict[str, Any]] = {}
+    dropped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="marketgpt-stamps-") as tmp:
         for i, asset in enumerate(market.assets):
             s = asset.symbol
@@ -138,6 +139,7 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
             frame, records[s], why = clean_asset(asset, market.candles[s], step, reader_fixes=market.fixes.get(s),
                                                  file=market.files.get(s))
             if frame is None:
+                assert why is not None  # clean_asset gives the reason with every dropped asset
                 dropped[s] = why
                 continue
             files[s] = Path(tmp) / f"{i:06d}.npz"

@@ -37,7 +37,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import ccxt
 import numpy as np
@@ -332,7 +332,7 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
     `on_page` gets the progress after each page.
     """
     check_timeframe(exchange, timeframe)
-    retry = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
+    retry: dict[str, Any] = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
     ensure_markets(exchange, **retry)
     try:
         exchange.market(symbol)

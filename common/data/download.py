@@ -159,6 +159,7 @@ class _Run:
         else:
             added = self.cache.append(source, self.interval, symbol, frame, adjusted, origin=origin)
         stored = self.cache.read(source, self.interval, symbol)
+        assert stored is not None  # written just above
         result.status, result.reason = "ok", ""
         result.rows_added += max(added, 0)
         result.first, result.last = stored.index[0], stored.index[-1]

@@ -267,6 +267,7 @@ def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketD
 
 def files_root(cfg: Config, case_dir: Path) -> Path:
     """data.files_dir: absolute, or relative to the case folder."""
+    assert cfg.data.files_dir is not None  # the config checks it with data.source = "files"
     root = Path(cfg.data.files_dir).expanduser()
     return root if root.is_absolute() else Path(case_dir) / root
 

@@ -80,8 +80,8 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
     if d.source == "files" and d.files_dir:
         root = files_root(cfg, case_dir)
         found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        universe = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
-        return [*universe, *(p for p in found if p.is_file())]
+        listed = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
+        return [*listed, *(p for p in found if p.is_file())]
     return []  # "synthetic": the config alone decides the candles
 
 

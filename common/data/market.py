@@ -21,7 +21,7 @@ class MarketData:
     # data.source = "files": rows the file reader dropped, per symbol (counted in data_info.json)
     # (a dict, or LazyFrames: known once that asset's candles are read) and the file each symbol came from
     fixes: Mapping[str, dict[str, int]] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
     # data.intervals: the assets are series (common.markets.series_name), each at its own interval
     series_intervals: dict[str, str] = field(default_factory=dict)
 

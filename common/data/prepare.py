@@ -280,6 +280,7 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
                                                         reader_fixes=market.fixes.get(asset.symbol),
                                                         file=market.files.get(asset.symbol))
         if frame is None:
+            assert why is not None  # clean_asset gives the reason with every dropped asset
             dropped[asset.symbol] = why
             continue
         cleaned[asset.symbol] = frame
@@ -359,8 +360,11 @@ def _split_cuts(cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Ma
         eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
     else:
         eras = _eras(spans)
-    era_cuts = [_global_cuts(lambda era=era: (real_ts[s] for s in era), d.train_ratio, d.train_ratio + d.val_ratio)
-                for era in eras]
+
+    def era_stamps(era: list[str]) -> Callable[[], Iterable[np.ndarray]]:
+        return lambda: (real_ts[s] for s in era)
+
+    era_cuts = [_global_cuts(era_stamps(era), d.train_ratio, d.train_ratio + d.val_ratio) for era in eras]
     return eras, era_cuts
 
 

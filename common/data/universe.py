@@ -176,7 +176,7 @@ def asset_info(assets: list[Asset], intervals: Sequence[str] = ()) -> dict:
     """
     series = {a.symbol: split_series(a.symbol) for a in assets} if intervals else {}
     if intervals:  # the assets of the series, in order of first appearance
-        first = {}
+        first: dict[str, Asset] = {}
         for a in assets:
             first.setdefault(series[a.symbol][0], Asset(series[a.symbol][0], a.source, a.category, a.name))
         assets = list(first.values())

@@ -149,8 +149,8 @@ def unwrap(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (MultiGPUWrapper, nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(orig := getattr(model, "_orig_mod", None), nn.Module):
+            model = orig
         else:
             return model
 
@@ -178,7 +178,7 @@ class MultiGPUWrapper(nn.Module):
             # Buffers here are constants (rotary tables): no broadcast before every forward.
             ddp = nn.parallel.DistributedDataParallel
             new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
-            no_buffer_sync = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+            no_buffer_sync: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
             self.module: nn.Module = ddp(model, device_ids=[device.index] if device.type == "cuda" else None,
                                          **no_buffer_sync)
         else:

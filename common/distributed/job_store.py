@@ -223,9 +223,11 @@ def _store_alive() -> bool:
 def _post(status: str, store: Optional[dist.Store] = None, env: Optional[DistEnv] = None) -> bool:
     """Tell the other ranks how this one ended ("raised ...", "lost a peer", "finished");
     False if the store is gone."""
-    env = env or _ENV
+    env, store = env or _ENV, store or _STORE
+    if env is None or store is None:  # not joined: nobody to tell
+        return False
     try:
-        (store or _STORE).set(_key(f"status/{env.rank}", env), status)
+        store.set(_key(f"status/{env.rank}", env), status)
         return True
     except Exception:  # the store died with its host: nothing to tell anyone
         return False
@@ -319,6 +321,7 @@ def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
 def _serve_until_read() -> None:
     """Rank 0 raised and serves the store: keep it up until every other rank has posted how it
     ended (they read this rank's error first), or their watchdogs have had time to read it."""
+    assert _ENV is not None and _STORE is not None  # joined
     deadline = time.monotonic() + _WATCHDOG_S + 3 * _HEARTBEAT_S
     others = range(1, _ENV.world_size)
     with _sigterm_deferred():

@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import time
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Literal, Mapping, Optional, overload
 
 from common.errors import UserError
 
@@ -46,6 +46,10 @@ def slurm_available() -> bool:
     return shutil.which("squeue") is not None and _run(["sinfo", "-h", "-o", "%P"], check=False) is not None
 
 
+@overload
+def _run(cmd: list[str], check: Literal[True] = ...) -> str: ...
+@overload
+def _run(cmd: list[str], check: bool) -> Optional[str]: ...
 def _run(cmd: list[str], check: bool = True) -> Optional[str]:
     """stdout of a Slurm command, or None when it fails or isn't installed (check=False)."""
     try:
@@ -70,8 +74,9 @@ def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
 def job_metadata() -> dict[str, str]:
     """What a run records about the job training it (empty outside Slurm)."""
     meta = {}
-    if slurm_job_id():
-        meta["slurm_job_id"] = slurm_job_id()
+    job_id = slurm_job_id()
+    if job_id:
+        meta["slurm_job_id"] = job_id
     if os.environ.get("MARKETGPT_LOG_FILE"):  # set by the sbatch scripts and `marketgpt submit`
         meta["log_file"] = os.environ["MARKETGPT_LOG_FILE"]
     return meta

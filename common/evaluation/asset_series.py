@@ -124,14 +124,15 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     info = read_json(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else {}
     interval, _ = pick_interval(info, cfg.data.interval, interval)
     names = interval_series(info, interval) if "series" in info else {s: s for s in tokens.symbols}
-    out, recent = [], OrderedDict()
+    out: list[AssetSeries] = []
+    recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     for symbol in (s for s in tokens.symbols if s in names):
         if symbol not in category:
             raise UserError(f"{run_dir}: {symbol} is no longer in the data the run was trained on "
                             "(the data cache changed since); score the run on a copy of the old cache")
         ranges, rows = tokens.ranges[symbol], len(tokens.tokens[symbol])
         candles = LazyCandles(symbol, _cleaned(market, symbol, rows, run_dir), recent, rows)
-        out.append(AssetSeries(names[symbol], category[symbol], candles, range(*ranges["train"]),  # type: ignore[arg-type]
+        out.append(AssetSeries(names[symbol], category[symbol], candles, range(*ranges["train"]),
                                range(*ranges["test"]), range(*ranges["val"])))
     return out, interval
 

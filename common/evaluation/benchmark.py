@@ -148,8 +148,9 @@ def sample_aliases(tasks: Sequence[Task], symbols: Optional[set]) -> dict[str, s
     """{sample symbol: model symbol} for the tasks' crypto series the model knows by another name:
     Yahoo's BTC-USD is the model's ccxt pair of base BTC (_quote_rank's first when it has several).
     Symbols the model has as they are need no alias."""
+    symbols = symbols or set()
     pairs: dict[str, list[str]] = {}
-    for symbol in symbols or ():
+    for symbol in symbols:
         if base := _pair_base(symbol):
             pairs.setdefault(base, []).append(symbol)
     if not pairs:

@@ -314,6 +314,7 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     from its own config.json, tokenizer.json, asset_info.json, tokens/ and best_model.pt,
     through evaluate_best, the path training takes at its end."""
     run = open_run(run_dir, need_tokens=True)
+    assert run.tokens is not None  # need_tokens
     info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}
     try:
         return evaluate_best(run.cfg, run.path, run.tokens, info, torch.device(device) if device else pick_device())

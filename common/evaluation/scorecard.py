@@ -283,7 +283,9 @@ def mcs_lines(card: dict) -> list[str]:
         if mcs["included"] is None:
             lines.append(f"{label} n/a ({mcs['note']})")
             continue
-        name = lambda k: BASELINE_NAMES.get(k, k)  # noqa: E731
+        def name(k: str) -> str:
+            return BASELINE_NAMES.get(k, k)
+
         out = [name(k) for k in mcs["pvalues"] if k not in mcs["included"]]
         lines.append(f"{label} {', '.join(name(k) for k in mcs['included'])}"
                      + (f" (out: {', '.join(out)})" if out else " (none out)"))

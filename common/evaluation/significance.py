@@ -108,12 +108,12 @@ def diebold_mariano(model: np.ndarray, baseline: np.ndarray, h: int) -> dict:
 
 def holm(p_values: Sequence[Optional[float]]) -> list[Optional[float]]:
     """Holm's step-down adjusted p-values, in the given order; None stays None (not in the family)."""
-    idx = [i for i, p in enumerate(p_values) if p is not None]
-    m = len(idx)
+    present = {i: p for i, p in enumerate(p_values) if p is not None}
+    m = len(present)
     out: list[Optional[float]] = [None] * len(p_values)
     running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda i: p_values[i])):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))  # monotone: never below an earlier one
+    for rank, i in enumerate(sorted(present, key=present.__getitem__)):
+        running = max(running, min(1.0, (m - rank) * present[i]))  # monotone: never below an earlier one
         out[i] = running
     return out
 

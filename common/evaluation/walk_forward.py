@@ -50,6 +50,7 @@ def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
             raise UserError(f"stride must be >= 1, got {stride}")
         chosen, step = grid[::stride], stride
     else:
+        assert n_origins is not None  # exactly one of the two (checked above)
         if n_origins < 1:
             raise UserError(f"origins must be >= 1, got {n_origins}")
         chosen = grid[np.unique(np.linspace(0, len(grid) - 1, min(n_origins, len(grid))).round().astype(int))]
@@ -72,7 +73,8 @@ class Origins:
 
 def all_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray], horizons: Sequence[int]) -> Origins:
     """Every origin with a target at one horizon at least (the shortest)."""
-    ks, idx, dates, ys = [], [], [], {h: [] for h in horizons}
+    ks, idx, dates = [], [], []
+    ys: dict[int, list[np.ndarray]] = {h: [] for h in horizons}
     for k, s in enumerate(series):
         log_close = np.log(s.candles["close"].to_numpy(dtype=np.float64))  # NaN at gap rows
         i = origins[s.symbol]
@@ -175,7 +177,7 @@ def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping
     barrier (upper, lower): also "barrier_p", the (n, 3) barrier probabilities of its paths (NaN
     for a forecaster without paths; common.forecasting.paths)."""
     longest = horizons[-1]
-    parts = {h: {name: [] for name in forecasters} for h in horizons}
+    parts: dict[int, dict[str, list[dict[str, np.ndarray]]]] = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))
     for b, (lo, hi) in enumerate(_batches(o.index + 1)):
         say(f"origins {lo + 1}-{hi} of {len(o.index)}")

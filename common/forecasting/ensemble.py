@@ -74,7 +74,8 @@ class Ensemble(Forecaster):
         shares = [len(part) for part in np.array_split(np.arange(samples), len(self.members))]
         results = [m.forecast(histories, horizon, n, seed=seed + i * _SEED_STEP, return_paths=True, **options)
                    for i, (m, n) in enumerate(zip(self.members, shares))]
-        paths = {k: np.concatenate([r.paths[k] for r in results], axis=1) for k in results[0].paths}
+        every = [r.paths for r in results if r.paths is not None]  # each member's: return_paths
+        paths = {k: np.concatenate([p[k] for p in every], axis=1) for k in every[0]}
         tokens = np.concatenate([r.tokens for r in results], axis=1)
         table = results[0].table.copy()
         stats = [summarize_paths(paths["close"][i], paths["high"][i], paths["low"][i])

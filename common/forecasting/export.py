@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 from common.paths import REPO_ROOT
+
+if TYPE_CHECKING:
+    from common.model.gpt import MarketGPT
 
 __all__ = [
     "FORMATS",
@@ -68,7 +71,7 @@ INPUTS = ("tokens", "asset_ids", "category_ids")
 class NextTokenLogits(torch.nn.Module):
     """The exported forward: (tokens (B, L), asset_ids (B,), category_ids (B,)) -> logits (B, V)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
@@ -106,7 +109,7 @@ class Prefill(torch.nn.Module):
     """model.onnx: (tokens (B, L), asset_ids, category_ids) -> the next token's logits (B, V) and
     every layer's keys and values (layers, B, heads, L, head size), to continue from."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
@@ -147,7 +150,7 @@ class Step(torch.nn.Module):
     size) per layer i) -> logits (B, V), new_k, new_v (layers, B, heads, head size): the step
     token's. Rows are context-major (B = n x samples each); L >= 0 own tokens before this one."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
@@ -157,8 +160,8 @@ class Step(torch.nn.Module):
         n = len(self.model.blocks)
         layers = [_SharedStepKV(prefix_k[i], prefix_v[i], own[i], own[n + i]) for i in range(n)]
         logits = self.model(token, asset_ids, category_ids, last_only=True, cache=KVCache(layers))[0][:, -1]
-        return (logits, torch.stack([x.own.new[0][:, :, 0] for x in layers]),
-                torch.stack([x.own.new[1][:, :, 0] for x in layers]))
+        owns = [cast(_OwnKV, x.own) for x in layers]
+        return (logits, torch.stack([o.new[0][:, :, 0] for o in owns]), torch.stack([o.new[1][:, :, 0] for o in owns]))
 
 
 def step_input_names(num_layers: int) -> list[str]:
@@ -198,21 +201,23 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
         staging = Path(tempfile.mkdtemp(prefix=".export_", dir=out))
     except OSError as e:
         raise UserError(f"--out {out} is not writable ({e.strerror or e}); pass --out a folder you can write") from None
+    model = fc.model
+    assert model is not None  # Forecaster.from_run: the run's torch model
     try:
-        wrapper = NextTokenLogits(fc.model.eval()).eval()
-        ids = fc.model.asset_emb.num_embeddings, fc.model.category_emb.num_embeddings  # asset_info.json's counts
+        wrapper = NextTokenLogits(model.eval()).eval()
+        ids = model.asset_emb.num_embeddings, model.category_emb.num_embeddings  # asset_info.json's counts
         example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
         target = staging / FORMATS[fmt]
         for name in ("config.json", "tokenizer.json", "asset_info.json"):
             shutil.copy2(Path(run_dir) / name, staging / name)
         if fmt == "hf":
             save_safetensors(fc, Path(run_dir), target)
-            worst = check_pretrained(fc.model, staging)
+            worst = check_pretrained(model, staging)
         else:
             with torch.no_grad(), warnings.catch_warnings():
                 if fmt == "onnx":
                     warnings.simplefilter("ignore")  # the ONNX tracer's notes on python ints in shapes (checked below)
-                    export_onnx(fc.model, example, staging)
+                    export_onnx(model, example, staging)
                 else:
                     export_pt2(wrapper, example, target)
             worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
@@ -261,7 +266,7 @@ def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path
                       dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False)
 
 
-def export_onnx(model: torch.nn.Module, example: tuple[torch.Tensor, ...], folder: Path) -> None:
+def export_onnx(model: "MarketGPT", example: tuple[torch.Tensor, ...], folder: Path) -> None:
     """model.onnx (a whole window's next-token logits) and STEP_FILE (one decoding step with the
     KV cache) into folder, traced on `example` (random_inputs). Call under torch.no_grad()."""
     # eval() on every wrapper: the exporter restores the mode of the module it was given
@@ -296,13 +301,16 @@ def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
     meta = {"format": "pt", "library": "marketgpt", "checkpoint_sha256": fc.checkpoint_sha256,
             "training_precision": read_json_or_empty(run_dir / "training_log.json").get("precision"),
             "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges)}
+    assert fc.model is not None  # a torch Forecaster
     save_model(fc.model, str(target), metadata={k: str(v) for k, v in meta.items() if v is not None})
 
 
 def check_pretrained(model: torch.nn.Module, folder: Path) -> float:
     """The model folder loaded back (Forecaster.from_pretrained): every tensor must equal the
     model's; returns the largest difference (0.0)."""
-    loaded = Forecaster.from_pretrained(folder, precision="fp32").model.state_dict()
+    back = Forecaster.from_pretrained(folder, precision="fp32").model
+    assert back is not None  # a torch Forecaster
+    loaded = back.state_dict()
     mine = model.state_dict()
     worst = max(float((mine[k].float() - loaded[k].float()).abs().max()) if mine[k].numel() else 0.0
                 for k in mine) if mine.keys() == loaded.keys() else float("inf")
@@ -392,6 +400,8 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
 
 def _headline_text(headline: Optional[dict]) -> Optional[str]:
     """scorecard.json's headline as its verdict line reads: `H=1: CRPS skill vs garch +2.1% [0.8, 3.4] (beats)`."""
+    if headline is None:
+        return None  # no scorecard
     try:
         lo, hi = headline["ci95"]
         return (f"H={headline['horizon']}: CRPS skill vs {headline['baseline']} {100 * headline['value']:+.1f}% "

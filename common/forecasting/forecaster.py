@@ -356,6 +356,7 @@ class Forecaster:
         histories = [self._frame_history(item, raw) for item, raw in items]
         result = self.forecast(histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k,
                                top_p=top_p, return_paths=True)
+        assert result.paths is not None  # return_paths
         future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
         quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
         stamps = pd.DatetimeIndex(result.table["timestamp"])
@@ -435,6 +436,7 @@ class Forecaster:
         from common.distributed.precision import autocast  # torch
         from common.model.sampling import sample_paths  # torch
 
+        assert self.model is not None  # None only in the onnxruntime subclass, which samples without it
         dev = torch.device(self.device)
         generator = torch.Generator(device=dev).manual_seed(int(seed))
         with autocast(self.precision, dev):  # bf16: matmuls and the KV cache in bf16, sampling in fp32

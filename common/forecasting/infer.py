@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
 
@@ -101,6 +101,8 @@ class OnnxBackend:
         layers, _, heads, _, size = prefix_k.shape
         if own_k is None:
             own_k = own_v = np.empty((layers, 0, len(token), heads, size), dtype=np.float32)
+        assert own_v is not None  # given with own_k
+        assert self.step_session is not None  # step() runs only with the step graph
         feed = {"token": np.ascontiguousarray(token, dtype=np.int64),
                 "asset_ids": np.asarray(asset_ids, dtype=np.int64),
                 "category_ids": np.asarray(category_ids, dtype=np.int64),
@@ -154,8 +156,9 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
     P = window_start(T, horizon, L)
     rng = np.random.default_rng(int(seed))
     cached = getattr(backend, "step_session", None) is not None
+    onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
     if cached:
-        first, prefix_k, prefix_v = backend.prefill(contexts[:, L - P:], asset_ids, category_ids)
+        first, prefix_k, prefix_v = onnx.prefill(contexts[:, L - P:], asset_ids, category_ids)
     else:
         first = backend(contexts[:, L - P:], asset_ids, category_ids)  # (N, V): the first step, once per context
     if banned is None:
@@ -183,11 +186,11 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
             if end - start == T:  # the window is full: start again from its last `keep` tokens
                 start = end + 1 - keep
                 if cached:  # each row its own prefix now (a group of one)
-                    logits, pk, pv = backend.prefill(seq[:, start:end + 1], a, c)
+                    logits, pk, pv = onnx.prefill(seq[:, start:end + 1], a, c)
                     n = 0
                     continue
             if cached:
-                logits, own_k[:, n], own_v[:, n] = backend.step(seq[:, end:end + 1], a, c, pk, pv, own_k[:, :n],
+                logits, own_k[:, n], own_v[:, n] = onnx.step(seq[:, end:end + 1], a, c, pk, pv, own_k[:, :n],
                                                                 own_v[:, :n])
                 n += 1
             else:
@@ -246,7 +249,9 @@ class ExportedForecaster(Forecaster):
 
     def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
                       samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                      max_batch: Optional[int]) -> np.ndarray:
+                      max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
+        if features is not None:  # export_run refuses a run that reads time or volume features
+            raise TypeError("an exported model takes no features")
         return sample_paths_np(self.backend, contexts, asset_ids, category_ids, horizon, samples,
                                self.cfg.model.context_length, temperature=temperature, top_k=top_k, top_p=top_p,
                                banned=self.banned_ids(), seed=seed, max_batch=max_batch)

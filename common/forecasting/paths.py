@@ -38,7 +38,7 @@ def parse_barriers(text: str) -> tuple[float, float]:
     matches = [_PERCENT.fullmatch(p) for p in parts]
     if len(parts) != 2 or not all(matches):
         raise UserError(f"--barrier {text!r}: expected two percentages, the upper then the lower, e.g. +5%,-3%")
-    upper, lower = (float(m.group(1)) / 100 for m in matches)
+    upper, lower = (float(m.group(1)) / 100 for m in matches if m is not None)
     if upper <= 0 or lower >= 0:
         raise UserError(f"--barrier {text!r}: the upper barrier must be above 0% and the lower one below 0% "
                         "(upper first), e.g. +5%,-3%")

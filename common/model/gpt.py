@@ -17,7 +17,7 @@ projected to C and added at every position, so one model learns many markets at 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import torch
 import torch.nn as nn
@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
 from common.model.heads import FactorizedHead
-from common.model.kv_cache import KVCache, LayerKV, SharedPrefixKV
+from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
 from common.special_tokens import PAD_TOKEN
 from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 
@@ -96,7 +96,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union[LayerKV, SharedPrefixKV, None] = None) -> torch.Tensor:
+                kv: Optional[LayerCache] = None) -> torch.Tensor:
         B, T, C = x.shape
         start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
@@ -106,11 +106,11 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             cos, sin = rope[0][start:start + T], rope[1][start:start + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if start > 0:
+        if kv is not None and start > 0:  # (start > 0 only with a cache)
             y = kv.attend(q, k, v)  # one-token decode step over every cached key: (B, nh, 1, hs)
         else:
-            if kv is not None:
-                k, v = kv.append(k, v)  # prefill: store the context's keys and values
+            if kv is not None:  # a LayerKV: a shared prefix is never prefilled
+                k, v = cast(AppendableCache, kv).append(k, v)  # prefill: store the context's keys and values
             # fused kernels (flash on CUDA and CPU); the causal mask is never materialized
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
@@ -139,7 +139,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Union[LayerKV, SharedPrefixKV, None] = None) -> torch.Tensor:
+                kv: Optional[LayerCache] = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -194,8 +194,10 @@ class MarketGPT(nn.Module):
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying: one (V, C) matrix, counted once
         # model.head: "flat" reads logits through lm_head; "factorized" through p(move) p(shape | move)
-        self.head = (FactorizedHead(C, config.vocab_size, config.move_bins, config.shape_bins)
-                     if config.head == "factorized" else None)
+        self.head: Optional[FactorizedHead] = None
+        if config.head == "factorized":
+            assert config.move_bins is not None and config.shape_bins is not None  # the config check fills them in
+            self.head = FactorizedHead(C, config.vocab_size, config.move_bins, config.shape_bins)
 
         if config.positional == "rope":
             cos, sin = rotary_tables(config.context_length, C // config.num_heads)
@@ -208,7 +210,7 @@ class MarketGPT(nn.Module):
         # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual
         # stream are scaled down so its variance doesn't grow with depth.
         self.apply(self._init_weights)
-        for block in self.blocks:
+        for block in cast("list[Block]", self.blocks):
             for proj in (block.attn.proj, block.mlp.proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.num_layers))
         if self.interval_emb is not None:
@@ -261,13 +263,13 @@ class MarketGPT(nn.Module):
         bias = None if self.lm_head.bias is None else self.lm_head.bias[:vocab]
         return F.linear(x, self.lm_head.weight[:vocab], bias)
 
-    def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
+    def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor | int:
         """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
         if features is None or features.shape != (B, T, NUM_FEATURES):
             got = "none" if features is None else tuple(features.shape)
             raise ValueError(f"this model reads model.time_features / model.volume_input: pass features of shape "
                              f"({B}, {T}, {NUM_FEATURES}) (common/tokens/features.py), got {got}")
-        out = 0
+        out: torch.Tensor | int = 0
         if self.time_emb is not None:
             out = self.time_emb[0](features[..., 0]) + self.time_emb[1](features[..., 1])
         if self.volume_emb is not None:

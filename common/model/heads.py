@@ -30,6 +30,9 @@ NEVER_LOGPROB = -1e4  # log-probability of ids the tokenizer never emits
 class FactorizedHead(nn.Module):
     """p(move) * p(shape | move) over ids NUM_SPECIAL_TOKENS + move * shape_bins + shape."""
 
+    move_of: torch.Tensor  # buffers (registered in __init__)
+    shape_of: torch.Tensor
+
     def __init__(self, d_model: int, vocab_size: int, move_bins: int, shape_bins: int) -> None:
         super().__init__()
         S = NUM_SPECIAL_TOKENS

@@ -10,10 +10,30 @@ Shapes: B rows (sequences), nh heads, hs head size, L cached positions.
 from __future__ import annotations
 
 import math
+from typing import Protocol, Sequence
 
 import torch
 
-__all__ = ["KVCache", "LayerKV", "SharedPrefixKV", "decode_attention"]
+__all__ = ["AppendableCache", "KVCache", "LayerCache", "LayerKV", "SharedPrefixKV", "decode_attention"]
+
+
+class LayerCache(Protocol):
+    """One layer's cache as attention and KVCache use it: LayerKV, SharedPrefixKV, or an export's
+    traced stand-ins (common.forecasting.export)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def length(self) -> int: ...
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class AppendableCache(LayerCache, Protocol):
+    """A layer cache a prefill writes into (`append`): LayerKV, or an export's."""
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -61,7 +81,7 @@ class SharedPrefixKV:
     def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, group: int, capacity: int) -> None:
         n, nh, _, hs = prefix_k.shape  # (n, nh, P, hs)
         self.k, self.v, self.group = prefix_k, prefix_v, group
-        self.own = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
+        self.own: AppendableCache = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
                            prefix_v.new_empty((n * group, nh, capacity, hs)))
 
     @property
@@ -83,7 +103,7 @@ class SharedPrefixKV:
 class KVCache:
     """Every layer's LayerKV for a batch of B sequences; `MarketGPT.new_cache` makes one."""
 
-    def __init__(self, layers: list[LayerKV | SharedPrefixKV]) -> None:
+    def __init__(self, layers: Sequence[LayerCache]) -> None:
         self.layers = layers
 
     @property

@@ -129,16 +129,16 @@ def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *,
     Ns, Ds = N / UNIT, D / UNIT
     best = None
     for k in range(len(_TERMS) + 1):
-        for terms in itertools.combinations(_TERMS, k):
-            rss, coef = _fit_terms(terms, Ns, Ds, y)
+        for subset in itertools.combinations(_TERMS, k):
+            rss, coef = _fit_terms(subset, Ns, Ds, y)
             if not math.isfinite(rss):
                 continue
-            k, n_pts = 1 + 2 * len(terms), len(y)
+            k, n_pts = 1 + 2 * len(subset), len(y)
             if n_pts - k - 1 <= 0:  # AICc needs more points than parameters + 1
                 continue
             aic = n_pts * math.log(max(rss, 1e-12) / n_pts) + 2 * k + 2 * k * (k + 1) / (n_pts - k - 1)
             if best is None or aic < best[0]:
-                best = (aic, list(terms), coef, rss)
+                best = (aic, list(subset), coef, rss)
     assert best is not None  # the empty form (a constant) always fits
     _, terms, coef, rss = best
     rng = np.random.default_rng(seed)
@@ -153,13 +153,13 @@ def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *,
     fit = ScalingFit(terms=terms, coef=coef, n_range=[float(N.min()), float(N.max())],
                      d_range=[float(D.min()), float(D.max())], rmse=math.sqrt(rss / len(y)), points=len(y),
                      bootstrap=boot, source=source)
-    for d in at_tokens:  # N*(d) of every bootstrap draw: inf where a draw has no interior optimum
+    for tokens in at_tokens:  # N*(tokens) of every bootstrap draw: inf where a draw has no interior optimum
         values = []
         for i in range(len(draws["E"])):
             draw = ScalingFit(terms, {key: v[i] for key, v in draws.items()}, fit.n_range, fit.d_range, 0.0, 0)
-            values.append(draw.optimal_parameters(d) or _UNBOUNDED)
-        q = np.quantile(values, [0.025, 0.5, 0.975], method="lower") if values else []
-        fit.optimum_ci[f"{d:.0f}"] = [float(v) if v < _UNBOUNDED else None for v in q]
+            values.append(draw.optimal_parameters(tokens) or _UNBOUNDED)
+        q = np.quantile(values, [0.025, 0.5, 0.975], method="lower") if values else np.zeros(0)
+        fit.optimum_ci[f"{tokens:.0f}"] = [float(v) if v < _UNBOUNDED else None for v in q]
     return fit
 
 

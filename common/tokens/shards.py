@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, TextIO
+from typing import Any, Iterator, Mapping, Optional, TextIO, cast
 
 import numpy as np
 import pandas as pd
@@ -162,14 +162,16 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
     tokenizer = fit_tokenizer(cfg, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg) else None
     symbols = [a.symbol for a in prepared.assets]
-    tokens, moves, features = {}, {}, {}
+    tokens: dict[str, np.ndarray] = {}
+    moves: dict[str, np.ndarray] = {}
+    features: dict[str, Optional[np.ndarray]] = {}
     for s in symbols:
         tokens[s], moves[s], features[s] = encode_asset(tokenizer, prepared.candles[s], s, market.interval_of(s), edges)
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges
     token_set = TokenSet(symbols, tokens, moves, {s: ranges_of(prepared, s) for s in symbols},
-                         features if edges is not None else None)
+                         cast("dict[str, np.ndarray]", features) if edges is not None else None)  # set with edges
     return Prepared(token_set, tokenizer, asset_info(prepared.assets, cfg.data.intervals), data_info)
 
 
@@ -474,7 +476,7 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
             if len(toks) != split["lengths"][j]:
                 raise UserError(f"{s}: {len(toks)} tokens where the fit stage counted {split['lengths'][j]}; "
                                 f"delete {work} and prepare again")
-            arrays = {"tokens": toks.astype(np.int16), "moves": moves.astype(np.float64),
+            arrays: dict[str, Any] = {"tokens": toks.astype(np.int16), "moves": moves.astype(np.float64),
                       "clip_counts": np.array(json.dumps(dict(tokenizer.clip_counts)))}
             if features is not None:
                 arrays["features"] = features.astype(np.int16)

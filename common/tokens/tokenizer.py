@@ -202,12 +202,11 @@ class OHLCTokenizer:
         a mapping of those column names to arrays, or an (n, 4|5) array in that column order.
         Non-positive prices raise UserError naming the asset and the timestamp (or row).
         """
-        self._require_fitted()
+        mb, sb = self._binnings()
         f = self._features(candles, asset, timestamps)
         tokens = f.special.astype(self.dtype)
         real = f.special == 0
         mz, sz = f.move_z[real], f.shape_z[real]
-        mb, sb = self.move_binning, self.shape_binning
         counts = self.clip_counts
         counts["move_below"] += int(np.count_nonzero(mz < mb.low))
         counts["move_above"] += int(np.count_nonzero(mz > mb.high))
@@ -283,7 +282,7 @@ class OHLCTokenizer:
     # ------------------------------------------------------------------ save / load
 
     def to_dict(self) -> dict:
-        self._require_fitted()
+        mb, sb = self._binnings()
         return {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -293,8 +292,8 @@ class OHLCTokenizer:
             "vol_halflife": self.vol_halflife,
             "vol_warmup": self.vol_warmup,
             "special_tokens": {"PAD": PAD_TOKEN, "MISSING": MISSING_TOKEN, "BOS": BOS_TOKEN},
-            "move": self.move_binning.to_dict(),
-            "shape": self.shape_binning.to_dict(),
+            "move": mb.to_dict(),
+            "shape": sb.to_dict(),
             "fit_stats": self.fit_stats,
         }
 
@@ -343,17 +342,24 @@ class OHLCTokenizer:
     # ------------------------------------------------------------------ internals
 
     def _require_fitted(self) -> None:
-        if not self.is_fitted:
+        self._binnings()
+
+    def _binnings(self) -> tuple[QuantileBins, QuantileBins]:
+        """The move and shape binnings (fit and load set both); UserError when not fitted."""
+        mb, sb = self.move_binning, self.shape_binning
+        if mb is None or sb is None:
             raise UserError("the tokenizer is not fitted: call fit(training frames) or "
                             "OHLCTokenizer.load('tokenizer.json') first")
+        return mb, sb
 
     def _build_tables(self) -> None:
         # decode is a table lookup: token id -> representative move and shape.
         self._move_table = np.full(self.vocab_size, np.nan)
         self._shape_table = np.full(self.vocab_size, np.nan)
+        mb, sb = self._binnings()
         ids = np.arange(NUM_SPECIAL_TOKENS, self.num_used_ids)
-        self._move_table[ids] = self.move_binning.values[(ids - NUM_SPECIAL_TOKENS) // self.shape_bins]
-        self._shape_table[ids] = self.shape_binning.values[(ids - NUM_SPECIAL_TOKENS) % self.shape_bins]
+        self._move_table[ids] = mb.values[(ids - NUM_SPECIAL_TOKENS) // self.shape_bins]
+        self._shape_table[ids] = sb.values[(ids - NUM_SPECIAL_TOKENS) % self.shape_bins]
 
 
 # ---------------------------------------------------------------------- helpers

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -63,7 +63,9 @@ class Batch:
         """Consecutive batches of `sizes` windows each, as views of this one."""
         parts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         parts = {k: None if v is None else v.split(list(sizes)) for k, v in parts.items()}
-        return [Batch(**{k: None if v is None else v[i] for k, v in parts.items()}) for i in range(len(sizes))]
+        pieces: list[dict[str, Any]] = [{k: None if v is None else v[i] for k, v in parts.items()}
+                                        for i in range(len(sizes))]
+        return [Batch(**piece) for piece in pieces]
 
 
 @dataclass
@@ -264,8 +266,8 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
 
     splits = {}
     for split in SPLITS:
-        first, count, a, c, k = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(5))
-        splits[split] = SplitWindows(first.to(device), count, strides[split], a.to(device), c.to(device),
+        first, counts, a, c, k = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(5))
+        splits[split] = SplitWindows(first.to(device), counts, strides[split], a.to(device), c.to(device),
                                      k.to(device) if interval_ids is not None else None)
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:

@@ -84,7 +84,14 @@ def checkpoint_position(path: str | os.PathLike) -> tuple[int, float] | None:
 def checkpoint_files(run_dir: str | os.PathLike) -> list[Path]:
     """The run's resumable checkpoints, oldest first (temp files and best_model.pt excluded)."""
     found = [p for p in Path(run_dir).glob("checkpoint_epoch_*.pt") if checkpoint_position(p) is not None]
-    return sorted(found, key=checkpoint_position)
+    return sorted(found, key=_position)
+
+
+def _position(path: Path) -> tuple[int, float]:
+    """checkpoint_position of a file checkpoint_files lists (so it has one)."""
+    position = checkpoint_position(path)
+    assert position is not None
+    return position
 
 
 # --------------------------------------------------------------------------- write and read
@@ -97,7 +104,7 @@ def _zip_crc32_on() -> contextlib.AbstractContextManager:
         from torch.utils.serialization import config
     except ImportError:  # an older torch always computes them
         return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": True})
+    return config.patch({"save.compute_crc32": True})  # type: ignore[attr-defined]  # made at import, untyped
 
 
 def _serialize(obj: Mapping[str, Any], path: Path) -> Path:
@@ -237,11 +244,11 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep: int, keep_steps: int = 2
     """Delete old checkpoints: keep the last `keep` epoch ones and the last `keep_steps`
     step ones newer than the newest epoch checkpoint. Returns what was deleted."""
     files = checkpoint_files(run_dir)
-    epochs = [p for p in files if checkpoint_position(p)[1] == float("inf")]
-    steps = [p for p in files if checkpoint_position(p)[1] != float("inf")]
-    newest_epoch = checkpoint_position(epochs[-1]) if epochs else (-1, 0.0)
-    stale_steps = [p for p in steps if checkpoint_position(p) < newest_epoch]
-    fresh_steps = [p for p in steps if checkpoint_position(p) > newest_epoch]
+    epochs = [p for p in files if _position(p)[1] == float("inf")]
+    steps = [p for p in files if _position(p)[1] != float("inf")]
+    newest_epoch = _position(epochs[-1]) if epochs else (-1, 0.0)
+    stale_steps = [p for p in steps if _position(p) < newest_epoch]
+    fresh_steps = [p for p in steps if _position(p) > newest_epoch]
     doomed = epochs[:-keep] + stale_steps + fresh_steps[:-keep_steps]
     for path in doomed:
         path.unlink(missing_ok=True)

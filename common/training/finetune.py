@@ -29,7 +29,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from torch import nn
 from common.atomic import atomic_write_json, read_json
 from common.errors import UserError
 from common.training.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
+
+if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
+    from common.model.gpt import MarketGPT
 
 __all__ = ["Parent", "apply_freeze", "check_parent_fits", "init_from_parent", "record_lineage", "resolve_parent"]
 
@@ -73,7 +76,8 @@ def resolve_parent(path: str | Path) -> Parent:
     if path.is_dir():
         run_dir = path
         best = run_dir / "best_model.pt"
-        checkpoint = best if best.is_file() else (checkpoint_files(run_dir) or [None])[-1]
+        files = checkpoint_files(run_dir)
+        checkpoint = best if best.is_file() else files[-1] if files else None
         if checkpoint is None:
             raise UserError(f"--init-from {path}: the run folder has no best_model.pt and no checkpoint yet; "
                             "fine-tune from a run that has trained at least one epoch")
@@ -115,7 +119,7 @@ def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def init_from_parent(model: nn.Module, parent: Parent, asset_info: dict) -> dict[str, Any]:
+def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> dict[str, Any]:
     """Copy the parent's weights into `model` (asset_info: the new run's ids); returns the lineage."""
     state = _parent_state(parent)
     own = model.state_dict()
@@ -154,8 +158,9 @@ def init_from_parent(model: nn.Module, parent: Parent, asset_info: dict) -> dict
             copied["assets_from_category_mean"].append(rec["symbol"])
         else:
             copied["assets_fresh"].append(rec["symbol"])
-    if getattr(model, "interval_emb", None) is not None:
-        _copy_intervals(model.interval_emb.weight, state.get("interval_emb.weight"), theirs.get("intervals", []),
+    interval_emb = getattr(model, "interval_emb", None)
+    if interval_emb is not None:
+        _copy_intervals(interval_emb.weight, state.get("interval_emb.weight"), theirs.get("intervals", []),
                         asset_info["intervals"], copied)
     return {"parent_run": str(parent.run_dir), "checkpoint": str(parent.checkpoint),
             "checkpoint_sha256": parent.sha256, "tokenizer": str(parent.run_dir / "tokenizer.json"),
@@ -175,14 +180,16 @@ def _copy_intervals(rows: torch.Tensor, old: torch.Tensor | None, their_interval
             copied["intervals_zero"].append(interval)
 
 
-def apply_freeze(model: nn.Module, spec: str) -> list[str]:
+def apply_freeze(model: "MarketGPT", spec: str) -> list[str]:
     """Set requires_grad per training.freeze; returns the frozen parameter names."""
     if spec == "none":
         return []
     if spec == "embeddings":
         frozen = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     else:
-        n = int(_ALL_BUT_LAST.match(spec).group(1))
+        match = _ALL_BUT_LAST.match(spec)
+        assert match is not None  # the config checks training.freeze
+        n = int(match.group(1))
         trainable = [*model.blocks[-n:], model.ln_f, *(m for m in (getattr(model, "lm_head", None),
                                                                    getattr(model, "head", None)) if m is not None)]
         keep = {id(p) for m in trainable for p in m.parameters()}  # a tied token embedding is the head's

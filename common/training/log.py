@@ -108,7 +108,9 @@ class Progress:
             self.bar.close()
 
 
-def _is_terminal(out: TextIO) -> bool:
+def _is_terminal(out: Optional[TextIO]) -> bool:
+    if out is None:
+        return False
     try:
         return out.isatty()
     except (AttributeError, ValueError):

@@ -91,6 +91,7 @@ class TrainingMetrics:
         if not self.cuda:
             return None
         stats = gpu_stats(self.device)
+        assert stats is not None  # on a GPU
         return all_gather_objects(stats) if self.world_size > 1 else [stats]
 
     def log_epoch(self, step: int, scalars: dict[str, float], readings: EpochReadings) -> None:
@@ -109,7 +110,7 @@ class TrainingMetrics:
         if not self.is_main:
             return
         print(summary, file=out, flush=True)
-        if readings.mfu is not None:
+        if readings.mfu is not None and self.peak_flops is not None:  # an MFU needs the peak
             print(f"Throughput: {readings.tokens_per_sec / 1000:.1f}k tok/s | MFU: {100 * readings.mfu:.1f}% of "
                   f"{self.peak_flops / 1e12:g} TFLOP/s per device", file=out, flush=True)
         for rank, g in enumerate(readings.gpus or []):

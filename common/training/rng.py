@@ -5,7 +5,7 @@ States are stored as tensors and plain lists so a checkpoint loads with weights_
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -22,7 +22,8 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    _, keys, pos, has_gauss, cached = np.random.get_state()
+    # legacy=True (the default): the tuple ("MT19937", keys, pos, has_gauss, cached_gaussian)
+    _, keys, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     return {
         "python": [version, list(internal), gauss],
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),

@@ -20,6 +20,7 @@ Files (written by common.commands.train and common.training.trainer):
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -122,7 +123,9 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
     live Slurm job trains that run.
     """
     if resume == "auto":
-        run = auto_resume_run(find_runs(checkpoints, experiment) if checkpoints is not None else [])
+        # both come from --config, which --resume auto needs
+        runs = find_runs(checkpoints, experiment) if checkpoints is not None and experiment is not None else []
+        run = auto_resume_run(runs)
         if run is None:
             return None, None
         return run, latest_good_checkpoint(run)
@@ -261,7 +264,7 @@ class OpenRun:
     tokens: Optional[TokenSet] = None
 
 
-def open_run(run_dir: str | Path, need_tokens: bool) -> OpenRun:
+def open_run(run_dir: str | os.PathLike, need_tokens: bool) -> OpenRun:
     """Check that `run_dir` is a run folder with a best model and read its files, or raise a
     UserError that says which file is missing or damaged. need_tokens: also the token set
     (the test split), for evaluation."""

@@ -113,7 +113,8 @@ class _Wandb:
         (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(dir=str(run_dir), project=str(config.get("experiment") or "marketgpt"),
                               name=run_dir.name, config={**config, "run_dir": str(run_dir)},
-                              settings=wandb.Settings(mode=mode, silent=True, disable_git=True))
+                              # the user's WANDB_MODE as set (wandb checks it): a str, not wandb's Literal
+                              settings=wandb.Settings(mode=mode, silent=True, disable_git=True))  # type: ignore[arg-type]
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.run.log({tag: value}, step=step)

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, TextIO, cast
 
 import torch
 
@@ -48,6 +48,9 @@ from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
 from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, Agreement, CheckpointRequests
 from common.training.validation import EarlyStopping, split_loss
+
+if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
+    from common.model.gpt import MarketGPT
 
 __all__ = ["EXIT_REQUEUE", "Trainer"]
 
@@ -124,9 +127,9 @@ class Trainer:
     def _set_up_model(self, model: torch.nn.Module) -> None:
         """The model on the device, its precision and grad scaler, torch.compile and AdamW."""
         t = self.cfg.training
-        self.model = unwrap(model).to(self.device)
+        self.model = cast("MarketGPT", unwrap(model).to(self.device))  # MarketGPT's methods, or a model with them
         self.model.gradient_checkpointing = t.gradient_checkpointing
-        self.train_model = model.to(self.device)  # what forward runs through (DDP / compiled)
+        self.train_model: torch.nn.Module = model.to(self.device)  # what forward runs through (DDP / compiled)
         self.precision = resolve_precision(t.precision, self.device)
         self.tf32 = use_tf32(self.device)
         self.scaler = grad_scaler(self.precision, self.device)  # enabled for fp16 only
@@ -139,13 +142,14 @@ class Trainer:
         self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
         # a training micro-batch runs through _Forward (the loss and the step's sums in one graph),
         # evaluation through the model itself
-        self._forward = _Forward(self.train_model)
+        self._forward: torch.nn.Module = _Forward(self.train_model)
         # few fused kernels rather than dozens of launches per step, where compiled: a small
         # model's GPU step is over before the host has launched it
         self._step_values, self._nonfinite = step_values, nonfinite
         if self.compiled:
-            self.train_model = torch.compile(self.train_model, mode=self.compile_mode)
-            self._forward = torch.compile(self._forward, mode=self.compile_mode)
+            # torch.compile of a module is a module (typed as the callable it wraps)
+            self.train_model = cast(torch.nn.Module, torch.compile(self.train_model, mode=self.compile_mode))
+            self._forward = cast(torch.nn.Module, torch.compile(self._forward, mode=self.compile_mode))
             self._step_values, self._nonfinite = torch.compile(step_values), torch.compile(nonfinite)
         self._params = list(self.model.parameters())
         self._no_norm = torch.zeros((), dtype=torch.float64, device=self.device)  # read only
@@ -323,7 +327,7 @@ class Trainer:
         accum = t.grad_accum_steps
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums = None  # loss x tokens, correct, tokens
+        sums: Optional[torch.Tensor] = None  # loss x tokens, correct, tokens
         for i in range(accum):
             b = next(batches)
             if self.cuda_graphs:
@@ -334,6 +338,7 @@ class Trainer:
                 # (dividing by 1 would cost a kernel each way)
                 self.scaler.scale(loss / accum if accum > 1 else loss).backward()
             sums = batch if sums is None else sums + batch  # before the next replay overwrites `batch`
+        assert sums is not None  # grad_accum_steps >= 1 (the config checks it)
         # The clipped norm rides in the step's one all-reduce (rank 0's alone: DDP gave every
         # rank the same gradients), with the sums and the checkpoint flags (see signals.py).
         if t.gradient_clip > 0:
@@ -356,7 +361,8 @@ class Trainer:
         then nothing of it is applied, and `_settle` stops the run."""
         if not self.scaler.is_enabled():  # fp16's scaler skips the steps that overflow itself
             if self.optimizer.defaults.get("fused"):
-                self.optimizer.found_inf = bad  # the fused AdamW skips on the device: no wait
+                # the fused AdamW skips on the device: no wait (an attribute torch reads but does not declare)
+                self.optimizer.found_inf = bad  # type: ignore[attr-defined]
             elif bad:  # the CPU's AdamW has no found_inf: a host read (its steps are read at once anyway)
                 return
         self.scaler.step(self.optimizer)
