@@ -52,8 +52,10 @@ if ! "$py" -m pip show --quiet marketgpt >/dev/null 2>&1; then
 fi
 
 if [[ "$mode" == "test" ]]; then
-    # the test extra (setup.cfg): pytest, pytest-socket (setup.cfg's --disable-socket needs it), ...
-    if ! "$py" -c 'import pytest, pytest_socket, hypothesis, responses, onnx, onnxruntime, wandb, mlflow' 2>/dev/null; then
+    # the test extra (setup.cfg): pytest, pytest-socket (setup.cfg's --disable-socket needs it), ...,
+    # and the code checks' ruff and mypy
+    if ! "$py" -c 'import pytest, pytest_socket, hypothesis, responses, onnx, onnxruntime, wandb, mlflow, ruff, mypy' \
+        2>/dev/null; then
         echo "==> Installing the test dependencies"
         "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'
     fi
