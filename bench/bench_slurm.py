@@ -37,7 +37,8 @@ TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.
         "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
         "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
         "training.epochs=3", "training.eval_max_batches=4", "training.warmup_steps=2", "training.log_every_steps=1",
-        "training.device=cpu"]  # the local cluster's GPUs are files: the CPU on purpose
+        "training.device=cpu",  # the local cluster's GPUs are files: the CPU on purpose
+        ]
 STEP = re.compile(r"^  epoch \d+/\d+ step \d+/\d+ ", re.M)
 POLL_S = 0.05
 

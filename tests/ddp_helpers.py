@@ -31,7 +31,8 @@ TINY = {
               "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4, "dropout": 0.0},
     "training": {"batch_size": 16, "grad_accum_steps": 2, "epochs": 2, "max_steps_per_epoch": 40,
                  "eval_max_batches": 3, "warmup_steps": 4, "learning_rate": 1e-3, "log_every_steps": 1,
-                 "device": "cpu", "scorecard_origins": 0},  # the scorecard: test_scorecard_cli.py
+                 "device": "cpu", "scorecard_origins": 0,  # the scorecard: test_scorecard_cli.py
+                 },
     "data": {"source": "sample", "interval": "1d"},
 }
 GLOBAL_BATCH = TINY["training"]["batch_size"]  # one process's batch; N ranks take GLOBAL_BATCH / N each

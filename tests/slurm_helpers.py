@@ -31,7 +31,8 @@ TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.
         "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
         "training.epochs=2", "training.max_steps_per_epoch=6", "training.eval_max_batches=4",
         "training.warmup_steps=2", "training.log_every_steps=3", "training.scorecard_origins=0",
-        "training.device=cpu"]  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
+        "training.device=cpu",  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
+        ]
 
 
 def sets(overrides: Sequence[str]) -> list[str]:

@@ -255,7 +255,8 @@ def test_after_cutoff_task_splits_at_the_cutoff():
     cut = pd.Timestamp("2021-01-01", tz="UTC")
     frames = {"A": ("us_stock", candles(400, 0, start="2020-01-01")),  # 34 candles from the cut-off on
               "B": ("us_stock", candles(380, 1, start="2020-01-01")),  # 14: fewer than H=20 needs
-              "C": ("crypto", candles(300, 2, start="2020-01-01"))}  # none
+              "C": ("crypto", candles(300, 2, start="2020-01-01")),  # none
+              }
     task, series = after_cutoff_task(frames, "1d", cut)
     (s,) = series
     assert task.assets == ("A",) and task.start == "2021-01-01" and task.end == "2021-02-04"

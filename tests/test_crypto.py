@@ -628,7 +628,8 @@ def test_one_minute_history_across_months_with_gaps_in_chunks():
     start = T0 + 20 * DAY  # 2021-01-21: the range crosses two month ends
     now = start + 40 * DAY + 30_000  # 30 s into the last minute
     gaps = [(start + 3 * DAY + 17 * MINUTE, start + 3 * DAY + 29 * MINUTE),  # quiet minutes
-            (start + 11 * DAY, start + 13 * DAY + 7 * MINUTE)]  # a two-day outage: several pages
+            (start + 11 * DAY, start + 13 * DAY + 7 * MINUTE),  # a two-day outage: several pages
+            ]
     fake = GappyBinance(MINUTE, "1m", now, gaps=gaps)
     exchange = binance(fake)
     throttled = rate_limited(exchange)
@@ -650,7 +651,8 @@ def test_windowed_exchange_goes_on_after_empty_pages_and_starts_at_the_listing()
     listed = T0 + 40 * DAY + 9 * HOUR
     now = listed + 5 * DAY + 30_000
     gaps = [(listed + DAY + 3 * HOUR, listed + DAY + 13 * HOUR),  # 10 h: two 300-minute pages empty
-            (T0 + 42 * DAY + 20 * HOUR, T0 + 44 * DAY + 2 * HOUR)]  # 30 h, a whole UTC day in it
+            (T0 + 42 * DAY + 20 * HOUR, T0 + 44 * DAY + 2 * HOUR),  # 30 h, a whole UTC day in it
+            ]
     fake = GappyOkx(now, listed, gaps)
     okx = make_exchange("okx", markets=OKX_MARKETS)
     okx.fetch = fake

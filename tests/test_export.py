@@ -360,8 +360,10 @@ def _one_line(capsys, *needles):
 
 
 def test_a_bad_model_folder_is_one_line_and_exit_2(run_dir, hf_dir, tmp_path, capsys):
-    forecast = lambda folder: main(["forecast", str(folder), "--symbols", "AAPL", "--horizon", "2",  # noqa: E731
-                                    "--samples", "2", "--out", str(tmp_path / "out")])
+    def forecast(folder):
+        return main(["forecast", str(folder), "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
+                     "--out", str(tmp_path / "out")])
+
     with pytest.raises(UserError, match="no such folder"):
         Forecaster.from_pretrained(tmp_path / "nowhere")
     with pytest.raises(UserError, match="missing model.safetensors; is it a `marketgpt export --format hf`"):

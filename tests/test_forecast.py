@@ -90,7 +90,8 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
 
     out = sample_paths(model, contexts, a, c, horizon, samples, generator=torch.Generator().manual_seed(1),
                        on_step=check, max_batch=max_batch, features=features if inputs else None,
-                       banned=torch.arange(40) >= 37)  # a tokenizer's unused tail
+                       banned=torch.arange(40) >= 37,  # a tokenizer's unused tail
+                       )
     assert out.max() < 37
     assert out.shape == (3, samples, horizon) and model.training  # the mode is restored
     assert len(seen) == chunks * horizon  # every step of every chunk

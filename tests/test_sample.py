@@ -193,7 +193,8 @@ def test_script_drops_and_repairs_bad_rows_and_counts_them():
            "2020-01-03,10,12,9,11,2\n"       # duplicate timestamp -> the last kept
            "2020-01-04,0,11,9,10,1\n"        # non-positive -> dropped
            "2020-01-05,10,9.5,9,11,1\n"      # high below close -> repaired
-           "2020-01-06,10,12,10.5,11,1\n")   # low above open -> repaired
+           "2020-01-06,10,12,10.5,11,1\n"   # low above open -> repaired
+           )
     frame, fixes = _convert(csv)
     assert_canonical(frame, "converted")
     assert fixes == {"nan_rows_dropped": 1, "duplicate_timestamps_dropped": 1,

@@ -284,8 +284,9 @@ def test_each_case_script_runs_from_the_repo_root_and_from_slurm_scripts(jobs, k
     assert (key, where) in jobs["cases"], jobs["launch"].stdout + jobs["launch"].stderr
     job_id, cwd = jobs["cases"][(key, where)]
     name = {"a": "full_market", "b": "reduced", "c": "crypto"}[key]
+    # squeue showed the job, under the case's name
     assert re.match(rf"{job_id} {name} (PENDING|RUNNING|CONFIGURING|COMPLETING|COMPLETED)", jobs["squeue"][job_id]), \
-        jobs["squeue"][job_id]  # squeue showed the job, under the case's name
+        jobs["squeue"][job_id]
     states = _wait([job_id], jobs["deadline"])
     out = _log(repo, key, job_id)
     assert (states[job_id], scontrol_field(job_id, "ExitCode")) == ("COMPLETED", "0:0"), \

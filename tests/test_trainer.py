@@ -360,7 +360,8 @@ def _late(trainer: Trainer, fused: bool = False) -> Trainer:
     if fused:
         t = trainer.cfg.training
         trainer.optimizer = trainer.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
-                                                              "cuda")  # fused=True; it runs on CPU tensors too
+                                                              "cuda",  # fused=True; it runs on CPU tensors too
+                                                              )
         assert trainer.optimizer.defaults["fused"]
     return trainer
 
@@ -423,9 +424,8 @@ def test_clip_values_is_torchs_clipping_and_packs_the_norm(max_norm):
     assert values[3] == 0  # only rank 0's norm enters the all-reduce
     grads[0][0, 0] = float("inf")
     assert float(clip_values(grads, max_norm, sums, main=True)[1]) == 1.0
-    assert (
-        float(clip_values([g.clone() for g in grads], max_norm, sums, main=False)[1]) == 0.0
-    )  # the loss decides there
+    # the loss decides there
+    assert float(clip_values([g.clone() for g in grads], max_norm, sums, main=False)[1]) == 0.0
 
 
 def test_one_process_agreement_keeps_the_flags_on_the_host():

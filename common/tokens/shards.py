@@ -170,8 +170,9 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges
+    # encode_asset gives every asset's features when there are volume edges
     token_set = TokenSet(symbols, tokens, moves, {s: ranges_of(prepared, s) for s in symbols},
-                         cast("dict[str, np.ndarray]", features) if edges is not None else None)  # set with edges
+                         cast("dict[str, np.ndarray]", features) if edges is not None else None)
     return Prepared(token_set, tokenizer, asset_info(prepared.assets, cfg.data.intervals), data_info)
 
 

@@ -111,10 +111,10 @@ class _Wandb:
         import wandb  # optional: the `wandb` extra
 
         (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        # the user's WANDB_MODE as set (wandb checks it): a str, not wandb's Literal
+        settings = wandb.Settings(mode=mode, silent=True, disable_git=True)  # type: ignore[arg-type]
         self.run = wandb.init(dir=str(run_dir), project=str(config.get("experiment") or "marketgpt"),
-                              name=run_dir.name, config={**config, "run_dir": str(run_dir)},
-                              # the user's WANDB_MODE as set (wandb checks it): a str, not wandb's Literal
-                              settings=wandb.Settings(mode=mode, silent=True, disable_git=True))  # type: ignore[arg-type]
+                              name=run_dir.name, config={**config, "run_dir": str(run_dir)}, settings=settings)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.run.log({tag: value}, step=step)
