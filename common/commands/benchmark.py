@@ -45,8 +45,8 @@ from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import history_loader
 from common.paths import REPO_ROOT
 
-__all__ = ["AFTER_CUTOFF_BUDGET", "AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest", "append_line",
-           "run_benchmark_command"]
+__all__ = ["AFTER_CUTOFF_BUDGET", "AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest",
+           "append_line", "run_benchmark_command"]
 
 BENCHMARK_JSON = "benchmark.json"
 AFTER_CUTOFF_JSON = "benchmark_after_cutoff.json"  # beside, never over, the fixed tasks' result
