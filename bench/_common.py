@@ -7,6 +7,7 @@ round. A neighbour's work only ever slows a round down, in bursts, so the fastes
 interleaved rounds is each side's least disturbed measurement (timeit's advice); every round's
 time is kept in the JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,19 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without install
 
-__all__ = ["REPO", "alternate", "bench_args", "best_ratio", "finish", "format_table", "machine_info",
-           "peak_rss_mb", "row", "set_threads", "timed"]
+__all__ = [
+    "REPO",
+    "alternate",
+    "bench_args",
+    "best_ratio",
+    "finish",
+    "format_table",
+    "machine_info",
+    "peak_rss_mb",
+    "row",
+    "set_threads",
+    "timed",
+]
 
 
 def set_threads(threads: Optional[int]) -> int:
@@ -62,16 +74,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
 
-def row(benchmark: str, figure: str, value: Optional[float], unit: str = "", target: Optional[str] = None,
-        detail: str = "") -> dict[str, Any]:
+def row(
+    benchmark: str, figure: str, value: Optional[float], unit: str = "", target: Optional[str] = None, detail: str = ""
+) -> dict[str, Any]:
     """One line of the results table. target is '>= 1.0', '< 3', ... or None (report only)."""
     ok = None
     if target is not None and value is not None:
         op, bound = target.split()
-        ok = {">=": value >= float(bound), "<=": value <= float(bound), "<": value < float(bound),
-              ">": value > float(bound)}[op]
-    return {"benchmark": benchmark, "figure": figure, "value": value, "unit": unit, "target": target,
-            "ok": ok, "detail": detail}
+        ok = {
+            ">=": value >= float(bound),
+            "<=": value <= float(bound),
+            "<": value < float(bound),
+            ">": value > float(bound),
+        }[op]
+    return {
+        "benchmark": benchmark,
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "ok": ok,
+        "detail": detail,
+    }
 
 
 def format_value(r: dict[str, Any]) -> str:
@@ -114,8 +138,12 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "nproc": os.cpu_count(), "cpu": cpu, "torch": torch.__version__, "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(), "blas": "MKL" if torch.backends.mkl.is_available() else "other",
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "blas": "MKL" if torch.backends.mkl.is_available() else "other",
         "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},
         "load_average": os.getloadavg(),  # others' work on a shared machine: how noisy the figures are
     }

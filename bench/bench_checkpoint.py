@@ -20,6 +20,7 @@ weights_only=True)`; both read a file just written, so from the page cache.
 Files go to a temporary folder in --dir (default: the system's temp folder; pass a run
 folder's filesystem to measure that disk). Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import io
@@ -58,8 +59,9 @@ def case_trainer(run_dir: Path, case: str = "a") -> Trainer:
     rng = np.random.default_rng(0)
     tokens = {s: rng.integers(3, cfg.model.vocab_size, 3000) for s in ("A", "B")}  # a few windows suffice
     ranges = {s: {"train": (0, 1800), "val": (1800, 2400), "test": (2400, 3000)} for s in tokens}
-    windows = build_windows(tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T,
-                            strides={"train": 1, "val": T, "test": T})
+    windows = build_windows(
+        tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T, strides={"train": 1, "val": T, "test": T}
+    )
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=sum(counts.values()), num_categories=len(counts))
     trainer = Trainer(cfg, model, windows, run_dir, out=io.StringIO(), tensorboard=False)
@@ -101,7 +103,8 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
             trainer._save(name)  # returns when training may go on
             parts["atomic_waits"].append(time.perf_counter() - start)
             trainer.checkpoints.writer._pending[-1].add_done_callback(  # fsynced, renamed, pruned
-                lambda _: parts["atomic_published"].append(time.perf_counter() - start))
+                lambda _: parts["atomic_published"].append(time.perf_counter() - start)
+            )
             work()  # training goes on beside the background thread
             trainer.checkpoints.writer.wait()
             return time.perf_counter() - start
@@ -121,16 +124,21 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
             os.sync()
             return timed(work)
 
-        subjects: dict[str, Callable[[], float]] = {"atomic": atomic_save, "plain": plain_save,
-                                                    "work_alone": work_alone}
+        subjects: dict[str, Callable[[], float]] = {
+            "atomic": atomic_save,
+            "plain": plain_save,
+            "work_alone": work_alone,
+        }
         # warm-up to a long run's steady state: two step checkpoints on disk, each save prunes one
         for fn in (atomic_save, atomic_save, atomic_save, plain_save, plain_save, plain_save):
             fn()
         parts = {k: [] for k in parts}
         save_times = alternate(subjects, rounds)
         size = saved[-1].stat().st_size
-        loads = {"verified_load": lambda: timed(lambda: load_checkpoint(saved[-1])),
-                 "plain_load": lambda: timed(lambda: torch.load(plain[-1], weights_only=True))}
+        loads = {
+            "verified_load": lambda: timed(lambda: load_checkpoint(saved[-1])),
+            "plain_load": lambda: timed(lambda: torch.load(plain[-1], weights_only=True)),
+        }
         load_times = alternate(loads, rounds)
 
     # What a checkpoint costs training: the save plus whatever the work after it lost, against
@@ -141,25 +149,54 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
     plain_cost = max(min(save_times["plain"]) - alone, min(parts["plain_save"]))
     interval_s = 60.0 * trainer.cfg.training.checkpoint_every_minutes
     worst = max(max(save_times["atomic"]) - alone, max(parts["atomic_waits"]))
-    figures = {"parameters": trainer.model.num_parameters(), "file_bytes": size,
-               "round_seconds": {**save_times, **parts, **load_times},
-               "atomic_cost_s": atomic_cost, "plain_cost_s": plain_cost, "save_ratio": atomic_cost / plain_cost,
-               "load_ratio": best_ratio(load_times["verified_load"], load_times["plain_load"]),
-               "interval_s": interval_s, "timer_share": worst / interval_s}
+    figures = {
+        "parameters": trainer.model.num_parameters(),
+        "file_bytes": size,
+        "round_seconds": {**save_times, **parts, **load_times},
+        "atomic_cost_s": atomic_cost,
+        "plain_cost_s": plain_cost,
+        "save_ratio": atomic_cost / plain_cost,
+        "load_ratio": best_ratio(load_times["verified_load"], load_times["plain_load"]),
+        "interval_s": interval_s,
+        "timer_share": worst / interval_s,
+    }
     waits, published = min(parts["atomic_waits"]), min(parts["atomic_published"])
     rows = [
-        row(f"Checkpoint save, case {case.upper()}", "atomic / plain torch.save, cost to training",
-            figures["save_ratio"], "x", "<= 1.5",
+        row(
+            f"Checkpoint save, case {case.upper()}",
+            "atomic / plain torch.save, cost to training",
+            figures["save_ratio"],
+            "x",
+            "<= 1.5",
             f"{atomic_cost:.2f} vs {plain_cost:.2f} s (training waits {waits:.2f} s, then the background "
             f"fsync/rename/prune takes the rest; plain save {min(parts['plain_save']):.2f} s); "
-            f"{size / 2**20:,.0f} MiB ({figures['parameters'] / 1e6:.1f}M params + AdamW moments)"),
-        row(f"Checkpoint on disk, case {case.upper()}", "seconds until published", published, "s", None,
-            "torch.save, fsync, rename, prune: a crash after this loses nothing"),
-        row(f"Checkpoint load, case {case.upper()}", "verified / plain torch.load", figures["load_ratio"], "x", None,
-            f"{min(load_times['verified_load']):.2f} vs {min(load_times['plain_load']):.2f} s (page cache)"),
-        row("Timer checkpoint", "cost / interval", 100 * figures["timer_share"], "%", "< 1",
+            f"{size / 2**20:,.0f} MiB ({figures['parameters'] / 1e6:.1f}M params + AdamW moments)",
+        ),
+        row(
+            f"Checkpoint on disk, case {case.upper()}",
+            "seconds until published",
+            published,
+            "s",
+            None,
+            "torch.save, fsync, rename, prune: a crash after this loses nothing",
+        ),
+        row(
+            f"Checkpoint load, case {case.upper()}",
+            "verified / plain torch.load",
+            figures["load_ratio"],
+            "x",
+            None,
+            f"{min(load_times['verified_load']):.2f} vs {min(load_times['plain_load']):.2f} s (page cache)",
+        ),
+        row(
+            "Timer checkpoint",
+            "cost / interval",
+            100 * figures["timer_share"],
+            "%",
+            "< 1",
             f"costliest round {worst:.2f} s every {trainer.cfg.training.checkpoint_every_minutes:g} min "
-            "(training.checkpoint_every_minutes)"),
+            "(training.checkpoint_every_minutes)",
+        ),
     ]
     return {"rows": rows, "figures": figures}
 

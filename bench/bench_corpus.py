@@ -22,6 +22,7 @@ loader never starves a GPU).
 Default: 5M candles (a minute); --candles 1e8 is the issue's corpus (several minutes).
 Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,15 @@ CONTEXT_C = 128  # case C's: the fastest case in tokens/s, so the hardest to fee
 
 def _overrides(assets: int, candles: int, interval: str) -> list[str]:
     spec = {"assets": assets, "candles": candles, "gap_prob": 0.0, "categories": ["crypto"]}
-    return ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", f'data.interval="{interval}"',
-            'data.start_date="2010-01-01"', "data.universe_counts={}", "data.categories=[]",
-            f"model.context_length={CONTEXT}"]
+    return [
+        'data.source="synthetic"',
+        f"data.synthetic={json.dumps(spec)}",
+        f'data.interval="{interval}"',
+        'data.start_date="2010-01-01"',
+        "data.universe_counts={}",
+        "data.categories=[]",
+        f"model.context_length={CONTEXT}",
+    ]
 
 
 def prepare(folder: Path, assets: int, candles: int, interval: str) -> dict[str, Any]:
@@ -70,12 +77,20 @@ def prepare(folder: Path, assets: int, candles: int, interval: str) -> dict[str,
     (shard,) = (folder / "case" / "data" / "shards").glob("*/manifest.json")
     manifest = json.loads(shard.read_text())
     disk = sum(p.stat().st_size for p in shard.parent.rglob("*") if p.is_file())
-    return {"seconds": seconds, "peak_rss_mb": rss_mb, "bytes": disk, "candles": manifest["candles"],
-            "assets": manifest["assets"], "shard": str(shard.parent), "log_tail": child.stdout.splitlines()[-1]}
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": rss_mb,
+        "bytes": disk,
+        "candles": manifest["candles"],
+        "assets": manifest["assets"],
+        "shard": str(shard.parent),
+        "log_tail": child.stdout.splitlines()[-1],
+    }
 
 
-def assemble(shard: Path, seconds: float = 5.0, device: str = "cpu", context: int = CONTEXT,
-             batch_size: int = BATCH) -> dict[str, Any]:
+def assemble(
+    shard: Path, seconds: float = 5.0, device: str = "cpu", context: int = CONTEXT, batch_size: int = BATCH
+) -> dict[str, Any]:
     """Batches gathered from the shard's tokens on one thread: tokens/s and set-up costs. On the
     CPU from the memory map; on a GPU (device="cuda") from the token tensor copied there once, as
     the Trainer does, timed to the device's completion."""
@@ -89,8 +104,16 @@ def assemble(shard: Path, seconds: float = 5.0, device: str = "cpu", context: in
     t0 = time.perf_counter()
     tokens = TokenSet.load(shard / "tokens")
     ids = {s: i for i, s in enumerate(tokens.symbols)}
-    windows = build_windows(tokens.tokens, tokens.ranges, ids, dict.fromkeys(ids, 0), context, flat=tokens.flat(),
-                            strides={"train": 1, "val": context, "test": context}, device=device)
+    windows = build_windows(
+        tokens.tokens,
+        tokens.ranges,
+        ids,
+        dict.fromkeys(ids, 0),
+        context,
+        flat=tokens.flat(),
+        strides={"train": 1, "val": context, "test": context},
+        device=device,
+    )
     sync()
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -98,54 +121,121 @@ def assemble(shard: Path, seconds: float = 5.0, device: str = "cpu", context: in
     order_s = time.perf_counter() - t0
     batches, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        index = order[(batches * batch_size) % (len(order) - batch_size):][:batch_size]
+        index = order[(batches * batch_size) % (len(order) - batch_size) :][:batch_size]
         batch = windows.gather("train", index)
         batches += 1
     sync()
     elapsed = time.perf_counter() - t0
     assert batch.x.shape == (batch_size, context)
-    return {"tokens_per_s": batches * batch_size * context / elapsed, "batches": batches, "windows": len(order),
-            "device": device, "context": context, "batch": batch_size,
-            "build_windows_s": build_s, "epoch_order_s": order_s,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    return {
+        "tokens_per_s": batches * batch_size * context / elapsed,
+        "batches": batches,
+        "windows": len(order),
+        "device": device,
+        "context": context,
+        "batch": batch_size,
+        "build_windows_s": build_s,
+        "epoch_order_s": order_s,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
 
 
-def run(candles: int, assets: int, interval: str, keep: Optional[Path] = None, device: str = "cpu",
-        consumption: Optional[float] = None) -> dict[str, Any]:
+def run(
+    candles: int,
+    assets: int,
+    interval: str,
+    keep: Optional[Path] = None,
+    device: str = "cpu",
+    consumption: Optional[float] = None,
+) -> dict[str, Any]:
     per_asset = max(2, candles // assets)
     with tempfile.TemporaryDirectory(prefix="bench_corpus_") as tmp:
         folder = keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         p = prepare(folder, assets, per_asset, interval)
-        print(f"prepared {p['candles']:,} candles of {p['assets']} assets in {p['seconds']:.1f} s "
-              f"(peak RSS {p['peak_rss_mb']:.0f} MB, {p['bytes'] / 2**20:.0f} MB on disk): {p['log_tail']}")
+        print(
+            f"prepared {p['candles']:,} candles of {p['assets']} assets in {p['seconds']:.1f} s "
+            f"(peak RSS {p['peak_rss_mb']:.0f} MB, {p['bytes'] / 2**20:.0f} MB on disk): {p['log_tail']}"
+        )
         a = assemble(Path(p["shard"]))
         g = assemble(Path(p["shard"]), device=device, context=CONTEXT_C, batch_size=BATCH) if device != "cpu" else None
     scale = 1e8 / p["candles"]  # the targets are for 100M candles: linear in candles
     rows = [
-        row("Corpus preparation", "seconds", p["seconds"], "s",
+        row(
+            "Corpus preparation",
+            "seconds",
+            p["seconds"],
+            "s",
             f"<= {TARGET_PREPARE_S / scale:.0f}" if scale > 1.01 else f"<= {TARGET_PREPARE_S:.0f}",
             f"{p['candles']:,} synthetic candles, generation included; {p['candles'] / p['seconds'] / 1e6:.2f}M "
-            "candles/s" + ("; target scaled from 15 min at 100M" if scale > 1.01 else "")),
-        row("Corpus preparation", "peak RSS", p["peak_rss_mb"], "MB", f"<= {TARGET_RSS_MB:.0f}",
-            "ru_maxrss of the preparing process" + (" (the target is for 100M)" if scale > 1.01 else "")),
-        row("Corpus preparation", "bytes on disk", p["bytes"] / 2**20, "MB", None,
-            f"{p['bytes'] / p['candles']:.1f} bytes a candle (tokens 2, moves 8, index)"),
-        row("Batch assembly", "tokens/s, one core", a["tokens_per_s"], "tok/s", f">= {TARGET_TOKENS_S:.0f}",
+            "candles/s" + ("; target scaled from 15 min at 100M" if scale > 1.01 else ""),
+        ),
+        row(
+            "Corpus preparation",
+            "peak RSS",
+            p["peak_rss_mb"],
+            "MB",
+            f"<= {TARGET_RSS_MB:.0f}",
+            "ru_maxrss of the preparing process" + (" (the target is for 100M)" if scale > 1.01 else ""),
+        ),
+        row(
+            "Corpus preparation",
+            "bytes on disk",
+            p["bytes"] / 2**20,
+            "MB",
+            None,
+            f"{p['bytes'] / p['candles']:.1f} bytes a candle (tokens 2, moves 8, index)",
+        ),
+        row(
+            "Batch assembly",
+            "tokens/s, one core",
+            a["tokens_per_s"],
+            "tok/s",
+            f">= {TARGET_TOKENS_S:.0f}",
             f"{a['tokens_per_s'] / H100_CASE_A_TOKENS_S:.1f}x the H100 case A training rate "
-            f"({H100_CASE_A_TOKENS_S:,} tok/s); batch {BATCH} x {CONTEXT}"),
-        row("Batch assembly", "window list + epoch order", a["build_windows_s"] + a["epoch_order_s"], "s", None,
-            f"{a['windows']:,} training windows; process RSS {a['rss_mb']:.0f} MB"),
+            f"({H100_CASE_A_TOKENS_S:,} tok/s); batch {BATCH} x {CONTEXT}",
+        ),
+        row(
+            "Batch assembly",
+            "window list + epoch order",
+            a["build_windows_s"] + a["epoch_order_s"],
+            "s",
+            None,
+            f"{a['windows']:,} training windows; process RSS {a['rss_mb']:.0f} MB",
+        ),
     ]
     if g is not None:
-        rows.append(row("Batch assembly on the GPU", "tokens/s", g["tokens_per_s"], "tok/s", None,
-                        f"batch {BATCH} x {CONTEXT_C} (case C's shape), gathered on {device}"))
+        rows.append(
+            row(
+                "Batch assembly on the GPU",
+                "tokens/s",
+                g["tokens_per_s"],
+                "tok/s",
+                None,
+                f"batch {BATCH} x {CONTEXT_C} (case C's shape), gathered on {device}",
+            )
+        )
         if consumption:
-            rows.append(row("Batch assembly on the GPU", "over the fastest case's consumption",
-                            g["tokens_per_s"] / consumption, None, ">= 2",
-                            f"{consumption:,.0f} tok/s trained (--consumption), same machine"))
-    return {"rows": rows, "figures": {"prepare": p, "assemble": a, "assemble_device": g, "consumption": consumption,
-                                      "machine": machine_info()}}
+            rows.append(
+                row(
+                    "Batch assembly on the GPU",
+                    "over the fastest case's consumption",
+                    g["tokens_per_s"] / consumption,
+                    None,
+                    ">= 2",
+                    f"{consumption:,.0f} tok/s trained (--consumption), same machine",
+                )
+            )
+    return {
+        "rows": rows,
+        "figures": {
+            "prepare": p,
+            "assemble": a,
+            "assemble_device": g,
+            "consumption": consumption,
+            "machine": machine_info(),
+        },
+    }
 
 
 def main() -> int:
@@ -155,12 +245,19 @@ def main() -> int:
     ap.add_argument("--interval", default="1h")
     ap.add_argument("--keep", type=Path, default=None, help="prepare here and keep it (default: a temp folder)")
     ap.add_argument("--device", default="cpu", help="also gather batches on this device (cuda), case C's shape")
-    ap.add_argument("--consumption", type=float, default=None,
-                    help="tokens/s the fastest case trains at on this machine, to compare the GPU gather with")
+    ap.add_argument(
+        "--consumption",
+        type=float,
+        default=None,
+        help="tokens/s the fastest case trains at on this machine, to compare the GPU gather with",
+    )
     args = ap.parse_args()
     set_threads(args.threads)
-    return finish("corpus", run(int(args.candles), args.assets, args.interval, args.keep, args.device,
-                                args.consumption), args.json)
+    return finish(
+        "corpus",
+        run(int(args.candles), args.assets, args.interval, args.keep, args.device, args.consumption),
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ cleaning path runs), then times `load_market_data` (universe check + cache reads
 resident set size (ru_maxrss) is therefore that of the measured work plus Python and its
 libraries, not of the generation. Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ __all__ = ["make_case", "measure", "run", "main"]
 TARGET_SECONDS = 10.0
 TARGET_MB = 2048.0
 # Case A's mix, scaled to --assets: (category, source, share of the universe).
-MIX = (("us_stock", "yfinance", 300), ("eu_stock", "yfinance", 150), ("emerging", "yfinance", 50),
-       ("commodity", "yfinance", 30), ("crypto", "ccxt", 70))
+MIX = (
+    ("us_stock", "yfinance", 300),
+    ("eu_stock", "yfinance", 150),
+    ("emerging", "yfinance", 50),
+    ("commodity", "yfinance", 30),
+    ("crypto", "ccxt", 70),
+)
 
 
 def _counts(n_assets: int) -> dict[str, int]:
@@ -54,8 +60,9 @@ def _frame(rng: np.random.Generator, index: pd.DatetimeIndex) -> pd.DataFrame:
     open_ = np.concatenate([[100.0], close[:-1]])
     high = np.maximum(open_, close) * np.exp(np.abs(rng.normal(0, 0.005, n)))
     low = np.minimum(open_, close) * np.exp(-np.abs(rng.normal(0, 0.005, n)))
-    frame = pd.DataFrame({"open": open_, "high": high, "low": low, "close": close,
-                          "volume": rng.uniform(0, 1e6, n)}, index=index)
+    frame = pd.DataFrame(
+        {"open": open_, "high": high, "low": low, "close": close, "volume": rng.uniform(0, 1e6, n)}, index=index
+    )
     bad = rng.choice(n, size=4, replace=False)  # the dirt real feeds have
     frame.iloc[bad[0], 3] = np.nan  # NaN close
     frame.iloc[bad[1], 1] = frame.iloc[bad[1], 3] * 0.9  # high below close
@@ -92,6 +99,7 @@ def measure(folder: Path, counts: dict[str, int]) -> dict:
     t0 = time.perf_counter()
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
+
     t_import = time.perf_counter() - t0
 
     overrides = ['data.start_date="2000-01-01"', f"data.universe_counts={json.dumps(counts)}"]
@@ -103,11 +111,16 @@ def measure(folder: Path, counts: dict[str, int]) -> dict:
     data = prepare_data(cfg, market)
     t_prepare = time.perf_counter() - t0
     return {
-        "import_s": t_import, "load_s": t_load, "prepare_s": t_prepare,
+        "import_s": t_import,
+        "load_s": t_load,
+        "prepare_s": t_prepare,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # Linux: KB
-        "candles": data.info["totals"]["raw_rows"], "assets": len(data.assets),
-        "dropped": len(data.dropped), "fixes": data.info["totals"]["fixes"],
-        "gaps_filled": data.info["totals"]["gaps_filled"], "cuts": data.info["split_cuts"],
+        "candles": data.info["totals"]["raw_rows"],
+        "assets": len(data.assets),
+        "dropped": len(data.dropped),
+        "fixes": data.info["totals"]["fixes"],
+        "gaps_filled": data.info["totals"]["gaps_filled"],
+        "cuts": data.info["split_cuts"],
         "context_length": cfg.model.context_length,
     }
 
@@ -119,11 +132,16 @@ def run(assets: int = 600, candles: int = 5000, keep: Optional[Path] = None) -> 
         t0 = time.perf_counter()
         make_case(folder, assets, candles)
         size_mb = sum(p.stat().st_size for p in (folder / "data").rglob("*.parquet")) / 2**20
-        print(f"generated {assets} assets x {candles} daily candles = "
-              f"{assets * candles:,} in {time.perf_counter() - t0:.1f} s; "
-              f"parquet cache {size_mb:.0f} MB")
-        child = subprocess.run([sys.executable, __file__, "--assets", str(assets),
-                                "--measure", str(folder)], capture_output=True, text=True)
+        print(
+            f"generated {assets} assets x {candles} daily candles = "
+            f"{assets * candles:,} in {time.perf_counter() - t0:.1f} s; "
+            f"parquet cache {size_mb:.0f} MB"
+        )
+        child = subprocess.run(
+            [sys.executable, __file__, "--assets", str(assets), "--measure", str(folder)],
+            capture_output=True,
+            text=True,
+        )
         if child.returncode != 0:
             print(child.stdout + child.stderr)
             raise RuntimeError(f"the measuring process failed (exit {child.returncode})")
@@ -131,22 +149,48 @@ def run(assets: int = 600, candles: int = 5000, keep: Optional[Path] = None) -> 
 
     elapsed = r["load_s"] + r["prepare_s"]
     print(f"load    {r['load_s']:6.2f} s   (universe check + {assets} parquet reads)")
-    print(f"prepare {r['prepare_s']:6.2f} s   (clean, crypto gaps, global split; "
-          f"{r['candles'] / max(r['prepare_s'], 1e-9) / 1e6:.1f} M candles/s)")
-    print(f"total   {elapsed:6.2f} s   target < {TARGET_SECONDS:.0f} s   "
-          f"{'OK' if elapsed < TARGET_SECONDS else 'MISSED'}   (imports {r['import_s']:.2f} s more)")
-    print(f"peak RSS {r['peak_rss_mb']:5.0f} MB   target < {TARGET_MB:.0f} MB   "
-          f"{'OK' if r['peak_rss_mb'] < TARGET_MB else 'MISSED'}  (ru_maxrss of the measuring process)")
-    print(f"kept {r['assets']} assets, dropped {r['dropped']}; {r['candles']:,} candles; "
-          f"gaps filled {r['gaps_filled']}; fixes {r['fixes']}")
-    print(f"split cuts (context {r['context_length']}): val from {r['cuts']['val_start']}, "
-          f"test from {r['cuts']['test_start']}")
+    print(
+        f"prepare {r['prepare_s']:6.2f} s   (clean, crypto gaps, global split; "
+        f"{r['candles'] / max(r['prepare_s'], 1e-9) / 1e6:.1f} M candles/s)"
+    )
+    print(
+        f"total   {elapsed:6.2f} s   target < {TARGET_SECONDS:.0f} s   "
+        f"{'OK' if elapsed < TARGET_SECONDS else 'MISSED'}   (imports {r['import_s']:.2f} s more)"
+    )
+    print(
+        f"peak RSS {r['peak_rss_mb']:5.0f} MB   target < {TARGET_MB:.0f} MB   "
+        f"{'OK' if r['peak_rss_mb'] < TARGET_MB else 'MISSED'}  (ru_maxrss of the measuring process)"
+    )
+    print(
+        f"kept {r['assets']} assets, dropped {r['dropped']}; {r['candles']:,} candles; "
+        f"gaps filled {r['gaps_filled']}; fixes {r['fixes']}"
+    )
+    print(
+        f"split cuts (context {r['context_length']}): val from {r['cuts']['val_start']}, "
+        f"test from {r['cuts']['test_start']}"
+    )
     scale = f"{assets} assets x {candles:,} candles"
-    return {"rows": [row("Load + clean + split", "seconds", elapsed, "s", f"< {TARGET_SECONDS:g}",
-                         f"{scale}; load {r['load_s']:.2f} s, prepare {r['prepare_s']:.2f} s"),
-                     row("Load + clean + split", "peak RSS", r["peak_rss_mb"], "MB", f"< {TARGET_MB:g}",
-                         "ru_maxrss of the measuring process")],
-            "figures": {"assets": assets, "candles": candles, "parquet_mb": size_mb, **r}}
+    return {
+        "rows": [
+            row(
+                "Load + clean + split",
+                "seconds",
+                elapsed,
+                "s",
+                f"< {TARGET_SECONDS:g}",
+                f"{scale}; load {r['load_s']:.2f} s, prepare {r['prepare_s']:.2f} s",
+            ),
+            row(
+                "Load + clean + split",
+                "peak RSS",
+                r["peak_rss_mb"],
+                "MB",
+                f"< {TARGET_MB:g}",
+                "ru_maxrss of the measuring process",
+            ),
+        ],
+        "figures": {"assets": assets, "candles": candles, "parquet_mb": size_mb, **r},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ intra_op_num_threads = torch's, --threads); each side's fastest round is reporte
 (bench/_common.py), and the ratio both of the fastest rounds and the median of each round's
 pair. Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -44,8 +45,9 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
         warnings.simplefilter("ignore")
         export_onnx(fc.model, example, folder)
     info = {"assets": list(fc.assets.values()), "symbols": fc.symbols}
-    onnx = ExportedForecaster(OnnxBackend(folder / "model.onnx", cfg.model.context_length, torch.get_num_threads()),
-                              fc.tokenizer, info, cfg)
+    onnx = ExportedForecaster(
+        OnnxBackend(folder / "model.onnx", cfg.model.context_length, torch.get_num_threads()), fc.tokenizer, info, cfg
+    )
     for f in (fc, onnx):  # warm-up: allocator, kernels, onnxruntime's first-run planning
         f.forecast(histories[:1], horizon=2, samples=2)
 
@@ -67,19 +69,45 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
     # each round's pair ran back to back, under about the same load: their ratio's median is the other view
     paired = sorted(o / t for o, t in zip(times["onnxruntime"], times["torch"]))
     median = statistics.median(paired)
-    print(f"onnxruntime / torch: {ms['onnxruntime'] / ms['torch']:.2f}x (best rounds), {median:.2f}x (median of "
-          f"the rounds' pairs: {', '.join(f'{r:.2f}' for r in paired)})")
-    return {"rows": [row("Forecast from an export", "torch ms per forecast", ms["torch"], "ms", None, shape),
-                     row("Forecast from an export", "onnxruntime ms per forecast", ms["onnxruntime"], "ms", None,
-                         shape),
-                     row("Forecast from an export", "onnxruntime / torch time", ms["onnxruntime"] / ms["torch"], "x",
-                         "<= 1.2", "best rounds; both with a KV cache, shared prefix; below 1 = onnxruntime faster"),
-                     row("Forecast from an export", "onnxruntime / torch time, median pair", median, "x", "<= 1.2",
-                         "median of each round's onnxruntime / torch")],
-            "figures": {"assets": assets, "samples": samples, "horizon": horizon, "rounds": rounds,
-                        "threads": torch.get_num_threads(), "seconds": times, "ms_per_forecast": ms,
-                        "ratio_best": ms["onnxruntime"] / ms["torch"], "ratio_median_pair": median,
-                        "onnxruntime": onnxruntime.__version__, "machine": machine_info()}}
+    print(
+        f"onnxruntime / torch: {ms['onnxruntime'] / ms['torch']:.2f}x (best rounds), {median:.2f}x (median of "
+        f"the rounds' pairs: {', '.join(f'{r:.2f}' for r in paired)})"
+    )
+    return {
+        "rows": [
+            row("Forecast from an export", "torch ms per forecast", ms["torch"], "ms", None, shape),
+            row("Forecast from an export", "onnxruntime ms per forecast", ms["onnxruntime"], "ms", None, shape),
+            row(
+                "Forecast from an export",
+                "onnxruntime / torch time",
+                ms["onnxruntime"] / ms["torch"],
+                "x",
+                "<= 1.2",
+                "best rounds; both with a KV cache, shared prefix; below 1 = onnxruntime faster",
+            ),
+            row(
+                "Forecast from an export",
+                "onnxruntime / torch time, median pair",
+                median,
+                "x",
+                "<= 1.2",
+                "median of each round's onnxruntime / torch",
+            ),
+        ],
+        "figures": {
+            "assets": assets,
+            "samples": samples,
+            "horizon": horizon,
+            "rounds": rounds,
+            "threads": torch.get_num_threads(),
+            "seconds": times,
+            "ms_per_forecast": ms,
+            "ratio_best": ms["onnxruntime"] / ms["torch"],
+            "ratio_median_pair": median,
+            "onnxruntime": onnxruntime.__version__,
+            "machine": machine_info(),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

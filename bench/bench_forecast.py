@@ -17,6 +17,7 @@ Also reported: ms per generated token for the whole batch (forecast time / horiz
 and the table included) and peak memory (CPU: the process's peak RSS after the new path, before
 the old one runs; CUDA: torch's peak allocated). Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,14 +46,20 @@ TARGET_SPEEDUP = 10.0
 
 
 @torch.no_grad()
-def old_generate(model: MarketGPT, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                 max_new_tokens: int, generator: torch.Generator) -> torch.Tensor:
+def old_generate(
+    model: MarketGPT,
+    idx: torch.Tensor,
+    asset_ids: torch.Tensor,
+    category_ids: torch.Tensor,
+    max_new_tokens: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """MarketGPT.generate as it was before issue 13 (temperature 1): the last context_length
     tokens re-run at every step, PAD and BOS never drawn. (B, T) -> (B, T + max_new_tokens)."""
     never = torch.tensor((PAD_TOKEN, BOS_TOKEN), device=idx.device)
     model.eval()
     for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -model.config.context_length:], asset_ids, category_ids, last_only=True)
+        logits, _ = model(idx[:, -model.config.context_length :], asset_ids, category_ids, last_only=True)
         logits = logits[:, -1, :].float()  # (B, V)
         logits[:, never] = -float("inf")
         next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
@@ -60,11 +67,12 @@ def old_generate(model: MarketGPT, idx: torch.Tensor, asset_ids: torch.Tensor, c
     return idx
 
 
-def old_decode_path(tok: OHLCTokenizer, tokens: np.ndarray, last_close: float, sigma: float,
-                     ewma_weight: float) -> np.ndarray:
+def old_decode_path(
+    tok: OHLCTokenizer, tokens: np.ndarray, last_close: float, sigma: float, ewma_weight: float
+) -> np.ndarray:
     """decode_path as it was before issue 13: a Python loop over one path's steps."""
     move_z, _ = tok.decode(tokens)
-    var, log_close, out = sigma ** 2, math.log(last_close), np.full(len(move_z), np.nan)
+    var, log_close, out = sigma**2, math.log(last_close), np.full(len(move_z), np.nan)
     decay = 1.0 - tok.alpha
     for i, z in enumerate(move_z):
         if math.isnan(z):
@@ -89,8 +97,9 @@ def setup(assets: int, device: str) -> tuple[Forecaster, list[History]]:
     return Forecaster(model, tok, info, cfg), [History(s, f) for s, f in frames.items()]
 
 
-def run(assets: int = 20, samples: int = 256, horizon: int = 64, ref_samples: int = 2,
-        device: str = "cpu") -> dict[str, Any]:
+def run(
+    assets: int = 20, samples: int = 256, horizon: int = 64, ref_samples: int = 2, device: str = "cpu"
+) -> dict[str, Any]:
     fc, histories = setup(assets, device)
     T = fc.cfg.model.context_length
     cuda = device.startswith("cuda")
@@ -110,14 +119,16 @@ def run(assets: int = 20, samples: int = 256, horizon: int = 64, ref_samples: in
     assert len(result.table) == assets * horizon
 
     # the old path: generate over the last T tokens of every history, then one decode per path
-    contexts = torch.as_tensor(np.stack([fc.tokenizer.encode(h.candles)[-T:] for h in histories]).astype(np.int64),
-                               device=device).repeat_interleave(ref_samples, dim=0)
+    contexts = torch.as_tensor(
+        np.stack([fc.tokenizer.encode(h.candles)[-T:] for h in histories]).astype(np.int64), device=device
+    ).repeat_interleave(ref_samples, dim=0)
     ids = torch.arange(assets, device=device).repeat_interleave(ref_samples)
     states = [fc.tokenizer.vol_state(h.candles) for h in histories]
     sync()
     t0 = time.perf_counter()
-    out = old_generate(fc.model, contexts, ids, torch.zeros_like(ids), horizon,
-                       generator=torch.Generator(device=device).manual_seed(0))
+    out = old_generate(
+        fc.model, contexts, ids, torch.zeros_like(ids), horizon, generator=torch.Generator(device=device).manual_seed(0)
+    )
     new_tokens = out[:, T:].cpu().numpy()
     for i, toks in enumerate(new_tokens):
         old_decode_path(fc.tokenizer, toks, *states[i // ref_samples])
@@ -128,24 +139,61 @@ def run(assets: int = 20, samples: int = 256, horizon: int = 64, ref_samples: in
     new_rate, old_rate = n_new / t_new, n_old / t_old
     speedup = new_rate / old_rate
     ms_per_token = 1000 * t_new / horizon
-    print(f"new: {n_new} paths x {horizon} steps in {t_new:.2f} s = {new_rate:,.1f} paths/s, "
-          f"{ms_per_token:.1f} ms per generated token for the batch of {n_new}")
-    print(f"old: {n_old} paths x {horizon} steps in {t_old:.2f} s = {old_rate:,.2f} paths/s "
-          f"(generate + scalar decode_path)")
-    print(f"speedup {speedup:.1f}x (target >= {TARGET_SPEEDUP:g}x); peak memory {peak:,.0f} MB "
-          f"({'torch peak allocated' if cuda else 'process peak RSS'})")
+    print(
+        f"new: {n_new} paths x {horizon} steps in {t_new:.2f} s = {new_rate:,.1f} paths/s, "
+        f"{ms_per_token:.1f} ms per generated token for the batch of {n_new}"
+    )
+    print(
+        f"old: {n_old} paths x {horizon} steps in {t_old:.2f} s = {old_rate:,.2f} paths/s "
+        f"(generate + scalar decode_path)"
+    )
+    print(
+        f"speedup {speedup:.1f}x (target >= {TARGET_SPEEDUP:g}x); peak memory {peak:,.0f} MB "
+        f"({'torch peak allocated' if cuda else 'process peak RSS'})"
+    )
     shape = f"{assets} assets x {samples} samples x horizon {horizon}, case C model, {device}"
-    return {"rows": [row("Forecast sampling, case C", "KV cache / generate paths/s", speedup, "x",
-                         f">= {TARGET_SPEEDUP:g}", f"{shape}; {new_rate:,.1f} vs {old_rate:,.2f} paths/s "
-                         f"(old path on {ref_samples} samples per asset)"),
-                     row("Forecast sampling, case C", "ms per generated token (whole batch)", ms_per_token, "ms",
-                         None, f"batch of {n_new} paths; decoding and the table included"),
-                     row("Forecast sampling, case C", "peak memory", peak, "MB", None,
-                         "torch peak allocated" if cuda else "process peak RSS after the new path")],
-            "figures": {"assets": assets, "samples": samples, "horizon": horizon, "ref_samples": ref_samples,
-                        "device": device, "new_seconds": t_new, "old_seconds": t_old, "new_paths_per_s": new_rate,
-                        "old_paths_per_s": old_rate, "speedup": speedup, "ms_per_token": ms_per_token,
-                        "peak_mb": peak}}
+    return {
+        "rows": [
+            row(
+                "Forecast sampling, case C",
+                "KV cache / generate paths/s",
+                speedup,
+                "x",
+                f">= {TARGET_SPEEDUP:g}",
+                f"{shape}; {new_rate:,.1f} vs {old_rate:,.2f} paths/s (old path on {ref_samples} samples per asset)",
+            ),
+            row(
+                "Forecast sampling, case C",
+                "ms per generated token (whole batch)",
+                ms_per_token,
+                "ms",
+                None,
+                f"batch of {n_new} paths; decoding and the table included",
+            ),
+            row(
+                "Forecast sampling, case C",
+                "peak memory",
+                peak,
+                "MB",
+                None,
+                "torch peak allocated" if cuda else "process peak RSS after the new path",
+            ),
+        ],
+        "figures": {
+            "assets": assets,
+            "samples": samples,
+            "horizon": horizon,
+            "ref_samples": ref_samples,
+            "device": device,
+            "new_seconds": t_new,
+            "old_seconds": t_old,
+            "new_paths_per_s": new_rate,
+            "old_paths_per_s": old_rate,
+            "speedup": speedup,
+            "ms_per_token": ms_per_token,
+            "peak_mb": peak,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

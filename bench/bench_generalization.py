@@ -16,6 +16,7 @@ the split's candle positions: every asset's target at the same position is resam
 Prints the per-epoch train/val losses, the wall time with the load average, and the skill
 lines. Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 
 class Trained(NamedTuple):
     """One training of case C's config in a throwaway case folder (`trained_case_c`)."""
+
     run_dir: Path
     log: str  # what the training printed
     wall_s: float
@@ -65,24 +67,42 @@ def trained_case_c(sets: Sequence[str], prefix: str) -> Iterator[Trained]:
         if code != 0:
             raise RuntimeError(f"training exited {code}:\n{log.getvalue()[-3000:]}")
         run_dir = next(p for p in (case / "checkpoints").iterdir() if p.is_dir())  # the one run
-        yield Trained(run_dir, log.getvalue(), wall, (load0, load1),
-                      json.loads((run_dir / "training_log.json").read_text()))
+        yield Trained(
+            run_dir, log.getvalue(), wall, (load0, load1), json.loads((run_dir / "training_log.json").read_text())
+        )
     finally:
         shutil.rmtree(case, ignore_errors=True)
 
+
 # The documented small-data settings (docs/generalization.md): a smaller model than case C's on the daily sample.
 SMALL_DATA = (
-    'data.source="sample"', 'data.interval="1d"', "data.universe_counts={}",
-    "model.d_model=128", "model.num_layers=4", "model.num_heads=4", "model.d_ff=512", "model.context_length=64",
-    'model.head="flat"', "data.epoch_stride=16", "tokenizer.ret_bins=32",
-    "model.dropout=0.2", "training.weight_decay=0.1", "training.learning_rate=1e-3",
-    "training.warmup_steps=50", "training.batch_size=32", "training.epochs=12", "training.max_steps_per_epoch=40",
-    "training.early_stopping_patience=4", "training.scorecard_origins=0", "training.log_every_steps=1000",
+    'data.source="sample"',
+    'data.interval="1d"',
+    "data.universe_counts={}",
+    "model.d_model=128",
+    "model.num_layers=4",
+    "model.num_heads=4",
+    "model.d_ff=512",
+    "model.context_length=64",
+    'model.head="flat"',
+    "data.epoch_stride=16",
+    "tokenizer.ret_bins=32",
+    "model.dropout=0.2",
+    "training.weight_decay=0.1",
+    "training.learning_rate=1e-3",
+    "training.warmup_steps=50",
+    "training.batch_size=32",
+    "training.epochs=12",
+    "training.max_steps_per_epoch=40",
+    "training.early_stopping_patience=4",
+    "training.scorecard_origins=0",
+    "training.log_every_steps=1000",
 )
 
 
-def split_scores(run_dir: Path, split: str, first_assets: int | None = None,
-                 score_last: int | None = None) -> dict[str, Any]:
+def split_scores(
+    run_dir: Path, split: str, first_assets: int | None = None, score_last: int | None = None
+) -> dict[str, Any]:
     """Per-target NLL of the run's best model and of the baselines on `split` ("val" or "test"),
     with each target's asset and candle position inside the split; of the run's first
     `first_assets` symbols only, when given (the baselines still fit on every asset's train split);
@@ -121,8 +141,15 @@ def split_scores(run_dir: Path, split: str, first_assets: int | None = None,
     mask = w.y != PAD_TOKEN
     out = {"model": score_model(model, w, a_ids, c_ids, moves, 64, torch.device("cpu")).nll}
     if score_last is not None:  # the same targets in the same order, each with more context
-        out["model_full_context"] = score_model(model, split_windows(data, cfg.model.context_length, score_last),
-                                                a_ids, c_ids, moves, 64, torch.device("cpu")).nll
+        out["model_full_context"] = score_model(
+            model,
+            split_windows(data, cfg.model.context_length, score_last),
+            a_ids,
+            c_ids,
+            moves,
+            64,
+            torch.device("cpu"),
+        ).nll
     baselines = fit_baselines(train, tok.vocab_size)
     for name in ("unigram", "markov1"):
         out[name] = score_baseline(baselines[name], w.x[mask], w.y[mask], moves).nll
@@ -140,8 +167,11 @@ def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None 
     with trained_case_c(sets, "bench_gen_") as t:
         train_log = t.training_log
         res: dict[str, Any] = {
-            "overrides": sets, "wall_s": round(t.wall_s, 1), "loadavg_1m": list(t.loadavg_1m),
-            "steps": train_log["epochs"][-1]["step"], "best_epoch": train_log.get("best_epoch"),
+            "overrides": sets,
+            "wall_s": round(t.wall_s, 1),
+            "loadavg_1m": list(t.loadavg_1m),
+            "steps": train_log["epochs"][-1]["step"],
+            "best_epoch": train_log.get("best_epoch"),
             "epochs": [{k: round(e[k], 4) for k in ("epoch", "train_loss", "val_loss")} for e in train_log["epochs"]],
             "vocabulary": next((line for line in t.log.splitlines() if line.startswith("Vocabulary:")), None),
         }
@@ -150,8 +180,9 @@ def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None 
             res["best_epoch"] = s["best_epoch"]
             res[split] = {"loss": {name: float(s[name].mean()) for name in ("model", "unigram", "markov1")}}
             for name in ("unigram", "markov1"):
-                res[split][f"skill_vs_{name}"] = skill_interval(s["model"], s[name], s["position"], horizon=1,
-                                                                stride=1, kind="diff", n_boot=2000)
+                res[split][f"skill_vs_{name}"] = skill_interval(
+                    s["model"], s[name], s["position"], horizon=1, stride=1, kind="diff", n_boot=2000
+                )
         if keep is not None:
             shutil.copytree(t.run_dir, keep / t.run_dir.name)
     return res
@@ -159,25 +190,35 @@ def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--split", choices=("val", "test", "val,test"), default="val",
-                   help="val,test: both from one training (select on val; read test once, for the chosen settings)")
+    p.add_argument(
+        "--split",
+        choices=("val", "test", "val,test"),
+        default="val",
+        help="val,test: both from one training (select on val; read test once, for the chosen settings)",
+    )
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--json", type=Path, help="also write the result here")
     a = p.parse_args(argv)
     res = run(a.split.split(","), a.overrides)
-    print(f"machine: {os.cpu_count()} vCPU; wall {res['wall_s']} s for {res['steps']} steps; "
-          f"load average (1 min) {res['loadavg_1m'][0]:.1f} at start, {res['loadavg_1m'][1]:.1f} at end")
+    print(
+        f"machine: {os.cpu_count()} vCPU; wall {res['wall_s']} s for {res['steps']} steps; "
+        f"load average (1 min) {res['loadavg_1m'][0]:.1f} at start, {res['loadavg_1m'][1]:.1f} at end"
+    )
     print(res["vocabulary"])
     for e in res["epochs"]:
         print(f"  epoch {e['epoch']:>2}: train {e['train_loss']:.4f}  val {e['val_loss']:.4f}")
     for split in a.split.split(","):
         L = res[split]["loss"]
-        print(f"{split} loss (best epoch {res['best_epoch']}): model {L['model']:.4f} | unigram {L['unigram']:.4f} | "
-              f"markov1 {L['markov1']:.4f}")
+        print(
+            f"{split} loss (best epoch {res['best_epoch']}): model {L['model']:.4f} | unigram {L['unigram']:.4f} | "
+            f"markov1 {L['markov1']:.4f}"
+        )
         for name in ("unigram", "markov1"):
             sk = res[split][f"skill_vs_{name}"]
-            print(f"  {split} skill vs {name}: {sk['value']:+.4f} nats/token, 95% CI [{sk['ci95'][0]:+.4f}, "
-                  f"{sk['ci95'][1]:+.4f}] ({sk['verdict']})")
+            print(
+                f"  {split} skill vs {name}: {sk['value']:+.4f} nats/token, 95% CI [{sk['ci95'][0]:+.4f}, "
+                f"{sk['ci95'][1]:+.4f}] ({sk['verdict']})"
+            )
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     return 0

@@ -22,6 +22,7 @@ It prints the table and writes JSON (--json, with the device name). Target (the 
 case A MFU >= 40% with compile on an A100 or H100. Without a GPU it stops with a note (run_all
 skips it); --device cpu --smoke runs toy sizes on the CPU to check the command itself.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,10 +48,22 @@ from common.training.mfu import device_peak_flops  # noqa: E402
 __all__ = ["main", "open_device", "run_case"]
 
 # --sdpa: one attention kernel forced, to compare with the one torch picks
-SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-SMOKE = ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64", "model.vocab_size=64",
-         "model.context_length=16", "model.asset_embed_dim=4", "model.category_embed_dim=4"]
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+SMOKE = [
+    "model.d_model=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "model.vocab_size=64",
+    "model.context_length=16",
+    "model.asset_embed_dim=4",
+    "model.category_embed_dim=4",
+]
 
 
 def _sync(device: torch.device) -> None:
@@ -58,8 +71,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step_fn(cfg: Config, device: torch.device, batch: int, compile_model: bool, compile_mode: Optional[str] = None,
-             sdpa: Optional[str] = None):
+def _step_fn(
+    cfg: Config,
+    device: torch.device,
+    batch: int,
+    compile_model: bool,
+    compile_mode: Optional[str] = None,
+    sdpa: Optional[str] = None,
+):
     """One training step as the Trainer runs it, on random tokens; returns (step, model).
     `compile_mode` and `sdpa` (an attention backend: flash, cudnn, efficient, math) are for
     experiments; the Trainer uses torch.compile's default mode and lets torch pick the backend."""
@@ -131,6 +150,7 @@ def largest_batch(cfg: Config, device: torch.device, start: int, limit: int) -> 
 def _profile(step, device: torch.device, path: Path, steps: int = 5) -> None:
     """The top operators by device time over `steps` steps, as a table in `path`."""
     from torch.profiler import ProfilerActivity, profile
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -141,9 +161,18 @@ def _profile(step, device: torch.device, path: Path, steps: int = 5) -> None:
     path.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70) + "\n")
 
 
-def run_case(cfg: Config, device: torch.device, batch: int, steps: int, warmup: int, compile_model: bool,
-             peak_flops: Optional[float], profile_path: Optional[Path] = None, compile_mode: Optional[str] = None,
-             sdpa: Optional[str] = None) -> dict[str, Any]:
+def run_case(
+    cfg: Config,
+    device: torch.device,
+    batch: int,
+    steps: int,
+    warmup: int,
+    compile_model: bool,
+    peak_flops: Optional[float],
+    profile_path: Optional[Path] = None,
+    compile_mode: Optional[str] = None,
+    sdpa: Optional[str] = None,
+) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -160,16 +189,26 @@ def run_case(cfg: Config, device: torch.device, batch: int, steps: int, warmup: 
     seconds = time.perf_counter() - t0
     tokens_per_sec = steps * batch * cfg.model.context_length / seconds
     fpt = model.flops_per_token()
-    est = estimate_training_memory(cfg.model, model.num_parameters(), batch, precision,
-                                   cfg.training.gradient_checkpointing, world_size=1)
+    est = estimate_training_memory(
+        cfg.model, model.num_parameters(), batch, precision, cfg.training.gradient_checkpointing, world_size=1
+    )
     peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     if profile_path is not None:
         _profile(step, device, profile_path)
-    return {"batch": batch, "compile": compile_model, "precision": precision, "steps": steps,
-            "warmup_seconds": warmup_s, "seconds": seconds, "tokens_per_sec": tokens_per_sec,
-            "flops_per_token": fpt, "mfu": tokens_per_sec * fpt / peak_flops if peak_flops else None,
-            "peak_memory_bytes": peak_mem, "estimate_bytes": est.total,
-            "memory_over_estimate": peak_mem / est.total if peak_mem else None}
+    return {
+        "batch": batch,
+        "compile": compile_model,
+        "precision": precision,
+        "steps": steps,
+        "warmup_seconds": warmup_s,
+        "seconds": seconds,
+        "tokens_per_sec": tokens_per_sec,
+        "flops_per_token": fpt,
+        "mfu": tokens_per_sec * fpt / peak_flops if peak_flops else None,
+        "peak_memory_bytes": peak_mem,
+        "estimate_bytes": est.total,
+        "memory_over_estimate": peak_mem / est.total if peak_mem else None,
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -184,11 +223,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s if not a known card")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy model sizes and 2 steps: checks the command only")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for every case (e.g. model.dropout=0.0), for experiments")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every case (e.g. model.dropout=0.0), for experiments",
+    )
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
-    ap.add_argument("--sdpa", choices=sorted(SDPA_BACKENDS), default=None,
-                    help="force one attention backend (default: torch picks)")
+    ap.add_argument(
+        "--sdpa", choices=sorted(SDPA_BACKENDS), default=None, help="force one attention backend (default: torch picks)"
+    )
     ap.add_argument("--profile", type=Path, default=None, help="folder for a torch.profiler summary per run")
     args = ap.parse_args(argv)
     opened = open_device("bench_gpu", args.device, args.threads)
@@ -217,26 +262,63 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
             cases[case]["runs"].append(r)
             label = f"case {case}, {r['precision']}, {'compile' if compile_model else 'eager'}"
-            rows.append(row(f"GPU training, {label}", "tokens/s", r["tokens_per_sec"], "tok/s",
-                            detail=f"batch {args.batch} x {cfg.model.context_length}, {name}"))
+            rows.append(
+                row(
+                    f"GPU training, {label}",
+                    "tokens/s",
+                    r["tokens_per_sec"],
+                    "tok/s",
+                    detail=f"batch {args.batch} x {cfg.model.context_length}, {name}",
+                )
+            )
             target = (
                 ">= 0.40" if case == "A" and compile_model and peak and ("A100" in name or "H100" in name) else None
             )
-            rows.append(row(f"GPU training, {label}", "MFU", r["mfu"], target=target,
-                            detail=f"peak {peak / 1e12:g} TFLOP/s" if peak else "unknown peak: --peak-flops"))
+            rows.append(
+                row(
+                    f"GPU training, {label}",
+                    "MFU",
+                    r["mfu"],
+                    target=target,
+                    detail=f"peak {peak / 1e12:g} TFLOP/s" if peak else "unknown peak: --peak-flops",
+                )
+            )
             if r["memory_over_estimate"] is not None:
-                rows.append(row(f"GPU training, {label}", "peak memory / estimate", r["memory_over_estimate"],
-                                detail=f"{r['peak_memory_bytes'] / 1e9:.2f} GB measured, "
-                                       f"{r['estimate_bytes'] / 1e9:.2f} GB estimated; target 0.85-1.15"))
+                rows.append(
+                    row(
+                        f"GPU training, {label}",
+                        "peak memory / estimate",
+                        r["memory_over_estimate"],
+                        detail=f"{r['peak_memory_bytes'] / 1e9:.2f} GB measured, "
+                        f"{r['estimate_bytes'] / 1e9:.2f} GB estimated; target 0.85-1.15",
+                    )
+                )
         if not args.no_max_batch and device.type == "cuda":
             best = largest_batch(cfg, device, args.batch, args.max_batch_limit)
             cases[case]["largest_batch"] = best
-            rows.append(row(f"GPU training, case {case}", "largest batch that fits", best,
-                            detail=f"eager, up to {args.max_batch_limit}"))
-    result = {"rows": rows, "figures": {"device": name, "peak_flops": peak, "torch": torch.__version__,
-                                        "cuda": torch.version.cuda, "smoke": args.smoke, "cases": cases,
-                                        "set": args.set, "compile_mode": args.compile_mode, "sdpa": args.sdpa,
-                                        "machine": machine_info()}}
+            rows.append(
+                row(
+                    f"GPU training, case {case}",
+                    "largest batch that fits",
+                    best,
+                    detail=f"eager, up to {args.max_batch_limit}",
+                )
+            )
+    result = {
+        "rows": rows,
+        "figures": {
+            "device": name,
+            "peak_flops": peak,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "smoke": args.smoke,
+            "cases": cases,
+            "set": args.set,
+            "compile_mode": args.compile_mode,
+            "sdpa": args.sdpa,
+            "machine": machine_info(),
+        },
+    }
     return finish("gpu", result, args.json)
 
 

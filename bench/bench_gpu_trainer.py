@@ -16,6 +16,7 @@ path: the token tensor lives on the GPU and each batch is a gather):
    time): where the host's time per step goes, when the GPU waits for it.
 Target (issue 28): the Trainer within 3% of the bench (Trainer / bench >= 0.97).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,12 +56,20 @@ def _windows(cfg: Config, device: torch.device, steps: int) -> TokenWindows:
     per_asset = (steps + 20) * cfg.training.batch_size // 8 + 2 * cfg.model.context_length + 64
     n = max(int(per_asset / 0.7), int(3 * (cfg.model.context_length + 1) / 0.15)) + 1  # val and test hold windows
     tokens = {f"S{i}": rng.integers(4, cfg.model.vocab_size, n) for i in range(8)}
-    ranges = {s: {"train": (0, int(n * .7)), "val": (int(n * .7), int(n * .85)), "test": (int(n * .85), n)}
-              for s in tokens}
+    ranges = {
+        s: {"train": (0, int(n * 0.7)), "val": (int(n * 0.7), int(n * 0.85)), "test": (int(n * 0.85), n)}
+        for s in tokens
+    }
     ids = {s: i for i, s in enumerate(tokens)}
-    return build_windows(tokens, ranges, ids, dict.fromkeys(ids, 0), cfg.model.context_length,
-                         strides={"train": 1, "val": cfg.model.context_length, "test": cfg.model.context_length},
-                         device=device)
+    return build_windows(
+        tokens,
+        ranges,
+        ids,
+        dict.fromkeys(ids, 0),
+        cfg.model.context_length,
+        strides={"train": 1, "val": cfg.model.context_length, "test": cfg.model.context_length},
+        device=device,
+    )
 
 
 def _rate(tr: Trainer, t0_seen: float, t0_seconds: float) -> float:
@@ -90,8 +99,10 @@ def _busy_share(tr: Trainer, steps: int, device: torch.device) -> Optional[float
         tr.train(stop_after_steps=tr.global_step + steps)
         torch.cuda.synchronize(device)
         wall = time.perf_counter() - t0
-    kernels = sum(e.self_device_time_total for e in prof.key_averages()
-                  if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+    kernels = (
+        sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        / 1e6
+    )
     return kernels / wall
 
 
@@ -106,8 +117,11 @@ def _syncs(tr: Trainer, steps: int, device: torch.device) -> Optional[dict[str, 
     found: list[str] = []
 
     def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:  # the message and our frames
-        frames = [f"{Path(f.filename).name}:{f.lineno}" for f in reversed(traceback.extract_stack(limit=14)[:-1])
-                  if "/common/" in f.filename]
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno}"
+            for f in reversed(traceback.extract_stack(limit=14)[:-1])
+            if "/common/" in f.filename
+        ]
         found.append(f"{message}".splitlines()[0][:120] + " | " + " <- ".join(frames))
 
     with _no_checkpoint(tr), warnings.catch_warnings():  # restores showwarning after
@@ -136,8 +150,9 @@ def _host_profile(tr: Trainer, steps: int, path: Path) -> None:
     path.write_text(text.getvalue())
 
 
-def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path,
-                  host_profile: Optional[Path] = None) -> dict[str, Any]:
+def trainer_rates(
+    cfg: Config, device: torch.device, steps: int, run_dir: Path, host_profile: Optional[Path] = None
+) -> dict[str, Any]:
     """The Trainer's tokens/s reading a step late and at once, and the GPU's busy share."""
     counts = cfg.data.universe_counts
     seed_everything(cfg.training.seed)
@@ -163,9 +178,16 @@ def trainer_rates(cfg: Config, device: torch.device, steps: int, run_dir: Path,
     except Exception as e:  # noqa: BLE001
         print(f"profile or sync count failed: {traceback.format_exc()[-2000:]}", flush=True)
         syncs = {"count": None, "first": [f"{type(e).__name__}: {e}"]}
-    return {"tokens_per_sec": late, "tokens_per_sec_read_at_once": at_once, "gpu_busy_share": busy, "syncs": syncs,
-            "first_segment_seconds": first_s, "compile_mode": tr.compile_mode if tr.compiled else None,
-            "cuda_graphs": tr.cuda_graphs, "banner": [line for line in out.getvalue().splitlines()[:8]]}
+    return {
+        "tokens_per_sec": late,
+        "tokens_per_sec_read_at_once": at_once,
+        "gpu_busy_share": busy,
+        "syncs": syncs,
+        "first_segment_seconds": first_s,
+        "compile_mode": tr.compile_mode if tr.compiled else None,
+        "cuda_graphs": tr.cuda_graphs,
+        "banner": [line for line in out.getvalue().splitlines()[:8]],
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -177,8 +199,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy model sizes and 3 steps: checks the command only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every case")
-    ap.add_argument("--host-profile", type=Path, default=None, metavar="DIR",
-                    help="cProfile 50 more steps per case into DIR/host_<case>.txt")
+    ap.add_argument(
+        "--host-profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="cProfile 50 more steps per case into DIR/host_<case>.txt",
+    )
     args = ap.parse_args(argv)
     opened = open_device("bench_gpu_trainer", args.device, args.threads)
     if opened is None:
@@ -191,15 +218,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows, cases = [], {}
     for case in [c.strip().upper() for c in args.cases.split(",") if c.strip()]:
         cfg = load_config(case_config(case_dir(case)))
-        apply_overrides(cfg, (SMOKE if args.smoke else []) + args.set + [
-            "training.compile=true", f'training.compile_mode="{args.compile_mode}"', "training.log_every_steps=1000000",
-            "training.checkpoint_every_minutes=1000000", "training.keep_checkpoints=1"], "--set")
+        apply_overrides(
+            cfg,
+            (SMOKE if args.smoke else [])
+            + args.set
+            + [
+                "training.compile=true",
+                f'training.compile_mode="{args.compile_mode}"',
+                "training.log_every_steps=1000000",
+                "training.checkpoint_every_minutes=1000000",
+                "training.keep_checkpoints=1",
+            ],
+            "--set",
+        )
         try:
-            bench = run_case(cfg, device, cfg.training.batch_size, 2 if args.smoke else args.bench_steps,
-                             1 if args.smoke else 5, compiled, peak, compile_mode=mode)
+            bench = run_case(
+                cfg,
+                device,
+                cfg.training.batch_size,
+                2 if args.smoke else args.bench_steps,
+                1 if args.smoke else 5,
+                compiled,
+                peak,
+                compile_mode=mode,
+            )
             with tempfile.TemporaryDirectory(prefix="bench_gpu_trainer_") as tmp:
-                tr = trainer_rates(cfg, device, steps, Path(tmp),
-                                   args.host_profile / f"host_{case}.txt" if args.host_profile else None)
+                tr = trainer_rates(
+                    cfg, device, steps, Path(tmp), args.host_profile / f"host_{case}.txt" if args.host_profile else None
+                )
         except Exception as e:  # noqa: BLE001 (one case's failure must not cost the others' figures)
             cases[case] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             print(f"case {case} failed: {cases[case]['traceback']}", flush=True)
@@ -208,21 +254,56 @@ def main(argv: Optional[list[str]] = None) -> int:
         cases[case] = {"bench": bench, "trainer": tr, "trainer_over_bench": ratio}
         label = f"case {case}, batch {cfg.training.batch_size}, mode {mode if compiled else 'eager'}"
         detail = f"{name}; bench {bench['tokens_per_sec']:,.0f} tok/s"
-        rows.append(row(f"Trainer vs bench, {label}", "Trainer / bench", ratio, target=f">= {TARGET}",
-                        detail=detail + f"; Trainer {tr['tokens_per_sec']:,.0f} tok/s"))
-        rows.append(row(f"Trainer vs bench, {label}", "read at once / bench",
-                        tr["tokens_per_sec_read_at_once"] / bench["tokens_per_sec"],
-                        detail="the host waiting for each step's sums (read_lag 0)"))
+        rows.append(
+            row(
+                f"Trainer vs bench, {label}",
+                "Trainer / bench",
+                ratio,
+                target=f">= {TARGET}",
+                detail=detail + f"; Trainer {tr['tokens_per_sec']:,.0f} tok/s",
+            )
+        )
+        rows.append(
+            row(
+                f"Trainer vs bench, {label}",
+                "read at once / bench",
+                tr["tokens_per_sec_read_at_once"] / bench["tokens_per_sec"],
+                detail="the host waiting for each step's sums (read_lag 0)",
+            )
+        )
         if tr["gpu_busy_share"] is not None:
-            rows.append(row(f"Trainer vs bench, {label}", "GPU busy share", tr["gpu_busy_share"],
-                            detail="kernel time / wall time over 6 steady steps (torch.profiler)"))
+            rows.append(
+                row(
+                    f"Trainer vs bench, {label}",
+                    "GPU busy share",
+                    tr["gpu_busy_share"],
+                    detail="kernel time / wall time over 6 steady steps (torch.profiler)",
+                )
+            )
         if tr["syncs"] is not None and tr["syncs"]["count"] is not None:
-            rows.append(row(f"Trainer vs bench, {label}", "synchronizing calls in 4 steps", tr["syncs"]["count"],
-                            detail="torch.cuda.set_sync_debug_mode; the first: "
-                                   + ("; ".join(tr["syncs"]["first"][:2]) or "none")))
-    result = {"rows": rows, "figures": {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                                        "compile_mode": args.compile_mode, "steps": steps, "cases": cases,
-                                        "smoke": args.smoke, "set": args.set, "machine": machine_info()}}
+            rows.append(
+                row(
+                    f"Trainer vs bench, {label}",
+                    "synchronizing calls in 4 steps",
+                    tr["syncs"]["count"],
+                    detail="torch.cuda.set_sync_debug_mode; the first: "
+                    + ("; ".join(tr["syncs"]["first"][:2]) or "none"),
+                )
+            )
+    result = {
+        "rows": rows,
+        "figures": {
+            "device": name,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "compile_mode": args.compile_mode,
+            "steps": steps,
+            "cases": cases,
+            "smoke": args.smoke,
+            "set": args.set,
+            "machine": machine_info(),
+        },
+    }
     return finish("gpu_trainer", result, args.json)
 
 

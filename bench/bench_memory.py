@@ -10,6 +10,7 @@ design stays flat across the sizes.
     python3 bench/bench_memory.py                      # 1M and 10M candles
     python3 bench/bench_memory.py --sizes 1e7 1e8 --json out.json
 """
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,23 @@ COMMANDS = {  # name -> the marketgpt arguments after the config's case and conf
 }
 CONFIG = {
     "experiment": "memory",
-    "model": {"vocab_size": 256, "context_length": 64, "d_model": 64, "num_layers": 2, "num_heads": 2,
-              "d_ff": 128, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "data": {"source": "files", "files_dir": "candles", "universe": "files", "default_category": "crypto",
-             "interval": "1h"},
+    "model": {
+        "vocab_size": 256,
+        "context_length": 64,
+        "d_model": 64,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 128,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "data": {
+        "source": "files",
+        "files_dir": "candles",
+        "universe": "files",
+        "default_category": "crypto",
+        "interval": "1h",
+    },
 }
 
 
@@ -55,9 +69,16 @@ def write_corpus(case: Path, candles: int, per_asset: int, seed: int = 0) -> int
         close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
         open_ = np.concatenate([[close[0]], close[:-1]])
         spread = np.abs(rng.normal(0, 0.003, n)) * close
-        pd.DataFrame({"timestamp": pd.date_range(start, periods=n, freq="h"), "open": open_,
-                      "high": np.maximum(open_, close) + spread, "low": np.minimum(open_, close) - spread,
-                      "close": close, "volume": rng.lognormal(10, 1, n)}).to_parquet(folder / f"A{i:05d}.parquet")
+        pd.DataFrame(
+            {
+                "timestamp": pd.date_range(start, periods=n, freq="h"),
+                "open": open_,
+                "high": np.maximum(open_, close) + spread,
+                "low": np.minimum(open_, close) - spread,
+                "close": close,
+                "volume": rng.lognormal(10, 1, n),
+            }
+        ).to_parquet(folder / f"A{i:05d}.parquet")
     return assets
 
 
@@ -66,14 +87,24 @@ def run_command(args: list[str], case: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     # os.wait4: this child's own rusage (RUSAGE_CHILDREN would be the max over every child so far)
-    proc = subprocess.Popen([sys.executable, "-m", "common.cli", *args], cwd=case, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", *args],
+        cwd=case,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
-    return {"rss_mb": usage.ru_maxrss / 1024.0, "seconds": seconds, "rc": proc.returncode,
-            "tail": out.strip().splitlines()[-3:]}
+    return {
+        "rss_mb": usage.ru_maxrss / 1024.0,
+        "seconds": seconds,
+        "rc": proc.returncode,
+        "tail": out.strip().splitlines()[-3:],
+    }
 
 
 def main() -> int:
@@ -94,13 +125,21 @@ def main() -> int:
             config = case / "configs" / "memory.json"
             for name, command in COMMANDS.items():
                 got = run_command(command(case, config), case)
-                print(f"  {name}: {got['rss_mb']:,.0f} MB peak RSS, {got['seconds']:.1f} s, exit {got['rc']}",
-                      flush=True)
+                print(
+                    f"  {name}: {got['rss_mb']:,.0f} MB peak RSS, {got['seconds']:.1f} s, exit {got['rc']}", flush=True
+                )
                 if got["rc"] not in (0, 1):  # data check exits 1 when some assets are not usable
                     print("\n".join(got["tail"]), flush=True)
                 results.append({"command": name, "candles": candles, "assets": assets, **got})
-                rows.append(row("memory", f"{name} at {candles:,.0f} candles", got["rss_mb"], "MB",
-                                detail=f"{got['seconds']:.1f} s, exit {got['rc']}"))
+                rows.append(
+                    row(
+                        "memory",
+                        f"{name} at {candles:,.0f} candles",
+                        got["rss_mb"],
+                        "MB",
+                        detail=f"{got['seconds']:.1f} s, exit {got['rc']}",
+                    )
+                )
             if args.keep is None:
                 shutil.rmtree(case)
     finally:
@@ -110,8 +149,15 @@ def main() -> int:
         mine = [r for r in results if r["command"] == name]
         if len(mine) > 1 and mine[0]["rss_mb"]:
             growth = mine[-1]["rss_mb"] / mine[0]["rss_mb"]
-            rows.append(row("memory", f"{name}: RSS at {mine[-1]['candles']:,} / at {mine[0]['candles']:,}",
-                            growth, "x", target="<= 1.2"))
+            rows.append(
+                row(
+                    "memory",
+                    f"{name}: RSS at {mine[-1]['candles']:,} / at {mine[0]['candles']:,}",
+                    growth,
+                    "x",
+                    target="<= 1.2",
+                )
+            )
     return finish("memory", {"rows": rows, "results": results, "machine": machine_info()}, args.json)
 
 

@@ -43,6 +43,7 @@ point finishes, so a stopped grid keeps its finished points) and <--name>.png (t
 the skill, against training tokens, one line per size). --fit writes common/model/scaling_fit.json
 only when the points support a dependence on N or D. Exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,13 @@ __all__ = ["GRIDS", "SIZES", "oracle_nll", "oracle_table", "plot", "run_point", 
 # name -> (d_model, num_layers, num_heads, d_ff); "26M" is case B's shape, "5.0M" case C's,
 # "0.9M" the quickstart's (docs/generalization.md). Parameter counts are measured per run.
 SIZES: dict[str, tuple[int, int, int, int]] = {
-    "toy": (16, 1, 2, 32), "0.05M": (32, 2, 2, 128), "0.2M": (64, 2, 2, 256), "0.9M": (128, 4, 4, 512),
-    "5.0M": (256, 6, 8, 1024), "26M": (512, 8, 8, 2048)}
+    "toy": (16, 1, 2, 32),
+    "0.05M": (32, 2, 2, 128),
+    "0.2M": (64, 2, 2, 256),
+    "0.9M": (128, 4, 4, 512),
+    "5.0M": (256, 6, 8, 1024),
+    "26M": (512, 8, 8, 2048),
+}
 _LR = {"toy": 1e-3, "0.05M": 3e-3, "0.2M": 2e-3, "0.9M": 1e-3, "5.0M": 6e-4, "26M": 3e-4}
 SAMPLE_TRAIN = 38_000  # the daily sample's training candles (docs/generalization.md: 38,009)
 
@@ -121,8 +127,13 @@ PURGE = 64  # candles between the splits: fixed, so a --context check trains on 
 
 def _size_sets(size: str) -> list[str]:
     d, layers, heads, ff = SIZES[size]
-    return [f"model.d_model={d}", f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.d_ff={ff}",
-            f"training.learning_rate={_LR[size]}"]
+    return [
+        f"model.d_model={d}",
+        f"model.num_layers={layers}",
+        f"model.num_heads={heads}",
+        f"model.d_ff={ff}",
+        f"training.learning_rate={_LR[size]}",
+    ]
 
 
 def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int], context: int = CONTEXT) -> int:
@@ -130,8 +141,9 @@ def _steps(tokens: int, passes: float, min_steps: int, max_steps: Optional[int],
     return min(steps, max_steps) if max_steps else steps
 
 
-def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS,
-               nested: bool = False) -> list[str]:
+def _data_sets(
+    corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, assets: int = SYN_ASSETS, nested: bool = False
+) -> list[str]:
     """The data section of one point: the corpus, sized so the train split holds about `tokens`
     candles. nested: every asset has NESTED_TRAIN training candles and the corpus grows by assets,
     so a smaller corpus is the first assets of a larger one (asset i depends only on the seed, i
@@ -143,20 +155,45 @@ def _data_sets(corpus: str, tokens: int, eval_per_asset: int = EVAL_PER_ASSET, a
             assets = max(assets, math.ceil(tokens / NESTED_TRAIN))
         eval_n = eval_per_asset + purge
         n = per_asset + 2 * eval_n
-        spec = {"assets": assets, "candles": n, "categories": ["crypto"], "seasonality": 0.0, "gap_prob": 0.0,
-                "seed": 0}
+        spec = {
+            "assets": assets,
+            "candles": n,
+            "categories": ["crypto"],
+            "seasonality": 0.0,
+            "gap_prob": 0.0,
+            "seed": 0,
+        }
         val = eval_n / n
-        return ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", 'data.interval="1h"',
-                'data.start_date="2000-01-01"', "data.categories=[]", f"data.train_ratio={1 - 2 * val!r}",
-                f"data.val_ratio={val!r}", f"data.test_ratio={val!r}"]
+        return [
+            'data.source="synthetic"',
+            f"data.synthetic={json.dumps(spec)}",
+            'data.interval="1h"',
+            'data.start_date="2000-01-01"',
+            "data.categories=[]",
+            f"data.train_ratio={1 - 2 * val!r}",
+            f"data.val_ratio={val!r}",
+            f"data.test_ratio={val!r}",
+        ]
     interval = corpus.split("_")[1]
     return ['data.source="sample"', f'data.interval="{interval}"']
 
 
-def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passes: float = PASSES,
-              min_steps: int = MIN_STEPS, max_steps: Optional[int] = MAX_STEPS, keep: Optional[Path] = None,
-              smoke: bool = False, nested: bool = True, epochs: int = EPOCHS, patience: int = PATIENCE,
-              context: int = CONTEXT) -> dict[str, Any]:
+def run_point(
+    corpus: str,
+    size: str,
+    tokens: int,
+    *,
+    device: str = "cpu",
+    passes: float = PASSES,
+    min_steps: int = MIN_STEPS,
+    max_steps: Optional[int] = MAX_STEPS,
+    keep: Optional[Path] = None,
+    smoke: bool = False,
+    nested: bool = True,
+    epochs: int = EPOCHS,
+    patience: int = PATIENCE,
+    context: int = CONTEXT,
+) -> dict[str, Any]:
     """Train one (corpus, size, tokens) point and score its best model on val and test."""
     from common.tokens.token_set import TokenSet, token_path
 
@@ -192,14 +229,24 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
         run_dir, train_log = t.run_dir, t.training_log
         ts = TokenSet.load(token_path(run_dir))
         res: dict[str, Any] = {
-            "corpus": corpus, "size": size, "shape": list(SIZES[size]), "tokens_target": tokens,
+            "corpus": corpus,
+            "size": size,
+            "shape": list(SIZES[size]),
+            "tokens_target": tokens,
             "train_tokens": int(sum(r["train"][1] - r["train"][0] for r in ts.ranges.values())),
-            "parameters": _parameters(run_dir), "steps": train_log["epochs"][-1]["step"] if train_log["epochs"]
-            and "step" in train_log["epochs"][-1] else steps, "planned_steps": steps,
-            "tokens_processed": steps * BATCH * context, "context": context, "best_epoch": train_log.get("best_epoch"),
+            "parameters": _parameters(run_dir),
+            "steps": train_log["epochs"][-1]["step"]
+            if train_log["epochs"] and "step" in train_log["epochs"][-1]
+            else steps,
+            "planned_steps": steps,
+            "tokens_processed": steps * BATCH * context,
+            "context": context,
+            "best_epoch": train_log.get("best_epoch"),
             "epochs_run": len(train_log["epochs"]),
             "val_losses": [e["val_loss"] for e in train_log["epochs"]],
-            "wall_s": round(t.wall_s, 1), "loadavg_1m": [round(x, 2) for x in t.loadavg_1m], "overrides": sets,
+            "wall_s": round(t.wall_s, 1),
+            "loadavg_1m": [round(x, 2) for x in t.loadavg_1m],
+            "overrides": sets,
         }
         res["still_improving"] = _still_improving(res)
         scored = small.get("assets", SYN_ASSETS) if nested and corpus == "synthetic" else None
@@ -208,16 +255,24 @@ def run_point(corpus: str, size: str, tokens: int, *, device: str = "cpu", passe
         for split in ("val", "test"):
             test = split == "test"  # test also: each target at (nearly) full context, and the filters' floors
             s = split_scores(run_dir, split, scored, score_last=max(1, context // 4) if test else None)
-            out: dict[str, Any] = {"loss": {k: float(np.mean(s[k])) for k in ("model", "unigram", "markov1")},
-                                   "targets": int(len(s["model"]))}
+            out: dict[str, Any] = {
+                "loss": {k: float(np.mean(s[k])) for k in ("model", "unigram", "markov1")},
+                "targets": int(len(s["model"])),
+            }
             out["skill_vs_unigram"] = _skill(s["model"], s)
             if test:
                 full = s["model_full_context"]
-                out["full_context"] = {"model": float(np.mean(full)), "score_last": max(1, context // 4),
-                                       "skill_vs_unigram": _skill(full, s)}
+                out["full_context"] = {
+                    "model": float(np.mean(full)),
+                    "score_last": max(1, context // 4),
+                    "skill_vs_unigram": _skill(full, s),
+                }
             if corpus == "synthetic":
-                floors = floor_losses(run_dir, split, scored, draws) if test else \
-                    {"oracle": oracle_nll(run_dir, split, draws=draws, assets=scored)}
+                floors = (
+                    floor_losses(run_dir, split, scored, draws)
+                    if test
+                    else {"oracle": oracle_nll(run_dir, split, draws=draws, assets=scored)}
+                )
                 out["loss"].update(floors)
                 gap = out["loss"]["unigram"] - floors["oracle"]
                 if gap > 0:
@@ -279,6 +334,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     training tokens, one line per size, with the 95% intervals as error bars; a hollow marker is a
     point still improving when its budget ended."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -287,8 +343,9 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     for ax, corpus in zip(axes[0], corpora):
         syn = corpus == "synthetic"
         for size in SIZES:
-            pts = sorted((r for r in records if r["corpus"] == corpus and r["size"] == size),
-                         key=lambda r: r["train_tokens"])
+            pts = sorted(
+                (r for r in records if r["corpus"] == corpus and r["size"] == size), key=lambda r: r["train_tokens"]
+            )
             if not pts:
                 continue
             x = [r["train_tokens"] for r in pts]
@@ -300,8 +357,9 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
                 ci = [r["test"]["skill_vs_unigram"]["ci95"] for r in pts]
             err = [[v - c[0] for v, c in zip(y, ci)], [c[1] - v for v, c in zip(y, ci)]]
             color = f"C{list(SIZES).index(size)}"  # one colour per size in every panel
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color,
-                        label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)")
+            ax.errorbar(
+                x, y, yerr=err, marker="o", capsize=3, color=color, label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)"
+            )
             open_ = [(xi, yi) for xi, yi, r in zip(x, y, pts) if _still_improving(r)]
             if open_:  # hollow: the budget ended it while still improving (an upper bound on its loss)
                 ax.plot(*zip(*open_), "o", mfc="white", mec=color, zorder=3)
@@ -320,13 +378,18 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
 def _line(r: dict[str, Any]) -> str:
     t, v = r["test"], r["val"]
     sk = t["skill_vs_unigram"]
-    gap = f" gap closed {t['gap_closed']:+.3f} [{t['gap_closed_ci95'][0]:+.3f}, {t['gap_closed_ci95'][1]:+.3f}]" \
-        if t.get("gap_closed") is not None else ""
-    return (f"{r['corpus']:<10} {r['size']:>5} ({r['parameters'] / 1e6:5.2f}M) D={r['train_tokens']:>9,} "
-            f"steps {r['steps']:>5} best epoch {r['best_epoch']}: val {v['loss']['model']:.4f} test "
-            f"{t['loss']['model']:.4f} (unigram {t['loss']['unigram']:.4f}"
-            + (f", oracle {t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "")
-            + f") skill {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}]{gap}; {r['wall_s']:.0f} s")
+    gap = (
+        f" gap closed {t['gap_closed']:+.3f} [{t['gap_closed_ci95'][0]:+.3f}, {t['gap_closed_ci95'][1]:+.3f}]"
+        if t.get("gap_closed") is not None
+        else ""
+    )
+    return (
+        f"{r['corpus']:<10} {r['size']:>5} ({r['parameters'] / 1e6:5.2f}M) D={r['train_tokens']:>9,} "
+        f"steps {r['steps']:>5} best epoch {r['best_epoch']}: val {v['loss']['model']:.4f} test "
+        f"{t['loss']['model']:.4f} (unigram {t['loss']['unigram']:.4f}"
+        + (f", oracle {t['loss']['oracle']:.4f}" if "oracle" in t["loss"] else "")
+        + f") skill {sk['value']:+.4f} [{sk['ci95'][0]:+.4f}, {sk['ci95'][1]:+.4f}]{gap}; {r['wall_s']:.0f} s"
+    )
 
 
 def _parse_points(text: str) -> list[tuple[str, str, int]]:
@@ -344,35 +407,53 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--grid", choices=tuple(GRIDS), default="cpu")
     p.add_argument("--points", help="corpus:size:tokens,... instead of --grid")
     p.add_argument("--smoke", action="store_true", help="the toy grid, few steps (seconds)")
-    p.add_argument("--nested", action=argparse.BooleanOptionalAction, default=True,
-                   help="synthetic corpora grow by assets of one length, each a subset of the larger ones, all "
-                        "scored on the same first 8 assets (default); --no-nested: each token count is its own "
-                        "market of 8 assets (the grid of 2026-11-25)")
+    p.add_argument(
+        "--nested",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="synthetic corpora grow by assets of one length, each a subset of the larger ones, all "
+        "scored on the same first 8 assets (default); --no-nested: each token count is its own "
+        "market of 8 assets (the grid of 2026-11-25)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a busy shared machine 2 threads were 3.5x slower per step)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="points trained at once, each in its own process")
     p.add_argument("--passes", type=float, default=PASSES, help="budget: at most passes x training tokens trained")
     p.add_argument("--min-steps", type=int, default=MIN_STEPS)
     p.add_argument("--max-steps", type=int, default=MAX_STEPS)
     p.add_argument("--epochs", type=int, default=EPOCHS, help="validations in a point's run (its steps split evenly)")
     p.add_argument("--context", type=int, default=CONTEXT, help="model.context_length of every point")
-    p.add_argument("--patience", type=int, default=PATIENCE,
-                   help="early stopping after this many validations without progress")
+    p.add_argument(
+        "--patience", type=int, default=PATIENCE, help="early stopping after this many validations without progress"
+    )
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<cpu|gpu>)")
-    p.add_argument("--fit", nargs="+", type=Path, metavar="RESULTS.json",
-                   help="fit the synthetic points of these results and write common/model/scaling_fit.json")
+    p.add_argument(
+        "--fit",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS.json",
+        help="fit the synthetic points of these results and write common/model/scaling_fit.json",
+    )
     p.add_argument("--name", default="scaling", help="file name of the JSON and PNG (default scaling)")
     a = p.parse_args(argv)
     if a.fit:
         return write_fit(a.fit)
     if a.device == "cuda":
         import torch
+
         if not torch.cuda.is_available():
-            print("bench_scaling: no GPU here (torch.cuda.is_available() is false); the GPU grid is skipped. "
-                  "Run it where a GPU is lent: python bench/bench_scaling.py --device cuda --grid gpu")
+            print(
+                "bench_scaling: no GPU here (torch.cuda.is_available() is false); the GPU grid is skipped. "
+                "Run it where a GPU is lent: python bench/bench_scaling.py --device cuda --grid gpu"
+            )
             return 0
     import torch
+
     torch.set_num_threads(a.threads)
     points = _parse_points(a.points) if a.points else GRIDS["smoke" if a.smoke else a.grid]
     if a.smoke:
@@ -380,12 +461,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = a.out or REPO / "bench" / "results" / f"{dt.date.today():%Y-%m-%d}-{'gpu' if a.device == 'cuda' else 'cpu'}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{a.name}{'_smoke' if a.smoke else ''}.json"
-    doc: dict[str, Any] = {"command": "python bench/bench_scaling.py " + " ".join(argv if argv is not None
-                                                                                 else sys.argv[1:]),
-                           "machine": f"{os.cpu_count()} vCPU, {_cpu_name()}", "started": _now(), "points": []}
+    doc: dict[str, Any] = {
+        "command": "python bench/bench_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": f"{os.cpu_count()} vCPU, {_cpu_name()}",
+        "started": _now(),
+        "points": [],
+    }
     from common.atomic import atomic_write_json
-    kw = dict(device=a.device, passes=a.passes, min_steps=a.min_steps, max_steps=a.max_steps, smoke=a.smoke,
-              nested=a.nested, epochs=a.epochs, patience=a.patience, context=a.context)
+
+    kw = dict(
+        device=a.device,
+        passes=a.passes,
+        min_steps=a.min_steps,
+        max_steps=a.max_steps,
+        smoke=a.smoke,
+        nested=a.nested,
+        epochs=a.epochs,
+        patience=a.patience,
+        context=a.context,
+    )
     for r in _run_points(points, a.jobs, a.threads, kw):
         doc["points"].append(r)
         doc["finished"] = _now()
@@ -396,8 +490,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _run_points(points: Sequence[tuple[str, str, int]], jobs: int, threads: int,
-                kw: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _run_points(
+    points: Sequence[tuple[str, str, int]], jobs: int, threads: int, kw: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
     """Each point's record as it finishes: in this process one after another, or in `jobs`
     worker processes (spawned, `threads` torch threads each) in the order they finish."""
     if jobs <= 1:
@@ -407,20 +502,28 @@ def _run_points(points: Sequence[tuple[str, str, int]], jobs: int, threads: int,
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                             initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(threads,)
+    ) as pool:
         for done in as_completed([pool.submit(run_point, *point, **kw) for point in points]):
             yield done.result()
 
 
 def _worker_init(threads: int) -> None:
     import torch
+
     torch.set_num_threads(threads)
 
 
 # training candles of the seed's cases today (docs/plan figures) and of larger corpora
-CASE_TOKENS = {"sample 1d": SAMPLE_TRAIN, "case B": 360_000, "case C": 1_090_000, "case A": 2_210_000,
-               "10M": 10_000_000, "100M": 100_000_000}
+CASE_TOKENS = {
+    "sample 1d": SAMPLE_TRAIN,
+    "case B": 360_000,
+    "case C": 1_090_000,
+    "case A": 2_210_000,
+    "10M": 10_000_000,
+    "100M": 100_000_000,
+}
 
 
 def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
@@ -458,10 +561,18 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
     names = ", ".join(
         str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p) for p in results
     )
-    fit = fit_points(n, d, excess, source=f"synthetic market, test loss above the oracle; {names}",
-                     at_tokens=list(CASE_TOKENS.values()))
-    print(f"fit: terms {fit.terms}, " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
-          + f"; rmse {fit.rmse:.4f} nats over {fit.points} points")
+    fit = fit_points(
+        n,
+        d,
+        excess,
+        source=f"synthetic market, test loss above the oracle; {names}",
+        at_tokens=list(CASE_TOKENS.values()),
+    )
+    print(
+        f"fit: terms {fit.terms}, "
+        + ", ".join(f"{k} {v:.4g}" for k, v in fit.coef.items())
+        + f"; rmse {fit.rmse:.4f} nats over {fit.points} points"
+    )
     print(
         "  bootstrap 95% (200 resamples of the points): "
         + ", ".join(
@@ -478,11 +589,15 @@ def write_fit(results: Sequence[Path], out: Optional[Path] = None) -> int:
         )
     for name, tokens in CASE_TOKENS.items():
         opt = fit.optimal_parameters(tokens)
-        print(f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
-              f"; bootstrap 95% {fit.optimum_ci.get(f'{tokens:.0f}')}")
+        print(
+            f"  N* for {name} ({tokens:,} tokens): {'none (no interior optimum)' if opt is None else f'{opt:,.0f}'}"
+            f"; bootstrap 95% {fit.optimum_ci.get(f'{tokens:.0f}')}"
+        )
     if not fit.terms:
-        print("the points support no dependence on N or D (the constant form has the lowest AICc): nothing written; "
-              "a fit that advised a size would be advice the points do not give")
+        print(
+            "the points support no dependence on N or D (the constant form has the lowest AICc): nothing written; "
+            "a fit that advised a size would be advice the points do not give"
+        )
         return 0
     atomic_write_json(out or FIT_FILE, fit.to_dict())
     print(f"wrote {out or FIT_FILE}")

@@ -12,6 +12,7 @@ With --run RUN_DIR the run's Forecaster is the model (its data and splits are th
 
 Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import sys
@@ -29,8 +30,15 @@ TARGET_SECONDS = 120.0
 CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 
 
-def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), samples: int = 200, stride: int = 5,
-        out: Path | None = None, run_dir: Path | None = None, precision: str = "auto") -> dict[str, Any]:
+def run(
+    forecaster: str = "rw_ewma",
+    horizons: tuple[int, ...] = (1, 5, 20),
+    samples: int = 200,
+    stride: int = 5,
+    out: Path | None = None,
+    run_dir: Path | None = None,
+    precision: str = "auto",
+) -> dict[str, Any]:
     from common.config import load_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
@@ -58,8 +66,16 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     t_fit = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    card = make_scorecard(series, model, interval=interval, horizons=horizons,
-                          stride=stride, n_samples=samples, baselines=baselines, progress=print)
+    card = make_scorecard(
+        series,
+        model,
+        interval=interval,
+        horizons=horizons,
+        stride=stride,
+        n_samples=samples,
+        baselines=baselines,
+        progress=print,
+    )
     t_score = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -71,16 +87,32 @@ def run(forecaster: str = "rw_ewma", horizons: tuple[int, ...] = (1, 5, 20), sam
     origins = card["horizons"][str(min(horizons))]["n"]  # forecast once each, at the longest horizon
     with_test = sum(1 for s in series if len(s.test))
     print("\n".join(card["verdicts"]))
-    print(f"data {t_data:.2f} s (not counted: the CLI loads it anyway); baselines fit + model load {t_fit:.2f} s; "
-          f"forecasts + metrics {t_score:.2f} s; files {t_write:.2f} s")
-    print(f"total {total:.2f} s for {origins} origins x 4 forecasters x {samples} paths of {max(horizons)} steps "
-          f"({with_test} of {len(series)} assets have a test split)   target <= {TARGET_SECONDS:.0f} s with the model")
-    detail = (f"{interval}, {with_test} assets, H={','.join(map(str, horizons))}, {samples} samples, "
-              f"stride {stride}, {origins} origins; model: {forecaster}")
+    print(
+        f"data {t_data:.2f} s (not counted: the CLI loads it anyway); baselines fit + model load {t_fit:.2f} s; "
+        f"forecasts + metrics {t_score:.2f} s; files {t_write:.2f} s"
+    )
+    print(
+        f"total {total:.2f} s for {origins} origins x 4 forecasters x {samples} paths of {max(horizons)} steps "
+        f"({with_test} of {len(series)} assets have a test split)   target <= {TARGET_SECONDS:.0f} s with the model"
+    )
+    detail = (
+        f"{interval}, {with_test} assets, H={','.join(map(str, horizons))}, {samples} samples, "
+        f"stride {stride}, {origins} origins; model: {forecaster}"
+    )
     title = "Scorecard" if run_dir is not None else "Scorecard (baseline as model)"
-    return {"rows": [row(title, "seconds", total, "s", f"<= {TARGET_SECONDS:g}", detail)],
-            "figures": {"data_s": t_data, "fit_s": t_fit, "score_s": t_score, "write_s": t_write, "total_s": total,
-                        "origins": origins, "assets_with_test": with_test, "verdicts": card["verdicts"]}}
+    return {
+        "rows": [row(title, "seconds", total, "s", f"<= {TARGET_SECONDS:g}", detail)],
+        "figures": {
+            "data_s": t_data,
+            "fit_s": t_fit,
+            "score_s": t_score,
+            "write_s": t_write,
+            "total_s": total,
+            "origins": origins,
+            "assets_with_test": with_test,
+            "verdicts": card["verdicts"],
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

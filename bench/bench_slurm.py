@@ -14,6 +14,7 @@ Runs in a throwaway copy of the repo; times are wall seconds, seen by polling th
 every 50 ms. Prints the figures (each round and the best); always exits 0 when the cluster
 answers: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,12 +34,24 @@ from common.distributed.slurm import slurm_available, wait_for_jobs  # noqa: E40
 sys.path.insert(0, str(REPO / "bench"))
 from _common import bench_args, finish, row  # noqa: E402
 
-TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.context_length=16",
-        "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
-        "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
-        "training.epochs=3", "training.eval_max_batches=4", "training.warmup_steps=2", "training.log_every_steps=1",
-        "training.device=cpu",  # the local cluster's GPUs are files: the CPU on purpose
-        ]
+TINY = [
+    "data.source=sample",
+    "data.interval=1d",
+    "model.vocab_size=64",
+    "model.context_length=16",
+    "model.d_model=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "model.asset_embed_dim=4",
+    "model.category_embed_dim=4",
+    "training.batch_size=16",
+    "training.epochs=3",
+    "training.eval_max_batches=4",
+    "training.warmup_steps=2",
+    "training.log_every_steps=1",
+    "training.device=cpu",  # the local cluster's GPUs are files: the CPU on purpose
+]
 STEP = re.compile(r"^  epoch \d+/\d+ step \d+/\d+ ", re.M)
 POLL_S = 0.05
 
@@ -47,8 +60,11 @@ def copy_repo(dst: Path) -> Path:
     code = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "common", dst / "common", ignore=code)  # common/data included
     # the case without its runs, logs and candle cache
-    shutil.copytree(REPO / "case_c_crypto", dst / "case_c_crypto",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", "logs", "data"))
+    shutil.copytree(
+        REPO / "case_c_crypto",
+        dst / "case_c_crypto",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", "logs", "data"),
+    )
     return dst
 
 
@@ -76,8 +92,19 @@ def one_round(repo: Path, experiment: str) -> dict[str, float]:
     script = "case_c_crypto/slurm_scripts/train_crypto_a100.sh"
     args = [a for kv in [*TINY, f"experiment={experiment}"] for a in ("--set", kv)]
     t0 = time.monotonic()
-    job = subprocess.run(["sbatch", "--parsable", script, *args], cwd=repo, env=env, capture_output=True, text=True,
-                         check=True, timeout=60).stdout.strip().split(";")[0]
+    job = (
+        subprocess.run(
+            ["sbatch", "--parsable", script, *args],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     log = repo / "case_c_crypto" / "logs" / f"crypto_{job}.out"
     try:
         while job_state(job) in ("PENDING", "CONFIGURING", ""):
@@ -95,10 +122,16 @@ def one_round(repo: Path, experiment: str) -> dict[str, float]:
     finally:
         subprocess.run(["scancel", job], timeout=30)
         wait_for_jobs([job], timeout_s=120)
-    return {"sbatch_to_first_step": t_step - t0, "queue": t_running - t0, "startup": t_step - t_running,
-            "requeue_to_resumed_step": t_resumed - t_signal, "signal_to_checkpoint": t_saved - t_signal,
-            "checkpoint_to_requeued": t_requeued - t_saved, "requeued_to_running": t_restart - t_requeued,
-            "resume_startup": t_resumed - t_restart}
+    return {
+        "sbatch_to_first_step": t_step - t0,
+        "queue": t_running - t0,
+        "startup": t_step - t_running,
+        "requeue_to_resumed_step": t_resumed - t_signal,
+        "signal_to_checkpoint": t_saved - t_signal,
+        "checkpoint_to_requeued": t_requeued - t_saved,
+        "requeued_to_running": t_restart - t_requeued,
+        "resume_startup": t_resumed - t_restart,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,17 +148,32 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         rounds.append(one_round(repo, f"bench{r}"))
         f = rounds[-1]
-        print(f"round {r + 1}: sbatch -> first step {f['sbatch_to_first_step']:.1f} s | "
-              f"requeue -> resumed step {f['requeue_to_resumed_step']:.1f} s", flush=True)
+        print(
+            f"round {r + 1}: sbatch -> first step {f['sbatch_to_first_step']:.1f} s | "
+            f"requeue -> resumed step {f['requeue_to_resumed_step']:.1f} s",
+            flush=True,
+        )
     best = {k: min(r[k] for r in rounds) for k in rounds[0]}
     rows = [
-        row("Slurm, local cluster", "sbatch -> first training step", best["sbatch_to_first_step"], "s", None,
+        row(
+            "Slurm, local cluster",
+            "sbatch -> first training step",
+            best["sbatch_to_first_step"],
+            "s",
+            None,
             f"queue {best['queue']:.1f} s, start-up {best['startup']:.1f} s; case C tiny model, 2 tasks, "
-            f"best of {len(rounds)}"),
-        row("Slurm, local cluster", "requeue (USR2) -> resumed step", best["requeue_to_resumed_step"], "s", None,
+            f"best of {len(rounds)}",
+        ),
+        row(
+            "Slurm, local cluster",
+            "requeue (USR2) -> resumed step",
+            best["requeue_to_resumed_step"],
+            "s",
+            None,
             f"USR2 -> checkpoint {best['signal_to_checkpoint']:.1f} s, -> requeued "
             f"{best['checkpoint_to_requeued']:.1f} s, -> running again {best['requeued_to_running']:.1f} s, "
-            f"start-up {best['resume_startup']:.1f} s"),
+            f"start-up {best['resume_startup']:.1f} s",
+        ),
     ]
     if args.keep:
         print(f"logs and run folders: {repo}")

@@ -9,6 +9,7 @@ Python, numpy, pandas and the 3M generated candles themselves: an upper bound on
 tokenizer adds. The RSS right before fit is printed too, so the tokenizer's share is visible.
 Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import resource
@@ -46,8 +47,8 @@ def make_candles(n_assets: int, n_candles: int, seed: int = 0) -> dict[str, pd.D
     frames = {}
     for a in range(n_assets):
         frames[f"A{a:03d}"] = pd.DataFrame(
-            {"open": open_[a], "high": high[a], "low": low[a], "close": close[a], "volume": volume[a]},
-            index=index)
+            {"open": open_[a], "high": high[a], "low": low[a], "close": close[a], "volume": volume[a]}, index=index
+        )
     return frames
 
 
@@ -64,8 +65,7 @@ def run(assets: int = 600, candles: int = 5000, vocab_size: int = 4096) -> dict[
     t0 = time.perf_counter()
     frames = make_candles(assets, candles)
     total = assets * candles
-    print(f"generated {assets} assets x {candles} candles = {total:,} in "
-          f"{time.perf_counter() - t0:.2f} s")
+    print(f"generated {assets} assets x {candles} candles = {total:,} in {time.perf_counter() - t0:.2f} s")
     rss_before = _rss_mb_now()
 
     tok = OHLCTokenizer(vocab_size=vocab_size)
@@ -82,20 +82,47 @@ def run(assets: int = 600, candles: int = 5000, vocab_size: int = 4096) -> dict[
     print(tok)
     print(f"fit    {t_fit:6.2f} s")
     print(f"encode {t_enc:6.2f} s   ({total / t_enc / 1e6:.1f} M candles/s)")
-    print(f"total  {elapsed:6.2f} s   target < {TARGET_SECONDS:.0f} s   "
-          f"{'OK' if elapsed < TARGET_SECONDS else 'MISSED'}")
+    print(
+        f"total  {elapsed:6.2f} s   target < {TARGET_SECONDS:.0f} s   {'OK' if elapsed < TARGET_SECONDS else 'MISSED'}"
+    )
     print(f"RSS before fit {rss_before:7.0f} MB (Python + libraries + generated candles)")
-    print(f"peak RSS       {peak:7.0f} MB   target < {TARGET_MB:.0f} MB   "
-          f"{'OK' if peak < TARGET_MB else 'MISSED'}  (ru_maxrss, whole process)")
-    print(f"token usage: {usage['bits']:.2f} bits of {usage['max_bits']:.2f} "
-          f"({usage['fraction']:.1%}), {usage['distinct']} distinct ids; clipped: {tok.clip_counts}")
+    print(
+        f"peak RSS       {peak:7.0f} MB   target < {TARGET_MB:.0f} MB   "
+        f"{'OK' if peak < TARGET_MB else 'MISSED'}  (ru_maxrss, whole process)"
+    )
+    print(
+        f"token usage: {usage['bits']:.2f} bits of {usage['max_bits']:.2f} "
+        f"({usage['fraction']:.1%}), {usage['distinct']} distinct ids; clipped: {tok.clip_counts}"
+    )
     scale = f"{assets} assets x {candles:,} candles"
-    return {"rows": [row("Tokenizer fit + encode", "seconds", elapsed, "s", f"< {TARGET_SECONDS:g}",
-                         f"{scale}; fit {t_fit:.2f} s, encode {t_enc:.2f} s"),
-                     row("Tokenizer fit + encode", "peak RSS", peak, "MB", f"< {TARGET_MB:g}",
-                         f"whole process; {rss_before:.0f} MB before fit (Python, libraries, candles)")],
-            "figures": {"assets": assets, "candles": candles, "fit_s": t_fit, "encode_s": t_enc,
-                        "peak_rss_mb": peak, "rss_before_fit_mb": rss_before}}
+    return {
+        "rows": [
+            row(
+                "Tokenizer fit + encode",
+                "seconds",
+                elapsed,
+                "s",
+                f"< {TARGET_SECONDS:g}",
+                f"{scale}; fit {t_fit:.2f} s, encode {t_enc:.2f} s",
+            ),
+            row(
+                "Tokenizer fit + encode",
+                "peak RSS",
+                peak,
+                "MB",
+                f"< {TARGET_MB:g}",
+                f"whole process; {rss_before:.0f} MB before fit (Python, libraries, candles)",
+            ),
+        ],
+        "figures": {
+            "assets": assets,
+            "candles": candles,
+            "fit_s": t_fit,
+            "encode_s": t_enc,
+            "peak_rss_mb": peak,
+            "rss_before_fit_mb": rss_before,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

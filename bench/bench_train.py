@@ -21,6 +21,7 @@ Subjects run in alternating rounds (ABBA: MarketGPT, reference, mm peak, gather,
 one train step each, on the same threads; each figure compares the subjects' fastest rounds
 (see _common). Always exits 0: it reports, it does not gate.
 """
+
 from __future__ import annotations
 
 import io
@@ -110,23 +111,32 @@ def _windows(cfg: Config, num_assets: int, seed: int = 0) -> TokenWindows:
     tokens = {f"A{i}": rng.integers(NUM_SPECIAL_TOKENS, cfg.model.vocab_size, n) for i in range(num_assets)}
     ranges = {s: {"train": (0, 3000), "val": (3000, 3500), "test": (3500, n)} for s in tokens}
     T = cfg.model.context_length
-    return build_windows(tokens, ranges, {s: i for i, s in enumerate(tokens)}, {s: 0 for s in tokens}, T,
-                         strides={"train": 1, "val": T, "test": T})
+    return build_windows(
+        tokens,
+        ranges,
+        {s: i for i, s in enumerate(tokens)},
+        {s: 0 for s in tokens},
+        T,
+        strides={"train": 1, "val": T, "test": T},
+    )
 
 
 def _trainer_round(trainer: Trainer, steps: int) -> Callable[[], float]:
     """A round: `steps` more steps through Trainer.train; returns the Trainer's own step seconds."""
+
     def go() -> float:
         before = trainer.sums["seconds"]
         status = trainer.train(stop_after_steps=trainer.global_step + steps)
         if status != "stopped":
             raise RuntimeError(f"the trainer ended with {status!r}: {trainer.log.data.get('error')}")
         return trainer.sums["seconds"] - before
+
     return go
 
 
-def _reference_round(ref: RefGPT, opt: torch.optim.Optimizer, batches: Iterator, steps: int,
-                     clip: float) -> Callable[[], float]:
+def _reference_round(
+    ref: RefGPT, opt: torch.optim.Optimizer, batches: Iterator, steps: int, clip: float
+) -> Callable[[], float]:
     def go() -> float:
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -137,6 +147,7 @@ def _reference_round(ref: RefGPT, opt: torch.optim.Optimizer, batches: Iterator,
             opt.step()
             opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
+
     return go
 
 
@@ -150,6 +161,7 @@ def matmul_peak_round(n: int = PEAK_N, reps: int = 8) -> Callable[[], float]:
         for _ in range(reps):
             torch.mm(a, b, out=c)
         return time.perf_counter() - t0
+
     return go
 
 
@@ -163,6 +175,7 @@ def _gather_round(windows: TokenWindows, batch_size: int, n_batches: int) -> Cal
             if i + 1 == n_batches:
                 break
         return time.perf_counter() - t0
+
     return go
 
 
@@ -185,15 +198,18 @@ def measure_case(key: str, rounds: int, run_dir: Path, steps: int = 1) -> dict[s
 
     torch.manual_seed(t.seed)
     ref = RefGPT(m.vocab_size, m.context_length, m.d_model, m.num_layers, m.num_heads, m.d_ff, m.dropout)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=t.learning_rate, betas=(t.beta1, t.beta2),
-                                weight_decay=t.weight_decay)
+    ref_opt = torch.optim.AdamW(
+        ref.parameters(), lr=t.learning_rate, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+    )
     ref_batches = windows.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=0)
 
     n_gather = 200
-    subjects = {"marketgpt": _trainer_round(trainer, steps),
-                "reference": _reference_round(ref, ref_opt, ref_batches, steps, t.gradient_clip),
-                "peak": matmul_peak_round(reps=PEAK_REPS),
-                "gather": _gather_round(windows, t.batch_size, n_gather)}
+    subjects = {
+        "marketgpt": _trainer_round(trainer, steps),
+        "reference": _reference_round(ref, ref_opt, ref_batches, steps, t.gradient_clip),
+        "peak": matmul_peak_round(reps=PEAK_REPS),
+        "gather": _gather_round(windows, t.batch_size, n_gather),
+    }
     for fn in subjects.values():  # warm-up: allocator, AdamW state, first-touch pages
         fn()
     times = alternate(subjects, rounds)
@@ -205,15 +221,27 @@ def measure_case(key: str, rounds: int, run_dir: Path, steps: int = 1) -> dict[s
     gather_tps = tokens * n_gather / best["gather"]
     fpt = model.flops_per_token(m.context_length)
     return {
-        "case": key, "note": note, "rounds": rounds, "steps_per_round": steps, "batch_size": t.batch_size,
-        "context_length": m.context_length, "d_model": m.d_model, "num_layers": m.num_layers,
-        "vocab_size": m.vocab_size, "dropout": m.dropout, "parameters": model.num_parameters(),
-        "flops_per_token": fpt, "round_seconds": times,
-        "marketgpt_tokens_per_s": mgpt_tps, "reference_tokens_per_s": ref_tps,
+        "case": key,
+        "note": note,
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "batch_size": t.batch_size,
+        "context_length": m.context_length,
+        "d_model": m.d_model,
+        "num_layers": m.num_layers,
+        "vocab_size": m.vocab_size,
+        "dropout": m.dropout,
+        "parameters": model.num_parameters(),
+        "flops_per_token": fpt,
+        "round_seconds": times,
+        "marketgpt_tokens_per_s": mgpt_tps,
+        "reference_tokens_per_s": ref_tps,
         "throughput_ratio": best_ratio(times["reference"], times["marketgpt"]),
-        "matmul_peak_flops": peak, "utilization": fpt * mgpt_tps / peak,
+        "matmul_peak_flops": peak,
+        "utilization": fpt * mgpt_tps / peak,
         "reference_utilization": fpt * ref_tps / peak,
-        "gather_tokens_per_s": gather_tps, "data_path_ratio": gather_tps / mgpt_tps,
+        "gather_tokens_per_s": gather_tps,
+        "data_path_ratio": gather_tps / mgpt_tps,
     }
 
 
@@ -225,19 +253,40 @@ def run(rounds: int = 12, cases: str = "C,B") -> dict[str, Any]:
             # case B's steps take ~5x case C's: half the rounds keep it to about a minute
             r = measure_case(key, rounds if key == "C" else max(3, rounds // 2), Path(tmp) / key)
             figures["cases"][key] = r
-            rows.append(row(f"Training throughput, case {key}", "MarketGPT / reference tokens/s",
-                            r["throughput_ratio"], "x", ">= 1.0",
-                            f"{r['marketgpt_tokens_per_s']:,.0f} vs {r['reference_tokens_per_s']:,.0f} tok/s; "
-                            f"{r['note']}"))
-            rows.append(row(f"Hardware utilization, case {key}", "model FLOP/s / torch.mm peak",
-                            r["utilization"], "", ">= 0.75" if key == "C" else None,
-                            f"{r['utilization'] * r['matmul_peak_flops'] / 1e9:.0f} of "
-                            f"{r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s ({PEAK_N}^2 fp32 mm); "
-                            f"reference {r['reference_utilization']:.2f}"))
+            rows.append(
+                row(
+                    f"Training throughput, case {key}",
+                    "MarketGPT / reference tokens/s",
+                    r["throughput_ratio"],
+                    "x",
+                    ">= 1.0",
+                    f"{r['marketgpt_tokens_per_s']:,.0f} vs {r['reference_tokens_per_s']:,.0f} tok/s; {r['note']}",
+                )
+            )
+            rows.append(
+                row(
+                    f"Hardware utilization, case {key}",
+                    "model FLOP/s / torch.mm peak",
+                    r["utilization"],
+                    "",
+                    ">= 0.75" if key == "C" else None,
+                    f"{r['utilization'] * r['matmul_peak_flops'] / 1e9:.0f} of "
+                    f"{r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s ({PEAK_N}^2 fp32 mm); "
+                    f"reference {r['reference_utilization']:.2f}",
+                )
+            )
             if key == "C":
-                rows.append(row("Data path", "batch gather / train step tokens/s", r["data_path_ratio"], "x",
-                                ">= 100", f"{r['gather_tokens_per_s'] / 1e6:,.1f} M tok/s gathered "
-                                f"(TokenWindows.batches, batch 32 x 128)"))
+                rows.append(
+                    row(
+                        "Data path",
+                        "batch gather / train step tokens/s",
+                        r["data_path_ratio"],
+                        "x",
+                        ">= 100",
+                        f"{r['gather_tokens_per_s'] / 1e6:,.1f} M tok/s gathered "
+                        f"(TokenWindows.batches, batch 32 x 128)",
+                    )
+                )
     return {"rows": rows, "figures": figures}
 
 

@@ -26,6 +26,7 @@ PYTHONPATH; a process killed by a signal leaves no record. The JSON report holds
 stage's time and processes, and the checks (each pass or fail with its numbers). Exits 0 whatever
 the checks say: it reports, it does not gate (tests/test_rehearsal.py does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,11 +64,11 @@ WEIGHT_ATOL = 2e-5  # tests/ddp_helpers.assert_same_run's tolerance
 
 @dataclass(frozen=True)
 class Size:
-    days: int        # the 1d candles per asset; the 1h ones are made first and the 1d from them
+    days: int  # the 1d candles per asset; the 1h ones are made first and the 1d from them
     hourly_gap: float  # the share of hours without a candle (a stock trades some 7 hours a day)
-    start: str       # the first candle, and data.start_date
+    start: str  # the first candle, and data.start_date
     eval_batches: Optional[int]  # the job's training.eval_max_batches (None: every val and test token)
-    timeout_s: int   # the longest a stage may take
+    timeout_s: int  # the longest a stage may take
 
 
 SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (16,800 + 700) = 10.5M; 600 x (184,080 + 7,670) = 115M
@@ -80,13 +81,29 @@ SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (16,800 + 700) = 10.5M; 
 # a tiny model without dropout (ranks then match one process), a few steps, the CPU on purpose
 # (the local cluster's GPUs are files)
 DATA = ['data.intervals=["1d","1h"]', "data.interval_split=per_interval"]
-MODEL = ["model.vocab_size=64", "model.context_length=16", "model.d_model=32", "model.num_layers=2",
-         "model.num_heads=2", "model.d_ff=64", "model.asset_embed_dim=4", "model.category_embed_dim=4",
-         "model.dropout=0.0"]
-TRAINING = ["training.device=cpu", "training.compile=false", f"training.epochs={EPOCHS}",
-            f"training.max_steps_per_epoch={STEPS}", "training.grad_accum_steps=2", "training.eval_max_batches=3",
-            "training.warmup_steps=4", "training.learning_rate=1e-3", "training.log_every_steps=1",
-            "training.early_stopping_patience=100"]
+MODEL = [
+    "model.vocab_size=64",
+    "model.context_length=16",
+    "model.d_model=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "model.asset_embed_dim=4",
+    "model.category_embed_dim=4",
+    "model.dropout=0.0",
+]
+TRAINING = [
+    "training.device=cpu",
+    "training.compile=false",
+    f"training.epochs={EPOCHS}",
+    f"training.max_steps_per_epoch={STEPS}",
+    "training.grad_accum_steps=2",
+    "training.eval_max_batches=3",
+    "training.warmup_steps=4",
+    "training.learning_rate=1e-3",
+    "training.log_every_steps=1",
+    "training.early_stopping_patience=100",
+]
 SCORECARD = ["training.scorecard_origins=4", "training.scorecard_samples=20"]
 NO_SCORECARD = ["training.scorecard_origins=0"]
 
@@ -150,11 +167,21 @@ class Rehearsal:
         hook = root / "hook"
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        self.env = {k: v for k, v in os.environ.items()
-                    if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))}
-        self.env.update({"PYTHONPATH": f"{self.repo}{os.pathsep}{hook}", "MARKETGPT_PYTHON": sys.executable,
-                         "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MARKETGPT_DIST_TIMEOUT": "60",
-                         "MARKETGPT_REHEARSAL_RUSAGE": str(self.rusage)})
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))
+        }
+        self.env.update(
+            {
+                "PYTHONPATH": f"{self.repo}{os.pathsep}{hook}",
+                "MARKETGPT_PYTHON": sys.executable,
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "MARKETGPT_DIST_TIMEOUT": "60",
+                "MARKETGPT_REHEARSAL_RUSAGE": str(self.rusage),
+            }
+        )
         self.stages: dict[str, dict[str, Any]] = {}
         self.checks: list[dict[str, Any]] = []
         self.outputs: dict[str, str] = {}
@@ -168,8 +195,14 @@ class Rehearsal:
     def cli(self, stage: str, *args: str) -> subprocess.CompletedProcess:
         """`marketgpt ARGS` from the repo copy; its output kept under `stage` in the report."""
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "common.cli", *args], cwd=self.repo, env=self.env_for(stage),
-                              capture_output=True, text=True, timeout=self.size.timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "common.cli", *args],
+            cwd=self.repo,
+            env=self.env_for(stage),
+            capture_output=True,
+            text=True,
+            timeout=self.size.timeout_s,
+        )
         what = f"{stage}: marketgpt {' '.join(a for a in args[:2] if not a.startswith('-') and '/' not in a)}"
         self.commands.append({"command": what, "seconds": round(time.monotonic() - t0, 1), "exit": proc.returncode})
         self.outputs[what] = proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -184,8 +217,11 @@ class Rehearsal:
         except Exception as e:  # noqa: BLE001 (the report says what broke; later stages still run)
             figures = {"error": f"{type(e).__name__}: {e}"[:3000]}
         self.stages[name] = {"seconds": round(time.monotonic() - t0, 1), **figures}
-        print(f"    {self.stages[name]['seconds']} s" + (f"  ERROR {figures['error'][:500]}" if "error" in figures
-                                                          else ""), flush=True)
+        print(
+            f"    {self.stages[name]['seconds']} s"
+            + (f"  ERROR {figures['error'][:500]}" if "error" in figures else ""),
+            flush=True,
+        )
         return figures
 
     def check(self, name: str, ok: bool, detail: str, **numbers: Any) -> None:
@@ -205,8 +241,9 @@ def copy_repo(dst: Path) -> Path:
     """What the jobs need (common/, case A without its runs, logs and candles) under `dst`."""
     code = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "common", dst / "common", ignore=code)
-    shutil.copytree(REPO / CASE, dst / CASE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints",
-                                                                          "logs", "data"))
+    shutil.copytree(
+        REPO / CASE, dst / CASE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", "logs", "data")
+    )
     return dst
 
 
@@ -222,9 +259,15 @@ def _write_assets(case: str, size: Size, indices: list[int], exchange: str) -> i
     from common.synthetic_spec import SyntheticSpec
 
     universe = load_universe(Path(case) / "universe.csv", None)
-    spec = SyntheticSpec(assets=len(universe), candles=24 * size.days, interval="1h", start=size.start, seed=7,
-                         gap_prob=size.hourly_gap,
-                         categories=tuple(sorted({a.category for a in universe})))
+    spec = SyntheticSpec(
+        assets=len(universe),
+        candles=24 * size.days,
+        interval="1h",
+        start=size.start,
+        seed=7,
+        gap_prob=size.hourly_gap,
+        categories=tuple(sorted({a.category for a in universe})),
+    )
     cache = CandleCache(Path(case) / "data")
     written = 0
     for i in indices:
@@ -246,18 +289,36 @@ def write_corpus(r: Rehearsal) -> dict[str, Any]:
     assets = load_universe(r.case / "universe.csv", None)
     workers = os.cpu_count() or 1
     with ProcessPoolExecutor(workers) as pool:
-        candles = sum(pool.map(_write_assets, [str(r.case)] * workers, [r.size] * workers,
-                               [list(range(w, len(assets), workers)) for w in range(workers)],
-                               [cfg.data.exchange] * workers))
+        candles = sum(
+            pool.map(
+                _write_assets,
+                [str(r.case)] * workers,
+                [r.size] * workers,
+                [list(range(w, len(assets), workers)) for w in range(workers)],
+                [cfg.data.exchange] * workers,
+            )
+        )
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, the first children reaped
     files = [p for p in (r.case / "data").rglob("*") if p.is_file()]
     sources = sorted({p.relative_to(r.case / "data").parts[0] for p in files if p.suffix == ".parquet"})
-    return {"candles": candles, "bytes_on_disk": sum(p.stat().st_size for p in files),
-            "parquet_files": sum(p.suffix == ".parquet" for p in files), "assets": len(assets),
-            "categories": sorted({a.category for a in assets}), "sources": sources, "intervals": INTERVALS,
-            "size": asdict(r.size), "workers": workers,
-            "rusage": {"processes": workers, "max_rss_mb": round(children.ru_maxrss / 1024, 1),
-                       "max_rss_process": "corpus worker", "read_bytes": children.ru_inblock * 512, "rchar": None}}
+    return {
+        "candles": candles,
+        "bytes_on_disk": sum(p.stat().st_size for p in files),
+        "parquet_files": sum(p.suffix == ".parquet" for p in files),
+        "assets": len(assets),
+        "categories": sorted({a.category for a in assets}),
+        "sources": sources,
+        "intervals": INTERVALS,
+        "size": asdict(r.size),
+        "workers": workers,
+        "rusage": {
+            "processes": workers,
+            "max_rss_mb": round(children.ru_maxrss / 1024, 1),
+            "max_rss_process": "corpus worker",
+            "read_bytes": children.ru_inblock * 512,
+            "rchar": None,
+        },
+    }
 
 
 # --------------------------------------------------------------------------- 2. plan and check
@@ -273,9 +334,10 @@ def plan_counts(text: str) -> dict[str, dict[str, dict[str, int]]]:
         if start < 0:
             continue
         end = text.find("\n  per ", start + 1)
-        rows = _COUNT_ROW.findall(text[start:end if end > 0 else None])
-        out[block.split()[1]] = {name: {"series": _int(s), "candles": _int(c), "train": _int(t)}
-                                 for name, s, c, t in rows}
+        rows = _COUNT_ROW.findall(text[start : end if end > 0 else None])
+        out[block.split()[1]] = {
+            name: {"series": _int(s), "candles": _int(c), "train": _int(t)} for name, s, c, t in rows
+        }
     return out
 
 
@@ -288,10 +350,17 @@ def plan_and_check(r: Rehearsal) -> dict[str, Any]:
     check = r.cli("plan", "data", "check", "--case", CASE, "--config", CONFIG, *sets(overrides(r.size)))
     r.plan = plan_counts(plan.stdout)
     head = plan.stdout.splitlines()[0] if plan.stdout else ""
-    r.check("plan and data check run", plan.returncode == 0 and check.returncode == 0,
-            f"plan exit {plan.returncode}, data check exit {check.returncode}; {head}")
-    return {"plan_exit": plan.returncode, "check_exit": check.returncode, "plan_first_line": head,
-            "plan_counts": r.plan}
+    r.check(
+        "plan and data check run",
+        plan.returncode == 0 and check.returncode == 0,
+        f"plan exit {plan.returncode}, data check exit {check.returncode}; {head}",
+    )
+    return {
+        "plan_exit": plan.returncode,
+        "check_exit": check.returncode,
+        "plan_first_line": head,
+        "plan_counts": r.plan,
+    }
 
 
 # --------------------------------------------------------------------------- 3. the array preparation
@@ -312,16 +381,19 @@ def submit_array(r: Rehearsal, tag: str) -> dict[str, list[str]]:
     proc = r.cli(tag, "data", "prepare", "--config", CONFIG, *sets(overrides(r.size)), "--array", str(ARRAY))
     if proc.returncode != 0:
         raise RuntimeError(f"data prepare --array exit {proc.returncode}: {proc.stderr[-2000:]}")
-    jobs = {stage: [f"{job}_{i}" for i in range(int(tasks))] if tasks else [job]
-            for job, tasks, stage in _SUBMITTED.findall(proc.stdout)}
+    jobs = {
+        stage: [f"{job}_{i}" for i in range(int(tasks))] if tasks else [job]
+        for job, tasks, stage in _SUBMITTED.findall(proc.stdout)
+    }
     r.jobs.extend(job.split("_")[0] for ids in jobs.values() for job in ids[:1])
     return jobs
 
 
 def squeue(job: str) -> dict[str, str]:
     """Job or array task id -> state, of what the queue still holds."""
-    out = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T"], capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-j", job, "-o", "%i %T"], capture_output=True, text=True, timeout=60
+    ).stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
 
 
@@ -373,11 +445,26 @@ def prepare_on_slurm(r: Rehearsal) -> dict[str, Any]:
     first = submit_array(r, "prepare")
     second = submit_array(r, "prepare")  # the same array again, by mistake or from a second shell
     # a training started before the shard is there (in this machine's process, not a job)
-    train_cmd = [sys.executable, "-m", "common.cli", "train", "--config", CONFIG,
-                 *sets(overrides(r.size, "training.epochs=1", "training.max_steps_per_epoch=3",
-                                 "experiment=during_prepare", *NO_SCORECARD))]
-    train = subprocess.Popen(train_cmd, cwd=r.repo, env=r.env_for("prepare"), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    train_cmd = [
+        sys.executable,
+        "-m",
+        "common.cli",
+        "train",
+        "--config",
+        CONFIG,
+        *sets(
+            overrides(
+                r.size,
+                "training.epochs=1",
+                "training.max_steps_per_epoch=3",
+                "experiment=during_prepare",
+                *NO_SCORECARD,
+            )
+        ),
+    ]
+    train = subprocess.Popen(
+        train_cmd, cwd=r.repo, env=r.env_for("prepare"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     kill = kill_one_encode_task(r, first.get("encode", []), deadline) if first else {"killed": None}
     ids = [j for sub in (first, second) for jobs in sub.values() for j in jobs]
     states = wait_jobs(ids, max(1.0, deadline - time.monotonic()))
@@ -387,15 +474,27 @@ def prepare_on_slurm(r: Rehearsal) -> dict[str, Any]:
     shard = shard_of(r)
     while not (shard / "manifest.json").is_file() and len(resubmits) < 3:  # what a user does: submit again
         again = submit_array(r, "prepare")
-        resubmits.append(wait_jobs([j for jobs in again.values() for j in jobs],
-                                   max(1.0, deadline - time.monotonic())))
-    r.check("the array preparation ends with a shard", (shard / "manifest.json").is_file()
-            and not (shard / "work").exists(), f"{shard.name}: manifest.json "
-            f"{'there' if (shard / 'manifest.json').is_file() else 'missing'} after {len(resubmits)} resubmission(s)")
-    r.check("a training started during the preparation finishes", train.returncode == 0,
-            f"exit {train.returncode}: {train_out.strip().splitlines()[-1] if train_out.strip() else ''}")
-    return {"first_submission": first, "second_submission": second, "states": states, "kill": kill,
-            "resubmissions": resubmits, "train_during_prepare_exit": train.returncode, "shard": shard.name}
+        resubmits.append(wait_jobs([j for jobs in again.values() for j in jobs], max(1.0, deadline - time.monotonic())))
+    r.check(
+        "the array preparation ends with a shard",
+        (shard / "manifest.json").is_file() and not (shard / "work").exists(),
+        f"{shard.name}: manifest.json "
+        f"{'there' if (shard / 'manifest.json').is_file() else 'missing'} after {len(resubmits)} resubmission(s)",
+    )
+    r.check(
+        "a training started during the preparation finishes",
+        train.returncode == 0,
+        f"exit {train.returncode}: {train_out.strip().splitlines()[-1] if train_out.strip() else ''}",
+    )
+    return {
+        "first_submission": first,
+        "second_submission": second,
+        "states": states,
+        "kill": kill,
+        "resubmissions": resubmits,
+        "train_during_prepare_exit": train.returncode,
+        "shard": shard.name,
+    }
 
 
 def link_tree(src: Path, dst: Path) -> None:
@@ -418,24 +517,35 @@ def prepare_in_one_process(r: Rehearsal) -> dict[str, Any]:
     """The reference: `marketgpt data prepare` without --array, on the same candles in another
     data.cache_dir; the array's shard must hold the same files, byte for byte."""
     link_tree(r.case / "data", r.case / "data_single")
-    proc = r.cli("prepare_single", "data", "prepare", "--config", CONFIG,
-                 *sets(overrides(r.size, "data.cache_dir=data_single")))
+    proc = r.cli(
+        "prepare_single", "data", "prepare", "--config", CONFIG, *sets(overrides(r.size, "data.cache_dir=data_single"))
+    )
     array, single = shard_of(r), shard_of(r, "data.cache_dir=data_single")
     a = file_hashes(array) if array.is_dir() else {}
     b = file_hashes(single) if single.is_dir() else {}
     # manifest.json names its own folder and inputs (the cache_dir's paths): compared apart
     differ = sorted(k for k in set(a) | set(b) if k != "manifest.json" and a.get(k) != b.get(k))
-    r.check("the array's shard equals a one-process preparation", proc.returncode == 0 and bool(b) and not differ,
-            f"{len(b)} files by sha256, {len(differ)} differ" + (f": {differ[:8]} (replaced by the one-process "
-                                                                  "files, so the stages after test themselves)"
-                                                                  if differ else ""),
-            files=len(b), differ=differ)
+    r.check(
+        "the array's shard equals a one-process preparation",
+        proc.returncode == 0 and bool(b) and not differ,
+        f"{len(b)} files by sha256, {len(differ)} differ"
+        + (
+            f": {differ[:8]} (replaced by the one-process files, so the stages after test themselves)" if differ else ""
+        ),
+        files=len(b),
+        differ=differ,
+    )
     for name in differ if b else []:  # what a user does on a broken shard: prepare it again
         (array / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(single / name, array / f"{name}.repair")
         os.replace(array / f"{name}.repair", array / name)  # new files: a run's hard links keep the old
-    return {"exit": proc.returncode, "files": len(b), "differ": differ, "repaired": bool(differ and b),
-            "bytes": sum(p.stat().st_size for p in single.rglob("*") if p.is_file()) if single.is_dir() else 0}
+    return {
+        "exit": proc.returncode,
+        "files": len(b),
+        "differ": differ,
+        "repaired": bool(differ and b),
+        "bytes": sum(p.stat().st_size for p in single.rglob("*") if p.is_file()) if single.is_dir() else 0,
+    }
 
 
 # --------------------------------------------------------------------------- 4. the case script under DDP
@@ -445,8 +555,7 @@ def job_log(r: Rehearsal, job: str, err: bool = False) -> str:
     """The job's .out log (offsets stay put as it grows), with the end of its .err after it if `err`."""
     path = r.case / "logs" / f"{LOG_PREFIX}_{job}.out"
     errors = path.with_suffix(".err")
-    return ((path.read_text() if path.exists() else "")
-            + (errors.read_text()[-3000:] if err and errors.exists() else ""))
+    return (path.read_text() if path.exists() else "") + (errors.read_text()[-3000:] if err and errors.exists() else "")
 
 
 def wait_log(r: Rehearsal, job: str, pattern: re.Pattern, after: int, deadline: float) -> int:
@@ -478,7 +587,7 @@ def force_requeues(r: Rehearsal, job: str, times: int, deadline: float) -> list[
         subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=r.env, timeout=60, check=True)
         sent.append(step.findall(job_log(r, job)[:at])[-1:])
         at = wait_log(r, job, re.compile(r"requeueing job"), at, deadline)
-    return [f"epoch {e} step {s}" for (e, s), in sent]
+    return [f"epoch {e} step {s}" for ((e, s),) in sent]
 
 
 def run_dirs(r: Rehearsal, experiment: str) -> list[Path]:
@@ -497,10 +606,21 @@ def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
     deadline = time.monotonic() + r.size.timeout_s
     ranks = NODES * TASKS_PER_NODE
     # the reduced size's job evaluates every val and test token, so each category has test tokens
-    job_sets = overrides(r.size, f"training.batch_size={GLOBAL_BATCH // ranks}", "experiment=ddp", *SCORECARD,
-                         f"training.eval_max_batches={json.dumps(r.size.eval_batches)}")
-    proc = subprocess.run(["sbatch", "--parsable", f"--nodes={NODES}", SCRIPT, *sets(job_sets)], cwd=r.repo,
-                          env=r.env_for("train_slurm"), capture_output=True, text=True, timeout=60)
+    job_sets = overrides(
+        r.size,
+        f"training.batch_size={GLOBAL_BATCH // ranks}",
+        "experiment=ddp",
+        *SCORECARD,
+        f"training.eval_max_batches={json.dumps(r.size.eval_batches)}",
+    )
+    proc = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={NODES}", SCRIPT, *sets(job_sets)],
+        cwd=r.repo,
+        env=r.env_for("train_slurm"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch failed: {proc.stderr}")
     job = proc.stdout.strip().split(";")[0]
@@ -513,38 +633,64 @@ def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
     restarts, exit_code = info.get("Restarts"), info.get("ExitCode")
     # what a user reads in the log: every start trains on all ranks, each requeue saves and
     # resumes, and rank 0 alone prints the epochs, once each
-    lines = {"DDP starts": log.count(f"DDP: {ranks} processes (gloo)"),
-             "batch lines": log.count(f"({GLOBAL_BATCH // ranks} per process x {ranks} processes x 2 accumulation)"),
-             "requeues": log.count(f"requeueing job {job}"), "resumes": log.count("Resuming at epoch "),
-             "last epoch lines": log.count(f"Epoch {EPOCHS}/{EPOCHS}")}
-    r.check("the case script's job requeues twice, then finishes",
-            (state, exit_code, restarts) == ("COMPLETED", "0:0", "2")
-            and lines == {"DDP starts": 3, "batch lines": 3, "requeues": 2, "resumes": 2, "last epoch lines": 1},
-            f"state {state}, exit {exit_code}, restarts {restarts}, signalled at {signalled}; the log's {lines}")
+    lines = {
+        "DDP starts": log.count(f"DDP: {ranks} processes (gloo)"),
+        "batch lines": log.count(f"({GLOBAL_BATCH // ranks} per process x {ranks} processes x 2 accumulation)"),
+        "requeues": log.count(f"requeueing job {job}"),
+        "resumes": log.count("Resuming at epoch "),
+        "last epoch lines": log.count(f"Epoch {EPOCHS}/{EPOCHS}"),
+    }
+    r.check(
+        "the case script's job requeues twice, then finishes",
+        (state, exit_code, restarts) == ("COMPLETED", "0:0", "2")
+        and lines == {"DDP starts": 3, "batch lines": 3, "requeues": 2, "resumes": 2, "last epoch lines": 1},
+        f"state {state}, exit {exit_code}, restarts {restarts}, signalled at {signalled}; the log's {lines}",
+    )
     return {"job": job, "state": state, "exit_code": exit_code, "restarts": restarts, "signalled_at": signalled}
 
 
 def reference_run(r: Rehearsal) -> dict[str, Any]:
     """One process, the global batch, the same steps, no interruption: what the job must equal."""
     # the job's evaluation settings, so its logged validation losses compare too
-    proc = r.cli("reference", "train", "--config", CONFIG,
-                 *sets(overrides(r.size, f"training.batch_size={GLOBAL_BATCH}", "experiment=reference", *NO_SCORECARD,
-                                 f"training.eval_max_batches={json.dumps(r.size.eval_batches)}")))
+    proc = r.cli(
+        "reference",
+        "train",
+        "--config",
+        CONFIG,
+        *sets(
+            overrides(
+                r.size,
+                f"training.batch_size={GLOBAL_BATCH}",
+                "experiment=reference",
+                *NO_SCORECARD,
+                f"training.eval_max_batches={json.dumps(r.size.eval_batches)}",
+            )
+        ),
+    )
     ddp, ref = run_dirs(r, "ddp"), run_dirs(r, "reference")
     if proc.returncode != 0 or len(ddp) != 1 or len(ref) != 1:
-        r.check("the requeued weights equal an uninterrupted run", False,
-                f"reference exit {proc.returncode}, run folders: ddp {len(ddp)}, reference {len(ref)}")
+        r.check(
+            "the requeued weights equal an uninterrupted run",
+            False,
+            f"reference exit {proc.returncode}, run folders: ddp {len(ddp)}, reference {len(ref)}",
+        )
         return {"exit": proc.returncode}
     a, b = final_weights(ddp[0]), final_weights(ref[0])
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a) if a.keys() == b.keys() else float("inf")
-    r.check("the requeued weights equal an uninterrupted run", diff < WEIGHT_ATOL,
-            f"largest weight difference {diff:.3g} (tolerance {WEIGHT_ATOL})", max_weight_difference=diff)
+    r.check(
+        "the requeued weights equal an uninterrupted run",
+        diff < WEIGHT_ATOL,
+        f"largest weight difference {diff:.3g} (tolerance {WEIGHT_ATOL})",
+        max_weight_difference=diff,
+    )
     mine, theirs = logged_epochs(ddp[0]), logged_epochs(ref[0])
     worst = _worst_log_difference(mine, theirs)
-    r.check("the requeued job logged the losses of an uninterrupted run",
-            [e["epoch"] for e in mine] == [e["epoch"] for e in theirs] and worst <= 1.0,
-            f"epochs {[e['epoch'] for e in mine]} vs {[e['epoch'] for e in theirs]}; largest difference "
-            f"{worst:.3g} of its tolerance (losses 1e-5 relative, accuracies 1e-3)")
+    r.check(
+        "the requeued job logged the losses of an uninterrupted run",
+        [e["epoch"] for e in mine] == [e["epoch"] for e in theirs] and worst <= 1.0,
+        f"epochs {[e['epoch'] for e in mine]} vs {[e['epoch'] for e in theirs]}; largest difference "
+        f"{worst:.3g} of its tolerance (losses 1e-5 relative, accuracies 1e-3)",
+    )
     log = json.loads((ddp[0] / "training_log.json").read_text())
     kept = {k: log.get(k) for k in ("status", "world_size", "launcher", "slurm_job_id")}
     r.outputs["train_slurm: training_log"] = json.dumps({**kept, "resumes": len(log.get("resumes", []))})
@@ -593,32 +739,45 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     info = json.loads((run_dir / "data_info.json").read_text())
     results = json.loads((run_dir / "test_results.json").read_text())
     plan = r.plan
-    seen = {"interval": _counts_by(info, lambda name, a: name.rpartition("@")[2]),
-            "category": _counts_by(info, lambda name, a: a.get("category", "?"))}
+    seen = {
+        "interval": _counts_by(info, lambda name, a: name.rpartition("@")[2]),
+        "category": _counts_by(info, lambda name, a: a.get("category", "?")),
+    }
     for what, table in (("interval", "per_interval"), ("category", "per_category")):
         want = plan.get(what, {})
         names = INTERVALS if what == "interval" else sorted(want) or r.stages["corpus"].get("categories", [])
         got = {n: {k: c[k] for k in _PLAN_KEYS} for n, c in seen[what].items()}
         wrong = {n: {"plan": want.get(n), "data_info": got.get(n)} for n in names if want.get(n) != got.get(n)}
-        r.check(f"every {what} in data_info.json with plan's token counts", bool(want) and not wrong,
-                f"{len(names) - len(wrong)} of {len(names)} match" + (f"; differ: {wrong}" if wrong else ""))
+        r.check(
+            f"every {what} in data_info.json with plan's token counts",
+            bool(want) and not wrong,
+            f"{len(names) - len(wrong)} of {len(names)} match" + (f"; differ: {wrong}" if wrong else ""),
+        )
         # every test token but each series' first is scored, when nothing caps the evaluation
         tested = {n: _tested(results, table, n) for n in names}
-        expected = {n: seen[what].get(n, {}).get("test", 0) - seen[what].get(n, {}).get("test_series", 0)
-                    for n in names}
+        expected = {
+            n: seen[what].get(n, {}).get("test", 0) - seen[what].get(n, {}).get("test_series", 0) for n in names
+        }
         capped = r.size.eval_batches is not None
         wrong = [n for n in names if not tested[n] or (not capped and tested[n] != expected[n])]
-        r.check(f"every {what} in test_results.json", not wrong,
-                f"test tokens {tested}" + (" (evaluation capped)" if capped else f", data_info's test candles "
-                                           f"less one a series {expected}") + (f"; wrong: {wrong}" if wrong else ""))
+        r.check(
+            f"every {what} in test_results.json",
+            not wrong,
+            f"test tokens {tested}"
+            + (" (evaluation capped)" if capped else f", data_info's test candles less one a series {expected}")
+            + (f"; wrong: {wrong}" if wrong else ""),
+        )
     card = run_dir / "scorecard.json"
     origins = json.loads(card.read_text()).get("origins", {}) if card.is_file() else {}
     drawn = re.search(r"(\d+) drawn", origins.get("drawn", ""))
     forecasts = int(drawn.group(1)) if drawn else None
-    r.check("training wrote its scorecard, within its budget",
-            card.is_file() and forecasts is not None and forecasts <= origins.get("budget", 0),
-            f"{origins.get('drawn')} (budget {origins.get('budget')})" if card.is_file()
-            else f"no scorecard.json: {results.get('scorecard_error', 'no error recorded')}")
+    r.check(
+        "training wrote its scorecard, within its budget",
+        card.is_file() and forecasts is not None and forecasts <= origins.get("budget", 0),
+        f"{origins.get('drawn')} (budget {origins.get('budget')})"
+        if card.is_file()
+        else f"no scorecard.json: {results.get('scorecard_error', 'no error recorded')}",
+    )
     # where the run's cut-off (its test start) is after every fixed task's start: one line and a
     # non-zero exit, then the way out it names, a task of the same scheme on the run's own candles
     # after the cut-off; where some task starts after it (the full size's data since 2005), those
@@ -627,23 +786,36 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     said = fixed.stderr.strip()
     before, after = _fixed_tasks_around(run_dir)
     if not after:
-        r.check("marketgpt benchmark says the fixed tasks precede the cut-off", fixed.returncode == 2
-                and "\n" not in said and "--after-cutoff" in said, f"exit {fixed.returncode}: {said[:300]}")
+        r.check(
+            "marketgpt benchmark says the fixed tasks precede the cut-off",
+            fixed.returncode == 2 and "\n" not in said and "--after-cutoff" in said,
+            f"exit {fixed.returncode}: {said[:300]}",
+        )
     else:
         aggregate, excluded = _benchmark_answer(fixed.stdout)
-        r.check("marketgpt benchmark answers the fixed tasks after the cut-off, leaves out those before",
-                fixed.returncode == 0 and aggregate is not None and set(before) <= set(excluded)
-                and not set(after) & set(excluded),
-                f"exit {fixed.returncode}, aggregate skill {aggregate}; after the cut-off {after}, before it "
-                f"{before}; left out: {excluded}" + (f"; {said[-300:]}" if fixed.returncode else ""))
+        r.check(
+            "marketgpt benchmark answers the fixed tasks after the cut-off, leaves out those before",
+            fixed.returncode == 0
+            and aggregate is not None
+            and set(before) <= set(excluded)
+            and not set(after) & set(excluded),
+            f"exit {fixed.returncode}, aggregate skill {aggregate}; after the cut-off {after}, before it "
+            f"{before}; left out: {excluded}" + (f"; {said[-300:]}" if fixed.returncode else ""),
+        )
     bench = r.cli("after", "benchmark", str(run_dir), "--after-cutoff", "--samples", "20", "--json")
     aggregate, excluded = _benchmark_answer(bench.stdout)
-    r.check("marketgpt benchmark --after-cutoff answers (not n/a)", bench.returncode == 0 and aggregate is not None,
-            f"exit {bench.returncode}, aggregate skill {aggregate}; tasks left out: {excluded}"
-            + (f"; {bench.stderr.strip()[-400:]}" if bench.returncode else ""))
+    r.check(
+        "marketgpt benchmark --after-cutoff answers (not n/a)",
+        bench.returncode == 0 and aggregate is not None,
+        f"exit {bench.returncode}, aggregate skill {aggregate}; tasks left out: {excluded}"
+        + (f"; {bench.stderr.strip()[-400:]}" if bench.returncode else ""),
+    )
     status = r.cli("after", "status", "--case", CASE)
-    r.check("marketgpt status lists the run", status.returncode == 0 and run_dir.name in status.stdout,
-            f"exit {status.returncode}")
+    r.check(
+        "marketgpt status lists the run",
+        status.returncode == 0 and run_dir.name in status.stdout,
+        f"exit {status.returncode}",
+    )
     return {"run": run_dir.name, "benchmark_exit": bench.returncode, "status_exit": status.returncode}
 
 
@@ -657,8 +829,10 @@ def _fixed_tasks_around(run_dir: Path) -> tuple[list[str], list[str]]:
     cutoff = data_cutoff(run_dir)
     tasks = [t for t in choose_tasks(None) if t.interval == INTERVALS[0]]
     start = lambda t: pd.Timestamp(t.start, tz="UTC")  # noqa: E731
-    return ([t.name for t in tasks if cutoff is None or start(t) < cutoff],
-            [t.name for t in tasks if cutoff is not None and start(t) >= cutoff])
+    return (
+        [t.name for t in tasks if cutoff is None or start(t) < cutoff],
+        [t.name for t in tasks if cutoff is not None and start(t) >= cutoff],
+    )
 
 
 def _tested(results: dict, table: str, name: str) -> int:
@@ -666,14 +840,15 @@ def _tested(results: dict, table: str, name: str) -> int:
     intervals = results.get("per_interval") or {}
     if table == "per_interval":
         return intervals.get(name, {}).get("num_tokens", 0)
-    return sum((r.get("per_category") or {}).get(name, {}).get("num_tokens", 0)
-               for r in (intervals or {"": results}).values())
+    return sum(
+        (r.get("per_category") or {}).get(name, {}).get("num_tokens", 0) for r in (intervals or {"": results}).values()
+    )
 
 
 def _benchmark_answer(text: str) -> tuple[Optional[float], dict[str, str]]:
     """The benchmark's aggregate skill (None: n/a) and the tasks it left out, with why."""
     try:
-        aggregate = json.loads(text[text.index("{"):])["aggregate"]
+        aggregate = json.loads(text[text.index("{") :])["aggregate"]
     except (ValueError, KeyError):
         return None, {"*": "no JSON result"}
     return aggregate.get("value"), aggregate.get("excluded", {})
@@ -687,17 +862,24 @@ def summarize(processes: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     out = {}
     for stage, records in processes.items():
         top = max(records, key=lambda p: p["max_rss_mb"])
-        out[stage] = {"processes": len(records), "max_rss_mb": top["max_rss_mb"],
-                      "max_rss_process": _who(top), "read_bytes": sum(p["read_bytes"] or 0 for p in records),
-                      "rchar": sum(p["rchar"] or 0 for p in records)}
+        out[stage] = {
+            "processes": len(records),
+            "max_rss_mb": top["max_rss_mb"],
+            "max_rss_process": _who(top),
+            "read_bytes": sum(p["read_bytes"] or 0 for p in records),
+            "rchar": sum(p["rchar"] or 0 for p in records),
+        }
     return out
 
 
 def _who(p: dict[str, Any]) -> str:
     """`cli train`, `submitit job 12_3`, `cli train job 48 rank 2`: which process a record is."""
     argv = p["argv"]
-    what = "submitit" if any("submitit" in a for a in argv) else "cli " + " ".join(
-        a for a in argv[1:3] if not a.startswith("-"))
+    what = (
+        "submitit"
+        if any("submitit" in a for a in argv)
+        else "cli " + " ".join(a for a in argv[1:3] if not a.startswith("-"))
+    )
     job = (f" job {p['job']}" + (f"_{p['task']}" if p["task"] else "")) if p["job"] else ""
     rank = f" rank {p['rank']}" if p["rank"] and "train" in argv else ""
     return f"{what}{job}{rank}"
@@ -725,18 +907,34 @@ def run(size: str, root: Path) -> dict[str, Any]:
     processes = r.processes()
     for name, summary in summarize(processes).items():
         r.stages.setdefault(name, {})["rusage"] = summary
-    return {"name": "rehearsal", "size": size, "root": str(root), "seconds": round(time.monotonic() - t0, 1),
-            "stages": r.stages, "commands": r.commands, "checks": r.checks, "passed": sum(c["ok"] for c in r.checks),
-            "failed": [c["check"] for c in r.checks if not c["ok"]], "processes": processes, "outputs": r.outputs}
+    return {
+        "name": "rehearsal",
+        "size": size,
+        "root": str(root),
+        "seconds": round(time.monotonic() - t0, 1),
+        "stages": r.stages,
+        "commands": r.commands,
+        "checks": r.checks,
+        "passed": sum(c["ok"] for c in r.checks),
+        "failed": [c["check"] for c in r.checks if not c["ok"]],
+        "processes": processes,
+        "outputs": r.outputs,
+    }
 
 
 def print_report(report: dict[str, Any]) -> None:
     print(f"\nRehearsal ({report['size']}): {report['seconds']} s")
     for name, s in report["stages"].items():
         u = s.get("rusage")
-        rss = (f"peak RSS {u['max_rss_mb']:,.0f} MB ({u['max_rss_process']}), {u['processes']} processes, "
-               f"{u['read_bytes'] / 1e6:,.0f} MB read from disk"
-               + (f", {u['rchar'] / 1e6:,.0f} MB read in all" if u["rchar"] is not None else "")) if u else ""
+        rss = (
+            (
+                f"peak RSS {u['max_rss_mb']:,.0f} MB ({u['max_rss_process']}), {u['processes']} processes, "
+                f"{u['read_bytes'] / 1e6:,.0f} MB read from disk"
+                + (f", {u['rchar'] / 1e6:,.0f} MB read in all" if u["rchar"] is not None else "")
+            )
+            if u
+            else ""
+        )
         print(f"  {name:<15} {s.get('seconds', 0):>7.1f} s  {rss}")
     for c in report["commands"]:
         print(f"    {c['command']:<40} {c['seconds']:>7.1f} s  exit {c['exit']}")
@@ -750,8 +948,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=list(SIZES), default="reduced")
-    ap.add_argument("--json", type=Path, default=None,
-                    help="write the report here (default: rehearsal_SIZE.json in the temp folder)")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write the report here (default: rehearsal_SIZE.json in the temp folder)",
+    )
     ap.add_argument("--root", type=Path, default=None, help="the scratch folder (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (corpus, shards, runs, logs)")
     args = ap.parse_args(argv)

@@ -14,6 +14,7 @@ its figures mean nothing.
 Each benchmark script takes `--json PATH` and writes {"rows": [...], "figures": {...}} there
 (bench/_common.py: bench_args, row, finish).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,10 @@ def slurm_status() -> Optional[str]:
     except subprocess.TimeoutExpired:
         return "skipped: scontrol ping timed out"
     if ping.returncode != 0 or "UP" not in ping.stdout:
-        return ("skipped: Slurm is not up (start it with tools/local_slurm/local_slurm.sh start --nodes 2): "
-                + " ".join((ping.stdout + ping.stderr).split())[:120])
+        return (
+            "skipped: Slurm is not up (start it with tools/local_slurm/local_slurm.sh start --nodes 2): "
+            + " ".join((ping.stdout + ping.stderr).split())[:120]
+        )
     return None
 
 
@@ -71,8 +74,10 @@ def gpu_status() -> Optional[str]:
 
     if torch.cuda.is_available():
         return None
-    return (f"skipped: no GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'}); "
-            "run bench/bench_gpu.py on a GPU node (marketgpt doctor says why there is none)")
+    return (
+        f"skipped: no GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'}); "
+        "run bench/bench_gpu.py on a GPU node (marketgpt doctor says why there is none)"
+    )
 
 
 def _run_streaming(cmd: list[str]) -> tuple[Optional[int], str]:
@@ -80,6 +85,7 @@ def _run_streaming(cmd: list[str]) -> tuple[Optional[int], str]:
     lines: list[str] = []
     timed_out = threading.Event()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+
         def kill() -> None:
             timed_out.set()
             proc.kill()
@@ -110,15 +116,18 @@ def run_one(name: str, script: Path, args: list[str]) -> dict[str, Any]:
             result = json.loads(out.read_text())
             return {"status": "ok", "seconds": seconds, "rows": result["rows"], "figures": result["figures"]}
     why = f"timed out after {TIMEOUT_S} s" if code is None else f"exit {code}" if code else "no --json output"
-    return {"status": "failed", "seconds": seconds, "note": f"failed ({why}); see its output above",
-            "rows": [row(TITLES.get(name, name), "failed", None, detail=f"failed ({why})")]}
+    return {
+        "status": "failed",
+        "seconds": seconds,
+        "note": f"failed ({why}); see its output above",
+        "rows": [row(TITLES.get(name, name), "failed", None, detail=f"failed ({why})")],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=BENCH / "results.json")
-    ap.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of "
-                    + ", ".join(BENCHMARKS))
+    ap.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of " + ", ".join(BENCHMARKS))
     ap.add_argument("--threads", type=int, default=None, help="torch threads for every benchmark")
     ap.add_argument("--smoke", action="store_true", help="toy sizes: checks the command, not the speed")
     args = ap.parse_args(argv)
@@ -130,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     started, t0, load_before = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter(), os.getloadavg()
     if load_before[0] > 0.5 * (os.cpu_count() or 1):
-        print(f"warning: load average {load_before[0]:.1f} on {os.cpu_count()} CPUs before starting: other "
-              "work is running, the figures will be noisy (each side's best round helps only so much)")
+        print(
+            f"warning: load average {load_before[0]:.1f} on {os.cpu_count()} CPUs before starting: other "
+            "work is running, the figures will be noisy (each side's best round helps only so much)"
+        )
     results: dict[str, Any] = {}
     for name in chosen:
         script, smoke = BENCHMARKS[name]
@@ -139,24 +150,34 @@ def main(argv: list[str] | None = None) -> int:
         if name == "slurm" and args.smoke:
             skip = "skipped: --smoke"
         if skip is not None:
-            results[name] = {"status": "skipped", "note": skip,
-                             "rows": [row(TITLES.get(name, name), "skipped", None, detail=skip)]}
+            results[name] = {
+                "status": "skipped",
+                "note": skip,
+                "rows": [row(TITLES.get(name, name), "skipped", None, detail=skip)],
+            }
             print(f"\n=== {name}: {skip}", flush=True)
             continue
         threads = ["--threads", str(args.threads)] if args.threads and name != "slurm" else []
         results[name] = run_one(name, BENCH / script, (smoke if args.smoke else []) + threads)
 
     rows = [r for res in results.values() for r in res["rows"]]
-    report = {"command": " ".join(["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]),
-              "started_at": started, "seconds": time.perf_counter() - t0, "smoke": args.smoke,
-              "machine": {**machine_info(), "load_average_before": load_before}, "rows": rows,
-              "benchmarks": results}
+    report = {
+        "command": " ".join(["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]),
+        "started_at": started,
+        "seconds": time.perf_counter() - t0,
+        "smoke": args.smoke,
+        "machine": {**machine_info(), "load_average_before": load_before},
+        "rows": rows,
+        "benchmarks": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     m = report["machine"]
-    print(f"\n{m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads, {m['blas']}); "
-          f"{report['seconds'] / 60:.1f} min; load average {load_before[0]:.1f} before, "
-          f"{m['load_average'][0]:.1f} after{'; SMOKE SIZES: the figures mean nothing' if args.smoke else ''}")
+    print(
+        f"\n{m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads, {m['blas']}); "
+        f"{report['seconds'] / 60:.1f} min; load average {load_before[0]:.1f} before, "
+        f"{m['load_average'][0]:.1f} after{'; SMOKE SIZES: the figures mean nothing' if args.smoke else ''}"
+    )
     print(format_table(rows))
     print(f"wrote {args.out}")
     return 0

@@ -22,6 +22,7 @@ forecaster can do is somewhere between the oracle's loss and the filter's. (It i
 which carries |e| in the generator, and the market factor, shared across assets: a model that read
 them could beat it.)
 """
+
 from __future__ import annotations
 
 import math
@@ -34,27 +35,31 @@ import numpy as np
 __all__ = ["filter_nll", "floor_losses", "kim_filter", "oracle_nll", "oracle_probs", "oracle_table"]
 
 
-def oracle_table(move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray,
-                 draws: int = 100_000, seed: int = 0) -> np.ndarray:
+def oracle_table(
+    move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray, draws: int = 100_000, seed: int = 0
+) -> np.ndarray:
     """(len(log_rho), move_bins * shape_bins) probabilities of each candle token (move bin x
     shape bin) at each rho = s / s_e, by Monte Carlo (module docstring), add-0.5 smoothed."""
     rng = np.random.default_rng(seed)
     z = rng.standard_t(nu, draws)
-    wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (np.abs(rng.standard_normal(draws))
-                                                                 + np.abs(rng.standard_normal(draws)))
+    wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (
+        np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws))
+    )
     n_shape = len(shape_edges) + 1
     cells = (len(move_edges) + 1) * n_shape
     table = np.empty((len(log_rho), cells))
     for i, rho in enumerate(np.exp(log_rho)):
-        ids = np.searchsorted(move_edges, rho * z, side="right") * n_shape + np.searchsorted(shape_edges, rho * wide,
-                                                                                           side="right")
+        ids = np.searchsorted(move_edges, rho * z, side="right") * n_shape + np.searchsorted(
+            shape_edges, rho * wide, side="right"
+        )
         counts = np.bincount(ids, minlength=cells) + 0.5
         table[i] = counts / counts.sum()
     return table
 
 
-def oracle_probs(rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float,
-                 grid: int = 100, draws: int = 100_000) -> np.ndarray:
+def oracle_probs(
+    rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, grid: int = 100, draws: int = 100_000
+) -> np.ndarray:
     """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
     the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
     log_rho = np.log(rho)
@@ -106,8 +111,7 @@ def _scored(run_dir: Path, split: str, assets: Optional[int]) -> _Split:
     return _Split(spec, tok, ts, out)
 
 
-def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000,
-               assets: Optional[int] = None) -> float:
+def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000, assets: Optional[int] = None) -> float:
     """The oracle's mean NLL of the split's targets in the run's token space, for a data.source =
     "synthetic" run; of the first `assets` assets only, when given (--nested)."""
     return _oracle_loss(_scored(run_dir, split, assets), grid, draws)
@@ -117,8 +121,11 @@ def floor_losses(run_dir: Path, split: str, assets: Optional[int] = None, draws:
     """The oracle's, the filter's and the token filter's mean NLL of the split's targets (as
     oracle_nll and filter_nll), from one generation of the assets."""
     sp = _scored(run_dir, split, assets)
-    return {"oracle": _oracle_loss(sp, 100, draws), "filter": _filter_loss(sp, "candles", 200, draws),
-            "filter_tokens": _filter_loss(sp, "tokens", 200, draws)}
+    return {
+        "oracle": _oracle_loss(sp, 100, draws),
+        "filter": _filter_loss(sp, "candles", 200, draws),
+        "filter_tokens": _filter_loss(sp, "tokens", 200, draws),
+    }
 
 
 def _oracle_loss(sp: _Split, grid: int, draws: int) -> float:
@@ -161,8 +168,9 @@ def _candle_loglik(r: float, w: float, sigma: np.ndarray, nu: float, table: np.n
     return t + rng_ll - np.log(sigma)
 
 
-def kim_filter(r2: np.ndarray, loglik: Callable[[int, np.ndarray], np.ndarray], spec: Any
-               ) -> tuple[np.ndarray, np.ndarray]:
+def kim_filter(
+    r2: np.ndarray, loglik: Callable[[int, np.ndarray], np.ndarray], spec: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """The Kim filter over an asset's n candles. r2[t]: candle t's squared return as the filter
     knows it (for the GARCH update); loglik(t, scales): log p(what it sees of candle t | each
     scale). Returns, for each candle t >= 2, the forecast made after candle t - 1: (n, 4) weights
@@ -174,14 +182,14 @@ def kim_filter(r2: np.ndarray, loglik: Callable[[int, np.ndarray], np.ndarray], 
 
     days = INTERVAL_SECONDS[spec.interval] / 86400
     alpha, beta, nu = spec.garch_alpha, spec.garch_beta, spec.nu
-    omega = spec.daily_vol ** 2 * days * (1 - alpha - beta)
+    omega = spec.daily_vol**2 * days * (1 - alpha - beta)
     c = math.sqrt((nu - 2) / nu)
     k = np.array([1.0, spec.stress_vol])
     trans = np.array([[1 - spec.p_stress, spec.p_stress], [spec.p_calm, 1 - spec.p_calm]])
     n = len(r2)
     weights, scales = np.zeros((n, 4)), np.ones((n, 4))
     prob = np.array([spec.p_calm, spec.p_stress]) / (spec.p_calm + spec.p_stress)  # stationary
-    h = np.full(2, spec.daily_vol ** 2 * days)  # the variance of candle 1 under each regime of candle 1
+    h = np.full(2, spec.daily_vol**2 * days)  # the variance of candle 1 under each regime of candle 1
     ll = loglik(1, k * np.sqrt(h) * c)  # candle 1 (the first return) updates the stationary prior
     post = prob * np.exp(ll - ll.max())
     prob = post / post.sum()
@@ -207,8 +215,9 @@ def _candle_observer(candles: Any, nu: float, table: np.ndarray):
     return r * r, lambda t, scales: _candle_loglik(r[t], w[t], scales, nu, table)
 
 
-def _token_observer(tokens: np.ndarray, s_e: np.ndarray, m2: np.ndarray, n_shape: int, knots: np.ndarray,
-                    log_table: np.ndarray):
+def _token_observer(
+    tokens: np.ndarray, s_e: np.ndarray, m2: np.ndarray, n_shape: int, knots: np.ndarray, log_table: np.ndarray
+):
     """(r2, loglik) of a filter that sees what the model sees: each candle's token (its move and
     shape bins) and the tokenizer's scale s_e. The GARCH update takes the move bin's mean squared
     move (m2, from the training split) times s_e^2; the likelihood of a token is the oracle table's
@@ -229,8 +238,14 @@ def _token_observer(tokens: np.ndarray, s_e: np.ndarray, m2: np.ndarray, n_shape
     return r2, loglik
 
 
-def filter_nll(run_dir: Path, split: str, grid: int = 200, draws: int = 100_000,
-               assets: Optional[int] = None, sees: str = "candles") -> float:
+def filter_nll(
+    run_dir: Path,
+    split: str,
+    grid: int = 200,
+    draws: int = 100_000,
+    assets: Optional[int] = None,
+    sees: str = "candles",
+) -> float:
     """The filter's mean NLL (module docstring) of the same targets as oracle_nll; sees="candles"
     (exact returns and ranges) or "tokens" (the model's inputs: the token of each candle)."""
     return _filter_loss(_scored(run_dir, split, assets), sees, grid, draws)
@@ -281,5 +296,5 @@ def _bin_mean_square(ts: Any, symbols: list, move_edges: np.ndarray) -> np.ndarr
     moves = moves[np.isfinite(moves)]
     bins = np.searchsorted(move_edges, moves, side="right")
     count = np.bincount(bins, minlength=len(move_edges) + 1)
-    total = np.bincount(bins, weights=moves ** 2, minlength=len(move_edges) + 1)
+    total = np.bincount(bins, weights=moves**2, minlength=len(move_edges) + 1)
     return np.where(count > 0, total / np.maximum(count, 1), 1.0)

@@ -3,6 +3,7 @@
 Downloads (or updates) this case's universe into its cache, exactly like
 `marketgpt data download --case case_c_crypto`; extra arguments pass through (e.g. --set ...).
 """
+
 import sys
 from pathlib import Path
 

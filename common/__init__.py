@@ -4,4 +4,5 @@ Packages as floors, each importing only the floors below it (docs/architecture.m
 root (errors, atomic, paths, markets, config) -> data, tokens -> model -> distributed ->
 training -> forecasting -> evaluation -> commands -> cluster, with cli.py on top.
 """
+
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ Every file the suite writes that someone may read while a job runs (training_log
 checkpoints, the parquet cache, its manifest) goes through here: write to a temp file in the
 same directory, fsync it, rename it over the target, fsync the directory.
 """
+
 from __future__ import annotations
 
 import contextlib

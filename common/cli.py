@@ -5,6 +5,7 @@ instant and a broken optional dependency only breaks the subcommand that needs i
 (bad config, missing file, unreachable source) becomes one line on stderr and exit code 2; a
 failed `remote` step (StepFailed) one line naming the step and exit code 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,24 @@ __all__ = ["main", "build_parser"]
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--config", required=required, type=Path, help="case config JSON")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set training.batch_size=16 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set training.batch_size=16 (repeatable)",
+    )
 
 
 def _add_precision_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", default="auto", metavar="auto|fp32|bf16",
-                   help="auto (default): bf16 autocast for a run trained in bf16, on a GPU or CPU with bf16 in "
-                        "hardware (about 2x faster); fp32 otherwise (docs/forecasting.md#precision)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        metavar="auto|fp32|bf16",
+        help="auto (default): bf16 autocast for a run trained in bf16, on a GPU or CPU with bf16 in "
+        "hardware (about 2x faster); fp32 otherwise (docs/forecasting.md#precision)",
+    )
 
 
 def _names(text: str) -> list[str]:
@@ -77,39 +88,86 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     from common.commands.forecast import ForecastRequest, run_forecast_command  # lazy: pandas (torch later)
 
     symbols = None if args.all or not args.symbols else _names(args.symbols)
-    return run_forecast_command(ForecastRequest(
-        run_dirs=tuple(args.run_dir), symbols=symbols, horizon=args.horizon, samples=args.samples, as_of=args.as_of,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, out=args.out,
-        save_paths=args.save_paths, device=args.device, precision=args.precision, backend=args.backend,
-        calibrated=args.calibrated, barrier=args.barrier, drawdown=args.drawdown, interval=args.interval))
+    return run_forecast_command(
+        ForecastRequest(
+            run_dirs=tuple(args.run_dir),
+            symbols=symbols,
+            horizon=args.horizon,
+            samples=args.samples,
+            as_of=args.as_of,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            out=args.out,
+            save_paths=args.save_paths,
+            device=args.device,
+            precision=args.precision,
+            backend=args.backend,
+            calibrated=args.calibrated,
+            barrier=args.barrier,
+            drawdown=args.drawdown,
+            interval=args.interval,
+        )
+    )
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from common.commands.calibrate import CalibrateRequest, run_calibrate_command  # lazy: torch
 
-    return run_calibrate_command(CalibrateRequest(
-        run_dir=args.run_dir, horizon=args.horizon, stride=args.stride, origins=args.origins, samples=args.samples,
-        seed=args.seed, device=args.device, precision=args.precision))
+    return run_calibrate_command(
+        CalibrateRequest(
+            run_dir=args.run_dir,
+            horizon=args.horizon,
+            stride=args.stride,
+            origins=args.origins,
+            samples=args.samples,
+            seed=args.seed,
+            device=args.device,
+            precision=args.precision,
+        )
+    )
 
 
 def _cmd_scorecard(args: argparse.Namespace) -> int:
     from common.commands.scorecard import ScorecardRequest, parse_horizons, run_scorecard_command  # lazy: torch
 
-    return run_scorecard_command(ScorecardRequest(
-        run_dirs=tuple(args.run_dir), horizons=parse_horizons(args.horizons), stride=args.stride,
-        origins=args.origins, samples=args.samples, assets=_names(args.assets) if args.assets else None,
-        seed=args.seed, cost_bp=args.cost_bp, device=args.device, precision=args.precision, barrier=args.barrier,
-        interval=args.interval))
+    return run_scorecard_command(
+        ScorecardRequest(
+            run_dirs=tuple(args.run_dir),
+            horizons=parse_horizons(args.horizons),
+            stride=args.stride,
+            origins=args.origins,
+            samples=args.samples,
+            assets=_names(args.assets) if args.assets else None,
+            seed=args.seed,
+            cost_bp=args.cost_bp,
+            device=args.device,
+            precision=args.precision,
+            barrier=args.barrier,
+            interval=args.interval,
+        )
+    )
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     from common.commands.benchmark import BenchmarkRequest, run_benchmark_command  # lazy: torch
 
-    return run_benchmark_command(BenchmarkRequest(
-        model_dir=args.model_dir, tasks=_names(args.tasks) if args.tasks else None, samples=args.samples,
-        seed=args.seed, device=args.device, precision=args.precision, as_json=args.json,
-        leaderboard=args.leaderboard, append=not args.no_leaderboard, after_cutoff=args.after_cutoff,
-        budget=args.budget))
+    return run_benchmark_command(
+        BenchmarkRequest(
+            model_dir=args.model_dir,
+            tasks=_names(args.tasks) if args.tasks else None,
+            samples=args.samples,
+            seed=args.seed,
+            device=args.device,
+            precision=args.precision,
+            as_json=args.json,
+            leaderboard=args.leaderboard,
+            append=not args.no_leaderboard,
+            after_cutoff=args.after_cutoff,
+            budget=args.budget,
+        )
+    )
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
@@ -146,8 +204,14 @@ def _check_shard(cfg: Config, case: Path) -> None:
         print(f"Token shard: {folder} is not prepared yet (`marketgpt data prepare` or the first run makes it)")
         return
     files = verify_shard(folder, full=True).get("files")
-    print(f"Token shard: {folder}: " + (f"{len(files)} files match their sha256 in manifest.json" if files else
-                                        "published before checksums; sizes only (prepare it anew to add them)"))
+    print(
+        f"Token shard: {folder}: "
+        + (
+            f"{len(files)} files match their sha256 in manifest.json"
+            if files
+            else "published before checksums; sizes only (prepare it anew to add them)"
+        )
+    )
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
@@ -156,8 +220,10 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
         from common.cluster.prepare_jobs import submit_preparation  # lazy: submitit and pandas
 
         if cfg.training.init_from:
-            raise UserError("--array does not prepare a fine-tuning config (training.init_from) yet: run "
-                            "`marketgpt data prepare` without --array, or let training prepare it")
+            raise UserError(
+                "--array does not prepare a fine-tuning config (training.init_from) yet: run "
+                "`marketgpt data prepare` without --array, or let training prepare it"
+            )
         if args.rebuild and not args.dry_run:
             from common.tokens.shards import rebuild, shard_folder  # lazy: pandas
 
@@ -168,14 +234,18 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     from common.training.finetune import resolve_parent  # lazy: torch
 
     if not cfg.data.shards:
-        raise UserError("data.shards is false: each run prepares its data in memory, so there is nothing to "
-                        "prepare ahead (drop --set data.shards=false, or set it true in the config)")
+        raise UserError(
+            "data.shards is false: each run prepares its data in memory, so there is nothing to "
+            "prepare ahead (drop --set data.shards=false, or set it true in the config)"
+        )
     # fine-tuning: the corpus in the parent's token ids, the shard training will look for
     parent = resolve_parent(cfg.training.init_from).run_dir / "tokenizer.json" if cfg.training.init_from else None
     case = case_dir_of_config(args.config)
     if args.dry_run:
-        print(f"Dry run: would {'rebuild' if args.rebuild else 'prepare (or reuse)'} "
-              f"{shard_folder(cfg, case, parent)[0]} in this process; nothing done.")
+        print(
+            f"Dry run: would {'rebuild' if args.rebuild else 'prepare (or reuse)'} "
+            f"{shard_folder(cfg, case, parent)[0]} in this process; nothing done."
+        )
         return 0
     if args.rebuild:
         rebuild(shard_folder(cfg, case, parent)[0])
@@ -210,8 +280,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_interval_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--interval", default=None, metavar="INTERVAL",
-                   help="a run of several intervals (data.intervals): which one (default: the run's first)")
+    p.add_argument(
+        "--interval",
+        default=None,
+        metavar="INTERVAL",
+        help="a run of several intervals (data.intervals): which one (default: the run's first)",
+    )
 
 
 def _remote(args: argparse.Namespace) -> Remote:
@@ -247,21 +321,30 @@ def _cmd_remote_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_remote_train(args: argparse.Namespace) -> int:
-    train_remote(_remote(args), args.case, args.overrides, args.sbatch_args, poll_s=args.poll,
-                 timeout_s=args.timeout, all_checkpoints=args.all_checkpoints)
+    train_remote(
+        _remote(args),
+        args.case,
+        args.overrides,
+        args.sbatch_args,
+        poll_s=args.poll,
+        timeout_s=args.timeout,
+        all_checkpoints=args.all_checkpoints,
+    )
     return 0
 
 
-def _add_remote_action(actions: argparse._SubParsersAction, name: str, help_text: str,
-                       handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+def _add_remote_action(
+    actions: argparse._SubParsersAction, name: str, help_text: str, handler: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
     """One `marketgpt remote ACTION`, with the flags every action takes."""
     a = actions.add_parser(name, help=help_text)
     a.add_argument("--host", default=None, help="ssh host or ~/.ssh/config alias (default: remote.json)")
     a.add_argument("--path", default=None, help="the repo's folder there (default: remote.json)")
     a.add_argument("--python", default=None, help="the python there (default: remote.json, else python3)")
     a.add_argument("--env", default=None, help="shell line run first there, e.g. 'module load python/3.11'")
-    a.add_argument("--repo", type=Path, default=REPO_ROOT,
-                   help="the local repo to sync from and fetch into (default: this one)")
+    a.add_argument(
+        "--repo", type=Path, default=REPO_ROOT, help="the local repo to sync from and fetch into (default: this one)"
+    )
     a.add_argument("--dry-run", action="store_true", help="print the exact commands; run nothing")
     a.set_defaults(handler=handler)
     return a
@@ -269,10 +352,20 @@ def _add_remote_action(actions: argparse._SubParsersAction, name: str, help_text
 
 def _add_remote_submit_args(a: argparse.ArgumentParser) -> None:
     a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
-    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override passed to the job (repeatable)")
-    a.add_argument("--sbatch-args", default="", help="extra sbatch options, written with = (they start with -): "
-                   "--sbatch-args=\"--partition=medium --time=2:00:00\"")
+    a.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override passed to the job (repeatable)",
+    )
+    a.add_argument(
+        "--sbatch-args",
+        default="",
+        help="extra sbatch options, written with = (they start with -): "
+        '--sbatch-args="--partition=medium --time=2:00:00"',
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,37 +374,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("model-info", help="exact parameter count and memory estimate of a case's model")
     _add_config_args(p)
-    p.add_argument("--num-assets", type=int, default=None,
-                   help="assets in the embedding table (default: the case universe's size)")
+    p.add_argument(
+        "--num-assets", type=int, default=None, help="assets in the embedding table (default: the case universe's size)"
+    )
     p.add_argument("--num-categories", type=int, default=None)
     p.set_defaults(handler=_cmd_model_info)
 
-    p = sub.add_parser("plan", help="before a GPU job: tokens per split, tokens per parameter, steps and time per "
-                       "epoch on the job's GPUs, memory, and warnings (no network)")
+    p = sub.add_parser(
+        "plan",
+        help="before a GPU job: tokens per split, tokens per parameter, steps and time per "
+        "epoch on the job's GPUs, memory, and warnings (no network)",
+    )
     _add_config_args(p)
     p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("data", help="market data: download a case's universe into its parquet cache")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    p = data_sub.add_parser("download", help="fetch (or update) the case's candles from Yahoo and ccxt; "
-                            "exit 1 if assets failed, 2 if a source is unreachable")
+    p = data_sub.add_parser(
+        "download",
+        help="fetch (or update) the case's candles from Yahoo and ccxt; "
+        "exit 1 if assets failed, 2 if a source is unreachable",
+    )
     p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
     _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
     p.set_defaults(handler=_cmd_data_download)
-    p = data_sub.add_parser("check", help="which cached assets training would use under the case config, "
-                            "and why the others not (no network); exit 1 if some are not usable, 2 if none")
+    p = data_sub.add_parser(
+        "check",
+        help="which cached assets training would use under the case config, "
+        "and why the others not (no network); exit 1 if some are not usable, 2 if none",
+    )
     p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
     _add_config_args(p, required=False)
     p.set_defaults(handler=_cmd_data_check)
-    p = data_sub.add_parser("prepare", help="prepare the config's token shard in the case's data cache now "
-                            "(e.g. in a CPU job before the GPU job); training reuses it (docs/data.md)")
+    p = data_sub.add_parser(
+        "prepare",
+        help="prepare the config's token shard in the case's data cache now "
+        "(e.g. in a CPU job before the GPU job); training reuses it (docs/data.md)",
+    )
     _add_config_args(p)
-    p.add_argument("--array", type=int, default=None, metavar="N",
-                   help="submit it to Slurm instead: 4 dependent CPU jobs (clean: an array of N tasks, fit, "
-                        "encode: N tasks, finish), partition from the config's slurm section")
+    p.add_argument(
+        "--array",
+        type=int,
+        default=None,
+        metavar="N",
+        help="submit it to Slurm instead: 4 dependent CPU jobs (clean: an array of N tasks, fit, "
+        "encode: N tasks, finish), partition from the config's slurm section",
+    )
     p.add_argument("--dry-run", action="store_true", help="check everything and show the jobs; submit nothing")
-    p.add_argument("--rebuild", action="store_true", help="move a damaged shard aside (<key>.damaged-<time>) "
-                   "and prepare it anew")
+    p.add_argument(
+        "--rebuild", action="store_true", help="move a damaged shard aside (<key>.damaged-<time>) and prepare it anew"
+    )
     p.set_defaults(handler=_cmd_data_prepare)
 
     p = sub.add_parser(
@@ -320,62 +432,107 @@ def build_parser() -> argparse.ArgumentParser:
         f"(exit {EXIT_REQUEUE}: stopped on SIGTERM/SIGUSR2 after a checkpoint, requeue with --resume auto)",
     )
     _add_config_args(p, required=False)
-    p.add_argument("--resume", metavar="auto|PATH", default=None,
-                   help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
-                        "is none or it is done; a requeued Slurm job continues its own run); PATH: a run "
-                        "folder or a checkpoint_epoch_*.pt file")
-    p.add_argument("--num-gpus", type=int, default=None, metavar="N",
-                   help="GPUs (= processes) per node this job uses; checked against how srun or torchrun "
-                        "started it (one process per GPU), e.g. --num-gpus 1 to test on a single GPU")
-    p.add_argument("--init-from", type=Path, default=None, metavar="RUN_DIR|CHECKPOINT",
-                   help="fine-tune: start a new run from a trained run's weights and tokenizer "
-                        "(= --set training.init_from=...; see docs/training.md)")
+    p.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        default=None,
+        help="auto: the newest checkpoint of this experiment's newest run (a new run if there "
+        "is none or it is done; a requeued Slurm job continues its own run); PATH: a run "
+        "folder or a checkpoint_epoch_*.pt file",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs (= processes) per node this job uses; checked against how srun or torchrun "
+        "started it (one process per GPU), e.g. --num-gpus 1 to test on a single GPU",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR|CHECKPOINT",
+        help="fine-tune: start a new run from a trained run's weights and tokenizer "
+        "(= --set training.init_from=...; see docs/training.md)",
+    )
     p.set_defaults(handler=_cmd_train)
 
     p = sub.add_parser("evaluate", help="recompute a run's test_results.json and report.png from its best model")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder, case_X/checkpoints/<experiment>_<time>")
     p.set_defaults(handler=_cmd_evaluate)
 
-    p = sub.add_parser("forecast", help="sampled price paths of a trained run: quantiles, P(up), fan charts "
-                       "(docs/forecasting.md)")
-    p.add_argument("run_dir", type=Path, nargs="+", metavar="RUN_DIR",
-                   help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
-                        "their equal-weight ensemble, samples pooled")
+    p = sub.add_parser(
+        "forecast", help="sampled price paths of a trained run: quantiles, P(up), fan charts (docs/forecasting.md)"
+    )
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
+        "their equal-weight ensemble, samples pooled",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--symbols", default=None, help="comma-separated assets of the run, e.g. BTC/USDT,ETH/USDT")
     which.add_argument("--all", action="store_true", help="every asset of the run (the default)")
     p.add_argument("--horizon", type=int, default=24, help="candles ahead (default 24)")
     p.add_argument("--samples", type=int, default=256, help="sampled paths per asset (default 256)")
-    p.add_argument("--as-of", default=None, metavar="TIME", help="forecast from the candles up to this UTC time "
-                   "(default: each asset's last candle in the run's data source)")
+    p.add_argument(
+        "--as-of",
+        default=None,
+        metavar="TIME",
+        help="forecast from the candles up to this UTC time "
+        "(default: each asset's last candle in the run's data source)",
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="1 = the model's own distribution (default)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens (narrows the bands)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (narrows the bands)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/forecasts/<as-of>/)")
     p.add_argument("--save-paths", action="store_true", help="also write the sampled paths (paths.npz)")
-    p.add_argument("--device", default="cpu", help="cpu (default: byte-reproducible on one machine and precision) "
-                   "or cuda")
+    p.add_argument(
+        "--device", default="cpu", help="cpu (default: byte-reproducible on one machine and precision) or cuda"
+    )
     _add_precision_arg(p)
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "
-                        "(no torch needed; docs/remote.md)")
-    p.add_argument("--calibrated", action="store_true", help="move the quantile columns by RUN_DIR/calibration.json "
-                   "(fitted on the validation split by `marketgpt calibrate`; docs/forecasting.md)")
-    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
-                   help="e.g. +5%%,-3%%: per asset P(upper first), P(lower first), P(neither) within the horizon, "
-                        "from the sampled paths (barrier.csv; docs/forecasting.md#path-questions)")
-    p.add_argument("--drawdown", action="store_true",
-                   help="per asset the distribution of the maximum drawdown over the horizon (drawdown.csv)")
+    p.add_argument(
+        "--backend",
+        choices=("torch", "onnx"),
+        default="torch",
+        help="onnx: RUN_DIR is a `marketgpt export --format onnx` folder, run with onnxruntime "
+        "(no torch needed; docs/remote.md)",
+    )
+    p.add_argument(
+        "--calibrated",
+        action="store_true",
+        help="move the quantile columns by RUN_DIR/calibration.json "
+        "(fitted on the validation split by `marketgpt calibrate`; docs/forecasting.md)",
+    )
+    p.add_argument(
+        "--barrier",
+        default=None,
+        metavar="UP,DOWN",
+        help="e.g. +5%%,-3%%: per asset P(upper first), P(lower first), P(neither) within the horizon, "
+        "from the sampled paths (barrier.csv; docs/forecasting.md#path-questions)",
+    )
+    p.add_argument(
+        "--drawdown",
+        action="store_true",
+        help="per asset the distribution of the maximum drawdown over the horizon (drawdown.csv)",
+    )
     _add_interval_arg(p)
     p.set_defaults(handler=_cmd_forecast)
 
-    p = sub.add_parser("calibrate", help="fit split-conformal interval calibration on a run's validation split: "
-                       "calibration.json, for forecast --calibrated and the scorecard (docs/scorecard.md)")
+    p = sub.add_parser(
+        "calibrate",
+        help="fit split-conformal interval calibration on a run's validation split: "
+        "calibration.json, for forecast --calibrated and the scorecard (docs/scorecard.md)",
+    )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
     p.add_argument("--horizon", type=int, default=24, help="calibrate steps 1..H (default 24, as forecast)")
-    p.add_argument("--stride", type=int, default=None, metavar="K",
-                   help="every K-th validation candle is an origin (default 5)")
+    p.add_argument(
+        "--stride", type=int, default=None, metavar="K", help="every K-th validation candle is an origin (default 5)"
+    )
     p.add_argument("--origins", type=int, default=None, metavar="N", help="or N origin dates, evenly spaced")
     p.add_argument("--samples", type=int, default=200, help="sampled paths per origin (default 200)")
     p.add_argument("--seed", type=int, default=0)
@@ -383,14 +540,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_precision_arg(p)
     p.set_defaults(handler=_cmd_calibrate)
 
-    p = sub.add_parser("scorecard", help="is the model any good? walk-forward forecasts over the test split "
-                       "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)")
-    p.add_argument("run_dir", type=Path, nargs="+", metavar="RUN_DIR",
-                   help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
-                        "their equal-weight ensemble, written to FIRST_RUN/ensemble_N/")
+    p = sub.add_parser(
+        "scorecard",
+        help="is the model any good? walk-forward forecasts over the test split "
+        "against random walk, bootstrap and GARCH, with intervals and a backtest (docs/scorecard.md)",
+    )
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run folder with best_model.pt; several (seeds on the same data and tokenizer): "
+        "their equal-weight ensemble, written to FIRST_RUN/ensemble_N/",
+    )
     p.add_argument("--horizons", default="1,5,20", help="candles ahead, comma-separated (default 1,5,20)")
-    p.add_argument("--stride", type=int, default=None, metavar="K",
-                   help="every K-th test candle is an origin (default 5)")
+    p.add_argument(
+        "--stride", type=int, default=None, metavar="K", help="every K-th test candle is an origin (default 5)"
+    )
     p.add_argument("--origins", type=int, default=None, metavar="N", help="or N origin dates, evenly spaced")
     p.add_argument("--samples", type=int, default=200, help="sampled paths per origin (default 200)")
     p.add_argument("--assets", default=None, help="comma-separated assets of the run (default: all)")
@@ -398,74 +564,125 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-bp", type=float, default=10.0, help="backtest costs, basis points per side (default 10)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     _add_precision_arg(p)
-    p.add_argument("--barrier", default=None, metavar="UP,DOWN",
-                   help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
-                        "beside the baselines' (docs/scorecard.md#barrier-probabilities)")
+    p.add_argument(
+        "--barrier",
+        default=None,
+        metavar="UP,DOWN",
+        help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
+        "beside the baselines' (docs/scorecard.md#barrier-probabilities)",
+    )
     _add_interval_arg(p)
     p.set_defaults(handler=_cmd_scorecard)
 
-    p = sub.add_parser("benchmark", help="the fixed benchmark tasks on the shipped sample's real series, scored "
-                       "like the scorecard; a table, MODEL/benchmark.json and a leaderboard line (docs/scorecard.md)")
+    p = sub.add_parser(
+        "benchmark",
+        help="the fixed benchmark tasks on the shipped sample's real series, scored "
+        "like the scorecard; a table, MODEL/benchmark.json and a leaderboard line (docs/scorecard.md)",
+    )
     p.add_argument(
         "model_dir", type=Path, metavar="MODEL", help="a run folder or a `marketgpt export --format hf` folder"
     )
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all of the version)")
-    p.add_argument("--after-cutoff", action="store_true",
-                   help="instead of the fixed tasks: one task of their scheme on the run's own candles after its "
-                        "data cut-off (MODEL/benchmark_after_cutoff.json; not comparable across models, so no "
-                        "leaderboard line)")
-    p.add_argument("--budget", type=int, default=None, metavar="N",
-                   help="with --after-cutoff: at most N (asset, origin) forecasts, assets drawn at random on each "
-                        "origin date (default 2000)")
+    p.add_argument(
+        "--after-cutoff",
+        action="store_true",
+        help="instead of the fixed tasks: one task of their scheme on the run's own candles after its "
+        "data cut-off (MODEL/benchmark_after_cutoff.json; not comparable across models, so no "
+        "leaderboard line)",
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --after-cutoff: at most N (asset, origin) forecasts, assets drawn at random on each "
+        "origin date (default 2000)",
+    )
     p.add_argument("--samples", type=int, default=100, help="sampled paths per origin (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     _add_precision_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (the same as MODEL/benchmark.json)")
-    p.add_argument("--leaderboard", type=Path, default=None, metavar="PATH",
-                   help="append one JSON line here (default: benchmark_leaderboard.jsonl in the repo root)")
+    p.add_argument(
+        "--leaderboard",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="append one JSON line here (default: benchmark_leaderboard.jsonl in the repo root)",
+    )
     p.add_argument("--no-leaderboard", action="store_true", help="do not append to the leaderboard")
     p.set_defaults(handler=_cmd_benchmark)
 
-    p = sub.add_parser("submit", help="submit a case's training to Slurm with submitit (requeues itself "
-                       "before the time limit), as a job array with --array, or run it here with --local")
+    p = sub.add_parser(
+        "submit",
+        help="submit a case's training to Slurm with submitit (requeues itself "
+        "before the time limit), as a job array with --array, or run it here with --local",
+    )
     p.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c, or a path")
     _add_config_args(p, required=False)  # --config defaults to the case's configs/*.json
-    p.add_argument("--array", metavar="KEY=V1,V2", default=None,
-                   help="one job per value, each its own experiment: seeds=1,2,3 or e.g. "
-                        "training.learning_rate=1e-4,3e-4")
+    p.add_argument(
+        "--array",
+        metavar="KEY=V1,V2",
+        default=None,
+        help="one job per value, each its own experiment: seeds=1,2,3 or e.g. training.learning_rate=1e-4,3e-4",
+    )
     p.add_argument("--local", action="store_true", help="run the same job on this machine (no Slurm) and wait")
     p.add_argument("--dry-run", action="store_true", help="check everything and show the job(s); submit nothing")
     p.set_defaults(handler=_cmd_submit)
 
-    p = sub.add_parser("doctor", help="run first on a new node: torch/CUDA/NCCL/driver versions, the GPUs, Slurm "
-                       "variables, whether the cases fit; exit 1 if training would fall back to the CPU")
+    p = sub.add_parser(
+        "doctor",
+        help="run first on a new node: torch/CUDA/NCCL/driver versions, the GPUs, Slurm "
+        "variables, whether the cases fit; exit 1 if training would fall back to the CPU",
+    )
     p.set_defaults(handler=_cmd_doctor)
 
-    p = sub.add_parser("status", help="one table of all runs under case_*/checkpoints: Slurm state, epoch, "
-                       "losses, tokens/s, ETA, last log line")
+    p = sub.add_parser(
+        "status",
+        help="one table of all runs under case_*/checkpoints: Slurm state, epoch, losses, tokens/s, ETA, last log line",
+    )
     p.add_argument("--case", default=None, help="only this case (default: all)")
     p.set_defaults(handler=_cmd_status)
 
-    p = sub.add_parser("export", help="the best model for use elsewhere: its next-token forward as ONNX "
-                       "(inference without torch) or a torch.export program, or a shareable model folder "
-                       "(safetensors, README model card), with its tokenizer and asset ids (docs/remote.md)")
+    p = sub.add_parser(
+        "export",
+        help="the best model for use elsewhere: its next-token forward as ONNX "
+        "(inference without torch) or a torch.export program, or a shareable model folder "
+        "(safetensors, README model card), with its tokenizer and asset ids (docs/remote.md)",
+    )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder with best_model.pt")
-    p.add_argument("--format", default="onnx", help="onnx (default; onnxruntime), pt2 (torch.export; replaces "
-                   "the deprecated torchscript) or hf (model.safetensors + config, tokenizer, README model card: "
-                   "Forecaster.from_pretrained)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default <case>/exports/<run name>, "
-                   "<run name>_<interval> for another interval than a run's first)")
+    p.add_argument(
+        "--format",
+        default="onnx",
+        help="onnx (default; onnxruntime), pt2 (torch.export; replaces "
+        "the deprecated torchscript) or hf (model.safetensors + config, tokenizer, README model card: "
+        "Forecaster.from_pretrained)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default <case>/exports/<run name>, "
+        "<run name>_<interval> for another interval than a run's first)",
+    )
     _add_interval_arg(p)
     p.set_defaults(handler=_cmd_export)
 
-    p = sub.add_parser("remote", help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "
-                       "fetch runs back (settings: remote.json; docs/remote.md)")
+    p = sub.add_parser(
+        "remote",
+        help="from a workstation: sync the repo to a cluster over ssh, submit, follow, "
+        "fetch runs back (settings: remote.json; docs/remote.md)",
+    )
     actions = p.add_subparsers(dest="remote_command", required=True, metavar="ACTION")
-    _add_remote_action(actions, "sync", "rsync the repo there (without .git, .venv, caches, case data, checkpoints "
-                       "and logs)", _cmd_remote_sync)
-    a = _add_remote_action(actions, "submit", "sbatch the case's script there; prints the job id and how to follow "
-                           "it", _cmd_remote_submit)
+    _add_remote_action(
+        actions,
+        "sync",
+        "rsync the repo there (without .git, .venv, caches, case data, checkpoints and logs)",
+        _cmd_remote_sync,
+    )
+    a = _add_remote_action(
+        actions, "submit", "sbatch the case's script there; prints the job id and how to follow it", _cmd_remote_submit
+    )
     _add_remote_submit_args(a)
     a = _add_remote_action(actions, "status", "`marketgpt status` run there", _cmd_remote_status)
     a.add_argument("--case", default=None)
@@ -474,14 +691,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("job_id", metavar="JOBID")
     a.add_argument("-f", "--follow", action="store_true")
     a.add_argument("-n", "--lines", type=int, default=50)
-    a = _add_remote_action(actions, "fetch", "copy a run back into case_*/checkpoints/ here, check it, then move it "
-                           "into place", _cmd_remote_fetch)
+    a = _add_remote_action(
+        actions,
+        "fetch",
+        "copy a run back into case_*/checkpoints/ here, check it, then move it into place",
+        _cmd_remote_fetch,
+    )
     a.add_argument("run", nargs="?", default=None, metavar="RUN", help="run folder name, or case_X/checkpoints/NAME")
     a.add_argument("--latest", action="store_true", help="the newest run (of --case, or of any case)")
     a.add_argument("--case", default=None)
     a.add_argument("--all-checkpoints", action="store_true", help="also the checkpoint_epoch_*.pt files")
-    a = _add_remote_action(actions, "train", "sync, submit, follow the job (across requeues), fetch, check, print "
-                           "the results", _cmd_remote_train)
+    a = _add_remote_action(
+        actions,
+        "train",
+        "sync, submit, follow the job (across requeues), fetch, check, print the results",
+        _cmd_remote_train,
+    )
     _add_remote_submit_args(a)
     a.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between queue checks (default 10)")
     a.add_argument("--timeout", type=float, default=None, metavar="S", help="stop waiting after S seconds")

@@ -6,6 +6,7 @@ the default below; anything unknown, mistyped or impossible is a `ConfigError` t
 file and the key. Command-line overrides (`--set training.batch_size=16`) are parsed to the
 field's type with `json.loads` (never eval) and checked the same way.
 """
+
 from __future__ import annotations
 
 import copy
@@ -134,6 +135,7 @@ class TrainingConfig:
 class ExchangeUniverseConfig:
     """The filters of data.universe = "exchange" (common/data/exchange_universe.py): which of
     data.exchange's pairs `marketgpt data download` writes to a dated universe file."""
+
     quote: str = "USDT"  # pairs quoted in this currency
     # average daily quote volume (in `quote`) over the volume_days complete days before the download
     min_quote_volume: float = 1e6
@@ -292,7 +294,7 @@ def apply_overrides(cfg: Config, overrides: Sequence[str], where: str) -> None:
             if depth < len(parts) - 1:
                 target = getattr(target, name)
                 if not dataclasses.is_dataclass(target):
-                    raise ConfigError(f"--set {key}: '{'.'.join(parts[:depth + 1])}' is not a section")
+                    raise ConfigError(f"--set {key}: '{'.'.join(parts[: depth + 1])}' is not a section")
         name = parts[-1]
         hint = typing.get_type_hints(type(target))[name]
         if dataclasses.is_dataclass(hint):
@@ -305,8 +307,11 @@ def _parse_value(text: str, hint: Any) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text if str in _allowed_types(hint) or _literal_values(hint) or typing.get_origin(hint) is list \
-        else _Unparsed(text)
+        return (
+            text
+            if str in _allowed_types(hint) or _literal_values(hint) or typing.get_origin(hint) is list
+            else _Unparsed(text)
+        )
 
 
 class _Unparsed(str):
@@ -407,16 +412,26 @@ def _describe(hint: Any) -> str:
     lits = _literal_values(hint)
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
     parts = [f"one of {', '.join(map(repr, lits))}"] if lits else []
-    parts += [names.get(t, getattr(t, "__name__", str(t))) for t in _allowed_types(hint)
-              if not (lits and t in {type(v) for v in lits})]
+    parts += [
+        names.get(t, getattr(t, "__name__", str(t)))
+        for t in _allowed_types(hint)
+        if not (lits and t in {type(v) for v in lits})
+    ]
     return " or ".join(parts)
 
 
 def _jtype(value: Any) -> str:
     if isinstance(value, _Unparsed):
         return "text that is not JSON"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 # --------------------------------------------------------------------------- checks
@@ -434,8 +449,11 @@ def validate(cfg: Config, where: str) -> None:
     check_data(cfg.data, cfg.model, need)
     check_tokenizer(cfg.tokenizer, cfg.model, need)
     check_slurm(cfg.slurm, need)
-    need(bool(cfg.experiment) and "/" not in cfg.experiment, "experiment",
-         f"must be a non-empty name without '/', got {cfg.experiment!r}")
+    need(
+        bool(cfg.experiment) and "/" not in cfg.experiment,
+        "experiment",
+        f"must be a non-empty name without '/', got {cfg.experiment!r}",
+    )
 
 
 def at_interval(cfg: Config, interval: str) -> Config:

@@ -4,6 +4,7 @@ Rendered from the dataclasses of common/config.py, and each meaning is read from
 beside (or the comment lines just above) its field there, so a key is explained in one place
 only. tests/test_config_reference.py fails when the committed page differs from `render()`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,8 +27,11 @@ COMMAND = "python -m common.config_reference > docs/config_reference.md"
 def field_comments(source: str) -> dict[tuple[str, str], str]:
     """(class name, field name) -> the comment lines just above the field and the one beside it,
     joined into one line, for every annotated field of every top-level class in `source`."""
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     lines = source.splitlines()
     out = {}
     for cls in ast.parse(source).body:
@@ -73,8 +77,9 @@ def _cell(text: str) -> str:
     return "`".join(parts).replace("|", "\\|")
 
 
-def _sections(cls: type, prefix: str = "", owner: tuple[str, str] | None = None
-              ) -> Iterator[tuple[str, type, tuple[str, str] | None]]:
+def _sections(
+    cls: type, prefix: str = "", owner: tuple[str, str] | None = None
+) -> Iterator[tuple[str, type, tuple[str, str] | None]]:
     """(dotted prefix of the keys, section class, the (class, field) that holds it, None at the top)
     for `cls` and every section nested in it, each after its parent."""
     yield prefix, cls, owner
@@ -87,18 +92,26 @@ def _sections(cls: type, prefix: str = "", owner: tuple[str, str] | None = None
 def render() -> str:
     """The Markdown page: one table per section, one row per key."""
     meaning = field_comments(Path(config.__file__).read_text(encoding="utf-8"))
-    out = ["# Config reference", "",
-           f"Generated from `common/config.py` by `{COMMAND}`; do not edit by hand.", "",
-           "Every key a config file or `--set` takes: its type, its default (as JSON) and what it means.",
-           "How configs load and are checked: [configs.md](configs.md).", ""]
+    out = [
+        "# Config reference",
+        "",
+        f"Generated from `common/config.py` by `{COMMAND}`; do not edit by hand.",
+        "",
+        "Every key a config file or `--set` takes: its type, its default (as JSON) and what it means.",
+        "How configs load and are checked: [configs.md](configs.md).",
+        "",
+    ]
     for prefix, cls, owner in _sections(Config):
         out += [f"## `{prefix.rstrip('.')}`", "", _cell(meaning[owner]), ""] if owner else ["## Top level", ""]
         hints = typing.get_type_hints(cls)
         defaults = cls()
         out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        out += [f"| `{prefix}{f.name}` | `{_cell(type_name(hints[f.name]))}` "
-                f"| `{_cell(json.dumps(getattr(defaults, f.name)))}` | {_cell(meaning[(cls.__name__, f.name)])} |"
-                for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
+        out += [
+            f"| `{prefix}{f.name}` | `{_cell(type_name(hints[f.name]))}` "
+            f"| `{_cell(json.dumps(getattr(defaults, f.name)))}` | {_cell(meaning[(cls.__name__, f.name)])} |"
+            for f in dataclasses.fields(cls)
+            if not dataclasses.is_dataclass(hints[f.name])
+        ]
         out.append("")
     return "\n".join(out)
 

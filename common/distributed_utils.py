@@ -2,6 +2,7 @@
 
 The DDP wrapper lives in `common.distributed.ddp`; this name is kept for users' scripts.
 """
+
 from __future__ import annotations
 
 from common.distributed.ddp import MultiGPUWrapper

@@ -1,4 +1,5 @@
 """The one exception type the command line turns into a clear message and a non-zero exit."""
+
 from __future__ import annotations
 
 

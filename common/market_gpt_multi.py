@@ -3,6 +3,7 @@
 It is the same class as `common.model.gpt.MarketGPT` (not a subclass or a copy), so checkpoints
 and isinstance checks work whichever name a script uses.
 """
+
 from __future__ import annotations
 
 from common.model.gpt import MarketGPT

@@ -3,6 +3,7 @@
 A leaf (no imports from the package), so the config, the data layer and the forecasters can
 all name a category or turn an interval into a bar length without importing each other.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,8 +17,7 @@ __all__ = ["CATEGORIES", "INTERVAL_SECONDS", "SERIES_SEP", "interval_step", "ser
 
 # The order is part of the contract: category ids in asset_info.json follow it.
 CATEGORIES: tuple[str, ...] = ("us_stock", "eu_stock", "emerging", "commodity", "crypto", "index", "fx")
-INTERVAL_SECONDS: dict[str, int] = {"1m": 60, "5m": 300, "15m": 900, "30m": 1800, "1h": 3600, "4h": 14400,
-                                    "1d": 86400}
+INTERVAL_SECONDS: dict[str, int] = {"1m": 60, "5m": 300, "15m": 900, "30m": 1800, "1h": 3600, "4h": 14400, "1d": 86400}
 # A run of several intervals (data.intervals) trains on series, one per asset and interval, named
 # "<symbol>@<interval>" in its token set; a one-interval run's series are its assets' symbols.
 SERIES_SEP = "@"

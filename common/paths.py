@@ -1,4 +1,5 @@
 """Where things are: the repo root, the case folders and their standard sub-folders."""
+
 from __future__ import annotations
 
 import difflib
@@ -31,8 +32,11 @@ def case_dir(name: str | os.PathLike, root: Path | None = None) -> Path:
 
 
 # Each case's seed-guide config: the default when its configs/ also holds example configs.
-SEED_CONFIGS = {"case_a_full_market": "full_market_config.json", "case_b_reduced": "reduced_config.json",
-                "case_c_crypto": "crypto_prototype.json"}
+SEED_CONFIGS = {
+    "case_a_full_market": "full_market_config.json",
+    "case_b_reduced": "reduced_config.json",
+    "case_c_crypto": "crypto_prototype.json",
+}
 
 
 def case_config(case: Path) -> Path:
@@ -43,8 +47,7 @@ def case_config(case: Path) -> Path:
         return found[0]
     if seed in found:
         return seed
-    raise UserError(f"{case / 'configs'}: expected one config file, found {len(found)}; "
-                    "pass --config explicitly")
+    raise UserError(f"{case / 'configs'}: expected one config file, found {len(found)}; pass --config explicitly")
 
 
 def case_dir_of_config(config_path: str | os.PathLike) -> Path:

@@ -1,5 +1,6 @@
 """The special token ids at the bottom of every vocabulary. No dependencies, so the config
 check, the model and the trainer can use them without importing the tokenizer (numpy, pandas)."""
+
 from __future__ import annotations
 
 PAD_TOKEN = 0  # padding, never a target

@@ -2,6 +2,7 @@
 config (data.synthetic with data.source = "synthetic") checks them as the spec does, without
 pandas. The market itself is made in common/data/synthetic.py, which re-exports SyntheticSpec.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,21 +28,21 @@ class SyntheticSpecError(UserError):
 @dataclass(frozen=True)
 class SyntheticSpec:
     assets: int = 4
-    candles: int = 1000                 # slots of the time grid per asset (rows: about candles * (1 - gap_prob))
-    interval: str = "1d"                # a key of common.markets.INTERVAL_SECONDS
-    start: str = "2020-01-01"           # first slot, ISO 8601 (2020-01-01, 2024-03-01 09:30), UTC if naive
+    candles: int = 1000  # slots of the time grid per asset (rows: about candles * (1 - gap_prob))
+    interval: str = "1d"  # a key of common.markets.INTERVAL_SECONDS
+    start: str = "2020-01-01"  # first slot, ISO 8601 (2020-01-01, 2024-03-01 09:30), UTC if naive
     seed: int = 0
-    daily_vol: float = 0.02             # sd of a day's log return in the calm regime
-    drift: float = 0.0                  # mean log return per day
-    nu: float = 5.0                     # Student-t degrees of freedom (> 2: finite variance)
+    daily_vol: float = 0.02  # sd of a day's log return in the calm regime
+    drift: float = 0.0  # mean log return per day
+    nu: float = 5.0  # Student-t degrees of freedom (> 2: finite variance)
     garch_alpha: float = 0.08
-    garch_beta: float = 0.9             # garch_alpha + garch_beta < 1 (stationary)
-    p_stress: float = 0.01              # per candle: calm -> stressed
-    p_calm: float = 0.05                # per candle: stressed -> calm
-    stress_vol: float = 2.0             # volatility multiplier in the stressed regime
-    market_beta: float = 0.5            # loading on the market factor, in [-1, 1]
-    seasonality: float = 1.5            # U-shape depth over the day, sub-daily only (0: flat)
-    gap_prob: float = 0.0               # chance that a slot has no candle
+    garch_beta: float = 0.9  # garch_alpha + garch_beta < 1 (stationary)
+    p_stress: float = 0.01  # per candle: calm -> stressed
+    p_calm: float = 0.05  # per candle: stressed -> calm
+    stress_vol: float = 2.0  # volatility multiplier in the stressed regime
+    market_beta: float = 0.5  # loading on the market factor, in [-1, 1]
+    seasonality: float = 1.5  # U-shape depth over the day, sub-daily only (0: flat)
+    gap_prob: float = 0.0  # chance that a slot has no candle
     categories: tuple[str, ...] = ("us_stock",)  # asset i is of categories[i % len(categories)]
 
     def __post_init__(self) -> None:
@@ -60,8 +61,11 @@ class SyntheticSpec:
             ("market_beta", -1 <= self.market_beta <= 1, "must be in [-1, 1]"),
             ("seasonality", self.seasonality >= 0, "must be >= 0"),
             ("gap_prob", 0 <= self.gap_prob < 1, "must be in [0, 1)"),
-            ("categories", len(self.categories) > 0 and set(self.categories) <= set(CATEGORIES),
-             f"must be a non-empty list of {', '.join(CATEGORIES)}"),
+            (
+                "categories",
+                len(self.categories) > 0 and set(self.categories) <= set(CATEGORIES),
+                f"must be a non-empty list of {', '.join(CATEGORIES)}",
+            ),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -102,7 +106,7 @@ def _typed(key: str, value: Any, default: Any) -> Any:
     if isinstance(default, tuple):
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(value)
-        expected = "a list of strings, e.g. [\"crypto\", \"fx\"]"
+        expected = 'a list of strings, e.g. ["crypto", "fx"]'
     elif isinstance(default, float):
         if number:
             return float(value)

@@ -2,6 +2,7 @@
 
 The tokenizer lives in `common.tokens.tokenizer`; this name is kept for users' scripts.
 """
+
 from __future__ import annotations
 
 from common.tokens.tokenizer import OHLCTokenizer

@@ -1,5 +1,6 @@
 """What a test needs from the machine but pip cannot install (sshd, ShellCheck, the local Slurm
 cluster): CI installs it (.ci/run), so there it must be present; elsewhere it is optional."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Shared test set-up: no network (pytest-socket, see setup.cfg), quiet hypothesis on 2 cores."""
+
 from __future__ import annotations
 
 import os
@@ -11,22 +12,24 @@ from hypothesis import HealthCheck, settings
 from ci_helpers import unavailable
 
 # A shared 2-core CI box: no per-example deadline, fewer examples than hypothesis' default.
-settings.register_profile("ci", deadline=None, max_examples=40,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 LOCAL_SLURM = Path(__file__).resolve().parent.parent / "tools" / "local_slurm" / "local_slurm.sh"
 LOCAL_SLURM_STATE = Path(os.environ.get("LOCAL_SLURM_DIR", "/tmp/marketgpt-slurm"))
-HOW_TO_ENABLE = ("the Slurm tests run on the local test cluster (tools/local_slurm/local_slurm.sh, as root) "
-                 "only when asked: set MARKETGPT_LOCAL_SLURM=1 (or CI=true)")
+HOW_TO_ENABLE = (
+    "the Slurm tests run on the local test cluster (tools/local_slurm/local_slurm.sh, as root) "
+    "only when asked: set MARKETGPT_LOCAL_SLURM=1 (or CI=true)"
+)
 
 
 def _slurm_nodes() -> int | None:
     """Nodes `sinfo` lists, or None when Slurm doesn't answer."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=30,
-                             check=True).stdout
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return len(set(out.split()))
@@ -67,5 +70,6 @@ def nothing_queued(monkeypatch):
 
     def refuse(*args, **kwargs):
         raise AssertionError("a job was about to be submitted")
+
     monkeypatch.setattr(submitit, "SlurmExecutor", refuse)
     monkeypatch.setattr(submitit, "LocalExecutor", refuse)

@@ -4,6 +4,7 @@ starting ranks the way torchrun does, and comparing runs.
 Run as a script (`python tests/ddp_helpers.py fault RANK STEP [--stuck] -- <marketgpt train args>`),
 it is `marketgpt train` with an error injected on one rank at one step, for the failure tests.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,12 +28,29 @@ REPO = Path(__file__).resolve().parent.parent
 # dropout can match the one-process reference. 2 x 40 optimizer steps of 2 micro-batches each.
 TINY = {
     "experiment": "ddp",
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4, "dropout": 0.0},
-    "training": {"batch_size": 16, "grad_accum_steps": 2, "epochs": 2, "max_steps_per_epoch": 40,
-                 "eval_max_batches": 3, "warmup_steps": 4, "learning_rate": 1e-3, "log_every_steps": 1,
-                 "device": "cpu", "scorecard_origins": 0,  # the scorecard: test_scorecard_cli.py
-                 },
+    "model": {
+        "vocab_size": 64,
+        "context_length": 16,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+        "dropout": 0.0,
+    },
+    "training": {
+        "batch_size": 16,
+        "grad_accum_steps": 2,
+        "epochs": 2,
+        "max_steps_per_epoch": 40,
+        "eval_max_batches": 3,
+        "warmup_steps": 4,
+        "learning_rate": 1e-3,
+        "log_every_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,  # the scorecard: test_scorecard_cli.py
+    },
     "data": {"source": "sample", "interval": "1d"},
 }
 GLOBAL_BATCH = TINY["training"]["batch_size"]  # one process's batch; N ranks take GLOBAL_BATCH / N each
@@ -96,8 +114,11 @@ def reference(batch_size: int = GLOBAL_BATCH) -> tuple[dict, list]:
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a launched rank: no launcher variables inherited from this one."""
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items()
-           if k not in launcher and not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in launcher and not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_"))
+    }
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MARKETGPT_DIST_TIMEOUT": "60", **extra})
     return env
 
@@ -119,10 +140,25 @@ def start_ranks(n: int, command: Sequence[str], **extra_env: str) -> list[subpro
     """Start `n` ranks of `command` with torchrun's environment protocol (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT) on a free loopback port; stdout/stderr are pipes."""
     port = str(free_port())
-    return [subprocess.Popen(list(command), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=clean_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra_env))
-            for r in range(n)]
+    return [
+        subprocess.Popen(
+            list(command),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(
+                RANK=str(r),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(n),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                **extra_env,
+            ),
+        )
+        for r in range(n)
+    ]
 
 
 def train_command(*args: str) -> list[str]:

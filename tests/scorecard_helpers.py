@@ -1,4 +1,5 @@
 """Synthetic candle series with a known generating process, for the scorecard tests."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,9 @@ import pandas as pd
 from common.evaluation.asset_series import AssetSeries
 
 
-def garch_returns(n: int, rng: np.random.Generator, omega: float = 1e-5, alpha: float = 0.15,
-                  beta: float = 0.75, nu: float = 5.0) -> np.ndarray:
+def garch_returns(
+    n: int, rng: np.random.Generator, omega: float = 1e-5, alpha: float = 0.15, beta: float = 0.75, nu: float = 5.0
+) -> np.ndarray:
     """n log returns of a zero-mean GARCH(1,1) with standardized Student-t innovations."""
     z = rng.standard_t(nu, n) * np.sqrt((nu - 2) / nu)
     r = np.empty(n)
@@ -23,12 +25,14 @@ def candles_from_returns(r: np.ndarray, start: str = "2000-01-01") -> pd.DataFra
     """A daily candle frame whose closes have log returns `r` (open = high = low = close)."""
     close = 100 * np.exp(np.concatenate([[0.0], np.cumsum(r)]))
     index = pd.date_range(start, periods=len(close), freq="D", tz="UTC", name="timestamp")
-    return pd.DataFrame({"open": close, "high": close, "low": close, "close": close,
-                         "volume": np.ones(len(close))}, index=index)
+    return pd.DataFrame(
+        {"open": close, "high": close, "low": close, "close": close, "volume": np.ones(len(close))}, index=index
+    )
 
 
-def synthetic_series(returns: list[np.ndarray], train_frac: float = 0.6, purge: int = 50,
-                     category: str = "synthetic") -> list[AssetSeries]:
+def synthetic_series(
+    returns: list[np.ndarray], train_frac: float = 0.6, purge: int = 50, category: str = "synthetic"
+) -> list[AssetSeries]:
     """One AssetSeries per return array, all on the same dates: train, a purge gap, then test."""
     out = []
     for k, r in enumerate(returns):

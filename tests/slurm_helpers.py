@@ -1,6 +1,7 @@
 """Shared by the Slurm-suite tests: a throwaway copy of the repo (jobs write their run folders
 and logs into it, never into the working tree), the tiny-run overrides, the #SBATCH lines of
 a case script, and fake `srun`/`scontrol`/`sbatch` commands for tests that need no cluster."""
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,26 @@ CASES = {
 # --set overrides that make any case tiny: the shipped sample (no network), a 2-layer model,
 # no end-of-training scorecard (its fixed cost, ~10 s of imports, GARCH fits and a plot, is
 # tested once in test_scorecard_cli.py, not in every job of these suites).
-TINY = ["data.source=sample", "data.interval=1d", "model.vocab_size=64", "model.context_length=16",
-        "model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64",
-        "model.asset_embed_dim=4", "model.category_embed_dim=4", "training.batch_size=16",
-        "training.epochs=2", "training.max_steps_per_epoch=6", "training.eval_max_batches=4",
-        "training.warmup_steps=2", "training.log_every_steps=3", "training.scorecard_origins=0",
-        "training.device=cpu",  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
-        ]
+TINY = [
+    "data.source=sample",
+    "data.interval=1d",
+    "model.vocab_size=64",
+    "model.context_length=16",
+    "model.d_model=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "model.asset_embed_dim=4",
+    "model.category_embed_dim=4",
+    "training.batch_size=16",
+    "training.epochs=2",
+    "training.max_steps_per_epoch=6",
+    "training.eval_max_batches=4",
+    "training.warmup_steps=2",
+    "training.log_every_steps=3",
+    "training.scorecard_origins=0",
+    "training.device=cpu",  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
+]
 
 
 def sets(overrides: Sequence[str]) -> list[str]:
@@ -44,8 +58,11 @@ def copy_repo(dst: Path) -> Path:
     code = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "common", dst / "common", ignore=code)  # common/data included
     for case, _, _ in CASES.values():  # without the case's runs, logs and candle cache
-        shutil.copytree(REPO / case, dst / case, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints",
-                                                                                "logs", "data"))
+        shutil.copytree(
+            REPO / case,
+            dst / case,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", "logs", "data"),
+        )
     shutil.copy2(REPO / "launch_parallel_training.sh", dst / "launch_parallel_training.sh")
     return dst
 
@@ -53,8 +70,11 @@ def copy_repo(dst: Path) -> Path:
 def job_env(**extra: str) -> dict[str, str]:
     """The environment sbatch passes on to a job: this interpreter, one thread per rank, and
     the local cluster's SLURM_CONF (set by the slurm_cluster fixture) but no other SLURM_*."""
-    env = {k: v for k, v in os.environ.items()
-           if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "MARKETGPT_"))
+    }
     env.update({"MARKETGPT_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
     return env
 

@@ -1,4 +1,5 @@
 """Atomic writes: a failed write leaves the old file, no temp files, readable modes."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Which run `--resume auto` continues (run_folder.auto_resume_run): a requeued job's own run,
 else the newest run unless it is done or another live job trains it."""
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,15 @@ def test_the_newest_unfinished_run_is_continued(tmp_path, alive):
     assert auto_resume_run(find_runs(tmp_path, "exp")) == newest
 
 
-@pytest.mark.parametrize("log,test_results", [
-    ({"status": "finished"}, True),
-    ({"status": "early_stopped"}, True),
-    ({"status": "failed", "error": "non-finite loss"}, False),
-], ids=["finished", "early_stopped", "failed"])
+@pytest.mark.parametrize(
+    "log,test_results",
+    [
+        ({"status": "finished"}, True),
+        ({"status": "early_stopped"}, True),
+        ({"status": "failed", "error": "non-finite loss"}, False),
+    ],
+    ids=["finished", "early_stopped", "failed"],
+)
 def test_a_done_newest_run_starts_a_new_one(tmp_path, alive, log, test_results):
     _run(tmp_path, "20250101_000000", status="running")  # an older, abandoned run stays abandoned
     _run(tmp_path, "20250102_000000", test_results=test_results, **log)
@@ -70,8 +75,15 @@ def test_a_run_missing_any_final_output_is_continued(tmp_path, alive):
 
 def test_a_folder_killed_before_its_first_checkpoint_is_reused(tmp_path, alive):
     run = _run(tmp_path, "20250102_000000", status="running")
-    for name in ("config.json", "tokenizer.json", "asset_info.json", "data_info.json", "tokens",
-                 ".tokens.a1b2.tmp", "best_model.pt"):  # killed between best_model.pt and its epoch checkpoint
+    for name in (
+        "config.json",
+        "tokenizer.json",
+        "asset_info.json",
+        "data_info.json",
+        "tokens",
+        ".tokens.a1b2.tmp",
+        "best_model.pt",
+    ):  # killed between best_model.pt and its epoch checkpoint
         (run / name).write_text("x")
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out").write_text("x")

@@ -1,4 +1,5 @@
 """The signal backtest against hand-computed returns, costs, turnover and hit rate."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The scorecard's barrier part: Brier scores of P(upper first), P(lower first), P(neither)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,11 @@ SIGMA = 0.01
 
 def _walk(scale: float):
     """A forecaster of iid normal log-return paths with sd scale * SIGMA per step."""
+
     def fn(histories, horizon, n_samples, seed):
         steps = np.random.default_rng(seed).normal(0, scale * SIGMA, (len(histories), n_samples, horizon))
         return np.cumsum(steps, axis=2)
+
     return fn
 
 
@@ -28,8 +31,17 @@ def _series(seed: int = 0):
 
 def test_a_forecaster_that_never_moves_scores_two_wherever_a_barrier_was_touched():
     flat = lambda histories, horizon, n_samples, seed: np.zeros((len(histories), n_samples, horizon))  # noqa: E731
-    card = make_scorecard(_series(), flat, interval="1d", horizons=[1, 5], stride=5, n_samples=10, n_boot=50,
-                          baselines={"rw_ewma": RandomWalkEWMA()}, barrier=(0.01, -0.01))
+    card = make_scorecard(
+        _series(),
+        flat,
+        interval="1d",
+        horizons=[1, 5],
+        stride=5,
+        n_samples=10,
+        n_boot=50,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+        barrier=(0.01, -0.01),
+    )
     bc = card["barrier"]
     assert bc["prices"] == "close" and bc["upper"] == 0.01 and bc["lower"] == -0.01
     for h in ("1", "5"):
@@ -46,13 +58,30 @@ def test_a_forecaster_that_never_moves_scores_two_wherever_a_barrier_was_touched
 
 def test_the_true_process_beats_an_overdispersed_one_and_no_barrier_means_no_card():
     series = _series(1)
-    card = make_scorecard(series, _walk(1.0), interval="1d", horizons=[5], stride=3, n_samples=200, n_boot=200,
-                          baselines={"wide": _walk(3.0)}, barrier=(0.02, -0.015))
+    card = make_scorecard(
+        series,
+        _walk(1.0),
+        interval="1d",
+        horizons=[5],
+        stride=3,
+        n_samples=200,
+        n_boot=200,
+        baselines={"wide": _walk(3.0)},
+        barrier=(0.02, -0.015),
+    )
     hc = card["barrier"]["horizons"]["5"]
     assert hc["brier"]["model"] < hc["brier"]["wide"]
     assert hc["skill"]["wide"]["verdict"] == "beats"
-    plain = make_scorecard(series, _walk(1.0), interval="1d", horizons=[5], stride=3, n_samples=20, n_boot=20,
-                           baselines={"wide": _walk(3.0)})
+    plain = make_scorecard(
+        series,
+        _walk(1.0),
+        interval="1d",
+        horizons=[5],
+        stride=3,
+        n_samples=20,
+        n_boot=20,
+        baselines={"wide": _walk(3.0)},
+    )
     assert "barrier" not in plain and "barrier_lines" not in plain
 
 

@@ -1,4 +1,5 @@
 """In-memory token windows: boundaries, ids, epoch order, DDP sharding, resume offsets."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,7 +60,7 @@ def test_every_window_lies_in_one_assets_split_and_carries_its_ids():
             assert begin <= first and first + T + 1 <= end
             assert batch.asset_ids[k].item() == ids[symbol]
             assert batch.category_ids[k].item() == cats[symbol]
-            expected = tokens[symbol][first:first + T + 1].astype(np.int64)
+            expected = tokens[symbol][first : first + T + 1].astype(np.int64)
             assert torch.equal(torch.cat([batch.x[k], batch.y[k, -1:]]), torch.from_numpy(expected))
     assert not (w.tokens == PAD_TOKEN).any()
 
@@ -109,8 +110,8 @@ def test_ranks_batches_together_are_one_process_with_the_combined_batch(world):
         assert all(per_rank[r][i].x.shape[0] == B for r in range(world))
         union = torch.cat([per_rank[r][i].x for r in range(world)])
         assert torch.equal(union, single[i].x)
-        assert torch.equal(union, w.gather("train", order[i * B * world:(i + 1) * B * world]).x)
-    starts = torch.cat([w.splits["train"].starts[order[i * B * world:(i + 1) * B * world]] for i in range(n)])
+        assert torch.equal(union, w.gather("train", order[i * B * world : (i + 1) * B * world]).x)
+    starts = torch.cat([w.splits["train"].starts[order[i * B * world : (i + 1) * B * world]] for i in range(n)])
     assert len(set(starts.tolist())) == n * B * world  # disjoint
 
 
@@ -163,12 +164,13 @@ def test_batches_gathered_a_chunk_at_a_time_equal_one_gather_each(monkeypatch, c
     B, world, rank = 4, 2, 1
     monkeypatch.setattr(batches_module, "CHUNK_TOKENS", chunk_batches * B * (T + 1))
     order = w.epoch_order("train", seed=5, epoch=1)
-    got = list(w.batches("train", B, shuffle=True, seed=5, epoch=1, rank=rank, world_size=world, drop_last=True,
-                         start=3))
+    got = list(
+        w.batches("train", B, shuffle=True, seed=5, epoch=1, rank=rank, world_size=world, drop_last=True, start=3)
+    )
     n = w.num_batches("train", B, world, drop_last=True)
     assert len(got) == n - 3
     for i, b in zip(range(3, n), got):
-        want = w.gather("train", order[(i * world + rank) * B:][:B])
+        want = w.gather("train", order[(i * world + rank) * B :][:B])
         for field in ("x", "y", "asset_ids", "category_ids"):
             assert torch.equal(getattr(b, field), getattr(want, field))
     # evaluation: uneven last slices, empty ones skipped, every window once

@@ -1,5 +1,6 @@
 """The benchmark command runs end to end and writes its table and JSON (at toy sizes: nothing
 here times anything), and the plain reference GPT of bench_train is a working GPT."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,22 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
     out = tmp_path / "results.json"
     # every benchmark but bench_forecast.py, whose smoke run test_forecast.py checks
     only = ",".join(name for name in BENCHMARKS if name != "forecast")
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "run_all.py"), "--smoke", "--threads", "1",
-                           "--only", only, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "bench" / "run_all.py"),
+            "--smoke",
+            "--threads",
+            "1",
+            "--only",
+            only,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["smoke"] is True and report["machine"]["nproc"] >= 1 and report["machine"]["torch"]
@@ -31,13 +46,17 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
         assert bench[name]["status"] == "ok", bench[name]
     assert bench["slurm"]["status"] == "skipped" and bench["slurm"]["note"]
     values = {(r["benchmark"], r["figure"]): r["value"] for r in report["rows"]}
-    for key in [("Training throughput, case C", "MarketGPT / reference tokens/s"),
-                ("Hardware utilization, case C", "model FLOP/s / torch.mm peak"),
-                ("Data path", "batch gather / train step tokens/s"),
-                ("Checkpoint save, case C", "atomic / plain torch.save, cost to training"),
-                ("Timer checkpoint", "cost / interval"),
-                ("Tokenizer fit + encode", "seconds"), ("Load + clean + split", "peak RSS"),
-                ("Corpus preparation", "seconds"), ("Batch assembly", "tokens/s, one core")]:
+    for key in [
+        ("Training throughput, case C", "MarketGPT / reference tokens/s"),
+        ("Hardware utilization, case C", "model FLOP/s / torch.mm peak"),
+        ("Data path", "batch gather / train step tokens/s"),
+        ("Checkpoint save, case C", "atomic / plain torch.save, cost to training"),
+        ("Timer checkpoint", "cost / interval"),
+        ("Tokenizer fit + encode", "seconds"),
+        ("Load + clean + split", "peak RSS"),
+        ("Corpus preparation", "seconds"),
+        ("Batch assembly", "tokens/s, one core"),
+    ]:
         assert values[key] is not None and values[key] > 0, key
     train = bench["train"]["figures"]["cases"]["C"]
     assert train["flops_per_token"] == 32_300_544  # case C: 6 x 5.0M weights + attention at T = 128
@@ -81,8 +100,9 @@ def test_quickstart_trains_with_the_documented_small_data_settings():
 
     from bench_generalization import SMALL_DATA
 
-    words = shlex.split((REPO_ROOT / "quickstart.sh").read_text().split('-m common.cli train', 1)[1].split('"$@"')[0],
-                        comments=True)
+    words = shlex.split(
+        (REPO_ROOT / "quickstart.sh").read_text().split("-m common.cli train", 1)[1].split('"$@"')[0], comments=True
+    )
     quick = {words[i + 1] for i, w in enumerate(words) if w == "--set"}
     bench_only = {"training.scorecard_origins=0", "training.log_every_steps=1000"}  # a bench's, not a newcomer's
     assert set(SMALL_DATA) - bench_only == quick - {'experiment="quickstart"', "training.log_every_steps=10"}

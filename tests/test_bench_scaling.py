@@ -1,6 +1,7 @@
 """The scaling study: bench_scaling's toy grid writes its JSON and PNG, its oracle is the true
 token distribution of the synthetic market, the fit finds a known optimum, and model.size =
 "auto" trains the fitted shape and says so in training_log.json."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,8 +65,7 @@ def test_the_oracle_is_calibrated_on_the_market_it_describes():
         rho.append(a.truth["sigma"].to_numpy()[rows - 1] * move_z[rows] / r)
         y.append(tokens[rows].astype(np.int64) - NUM_SPECIAL_TOKENS)
     rho, y = np.concatenate(rho), np.concatenate(y)
-    p = bench_scaling.oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid=40,
-                                   draws=20_000)
+    p = bench_scaling.oracle_probs(rho, tok.move_binning.edges, tok.shape_binning.edges, spec.nu, grid=40, draws=20_000)
     nll = -np.log(p[np.arange(len(y)), y])
     entropy = -(p * np.log(p)).sum(axis=1)
     assert abs(nll.mean() - entropy.mean()) < 3 * nll.std() / np.sqrt(len(y))
@@ -89,13 +89,15 @@ def test_fit_recovers_a_known_optimum_and_its_form():
 
 def test_best_shape_follows_the_fit_and_prefers_the_smaller_of_equals():
     cfg = load_config(CASE_C)
-    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
-                     points=16)
+    fit = ScalingFit(
+        terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
+    )
     small, large = best_shape(cfg, 4e4, fit), best_shape(cfg, 1e6, fit)
     assert small["parameters"] < large["parameters"]
     assert (small["d_model"], small["num_layers"], small["num_heads"], small["d_ff"]) in SHAPES
-    flat = ScalingFit(terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6],
-                      rmse=0.0, points=16)
+    flat = ScalingFit(
+        terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
+    )
     assert best_shape(cfg, 1e5, flat)["d_model"] == SHAPES[0][0]  # size does not matter: the smallest shape
     assert "extrapolated" in best_shape(cfg, 1e8, fit)["why"]
 
@@ -108,23 +110,42 @@ def test_size_auto_is_refused_for_fine_tuning():
 def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
     import shutil
 
-    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
-                     points=16, source="a test fit")
+    fit = ScalingFit(
+        terms=["A", "B", "C"],
+        coef=dict(TRUE),
+        n_range=[1.5e5, 3e7],
+        d_range=[3.8e4, 1e6],
+        rmse=0.0,
+        points=16,
+        source="a test fit",
+    )
     monkeypatch.setattr(train, "load_fit", lambda: fit)
     (tmp_path / "configs").mkdir()
     shutil.copy(CASE_C, tmp_path / "configs" / CASE_C.name)
     spec = {"assets": 2, "candles": 1500, "categories": ["crypto"], "seasonality": 0.0}
-    sets = ['data.source="synthetic"', f"data.synthetic={json.dumps(spec)}", 'data.interval="1h"',
-            'data.start_date="2020-01-01"', "data.universe_counts={}", "model.context_length=32",
-            'model.size="auto"', "tokenizer.ret_bins=16", "training.epochs=1", "training.max_steps_per_epoch=1",
-            "training.eval_max_batches=1", "training.scorecard_origins=0", 'training.device="cpu"',
-            'experiment="auto"']
+    sets = [
+        'data.source="synthetic"',
+        f"data.synthetic={json.dumps(spec)}",
+        'data.interval="1h"',
+        'data.start_date="2020-01-01"',
+        "data.universe_counts={}",
+        "model.context_length=32",
+        'model.size="auto"',
+        "tokenizer.ret_bins=16",
+        "training.epochs=1",
+        "training.max_steps_per_epoch=1",
+        "training.eval_max_batches=1",
+        "training.scorecard_origins=0",
+        'training.device="cpu"',
+        'experiment="auto"',
+    ]
     assert train.run_training(tmp_path / "configs" / CASE_C.name, sets, out=open(tmp_path / "out.txt", "w")) == 0
     (run,) = (tmp_path / "checkpoints").glob("auto_*")
     chosen = json.loads((run / "training_log.json").read_text())["model_size"]
     expected = best_shape(load_config(CASE_C, sets), chosen["train_tokens"], fit, 2, 1)
-    assert {k: chosen[k] for k in ("d_model", "num_layers", "parameters")} == \
-        {k: expected[k] for k in ("d_model", "num_layers", "parameters")}
+    assert {k: chosen[k] for k in ("d_model", "num_layers", "parameters")} == {
+        k: expected[k] for k in ("d_model", "num_layers", "parameters")
+    }
     saved = load_config(run / "config.json")
     assert (saved.model.d_model, saved.model.num_layers) == (chosen["d_model"], chosen["num_layers"])
     assert "model.size = auto" in (tmp_path / "out.txt").read_text()
@@ -135,8 +156,9 @@ def test_plan_suggests_the_fitted_shape_in_one_line(monkeypatch):
     from common.commands.plan_figures import DataFigures
 
     cfg = load_config(CASE_C)
-    fit = ScalingFit(terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0,
-                     points=16)
+    fit = ScalingFit(
+        terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
+    )
     data = DataFigures({"train": 38_000, "val": 8_000, "test": 8_000}, 37_000, 2_300, "exact (a test)", 13, 4)
     p = plan.build_plan(cfg, data)
     monkeypatch.setattr(plan, "load_fit", lambda: None)
@@ -151,8 +173,12 @@ def test_plan_suggests_the_fitted_shape_in_one_line(monkeypatch):
 def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
     def point(size, n, d, excess):
         loss = {"model": 4.8 + excess, "unigram": 5.0, "oracle": 4.8}
-        split = {"loss": loss, "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
-                 "gap_closed": (0.2 - excess) / 0.2, "gap_closed_ci95": [(0.1 - excess) / 0.2, (0.3 - excess) / 0.2]}
+        split = {
+            "loss": loss,
+            "skill_vs_unigram": {"value": 5.0 - loss["model"], "ci95": [0.0, 0.3]},
+            "gap_closed": (0.2 - excess) / 0.2,
+            "gap_closed_ci95": [(0.1 - excess) / 0.2, (0.3 - excess) / 0.2],
+        }
         return {
             "corpus": "synthetic",
             "size": size,
@@ -191,8 +217,11 @@ def test_nested_corpora_grow_by_assets_and_score_the_same_first_ones(tmp_path):
     from common.synthetic_spec import SyntheticSpec
 
     def spec(tokens: int) -> SyntheticSpec:
-        (text,) = [s.split("=", 1)[1] for s in bench_scaling._data_sets("synthetic", tokens, nested=True)
-                   if s.startswith("data.synthetic=")]
+        (text,) = [
+            s.split("=", 1)[1]
+            for s in bench_scaling._data_sets("synthetic", tokens, nested=True)
+            if s.startswith("data.synthetic=")
+        ]
         d = json.loads(text)
         return SyntheticSpec(**{**d, "categories": tuple(d["categories"])})
 
@@ -200,8 +229,9 @@ def test_nested_corpora_grow_by_assets_and_score_the_same_first_ones(tmp_path):
     assert (small.assets, large.assets) == (8, 80) and small.candles == large.candles
     assert generate_asset(small, 7).candles.equals(generate_asset(large, 7).candles)
     # the smoke's sizes (300 test candles an asset, 2 scored): 3 assets trained, the first 2 scored
-    point = bench_scaling.run_point("synthetic", "toy", 3 * bench_scaling.NESTED_TRAIN, min_steps=4, max_steps=4,
-                                    smoke=True, nested=True)
+    point = bench_scaling.run_point(
+        "synthetic", "toy", 3 * bench_scaling.NESTED_TRAIN, min_steps=4, max_steps=4, smoke=True, nested=True
+    )
     assert point["nested"] and point["scored_assets"] == 2 and point["train_tokens"] > 2 * bench_scaling.NESTED_TRAIN
     assert point["test"]["targets"] == 2 * 300 and 2 * 290 < point["val"]["targets"] <= 2 * 300  # not 3 assets
     assert 0 < point["test"]["loss"]["oracle"] < point["test"]["loss"]["unigram"]
@@ -227,8 +257,9 @@ def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
 
     import scaling_floors
 
-    spec = SyntheticSpec(assets=1, candles=3000, interval="1h", seasonality=0.0, gap_prob=0.0, stress_vol=1.0,
-                         categories=("crypto",))
+    spec = SyntheticSpec(
+        assets=1, candles=3000, interval="1h", seasonality=0.0, gap_prob=0.0, stress_vol=1.0, categories=("crypto",)
+    )
     asset = generate_asset(spec, 0)
     r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, scaling_floors._range_table(20_000))
     weights, scales = scaling_floors.kim_filter(r2, loglik, spec)
@@ -248,7 +279,8 @@ def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
 
 def test_a_corpus_a_few_percent_outside_the_fitted_span_is_not_extrapolation():
     # the same corpus's training tokens move by a fraction of a percent with purge and context
-    fit = ScalingFit(terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[37_992, 1e6],
-                     rmse=0.0, points=10)
+    fit = ScalingFit(
+        terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[37_992, 1e6], rmse=0.0, points=10
+    )
     assert fit.in_range(37_921) and fit.in_range(1.04e6) and fit.in_range(5e5)
     assert not fit.in_range(30_000) and not fit.in_range(1.2e6)

@@ -2,6 +2,7 @@
 and its interval, the leakage flag from the run's data cut-off, the leaderboard line, bad inputs;
 a cut-off after every task (refused), --after-cutoff on the run's own candles, crypto pairs
 answering for the sample's series of the same base."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,9 @@ def benched(tmp_path_factory):
 
 
 def test_tasks_are_frozen_for_their_version_and_fit_the_sample():
-    assert tasks_fingerprint(TASKS) == TASKS_FINGERPRINT[BENCHMARK_VERSION], \
+    assert tasks_fingerprint(TASKS) == TASKS_FINGERPRINT[BENCHMARK_VERSION], (
         "a task changed: give the benchmark a new BENCHMARK_VERSION and fingerprint"
+    )
     for task in TASKS:
         assert task.interval in ("1d", "1h") and sorted(task.horizons) == list(task.horizons)
         for s in task_series(task):
@@ -84,8 +86,10 @@ def test_rows_aggregate_leakage_and_leaderboard(benched, capsys):
     assert line["tasks"]["us-2008"]["leakage"] is True
 
     # --json prints the file's content; a second benchmark appends a second line
-    assert main(["benchmark", str(run), "--tasks", "long-2023", "--samples", "4", "--json",
-                 "--leaderboard", str(board)]) == 0
+    assert (
+        main(["benchmark", str(run), "--tasks", "long-2023", "--samples", "4", "--json", "--leaderboard", str(board)])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads((run / "benchmark.json").read_text()) and out["tasks"][0]["task"] == "long-2023"
     assert [json.loads(x)["aggregate"]["tasks"] for x in board.read_text().splitlines()] == [["long-2023"]] * 2
@@ -119,27 +123,39 @@ def test_data_cutoff_of_a_run_and_of_an_export(tmp_path):
     run, export, old = tmp_path / "run", tmp_path / "export", tmp_path / "old"
     for d in (run, export, old):
         d.mkdir()
-    (run / "data_info.json").write_text(json.dumps({
-        "split_cuts": {"val_start": "2012-01-02T00:00:00+00:00", "test_start": "2015-01-02T00:00:00+00:00"},
-        "split_eras": [{"test_start": "2015-01-02T00:00:00+00:00"}, {"test_start": "2019-06-03T00:00:00+00:00"}]}))
+    (run / "data_info.json").write_text(
+        json.dumps(
+            {
+                "split_cuts": {"val_start": "2012-01-02T00:00:00+00:00", "test_start": "2015-01-02T00:00:00+00:00"},
+                "split_eras": [
+                    {"test_start": "2015-01-02T00:00:00+00:00"},
+                    {"test_start": "2019-06-03T00:00:00+00:00"},
+                ],
+            }
+        )
+    )
     assert data_cutoff(run) == pd.Timestamp("2019-06-03", tz="UTC")  # the latest era's
-    (export / "model_card.json").write_text(json.dumps({"data_cutoff": "2016-01-04T00:00:00+00:00",
-                                                        "validation_end": "2015-01-02T00:00:00+00:00"}))
+    (export / "model_card.json").write_text(
+        json.dumps({"data_cutoff": "2016-01-04T00:00:00+00:00", "validation_end": "2015-01-02T00:00:00+00:00"})
+    )
     assert data_cutoff(export) == pd.Timestamp("2016-01-04", tz="UTC")
     (old / "model_card.json").write_text(json.dumps({"validation_end": "2015-01-02T00:00:00+00:00"}))
     assert data_cutoff(old) == pd.Timestamp("2015-01-02", tz="UTC")  # an export made before data_cutoff
     assert data_cutoff(tmp_path) is None
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--tasks", "us-2008,nope"], "unknown benchmark task nope"),
-    (["--samples", "1"], "--samples 1"),
-    (["--precision", "half"], "--precision 'half'"),
-    (["--tasks", "fx-1h-2017"], "no chosen benchmark task fits the model (1d candles"),
-    (["--after-cutoff", "--tasks", "us-2008"], "--after-cutoff builds its own task"),
-    (["--budget", "10"], "--budget 10: applies to --after-cutoff only"),
-    (["--after-cutoff", "--budget", "0"], "--budget 0: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tasks", "us-2008,nope"], "unknown benchmark task nope"),
+        (["--samples", "1"], "--samples 1"),
+        (["--precision", "half"], "--precision 'half'"),
+        (["--tasks", "fx-1h-2017"], "no chosen benchmark task fits the model (1d candles"),
+        (["--after-cutoff", "--tasks", "us-2008"], "--after-cutoff builds its own task"),
+        (["--budget", "10"], "--budget 10: applies to --after-cutoff only"),
+        (["--after-cutoff", "--budget", "0"], "--budget 0: must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(benched, capsys, args, needle):
     run, board, _ = benched
     before = (run / "benchmark.json").read_bytes(), board.read_bytes()
@@ -235,11 +251,14 @@ def test_after_cutoff_scores_the_runs_own_candles_after_its_cutoff(benched, tmp_
     assert sum(h["n"] for h in row["horizons"].values()) <= 3 * 5
 
 
-@pytest.mark.parametrize("test_start, needle", [
-    ("2025-06-01T00:00:00+00:00", "1d candles end before its data cut-off 2025-06-01 (the last is 2025-02-14)"),
-    ("2025-02-10T00:00:00+00:00", "at most 5 1d candles after the data cut-off 2025-02-10, fewer than the 21"),
-    (None, "records no data cut-off"),
-])
+@pytest.mark.parametrize(
+    "test_start, needle",
+    [
+        ("2025-06-01T00:00:00+00:00", "1d candles end before its data cut-off 2025-06-01 (the last is 2025-02-14)"),
+        ("2025-02-10T00:00:00+00:00", "at most 5 1d candles after the data cut-off 2025-02-10, fewer than the 21"),
+        (None, "records no data cut-off"),
+    ],
+)
 def test_after_cutoff_without_candles_after_it_is_one_line(benched, tmp_path, capsys, test_start, needle):
     run = _with_cutoff(benched[0], tmp_path / "run", test_start)
     capsys.readouterr()
@@ -253,10 +272,11 @@ def test_after_cutoff_task_splits_at_the_cutoff():
     from common.evaluation.benchmark import after_cutoff_task
 
     cut = pd.Timestamp("2021-01-01", tz="UTC")
-    frames = {"A": ("us_stock", candles(400, 0, start="2020-01-01")),  # 34 candles from the cut-off on
-              "B": ("us_stock", candles(380, 1, start="2020-01-01")),  # 14: fewer than H=20 needs
-              "C": ("crypto", candles(300, 2, start="2020-01-01")),  # none
-              }
+    frames = {
+        "A": ("us_stock", candles(400, 0, start="2020-01-01")),  # 34 candles from the cut-off on
+        "B": ("us_stock", candles(380, 1, start="2020-01-01")),  # 14: fewer than H=20 needs
+        "C": ("crypto", candles(300, 2, start="2020-01-01")),  # none
+    }
     task, series = after_cutoff_task(frames, "1d", cut)
     (s,) = series
     assert task.assets == ("A",) and task.start == "2021-01-01" and task.end == "2021-02-04"

@@ -1,5 +1,6 @@
 """The parquet candle cache: canonical round trip, safe file names, manifest, incremental merge,
 a truncated file reported clearly, and an interrupted write that leaves the old file intact."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ from common.errors import UserError
 def candles(start: str, n: int, freq: str = "D", base: float = 100.0) -> pd.DataFrame:
     index = pd.date_range(start, periods=n, freq=freq, tz="UTC", name="timestamp").as_unit("ns")
     close = base + np.arange(n, dtype=float)
-    return pd.DataFrame({"open": close - 0.5, "high": close + 1, "low": close - 1, "close": close,
-                         "volume": np.full(n, 1000.0)}, index=index)
+    return pd.DataFrame(
+        {"open": close - 0.5, "high": close + 1, "low": close - 1, "close": close, "volume": np.full(n, 1000.0)},
+        index=index,
+    )
 
 
 def test_round_trip_is_canonical(tmp_path):
@@ -102,8 +105,9 @@ def test_merge_is_the_union_with_new_values(old_days, new_days):
     day0 = pd.Timestamp("2024-01-01", tz="UTC")
 
     def frame(days, value):
-        index = pd.DatetimeIndex([day0 + pd.Timedelta(days=d) for d in sorted(days)], name="timestamp",
-                                 dtype="datetime64[ns, UTC]")
+        index = pd.DatetimeIndex(
+            [day0 + pd.Timedelta(days=d) for d in sorted(days)], name="timestamp", dtype="datetime64[ns, UTC]"
+        )
         return pd.DataFrame({c: np.full(len(days), value) for c in COLUMNS}, index=index)
 
     merged = merge_candles(frame(old_days, 1.0), frame(new_days, 2.0))
@@ -160,6 +164,7 @@ def test_broken_manifest_is_reported_and_rewritten_on_next_write(tmp_path):
 
 class NoLocks:
     """fcntl on a Lustre or NFS mount without lock support: flock raises ENOLCK."""
+
     LOCK_EX, LOCK_UN = 2, 8
 
     def __init__(self) -> None:

@@ -1,4 +1,5 @@
 """Split-conformal calibration: fitted on val only, nominal coverage on held-out test, applied by forecast."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,7 @@ def three_way(returns: list[np.ndarray], purge: int = 30) -> list[AssetSeries]:
         frame = candles_from_returns(r)
         n = len(frame)
         c1, c2 = int(0.4 * n), int(0.7 * n)
-        out.append(AssetSeries(f"A{k}", "synthetic", frame, range(0, c1), range(c2 + purge, n),
-                               range(c1 + purge, c2)))
+        out.append(AssetSeries(f"A{k}", "synthetic", frame, range(0, c1), range(c2 + purge, n), range(c1 + purge, c2)))
     return out
 
 
@@ -77,8 +77,17 @@ def test_calibration_brings_an_overconfident_forecaster_to_nominal_coverage_on_t
     assert all(content["adjustments"][str(h)]["90"] > 0 for h in range(1, 6))  # so the ends move out
     write_calibration(content, tmp_path)
     cal = load_calibration(tmp_path)
-    card = make_scorecard(series, fc, interval="1d", horizons=[1, 5], stride=5, n_samples=200, n_boot=20,
-                          baselines={"rw_ewma": RandomWalkEWMA()}, calibration=cal)
+    card = make_scorecard(
+        series,
+        fc,
+        interval="1d",
+        horizons=[1, 5],
+        stride=5,
+        n_samples=200,
+        n_boot=20,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+        calibration=cal,
+    )
     for h in ("1", "5"):
         hc = card["horizons"][h]
         n = hc["n"]
@@ -92,8 +101,16 @@ def test_calibration_brings_an_overconfident_forecaster_to_nominal_coverage_on_t
     assert card["calibration"]["calibrated_by"]["split"] == "val"
     assert json.loads(json.dumps(card))  # JSON-ready
     # no calibration: reported as null beside the raw coverage
-    plain = make_scorecard(series, fc, interval="1d", horizons=[1], stride=20, n_samples=20, n_boot=20,
-                           baselines={"rw_ewma": RandomWalkEWMA()})
+    plain = make_scorecard(
+        series,
+        fc,
+        interval="1d",
+        horizons=[1],
+        stride=20,
+        n_samples=20,
+        n_boot=20,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+    )
     assert plain["calibration"]["coverage_calibrated"] is None and plain["calibration"]["calibrated_by"] is None
 
 
@@ -114,7 +131,7 @@ def test_nothing_from_the_test_split_is_used():
     spoiled = []
     for s in series:
         frame = s.candles.copy()
-        frame.iloc[s.val.stop:] = frame.iloc[s.val.stop:] * 50.0
+        frame.iloc[s.val.stop :] = frame.iloc[s.val.stop :] * 50.0
         spoiled.append(AssetSeries(s.symbol, s.category, frame, s.train, s.test, s.val))
     again = fit_calibration(spoiled, Overconfident(), horizon=4, stride=2, n_samples=50, seed=0)
     assert again["adjustments"] == content["adjustments"] and again["n_origins"] == content["n_origins"]
@@ -131,15 +148,29 @@ def test_no_validation_split_or_too_few_origins_is_refused():
 
 
 def table(p: dict[int, float], steps: int = 2) -> pd.DataFrame:
-    return pd.DataFrame({"symbol": "A", "step": np.arange(1, steps + 1), "last_close": 100.0,
-                         **{f"p{k}": v for k, v in p.items()}, "p_up": 0.5})
+    return pd.DataFrame(
+        {
+            "symbol": "A",
+            "step": np.arange(1, steps + 1),
+            "last_close": 100.0,
+            **{f"p{k}": v for k, v in p.items()},
+            "p_up": 0.5,
+        }
+    )
 
 
 def write_cal(folder, adjustments: dict[int, dict[int, float]], **extra) -> None:
-    (folder / CALIBRATION_JSON).write_text(json.dumps({
-        "horizons": sorted(adjustments), "levels": [50, 80, 90],
-        "adjustments": {str(h): {str(k): v for k, v in a.items()} for h, a in adjustments.items()},
-        "sampling": {"temperature": 1.0, "top_k": None, "top_p": None}, **extra}))
+    (folder / CALIBRATION_JSON).write_text(
+        json.dumps(
+            {
+                "horizons": sorted(adjustments),
+                "levels": [50, 80, 90],
+                "adjustments": {str(h): {str(k): v for k, v in a.items()} for h, a in adjustments.items()},
+                "sampling": {"temperature": 1.0, "top_k": None, "top_p": None},
+                **extra,
+            }
+        )
+    )
 
 
 def test_calibrate_table_moves_the_ends_and_keeps_the_quantiles_in_order(tmp_path):

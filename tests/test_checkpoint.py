@@ -1,5 +1,6 @@
 """Checkpoint files: weights_only loading, zip CRC checks, corruption fallback, the background
 writer, pruning, unwrapping."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -31,8 +32,13 @@ from common.training.checkpoint import (
 
 
 def _payload(value: float = 1.0) -> dict:
-    return {"model": {"w": torch.full((64, 64), value)}, "progress": {"epoch": 2, "step": 5},
-            "rng": [3, [1, 2, 3], None], "best": float("inf"), "name": "x"}
+    return {
+        "model": {"w": torch.full((64, 64), value)},
+        "progress": {"epoch": 2, "step": 5},
+        "rng": [3, [1, 2, 3], None],
+        "best": float("inf"),
+        "name": "x",
+    }
 
 
 def test_roundtrip_with_weights_only_and_zip_crcs(tmp_path):
@@ -113,9 +119,14 @@ def test_writer_failures_surface_on_check_wait_or_the_next_save(tmp_path):
 
 
 def test_temp_files_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
-    stale = [".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp", ".checkpoint_epoch_3.pt.a8b9c0.tmp",
-             ".best_model.pt.zz99.tmp", ".training_log.json.abc123.tmp", ".report.png.q1w2e3r4.tmp",
-             ".test_results.json.x_y_z.tmp"]
+    stale = [
+        ".checkpoint_epoch_3_step_7.pt.k2j_x1.tmp",
+        ".checkpoint_epoch_3.pt.a8b9c0.tmp",
+        ".best_model.pt.zz99.tmp",
+        ".training_log.json.abc123.tmp",
+        ".report.png.q1w2e3r4.tmp",
+        ".test_results.json.x_y_z.tmp",
+    ]
     others = [".notes.txt.abc123.tmp", "notes.tmp", "checkpoint_epoch_3.pt", ".checkpoint_epoch_3.pt.tmp"]
     for name in stale + others:
         (tmp_path / name).write_bytes(b"x")
@@ -172,26 +183,45 @@ def test_an_interrupt_before_the_rename_leaves_the_old_file_and_removes_the_temp
 
 
 def test_files_are_ordered_by_training_position(tmp_path):
-    names = [epoch_checkpoint_name(2), step_checkpoint_name(3, 10), epoch_checkpoint_name(10),
-             step_checkpoint_name(2, 7), epoch_checkpoint_name(1), step_checkpoint_name(3, 9)]
+    names = [
+        epoch_checkpoint_name(2),
+        step_checkpoint_name(3, 10),
+        epoch_checkpoint_name(10),
+        step_checkpoint_name(2, 7),
+        epoch_checkpoint_name(1),
+        step_checkpoint_name(3, 9),
+    ]
     for n in names:
         (tmp_path / n).write_bytes(b"")
     (tmp_path / "best_model.pt").write_bytes(b"")
     (tmp_path / ".checkpoint_epoch_11.pt.abc.tmp").write_bytes(b"")
     assert [p.name for p in checkpoint_files(tmp_path)] == [
-        "checkpoint_epoch_1.pt", "checkpoint_epoch_2_step_7.pt", "checkpoint_epoch_2.pt",
-        "checkpoint_epoch_3_step_9.pt", "checkpoint_epoch_3_step_10.pt", "checkpoint_epoch_10.pt"]
+        "checkpoint_epoch_1.pt",
+        "checkpoint_epoch_2_step_7.pt",
+        "checkpoint_epoch_2.pt",
+        "checkpoint_epoch_3_step_9.pt",
+        "checkpoint_epoch_3_step_10.pt",
+        "checkpoint_epoch_10.pt",
+    ]
 
 
 def test_prune_keeps_the_last_epochs_and_fresh_steps(tmp_path):
     names = [epoch_checkpoint_name(e) for e in range(1, 6)] + [
-        step_checkpoint_name(3, 4), step_checkpoint_name(6, 1), step_checkpoint_name(6, 2), step_checkpoint_name(6, 3)]
+        step_checkpoint_name(3, 4),
+        step_checkpoint_name(6, 1),
+        step_checkpoint_name(6, 2),
+        step_checkpoint_name(6, 3),
+    ]
     for n in names:
         save_checkpoint({"n": n}, tmp_path / n)
     deleted = {p.name for p in prune_checkpoints(tmp_path, keep=2)}
     left = [p.name for p in checkpoint_files(tmp_path)]
-    assert left == ["checkpoint_epoch_4.pt", "checkpoint_epoch_5.pt", "checkpoint_epoch_6_step_2.pt",
-                    "checkpoint_epoch_6_step_3.pt"]
+    assert left == [
+        "checkpoint_epoch_4.pt",
+        "checkpoint_epoch_5.pt",
+        "checkpoint_epoch_6_step_2.pt",
+        "checkpoint_epoch_6_step_3.pt",
+    ]
     assert deleted == set(names) - set(left)
 
 

@@ -4,6 +4,7 @@
 in the shape of real ones, not recorded (FakeYahoo on a `responses` mock, as tests/test_yahoo.py
 and tests/test_download.py do): no network is touched.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,18 @@ def _case(root: Path, tickers: list[str]) -> tuple[Path, Path]:
     """A case folder whose universe lists `tickers` (Yahoo), and a config for January 2024."""
     case = root / "case_t"
     (case / "configs").mkdir(parents=True)
-    (case / "universe.csv").write_text("symbol,source,category,name\n"
-                                       + "".join(f"{t},yfinance,us_stock,{t}\n" for t in tickers))
+    (case / "universe.csv").write_text(
+        "symbol,source,category,name\n" + "".join(f"{t},yfinance,us_stock,{t}\n" for t in tickers)
+    )
     config = case / "configs" / "small.json"
-    config.write_text(json.dumps({"model": {"context_length": 4},
-                                  "data": {"start_date": "2024-01-01", "end_date": "2024-02-01", "interval": "1d"}}))
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"context_length": 4},
+                "data": {"start_date": "2024-01-01", "end_date": "2024-02-01", "interval": "1d"},
+            }
+        )
+    )
     return case, config
 
 
@@ -39,10 +47,14 @@ def yahoo(monkeypatch):
         yield FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
 
 
-@pytest.mark.parametrize("tickers,code", [
-    (["AAPL", "MSFT"], 0),
-    (["AAPL", "GONE", "MSFT"], 1),
-], ids=["all-ok", "one-failed"])
+@pytest.mark.parametrize(
+    "tickers,code",
+    [
+        (["AAPL", "MSFT"], 0),
+        (["AAPL", "GONE", "MSFT"], 1),
+    ],
+    ids=["all-ok", "one-failed"],
+)
 def test_data_download_exits_1_when_some_tickers_fail(tmp_path, yahoo, capsys, tickers, code):
     case, config = _case(tmp_path, tickers)
     assert main(["data", "download", "--case", str(case), "--config", str(config)]) == code

@@ -1,4 +1,5 @@
 """Strict case configs: good and bad fixture files, overrides, the shipped case files, the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -42,13 +43,18 @@ BAD = {
     "not_json": ["not valid JSON", "line 1"],
     "not_object": ["top level must be a JSON object"],
     "files_without_dir": ["'data.files_dir' must name a folder of candle files", "data.source = 'files'"],
-    "files_universe_no_category": ["'data.default_category' = None must be one of", "crypto",
-                                   "data.universe = 'files'"],
+    "files_universe_no_category": [
+        "'data.default_category' = None must be one of",
+        "crypto",
+        "data.universe = 'files'",
+    ],
     "files_universe_wrong_source": ["'data.universe' = 'files' needs data.source = 'files'"],
     "freeze_too_deep": ["'training.freeze' = 'all_but_last_7': N must be from 1 to model.num_layers (6)"],
     "categories_unknown": ["'data.categories' names unknown category 'stocks'"],
-    "synthetic_unknown_key": ["'data.synthetic.asets' is not a setting of the synthetic market",
-                              "did you mean 'assets'"],
+    "synthetic_unknown_key": [
+        "'data.synthetic.asets' is not a setting of the synthetic market",
+        "did you mean 'assets'",
+    ],
     "synthetic_bad_value": ["'data.synthetic.garch_beta' = 0.85 plus garch_alpha must be < 1 (stationary)"],
     "synthetic_wrong_type": ["'data.synthetic.candles' = 'lots' must be an integer"],
     "synthetic_interval": ["'data.synthetic.interval' is not read", "data.interval; set that instead"],
@@ -91,21 +97,38 @@ def test_defaults_fill_what_a_file_leaves_out():
 # The seed guide's values, exactly.
 SEED = {
     "case_a_full_market": dict(
-        model=dict(vocab_size=4096, context_length=512, d_model=768, num_layers=12, num_heads=12,
-                   d_ff=3072, dropout=0.1, asset_embed_dim=64, category_embed_dim=32),
-        training=dict(batch_size=32, learning_rate=3e-4, epochs=100, early_stopping_patience=15,
-                      gradient_clip=1.0),
-        data=dict(train_ratio=0.70, val_ratio=0.15, test_ratio=0.15)),
+        model=dict(
+            vocab_size=4096,
+            context_length=512,
+            d_model=768,
+            num_layers=12,
+            num_heads=12,
+            d_ff=3072,
+            dropout=0.1,
+            asset_embed_dim=64,
+            category_embed_dim=32,
+        ),
+        training=dict(batch_size=32, learning_rate=3e-4, epochs=100, early_stopping_patience=15, gradient_clip=1.0),
+        data=dict(train_ratio=0.70, val_ratio=0.15, test_ratio=0.15),
+    ),
     "case_b_reduced": dict(
-        model=dict(vocab_size=2048, context_length=256, d_model=512, num_layers=8, num_heads=8,
-                   d_ff=2048, dropout=0.1, asset_embed_dim=32, category_embed_dim=16),
-        training=dict(batch_size=32, learning_rate=5e-4, epochs=100, early_stopping_patience=10,
-                      gradient_clip=1.0)),
+        model=dict(
+            vocab_size=2048,
+            context_length=256,
+            d_model=512,
+            num_layers=8,
+            num_heads=8,
+            d_ff=2048,
+            dropout=0.1,
+            asset_embed_dim=32,
+            category_embed_dim=16,
+        ),
+        training=dict(batch_size=32, learning_rate=5e-4, epochs=100, early_stopping_patience=10, gradient_clip=1.0),
+    ),
     "case_c_crypto": dict(
-        model=dict(vocab_size=1024, context_length=128, d_model=256, num_layers=6, num_heads=8,
-                   d_ff=1024, dropout=0.1),
-        training=dict(batch_size=32, learning_rate=3e-4, epochs=50, early_stopping_patience=10,
-                      gradient_clip=1.0)),
+        model=dict(vocab_size=1024, context_length=128, d_model=256, num_layers=6, num_heads=8, d_ff=1024, dropout=0.1),
+        training=dict(batch_size=32, learning_rate=3e-4, epochs=50, early_stopping_patience=10, gradient_clip=1.0),
+    ),
 }
 
 
@@ -116,15 +139,26 @@ def test_case_configs_hold_the_seed_values(case):
         for key, value in values.items():
             assert getattr(getattr(cfg, section), key) == value, f"{case}: {section}.{key}"
     assert cfg.slurm.partition == "long" and cfg.slurm.gpus_per_node == 2
-    assert sum(cfg.data.universe_counts.values()) == {"case_a_full_market": 600, "case_b_reduced": 100,
-                                                       "case_c_crypto": 20}[case]
+    assert (
+        sum(cfg.data.universe_counts.values())
+        == {"case_a_full_market": 600, "case_b_reduced": 100, "case_c_crypto": 20}[case]
+    )
 
 
 def test_overrides_are_parsed_to_the_field_type():
-    cfg = load_config(CASE_CONFIGS["case_c_crypto"], [
-        "training.batch_size=16", "training.learning_rate=1e-3", "training.compile=true",
-        "data.source=sample", "data.end_date=2020-01-01", "training.max_steps_per_epoch=null",
-        "model.dropout=0", "experiment=my run"])
+    cfg = load_config(
+        CASE_CONFIGS["case_c_crypto"],
+        [
+            "training.batch_size=16",
+            "training.learning_rate=1e-3",
+            "training.compile=true",
+            "data.source=sample",
+            "data.end_date=2020-01-01",
+            "training.max_steps_per_epoch=null",
+            "model.dropout=0",
+            "experiment=my run",
+        ],
+    )
     assert cfg.training.batch_size == 16 and isinstance(cfg.training.batch_size, int)
     assert cfg.training.learning_rate == 1e-3
     assert cfg.training.compile is True
@@ -135,17 +169,20 @@ def test_overrides_are_parsed_to_the_field_type():
     assert cfg.experiment == "my run"
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("training.batch_sze=16", "did you mean 'training.batch_size'"),
-    ("trainig.batch_size=16", "did you mean 'training'"),
-    ("training.batch_size=sixteen", "is not an integer"),
-    ("training.batch_size=16.5", "must be an integer"),
-    ("training.compile=yes", "is not true or false"),
-    ("model=3", "is a section"),
-    ("training.batch_size", "expected section.key=value"),
-    ("training.batch_size=0", "must be positive"),
-    ("training.batch_size=__import__('os')", "is not an integer"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("training.batch_sze=16", "did you mean 'training.batch_size'"),
+        ("trainig.batch_size=16", "did you mean 'training'"),
+        ("training.batch_size=sixteen", "is not an integer"),
+        ("training.batch_size=16.5", "must be an integer"),
+        ("training.compile=yes", "is not true or false"),
+        ("model=3", "is a section"),
+        ("training.batch_size", "expected section.key=value"),
+        ("training.batch_size=0", "must be positive"),
+        ("training.batch_size=__import__('os')", "is not an integer"),
+    ],
+)
 def test_bad_overrides(override, fragment):
     with pytest.raises(ConfigError, match=None) as err:
         load_config(CASE_CONFIGS["case_c_crypto"], [override])
@@ -165,16 +202,27 @@ def test_missing_file():
         load_config(FIXTURES / "nope.json")
 
 
-@pytest.mark.parametrize("command,config,overrides,needle", [
-    ("model-info", "bad", [], "model.d_modle"),
-    ("train", "bad", [], "model.d_modle"),
-    ("train", "case", ["--set", "training.batch_size=zero"], "training.batch_size"),
-], ids=["model-info", "train", "train --set"])
+@pytest.mark.parametrize(
+    "command,config,overrides,needle",
+    [
+        ("model-info", "bad", [], "model.d_modle"),
+        ("train", "bad", [], "model.d_modle"),
+        ("train", "case", ["--set", "training.batch_size=zero"], "training.batch_size"),
+    ],
+    ids=["model-info", "train", "train --set"],
+)
 def test_cli_reports_a_bad_config_on_one_line_and_exits_2(command, config, overrides, needle):
-    path = {"bad": FIXTURES / "bad" / "unknown_model_key.json",
-            "case": REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"}[config]
-    proc = subprocess.run([sys.executable, "-m", "common.cli", command, "--config", str(path), *overrides],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    path = {
+        "bad": FIXTURES / "bad" / "unknown_model_key.json",
+        "case": REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json",
+    }[config]
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", command, "--config", str(path), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr  # the README's promise: 2 for a usage or config error
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

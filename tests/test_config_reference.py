@@ -1,6 +1,7 @@
 """docs/config_reference.md is what common/config_reference.py renders now: every key of every
 config dataclass once, its default the dataclass's, and a meaning for each (a comment in
 common/config.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,9 @@ def _keys(cls: type = Config, prefix: str = "") -> tuple[dict[str, Any], list[st
 def _classes(cls: type = Config) -> list[type]:
     """`cls` and the dataclasses of its sections, nested ones too."""
     hints = typing.get_type_hints(cls)
-    return [cls] + [c for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
-                    for c in _classes(hints[f.name])]
+    return [cls] + [
+        c for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name]) for c in _classes(hints[f.name])
+    ]
 
 
 def _rows(page: str) -> list[list[str]]:
@@ -57,8 +59,14 @@ def test_the_committed_page_is_what_the_generator_renders():
 
 
 def test_the_stated_command_prints_the_page():
-    out = subprocess.run([sys.executable, "-m", "common.config_reference"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "common.config_reference"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert out == render()
     assert f"`{COMMAND}`; do not edit by hand" in out
 
@@ -81,8 +89,12 @@ def test_every_default_in_the_table_is_the_dataclass_default():
 
 def test_every_field_has_a_meaning_in_config_py():
     meanings = field_comments((REPO_ROOT / "common" / "config.py").read_text(encoding="utf-8"))
-    missing = [f"{c.__name__}.{f.name}" for c in _classes() for f in dataclasses.fields(c)
-               if not meanings.get((c.__name__, f.name))]
+    missing = [
+        f"{c.__name__}.{f.name}"
+        for c in _classes()
+        for f in dataclasses.fields(c)
+        if not meanings.get((c.__name__, f.name))
+    ]
     assert missing == [], "write what these fields mean as a comment beside them in common/config.py"
 
 

@@ -6,6 +6,7 @@ and query, and answers with exchange-shaped JSON generated for the requested ran
 one level lower with `responses`, so ccxt's own HTTP-status-to-exception mapping runs too.
 Sockets are blocked by pytest-socket (setup.cfg).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,16 +41,52 @@ DAY = 24 * HOUR
 T0 = 1_609_459_200_000  # 2021-01-01T00:00:00Z
 
 BINANCE_MARKETS = [
-    {"id": "BTCUSDT", "symbol": "BTC/USDT", "base": "BTC", "quote": "USDT", "baseId": "BTC",
-     "quoteId": "USDT", "type": "spot", "spot": True, "active": True},
-    {"id": "ETHUSDT", "symbol": "ETH/USDT", "base": "ETH", "quote": "USDT", "baseId": "ETH",
-     "quoteId": "USDT", "type": "spot", "spot": True, "active": True},
+    {
+        "id": "BTCUSDT",
+        "symbol": "BTC/USDT",
+        "base": "BTC",
+        "quote": "USDT",
+        "baseId": "BTC",
+        "quoteId": "USDT",
+        "type": "spot",
+        "spot": True,
+        "active": True,
+    },
+    {
+        "id": "ETHUSDT",
+        "symbol": "ETH/USDT",
+        "base": "ETH",
+        "quote": "USDT",
+        "baseId": "ETH",
+        "quoteId": "USDT",
+        "type": "spot",
+        "spot": True,
+        "active": True,
+    },
 ]
 OKX_MARKETS = [
-    {"id": "BTC-USDT", "symbol": "BTC/USDT", "base": "BTC", "quote": "USDT", "baseId": "BTC",
-     "quoteId": "USDT", "type": "spot", "spot": True, "active": True},
-    {"id": "ETH-USDT", "symbol": "ETH/USDT", "base": "ETH", "quote": "USDT", "baseId": "ETH",
-     "quoteId": "USDT", "type": "spot", "spot": True, "active": True},
+    {
+        "id": "BTC-USDT",
+        "symbol": "BTC/USDT",
+        "base": "BTC",
+        "quote": "USDT",
+        "baseId": "BTC",
+        "quoteId": "USDT",
+        "type": "spot",
+        "spot": True,
+        "active": True,
+    },
+    {
+        "id": "ETH-USDT",
+        "symbol": "ETH/USDT",
+        "base": "ETH",
+        "quote": "USDT",
+        "baseId": "ETH",
+        "quoteId": "USDT",
+        "type": "spot",
+        "spot": True,
+        "active": True,
+    },
 ]
 
 
@@ -68,8 +105,12 @@ def expected_frame(first: int, stop: int, step: int) -> pd.DataFrame:
     """The candles opening in [first, stop), built independently of the adapter."""
     times = list(range(first, stop, step))
     index = pd.DatetimeIndex([pd.Timestamp(t, unit="ms", tz="UTC") for t in times], name="timestamp")
-    return pd.DataFrame([candle(t, step) for t in times], index=index,
-                        columns=["open", "high", "low", "close", "volume"], dtype="float64")
+    return pd.DataFrame(
+        [candle(t, step) for t in times],
+        index=index,
+        columns=["open", "high", "low", "close", "volume"],
+        dtype="float64",
+    )
 
 
 def assert_canonical(frame: pd.DataFrame) -> None:
@@ -93,8 +134,16 @@ class FakeBinance:
     fetch would raise them after mapping an HTTP status).
     """
 
-    def __init__(self, step: int, interval: str, now: int, listed: int = 0, market_id: str = "BTCUSDT",
-                 errors=(), ignore_since: bool = False):
+    def __init__(
+        self,
+        step: int,
+        interval: str,
+        now: int,
+        listed: int = 0,
+        market_id: str = "BTCUSDT",
+        errors=(),
+        ignore_since: bool = False,
+    ):
         self.step, self.interval, self.now, self.listed = step, interval, now, listed
         self.market_id, self.errors, self.ignore_since = market_id, list(errors), ignore_since
         self.requests: list[dict[str, str]] = []
@@ -119,8 +168,9 @@ class FakeBinance:
             first = -(-start // self.step) * self.step  # next open time on the grid
         times = list(range(first, last_open + 1, self.step))[:limit]
         self.served += times
-        return [[t, *(f"{v:.8f}" for v in candle(t, self.step)), t + self.step - 1, "0", 7, "0", "0", "0"]
-                for t in times]
+        return [
+            [t, *(f"{v:.8f}" for v in candle(t, self.step)), t + self.step - 1, "0", 7, "0", "0", "0"] for t in times
+        ]
 
 
 class FakeOkx:
@@ -138,8 +188,9 @@ class FakeOkx:
         self.requests.append(query)
         before, after, limit = int(query["before"]), int(query["after"]), int(query["limit"])
         last_open = self.now - self.now % self.step
-        times = [t for t in range(before - before % self.step, min(after, last_open + 1), self.step)
-                 if before < t < after][:limit]
+        times = [
+            t for t in range(before - before % self.step, min(after, last_open + 1), self.step) if before < t < after
+        ][:limit]
         rows = [[str(t), *(f"{v:.8f}" for v in candle(t, self.step)), "0", "0", "1"] for t in times]
         return {"code": "0", "msg": "", "data": rows[::-1]}
 
@@ -208,12 +259,12 @@ def test_explicit_limit_overrides_the_exchange_page_size():
 def test_history_starts_at_listing_and_empty_range_is_canonical():
     listed = T0 + 30 * DAY
     now = T0 + 40 * DAY + HOUR
-    got = fetch_ohlcv_history(binance(FakeBinance(DAY, "1d", now, listed=listed)), "BTC/USDT", "1d", T0,
-                              now_ms=now)
+    got = fetch_ohlcv_history(binance(FakeBinance(DAY, "1d", now, listed=listed)), "BTC/USDT", "1d", T0, now_ms=now)
     assert_same_candles(got, expected_frame(listed, T0 + 40 * DAY, DAY))
 
-    empty = fetch_ohlcv_history(binance(FakeBinance(DAY, "1d", now, listed=listed)), "BTC/USDT", "1d", T0,
-                                T0 + 20 * DAY, now_ms=now)
+    empty = fetch_ohlcv_history(
+        binance(FakeBinance(DAY, "1d", now, listed=listed)), "BTC/USDT", "1d", T0, T0 + 20 * DAY, now_ms=now
+    )
     assert len(empty) == 0
     assert_canonical(empty)
 
@@ -278,16 +329,18 @@ def test_page_that_does_not_advance_stops_the_loop():
 # --------------------------------------------------------------------------- failures
 
 
-@pytest.mark.parametrize("errors", [
-    [ccxt.RateLimitExceeded("binance 429"), ccxt.DDoSProtection("binance 429"), ccxt.RateLimitExceeded("x")],
-    [ccxt.ExchangeNotAvailable("binance 503"), ccxt.RequestTimeout("timed out"), ccxt.NetworkError("reset")],
-])
+@pytest.mark.parametrize(
+    "errors",
+    [
+        [ccxt.RateLimitExceeded("binance 429"), ccxt.DDoSProtection("binance 429"), ccxt.RateLimitExceeded("x")],
+        [ccxt.ExchangeNotAvailable("binance 503"), ccxt.RequestTimeout("timed out"), ccxt.NetworkError("reset")],
+    ],
+)
 def test_network_errors_are_retried_with_exponential_backoff(errors):
     now = T0 + 1200 * HOUR + 1
     fake = FakeBinance(HOUR, "1h", now, errors=errors)
     sleeps = Sleeps()
-    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, base_delay_s=0.5,
-                              sleep=sleeps)
+    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, base_delay_s=0.5, sleep=sleeps)
     assert sleeps == [0.5, 1.0, 2.0]
     assert_same_candles(got, expected_frame(T0, T0 + 1200 * HOUR, HOUR))
     # the failed requests asked for the same page again
@@ -298,8 +351,9 @@ def test_persistent_timeout_raises_source_unavailable_after_max_retries():
     fake = FakeBinance(DAY, "1d", T0 + 50 * DAY, errors=[ccxt.RequestTimeout("timed out")] * 10)
     sleeps = Sleeps()
     with pytest.raises(SourceUnavailable, match="binance") as info:
-        fetch_ohlcv_history(binance(fake), "BTC/USDT", "1d", T0, now_ms=T0 + 50 * DAY, max_retries=3,
-                            base_delay_s=2.0, sleep=sleeps)
+        fetch_ohlcv_history(
+            binance(fake), "BTC/USDT", "1d", T0, now_ms=T0 + 50 * DAY, max_retries=3, base_delay_s=2.0, sleep=sleeps
+        )
     assert isinstance(info.value, UserError)
     assert "RequestTimeout" in str(info.value)
     assert sleeps == [2.0, 4.0, 8.0]
@@ -330,8 +384,10 @@ KLINES = re.compile(r"https://api\.binance\.com/api/v3/klines\?.*")
 def test_binance_http_429_then_ok_through_ccxt_error_mapping():
     # No fake fetch: ccxt's own fetch, status handling and JSON parsing run on canned HTTP replies.
     now = T0 + 3 * DAY + 1
-    rows = [[t, *(f"{v:.8f}" for v in candle(t, DAY)), t + DAY - 1, "0", 1, "0", "0", "0"]
-            for t in range(T0, T0 + 4 * DAY, DAY)]
+    rows = [
+        [t, *(f"{v:.8f}" for v in candle(t, DAY)), t + DAY - 1, "0", 1, "0", "0", "0"]
+        for t in range(T0, T0 + 4 * DAY, DAY)
+    ]
     responses.add(responses.GET, KLINES, status=429, json={"code": -1003, "msg": "Too many requests"})
     responses.add(responses.GET, KLINES, status=200, json=rows)
     sleeps = Sleeps()
@@ -442,8 +498,10 @@ def test_binance_451_restricted_location_is_a_user_error_without_retries():
 @responses.activate
 def test_403_that_blocks_the_country_is_a_restricted_location_too():
     # bybit behind CloudFront: ccxt 4.5 maps this 403 to RateLimitExceeded, a NetworkError.
-    page = ("<HTML><HEAD><TITLE>ERROR: The request could not be satisfied</TITLE></HEAD><BODY><H1>403 ERROR"
-            "</H1>The Amazon CloudFront distribution is configured to block access from your country.</BODY></HTML>")
+    page = (
+        "<HTML><HEAD><TITLE>ERROR: The request could not be satisfied</TITLE></HEAD><BODY><H1>403 ERROR"
+        "</H1>The Amazon CloudFront distribution is configured to block access from your country.</BODY></HTML>"
+    )
     responses.add(responses.GET, re.compile(r"https://api\.bybit\.com/.*"), status=403, body=page)
     sleeps = Sleeps()
     with pytest.raises(RestrictedLocation, match=r"bybit.*HTTP 403"):
@@ -473,8 +531,9 @@ def test_binance_418_ip_ban_stops_at_once_naming_its_end():
 def test_markets_load_spot_only_and_an_inactive_pair_is_named():
     # Only the spot list is registered: a request for the futures lists (fapi, dapi) would get a
     # ConnectionError from `responses` and end in SourceUnavailable.
-    responses.add(responses.GET, "https://api.binance.com/api/v3/exchangeInfo",
-                  json=binance_answer("exchange_info.json"))
+    responses.add(
+        responses.GET, "https://api.binance.com/api/v3/exchangeInfo", json=binance_answer("exchange_info.json")
+    )
     exchange = make_exchange("binance")
     ensure_markets(exchange, max_retries=0, sleep=Sleeps())
     assert [urlsplit(c.request.url).path for c in responses.calls] == ["/api/v3/exchangeInfo"]
@@ -492,10 +551,21 @@ def test_quote_currency_maps_universe_symbols():
 
 
 BITSTAMP_MARKETS = [
-    {"name": f"{base}/USD", "market_symbol": f"{base.lower()}usd", "base_currency": base, "base_decimals": 8,
-     "counter_currency": "USD", "counter_decimals": 0, "minimum_order_value": "10", "trading": "Enabled",
-     "instant_order_counter_decimals": 2, "instant_and_market_orders": "Enabled",
-     "description": f"{base} / U.S. dollar", "market_type": "SPOT"} for base in ("BTC", "ETH")
+    {
+        "name": f"{base}/USD",
+        "market_symbol": f"{base.lower()}usd",
+        "base_currency": base,
+        "base_decimals": 8,
+        "counter_currency": "USD",
+        "counter_decimals": 0,
+        "minimum_order_value": "10",
+        "trading": "Enabled",
+        "instant_order_counter_decimals": 2,
+        "instant_and_market_orders": "Enabled",
+        "description": f"{base} / U.S. dollar",
+        "market_type": "SPOT",
+    }
+    for base in ("BTC", "ETH")
 ]
 
 
@@ -516,8 +586,9 @@ class FakeBitstamp:
         assert int(query["step"]) == self.step_s
         start, end, limit = int(query["start"]), int(query["end"]), int(query["limit"])
         last_open = (self.now_ms - self.now_ms % (self.step_s * 1000)) // 1000
-        times = [t for t in range(start - start % self.step_s, min(end, last_open) + 1, self.step_s)
-                 if t >= start][:limit]
+        times = [t for t in range(start - start % self.step_s, min(end, last_open) + 1, self.step_s) if t >= start][
+            :limit
+        ]
         rows = [
             dict(
                 zip(
@@ -578,12 +649,12 @@ class GappyBinance(FakeBinance):
         start = max(int(query["startTime"]), self.listed)
         first = -(-start // self.step) * self.step
         last_open = self.now - self.now % self.step
-        times = (t for t in range(first, last_open + 1, self.step)
-                 if not any(lo <= t < hi for lo, hi in self.gaps))
+        times = (t for t in range(first, last_open + 1, self.step) if not any(lo <= t < hi for lo, hi in self.gaps))
         times = [t for _, t in zip(range(int(query["limit"])), times)]
         self.served += times
-        return [[t, *(f"{v:.8f}" for v in candle(t, self.step)), t + self.step - 1, "0", 7, "0", "0", "0"]
-                for t in times]
+        return [
+            [t, *(f"{v:.8f}" for v in candle(t, self.step)), t + self.step - 1, "0", 7, "0", "0", "0"] for t in times
+        ]
 
 
 class GappyOkx:
@@ -627,15 +698,25 @@ def rate_limited(exchange: ccxt.Exchange) -> list:
 def test_one_minute_history_across_months_with_gaps_in_chunks():
     start = T0 + 20 * DAY  # 2021-01-21: the range crosses two month ends
     now = start + 40 * DAY + 30_000  # 30 s into the last minute
-    gaps = [(start + 3 * DAY + 17 * MINUTE, start + 3 * DAY + 29 * MINUTE),  # quiet minutes
-            (start + 11 * DAY, start + 13 * DAY + 7 * MINUTE),  # a two-day outage: several pages
-            ]
+    gaps = [
+        (start + 3 * DAY + 17 * MINUTE, start + 3 * DAY + 29 * MINUTE),  # quiet minutes
+        (start + 11 * DAY, start + 13 * DAY + 7 * MINUTE),  # a two-day outage: several pages
+    ]
     fake = GappyBinance(MINUTE, "1m", now, gaps=gaps)
     exchange = binance(fake)
     throttled = rate_limited(exchange)
     seen = []
-    chunks = list(iter_ohlcv_history(exchange, "BTC/USDT", "1m", start, now_ms=now, chunk_candles=10_000,
-                                     on_page=lambda p: seen.append((p.pages, p.candles, p.fraction))))
+    chunks = list(
+        iter_ohlcv_history(
+            exchange,
+            "BTC/USDT",
+            "1m",
+            start,
+            now_ms=now,
+            chunk_candles=10_000,
+            on_page=lambda p: seen.append((p.pages, p.candles, p.fraction)),
+        )
+    )
 
     want = minus_gaps(expected_frame(start, start + 40 * DAY, MINUTE), gaps)
     assert_same_candles(pd.concat(chunks), want)
@@ -650,16 +731,18 @@ def test_one_minute_history_across_months_with_gaps_in_chunks():
 def test_windowed_exchange_goes_on_after_empty_pages_and_starts_at_the_listing():
     listed = T0 + 40 * DAY + 9 * HOUR
     now = listed + 5 * DAY + 30_000
-    gaps = [(listed + DAY + 3 * HOUR, listed + DAY + 13 * HOUR),  # 10 h: two 300-minute pages empty
-            (T0 + 42 * DAY + 20 * HOUR, T0 + 44 * DAY + 2 * HOUR),  # 30 h, a whole UTC day in it
-            ]
+    gaps = [
+        (listed + DAY + 3 * HOUR, listed + DAY + 13 * HOUR),  # 10 h: two 300-minute pages empty
+        (T0 + 42 * DAY + 20 * HOUR, T0 + 44 * DAY + 2 * HOUR),  # 30 h, a whole UTC day in it
+    ]
     fake = GappyOkx(now, listed, gaps)
     okx = make_exchange("okx", markets=OKX_MARKETS)
     okx.fetch = fake
     rate_limited(okx)
     progress = []
-    got = list(iter_ohlcv_history(okx, "BTC/USDT", "1m", T0, now_ms=now, chunk_candles=None,
-                                  on_page=progress.append))[0]
+    got = list(iter_ohlcv_history(okx, "BTC/USDT", "1m", T0, now_ms=now, chunk_candles=None, on_page=progress.append))[
+        0
+    ]
 
     assert_same_candles(got, minus_gaps(expected_frame(listed, listed + 5 * DAY, MINUTE), gaps))
     minute_pages = [q for q in fake.requests if q["bar"] == "1m"]
@@ -681,11 +764,11 @@ def test_binance_empty_page_ends_the_history_without_probing():
 def test_progress_line_names_candles_pages_rate_and_eta():
     from common.data.crypto import HistoryProgress
 
-    p = HistoryProgress("BTC/USDT", "1m", T0, T0 + 100 * DAY, pages=1440, candles=1_440_000,
-                        reached_ms=T0 + 25 * DAY)
+    p = HistoryProgress("BTC/USDT", "1m", T0, T0 + 100 * DAY, pages=1440, candles=1_440_000, reached_ms=T0 + 25 * DAY)
     line = p.line(72.0)
-    assert line == ("BTC/USDT 1m: 1,440,000 candles, 1,440 pages, up to 2021-01-26 00:00 (25%), "
-                    "20,000 candles/s, ETA 3m36s")
+    assert line == (
+        "BTC/USDT 1m: 1,440,000 candles, 1,440 pages, up to 2021-01-26 00:00 (25%), 20,000 candles/s, ETA 3m36s"
+    )
 
 
 def test_a_missing_timeframe_is_one_line_naming_the_ones_it_has():

@@ -2,6 +2,7 @@
 starts them: the same weights and logged losses as one process with the combined batch, an
 exact resume across a signal that reached one rank, loud and bounded failures naming the
 failed rank, and --num-gpus checked against the job's layout. Plus the launcher detection."""
+
 from __future__ import annotations
 
 import json
@@ -47,26 +48,93 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 # --------------------------------------------------------------------------- where am I
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, DistEnv()),
-    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1",
-      "MASTER_PORT": "1234", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"},
-     DistEnv(rank=3, world_size=4, local_rank=1, local_world_size=2, master_addr="n1", master_port=1234,
-             launcher="torchrun", agent_store=True, attempt=2)),
-    ({"SLURM_PROCID": "3", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4",
-      "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-      "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_ID": "1234", "SLURM_GPUS_ON_NODE": "2"},
-     DistEnv(rank=3, world_size=4, local_rank=1, local_world_size=2, master_addr="node1", master_port=21234,
-             launcher="slurm", gpus_on_node=2)),
-    ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
-      "SLURM_TASKS_PER_NODE": "2,1", "SLURM_JOB_NODELIST": "gpu07", "SLURM_JOB_ID": "9",
-      "MASTER_PORT": "4000", "SUBMITIT_EXECUTOR": "slurm"},
-     DistEnv(rank=0, world_size=3, local_rank=0, local_world_size=1, master_addr="gpu07", master_port=4000,
-             launcher="submitit")),
-    ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
-      "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "777"},
-     DistEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_port=20777, launcher="submitit")),
-], ids=["single", "torchrun", "srun", "submitit-slurm", "submitit-local"])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, DistEnv()),
+        (
+            {
+                "RANK": "3",
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": "1",
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "n1",
+                "MASTER_PORT": "1234",
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "2",
+            },
+            DistEnv(
+                rank=3,
+                world_size=4,
+                local_rank=1,
+                local_world_size=2,
+                master_addr="n1",
+                master_port=1234,
+                launcher="torchrun",
+                agent_store=True,
+                attempt=2,
+            ),
+        ),
+        (
+            {
+                "SLURM_PROCID": "3",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NTASKS": "4",
+                "SLURM_STEP_NUM_TASKS": "4",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "1",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+                "SLURM_STEP_NODELIST": "node[1-2]",
+                "SLURM_JOB_ID": "1234",
+                "SLURM_GPUS_ON_NODE": "2",
+            },
+            DistEnv(
+                rank=3,
+                world_size=4,
+                local_rank=1,
+                local_world_size=2,
+                master_addr="node1",
+                master_port=21234,
+                launcher="slurm",
+                gpus_on_node=2,
+            ),
+        ),
+        (
+            {
+                "SLURM_PROCID": "0",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NTASKS": "3",
+                "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "1",
+                "SLURM_TASKS_PER_NODE": "2,1",
+                "SLURM_JOB_NODELIST": "gpu07",
+                "SLURM_JOB_ID": "9",
+                "MASTER_PORT": "4000",
+                "SUBMITIT_EXECUTOR": "slurm",
+            },
+            DistEnv(
+                rank=0,
+                world_size=3,
+                local_rank=0,
+                local_world_size=1,
+                master_addr="gpu07",
+                master_port=4000,
+                launcher="submitit",
+            ),
+        ),
+        (
+            {
+                "SUBMITIT_EXECUTOR": "local",
+                "SUBMITIT_LOCAL_NTASKS": "2",
+                "SUBMITIT_LOCAL_GLOBALID": "1",
+                "SUBMITIT_LOCAL_LOCALID": "1",
+                "SUBMITIT_LOCAL_JOB_ID": "777",
+            },
+            DistEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_port=20777, launcher="submitit"),
+        ),
+    ],
+    ids=["single", "torchrun", "srun", "submitit-slurm", "submitit-local"],
+)
 def test_detect_env_reads_each_launcher(environ, expected):
     assert detect_env(environ) == expected
 
@@ -88,8 +156,11 @@ def test_num_gpus_must_match_the_processes_and_gpus_per_node():
     check_num_gpus(None, DistEnv())
     check_num_gpus(1, DistEnv())  # the seed's "--num-gpus 1 to test on a single GPU"
     check_num_gpus(2, DistEnv(rank=1, world_size=4, local_world_size=2, launcher="slurm", gpus_on_node=2))
-    with pytest.raises(UserError, match=r"--num-gpus 2 but the job started 1 process\(es\) on this node "
-                                        r"\(a single plain process\).*--ntasks-per-node=2.*--nproc-per-node=2"):
+    with pytest.raises(
+        UserError,
+        match=r"--num-gpus 2 but the job started 1 process\(es\) on this node "
+        r"\(a single plain process\).*--ntasks-per-node=2.*--nproc-per-node=2",
+    ):
         check_num_gpus(2, DistEnv())
     with pytest.raises(UserError, match=r"--num-gpus 4 but the job started 2 process\(es\) on this node \(slurm\)"):
         check_num_gpus(4, DistEnv(world_size=4, local_world_size=2, launcher="slurm", gpus_on_node=4))
@@ -129,16 +200,27 @@ def test_num_gpus_mismatch_in_a_plain_process_is_one_clear_line(tmp_path, capsys
 
 def _torchrun(*args: str) -> list[str]:
     # --standalone: a one-node rendezvous on a free loopback port that torchrun picks itself
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "common.cli", "train", *map(str, args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "common.cli",
+        "train",
+        *map(str, args),
+    ]
 
 
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory):
     """2 ranks under torchrun, each with half the reference's batch: the straight DDP run."""
     config = make_case(tmp_path_factory.mktemp("torchrun"))
-    proc = run(_torchrun("--config", config, "--set", f"training.batch_size={GLOBAL_BATCH // 2}",
-                         "--num-gpus", "2"), expect=0)
+    proc = run(
+        _torchrun("--config", config, "--set", f"training.batch_size={GLOBAL_BATCH // 2}", "--num-gpus", "2"), expect=0
+    )
     (run_dir,) = run_dirs(config)  # one folder: rank 0 named it, rank 1 followed
     return run_dir, proc
 
@@ -148,8 +230,10 @@ def test_two_torchrun_ranks_learn_what_one_process_with_the_combined_batch_learn
     run_dir, proc = torchrun_run
     assert "DDP: 2 processes (gloo)" in proc.stdout
     effective = GLOBAL_BATCH * 2  # per-process batch x 2 processes x 2 accumulation steps
-    assert f"Effective batch size: {effective} ({GLOBAL_BATCH // 2} per process x 2 processes x 2 accumulation)" \
+    assert (
+        f"Effective batch size: {effective} ({GLOBAL_BATCH // 2} per process x 2 processes x 2 accumulation)"
         in proc.stdout
+    )
     assert proc.stdout.count("Epoch 2/2") == 1 and proc.stdout.count("Test (best model") == 1  # rank 0 only
     log = json.loads((run_dir / "training_log.json").read_text())
     assert log["world_size"] == 2 and log["status"] == "finished" and log["effective_batch_size"] == effective
@@ -215,8 +299,10 @@ def test_killing_a_rank_stops_the_others_quickly_naming_it(tmp_path, world, vict
         # a rank still blocked when rank 0 (and the store it serves) left can only say so
         assert f"rank {victim} " in last or "rank 0 is gone" in last, last
     if victim != 0:  # rank 0 serves the store: it always reads every report, so it names exactly the victim
-        assert errors[0].startswith(f"marketgpt train: error: rank 0 stops because rank {victim} stopped without "
-                                    "reporting an error (killed, out of memory, or its node was lost)"), errors[0]
+        assert errors[0].startswith(
+            f"marketgpt train: error: rank 0 stops because rank {victim} stopped without "
+            "reporting an error (killed, out of memory, or its node was lost)"
+        ), errors[0]
     else:
         assert all("rank 0 is gone" in last for last in errors.values()), errors
 
@@ -225,8 +311,11 @@ def test_killing_a_rank_stops_the_others_quickly_naming_it(tmp_path, world, vict
 @pytest.mark.enable_socket
 def test_a_frozen_rank_stops_the_other_after_the_collective_timeout(tmp_path):
     config = make_case(tmp_path, epochs=100)
-    ranks = start_ranks(2, train_command("--config", config, "--set", f"training.batch_size={GLOBAL_BATCH // 2}"),
-                        MARKETGPT_DIST_TIMEOUT="12")
+    ranks = start_ranks(
+        2,
+        train_command("--config", config, "--set", f"training.batch_size={GLOBAL_BATCH // 2}"),
+        MARKETGPT_DIST_TIMEOUT="12",
+    )
     try:
         wait_for_line(ranks[0], "step 2/")
         ranks[1].send_signal(signal.SIGSTOP)  # alive but stuck: only the timeout can tell
@@ -235,16 +324,33 @@ def test_a_frozen_rank_stops_the_other_after_the_collective_timeout(tmp_path):
         ranks[1].kill()
         ranks[1].communicate()
     assert ranks[0].returncode == 2 and took >= 12, (took, err)  # it waited for the timeout
-    assert err.strip().splitlines()[-1].startswith(
-        "marketgpt train: error: rank 0 stops because rank 1 stopped without reporting an error"), err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("marketgpt train: error: rank 0 stops because rank 1 stopped without reporting an error")
+    ), err
 
 
 def _fault(tmp_path, rank: int, *stuck: str, survivor_s: float) -> tuple[float, str, str]:
     """Two ranks; `rank` raises after step 3 (the other blocks outside any collective with
     "--stuck"). Returns the survivor's seconds to exit, its stderr and the faulty rank's."""
     config = make_case(tmp_path, epochs=100)
-    ranks = start_ranks(2, [sys.executable, str(REPO / "tests" / "ddp_helpers.py"), "fault", str(rank), "3", *stuck,
-                            "--", "--config", str(config), "--set", f"training.batch_size={GLOBAL_BATCH // 2}"])
+    ranks = start_ranks(
+        2,
+        [
+            sys.executable,
+            str(REPO / "tests" / "ddp_helpers.py"),
+            "fault",
+            str(rank),
+            "3",
+            *stuck,
+            "--",
+            "--config",
+            str(config),
+            "--set",
+            f"training.batch_size={GLOBAL_BATCH // 2}",
+        ],
+    )
     faulty, survivor = ranks[rank], ranks[1 - rank]
     took, err = _bounded_exit(survivor, survivor_s)
     _, faulty_err = faulty.communicate(timeout=60)
@@ -259,7 +365,8 @@ def test_a_rank_that_raises_is_named_by_the_others(tmp_path):
     _, err0, _ = _fault(tmp_path, 1, survivor_s=90)
     assert err0.strip().splitlines()[-1] == (
         "marketgpt train: error: rank 0 stops because rank 1 failed with RuntimeError: injected fault on rank 1 "
-        "at step 3; see that rank's log for the cause, then resume with --resume auto")
+        "at step 3; see that rank's log for the cause, then resume with --resume auto"
+    )
 
 
 @pytest.mark.slow
@@ -270,7 +377,8 @@ def test_a_rank_stuck_outside_collectives_is_stopped_by_the_watchdog_naming_the_
     assert err0.strip().splitlines()[-1] == (
         "error: rank 0 stops because rank 1 failed with RuntimeError: injected fault on rank 1 at step 3 (this "
         "rank was still waiting for it 15 s later); see that rank's log for the cause, then resume with "
-        "--resume auto")
+        "--resume auto"
+    )
 
 
 @pytest.mark.slow
@@ -290,8 +398,13 @@ def test_num_gpus_that_disagrees_with_torchrun_stops_every_rank(tmp_path):
     for rank in ranks:
         _, err = rank.communicate(timeout=120)
         assert rank.returncode == 2, err
-        assert err.strip().splitlines()[-1].startswith(
-            "marketgpt train: error: --num-gpus 1 but the job started 2 process(es) on this node (torchrun)"), err
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(
+                "marketgpt train: error: --num-gpus 1 but the job started 2 process(es) on this node (torchrun)"
+            )
+        ), err
     assert not run_dirs(config)
 
 

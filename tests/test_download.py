@@ -8,6 +8,7 @@ blocks the network the way a machine without one does: every `requests` call (yf
 requests session, ccxt) gets a ConnectionError from an empty `responses` mock; pytest-socket
 stays on underneath.
 """
+
 from __future__ import annotations
 
 import io
@@ -57,8 +58,10 @@ class FakeCcxt:
         stamps = np.arange(since_ms, end, DAY_MS)
         close = 40_000.0 + (stamps // DAY_MS) % 1000
         index = pd.DatetimeIndex(pd.to_datetime(stamps, unit="ms", utc=True), name="timestamp")
-        yield pd.DataFrame({"open": close, "high": close + 10, "low": close - 10, "close": close,
-                            "volume": np.ones(len(stamps))}, index=index)
+        yield pd.DataFrame(
+            {"open": close, "high": close + 10, "low": close - 10, "close": close, "volume": np.ones(len(stamps))},
+            index=index,
+        )
 
 
 @pytest.fixture
@@ -71,7 +74,8 @@ def case(tmp_path):
         "MSFT,yfinance,us_stock,Microsoft\n"
         "GONE,yfinance,us_stock,Delisted Inc\n"
         "BTC/USDT,ccxt,crypto,Bitcoin\n"
-        "NOPE/USDT,ccxt,crypto,Not listed\n")
+        "NOPE/USDT,ccxt,crypto,Not listed\n"
+    )
     return case_dir
 
 
@@ -92,14 +96,16 @@ def net(monkeypatch):
         yahoo = FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
         yahoo.rsps = rsps
         # binance's market list, parsed by ccxt (fetch_ohlcv_history itself is FakeCcxt)
-        rsps.add(responses.GET, "https://api.binance.com/api/v3/exchangeInfo",
-                 body=(BINANCE / "exchange_info.json").read_text(encoding="utf-8"))
+        rsps.add(
+            responses.GET,
+            "https://api.binance.com/api/v3/exchangeInfo",
+            body=(BINANCE / "exchange_info.json").read_text(encoding="utf-8"),
+        )
         yield yahoo, fake_ccxt
 
 
 def run(cfg: Config, case_dir: Path, stream=None):
-    return download_case(cfg, case_dir, progress=False, sleep=lambda s: None, now=NOW,
-                         stream=stream or io.StringIO())
+    return download_case(cfg, case_dir, progress=False, sleep=lambda s: None, now=NOW, stream=stream or io.StringIO())
 
 
 def test_download_case_fills_the_cache_and_reports(case, net, capsys):
@@ -185,8 +191,9 @@ def test_restated_adjusted_prices_trigger_a_full_download(case, net):
     starts = [int(q["period1"]) for q in yahoo.history_of("AAPL")]
     assert starts == [ny_midnight(old.index[-2].strftime("%Y-%m-%d")), ny_midnight("2024-01-01")]
     assert len(yahoo.history_of("MSFT")) == 1  # unchanged asset: appended as usual
-    np.testing.assert_allclose(cache.read("yfinance", "1d", "AAPL").to_numpy(),
-                               expected_frame("aapl_1d.json", daily=True).to_numpy())
+    np.testing.assert_allclose(
+        cache.read("yfinance", "1d", "AAPL").to_numpy(), expected_frame("aapl_1d.json", daily=True).to_numpy()
+    )
 
 
 def test_resume_after_an_interrupted_download(case, net, monkeypatch):
@@ -221,8 +228,9 @@ def test_resume_after_an_interrupted_download(case, net, monkeypatch):
     summary = run(config("2024-02-01"), case)  # the rerun completes
     assert [a.symbol for a in summary.ok] == ["AAPL", "MSFT", "BTC/USDT"]
     assert {a.symbol for a in summary.failed} == {"GONE", "NOPE/USDT"}
-    np.testing.assert_allclose(cache.read("yfinance", "1d", "MSFT").to_numpy(),
-                               expected_frame("msft_1d.json", daily=True).to_numpy())
+    np.testing.assert_allclose(
+        cache.read("yfinance", "1d", "MSFT").to_numpy(), expected_frame("msft_1d.json", daily=True).to_numpy()
+    )
 
 
 def test_unreachable_source_raises_after_saving_the_other(case, net):
@@ -236,8 +244,10 @@ def test_unreachable_source_raises_after_saving_the_other(case, net):
 
 
 def _snapshot(root: Path) -> dict:
-    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_cli_download_without_network_fails_clearly_and_leaves_the_cache(tmp_path, monkeypatch, capsys):
@@ -264,8 +274,14 @@ def test_cli_download_without_network_fails_clearly_and_leaves_the_cache(tmp_pat
 
 def test_case_wrapper_runs_the_cli():
     script = REPO / "case_c_crypto" / "crypto_data_loader.py"
-    done = subprocess.run([sys.executable, str(script), "--help"], cwd=script.parent, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert done.returncode == 0, done.stderr
     assert "marketgpt data download" in done.stdout and "--case" in done.stdout
 
@@ -322,7 +338,7 @@ def test_usable_for_training_is_printed_recorded_and_checked_offline(case, net, 
     checked = capsys.readouterr().out
     assert code == 1  # some assets are not usable
     assert "Usable for training (1d, context 4): 3 of 6 assets" in checked
-    assert checked.splitlines()[0] == out[out.index("Usable for training"):].splitlines()[0]
+    assert checked.splitlines()[0] == out[out.index("Usable for training") :].splitlines()[0]
     # candles and training tokens of the usable assets per interval and per category
     rows = {line.split()[0]: line.split() for line in checked.splitlines() if " series " in line}
     assert rows["1d"][1] == "3" and rows["crypto"][1] == "1" and int(rows["us_stock"][1]) == 2
@@ -396,8 +412,12 @@ def test_inactive_pair_is_kept_and_reported(case, net, capsys):
 
 def test_exchange_refusing_the_location_stops_crypto_with_one_clear_line(case, net, capsys):
     yahoo, fake_ccxt = net
-    yahoo.rsps.replace(responses.GET, "https://api.binance.com/api/v3/exchangeInfo", status=451,
-                       body=(BINANCE / "restricted_451.json").read_text(encoding="utf-8"))
+    yahoo.rsps.replace(
+        responses.GET,
+        "https://api.binance.com/api/v3/exchangeInfo",
+        status=451,
+        body=(BINANCE / "restricted_451.json").read_text(encoding="utf-8"),
+    )
     path = small_config(case)
     code = main(["data", "download", "--case", str(case), "--config", str(path)])
     captured = capsys.readouterr()
@@ -460,9 +480,10 @@ class Klines:
         start = max(int(query["startTime"]), int(LONG_START.timestamp() * 1000))
         first = -(-start // MINUTE_MS) * MINUTE_MS
         last_open = int(LONG_NOW.timestamp() * 1000) // MINUTE_MS * MINUTE_MS
-        times = list(range(first, last_open + 1, MINUTE_MS))[:int(query["limit"])]
-        return [[t, *(f"{v:.8f}" for v in candle(t, MINUTE_MS)), t + MINUTE_MS - 1, "0", 7, "0", "0", "0"]
-                for t in times]
+        times = list(range(first, last_open + 1, MINUTE_MS))[: int(query["limit"])]
+        return [
+            [t, *(f"{v:.8f}" for v in candle(t, MINUTE_MS)), t + MINUTE_MS - 1, "0", 7, "0", "0", "0"] for t in times
+        ]
 
 
 @pytest.fixture
@@ -483,8 +504,9 @@ def long_case(tmp_path, monkeypatch):
 
         def make(self, path: Path) -> Path:
             path.mkdir(parents=True)
-            (path / "universe.csv").write_text("symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n"
-                                               "ETH/USDT,ccxt,crypto,Ether\n")
+            (path / "universe.csv").write_text(
+                "symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\nETH/USDT,ccxt,crypto,Ether\n"
+            )
             return path
 
     case = Case()
@@ -509,8 +531,14 @@ def long_config() -> Config:
 
 
 def long_run(case_dir: Path, stream=None):
-    return download_case(long_config(), case_dir, progress=False, sleep=lambda s: None, now=LONG_NOW,
-                         stream=stream if stream is not None else io.StringIO())
+    return download_case(
+        long_config(),
+        case_dir,
+        progress=False,
+        sleep=lambda s: None,
+        now=LONG_NOW,
+        stream=stream if stream is not None else io.StringIO(),
+    )
 
 
 def test_a_long_history_killed_midway_resumes_to_the_same_candles(long_case):
@@ -598,8 +626,10 @@ def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
     assert len(market.candles["AAPL"]) == len(expected_frame("aapl_1d.json", daily=True))
 
 
-@pytest.mark.parametrize("start, instead", [("2015-01-01", "instead of 2015-01-01"),
-                                            ("max", 'instead of the whole history (data.start_date = "max")')])
+@pytest.mark.parametrize(
+    "start, instead",
+    [("2015-01-01", "instead of 2015-01-01"), ("max", 'instead of the whole history (data.start_date = "max")')],
+)
 def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, start, instead):
     case_dir = tmp_path / "case_h"
     case_dir.mkdir()
@@ -611,7 +641,6 @@ def test_a_clamped_intraday_start_is_said_in_the_report(tmp_path, net, capsys, s
     now = pd.Timestamp("2024-01-05 12:00", tz="UTC")
     download_case(cfg, case_dir, progress=False, sleep=lambda s: None, now=now, stream=io.StringIO())
     out = capsys.readouterr().out
-    assert (f"note: Yahoo keeps 1h bars for the last 730 days only: fetched from 2022-01-06 12:00 {instead}"
-            in out)
+    assert f"note: Yahoo keeps 1h bars for the last 730 days only: fetched from 2022-01-06 12:00 {instead}" in out
     clamped = pd.Timestamp("2022-01-06 12:00", tz="UTC")
     assert [int(q["period1"]) for q in yahoo.history_of("SPY")] == [int(clamped.timestamp())]

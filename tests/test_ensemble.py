@@ -1,5 +1,6 @@
 """Ensembles: several runs (seeds) pooled as an equal-weight mixture in `marketgpt forecast` and
 `marketgpt scorecard`, and runs whose tokenizers differ refused."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,25 @@ from common.forecasting.ensemble import Ensemble
 from common.forecasting.forecaster import Forecaster, summarize_paths
 
 TINY = {
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 1, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
-                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 16,
+        "d_model": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 16,
+        "epochs": 1,
+        "max_steps_per_epoch": 3,
+        "eval_max_batches": 2,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,
+    },
     "data": {"source": "sample", "interval": "1d"},
 }
 
@@ -37,8 +53,11 @@ def _train(root, name: str, **sections) -> object:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ens")
-    return (_train(root, "seed1", training={"seed": 1}), _train(root, "seed2", training={"seed": 2}),
-            _train(root, "coarse", tokenizer={"shape_bins": 4}))
+    return (
+        _train(root, "seed1", training={"seed": 1}),
+        _train(root, "seed2", training={"seed": 2}),
+        _train(root, "coarse", tokenizer={"shape_bins": 4}),
+    )
 
 
 def test_pooled_paths_are_each_runs_share_and_the_table_reads_them_all(runs):
@@ -69,8 +88,26 @@ def test_runs_with_another_tokenizer_are_refused(runs):
 
 def test_forecast_cli_with_two_runs(runs, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["forecast", str(runs[0]), str(runs[1]), "--symbols", "AAPL", "--horizon", "3", "--samples", "8",
-                 "--as-of", "2012-06-01", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "forecast",
+                str(runs[0]),
+                str(runs[1]),
+                "--symbols",
+                "AAPL",
+                "--horizon",
+                "3",
+                "--samples",
+                "8",
+                "--as-of",
+                "2012-06-01",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     meta = json.loads((out / "forecast.json").read_text())
     assert [m["run"] for m in meta["ensemble"]] == [str(runs[0]), str(runs[1])]
     assert main(["forecast", str(runs[0]), str(runs[2]), "--symbols", "AAPL", "--horizon", "3"]) == 2
@@ -79,8 +116,7 @@ def test_forecast_cli_with_two_runs(runs, tmp_path, capsys):
 
 
 def test_scorecard_cli_with_two_runs_writes_beside_the_first(runs, capsys):
-    assert main(["scorecard", str(runs[0]), str(runs[1]), "--horizons", "1", "--origins", "2",
-                 "--samples", "4"]) == 0
+    assert main(["scorecard", str(runs[0]), str(runs[1]), "--horizons", "1", "--origins", "2", "--samples", "4"]) == 0
     folder = runs[0] / "ensemble_2"
     card = json.loads((folder / "scorecard.json").read_text())
     assert card["verdicts"] and not (runs[0] / "scorecard.json").exists()  # the first run's own card untouched

@@ -1,4 +1,5 @@
 """Evaluation metrics, naive baselines and the PNG report, checked against hand-computed values."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,18 @@ def run(test, train=None, model=None, context_length=2, batch_size=4, categories
     train = train if train is not None else {s: np.array([3, 4, 5, 3]) for s in test}
     categories = categories or {s: "crypto" for s in test}
     asset_ids = {s: i for i, s in enumerate(test)}
-    return evaluate_run(model or FixedModel(), FakeTokenizer(), test, train, asset_ids, categories,
-                        context_length, batch_size, "cpu", **kw)
+    return evaluate_run(
+        model or FixedModel(),
+        FakeTokenizer(),
+        test,
+        train,
+        asset_ids,
+        categories,
+        context_length,
+        batch_size,
+        "cpu",
+        **kw,
+    )
 
 
 def split(tokens, moves=None) -> SplitTokens:
@@ -74,7 +85,7 @@ def test_fixed_distribution_gives_hand_computed_metrics():
     # targets 4, 3, 5, 3, 2 (the first token has no context); p = .2, .4, .1, .4, .05
     results = run({"AAA": split([3, 4, 3, 5, 3, 2])}, context_length=2)
     assert results["num_tokens"] == 5
-    loss = -(math.log(.2) + math.log(.4) + math.log(.1) + math.log(.4) + math.log(.05)) / 5
+    loss = -(math.log(0.2) + math.log(0.4) + math.log(0.1) + math.log(0.4) + math.log(0.05)) / 5
     assert results["test_loss"] == pytest.approx(loss, rel=1e-6)
     assert results["perplexity"] == pytest.approx(math.exp(loss), rel=1e-6)
     assert results["test_accuracy"] == pytest.approx(2 / 5)  # argmax is token 3
@@ -95,7 +106,7 @@ def test_every_target_is_predicted_once_with_windows_sharing_their_boundary():
 def test_pad_targets_are_ignored_and_bos_missing_count():
     results = run({"AAA": split([3, BOS_TOKEN, PAD_TOKEN, MISSING_TOKEN, 3])}, context_length=8)
     assert results["num_tokens"] == 3  # BOS, MISSING and 3 are targets; PAD is not
-    loss = -(math.log(.05) + math.log(.1) + math.log(.4)) / 3
+    loss = -(math.log(0.05) + math.log(0.1) + math.log(0.4)) / 3
     assert results["test_loss"] == pytest.approx(loss, rel=1e-6)
     for name in ev.BASELINES:
         assert results["baselines"][name]["num_tokens"] == 3
@@ -125,7 +136,7 @@ def test_model_that_predicts_down_gets_the_down_moves():
 
 
 def test_wilson_interval_known_values():
-    z2 = 1.959963984540054 ** 2
+    z2 = 1.959963984540054**2
     assert wilson_interval(0, 10) == pytest.approx((0.0, z2 / (10 + z2)))  # 0.2775
     assert wilson_interval(10, 10) == pytest.approx((10 / (10 + z2), 1.0))  # 0.7225
     assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # textbook table
@@ -152,7 +163,7 @@ def test_repeat_last_eps_is_the_train_non_repeat_rate():
     b = fit_baselines({"A": np.array([3, 3, 4, 4, 4, 5])}, vocab_size=6)["repeat_last"]
     assert b.eps == pytest.approx(2 / 5)  # 3->3, 4->4, 4->4 repeat; 3->4, 4->5 don't
     lp = np.exp(b.log_probs(np.array([4])))[0]
-    assert lp == pytest.approx([0, .1, .1, .1, .6, .1])
+    assert lp == pytest.approx([0, 0.1, 0.1, 0.1, 0.6, 0.1])
 
 
 def test_markov1_is_witten_bell_with_unigram_backoff():
@@ -242,8 +253,7 @@ def test_per_asset_and_per_category_add_up_to_the_totals():
 def test_category_ids_reach_the_model():
     model = FixedModel()
     test = {"A": split([3, 4]), "B": split([3, 4])}
-    run(test, model=model, categories={"A": "fx", "B": "crypto"}, batch_size=1,
-        category_ids={"crypto": 4, "fx": 7})
+    run(test, model=model, categories={"A": "fx", "B": "crypto"}, batch_size=1, category_ids={"crypto": 4, "fx": 7})
     assert [(c[1], c[2]) for c in model.calls] == [([0], [7]), ([1], [4])]
 
 
@@ -281,16 +291,24 @@ def _candles(rng: np.random.Generator, n: int) -> pd.DataFrame:
     open_ = np.r_[100.0, close[:-1]]
     wiggle = np.exp(np.abs(rng.normal(0, 0.004, (2, n))))
     index = pd.date_range("2021-01-01", periods=n, freq="D", tz="UTC", name="timestamp")
-    return pd.DataFrame({"open": open_, "high": np.maximum(open_, close) * wiggle[0],
-                         "low": np.minimum(open_, close) / wiggle[1], "close": close,
-                         "volume": np.ones(n)}, index=index)
+    return pd.DataFrame(
+        {
+            "open": open_,
+            "high": np.maximum(open_, close) * wiggle[0],
+            "low": np.minimum(open_, close) / wiggle[1],
+            "close": close,
+            "volume": np.ones(n),
+        },
+        index=index,
+    )
 
 
 def test_tiny_marketgpt_end_to_end_matches_its_own_loss():
     rng = np.random.default_rng(0)
     frames = {"BTC/USDT": _candles(rng, 200), "ETH/USDT": _candles(rng, 160)}
-    ranges = {s: {"train": (0, 120), "val": (120, len(f) - 33), "test": (len(f) - 33, len(f))}
-              for s, f in frames.items()}
+    ranges = {
+        s: {"train": (0, 120), "val": (120, len(f) - 33), "test": (len(f) - 33, len(f))} for s, f in frames.items()
+    }
     tok = OHLCTokenizer(vocab_size=35, shape_bins=4, vol_warmup=5)
     tok.fit({s: f.iloc[:120] for s, f in frames.items()})
     tokens = {s: tok.encode(f, s) for s, f in frames.items()}
@@ -302,8 +320,9 @@ def test_tiny_marketgpt_end_to_end_matches_its_own_loss():
     model = MarketGPT(cfg, num_assets=2, num_categories=1)
     model.train()
     asset_ids = {"BTC/USDT": 0, "ETH/USDT": 1}
-    r = evaluate_run(model, tok, test, train, asset_ids, {s: "crypto" for s in frames}, 32, 8, "cpu",
-                     category_ids={"crypto": 0})
+    r = evaluate_run(
+        model, tok, test, train, asset_ids, {s: "crypto" for s in frames}, 32, 8, "cpu", category_ids={"crypto": 0}
+    )
     assert model.training  # the caller's mode is restored
     json.dumps(r, allow_nan=False)
 
@@ -329,10 +348,16 @@ def test_report_png_is_written_atomically(tmp_path):
     rng = np.random.default_rng(2)
     test = {"A": split(rng.integers(1, V, 40), rng.normal(size=40))}
     results = run(test, train={"A": rng.integers(1, V, 50)}, context_length=8)
-    log = {"status": "finished", "best_epoch": 2, "best_val_loss": 2.0,
-           "epochs": [{"epoch": 1, "train_loss": 2.5, "val_loss": 2.2},
-                      {"epoch": 2, "train_loss": 2.1, "val_loss": 2.0},
-                      {"epoch": 3, "train_loss": 1.9, "val_loss": None}]}
+    log = {
+        "status": "finished",
+        "best_epoch": 2,
+        "best_val_loss": 2.0,
+        "epochs": [
+            {"epoch": 1, "train_loss": 2.5, "val_loss": 2.2},
+            {"epoch": 2, "train_loss": 2.1, "val_loss": 2.0},
+            {"epoch": 3, "train_loss": 1.9, "val_loss": None},
+        ],
+    }
     path = write_report(tmp_path, log, results)
     assert path == tmp_path / "report.png"
     data = path.read_bytes()
@@ -360,34 +385,63 @@ def _fake_run_folder(root) -> tuple:
 
     rng = np.random.default_rng(3)
     frames = {"BTC/USDT": _candles(rng, 120), "^GSPC": _candles(rng, 100)}
-    ranges = {s: {"train": (0, 60), "val": (60, len(f) - 25), "test": (len(f) - 25, len(f))}
-              for s, f in frames.items()}
+    ranges = {s: {"train": (0, 60), "val": (60, len(f) - 25), "test": (len(f) - 25, len(f))} for s, f in frames.items()}
     cfg = Config(experiment="fake")
     cfg.model = ModelConfig(vocab_size=35, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32)
     cfg.training.batch_size = 4
     cfg.tokenizer.shape_bins, cfg.tokenizer.vol_warmup = 4, 5
     tok = OHLCTokenizer.from_config(cfg).fit({s: f.iloc[:60] for s, f in frames.items()})
     symbols = list(frames)
-    tokens = TokenSet(symbols, {s: tok.encode(f, s) for s, f in frames.items()},
-                      {s: tok.features(f, s)[0] for s, f in frames.items()}, ranges)
-    info = {"assets": [{"id": 0, "symbol": "BTC/USDT", "source": "sample", "category": "crypto", "category_id": 1,
-                        "name": "Bitcoin"},
-                       {"id": 1, "symbol": "^GSPC", "source": "sample", "category": "index", "category_id": 0,
-                        "name": "S&P 500"}],
-            "symbols": {"BTC/USDT": 0, "^GSPC": 1}, "categories": {"index": 0, "crypto": 1},
-            "num_assets": 2, "num_categories": 2}
+    tokens = TokenSet(
+        symbols,
+        {s: tok.encode(f, s) for s, f in frames.items()},
+        {s: tok.features(f, s)[0] for s, f in frames.items()},
+        ranges,
+    )
+    info = {
+        "assets": [
+            {
+                "id": 0,
+                "symbol": "BTC/USDT",
+                "source": "sample",
+                "category": "crypto",
+                "category_id": 1,
+                "name": "Bitcoin",
+            },
+            {"id": 1, "symbol": "^GSPC", "source": "sample", "category": "index", "category_id": 0, "name": "S&P 500"},
+        ],
+        "symbols": {"BTC/USDT": 0, "^GSPC": 1},
+        "categories": {"index": 0, "crypto": 1},
+        "num_assets": 2,
+        "num_categories": 2,
+    }
     run = root / "fake_20250101_000000"
     run.mkdir()
     save_config(cfg, run / "config.json")
     tok.save(run / "tokenizer.json")
     atomic_write_json(run / "asset_info.json", info)
     tokens.save(run / "tokens")
-    atomic_write_json(run / "training_log.json", {"status": "finished", "best_epoch": 1, "best_val_loss": 3.4,
-                                                  "epochs": [{"epoch": 1, "train_loss": 3.5, "val_loss": 3.4}]})
+    atomic_write_json(
+        run / "training_log.json",
+        {
+            "status": "finished",
+            "best_epoch": 1,
+            "best_val_loss": 3.4,
+            "epochs": [{"epoch": 1, "train_loss": 3.5, "val_loss": 3.4}],
+        },
+    )
     torch.manual_seed(0)
     model = MarketGPT(cfg.model, num_assets=2, num_categories=2)
-    save_checkpoint({"format": "marketgpt-best-model", "model": model.state_dict(), "epoch": 1,
-                     "val_loss": 3.4, "config": config_to_dict(cfg)}, run / "best_model.pt")
+    save_checkpoint(
+        {
+            "format": "marketgpt-best-model",
+            "model": model.state_dict(),
+            "epoch": 1,
+            "val_loss": 3.4,
+            "config": config_to_dict(cfg),
+        },
+        run / "best_model.pt",
+    )
     return run, model, tokens
 
 
@@ -407,8 +461,10 @@ def test_cli_evaluate_recomputes_test_results_and_report(tmp_path, capsys):
     model.eval()
     t = torch.from_numpy(tokens.tokens["BTC/USDT"][-25:].astype(np.int64))
     with torch.no_grad():
-        nll = [model(t[None, s:s + 8], torch.tensor([0]), torch.tensor([1]), t[None, s + 1:s + 9])[1].item()
-               for s in range(0, 24, 8)]
+        nll = [
+            model(t[None, s : s + 8], torch.tensor([0]), torch.tensor([1]), t[None, s + 1 : s + 9])[1].item()
+            for s in range(0, 24, 8)
+        ]
     assert results["per_asset"]["BTC/USDT"]["loss"] == pytest.approx(np.mean(nll), rel=1e-5)
 
 
@@ -506,15 +562,18 @@ def test_a_capped_evaluation_copies_only_the_windows_it_scores(tmp_path):
     flat[:] = rng.integers(5, 60, len(flat))
     test, o = {}, 0
     for s, k in n.items():
-        test[s] = SplitTokens(flat[o:o + k], rng.normal(size=k), rng.integers(0, 9, (k, 3)))
+        test[s] = SplitTokens(flat[o : o + k], rng.normal(size=k), rng.integers(0, 9, (k, 3)))
         o += k
     assert np.shares_memory(test["a"].tokens, flat) and test["a"].tokens.dtype == np.int16  # no copy
     for T, k in ((8, None), (8, 3)):
         full = split_windows(test, T, score_last=k)
         for cap in (1, 5, len(full.x) - 1, len(full.x), len(full.x) + 4):
             w = split_windows(test, T, score_last=k, max_windows=cap)
-            keep = (np.unique(np.linspace(0, len(full.x) - 1, cap).round().astype(np.int64))
-                    if cap < len(full.x) else np.arange(len(full.x)))
+            keep = (
+                np.unique(np.linspace(0, len(full.x) - 1, cap).round().astype(np.int64))
+                if cap < len(full.x)
+                else np.arange(len(full.x))
+            )
             for field in ("x", "y", "moves", "asset", "start", "features"):
                 np.testing.assert_array_equal(
                     getattr(w, field), getattr(full, field)[keep], err_msg=f"{field} {T} {k} {cap}"

@@ -5,6 +5,7 @@ BTCUSDT entry of tests/fixtures/binance/exchange_info.json), /api/v3/ticker/24hr
 (daily candles generated for the requested range, the newest one still forming). Sockets stay
 blocked by pytest-socket; the clock is injected (`now`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,9 @@ def exchange_info() -> dict:
     info["symbols"] = []
     for market_id, (base, quote, status, *_rest) in PAIRS.items():
         entry = copy.deepcopy(template)
-        entry.update(symbol=market_id, baseAsset=base, quoteAsset=quote, status=status,
-                     isSpotTradingAllowed=status == "TRADING")
+        entry.update(
+            symbol=market_id, baseAsset=base, quoteAsset=quote, status=status, isSpotTradingAllowed=status == "TRADING"
+        )
         info["symbols"].append(entry)
     return info
 
@@ -75,9 +77,21 @@ class FakeBinance:
         if tickers_fail:
             rsps.add(responses.GET, "https://api.binance.com/api/v3/ticker/24hr", status=503, body="busy")
         else:
-            rsps.add(responses.GET, "https://api.binance.com/api/v3/ticker/24hr", json=[
-                {"symbol": m, "quoteVolume": f"{p[5]:.2f}", "volume": f"{p[5] / p[3]:.4f}", "lastPrice": f"{p[3]}",
-                 "openTime": 0, "closeTime": 1} for m, p in PAIRS.items()])
+            rsps.add(
+                responses.GET,
+                "https://api.binance.com/api/v3/ticker/24hr",
+                json=[
+                    {
+                        "symbol": m,
+                        "quoteVolume": f"{p[5]:.2f}",
+                        "volume": f"{p[5] / p[3]:.4f}",
+                        "lastPrice": f"{p[3]}",
+                        "openTime": 0,
+                        "closeTime": 1,
+                    }
+                    for m, p in PAIRS.items()
+                ],
+            )
         rsps.add_callback(responses.GET, re.compile(r"https://api\.binance\.com/api/v3/klines\?.*"), self.candles)
 
     def candles(self, request):
@@ -90,9 +104,24 @@ class FakeBinance:
         first = -(-start // DAY_MS) * DAY_MS
         now_ms = self.now.value // 1_000_000
         close = PAIRS[market_id][3]
-        rows = [[t, f"{close}", f"{close}", f"{close}", f"{close}", f"{base_volume(market_id, t)}", t + DAY_MS - 1,
-                 "0", 7, "0", "0", "0"] for t in range(first, now_ms - now_ms % DAY_MS + 1, DAY_MS)]
-        return 200, {}, json.dumps(rows[:int(query["limit"])])
+        rows = [
+            [
+                t,
+                f"{close}",
+                f"{close}",
+                f"{close}",
+                f"{close}",
+                f"{base_volume(market_id, t)}",
+                t + DAY_MS - 1,
+                "0",
+                7,
+                "0",
+                "0",
+                "0",
+            ]
+            for t in range(first, now_ms - now_ms % DAY_MS + 1, DAY_MS)
+        ]
+        return 200, {}, json.dumps(rows[: int(query["limit"])])
 
 
 @pytest.fixture
@@ -106,8 +135,9 @@ def filters(**kw) -> ExchangeUniverseConfig:
 
 
 def resolve(f: ExchangeUniverseConfig, now: pd.Timestamp = DAY1, stream=None):
-    return resolve_exchange_universe(crypto.make_exchange("binance"), f, now, sleep=lambda s: None,
-                                     base_delay_s=0, stream=stream)
+    return resolve_exchange_universe(
+        crypto.make_exchange("binance"), f, now, sleep=lambda s: None, base_delay_s=0, stream=stream
+    )
 
 
 # --------------------------------------------------------------------------- the filters
@@ -134,7 +164,9 @@ def test_filters_keep_the_liquid_pairs_most_liquid_first(rsps, tmp_path):
     assert "Survivorship bias" in text and "# Of 8 markets: quote not USDT: 1 removed" in text
     assets = load_universe(path)
     assert [(a.symbol, a.source, a.category, a.name) for a in assets] == [
-        ("BTC/USDT", "ccxt", "crypto", "BTC"), ("NEW/USDT", "ccxt", "crypto", "NEW")]
+        ("BTC/USDT", "ccxt", "crypto", "BTC"),
+        ("NEW/USDT", "ccxt", "crypto", "NEW"),
+    ]
 
 
 def test_max_count_and_no_active_filter(rsps):
@@ -182,8 +214,9 @@ def download(cfg: Config, case: Path, now: pd.Timestamp, rsps) -> None:
     download_case(cfg, case, progress=False, sleep=lambda s: None, now=now, stream=io.StringIO())
 
 
-def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_newest(rsps, tmp_path, monkeypatch,
-                                                                                        capsys):
+def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_newest(
+    rsps, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
     case, cfg = tmp_path / "case_x", case_config()
     case.mkdir()
@@ -209,8 +242,10 @@ def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_n
     assert "data.universe = 'exchange': universe_exchange_binance_2024-04-15.csv" in capsys.readouterr().err
 
     usable = check_usable(cfg, case)  # `marketgpt data check`
-    assert usable.universe_file == second.name and "universe_exchange_binance_2024-04-15.csv as of 2024-04-15" \
-        in usable.format()
+    assert (
+        usable.universe_file == second.name
+        and "universe_exchange_binance_2024-04-15.csv as of 2024-04-15" in usable.format()
+    )
 
 
 def test_plan_names_the_universe_file(tmp_path):
@@ -219,10 +254,13 @@ def test_plan_names_the_universe_file(tmp_path):
     case, cfg = tmp_path / "case_x", case_config()
     case.mkdir()
     (case / "universe_exchange_binance_2024-03-01.csv").write_text(
-        "# As of 2024-03-01: resolved\nsymbol,source,category,name\nBTC/USDT,ccxt,crypto,BTC\n", encoding="utf-8")
+        "# As of 2024-03-01: resolved\nsymbol,source,category,name\nBTC/USDT,ccxt,crypto,BTC\n", encoding="utf-8"
+    )
     figures = data_figures(cfg, case)
-    assert "estimated" in figures.basis and "universe universe_exchange_binance_2024-03-01.csv (as of 2024-03-01)" \
-        in figures.basis
+    assert (
+        "estimated" in figures.basis
+        and "universe universe_exchange_binance_2024-03-01.csv (as of 2024-03-01)" in figures.basis
+    )
 
 
 # --------------------------------------------------------------------------- the config
@@ -233,17 +271,20 @@ def test_the_example_config_loads():
     assert cfg.data.universe == "exchange" and cfg.data.exchange_universe.quote == "USDT"
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["data.exchange_universe.volume_days=0"], "data.exchange_universe.volume_days"),
-    (["data.exchange_universe.min_quote_volume=-1"], "data.exchange_universe.min_quote_volume"),
-    (["data.exchange_universe.max_count=0"], "data.exchange_universe.max_count"),
-    (["data.exchange_universe.quote=usdt"], "data.exchange_universe.quote"),
-    (["data.exchange_universe.spot_only=false"], "data.exchange_universe.spot_only"),
-    (["data.exchange_universe.exclude_bases=usdc"], "data.exchange_universe.exclude_bases"),
-    (["data.universe_counts={\"crypto\": 20}"], "data.universe_counts"),
-    (["data.quote_currency=USD"], "data.quote_currency"),
-    (["data.source=sample"], "data.universe"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["data.exchange_universe.volume_days=0"], "data.exchange_universe.volume_days"),
+        (["data.exchange_universe.min_quote_volume=-1"], "data.exchange_universe.min_quote_volume"),
+        (["data.exchange_universe.max_count=0"], "data.exchange_universe.max_count"),
+        (["data.exchange_universe.quote=usdt"], "data.exchange_universe.quote"),
+        (["data.exchange_universe.spot_only=false"], "data.exchange_universe.spot_only"),
+        (["data.exchange_universe.exclude_bases=usdc"], "data.exchange_universe.exclude_bases"),
+        (['data.universe_counts={"crypto": 20}'], "data.universe_counts"),
+        (["data.quote_currency=USD"], "data.quote_currency"),
+        (["data.source=sample"], "data.universe"),
+    ],
+)
 def test_bad_exchange_universe_settings_name_the_key(overrides, key):
     path = REPO / "case_c_crypto" / "configs" / "crypto_exchange_universe.json"
     with pytest.raises(ConfigError, match=re.escape(f"'{key}'")):

@@ -1,6 +1,7 @@
 """`marketgpt export`: ONNX, torch.export (pt2) and hf model-folder exports of a tiny trained run,
 their parity with the torch model, the model card, the torch-free sampler of
 common.forecasting.infer, Forecaster.from_pretrained's round trip, and bad input."""
+
 from __future__ import annotations
 
 import contextlib
@@ -71,8 +72,14 @@ def forecaster(run_dir):
 
 
 def test_onnx_export_files_and_model_card(run_dir, onnx_dir, forecaster):
-    for name in ("model.onnx", "model_step.onnx", "config.json", "tokenizer.json", "asset_info.json",
-                 "model_card.json"):
+    for name in (
+        "model.onnx",
+        "model_step.onnx",
+        "config.json",
+        "tokenizer.json",
+        "asset_info.json",
+        "model_card.json",
+    ):
         assert (onnx_dir / name).is_file(), name
     assert not list(onnx_dir.glob(".export_*")), "no staging folder left behind"
     for name in ("config.json", "tokenizer.json", "asset_info.json"):
@@ -94,8 +101,14 @@ def test_onnx_export_files_and_model_card(run_dir, onnx_dir, forecaster):
 @pytest.mark.parametrize("batch,length", [(1, 1), (7, 5), (4, 16), (33, 16)])
 def test_onnxruntime_and_torch_logits_agree_on_random_inputs(onnx_dir, forecaster, batch, length):
     info = json.loads((onnx_dir / "asset_info.json").read_text())
-    t, a, c = random_inputs(batch, length, TINY["model"]["vocab_size"], info["num_assets"], info["num_categories"],
-                            seed=batch * 100 + length)
+    t, a, c = random_inputs(
+        batch,
+        length,
+        TINY["model"]["vocab_size"],
+        info["num_assets"],
+        info["num_categories"],
+        seed=batch * 100 + length,
+    )
     with torch.no_grad():
         ref = NextTokenLogits(forecaster.model)(t, a, c).numpy()
     backend = OnnxBackend(onnx_dir / "model.onnx", context_length=16)
@@ -116,12 +129,16 @@ def test_pt2_export_matches_torch(run_dir, forecaster, tmp_path):
     for batch, length in ((3, 9), (1, 1), (6, 16)):
         t, a, c = random_inputs(batch, length, TINY["model"]["vocab_size"], 5, 2, seed=batch + length)
         with torch.no_grad():
-            torch.testing.assert_close(module(t, a, c), NextTokenLogits(forecaster.model)(t, a, c), atol=1e-4,
-                                       rtol=0)
+            torch.testing.assert_close(module(t, a, c), NextTokenLogits(forecaster.model)(t, a, c), atol=1e-4, rtol=0)
     card = json.loads((tmp_path / "pt2" / "model_card.json").read_text())
     assert card["file"] == "model.pt2" and card["format"] == "pt2" and card["parity_max_abs_diff"] <= PARITY_ATOL
     assert sorted(p.name for p in (tmp_path / "pt2").iterdir()) == [
-        "asset_info.json", "config.json", "model.pt2", "model_card.json", "tokenizer.json"]
+        "asset_info.json",
+        "config.json",
+        "model.pt2",
+        "model_card.json",
+        "tokenizer.json",
+    ]
     assert_modes_follow_the_umask(tmp_path / "pt2")
     assert card["parent_run"] == run_dir.name
 
@@ -149,12 +166,23 @@ def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached, max_
     info = json.loads((onnx_dir / "asset_info.json").read_text())
     t, a, c = random_inputs(3, 16, 60, info["num_assets"], info["num_categories"], seed=5)
     banned = forecaster.banned_ids()
-    ref = sample_paths(forecaster.model, t, a, c, horizon=20, samples=2, temperature=0.0,
-                       banned=torch.as_tensor(banned)).numpy()
+    ref = sample_paths(
+        forecaster.model, t, a, c, horizon=20, samples=2, temperature=0.0, banned=torch.as_tensor(banned)
+    ).numpy()
     backend = OnnxBackend(onnx_dir / "model.onnx", 16)
     logits = backend if cached else (lambda *x: backend(*x))  # a plain function has no step()
-    got = sample_paths_np(logits, t.numpy(), a.numpy(), c.numpy(), horizon=20, samples=2, context_length=16,
-                          temperature=0.0, banned=banned, max_batch=max_batch)
+    got = sample_paths_np(
+        logits,
+        t.numpy(),
+        a.numpy(),
+        c.numpy(),
+        horizon=20,
+        samples=2,
+        context_length=16,
+        temperature=0.0,
+        banned=banned,
+        max_batch=max_batch,
+    )
     np.testing.assert_array_equal(got, ref)
 
 
@@ -236,9 +264,29 @@ sys.exit(code)
 
 def test_marketgpt_forecast_backend_onnx_runs_without_torch(onnx_dir, tmp_path):
     out = tmp_path / "fc"
-    proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, "forecast", str(onnx_dir), "--backend", "onnx",
-                           "--symbols", "AAPL,IBM", "--horizon", "5", "--samples", "30", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BLOCK_TORCH,
+            "forecast",
+            str(onnx_dir),
+            "--backend",
+            "onnx",
+            "--symbols",
+            "AAPL,IBM",
+            "--horizon",
+            "5",
+            "--samples",
+            "30",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "AAPL" in proc.stdout and "IBM" in proc.stdout
     meta = json.loads((out / "forecast.json").read_text())
@@ -276,7 +324,13 @@ def test_hf_folder_files_weights_and_model_card(run_dir, hf_dir, forecaster):
     from safetensors import safe_open
 
     assert sorted(p.name for p in hf_dir.iterdir()) == [
-        "README.md", "asset_info.json", "config.json", "model.safetensors", "model_card.json", "tokenizer.json"]
+        "README.md",
+        "asset_info.json",
+        "config.json",
+        "model.safetensors",
+        "model_card.json",
+        "tokenizer.json",
+    ]
     for name in ("config.json", "tokenizer.json", "asset_info.json"):
         assert (hf_dir / name).read_bytes() == (run_dir / name).read_bytes()
     with safe_open(str(hf_dir / "model.safetensors"), framework="pt") as f:
@@ -311,11 +365,27 @@ def test_model_card_markdown_shows_the_scorecard_headline(run_dir, tmp_path):
     shutil.copytree(run_dir, scored, ignore=shutil.ignore_patterns("checkpoint_*", "tensorboard", "tokens*"))
     verdict = "H=1: CRPS skill vs GARCH +2.1% [0.8, 3.4] (beats)"
     (scored / "scorecard.json").write_text(json.dumps({"verdicts": [verdict]}))
-    card = {"universe": ["AAPL", "IBM"], "interval": "1d", "parameter_count": 1234, "context_length": 16,
-            "data_source": "sample", "training_data_cutoff": "2011-01-01", "validation_end": "2012-01-01",
-            "test_loss": 3.2, "best_epoch": 1, "exported_at": "now", "checkpoint_sha256": "ab", "torch_version": "x",
-            "scorecard_headline": {"horizon": 1, "baseline": "garch", "value": 0.021, "ci95": [0.008, 0.034],
-                                   "verdict": "beats"}}
+    card = {
+        "universe": ["AAPL", "IBM"],
+        "interval": "1d",
+        "parameter_count": 1234,
+        "context_length": 16,
+        "data_source": "sample",
+        "training_data_cutoff": "2011-01-01",
+        "validation_end": "2012-01-01",
+        "test_loss": 3.2,
+        "best_epoch": 1,
+        "exported_at": "now",
+        "checkpoint_sha256": "ab",
+        "torch_version": "x",
+        "scorecard_headline": {
+            "horizon": 1,
+            "baseline": "garch",
+            "value": 0.021,
+            "ci95": [0.008, 0.034],
+            "verdict": "beats",
+        },
+    }
     readme = model_card_markdown(card, scored)
     assert "**H=1: CRPS skill vs garch +2.1% [0.8, 3.4] (beats)**" in readme and f"- {verdict}" in readme
     assert "Not scored" not in readme
@@ -336,8 +406,9 @@ def test_from_pretrained_forecasts_equal_the_runs_without_pickle(hf_dir, forecas
     monkeypatch.undo()
     assert fc.run_dir == hf_dir and fc.checkpoint_sha256 == forecaster.checkpoint_sha256
     histories = forecaster.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
-    assert [h.candles.equals(g.candles) for h, g in zip(fc.load_history(["AAPL", "^GSPC"], as_of="2012-06-01"),
-                                                        histories)] == [True, True]
+    assert [
+        h.candles.equals(g.candles) for h, g in zip(fc.load_history(["AAPL", "^GSPC"], as_of="2012-06-01"), histories)
+    ] == [True, True]
     ref = forecaster.forecast(histories, horizon=9, samples=64, seed=7, return_paths=True)
     got = fc.forecast(histories, horizon=9, samples=64, seed=7, return_paths=True)
     pd.testing.assert_frame_equal(got.table, ref.table)
@@ -345,8 +416,23 @@ def test_from_pretrained_forecasts_equal_the_runs_without_pickle(hf_dir, forecas
 
 
 def test_marketgpt_forecast_takes_the_hf_folder(hf_dir, forecaster, tmp_path, capsys):
-    assert main(["forecast", str(hf_dir), "--symbols", "AAPL", "--horizon", "3", "--samples", "8",
-                 "--out", str(tmp_path / "fc")]) == 0
+    assert (
+        main(
+            [
+                "forecast",
+                str(hf_dir),
+                "--symbols",
+                "AAPL",
+                "--horizon",
+                "3",
+                "--samples",
+                "8",
+                "--out",
+                str(tmp_path / "fc"),
+            ]
+        )
+        == 0
+    )
     assert "AAPL" in capsys.readouterr().out
     meta = json.loads((tmp_path / "fc" / "forecast.json").read_text())
     assert meta["run"] == str(hf_dir) and meta["checkpoint_sha256"] == forecaster.checkpoint_sha256
@@ -361,8 +447,20 @@ def _one_line(capsys, *needles):
 
 def test_a_bad_model_folder_is_one_line_and_exit_2(run_dir, hf_dir, tmp_path, capsys):
     def forecast(folder):
-        return main(["forecast", str(folder), "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
-                     "--out", str(tmp_path / "out")])
+        return main(
+            [
+                "forecast",
+                str(folder),
+                "--symbols",
+                "AAPL",
+                "--horizon",
+                "2",
+                "--samples",
+                "2",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
 
     with pytest.raises(UserError, match="no such folder"):
         Forecaster.from_pretrained(tmp_path / "nowhere")

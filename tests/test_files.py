@@ -1,5 +1,6 @@
 """data.source = "files": the user's own CSV/parquet candles, good and bad files, and `marketgpt
 train` on them end to end (fixtures in tests/fixtures/files/)."""
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,9 @@ from common.errors import UserError
 FILES = Path(__file__).parent / "fixtures" / "files"
 
 
-def files_config(files_dir: Path, universe: str = "files", interval: str = "1d",
-                 category: str | None = "us_stock") -> Config:
+def files_config(
+    files_dir: Path, universe: str = "files", interval: str = "1d", category: str | None = "us_stock"
+) -> Config:
     cfg = Config()
     cfg.model.context_length = 8
     cfg.data.source, cfg.data.files_dir, cfg.data.universe = "files", str(files_dir), universe
@@ -93,8 +95,9 @@ def test_universe_csv_picks_and_categorises_files(tmp_path):
 
 
 def test_universe_symbol_without_a_file_is_named(tmp_path):
-    (tmp_path / "universe.csv").write_text("symbol,source,category,name\nAAA,yfinance,us_stock,A\n"
-                                           "ZZZ,yfinance,us_stock,Z\n")
+    (tmp_path / "universe.csv").write_text(
+        "symbol,source,category,name\nAAA,yfinance,us_stock,A\nZZZ,yfinance,us_stock,Z\n"
+    )
     cfg = files_config(FILES / "good_folder", universe="universe.csv", category=None)
     with pytest.raises(UserError, match=r"no candles for 1 universe symbol\(s\): ZZZ"):
         load_files(cfg, tmp_path)
@@ -151,12 +154,32 @@ def test_long_file_with_empty_symbol_is_refused(tmp_path):
 
 TINY = {
     "experiment": "own",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 1, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 8, "epochs": 1, "max_steps_per_epoch": 2, "eval_max_batches": 1,
-                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
-    "data": {"source": "files", "files_dir": "my_candles", "universe": "files",
-             "default_category": "us_stock", "interval": "1d"},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 8,
+        "epochs": 1,
+        "max_steps_per_epoch": 2,
+        "eval_max_batches": 1,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,
+    },
+    "data": {
+        "source": "files",
+        "files_dir": "my_candles",
+        "universe": "files",
+        "default_category": "us_stock",
+        "interval": "1d",
+    },
 }
 
 

@@ -1,5 +1,6 @@
 """Fine-tuning (`marketgpt train --init-from`): the parent's tokenizer, weights and embeddings
 matched by name, training.freeze, lineage, data.categories, refusals, --resume auto, and DDP."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,10 +23,26 @@ FILES = Path(__file__).parent / "fixtures" / "files" / "good_folder"
 
 TINY = {
     "experiment": "parent",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4, "dropout": 0.0},
-    "training": {"batch_size": 8, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 1,
-                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+        "dropout": 0.0,
+    },
+    "training": {
+        "batch_size": 8,
+        "epochs": 1,
+        "max_steps_per_epoch": 3,
+        "eval_max_batches": 1,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,
+    },
     "data": {"source": "files", "files_dir": "candles", "universe": "universe.csv", "interval": "1d"},
 }
 PARENT_UNIVERSE = "symbol,source,category,name\nAAA,yfinance,us_stock,A\nBBB,yfinance,us_stock,B\n"
@@ -74,8 +91,11 @@ def test_child_keeps_tokenizer_matches_embeddings_by_name_and_records_lineage(pa
     assert lineage["parent_run"] == str(parent.resolve())
     assert lineage["checkpoint"] == str((parent / "best_model.pt").resolve())
     assert lineage["checkpoint_sha256"] == hashlib.sha256((parent / "best_model.pt").read_bytes()).hexdigest()
-    assert (lineage["assets"], lineage["assets_from_category_mean"], lineage["assets_fresh"]) == \
-        (["AAA", "BBB"], ["CCC"], ["EEE"])
+    assert (lineage["assets"], lineage["assets_from_category_mean"], lineage["assets_fresh"]) == (
+        ["AAA", "BBB"],
+        ["CCC"],
+        ["EEE"],
+    )
     assert (lineage["categories"], lineage["categories_fresh"]) == (["us_stock"], ["fx"])
     assert lineage["freeze"] == "embeddings" and "asset_emb.weight" in lineage["frozen_parameters"]
     assert load_config(child / "config.json").training.init_from == str(parent.resolve())
@@ -97,8 +117,20 @@ def test_child_keeps_tokenizer_matches_embeddings_by_name_and_records_lineage(pa
 
 def test_categories_filter_the_universe_for_a_per_market_run(parent, tmp_path):
     config = make_case(tmp_path, "market", CHILD_UNIVERSE)
-    assert main(["train", "--config", str(config), "--init-from", str(parent / "best_model.pt"),
-                 "--set", "data.categories=fx"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(config),
+                "--init-from",
+                str(parent / "best_model.pt"),
+                "--set",
+                "data.categories=fx",
+            ]
+        )
+        == 0
+    )
     child = only_run(config)
     assert [a["symbol"] for a in json.loads((child / "asset_info.json").read_text())["assets"]] == ["EEE"]
     assert json.loads((child / "config.json").read_text())["data"]["categories"] == ["fx"]
@@ -120,13 +152,18 @@ def test_a_factorized_parent_passes_on_its_trained_head(tmp_path):
         torch.testing.assert_close(c[k], p[k], atol=1e-6, rtol=0, msg=k)
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("model.vocab_size=128", "model.vocab_size = 128, the parent's tokenizer has 64 ids"),
-    ("tokenizer.shape_bins=4", "tokenizer.shape_bins = 4, the parent's is 8; fine-tuning keeps the parent's tokenizer"),
-    ("model.d_model=64", "model.d_model = 64, the parent's is 32"),
-])
-def test_a_different_vocabulary_refit_or_shape_is_refused_with_the_reason(parent, tmp_path, capsys, override,
-                                                                            fragment):
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.vocab_size=128", "model.vocab_size = 128, the parent's tokenizer has 64 ids"),
+        (
+            "tokenizer.shape_bins=4",
+            "tokenizer.shape_bins = 4, the parent's is 8; fine-tuning keeps the parent's tokenizer",
+        ),
+        ("model.d_model=64", "model.d_model = 64, the parent's is 32"),
+    ],
+)
+def test_a_different_vocabulary_refit_or_shape_is_refused_with_the_reason(parent, tmp_path, capsys, override, fragment):
     config = make_case(tmp_path, "bad", CHILD_UNIVERSE)
     assert main(["train", "--config", str(config), "--init-from", str(parent), "--set", override]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -157,8 +194,16 @@ def test_resume_auto_continues_the_fine_tuning_run_without_the_parent(parent, tm
 
 def test_freeze_all_but_last_n_leaves_no_gradient_and_no_weight_decay():
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, context_length=8, d_model=32, num_layers=3, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4)
+    cfg = ModelConfig(
+        vocab_size=64,
+        context_length=8,
+        d_model=32,
+        num_layers=3,
+        num_heads=2,
+        d_ff=64,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     model = MarketGPT(cfg, num_assets=2, num_categories=1)
     frozen = apply_freeze(model, "all_but_last_1")
     assert "blocks.0.attn.qkv.weight" in frozen and "blocks.1.mlp.fc.weight" in frozen

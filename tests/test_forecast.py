@@ -1,6 +1,7 @@
 """Forecasting: KV-cache parity, vectorized decoding with the exact volatility state, the
 Forecaster's table (determinism, shapes, quantiles, P(up), no look-ahead, analytic quantiles
 from a model with fixed logits) and `marketgpt forecast` end to end on a tiny trained run."""
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,25 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 
 TINY = {
     "experiment": "tiny",
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 16, "epochs": 1, "max_steps_per_epoch": 3, "eval_max_batches": 2,
-                 "warmup_steps": 1, "log_every_steps": 3, "scorecard_origins": 0},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 16,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 16,
+        "epochs": 1,
+        "max_steps_per_epoch": 3,
+        "eval_max_batches": 2,
+        "warmup_steps": 1,
+        "log_every_steps": 3,
+        "scorecard_origins": 0,
+    },
     "data": {"source": "sample", "interval": "1d"},
 }
 
@@ -50,9 +66,16 @@ def candles(n: int, seed: int, vol: float = 0.02, start: str = "2020-01-01", fre
     open_ = close * np.exp(-ret * rng.uniform(0.2, 1.0, n))
     wick = vol * np.abs(rng.standard_normal((2, n)))
     index = pd.date_range(start, periods=n, freq=freq, tz="UTC", name="timestamp")
-    return pd.DataFrame({"open": open_, "high": np.maximum(open_, close) * np.exp(wick[0]),
-                         "low": np.minimum(open_, close) * np.exp(-wick[1]), "close": close, "volume": 1.0},
-                        index=index)
+    return pd.DataFrame(
+        {
+            "open": open_,
+            "high": np.maximum(open_, close) * np.exp(wick[0]),
+            "low": np.minimum(open_, close) * np.exp(-wick[1]),
+            "close": close,
+            "volume": 1.0,
+        },
+        index=index,
+    )
 
 
 def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
@@ -70,9 +93,20 @@ def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
 @pytest.mark.parametrize("samples, max_batch, chunks", [(2, 4, 2), (3, 2, 6)])
 def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs, samples, max_batch, chunks):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4, positional=positional, dropout=0.1,
-                      time_features=inputs, volume_input=inputs)
+    cfg = ModelConfig(
+        vocab_size=40,
+        context_length=12,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+        positional=positional,
+        dropout=0.1,
+        time_features=inputs,
+        volume_input=inputs,
+    )
     model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
@@ -83,15 +117,24 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
 
     def check(step, rows, seq, window, logits):
         end = seq.shape[1]  # seq is contexts[:, 20 - P:] and the steps drawn so far
-        f = features[rows, 20 - P + end - window:20 - P + end] if inputs else None
+        f = features[rows, 20 - P + end - window : 20 - P + end] if inputs else None
         ref = model(seq[:, -window:], a[rows], c[rows], last_only=True, features=f)[0]
         assert logits.shape[1] == 37  # ids past the last that may be drawn get no logits
         seen.append((step, window, (ref[:, -1, :37] - logits).abs().max().item()))
 
-    out = sample_paths(model, contexts, a, c, horizon, samples, generator=torch.Generator().manual_seed(1),
-                       on_step=check, max_batch=max_batch, features=features if inputs else None,
-                       banned=torch.arange(40) >= 37,  # a tokenizer's unused tail
-                       )
+    out = sample_paths(
+        model,
+        contexts,
+        a,
+        c,
+        horizon,
+        samples,
+        generator=torch.Generator().manual_seed(1),
+        on_step=check,
+        max_batch=max_batch,
+        features=features if inputs else None,
+        banned=torch.arange(40) >= 37,  # a tokenizer's unused tail
+    )
     assert out.max() < 37
     assert out.shape == (3, samples, horizon) and model.training  # the mode is restored
     assert len(seen) == chunks * horizon  # every step of every chunk
@@ -107,8 +150,17 @@ def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(mo
     and every step's next-token distribution stays within 0.01 (total variation) of the fp32
     uncached forward on the same tokens; the logits differ, so bf16 did run."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4, positional="rope")
+    cfg = ModelConfig(
+        vocab_size=40,
+        context_length=12,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+        positional="rope",
+    )
     model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
     with torch.no_grad():
         model.wte.weight.mul_(8)  # logits with a spread of about 1, like a trained model's (tied head)
@@ -116,8 +168,9 @@ def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(mo
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
     cache_dtypes, logit_err, tv = [], [], []
     new_cache = model.new_cache
-    monkeypatch.setattr(model, "new_cache", lambda *args, **kw: cache_dtypes.append(kw.get("dtype")) or
-                        new_cache(*args, **kw))
+    monkeypatch.setattr(
+        model, "new_cache", lambda *args, **kw: cache_dtypes.append(kw.get("dtype")) or new_cache(*args, **kw)
+    )
 
     def check(step, rows, seq, window, logits):
         with torch.autocast("cpu", enabled=False):
@@ -126,8 +179,9 @@ def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(mo
         tv.append(0.5 * (ref.softmax(-1) - logits.float().softmax(-1)).abs().sum(-1).max().item())
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        sample_paths(model, contexts, a, c, 8, 3, generator=torch.Generator().manual_seed(1), on_step=check,
-                     max_batch=4)
+        sample_paths(
+            model, contexts, a, c, 8, 3, generator=torch.Generator().manual_seed(1), on_step=check, max_batch=4
+        )
     assert cache_dtypes and set(cache_dtypes) == {torch.bfloat16}
     assert len(tv) == 3 * 8 and max(tv) < 0.01, max(tv)  # 3 chunks (one context each) x 8 steps
     assert min(logit_err) > 1e-4  # bf16 rounding is visible: the autocast path ran
@@ -135,13 +189,25 @@ def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(mo
 
 def test_every_sample_lands_in_its_contexts_rows_however_the_rows_are_chunked():
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4)
+    cfg = ModelConfig(
+        vocab_size=40,
+        context_length=12,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
-    alone = torch.stack([sample_paths(model, contexts[i:i + 1], a[i:i + 1], c[i:i + 1], 5, 1, temperature=0)[0, 0]
-                         for i in range(3)])  # (3, 5): each context's greedy path, sampled on its own
+    alone = torch.stack(
+        [
+            sample_paths(model, contexts[i : i + 1], a[i : i + 1], c[i : i + 1], 5, 1, temperature=0)[0, 0]
+            for i in range(3)
+        ]
+    )  # (3, 5): each context's greedy path, sampled on its own
     for samples, max_batch in [(3, 2), (3, 6), (2, 5), (4, 100)]:
         out = sample_paths(model, contexts, a, c, 5, samples, temperature=0, max_batch=max_batch)
         assert torch.equal(out, alone[:, None].expand(3, samples, 5)), (samples, max_batch)
@@ -160,8 +226,18 @@ def test_truncation_keeps_the_likeliest_ids_and_bans_hold():
 
 
 def test_cache_refuses_tokens_beyond_the_window():
-    model = MarketGPT(ModelConfig(vocab_size=16, context_length=4, d_model=8, num_layers=1, num_heads=2, d_ff=16,
-                                  asset_embed_dim=2, category_embed_dim=2))
+    model = MarketGPT(
+        ModelConfig(
+            vocab_size=16,
+            context_length=4,
+            d_model=8,
+            num_layers=1,
+            num_heads=2,
+            d_ff=16,
+            asset_embed_dim=2,
+            category_embed_dim=2,
+        )
+    )
     cache = model.new_cache(1)
     ids = torch.zeros(1, dtype=torch.long)
     model(torch.full((1, 4), 5), ids, ids, cache=cache)
@@ -398,23 +474,43 @@ def test_cli_end_to_end_is_byte_reproducible(run_dir, tmp_path, capsys):
     files = {p.name for p in (tmp_path / "a").iterdir()}
     assert files == {"forecast.parquet", "forecast.csv", "forecast.json", "paths.npz", "fan_AAPL.png", "fan_GSPC.png"}
     table = pd.read_parquet(tmp_path / "a" / "forecast.parquet")
-    assert len(table) == 10 and {"timestamp", "p5", "p95", "mean_log_return", "std_log_return", "p_up",
-                                  "expected_range"} <= set(table.columns)
+    assert len(table) == 10 and {
+        "timestamp",
+        "p5",
+        "p95",
+        "mean_log_return",
+        "std_log_return",
+        "p_up",
+        "expected_range",
+    } <= set(table.columns)
     meta = json.loads((tmp_path / "a" / "forecast.json").read_text())
     assert meta["seed"] == 4 and meta["samples"] == 32 and len(meta["checkpoint_sha256"]) == 64
     assert meta["tokenizer"]["version"] == 1 and meta["as_of"] == "latest"
     assert meta["precision"] == "fp32"  # auto: the run trained in fp32 (on the CPU)
     assert _forecast(capsys, *args, "--out", tmp_path / "b")[0] == 0
     assert (tmp_path / "a" / "forecast.parquet").read_bytes() == (tmp_path / "b" / "forecast.parquet").read_bytes()
-    code, out, err = _forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "4",
-                               "--top-k", "5", "--as-of", "2010-01-05")
+    code, out, err = _forecast(
+        capsys,
+        run_dir,
+        "--symbols",
+        "AAPL",
+        "--horizon",
+        "2",
+        "--samples",
+        "4",
+        "--top-k",
+        "5",
+        "--as-of",
+        "2010-01-05",
+    )
     assert code == 0 and "overconfident" in err
     assert (run_dir / "forecasts" / "2010-01-05T0000" / "forecast.csv").is_file()
     assert _forecast(capsys, *args, "--precision", "bf16", "--out", tmp_path / "bf16")[0] == 0
     assert json.loads((tmp_path / "bf16" / "forecast.json").read_text())["precision"] == "bf16"
     assert _forecast(capsys, *args, "--precision", "bf16", "--out", tmp_path / "bf16_again")[0] == 0
-    assert ((tmp_path / "bf16" / "forecast.parquet").read_bytes()
-            == (tmp_path / "bf16_again" / "forecast.parquet").read_bytes())  # reproducible in bf16 too
+    assert (tmp_path / "bf16" / "forecast.parquet").read_bytes() == (
+        tmp_path / "bf16_again" / "forecast.parquet"
+    ).read_bytes()  # reproducible in bf16 too
     assert np.load(tmp_path / "bf16" / "paths.npz")["tokens"].shape == (2, 32, 5)
 
 
@@ -426,21 +522,24 @@ def _one_line_error(code: int, err: str, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--symbols", "APPL"], ["unknown symbol 'APPL'", "'AAPL'"]),
-    (["--symbols", "AAPL", "--as-of", "1985-01-01"], ["before its data starts"]),
-    (["--symbols", "AAPL", "--as-of", "2999-01-01"], ["in the future"]),
-    (["--symbols", "AAPL", "--as-of", "tomorrow-ish"], ["not a date"]),
-    (["--horizon", "0"], ["--horizon 0", "between 1 and"]),
-    (["--horizon", "100000"], ["--horizon 100000"]),
-    (["--samples", "0"], ["--samples 0"]),
-    (["--temperature", "-1", "--symbols", "AAPL"], ["--temperature"]),
-    (["--precision", "fp16"], ["--precision 'fp16'", "auto, fp32, bf16"]),
-    (["--precision", "half", "--backend", "onnx"], ["--precision 'half'", "auto, fp32, bf16"]),
-    (["--barrier=-3%,+5%"], ["--barrier '-3%,+5%'", "upper first"]),
-    (["--barrier", "+5%,+3%"], ["below 0%"]),
-    (["--barrier", "5,-3"], ["two percentages", "+5%,-3%"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--symbols", "APPL"], ["unknown symbol 'APPL'", "'AAPL'"]),
+        (["--symbols", "AAPL", "--as-of", "1985-01-01"], ["before its data starts"]),
+        (["--symbols", "AAPL", "--as-of", "2999-01-01"], ["in the future"]),
+        (["--symbols", "AAPL", "--as-of", "tomorrow-ish"], ["not a date"]),
+        (["--horizon", "0"], ["--horizon 0", "between 1 and"]),
+        (["--horizon", "100000"], ["--horizon 100000"]),
+        (["--samples", "0"], ["--samples 0"]),
+        (["--temperature", "-1", "--symbols", "AAPL"], ["--temperature"]),
+        (["--precision", "fp16"], ["--precision 'fp16'", "auto, fp32, bf16"]),
+        (["--precision", "half", "--backend", "onnx"], ["--precision 'half'", "auto, fp32, bf16"]),
+        (["--barrier=-3%,+5%"], ["--barrier '-3%,+5%'", "upper first"]),
+        (["--barrier", "+5%,+3%"], ["below 0%"]),
+        (["--barrier", "5,-3"], ["two percentages", "+5%,-3%"]),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
     _one_line_error(*_forecast(capsys, run_dir, *args)[::2], *needles)
 
@@ -448,8 +547,22 @@ def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
 def test_barrier_and_drawdown_from_the_sampled_paths(run_dir, tmp_path, capsys):
     from common.forecasting.paths import barrier_outcomes, barrier_probabilities, max_drawdown
 
-    code, out, err = _forecast(capsys, run_dir, "--symbols", "AAPL,^GSPC", "--horizon", "6", "--samples", "64",
-                               "--barrier", "+2%,-1.5%", "--drawdown", "--save-paths", "--out", tmp_path)
+    code, out, err = _forecast(
+        capsys,
+        run_dir,
+        "--symbols",
+        "AAPL,^GSPC",
+        "--horizon",
+        "6",
+        "--samples",
+        "64",
+        "--barrier",
+        "+2%,-1.5%",
+        "--drawdown",
+        "--save-paths",
+        "--out",
+        tmp_path,
+    )
     assert code == 0, err
     assert "P(upper 1st)" in out and "by the candles' high/low" in out and "Maximum drawdown" in out
     barrier, drawdown = pd.read_csv(tmp_path / "barrier.csv"), pd.read_csv(tmp_path / "drawdown.csv")
@@ -469,8 +582,11 @@ def test_barrier_and_drawdown_from_the_sampled_paths(run_dir, tmp_path, capsys):
 
 def test_short_history_says_how_many_candles(run_dir, capsys, forecaster):
     first = forecaster.load_history(["AAPL"])[0].candles.index[3]
-    _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--as-of", first.isoformat())[::2],
-                    "AAPL: 4 candles", "22 needed")
+    _one_line_error(
+        *_forecast(capsys, run_dir, "--symbols", "AAPL", "--as-of", first.isoformat())[::2],
+        "AAPL: 4 candles",
+        "22 needed",
+    )
 
 
 def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
@@ -487,8 +603,12 @@ def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    _one_line_error(*_forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "2",
-                               "--out", blocker / "out")[::2], "is not writable")
+    _one_line_error(
+        *_forecast(capsys, run_dir, "--symbols", "AAPL", "--horizon", "2", "--samples", "2", "--out", blocker / "out")[
+            ::2
+        ],
+        "is not writable",
+    )
     assert blocker.read_text() == "not a folder"
 
 
@@ -524,8 +644,9 @@ def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, caps
     fc.volume_edges = [e + 0.5 for e in fc.volume_edges]  # other volume ids reach the model: another forecast
     assert not np.array_equal(fc.forecast([h], 4, 16, seed=0, return_paths=True).tokens, r.tokens)
 
-    code, out, err = _forecast(capsys, feature_run, "--symbols", "AAPL", "--horizon", "3", "--samples", "8",
-                               "--out", tmp_path / "out")
+    code, out, err = _forecast(
+        capsys, feature_run, "--symbols", "AAPL", "--horizon", "3", "--samples", "8", "--out", tmp_path / "out"
+    )
     assert code == 0 and "P50" in out, err
     code = main(["scorecard", str(feature_run), "--horizons", "1", "--origins", "2", "--samples", "4"])
     out, err = capsys.readouterr()
@@ -550,9 +671,27 @@ def test_bench_generalization_scores_a_run_with_time_and_volume_inputs(feature_r
 def test_bench_forecast_smoke_writes_its_rows(tmp_path):
     """bench/bench_forecast.py runs end to end at toy sizes (nothing here times anything)."""
     out = tmp_path / "forecast.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_forecast.py"), "--assets", "2",
-                           "--samples", "4", "--horizon", "3", "--ref-samples", "1", "--threads", "1",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "bench" / "bench_forecast.py"),
+            "--assets",
+            "2",
+            "--samples",
+            "4",
+            "--horizon",
+            "3",
+            "--ref-samples",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     figures = {r["figure"]: r["value"] for r in result["rows"]}

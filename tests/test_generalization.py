@@ -6,6 +6,7 @@ the next move's distribution, and a large move makes a wide candle likelier. The
 predictor's mean NLL on the test series is the process's conditional entropy (estimated on
 those very targets); the unigram does not see the state and is clearly worse.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,7 +44,7 @@ def simulate(n_series: int, length: int, seed: int) -> tuple[np.ndarray, np.ndar
     logp = np.full((n_series, length), np.nan)
     moves[:, :LAGS] = rng.integers(2, 6, (n_series, LAGS))
     for t in range(LAGS, length):
-        state = _large(moves[:, t - LAGS:t]).sum(1)
+        state = _large(moves[:, t - LAGS : t]).sum(1)
         cum = pm[state].cumsum(1)
         moves[:, t] = (rng.random((n_series, 1)) > cum).sum(1)
         wide = rng.random(n_series) < p_wide[moves[:, t]]
@@ -59,7 +60,7 @@ def _windows(tokens: np.ndarray) -> torch.Tensor:
     body = tokens[:, LAGS:]
     n = (body.shape[1] - 1) // T
     starts = np.arange(n) * T
-    return torch.from_numpy(np.concatenate([body[:, s:s + T + 1] for s in starts]))
+    return torch.from_numpy(np.concatenate([body[:, s : s + T + 1] for s in starts]))
 
 
 @pytest.fixture
@@ -79,7 +80,13 @@ def test_model_reaches_the_processes_conditional_entropy(head: str, one_thread: 
     cfg = Config()
     m = cfg.model
     m.vocab_size, m.context_length, m.d_model, m.num_layers, m.num_heads, m.d_ff = (
-        NUM_SPECIAL_TOKENS + MOVES * SHAPES, T, 48, 2, 4, 96)
+        NUM_SPECIAL_TOKENS + MOVES * SHAPES,
+        T,
+        48,
+        2,
+        4,
+        96,
+    )
     m.dropout, m.head = 0.0, head
     cfg.tokenizer.shape_bins = SHAPES
     validate(cfg, "test")
@@ -105,7 +112,7 @@ def test_model_reaches_the_processes_conditional_entropy(head: str, one_thread: 
     model_nll = float(nll[:, LAGS:].mean())
     body_logp = test_logp[:, LAGS:]
     n = (body_logp.shape[1] - 1) // T
-    true_logp = np.concatenate([body_logp[:, s * T + 1:s * T + T + 1] for s in range(n)])
+    true_logp = np.concatenate([body_logp[:, s * T + 1 : s * T + T + 1] for s in range(n)])
     entropy = float(-true_logp[:, LAGS:].mean())
     counts = np.bincount(train_tokens[:, LAGS:].ravel(), minlength=MOVES * SHAPES + NUM_SPECIAL_TOKENS)
     freq = (counts[NUM_SPECIAL_TOKENS:] + 1) / (counts[NUM_SPECIAL_TOKENS:] + 1).sum()  # add-one over the grid
@@ -136,7 +143,7 @@ def test_factorized_head_is_a_distribution_over_the_whole_vocabulary() -> None:
     assert logits.shape == (3, 8, 100)
     assert torch.allclose(p.sum(-1), torch.ones(3, 8), atol=1e-5)
     assert torch.allclose(logits.exp().sum(-1), torch.ones(3, 8), atol=1e-5)  # logits are log-probs
-    assert p[..., NUM_SPECIAL_TOKENS + 80:].max() < 1e-30  # ids the tokenizer never emits
+    assert p[..., NUM_SPECIAL_TOKENS + 80 :].max() < 1e-30  # ids the tokenizer never emits
     assert abs(loss.item() - (-torch.log_softmax(logits.detach(), -1).gather(-1, idx[..., None]).mean()).item()) < 1e-5
 
 
@@ -160,8 +167,9 @@ def test_epoch_stride_takes_every_kth_window_from_a_random_offset_per_epoch() ->
     ranges = {"A": {"train": (0, 300)}, "B": {"train": (0, 203)}}
     k = 4
     ranges = {s: {"train": r["train"], "val": (0, 20), "test": (0, 20)} for s, r in ranges.items()}
-    w = build_windows(tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, 8,
-                      strides={"train": 1, "val": 8, "test": 8}, epoch_stride=k)
+    w = build_windows(
+        tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, 8, strides={"train": 1, "val": 8, "test": 8}, epoch_stride=k
+    )
     pos = w.splits["train"].positions
     sizes, offsets = set(), set()
     for epoch in range(12):
@@ -211,7 +219,7 @@ def test_the_factorized_head_can_start_at_the_unigram() -> None:
 
     head = FactorizedHead(16, 100, move_bins=10, shape_bins=4)
     counts = torch.zeros(100)
-    counts[NUM_SPECIAL_TOKENS:NUM_SPECIAL_TOKENS + 40] = torch.arange(40.0) * 3
+    counts[NUM_SPECIAL_TOKENS : NUM_SPECIAL_TOKENS + 40] = torch.arange(40.0) * 3
     counts[1] = 5  # a few MISSING tokens
     head.start_at_unigram(counts)
     log_probs = head(torch.zeros(1, 16))[0]  # a hidden state of zeros reads the biases alone

@@ -3,6 +3,7 @@ fake nvidia-smi), one GPU per rank, precision and its GradScaler on resume, one 
 step with the same results as a plain loop, the optimizer's kernel flags after a resume, RNG
 streams of ranks added on resume, gradient checkpointing (same gradients, less memory by
 torch's profiler), and GPU health in the epoch log from faked torch.cuda and NVML."""
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,15 @@ from test_trainer import WINDOWS, _config, _late, _trainer
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
-SLURM_2_GPUS = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-                "SLURM_TASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "SLURM_JOB_ID": "77"}
+SLURM_2_GPUS = {
+    "SLURM_PROCID": "0",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NTASKS": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_TASKS_PER_NODE": "2",
+    "SLURM_GPUS_ON_NODE": "2",
+    "SLURM_JOB_ID": "77",
+}
 
 
 def _fake_cuda(monkeypatch, names=("NVIDIA A100-SXM4-80GB",), capability=(8, 0)) -> None:
@@ -105,8 +113,11 @@ def test_more_ranks_on_a_node_than_gpus_is_a_clear_error(monkeypatch):
 
 def test_submit_local_gives_the_job_its_gpus(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
-    with pytest.raises(UserError, match=r"--local runs one process per GPU but this torch .* CPU build.*"
-                                        r"--set training.device=cpu"):
+    with pytest.raises(
+        UserError,
+        match=r"--local runs one process per GPU but this torch .* CPU build.*"
+        r"--set training.device=cpu",
+    ):
         local_gpus(2)  # said before submitting, not by each task of the job
     assert local_gpus(2, device="cpu") == 0
     monkeypatch.setattr(torch.version, "cuda", "12.8")
@@ -133,9 +144,13 @@ def test_auto_precision_per_gpu_generation(monkeypatch):
 
 def test_forecast_precision_auto_is_the_runs_own_where_bf16_is_in_hardware(monkeypatch):
     cpu = torch.device("cpu")
-    for caps, trained, expected in (({"avx512_bf16": True}, "bf16", "bf16"), ({"amx_bf16": True}, "bf16", "bf16"),
-                                    ({"avx2": True}, "bf16", "fp32"),  # emulated bf16 is slower than fp32
-                                    ({"avx512_bf16": True}, "fp32", "fp32"), ({"avx512_bf16": True}, None, "fp32")):
+    for caps, trained, expected in (
+        ({"avx512_bf16": True}, "bf16", "bf16"),
+        ({"amx_bf16": True}, "bf16", "bf16"),
+        ({"avx2": True}, "bf16", "fp32"),  # emulated bf16 is slower than fp32
+        ({"avx512_bf16": True}, "fp32", "fp32"),
+        ({"avx512_bf16": True}, None, "fp32"),
+    ):
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda caps=caps: caps)
         assert inference_precision("auto", trained, cpu) == expected, (caps, trained)
     assert inference_precision("bf16", "fp32", cpu) == "bf16" and inference_precision("fp32", "bf16", cpu) == "fp32"
@@ -167,10 +182,10 @@ def test_fp16_resume_carries_the_grad_scaler_and_checkpoints_keep_fp32_weights(t
 
 def test_fp16_overflow_skips_the_step_and_lowers_the_scale_instead_of_failing(tmp_path):
     tr = _trainer(tmp_path, precision="fp16")
-    tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100)  # fp16 gradients overflow at once
+    tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # fp16 gradients overflow at once
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     assert tr.train(stop_after_steps=1) == "stopped"
-    assert tr.scaler.get_scale() == 2.0 ** 99
+    assert tr.scaler.get_scale() == 2.0**99
     assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())  # the step was skipped
 
 
@@ -193,10 +208,12 @@ def _reference_run(steps: int, **training) -> tuple[dict, list[float]]:
     seed_everything(t.seed)
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
     opt = model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), "cpu")
-    per_epoch = min(WINDOWS.num_batches("train", t.batch_size, 1, drop_last=True) // t.grad_accum_steps,
-                    t.max_steps_per_epoch)
-    batches = WINDOWS.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=0, drop_last=True,
-                              limit=per_epoch * t.grad_accum_steps)
+    per_epoch = min(
+        WINDOWS.num_batches("train", t.batch_size, 1, drop_last=True) // t.grad_accum_steps, t.max_steps_per_epoch
+    )
+    batches = WINDOWS.batches(
+        "train", t.batch_size, shuffle=True, seed=t.seed, epoch=0, drop_last=True, limit=per_epoch * t.grad_accum_steps
+    )
     model.train()
     norms = []
     for step in range(steps):
@@ -250,6 +267,7 @@ def test_no_step_waits_for_the_device(tmp_path, monkeypatch):
                 return fn(*args, **kwargs)
             finally:
                 reads["on"] = True
+
         return run
 
     settled = []
@@ -302,17 +320,28 @@ def _make_rank(run_dir, cfg, rank):
     from common.training.trainer import Trainer
 
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
-    return Trainer(cfg, model, WINDOWS, run_dir / f"r{rank}", rank=rank, world_size=3, out=io.StringIO(),
-                   tensorboard=False)
+    return Trainer(
+        cfg, model, WINDOWS, run_dir / f"r{rank}", rank=rank, world_size=3, out=io.StringIO(), tensorboard=False
+    )
 
 
 # --------------------------------------------------------------------------- gradient checkpointing
 
 
-def _step_model(gradient_checkpointing: bool, dropout: float = 0.1, vocab_size: int = 64
-                ) -> tuple[MarketGPT, torch.Tensor, tuple]:
-    cfg = ModelConfig(vocab_size=vocab_size, context_length=64, d_model=64, num_layers=4, num_heads=4, d_ff=256,
-                      dropout=dropout, asset_embed_dim=4, category_embed_dim=4)
+def _step_model(
+    gradient_checkpointing: bool, dropout: float = 0.1, vocab_size: int = 64
+) -> tuple[MarketGPT, torch.Tensor, tuple]:
+    cfg = ModelConfig(
+        vocab_size=vocab_size,
+        context_length=64,
+        d_model=64,
+        num_layers=4,
+        num_heads=4,
+        d_ff=256,
+        dropout=dropout,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     seed_everything(3)
     model = MarketGPT(cfg)
     model.gradient_checkpointing = gradient_checkpointing
@@ -357,8 +386,10 @@ def test_gradient_checkpointing_lowers_peak_memory_and_the_estimate_knows(tmp_pa
     peaks = {on: _profiled_peak_bytes(*_step_model(on)[::2], tmp_path) for on in (False, True)}
     assert peaks[True] < 0.7 * peaks[False], peaks
     model, x, _ = _step_model(False)
-    estimates = {on: estimate_training_memory(model.config, model.num_parameters(), 8, "fp32", on).activations
-                 for on in (False, True)}
+    estimates = {
+        on: estimate_training_memory(model.config, model.num_parameters(), 8, "fp32", on).activations
+        for on in (False, True)
+    }
     assert estimates[True] < 0.7 * estimates[False]
 
 
@@ -408,9 +439,18 @@ def test_gpu_stats_from_torch_and_a_fake_nvml(monkeypatch):
     monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
     s = gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
     assert nvml.handles == ["GPU-1234-abcd"]
-    assert s == {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "mem_total_gb": 80.0, "mem_allocated_gb": 30.0,
-                 "mem_peak_gb": 35.1, "mem_reserved_gb": 36.0, "util_pct": 97.0, "nvml_mem_used_gb": 31.5,
-                 "temperature_c": 64.0, "power_w": None}
+    assert s == {
+        "index": 0,
+        "name": "NVIDIA A100-SXM4-80GB",
+        "mem_total_gb": 80.0,
+        "mem_allocated_gb": 30.0,
+        "mem_peak_gb": 35.1,
+        "mem_reserved_gb": 36.0,
+        "util_pct": 97.0,
+        "nvml_mem_used_gb": 31.5,
+        "temperature_c": 64.0,
+        "power_w": None,
+    }
     assert gpu_stats_mod.gpu_stats(torch.device("cpu")) is None
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: torch's numbers only
     monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
@@ -438,8 +478,9 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
     (epoch,) = json.loads((tmp_path / "gpu" / "training_log.json").read_text())["epochs"]
     assert epoch["gpus"][0]["util_pct"] == 97.0 and epoch["gpus"][0]["mem_peak_gb"] == 35.1
     assert scalars["gpu0/util_pct"] == 97.0 and scalars["gpu0/temperature_c"] == 64.0
-    assert ("GPU 0 (rank 0) NVIDIA A100-SXM4-80GB: util 97% | mem 30.0 GB, peak 35.1 of 80.0 GB | "
-            "card 31.5 GB used | 64 C") in out.getvalue()
+    assert (
+        "GPU 0 (rank 0) NVIDIA A100-SXM4-80GB: util 97% | mem 30.0 GB, peak 35.1 of 80.0 GB | card 31.5 GB used | 64 C"
+    ) in out.getvalue()
 
 
 # --------------------------------------------------------------------------- marketgpt doctor
@@ -449,8 +490,11 @@ def _fake_node(monkeypatch, tmp_path, names, memory=80e9, capability=(9, 0)) -> 
     _fake_cuda(monkeypatch, names=names, capability=capability)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda d=None: types.SimpleNamespace(name=names[d.index], total_memory=int(memory)))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d=None: types.SimpleNamespace(name=names[d.index], total_memory=int(memory)),
+    )
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir(exist_ok=True)
     smi.write_text("#!/bin/sh\necho 570.124.06\necho 570.124.06\n")
@@ -485,8 +529,10 @@ def test_doctor_on_a_two_gpu_slurm_node(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "torch.compile (training.compile, on in the case configs): ready (Triton and a C compiler)" in out
     assert "torch " in out and "built for CUDA 12.8 | NCCL 2.27.3" in out and "NVIDIA driver: 570.124.06" in out
-    assert ("  GPU 1: NVIDIA H100 PCIe, 80.0 GB, compute capability 9.0, bf16 yes, peak 756.5 TFLOP/s dense bf16, "
-            "training.precision=auto -> bf16") in out
+    assert (
+        "  GPU 1: NVIDIA H100 PCIe, 80.0 GB, compute capability 9.0, bf16 yes, peak 756.5 TFLOP/s dense bf16, "
+        "training.precision=auto -> bf16"
+    ) in out
     assert "SLURM_GPUS_ON_NODE=2" in out and "SLURM_JOB_ID=77" in out
     case_lines = [line for line in out.splitlines() if "/configs/" in line]
     configs = sorted(REPO_ROOT.glob("case_*/configs/*.json"))  # the seed configs and the documented examples
@@ -543,8 +589,10 @@ def test_doctor_flags_a_gpu_too_small_and_more_ranks_than_gpus(monkeypatch, tmp_
     monkeypatch.setattr(precision, "_triton_installed", lambda: False)
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
-    assert "torch.compile (training.compile, on in the case configs): UNAVAILABLE, training falls back to eager: " \
-           "Triton is not installed" in out
+    assert (
+        "torch.compile (training.compile, on in the case configs): UNAVAILABLE, training falls back to eager: "
+        "Triton is not installed" in out
+    )
     assert "bf16 no, peak 65 TFLOP/s dense fp16, training.precision=auto -> fp16" in out
     assert any("case_a_full_market" in line and "does NOT fit" in line for line in out.splitlines())
     assert "PROBLEM: this node runs 2 processes of the job but rank 0 (local rank 0) sees 1 GPU(s)" in out
@@ -610,10 +658,28 @@ def test_bench_gpu_runs_its_step_and_writes_json_with_the_device(tmp_path):
     from common.paths import REPO_ROOT
 
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_gpu.py"), "--device", "cpu", "--smoke",
-                           "--cases", "C", "--threads", "1", "--json", str(out), "--profile", str(tmp_path / "prof"),
-                           "--set", "model.dropout=0.0"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "bench" / "bench_gpu.py"),
+            "--device",
+            "cpu",
+            "--smoke",
+            "--cases",
+            "C",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--profile",
+            str(tmp_path / "prof"),
+            "--set",
+            "model.dropout=0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "GPU training, case C, fp32, eager  tokens/s" in proc.stdout
     result = json.loads(out.read_text())
@@ -632,10 +698,26 @@ def test_bench_gpu_trainer_times_the_trainer_beside_the_bare_step(tmp_path):
     from common.paths import REPO_ROOT
 
     out = tmp_path / "trainer.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_gpu_trainer.py"), "--device", "cpu",
-                           "--smoke", "--cases", "C", "--threads", "1", "--json", str(out),
-                           "--host-profile", str(tmp_path / "host")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "bench" / "bench_gpu_trainer.py"),
+            "--device",
+            "cpu",
+            "--smoke",
+            "--cases",
+            "C",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--host-profile",
+            str(tmp_path / "host"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "50 Trainer steps" in (tmp_path / "host" / "host_C.txt").read_text()  # cProfile's table
     assert "_step" in (tmp_path / "host" / "host_C.txt").read_text()
@@ -661,8 +743,10 @@ def test_bench_gpu_largest_batch_search(monkeypatch):
     assert bench_gpu.largest_batch(None, torch.device("cpu"), 32, 48) == 48  # capped by the limit
 
 
-@pytest.mark.parametrize("precision, dropout, checkpointing", [
-    ("bf16", 0.1, False), ("bf16", 0.0, False), ("bf16", 0.1, True), ("fp32", 0.0, False), ("fp32", 0.1, True)])
+@pytest.mark.parametrize(
+    "precision, dropout, checkpointing",
+    [("bf16", 0.1, False), ("bf16", 0.0, False), ("bf16", 0.1, True), ("fp32", 0.0, False), ("fp32", 0.1, True)],
+)
 def test_memory_estimate_matches_torchs_profiler_within_15_percent(tmp_path, precision, dropout, checkpointing):
     """CPU autocast keeps what CUDA autocast keeps (16-bit weight copies, fp32 residual stream
     and LayerNorm inputs), so the profiler checks the constants here; bench_gpu does on a GPU."""
@@ -687,8 +771,9 @@ def test_gpu_check_runs_every_step_on_the_cpu_and_writes_its_summary(tmp_path, c
     log = "  epoch 1/2 step 3/40 | loss 6.931 | lr 1e-04\nstep 4/40 | loss 6.5 |"
     assert gpu_check.step_losses(log) == [6.931, 6.5]
     out = tmp_path / "out"
-    code = gpu_check.main(["--out", str(out), "--device", "cpu", "--tiny", "--skip-bench", "--skip-scorecard",
-                           "--steps", "3"])
+    code = gpu_check.main(
+        ["--out", str(out), "--device", "cpu", "--tiny", "--skip-bench", "--skip-scorecard", "--steps", "3"]
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert code == 0, summary
     assert summary["training"]["ok"] and summary["training"]["precision"] == "fp32"

@@ -1,6 +1,7 @@
 """The package's import graph has no cycles, counting the imports inside functions too (a lazy
 import that closes a cycle still ties the two modules together), and the config loads without
 the heavy libraries."""
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,8 @@ def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
@@ -53,7 +55,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -66,8 +68,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_finds_a_lazy_cycle():
     modules = {"a": Path("a.py"), "b": Path("b.py"), "c": Path("c.py")}
-    trees = {"a": "import b", "b": "def f():\n    from c import x", "c": "from typing import TYPE_CHECKING\n"
-             "if TYPE_CHECKING:\n    import a\ndef g():\n    import a"}
+    trees = {
+        "a": "import b",
+        "b": "def f():\n    from c import x",
+        "c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\ndef g():\n    import a",
+    }
     graph = {name: _imports(ast.parse(src), modules) for name, src in trees.items()}
     assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
@@ -77,15 +82,16 @@ def test_the_import_graph_finds_a_lazy_cycle():
 
 def test_common_has_no_import_cycles():
     modules = _modules()
-    graph = {name: _imports(ast.parse(path.read_text(encoding="utf-8")), modules) - {name}
-             for name, path in modules.items()}
+    graph = {
+        name: _imports(ast.parse(path.read_text(encoding="utf-8")), modules) - {name} for name, path in modules.items()
+    }
     assert len(graph) > 20 and graph["common.commands.train"]  # the scan sees the package
     assert _cycles(graph) == [], "import cycles: " + "; ".join(" -> ".join(c) for c in _cycles(graph))
 
 
 def test_the_config_loads_without_numpy_pandas_or_torch():
-    code = ("import sys, common.config; heavy = {'numpy', 'pandas', 'torch'} & set(sys.modules); "
-            "print(sorted(heavy))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    code = "import sys, common.config; heavy = {'numpy', 'pandas', 'torch'} & set(sys.modules); print(sorted(heavy))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     assert out.strip() == "[]"

@@ -1,6 +1,7 @@
 """launch_parallel_training.sh with fake sbatch/sinfo/squeue: checks, confirmation, --cases,
 --dry-run, bad input before anything is submitted, and the monitoring script it writes.
 tests/test_slurm_integration.py runs it against the real local Slurm."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,15 @@ def launch(tmp_path):
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess:
         full_env = job_env(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_CALLS=str(calls), **env)
-        return subprocess.run(["bash", str(repo / "launch_parallel_training.sh"), *args], cwd=tmp_path,
-                              env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["bash", str(repo / "launch_parallel_training.sh"), *args],
+            cwd=tmp_path,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     return run, repo, calls
 
@@ -82,21 +90,32 @@ def test_y_submits_the_chosen_cases_and_writes_a_monitoring_script(launch):
     assert proc.returncode == 0, proc.stderr
     assert _submitted(calls) == [
         "sbatch --parsable case_b_reduced/slurm_scripts/train_reduced_a100.sh --set training.epochs=3",
-        "sbatch --parsable case_c_crypto/slurm_scripts/train_crypto_a100.sh --set training.epochs=3"]
+        "sbatch --parsable case_c_crypto/slurm_scripts/train_crypto_a100.sh --set training.epochs=3",
+    ]
     out = proc.stdout
     assert "Submitted case b: job 501" in out and "Submitted case c: job 502" in out
     assert "Jobs: 501,502" in out and "./monitor_training.sh" in out and "scancel 501 502" in out
     assert "tail -f case_b_reduced/logs/reduced_501.out" in out and "tail -f case_c_crypto/logs/crypto_502.out" in out
-    monitor = subprocess.run([str(repo / "monitor_training.sh")], cwd="/", env=job_env(
-        PATH=f"{calls.parent / 'bin'}:{os.environ['PATH']}", FAKE_CALLS=str(calls)),
-        capture_output=True, text=True, timeout=120)
+    monitor = subprocess.run(
+        [str(repo / "monitor_training.sh")],
+        cwd="/",
+        env=job_env(PATH=f"{calls.parent / 'bin'}:{os.environ['PATH']}", FAKE_CALLS=str(calls)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert monitor.returncode == 0, monitor.stderr
     assert "jobs 501,502" in monitor.stdout and "squeue -t all -j 501,502" in calls.read_text()
     assert "No runs under case_*/checkpoints yet" in monitor.stdout  # `marketgpt status` of that repo
     assert "-- case_c_crypto/logs/crypto_502.out" in monitor.stdout and "(no log yet" in monitor.stdout
     if shutil.which("shellcheck"):  # tests/test_shellcheck.py fails under CI when it is missing
-        checked = subprocess.run(["shellcheck", "--external-sources", "monitor_training.sh"], cwd=repo,
-                                 capture_output=True, text=True, timeout=120)
+        checked = subprocess.run(
+            ["shellcheck", "--external-sources", "monitor_training.sh"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert checked.returncode == 0, checked.stdout
 
 

@@ -14,6 +14,7 @@
 - No module imports another module's private name (`from common.x import _name`): a name used
   across modules is public.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,8 +26,19 @@ from common.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "common"
 
-FLOORS = {"root": 0, "data": 1, "tokens": 1, "model": 2, "distributed": 3, "training": 4, "forecasting": 5,
-          "evaluation": 6, "commands": 7, "cluster": 8, "cli": 9}
+FLOORS = {
+    "root": 0,
+    "data": 1,
+    "tokens": 1,
+    "model": 2,
+    "distributed": 3,
+    "training": 4,
+    "forecasting": 5,
+    "evaluation": 6,
+    "commands": 7,
+    "cluster": 8,
+    "cli": 9,
+}
 # The seed guide's import paths: thin re-exports of a name from a higher floor, kept for users' scripts.
 SEED_SHIMS = {
     "common.tokenizer": "tokens",
@@ -120,7 +132,8 @@ def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def imports(tree: ast.AST) -> list[tuple[str, bool]]:
@@ -193,8 +206,10 @@ def unlisted_lazy_imports(modules: dict[str, ast.AST], allowed: dict[tuple[str, 
 
 def torch_paths(modules: dict[str, ast.AST], packages: tuple[str, ...] = NO_TORCH) -> list[str]:
     """For each module of `packages` that reaches torch through module-level imports: the chain."""
-    top = {name: {_own(i, modules) or i for i, in_function in imports(tree) if not in_function}
-           for name, tree in modules.items()}
+    top = {
+        name: {_own(i, modules) or i for i, in_function in imports(tree) if not in_function}
+        for name, tree in modules.items()
+    }
     bad = []
     for start in sorted(n for n in modules if floor_of(n) in packages and n not in SEED_SHIMS):
         seen, stack = {start}, [(start, [start])]
@@ -218,14 +233,20 @@ def private_imports(modules: dict[str, ast.AST]) -> list[str]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or not (node.level or _own(node.module or "", modules)):
                 continue
-            bad.extend(f"{name} imports {'.' * node.level}{node.module or ''}.{a.name}" for a in node.names
-                       if a.name.startswith("_") and not a.name.startswith("__"))
+            bad.extend(
+                f"{name} imports {'.' * node.level}{node.module or ''}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            )
     return sorted(set(bad))
 
 
 def argparse_users(modules: dict[str, ast.AST]) -> list[str]:
-    return sorted(name for name, tree in modules.items() if name != "common.cli"
-                  and any(i == "argparse" or i.startswith("argparse.") for i, _ in imports(tree)))
+    return sorted(
+        name
+        for name, tree in modules.items()
+        if name != "common.cli" and any(i == "argparse" or i.startswith("argparse.") for i, _ in imports(tree))
+    )
 
 
 # --------------------------------------------------------------------------- the rules on common/
@@ -243,8 +264,12 @@ def test_imports_inside_functions_are_listed_with_a_reason():
 
 def test_every_listed_lazy_import_still_exists():
     modules = library_modules()
-    present = {(name, _own(i, modules) or i.split(".")[0]) for name, tree in modules.items()
-               for i, in_function in imports(tree) if in_function}
+    present = {
+        (name, _own(i, modules) or i.split(".")[0])
+        for name, tree in modules.items()
+        for i, in_function in imports(tree)
+        if in_function
+    }
     stale = [pair for pair in LAZY if pair[1] != "*" and pair not in present]
     assert stale == [], "LAZY lists imports that are gone: remove them"
 
@@ -254,8 +279,9 @@ def test_data_tokens_and_cluster_load_without_torch():
     assert torch_paths(modules) == []
     names = sorted(n for n in modules if floor_of(n) in NO_TORCH and n not in SEED_SHIMS)
     code = f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\nprint('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -275,31 +301,50 @@ def _fake(sources: dict[str, str]) -> dict[str, ast.AST]:
 
 
 def test_an_upward_import_is_found_even_inside_a_function():
-    modules = _fake({
-        "common.errors": "",
-        "common.data.cache": "from common.errors import UserError",
-        "common.training.trainer": "from common.data.cache import CandleCache",
-        "common.model.gpt": "def f():\n    from common.training.trainer import Trainer",
-        "common.tokenizer": "from common.tokens.tokenizer import OHLCTokenizer",
-        "common.tokens.tokenizer": "",
-        "common.cli": "def main():\n    from common.cluster.remote import x",
-        "common.cluster.remote": "",
-    })
+    modules = _fake(
+        {
+            "common.errors": "",
+            "common.data.cache": "from common.errors import UserError",
+            "common.training.trainer": "from common.data.cache import CandleCache",
+            "common.model.gpt": "def f():\n    from common.training.trainer import Trainer",
+            "common.tokenizer": "from common.tokens.tokenizer import OHLCTokenizer",
+            "common.tokens.tokenizer": "",
+            "common.cli": "def main():\n    from common.cluster.remote import x",
+            "common.cluster.remote": "",
+        }
+    )
     assert upward_imports(modules) == ["common.model.gpt (model) -> common.training.trainer (training)"]
 
 
 def test_an_unlisted_lazy_import_is_found():
-    modules = _fake({"common.data.yahoo": "import numpy\ndef f():\n    import yfinance\n    import numpy",
-                     "common.cli": "def g():\n    import torch"})
+    modules = _fake(
+        {
+            "common.data.yahoo": "import numpy\ndef f():\n    import yfinance\n    import numpy",
+            "common.cli": "def g():\n    import torch",
+        }
+    )
     assert unlisted_lazy_imports(modules, {("common.cli", "*"): ""}) == [
-        "common.data.yahoo imports numpy inside a function", "common.data.yahoo imports yfinance inside a function"]
-    assert unlisted_lazy_imports(modules, {("common.cli", "*"): "", ("common.data.yahoo", "numpy"): "",
-                                           ("common.data.yahoo", "yfinance"): ""}) == []
+        "common.data.yahoo imports numpy inside a function",
+        "common.data.yahoo imports yfinance inside a function",
+    ]
+    assert (
+        unlisted_lazy_imports(
+            modules,
+            {("common.cli", "*"): "", ("common.data.yahoo", "numpy"): "", ("common.data.yahoo", "yfinance"): ""},
+        )
+        == []
+    )
 
 
 def test_torch_reached_through_a_chain_is_found():
-    modules = _fake({"common.data.a": "from common.model.b import x", "common.model.b": "import torch.nn",
-                     "common.tokens.c": "def f():\n    import torch", "common.cluster.d": "import numpy"})
+    modules = _fake(
+        {
+            "common.data.a": "from common.model.b import x",
+            "common.model.b": "import torch.nn",
+            "common.tokens.c": "def f():\n    import torch",
+            "common.cluster.d": "import numpy",
+        }
+    )
     assert torch_paths(modules) == ["common.data.a -> common.model.b -> torch"]
 
 
@@ -309,9 +354,15 @@ def test_argparse_outside_the_cli_is_found():
 
 
 def test_a_private_import_across_modules_is_found():
-    modules = _fake({"common.config": "def _build(): pass\ndef load_config(): pass",
-                     "common.cluster.remote": "from common.config import _build, load_config as _load\n"
-                                              "from yfinance import _http\nfrom common.config import __all__",
-                     "common.data.yahoo": "def f():\n    from .cache import _key"})
-    assert private_imports(modules) == ["common.cluster.remote imports common.config._build",
-                                        "common.data.yahoo imports .cache._key"]
+    modules = _fake(
+        {
+            "common.config": "def _build(): pass\ndef load_config(): pass",
+            "common.cluster.remote": "from common.config import _build, load_config as _load\n"
+            "from yfinance import _http\nfrom common.config import __all__",
+            "common.data.yahoo": "def f():\n    from .cache import _key",
+        }
+    )
+    assert private_imports(modules) == [
+        "common.cluster.remote imports common.config._build",
+        "common.data.yahoo imports .cache._key",
+    ]

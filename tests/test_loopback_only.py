@@ -2,6 +2,7 @@
 loopback range (127.0.0.0/8) or 0.0.0.0 (listen on every interface) is written in them, not even
 one meant never to answer (a silent server on 127.0.0.1 stands in for that, see test_remote.py).
 The scanner is a pure function of a file's text: its own test needs a string and a temporary tree."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -41,8 +42,9 @@ def scanned_files(root: Path = REPO) -> list[Path]:
         for dirpath, dirnames, filenames in os.walk(root / top):
             rel = Path(dirpath).relative_to(root)
             # a case's data/ holds downloaded candles; common/data is code
-            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not (rel.name.startswith("case_")
-                                                                              and d == "data")]
+            dirnames[:] = [
+                d for d in dirnames if d not in SKIP_DIRS and not (rel.name.startswith("case_") and d == "data")
+            ]
             files += [Path(dirpath, name) for name in filenames if Path(name).suffix in SUFFIXES]
     return sorted(files)
 
@@ -55,8 +57,7 @@ def findings(root: Path = REPO) -> list[str]:
             continue
         rel = path.relative_to(root).as_posix()
         text = path.read_text(errors="replace")
-        out += [f"{rel}:{n}: {literal}" for n, literal in off_machine_addresses(text)
-                if (rel, literal) not in ALLOWED]
+        out += [f"{rel}:{n}: {literal}" for n, literal in off_machine_addresses(text) if (rel, literal) not in ALLOWED]
     return out
 
 
@@ -66,9 +67,18 @@ def test_no_address_off_this_machine_is_written_in_code():
 
 def test_the_scan_covers_tests_bench_tools_ci_scripts_and_cases():
     names = {p.relative_to(REPO).as_posix() for p in scanned_files()}
-    assert {"tests/test_remote.py", "bench/bench_slurm.py", "tools/local_slurm/local_slurm.sh", ".ci/run",
-            "common/cluster/remote.py", "launch_parallel_training.sh", "quickstart.sh", "setup.cfg",
-            "case_c_crypto/slurm_scripts/train_crypto_a100.sh", "case_c_crypto/configs/crypto_prototype.json"} <= names
+    assert {
+        "tests/test_remote.py",
+        "bench/bench_slurm.py",
+        "tools/local_slurm/local_slurm.sh",
+        ".ci/run",
+        "common/cluster/remote.py",
+        "launch_parallel_training.sh",
+        "quickstart.sh",
+        "setup.cfg",
+        "case_c_crypto/slurm_scripts/train_crypto_a100.sh",
+        "case_c_crypto/configs/crypto_prototype.json",
+    } <= names
 
 
 # a private-range example, put together here so that no grep of the repository finds one in code

@@ -1,4 +1,5 @@
 """Scores of sampled forecasts against hand-computed values and the libraries' references."""
+
 from __future__ import annotations
 
 import math
@@ -58,7 +59,8 @@ def test_pit_and_its_histogram():
 
 def test_qlike_hand_values():
     assert qlike(np.array([1.0, math.e, 4.0]), np.array([0.0, math.sqrt(math.e), 1.0])) == pytest.approx(
-        [0.0, 2.0, math.log(4) + 0.25])
+        [0.0, 2.0, math.log(4) + 0.25]
+    )
 
 
 def test_rank_ic_per_date_with_enough_assets():
@@ -76,6 +78,7 @@ def test_rank_ic_per_date_with_enough_assets():
 
 def test_newey_west_t_matches_statsmodels():
     import statsmodels.api as sm  # the reference; installed with arch
+
     rng = np.random.default_rng(1)
     x = 0.1 + np.convolve(rng.normal(size=300), np.ones(4), "same")
     for lags in (0, 3, 8):
@@ -106,7 +109,7 @@ def test_block_bootstrap_indices_are_circular_runs():
     assert idx.shape == (50, 10) and idx.min() >= 0 and idx.max() <= 9
     for row in idx:
         for start in range(0, 8, 4):  # within a block each index follows the previous, wrapping at 10
-            assert ((np.diff(row[start:start + 4]) % 10) == 1).all()
+            assert ((np.diff(row[start : start + 4]) % 10) == 1).all()
 
 
 def test_block_bootstrap_interval_covers_the_true_skill():
@@ -120,10 +123,11 @@ def test_block_bootstrap_interval_covers_the_true_skill():
         u = np.convolve(rng.normal(size=n + h - 1), np.ones(h), "valid") / math.sqrt(h) * 0.5
         e = np.convolve(rng.normal(size=n + h - 1), np.ones(h), "valid") / math.sqrt(h) * 0.3
         base = np.exp(u)
-        model = (1 - true_skill) * base * np.exp(e - 0.3 ** 2 / 2)  # E[model] = (1 - skill) E[base]
+        model = (1 - true_skill) * base * np.exp(e - 0.3**2 / 2)  # E[model] = (1 - skill) E[base]
         for name, block in (("block", None), ("iid", 1)):
-            lo, hi = skill_interval(model, base, np.arange(n), horizon=h, stride=1, n_boot=300, seed=sim,
-                                    block=block)["ci95"]
+            lo, hi = skill_interval(model, base, np.arange(n), horizon=h, stride=1, n_boot=300, seed=sim, block=block)[
+                "ci95"
+            ]
             covered[name] += lo <= true_skill <= hi
     assert covered["block"] >= 75, covered  # about 85 of 100: a little under nominal with n = 150
     assert covered["iid"] <= covered["block"] - 10, covered
@@ -146,10 +150,9 @@ def test_block_bootstrap_interval_on_a_scorecard_like_design():
         noise = np.concatenate([[0.0], np.cumsum(rng.normal(size=n * stride + h))])
         base = np.abs(path[origins + h] - path[origins]) + 0.005  # a CRPS-like loss of the H-step return
         eta = (noise[origins + h] - noise[origins]) / math.sqrt(h) * sd  # N(0, sd^2), overlapping like the returns
-        model = (1 - true_skill) * base * np.exp(eta - sd ** 2 / 2)
+        model = (1 - true_skill) * base * np.exp(eta - sd**2 / 2)
         for name, block in (("block", None), ("iid", 1)):
-            lo, hi = skill_interval(model, base, np.arange(n), horizon=h, stride=stride, seed=sim,
-                                    block=block)["ci95"]
+            lo, hi = skill_interval(model, base, np.arange(n), horizon=h, stride=stride, seed=sim, block=block)["ci95"]
             covered[name] += lo <= true_skill <= hi
     assert covered["block"] >= 84, covered  # 88 here; 85 to 92 of 100 with other seeds
     assert covered["iid"] <= covered["block"] - 10, covered

@@ -1,5 +1,6 @@
 """MFU: the peak lookup, the arithmetic, and the Trainer's epoch log and line on the CPU with a
 stated peak (no GPU here: the A100 lookup is checked by its device name)."""
+
 from __future__ import annotations
 
 import io
@@ -24,14 +25,29 @@ T = 16
 
 def _trainer(run_dir, out: io.StringIO, peak_flops=None) -> Trainer:
     cfg = Config()
-    cfg.model = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                            dropout=0.1, asset_embed_dim=4, category_embed_dim=4)
+    cfg.model = ModelConfig(
+        vocab_size=64,
+        context_length=T,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        dropout=0.1,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     t = cfg.training
     t.batch_size, t.epochs, t.max_steps_per_epoch, t.warmup_steps, t.peak_flops = 4, 2, 3, 1, peak_flops
     rng = np.random.default_rng(0)
     tokens = {"A": rng.integers(3, 64, 300)}
-    windows = build_windows(tokens, {"A": {"train": (0, 200), "val": (200, 250), "test": (250, 300)}},
-                            {"A": 0}, {"A": 0}, T, strides={"train": 1, "val": T, "test": T})
+    windows = build_windows(
+        tokens,
+        {"A": {"train": (0, 200), "val": (200, 250), "test": (250, 300)}},
+        {"A": 0},
+        {"A": 0},
+        T,
+        strides={"train": 1, "val": T, "test": T},
+    )
     seed_everything(0)
     return Trainer(cfg, MarketGPT(cfg.model), windows, run_dir, out=out, tensorboard=False)
 
@@ -46,17 +62,29 @@ def test_peak_is_the_stated_one_else_a_known_card_else_none(monkeypatch):
     assert device_peak_flops(torch.device("cuda", 0)) is None  # not in the table: no MFU
 
 
-@pytest.mark.parametrize("name, peak, dtype", [
-    ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"), ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
-    ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"), ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
-    ("NVIDIA H100 NVL", 835.5e12, "bf16"), ("NVIDIA H200", 989.5e12, "bf16"),
-    ("NVIDIA H200 NVL", 835.5e12, "bf16"), ("NVIDIA L40S", 362.05e12, "bf16"), ("NVIDIA L40", 181.05e12, "bf16"),
-    ("NVIDIA L4", 121e12, "bf16"), ("NVIDIA A10", 125e12, "bf16"), ("NVIDIA GeForce RTX 4090", 165.2e12, "bf16"),
-    ("NVIDIA GeForce RTX 3090", 71e12, "bf16"), ("Tesla V100-SXM2-32GB", 125e12, "fp16"),
-    ("Tesla V100-PCIE-16GB", 112e12, "fp16"), ("Tesla V100S-PCIE-32GB", 130e12, "fp16"),
-    ("Tesla T4", 65e12, "fp16"),
-    ("NVIDIA A10G", None, None),  # an AWS part without a datasheet figure, not the A10's
-])
+@pytest.mark.parametrize(
+    "name, peak, dtype",
+    [
+        ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"),
+        ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
+        ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"),
+        ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
+        ("NVIDIA H100 NVL", 835.5e12, "bf16"),
+        ("NVIDIA H200", 989.5e12, "bf16"),
+        ("NVIDIA H200 NVL", 835.5e12, "bf16"),
+        ("NVIDIA L40S", 362.05e12, "bf16"),
+        ("NVIDIA L40", 181.05e12, "bf16"),
+        ("NVIDIA L4", 121e12, "bf16"),
+        ("NVIDIA A10", 125e12, "bf16"),
+        ("NVIDIA GeForce RTX 4090", 165.2e12, "bf16"),
+        ("NVIDIA GeForce RTX 3090", 71e12, "bf16"),
+        ("Tesla V100-SXM2-32GB", 125e12, "fp16"),
+        ("Tesla V100-PCIE-16GB", 112e12, "fp16"),
+        ("Tesla V100S-PCIE-32GB", 130e12, "fp16"),
+        ("Tesla T4", 65e12, "fp16"),
+        ("NVIDIA A10G", None, None),  # an AWS part without a datasheet figure, not the A10's
+    ],
+)
 def test_known_cards_most_specific_name_first(name, peak, dtype):
     assert known_peak(name) == ((peak, dtype) if peak else None)
 
@@ -68,8 +96,16 @@ def test_mfu_is_model_flops_over_the_peak_of_all_devices():
 
 
 def test_flops_per_token_counts_the_weights_and_attention():
-    cfg = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      asset_embed_dim=4, category_embed_dim=4)
+    cfg = ModelConfig(
+        vocab_size=64,
+        context_length=T,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     model = MarketGPT(cfg)
     weights = model.num_parameters(non_embedding=True) + 64 * 32  # the body and the tied head
     assert model.flops_per_token(T) == 6 * weights + 12 * 2 * T * 32

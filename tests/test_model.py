@@ -1,4 +1,5 @@
 """MarketGPT: causality, shapes of the case models, learning, conditioning, save/load, sampling."""
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,19 @@ CRYPTO_CONFIG = REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json"
 
 
 def tiny_config(**changes) -> ModelConfig:
-    base = dict(vocab_size=32, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64,
-                dropout=0.0, asset_embed_dim=8, category_embed_dim=4, positional="learned", bias=False)
+    base = dict(
+        vocab_size=32,
+        context_length=16,
+        d_model=32,
+        num_layers=2,
+        num_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        asset_embed_dim=8,
+        category_embed_dim=4,
+        positional="learned",
+        bias=False,
+    )
     base.update(changes)
     return ModelConfig(**base)
 
@@ -62,7 +74,7 @@ def test_causal_mask_future_tokens_do_not_change_past_logits(positional):
     idx = random_tokens(2, 16)
     changed = idx.clone()
     t = 9
-    changed[:, t + 1:] = random_tokens(2, 16 - t - 1, seed=7)
+    changed[:, t + 1 :] = random_tokens(2, 16 - t - 1, seed=7)
     assert not torch.equal(changed, idx)
     a, c = ids(0, 2), ids(1, 0)
     with torch.no_grad():
@@ -70,7 +82,7 @@ def test_causal_mask_future_tokens_do_not_change_past_logits(positional):
         after, _ = model(changed, a, c)
     assert before.shape == (2, 16, 32)
     torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], rtol=0, atol=1e-6)
-    assert not torch.allclose(after[:, t + 1:], before[:, t + 1:])  # the future does see the change
+    assert not torch.allclose(after[:, t + 1 :], before[:, t + 1 :])  # the future does see the change
 
 
 def test_rope_model_depends_on_order_and_has_no_position_table():
@@ -112,8 +124,12 @@ def test_case_configs_build_on_meta_with_right_shapes(path):
     num_assets, num_categories = CASE_SIZES[path.parent.parent.name]
     with torch.device("meta"):
         model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
-        logits, loss = model(torch.zeros(2, m.context_length, dtype=torch.long), ids(0, 1), ids(0, 0),
-                             targets=torch.zeros(2, m.context_length, dtype=torch.long))
+        logits, loss = model(
+            torch.zeros(2, m.context_length, dtype=torch.long),
+            ids(0, 1),
+            ids(0, 0),
+            targets=torch.zeros(2, m.context_length, dtype=torch.long),
+        )
     assert logits.shape == (2, m.context_length, m.vocab_size) and loss.shape == ()
     assert model.wte.weight.shape == (m.vocab_size, m.d_model)
     assert model.lm_head.weight is model.wte.weight
@@ -125,8 +141,9 @@ def test_case_configs_build_on_meta_with_right_shapes(path):
     total = model.num_parameters()
     assert total == expected_parameters(m, num_assets, num_categories)
     assert 0 < model.num_parameters(non_embedding=True) < total
-    print(f"{path.parent.parent.name}: {total:,} parameters "
-          f"({model.num_parameters(non_embedding=True):,} non-embedding)")
+    print(
+        f"{path.parent.parent.name}: {total:,} parameters ({model.num_parameters(non_embedding=True):,} non-embedding)"
+    )
 
 
 def test_seed_call_and_import_path():
@@ -226,8 +243,17 @@ def test_sample_paths_shapes_crop_and_never_emits_pad_or_bos():
     # vocab 6: 3 specials of 6, so with a flat distribution unmasked specials would show up often
     model = tiny_model(vocab_size=6, context_length=8).train()
     prompt = random_tokens(16, 12, vocab=6)  # longer than the context: sample_paths crops it
-    out = sample_paths(model, prompt, ids(*[1] * 16), ids(*[0] * 16), horizon=20, samples=1, temperature=50.0,
-                       banned=never_pad_or_bos(6), generator=torch.Generator().manual_seed(0))
+    out = sample_paths(
+        model,
+        prompt,
+        ids(*[1] * 16),
+        ids(*[0] * 16),
+        horizon=20,
+        samples=1,
+        temperature=50.0,
+        banned=never_pad_or_bos(6),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.shape == (16, 1, 20) and out.dtype == torch.long
     new = out[:, 0]
     assert not torch.isin(new, ids(PAD_TOKEN, BOS_TOKEN)).any()
@@ -330,8 +356,19 @@ def test_describe_model_counts_and_fallback_sizes():
 
 
 def test_model_info_cli_in_process(capsys):
-    code = main(["model-info", "--config", str(CRYPTO_CONFIG), "--num-assets", "20", "--num-categories", "1",
-                 "--set", "model.num_layers=2"])
+    code = main(
+        [
+            "model-info",
+            "--config",
+            str(CRYPTO_CONFIG),
+            "--num-assets",
+            "20",
+            "--num-categories",
+            "1",
+            "--set",
+            "model.num_layers=2",
+        ]
+    )
     out = capsys.readouterr().out
     cfg = load_config(CRYPTO_CONFIG, ["model.num_layers=2"])
     assert code == 0
@@ -343,9 +380,23 @@ def test_model_info_cli_in_process(capsys):
 
 def test_model_info_cli_end_to_end():
     result = subprocess.run(
-        [sys.executable, "-m", "common.cli", "model-info", "--config", str(CRYPTO_CONFIG),
-         "--num-assets", "20", "--num-categories", "1"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "common.cli",
+            "model-info",
+            "--config",
+            str(CRYPTO_CONFIG),
+            "--num-assets",
+            "20",
+            "--num-categories",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     expected = expected_parameters(load_config(CRYPTO_CONFIG).model, 20, 1)
     assert f"parameters: {expected:,} total" in result.stdout

@@ -1,6 +1,7 @@
 """Several intervals in one model (data.intervals): the config, the series of the synthetic
 market, the interval embedding, and a tiny run on three intervals that trains, resumes exactly
 after kill -9, forecasts, scores and exports each interval (docs/data.md#several-intervals)."""
+
 from __future__ import annotations
 
 import io
@@ -35,13 +36,33 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 INTERVALS = ["15m", "1h", "4h"]
 TINY = {
     "experiment": "multi",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 16, "epochs": 2, "max_steps_per_epoch": 8, "eval_max_batches": 2,
-                 "warmup_steps": 2, "log_every_steps": 1, "scorecard_origins": 0,
-                 "checkpoint_every_minutes": 0.001},
-    "data": {"source": "synthetic", "interval": "15m", "intervals": INTERVALS, "start_date": "2024-01-01",
-             "synthetic": {"assets": 2, "candles": 2000, "categories": ["crypto"]}},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 16,
+        "epochs": 2,
+        "max_steps_per_epoch": 8,
+        "eval_max_batches": 2,
+        "warmup_steps": 2,
+        "log_every_steps": 1,
+        "scorecard_origins": 0,
+        "checkpoint_every_minutes": 0.001,
+    },
+    "data": {
+        "source": "synthetic",
+        "interval": "15m",
+        "intervals": INTERVALS,
+        "start_date": "2024-01-01",
+        "synthetic": {"assets": 2, "candles": 2000, "categories": ["crypto"]},
+    },
 }
 
 
@@ -60,13 +81,16 @@ def _run_dir(config: Path) -> Path:
 # --------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("data, fragment", [
-    ({"intervals": ["1h"]}, "'data.intervals' must list at least two different intervals"),
-    ({"intervals": ["1h", "1h"]}, "'data.intervals' must list at least two different intervals"),
-    ({"intervals": ["1h", "1d"]}, "'data.interval' ('1d') must be data.intervals' first entry ('1h')"),
-    ({"intervals": ["1d", "2h"], "interval": "1d"}, "'data.intervals' = '2h' is not one of"),
-    ({"intervals": ["1d", "1h"], "source": "files", "files_dir": "x"}, "your own files hold one interval"),
-])
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"intervals": ["1h"]}, "'data.intervals' must list at least two different intervals"),
+        ({"intervals": ["1h", "1h"]}, "'data.intervals' must list at least two different intervals"),
+        ({"intervals": ["1h", "1d"]}, "'data.interval' ('1d') must be data.intervals' first entry ('1h')"),
+        ({"intervals": ["1d", "2h"], "interval": "1d"}, "'data.intervals' = '2h' is not one of"),
+        ({"intervals": ["1d", "1h"], "source": "files", "files_dir": "x"}, "your own files hold one interval"),
+    ],
+)
 def test_bad_intervals_name_the_key(tmp_path, data, fragment):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"data": data}))
@@ -97,8 +121,16 @@ def test_one_interval_configs_keep_their_shard_key_and_a_change_of_intervals_is_
 
 def test_aggregate_makes_exchange_candles_from_finer_ones():
     index = pd.date_range("2024-01-01", periods=8, freq="15min", tz="UTC", name="timestamp")
-    fine = pd.DataFrame({"open": np.arange(8.0) + 10, "high": np.arange(8.0) + 12, "low": np.arange(8.0) + 9,
-                         "close": np.arange(8.0) + 11, "volume": np.ones(8)}, index=index)
+    fine = pd.DataFrame(
+        {
+            "open": np.arange(8.0) + 10,
+            "high": np.arange(8.0) + 12,
+            "low": np.arange(8.0) + 9,
+            "close": np.arange(8.0) + 11,
+            "volume": np.ones(8),
+        },
+        index=index,
+    )
     fine = fine.drop(index[5])  # a missing fine candle
     hourly = aggregate(fine, "1h")
     assert list(hourly.index) == [index[0], index[4]]
@@ -186,8 +218,11 @@ def test_kill_9_then_resume_ends_bit_equal_to_a_straight_run(straight_run, tmp_p
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     try:  # kill -9 once a step checkpoint of the first epoch is on disk
-        while not any(p.name.startswith("checkpoint_epoch_1_step_")
-                      for d in (config.parent.parent / "checkpoints").glob("multi_*") for p in checkpoint_files(d)):
+        while not any(
+            p.name.startswith("checkpoint_epoch_1_step_")
+            for d in (config.parent.parent / "checkpoints").glob("multi_*")
+            for p in checkpoint_files(d)
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.01)
     finally:
@@ -197,8 +232,9 @@ def test_kill_9_then_resume_ends_bit_equal_to_a_straight_run(straight_run, tmp_p
     assert "Resuming" in capsys.readouterr().out
     run_dir = _run_dir(config)
     losses = [json.loads((d / "training_log.json").read_text())["epochs"] for d in (run_dir, straight_run)]
-    assert [[(e["train_loss"], e["val_loss"]) for e in log] for log in losses][0] == \
-        [[(e["train_loss"], e["val_loss"]) for e in log] for log in losses][1]
+    assert [[(e["train_loss"], e["val_loss"]) for e in log] for log in losses][0] == [
+        [(e["train_loss"], e["val_loss"]) for e in log] for log in losses
+    ][1]
     mine, ref = (load_checkpoint(d / "checkpoint_epoch_2.pt")["model"] for d in (run_dir, straight_run))
     assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in ref)
 
@@ -206,26 +242,48 @@ def test_kill_9_then_resume_ends_bit_equal_to_a_straight_run(straight_run, tmp_p
 def test_forecast_scorecard_and_export_take_an_interval(straight_run, capsys):
     for interval, step in (("1h", pd.Timedelta("1h")), ("4h", pd.Timedelta("4h"))):
         out = straight_run / f"fc_{interval}"
-        assert main(["forecast", str(straight_run), "--interval", interval, "--horizon", "2", "--samples", "4",
-                     "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "forecast",
+                    str(straight_run),
+                    "--interval",
+                    interval,
+                    "--horizon",
+                    "2",
+                    "--samples",
+                    "4",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         table = pd.read_csv(out / "forecast.csv")
         assert set(table["symbol"]) == {"SYN0000", "SYN0001"}
         stamps = pd.to_datetime(table.sort_values(["symbol", "step"])["timestamp"].iloc[:2])
         assert stamps.iloc[1] - stamps.iloc[0] == step
-    assert main(["scorecard", str(straight_run), "--interval", "4h", "--origins", "2", "--samples", "4",
-                 "--horizons", "1"]) == 0
+    assert (
+        main(
+            ["scorecard", str(straight_run), "--interval", "4h", "--origins", "2", "--samples", "4", "--horizons", "1"]
+        )
+        == 0
+    )
     card = json.loads((straight_run / "scorecard_4h" / "scorecard.json").read_text())
     assert card["interval"] == "4h"
     assert main(["export", str(straight_run), "--interval", "1h"]) == 0
-    model_card = json.loads((straight_run.parent.parent / "exports" / f"{straight_run.name}_1h" /
-                             "model_card.json").read_text())
+    model_card = json.loads(
+        (straight_run.parent.parent / "exports" / f"{straight_run.name}_1h" / "model_card.json").read_text()
+    )
     assert model_card["interval"] == "1h"
     capsys.readouterr()
     for command in ("forecast", "scorecard", "export"):
         assert main([command, str(straight_run), "--interval", "1d"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"marketgpt {command}: error: --interval 1d: the run was trained on 15m, 1h, 4h only; "
-                       "pick one of them (a new interval needs a run that trains on it)"]
+        assert err == [
+            f"marketgpt {command}: error: --interval 1d: the run was trained on 15m, 1h, 4h only; "
+            "pick one of them (a new interval needs a run that trains on it)"
+        ]
 
 
 def test_the_interval_embedding_changes_the_forecast(straight_run):
@@ -258,8 +316,9 @@ def test_fine_tuning_a_one_interval_run_into_several_starts_the_new_rows_at_zero
     run = tmp_path / "parent"
     run.mkdir()
     torch.save({"model": parent.state_dict()}, run / "best_model.pt")
-    (run / "asset_info.json").write_text(json.dumps(asset_info([Asset(f"SYN000{i}", "synthetic", "crypto", "x")
-                                                                for i in range(2)])))
+    (run / "asset_info.json").write_text(
+        json.dumps(asset_info([Asset(f"SYN000{i}", "synthetic", "crypto", "x") for i in range(2)]))
+    )
     info = json.loads((straight_run / "asset_info.json").read_text())
     child = MarketGPT.for_run(cfg.model, info)
     torch.nn.init.normal_(child.interval_emb.weight)
@@ -276,6 +335,7 @@ def test_fine_tuning_a_one_interval_run_into_several_starts_the_new_rows_at_zero
 def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split():
     """The shipped sample's hourly (2017, 2021) and daily (to 2018) candles: pooled cuts would put
     every hourly candle after the train/val cut; per_interval keeps each one-interval run's cuts."""
+
     def prepared(**data):
         cfg = Config()
         cfg.model.context_length = 32
@@ -296,8 +356,20 @@ def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split
 def _sample_config(tmp_path: Path, **data) -> Path:
     path = tmp_path / "case" / "configs" / "sample.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"model": {"context_length": 32}, "data": {
-        "source": "sample", "universe_counts": {}, "interval": "1h", "intervals": ["1h", "1d"], **data}}))
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"context_length": 32},
+                "data": {
+                    "source": "sample",
+                    "universe_counts": {},
+                    "interval": "1h",
+                    "intervals": ["1h", "1d"],
+                    **data,
+                },
+            }
+        )
+    )
     return path
 
 
@@ -314,8 +386,10 @@ def test_pooled_cuts_that_leave_an_interval_without_windows_are_refused_with_the
     message = str(e.value)
     assert "\n" not in message and message.startswith("interval 1h would get no training windows")
     assert "data.interval_split 'pooled' (cuts 2015-11-23 and 2017-12-07" in message
-    assert message.endswith("split each interval on its own dates with --set data.interval_split=per_interval "
-                            "(docs/data.md, several intervals in one model)")
+    assert message.endswith(
+        "split each interval on its own dates with --set data.interval_split=per_interval "
+        "(docs/data.md, several intervals in one model)"
+    )
 
 
 def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split_modes(tmp_path, capsys):
@@ -323,18 +397,24 @@ def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split
     test, whatever the cuts: training and plan (an estimate here) refuse; the fix is a shorter
     context or more candles, not per_interval."""
     config = _case(tmp_path, "short")
-    fix = ("a window needs context_length + 1 = 17 candles after the purge gap of 16; lower model.context_length, "
-           "use longer histories (earlier data.start_date), or leave 4h out of data.intervals")
+    fix = (
+        "a window needs context_length + 1 = 17 candles after the purge gap of 16; lower model.context_length, "
+        "use longer histories (earlier data.start_date), or leave 4h out of data.intervals"
+    )
     for split in ("pooled", "per_interval"):
         overrides = ["model.context_length=16", f"data.interval_split={split}"]
         with pytest.raises(UserError) as e:
             prepare_data(load_config(config, overrides), load_market_data(load_config(config, overrides), tmp_path))
-        assert str(e.value) == ("interval 4h would get no validation or test windows (its 2 series: 2024-01-01 to "
-                                f"2024-01-21, longest 125 candles): {fix}")
+        assert str(e.value) == (
+            "interval 4h would get no validation or test windows (its 2 series: 2024-01-01 to "
+            f"2024-01-21, longest 125 candles): {fix}"
+        )
         assert main(["plan", "--config", str(config), *(x for o in overrides for x in ("--set", o))]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
-        assert err == ("marketgpt plan: error: interval 4h would get no validation or test windows (2 series, at "
-                       f"most 87/2/4 train/val/test candles): {fix}")
+        assert err == (
+            "marketgpt plan: error: interval 4h would get no validation or test windows (2 series, at "
+            f"most 87/2/4 train/val/test candles): {fix}"
+        )
 
 
 def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
@@ -348,14 +428,16 @@ def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
     records = {s.symbol: {"category": "us_stock"} for s in universe}
     with pytest.raises(UserError) as e:
         split_data(cfg, universe, "1d", stamps, stamps, records, {"A@1h": "no candles"}, {})
-    assert str(e.value) == ("interval 1h: none of its series has a valid candle (see \"dropped\" in data_info.json); "
-                            "check the data source (download) or leave 1h out of data.intervals")
+    assert str(e.value) == (
+        'interval 1h: none of its series has a valid candle (see "dropped" in data_info.json); '
+        "check the data source (download) or leave 1h out of data.intervals"
+    )
 
 
 # the sample at context 32, each interval on its own dates: three daily series too short to train,
 # BTC-USD's the only crypto one at 1d; and some kept ones without validation or test windows
 SAMPLE_LEFT_OUT = [
-    "Left out: 3 of 18 series (each one's reason: \"dropped\" in data_info.json)",
+    'Left out: 3 of 18 series (each one\'s reason: "dropped" in data_info.json)',
     "  3 with fewer than context_length + 1 = 33 candles before the train/val cut: crypto 1, us_stock 2; "
     "BTC-USD@1d, NFLX@1d, TSLA@1d",
     "No validation windows in 3 of 15 kept series (fewer than context_length + 1 = 33 validation candles after the "
@@ -363,7 +445,7 @@ SAMPLE_LEFT_OUT = [
     "No test windows in 6 of 15 kept series (fewer than context_length + 1 = 33 test candles after the purge gap): "
     "us_stock 3, index 2, emerging 1; AAPL@1d, IBM@1d, META@1d, ^N225@1d, ^NDX@1d and 1 more",
     "WARNING: category crypto at 1d: 1 of 1 series left out: the run neither trains nor tests on it "
-    "(see \"dropped\" and \"no_windows_in\" in data_info.json)",
+    '(see "dropped" and "no_windows_in" in data_info.json)',
 ]
 
 
@@ -374,15 +456,24 @@ def test_plan_and_the_training_log_name_what_was_left_out_and_why(tmp_path, caps
     config = _sample_config(tmp_path, interval_split="per_interval", shards=shards)
     assert main(["plan", "--config", str(config)]) == 0
     plan = capsys.readouterr().out.splitlines()
-    assert [line for line in plan if line in ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]] == \
-        ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]
-    tiny = ["model.d_model=16", "model.num_layers=1", "model.num_heads=2", "model.d_ff=32", "model.vocab_size=64",
-            "training.batch_size=8", "training.scorecard_origins=0", "training.compile=false"]
+    assert [line for line in plan if line in ["  " + x for x in SAMPLE_LEFT_OUT[:4]] + SAMPLE_LEFT_OUT[4:]] == [
+        "  " + x for x in SAMPLE_LEFT_OUT[:4]
+    ] + SAMPLE_LEFT_OUT[4:]
+    tiny = [
+        "model.d_model=16",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.d_ff=32",
+        "model.vocab_size=64",
+        "training.batch_size=8",
+        "training.scorecard_origins=0",
+        "training.compile=false",
+    ]
     out = io.StringIO()
     assert run_training(config, tiny, stop_after_steps=1, out=out) == 0
     log = out.getvalue().splitlines()
     start = log.index(SAMPLE_LEFT_OUT[0])
-    assert log[start:start + len(SAMPLE_LEFT_OUT)] == SAMPLE_LEFT_OUT
+    assert log[start : start + len(SAMPLE_LEFT_OUT)] == SAMPLE_LEFT_OUT
 
 
 def test_plan_shows_candles_and_tokens_per_interval_and_category(tmp_path, capsys):

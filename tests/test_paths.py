@@ -1,4 +1,5 @@
 """common.forecasting.paths on constructed paths whose answers are known by hand."""
+
 import numpy as np
 import pytest
 
@@ -20,22 +21,33 @@ def test_parse_barriers():
     assert parse_barriers(" 2.5% , -.5% ") == pytest.approx((0.025, -0.005))
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("-3%,+5%", "upper barrier must be above 0%"), ("+5%,+3%", "below 0%"), ("0%,-3%", "above 0%"),
-    ("5,-3", "two percentages"), ("+5%", "two percentages"), ("+5%,-3%,1%", "two percentages"),
-    ("abc", "two percentages"), ("+5%,-120%", "above -100%"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("-3%,+5%", "upper barrier must be above 0%"),
+        ("+5%,+3%", "below 0%"),
+        ("0%,-3%", "above 0%"),
+        ("5,-3", "two percentages"),
+        ("+5%", "two percentages"),
+        ("+5%,-3%,1%", "two percentages"),
+        ("abc", "two percentages"),
+        ("+5%,-120%", "above -100%"),
+    ],
+)
 def test_bad_barriers_say_what_to_pass(text, needle):
     with pytest.raises(UserError, match=needle):
         parse_barriers(text)
 
 
 def test_closes_only_upper_first_lower_first_neither():
-    close = np.array([[100, 101, 105, 99, 97, 100],     # +5% at step 2, -3% at step 4: upper first
-                      [100, 99, 97, 106, 100, 100],     # -3% at step 2 first
-                      [100, 104.9, 97.1, 103, 98, 100],  # touches neither
-                      [100, 100, 100, 100, 100, 110],  # +10% at the last step
-                      ])
+    close = np.array(
+        [
+            [100, 101, 105, 99, 97, 100],  # +5% at step 2, -3% at step 4: upper first
+            [100, 99, 97, 106, 100, 100],  # -3% at step 2 first
+            [100, 104.9, 97.1, 103, 98, 100],  # touches neither
+            [100, 100, 100, 100, 100, 110],  # +10% at the last step
+        ]
+    )
     res = barrier_outcomes(close, 0.05, -0.03)
     assert res["outcome"].tolist() == [1, -1, 0, 1]
     assert res["step"].tolist() == [2, 2, 0, 5]
@@ -71,10 +83,13 @@ def test_a_gap_open_counts_before_the_candles_range():
 
 
 def test_max_drawdown_from_the_running_peak():
-    close = np.array([[100, 110, 99, 120, 108],   # 110 -> 99: 10%; 120 -> 108: 10%
-                      [100, 90, 95, 80, 100],     # 100 -> 80: 20%
-                      [100, 101, 102, 103, 104],  # never falls
-                      ])
+    close = np.array(
+        [
+            [100, 110, 99, 120, 108],  # 110 -> 99: 10%; 120 -> 108: 10%
+            [100, 90, 95, 80, 100],  # 100 -> 80: 20%
+            [100, 101, 102, 103, 104],  # never falls
+        ]
+    )
     np.testing.assert_allclose(max_drawdown(close), [0.10, 0.20, 0.0])
     high = np.array([[125, 110, 120, 120]])  # a wick to 125 at step 1 makes the later 99 a 20.8% fall
     low = np.array([[100, 99, 99, 108]])

@@ -1,6 +1,7 @@
 """`marketgpt plan`: the arithmetic on hand-made figures, the three case configs from the configs
 alone (no network: pytest-socket blocks it), and the plan of the shipped sample against what a
 real run recorded in data_info.json and training_log.json."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,11 @@ from common.model.sizing import meta_model
 from common.paths import REPO_ROOT
 from common.training.batches import build_windows
 
-CASES = {"a": "case_a_full_market/configs/full_market_config.json",
-         "b": "case_b_reduced/configs/reduced_config.json",
-         "c": "case_c_crypto/configs/crypto_prototype.json"}
+CASES = {
+    "a": "case_a_full_market/configs/full_market_config.json",
+    "b": "case_b_reduced/configs/reduced_config.json",
+    "c": "case_c_crypto/configs/crypto_prototype.json",
+}
 # a model case C's estimated 1.1M hourly candles support (tens of thousands of parameters)
 SMALL = ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.d_ff=64"]
 
@@ -58,8 +61,15 @@ def test_windows_and_steps_follow_token_windows():
     ranges = {s: {"train": (0, n), "val": (0, n), "test": (0, n)} for s, n in lengths.items()}
     tokens = {s: np.zeros(n, dtype=np.int64) for s, n in lengths.items()}
     for stride in (1, 3, 7):
-        w = build_windows(tokens, ranges, {"x": 0, "y": 1}, {"x": 0, "y": 0}, 8,
-                          strides={"train": 1, "val": 8, "test": 8}, epoch_stride=stride)
+        w = build_windows(
+            tokens,
+            ranges,
+            {"x": 0, "y": 1},
+            {"x": 0, "y": 0},
+            8,
+            strides={"train": 1, "val": 8, "test": 8},
+            epoch_stride=stride,
+        )
         per_asset = [asset_windows(n, 9, 1) for n in lengths.values()]
         assert sum(per_asset) == w.num_windows("train")
         assert epoch_windows(per_asset, stride) == w.epoch_windows("train")
@@ -69,10 +79,22 @@ def test_windows_and_steps_follow_token_windows():
 
 
 def _plan(**changes) -> Plan:
-    fields = dict(data=DataFigures({"train": 1000, "val": 100, "test": 100}, 900, 900, "estimated"),
-                  parameters=2000, context_length=8, epochs=5, steps_per_epoch=10, global_batch=4, epoch_stride=1,
-                  gpus=2, gpu_type="a100", gpu_rate=Rate(100.0, "test"), cpu_rate=Rate(10.0, "test"),
-                  memory_gb=1.0, slurm_time_s=80, max_requeues=20)
+    fields = dict(
+        data=DataFigures({"train": 1000, "val": 100, "test": 100}, 900, 900, "estimated"),
+        parameters=2000,
+        context_length=8,
+        epochs=5,
+        steps_per_epoch=10,
+        global_batch=4,
+        epoch_stride=1,
+        gpus=2,
+        gpu_type="a100",
+        gpu_rate=Rate(100.0, "test"),
+        cpu_rate=Rate(10.0, "test"),
+        memory_gb=1.0,
+        slurm_time_s=80,
+        max_requeues=20,
+    )
     fields.update(changes)
     return Plan(**fields)
 
@@ -146,8 +168,9 @@ def _tokens_per_parameter(text: str) -> float:
     return float(re.search(r"([\d.]+) unique training tokens per parameter", text).group(1))
 
 
-@pytest.mark.parametrize("case, low, high, params", [("a", 0.015, 0.04, "88.6M"), ("b", 0.008, 0.03, "26.4M"),
-                                                      ("c", 0.15, 0.3, "5.02M")])
+@pytest.mark.parametrize(
+    "case, low, high, params", [("a", 0.015, 0.04, "88.6M"), ("b", 0.008, 0.03, "26.4M"), ("c", 0.15, 0.3, "5.02M")]
+)
 def test_case_configs_are_planned_from_the_configs_alone(capsys, tmp_path, case, low, high, params):
     text = _plan_text(capsys, tmp_path, case)
     first = text.splitlines()[0]
@@ -199,11 +222,23 @@ def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
     shutil.copy(REPO_ROOT / "case_c_crypto" / "universe.csv", case / "universe.csv")
     config = case / "configs" / "crypto_prototype.json"
     # the whole epoch (no max_steps cap) is a few steps: a large epoch stride and batch
-    tiny = ["data.source=sample", "data.interval=1d", "data.universe_counts={}", "model.vocab_size=64",
-            "model.context_length=16", *SMALL, "training.batch_size=64", "data.epoch_stride=37",
-            "training.epochs=1", "training.max_steps_per_epoch=null", "training.eval_max_batches=1",
-            "training.warmup_steps=1", "training.device=cpu", "training.scorecard_origins=0",
-            "slurm.gpus_per_node=1"]
+    tiny = [
+        "data.source=sample",
+        "data.interval=1d",
+        "data.universe_counts={}",
+        "model.vocab_size=64",
+        "model.context_length=16",
+        *SMALL,
+        "training.batch_size=64",
+        "data.epoch_stride=37",
+        "training.epochs=1",
+        "training.max_steps_per_epoch=null",
+        "training.eval_max_batches=1",
+        "training.warmup_steps=1",
+        "training.device=cpu",
+        "training.scorecard_origins=0",
+        "slurm.gpus_per_node=1",
+    ]
     assert main(["train", "--config", str(config)] + _sets(tiny)) == 0
     printed = capsys.readouterr().out
     assert "candles (= tokens) of 13 assets, exact (this run)" in printed
@@ -228,8 +263,16 @@ def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
 
 def test_a_run_with_a_bad_slurm_time_still_prints_a_line():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.time=soon"])
-    line = plan_of_run(cfg, {"X": {"train": (0, 500), "val": (600, 700), "test": (800, 900)}}, train_windows=372,
-                       epoch_windows=372, parameters=1000, flops_per_token=6000, steps=5, world_size=1)
+    line = plan_of_run(
+        cfg,
+        {"X": {"train": (0, 500), "val": (600, 700), "test": (800, 900)}},
+        train_windows=372,
+        epoch_windows=372,
+        parameters=1000,
+        flops_per_token=6000,
+        steps=5,
+        world_size=1,
+    )
     assert line.startswith("Plan: not available (slurm.time = 'soon'")
 
 
@@ -237,22 +280,27 @@ def _cache_case(tmp_path):
     case = tmp_path / "case"
     (case / "configs").mkdir(parents=True)
     shutil.copy(REPO_ROOT / CASES["c"], case / "configs" / "c.json")
-    (case / "universe.csv").write_text("symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n"
-                                       "ETH/USDT,ccxt,crypto,Ether\nSOL/USDT,ccxt,crypto,Solana\n")
+    (case / "universe.csv").write_text(
+        "symbol,source,category,name\nBTC/USDT,ccxt,crypto,Bitcoin\n"
+        "ETH/USDT,ccxt,crypto,Ether\nSOL/USDT,ccxt,crypto,Solana\n"
+    )
     rng = np.random.default_rng(0)
     for i, symbol in enumerate(("BTC/USDT", "ETH/USDT")):  # SOL/USDT is not cached
         index = pd.date_range("2020-01-01", periods=3000 - 500 * i, freq="1h", tz="UTC", name="timestamp")
         close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, len(index))))
-        frame = pd.DataFrame({"open": close, "high": close * 1.01, "low": close * 0.99, "close": close,
-                              "volume": 1.0}, index=index)
+        frame = pd.DataFrame(
+            {"open": close, "high": close * 1.01, "low": close * 0.99, "close": close, "volume": 1.0}, index=index
+        )
         CandleCache(case / "data").write("ccxt", "1h", symbol, frame, adjusted=False)
     return case
 
 
 def _no_candle_read(monkeypatch, timestamps: bool = False):
     """Reading a cached candle's prices (or, with timestamps=False, even its timestamps) raises."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a candle file was read")
+
     monkeypatch.setattr(CandleCache, "read", refuse)
     if not timestamps:
         monkeypatch.setattr(CandleCache, "read_times", refuse)
@@ -297,14 +345,15 @@ def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_pa
 
 
 def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(capsys, tmp_path, monkeypatch):
-    spec = ('data.synthetic={"assets": 6, "candles": 3000, "gap_prob": 0.1, "categories": ["crypto", "fx", '
-            '"us_stock"]}')
+    spec = 'data.synthetic={"assets": 6, "candles": 3000, "gap_prob": 0.1, "categories": ["crypto", "fx", "us_stock"]}'
     overrides = ["data.source=synthetic", spec, "data.categories=crypto,fx"]
     real = synthetic._asset
     monkeypatch.setattr(synthetic, "_asset", lambda *a: pytest.fail("the plan generated an asset"))
     text = _plan_text(capsys, tmp_path, "c", overrides)
-    assert text.splitlines()[0].endswith("candles (= tokens) of 4 assets, estimated from data.synthetic: 6 assets "
-                                         "x 3,000 1h slots from 2018-01-01, gap_prob 0.1 (nothing generated)")
+    assert text.splitlines()[0].endswith(
+        "candles (= tokens) of 4 assets, estimated from data.synthetic: 6 assets "
+        "x 3,000 1h slots from 2018-01-01, gap_prob 0.1 (nothing generated)"
+    )
     cfg = load_config(REPO_ROOT / CASES["c"], overrides)
     data = data_figures(cfg, tmp_path)
     monkeypatch.setattr(synthetic, "_asset", real)
@@ -356,8 +405,12 @@ def readme_plan_excerpt() -> tuple[str, list[str], list[str]]:
 def excerpt_pattern(lines: list[str]) -> str:
     """A regex the output must match from the start of a line: `...` stands for the rest of a line
     (one character or more), alone on a line for one whole line or more; all else is verbatim."""
-    parts = [r"(?:[^\n]*\n)+" if line.strip() == "..." else
-             r"[^\n]+?".join(re.escape(piece) for piece in line.split("...")) + r"\n" for line in lines]
+    parts = [
+        r"(?:[^\n]*\n)+"
+        if line.strip() == "..."
+        else r"[^\n]+?".join(re.escape(piece) for piece in line.split("...")) + r"\n"
+        for line in lines
+    ]
     return "^" + "".join(parts)
 
 

@@ -1,6 +1,7 @@
 """Forecaster.predict_df: a long data frame in, one row per item and future timestamp out with
 "mean" and the quantile columns (the forecasting libraries' convention); the candles cleaned as
 training cleaned them, the same paths as forecast(); each bad frame one error naming the item."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 
 def long_frame(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """item_id, timestamp, OHLCV: one row per item and timestamp, as the libraries take them."""
-    return pd.concat([f.rename_axis("timestamp").reset_index().assign(item_id=s) for s, f in frames.items()],
-                     ignore_index=True)[["item_id", "timestamp", "open", "high", "low", "close", "volume"]]
+    return pd.concat(
+        [f.rename_axis("timestamp").reset_index().assign(item_id=s) for s, f in frames.items()], ignore_index=True
+    )[["item_id", "timestamp", "open", "high", "low", "close", "volume"]]
 
 
 @pytest.fixture(scope="module")
@@ -37,22 +39,25 @@ def fixed(tmp_path_factory) -> Forecaster:
     """A real model whose next-token distribution is spread over the return bins, whatever the input."""
     tok = fitted_tokenizer()
     logits = torch.full((tok.vocab_size,), -1e4)
-    logits[4:tok.num_used_ids] = torch.linspace(-1, 1, tok.num_used_ids - 4)
+    logits[4 : tok.num_used_ids] = torch.linspace(-1, 1, tok.num_used_ids - 4)
     return _fixed_logit_forecaster(logits, tok, tmp_path_factory.mktemp("fixed"))
 
 
 def test_rows_columns_and_the_same_paths_as_forecast(fixed):
     stock, coin = candles(60, 1), candles(60, 2)
     coin = coin.drop(coin.index[[30, 31, 50]])  # crypto holes: training's cleaning fills them as MISSING rows
-    out = fixed.predict_df(long_frame({"X": stock, "C": coin}), horizon=4, quantile_levels=[0.1, 0.5, 0.9],
-                           samples=64, seed=5)
+    out = fixed.predict_df(
+        long_frame({"X": stock, "C": coin}), horizon=4, quantile_levels=[0.1, 0.5, 0.9], samples=64, seed=5
+    )
     assert list(out.columns) == ["item_id", "timestamp", "mean", "0.1", "0.5", "0.9"]
     assert list(out["item_id"]) == ["X"] * 4 + ["C"] * 4
     filled, _ = fill_gaps(coin, interval_step("1d"))
     assert len(filled) == 60
     ref = fixed.forecast([History("X", stock), History("C", filled)], 4, 64, seed=5, return_paths=True)
-    for item, last, category, part in (("X", stock.index[-1], "us_stock", slice(0, 4)),
-                                       ("C", coin.index[-1], "crypto", slice(4, 8))):
+    for item, last, category, part in (
+        ("X", stock.index[-1], "us_stock", slice(0, 4)),
+        ("C", coin.index[-1], "crypto", slice(4, 8)),
+    ):
         rows = out[out["item_id"] == item]
         np.testing.assert_array_equal(rows["timestamp"], future_timestamps(last, "1d", category, 4))
         np.testing.assert_allclose(rows["0.1"], ref.table["p10"].iloc[part])  # the same paths as forecast()
@@ -94,19 +99,31 @@ BAD_FRAMES = {
     "missing column": (lambda f: f.drop(columns=["high", "low"]), ["lacks column(s) high, low"]),
     "no rows": (lambda f: f.iloc[:0], ["no rows"]),
     "no item id": (lambda f: f.assign(item_id=f["item_id"].where(f.index != 3)), ["1 row(s) have no item_id"]),
-    "bad timestamp": (lambda f: f.astype({"timestamp": object}).assign(
-        timestamp=lambda g: g["timestamp"].where(g.index != 50, "soon")), ["item 'C'", "'soon' is not a date"]),
+    "bad timestamp": (
+        lambda f: f.astype({"timestamp": object}).assign(
+            timestamp=lambda g: g["timestamp"].where(g.index != 50, "soon")
+        ),
+        ["item 'C'", "'soon' is not a date"],
+    ),
     "unsorted": (_swap, ["item 'C'", "not in increasing order", "sort the frame"]),
-    "duplicate": (lambda f: pd.concat([f.iloc[:11], f.iloc[[10]], f.iloc[11:]]),
-                  ["item 'X'", "appears more than once"]),
-    "prices not numbers": (lambda f: f.astype({"close": object}).assign(
-        close=lambda g: g["close"].where(g.index != 50, "n/a")), ["item 'C'", "must hold numbers"]),
-    "unknown item": (lambda f: f.replace({"item_id": {"C": "CC"}}), ["item 'CC' is not an asset",
-                                                                      "did you mean 'C'?"]),
+    "duplicate": (
+        lambda f: pd.concat([f.iloc[:11], f.iloc[[10]], f.iloc[11:]]),
+        ["item 'X'", "appears more than once"],
+    ),
+    "prices not numbers": (
+        lambda f: f.astype({"close": object}).assign(close=lambda g: g["close"].where(g.index != 50, "n/a")),
+        ["item 'C'", "must hold numbers"],
+    ),
+    "unknown item": (lambda f: f.replace({"item_id": {"C": "CC"}}), ["item 'CC' is not an asset", "did you mean 'C'?"]),
     "too short": (lambda f: f.drop(index=range(40, 70)), ["item 'C'", "10 candles", "16 needed"]),
-    "wrong interval": (lambda f: f.assign(timestamp=f["timestamp"].where(
-        f["item_id"] == "X", pd.date_range("2020-01-01", periods=80, freq="h", tz="UTC"))),
-        ["item 'C'", "0 days 01:00:00 apart", "forecasts 1d candles"]),
+    "wrong interval": (
+        lambda f: f.assign(
+            timestamp=f["timestamp"].where(
+                f["item_id"] == "X", pd.date_range("2020-01-01", periods=80, freq="h", tz="UTC")
+            )
+        ),
+        ["item 'C'", "0 days 01:00:00 apart", "forecasts 1d candles"],
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 """Loading (sample and cache), cleaning, gap filling and the global time split."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def candles(start: str, n: int, freq: str = "1D", seed: int = 0) -> pd.DataFrame
     high = np.maximum(open_, close) * (1 + rng.uniform(0, 0.01, n))
     low = np.minimum(open_, close) * (1 - rng.uniform(0, 0.01, n))
     index = pd.date_range(start, periods=n, freq=freq, tz="UTC", name="timestamp")
-    return pd.DataFrame({"open": open_, "high": high, "low": low, "close": close,
-                         "volume": rng.uniform(1, 10, n)}, index=index)
+    return pd.DataFrame(
+        {"open": open_, "high": high, "low": low, "close": close, "volume": rng.uniform(1, 10, n)}, index=index
+    )
 
 
 def config(context: int = 8, purge: int | None = None, interval: str = "1d") -> Config:
@@ -43,8 +45,9 @@ def config(context: int = 8, purge: int | None = None, interval: str = "1d") -> 
     return cfg
 
 
-def market(frames: dict[str, pd.DataFrame], categories: dict[str, str] | None = None,
-           interval: str = "1d") -> MarketData:
+def market(
+    frames: dict[str, pd.DataFrame], categories: dict[str, str] | None = None, interval: str = "1d"
+) -> MarketData:
     categories = categories or {}
     assets = [Asset(s, "sample", categories.get(s, "us_stock"), s) for s in frames]
     return MarketData(assets=assets, candles=dict(frames), interval=interval)
@@ -67,12 +70,21 @@ def test_clean_counts_and_repairs_every_fix_kind():
         (t[7], 10, 9.5, 9, 12, -3),  # high below close, negative volume
         (t[8], 10, 13, 11, 12, np.nan),  # low above open, missing volume
     ]
-    raw = pd.DataFrame([r[1:] for r in rows], columns=COLUMNS,
-                       index=pd.DatetimeIndex([r[0] for r in rows], name="timestamp"))
+    raw = pd.DataFrame(
+        [r[1:] for r in rows], columns=COLUMNS, index=pd.DatetimeIndex([r[0] for r in rows], name="timestamp")
+    )
     clean, fixes = clean_candles(raw, "TEST")
 
-    assert fixes == {"out_of_order": 1, "duplicates": 1, "nan_price": 2, "nonpositive_price": 1,
-                     "high_repaired": 1, "low_repaired": 1, "volume_clipped": 2, "subunit_repaired": 0}
+    assert fixes == {
+        "out_of_order": 1,
+        "duplicates": 1,
+        "nan_price": 2,
+        "nonpositive_price": 1,
+        "high_repaired": 1,
+        "low_repaired": 1,
+        "volume_clipped": 2,
+        "subunit_repaired": 0,
+    }
     assert list(clean.index) == [t[0], t[1], t[2], t[3], t[7], t[8]]
     assert clean.loc[t[3]].tolist() == [20, 22, 19, 21, 2]  # the later duplicate
     assert clean.loc[t[7], "high"] == 12 and clean.loc[t[7], "volume"] == 0
@@ -145,8 +157,7 @@ def test_prepare_fills_crypto_gaps_but_not_stock_market_closures():
     stock = candles("2020-01-01", 400, freq="B", seed=1)  # business days: weekends are absent
     crypto = candles("2020-01-01", 560, freq="1D", seed=2)
     holes = crypto.index[[100, 101, 300]]
-    data = prepare_data(config(), market({"SPY": stock, "BTC/USDT": crypto.drop(holes)},
-                                         {"BTC/USDT": "crypto"}))
+    data = prepare_data(config(), market({"SPY": stock, "BTC/USDT": crypto.drop(holes)}, {"BTC/USDT": "crypto"}))
     assert data.info["assets"]["SPY"]["gaps_filled"] == 0
     assert len(data.candles["SPY"]) == 400
     assert data.info["assets"]["BTC/USDT"]["gaps_filled"] == 3
@@ -159,11 +170,13 @@ def test_prepare_fills_crypto_gaps_but_not_stock_market_closures():
 
 def split_market() -> MarketData:
     # Three assets over different, overlapping periods (daily, 24/7 grid for simplicity).
-    return market({
-        "OLD": candles("2010-01-01", 3000, seed=1),  # ends 2018-03
-        "MID": candles("2014-01-01", 2500, seed=2),  # ends 2020-11
-        "NEW": candles("2016-06-01", 2000, seed=3),  # ends 2021-11
-    })
+    return market(
+        {
+            "OLD": candles("2010-01-01", 3000, seed=1),  # ends 2018-03
+            "MID": candles("2014-01-01", 2500, seed=2),  # ends 2020-11
+            "NEW": candles("2016-06-01", 2000, seed=3),  # ends 2021-11
+        }
+    )
 
 
 def test_cuts_are_global_quantiles_of_all_candles():
@@ -176,20 +189,20 @@ def test_cuts_are_global_quantiles_of_all_candles():
     before2 = np.searchsorted(pooled, cut2) / len(pooled)
     assert abs(before1 - cfg.data.train_ratio) < 2 / len(pooled)
     assert abs(before2 - (cfg.data.train_ratio + cfg.data.val_ratio)) < 2 / len(pooled)
-    assert data.info["split_cuts"] == {"val_start": data.cuts[0].isoformat(),
-                                       "test_start": data.cuts[1].isoformat()}
+    assert data.info["split_cuts"] == {"val_start": data.cuts[0].isoformat(), "test_start": data.cuts[1].isoformat()}
 
     for symbol, split in data.splits.items():
         ts = data.candles[symbol].index
-        assert (ts[split.train.start:split.train.stop] < data.cuts[0]).all()
-        val = ts[split.val.start:split.val.stop]
+        assert (ts[split.train.start : split.train.stop] < data.cuts[0]).all()
+        val = ts[split.val.start : split.val.stop]
         assert ((val >= data.cuts[0]) & (val < data.cuts[1])).all()
-        assert (ts[split.test.start:split.test.stop] >= data.cuts[1]).all()
+        assert (ts[split.test.start : split.test.stop] >= data.cuts[1]).all()
     # Calendar time is shared: the latest training candle of any asset precedes every
     # val and test candle of every other asset.
     last_train = max(data.candles[s].index[sp.train.stop - 1] for s, sp in data.splits.items())
-    first_eval = min(data.candles[s].index[r.start] for s, sp in data.splits.items()
-                     for r in (sp.val, sp.test) if len(r))
+    first_eval = min(
+        data.candles[s].index[r.start] for s, sp in data.splits.items() for r in (sp.val, sp.test) if len(r)
+    )
     assert last_train < first_eval
 
 
@@ -339,8 +352,11 @@ def test_data_categories_reads_only_those_assets_from_the_cache(tmp_path: Path, 
     cfg.data.categories = ["crypto"]
     read = []
     real = CandleCache.read
-    monkeypatch.setattr(CandleCache, "read", lambda self, source, interval, symbol: read.append(symbol) or
-                        real(self, source, interval, symbol))
+    monkeypatch.setattr(
+        CandleCache,
+        "read",
+        lambda self, source, interval, symbol: read.append(symbol) or real(self, source, interval, symbol),
+    )
     data = load_market_data(cfg, tmp_path)
     assert [a.symbol for a in data.assets] == ["BTC/USDT"] and read == []  # each asset is read when used
     assert len(data.candles["BTC/USDT"]) == 300 and read == ["BTC/USDT"]
@@ -398,8 +414,9 @@ def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(t
     first_cut = pd.Timestamp(data_info["split_cuts"]["val_start"])
     assert last_fitted < first_cut
     # and the fit saw the train split of every asset, not less
-    assert sorted(len(f) for f in fitted) == sorted(tokens.ranges[s]["train"][1] - tokens.ranges[s]["train"][0]
-                                                    for s in tokens.symbols)
+    assert sorted(len(f) for f in fitted) == sorted(
+        tokens.ranges[s]["train"][1] - tokens.ranges[s]["train"][0] for s in tokens.symbols
+    )
 
 
 def test_sample_source_refuses_an_interval_it_does_not_have(tmp_path: Path):
@@ -418,8 +435,13 @@ def _overlaps(a: pd.DatetimeIndex, b: pd.DatetimeIndex) -> bool:
 
 def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
     # OLD and OLD2 overlap each other (one era); NEW starts after both end (another era).
-    m = market({"OLD": candles("2010-01-01", 600, seed=1), "OLD2": candles("2010-06-01", 400, seed=2),
-                "NEW": candles("2016-01-01", 500, seed=3)})
+    m = market(
+        {
+            "OLD": candles("2010-01-01", 600, seed=1),
+            "OLD2": candles("2010-06-01", 400, seed=2),
+            "NEW": candles("2016-01-01", 500, seed=3),
+        }
+    )
     data = prepare_data(config(context=16), m)
     assert set(data.splits) == {"OLD", "OLD2", "NEW"}
     eras = data.info["split_eras"]
@@ -431,8 +453,13 @@ def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
     for split in data.splits.values():  # every asset has all three splits
         assert min(len(split.train), len(split.val), len(split.test)) > 17 and not split.short
     # No asset's val or test period overlaps another asset's training period.
-    periods = {s: {name: data.candles[s].index[getattr(sp, name).start:getattr(sp, name).stop]
-                   for name in ("train", "val", "test")} for s, sp in data.splits.items()}
+    periods = {
+        s: {
+            name: data.candles[s].index[getattr(sp, name).start : getattr(sp, name).stop]
+            for name in ("train", "val", "test")
+        }
+        for s, sp in data.splits.items()
+    }
     for a in periods:
         for b in periods:
             if a != b:
@@ -469,10 +496,20 @@ def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Pa
     case = tmp_path / "case_c_crypto"
     shutil.copytree(REPO_ROOT / "case_c_crypto" / "configs", case / "configs")
     shutil.copy(REPO_ROOT / "case_c_crypto" / "universe.csv", case / "universe.csv")
-    tiny = ["data.source=sample", "model.context_length=32", "model.d_model=32", "model.num_layers=1",
-            "model.num_heads=2", "model.d_ff=64", "training.epochs=1", "training.max_steps_per_epoch=2",
-            "training.eval_max_batches=1", "training.warmup_steps=1", "training.device=cpu",
-            "training.scorecard_origins=0"]
+    tiny = [
+        "data.source=sample",
+        "model.context_length=32",
+        "model.d_model=32",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.d_ff=64",
+        "training.epochs=1",
+        "training.max_steps_per_epoch=2",
+        "training.eval_max_batches=1",
+        "training.warmup_steps=1",
+        "training.device=cpu",
+        "training.scorecard_origins=0",
+    ]
     args = ["train", "--config", str(case / "configs" / "crypto_prototype.json")]
     assert main(args + [a for kv in tiny for a in ("--set", kv)]) == 0
     (run,) = (case / "checkpoints").glob("crypto_prototype_*")
@@ -489,13 +526,24 @@ def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Pa
 def _left_out_info(intervals: list[str] | None = None) -> dict:
     """A data_info of 600 assets: 30 fx ones not in the cache, 10 stocks too short, 6 without test windows."""
     cut = "12 candles before the train/val cut 2021-03-01T00:00:00+00:00 (of 40); a training window needs 257"
-    kept = {f"S{i:03d}": {"category": "us_stock" if i < 500 else "crypto", "no_windows_in": ["test"] * (i % 100 == 0)}
-            for i in range(560)}
-    dropped = [{"symbol": f"FX{i:02d}", "category": "fx", "reason": "no candles (not in the cache, or none in the "
-                "configured date range)"} for i in range(30)] + \
-        [{"symbol": f"NEW{i}", "category": "us_stock", "reason": cut} for i in range(10)]
-    return {"context_length": 256, "assets": kept, "dropped": dropped,
-            **({"intervals": intervals} if intervals else {})}
+    kept = {
+        f"S{i:03d}": {"category": "us_stock" if i < 500 else "crypto", "no_windows_in": ["test"] * (i % 100 == 0)}
+        for i in range(560)
+    }
+    dropped = [
+        {
+            "symbol": f"FX{i:02d}",
+            "category": "fx",
+            "reason": "no candles (not in the cache, or none in the configured date range)",
+        }
+        for i in range(30)
+    ] + [{"symbol": f"NEW{i}", "category": "us_stock", "reason": cut} for i in range(10)]
+    return {
+        "context_length": 256,
+        "assets": kept,
+        "dropped": dropped,
+        **({"intervals": intervals} if intervals else {}),
+    }
 
 
 def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lost_category():
@@ -503,23 +551,30 @@ def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lo
 
     lines, warnings = left_out(_left_out_info())
     assert lines == [
-        "Left out: 40 of 600 assets (each one's reason: \"dropped\" in data_info.json)",
+        'Left out: 40 of 600 assets (each one\'s reason: "dropped" in data_info.json)',
         "  30 with no candles (not in the cache, or none in the date range): fx 30; FX00, FX01, FX02, FX03, FX04 "
         "and 25 more",
         "  10 with fewer than context_length + 1 = 257 candles before the train/val cut: us_stock 10; NEW0, NEW1, "
         "NEW2, NEW3, NEW4 and 5 more",
         "No test windows in 6 of 560 kept assets (fewer than context_length + 1 = 257 test candles after the purge "
-        "gap): us_stock 5, crypto 1; S000, S100, S200, S300, S400 and 1 more"]
-    assert warnings == ["WARNING: category fx: 30 of 30 assets left out: the run neither trains nor tests on it "
-                        "(see \"dropped\" and \"no_windows_in\" in data_info.json)"]
-    assert left_out({"context_length": 8, "assets": {"A": {"category": "fx", "no_windows_in": []}},
-                     "dropped": []}) == ([], [])
+        "gap): us_stock 5, crypto 1; S000, S100, S200, S300, S400 and 1 more",
+    ]
+    assert warnings == [
+        "WARNING: category fx: 30 of 30 assets left out: the run neither trains nor tests on it "
+        '(see "dropped" and "no_windows_in" in data_info.json)'
+    ]
+    assert left_out({"context_length": 8, "assets": {"A": {"category": "fx", "no_windows_in": []}}, "dropped": []}) == (
+        [],
+        [],
+    )
     info = _left_out_info()
     for record in info["assets"].values():
         record["no_windows_in"] = ["val", "test"]
     assert left_out(info)[1] == [  # once for all, not for each category
-        "WARNING: all assets: none of 560 kept assets has a validation or test window (see \"dropped\" and "
-        "\"no_windows_in\" in data_info.json)", warnings[0]]
+        'WARNING: all assets: none of 560 kept assets has a validation or test window (see "dropped" and '
+        '"no_windows_in" in data_info.json)',
+        warnings[0],
+    ]
 
 
 def test_left_out_warns_once_of_an_interval_lost_whole():
@@ -528,9 +583,10 @@ def test_left_out_warns_once_of_an_interval_lost_whole():
 
     info = _left_out_info(["1h", "1d"])
     info["assets"] = {f"{s}@1d": r for s, r in info["assets"].items()}
-    info["dropped"] = [{**d, "symbol": f"{d['symbol']}@1d"} for d in info["dropped"]] + \
-        [{"symbol": f"{s}@1h", "category": r["category"], "reason": "0 candles before the train/val cut"}
-         for s, r in list(info["assets"].items())[:3]]
+    info["dropped"] = [{**d, "symbol": f"{d['symbol']}@1d"} for d in info["dropped"]] + [
+        {"symbol": f"{s}@1h", "category": r["category"], "reason": "0 candles before the train/val cut"}
+        for s, r in list(info["assets"].items())[:3]
+    ]
     _, warnings = left_out(info)
     assert [w.split(": ")[1] for w in warnings] == ["interval 1h", "category fx"]  # not fx at 1d, nor each at 1h
     assert warnings[0].startswith("WARNING: interval 1h: 3 of 3 series left out")

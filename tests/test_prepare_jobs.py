@@ -1,6 +1,7 @@
 """`marketgpt data prepare --array N`: the token shard as four dependent Slurm jobs (clean: an array
 of N, fit, encode: an array of N, finish), planned and checked without Slurm, and once for real on
 the local Slurm cluster (tools/local_slurm; only with CI=true or MARKETGPT_LOCAL_SLURM=1)."""
+
 from __future__ import annotations
 
 import io
@@ -31,10 +32,22 @@ from test_shards import same_tokens
 
 CONFIG = {
     "experiment": "prep",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 16, "num_layers": 1, "num_heads": 2,
-              "d_ff": 32, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "data": {"source": "synthetic", "interval": "1d", "start_date": "2019-01-01",
-             "synthetic": {"assets": 5, "candles": 300, "seed": 3, "gap_prob": 0.02}},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 16,
+        "num_layers": 1,
+        "num_heads": 2,
+        "d_ff": 32,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "data": {
+        "source": "synthetic",
+        "interval": "1d",
+        "start_date": "2019-01-01",
+        "synthetic": {"assets": 5, "candles": 300, "seed": 3, "gap_prob": 0.02},
+    },
     "slurm": {"partition": "long", "job_name": "prep", "time": "7-00:00:00"},
 }
 
@@ -50,6 +63,7 @@ def make_case(root: Path) -> Path:
 @pytest.fixture
 def fake_slurm(monkeypatch):
     """Slurm answers and has the partition `long`."""
+
     def check_partition(name: str) -> None:
         if name != "long":
             raise UserError(f"partition '{name}' does not exist on this cluster (partitions: long)")
@@ -94,14 +108,18 @@ def test_the_plan_splits_clean_and_encode_over_the_tasks(tmp_path):
     assert plan.log_folder == config.parent.parent / "logs" / f"prepare_{plan.shard.name}"
     job = pickle.loads(pickle.dumps(plan.stages["encode"][2]))  # what submitit pickles: strings and ints
     assert (job.config, job.overrides, job.stage, job.task, job.key) == (
-        str(config.resolve()), ["tokenizer.ret_bins=6"], "encode", 2, plan.shard.name)
+        str(config.resolve()),
+        ["tokenizer.ret_bins=6"],
+        "encode",
+        2,
+        plan.shard.name,
+    )
 
 
 def test_each_job_asks_for_cpus_only_on_the_configs_partition(tmp_path):
     cfg = load_config(make_case(tmp_path), ["slurm.partition=medium", "slurm.time=2:00:00"])
     params = prepare_parameters(cfg.slurm)
-    text = submitit.slurm.slurm._make_sbatch_string(command="true", folder=tmp_path, **params,
-                                                    dependency="afterok:41")
+    text = submitit.slurm.slurm._make_sbatch_string(command="true", folder=tmp_path, **params, dependency="afterok:41")
     lines = {line.split("=")[0]: line.partition("=")[2] for line in text.splitlines() if line.startswith("#SBATCH")}
     assert lines["#SBATCH --partition"] == "medium" and lines["#SBATCH --dependency"] == "afterok:41"
     assert lines["#SBATCH --cpus-per-task"] == "2" and lines["#SBATCH --mem"] == "8GB"
@@ -139,13 +157,16 @@ def test_dry_run_shows_the_jobs_and_submits_nothing(tmp_path, capsys, nothing_qu
     assert not (tmp_path / "case" / "data").exists() and not (tmp_path / "case" / "logs").exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--array", "0"], "--array 0: the number of tasks must be 1 or more"),
-    (["--array", "-2"], "--array -2: the number of tasks must be 1 or more"),
-    (["--array", "2", "--set", "data.shards=false"], "data.shards is false"),
-    (["--array", "2", "--set", "slurm.partition=gpu-xl"], "partition 'gpu-xl' does not exist"),
-    (["--array", "6"], "--array 6: more tasks than the 5 series to prepare"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--array", "0"], "--array 0: the number of tasks must be 1 or more"),
+        (["--array", "-2"], "--array -2: the number of tasks must be 1 or more"),
+        (["--array", "2", "--set", "data.shards=false"], "data.shards is false"),
+        (["--array", "2", "--set", "slurm.partition=gpu-xl"], "partition 'gpu-xl' does not exist"),
+        (["--array", "6"], "--array 6: more tasks than the 5 series to prepare"),
+    ],
+)
 def test_bad_input_is_one_line_before_anything_is_queued(tmp_path, argv, message, capsys, nothing_queued, fake_slurm):
     config = make_case(tmp_path)
     assert main(["data", "prepare", "--config", str(config), *argv]) == 2

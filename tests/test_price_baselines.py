@@ -1,4 +1,5 @@
 """The price-space baselines: hand-checked recursions, train-only GARCH fits, sample scales."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ and a training started meanwhile, the case script on 2 nodes requeued twice, the
 `benchmark` (refused for the fixed tasks, then `--after-cutoff`) and `status`. Every check of its
 report must pass: among them, the shard the faulted array published equals a one-process
 preparation byte for byte, and the training started during the preparation finishes."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,20 @@ from common.paths import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import rehearsal  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:A test tried to use socket.socket"),
+]
+
 
 @pytest.fixture(scope="module")
 def report(slurm_cluster, tmp_path_factory) -> dict:
     if slurm_cluster["nodes"] < 2:
-        pytest.fail(f"the rehearsal's 2-node job needs 2 Slurm nodes, sinfo lists {slurm_cluster['nodes']}: "
-                    "tools/local_slurm/local_slurm.sh start --nodes 2")
+        pytest.fail(
+            f"the rehearsal's 2-node job needs 2 Slurm nodes, sinfo lists {slurm_cluster['nodes']}: "
+            "tools/local_slurm/local_slurm.sh start --nodes 2"
+        )
     root = tmp_path_factory.mktemp("rehearsal")
     try:
         result = rehearsal.run("reduced", root)
@@ -49,8 +56,13 @@ def test_the_requeued_job_is_one_run_of_every_rank_on_both_nodes(report):
     the layout that tells them apart) trained one run folder, resumed twice, as Slurm's job."""
     log = json.loads(report["outputs"]["train_slurm: training_log"])
     ranks = rehearsal.NODES * rehearsal.TASKS_PER_NODE
-    assert log == {"status": "finished", "world_size": ranks, "launcher": "slurm",
-                   "slurm_job_id": report["stages"]["train_slurm"]["job"], "resumes": 2}, log
+    assert log == {
+        "status": "finished",
+        "world_size": ranks,
+        "launcher": "slurm",
+        "slurm_job_id": report["stages"]["train_slurm"]["job"],
+        "resumes": 2,
+    }, log
 
 
 def test_the_report_has_the_corpus_size_and_each_stage_s_processes(report):

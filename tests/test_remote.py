@@ -8,6 +8,7 @@ copy of the repo, the remote repo another temp folder, so nothing lands in the w
 Without sshd, ssh or rsync the tests that need them fail under CI=true (.ci/run installs them)
 and skip elsewhere. Every address is on 127.0.0.1: no packet leaves this machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,17 @@ ALIAS = "loginnode"
 
 def _free_port() -> int:
     # a subprocess: pytest-socket blocks sockets in the test process itself
-    out = subprocess.run([sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
-                          "print(s.getsockname()[1])"], capture_output=True, text=True, check=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return int(out.stdout)
 
 
@@ -51,9 +61,9 @@ def sshd(tmp_path_factory) -> dict:
     port = _free_port()
     (d / "sshd_config").write_text(f"""Port {port}
 ListenAddress 127.0.0.1
-HostKey {d / 'host_key'}
-PidFile {d / 'sshd.pid'}
-AuthorizedKeysFile {d / 'authorized_keys'}
+HostKey {d / "host_key"}
+PidFile {d / "sshd.pid"}
+AuthorizedKeysFile {d / "authorized_keys"}
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -67,13 +77,16 @@ StrictModes no
     HostName 127.0.0.1
     Port {port}
     User root
-    IdentityFile {d / 'user_key'}
+    IdentityFile {d / "user_key"}
     IdentitiesOnly yes
-    UserKnownHostsFile {d / 'known_hosts'}
+    UserKnownHostsFile {d / "known_hosts"}
     StrictHostKeyChecking yes
 """)
-    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
-                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))
+    proc = subprocess.Popen(
+        [str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
+        stdout=subprocess.DEVNULL,
+        stderr=open(d / "sshd.log", "w"),
+    )
     ssh = ["ssh", "-F", str(d / "ssh_config"), "-o", "BatchMode=yes", ALIAS, "true"]
     deadline = time.monotonic() + 30
     while subprocess.run(ssh, capture_output=True, timeout=30).returncode != 0:
@@ -91,15 +104,26 @@ def workstation(sshd, tmp_path) -> dict:
     """A local repo copy with remote.json pointing at an empty remote folder behind the sshd."""
     local = copy_repo(tmp_path / "laptop")
     remote = tmp_path / "cluster" / "marketgpt"
-    settings = {"host": ALIAS, "path": str(remote), "python": sys.executable,
-                "env": "export OMP_NUM_THREADS=1", "ssh_options": sshd["ssh_options"]}
+    settings = {
+        "host": ALIAS,
+        "path": str(remote),
+        "python": sys.executable,
+        "env": "export OMP_NUM_THREADS=1",
+        "ssh_options": sshd["ssh_options"],
+    }
     (local / "remote.json").write_text(json.dumps(settings))
     return {"local": local, "remote": remote, "settings": settings}
 
 
 def marketgpt(local: Path, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.cli", "remote", *args, "--repo", str(local)],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "common.cli", "remote", *args, "--repo", str(local)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        **kw,
+    )
 
 
 def _fake_run(remote: Path, name: str = "exp_20240101_000000", big_bytes: int = 0) -> Path:
@@ -173,9 +197,13 @@ def test_an_interrupted_fetch_leaves_no_file_under_its_final_name_and_a_second_f
     run = _fake_run(remote, big_bytes=3_000_000)
     settings = {**workstation["settings"], "rsync_options": "--bwlimit=300"}  # ~10 s for the big file
     (local / "remote.json").write_text(json.dumps(settings))
-    proc = subprocess.Popen([sys.executable, "-m", "common.cli", "remote", "fetch", run.name, "--case", "c",
-                             "--repo", str(local)], cwd=REPO, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", "remote", "fetch", run.name, "--case", "c", "--repo", str(local)],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     staging = local / "case_c_crypto" / "checkpoints" / f".fetch_{run.name}"
     deadline = time.monotonic() + 60
     while not any(p.is_file() and p.stat().st_size > 0 for p in staging.rglob("*")) and time.monotonic() < deadline:
@@ -247,8 +275,9 @@ def test_an_unreachable_host_fails_in_seconds_naming_the_step(workstation, reque
     # only 127.0.0.1: a test sends no packet off this machine (test_loopback_only.py)
     port = _free_port() if where == "closed port" else request.getfixturevalue("silent_port")
     host, says = "root@127.0.0.1", ("Connection refused" if where == "closed port" else "timed out")
-    (local / "remote.json").write_text(json.dumps({**workstation["settings"], "host": host,
-                                                   "ssh_options": f"-p {port}", "connect_timeout_s": 3}))
+    (local / "remote.json").write_text(
+        json.dumps({**workstation["settings"], "host": host, "ssh_options": f"-p {port}", "connect_timeout_s": 3})
+    )
     # timeout=30 bounds the test: an ssh that hung for minutes would fail it with TimeoutExpired
     proc = marketgpt(local, "status", timeout=30)
     assert proc.returncode == 1
@@ -281,8 +310,10 @@ def test_dry_run_prints_the_exact_commands_and_runs_nothing(workstation):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith("rsync -az --stats") and f"{ALIAS}:{remote}/" in line for line in lines)
-    assert any("sbatch --parsable case_c_crypto/slurm_scripts/train_crypto_a100.sh --set training.epochs=1" in line
-               for line in lines)
+    assert any(
+        "sbatch --parsable case_c_crypto/slurm_scripts/train_crypto_a100.sh --set training.epochs=1" in line
+        for line in lines
+    )
     assert any(line.startswith("ssh -o BatchMode=yes") for line in lines)
     assert not remote.exists()
 
@@ -304,8 +335,10 @@ def test_sbatch_failing_there_shows_its_message(workstation, slurm_cluster):
 @pytest.mark.slow
 def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slurm_cluster):
     local, remote = workstation["local"], workstation["remote"]
-    settings = {**workstation["settings"],
-                "env": f"export OMP_NUM_THREADS=1 SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')}"}
+    settings = {
+        **workstation["settings"],
+        "env": f"export OMP_NUM_THREADS=1 SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')}",
+    }
     (local / "remote.json").write_text(json.dumps(settings))
     # a small end-of-training scorecard (TINY turns it off), so that the results printed at the end include one
     scored = [*TINY, "training.scorecard_origins=2", "training.scorecard_samples=4", "experiment=remote_tiny"]
@@ -325,8 +358,14 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
     card = json.loads((run / "scorecard.json").read_text())
     assert card["verdicts"] and f"Scorecard headline: H={card['headline']['horizon']}: CRPS skill vs " in results
     assert all(f"  {line}\n" in results for line in card["verdicts"])
-    for name in ("best_model.pt", "test_results.json", "training_log.json", "config.json", "tokenizer.json",
-                 "scorecard.json"):
+    for name in (
+        "best_model.pt",
+        "test_results.json",
+        "training_log.json",
+        "config.json",
+        "tokenizer.json",
+        "scorecard.json",
+    ):
         assert (run / name).is_file(), name
     assert not list(run.glob("checkpoint_epoch_*.pt"))
     there = remote / "case_c_crypto" / "checkpoints" / run.name
@@ -340,9 +379,15 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
 def test_wait_follows_a_requeued_job_to_its_end_and_survives_a_few_ssh_failures(capsys):
     from common.cluster.remote import Remote, RemoteSettings, StepFailed
 
-    answers = [("PENDING", "", 0), ("RUNNING", "epoch 1/2\n", 10), StepFailed("wait (squeue)", "blip"),
-               ("REQUEUED", "requeueing\n", 21), ("PENDING", "", 21), ("RUNNING", "resumed\n", 29),
-               ("COMPLETED", "done\n", 34)]
+    answers = [
+        ("PENDING", "", 0),
+        ("RUNNING", "epoch 1/2\n", 10),
+        StepFailed("wait (squeue)", "blip"),
+        ("REQUEUED", "requeueing\n", 21),
+        ("PENDING", "", 21),
+        ("RUNNING", "resumed\n", 29),
+        ("COMPLETED", "done\n", 34),
+    ]
 
     class Scripted(Remote):
         def job_state(self, job_id, log, offset):

@@ -1,5 +1,6 @@
 """`marketgpt train` end to end on the shipped sample with a tiny model: the run folder, the
 seed's jq queries, SIGTERM + kill -9 + --resume auto, and each fault as one line + non-zero exit."""
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,42 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 
 TINY = {
     "experiment": "tiny",
-    "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 2, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 16, "epochs": 2, "max_steps_per_epoch": 6, "eval_max_batches": 4,
-                 "warmup_steps": 2, "log_every_steps": 3, "scorecard_origins": 2, "scorecard_samples": 4},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 16,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 16,
+        "epochs": 2,
+        "max_steps_per_epoch": 6,
+        "eval_max_batches": 4,
+        "warmup_steps": 2,
+        "log_every_steps": 3,
+        "scorecard_origins": 2,
+        "scorecard_samples": 4,
+    },
     "data": {"source": "sample", "interval": "1d"},
 }
-RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
-             "training_log.json", "test_results.json", "tokens", "report.png", "tensorboard",
-             "scorecard.json", "scorecard.png"}
+RUN_FILES = {
+    "best_model.pt",
+    "config.json",
+    "tokenizer.json",
+    "asset_info.json",
+    "data_info.json",
+    "training_log.json",
+    "test_results.json",
+    "tokens",
+    "report.png",
+    "tensorboard",
+    "scorecard.json",
+    "scorecard.png",
+}
 
 
 def _case(root: Path, name: str = "case", **sections) -> Path:
@@ -107,9 +135,12 @@ def test_a_run_folder_has_every_file_and_the_seed_queries_work(finished_run):
     jq = shutil.which("jq")
     assert jq or not os.environ.get("CI"), "jq is missing: CI installs it (.ci/run) to run the seed's queries"
     if jq:  # the seed guide's own queries, on the real file
+
         def q(expr: str, name: str = "training_log.json") -> str:
-            return subprocess.run([jq, "-c", expr, str(run_dir / name)], capture_output=True, text=True,
-                                  check=True).stdout
+            return subprocess.run(
+                [jq, "-c", expr, str(run_dir / name)], capture_output=True, text=True, check=True
+            ).stdout
+
         assert json.loads(q(".epochs[-5:]")) == log["epochs"]
         rows = [json.loads(line) for line in q(".epochs[] | {epoch, train_loss, val_loss}").splitlines()]
         assert rows == [{k: e[k] for k in ("epoch", "train_loss", "val_loss")} for e in log["epochs"]]
@@ -138,8 +169,9 @@ def _copy_into_case(finished_run, tmp_path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("missing", [("report.png",), ("report.png", "test_results.json")])
-def test_resume_auto_of_a_trained_run_missing_an_output_writes_only_the_outputs(finished_run, capsys, tmp_path,
-                                                                               missing):
+def test_resume_auto_of_a_trained_run_missing_an_output_writes_only_the_outputs(
+    finished_run, capsys, tmp_path, missing
+):
     config, copy = _copy_into_case(finished_run, tmp_path)
     for name in missing:  # killed while writing its final outputs
         (copy / name).unlink()
@@ -153,8 +185,9 @@ def test_resume_auto_of_a_trained_run_missing_an_output_writes_only_the_outputs(
     assert " step " not in out and "Epoch " not in out  # no training step, no epoch
     assert {p.name: p.stat().st_mtime_ns for p in copy.glob("*.pt")} == before
     assert (copy / "report.png").is_file() and _run_dirs(config) == [copy]
-    assert json.loads((copy / "test_results.json").read_text()) == \
-        json.loads((finished_run[1] / "test_results.json").read_text())
+    assert json.loads((copy / "test_results.json").read_text()) == json.loads(
+        (finished_run[1] / "test_results.json").read_text()
+    )
     log = json.loads((copy / "training_log.json").read_text())
     assert log["status"] == "finished" and _epoch_losses(copy) == _epoch_losses(finished_run[1])
 
@@ -213,8 +246,14 @@ _KILLS = (("setup", None), ("step", (4, 14)), ("checkpoint write", (16, 28)), ("
 _TEMP = re.compile(r"^\.(checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt\.\w+\.tmp$")
 
 
-def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path, anchor: str,
-                 steps: tuple[int, int] | None, rng: random.Random) -> bool:
+def _kill_moment(
+    proc: subprocess.Popen,
+    lines: "queue.Queue[str]",
+    config: Path,
+    anchor: str,
+    steps: tuple[int, int] | None,
+    rng: random.Random,
+) -> bool:
     """Wait for `anchor` in the run, then a random delay; False if the process ended first."""
     if anchor == "setup":
         time.sleep(rng.uniform(0.5, 3.0))  # imports, data, tokenizer, run folder: any of them
@@ -231,8 +270,11 @@ def _kill_moment(proc: subprocess.Popen, lines: "queue.Queue[str]", config: Path
     if anchor in ("checkpoint write", "final outputs"):
         # poll the run folder for a checkpoint's temp file (it lives a few ms: if none shows up
         # within a random 0.05-0.3 s, that moment will do), or for the first final output
-        wanted = _TEMP.match if anchor == "checkpoint write" else (lambda n: n.startswith(".report.png.")
-                                                                   or n in ("report.png", "test_results.json"))
+        wanted = (
+            _TEMP.match
+            if anchor == "checkpoint write"
+            else (lambda n: n.startswith(".report.png.") or n in ("report.png", "test_results.json"))
+        )
         deadline = time.monotonic() + (rng.uniform(0.05, 0.3) if anchor == "checkpoint write" else 120)
         while not any(wanted(p.name) for d in _run_dirs(config) for p in d.iterdir()):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -245,8 +287,13 @@ def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_
     # a model big enough that a step takes milliseconds on any machine (a kill lands near its line),
     # and a timer checkpoint every 0.06 s: kills land in checkpoint writes as well as between them
     model = {"d_model": 128, "d_ff": 256, "context_length": 32}
-    training = {"epochs": 2, "max_steps_per_epoch": 24, "log_every_steps": 4, "checkpoint_every_minutes": 0.001,
-                "batch_size": 32}
+    training = {
+        "epochs": 2,
+        "max_steps_per_epoch": 24,
+        "log_every_steps": 4,
+        "checkpoint_every_minutes": 0.001,
+        "batch_size": 32,
+    }
     straight = _case(tmp_path, "straight", model=model, training=training)
     assert main(["train", "--config", str(straight)]) == 0
     capsys.readouterr()
@@ -260,8 +307,9 @@ def test_kill_9_at_random_moments_then_resume_auto_ends_bit_equal_to_a_straight_
         logs = [d / "training_log.json" for d in _run_dirs(config) if (d / "training_log.json").is_file()]
         if logs and json.loads(logs[0].read_text())["status"] == "finished":
             break  # complete (a kill came after the end): another start would be a new run, as documented
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if _kill_moment(proc, _lines(proc), config, anchor, steps, rng):
             proc.kill()
             killed.append(anchor)

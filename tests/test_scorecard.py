@@ -1,4 +1,5 @@
 """The walk-forward scorecard: no look-ahead, detectable skill, the oracle's optimum, its files."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,16 @@ def test_an_origin_never_sees_a_candle_after_itself():
     rng = np.random.default_rng(0)
     series = synthetic_series([rng.normal(0, 0.01, 400) for _ in range(2)])
     rec = Recorder()
-    card = make_scorecard(series, rec, interval="1d", horizons=[1, 5], stride=3, n_samples=20, n_boot=50,
-                          baselines={"rw_ewma": RandomWalkEWMA()})
+    card = make_scorecard(
+        series,
+        rec,
+        interval="1d",
+        horizons=[1, 5],
+        stride=3,
+        n_samples=20,
+        n_boot=50,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+    )
     by_symbol = {s.symbol: s for s in series}
     # one call per batch at the longest horizon: its paths serve H=1 too
     assert len(rec.seen) == card["horizons"]["1"]["n"] and {horizon for horizon, _ in rec.seen} == {5}
@@ -51,7 +60,7 @@ def test_an_origin_never_sees_a_candle_after_itself():
         assert not np.shares_memory(h.candles["close"].to_numpy(), s.candles["close"].to_numpy())
     # and the origin dates are every 3rd test date
     dates = sorted({h.candles.index[-1] for _, h in rec.seen})
-    assert dates == list(series[0].candles.index[series[0].test.start:series[0].test.stop - 1:3])
+    assert dates == list(series[0].candles.index[series[0].test.start : series[0].test.stop - 1 : 3])
 
 
 def test_origin_selection_strides_and_counts():
@@ -76,8 +85,16 @@ def test_garch_beats_the_random_walk_on_garch_data():
     rng = np.random.default_rng(0)
     series = synthetic_series([garch_returns(2500, rng, omega=2.5e-5, alpha=0.25, beta=0.5, nu=4) for _ in range(3)])
     baselines = fit_price_baselines(series, "1d")
-    card = make_scorecard(series, baselines["garch"], interval="1d", horizons=[1], stride=1, n_samples=100,
-                          n_boot=500, baselines={"rw_ewma": baselines["rw_ewma"]})
+    card = make_scorecard(
+        series,
+        baselines["garch"],
+        interval="1d",
+        horizons=[1],
+        stride=1,
+        n_samples=100,
+        n_boot=500,
+        baselines={"rw_ewma": baselines["rw_ewma"]},
+    )
     skill = card["horizons"]["1"]["skill"]["crps"]["rw_ewma"]
     assert skill["verdict"] == "beats" and skill["ci95"][0] > 0, skill
     assert card["verdicts"][0].startswith("H=1: CRPS skill vs RW-EWMA +") and card["verdicts"][0].endswith("(beats)")
@@ -96,8 +113,16 @@ def test_an_oracle_reaches_the_optimal_crps_and_nominal_coverage():
     def oracle(histories, horizon, n_samples, seed):
         return np.random.default_rng(seed).normal(0, sigma * math.sqrt(horizon), (len(histories), n_samples))
 
-    card = make_scorecard(series, oracle, interval="1d", horizons=[1, 5], stride=5, n_samples=200, n_boot=200,
-                          baselines={"rw_ewma": RandomWalkEWMA()})
+    card = make_scorecard(
+        series,
+        oracle,
+        interval="1d",
+        horizons=[1, 5],
+        stride=5,
+        n_samples=200,
+        n_boot=200,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+    )
     for h in (1, 5):
         hc = card["horizons"][str(h)]
         n = hc["n"]
@@ -148,8 +173,12 @@ def test_scorecard_files_read_with_jq(tmp_path):
         assert np.sign(dm["mean_diff"]) == -np.sign(loaded["horizons"][h]["skill"]["crps"][name]["value"])
     smallest = min(dm["p_value"] for *_, dm in tests)
     assert min(dm["p_holm"] for *_, dm in tests) == pytest.approx(min(1.0, 6 * smallest))  # Holm's first step
-    assert loaded["significance"] == {"test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, "
-                                      "per-date CRPS", "adjustment": "holm", "family_alpha": 0.05, "family": 6}
+    assert loaded["significance"] == {
+        "test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
+        "adjustment": "holm",
+        "family_alpha": 0.05,
+        "family": 6,
+    }
     mcs = loaded["horizons"]["1"]["mcs"]
     assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", "rw_ewma", "bootstrap", "garch"}
     assert mcs["included"] == [k for k, p in mcs["pvalues"].items() if p > 0.1] and mcs["included"]
@@ -159,8 +188,12 @@ def test_scorecard_files_read_with_jq(tmp_path):
     again = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
     assert again["horizons"]["5"]["mcs"] == card["horizons"]["5"]["mcs"]  # seeded: the same set again
     if shutil.which("jq"):
-        out = subprocess.run(["jq", "-r", '.horizons["1"].skill.crps.garch.verdict', str(json_path)],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            ["jq", "-r", '.horizons["1"].skill.crps.garch.verdict', str(json_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert out in {"beats", "no edge", "worse"}
 
 
@@ -187,8 +220,9 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     from common.data.prepare import prepare_data
     from common.training.run_folder import TokenSet
 
-    cfg = load_config(REPO / "case_c_crypto" / "configs" / "crypto_prototype.json",
-                      ["data.source=sample", "data.interval=1d"])
+    cfg = load_config(
+        REPO / "case_c_crypto" / "configs" / "crypto_prototype.json", ["data.source=sample", "data.interval=1d"]
+    )
     prepared = prepare_data(cfg, load_market_data(cfg, tmp_path))
     run = tmp_path / "case" / "checkpoints" / "run_20260101_000000"
     run.mkdir(parents=True)
@@ -196,9 +230,15 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     symbols = [a.symbol for a in prepared.assets]
     n = {s: len(prepared.candles[s]) for s in symbols}
     splits = {s: prepared.splits[s] for s in symbols}
-    TokenSet(symbols, {s: np.zeros(n[s], np.int16) for s in symbols}, {s: np.zeros(n[s]) for s in symbols},
-             {s: {k: (getattr(splits[s], k).start, getattr(splits[s], k).stop) for k in ("train", "val", "test")}
-              for s in symbols}).save(run / "tokens")
+    TokenSet(
+        symbols,
+        {s: np.zeros(n[s], np.int16) for s in symbols},
+        {s: np.zeros(n[s]) for s in symbols},
+        {
+            s: {k: (getattr(splits[s], k).start, getattr(splits[s], k).stop) for k in ("train", "val", "test")}
+            for s in symbols
+        },
+    ).save(run / "tokens")
     with_test = [s for s in symbols if len(splits[s].test) > 40][:3]
     card = run_scorecard(run, RandomWalkEWMA(), horizons=[1], stride=20, n_samples=20, assets=with_test)
     assert (run / SCORECARD_JSON).is_file() and (run / SCORECARD_PNG).is_file()
@@ -221,18 +261,36 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)
-    (tmp_path / "tiny.json").write_text(json.dumps({
-        "experiment": "tiny", "data": {"source": "sample", "interval": "1d"},
-        "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "num_layers": 1, "num_heads": 2,
-                  "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4}}))
+    (tmp_path / "tiny.json").write_text(
+        json.dumps(
+            {
+                "experiment": "tiny",
+                "data": {"source": "sample", "interval": "1d"},
+                "model": {
+                    "vocab_size": 64,
+                    "context_length": 16,
+                    "d_model": 32,
+                    "num_layers": 1,
+                    "num_heads": 2,
+                    "d_ff": 64,
+                    "asset_embed_dim": 4,
+                    "category_embed_dim": 4,
+                },
+            }
+        )
+    )
     cfg = load_config(tmp_path / "tiny.json")
     rng = np.random.default_rng(4)
     series = synthetic_series([rng.normal(0, 0.01, 300) for _ in range(2)], category="us_stock")
-    tok = OHLCTokenizer(vocab_size=64).fit({s.symbol: s.candles.iloc[:s.train.stop] for s in series})
-    fc = Forecaster(MarketGPT(cfg.model, num_assets=2, num_categories=1), tok,
-                    asset_info([Asset(s.symbol, "sample", "us_stock", s.symbol) for s in series]), cfg)
+    tok = OHLCTokenizer(vocab_size=64).fit({s.symbol: s.candles.iloc[: s.train.stop] for s in series})
+    fc = Forecaster(
+        MarketGPT(cfg.model, num_assets=2, num_categories=1),
+        tok,
+        asset_info([Asset(s.symbol, "sample", "us_stock", s.symbol) for s in series]),
+        cfg,
+    )
     fn = forecaster_fn(fc)
-    history = History("A0", series[0].candles.iloc[:series[0].test.start + 1])
+    history = History("A0", series[0].candles.iloc[: series[0].test.start + 1])
     paths = fn([history], 3, 16, 5)
     result = fc.forecast([history], 3, 16, seed=5, return_paths=True)
     assert paths.shape == (1, 16, 3)
@@ -241,8 +299,16 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     )
     assert result.table["mean_log_return"].to_numpy() == pytest.approx(paths[0].mean(0))
 
-    card = make_scorecard(series, fn, interval="1d", horizons=[1, 3], stride=20, n_samples=16, n_boot=50,
-                          baselines={"rw_ewma": RandomWalkEWMA()})
+    card = make_scorecard(
+        series,
+        fn,
+        interval="1d",
+        horizons=[1, 3],
+        stride=20,
+        n_samples=16,
+        n_boot=50,
+        baselines={"rw_ewma": RandomWalkEWMA()},
+    )
     assert card["horizons"]["3"]["n"] > 0 and card["horizons"]["3"]["crps"]["model"] > 0
 
 
@@ -258,4 +324,4 @@ def test_garch_is_fitted_on_the_train_split_only(monkeypatch):
     )
     fit_price_baselines(series, "1d")
     for s in series:  # the train candles' returns, nothing from val or test
-        np.testing.assert_array_equal(seen[s.symbol], np.diff(np.log(s.candles["close"].to_numpy()[:s.train.stop])))
+        np.testing.assert_array_equal(seen[s.symbol], np.diff(np.log(s.candles["close"].to_numpy()[: s.train.stop])))

@@ -1,5 +1,6 @@
 """The end-of-training scorecard's forecast budget (walk_forward.within_budget): at most `budget`
 (asset, origin) forecasts, assets drawn per origin date, whatever the universe's size."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,9 +64,19 @@ def test_the_cost_of_a_card_stays_within_its_budget_as_the_universe_grows():
         calls.clear()
         series = synthetic_series([garch_returns(400, rng) for _ in range(n_assets)])
         said = []
-        card = make_scorecard(series, counted, interval="1d", horizons=[1, 5], stride=None, n_origins=8, n_samples=8,
-                              n_boot=20, budget=16, baselines={"rw_ewma": RandomWalkEWMA(0.94)},
-                              progress=said.append)
+        card = make_scorecard(
+            series,
+            counted,
+            interval="1d",
+            horizons=[1, 5],
+            stride=None,
+            n_origins=8,
+            n_samples=8,
+            n_boot=20,
+            budget=16,
+            baselines={"rw_ewma": RandomWalkEWMA(0.94)},
+            progress=said.append,
+        )
         assert sum(calls) <= 16 and card["horizons"]["1"]["n"] <= 16
         assert (card["origins"]["drawn"] is None) == (n_assets * 8 <= 16)
         assert (card["origins"]["drawn"] in said) or card["origins"]["drawn"] is None
@@ -80,8 +91,16 @@ def test_a_card_on_microsecond_candles_has_real_dates_and_draws(tmp_path):
     series = synthetic_series([garch_returns(300, rng) for _ in range(2)])
     series[0].candles.index = series[0].candles.index.as_unit("us")
     series[1].candles.index = series[1].candles.index.as_unit("us")
-    card = make_scorecard(series, RandomWalkEWMA(0.94), interval="1d", horizons=[1, 5], stride=1, n_samples=8,
-                          n_boot=20, baselines={"rw_ewma": RandomWalkEWMA(0.94)})
+    card = make_scorecard(
+        series,
+        RandomWalkEWMA(0.94),
+        interval="1d",
+        horizons=[1, 5],
+        stride=1,
+        n_samples=8,
+        n_boot=20,
+        baselines={"rw_ewma": RandomWalkEWMA(0.94)},
+    )
     first = card["backtest"]["strategies"]["model"]["dates"][0]
     assert first[:4] == str(series[0].candles.index[series[0].test.start].year)
     card["horizons"]["1"]["coverage_calibrated"] = {"50": 0.5, "80": 0.8, "90": 0.9}  # drawn beside the raw

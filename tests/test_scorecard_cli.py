@@ -1,6 +1,7 @@
 """`marketgpt scorecard RUN_DIR` end to end on a tiny trained run, and the small scorecard every
 run writes at the end of training (training.scorecard_*): written before test_results.json,
 recomputed by --resume auto when missing, switched off by training.scorecard_origins=0."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,26 @@ def test_training_ends_with_a_small_scorecard(trained):
 
 def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trained, capsys):
     _, run = trained
-    code = main(["scorecard", str(run), "--horizons", "1,3", "--origins", "4", "--samples", "16",
-                 "--assets", "AAPL,^GSPC", "--seed", "3", "--cost-bp", "5", "--precision", "bf16"])
+    code = main(
+        [
+            "scorecard",
+            str(run),
+            "--horizons",
+            "1,3",
+            "--origins",
+            "4",
+            "--samples",
+            "16",
+            "--assets",
+            "AAPL,^GSPC",
+            "--seed",
+            "3",
+            "--cost-bp",
+            "5",
+            "--precision",
+            "bf16",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     verdicts = [line for line in out.splitlines() if line.startswith("H=")]
@@ -58,16 +77,19 @@ def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trai
     assert card["horizons"]["1"]["skill"]["crps"]["garch"]["verdict"] in ("beats", "no edge", "worse")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--horizons", "1,x"], "--horizons '1,x'"),
-    (["--horizons", "0"], "--horizons '0'"),
-    (["--stride", "0"], "--stride 0: must be at least 1"),
-    (["--stride", "2", "--origins", "3"], "not both"),
-    (["--samples", "1"], "--samples 1"),
-    (["--assets", "NOPE"], "unknown assets NOPE"),
-    (["--cost-bp", "-1"], "--cost-bp -1"),
-    (["--precision", "half"], "--precision 'half'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--horizons", "1,x"], "--horizons '1,x'"),
+        (["--horizons", "0"], "--horizons '0'"),
+        (["--stride", "0"], "--stride 0: must be at least 1"),
+        (["--stride", "2", "--origins", "3"], "not both"),
+        (["--samples", "1"], "--samples 1"),
+        (["--assets", "NOPE"], "unknown assets NOPE"),
+        (["--cost-bp", "-1"], "--cost-bp -1"),
+        (["--precision", "half"], "--precision 'half'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(trained, capsys, args, needle):
     _, run = trained
     before = (run / "scorecard.json").read_bytes()
@@ -104,6 +126,7 @@ def test_a_failing_scorecard_is_recorded_and_does_not_fail_the_run(trained, monk
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
+
     monkeypatch.setattr(scorecard, "run_scorecard", broken)
     assert main(["train", "--config", str(config), "--resume", "auto"]) == 0
     results = json.loads((run / "test_results.json").read_text())
@@ -180,8 +203,13 @@ def test_candles_that_changed_since_training_are_one_line_when_read(trained, mon
     cfg = load_config(run / "config.json")
     market = load_market_data(cfg, run.parent.parent)
     symbol = market.assets[0].symbol
-    shorter = dataclasses.replace(market, candles={**{a.symbol: market.candles[a.symbol] for a in market.assets},
-                                                   symbol: market.candles[symbol].iloc[:-50]})
+    shorter = dataclasses.replace(
+        market,
+        candles={
+            **{a.symbol: market.candles[a.symbol] for a in market.assets},
+            symbol: market.candles[symbol].iloc[:-50],
+        },
+    )
     monkeypatch.setattr(asset_series, "load_market_data", lambda cfg, case: shorter)
     series, _ = asset_series.series_from_run(run)
     with pytest.raises(UserError, match=f"the candles of {symbol} are no longer those the run was trained on"):

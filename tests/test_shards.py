@@ -1,4 +1,5 @@
 """Token shards: prepared once, reused without reading a candle, keyed, resumable, locked, exact."""
+
 from __future__ import annotations
 
 import errno
@@ -29,10 +30,26 @@ from common.tokens.tokenizer import OHLCTokenizer
 SPEC = SyntheticSpec(assets=5, candles=400, interval="1d", seed=3, gap_prob=0.02)
 CONFIG = {
     "experiment": "shards",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 16, "num_layers": 1, "num_heads": 2,
-              "d_ff": 32, "asset_embed_dim": 4, "category_embed_dim": 4, "dropout": 0.0},
-    "training": {"batch_size": 8, "epochs": 2, "max_steps_per_epoch": 3, "eval_max_batches": 1,
-                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 16,
+        "num_layers": 1,
+        "num_heads": 2,
+        "d_ff": 32,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+        "dropout": 0.0,
+    },
+    "training": {
+        "batch_size": 8,
+        "epochs": 2,
+        "max_steps_per_epoch": 3,
+        "eval_max_batches": 1,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,
+    },
     "data": {"source": "download", "interval": "1d", "start_date": "2019-01-01"},
 }
 
@@ -56,9 +73,14 @@ def make_case(root: Path, spec: SyntheticSpec = SPEC, **data) -> Path:
 
 
 def same_tokens(a: TokenSet, b: TokenSet) -> bool:
-    return a.symbols == b.symbols and a.ranges == b.ranges and all(
-        np.array_equal(a.tokens[s], b.tokens[s]) and np.array_equal(a.moves[s], b.moves[s], equal_nan=True)
-        for s in a.symbols)
+    return (
+        a.symbols == b.symbols
+        and a.ranges == b.ranges
+        and all(
+            np.array_equal(a.tokens[s], b.tokens[s]) and np.array_equal(a.moves[s], b.moves[s], equal_nan=True)
+            for s in a.symbols
+        )
+    )
 
 
 def test_prepared_once_then_reused_without_reading_the_cache(tmp_path, monkeypatch, capsys):
@@ -88,12 +110,17 @@ def test_rebuilt_when_a_keyed_setting_or_an_input_file_changes(tmp_path):
     case = config.parent.parent
     base, _ = shard_folder(load_config(config), case)
     changed = {
-        ("tokenizer.ret_bins=4",): True, ("data.train_ratio=0.6", "data.test_ratio=0.25"): True,
-        ("model.context_length=6",): True, ("model.time_features=true",): True,
+        ("tokenizer.ret_bins=4",): True,
+        ("data.train_ratio=0.6", "data.test_ratio=0.25"): True,
+        ("model.context_length=6",): True,
+        ("model.time_features=true",): True,
         ('data.end_date="2020-06-01"',): True,
         # windows only, the model, or where the cache is: the same tokens
-        ("data.window_stride=2",): False, ("data.epoch_stride=4",): False, ("training.batch_size=4",): False,
-        ("model.d_model=32",): False, ("data.shards=false",): False,
+        ("data.window_stride=2",): False,
+        ("data.epoch_stride=4",): False,
+        ("training.batch_size=4",): False,
+        ("model.d_model=32",): False,
+        ("data.shards=false",): False,
     }
     for overrides, rebuilt in changed.items():
         folder, _ = shard_folder(load_config(config, list(overrides)), case)
@@ -150,8 +177,13 @@ KILLER = textwrap.dedent("""
 def _preparer(config: Path, delay: float, gate: Path | None = None, log: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     out = open(log, "w") if log is not None else subprocess.PIPE
-    return subprocess.Popen([sys.executable, "-c", KILLER, str(config), str(delay), *([str(gate)] if gate else [])],
-                            env=env, text=True, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-c", KILLER, str(config), str(delay), *([str(gate)] if gate else [])],
+        env=env,
+        text=True,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _wait_for(predicate, what: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
@@ -169,6 +201,7 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
     config = make_case(tmp_path)
     cfg, case = load_config(config), config.parent.parent
     folder, _ = shard_folder(cfg, case)
+
     def encoded() -> int:
         return len(list((shards.work_folder(folder) / "encoded").glob("*.npz")))
 
@@ -243,9 +276,14 @@ def test_a_token_folder_of_another_version_or_damaged_is_refused(tmp_path):
 
 
 def test_a_run_made_before_token_folders_still_reads_its_tokens_npz(tmp_path):
-    np.savez(tmp_path / "tokens.npz", symbols=np.array(["A", "B"]), lengths=np.array([3, 2]),
-             ranges=np.array([[[0, 1], [1, 2], [2, 3]], [[0, 1], [1, 1], [1, 2]]]),
-             tokens=np.arange(5, dtype=np.int16), moves=np.linspace(0, 1, 5))
+    np.savez(
+        tmp_path / "tokens.npz",
+        symbols=np.array(["A", "B"]),
+        lengths=np.array([3, 2]),
+        ranges=np.array([[[0, 1], [1, 2], [2, 3]], [[0, 1], [1, 1], [1, 2]]]),
+        tokens=np.arange(5, dtype=np.int16),
+        moves=np.linspace(0, 1, 5),
+    )
     assert token_path(tmp_path) == tmp_path / "tokens.npz"
     t = TokenSet.load(token_path(tmp_path))
     assert t.tokens["B"].tolist() == [3, 4] and t.ranges["A"]["test"] == (2, 3) and t.features is None
@@ -261,9 +299,19 @@ def test_training_reads_a_token_folder_larger_than_its_memory_bound(tmp_path):
         with open(folder / name, "wb") as f:
             f.truncate(size)
     ranges = {"train": (0, n - 20_000_000), "val": (n - 19_000_000, n - 10_000_000), "test": (n - 9_000_000, n)}
-    (folder / "index.json").write_text(json.dumps({
-        "format": "marketgpt-tokens", "version": 1, "candles": n, "symbols": ["A"], "lengths": [n],
-        "ranges": [[list(ranges[s]) for s in ("train", "val", "test")]], "features": False}))
+    (folder / "index.json").write_text(
+        json.dumps(
+            {
+                "format": "marketgpt-tokens",
+                "version": 1,
+                "candles": n,
+                "symbols": ["A"],
+                "lengths": [n],
+                "ranges": [[list(ranges[s]) for s in ("train", "val", "test")]],
+                "features": False,
+            }
+        )
+    )
     script = textwrap.dedent(f"""
         import resource, torch
         from common.tokens.token_set import TokenSet
@@ -277,8 +325,13 @@ def test_training_reads_a_token_folder_larger_than_its_memory_bound(tmp_path):
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         print(grown * 1024)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+    )
     assert out.returncode == 0, out.stderr
     grown = int(out.stdout.split()[-1])
     bound = 100 * 2**20
@@ -295,8 +348,10 @@ def test_training_is_bit_identical_with_shards_and_without(tmp_path):
         newest = max((config.parent.parent / "checkpoints").glob("shards_*"), key=lambda p: p.stat().st_mtime_ns)
         runs[len(runs)] = newest
         time.sleep(1.1)  # run folders are named by the second
-    logs = [[(e["train_loss"], e["val_loss"]) for e in json.loads((r / "training_log.json").read_text())["epochs"]]
-            for r in runs.values()]
+    logs = [
+        [(e["train_loss"], e["val_loss"]) for e in json.loads((r / "training_log.json").read_text())["epochs"]]
+        for r in runs.values()
+    ]
     weights = [torch.load(r / "best_model.pt", weights_only=False) for r in runs.values()]
     assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 2
     key = next(k for k in weights[0] if "model" in k)
@@ -406,8 +461,9 @@ def test_a_damaged_shard_is_one_line_naming_the_file_and_the_rebuild(tmp_path, m
     with pytest.raises(UserError, match="tokens/moves.bin has .* bytes where the manifest says"):
         prepare_shards(cfg, case)
     assert main(["data", "prepare", "--config", str(config), "--rebuild"]) == 0
-    assert "moved" in capsys.readouterr().out and same_tokens(prepare_shards(cfg, case).tokens,
-                                                             prepare_in_memory(cfg, case).tokens)
+    assert "moved" in capsys.readouterr().out and same_tokens(
+        prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens
+    )
 
     # a file too large to hash whenever training opens it: training checks its size, data check every byte
     monkeypatch.setattr(shard_manifest, "FULL_CHECK_BYTES", 0)

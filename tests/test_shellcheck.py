@@ -2,6 +2,7 @@
 script with a reason), and expands possibly-empty arrays in the form bash < 4.4 accepts under
 `set -u` (RHEL/CentOS 7 login nodes run bash 4.2). ShellCheck is Debian's `shellcheck` package
 (.ci/run installs it): missing, these tests fail under CI=true and skip elsewhere."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,14 @@ SCRIPTS = shell_scripts()
 
 def test_the_scripts_are_found():
     names = {str(p.relative_to(REPO)) for p in SCRIPTS}
-    assert {".ci/run", "launch_parallel_training.sh", "common/slurm/job.sh", "common/slurm/cluster_env.sh",
-            "tools/local_slurm/local_slurm.sh", "quickstart.sh"} <= names
+    assert {
+        ".ci/run",
+        "launch_parallel_training.sh",
+        "common/slurm/job.sh",
+        "common/slurm/cluster_env.sh",
+        "tools/local_slurm/local_slurm.sh",
+        "quickstart.sh",
+    } <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
@@ -52,8 +59,13 @@ def test_shellcheck_is_clean(script):
     if shutil.which("shellcheck") is None:
         unavailable("shellcheck is not installed (Debian: apt-get install shellcheck; .ci/run installs it)")
     # from the repo root, so `# shellcheck source=common/slurm/job.sh` directives resolve
-    proc = subprocess.run(["shellcheck", "--external-sources", "--format=gcc", str(script.relative_to(REPO))],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["shellcheck", "--external-sources", "--format=gcc", str(script.relative_to(REPO))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -1,6 +1,7 @@
 """The scorecard's significance tests: Diebold-Mariano with the HLN correction (size near nominal on
 the scorecard's own design, power where one forecaster is better, the formula by hand and against
 statsmodels), Holm's adjustment, and arch's model confidence set on constructed losses."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ def _scorecard_design(rng: np.random.Generator, skill: float, n: int = 150, h: i
     noise = np.concatenate([[0.0], np.cumsum(rng.normal(size=n * stride + h))])
     base = np.abs(path[origins + h] - path[origins]) + 0.005  # a CRPS-like loss of the H-step return
     eta = (noise[origins + h] - noise[origins]) / math.sqrt(h) * sd  # N(0, sd^2), overlapping like the returns
-    return (1 - skill) * base * np.exp(eta - sd ** 2 / 2), base
+    return (1 - skill) * base * np.exp(eta - sd**2 / 2), base
 
 
 def test_hln_factor_and_statistic_by_hand():
@@ -47,6 +48,7 @@ def test_hln_factor_and_statistic_by_hand():
     assert long_run_variance(d, 1, "bartlett") == pytest.approx(g0 + g1)  # weight 1 - 1/2
     dm_hand = 1.9 / math.sqrt(v / 5) * math.sqrt((5 + 1 - 4 + 2 / 5) / 5)
     from scipy.stats import t
+
     out = diebold_mariano(d, np.zeros(5), 2)
     assert out["statistic"] == pytest.approx(dm_hand) and out["p_value"] == pytest.approx(2 * t.sf(dm_hand, 4))
     assert out["lags"] == 1 and out["n_dates"] == 5 and out["mean_diff"] == pytest.approx(1.9)
@@ -54,11 +56,13 @@ def test_hln_factor_and_statistic_by_hand():
 
 def test_dm_variance_matches_statsmodels_hac():
     import statsmodels.api as sm  # the reference; installed with arch
+
     rng = np.random.default_rng(0)
     d = 0.1 + np.convolve(rng.normal(size=204), np.ones(5), "valid")  # MA(4): a 5-step horizon's overlap
     for h in (1, 3, 5):
-        ref = sm.OLS(d, np.ones(len(d))).fit(cov_type="HAC", cov_kwds={"maxlags": h - 1, "kernel": "uniform",
-                                                                       "use_correction": False})
+        ref = sm.OLS(d, np.ones(len(d))).fit(
+            cov_type="HAC", cov_kwds={"maxlags": h - 1, "kernel": "uniform", "use_correction": False}
+        )
         out = diebold_mariano(d, np.zeros(len(d)), h)
         assert out["statistic"] == pytest.approx(ref.tvalues[0] * hln_factor(len(d), h), rel=1e-9)
 
@@ -84,6 +88,7 @@ def test_dm_size_is_near_nominal_on_the_scorecard_design():
         d = model - base
         stat = d.mean() / math.sqrt(long_run_variance(d, h - 1, "bartlett") / len(d)) * hln_factor(len(d), h)
         from scipy.stats import t
+
         p_bartlett.append(2 * t.sf(abs(stat), len(d) - 1))
     p, p_bartlett = np.array(p), np.array(p_bartlett)
     assert 0.02 <= (p < 0.05).mean() <= 0.09, (p < 0.05).mean()  # 0.047 here; 0.043 to 0.073 with seeds 1, 2
@@ -110,6 +115,7 @@ def test_dm_finds_a_clearly_better_forecaster():
 
 def test_holm_matches_statsmodels():
     from statsmodels.stats.multitest import multipletests
+
     p = [0.01, 0.04, 0.03, 0.20, 0.005, 0.049]
     assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
     assert holm([0.01, None, 0.02]) == pytest.approx([0.02, None, 0.02])  # None: not in the family
@@ -127,14 +133,19 @@ def test_the_model_confidence_set_keeps_the_best():
     rng = np.random.default_rng(2)
     n = 300
     common = rng.gamma(2.0, 1.0, n)  # losses move together, as on shared dates
-    losses = {"best": common + rng.normal(0, 0.3, n), "near": common + 0.02 + rng.normal(0, 0.3, n),
-              "worse": common + 0.4 + rng.normal(0, 0.3, n), "worst": common + 0.8 + rng.normal(0, 0.3, n)}
+    losses = {
+        "best": common + rng.normal(0, 0.3, n),
+        "near": common + 0.02 + rng.normal(0, 0.3, n),
+        "worse": common + 0.4 + rng.normal(0, 0.3, n),
+        "worst": common + 0.8 + rng.normal(0, 0.3, n),
+    }
     out = model_confidence_set(losses, block=3, reps=500, seed=0)
     assert "best" in out["included"] and not {"worse", "worst"} & set(out["included"]), out
     assert out["pvalues"]["best"] > 0.1 and out["pvalues"]["worst"] < 0.1 and out["alpha"] == 0.1
     assert model_confidence_set(losses, block=3, reps=500, seed=0) == out  # seeded: reproducible
-    short = model_confidence_set({k: v[:MCS_MIN_DATES - 1] for k, v in losses.items()}, block=3, reps=50, seed=0)
+    short = model_confidence_set({k: v[: MCS_MIN_DATES - 1] for k, v in losses.items()}, block=3, reps=50, seed=0)
     assert short["included"] is None and "too few" in short["note"]
-    twins = model_confidence_set({"a": losses["best"], "b": losses["best"].copy(), "c": losses["near"]},
-                                 block=3, reps=50, seed=0)
+    twins = model_confidence_set(
+        {"a": losses["best"], "b": losses["best"].copy(), "c": losses["near"]}, block=3, reps=50, seed=0
+    )
     assert twins["included"] is None and "constant" in twins["note"]

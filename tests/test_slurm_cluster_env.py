@@ -2,6 +2,7 @@
 starts: a variable exported there is seen by the tasks of an sbatch job (a case script) and of a
 submitit job (the executor parameters `marketgpt submit` uses), on the local test cluster, in a
 copy of the repo whose cluster_env.sh has one line added."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,11 @@ from common.distributed.slurm import wait_for_jobs
 
 from slurm_helpers import copy_repo, job_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:A test tried to use socket.socket"),
+]
 
 PROBE = "MARKETGPT_CLUSTER_ENV_PROBE"
 TIMEOUT_S = 300
@@ -62,22 +66,37 @@ def probes(slurm_cluster, tmp_path_factory) -> dict:
     probe_python.write_text(PROBE_PYTHON)
     probe_python.chmod(0o755)
     script = repo / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
-    proc = subprocess.run(["sbatch", "--parsable", "--time=5", str(script)], cwd=repo,
-                          env=job_env(MARKETGPT_PYTHON=str(probe_python)), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "--time=5", str(script)],
+        cwd=repo,
+        env=job_env(MARKETGPT_PYTHON=str(probe_python)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     sbatch_id = proc.stdout.strip().split(";")[0]
 
     submitit_probe = root / "submitit_probe.txt"
-    proc = subprocess.run([sys.executable, "-c", SUBMITIT_JOB, str(root / "submitit"), str(submitit_probe)], cwd=repo,
-                          env=job_env(PYTHONPATH=str(repo)), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SUBMITIT_JOB, str(root / "submitit"), str(submitit_probe)],
+        cwd=repo,
+        env=job_env(PYTHONPATH=str(repo)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     submitit_id = proc.stdout.split()[-1]
 
     states = wait_for_jobs([sbatch_id, submitit_id], timeout_s=TIMEOUT_S, poll_s=2.0)
     time.sleep(0.5)  # the last task's line lands on the shared file system
-    return {"token": token, "repo": repo,
-            "sbatch": (sbatch_id, states.get(sbatch_id), root / "sbatch_probe.txt"),
-            "submitit": (submitit_id, states.get(submitit_id), submitit_probe)}
+    return {
+        "token": token,
+        "repo": repo,
+        "sbatch": (sbatch_id, states.get(sbatch_id), root / "sbatch_probe.txt"),
+        "submitit": (submitit_id, states.get(submitit_id), submitit_probe),
+    }
 
 
 def _lines(path: Path) -> list[str]:

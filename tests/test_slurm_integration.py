@@ -17,6 +17,7 @@ the two nodes stay busy while the tests look at one job after another:
   its waits for the queue and for Slurm's requeue hold overlap theirs.
 There is no sacct here: every wait asks squeue / scontrol show job, under a timeout.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,8 +50,11 @@ from slurm_helpers import (
     training_log,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:A test tried to use socket.socket"),
+]
 
 TIMEOUT_S = 900  # for the whole module's jobs; they normally finish within ~5 minutes
 # The longer run: 2 x 400 steps. The signalled runs start with a 10-minute limit and are held
@@ -61,9 +65,19 @@ LONG_EPOCHS = 2
 # The scancel'ed run: 2 x 600 steps, cancelled after 100 of the first (500 steps to spare
 # before the epoch ends: its SIGTERM checkpoint must be a step one of epoch 1).
 MEDIUM = [*TINY, "training.max_steps_per_epoch=600", "training.log_every_steps=50"]
-RUN_FILES = {"best_model.pt", "config.json", "tokenizer.json", "asset_info.json", "data_info.json",
-             "training_log.json", "test_results.json", "tokens", "report.png", "tensorboard",
-             "checkpoint_epoch_2.pt"}
+RUN_FILES = {
+    "best_model.pt",
+    "config.json",
+    "tokenizer.json",
+    "asset_info.json",
+    "data_info.json",
+    "training_log.json",
+    "test_results.json",
+    "tokens",
+    "report.png",
+    "tensorboard",
+    "checkpoint_epoch_2.pt",
+}
 
 
 # The case-script jobs sbatch'ed here; b and c from the root are launch_parallel_training.sh's.
@@ -74,13 +88,20 @@ def _experiment(key: str, where: str) -> str:
     return "launched" if (key, where) in (("b", "root"), ("c", "root")) else f"tiny_{where}"
 
 
-def _sbatch(repo: Path, case_key: str, overrides: list[str], *, cwd: Path | None = None,
-            options: tuple[str, ...] = ()) -> str:
+def _sbatch(
+    repo: Path, case_key: str, overrides: list[str], *, cwd: Path | None = None, options: tuple[str, ...] = ()
+) -> str:
     case, script, _ = CASES[case_key]
     path = repo / case / "slurm_scripts" / script
     where = cwd or repo
-    proc = subprocess.run(["sbatch", "--parsable", *options, os.path.relpath(path, where), *sets(overrides)],
-                          cwd=where, env=job_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", *options, os.path.relpath(path, where), *sets(overrides)],
+        cwd=where,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
     return proc.stdout.strip().split(";")[0]
 
@@ -136,8 +157,11 @@ def _job_pythons(job_id: str) -> list[int]:
     python, pids = os.path.realpath(sys.executable), []
     for proc in Path("/proc").iterdir():
         try:
-            if (proc.name.isdigit() and os.path.realpath(proc / "exe") == python
-                    and f"SLURM_JOB_ID={job_id}".encode() in (proc / "environ").read_bytes().split(b"\0")):
+            if (
+                proc.name.isdigit()
+                and os.path.realpath(proc / "exe") == python
+                and f"SLURM_JOB_ID={job_id}".encode() in (proc / "environ").read_bytes().split(b"\0")
+            ):
                 pids.append(int(proc.name))
         except OSError:  # gone, or not ours to read
             continue
@@ -185,8 +209,12 @@ class _Holder(threading.Thread):
         _send(self.held, signal.SIGSTOP)
         try:
             minutes = math.ceil((_seconds(scontrol_field(self.job_id, "RunTime") or "0") + 20) / 60)
-            proc = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"TimeLimit={minutes}"],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                ["scontrol", "update", f"JobId={self.job_id}", f"TimeLimit={minutes}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             self.cut = f"TimeLimit={minutes}: exit {proc.returncode} {proc.stderr.strip()}"
             until = time.monotonic() + 60 * minutes + 60
             # the ranks agree on a signal any of them got: one with USR2 pending is enough
@@ -218,20 +246,31 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
     deadline = time.monotonic() + TIMEOUT_S
     submitted: dict = {"repo": repo, "deadline": deadline}
     bench_json = tmp_path_factory.mktemp("bench_slurm") / "slurm.json"
-    bench = subprocess.Popen([sys.executable, str(REPO / "bench" / "bench_slurm.py"), "--rounds", "1", "--json",
-                              str(bench_json)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "bench_slurm.py"), "--rounds", "1", "--json", str(bench_json)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     submitted["bench"] = (bench, bench_json)
 
     # the long-running ones first: Slurm starts jobs in submission order
-    submitted["requeue"] = _sbatch(repo, "c", [*LONG, "experiment=rq_sbatch"],
-                                   options=("--time=10", "--signal=B:USR2@10"))
+    submitted["requeue"] = _sbatch(
+        repo, "c", [*LONG, "experiment=rq_sbatch"], options=("--time=10", "--signal=B:USR2@10")
+    )
     submitted["reference"] = _sbatch(repo, "c", [*LONG, "experiment=reference"])
     from common.cluster.submit import submit
+
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the submitit job inherits this environment
     try:
-        (job,) = submit(str(repo / "case_c_crypto"), None, [*LONG, "experiment=rq_submitit", "slurm.time=00:10:00"],
-                        out=io.StringIO(), signal_delay_s=10)
+        (job,) = submit(
+            str(repo / "case_c_crypto"),
+            None,
+            [*LONG, "experiment=rq_submitit", "slurm.time=00:10:00"],
+            out=io.StringIO(),
+            signal_delay_s=10,
+        )
     finally:
         os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
     submitted["submitit"] = job
@@ -239,7 +278,8 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
         _Extender(job_id, TIMEOUT_S).start()
     submitted["holders"] = {
         submitted["requeue"]: _Holder(submitted["requeue"], lambda: _log(repo, "c", submitted["requeue"]), TIMEOUT_S),
-        job.job_id: _Holder(job.job_id, lambda: _read(Path(job.paths.stdout)), TIMEOUT_S)}
+        job.job_id: _Holder(job.job_id, lambda: _read(Path(job.paths.stdout)), TIMEOUT_S),
+    }
     for holder in submitted["holders"].values():
         holder.start()
 
@@ -255,22 +295,44 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
         job_id = _sbatch(repo, key, [*TINY, f"experiment={_experiment(key, where)}"], cwd=cwd)
         submitted["cases"][(key, where)] = (job_id, cwd)
     # launch_parallel_training.sh -y --cases b,c: b and c from the repo root
-    proc = subprocess.run(["bash", str(repo / "launch_parallel_training.sh"), "-y", "--cases", "b,c",
-                           *sets([*TINY, "experiment=launched"])], cwd=repo, env=job_env(),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(repo / "launch_parallel_training.sh"),
+            "-y",
+            "--cases",
+            "b,c",
+            *sets([*TINY, "experiment=launched"]),
+        ],
+        cwd=repo,
+        env=job_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     submitted["launch"] = proc
     launched = re.findall(r"Submitted case ([bc]): job (\d+)", proc.stdout)
     submitted["more"] = [job_id for _, job_id in launched]  # tests add theirs
     for key, job_id in launched:
         submitted["cases"][(key, "root")] = (job_id, repo)
-    submitted["squeue"] = {job_id: subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i %j %T"], capture_output=True,
-                                                  text=True, timeout=60).stdout
-                           for job_id, _ in submitted["cases"].values()}
+    submitted["squeue"] = {
+        job_id: subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%i %j %T"], capture_output=True, text=True, timeout=60
+        ).stdout
+        for job_id, _ in submitted["cases"].values()
+    }
     yield submitted
 
     # whatever a failed test left behind in the queue
-    mine = [submitted["requeue"], submitted["reference"], job.job_id, submitted["scancel"],
-            *(j for j, _ in submitted["cases"].values()), *submitted["more"]]
+    mine = [
+        submitted["requeue"],
+        submitted["reference"],
+        job.job_id,
+        submitted["scancel"],
+        *(j for j, _ in submitted["cases"].values()),
+        *submitted["more"],
+    ]
     subprocess.run(["scancel", *mine], capture_output=True, timeout=60)
     if bench.poll() is None:  # a failed test's leftover: its `finally` cancels its job
         bench.send_signal(signal.SIGINT)
@@ -285,12 +347,14 @@ def test_each_case_script_runs_from_the_repo_root_and_from_slurm_scripts(jobs, k
     job_id, cwd = jobs["cases"][(key, where)]
     name = {"a": "full_market", "b": "reduced", "c": "crypto"}[key]
     # squeue showed the job, under the case's name
-    assert re.match(rf"{job_id} {name} (PENDING|RUNNING|CONFIGURING|COMPLETING|COMPLETED)", jobs["squeue"][job_id]), \
+    assert re.match(rf"{job_id} {name} (PENDING|RUNNING|CONFIGURING|COMPLETING|COMPLETED)", jobs["squeue"][job_id]), (
         jobs["squeue"][job_id]
+    )
     states = _wait([job_id], jobs["deadline"])
     out = _log(repo, key, job_id)
-    assert (states[job_id], scontrol_field(job_id, "ExitCode")) == ("COMPLETED", "0:0"), \
+    assert (states[job_id], scontrol_field(job_id, "ExitCode")) == ("COMPLETED", "0:0"), (
         out[-3000:] + _log(repo, key, job_id, "err")[-3000:]
+    )
     assert "Epoch 2/2" in out and "DDP: 2 processes (gloo)" in out and "Test (best model" in out
     assert not list(cwd.glob(f"slurm_*_{job_id}.out"))  # Slurm's own (empty) output file was cleaned up
     (run_dir,) = run_dirs(repo, case, _experiment(key, where))
@@ -374,10 +438,11 @@ def test_launch_parallel_training_submits_both_cases_and_its_monitor_runs(jobs):
     assert f"Jobs: {','.join(job_ids)}" in proc.stdout and f"scancel {' '.join(job_ids)}" in proc.stdout
     states = _wait(job_ids, jobs["deadline"])
     assert all(states[j] == "COMPLETED" for j in job_ids), states
-    monitor = subprocess.run([str(repo / "monitor_training.sh")], cwd="/", env=job_env(), capture_output=True,
-                             text=True, timeout=120)
+    monitor = subprocess.run(
+        [str(repo / "monitor_training.sh")], cwd="/", env=job_env(), capture_output=True, text=True, timeout=120
+    )
     assert monitor.returncode == 0, monitor.stderr
-    for (key, job_id) in zip("bc", job_ids):
+    for key, job_id in zip("bc", job_ids):
         case = CASES[key][0]
         (run_dir,) = run_dirs(repo, case, "launched")
         assert training_log(run_dir)["status"] == "finished"

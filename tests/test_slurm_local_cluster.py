@@ -2,6 +2,7 @@
 hosts file and state folder point into tmp_path here (LOCAL_SLURM_CONF_DIR, LOCAL_SLURM_HOSTS,
 LOCAL_SLURM_DIR), so none of this touches the real /etc or the running test cluster; the
 "foreign" daemons are copies of `sleep` named slurmd and slurmctld."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,12 @@ def site(tmp_path) -> dict:
     (etc / "slurm.conf").write_bytes(FOREIGN_CONF)
     (etc / "gres.conf").write_bytes(FOREIGN_GRES)
     (tmp_path / "hosts").write_bytes(HOSTS)
-    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path / "state"), "LOCAL_SLURM_CONF_DIR": str(etc),
-           "LOCAL_SLURM_HOSTS": str(tmp_path / "hosts")}
+    env = {
+        **os.environ,
+        "LOCAL_SLURM_DIR": str(tmp_path / "state"),
+        "LOCAL_SLURM_CONF_DIR": str(etc),
+        "LOCAL_SLURM_HOSTS": str(tmp_path / "hosts"),
+    }
     env.pop("LOCAL_SLURM_OWN_CONF", None)
     return {"etc": etc, "hosts": tmp_path / "hosts", "state": tmp_path / "state", "env": env}
 
@@ -55,8 +60,9 @@ def _tool(site: dict, *args: str) -> subprocess.CompletedProcess:
 
 def _shell(site: dict, code: str) -> subprocess.CompletedProcess:
     """`code` run with the tool's functions defined (the script, sourced, only defines them)."""
-    return subprocess.run(["bash", "-c", f'source "{LOCAL_SLURM}" && {code}'], env=site["env"], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", f'source "{LOCAL_SLURM}" && {code}'], env=site["env"], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_start_refuses_a_foreign_slurm_conf_and_signals_no_foreign_daemon(site, site_daemons):
@@ -86,8 +92,9 @@ def test_its_own_or_no_config_may_be_written(site):
     (site["etc"] / "slurm.conf").unlink()
     (site["etc"] / "gres.conf").unlink()
     assert _shell(site, "check_conf_dir").returncode == 0
-    (site["etc"] / "slurm.conf").write_text("# Written by tools/local_slurm/local_slurm.sh: a one-machine test "
-                                            "cluster.\nClusterName=marketgpt-local\n")
+    (site["etc"] / "slurm.conf").write_text(
+        "# Written by tools/local_slurm/local_slurm.sh: a one-machine test cluster.\nClusterName=marketgpt-local\n"
+    )
     (site["etc"] / "gres.conf").write_bytes(FOREIGN_GRES)  # beside our slurm.conf: an older version's
     assert _shell(site, "check_conf_dir").returncode == 0
 

@@ -2,6 +2,7 @@
 section and the seed's request, and common/slurm/job.sh (logs, pass-through, requeue,
 scancel) driven by fake `srun` and `scontrol` commands. tests/test_slurm_integration.py
 runs the same scripts on the real local Slurm."""
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,13 @@ def test_sbatch_lines_agree_with_the_config_slurm_section(key):
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_every_script_asks_for_the_seed_request(key):
     lines = sbatch_lines(SCRIPTS[key])
-    assert (lines["nodes"], lines["gres"], lines["mem"], lines["time"], lines["partition"]) == \
-        ("1", "gpu:a100:2", "128G", "7-00:00:00", "long")
+    assert (lines["nodes"], lines["gres"], lines["mem"], lines["time"], lines["partition"]) == (
+        "1",
+        "gpu:a100:2",
+        "128G",
+        "7-00:00:00",
+        "long",
+    )
     assert int(lines["ntasks-per-node"]) * int(lines["cpus-per-task"]) == 64  # 2 tasks x 32 CPUs
 
 
@@ -66,15 +72,29 @@ def test_the_three_scripts_differ_only_in_their_case():
     for key, (case, script, config) in CASES.items():
         text = SCRIPTS[key].read_text()
         s = load_config(REPO / case / "configs" / config).slurm
-        for word in (case, script.removesuffix(".sh"), config, f"job-name={s.job_name}", f"{s.log_prefix}_<JOBID>",
-                     f"LOG_PREFIX={s.log_prefix}"):
+        for word in (
+            case,
+            script.removesuffix(".sh"),
+            config,
+            f"job-name={s.job_name}",
+            f"{s.log_prefix}_<JOBID>",
+            f"LOG_PREFIX={s.log_prefix}",
+        ):
             text = text.replace(word, "<case>")
         texts.append([" ".join(line.split()) for line in text.splitlines() if not line.startswith("# Case ")])
     assert texts[0] == texts[1] == texts[2]
 
 
-@pytest.mark.parametrize("path", [*SCRIPTS.values(), REPO / "common/slurm/job.sh", REPO / "common/slurm/cluster_env.sh",
-                                  REPO / "launch_parallel_training.sh"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [
+        *SCRIPTS.values(),
+        REPO / "common/slurm/job.sh",
+        REPO / "common/slurm/cluster_env.sh",
+        REPO / "launch_parallel_training.sh",
+    ],
+    ids=lambda p: p.name,
+)
 def test_shell_syntax(path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
     if path.parent.name != "slurm" or path.parent.parent.name != "common":  # common/slurm/*.sh are sourced
@@ -108,19 +128,37 @@ class FakeJob:
     """The case C script as Slurm would start it, with fake srun/scontrol on PATH and a fake python
     for its plan (real_python: this interpreter, so the real `marketgpt plan` runs)."""
 
-    def __init__(self, repo: Path, tmp: Path, srun: str, job_id: str = "4242", restarts: int = 0,
-                 command: str | None = None, submit_dir: Path | None = None, stdout: Path | None = None,
-                 real_python: bool = False) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        tmp: Path,
+        srun: str,
+        job_id: str = "4242",
+        restarts: int = 0,
+        command: str | None = None,
+        submit_dir: Path | None = None,
+        stdout: Path | None = None,
+        real_python: bool = False,
+    ) -> None:
         self.repo, self.job_id, self.calls = repo, job_id, tmp / "calls.txt"
         script = repo / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
         bin_dir = fake_bin(tmp / "bin", srun=FAKE_SRUN, scontrol=FAKE_SCONTROL, fake_python=FAKE_PYTHON)
         python = {} if real_python else {"MARKETGPT_PYTHON": "fake_python"}  # found on PATH
         self.env = job_env(
-            **python, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_CALLS=str(self.calls), FAKE_SRUN=srun,
+            **python,
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            FAKE_CALLS=str(self.calls),
+            FAKE_SRUN=srun,
             FAKE_COMMAND=f"{script} --set training.epochs=5" if command is None else command,
-            FAKE_STDOUT=str(stdout or ""), SLURM_JOB_ID=job_id, SLURM_JOB_NAME="crypto", SLURM_GPUS_ON_NODE="2",
-            SLURM_CPUS_PER_TASK="32", SLURM_NTASKS="2", SLURM_RESTART_COUNT=str(restarts),
-            SLURM_SUBMIT_DIR=str(submit_dir or tmp))
+            FAKE_STDOUT=str(stdout or ""),
+            SLURM_JOB_ID=job_id,
+            SLURM_JOB_NAME="crypto",
+            SLURM_GPUS_ON_NODE="2",
+            SLURM_CPUS_PER_TASK="32",
+            SLURM_NTASKS="2",
+            SLURM_RESTART_COUNT=str(restarts),
+            SLURM_SUBMIT_DIR=str(submit_dir or tmp),
+        )
         # sbatch runs a spooled copy of the script, from the directory it was submitted in
         self.spooled = tmp / "slurm_script"
         self.spooled.write_text(script.read_text())
@@ -128,8 +166,14 @@ class FakeJob:
 
     def start(self, *args: str) -> subprocess.Popen:
         self.calls.unlink(missing_ok=True)
-        return subprocess.Popen(["bash", str(self.spooled), *args], cwd=self.cwd, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            ["bash", str(self.spooled), *args],
+            cwd=self.cwd,
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def run(self, *args: str) -> int:
         return self.start(*args).wait(timeout=60)
@@ -155,7 +199,8 @@ def test_a_finished_job_logs_to_the_case_folder_and_passes_extra_arguments(repo,
     (srun,) = [line for line in job.recorded().splitlines() if line.startswith("srun ")]
     assert srun.startswith("srun --cpus-per-task=32 ") and srun.endswith(
         " -m common.cli train --config case_c_crypto/configs/crypto_prototype.json --num-gpus 2 --resume auto "
-        "--set training.epochs=5")
+        "--set training.epochs=5"
+    )
     assert "requeue" not in job.recorded()
     log = job.log()
     assert "job 101 (crypto)" in log and "restart 0" in log and "training exited with code 0" in log
@@ -166,8 +211,10 @@ def test_the_log_starts_with_the_plan_of_the_jobs_config_overrides_and_gpus(repo
     job.env.update(SLURM_GPUS_ON_NODE="4", SLURM_JOB_NUM_NODES="2")
     assert job.run("--set", "training.epochs=5", "--init-from", "runs/x", "--set=model.dropout=0") == 0
     plan, srun = job.recorded().splitlines()  # the plan first, on the batch host, then srun
-    assert plan.endswith(" -m common.cli plan --config case_c_crypto/configs/crypto_prototype.json --set "
-                         "training.epochs=5 --set=model.dropout=0 --set slurm.nodes=2 --set slurm.gpus_per_node=4")
+    assert plan.endswith(
+        " -m common.cli plan --config case_c_crypto/configs/crypto_prototype.json --set "
+        "training.epochs=5 --set=model.dropout=0 --set slurm.nodes=2 --set slurm.gpus_per_node=4"
+    )
     assert srun.startswith("srun ") and srun.endswith("--init-from runs/x --set=model.dropout=0")
     log = job.log().splitlines()
     assert "job 111 (crypto)" in log[0] and log[2].startswith("Plan: (fake) -m common.cli plan")
@@ -188,8 +235,10 @@ def test_a_failed_plan_is_one_warning_and_the_job_trains(repo, tmp_path):
     job.env["FAKE_PLAN"] = "fail:2"
     assert job.run() == 0
     assert [line.split()[0] for line in job.recorded().splitlines()] == ["python", "srun"]
-    assert ("marketgpt: warning: `marketgpt plan` failed (exit 2; 124: over 5 minutes; its message is in the "
-            ".err log); training goes on") in job.log()
+    assert (
+        "marketgpt: warning: `marketgpt plan` failed (exit 2; 124: over 5 minutes; its message is in the "
+        ".err log); training goes on"
+    ) in job.log()
     assert "marketgpt plan: error: fake failure" in job.log("err")
 
 

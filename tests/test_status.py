@@ -1,4 +1,5 @@
 """`marketgpt status`: the table built from run folders, logs and (faked) squeue states."""
+
 from __future__ import annotations
 
 import json
@@ -15,19 +16,30 @@ from slurm_helpers import REPO
 
 
 def _epoch(n: int, val: float, tps: float = 41234.0, eta: float = 3 * 3600 + 5 * 60) -> dict:
-    return {"epoch": n, "train_loss": val + 0.1, "train_acc": 0.3, "val_loss": val, "val_acc": 0.3, "lr": 1e-4,
-            "tokens_per_sec": tps, "elapsed_s": 60.0 * n, "eta_s": eta}
+    return {
+        "epoch": n,
+        "train_loss": val + 0.1,
+        "train_acc": 0.3,
+        "val_loss": val,
+        "val_acc": 0.3,
+        "lr": 1e-4,
+        "tokens_per_sec": tps,
+        "elapsed_s": 60.0 * n,
+        "eta_s": eta,
+    }
 
 
 def _run(root: Path, name: str, epochs_total: int = 50, log_lines: str = "", **log) -> Path:
     case = root / "case_c_crypto"
     run = case / "checkpoints" / name
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"training": {"epochs": epochs_total},
-                                                 "slurm": {"log_prefix": "crypto"}}))
+    (run / "config.json").write_text(
+        json.dumps({"training": {"epochs": epochs_total}, "slurm": {"log_prefix": "crypto"}})
+    )
     if log:
-        (run / "training_log.json").write_text(json.dumps({"status": "running", "best_val_loss": None,
-                                                           "epochs": [], **log}))
+        (run / "training_log.json").write_text(
+            json.dumps({"status": "running", "best_val_loss": None, "epochs": [], **log})
+        )
     if log_lines and log.get("slurm_job_id"):
         (case / "logs").mkdir(exist_ok=True)
         (case / "logs" / f"crypto_{log['slurm_job_id']}.out").write_text(log_lines)
@@ -52,9 +64,15 @@ def _slurm(monkeypatch, states: dict[str, str], commands: dict[str, str]):
 
 def test_without_slurm_every_run_folder_is_a_row(root, monkeypatch):
     _no_slurm(monkeypatch)
-    _run(root, "crypto_prototype_20250106_091500", slurm_job_id="812", best_val_loss=2.4123, best_epoch=11,
-         epochs=[_epoch(11, 2.4123), _epoch(12, 2.4301)],
-         log_lines="Epoch 12/50\n  epoch 13/50 step 150/1200 | loss 2.512 | lr 1.0e-04 | 41.2k tok/s\n\n")
+    _run(
+        root,
+        "crypto_prototype_20250106_091500",
+        slurm_job_id="812",
+        best_val_loss=2.4123,
+        best_epoch=11,
+        epochs=[_epoch(11, 2.4123), _epoch(12, 2.4301)],
+        log_lines="Epoch 12/50\n  epoch 13/50 step 150/1200 | loss 2.512 | lr 1.0e-04 | 41.2k tok/s\n\n",
+    )
     _run(root, "crypto_prototype_20250101_000000", status="finished", best_val_loss=2.0, epochs=[_epoch(50, 2.1)])
     table = status_table(root=root)
     header, first, second = table.splitlines()
@@ -70,13 +88,26 @@ def test_without_slurm_every_run_folder_is_a_row(root, monkeypatch):
 
 def test_score_is_the_scorecard_headline(root, monkeypatch):
     _no_slurm(monkeypatch)
-    scored = _run(root, "crypto_prototype_20250101_000000", status="finished", best_val_loss=2.0,
-                  epochs=[_epoch(50, 2.1)])
-    (scored / "scorecard.json").write_text(json.dumps({"headline": {
-        "horizon": 1, "baseline": "garch", "value": -0.0042, "ci95": [-0.019, 0.01], "verdict": "no edge"}}))
+    scored = _run(
+        root, "crypto_prototype_20250101_000000", status="finished", best_val_loss=2.0, epochs=[_epoch(50, 2.1)]
+    )
+    (scored / "scorecard.json").write_text(
+        json.dumps(
+            {
+                "headline": {
+                    "horizon": 1,
+                    "baseline": "garch",
+                    "value": -0.0042,
+                    "ci95": [-0.019, 0.01],
+                    "verdict": "no edge",
+                }
+            }
+        )
+    )
     _run(root, "crypto_prototype_20250102_000000", status="finished", best_val_loss=2.0, epochs=[_epoch(50, 2.1)])
-    broken = _run(root, "crypto_prototype_20250103_000000", status="finished", best_val_loss=2.0,
-                  epochs=[_epoch(50, 2.1)])
+    broken = _run(
+        root, "crypto_prototype_20250103_000000", status="finished", best_val_loss=2.0, epochs=[_epoch(50, 2.1)]
+    )
     (broken / "scorecard.json").write_text('{"headline": null')  # half-written: no score, no crash
     header, *rows = status_table(root=root).splitlines()
     column = header.index("SCORE")
@@ -87,17 +118,30 @@ def test_score_is_the_scorecard_headline(root, monkeypatch):
 
 def test_slurm_states_come_from_the_job_id_in_the_log(root, monkeypatch):
     _run(root, "crypto_prototype_20250106_091500", slurm_job_id="812", epochs=[_epoch(1, 3.0)])
-    _run(root, "crypto_prototype_20250105_000000", slurm_job_id="700", epochs=[_epoch(1, 3.0)],
-         interrupted="SIGTERM at epoch 2 step 5; saved ...")
+    _run(
+        root,
+        "crypto_prototype_20250105_000000",
+        slurm_job_id="700",
+        epochs=[_epoch(1, 3.0)],
+        interrupted="SIGTERM at epoch 2 step 5; saved ...",
+    )
     _run(root, "crypto_prototype_20250104_000000", slurm_job_id="600", epochs=[_epoch(1, 3.0)])
     _run(root, "crypto_prototype_20250103_000000", epochs=[_epoch(1, 3.0)])  # trained outside Slurm
     script = root / "case_c_crypto" / "slurm_scripts" / "train_crypto_a100.sh"
-    _slurm(monkeypatch, {"812": "RUNNING", "900": "PENDING", "901": "PENDING"},
-           {"812": f"{script}", "900": f"{script} --set training.epochs=5",
-            "901": "/elsewhere/case_c_crypto/slurm_scripts/train_crypto_a100.sh"})
+    _slurm(
+        monkeypatch,
+        {"812": "RUNNING", "900": "PENDING", "901": "PENDING"},
+        {
+            "812": f"{script}",
+            "900": f"{script} --set training.epochs=5",
+            "901": "/elsewhere/case_c_crypto/slurm_scripts/train_crypto_a100.sh",
+        },
+    )
     rows = {r.run: r for r in collect_rows(root=root)}
-    assert (rows["crypto_prototype_20250106_091500"].slurm, rows["crypto_prototype_20250106_091500"].status) == \
-        ("RUNNING", "running")
+    assert (rows["crypto_prototype_20250106_091500"].slurm, rows["crypto_prototype_20250106_091500"].status) == (
+        "RUNNING",
+        "running",
+    )
     assert rows["crypto_prototype_20250105_000000"].status == "interrupted"  # job gone, checkpoint saved
     assert rows["crypto_prototype_20250104_000000"].status == "stopped"  # job gone (scancel, kill -9)
     queued = rows["(no run folder yet)"]  # a job of this case (its script is here) without a run yet

@@ -2,6 +2,7 @@
 script's), arrays, every bad input rejected before anything is queued, the Checkpointable's
 resume target, waiting with a timeout, and a real --local run (2 local DDP ranks).
 tests/test_slurm_integration.py submits through submitit to the real local Slurm."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,19 @@ from slurm_helpers import CASES, TINY, sbatch_lines, sets
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
 
 
-@pytest.mark.parametrize("text,minutes", [("7-00:00:00", 7 * 24 * 60), ("2-00:00:00", 2880), ("90", 90),
-                                          ("1:30", 2), ("2:00:00", 120), ("1-12", 36 * 60), ("0-0:1:0", 1),
-                                          ("00:01:00", 1)])
+@pytest.mark.parametrize(
+    "text,minutes",
+    [
+        ("7-00:00:00", 7 * 24 * 60),
+        ("2-00:00:00", 2880),
+        ("90", 90),
+        ("1:30", 2),
+        ("2:00:00", 120),
+        ("1-12", 36 * 60),
+        ("0-0:1:0", 1),
+        ("00:01:00", 1),
+    ],
+)
 def test_slurm_time_formats(text, minutes):
     assert parse_slurm_time(text) == minutes
 
@@ -56,7 +67,7 @@ def test_submitit_asks_for_what_the_sbatch_script_asks_for(key, tmp_path):
     theirs = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH --"):
-            k, _, v = line[len("#SBATCH --"):].partition("=")
+            k, _, v = line[len("#SBATCH --") :].partition("=")
             theirs[k] = v or None
     for k in ("job-name", "partition", "nodes", "ntasks-per-node", "cpus-per-task", "gres"):
         assert theirs[k] == ours[k], k
@@ -70,7 +81,9 @@ def test_submitit_asks_for_what_the_sbatch_script_asks_for(key, tmp_path):
 def test_an_array_trains_one_experiment_per_value():
     plan = plan_submission("c", overrides=["training.epochs=3"], array="seeds=1,2")
     assert [(p.label, p.cfg.training.seed, p.cfg.experiment, p.cfg.training.epochs) for p in plan] == [
-        ("training.seed=1", 1, "crypto_prototype_seed1", 3), ("training.seed=2", 2, "crypto_prototype_seed2", 3)]
+        ("training.seed=1", 1, "crypto_prototype_seed1", 3),
+        ("training.seed=2", 2, "crypto_prototype_seed2", 3),
+    ]
     lr = plan_submission("c", array="training.learning_rate=1e-4,3e-4")
     assert [p.cfg.experiment for p in lr] == [
         "crypto_prototype_learning_rate1e-4",
@@ -78,13 +91,20 @@ def test_an_array_trains_one_experiment_per_value():
     ]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--case", "case_c_cripto"], "unknown case 'case_c_cripto'; did you mean 'case_c_crypto'?"),
-    (["--case", "c", "--config", "missing.json"], "missing.json: config file not found"),
-    (["--case", "c", "--set", "training.epoch=5"], "unknown key 'training.epoch' (did you mean 'training.epochs'?)"),
-    (["--case", "c", "--array", "seeds=1,x"], "--array training.seed=x: 'training.seed' = 'x' is not an integer"),
-    (["--case", "c", "--set", "slurm.time=7 days"], "slurm.time = '7 days' is not a Slurm time"),
-], ids=["case typo", "missing config", "unknown key", "bad array value", "bad time"])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--case", "case_c_cripto"], "unknown case 'case_c_cripto'; did you mean 'case_c_crypto'?"),
+        (["--case", "c", "--config", "missing.json"], "missing.json: config file not found"),
+        (
+            ["--case", "c", "--set", "training.epoch=5"],
+            "unknown key 'training.epoch' (did you mean 'training.epochs'?)",
+        ),
+        (["--case", "c", "--array", "seeds=1,x"], "--array training.seed=x: 'training.seed' = 'x' is not an integer"),
+        (["--case", "c", "--set", "slurm.time=7 days"], "slurm.time = '7 days' is not a Slurm time"),
+    ],
+    ids=["case typo", "missing config", "unknown key", "bad array value", "bad time"],
+)
 def test_bad_input_is_one_line_before_anything_is_queued(argv, message, capsys, nothing_queued):
     assert main(["submit", *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,5 +1,6 @@
 """common.data.synthetic: a deterministic synthetic market whose statistics are the spec's, whose
 truth is the t density it claims, and whose files the data.source = "files" reader takes as they are."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,9 @@ def test_heavy_tails_and_volatility_clustering():
     assert stats.kurtosis(r) > 1.0  # t(5): 6 in theory; a Gaussian gives ~0
     acf = lambda x: np.corrcoef(np.abs(x[1:]), np.abs(x[:-1]))[0, 1]  # noqa: E731
     assert abs(acf(r)) < 0.05  # no GARCH, no regimes: no clustering
-    clustered = returns(generate_asset(SyntheticSpec(assets=1, candles=20_000, garch_alpha=0.1, garch_beta=0.85,
-                                                     p_stress=0.0), 0))
+    clustered = returns(
+        generate_asset(SyntheticSpec(assets=1, candles=20_000, garch_alpha=0.1, garch_beta=0.85, p_stress=0.0), 0)
+    )
     assert acf(clustered) > 0.1
 
 
@@ -77,6 +79,7 @@ def test_assets_co_move_with_the_market_factor():
     def corr(beta: float) -> float:
         a, b = iter_assets(SyntheticSpec(assets=2, candles=20_000, market_beta=beta, **PLAIN))
         return np.corrcoef(returns(a), returns(b))[0, 1]
+
     assert corr(0.8) > 0.45  # ~0.54: beta**2 = 0.64 shrunk by each asset's own t mixing
     assert abs(corr(0.0)) < 0.05
 
@@ -137,11 +140,24 @@ def test_written_files_read_back_unchanged(tmp_path: Path):
     assert [a.symbol for a in market.assets] == ["SYN0000", "SYN0001"]  # truth/ is a folder: not read
 
 
-@pytest.mark.parametrize("field, value", [
-    ("assets", 0), ("candles", 1), ("interval", "2h"), ("nu", 2.0), ("garch_alpha", -0.1),
-    ("garch_beta", 0.95), ("p_stress", 1.5), ("stress_vol", 0.0), ("market_beta", 1.2),
-    ("seasonality", -1.0), ("gap_prob", 1.0), ("categories", ("moon",)), ("start", "not a date"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("assets", 0),
+        ("candles", 1),
+        ("interval", "2h"),
+        ("nu", 2.0),
+        ("garch_alpha", -0.1),
+        ("garch_beta", 0.95),
+        ("p_stress", 1.5),
+        ("stress_vol", 0.0),
+        ("market_beta", 1.2),
+        ("seasonality", -1.0),
+        ("gap_prob", 1.0),
+        ("categories", ("moon",)),
+        ("start", "not a date"),
+    ],
+)
 def test_bad_specs_name_the_field(field: str, value: object):
     with pytest.raises(UserError, match=f"SyntheticSpec.{field} "):
         SyntheticSpec(**{field: value})

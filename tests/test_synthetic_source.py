@@ -1,6 +1,7 @@
 """data.source = "synthetic": data.synthetic checked as the spec checks it, candles made only when
 looked up (a spy on the generator), data.categories without generating anything, and a tiny
 training run on it end to end."""
+
 from __future__ import annotations
 
 import json
@@ -33,27 +34,43 @@ def _cfg(synthetic: str, *more: str):
 
 def test_the_spec_is_data_synthetic_at_the_configs_interval_and_start():
     spec = synthetic_spec(load_config(FIXTURES / "good" / "synthetic.json"))
-    assert spec == SyntheticSpec(assets=3, candles=20_000, interval="1h", start="2024-01-01", gap_prob=0.05,
-                                 categories=("crypto", "fx"))
+    assert spec == SyntheticSpec(
+        assets=3, candles=20_000, interval="1h", start="2024-01-01", gap_prob=0.05, categories=("crypto", "fx")
+    )
     assert isinstance(spec.candles, int)  # 2e4 in the JSON
     # the documented command line (docs/data.md)
     spec = synthetic_spec(_cfg('{"assets": 50, "candles": 20000}'))
     assert (spec.assets, spec.candles, spec.interval, spec.start) == (50, 20_000, "1h", "2018-01-01")
-    assert synthetic_spec(load_config(CASE_C, ["data.source=synthetic"])) == SyntheticSpec(interval="1h",
-                                                                                           start="2018-01-01")
+    assert synthetic_spec(load_config(CASE_C, ["data.source=synthetic"])) == SyntheticSpec(
+        interval="1h", start="2018-01-01"
+    )
 
 
-@pytest.mark.parametrize("synthetic, more, fragment", [
-    ('{"asets": 5}', [], "'data.synthetic.asets' is not a setting of the synthetic market (did you mean 'assets'?)"),
-    ('{"nu": 2}', [], "'data.synthetic.nu' = 2.0 must be > 2 (the t needs a finite variance)"),
-    ('{"categories": ["moon"]}', [], "'data.synthetic.categories' = ('moon',) must be a non-empty list of us_stock"),
-    ('{"categories": "crypto"}', [], "'data.synthetic.categories' = 'crypto' must be a list of strings"),
-    ('{"seed": true}', [], "'data.synthetic.seed' = True must be an integer"),
-    ('{"start": "2020-01-01"}', [], "'data.synthetic.start' is not read: the synthetic market's start is "
-                                    "data.start_date"),
-    ('{"assets": 5}', ["data.source=sample"], "'data.synthetic' is read only with data.source = 'synthetic'"),
-    ("{assets: 5}", [], "'data.synthetic' must be an object, got text that is not JSON '{assets: 5}'"),
-])
+@pytest.mark.parametrize(
+    "synthetic, more, fragment",
+    [
+        (
+            '{"asets": 5}',
+            [],
+            "'data.synthetic.asets' is not a setting of the synthetic market (did you mean 'assets'?)",
+        ),
+        ('{"nu": 2}', [], "'data.synthetic.nu' = 2.0 must be > 2 (the t needs a finite variance)"),
+        (
+            '{"categories": ["moon"]}',
+            [],
+            "'data.synthetic.categories' = ('moon',) must be a non-empty list of us_stock",
+        ),
+        ('{"categories": "crypto"}', [], "'data.synthetic.categories' = 'crypto' must be a list of strings"),
+        ('{"seed": true}', [], "'data.synthetic.seed' = True must be an integer"),
+        (
+            '{"start": "2020-01-01"}',
+            [],
+            "'data.synthetic.start' is not read: the synthetic market's start is data.start_date",
+        ),
+        ('{"assets": 5}', ["data.source=sample"], "'data.synthetic' is read only with data.source = 'synthetic'"),
+        ("{assets: 5}", [], "'data.synthetic' must be an object, got text that is not JSON '{assets: 5}'"),
+    ],
+)
 def test_bad_synthetic_settings_name_the_key(synthetic, more, fragment):
     with pytest.raises(ConfigError) as err:
         _cfg(synthetic, *more)
@@ -75,10 +92,13 @@ def test_spec_from_dict_types_values_and_names_the_unknown_key():
 
 def test_the_config_loads_without_pandas():
     """data.synthetic is checked by the spec, which lives on the root floor without pandas."""
-    code = (f"import sys\nfrom common.config import load_config\n"
-            f"load_config({str(FIXTURES / 'good' / 'synthetic.json')!r})\nprint('pandas' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    code = (
+        f"import sys\nfrom common.config import load_config\n"
+        f"load_config({str(FIXTURES / 'good' / 'synthetic.json')!r})\nprint('pandas' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -103,8 +123,12 @@ def test_candles_are_made_only_when_looked_up(made):
     cfg = _cfg('{"assets": 5, "candles": 300, "gap_prob": 0.1, "categories": ["crypto", "fx"], "seed": 3}')
     market = load_market_data(cfg, REPO_ROOT / "case_c_crypto")
     assert [(a.symbol, a.source, a.category) for a in market.assets] == [
-        ("SYN0000", "synthetic", "crypto"), ("SYN0001", "synthetic", "fx"), ("SYN0002", "synthetic", "crypto"),
-        ("SYN0003", "synthetic", "fx"), ("SYN0004", "synthetic", "crypto")]
+        ("SYN0000", "synthetic", "crypto"),
+        ("SYN0001", "synthetic", "fx"),
+        ("SYN0002", "synthetic", "crypto"),
+        ("SYN0003", "synthetic", "fx"),
+        ("SYN0004", "synthetic", "crypto"),
+    ]
     assert market.interval == "1h"
     assert len(market.candles) == 5 and list(market.candles) == [a.symbol for a in market.assets]
     assert "SYN0003" in market.candles and "SYN0009" not in market.candles
@@ -129,8 +153,10 @@ def test_data_categories_keep_the_candles_lazy(made):
     market.candles["SYN0001"]
     assert made == [1]
     with pytest.raises(UserError, match="no asset of commodity"):
-        load_market_data(_cfg('{"assets": 2, "categories": ["crypto", "fx"]}', "data.categories=commodity"),
-                         REPO_ROOT / "case_c_crypto")
+        load_market_data(
+            _cfg('{"assets": 2, "categories": ["crypto", "fx"]}', "data.categories=commodity"),
+            REPO_ROOT / "case_c_crypto",
+        )
 
 
 # --------------------------------------------------------------------------- training on it
@@ -138,12 +164,31 @@ def test_data_categories_keep_the_candles_lazy(made):
 
 TINY = {
     "experiment": "syn",
-    "model": {"vocab_size": 64, "context_length": 8, "d_model": 32, "num_layers": 1, "num_heads": 2,
-              "d_ff": 64, "asset_embed_dim": 4, "category_embed_dim": 4},
-    "training": {"batch_size": 8, "epochs": 1, "max_steps_per_epoch": 2, "eval_max_batches": 1,
-                 "warmup_steps": 1, "device": "cpu", "scorecard_origins": 0},
-    "data": {"source": "synthetic", "interval": "4h", "start_date": "2022-01-01",
-             "synthetic": {"assets": 3, "candles": 400, "categories": ["crypto", "us_stock"], "gap_prob": 0.05}},
+    "model": {
+        "vocab_size": 64,
+        "context_length": 8,
+        "d_model": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "d_ff": 64,
+        "asset_embed_dim": 4,
+        "category_embed_dim": 4,
+    },
+    "training": {
+        "batch_size": 8,
+        "epochs": 1,
+        "max_steps_per_epoch": 2,
+        "eval_max_batches": 1,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "scorecard_origins": 0,
+    },
+    "data": {
+        "source": "synthetic",
+        "interval": "4h",
+        "start_date": "2022-01-01",
+        "synthetic": {"assets": 3, "candles": 400, "categories": ["crypto", "us_stock"], "gap_prob": 0.05},
+    },
 }
 
 
@@ -157,8 +202,11 @@ def test_train_on_the_synthetic_market_end_to_end(tmp_path):
     assert info["source"] == "synthetic" and sorted(info["assets"]) == ["SYN0000", "SYN0001", "SYN0002"]
     assert info["assets"]["SYN0000"]["gaps_filled"] > 0  # crypto: its gaps are filled, as for real crypto
     assets = json.loads((run / "asset_info.json").read_text())["assets"]
-    assert [(a["source"], a["category"]) for a in assets] == [("synthetic", "crypto"), ("synthetic", "us_stock"),
-                                                              ("synthetic", "crypto")]
+    assert [(a["source"], a["category"]) for a in assets] == [
+        ("synthetic", "crypto"),
+        ("synthetic", "us_stock"),
+        ("synthetic", "crypto"),
+    ]
     saved = json.loads((run / "config.json").read_text())
     assert saved["data"]["synthetic"]["categories"] == ["crypto", "us_stock"]
     assert (run / "test_results.json").is_file()

@@ -1,5 +1,6 @@
 """OHLCTokenizer: features against a plain-loop reference, round trip, causality, no leakage,
 edge cases, save/load, vocabulary usage across volatility scales, and hypothesis properties."""
+
 from __future__ import annotations
 
 import functools
@@ -35,7 +36,7 @@ def garch_candles(n: int, daily_vol: float, seed: int, start: str = "2010-01-01"
     sig = np.empty(n)
     var, shock = 1.0, 0.0
     for t in range(n):
-        var = omega + a * shock ** 2 + b * var
+        var = omega + a * shock**2 + b * var
         sig[t] = math.sqrt(var) * daily_vol
         shock = rng.standard_t(5) / math.sqrt(5 / 3) * math.sqrt(var)
     # Each candle: an overnight gap, then 8 intraday steps at the day's volatility.
@@ -46,8 +47,16 @@ def garch_candles(n: int, daily_vol: float, seed: int, start: str = "2010-01-01"
     prices = np.exp(log_close[:, None] + path)
     open_, close = prices[:, 0], prices[:, -1]
     index = pd.date_range(start, periods=n, freq="D", tz="UTC", name="timestamp")
-    return pd.DataFrame({"open": open_, "high": prices.max(axis=1), "low": prices.min(axis=1),
-                         "close": close, "volume": rng.uniform(0, 1e5, n)}, index=index)
+    return pd.DataFrame(
+        {
+            "open": open_,
+            "high": prices.max(axis=1),
+            "low": prices.min(axis=1),
+            "close": close,
+            "volume": rng.uniform(0, 1e5, n),
+        },
+        index=index,
+    )
 
 
 def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
@@ -80,8 +89,7 @@ def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
 
 @functools.lru_cache(maxsize=None)
 def train_frames() -> dict:
-    return {f"S{i}": garch_candles(600, vol, seed=i)
-            for i, vol in enumerate([0.002, 0.01, 0.02, 0.05, 0.005, 0.03])}
+    return {f"S{i}": garch_candles(600, vol, seed=i) for i, vol in enumerate([0.002, 0.01, 0.02, 0.05, 0.005, 0.03])}
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,7 +178,7 @@ def test_decode_path_reencodes_to_the_same_moves(history_len):
     # only true if decode_path updates sigma exactly like encode does.
     idx = pd.date_range(history.index[-1] + pd.Timedelta(days=1), periods=len(closes), freq="D")
     future = pd.DataFrame({c: closes for c in ("open", "high", "low", "close")} | {"volume": 0.0}, index=idx)
-    again = tok.encode(pd.concat([history, future]), "X")[len(history):]
+    again = tok.encode(pd.concat([history, future]), "X")[len(history) :]
     np.testing.assert_array_equal(tok.split_token(again)[0], tok.split_token(sampled)[0])
     np.testing.assert_array_equal(again == MISSING_TOKEN, sampled == MISSING_TOKEN)
 
@@ -179,8 +187,10 @@ def test_decode_path_reencodes_to_the_same_moves(history_len):
 def test_fit_uses_bins_evenly_and_decodes_to_bin_medians(shape_bins):
     tok = OHLCTokenizer(256, shape_bins, HALFLIFE, WARMUP).fit(train_frames())
     feats = [tok.features(df, s) for s, df in train_frames().items()]
-    for values, binning, n_bins in ((np.concatenate([f[0] for f in feats]), tok.move_binning, tok.ret_bins),
-                                    (np.concatenate([f[1] for f in feats]), tok.shape_binning, shape_bins)):
+    for values, binning, n_bins in (
+        (np.concatenate([f[0] for f in feats]), tok.move_binning, tok.ret_bins),
+        (np.concatenate([f[1] for f in feats]), tok.shape_binning, shape_bins),
+    ):
         values = values[~np.isnan(values)]
         assert len(values) == tok.fit_stats["candles"]
         bins = binning.assign(values)
@@ -205,14 +215,14 @@ def test_changing_future_candles_never_changes_past_tokens():
     rng = np.random.default_rng(1)
     for t in (0, 10, 150, 398):
         changed = df.copy()
-        tail = changed.iloc[t + 1:]
+        tail = changed.iloc[t + 1 :]
         scale = rng.uniform(0.2, 5.0, size=(len(tail), 1))
-        changed.iloc[t + 1:, :4] = tail.iloc[:, :4].to_numpy() * scale  # still valid OHLC, wild moves
-        changed.iloc[t + 1::7] = np.nan
+        changed.iloc[t + 1 :, :4] = tail.iloc[:, :4].to_numpy() * scale  # still valid OHLC, wild moves
+        changed.iloc[t + 1 :: 7] = np.nan
         new = tok.encode(changed, "X")
         np.testing.assert_array_equal(new[: t + 1], base[: t + 1])
         if t + 1 < len(df):
-            assert not np.array_equal(new[t + 1:], base[t + 1:])  # the change did reach the encoder
+            assert not np.array_equal(new[t + 1 :], base[t + 1 :])  # the change did reach the encoder
 
 
 def test_fit_on_train_period_ignores_val_and_test(tmp_path):
@@ -272,7 +282,7 @@ def test_warmup_candles_are_bos():
     tokens = tok.encode(df, "X")
     valid = np.flatnonzero(~df["close"].isna().to_numpy())
     assert (tokens[valid[: WARMUP + 1]] == BOS_TOKEN).all()  # first candle + WARMUP without history
-    assert (tokens[valid[WARMUP + 1:]] >= NUM_SPECIAL_TOKENS).all()
+    assert (tokens[valid[WARMUP + 1 :]] >= NUM_SPECIAL_TOKENS).all()
     assert (tokens[[0, 3]] == MISSING_TOKEN).all()
     short = tok.encode(df.iloc[:4], "X")
     np.testing.assert_array_equal(short, [MISSING_TOKEN, BOS_TOKEN, BOS_TOKEN, MISSING_TOKEN])
@@ -319,7 +329,7 @@ def test_flat_candles_get_lowest_shape_bin_without_warnings():
     const = df.assign(open=5.0, high=5.0, low=5.0, close=5.0)
     with np.errstate(all="raise"):
         tokens = tok.encode(const, "X")
-    assert (tokens >= 0).all() and (tokens[WARMUP + 1:] >= NUM_SPECIAL_TOKENS).all()
+    assert (tokens >= 0).all() and (tokens[WARMUP + 1 :] >= NUM_SPECIAL_TOKENS).all()
 
 
 def test_inverted_candle_uses_max_and_min_of_prices():
@@ -370,8 +380,7 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.to_dict() == tok.to_dict() and repr(loaded) == repr(tok)
     df = garch_candles(200, 0.02, seed=21)
     np.testing.assert_array_equal(loaded.encode(df, "X"), tok.encode(df, "X"))
-    np.testing.assert_array_equal(loaded.decode(np.arange(tok.vocab_size))[0],
-                                  tok.decode(np.arange(tok.vocab_size))[0])
+    np.testing.assert_array_equal(loaded.decode(np.arange(tok.vocab_size))[0], tok.decode(np.arange(tok.vocab_size))[0])
 
 
 def test_load_bad_files_gives_clear_user_errors(tmp_path):
@@ -422,8 +431,10 @@ def _usage_by_scale() -> tuple[dict, float]:
 def test_normalization_spreads_tokens_across_volatility_scales(monkeypatch):
     usage, tv = _usage_by_scale()
     for name, u in usage.items():
-        print(f"\n{name}: entropy {u['bits']:.2f} bits of {u['max_bits']:.2f} ({u['fraction']:.1%}), "
-              f"{u['distinct']} distinct ids, {u['ret_bins_used']:.0%} of return bins used")
+        print(
+            f"\n{name}: entropy {u['bits']:.2f} bits of {u['max_bits']:.2f} ({u['fraction']:.1%}), "
+            f"{u['distinct']} distinct ids, {u['ret_bins_used']:.0%} of return bins used"
+        )
         assert u["fraction"] > 0.85
         assert u["ret_bins_used"] > 0.9
     print(f"return-bin histograms calm vs wild: total variation {tv:.3f}")

@@ -4,6 +4,7 @@ each library's own reader; only rank 0 writes; a missing package stops the run i
 user's WANDB_MODE and MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME win over the defaults.
 The suite blocks sockets (pytest-socket); wandb-core runs in a subprocess, where the offline
 settings in common/training/trackers.py keep it off the network (checked there with strace)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,9 +31,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socke
 
 STORES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlruns"}
 # what one log step at 2, one at 4 and an epoch at 4 send (metrics.log_step / log_epoch)
-EXPECTED = {"train/step_loss": [(2, 1.5), (4, 1.25)], "train/lr": [(2, 1e-3), (4, 2e-3)],
-            "train/tokens_per_sec": [(2, 1000.0), (4, 1100.0)], "train/grad_norm": [(2, 0.5), (4, 0.25)],
-            "epoch/mfu": [(4, 0.125)], "epoch/train_loss": [(4, 1.375)], "epoch/val_loss": [(4, 1.5)]}
+EXPECTED = {
+    "train/step_loss": [(2, 1.5), (4, 1.25)],
+    "train/lr": [(2, 1e-3), (4, 2e-3)],
+    "train/tokens_per_sec": [(2, 1000.0), (4, 1100.0)],
+    "train/grad_norm": [(2, 0.5), (4, 0.25)],
+    "epoch/mfu": [(4, 0.125)],
+    "epoch/train_loss": [(4, 1.375)],
+    "epoch/val_loss": [(4, 1.5)],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +75,13 @@ def read_tensorboard(run: Path) -> dict:
 def read_wandb(run: Path) -> dict:
     """The offline run's records, through wandb's own reader (`wandb leet inspect --json`)."""
     (log,) = run.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
     scalars: dict = {}
     for r in records:
@@ -85,12 +97,20 @@ def read_mlflow(run: Path, uri: str = "") -> dict:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri or (run / "mlruns").resolve().as_uri())
-    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                  filter_string=f"tags.run_dir = '{run}'")
-    scalars = {tag: [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, tag)]
-               for tag in found.data.metrics}
-    return {"scalars": scalars, "params": found.data.params, "tags": found.data.tags, "name": found.info.run_name,
-            "status": found.info.status}
+    (found,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], filter_string=f"tags.run_dir = '{run}'"
+    )
+    scalars = {
+        tag: [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, tag)]
+        for tag in found.data.metrics
+    }
+    return {
+        "scalars": scalars,
+        "params": found.data.params,
+        "tags": found.data.tags,
+        "name": found.info.run_name,
+        "status": found.info.status,
+    }
 
 
 READERS = {"tensorboard": read_tensorboard, "wandb": read_wandb, "mlflow": read_mlflow}
@@ -102,8 +122,16 @@ def test_each_tracker_gets_the_same_scalars_and_wandb_mlflow_the_config_and_run_
     run = tmp_path / "tiny_20240101_000000"
     cfg = _config(tracker=tracker)
     cfg.experiment = "tiny"
-    metrics = TrainingMetrics(run, torch.device("cpu"), 1, is_main=True, tensorboard=True, flops_per_token=1,
-                              tracker=tracker, config=config_to_dict(cfg))
+    metrics = TrainingMetrics(
+        run,
+        torch.device("cpu"),
+        1,
+        is_main=True,
+        tensorboard=True,
+        flops_per_token=1,
+        tracker=tracker,
+        config=config_to_dict(cfg),
+    )
     _log(metrics)
     assert sorted(p.name for p in run.iterdir()) == [STORES[tracker]]  # its store, inside the run folder
     got = READERS[tracker](run)
@@ -123,8 +151,16 @@ def test_each_tracker_gets_the_same_scalars_and_wandb_mlflow_the_config_and_run_
 @pytest.mark.parametrize("tracker", list(STORES))
 def test_only_rank_0_writes(tmp_path, tracker, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # not even installed elsewhere
-    metrics = TrainingMetrics(tmp_path / "run", torch.device("cpu"), 2, is_main=False, tensorboard=True,
-                              flops_per_token=1, tracker=tracker, config={})
+    metrics = TrainingMetrics(
+        tmp_path / "run",
+        torch.device("cpu"),
+        2,
+        is_main=False,
+        tensorboard=True,
+        flops_per_token=1,
+        tracker=tracker,
+        config={},
+    )
     _log(metrics)
     assert not (tmp_path / "run").exists()
 
@@ -133,10 +169,14 @@ def test_only_rank_0_writes(tmp_path, tracker, monkeypatch):
 def test_a_missing_package_is_one_line_before_training(tmp_path, tracker, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else real(name, *a))
-    with pytest.raises(UserError, match=rf'training.tracker = "{tracker}" needs the {tracker} package: '
-                                        rf'pip install -e "\.\[{tracker}\]"'):
-        TrainingMetrics(tmp_path, torch.device("cpu"), 1, is_main=True, tensorboard=True, flops_per_token=1,
-                        tracker=tracker)
+    with pytest.raises(
+        UserError,
+        match=rf'training.tracker = "{tracker}" needs the {tracker} package: '
+        rf'pip install -e "\.\[{tracker}\]"',
+    ):
+        TrainingMetrics(
+            tmp_path, torch.device("cpu"), 1, is_main=True, tensorboard=True, flops_per_token=1, tracker=tracker
+        )
 
 
 def test_an_unknown_tracker_is_a_config_error(tmp_path):
@@ -187,8 +227,9 @@ def test_mlflow_follows_the_users_tracking_uri_and_experiment(tmp_path, monkeypa
     client = MlflowClient(tracking_uri=store)
     experiments = {e.name: e.experiment_id for e in client.search_experiments()}
     assert set(experiments) >= {"tiny", "sweep"}
-    grouped = {name: sorted(r.info.run_name for r in client.search_runs([experiments[name]]))
-               for name in ("tiny", "sweep")}
+    grouped = {
+        name: sorted(r.info.run_name for r in client.search_runs([experiments[name]])) for name in ("tiny", "sweep")
+    }
     assert grouped == {"tiny": [runs[0].name, runs[1].name], "sweep": [runs[2].name]}
     for i, run in enumerate(runs):
         got = read_mlflow(run, store)

@@ -1,5 +1,6 @@
 """The Trainer on a tiny real MarketGPT and synthetic tokens: learning, logs, exact resume,
 signals, timer checkpoints, NaN handling, early stopping."""
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,17 @@ T = 16
 
 def _config(**training) -> Config:
     cfg = Config()
-    cfg.model = ModelConfig(vocab_size=64, context_length=T, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                            dropout=0.2, asset_embed_dim=4, category_embed_dim=4)
+    cfg.model = ModelConfig(
+        vocab_size=64,
+        context_length=T,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=64,
+        dropout=0.2,
+        asset_embed_dim=4,
+        category_embed_dim=4,
+    )
     t = cfg.training
     t.batch_size, t.epochs, t.max_steps_per_epoch, t.warmup_steps = 4, 3, 6, 3
     t.learning_rate, t.grad_accum_steps, t.log_every_steps, t.seed = 3e-3, 2, 2, 5
@@ -47,9 +57,10 @@ def _windows():
         cycle = 3 + (np.arange(n) % period) * 7
         noise = rng.random(n) < 0.1
         tokens[symbol] = np.where(noise, rng.integers(3, 64, n), cycle)
-        ranges[symbol] = {"train": (0, int(n * .7)), "val": (int(n * .7), int(n * .85)), "test": (int(n * .85), n)}
-    return build_windows(tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T,
-                         strides={"train": 1, "val": T, "test": T})
+        ranges[symbol] = {"train": (0, int(n * 0.7)), "val": (int(n * 0.7), int(n * 0.85)), "test": (int(n * 0.85), n)}
+    return build_windows(
+        tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T, strides={"train": 1, "val": T, "test": T}
+    )
 
 
 WINDOWS = _windows()
@@ -67,8 +78,10 @@ def _weights(trainer: Trainer) -> dict:
 
 
 def _losses(trainer: Trainer) -> list:
-    return [(e["epoch"], e["train_loss"], e["train_acc"], e["val_loss"], e["val_acc"], e["lr"])
-            for e in trainer.log.data["epochs"]]
+    return [
+        (e["epoch"], e["train_loss"], e["train_acc"], e["val_loss"], e["val_acc"], e["lr"])
+        for e in trainer.log.data["epochs"]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +146,14 @@ def test_final_outputs_are_written_before_the_log_says_finished(tmp_path):
     seen = []
 
     def final_outputs(status):
-        seen.append((status, json.loads((tmp_path / "training_log.json").read_text())["status"],
-                     (tmp_path / "best_model.pt").is_file(), [p.name for p in checkpoint_files(tmp_path)]))
+        seen.append(
+            (
+                status,
+                json.loads((tmp_path / "training_log.json").read_text())["status"],
+                (tmp_path / "best_model.pt").is_file(),
+                [p.name for p in checkpoint_files(tmp_path)],
+            )
+        )
 
     assert tr.train(final_outputs=final_outputs) == "finished"
     assert seen == [("finished", "running", True, ["checkpoint_epoch_1.pt"])]
@@ -168,16 +187,29 @@ def test_training_learns_and_reports_in_the_seed_format(tmp_path):
     assert "Effective batch size: 8 " in text  # 4 per process x 1 process x 2 accumulation
     assert "\r" not in text  # not a terminal: plain progress lines only
     assert re.search(r"epoch 1/4 step 2/10 \| loss \d+\.\d{3} \| lr ", text)
-    blocks = re.findall(r"^Epoch (\d+)/4\nTrain Loss: \d+\.\d{3} \| Train Acc: \d+\.\d%\n"
-                        r"Val Loss: (\d+\.\d{3}) \| Val Acc: \d+\.\d%\nTime: \d+h \d+m \| ETA: \d+h \d+m$", text, re.M)
+    blocks = re.findall(
+        r"^Epoch (\d+)/4\nTrain Loss: \d+\.\d{3} \| Train Acc: \d+\.\d%\n"
+        r"Val Loss: (\d+\.\d{3}) \| Val Acc: \d+\.\d%\nTime: \d+h \d+m \| ETA: \d+h \d+m$",
+        text,
+        re.M,
+    )
     assert [b[0] for b in blocks] == ["1", "2", "3", "4"]
 
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["status"] == "finished" and log["error"] is None
     assert [e["epoch"] for e in log["epochs"]] == [1, 2, 3, 4]
     for e in log["epochs"]:
-        assert {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec",
-                "elapsed_s", "eta_s"} <= set(e)
+        assert {
+            "epoch",
+            "train_loss",
+            "train_acc",
+            "val_loss",
+            "val_acc",
+            "lr",
+            "tokens_per_sec",
+            "elapsed_s",
+            "eta_s",
+        } <= set(e)
         assert 0 <= e["train_acc"] <= 1 and e["tokens_per_sec"] > 0
     assert log["epochs"][-1]["eta_s"] == 0
     best = min(log["epochs"], key=lambda e: e["val_loss"])
@@ -327,8 +359,17 @@ def test_state_dict_holds_everything_a_resume_needs(tmp_path):
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["status"] == "running" and log["epochs"] == [] and log["best_val_loss"] is None
     state = load_checkpoint(latest_good_checkpoint(tmp_path))
-    assert {"model", "optimizer", "lr_schedule", "progress", "epoch_sums", "early_stopping", "rng",
-            "log", "config"} <= set(state)
+    assert {
+        "model",
+        "optimizer",
+        "lr_schedule",
+        "progress",
+        "epoch_sums",
+        "early_stopping",
+        "rng",
+        "log",
+        "config",
+    } <= set(state)
     assert state["lr_schedule"] == {"total_steps": 18, "restart": None}
     assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
@@ -353,15 +394,19 @@ def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
 
 # ---------------------------------------------------------------- reading steps late (the GPU's way)
 
+
 def _late(trainer: Trainer, fused: bool = False) -> Trainer:
     """The GPU's loop on the CPU: each step's sums read while the next step runs (read_lag 1),
     optionally with the GPU's fused AdamW, whose found_inf skips a non-finite step on the device."""
     trainer.read_lag = 1
     if fused:
         t = trainer.cfg.training
-        trainer.optimizer = trainer.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
-                                                              "cuda",  # fused=True; it runs on CPU tensors too
-                                                              )
+        trainer.optimizer = trainer.model.configure_optimizer(
+            t.weight_decay,
+            t.learning_rate,
+            (t.beta1, t.beta2),
+            "cuda",  # fused=True; it runs on CPU tensors too
+        )
         assert trainer.optimizer.defaults["fused"]
     return trainer
 

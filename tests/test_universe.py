@@ -1,4 +1,5 @@
 """Universe files: fixture folders of good and bad files, the shipped universes, asset_info."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ BAD_FILES = sorted((FIXTURES / "bad").glob("*.csv"))
 
 # Every bad fixture: (expected_counts passed to load_universe, fragments the message must contain).
 BAD = {
-    "first_line_not_header.csv": (None, ["line 1:", "bad header 'AAPL,yfinance,us_stock,Apple'",
-                                         "symbol,source,category,name"]),
+    "first_line_not_header.csv": (
+        None,
+        ["line 1:", "bad header 'AAPL,yfinance,us_stock,Apple'", "symbol,source,category,name"],
+    ),
     "header_missing_column.csv": (None, ["line 2:", "bad header 'symbol,source,category'"]),
     "only_comments.csv": (None, ["empty universe file", "symbol,source,category,name"]),
     "header_only.csv": (None, ["lists no assets"]),
@@ -27,15 +30,12 @@ BAD = {
     "too_few_fields.csv": (None, ["line 3:", "expected 4 fields", "found 3"]),
     "empty_symbol.csv": (None, ["line 4:", "empty symbol"]),
     "unknown_source.csv": (None, ["line 2:", "unknown source 'yfinanse' for AAPL", "did you mean 'yfinance'?"]),
-    "unknown_category.csv": (None, ["line 3:", "unknown category 'cripto' for ETH/USDT",
-                                    "did you mean 'crypto'?"]),
+    "unknown_category.csv": (None, ["line 3:", "unknown category 'cripto' for ETH/USDT", "did you mean 'crypto'?"]),
     "duplicate_symbol.csv": (None, ["line 6:", "duplicate symbol 'AAPL'", "already on line 2"]),
     "duplicate_symbol_other_case.csv": (None, ["line 3:", "duplicate symbol 'btc/usdt'", "already on line 2"]),
     "ccxt_symbol_without_quote.csv": (None, ["line 2:", "'BTCUSDT'", "BASE/QUOTE"]),
-    "count_mismatch.csv": ({"us_stock": 2, "crypto": 2},
-                           ["line 4:", "category 'crypto' has 1 assets", "expects 2"]),
-    "category_not_expected.csv": ({"crypto": 2},
-                                  ["line 4:", "category 'commodity' has 1 assets", "expects 0"]),
+    "count_mismatch.csv": ({"us_stock": 2, "crypto": 2}, ["line 4:", "category 'crypto' has 1 assets", "expects 2"]),
+    "category_not_expected.csv": ({"crypto": 2}, ["line 4:", "category 'commodity' has 1 assets", "expects 0"]),
 }
 
 

@@ -8,6 +8,7 @@ requested period1/period2 like the real server does. Sockets
 are blocked by pytest-socket (setup.cfg); `sleep` is injected, so no test waits.
 test_download.py imports FakeYahoo from here.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -88,15 +89,26 @@ class FakeYahoo:
         self.history: list[tuple[str, dict[str, str]]] = []  # (ticker, query) of range requests
         self.requests: list[str] = []  # every chart request's ticker, time-zone probes included
         rsps.add(responses.GET, re.compile(r"https://fc\.yahoo\.com.*"), status=404)
-        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v1/test/getcrumb"),
-                 body="fake-crumb")
-        rsps.add_callback(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v8/finance/chart/.*"),
-                          callback=self._chart)
-        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v10/finance/quoteSummary/.*"),
-                 status=404, json={"quoteSummary": {"result": None, "error": {
-                     "code": "Not Found", "description": "Quote not found for symbol"}}})
-        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v7/finance/quote.*"),
-                 json={"quoteResponse": {"result": [], "error": None}})
+        rsps.add(responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v1/test/getcrumb"), body="fake-crumb")
+        rsps.add_callback(
+            responses.GET, re.compile(r"https://query\d\.finance\.yahoo\.com/v8/finance/chart/.*"), callback=self._chart
+        )
+        rsps.add(
+            responses.GET,
+            re.compile(r"https://query\d\.finance\.yahoo\.com/v10/finance/quoteSummary/.*"),
+            status=404,
+            json={
+                "quoteSummary": {
+                    "result": None,
+                    "error": {"code": "Not Found", "description": "Quote not found for symbol"},
+                }
+            },
+        )
+        rsps.add(
+            responses.GET,
+            re.compile(r"https://query\d\.finance\.yahoo\.com/v7/finance/quote.*"),
+            json={"quoteResponse": {"result": [], "error": None}},
+        )
 
     def history_of(self, ticker: str) -> list[dict[str, str]]:
         return [q for t, q in self.history if t == ticker]
@@ -117,8 +129,13 @@ class FakeYahoo:
         if down == "429":
             return 429, {}, "Too Many Requests"
         if down == "401":
-            return 401, {"Content-Type": "application/json"}, json.dumps(
-                {"finance": {"result": None, "error": {"code": "Unauthorized", "description": "Invalid Crumb"}}})
+            return (
+                401,
+                {"Content-Type": "application/json"},
+                json.dumps(
+                    {"finance": {"result": None, "error": {"code": "Unauthorized", "description": "Invalid Crumb"}}}
+                ),
+            )
         if down == "timeout":
             return requests.exceptions.ReadTimeout("Read timed out. (read timeout=20)")
         if down == "connection":
@@ -139,8 +156,10 @@ class FakeYahoo:
 @pytest.fixture
 def yahoo():
     with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
-        yield FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json"),
-                               "SPY": load_chart("spy_1h.json")})
+        yield FakeYahoo(
+            rsps,
+            {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json"), "SPY": load_chart("spy_1h.json")},
+        )
 
 
 def expected_frame(name: str, daily: bool) -> pd.DataFrame:
@@ -153,9 +172,16 @@ def expected_frame(name: str, daily: bool) -> pd.DataFrame:
     index = pd.to_datetime(result["timestamp"], unit="s", utc=True)
     if daily:  # labelled with the exchange date at UTC midnight
         index = pd.DatetimeIndex(index.tz_convert(NY).date).tz_localize("UTC")
-    return pd.DataFrame({"open": np.array(q["open"]) * ratio, "high": np.array(q["high"]) * ratio,
-                         "low": np.array(q["low"]) * ratio, "close": adj, "volume": np.array(q["volume"], float)},
-                        index=index.rename("timestamp"))
+    return pd.DataFrame(
+        {
+            "open": np.array(q["open"]) * ratio,
+            "high": np.array(q["high"]) * ratio,
+            "low": np.array(q["low"]) * ratio,
+            "close": adj,
+            "volume": np.array(q["volume"], float),
+        },
+        index=index.rename("timestamp"),
+    )
 
 
 def ny_midnight(day: str) -> int:
@@ -177,8 +203,17 @@ class Sleeps(list):
 
 def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
     sleeps, batches = Sleeps(), []
-    result = download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            batch_size=1, pause_s=1.5, sleep=sleeps, on_batch=batches.append)
+    result = download_yahoo(
+        ["AAPL", "MSFT"],
+        "1d",
+        "2024-01-01",
+        "2024-02-01",
+        session=requests.Session(),
+        batch_size=1,
+        pause_s=1.5,
+        sleep=sleeps,
+        on_batch=batches.append,
+    )
 
     assert result.failed == {}
     assert set(result.frames) == {"AAPL", "MSFT"}
@@ -207,8 +242,9 @@ def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
 
 def test_intraday_converted_to_utc(yahoo):
     now = pd.Timestamp("2024-02-01", tz="UTC")
-    result = download_yahoo(["SPY"], "1h", "2024-01-02", "2024-01-05", session=requests.Session(),
-                            now=now, sleep=Sleeps())
+    result = download_yahoo(
+        ["SPY"], "1h", "2024-01-02", "2024-01-05", session=requests.Session(), now=now, sleep=Sleeps()
+    )
     frame = result.frames["SPY"]
     stamps = load_chart("spy_1h.json")["chart"]["result"][0]["timestamp"]
     assert list(frame.index) == list(pd.to_datetime(stamps, unit="s", utc=True))
@@ -235,8 +271,16 @@ def test_unsupported_interval_is_a_user_error():
 
 def test_delisted_ticker_is_retried_then_reported(yahoo):
     sleeps = Sleeps()
-    result = download_yahoo(["AAPL", "GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            max_retries=3, retry_delay_s=2.0, sleep=sleeps)
+    result = download_yahoo(
+        ["AAPL", "GONE"],
+        "1d",
+        "2024-01-01",
+        "2024-02-01",
+        session=requests.Session(),
+        max_retries=3,
+        retry_delay_s=2.0,
+        sleep=sleeps,
+    )
     assert set(result.frames) == {"AAPL"}
     assert list(result.failed) == ["GONE"]
     assert NO_DATA in result.failed["GONE"] and "No data found" in result.failed["GONE"]
@@ -247,8 +291,9 @@ def test_delisted_ticker_is_retried_then_reported(yahoo):
 
 def test_symbols_with_special_characters(yahoo):
     yahoo.charts["^GSPC"] = load_chart("msft_1d.json")
-    result = download_yahoo(["^GSPC", "^GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            sleep=Sleeps())
+    result = download_yahoo(
+        ["^GSPC", "^GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps()
+    )
     assert list(result.frames) == ["^GSPC"]
     assert "No data found" in result.failed["^GONE"]  # Yahoo's answer was matched to the ticker
 
@@ -259,8 +304,9 @@ def test_rate_limit_then_success(yahoo):
 
     yahoo.down = "429"
     sleeps = Sleeps(recover)
-    result = download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            retry_delay_s=3.0, sleep=sleeps)
+    result = download_yahoo(
+        ["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry_delay_s=3.0, sleep=sleeps
+    )
     # not the 3 s backoff: at least a minute after a 429, plus up to 25% jitter
     assert len(sleeps) == 1 and 60.0 < sleeps[0] <= 75.0
     assert result.failed == {}
@@ -274,21 +320,32 @@ def test_empty_answer_is_asked_again_not_served_from_yfinance_memory(yahoo):
         yahoo.down = None
 
     yahoo.down = "empty"
-    result = download_yahoo(["AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            sleep=Sleeps(recover))
+    result = download_yahoo(
+        ["AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps(recover)
+    )
     assert result.failed == {}
     assert len(result.frames["AAPL"]) == len(expected_frame("aapl_1d.json", True))
     assert len(yahoo.history_of("AAPL")) == 2
 
 
-@pytest.mark.parametrize("down, words", [("timeout", "ReadTimeout"), ("connection", "ConnectionError"),
-                                         ("429", "429"), ("401", "Invalid Crumb")])
+@pytest.mark.parametrize(
+    "down, words",
+    [("timeout", "ReadTimeout"), ("connection", "ConnectionError"), ("429", "429"), ("401", "Invalid Crumb")],
+)
 def test_unreachable_on_every_retry_raises_source_unavailable(yahoo, down, words):
     yahoo.down = down
     sleeps, batches = Sleeps(), []
     with pytest.raises(SourceUnavailable) as info:
-        download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", session=requests.Session(), max_retries=2,
-                       retry_delay_s=1.0, sleep=sleeps, on_batch=batches.append)
+        download_yahoo(
+            ["AAPL", "MSFT"],
+            "1d",
+            "2024-01-01",
+            session=requests.Session(),
+            max_retries=2,
+            retry_delay_s=1.0,
+            sleep=sleeps,
+            on_batch=batches.append,
+        )
     message = str(info.value)
     assert "Yahoo Finance" in message and words in message
     if down == "429":
@@ -306,8 +363,16 @@ def test_later_batch_unreachable_keeps_earlier_batches(yahoo):
         yahoo.down = "connection"  # the network goes away after the first batch
 
     with pytest.raises(SourceUnavailable):
-        download_yahoo(["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                       batch_size=1, sleep=Sleeps(), on_batch=save)
+        download_yahoo(
+            ["AAPL", "MSFT"],
+            "1d",
+            "2024-01-01",
+            "2024-02-01",
+            session=requests.Session(),
+            batch_size=1,
+            sleep=Sleeps(),
+            on_batch=save,
+        )
     assert [sorted(p.frames) for p in saved] == [["AAPL"]]
 
 
@@ -323,8 +388,16 @@ def test_import_touches_no_network_and_does_not_import_yfinance():
 
 def test_ticker_rate_limited_or_timed_out_is_unreachable_not_failed(yahoo):
     yahoo.down_for = {"MSFT": "timeout", "SPY": "429"}
-    result = download_yahoo(["AAPL", "MSFT", "SPY", "GONE"], "1d", "2024-01-01", "2024-02-01",
-                            session=requests.Session(), max_retries=1, retry_delay_s=1.0, sleep=Sleeps())
+    result = download_yahoo(
+        ["AAPL", "MSFT", "SPY", "GONE"],
+        "1d",
+        "2024-01-01",
+        "2024-02-01",
+        session=requests.Session(),
+        max_retries=1,
+        retry_delay_s=1.0,
+        sleep=Sleeps(),
+    )
     assert list(result.frames) == ["AAPL"]
     assert set(result.unreachable) == {"MSFT", "SPY"}
     assert "ReadTimeout" in result.unreachable["MSFT"] and "429" in result.unreachable["SPY"]
@@ -335,8 +408,9 @@ def test_yfinance_failing_on_a_200_answer_is_reported_as_that(yahoo):
     broken = load_chart("aapl_1d.json")
     broken["chart"]["result"][0]["indicators"]["quote"][0]["close"].pop()  # one close short
     yahoo.answers["BRKN"] = (200, broken)  # served whole: Yahoo answered, yfinance chokes on it
-    result = download_yahoo(["BRKN", "AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            max_retries=0, sleep=Sleeps())
+    result = download_yahoo(
+        ["BRKN", "AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps()
+    )
     assert list(result.frames) == ["AAPL"]
     reason = result.failed["BRKN"]
     assert NO_DATA not in reason
@@ -356,8 +430,7 @@ def test_yfinance_threads_are_capped(yahoo, monkeypatch):
     monkeypatch.setattr(yfinance.multi._multitasking, "set_max_threads", record)
     monkeypatch.setattr(yfinance.multi._multitasking, "cpu_count", lambda: 64)  # a big login node
     tickers = ["AAPL", "MSFT"] + [f"GONE{i}" for i in range(10)]
-    download_yahoo(tickers, "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0,
-                   sleep=Sleeps())
+    download_yahoo(tickers, "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps())
     assert used == [YAHOO_THREADS] and 4 <= YAHOO_THREADS <= 8
 
 
@@ -374,8 +447,9 @@ def test_requests_session_carries_browser_headers(yahoo):
 def test_null_bars_splits_capital_gains_and_a_live_last_bar(yahoo):
     yahoo.charts["VOD.L"] = load_chart("vod_l_1d.json")
     yahoo.charts["VFIAX"] = load_chart("fund_1d.json")
-    result = download_yahoo(["VOD.L", "VFIAX"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(),
-                            sleep=Sleeps())
+    result = download_yahoo(
+        ["VOD.L", "VFIAX"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps()
+    )
     assert result.failed == {} and result.unreachable == {}
     vod, fund = result.frames["VOD.L"], result.frames["VFIAX"]
     # The bar whose prices were all null is left out; every other session is there.
@@ -393,8 +467,9 @@ def test_null_bars_splits_capital_gains_and_a_live_last_bar(yahoo):
 def test_range_before_listing_400_is_no_data_in_range_not_delisted(yahoo):
     yahoo.charts["NEWCO"] = load_chart("aapl_1d.json")  # listed now: the time-zone probe works
     yahoo.answers["NEWCO"] = (400, "start_400.json")
-    result = download_yahoo(["NEWCO"], "1d", "2023-01-01", "2023-02-01", session=requests.Session(),
-                            max_retries=0, sleep=Sleeps())
+    result = download_yahoo(
+        ["NEWCO"], "1d", "2023-01-01", "2023-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps()
+    )
     reason = result.failed["NEWCO"]
     assert "Data doesn't exist for startDate" in reason and "delisted" not in reason
     assert result.unreachable == {}
@@ -414,11 +489,23 @@ def minute_chart(first_day: str, last_day: str) -> dict:
         stamps += [int((open_ + pd.Timedelta(minutes=m)).timestamp()) for m in range(390)]
     close = [400.0 + (t // 60) % 97 * 0.25 for t in stamps]
     result["timestamp"] = stamps
-    result["indicators"] = {"quote": [{"open": close, "high": [c + 0.5 for c in close],
-                                       "low": [c - 0.5 for c in close], "close": close,
-                                       "volume": [1000 + (t // 60) % 11 for t in stamps]}]}
-    result["meta"].update(dataGranularity="1m", tradingPeriods=[[{
-        "timezone": "EST", "start": s, "end": s + 390 * 60, "gmtoffset": -18000}] for s in stamps[::390]])
+    result["indicators"] = {
+        "quote": [
+            {
+                "open": close,
+                "high": [c + 0.5 for c in close],
+                "low": [c - 0.5 for c in close],
+                "close": close,
+                "volume": [1000 + (t // 60) % 11 for t in stamps],
+            }
+        ]
+    }
+    result["meta"].update(
+        dataGranularity="1m",
+        tradingPeriods=[
+            [{"timezone": "EST", "start": s, "end": s + 390 * 60, "gmtoffset": -18000}] for s in stamps[::390]
+        ],
+    )
     return chart
 
 

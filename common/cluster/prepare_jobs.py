@@ -16,6 +16,7 @@ with the same config and --set reuses. Without --array (or with --array 1) `data
 the stages in this process (common/cli.py). torch stays out of this module: it is a login-node
 command, and the jobs only read candles and write tokens.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -79,8 +80,10 @@ class PrepareJob:
         case = case_dir_of_config(self.config)
         folder, _ = shard_folder(cfg, case)
         if folder.name != self.key:
-            raise UserError(f"the shard's inputs changed since it was submitted (key {self.key}, now {folder.name}: "
-                            "a new download, or an edited config?); run `marketgpt data prepare --array N` again")
+            raise UserError(
+                f"the shard's inputs changed since it was submitted (key {self.key}, now {folder.name}: "
+                "a new download, or an edited config?); run `marketgpt data prepare --array N` again"
+            )
         if published(folder):
             print(f"Token shards: {folder} is already prepared; nothing to do for the {self.stage} stage", flush=True)
             return
@@ -116,14 +119,18 @@ def plan_preparation(config: Path, overrides: Sequence[str] = (), tasks: int = 2
     config = Path(config).resolve()
     cfg = load_config(config, overrides)  # missing file, unknown key, bad value: ConfigError
     if not cfg.data.shards:
-        raise UserError("data.shards is false: each run prepares its data in memory, so there is nothing to "
-                        "prepare ahead (drop --set data.shards=false, or set it true in the config)")
+        raise UserError(
+            "data.shards is false: each run prepares its data in memory, so there is nothing to "
+            "prepare ahead (drop --set data.shards=false, or set it true in the config)"
+        )
     parse_slurm_time(cfg.slurm.time)
     case = case_dir_of_config(config)
     series = len(load_market_data(cfg, case).assets)  # the universe only: candles are read lazily
     if tasks > series:
-        raise UserError(f"--array {tasks}: more tasks than the {series} series to prepare (task i takes series i, "
-                        f"i+N, ...; a task beyond the last would have nothing to do): use --array {series} or fewer")
+        raise UserError(
+            f"--array {tasks}: more tasks than the {series} series to prepare (task i takes series i, "
+            f"i+N, ...; a task beyond the last would have nothing to do): use --array {series} or fewer"
+        )
     shard, _ = shard_folder(cfg, case)
     plan = PreparePlan(config, list(overrides), cfg, case, shard, tasks)
     for stage in STAGES:
@@ -144,8 +151,10 @@ def prepare_parameters(s: SlurmConfig) -> dict:
         # srun 22.05+ doesn't inherit --cpus-per-task from the allocation
         "srun_args": [f"--cpus-per-task={PREP_CPUS}"],
         # the cluster environment (module load, conda activate), as for every marketgpt job
-        "setup": [f"source {shlex.quote(str(CLUSTER_ENV))} || exit 1",
-                  f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{PREP_CPUS}}}"],
+        "setup": [
+            f"source {shlex.quote(str(CLUSTER_ENV))} || exit 1",
+            f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{PREP_CPUS}}}",
+        ],
         # a failed stage cancels the stages after it rather than leave them pending forever
         "additional_parameters": {"kill_on_invalid_dep": "yes"},
     }
@@ -156,26 +165,36 @@ def _array_id(jobs: list) -> str:
     return str(jobs[0].job_id).split("_")[0]
 
 
-def submit_preparation(config: Path, overrides: Sequence[str] = (), tasks: int = 2, *, dry_run: bool = False,
-                       out: Optional[TextIO] = None) -> dict[str, list]:
+def submit_preparation(
+    config: Path, overrides: Sequence[str] = (), tasks: int = 2, *, dry_run: bool = False, out: Optional[TextIO] = None
+) -> dict[str, list]:
     """Submit the four stages as dependent Slurm jobs; returns stage -> its submitit jobs (one per
     task), empty when the shard exists already or for a dry run."""
     out = out or sys.stdout
     plan = plan_preparation(config, overrides, tasks)
     if plan.done:
-        print(f"Token shards: {rel_path(plan.shard)} is already prepared; nothing to submit "
-              "(`marketgpt train` with this config reuses it)", file=out, flush=True)
+        print(
+            f"Token shards: {rel_path(plan.shard)} is already prepared; nothing to submit "
+            "(`marketgpt train` with this config reuses it)",
+            file=out,
+            flush=True,
+        )
         return {}
     if not slurm_available():
-        raise UserError("Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
-                        "cluster's login node, or prepare in this process without --array")
+        raise UserError(
+            "Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
+            "cluster's login node, or prepare in this process without --array"
+        )
     s = plan.cfg.slurm
     check_partition(s.partition)
     params = prepare_parameters(s)
     unfinished = work_folder(plan.shard).is_dir()
-    print(f"{plan.case.name}: token shard {rel_path(plan.shard)} by 4 jobs to partition {s.partition}, CPU only "
-          f"({PREP_CPUS} CPUs, {params['mem']}, time {params['time']} min each)"
-          + ("; continuing an unfinished preparation" if unfinished else ""), file=out)
+    print(
+        f"{plan.case.name}: token shard {rel_path(plan.shard)} by 4 jobs to partition {s.partition}, CPU only "
+        f"({PREP_CPUS} CPUs, {params['mem']}, time {params['time']} min each)"
+        + ("; continuing an unfinished preparation" if unfinished else ""),
+        file=out,
+    )
     for n, (stage, jobs) in enumerate(plan.stages.items(), 1):
         size = f"array of {len(jobs)}" if len(jobs) > 1 else "1 job"
         after = f"after {n - 1} succeeds" if n > 1 else ""
@@ -189,21 +208,31 @@ def submit_preparation(config: Path, overrides: Sequence[str] = (), tasks: int =
     previous: Optional[str] = None
     with job_environment():
         for stage, fns in plan.stages.items():
-            executor.update_parameters(**params, job_name=f"{s.job_name}-{stage}",
-                                       **({"dependency": f"afterok:{previous}"} if previous else {}))
+            executor.update_parameters(
+                **params,
+                job_name=f"{s.job_name}-{stage}",
+                **({"dependency": f"afterok:{previous}"} if previous else {}),
+            )
             submitted[stage] = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
             previous = _array_id(submitted[stage])
     ids = [_array_id(jobs) for jobs in submitted.values()]
     for n, (stage, jobs) in enumerate(submitted.items(), 1):
         tasks_text = f" ({len(jobs)} tasks, {ids[n - 1]}_0 ... {ids[n - 1]}_{len(jobs) - 1})" if len(jobs) > 1 else ""
-        print(f"Submitted job {ids[n - 1]}{tasks_text}: {stage}" + (f", after job {ids[n - 2]}" if n > 1 else ""),
-              file=out)
-    cmd = shlex.join(["marketgpt", "train", "--config", rel_path(plan.config),
-                      *(a for kv in plan.overrides for a in ("--set", kv))])
-    print(f"  state:   squeue -j {','.join(ids)}\n"
-          f"  logs:    {rel_path(plan.log_folder)}/<JOBID>[_<TASK>]_0_log.out (and .err)\n"
-          f"  cancel:  scancel {' '.join(ids)}\n"
-          f"A failed job cancels the jobs after it; submitting again continues from what is finished.\n"
-          f"Once job {ids[-1]} has finished, `{cmd}` reuses the shard (a training job queued now can "
-          f"wait for it: sbatch --dependency=afterok:{ids[-1]} <the case's script>).", file=out, flush=True)
+        print(
+            f"Submitted job {ids[n - 1]}{tasks_text}: {stage}" + (f", after job {ids[n - 2]}" if n > 1 else ""),
+            file=out,
+        )
+    cmd = shlex.join(
+        ["marketgpt", "train", "--config", rel_path(plan.config), *(a for kv in plan.overrides for a in ("--set", kv))]
+    )
+    print(
+        f"  state:   squeue -j {','.join(ids)}\n"
+        f"  logs:    {rel_path(plan.log_folder)}/<JOBID>[_<TASK>]_0_log.out (and .err)\n"
+        f"  cancel:  scancel {' '.join(ids)}\n"
+        f"A failed job cancels the jobs after it; submitting again continues from what is finished.\n"
+        f"Once job {ids[-1]} has finished, `{cmd}` reuses the shard (a training job queued now can "
+        f"wait for it: sbatch --dependency=afterok:{ids[-1]} <the case's script>).",
+        file=out,
+        flush=True,
+    )
     return submitted

@@ -17,6 +17,7 @@ resumes), the files are checked there (sizes against the remote listing, every c
 CRC32s as load_checkpoint checks them, every JSON file parses: common.cluster.fetch_check),
 and only then is each file renamed into the run folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,21 @@ SETTINGS_FILE = "remote.json"
 # What `remote sync` leaves out: history, environments, caches, and each case's data and outputs.
 SYNC_EXCLUDES = ("/.git", "/.venv", "__pycache__", "/case_*/data", "/case_*/checkpoints", "/case_*/logs")
 # Slurm states after which a job will not run again (anything else: still queued, running or requeued).
-ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                          "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"})
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 _SSH_CALL_TIMEOUT_S = 120  # one short remote command (status, squeue, a listing)
 _POLL_RETRIES = 5  # ssh failures in a row a wait survives (a network blip, a login node restart)
 
@@ -65,8 +79,13 @@ class RemoteSettings:
     connect_timeout_s: int = 10  # an unreachable host fails after this long
 
 
-def load_settings(repo: Path, host: Optional[str] = None, path: Optional[str] = None, python: Optional[str] = None,
-                  env: Optional[str] = None) -> RemoteSettings:
+def load_settings(
+    repo: Path,
+    host: Optional[str] = None,
+    path: Optional[str] = None,
+    python: Optional[str] = None,
+    env: Optional[str] = None,
+) -> RemoteSettings:
     """remote.json of the local repo (when there is one), then the flags (those not None) on top."""
     flags = {"host": host, "path": path, "python": python, "env": env}
     settings_file = repo / SETTINGS_FILE
@@ -86,8 +105,10 @@ def load_settings(repo: Path, host: Optional[str] = None, path: Optional[str] = 
         if value is not None:
             setattr(settings, name, value)
     if not settings.host or not settings.path:
-        raise UserError(f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
-                        "or pass --host and --path")
+        raise UserError(
+            f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
+            "or pass --host and --path"
+        )
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
     return settings
@@ -105,8 +126,9 @@ def _remote_path(path: str) -> str:
 class Remote:
     """The ssh and rsync commands for one remote repo; dry_run prints them instead."""
 
-    def __init__(self, settings: RemoteSettings, repo: Path, dry_run: bool = False,
-                 out: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, settings: RemoteSettings, repo: Path, dry_run: bool = False, out: Callable[[str], None] = print
+    ) -> None:
         assert settings.host and settings.path, "load_settings makes sure both are set"
         self.s = settings
         self.host: str = settings.host
@@ -118,8 +140,18 @@ class Remote:
     # ------------------------------------------------------------------ commands
 
     def ssh_base(self) -> list[str]:
-        return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.s.connect_timeout_s}",
-                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", *shlex.split(self.s.ssh_options)]
+        return [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={self.s.connect_timeout_s}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+            *shlex.split(self.s.ssh_options),
+        ]
 
     def shell(self, command: str, in_repo: bool = True) -> str:
         """The remote shell line: the env line, then `command` in the repo folder."""
@@ -139,15 +171,29 @@ class Remote:
     def python(self) -> str:
         return '"${MARKETGPT_PYTHON:-python3}"'
 
-    def run(self, step: str, cmd: list[str], *, stream: bool = False, timeout: Optional[float] = _SSH_CALL_TIMEOUT_S,
-            stdin: Optional[str] = None) -> str:
+    def run(
+        self,
+        step: str,
+        cmd: list[str],
+        *,
+        stream: bool = False,
+        timeout: Optional[float] = _SSH_CALL_TIMEOUT_S,
+        stdin: Optional[str] = None,
+    ) -> str:
         """Run one local command (ssh or rsync); its stdout, or StepFailed naming `step`."""
         if self.dry_run:
             self.out(shlex.join(cmd) + ("  # the file names on stdin" if stdin is not None else ""))
             return ""
         try:
-            proc = subprocess.run(cmd, input=stdin, text=True, errors="replace", timeout=timeout,
-                                  stdout=None if stream else subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.run(
+                cmd,
+                input=stdin,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                stdout=None if stream else subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
         except FileNotFoundError:
             raise StepFailed(step, f"`{cmd[0]}` is not installed here; install OpenSSH and rsync") from None
         except subprocess.TimeoutExpired:
@@ -163,17 +209,35 @@ class Remote:
         probe = f"test -f {_remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
         answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
         if answer.strip() == "no-repo":
-            raise StepFailed("check remote repo", f"{self.host}:{self.path} holds no MarketGPT repo "
-                             "(common/cli.py is missing); run `marketgpt remote sync` first, or fix the path")
+            raise StepFailed(
+                "check remote repo",
+                f"{self.host}:{self.path} holds no MarketGPT repo "
+                "(common/cli.py is missing); run `marketgpt remote sync` first, or fix the path",
+            )
 
     def sync(self) -> None:
         self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.path)}", in_repo=False))
-        cmd = ["rsync", "-az", "--stats", "--human-readable", "-e", shlex.join(self.ssh_base()),
-               *[f"--exclude={p}" for p in SYNC_EXCLUDES], *shlex.split(self.s.rsync_options),
-               f"{self.repo}/", f"{self.host}:{self.path.rstrip('/')}/"]
+        cmd = [
+            "rsync",
+            "-az",
+            "--stats",
+            "--human-readable",
+            "-e",
+            shlex.join(self.ssh_base()),
+            *[f"--exclude={p}" for p in SYNC_EXCLUDES],
+            *shlex.split(self.s.rsync_options),
+            f"{self.repo}/",
+            f"{self.host}:{self.path.rstrip('/')}/",
+        ]
         summary = self.run("sync", cmd, timeout=None)
-        wanted = ("Number of files:", "Number of regular files transferred", "Total file size",
-                  "Total transferred file size", "sent ", "total size is")
+        wanted = (
+            "Number of files:",
+            "Number of regular files transferred",
+            "Total file size",
+            "Total transferred file size",
+            "sent ",
+            "total size is",
+        )
         for line in summary.splitlines():
             if line.startswith(wanted):
                 self.out(line)
@@ -196,8 +260,9 @@ class Remote:
             raise StepFailed("submit (sbatch)", f"sbatch printed no job id: {answer.strip()!r}")
         log = log.format(job_id)
         self.out(f"Submitted job {job_id} on {self.host}")
-        self.out(f"  follow:  marketgpt remote logs {job_id} -f     "
-                 f"(ssh {self.host} tail -f {self.path.rstrip('/')}/{log})")
+        self.out(
+            f"  follow:  marketgpt remote logs {job_id} -f     (ssh {self.host} tail -f {self.path.rstrip('/')}/{log})"
+        )
         self.out(f"  queue:   ssh {self.host} squeue -j {job_id}")
         return job_id, log
 
@@ -214,8 +279,11 @@ class Remote:
             return f"case_*/logs/*_{job_id}.out"
         paths = found.split()
         if not paths:
-            raise StepFailed("find the job's log", f"no case_*/logs/*_{job_id}.out in {self.host}:{self.path} "
-                             "(not started yet? check `marketgpt remote status`)")
+            raise StepFailed(
+                "find the job's log",
+                f"no case_*/logs/*_{job_id}.out in {self.host}:{self.path} "
+                "(not started yet? check `marketgpt remote status`)",
+            )
         return paths[0]
 
     def logs(self, job_id: str, follow: bool, lines: int = 50) -> None:
@@ -228,14 +296,18 @@ class Remote:
     def job_state(self, job_id: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
         """(state or None when Slurm forgot the job, the log's new text since `offset`, new offset)."""
         q = shlex.quote
-        probe = (f"s=$(squeue -h -j {job_id} -o %T 2>/dev/null | head -1); "
-                 f"[ -n \"$s\" ] || s=$(scontrol show job -o {job_id} 2>/dev/null | "
-                 "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
-                 "echo \"state=${s:-UNKNOWN}\"; ")
+        probe = (
+            f"s=$(squeue -h -j {job_id} -o %T 2>/dev/null | head -1); "
+            f'[ -n "$s" ] || s=$(scontrol show job -o {job_id} 2>/dev/null | '
+            "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
+            'echo "state=${s:-UNKNOWN}"; '
+        )
         if log:
             # the bytes from `offset` up to the size just read: the next poll starts exactly there
-            probe += (f"f={q(log)}; [ -f \"$f\" ] && n=$(wc -c < \"$f\") && echo \"size=$n\" && "
-                      f"tail -c +{offset + 1} \"$f\" | head -c $((n - {offset})); true")
+            probe += (
+                f'f={q(log)}; [ -f "$f" ] && n=$(wc -c < "$f") && echo "size=$n" && '
+                f'tail -c +{offset + 1} "$f" | head -c $((n - {offset})); true'
+            )
         out = self.run("wait (squeue)", self.ssh_cmd(probe))
         head, _, rest = out.partition("\n")
         state = head.removeprefix("state=").strip()
@@ -269,20 +341,30 @@ class Remote:
             if state is None or state in ENDED_STATES:
                 return state
             if deadline is not None and time.monotonic() > deadline:
-                raise StepFailed("wait", f"job {job_id} still {state} after {timeout_s:.0f} s; it keeps running "
-                                 f"there: `marketgpt remote logs {job_id} -f`, then `marketgpt remote fetch`")
+                raise StepFailed(
+                    "wait",
+                    f"job {job_id} still {state} after {timeout_s:.0f} s; it keeps running "
+                    f"there: `marketgpt remote logs {job_id} -f`, then `marketgpt remote fetch`",
+                )
             time.sleep(poll_s)
 
     def run_of_job(self, job_id: str) -> str:
         """The run folder (repo-relative) whose training_log.json records this job."""
-        out = self.run("find the job's run", self.ssh_cmd(
-            f"grep -l '\"slurm_job_id\": \"{job_id}\"' case_*/checkpoints/*/training_log.json 2>/dev/null; true"))
+        out = self.run(
+            "find the job's run",
+            self.ssh_cmd(
+                f'grep -l \'"slurm_job_id": "{job_id}"\' case_*/checkpoints/*/training_log.json 2>/dev/null; true'
+            ),
+        )
         if self.dry_run:
             return f"case_X/checkpoints/<run of job {job_id}>"
         runs = [str(Path(p).parent) for p in out.split()]
         if not runs:
-            raise StepFailed("find the job's run", f"no run folder there records job {job_id} (did it fail before "
-                             f"training started? `marketgpt remote logs {job_id}`)")
+            raise StepFailed(
+                "find the job's run",
+                f"no run folder there records job {job_id} (did it fail before "
+                f"training started? `marketgpt remote logs {job_id}`)",
+            )
         return sorted(runs)[-1]
 
     # ------------------------------------------------------------------ fetching
@@ -300,16 +382,20 @@ class Remote:
         found = [p.rstrip("/") for p in out.split()]
         if not found:
             what = f"run {run!r}" if run else "no run at all"
-            raise StepFailed("find the run", f"{what} under {self.host}:{self.path}/{cases}/checkpoints; "
-                             "see `marketgpt remote status`")
+            raise StepFailed(
+                "find the run",
+                f"{what} under {self.host}:{self.path}/{cases}/checkpoints; see `marketgpt remote status`",
+            )
         if run and len(found) > 1:
             raise StepFailed("find the run", f"{run!r} is in several cases ({', '.join(found)}); pass --case")
         return found[0]
 
     def fetch(self, run_rel: str, all_checkpoints: bool = False) -> Path:
         """Copy a run folder into the local repo's case folder, check it, then publish it."""
-        listing = self.run("fetch (list)", self.ssh_cmd(
-            f"cd {shlex.quote(run_rel)} && find . -type f ! -name '.*.tmp' -printf '%s\\t%P\\n'"))
+        listing = self.run(
+            "fetch (list)",
+            self.ssh_cmd(f"cd {shlex.quote(run_rel)} && find . -type f ! -name '.*.tmp' -printf '%s\\t%P\\n'"),
+        )
         local = self.repo / run_rel
         staging = local.parent / f".fetch_{local.name}"
         if self.dry_run:
@@ -319,17 +405,28 @@ class Remote:
             if not files:
                 raise StepFailed("fetch (list)", f"{run_rel} is empty there")
             staging.mkdir(parents=True, exist_ok=True)
-        cmd = ["rsync", "-a", "--partial-dir=.rsync-partial", "--files-from=-", "-e", shlex.join(self.ssh_base()),
-               *shlex.split(self.s.rsync_options), f"{self.host}:{self.path.rstrip('/')}/{run_rel}/",
-               f"{staging}/"]
+        cmd = [
+            "rsync",
+            "-a",
+            "--partial-dir=.rsync-partial",
+            "--files-from=-",
+            "-e",
+            shlex.join(self.ssh_base()),
+            *shlex.split(self.s.rsync_options),
+            f"{self.host}:{self.path.rstrip('/')}/{run_rel}/",
+            f"{staging}/",
+        ]
         self.run("fetch (rsync)", cmd, timeout=None, stdin="".join(f"{name}\n" for name in sorted(files)) or "\n")
         if self.dry_run:
             self.out(f"(then check sizes, checkpoint CRC32s and JSON in {staging}, and move the files into {local})")
             return local
         bad = fetch_problems(staging, files)
         if bad:
-            raise StepFailed("fetch (verify)", f"{len(bad)} file(s) failed the check in {staging}, nothing was moved "
-                             "into place: " + "; ".join(bad[:5]))
+            raise StepFailed(
+                "fetch (verify)",
+                f"{len(bad)} file(s) failed the check in {staging}, nothing was moved "
+                "into place: " + "; ".join(bad[:5]),
+            )
         publish(staging, local)
         return local
 
@@ -356,6 +453,8 @@ def _explain(code: int, stderr: str, host: Optional[str]) -> str:
     """ssh's and rsync's own message, plus what to do when the connection itself failed."""
     text = " | ".join(line.strip() for line in (stderr or "").strip().splitlines()[-6:] if line.strip())
     if code == 255 or "connection unexpectedly closed" in (stderr or ""):
-        return (f"cannot reach {host} over ssh ({text or f'exit {code}'}); check the host and that "
-                f"`ssh {host} true` works without a password (keys or agent)")
+        return (
+            f"cannot reach {host} over ssh ({text or f'exit {code}'}); check the host and that "
+            f"`ssh {host} true` works without a password (keys or agent)"
+        )
     return text or f"exit code {code}"

@@ -3,6 +3,7 @@ train (sync, submit, follow the job across requeues, fetch, check, print the res
 
 Each raises StepFailed naming the step that failed (common.cli prints it, exit 1).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,25 @@ def fetch_run(remote: Remote, run: Optional[str], latest: bool, case: Optional[s
         print(f"Fetched and checked {local}")
 
 
-def train_remote(remote: Remote, case: str, overrides: Sequence[str], sbatch_args: str, *, poll_s: float,
-                 timeout_s: Optional[float], all_checkpoints: bool) -> None:
+def train_remote(
+    remote: Remote,
+    case: str,
+    overrides: Sequence[str],
+    sbatch_args: str,
+    *,
+    poll_s: float,
+    timeout_s: Optional[float],
+    all_checkpoints: bool,
+) -> None:
     """Sync, submit, follow the job until it ends, fetch and check its run, print its results;
     StepFailed when the job ended other than COMPLETED (after fetching what it left)."""
     remote.sync()
     job_id, log = remote.submit(case, overrides, sbatch_args)
     if remote.dry_run:
-        remote.out(f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
-                   "then fetch its run folder)")
+        remote.out(
+            f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
+            "then fetch its run folder)"
+        )
         remote.fetch(remote.run_of_job(job_id), all_checkpoints)
         return
     state = remote.wait(job_id, log, poll_s=poll_s, timeout_s=timeout_s)

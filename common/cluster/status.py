@@ -9,6 +9,7 @@ Slurm state comes from `squeue`, matched through the job id the run recorded in
 training_log.json (`slurm_job_id`). Without Slurm the SLURM column shows "-". A case's jobs
 that are queued but have no run folder yet get a row of their own.
 """  # noqa: E501 (the example lines are as wide as the table the command prints)
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -42,8 +43,21 @@ class RunRow:
     last_log_line: str = ""
 
 
-_HEADERS = ("CASE", "RUN", "JOB", "SLURM", "STATUS", "EPOCH", "BEST VAL", "LAST VAL", "SCORE", "TOK/S", "PEAK MEM",
-            "ETA", "LAST LOG LINE")
+_HEADERS = (
+    "CASE",
+    "RUN",
+    "JOB",
+    "SLURM",
+    "STATUS",
+    "EPOCH",
+    "BEST VAL",
+    "LAST VAL",
+    "SCORE",
+    "TOK/S",
+    "PEAK MEM",
+    "ETA",
+    "LAST LOG LINE",
+)
 
 
 def last_line(path: Optional[Path], width: int = _LINE_WIDTH) -> str:
@@ -58,8 +72,11 @@ def last_line(path: Optional[Path], width: int = _LINE_WIDTH) -> str:
     except OSError:
         return ""
     # submitit's own INFO/WARNING lines say little about the training: show the trainer's
-    lines = [line.strip() for line in tail.replace("\r", "\n").splitlines()
-             if line.strip() and not line.startswith("submitit ")]
+    lines = [
+        line.strip()
+        for line in tail.replace("\r", "\n").splitlines()
+        if line.strip() and not line.startswith("submitit ")
+    ]
     if not lines:
         return ""
     text = lines[-1]
@@ -147,8 +164,15 @@ def _queued_without_run(case: Path, commands: dict[str, str], states: dict[str, 
     rows = []
     for job, command in sorted(commands.items(), key=lambda kv: kv[0].zfill(20)):
         if command.startswith(f"{case}/") and job not in seen and states.get(job) in ACTIVE_STATES:
-            rows.append(RunRow(case=case.name, run="(no run folder yet)", job=job, slurm=states[job],
-                               status="queued" if states[job] == "PENDING" else "starting"))
+            rows.append(
+                RunRow(
+                    case=case.name,
+                    run="(no run folder yet)",
+                    job=job,
+                    slurm=states[job],
+                    status="queued" if states[job] == "PENDING" else "starting",
+                )
+            )
     return rows
 
 
@@ -157,14 +181,20 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
     cases = [case_dir(case, root)] if case else [root / c for c in CASES if (root / c).is_dir()]
     states: dict[str, str] = {}
     commands: dict[str, str] = {}
-    runs = {folder: sorted(p for p in (folder / "checkpoints").glob("*") if p.is_dir() and
-                           ((p / "config.json").is_file() or (p / "training_log.json").is_file()))
-            for folder in cases}
+    runs = {
+        folder: sorted(
+            p
+            for p in (folder / "checkpoints").glob("*")
+            if p.is_dir() and ((p / "config.json").is_file() or (p / "training_log.json").is_file())
+        )
+        for folder in cases
+    }
     slurm_on = slurm_available()
     if slurm_on:  # ask only about this user's jobs and the jobs the runs recorded
         commands = job_commands()
-        recorded = {str(read_json_or_empty(r / "training_log.json").get("slurm_job_id"))
-                    for rs in runs.values() for r in rs}
+        recorded = {
+            str(read_json_or_empty(r / "training_log.json").get("slurm_job_id")) for rs in runs.values() for r in rs
+        }
         states = job_states(sorted((recorded - {"None"}) | set(commands)))
     rows = []
     for folder in cases:

@@ -21,6 +21,7 @@ partition have been checked. There is no `sacct` on some clusters (submitit then
 state as UNKNOWN and `job.result()` can wait forever on a job killed outside Python), so
 waiting goes through common.distributed.slurm.wait_for_jobs (squeue / scontrol, with a timeout).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,17 @@ from common.distributed.slurm import check_partition, job_info, parse_slurm_time
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
 
-__all__ = ["Submission", "TrainJob", "local_gpus", "parse_array", "plan_submission", "submit",
-           "executor_parameters", "job_environment", "rel_path"]
+__all__ = [
+    "Submission",
+    "TrainJob",
+    "local_gpus",
+    "parse_array",
+    "plan_submission",
+    "submit",
+    "executor_parameters",
+    "job_environment",
+    "rel_path",
+]
 
 CLUSTER_ENV = REPO_ROOT / "common" / "slurm" / "cluster_env.sh"  # the one place to adapt to a cluster
 ARRAY_ALIASES = {"seeds": "training.seed", "seed": "training.seed"}
@@ -126,8 +136,9 @@ def parse_array(spec: str) -> tuple[str, list[str]]:
     key = ARRAY_ALIASES.get(key.strip(), key.strip())
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or "." not in key or not items:
-        raise UserError(f"--array {spec!r}: expected seeds=1,2,3 or section.key=v1,v2 (e.g. "
-                        "training.learning_rate=1e-4,3e-4)")
+        raise UserError(
+            f"--array {spec!r}: expected seeds=1,2,3 or section.key=v1,v2 (e.g. training.learning_rate=1e-4,3e-4)"
+        )
     if len(set(items)) != len(items):
         raise UserError(f"--array {spec!r}: a value is repeated")
     return key, items
@@ -138,8 +149,9 @@ def _label(key: str, value: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{leaf}{value}")
 
 
-def plan_submission(case: str, config: Optional[Path] = None, overrides: Sequence[str] = (),
-                    array: Optional[str] = None) -> list[Submission]:
+def plan_submission(
+    case: str, config: Optional[Path] = None, overrides: Sequence[str] = (), array: Optional[str] = None
+) -> list[Submission]:
     """Check everything that can be checked without Slurm; one Submission per job.
 
     Each array element trains its own experiment (`<experiment>_<key><value>`, e.g.
@@ -177,9 +189,11 @@ def executor_parameters(s: SlurmConfig, signal_delay_s: Optional[int] = None) ->
         # srun 22.05+ doesn't inherit --cpus-per-task from the allocation
         "srun_args": [f"--cpus-per-task={s.cpus_per_task}"],
         # the cluster environment (module load, conda activate), as every sbatch script sources it
-        "setup": [f"source {shlex.quote(str(CLUSTER_ENV))} || exit 1",
-                  "export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}",
-                  f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{s.cpus_per_task}}}"],
+        "setup": [
+            f"source {shlex.quote(str(CLUSTER_ENV))} || exit 1",
+            "export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}",
+            f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{s.cpus_per_task}}}",
+        ],
         "additional_parameters": {"requeue": True},
     }
 
@@ -211,9 +225,17 @@ def rel_path(path: Path) -> str:
         return str(path)
 
 
-def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = (), *, array: Optional[str] = None,
-           local: bool = False, dry_run: bool = False, out: Optional[TextIO] = None,
-           signal_delay_s: Optional[int] = None) -> list:
+def submit(
+    case: str,
+    config: Optional[Path] = None,
+    overrides: Sequence[str] = (),
+    *,
+    array: Optional[str] = None,
+    local: bool = False,
+    dry_run: bool = False,
+    out: Optional[TextIO] = None,
+    signal_delay_s: Optional[int] = None,
+) -> list:
     """Submit the case's training; returns the submitit jobs (none for a dry run).
 
     `signal_delay_s` overrides slurm.signal_minutes_before_limit in seconds (tests, benchmarks)."""
@@ -223,17 +245,25 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
     params = executor_parameters(s, signal_delay_s)
     if not local:
         if not slurm_available():
-            raise UserError("Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
-                            "cluster's login node, or try it on this machine with --local")
+            raise UserError(
+                "Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
+                "cluster's login node, or try it on this machine with --local"
+            )
         for job in plan:
             check_partition(job.cfg.slurm.partition)
     where = "locally (submitit LocalExecutor)" if local else f"to partition {s.partition}"
-    print(f"{plan[0].case.name}: {len(plan)} job(s) {where}: {s.nodes} node(s) x {s.gpus_per_node} task(s) "
-          f"({params['gres']}), {s.cpus_per_task} CPUs/task, {s.mem_gb}G, time {s.time}, USR2 "
-          f"{params['signal_delay_s']} s before the limit", file=out)
+    print(
+        f"{plan[0].case.name}: {len(plan)} job(s) {where}: {s.nodes} node(s) x {s.gpus_per_node} task(s) "
+        f"({params['gres']}), {s.cpus_per_task} CPUs/task, {s.mem_gb}G, time {s.time}, USR2 "
+        f"{params['signal_delay_s']} s before the limit",
+        file=out,
+    )
     for job in plan:
-        print(f"  marketgpt {' '.join(TrainJob(rel_path(job.config), job.overrides, s.gpus_per_node).argv())}"
-              + (f"   [{job.label}]" if job.label else ""), file=out)
+        print(
+            f"  marketgpt {' '.join(TrainJob(rel_path(job.config), job.overrides, s.gpus_per_node).argv())}"
+            + (f"   [{job.label}]" if job.label else ""),
+            file=out,
+        )
     if dry_run:
         print("Dry run: nothing submitted.", file=out)
         return []
@@ -242,9 +272,12 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
     executor: submitit.Executor
     if local:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
-        executor.update_parameters(timeout_min=params["time"], tasks_per_node=s.gpus_per_node * s.nodes,
-                                   signal_delay_s=params["signal_delay_s"],
-                                   gpus_per_node=local_gpus(s.gpus_per_node * s.nodes, plan[0].cfg.training.device))
+        executor.update_parameters(
+            timeout_min=params["time"],
+            tasks_per_node=s.gpus_per_node * s.nodes,
+            signal_delay_s=params["signal_delay_s"],
+            gpus_per_node=local_gpus(s.gpus_per_node * s.nodes, plan[0].cfg.training.device),
+        )
     else:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(**params)
@@ -253,12 +286,18 @@ def submit(case: str, config: Optional[Path] = None, overrides: Sequence[str] = 
         jobs = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
     for submitted, sub in zip(jobs, plan):
         label = f" [{sub.label}]" if sub.label else ""
-        print(f"Submitted {'local ' if local else ''}job {submitted.job_id}{label}: experiment {sub.cfg.experiment}\n"
-              f"  follow:  tail -f {rel_path(submitted.paths.stdout)}\n"
-              f"  errors:  tail -f {rel_path(submitted.paths.stderr)}", file=out)
+        print(
+            f"Submitted {'local ' if local else ''}job {submitted.job_id}{label}: experiment {sub.cfg.experiment}\n"
+            f"  follow:  tail -f {rel_path(submitted.paths.stdout)}\n"
+            f"  errors:  tail -f {rel_path(submitted.paths.stderr)}",
+            file=out,
+        )
         if not local:
-            print(f"  state:   squeue -j {submitted.job_id}    (all runs: marketgpt status)\n"
-                  f"  cancel:  scancel {submitted.job_id}", file=out)
+            print(
+                f"  state:   squeue -j {submitted.job_id}    (all runs: marketgpt status)\n"
+                f"  cancel:  scancel {submitted.job_id}",
+                file=out,
+            )
     out.flush()
     return jobs
 
@@ -276,12 +315,15 @@ def local_gpus(tasks: int, device: str = "auto") -> int:
         return 0
     reason = cuda_unusable_reason()
     if reason:
-        raise UserError(f"--local runs one process per GPU but {reason}; --set training.device=cpu trains on "
-                        "this machine's CPU")
+        raise UserError(
+            f"--local runs one process per GPU but {reason}; --set training.device=cpu trains on this machine's CPU"
+        )
     have = torch.cuda.device_count()
     if have < tasks:
-        raise UserError(f"--local runs {tasks} process(es), one per GPU, but this machine has {have} GPU(s): "
-                        f"--set slurm.gpus_per_node={have} (and slurm.nodes=1)")
+        raise UserError(
+            f"--local runs {tasks} process(es), one per GPU, but this machine has {have} GPU(s): "
+            f"--set slurm.gpus_per_node={have} (and slurm.nodes=1)"
+        )
     return tasks
 
 
@@ -294,7 +336,8 @@ def wait_local(jobs: list, out: Optional[TextIO] = None) -> int:
             job.results()  # one result per task; raises the job's error
             print(f"Local job {job.job_id} finished", file=out)
         except Exception as e:  # the job's own error, also in its log
-            print(f"Local job {job.job_id} failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}",
-                  file=out)
+            print(
+                f"Local job {job.job_id} failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}", file=out
+            )
             code = 1
     return code

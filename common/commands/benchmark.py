@@ -14,6 +14,7 @@ task it could answer is refused before any scoring (one line, exit 2).
 (common.evaluation.benchmark.after_cutoff_task), written to MODEL/benchmark_after_cutoff.json and
 never to the leaderboard (its tasks are the run's own, not comparable across models).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -45,8 +46,15 @@ from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import history_loader
 from common.paths import REPO_ROOT
 
-__all__ = ["AFTER_CUTOFF_BUDGET", "AFTER_CUTOFF_JSON", "BENCHMARK_JSON", "DEFAULT_LEADERBOARD", "BenchmarkRequest",
-           "append_line", "run_benchmark_command"]
+__all__ = [
+    "AFTER_CUTOFF_BUDGET",
+    "AFTER_CUTOFF_JSON",
+    "BENCHMARK_JSON",
+    "DEFAULT_LEADERBOARD",
+    "BenchmarkRequest",
+    "append_line",
+    "run_benchmark_command",
+]
 
 BENCHMARK_JSON = "benchmark.json"
 AFTER_CUTOFF_JSON = "benchmark_after_cutoff.json"  # beside, never over, the fixed tasks' result
@@ -87,15 +95,26 @@ def append_line(path: Path, record: dict) -> None:
 
 def leaderboard_record(result: dict, model_dir: Path, checkpoint_sha256: Optional[str]) -> dict:
     """The leaderboard's line: who, when, the aggregate and each task's skill per horizon."""
-    return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "benchmark": result["benchmark"], "version": result["version"], "model": str(model_dir.resolve()),
-            "checkpoint_sha256": checkpoint_sha256, "samples": result["samples"], "seed": result["seed"],
-            "data_cutoff": result["data_cutoff"], "aggregate": {k: result["aggregate"][k] for k in
-                                                                ("value", "ci95", "verdict", "units", "tasks")},
-            "tasks": {r["task"]: {"leakage": r["leakage"], "status": r["status"],
-                                  "skill": {h: hc["skill"]["value"] for h, hc in r["horizons"].items()},
-                                  "crps": {h: hc["crps"] for h, hc in r["horizons"].items()}}
-                      for r in result["tasks"]}}
+    return {
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": result["benchmark"],
+        "version": result["version"],
+        "model": str(model_dir.resolve()),
+        "checkpoint_sha256": checkpoint_sha256,
+        "samples": result["samples"],
+        "seed": result["seed"],
+        "data_cutoff": result["data_cutoff"],
+        "aggregate": {k: result["aggregate"][k] for k in ("value", "ci95", "verdict", "units", "tasks")},
+        "tasks": {
+            r["task"]: {
+                "leakage": r["leakage"],
+                "status": r["status"],
+                "skill": {h: hc["skill"]["value"] for h, hc in r["horizons"].items()},
+                "crps": {h: hc["crps"] for h, hc in r["horizons"].items()},
+            }
+            for r in result["tasks"]
+        },
+    }
 
 
 def run_benchmark_command(req: BenchmarkRequest) -> int:
@@ -104,8 +123,14 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
         raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
     tasks = [] if req.after_cutoff else choose_tasks(req.tasks)  # --after-cutoff: its own task, below
     if req.budget is not None and (not req.after_cutoff or req.budget < 1):
-        raise UserError(f"--budget {req.budget}: " + ("must be at least 1" if req.after_cutoff else
-                        "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"))
+        raise UserError(
+            f"--budget {req.budget}: "
+            + (
+                "must be at least 1"
+                if req.after_cutoff
+                else "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"
+            )
+        )
     if req.samples < 2:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append and not req.after_cutoff else None
@@ -119,18 +144,37 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
         task, series = after_cutoff_task(_own_candles(forecaster, model_dir, cutoff), forecaster.interval, cutoff)
         tasks, own = [task], {task.name: series}
     else:
-        check_answerable(tasks, symbols=set(forecaster.symbols), interval=forecaster.interval, cutoff=cutoff,
-                         chosen=req.tasks is not None)
+        check_answerable(
+            tasks,
+            symbols=set(forecaster.symbols),
+            interval=forecaster.interval,
+            cutoff=cutoff,
+            chosen=req.tasks is not None,
+        )
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    result = run_benchmark(forecaster_fn(forecaster), tasks, symbols=set(forecaster.symbols),
-                           interval=forecaster.interval, cutoff=cutoff, min_history=forecaster.min_history(),
-                           n_samples=req.samples, seed=req.seed, progress=say, series=own,
-                           budget=req.budget or AFTER_CUTOFF_BUDGET)
+    result = run_benchmark(
+        forecaster_fn(forecaster),
+        tasks,
+        symbols=set(forecaster.symbols),
+        interval=forecaster.interval,
+        cutoff=cutoff,
+        min_history=forecaster.min_history(),
+        n_samples=req.samples,
+        seed=req.seed,
+        progress=say,
+        series=own,
+        budget=req.budget or AFTER_CUTOFF_BUDGET,
+    )
     if result["aggregate"]["value"] is None:  # e.g. every asset's history shorter than the model's context
-        raise UserError("no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in
-                                                                 result["aggregate"]["excluded"].items()))
-    result["model"] = {"path": str(model_dir), "checkpoint_sha256": forecaster.checkpoint_sha256,
-                       "interval": forecaster.interval, "precision": forecaster.precision}
+        raise UserError(
+            "no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in result["aggregate"]["excluded"].items())
+        )
+    result["model"] = {
+        "path": str(model_dir),
+        "checkpoint_sha256": forecaster.checkpoint_sha256,
+        "interval": forecaster.interval,
+        "precision": forecaster.precision,
+    }
     out = model_dir / (AFTER_CUTOFF_JSON if req.after_cutoff else BENCHMARK_JSON)
     try:
         atomic_write_json(out, result)
@@ -138,34 +182,47 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
         if leaderboard is not None:
             append_line(leaderboard, leaderboard_record(result, model_dir, forecaster.checkpoint_sha256))
     except OSError as e:
-        raise UserError(f"cannot write the benchmark's results ({e.strerror or e}); check the folder's "
-                        "permissions or pass --leaderboard PATH") from None
+        raise UserError(
+            f"cannot write the benchmark's results ({e.strerror or e}); check the folder's "
+            "permissions or pass --leaderboard PATH"
+        ) from None
     print(json.dumps(result, indent=2) if req.as_json else format_table(result))
     if not req.as_json:
-        where = (f" and appended a line to {leaderboard}" if leaderboard is not None else
-                 " (no leaderboard line: after-cutoff tasks are not comparable across models)"
-                 if req.after_cutoff else "")
+        where = (
+            f" and appended a line to {leaderboard}"
+            if leaderboard is not None
+            else " (no leaderboard line: after-cutoff tasks are not comparable across models)"
+            if req.after_cutoff
+            else ""
+        )
         print(f"Wrote {out}{where}")
     return 0
 
 
-def _own_candles(forecaster: Forecaster, model_dir: Path,
-                 cutoff: Optional[pd.Timestamp]) -> dict[str, tuple[str, LazyCandles]]:
+def _own_candles(
+    forecaster: Forecaster, model_dir: Path, cutoff: Optional[pd.Timestamp]
+) -> dict[str, tuple[str, LazyCandles]]:
     """symbol -> (category, cleaned candles, read when used) of every asset of the run, from its
     own data source, the whole cache: data.end_date lifted (the candles after it are after the
     cut-off too)."""
 
     if cutoff is None:
-        raise UserError(f"--after-cutoff: {model_dir} records no data cut-off (data_info.json's split_cuts, or "
-                        "model_card.json's data_cutoff), so there is no period after it to score")
+        raise UserError(
+            f"--after-cutoff: {model_dir} records no data cut-off (data_info.json's split_cuts, or "
+            "model_card.json's data_cutoff), so there is no period after it to score"
+        )
     cfg = forecaster.cfg
     if cfg.data.source in ("download", "files") and not (model_dir / "best_model.pt").is_file():
-        raise UserError(f"--after-cutoff: {model_dir} is an export; pass its run folder, whose case holds the "
-                        f"{cfg.data.source} candles it was trained on")
+        raise UserError(
+            f"--after-cutoff: {model_dir} is an export; pass its run folder, whose case holds the "
+            f"{cfg.data.source} candles it was trained on"
+        )
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
     categories = {s: forecaster.assets[s]["category"] for s in forecaster.symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
     load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
-    return {symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
-            for symbol in forecaster.symbols}
+    return {
+        symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
+        for symbol in forecaster.symbols
+    }

@@ -8,6 +8,7 @@ level), which `marketgpt forecast --calibrated` applies and `marketgpt scorecard
 test split. A separate command rather than a side effect of the scorecard: its cost (one more
 walk-forward, over the val split) is paid once and named, and one fitted file serves both.
 """
+
 from __future__ import annotations
 
 import sys
@@ -52,11 +53,18 @@ def run_calibrate_command(req: CalibrateRequest) -> int:
     series, _ = series_from_run(req.run_dir)
     forecaster = Forecaster.from_run(req.run_dir, device=parse_device(req.device), precision=req.precision)
     forecaster.check_request(req.horizon, req.samples)
-    content = fit_calibration(series, forecaster_fn(forecaster), horizon=req.horizon, stride=stride,
-                              n_origins=req.origins, n_samples=req.samples, seed=req.seed, source=str(req.run_dir),
-                              progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    content.update(run=str(req.run_dir), checkpoint_sha256=forecaster.checkpoint_sha256,
-                   precision=forecaster.precision)
+    content = fit_calibration(
+        series,
+        forecaster_fn(forecaster),
+        horizon=req.horizon,
+        stride=stride,
+        n_origins=req.origins,
+        n_samples=req.samples,
+        seed=req.seed,
+        source=str(req.run_dir),
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    content.update(run=str(req.run_dir), checkpoint_sha256=forecaster.checkpoint_sha256, precision=forecaster.precision)
     path = write_calibration(content, req.run_dir)
     print(summary_lines(content))
     print(f"Wrote {path}")
@@ -67,10 +75,14 @@ def summary_lines(content: dict) -> str:
     """Per shown step: the val coverage of the raw 90% interval and the adjustment q (log return)."""
     steps = sorted({1, 5, 20, content["horizons"][-1]} & set(content["horizons"]))
     d = content["dates"]
-    lines = [f"Calibrated on the validation split: {content['n_dates']} origin dates, {d['first_origin'][:10]} to "
-             f"{d['last_origin'][:10]} (no candle after {d['last_candle_read'][:10]})"]
+    lines = [
+        f"Calibrated on the validation split: {content['n_dates']} origin dates, {d['first_origin'][:10]} to "
+        f"{d['last_origin'][:10]} (no candle after {d['last_candle_read'][:10]})"
+    ]
     for h in steps:
         raw, q = content["val_coverage_raw"][str(h)]["90"], content["adjustments"][str(h)]["90"]
-        lines.append(f"  H={h}: raw 90% interval covered {raw:.0%} of {content['n_origins'][str(h)]} val origins; "
-                     f"ends moved by {q:+.4f} log return")
+        lines.append(
+            f"  H={h}: raw 90% interval covered {raw:.0%} of {content['n_origins'][str(h)]} val origins; "
+            f"ends moved by {q:+.4f} log return"
+        )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ each case config's training fits in the smallest GPU's memory. It exits 1 when t
 would fall back to the CPU (no usable GPU: a CPU build of torch, a driver older than the
 wheel's CUDA, no GPU visible), or when the job has more processes on this node than GPUs.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,22 @@ from common.training.mfu import known_peak
 
 __all__ = ["SLURM_VARIABLES", "run_doctor"]
 
-SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
-                   "SLURM_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_GPUS_ON_NODE",
-                   "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT")
+SLURM_VARIABLES = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 _SLACK_BYTES = 1.5e9  # CUDA context and allocator slack on top of the estimate
 
 
@@ -50,17 +64,24 @@ def _gpu_lines() -> tuple[list[str], list[int], list[str]]:
         peak_text = f"{peak[0] / 1e12:g} TFLOP/s dense {peak[1]}" if peak else "unknown (set training.peak_flops)"
         precisions.append(resolve_precision("auto", device))
         memory.append(props.total_memory)
-        lines.append(f"  GPU {i}: {props.name}, {props.total_memory / 1e9:.1f} GB, compute capability "
-                     f"{major}.{minor}, bf16 {'yes' if bf16_supported(device) else 'no'}, peak {peak_text}, "
-                     f"training.precision=auto -> {precisions[-1]}")
+        lines.append(
+            f"  GPU {i}: {props.name}, {props.total_memory / 1e9:.1f} GB, compute capability "
+            f"{major}.{minor}, bf16 {'yes' if bf16_supported(device) else 'no'}, peak {peak_text}, "
+            f"training.precision=auto -> {precisions[-1]}"
+        )
     return lines, memory, precisions
 
 
 def _cpu_line() -> str:
     has = fast_bf16(torch.device("cpu"))
-    return (f"CPU: {cpu_capabilities().get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
-            + ("yes (forecast/scorecard --precision auto runs bf16-trained runs in bf16 here)" if has else
-               "no (forecasts and scorecards run in fp32 here)"))
+    return (
+        f"CPU: {cpu_capabilities().get('cpu_name', 'unknown')}, {os.cpu_count()} logical cores, bf16 in hardware: "
+        + (
+            "yes (forecast/scorecard --precision auto runs bf16-trained runs in bf16 here)"
+            if has
+            else "no (forecasts and scorecards run in fp32 here)"
+        )
+    )
 
 
 def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str]:
@@ -74,21 +95,40 @@ def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str
         t = cfg.training
         model = meta_model(cfg)
         p = precision if t.precision == "auto" else t.precision
-        est = estimate_training_memory(cfg.model, model.num_parameters(), t.batch_size, p, t.gradient_checkpointing,
-                                       cfg.slurm.nodes * cfg.slurm.gpus_per_node)
+        est = estimate_training_memory(
+            cfg.model,
+            model.num_parameters(),
+            t.batch_size,
+            p,
+            t.gradient_checkpointing,
+            cfg.slurm.nodes * cfg.slurm.gpus_per_node,
+        )
         need = est.total + _SLACK_BYTES
-        verdict = ("fits" if need <= gpu_bytes else "does NOT fit: lower training.batch_size (raise "
-                   "grad_accum_steps) or set training.gradient_checkpointing=true") if gpu_bytes else "no GPU to check"
-        lines.append(f"  {path.relative_to(root)}: about {need / 1e9:.1f} GB per GPU at batch {t.batch_size} ({p}"
-                     f"{', gradient checkpointing' if t.gradient_checkpointing else ''}): {verdict}")
+        verdict = (
+            (
+                "fits"
+                if need <= gpu_bytes
+                else "does NOT fit: lower training.batch_size (raise "
+                "grad_accum_steps) or set training.gradient_checkpointing=true"
+            )
+            if gpu_bytes
+            else "no GPU to check"
+        )
+        lines.append(
+            f"  {path.relative_to(root)}: about {need / 1e9:.1f} GB per GPU at batch {t.batch_size} ({p}"
+            f"{', gradient checkpointing' if t.gradient_checkpointing else ''}): {verdict}"
+        )
     return lines
 
 
 def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     """Print the report; 0 when training here would use the GPU(s), 1 when it would not."""
     root = root or REPO_ROOT
-    print(f"torch {torch.__version__} | built for CUDA {torch.version.cuda or 'none (CPU build)'} | "
-          f"NCCL {_nccl_version()}", file=out)
+    print(
+        f"torch {torch.__version__} | built for CUDA {torch.version.cuda or 'none (CPU build)'} | "
+        f"NCCL {_nccl_version()}",
+        file=out,
+    )
     print(f"NVIDIA driver: {driver_version() or 'not found (no nvidia-smi)'}", file=out)
     reason = cuda_unusable_reason()
     lines, memory, precisions = ([], [], []) if reason else _gpu_lines()
@@ -98,9 +138,12 @@ def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:
     print(_cpu_line(), file=out)
     if not reason:
         problem = compile_problem()
-        state = (f"UNAVAILABLE, training falls back to eager: {problem}" if problem
-                 else "ready (Triton and a C compiler); training.compile_mode auto: CUDA graphs on one GPU, "
-                      "plain compile under DDP")
+        state = (
+            f"UNAVAILABLE, training falls back to eager: {problem}"
+            if problem
+            else "ready (Triton and a C compiler); training.compile_mode auto: CUDA graphs on one GPU, "
+            "plain compile under DDP"
+        )
         print(f"torch.compile (training.compile, on in the case configs): {state}", file=out)
     seen = [f"{k}={os.environ[k]}" for k in SLURM_VARIABLES if k in os.environ]
     print("Slurm and launcher variables: " + (" ".join(seen) if seen else "none (not inside a Slurm job)"), file=out)

@@ -12,6 +12,7 @@ Files (each written atomically, so a failed run leaves no half-written file):
     fan_<symbol>.png                 one fan chart per asset (history, median, 50% and 90% bands);
     fan_chart.png                    one multi-panel chart instead when there are more than 4 assets
 """
+
 from __future__ import annotations
 
 import io
@@ -70,8 +71,10 @@ class ForecastRequest:
 def run_forecast_command(req: ForecastRequest) -> int:
     """Forecast, write the files into the output folder, print a short table; exit code 0."""
     if req.top_k is not None or req.top_p is not None:
-        warn("--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
-             "come out overconfident (see docs/forecasting.md)")
+        warn(
+            "--top-k/--top-p truncate the model's distribution: every path narrows and the quantile bands "
+            "come out overconfident (see docs/forecasting.md)"
+        )
     if req.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", req.device):
         raise UserError(f"--device {req.device}: expected cpu, cuda or cuda:N")
     barrier = parse_barriers(req.barrier) if req.barrier is not None else None  # before the model loads
@@ -89,15 +92,35 @@ def run_forecast_command(req: ForecastRequest) -> int:
         name = f"{name}_{fc.interval}"
     out = Path(req.out) if req.out else Path(runs[0]) / "forecasts" / name
     check_writable(out, "--out", "pass --out a folder you can write")
-    result = fc.forecast(histories, req.horizon, req.samples, seed=req.seed, temperature=req.temperature,
-                         top_k=req.top_k, top_p=req.top_p, return_paths=True)
-    settings = {"backend": req.backend, "precision": fc.precision, "as_of": req.as_of or "latest", "seed": req.seed,
-                "horizon": req.horizon, "samples": req.samples, "temperature": req.temperature,
-                "top_k": req.top_k, "top_p": req.top_p}
+    result = fc.forecast(
+        histories,
+        req.horizon,
+        req.samples,
+        seed=req.seed,
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        return_paths=True,
+    )
+    settings = {
+        "backend": req.backend,
+        "precision": fc.precision,
+        "as_of": req.as_of or "latest",
+        "seed": req.seed,
+        "horizon": req.horizon,
+        "samples": req.samples,
+        "temperature": req.temperature,
+        "top_k": req.top_k,
+        "top_p": req.top_p,
+    }
     if calibration is not None:
         result.table = calibrate_table(result.table, calibration)
-        settings["calibration"] = {"file": str(calibration.path), "split": "val", "dates": calibration.raw.get("dates"),
-                                   "levels": list(calibration.levels)}
+        settings["calibration"] = {
+            "file": str(calibration.path),
+            "split": "val",
+            "dates": calibration.raw.get("dates"),
+            "levels": list(calibration.levels),
+        }
     written = write_outputs(fc, result, histories, out, settings, save_paths=req.save_paths)
     print(stdout_table(result.table))
     for path, text in write_path_questions(result, out, barrier, req.drawdown):
@@ -112,11 +135,14 @@ def _calibration(req: ForecastRequest, runs: list, fc: Any) -> Calibration:
     if len(runs) != 1:
         raise UserError("--calibrated takes one run: a calibration.json is fitted for one model, not an ensemble")
     if req.backend == "onnx" and not (Path(runs[0]) / CALIBRATION_JSON).is_file():
-        raise UserError(f"--calibrated: {runs[0]} has no calibration.json; copy the run's (marketgpt calibrate "
-                        "RUN_DIR) into the export folder: it is checked against the export's checkpoint_sha256")
+        raise UserError(
+            f"--calibrated: {runs[0]} has no calibration.json; copy the run's (marketgpt calibrate "
+            "RUN_DIR) into the export folder: it is checked against the export's checkpoint_sha256"
+        )
     calibration = load_calibration(runs[0])
-    calibration.check_forecast(req.horizon, {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p},
-                               fc.checkpoint_sha256)
+    calibration.check_forecast(
+        req.horizon, {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p}, fc.checkpoint_sha256
+    )
     return calibration
 
 
@@ -127,12 +153,15 @@ def _forecaster(req: ForecastRequest, runs: list) -> Any:
         if req.precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"--precision {req.precision!r}: expected one of auto, fp32, bf16")
         if req.device != "cpu" or len(runs) != 1 or req.precision == "bf16":
-            raise UserError("--backend onnx takes one export folder and runs on the CPU in fp32 "
-                            "(no --device, no --precision)")
+            raise UserError(
+                "--backend onnx takes one export folder and runs on the CPU in fp32 (no --device, no --precision)"
+            )
         fc = ExportedForecaster.from_export(runs[0])
         if req.interval is not None and req.interval != fc.interval:
-            raise UserError(f"--interval {req.interval}: the export {runs[0]} forecasts {fc.interval} candles only; "
-                            f"export the run with --interval {req.interval}")
+            raise UserError(
+                f"--interval {req.interval}: the export {runs[0]} forecasts {fc.interval} candles only; "
+                f"export the run with --interval {req.interval}"
+            )
         return fc
     import torch  # lazy: the onnx backend runs without torch
 
@@ -152,26 +181,38 @@ def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: di
     table.to_parquet(buf, index=False, engine="pyarrow")
     atomic_write_bytes(written[0], buf.getvalue())
     atomic_write_bytes(written[1], table.to_csv(index=False, float_format="%.10g").encode("utf-8"))
-    meta = {"run": str(fc.run_dir) if fc.run_dir else None, "checkpoint": "best_model.pt",
-            "checkpoint_sha256": fc.checkpoint_sha256, **settings,
-            "tokenizer": {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": fc.tokenizer.vocab_size},
-            "context_length": fc.cfg.model.context_length, "interval": fc.cfg.data.interval,
-            "data_source": fc.cfg.data.source,
-            **({"ensemble": fc.ensemble} if getattr(fc, "ensemble", None) else {}),
-            "origins": [{"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"]}
-                        for o in result.origins]}
+    meta = {
+        "run": str(fc.run_dir) if fc.run_dir else None,
+        "checkpoint": "best_model.pt",
+        "checkpoint_sha256": fc.checkpoint_sha256,
+        **settings,
+        "tokenizer": {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": fc.tokenizer.vocab_size},
+        "context_length": fc.cfg.model.context_length,
+        "interval": fc.cfg.data.interval,
+        "data_source": fc.cfg.data.source,
+        **({"ensemble": fc.ensemble} if getattr(fc, "ensemble", None) else {}),
+        "origins": [
+            {"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"]}
+            for o in result.origins
+        ],
+    }
     atomic_write_json(written[2], meta)
     if save_paths:
         written.append(out / "paths.npz")
         with atomic_path(written[-1]) as tmp, open(tmp, "wb") as f:
-            np.savez_compressed(f, symbols=np.array([o["symbol"] for o in result.origins], dtype=str),
-                                tokens=result.tokens, **result.paths)
+            np.savez_compressed(
+                f,
+                symbols=np.array([o["symbol"] for o in result.origins], dtype=str),
+                tokens=result.tokens,
+                **result.paths,
+            )
     written += write_fan_charts(result, histories, out)
     return written
 
 
-def path_question_tables(result: Any, barrier: Optional[tuple[float, float]],
-                         drawdown: bool) -> dict[str, pd.DataFrame]:
+def path_question_tables(
+    result: Any, barrier: Optional[tuple[float, float]], drawdown: bool
+) -> dict[str, pd.DataFrame]:
     """Per asset, from its sampled paths: the barrier probabilities and/or the maximum drawdown's summary."""
     paths = result.paths
     ohlc = "high" in paths and "low" in paths  # decode_ohlc's candles: touches by the highs and lows
@@ -179,21 +220,35 @@ def path_question_tables(result: Any, barrier: Optional[tuple[float, float]],
     for i, o in enumerate(result.origins):
         close = paths["close"][i]
         hl = {"high": paths["high"][i], "low": paths["low"][i]} if ohlc else {}
-        head = {"symbol": o["symbol"], "as_of": o["as_of"].isoformat(), "last_close": o["last_close"],
-                "horizon": close.shape[1] - 1, "samples": close.shape[0], "prices": "high/low" if ohlc else "close"}
+        head = {
+            "symbol": o["symbol"],
+            "as_of": o["as_of"].isoformat(),
+            "last_close": o["last_close"],
+            "horizon": close.shape[1] - 1,
+            "samples": close.shape[0],
+            "prices": "high/low" if ohlc else "close",
+        }
         if barrier is not None:
             upper, lower = barrier
             probs = barrier_probabilities(barrier_outcomes(close, upper, lower, **hl))
-            tables["barrier"].append({**head, "upper": upper, "lower": lower,
-                                      "upper_price": o["last_close"] * (1 + upper),
-                                      "lower_price": o["last_close"] * (1 + lower), **probs})
+            tables["barrier"].append(
+                {
+                    **head,
+                    "upper": upper,
+                    "lower": lower,
+                    "upper_price": o["last_close"] * (1 + upper),
+                    "lower_price": o["last_close"] * (1 + lower),
+                    **probs,
+                }
+            )
         if drawdown:
             tables["drawdown"].append({**head, **drawdown_summary(max_drawdown(close, **hl))})
     return {k: pd.DataFrame(v) for k, v in tables.items() if v}
 
 
-def write_path_questions(result: Any, out: Path, barrier: Optional[tuple[float, float]],
-                         drawdown: bool) -> list[tuple[Path, str]]:
+def write_path_questions(
+    result: Any, out: Path, barrier: Optional[tuple[float, float]], drawdown: bool
+) -> list[tuple[Path, str]]:
     """barrier.csv / drawdown.csv in `out`, each with the table printed for it."""
     written = []
     for name, table in path_question_tables(result, barrier, drawdown).items():
@@ -205,26 +260,33 @@ def write_path_questions(result: Any, out: Path, barrier: Optional[tuple[float, 
 
 def _barrier_text(table: pd.DataFrame) -> str:
     r0 = table.iloc[0]
-    lines = [f"Barriers {r0.upper:+.2%} / {r0.lower:+.2%} of the last close within {r0.horizon} candles "
-             f"(first touch by the candles' {r0.prices}; docs/forecasting.md#path-questions)",
-             f"{'symbol':<12} {'upper':>12} {'lower':>12} {'P(upper 1st)':>12} {'P(lower 1st)':>12} "
-             f"{'P(neither)':>10}"]
+    lines = [
+        f"Barriers {r0.upper:+.2%} / {r0.lower:+.2%} of the last close within {r0.horizon} candles "
+        f"(first touch by the candles' {r0.prices}; docs/forecasting.md#path-questions)",
+        f"{'symbol':<12} {'upper':>12} {'lower':>12} {'P(upper 1st)':>12} {'P(lower 1st)':>12} {'P(neither)':>10}",
+    ]
     for r in table.itertuples():
-        lines.append(f"{r.symbol:<12} {r.upper_price:>12.6g} {r.lower_price:>12.6g} {r.p_upper_first:>12.3f} "
-                     f"{r.p_lower_first:>12.3f} {r.p_neither:>10.3f}")
+        lines.append(
+            f"{r.symbol:<12} {r.upper_price:>12.6g} {r.lower_price:>12.6g} {r.p_upper_first:>12.3f} "
+            f"{r.p_lower_first:>12.3f} {r.p_neither:>10.3f}"
+        )
     return "\n".join(lines)
 
 
 def _drawdown_text(table: pd.DataFrame) -> str:
     r0 = table.iloc[0]
     more = [c for c in table.columns if c.startswith("p_gt_")]
-    lines = [f"Maximum drawdown within {r0.horizon} candles (from the running peak, by the candles' {r0.prices})",
-             f"{'symbol':<12} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7} "
-             + " ".join(f"{'P(>' + c[5:-3] + '%)':>8}" for c in more)]
+    lines = [
+        f"Maximum drawdown within {r0.horizon} candles (from the running peak, by the candles' {r0.prices})",
+        f"{'symbol':<12} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7} "
+        + " ".join(f"{'P(>' + c[5:-3] + '%)':>8}" for c in more),
+    ]
     for r in table.itertuples(index=False):
         d = r._asdict()
-        lines.append(f"{r.symbol:<12} {r.mean:>7.2%} {r.p50:>7.2%} {r.p90:>7.2%} {r.p99:>7.2%} "
-                     + " ".join(f"{d[c]:>8.3f}" for c in more))
+        lines.append(
+            f"{r.symbol:<12} {r.mean:>7.2%} {r.p50:>7.2%} {r.p90:>7.2%} {r.p99:>7.2%} "
+            + " ".join(f"{d[c]:>8.3f}" for c in more)
+        )
     return "\n".join(lines)
 
 
@@ -235,6 +297,7 @@ def _safe(symbol: str) -> str:
 def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
     """History, median and the 50% / 90% bands: one PNG per asset, or one multi-panel PNG."""
     import matplotlib  # lazy, as the other chart writers: Agg is chosen here, before pyplot loads
+
     matplotlib.use("Agg")  # before pyplot: no display on compute nodes
     import matplotlib.pyplot as plt  # lazy: after matplotlib.use
 
@@ -246,14 +309,15 @@ def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
     for group in groups:
         cols = 1 if single else min(4, n)
         rows = 1 if single else -(-n // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(8 if single else 4 * cols, 4.5 if single else 3 * rows),
-                                 squeeze=False)
-        for ax in axes.ravel()[len(group):]:
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(8 if single else 4 * cols, 4.5 if single else 3 * rows), squeeze=False
+        )
+        for ax in axes.ravel()[len(group) :]:
             ax.set_visible(False)
         for ax, i in zip(axes.ravel(), group):
             h = histories[i]
-            part = table.iloc[i * (len(table) // n):(i + 1) * (len(table) // n)]
-            shown = h.candles["close"].iloc[-_HISTORY_SHOWN * len(part):]
+            part = table.iloc[i * (len(table) // n) : (i + 1) * (len(table) // n)]
+            shown = h.candles["close"].iloc[-_HISTORY_SHOWN * len(part) :]
             last = pd.DatetimeIndex([h.candles.index[-1]])
             x = last.append(pd.DatetimeIndex(part["timestamp"]))
             start = part["last_close"].iloc[0]
@@ -279,9 +343,13 @@ def write_fan_charts(result: Any, histories: list, out: Path) -> list[Path]:
 def stdout_table(table: pd.DataFrame) -> str:
     """Per asset, the first and the last step: when, P5 / P50 / P95 of the close, P(up)."""
     rows = table.groupby("symbol", sort=False).nth([0, -1])
-    lines = [f"{'symbol':<12} {'step':>4} {'timestamp':<17} {'last close':>12} {'P5':>12} {'P50':>12} "
-             f"{'P95':>12} {'P(up)':>6}"]
+    lines = [
+        f"{'symbol':<12} {'step':>4} {'timestamp':<17} {'last close':>12} {'P5':>12} {'P50':>12} "
+        f"{'P95':>12} {'P(up)':>6}"
+    ]
     for r in rows.itertuples():
-        lines.append(f"{r.symbol:<12} {r.step:>4} {pd.Timestamp(r.timestamp):%Y-%m-%d %H:%M} {r.last_close:>12.6g} "
-                     f"{r.p5:>12.6g} {r.p50:>12.6g} {r.p95:>12.6g} {r.p_up:>6.2f}")
+        lines.append(
+            f"{r.symbol:<12} {r.step:>4} {pd.Timestamp(r.timestamp):%Y-%m-%d %H:%M} {r.last_close:>12.6g} "
+            f"{r.p5:>12.6g} {r.p50:>12.6g} {r.p95:>12.6g} {r.p_up:>6.2f}"
+        )
     return "\n".join(lines)

@@ -15,6 +15,7 @@ seen, time per epoch and per run on the job's GPUs and on a CPU, peak GPU memory
 Time comes from measured training rates: compiled bf16 tokens/s of one H200 per case shape,
 scaled to other GPUs by their dense bf16 peak, and to other shapes by training FLOPs per token.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,17 @@ from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
 
-__all__ = ["CPU_MODEL_FLOPS", "GPU_RATES", "MAX_ESTIMATE_START", "build_plan", "data_figures", "gpu_rate",
-           "plan_of_run", "run_plan", "scaling_suggestion"]
+__all__ = [
+    "CPU_MODEL_FLOPS",
+    "GPU_RATES",
+    "MAX_ESTIMATE_START",
+    "build_plan",
+    "data_figures",
+    "gpu_rate",
+    "plan_of_run",
+    "run_plan",
+    "scaling_suggestion",
+]
 
 # Compiled bf16 training tokens/s of one NVIDIA H200 at batch 32, measured 2026-11-26
 # (bench/results/2026-11-26-h200/). (d_model, num_layers, context_length) -> (tokens/s with plain
@@ -116,9 +126,15 @@ def scaling_suggestion(cfg: Config, plan: Plan) -> Optional[str]:
     )
 
 
-def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = None,
-               flops_per_token: Optional[int] = None, steps: Optional[int] = None,
-               world_size: Optional[int] = None) -> Plan:
+def build_plan(
+    cfg: Config,
+    data: DataFigures,
+    *,
+    parameters: Optional[int] = None,
+    flops_per_token: Optional[int] = None,
+    steps: Optional[int] = None,
+    world_size: Optional[int] = None,
+) -> Plan:
     """The plan of `cfg` on `data`; parameters, FLOPs per token, steps per epoch and processes
     default to the config's model on its universe and the job's GPUs (slurm.nodes x gpus_per_node)."""
     t, s = cfg.training, cfg.slurm
@@ -130,25 +146,46 @@ def build_plan(cfg: Config, data: DataFigures, *, parameters: Optional[int] = No
         steps = steps_per_epoch(data.epoch_windows, t.batch_size, gpus, t.grad_accum_steps, t.max_steps_per_epoch)
     precision = "bf16" if t.precision == "auto" else t.precision
     memory = estimate_training_memory(cfg.model, parameters, t.batch_size, precision, t.gradient_checkpointing, gpus)
-    plan = Plan(data=data, parameters=parameters, context_length=cfg.model.context_length, epochs=t.epochs,
-                steps_per_epoch=steps, global_batch=t.batch_size * gpus * t.grad_accum_steps,
-                epoch_stride=cfg.data.epoch_stride, gpus=gpus, gpu_type=s.gpu_type,
-                gpu_rate=gpu_rate(cfg, flops_per_token, gpus), cpu_rate=cpu_rate(flops_per_token),
-                memory_gb=memory.total / 1e9, slurm_time_s=parse_slurm_time(s.time) * 60, max_requeues=MAX_REQUEUES,
-                one_gpu_rate=gpu_rate(cfg, flops_per_token, 1) if gpus > 1 else None)
+    plan = Plan(
+        data=data,
+        parameters=parameters,
+        context_length=cfg.model.context_length,
+        epochs=t.epochs,
+        steps_per_epoch=steps,
+        global_batch=t.batch_size * gpus * t.grad_accum_steps,
+        epoch_stride=cfg.data.epoch_stride,
+        gpus=gpus,
+        gpu_type=s.gpu_type,
+        gpu_rate=gpu_rate(cfg, flops_per_token, gpus),
+        cpu_rate=cpu_rate(flops_per_token),
+        memory_gb=memory.total / 1e9,
+        slurm_time_s=parse_slurm_time(s.time) * 60,
+        max_requeues=MAX_REQUEUES,
+        one_gpu_rate=gpu_rate(cfg, flops_per_token, 1) if gpus > 1 else None,
+    )
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
         plan.suggestions = _supported_shapes(cfg, data)
     return plan
 
 
-def plan_of_run(cfg: Config, ranges: Mapping[str, Mapping[str, Sequence[int]]], *, train_windows: int,
-                epoch_windows: int, parameters: int, flops_per_token: int, steps: int, world_size: int) -> str:
+def plan_of_run(
+    cfg: Config,
+    ranges: Mapping[str, Mapping[str, Sequence[int]]],
+    *,
+    train_windows: int,
+    epoch_windows: int,
+    parameters: int,
+    flops_per_token: int,
+    steps: int,
+    world_size: int,
+) -> str:
     """The short plan a starting training run prints, from its own data, windows and model."""
     candles = {split: sum(int(r[split][1]) - int(r[split][0]) for r in ranges.values()) for split in SPLITS}
     data = DataFigures(candles, train_windows, epoch_windows, basis="exact (this run)", assets=len(ranges))
     try:
-        plan = build_plan(cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps,
-                          world_size=world_size)
+        plan = build_plan(
+            cfg, data, parameters=parameters, flops_per_token=flops_per_token, steps=steps, world_size=world_size
+        )
     except UserError as e:  # e.g. a slurm.time that is no Slurm time: the run trains all the same
         return f"Plan: not available ({e})"
     return format_plan(plan, short=True)
@@ -177,8 +214,10 @@ def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]
         # (case C has 1/18 of case A's FLOPs per token and as many tokens/s): the host bounds them
         if flops_per_token < near[2]:
             rate = near[col]
-            label = (f"estimate: the tokens/s of the nearest, larger measured {RATES_DEVICE} shape "
-                     f"(small models are launch-bound; {how})")
+            label = (
+                f"estimate: the tokens/s of the nearest, larger measured {RATES_DEVICE} shape "
+                f"(small models are launch-bound; {how})"
+            )
     peak = known_peak(cfg.slurm.gpu_type)
     if peak is None:
         return None
@@ -188,8 +227,10 @@ def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]
 
 
 def cpu_rate(flops_per_token: int) -> Rate:
-    return Rate(CPU_MODEL_FLOPS / flops_per_token,
-                "rough estimate: fp32 at 181 GFLOP/s of model FLOPs (2-core VM, docs/performance.md)")
+    return Rate(
+        CPU_MODEL_FLOPS / flops_per_token,
+        "rough estimate: fp32 at 181 GFLOP/s of model FLOPs (2-core VM, docs/performance.md)",
+    )
 
 
 # --------------------------------------------------------------------------- data
@@ -214,17 +255,25 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     cache = CandleCache(case_dir / d.cache_dir)
     per_interval = [sum(cache.path_for(a.source, iv, a.symbol).exists() for a in assets) for iv in d.run_intervals()]
     cached = sum(per_interval)
-    figures = _estimate(cfg, assets) if min(per_interval) == 0 else \
-        _from_times(cfg, case_dir, f"the cache: {cached} of {len(assets) * len(per_interval)} "
-                                   f"{'series' if d.intervals else 'assets'}")
+    figures = (
+        _estimate(cfg, assets)
+        if min(per_interval) == 0
+        else _from_times(
+            cfg,
+            case_dir,
+            f"the cache: {cached} of {len(assets) * len(per_interval)} {'series' if d.intervals else 'assets'}",
+        )
+    )
     if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
     figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
     if d.intervals and d.interval_split == "pooled" and not figures.basis.startswith("exact"):
-        figures.notes.append("the estimate splits each series on its own dates; the pooled cuts shared by every "
-                             "interval are checked once the candles are cached: an interval they leave without "
-                             "windows is refused then")
+        figures.notes.append(
+            "the estimate splits each series on its own dates; the pooled cuts shared by every "
+            "interval are checked once the candles are cached: an interval they leave without "
+            "windows is refused then"
+        )
     return figures
 
 
@@ -239,9 +288,11 @@ def _yahoo_window_notes(cfg: Config, assets: Sequence[Asset]) -> list[str]:
     start = start_bound(d.start_date)
     if start is not None and start >= earliest:
         return []
-    wanted = "the whole history (data.start_date = \"max\")" if start is None else d.start_date
-    return [f"{window_text(d.interval)}: the {yahoo} Yahoo assets start about {earliest:%Y-%m-%d} instead of "
-            f"{wanted}; each download adds the newest bars to the cache, so the history grows run by run"]
+    wanted = 'the whole history (data.start_date = "max")' if start is None else d.start_date
+    return [
+        f"{window_text(d.interval)}: the {yahoo} Yahoo assets start about {earliest:%Y-%m-%d} instead of "
+        f"{wanted}; each download adds the newest bars to the cache, so the history grows run by run"
+    ]
 
 
 def _end(cfg: Config) -> pd.Timestamp:
@@ -267,8 +318,10 @@ def _from_times(cfg: Config, case_dir: Path, where: str) -> DataFigures:
     market = load_market_data(cfg, case_dir, times_only=True)
     # no per-file cleaning report: without the prices it would be half of one (data check's job)
     prepared = prepare_streamed(cfg, dataclasses.replace(market, files={}))
-    basis = (f"estimated from the timestamps in {where} (prices not read, so rows that cleaning drops for bad "
-             "prices still count; `marketgpt data check` is exact)")
+    basis = (
+        f"estimated from the timestamps in {where} (prices not read, so rows that cleaning drops for bad "
+        "prices still count; `marketgpt data check` is exact)"
+    )
     return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
 
 
@@ -282,9 +335,17 @@ def _figures(cfg: Config, rows: Sequence[Row], basis: str, info: Optional[dict] 
     windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in kept]
     candles = {split: sum(r[3][i] for r in kept) for i, split in enumerate(SPLITS)}
     lines, warnings = left_out(info if info is not None else _estimated_info(cfg, rows))
-    return DataFigures(candles, sum(windows), epoch_windows(windows, cfg.data.epoch_stride), basis,
-                       len({r[0] for r in kept}), len({r[2] for r in rows}), by=breakdown(kept),
-                       left_out=lines, warnings=warnings)
+    return DataFigures(
+        candles,
+        sum(windows),
+        epoch_windows(windows, cfg.data.epoch_stride),
+        basis,
+        len({r[0] for r in kept}),
+        len({r[2] for r in rows}),
+        by=breakdown(kept),
+        left_out=lines,
+        warnings=warnings,
+    )
 
 
 def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
@@ -294,13 +355,22 @@ def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
     for symbol, interval, category, counts in rows:
         name = series_name(symbol, interval) if cfg.data.intervals else symbol
         if counts[0] < window:
-            dropped.append({"symbol": name, "category": category,
-                            "reason": f"{counts[0]} candles before the train/val cut (estimated)"})
+            dropped.append(
+                {
+                    "symbol": name,
+                    "category": category,
+                    "reason": f"{counts[0]} candles before the train/val cut (estimated)",
+                }
+            )
         else:
             short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < window]
             assets[name] = {"category": category, "no_windows_in": short}
-    return {"context_length": cfg.model.context_length, "intervals": list(cfg.data.intervals), "assets": assets,
-            "dropped": dropped}
+    return {
+        "context_length": cfg.model.context_length,
+        "intervals": list(cfg.data.intervals),
+        "assets": assets,
+        "dropped": dropped,
+    }
 
 
 def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> None:
@@ -310,8 +380,11 @@ def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> N
     texts, lost = [], []
     for interval in d.intervals:
         mine = [r[3] for r in kept if r[1] == interval]
-        lacks = ["train"] if not mine else [SPLITS[i] for i in (1, 2) if all(c[i] <= cfg.model.context_length
-                                                                               for c in mine)]
+        lacks = (
+            ["train"]
+            if not mine
+            else [SPLITS[i] for i in (1, 2) if all(c[i] <= cfg.model.context_length for c in mine)]
+        )
         if lacks:
             counts = [r[3] for r in rows if r[1] == interval]
             most = "/".join(f"{max((c[i] for c in counts), default=0):,}" for i in range(3))
@@ -339,15 +412,21 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
     if start is None:  # each asset from its first candle: ccxt's since the exchange opened (_FIRST_CANDLE)
         start = MAX_ESTIMATE_START
         sources = {a.source for a in assets}
-        firsts = [f"{source} assets from {when:%Y-%m-%d}" for source, when in _FIRST_CANDLE.items()
-                  if source in sources]
+        firsts = [
+            f"{source} assets from {when:%Y-%m-%d}" for source, when in _FIRST_CANDLE.items() if source in sources
+        ]
         if sources - set(_FIRST_CANDLE):
             firsts.append(f"the others from {start:%Y-%m-%d}: their first trades are known once downloaded")
         since = f"max ({', '.join(firsts)})"
-    rows = [(a.symbol, iv, a.category, _split(cfg, estimated_candles(a, iv, start, end)))
-            for a in assets for iv in d.run_intervals()]
-    basis = (f"estimated from the universe, {since} to {d.end_date or 'today'}, {', '.join(d.run_intervals())} "
-             "candles and each market's trading hours (nothing cached)")
+    rows = [
+        (a.symbol, iv, a.category, _split(cfg, estimated_candles(a, iv, start, end)))
+        for a in assets
+        for iv in d.run_intervals()
+    ]
+    basis = (
+        f"estimated from the universe, {since} to {d.end_date or 'today'}, {', '.join(d.run_intervals())} "
+        "candles and each market's trading hours (nothing cached)"
+    )
     return _figures(cfg, rows, basis)
 
 
@@ -362,10 +441,19 @@ def _synthetic_estimate(cfg: Config) -> DataFigures:
     rows = []
     for iv in d.run_intervals():
         slots = -(-spec.candles * INTERVAL_SECONDS[finest] // INTERVAL_SECONDS[iv])
-        rows += [(a.symbol, iv, a.category, _split(cfg, slots if a.category == "crypto" else
-                                                   round(slots * (1 - spec.gap_prob)))) for a in assets]
-    basis = (f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {finest} slots from "
-             f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)")
+        rows += [
+            (
+                a.symbol,
+                iv,
+                a.category,
+                _split(cfg, slots if a.category == "crypto" else round(slots * (1 - spec.gap_prob))),
+            )
+            for a in assets
+        ]
+    basis = (
+        f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {finest} slots from "
+        f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)"
+    )
     return _figures(cfg, rows, basis)
 
 
@@ -385,10 +473,16 @@ def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:
             continue
         shape = copy.deepcopy(cfg)
         heads = max(2, d_model // 64)
-        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = \
-            d_model, layers, heads, 4 * d_model
+        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = (
+            d_model,
+            layers,
+            heads,
+            4 * d_model,
+        )
         n = meta_model(shape, num_assets=data.assets or None, num_categories=data.categories or None).num_parameters()
         if data.candles["train"] / n >= MIN_TOKENS_PER_PARAMETER:
-            return [f"a smaller model the data supports: --set model.d_model={d_model} --set model.num_layers={layers} "
-                    f"--set model.num_heads={heads} --set model.d_ff={4 * d_model} ({n:,} parameters)"]
+            return [
+                f"a smaller model the data supports: --set model.d_model={d_model} --set model.num_layers={layers} "
+                f"--set model.num_heads={heads} --set model.d_ff={4 * d_model} ({n:,} parameters)"
+            ]
     return []

@@ -5,6 +5,7 @@ and `marketgpt train` prints the same lines from the figures of the run it is st
 candle is one token, so tokens per split are candles per split. Windows and steps follow
 `common/training/batches.py` (TokenWindows) and the Trainer's `_count_steps_per_epoch`.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,8 +121,9 @@ def epoch_windows(per_asset: Sequence[int], epoch_stride: int) -> int:
     return sum(per_asset) if epoch_stride == 1 else sum(w // epoch_stride for w in per_asset)
 
 
-def steps_per_epoch(windows: int, batch_size: int, world_size: int, grad_accum_steps: int,
-                    max_steps: Optional[int]) -> int:
+def steps_per_epoch(
+    windows: int, batch_size: int, world_size: int, grad_accum_steps: int, max_steps: Optional[int]
+) -> int:
     """Optimizer steps of one epoch: full global batches only, as the Trainer counts them."""
     steps = windows // (batch_size * world_size) // grad_accum_steps
     return min(steps, max_steps or steps)
@@ -155,14 +157,19 @@ def plan_warnings(plan: Plan) -> list[str]:
     out = []
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
         needed = plan.parameters * MIN_TOKENS_PER_PARAMETER / max(plan.data.candles["train"], 1)
-        fixes = list(plan.suggestions) + [f"about {needed:,.0f}x more training candles (longer histories, more "
-                                          "assets, a shorter data.interval)"]
+        fixes = list(plan.suggestions) + [
+            f"about {needed:,.0f}x more training candles (longer histories, more assets, a shorter data.interval)"
+        ]
         if plan.epoch_stride == 1 and plan.context_length >= 16:
-            fixes.append(f"--set data.epoch_stride={plan.context_length // 8} (each candle a target about 8 times "
-                         f"per epoch instead of {plan.context_length})")
-        out.append(f"WARNING: {plan.tokens_per_parameter:.3g} unique training tokens per parameter "
-                   f"({_count(plan.data.candles['train'])} tokens, {_count(plan.parameters)} parameters), below "
-                   f"{MIN_TOKENS_PER_PARAMETER:g}: the model can memorize the data. Try " + "; or ".join(fixes))
+            fixes.append(
+                f"--set data.epoch_stride={plan.context_length // 8} (each candle a target about 8 times "
+                f"per epoch instead of {plan.context_length})"
+            )
+        out.append(
+            f"WARNING: {plan.tokens_per_parameter:.3g} unique training tokens per parameter "
+            f"({_count(plan.data.candles['train'])} tokens, {_count(plan.parameters)} parameters), below "
+            f"{MIN_TOKENS_PER_PARAMETER:g}: the model can memorize the data. Try " + "; or ".join(fixes)
+        )
     out += _one_gpu_advice(plan)
     run, limit = plan.run_seconds, plan.slurm_time_s
     if run is not None and limit > 0:
@@ -170,14 +177,18 @@ def plan_warnings(plan: Plan) -> list[str]:
         if run > limit:
             requeues = math.ceil(run / limit) - 1
             over = f", more than the {plan.max_requeues} requeues a job allows" if requeues > plan.max_requeues else ""
-            out.append(f"WARNING: the run needs about {duration(run)} on {where}, more than slurm.time "
-                       f"{duration(limit)}: it will requeue about {requeues} time(s){over}. Ask for "
-                       f"--set slurm.time={slurm_time(run * 1.2)} where the partition allows it, or fewer "
-                       "training.epochs, or a larger data.epoch_stride")
+            out.append(
+                f"WARNING: the run needs about {duration(run)} on {where}, more than slurm.time "
+                f"{duration(limit)}: it will requeue about {requeues} time(s){over}. Ask for "
+                f"--set slurm.time={slurm_time(run * 1.2)} where the partition allows it, or fewer "
+                "training.epochs, or a larger data.epoch_stride"
+            )
         elif run < SHORT_RUN_SHARE * limit:
-            out.append(f"WARNING: the run needs about {duration(run)} on {where}, {run / limit:.1%} of slurm.time "
-                       f"{duration(limit)}: a shorter --time queues sooner, e.g. --set slurm.time="
-                       f"{slurm_time(run * 1.5 + 1800)}")
+            out.append(
+                f"WARNING: the run needs about {duration(run)} on {where}, {run / limit:.1%} of slurm.time "
+                f"{duration(limit)}: a shorter --time queues sooner, e.g. --set slurm.time="
+                f"{slurm_time(run * 1.5 + 1800)}"
+            )
     return out
 
 
@@ -191,40 +202,48 @@ def _one_gpu_advice(plan: Plan) -> list[str]:
     if one < ONE_GPU_ADVANTAGE * ddp:
         return []
     per_gpu = plan.global_batch // plan.gpus
-    return [f"WARNING: one {plan.gpu_type} with CUDA graphs (about {_count(one)} tokens/s) trains this model "
-            f"{one / ddp:.2f}x as fast as {plan.gpus}x {plan.gpu_type} under DDP, where CUDA graphs are off (at most "
-            f"{_count(ddp)} tokens/s, {plan.gpus} x {_count(plan.gpu_rate.tokens_per_s)}): submit it on one GPU "
-            f"(sbatch --ntasks-per-node=1 --gres=gpu:{plan.gpu_type}:1 <the case's script> --num-gpus 1; its "
-            f"global batch is then {per_gpu} instead of {plan.global_batch}, or --set training.batch_size="
-            f"{plan.global_batch} where memory allows), or train {plan.gpus} ensemble members at once, one per "
-            "GPU, each with its own --set training.seed=N"]
+    return [
+        f"WARNING: one {plan.gpu_type} with CUDA graphs (about {_count(one)} tokens/s) trains this model "
+        f"{one / ddp:.2f}x as fast as {plan.gpus}x {plan.gpu_type} under DDP, where CUDA graphs are off (at most "
+        f"{_count(ddp)} tokens/s, {plan.gpus} x {_count(plan.gpu_rate.tokens_per_s)}): submit it on one GPU "
+        f"(sbatch --ntasks-per-node=1 --gres=gpu:{plan.gpu_type}:1 <the case's script> --num-gpus 1; its "
+        f"global batch is then {per_gpu} instead of {plan.global_batch}, or --set training.batch_size="
+        f"{plan.global_batch} where memory allows), or train {plan.gpus} ensemble members at once, one per "
+        "GPU, each with its own --set training.seed=N"
+    ]
 
 
 def format_plan(plan: Plan, short: bool = False) -> str:
     """The plan's lines; short: the main figures and the warnings (the training banner)."""
     c, d = plan.data.candles, plan.data
     assets = f" of {d.assets} assets" if d.assets else ""
-    lines = [f"Plan: {_count(c['train'])} train, {_count(c['val'])} val, {_count(c['test'])} test candles (= tokens)"
-             f"{assets}, {d.basis}",
-             *(f"  note: {n}" for n in d.notes),
-             f"  parameters {_count(plan.parameters)}: {plan.tokens_per_parameter:.3g} unique training tokens per "
-             f"parameter (warn below {MIN_TOKENS_PER_PARAMETER:g})",
-             f"  epoch: {_count(d.epoch_windows)} of {_count(d.train_windows)} training windows (data.epoch_stride "
-             f"{plan.epoch_stride}), {plan.steps_per_epoch:,} steps of {plan.global_batch} windows = "
-             f"{_count(plan.tokens_per_epoch)} tokens; {plan.epochs} epochs show each training candle about "
-             f"{plan.times_seen:,.0f} times"]
+    lines = [
+        f"Plan: {_count(c['train'])} train, {_count(c['val'])} val, {_count(c['test'])} test candles (= tokens)"
+        f"{assets}, {d.basis}",
+        *(f"  note: {n}" for n in d.notes),
+        f"  parameters {_count(plan.parameters)}: {plan.tokens_per_parameter:.3g} unique training tokens per "
+        f"parameter (warn below {MIN_TOKENS_PER_PARAMETER:g})",
+        f"  epoch: {_count(d.epoch_windows)} of {_count(d.train_windows)} training windows (data.epoch_stride "
+        f"{plan.epoch_stride}), {plan.steps_per_epoch:,} steps of {plan.global_batch} windows = "
+        f"{_count(plan.tokens_per_epoch)} tokens; {plan.epochs} epochs show each training candle about "
+        f"{plan.times_seen:,.0f} times",
+    ]
     run_seconds = plan.run_seconds  # None exactly when gpu_rate is
     if plan.gpu_rate is not None and run_seconds is not None:
-        lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: {duration(plan.epoch_seconds(plan.gpu_rate, plan.gpus))}"
-                     f" per epoch, {duration(run_seconds)} for {plan.epochs} epochs (slurm.time "
-                     f"{duration(plan.slurm_time_s)})")
+        lines.append(
+            f"  time on {plan.gpus}x {plan.gpu_type}: {duration(plan.epoch_seconds(plan.gpu_rate, plan.gpus))}"
+            f" per epoch, {duration(run_seconds)} for {plan.epochs} epochs (slurm.time "
+            f"{duration(plan.slurm_time_s)})"
+        )
         lines.append(f"    ({plan.gpu_rate.label})")
     else:
         lines.append(f"  time on {plan.gpus}x {plan.gpu_type}: unknown (no peak FLOP/s for this GPU model)")
     if not short:
         lines.append(f"  time on a CPU: {duration(plan.epoch_seconds(plan.cpu_rate))} per epoch; {plan.cpu_rate.label}")
-        lines.append(f"  peak GPU memory: about {plan.memory_gb:.1f} GB per GPU (estimate, common/model/memory.py; "
-                     "plus 1-2 GB CUDA context)")
+        lines.append(
+            f"  peak GPU memory: about {plan.memory_gb:.1f} GB per GPU (estimate, common/model/memory.py; "
+            "plus 1-2 GB CUDA context)"
+        )
         lines += format_breakdown(d.by, plan.parameters)
         lines += [f"  {line}" for line in d.left_out]
     return "\n".join(lines + d.warnings + plan_warnings(plan))

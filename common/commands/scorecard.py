@@ -15,6 +15,7 @@ the command defaults to the issue's full scorecard (every 5th test candle, 200 s
 The scoring imports are local: `common.commands.train` imports this module, and a training
 process starts without pandas, scipy or scoringrules.
 """
+
 from __future__ import annotations
 
 import sys
@@ -78,8 +79,9 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     if req.cost_bp < 0:
         raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
     runs = list(req.run_dirs)
-    forecaster = forecaster_for(runs, device=parse_device(req.device), precision=req.precision,
-                                interval=req.interval)  # several: an ensemble
+    forecaster = forecaster_for(
+        runs, device=parse_device(req.device), precision=req.precision, interval=req.interval
+    )  # several: an ensemble
     # an ensemble's card goes beside the first run's own, with the member list; a run's card of
     # another interval than its first in scorecard_<interval>/
     out = Path(runs[0]) if len(runs) == 1 else Path(runs[0]) / f"ensemble_{len(runs)}"
@@ -87,12 +89,23 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         out = out / f"scorecard_{forecaster.interval}"
     if isinstance(forecaster, Ensemble):  # several runs
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
-    card = run_scorecard(runs[0], forecaster_fn(forecaster), horizons=tuple(req.horizons), stride=stride,
-                         n_origins=req.origins, n_samples=req.samples, seed=req.seed, cost_bp=req.cost_bp,
-                         assets=req.assets, out_dir=out, precision=forecaster.precision,
-                         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                         calibration=_run_calibration(runs, forecaster.checkpoint_sha256), barrier=barrier,
-                         interval=forecaster.interval)
+    card = run_scorecard(
+        runs[0],
+        forecaster_fn(forecaster),
+        horizons=tuple(req.horizons),
+        stride=stride,
+        n_origins=req.origins,
+        n_samples=req.samples,
+        seed=req.seed,
+        cost_bp=req.cost_bp,
+        assets=req.assets,
+        out_dir=out,
+        precision=forecaster.precision,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        calibration=_run_calibration(runs, forecaster.checkpoint_sha256),
+        barrier=barrier,
+        interval=forecaster.interval,
+    )
     print("\n".join(card["verdicts"] + card["mcs_lines"] + card.get("barrier_lines", [])))
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
@@ -107,8 +120,11 @@ def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
         return None
     cal = load_calibration(runs[0])
     if cal.checkpoint_sha256 and checkpoint_sha256 and cal.checkpoint_sha256 != checkpoint_sha256:
-        print(f"warning: {cal.path} was fitted for another best_model.pt; not used (refit: marketgpt calibrate "
-              f"{runs[0]})", file=sys.stderr)
+        print(
+            f"warning: {cal.path} was fitted for another best_model.pt; not used (refit: marketgpt calibrate "
+            f"{runs[0]})",
+            file=sys.stderr,
+        )
         return None
     return cal
 
@@ -123,8 +139,9 @@ def parse_device(name: str) -> torch.device:
         raise UserError(f"--device {name!r}: expected cpu or cuda") from None
 
 
-def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
-                              out: Optional[TextIO] = None) -> Optional[str]:
+def end_of_training_scorecard(
+    cfg: Config, run_dir: Path, device: torch.device, out: Optional[TextIO] = None
+) -> Optional[str]:
     """The small end-of-training scorecard (training.scorecard_*), written into the run folder
     before the final test results. Returns None when it was written or is switched off, else
     the reason it failed: a scorecard that fails must not fail a trained run, and the reason
@@ -139,16 +156,27 @@ def end_of_training_scorecard(cfg: Config, run_dir: Path, device: torch.device,
         from common.forecasting.forecaster import Forecaster
 
         forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
-        card = run_scorecard(run_dir, forecaster_fn(forecaster), horizons=DEFAULT_HORIZONS, stride=None,
-                             n_origins=t.scorecard_origins, n_samples=t.scorecard_samples, seed=t.seed,
-                             precision=forecaster.precision, budget=t.scorecard_budget,
-                             progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True))
+        card = run_scorecard(
+            run_dir,
+            forecaster_fn(forecaster),
+            horizons=DEFAULT_HORIZONS,
+            stride=None,
+            n_origins=t.scorecard_origins,
+            n_samples=t.scorecard_samples,
+            seed=t.seed,
+            precision=forecaster.precision,
+            budget=t.scorecard_budget,
+            progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True),
+        )
     except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
         reason = f"{type(e).__name__}: {e}"
         print(f"warning: scorecard.json not written ({reason})", file=sys.stderr, flush=True)
         return reason
     drawn = f", {card['origins']['drawn']}" if card["origins"].get("drawn") else ""
-    print(f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples{drawn}; "
-          f"marketgpt scorecard {run_dir} for the full one):", file=out)
+    print(
+        f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples{drawn}; "
+        f"marketgpt scorecard {run_dir} for the full one):",
+        file=out,
+    )
     print("\n".join(f"  {line}" for line in card["verdicts"] + card["mcs_lines"]), file=out, flush=True)
     return None

@@ -34,6 +34,7 @@ Exit codes: 0 done (finished or early-stopped), 2 a user error (one line on stde
 NaN loss: status "failed" in training_log.json, or another rank failed), 75 saved and stopped
 on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
 """
+
 from __future__ import annotations
 
 import socket
@@ -83,16 +84,24 @@ class TrainingFailed(UserError):
     """Training stopped on a non-finite loss; training_log.json has status "failed"."""
 
 
-def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: Optional[str] = None, *,
-                 out: Optional[TextIO] = None, stop_after_steps: Optional[int] = None,
-                 num_gpus: Optional[int] = None) -> int:
+def run_training(
+    config: Optional[Path],
+    overrides: Sequence[str] = (),
+    resume: Optional[str] = None,
+    *,
+    out: Optional[TextIO] = None,
+    stop_after_steps: Optional[int] = None,
+    num_gpus: Optional[int] = None,
+) -> int:
     """The `marketgpt train` command; returns the exit code (UserError for user faults)."""
     out = out or sys.stdout  # looked up now, so a redirected stdout is honoured
     env = detect_env()
     check_num_gpus(num_gpus, env)  # a wrong layout fails at once, alike on every rank
     if config is None and resume in (None, "auto"):
-        raise UserError("--config is required (with --resume auto too: it names the case and experiment); "
-                        "only --resume RUN_FOLDER works without it")
+        raise UserError(
+            "--config is required (with --resume auto too: it names the case and experiment); "
+            "only --resume RUN_FOLDER works without it"
+        )
     cfg = load_config(config, overrides) if config is not None else None
     device_setting = cfg.training.device if cfg is not None else "auto"
     check_gpus_usable(env, num_gpus, device_setting)  # never train on the CPU by accident
@@ -100,8 +109,9 @@ def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: 
     with failures_reported():
         if env.is_main:
             try:
-                cfg, run_dir, ckpt, tokens, info, windows, state = _open_or_create(cfg, config, overrides, resume,
-                                                                                  device, out)
+                cfg, run_dir, ckpt, tokens, info, windows, state = _open_or_create(
+                    cfg, config, overrides, resume, device, out
+                )
             except UserError as e:
                 share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
                 raise
@@ -113,8 +123,14 @@ def run_training(config: Optional[Path], overrides: Sequence[str] = (), resume: 
     return code
 
 
-def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Sequence[str], resume: Optional[str],
-                    device: torch.device, out: TextIO) -> tuple:
+def _open_or_create(
+    cfg: Optional[Config],
+    config: Optional[Path],
+    overrides: Sequence[str],
+    resume: Optional[str],
+    device: torch.device,
+    out: TextIO,
+) -> tuple:
     """Rank 0's part: the run to resume (and its checkpoint) or a new, prepared run folder."""
     run_dir = ckpt = None
     if resume is not None:
@@ -122,8 +138,11 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
         run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
         if run_dir is None:  # only --resume auto, which needs --config
             assert cfg is not None
-            print(f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
-                  "or trained by another job): starting a new run", file=out)
+            print(
+                f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
+                "or trained by another job): starting a new run",
+                file=out,
+            )
 
     if ckpt is not None:
         assert run_dir is not None  # resolve_resume returns a checkpoint with its run folder
@@ -146,8 +165,10 @@ def _open_or_create(cfg: Optional[Config], config: Optional[Path], overrides: Se
         info["model_size"] = _auto_size(cfg, tokens, info["asset_info"], out)  # before the model and config.json
         windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
         if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
-            print(f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run "
-                  "again in it", file=out)
+            print(
+                f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
+                file=out,
+            )
         else:
             if run_dir is not None:
                 print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
@@ -164,8 +185,10 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
         raise UserError(decision["error"])
     run_dir = Path(decision["run_dir"])
     if not (run_dir / "config.json").is_file():
-        raise UserError(f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
-                        "made: the case folder must be on a filesystem every node of the job shares")
+        raise UserError(
+            f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
+            "made: the case folder must be on a filesystem every node of the job shares"
+        )
     cfg, tokens, info = _open_run(run_dir, None, None, overrides)
     windows = _windows(cfg, tokens, info["asset_info"], device)
     state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
@@ -198,14 +221,19 @@ def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -
         return None
     fit = load_fit()
     if fit is None:
-        raise UserError(f"model.size = 'auto' needs the scaling fit {FIT_FILE} (python bench/bench_scaling.py --fit); "
-                        "or set model.size=null and the shape yourself")
+        raise UserError(
+            f"model.size = 'auto' needs the scaling fit {FIT_FILE} (python bench/bench_scaling.py --fit); "
+            "or set model.size=null and the shape yourself"
+        )
     train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
     choice = best_shape(cfg, train, fit, ai["num_assets"], ai["num_categories"])
     m = cfg.model
     m.d_model, m.num_layers, m.num_heads, m.d_ff = (choice[k] for k in ("d_model", "num_layers", "num_heads", "d_ff"))
-    print(f"model.size = auto: d_model {m.d_model}, num_layers {m.num_layers}, num_heads {m.num_heads}, d_ff {m.d_ff} "
-          f"({choice['parameters']:,} parameters): {choice['why']}", file=out)
+    print(
+        f"model.size = auto: d_model {m.d_model}, num_layers {m.num_layers}, num_heads {m.num_heads}, d_ff {m.d_ff} "
+        f"({choice['parameters']:,} parameters): {choice['why']}",
+        file=out,
+    )
     return choice
 
 
@@ -225,8 +253,9 @@ def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, d
 # --------------------------------------------------------------------------- resume
 
 
-def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
-              overrides: Sequence[str]) -> tuple[Config, TokenSet, dict]:
+def _open_run(
+    run_dir: Path, config: Optional[Path], case_cfg: Optional[Config], overrides: Sequence[str]
+) -> tuple[Config, TokenSet, dict]:
     """The run's own config (plus harmless --set overrides), token set, tokenizer and asset ids."""
     from common.tokens.tokenizer import OHLCTokenizer
 
@@ -237,18 +266,24 @@ def _open_run(run_dir: Path, config: Optional[Path], case_cfg: Optional[Config],
     cfg = load_config(config_json, overrides)
     changed = config_differences(base, cfg)
     if changed:
-        raise ConfigError(f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
-                          f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
-                          "without --resume to change them")
+        raise ConfigError(
+            f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
+            f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
+            "without --resume to change them"
+        )
     if case_cfg is not None:
         diff = config_differences(cfg, case_cfg)
         if diff:
-            raise UserError(f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
-                            "resume with the config it was started with, or start a new run without --resume")
+            raise UserError(
+                f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
+                "resume with the config it was started with, or start a new run without --resume"
+            )
     check_writable(run_dir)
     tokens = TokenSet.load(token_path(run_dir))
-    info = {"asset_info": read_json(run_dir / "asset_info.json"),
-            "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json")}
+    info = {
+        "asset_info": read_json(run_dir / "asset_info.json"),
+        "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json"),
+    }
     return cfg, tokens, info
 
 
@@ -259,10 +294,19 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
     ids, cats, intervals = series_ids(asset_info)
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
-    return build_windows(tokens.tokens, tokens.ranges, ids, cats, T,
-                         strides={"train": cfg.data.window_stride, "val": T, "test": T}, device=device,
-                         epoch_stride=cfg.data.epoch_stride, features=tokens.features, flat=tokens.flat(),
-                         interval_ids=intervals if "intervals" in asset_info else None)
+    return build_windows(
+        tokens.tokens,
+        tokens.ranges,
+        ids,
+        cats,
+        T,
+        strides={"train": cfg.data.window_stride, "val": T, "test": T},
+        device=device,
+        epoch_stride=cfg.data.epoch_stride,
+        features=tokens.features,
+        flat=tokens.flat(),
+        interval_ids=intervals if "intervals" in asset_info else None,
+    )
 
 
 def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
@@ -283,17 +327,30 @@ def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
     candles = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
     ids = tokenizer.ret_bins * tokenizer.shape_bins
     per_id = candles / ids
-    line = (f"Vocabulary: {ids:,} candle ids ({tokenizer.ret_bins} move x {tokenizer.shape_bins} shape bins) for "
-            f"{candles:,} training candles: {per_id:.1f} candles per id")
+    line = (
+        f"Vocabulary: {ids:,} candle ids ({tokenizer.ret_bins} move x {tokenizer.shape_bins} shape bins) for "
+        f"{candles:,} training candles: {per_id:.1f} candles per id"
+    )
     if per_id < MIN_CANDLES_PER_ID:
         fewer = max(2, min(tokenizer.ret_bins - 1, candles // (MIN_CANDLES_PER_ID * tokenizer.shape_bins)))
-        line += (f" (too fine for this data: --set tokenizer.ret_bins={fewer} gives about {MIN_CANDLES_PER_ID}; "
-                 "see docs/generalization.md)")
+        line += (
+            f" (too fine for this data: --set tokenizer.ret_bins={fewer} gives about {MIN_CANDLES_PER_ID}; "
+            "see docs/generalization.md)"
+        )
     return line
 
 
-def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, windows: TokenWindows,
-                    state: Optional[dict], out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
+def _train_and_test(
+    cfg: Config,
+    run_dir: Path,
+    tokens: TokenSet,
+    info: dict,
+    windows: TokenWindows,
+    state: Optional[dict],
+    out: TextIO,
+    stop_after_steps: Optional[int],
+    env: DistEnv,
+) -> int:
     """Build the model (or take the checkpoint's), train it, and on rank 0 write the final outputs."""
     model, lineage, frozen = _build_model(cfg, tokens, info["asset_info"], state, env)
     device = windows.device
@@ -301,10 +358,20 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
         print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
-        print(plan_of_run(cfg, tokens.ranges, train_windows=windows.num_windows("train"),
-                          epoch_windows=windows.epoch_windows("train"), parameters=trainer.model.num_parameters(),
-                          flops_per_token=trainer.model.flops_per_token(windows.context_length),
-                          steps=trainer.steps_per_epoch, world_size=env.world_size), file=out, flush=True)
+        print(
+            plan_of_run(
+                cfg,
+                tokens.ranges,
+                train_windows=windows.num_windows("train"),
+                epoch_windows=windows.epoch_windows("train"),
+                parameters=trainer.model.num_parameters(),
+                flops_per_token=trainer.model.flops_per_token(windows.context_length),
+                steps=trainer.steps_per_epoch,
+                world_size=env.world_size,
+            ),
+            file=out,
+            flush=True,
+        )
     if state is None:
         _start_log(trainer, cfg, run_dir, info["asset_info"], env, lineage, frozen)
         if info.get("model_size"):
@@ -321,8 +388,15 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
         # rank 0 alone scores the best model on the test split, before the log says the run is done;
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
         scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
-        results = evaluate_best(cfg, run_dir, tokens, info, device, status=status,
-                                extra={"scorecard_error": scorecard_error} if scorecard_error else None)
+        results = evaluate_best(
+            cfg,
+            run_dir,
+            tokens,
+            info,
+            device,
+            status=status,
+            extra={"scorecard_error": scorecard_error} if scorecard_error else None,
+        )
         print(summarize_results(run_dir, results), file=out, flush=True)
 
     try:
@@ -337,8 +411,9 @@ def _train_and_test(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, wi
     return 0
 
 
-def _build_model(cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict],
-                 env: DistEnv) -> tuple[MarketGPT, Optional[dict], list[str]]:
+def _build_model(
+    cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict], env: DistEnv
+) -> tuple[MarketGPT, Optional[dict], list[str]]:
     """The model before training: (model, lineage of a new fine-tuning run or None, frozen
     parameter names). The RNG draws here (initial weights, then each rank's dropout seed) are
     part of what makes a run reproducible: keep their order."""
@@ -357,16 +432,24 @@ def _build_model(cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict],
     return model, lineage, frozen
 
 
-def _start_log(trainer: Trainer, cfg: Config, run_dir: Path, ai: dict, env: DistEnv, lineage: Optional[dict],
-               frozen: list[str]) -> None:
+def _start_log(
+    trainer: Trainer, cfg: Config, run_dir: Path, ai: dict, env: DistEnv, lineage: Optional[dict], frozen: list[str]
+) -> None:
     """A new run's training_log.json header (and a fine-tuned run's lineage)."""
     windows = trainer.windows
     trainer.log.data.update(
-        run=run_dir.name, experiment=cfg.experiment, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        device=windows.device.type, world_size=env.world_size, launcher=env.launcher,
-        num_parameters=trainer.model.num_parameters(), num_assets=ai["num_assets"],
+        run=run_dir.name,
+        experiment=cfg.experiment,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        device=windows.device.type,
+        world_size=env.world_size,
+        launcher=env.launcher,
+        num_parameters=trainer.model.num_parameters(),
+        num_assets=ai["num_assets"],
         windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
-        steps_per_epoch=trainer.steps_per_epoch, effective_batch_size=trainer.effective_batch_size)
+        steps_per_epoch=trainer.steps_per_epoch,
+        effective_batch_size=trainer.effective_batch_size,
+    )
     if lineage is not None or frozen:
         lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
         trainer.log.data["lineage"] = lineage

@@ -13,6 +13,7 @@ right after each file, under an advisory lock (fcntl.flock). Lustre and NFS moun
 support raise OSError on flock: the cache then warns once and goes on unlocked, which is safe as
 long as one download at a time writes into a cache (the data files are atomic either way).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -105,8 +106,10 @@ class CandleCache:
             frame = pq.read_table(path).to_pandas()
             frame = canonical_frame(frame)
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            raise UserError(f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
-                            f"delete it and run `marketgpt data download` again to re-fetch {symbol}") from None
+            raise UserError(
+                f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
+                f"delete it and run `marketgpt data download` again to re-fetch {symbol}"
+            ) from None
         return frame
 
     def read_times(self, source: str, interval: str, symbol: str) -> pd.DatetimeIndex | None:
@@ -118,11 +121,22 @@ class CandleCache:
             column = pq.read_table(path, columns=["timestamp"]).column("timestamp").to_pandas()
             return pd.DatetimeIndex(column).tz_convert("UTC").as_unit("ns").rename("timestamp")
         except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
-                            f"delete it and run `marketgpt data download` again to re-fetch {symbol}") from None
+            raise UserError(
+                f"{path}: cache file is corrupt or unreadable ({type(e).__name__}: {e}); "
+                f"delete it and run `marketgpt data download` again to re-fetch {symbol}"
+            ) from None
 
-    def write(self, source: str, interval: str, symbol: str, frame: pd.DataFrame, adjusted: bool, *,
-              origin: str | None = None, fetched_at: datetime | None = None) -> None:
+    def write(
+        self,
+        source: str,
+        interval: str,
+        symbol: str,
+        frame: pd.DataFrame,
+        adjusted: bool,
+        *,
+        origin: str | None = None,
+        fetched_at: datetime | None = None,
+    ) -> None:
         """Replace the file with `frame` (atomically), then update its manifest entry.
 
         `origin` names where the candles came from within the source (e.g. the ccxt exchange),
@@ -147,8 +161,17 @@ class CandleCache:
         }
         self._update_manifest(path.relative_to(self.root).as_posix(), entry)
 
-    def append(self, source: str, interval: str, symbol: str, frame: pd.DataFrame, adjusted: bool, *,
-               origin: str | None = None, fetched_at: datetime | None = None) -> int:
+    def append(
+        self,
+        source: str,
+        interval: str,
+        symbol: str,
+        frame: pd.DataFrame,
+        adjusted: bool,
+        *,
+        origin: str | None = None,
+        fetched_at: datetime | None = None,
+    ) -> int:
         """Merge new candles into the cached ones (incremental update); returns rows added."""
         old = self.read(source, interval, symbol)
         merged = merge_candles(old, frame)
@@ -164,11 +187,15 @@ class CandleCache:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise UserError(f"{path}: cannot read the cache manifest ({e}); delete it, the next "
-                            "`marketgpt data download` writes a new one") from None
+            raise UserError(
+                f"{path}: cannot read the cache manifest ({e}); delete it, the next "
+                "`marketgpt data download` writes a new one"
+            ) from None
         if not isinstance(data, dict):
-            raise UserError(f"{path}: the cache manifest is not a JSON object; delete it, the next "
-                            "`marketgpt data download` writes a new one")
+            raise UserError(
+                f"{path}: the cache manifest is not a JSON object; delete it, the next "
+                "`marketgpt data download` writes a new one"
+            )
         return data
 
     def manifest_entry(self, source: str, interval: str, symbol: str) -> dict | None:
@@ -197,9 +224,12 @@ class CandleCache:
                 key = str(self.root)
                 if key not in _unlocked_warned:
                     _unlocked_warned.add(key)
-                    log.warning("%s: this filesystem does not support file locks (%s); going on "
-                                "without the manifest lock: run one download into this cache at a time",
-                                self.root, e.strerror or e)
+                    log.warning(
+                        "%s: this filesystem does not support file locks (%s); going on "
+                        "without the manifest lock: run one download into this cache at a time",
+                        self.root,
+                        e.strerror or e,
+                    )
                 yield
                 return
             try:

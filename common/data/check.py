@@ -7,6 +7,7 @@ asset's candles (prepare_streamed), whatever the corpus' size; a token shard alr
 from the same inputs answers without reading a candle. `marketgpt data download` runs it after
 each download and writes the result to <cache>/training_check.json.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,6 +48,7 @@ __all__ = [
 @dataclass
 class Usability:
     """Which cached assets training under a config would use, and why the others would not."""
+
     case_dir: Path
     interval: str
     context_length: int
@@ -60,8 +62,10 @@ class Usability:
     by: dict = field(default_factory=dict)  # the usable series' candles per interval and category (breakdown)
 
     def format(self) -> str:
-        lines = [f"Usable for training ({self.interval}, context {self.context_length}): "
-                 f"{len(self.usable)} of {self.total} assets"]
+        lines = [
+            f"Usable for training ({self.interval}, context {self.context_length}): "
+            f"{len(self.usable)} of {self.total} assets"
+        ]
         if self.problem:
             lines.append(f"  none: {self.problem}")
         if self.unusable:
@@ -79,11 +83,21 @@ class Usability:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"case": self.case_dir.name, "interval": self.interval, "context_length": self.context_length,
-                "assets": self.total, "usable": len(self.usable), "usable_symbols": self.usable,
-                "not_usable": self.unusable, "problem": self.problem, "fixes": self.fixes,
-                "universe_as_of": self.universe_as_of, "universe_file": self.universe_file, "by": self.by,
-                "checked_at": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
+        return {
+            "case": self.case_dir.name,
+            "interval": self.interval,
+            "context_length": self.context_length,
+            "assets": self.total,
+            "usable": len(self.usable),
+            "usable_symbols": self.usable,
+            "not_usable": self.unusable,
+            "problem": self.problem,
+            "fixes": self.fixes,
+            "universe_as_of": self.universe_as_of,
+            "universe_file": self.universe_file,
+            "by": self.by,
+            "checked_at": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
+        }
 
 
 def check_usable(cfg: Config, case_dir: Path) -> Usability:
@@ -95,10 +109,16 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
     listed = d.universe != "files"  # data.universe = "files": the files are the universe
     universe = universe_path(case_dir, d.universe, d.exchange) if listed else None  # "exchange": the newest
     assets = load_universe(universe, d.universe_counts or None) if universe else []
-    result = Usability(case_dir=case_dir, interval=d.interval, context_length=cfg.model.context_length,
-                       total=len(assets), usable=[], unusable={},
-                       universe_as_of=universe_as_of(universe) if universe else None,
-                       universe_file=universe.name if universe else None)
+    result = Usability(
+        case_dir=case_dir,
+        interval=d.interval,
+        context_length=cfg.model.context_length,
+        total=len(assets),
+        usable=[],
+        unusable={},
+        universe_as_of=universe_as_of(universe) if universe else None,
+        universe_file=universe.name if universe else None,
+    )
     shard = shard_summary(cfg, case_dir)
     if shard is not None:  # prepared from these very files: its data_info.json says it all
         info = shard.info
@@ -136,8 +156,9 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
         for i, asset in enumerate(market.assets):
             s = asset.symbol
             step = interval_step(market.interval_of(s))  # a series' own interval (data.intervals)
-            frame, records[s], why = clean_asset(asset, market.candles[s], step, reader_fixes=market.fixes.get(s),
-                                                 file=market.files.get(s))
+            frame, records[s], why = clean_asset(
+                asset, market.candles[s], step, reader_fixes=market.fixes.get(s), file=market.files.get(s)
+            )
             if frame is None:
                 assert why is not None  # clean_asset gives the reason with every dropped asset
                 dropped[s] = why
@@ -155,13 +176,22 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
                 return z["ts"][z["real"]]
 
         symbols = list(files)
-        return split_data(cfg, market.assets, market.interval, LazyFrames(symbols, stamps),
-                          LazyFrames(symbols, real), records, dropped, LazyFrames([], stamps))
+        return split_data(
+            cfg,
+            market.assets,
+            market.interval,
+            LazyFrames(symbols, stamps),
+            LazyFrames(symbols, real),
+            records,
+            dropped,
+            LazyFrames([], stamps),
+        )
 
 
 @dataclass
 class ShardSummary:
     """What a prepared token shard says of its corpus, read from its JSON files alone."""
+
     folder: Path
     info: dict  # its data_info.json
     rows: list["Row"]  # per series: (asset, interval, category, (train, val, test) candles)
@@ -182,8 +212,14 @@ def shard_summary(cfg: Config, case_dir: Path) -> Optional[ShardSummary]:
     except (OSError, ValueError, UserError):
         return None  # a damaged shard: counted from the candles instead
     d = cfg.data
-    rows = [(*(split_series(s) if d.intervals else (s, d.interval)), info["assets"][s]["category"],
-             tuple(int(hi) - int(lo) for lo, hi in ranges)) for s, ranges in zip(index["symbols"], index["ranges"])]
+    rows = [
+        (
+            *(split_series(s) if d.intervals else (s, d.interval)),
+            info["assets"][s]["category"],
+            tuple(int(hi) - int(lo) for lo, hi in ranges),
+        )
+        for s, ranges in zip(index["symbols"], index["ranges"])
+    ]
     return ShardSummary(folder, info, rows)
 
 
@@ -193,9 +229,14 @@ Row = tuple[str, str, str, tuple[int, int, int]]
 
 def prepared_rows(prepared, interval: str, several: bool) -> list[Row]:
     """The rows of a PreparedData's kept series; several: their names carry their interval."""
-    return [(*(split_series(a.symbol) if several else (a.symbol, interval)), a.category,
-             tuple(len(getattr(prepared.splits[a.symbol], name)) for name in ("train", "val", "test")))
-            for a in prepared.assets]
+    return [
+        (
+            *(split_series(a.symbol) if several else (a.symbol, interval)),
+            a.category,
+            tuple(len(getattr(prepared.splits[a.symbol], name)) for name in ("train", "val", "test")),
+        )
+        for a in prepared.assets
+    ]
 
 
 def breakdown(rows: list[Row]) -> dict:
@@ -217,12 +258,15 @@ def format_breakdown(by: dict, parameters: int | None = None) -> list[str]:
     for what in ("interval", "category"):
         if not by.get(what):
             continue
-        lines.append(f"  per {what}: series, candles (= tokens) of all splits, training tokens"
-                     + (", training tokens per parameter" if parameters else ""))
+        lines.append(
+            f"  per {what}: series, candles (= tokens) of all splits, training tokens"
+            + (", training tokens per parameter" if parameters else "")
+        )
         for key, r in by[what].items():
             per = f", {r['train_tokens'] / parameters:.3g} per parameter" if parameters else ""
-            lines.append(f"    {key:<10} {r['series']:>5} series {r['candles']:>14,} candles "
-                         f"{r['train_tokens']:>14,} train{per}")
+            lines.append(
+                f"    {key:<10} {r['series']:>5} series {r['candles']:>14,} candles {r['train_tokens']:>14,} train{per}"
+            )
     return lines
 
 
@@ -252,19 +296,26 @@ def left_out(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     kept, dropped = info["assets"], info["dropped"]
     lines = []
     if dropped:
-        lines.append(f"Left out: {len(dropped)} of {len(kept) + len(dropped)} {noun} "
-                     "(each one's reason: \"dropped\" in data_info.json)")
+        lines.append(
+            f"Left out: {len(dropped)} of {len(kept) + len(dropped)} {noun} "
+            '(each one\'s reason: "dropped" in data_info.json)'
+        )
         kinds: dict[str, list[dict]] = {}
         for d in dropped:
             kinds.setdefault(drop_kind(d["reason"], window), []).append(d)
-        lines += [f"  {len(ds)} with {kind}: {_per_category([d['category'] for d in ds])}; "
-                  f"{_names([d['symbol'] for d in ds])}" for kind, ds in kinds.items()]
+        lines += [
+            f"  {len(ds)} with {kind}: {_per_category([d['category'] for d in ds])}; "
+            f"{_names([d['symbol'] for d in ds])}"
+            for kind, ds in kinds.items()
+        ]
     for split, word in (("val", "validation"), ("test", "test")):
         short = [s for s, r in kept.items() if split in r.get("no_windows_in", ())]
         if short:
-            lines.append(f"No {word} windows in {len(short)} of {len(kept)} kept {noun} (fewer than context_length "
-                         f"+ 1 = {window} {word} candles after the purge gap): "
-                         f"{_per_category([kept[s]['category'] for s in short])}; {_names(short)}")
+            lines.append(
+                f"No {word} windows in {len(short)} of {len(kept)} kept {noun} (fewer than context_length "
+                f"+ 1 = {window} {word} candles after the purge gap): "
+                f"{_per_category([kept[s]['category'] for s in short])}; {_names(short)}"
+            )
     return lines, _lost_groups(info, noun)
 
 
@@ -273,8 +324,9 @@ def _lost_groups(info: Mapping[str, Any], noun: str) -> list[str]:
     series were all dropped, or none of which has a validation (or test) window; not repeated
     for the parts of a group already named."""
     several = bool(info.get("intervals"))
-    series = [(s, r["category"], True) for s, r in info["assets"].items()] + \
-        [(d["symbol"], d["category"], False) for d in info["dropped"]]
+    series = [(s, r["category"], True) for s, r in info["assets"].items()] + [
+        (d["symbol"], d["category"], False) for d in info["dropped"]
+    ]
     groups: dict[tuple[str, ...], list[tuple[str, bool]]] = {}
     for symbol, category, is_kept in series:
         keys = [("all",), ("category", category)]
@@ -290,17 +342,23 @@ def _lost_groups(info: Mapping[str, Any], noun: str) -> list[str]:
         if not mine:
             lost[key] = 0, f"{len(members)} of {len(members)} {noun} left out: the run neither trains nor tests on it"
             continue
-        lacking = [word for split, word in (("val", "validation"), ("test", "test"))
-                   if all(split in r.get("no_windows_in", ()) for r in mine)]
+        lacking = [
+            word
+            for split, word in (("val", "validation"), ("test", "test"))
+            if all(split in r.get("no_windows_in", ()) for r in mine)
+        ]
         if lacking:
-            lost[key] = 1 if "validation" in lacking else 2, \
-                f"none of {len(mine)} kept {noun} has a {' or '.join(lacking)} window"
+            lost[key] = (
+                1 if "validation" in lacking else 2,
+                f"none of {len(mine)} kept {noun} has a {' or '.join(lacking)} window",
+            )
     warnings = []
     for key, (rank, what) in sorted(lost.items(), key=lambda kv: (len(kv[0]), kv[0][0] != "interval")):
         parents = [] if key == ("all",) else [("all",)] + ([key[:2], ("interval", key[2])] if len(key) == 3 else [])
         if any(p in lost and lost[p][0] <= rank for p in parents):
             continue  # said of the whole it is part of
-        name = (f"all {noun}" if key == ("all",) else " ".join(key) if len(key) == 2
-                else f"category {key[1]} at {key[2]}")
-        warnings.append(f"WARNING: {name}: {what} (see \"dropped\" and \"no_windows_in\" in data_info.json)")
+        name = (
+            f"all {noun}" if key == ("all",) else " ".join(key) if len(key) == 2 else f"category {key[1]} at {key[2]}"
+        )
+        warnings.append(f'WARNING: {name}: {what} (see "dropped" and "no_windows_in" in data_info.json)')
     return warnings

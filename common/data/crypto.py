@@ -30,6 +30,7 @@ paging would silently produce a short history with a hole at the start.
 Nothing here touches the network at import or when an exchange is built; markets are loaded on
 first use (with the same retries) unless the caller passes them.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -102,9 +103,12 @@ _SUGGESTED = ("binance", "bybit", "okx", "kucoin", "bitstamp", "coinbase")
 # binance, bybit and okx refuse), with the quote currency their pairs use. bitstamp is tested
 # end to end (tests/test_crypto.py); its USD pairs go back to 2011 for BTC.
 ALTERNATIVES: dict[str, str] = {"bitstamp": "USD", "coinbase": "USD"}
-_RESTRICTED_WORDS = re.compile(r"restricted location|block(?:ed)? access from your (?:country|region)|"
-                               r"not available (?:in|from) your (?:country|region|location)|"
-                               r"restricted (?:country|region|jurisdiction)", re.IGNORECASE)
+_RESTRICTED_WORDS = re.compile(
+    r"restricted location|block(?:ed)? access from your (?:country|region)|"
+    r"not available (?:in|from) your (?:country|region|location)|"
+    r"restricted (?:country|region|jurisdiction)",
+    re.IGNORECASE,
+)
 _BANNED_UNTIL = re.compile(r"banned until (\d{12,14})")
 _COLUMNS = ["open", "high", "low", "close", "volume"]
 _MAX_DELAY_S = 60.0
@@ -131,13 +135,15 @@ def make_exchange(name: str = "binance", *, markets: Markets | None = None) -> c
     """
     key = name.strip().lower()
     if key in NO_HISTORY_EXCHANGES:
-        raise UserError(f"exchange '{name}': {NO_HISTORY_EXCHANGES[key]}; "
-                        f"set data.exchange to one of {', '.join(_SUGGESTED)}")
+        raise UserError(
+            f"exchange '{name}': {NO_HISTORY_EXCHANGES[key]}; set data.exchange to one of {', '.join(_SUGGESTED)}"
+        )
     if key not in ccxt.exchanges:
         close = difflib.get_close_matches(key, ccxt.exchanges, n=1, cutoff=0.6)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UserError(f"unknown ccxt exchange '{name}'; {hint}"
-                        f"common ones with long histories: {', '.join(_SUGGESTED)}")
+        raise UserError(
+            f"unknown ccxt exchange '{name}'; {hint}common ones with long histories: {', '.join(_SUGGESTED)}"
+        )
     exchange: ccxt.Exchange = getattr(ccxt, key)({"enableRateLimit": True})
     _spot_only(exchange)
     if markets is not None:
@@ -168,8 +174,15 @@ def page_limit(exchange: ccxt.Exchange) -> int:
     return PAGE_LIMITS.get(exchange.id, DEFAULT_PAGE_LIMIT)
 
 
-def _with_retries(call: Callable[[], T], what: str, exchange: ccxt.Exchange, *, max_retries: int,
-                  base_delay_s: float, sleep: Callable[[float], None]) -> T:
+def _with_retries(
+    call: Callable[[], T],
+    what: str,
+    exchange: ccxt.Exchange,
+    *,
+    max_retries: int,
+    base_delay_s: float,
+    sleep: Callable[[float], None],
+) -> T:
     """Run `call`, retrying the NetworkError family with delays base, 2*base, 4*base, ..."""
     for attempt in range(max_retries + 1):
         try:
@@ -181,10 +194,18 @@ def _with_retries(call: Callable[[], T], what: str, exchange: ccxt.Exchange, *, 
             if attempt == max_retries:
                 raise SourceUnavailable(
                     f"{exchange.id}: {what} still failing after {max_retries + 1} attempts "
-                    f"({type(e).__name__}: {_short(e)}); check the network or try again later") from e
-            delay = min(base_delay_s * 2 ** attempt, _MAX_DELAY_S)
-            log.warning("%s: %s failed (%s), retry %d/%d in %.1fs", exchange.id, what, type(e).__name__,
-                        attempt + 1, max_retries, delay)
+                    f"({type(e).__name__}: {_short(e)}); check the network or try again later"
+                ) from e
+            delay = min(base_delay_s * 2**attempt, _MAX_DELAY_S)
+            log.warning(
+                "%s: %s failed (%s), retry %d/%d in %.1fs",
+                exchange.id,
+                what,
+                type(e).__name__,
+                attempt + 1,
+                max_retries,
+                delay,
+            )
             sleep(delay)
     raise AssertionError("unreachable")
 
@@ -193,19 +214,23 @@ def _raise_if_permanent(e: Exception, exchange: ccxt.Exchange) -> None:
     """Refusals that no retry changes: the location, or an IP ban with an end time."""
     text = str(e)
     # ccxt's message: "<id> <method> <url> <status> <reason> <body>" (handle_http_status_code)
-    if re.search(r"(?:^|\s)451(?:\s|$)", text) or (re.search(r"(?:^|\s)403(?:\s|$)", text)
-                                                    and _RESTRICTED_WORDS.search(text)):
+    if re.search(r"(?:^|\s)451(?:\s|$)", text) or (
+        re.search(r"(?:^|\s)403(?:\s|$)", text) and _RESTRICTED_WORDS.search(text)
+    ):
         status = "451" if re.search(r"(?:^|\s)451(?:\s|$)", text) else "403"
         raise RestrictedLocation(
             f"{exchange.id} refuses requests from this machine's location (HTTP {status}: "
             f"{_short(_body(text), 120)}); retrying will not help. Set data.exchange in the case config "
             f"to an exchange that serves this region and pages back through history: "
-            f"{_alternatives()}") from None
+            f"{_alternatives()}"
+        ) from None
     banned = _BANNED_UNTIL.search(text)
     if banned:
         until = pd.Timestamp(int(banned.group(1)), unit="ms", tz="UTC")
-        raise SourceUnavailable(f"{exchange.id} has banned this IP for too many requests until "
-                                f"{until.isoformat(timespec='seconds')} (HTTP 418); run again after that") from None
+        raise SourceUnavailable(
+            f"{exchange.id} has banned this IP for too many requests until "
+            f"{until.isoformat(timespec='seconds')} (HTTP 418); run again after that"
+        ) from None
 
 
 def _body(text: str) -> str:
@@ -214,8 +239,10 @@ def _body(text: str) -> str:
 
 
 def _alternatives() -> str:
-    return ", ".join(f"{name} (pairs quoted in {quote}: also set data.quote_currency = \"{quote}\")"
-                     for name, quote in ALTERNATIVES.items())
+    return ", ".join(
+        f'{name} (pairs quoted in {quote}: also set data.quote_currency = "{quote}")'
+        for name, quote in ALTERNATIVES.items()
+    )
 
 
 def _short(e: Exception | str, n: int = 200) -> str:
@@ -223,20 +250,33 @@ def _short(e: Exception | str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def ensure_markets(exchange: ccxt.Exchange, *, max_retries: int = 5, base_delay_s: float = 1.0,
-                   sleep: Callable[[float], None] = time.sleep) -> None:
+def ensure_markets(
+    exchange: ccxt.Exchange,
+    *,
+    max_retries: int = 5,
+    base_delay_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Load the exchange's markets once (network), unless they were set already."""
     if exchange.markets:
         return
-    _with_retries(exchange.load_markets, "loading markets", exchange,
-                  max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
+    _with_retries(
+        exchange.load_markets,
+        "loading markets",
+        exchange,
+        max_retries=max_retries,
+        base_delay_s=base_delay_s,
+        sleep=sleep,
+    )
 
 
 def _bad_symbol(exchange: ccxt.Exchange, symbol: str) -> BadSymbolError:
     close = difflib.get_close_matches(symbol, exchange.symbols or [], n=3, cutoff=0.6)
     hint = f" (close matches: {', '.join(close)})" if close else ""
-    return BadSymbolError(f"{exchange.id} does not list symbol '{symbol}'{hint}; fix the symbol in the "
-                          "universe file (unified form like BTC/USDT) or remove it")
+    return BadSymbolError(
+        f"{exchange.id} does not list symbol '{symbol}'{hint}; fix the symbol in the "
+        "universe file (unified form like BTC/USDT) or remove it"
+    )
 
 
 def inactive_reason(exchange: ccxt.Exchange, symbol: str) -> str | None:
@@ -248,8 +288,10 @@ def inactive_reason(exchange: ccxt.Exchange, symbol: str) -> str | None:
         return None
     info = market.get("info") or {}
     status = info.get("status") or info.get("trading") or info.get("state") or "inactive"
-    return (f"{exchange.id} lists {symbol} as not trading (status {status}): halted or delisted, "
-            "so its history stops; the candles up to then are kept")
+    return (
+        f"{exchange.id} lists {symbol} as not trading (status {status}): halted or delisted, "
+        "so its history stops; the candles up to then are kept"
+    )
 
 
 def check_timeframe(exchange: ccxt.Exchange, timeframe: str) -> None:
@@ -260,9 +302,11 @@ def check_timeframe(exchange: ccxt.Exchange, timeframe: str) -> None:
     if not exchange.has.get("fetchOHLCV"):
         raise UserError(f"{exchange.id} has no public candles (fetchOHLCV); use one of {', '.join(_SUGGESTED)}")
     if exchange.timeframes and timeframe not in exchange.timeframes:
-        raise UserError(f"{exchange.id} has no '{timeframe}' candles; it offers "
-                        f"{', '.join(exchange.timeframes)}: set data.interval to one of them or data.exchange "
-                        "to another exchange")
+        raise UserError(
+            f"{exchange.id} has no '{timeframe}' candles; it offers "
+            f"{', '.join(exchange.timeframes)}: set data.interval to one of them or data.exchange "
+            "to another exchange"
+        )
 
 
 @dataclass
@@ -290,8 +334,10 @@ class HistoryProgress:
         f = self.fraction
         eta = _clock(elapsed_s * (1 - f) / f) if f > 0 and elapsed_s > 0 else "?"
         reached = pd.Timestamp(min(self.reached_ms, self.end_ms), unit="ms", tz="UTC").strftime("%Y-%m-%d %H:%M")
-        return (f"{self.symbol} {self.timeframe}: {self.candles:,} candles, {self.pages:,} pages, up to {reached} "
-                f"({f:.0%}), {rate:,.0f} candles/s, ETA {eta}")
+        return (
+            f"{self.symbol} {self.timeframe}: {self.candles:,} candles, {self.pages:,} pages, up to {reached} "
+            f"({f:.0%}), {rate:,.0f} candles/s, ETA {eta}"
+        )
 
 
 def _clock(seconds: float) -> str:
@@ -299,10 +345,19 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, since_ms: int,
-                        until_ms: int | None = None, *, limit: int | None = None, max_retries: int = 5,
-                        base_delay_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                        now_ms: int | None = None) -> pd.DataFrame:
+def fetch_ohlcv_history(
+    exchange: ccxt.Exchange,
+    symbol: str,
+    timeframe: str,
+    since_ms: int,
+    until_ms: int | None = None,
+    *,
+    limit: int | None = None,
+    max_retries: int = 5,
+    base_delay_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    now_ms: int | None = None,
+) -> pd.DataFrame:
     """Closed candles with open time in [since_ms, until_ms) (or up to now) as a canonical frame.
 
     The frame has a UTC DatetimeIndex named "timestamp" (candle open time), sorted, unique, and
@@ -310,17 +365,37 @@ def fetch_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, si
     incremental update pass `since_ms` = last cached open time + one timeframe. A long history is
     better fetched with `iter_ohlcv_history`, which hands it over in chunks to save as they come.
     """
-    [frame] = iter_ohlcv_history(exchange, symbol, timeframe, since_ms, until_ms, limit=limit,
-                                 max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep, now_ms=now_ms,
-                                 chunk_candles=None)
+    [frame] = iter_ohlcv_history(
+        exchange,
+        symbol,
+        timeframe,
+        since_ms,
+        until_ms,
+        limit=limit,
+        max_retries=max_retries,
+        base_delay_s=base_delay_s,
+        sleep=sleep,
+        now_ms=now_ms,
+        chunk_candles=None,
+    )
     return frame
 
 
-def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, since_ms: int,
-                       until_ms: int | None = None, *, limit: int | None = None, max_retries: int = 5,
-                       base_delay_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                       now_ms: int | None = None, chunk_candles: int | None = CHUNK_CANDLES,
-                       on_page: Callable[[HistoryProgress], None] | None = None) -> Iterator[pd.DataFrame]:
+def iter_ohlcv_history(
+    exchange: ccxt.Exchange,
+    symbol: str,
+    timeframe: str,
+    since_ms: int,
+    until_ms: int | None = None,
+    *,
+    limit: int | None = None,
+    max_retries: int = 5,
+    base_delay_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    now_ms: int | None = None,
+    chunk_candles: int | None = CHUNK_CANDLES,
+    on_page: Callable[[HistoryProgress], None] | None = None,
+) -> Iterator[pd.DataFrame]:
     """The closed candles of [since_ms, until_ms) (or up to now), paged at the exchange's limit and
     handed over oldest first in canonical frames of about `chunk_candles` candles (None: one frame),
     so a caller can save each before asking for more: a download killed midway keeps what it saved.
@@ -350,6 +425,7 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
     def fetch(since: int, frame: str = timeframe) -> list:
         def call() -> list:
             return exchange.fetch_ohlcv(symbol, frame, since=since, limit=per_call)
+
         try:
             return _with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, **retry)
         except ccxt.BadSymbol:
@@ -366,8 +442,14 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
             resume = _after_empty_page(exchange, fetch, since, end, step, per_call)
             if resume is None:
                 break
-            log.info("%s: %s %s: no candles from %s to %s; going on from there", exchange.id, symbol,
-                     timeframe, _iso(since), _iso(resume))
+            log.info(
+                "%s: %s %s: no candles from %s to %s; going on from there",
+                exchange.id,
+                symbol,
+                timeframe,
+                _iso(since),
+                _iso(resume),
+            )
             progress.empty_spans.append((since, resume))
             since = progress.reached_ms = resume
             if on_page is not None:
@@ -379,8 +461,7 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
             rows[t] = row
         next_since = int(max(row[0] for row in page)) + step
         if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
-            log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol,
-                        timeframe, _iso(since))
+            log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol, timeframe, _iso(since))
             break
         since = progress.reached_ms = next_since
         if on_page is not None:
@@ -395,8 +476,9 @@ def iter_ohlcv_history(exchange: ccxt.Exchange, symbol: str, timeframe: str, sin
 _DAY_MS = 86_400_000
 
 
-def _after_empty_page(exchange: ccxt.Exchange, fetch: Callable[..., list], since: int, end: int, step: int,
-                      per_call: int) -> int | None:
+def _after_empty_page(
+    exchange: ccxt.Exchange, fetch: Callable[..., list], since: int, end: int, step: int, per_call: int
+) -> int | None:
     """Where candles resume after a page that came back empty at `since`, or None: none before `end`.
 
     Exchanges that answer by start time (binance) return the next candles whatever the gap, so an
@@ -425,14 +507,12 @@ def _iso(ms: int) -> str:
     return pd.Timestamp(ms, unit="ms", tz="UTC").isoformat()
 
 
-def _to_frame(rows: Mapping[int, list], *, since_ms: int, until_ms: int | None, now_ms: int,
-              step: int) -> pd.DataFrame:
+def _to_frame(rows: Mapping[int, list], *, since_ms: int, until_ms: int | None, now_ms: int, step: int) -> pd.DataFrame:
     """Keep closed candles in range and build the canonical frame."""
-    keep = sorted(t for t in rows
-                  if t >= since_ms and (until_ms is None or t < until_ms) and t + step <= now_ms)
+    keep = sorted(t for t in rows if t >= since_ms and (until_ms is None or t < until_ms) and t + step <= now_ms)
     # ccxt leaves a missing field as None; float() of None is NaN, which cleaning counts and repairs.
-    values = np.array([[np.nan if v is None else v for v in rows[t][1:6]] for t in keep],
-                      dtype="float64").reshape(len(keep), len(_COLUMNS))
-    index = pd.DatetimeIndex(pd.to_datetime(np.array(keep, dtype="int64"), unit="ms", utc=True),
-                             name="timestamp")
+    values = np.array([[np.nan if v is None else v for v in rows[t][1:6]] for t in keep], dtype="float64").reshape(
+        len(keep), len(_COLUMNS)
+    )
+    index = pd.DatetimeIndex(pd.to_datetime(np.array(keep, dtype="int64"), unit="ms", utc=True), name="timestamp")
     return pd.DataFrame(values, index=index, columns=_COLUMNS)

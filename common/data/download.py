@@ -44,6 +44,7 @@ Environment knobs:
                             browser headers instead of its default curl_cffi client (machines
                             where curl_cffi can't be used; tests). Yahoo may rate-limit it sooner.
 """
+
 from __future__ import annotations
 
 import os
@@ -116,15 +117,25 @@ def _restated(old: pd.DataFrame, new: pd.DataFrame) -> bool:
     common = old.index[:-1].intersection(new.index)  # the last cached candle may have been forming
     if common.empty:
         return False
-    return not np.allclose(new.loc[common, "close"], old.loc[common, "close"], rtol=RESTATE_RTOL,
-                           atol=0.0, equal_nan=True)
+    return not np.allclose(
+        new.loc[common, "close"], old.loc[common, "close"], rtol=RESTATE_RTOL, atol=0.0, equal_nan=True
+    )
 
 
 class _Run:
     """One download: the cache, the summary and the progress shared by both sources."""
 
-    def __init__(self, cfg: Config, case_dir: Path, assets: list[Asset], *, progress: bool | None,
-                 sleep: Callable[[float], None], now: pd.Timestamp | None, stream: TextIO) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        case_dir: Path,
+        assets: list[Asset],
+        *,
+        progress: bool | None,
+        sleep: Callable[[float], None],
+        now: pd.Timestamp | None,
+        stream: TextIO,
+    ) -> None:
         d = cfg.data
         self.cfg, self.interval, self.sleep, self.now = cfg, d.interval, sleep, now
         self.start = start_bound(d.start_date)  # None: "max", each asset's whole history
@@ -132,8 +143,12 @@ class _Run:
         self.cache = CandleCache(case_dir / d.cache_dir)
         self.manifest = self.cache.manifest()
         self.delay = _env_delay()
-        self.summary = DownloadSummary(case_dir=case_dir, interval=d.interval, cache_dir=self.cache.root,
-                                       assets={a.symbol: AssetResult(a.symbol, a.source) for a in assets})
+        self.summary = DownloadSummary(
+            case_dir=case_dir,
+            interval=d.interval,
+            cache_dir=self.cache.root,
+            assets={a.symbol: AssetResult(a.symbol, a.source) for a in assets},
+        )
         self.progress = Progress(len(assets), progress, stream)
 
     def cached(self, source: str, symbol: str, origin: str) -> tuple[pd.DataFrame | None, bool]:
@@ -144,13 +159,16 @@ class _Run:
         key = self.cache.path_for(source, self.interval, symbol).relative_to(self.cache.root).as_posix()
         was = (self.manifest.get(key) or {}).get("origin")
         if was is not None and was != origin:
-            self.progress.note(f"{symbol}: cached candles came from {was}, the config says {origin}: "
-                               "downloading the full history again")
+            self.progress.note(
+                f"{symbol}: cached candles came from {was}, the config says {origin}: "
+                "downloading the full history again"
+            )
             return None, True
         return frame, False
 
-    def save(self, source: str, symbol: str, frame: pd.DataFrame, *, adjusted: bool, origin: str,
-             replace: bool) -> None:
+    def save(
+        self, source: str, symbol: str, frame: pd.DataFrame, *, adjusted: bool, origin: str, replace: bool
+    ) -> None:
         result = self.summary.assets[symbol]
         if replace:
             old = self.cache.read(source, self.interval, symbol)
@@ -188,12 +206,14 @@ class _Run:
                 if symbol in cached and _restated(cached[symbol], frame):
                     restate.append(symbol)
                 else:
-                    self.save("yfinance", symbol, frame, adjusted=True, origin=YAHOO_ORIGIN,
-                              replace=symbol in replace)
+                    self.save("yfinance", symbol, frame, adjusted=True, origin=YAHOO_ORIGIN, replace=symbol in replace)
             self._mark_missing(part)
             done = len(set(part.frames) | set(part.failed) | set(part.unreachable))
-            self.progress.advance(done, f"yfinance: {len(part.frames)} ok, {len(part.failed)} failed"
-                                  + (f", {len(part.unreachable)} unreachable" if part.unreachable else ""))
+            self.progress.advance(
+                done,
+                f"yfinance: {len(part.frames)} ok, {len(part.failed)} failed"
+                + (f", {len(part.unreachable)} unreachable" if part.unreachable else ""),
+            )
 
         for number, (_, members) in enumerate(sorted(groups.items())):
             if number:
@@ -202,15 +222,20 @@ class _Run:
             symbols = [symbol for _, symbol in members]
             result = download_yahoo(symbols, self.interval, start, self.end, on_batch=save_batch, **kwargs)
             if result.clamped_start is not None:
-                wanted = format_day(start) if self.start is not None or start != self._yahoo_first() else \
-                    'the whole history (data.start_date = "max")'
-                self.summary.notes.append(f"{window_text(self.interval)}: fetched from "
-                                          f"{format_day(result.clamped_start)} instead of {wanted}")
+                wanted = (
+                    format_day(start)
+                    if self.start is not None or start != self._yahoo_first()
+                    else 'the whole history (data.start_date = "max")'
+                )
+                self.summary.notes.append(
+                    f"{window_text(self.interval)}: fetched from {format_day(result.clamped_start)} instead of {wanted}"
+                )
         if restate:
             self._yahoo_full_history(restate, pause_s, kwargs)
 
-    def _yahoo_groups(self, assets: list[Asset]) -> tuple[dict[str, pd.DataFrame], set[str],
-                                                          dict[pd.Timestamp, list[tuple[pd.Timestamp, str]]]]:
+    def _yahoo_groups(
+        self, assets: list[Asset]
+    ) -> tuple[dict[str, pd.DataFrame], set[str], dict[pd.Timestamp, list[tuple[pd.Timestamp, str]]]]:
         """(cached frames, symbols to replace, fetch groups) for the assets that need a fetch.
 
         One yf.download per fetch day: assets cached up to the same day (most of a universe)
@@ -233,8 +258,10 @@ class _Run:
 
     def _yahoo_full_history(self, restate: list[str], pause_s: float, kwargs: dict[str, Any]) -> None:
         """Fetch again in full, and replace, the assets whose adjusted prices Yahoo changed."""
-        self.progress.note(f"yfinance: adjusted prices changed since the last download (dividend or "
-                           f"split) for {', '.join(restate)}: downloading their full history again")
+        self.progress.note(
+            f"yfinance: adjusted prices changed since the last download (dividend or "
+            f"split) for {', '.join(restate)}: downloading their full history again"
+        )
 
         def replace_batch(part: YahooResult) -> None:
             for symbol, frame in part.frames.items():
@@ -273,9 +300,11 @@ class _Run:
         if self.delay is not None:
             retry["base_delay_s"] = self.delay
         crypto.ensure_markets(exchange, **retry)  # once, up front: a refusal by location stops here
-        self.progress.note(f"{origin}: {self.interval} candles, {crypto.page_limit(exchange)} a request, "
-                           f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "
-                           "through ccxt)")
+        self.progress.note(
+            f"{origin}: {self.interval} candles, {crypto.page_limit(exchange)} a request, "
+            f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "
+            "through ccxt)"
+        )
         now_ms = None if self.now is None else int(self.now.timestamp() * 1000)
         until_ms = None if self.end is None else int(self.end.timestamp() * 1000)
         for asset in assets:
@@ -287,8 +316,17 @@ class _Run:
             since_ms = crypto.HISTORY_START_MS if start is None else int(start.timestamp() * 1000)
             market = crypto.with_quote(asset.symbol, quote)
             lines = _HistoryLines(self.progress, f"ccxt {origin}")
-            chunks = crypto.iter_ohlcv_history(exchange, market, self.interval, since_ms, until_ms, now_ms=now_ms,
-                                               chunk_candles=SAVE_EVERY_CANDLES, on_page=lines.page, **retry)
+            chunks = crypto.iter_ohlcv_history(
+                exchange,
+                market,
+                self.interval,
+                since_ms,
+                until_ms,
+                now_ms=now_ms,
+                chunk_candles=SAVE_EVERY_CANDLES,
+                on_page=lines.page,
+                **retry,
+            )
             saved = False
             try:
                 for chunk in chunks:  # saved as it comes: a download killed midway resumes from there
@@ -304,15 +342,20 @@ class _Run:
             except (SourceUnavailable, ccxt.NetworkError) as e:
                 if saved:  # part of its history is in the cache: not "ok" yet
                     last = self.summary.assets[asset.symbol].last
-                    self.mark(asset.symbol, "unreachable", f"{origin} stopped answering; saved up to "
-                                                           f"{format_day(last)}, a rerun goes on from there")
+                    self.mark(
+                        asset.symbol,
+                        "unreachable",
+                        f"{origin} stopped answering; saved up to {format_day(last)}, a rerun goes on from there",
+                    )
                 if isinstance(e, SourceUnavailable):
                     raise
                 # should arrive as SourceUnavailable; never as a traceback
                 raise SourceUnavailable(f"{origin}: {type(e).__name__}: {e}") from e
             for lo, hi in lines.empty_spans:
-                self.summary.notes.append(f"{asset.symbol}: {origin} had no {self.interval} candles from "
-                                          f"{_day_ms(lo)} to {_day_ms(hi)} (a page answered empty); went on after it")
+                self.summary.notes.append(
+                    f"{asset.symbol}: {origin} had no {self.interval} candles from "
+                    f"{_day_ms(lo)} to {_day_ms(hi)} (a page answered empty); went on after it"
+                )
             if not saved:
                 since = format_day(start) if start is not None else "the listing"
                 self.mark(asset.symbol, "empty", f"{origin} returned no {self.interval} candles from {since}")
@@ -324,8 +367,11 @@ class _Run:
             inactive = crypto.inactive_reason(exchange, market) if exchange.markets else None
             if inactive:
                 self.mark(asset.symbol, "inactive", inactive)
-            self.progress.advance(1, f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows"
-                                  + (" (inactive)" if inactive else ""))
+            self.progress.advance(
+                1,
+                f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows"
+                + (" (inactive)" if inactive else ""),
+            )
 
 
 def _day_ms(ms: int) -> str:
@@ -355,9 +401,16 @@ class _HistoryLines:
         self.progress.note(f"{self.label} {self.last.line(self.shown - self.started)}{suffix}")
 
 
-def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
-                  sleep: Callable[[float], None] = time.sleep, yahoo_session: Any = None,
-                  now: pd.Timestamp | None = None, stream: TextIO | None = None) -> DownloadSummary:
+def download_case(
+    cfg: Config,
+    case_dir: Path,
+    *,
+    progress: bool | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    yahoo_session: Any = None,
+    now: pd.Timestamp | None = None,
+    stream: TextIO | None = None,
+) -> DownloadSummary:
     """Download (or update) every asset of the case universe into case_dir / cfg.data.cache_dir.
 
     Prints progress to `stream` (default stderr; `progress` None: a bar only on a terminal) and
@@ -377,11 +430,17 @@ def download_case(cfg: Config, case_dir: Path, *, progress: bool | None = None,
 
     for asset in assets:
         if asset.source not in ("yfinance", "ccxt"):
-            run.mark(asset.symbol, "failed", f"source '{asset.source}' can't be downloaded (the sample ships "
-                                             "with the package); use source yfinance or ccxt in the universe")
+            run.mark(
+                asset.symbol,
+                "failed",
+                f"source '{asset.source}' can't be downloaded (the sample ships "
+                "with the package); use source yfinance or ccxt in the universe",
+            )
             run.progress.advance(1, f"{asset.symbol}: skipped")
-    parts = ((YAHOO, "yfinance", lambda group: run.yahoo(group, session)),
-             (f"ccxt exchange {d.exchange}", "ccxt", run.ccxt))
+    parts = (
+        (YAHOO, "yfinance", lambda group: run.yahoo(group, session)),
+        (f"ccxt exchange {d.exchange}", "ccxt", run.ccxt),
+    )
     try:
         for name, source, fetch in parts:
             group = [a for a in assets if a.source == source]
@@ -423,5 +482,6 @@ def _report(run: _Run, cfg: Config, case_dir: Path) -> DownloadSummary:
         raise SourceUnavailable(
             f"could not reach {names}; {len(summary.unreachable)} of {len(summary.assets)} assets not "
             f"downloaded. {' | '.join(summary.unavailable.values())}. The cache keeps what it had; run the "
-            "same command again when the network is back, it resumes")
+            "same command again when the network is back, it resumes"
+        )
     return summary

@@ -4,6 +4,7 @@
 unreachable | inactive) and formats the summary `marketgpt data download` prints; `Progress` is a
 tqdm bar on a terminal and plain lines otherwise (a Slurm log, a pipe).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,15 +86,20 @@ class DownloadSummary:
             f"Download summary: {self.case_dir.name}, {self.interval} candles, cache {self.cache_dir}",
             f"  assets: {len(self.ok)} ok, {len(self.empty)} empty, {len(self.failed)} failed"
             + (f", {len(self.inactive)} inactive" if self.inactive else "")
-            + (f", {len(self.unreachable)} not downloaded (unreachable: a rerun fetches them)"
-               if self.unreachable else ""),
+            + (
+                f", {len(self.unreachable)} not downloaded (unreachable: a rerun fetches them)"
+                if self.unreachable
+                else ""
+            ),
             f"  rows added: {self.rows_added:,}",
             f"  date range: {format_day(span[0])} -> {format_day(span[1])}" if span else "  date range: -",
         ]
-        titles = (("failed (no data from the source: fix or replace them in the universe)", self.failed),
-                  ("empty", self.empty),
-                  ("inactive (halted or delisted on the exchange; candles up to then are kept)", self.inactive),
-                  ("unreachable (rate limited or timed out; run the same command again later)", self.unreachable))
+        titles = (
+            ("failed (no data from the source: fix or replace them in the universe)", self.failed),
+            ("empty", self.empty),
+            ("inactive (halted or delisted on the exchange; candles up to then are kept)", self.inactive),
+            ("unreachable (rate limited or timed out; run the same command again later)", self.unreachable),
+        )
         for title, items in titles:
             if items:
                 lines.append(f"  {title}:")

@@ -25,6 +25,7 @@ universe a run trained on stays on record. Training, `plan` and `data check` rea
 (common.data.universe.universe_path). A resolution that leaves no pair is a UserError naming each
 filter and how many pairs it removed, and writes nothing.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,8 +46,7 @@ from common.data import crypto
 from common.data.universe import HEADER, exchange_universe_file
 from common.errors import UserError
 
-__all__ = ["Resolution", "TICKER_PREFILTER", "resolve_exchange_universe", "resolve_to_file",
-           "write_exchange_universe"]
+__all__ = ["Resolution", "TICKER_PREFILTER", "resolve_exchange_universe", "resolve_to_file", "write_exchange_universe"]
 
 # The 24h pre-filter keeps pairs whose last 24 h traded at least this share of min_quote_volume.
 TICKER_PREFILTER = 0.1
@@ -57,6 +57,7 @@ _PROGRESS_EVERY = 50  # pairs between progress lines while daily candles are fet
 @dataclass
 class Resolution:
     """The pairs of one exchange that passed the filters on one day, and what each filter removed."""
+
     exchange: str  # the ccxt id
     as_of: str  # YYYY-MM-DD: the day of the resolution; volumes cover the volume_days before it
     filters: ExchangeUniverseConfig
@@ -68,9 +69,15 @@ class Resolution:
         return ", ".join(f"{what}: {n} removed" for what, n in self.removed.items())
 
 
-def resolve_exchange_universe(exchange: ccxt.Exchange, filters: ExchangeUniverseConfig, now: pd.Timestamp, *,
-                              sleep: Callable[[float], None] = time.sleep, base_delay_s: float | None = None,
-                              stream: TextIO | None = None) -> Resolution:
+def resolve_exchange_universe(
+    exchange: ccxt.Exchange,
+    filters: ExchangeUniverseConfig,
+    now: pd.Timestamp,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    base_delay_s: float | None = None,
+    stream: TextIO | None = None,
+) -> Resolution:
     """Apply the filters to the exchange's markets as of `now` (network: markets, tickers, daily candles)."""
     retry: dict[str, Any] = dict(sleep=sleep)
     if base_delay_s is not None:
@@ -90,30 +97,46 @@ def resolve_exchange_universe(exchange: ccxt.Exchange, filters: ExchangeUniverse
     if f.active_only:
         pairs = keep("not active (halted or delisted)", pairs, lambda m: m.get("active") is not False)
     if f.exclude_bases:
-        pairs = keep(f"base in exclude_bases ({', '.join(f.exclude_bases)})", pairs,
-                     lambda m: m.get("base") not in f.exclude_bases)
+        pairs = keep(
+            f"base in exclude_bases ({', '.join(f.exclude_bases)})",
+            pairs,
+            lambda m: m.get("base") not in f.exclude_bases,
+        )
     if pairs and f.min_quote_volume > 0:
         tickers = _ticker_volumes(exchange, stream)
         if tickers:
             floor = TICKER_PREFILTER * f.min_quote_volume
-            pairs = keep(f"24h quote volume below {floor:,.0f} {f.quote} (ticker pre-filter)", pairs,
-                         lambda m: tickers.get(m["symbol"], math.inf) >= floor)
+            pairs = keep(
+                f"24h quote volume below {floor:,.0f} {f.quote} (ticker pre-filter)",
+                pairs,
+                lambda m: tickers.get(m["symbol"], math.inf) >= floor,
+            )
 
     day = now.floor("D")
     volumes = _average_volumes(exchange, [m["symbol"] for m in pairs], day, f.volume_days, now, retry, stream)
-    pairs = keep(f"average daily quote volume over {f.volume_days} days below {f.min_quote_volume:,.0f} {f.quote}",
-                 pairs, lambda m: volumes[m["symbol"]] >= f.min_quote_volume)
+    pairs = keep(
+        f"average daily quote volume over {f.volume_days} days below {f.min_quote_volume:,.0f} {f.quote}",
+        pairs,
+        lambda m: volumes[m["symbol"]] >= f.min_quote_volume,
+    )
     pairs.sort(key=lambda m: (-volumes[m["symbol"]], m["symbol"]))
     if f.max_count is not None:
         removed[f"beyond max_count {f.max_count}"] = max(0, len(pairs) - f.max_count)
-        pairs = pairs[:f.max_count]
-    result = Resolution(exchange=exchange.id, as_of=day.strftime("%Y-%m-%d"), filters=f, markets=len(markets),
-                        removed=removed, pairs=[(m["symbol"], m.get("base") or m["symbol"].split("/")[0],
-                                                 volumes[m["symbol"]]) for m in pairs])
+        pairs = pairs[: f.max_count]
+    result = Resolution(
+        exchange=exchange.id,
+        as_of=day.strftime("%Y-%m-%d"),
+        filters=f,
+        markets=len(markets),
+        removed=removed,
+        pairs=[(m["symbol"], m.get("base") or m["symbol"].split("/")[0], volumes[m["symbol"]]) for m in pairs],
+    )
     if not result.pairs:
-        raise UserError(f"data.exchange_universe leaves no pair of {exchange.id}'s {len(markets)} markets on "
-                        f"{result.as_of} ({result.counts()}); loosen the filters in the config's "
-                        "data.exchange_universe (quote, min_quote_volume, exclude_bases)")
+        raise UserError(
+            f"data.exchange_universe leaves no pair of {exchange.id}'s {len(markets)} markets on "
+            f"{result.as_of} ({result.counts()}); loosen the filters in the config's "
+            "data.exchange_universe (quote, min_quote_volume, exclude_bases)"
+        )
     return result
 
 
@@ -124,8 +147,11 @@ def _ticker_volumes(exchange: ccxt.Exchange, stream: TextIO | None) -> dict[str,
     try:
         tickers = exchange.fetch_tickers()
     except ccxt.BaseError as e:  # a pre-filter only: the candles still decide
-        _say(stream, f"{exchange.id}: 24h tickers unavailable ({type(e).__name__}); no pre-filter, "
-                     "every pair's daily candles are fetched")
+        _say(
+            stream,
+            f"{exchange.id}: 24h tickers unavailable ({type(e).__name__}); no pre-filter, "
+            "every pair's daily candles are fetched",
+        )
         return {}
     volumes = {}
     for symbol, t in tickers.items():
@@ -138,8 +164,15 @@ def _ticker_volumes(exchange: ccxt.Exchange, stream: TextIO | None) -> dict[str,
     return volumes
 
 
-def _average_volumes(exchange: ccxt.Exchange, symbols: list[str], day: pd.Timestamp, days: int,
-                     now: pd.Timestamp, retry: dict[str, Any], stream: TextIO | None) -> dict[str, float]:
+def _average_volumes(
+    exchange: ccxt.Exchange,
+    symbols: list[str],
+    day: pd.Timestamp,
+    days: int,
+    now: pd.Timestamp,
+    retry: dict[str, Any],
+    stream: TextIO | None,
+) -> dict[str, float]:
     """symbol -> sum(close x volume) of the daily candles in [day - days, day), divided by days."""
     if symbols:
         _say(stream, f"{exchange.id}: {days} daily candles of {len(symbols)} pairs for their average quote volume")
@@ -191,15 +224,25 @@ def write_exchange_universe(case_dir: Path, result: Resolution) -> Path:
     return path
 
 
-def resolve_to_file(cfg: Config, case_dir: Path, *, now: pd.Timestamp | None = None,
-                    sleep: Callable[[float], None] = time.sleep, base_delay_s: float | None = None,
-                    stream: TextIO | None = None) -> Path:
+def resolve_to_file(
+    cfg: Config,
+    case_dir: Path,
+    *,
+    now: pd.Timestamp | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    base_delay_s: float | None = None,
+    stream: TextIO | None = None,
+) -> Path:
     """The download's first step under data.universe = "exchange": resolve the pairs and write the day's file."""
     now = pd.Timestamp.now(tz="UTC") if now is None else now
     exchange = crypto.make_exchange(cfg.data.exchange)
-    result = resolve_exchange_universe(exchange, cfg.data.exchange_universe, now, sleep=sleep,
-                                       base_delay_s=base_delay_s, stream=stream)
+    result = resolve_exchange_universe(
+        exchange, cfg.data.exchange_universe, now, sleep=sleep, base_delay_s=base_delay_s, stream=stream
+    )
     path = write_exchange_universe(Path(case_dir), result)
-    _say(stream, f"{result.exchange} universe as of {result.as_of}: {len(result.pairs)} pairs -> {path.name} "
-                 f"({result.counts()})")
+    _say(
+        stream,
+        f"{result.exchange} universe as of {result.as_of}: {len(result.pairs)} pairs -> {path.name} "
+        f"({result.counts()})",
+    )
     return path

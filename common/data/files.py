@@ -13,6 +13,7 @@ counted per asset (`unparsable_timestamp`, `off_interval`); the usual cleaning
 (common.data.prepare: duplicates, non-positive prices, ...) then runs as for downloaded candles,
 and every count lands in data_info.json.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,7 +43,7 @@ def _symbol_of(path: Path) -> str:
     name = path.name
     for suffix in SUFFIXES:
         if name.lower().endswith(suffix):
-            return name[:-len(suffix)]
+            return name[: -len(suffix)]
     return path.stem
 
 
@@ -63,8 +64,10 @@ def _read_table(path: Path, only: tuple[str, ...] = ()) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
     except (OSError, ValueError, pd.errors.ParserError, pa.ArrowException) as e:
-        raise UserError(f"{path}: cannot read the file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                        "expected a CSV with a header row or a parquet file") from None
+        raise UserError(
+            f"{path}: cannot read the file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "expected a CSV with a header row or a parquet file"
+        ) from None
 
 
 def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = (), prices: bool = True) -> dict[str, str]:
@@ -81,9 +84,10 @@ def _columns(raw: pd.DataFrame, path: Path, extra: tuple[str, ...] = (), prices:
     missing = [n for n in ("timestamp", *(COLUMNS if prices else ()), *extra) if n not in found]
     if missing:
         have = ", ".join(map(str, raw.columns)) or "none"
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {have}); a candle file needs "
-                        f"timestamp (or date/datetime/time), {', '.join(COLUMNS)}" +
-                        (f", {', '.join(extra)}" if extra else ""))
+        raise UserError(
+            f"{path}: missing column(s) {', '.join(missing)} (found: {have}); a candle file needs "
+            f"timestamp (or date/datetime/time), {', '.join(COLUMNS)}" + (f", {', '.join(extra)}" if extra else "")
+        )
     return found
 
 
@@ -137,8 +141,10 @@ def _check_spacing(ts: np.ndarray, step: pd.Timedelta, interval: str, path: Path
         return
     ratio = modal / step.value
     how = f"{ratio:g}x as long as" if ratio >= 1 else f"1/{1 / ratio:g} of"
-    raise UserError(f"{path}: candles are mostly {_duration(modal)} apart, {how} the configured data.interval = "
-                    f"{interval!r}; set data.interval to match the file, or resample it")
+    raise UserError(
+        f"{path}: candles are mostly {_duration(modal)} apart, {how} the configured data.interval = "
+        f"{interval!r}; set data.interval to match the file, or resample it"
+    )
 
 
 def _duration(ns: int) -> str:
@@ -149,8 +155,9 @@ def _duration(ns: int) -> str:
     return f"{seconds:g}s"
 
 
-def read_candle_file(path: Path, interval: str, symbol_column: bool = False, times_only: bool = False
-                     ) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], bool]:
+def read_candle_file(
+    path: Path, interval: str, symbol_column: bool = False, times_only: bool = False
+) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], bool]:
     """One file's candles: {symbol: frame} (UTC index, float OHLCV), per-symbol drop counts, naive?
 
     Without `symbol_column` the file is one symbol, named by the file. times_only: read the
@@ -166,21 +173,27 @@ def read_candle_file(path: Path, interval: str, symbol_column: bool = False, tim
     bad_time = ts == np.iinfo(np.int64).min
     if bad_time.all():
         example = raw[cols["timestamp"]].iloc[0]
-        raise UserError(f"{path}: no timestamp in column '{cols['timestamp']}' parses (first: {example!r}); "
-                        "expected dates like 2024-01-31 or 2024-01-31 13:00:00+00:00, or Unix epochs")
+        raise UserError(
+            f"{path}: no timestamp in column '{cols['timestamp']}' parses (first: {example!r}); "
+            "expected dates like 2024-01-31 or 2024-01-31 13:00:00+00:00, or Unix epochs"
+        )
     values = np.ones((len(raw), len(COLUMNS)))
     for i, name in enumerate(COLUMNS if not times_only else ()):
         values[:, i] = pd.to_numeric(raw[cols[name]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    symbols = (raw[cols["symbol"]].astype("string").str.strip().to_numpy(dtype=object, na_value="")
-               if symbol_column else np.full(len(raw), _symbol_of(path), dtype=object))
+    symbols = (
+        raw[cols["symbol"]].astype("string").str.strip().to_numpy(dtype=object, na_value="")
+        if symbol_column
+        else np.full(len(raw), _symbol_of(path), dtype=object)
+    )
     step = interval_step(interval)
 
     frames: dict[str, pd.DataFrame] = {}
     fixes: dict[str, dict[str, int]] = {}
     for symbol in dict.fromkeys(symbols):
         if symbol == "":
-            raise UserError(f"{path}: {int((symbols == '').sum())} row(s) have an empty symbol; fill the "
-                            "symbol column on every row")
+            raise UserError(
+                f"{path}: {int((symbols == '').sum())} row(s) have an empty symbol; fill the symbol column on every row"
+            )
         rows = symbols == symbol
         good = rows & ~bad_time
         where = f"{path} ({symbol})" if symbol_column else str(path)
@@ -211,12 +224,15 @@ def _files_in(folder: Path) -> dict[str, Path]:
         if path.is_file() and path.name.lower().endswith(SUFFIXES) and not path.name.startswith("."):
             symbol = _symbol_of(path)
             if symbol in found:
-                raise UserError(f"{folder}: two files for symbol {symbol} ({found[symbol].name}, {path.name}); "
-                                "keep one")
+                raise UserError(
+                    f"{folder}: two files for symbol {symbol} ({found[symbol].name}, {path.name}); keep one"
+                )
             found[symbol] = path
     if not found:
-        raise UserError(f"{folder}: no candle files (*.csv, *.csv.gz, *.parquet); put one file per symbol "
-                        "there, or point data.files_dir at one long file with a symbol column")
+        raise UserError(
+            f"{folder}: no candle files (*.csv, *.csv.gz, *.parquet); put one file per symbol "
+            "there, or point data.files_dir at one long file with a symbol column"
+        )
     return found
 
 
@@ -233,8 +249,10 @@ def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketD
     with a symbol column is read whole, once. times_only: see read_candle_file."""
     d = cfg.data
     if not d.files_dir:
-        raise UserError("data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
-                        "per symbol, or one file with a symbol column (e.g. --set data.files_dir=my_data)")
+        raise UserError(
+            "data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
+            "per symbol, or one file with a symbol column (e.g. --set data.files_dir=my_data)"
+        )
     root = files_root(cfg, case_dir)
     if not root.exists():
         raise UserError(f"data.files_dir {root} does not exist; point it at a folder of candle files or one file")
@@ -256,13 +274,16 @@ def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketD
     if d.universe == FILES_UNIVERSE:
         assets = [Asset(symbol=s, source="files", category=d.default_category or "", name=s) for s in symbols]
     else:
-        assets = _match_universe(load_universe(Path(case_dir) / d.universe, d.universe_counts or None),
-                                 symbols, root)
+        assets = _match_universe(load_universe(Path(case_dir) / d.universe, d.universe_counts or None), symbols, root)
     by_key = {_file_key(s): s for s in symbols}
     name_of = {a.symbol: by_key[_file_key(a.symbol)] for a in assets}  # universe symbol -> file symbol
-    return MarketData(assets=assets, candles=LazyFrames(list(name_of), lambda s: candles[name_of[s]]),
-                      interval=d.interval, fixes=LazyFrames(list(name_of), lambda s: fixes[name_of[s]]),
-                      files={s: sources[f] for s, f in name_of.items()})
+    return MarketData(
+        assets=assets,
+        candles=LazyFrames(list(name_of), lambda s: candles[name_of[s]]),
+        interval=d.interval,
+        fixes=LazyFrames(list(name_of), lambda s: fixes[name_of[s]]),
+        files={s: sources[f] for s, f in name_of.items()},
+    )
 
 
 def files_root(cfg: Config, case_dir: Path) -> Path:
@@ -310,14 +331,17 @@ def _match_universe(assets: list[Asset], symbols: list[str], root: Path) -> list
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         have = ", ".join(sorted(symbols)[:5]) + (" ..." if len(symbols) > 5 else "")
-        raise UserError(f"{root}: no candles for {len(missing)} universe symbol(s): {shown} (files have: {have}); "
-                        f"add them, remove them from the universe, or set data.universe = \"{FILES_UNIVERSE}\" "
-                        "to train on every file")
+        raise UserError(
+            f"{root}: no candles for {len(missing)} universe symbol(s): {shown} (files have: {have}); "
+            f'add them, remove them from the universe, or set data.universe = "{FILES_UNIVERSE}" '
+            "to train on every file"
+        )
     listed = {_file_key(a.symbol) for a in assets}
     unused = [s for s in symbols if _file_key(s) not in listed]
     if unused:
-        print(f"note: {len(unused)} symbol(s) in {root} are not in the universe and are left out: "
-              f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}", file=sys.stderr)
+        print(
+            f"note: {len(unused)} symbol(s) in {root} are not in the universe and are left out: "
+            f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}",
+            file=sys.stderr,
+        )
     return assets
-
-

@@ -4,6 +4,7 @@ Training calls `load_market_data(cfg, case_dir)` and never cares where the candl
 the config's data.source picks. Nothing here touches the network: "download" reads only what
 `marketgpt data download` already put in the cache, and says so when it is not there.
 """
+
 from __future__ import annotations
 
 import sys
@@ -74,8 +75,10 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
     if d.source == "download":
         cache = CandleCache(case_dir / d.cache_dir)
         universe = universe_path(case_dir, d.universe, d.exchange)
-        paths = [cache.path_for(a.source, d.interval, a.symbol)
-                 for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)]
+        paths = [
+            cache.path_for(a.source, d.interval, a.symbol)
+            for a in _in_categories(load_universe(universe, d.universe_counts or None), d.categories)
+        ]
         return [universe, *(p for p in paths if p.is_file())]
     if d.source == "files" and d.files_dir:
         root = files_root(cfg, case_dir)
@@ -92,8 +95,10 @@ def _in_categories(assets: list, categories: list[str]) -> list:
     have = sorted({a.category for a in assets})
     empty = [c for c in categories if c not in have]
     if empty:
-        raise UserError(f"data.categories = {categories}: no asset of {', '.join(empty)} in this universe "
-                        f"(it has {', '.join(have)})")
+        raise UserError(
+            f"data.categories = {categories}: no asset of {', '.join(empty)} in this universe "
+            f"(it has {', '.join(have)})"
+        )
     return [a for a in assets if a.category in categories]
 
 
@@ -105,8 +110,13 @@ def _only_categories(market: MarketData, categories: list[str]) -> MarketData:
     if len(kept) == len(market.assets):  # nothing to leave out: a lazy mapping stays lazy
         return market
     symbols = {a.symbol for a in kept}
-    return MarketData(assets=kept, candles=_only(market.candles, symbols), interval=market.interval,
-                      fixes=_only(market.fixes, symbols), files=_only(market.files, symbols))
+    return MarketData(
+        assets=kept,
+        candles=_only(market.candles, symbols),
+        interval=market.interval,
+        fixes=_only(market.fixes, symbols),
+        files=_only(market.files, symbols),
+    )
 
 
 def _only(mapping: Mapping, symbols: set[str]) -> Mapping:
@@ -145,8 +155,13 @@ def _load_series(cfg: Config, case_dir: Path, times_only: bool = False) -> Marke
         return markets[iv].fixes.get(symbol) or {}
 
     names = [a.symbol for a in assets]
-    return MarketData(assets=assets, candles=LazyFrames(names, read), interval=intervals[0],
-                      fixes=LazyFrames(names, fixes), series_intervals={name: iv for name, (iv, _) in where.items()})
+    return MarketData(
+        assets=assets,
+        candles=LazyFrames(names, read),
+        interval=intervals[0],
+        fixes=LazyFrames(names, fixes),
+        series_intervals={name: iv for name, (iv, _) in where.items()},
+    )
 
 
 def _load_sample(interval: str) -> MarketData:
@@ -169,8 +184,11 @@ def _load_cache(cfg: Config, case_dir: Path, times_only: bool = False) -> Market
     # data.categories first: a per-market run of case A reads its own markets' files, not all 600
     universe = universe_path(case_dir, d.universe, d.exchange)
     if d.universe == EXCHANGE_UNIVERSE:  # say which of the dated files this run reads
-        print(f"data.universe = 'exchange': {universe.name}, the newest for {d.exchange} (as of "
-              f"{universe_as_of(universe)})", file=sys.stderr)
+        print(
+            f"data.universe = 'exchange': {universe.name}, the newest for {d.exchange} (as of "
+            f"{universe_as_of(universe)})",
+            file=sys.stderr,
+        )
     assets = _in_categories(load_universe(universe, d.universe_counts or None), d.categories)
     cache_root = case_dir / d.cache_dir
     cache = CandleCache(cache_root)
@@ -196,15 +214,20 @@ def _load_cache(cfg: Config, case_dir: Path, times_only: bool = False) -> Market
     if missing:
         command = f"marketgpt data download --case {_case_arg(case_dir)}"
         if len(missing) == len(assets):
-            raise UserError(f"no {d.interval} candles in the cache {cache_root} for the "
-                            f"{len(assets)} assets of {universe}: run `{command}` first "
-                            "(needs network), or set data.source to 'sample' to train on the shipped sample")
+            raise UserError(
+                f"no {d.interval} candles in the cache {cache_root} for the "
+                f"{len(assets)} assets of {universe}: run `{command}` first "
+                "(needs network), or set data.source to 'sample' to train on the shipped sample"
+            )
         # A few tickers that failed to download (delisted, renamed) should not cost a queued
         # job: train on the rest, say so, and record them as dropped in data_info.json.
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        print(f"warning: {len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
-              f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
-              f"them in {universe} if the download reports them as failed", file=sys.stderr)
+        print(
+            f"warning: {len(missing)} of {len(assets)} assets have no {d.interval} candles in the cache "
+            f"{cache_root} ({shown}) and are left out; run `{command}` to fetch them, or replace "
+            f"them in {universe} if the download reports them as failed",
+            file=sys.stderr,
+        )
     return MarketData(assets=assets, candles=LazyFrames([a.symbol for a in assets], read), interval=d.interval)
 
 
@@ -213,8 +236,10 @@ def placeholder_frame(index: pd.DatetimeIndex) -> pd.DataFrame:
     return pd.DataFrame(np.ones((len(index), len(COLUMNS))), index=index, columns=list(COLUMNS))
 
 
-_EMPTY = pd.DataFrame({c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},
-                      index=pd.DatetimeIndex([], tz="UTC", name="timestamp"))
+_EMPTY = pd.DataFrame(
+    {c: pd.Series(dtype="float64") for c in ("open", "high", "low", "close", "volume")},
+    index=pd.DatetimeIndex([], tz="UTC", name="timestamp"),
+)
 
 
 def _case_arg(case_dir: Path) -> str:

@@ -1,4 +1,5 @@
 """MarketData: the candles of a case's assets, as every data source hands them to training."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

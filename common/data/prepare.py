@@ -13,6 +13,7 @@ With several intervals (data.intervals), a split that leaves an interval without
 validation or test windows is refused, naming the fix (docs/data.md, several intervals in one model).
 Everything here is vectorized per asset: case A (600 assets x 5000 candles) takes about a second.
 """
+
 from __future__ import annotations
 
 import sys
@@ -66,6 +67,7 @@ _NS = 1_000_000_000
 @dataclass(frozen=True)
 class AssetSplit:
     """Index ranges into one asset's cleaned frame; purged candles belong to no range."""
+
     train: range
     val: range
     test: range
@@ -85,7 +87,6 @@ class PreparedData:
     info: dict[str, Any]  # JSON-ready: data_info.json
 
 
-
 # --------------------------------------------------------------------------- cleaning
 
 
@@ -101,8 +102,7 @@ def _frame(ts: np.ndarray, values: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({c: values[:, i] for i, c in enumerate(COLUMNS)}, index=index)
 
 
-def clean_candles(frame: pd.DataFrame, symbol: str, *,
-                  subunits: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
+def clean_candles(frame: pd.DataFrame, symbol: str, *, subunits: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
     """Sort, dedupe, drop or repair invalid candles; returns the canonical frame and fix counts.
 
     Only the canonical columns are kept; a naive index is taken as UTC. `subunits`: the prices
@@ -112,8 +112,7 @@ def clean_candles(frame: pd.DataFrame, symbol: str, *,
     """
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
-        raise UserError(f"{symbol}: candle frame lacks column(s) {', '.join(missing)}; "
-                        f"expected {', '.join(COLUMNS)}")
+        raise UserError(f"{symbol}: candle frame lacks column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
     ts = _utc_ns(frame.index, symbol)
     values = frame[list(COLUMNS)].to_numpy(dtype=np.float64, copy=True)
     fixes = dict.fromkeys(FIX_KINDS, 0)
@@ -276,9 +275,13 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
     dropped: dict[str, str] = {}
     for asset in market.assets:
         step = interval_step(market.interval_of(asset.symbol))  # a series' own interval (data.intervals)
-        frame, records[asset.symbol], why = clean_asset(asset, market.candles[asset.symbol], step,
-                                                        reader_fixes=market.fixes.get(asset.symbol),
-                                                        file=market.files.get(asset.symbol))
+        frame, records[asset.symbol], why = clean_asset(
+            asset,
+            market.candles[asset.symbol],
+            step,
+            reader_fixes=market.fixes.get(asset.symbol),
+            file=market.files.get(asset.symbol),
+        )
         if frame is None:
             assert why is not None  # clean_asset gives the reason with every dropped asset
             dropped[asset.symbol] = why
@@ -295,9 +298,16 @@ def real_rows(frame: pd.DataFrame) -> np.ndarray:
     return np.isfinite(frame["close"].to_numpy())
 
 
-def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mapping[str, np.ndarray],
-               real_ts: Mapping[str, np.ndarray], records: dict[str, dict[str, Any]], dropped: dict[str, str],
-               candles: Mapping[str, pd.DataFrame]) -> PreparedData:
+def split_data(
+    cfg: Config,
+    universe: list[Asset],
+    interval: str,
+    stamps: Mapping[str, np.ndarray],
+    real_ts: Mapping[str, np.ndarray],
+    records: dict[str, dict[str, Any]],
+    dropped: dict[str, str],
+    candles: Mapping[str, pd.DataFrame],
+) -> PreparedData:
     """Split the cleaned assets at the same instants, from their timestamps alone.
 
     universe: every asset asked for, in order; stamps / real_ts: symbol -> the timestamps of each
@@ -308,8 +318,10 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
     window = context + 1  # a training window: context inputs plus the next-token target
     purge = cfg.data.purge_gap or context
     if not stamps:
-        raise UserError(f"none of the {len(universe)} assets has a valid candle; check the data "
-                        f"source ({cfg.data.source}) and interval ({interval})")
+        raise UserError(
+            f"none of the {len(universe)} assets has a valid candle; check the data "
+            f"source ({cfg.data.source}) and interval ({interval})"
+        )
     d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
     per_interval = bool(d.intervals) and d.interval_split == "per_interval"
@@ -327,15 +339,26 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
     if len(eras) > 1 and d.interval_split == "per_interval":
-        info["split_eras"] = [{"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)}
-                              for era, (c1, c2) in zip(eras, era_cuts)]
+        info["split_eras"] = [
+            {"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)
+        ]
     elif len(eras) > 1:
-        info["split_eras"] = [{"symbols": era, "first": _iso(min(spans[s][0] for s in era)),
-                               "last": _iso(max(spans[s][1] for s in era)),
-                               "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)]
-        print(f"note: the assets fall into {len(eras)} eras that do not overlap in time "
-              f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
-              "(split_eras in data_info.json)", file=sys.stderr)
+        info["split_eras"] = [
+            {
+                "symbols": era,
+                "first": _iso(min(spans[s][0] for s in era)),
+                "last": _iso(max(spans[s][1] for s in era)),
+                "val_start": _iso(c1),
+                "test_start": _iso(c2),
+            }
+            for era, (c1, c2) in zip(eras, era_cuts)
+        ]
+        print(
+            f"note: the assets fall into {len(eras)} eras that do not overlap in time "
+            f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
+            "(split_eras in data_info.json)",
+            file=sys.stderr,
+        )
     return PreparedData(
         assets=kept,
         candles=candles if not isinstance(candles, dict) else {a.symbol: candles[a.symbol] for a in kept},
@@ -348,8 +371,9 @@ def split_data(cfg: Config, universe: list[Asset], interval: str, stamps: Mappin
     )
 
 
-def _split_cuts(cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray],
-                per_interval: bool) -> tuple[list[list[str]], list[tuple[int, int]]]:
+def _split_cuts(
+    cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray], per_interval: bool
+) -> tuple[list[list[str]], list[tuple[int, int]]]:
     """The eras and each era's (val start, test start) cuts; per_interval: each interval's series
     are grouped into eras of their own, as in a one-interval run."""
     d = cfg.data
@@ -368,8 +392,9 @@ def _split_cuts(cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Ma
     return eras, era_cuts
 
 
-def _lost_intervals(intervals: Iterable[str], universe: list[Asset],
-                    splits: Mapping[str, AssetSplit]) -> dict[str, list[str]]:
+def _lost_intervals(
+    intervals: Iterable[str], universe: list[Asset], splits: Mapping[str, AssetSplit]
+) -> dict[str, list[str]]:
     """interval -> the splits ("train", "val", "test") in which none of its series has a window.
 
     A run of several intervals that silently trained, validated or tested without one of them
@@ -393,23 +418,34 @@ def lost_text(interval: str, lacks: list[str], about: str) -> str:
 
 def short_intervals_error(texts: list[str], intervals: Iterable[str], context: int, purge: int) -> UserError:
     """The error for intervals whose series are too short for a window in some split, whatever the cuts."""
-    return UserError(f"{'; '.join(texts)}: a window needs context_length + 1 = {context + 1} candles after the "
-                     f"purge gap of {purge}; lower model.context_length, use longer histories (earlier "
-                     f"data.start_date), or leave {', '.join(intervals)} out of data.intervals")
+    return UserError(
+        f"{'; '.join(texts)}: a window needs context_length + 1 = {context + 1} candles after the "
+        f"purge gap of {purge}; lower model.context_length, use longer histories (earlier "
+        f"data.start_date), or leave {', '.join(intervals)} out of data.intervals"
+    )
 
 
-def _intervals_error(cfg: Config, lost: dict[str, list[str]], universe: list[Asset], stamps: Mapping[str, np.ndarray],
-                     real_ts: Mapping[str, np.ndarray], spans: dict[str, tuple[int, int, int]],
-                     cuts: tuple[int, int], per_interval: bool) -> UserError:
+def _intervals_error(
+    cfg: Config,
+    lost: dict[str, list[str]],
+    universe: list[Asset],
+    stamps: Mapping[str, np.ndarray],
+    real_ts: Mapping[str, np.ndarray],
+    spans: dict[str, tuple[int, int, int]],
+    cuts: tuple[int, int],
+    per_interval: bool,
+) -> UserError:
     """The one-line error for intervals left without training, validation or test windows, with
     the fix: per_interval cuts where they give every lost interval its windows, else more candles."""
     context = cfg.model.context_length
     purge = cfg.data.purge_gap or context
     for interval in lost:
         if not any(split_series(s)[1] == interval for s in spans):  # no split setting can help
-            return UserError(f"interval {interval}: none of its series has a valid candle (see \"dropped\" in "
-                             f"data_info.json); check the data source ({cfg.data.source}) or leave {interval} "
-                             "out of data.intervals")
+            return UserError(
+                f'interval {interval}: none of its series has a valid candle (see "dropped" in '
+                f"data_info.json); check the data source ({cfg.data.source}) or leave {interval} "
+                "out of data.intervals"
+            )
     fixed = False
     if not per_interval:  # would each interval's own dates give it its windows?
         eras, era_cuts = _split_cuts(cfg, spans, real_ts, True)
@@ -421,31 +457,56 @@ def _intervals_error(cfg: Config, lost: dict[str, list[str]], universe: list[Ass
         mine = [s for s in spans if split_series(s)[1] == interval]
         first = pd.Timestamp(min(spans[s][0] for s in mine), tz="UTC").date()
         last = pd.Timestamp(max(spans[s][1] for s in mine), tz="UTC").date()
-        texts.append(lost_text(interval, lacks, f"its {len(mine)} series: {first} to {last}, "
-                                                f"longest {max(spans[s][2] for s in mine):,} candles"))
+        texts.append(
+            lost_text(
+                interval,
+                lacks,
+                f"its {len(mine)} series: {first} to {last}, longest {max(spans[s][2] for s in mine):,} candles",
+            )
+        )
     if fixed:
-        return UserError(f"{'; '.join(texts)} under data.interval_split 'pooled' (cuts {_iso(cuts[0])[:10]} and "
-                         f"{_iso(cuts[1])[:10]}, shared by every interval): split each interval on its own dates "
-                         "with --set data.interval_split=per_interval (docs/data.md, several intervals in one model)")
+        return UserError(
+            f"{'; '.join(texts)} under data.interval_split 'pooled' (cuts {_iso(cuts[0])[:10]} and "
+            f"{_iso(cuts[1])[:10]}, shared by every interval): split each interval on its own dates "
+            "with --set data.interval_split=per_interval (docs/data.md, several intervals in one model)"
+        )
     return short_intervals_error(texts, lost, context, purge)
 
 
-def clean_asset(asset: Asset, raw: pd.DataFrame, step: pd.Timedelta, *, reader_fixes: Optional[dict[str, int]] = None,
-                file: Optional[str] = None) -> tuple[Optional[pd.DataFrame], dict[str, Any], Optional[str]]:
+def clean_asset(
+    asset: Asset,
+    raw: pd.DataFrame,
+    step: pd.Timedelta,
+    *,
+    reader_fixes: Optional[dict[str, int]] = None,
+    file: Optional[str] = None,
+) -> tuple[Optional[pd.DataFrame], dict[str, Any], Optional[str]]:
     """One asset's (cleaned frame or None, record for data_info.json, why it was dropped or None).
 
     reader_fixes, file: data.source = "files": the rows the file reader dropped, and the file."""
     reader_fixes = reader_fixes or {}
     frame, fixes = clean_candles(raw, asset.symbol, subunits=_subunits(asset))
-    record: dict[str, Any] = {"category": asset.category, "raw_rows": len(raw), "rows": len(frame),
-                              "fixes": {**fixes, **reader_fixes}, "gaps_filled": 0}
+    record: dict[str, Any] = {
+        "category": asset.category,
+        "raw_rows": len(raw),
+        "rows": len(frame),
+        "fixes": {**fixes, **reader_fixes},
+        "gaps_filled": 0,
+    }
     if file is not None:  # the rows the reader dropped count too
         record["file"] = file
         record["raw_rows"] += sum(reader_fixes.values())
         _report_fixes(record["file"], record["fixes"])
     if frame.empty:
-        return None, record, (f"no valid candles after cleaning ({len(raw)} raw rows)" if len(raw)
-                              else "no candles (not in the cache, or none in the configured date range)")
+        return (
+            None,
+            record,
+            (
+                f"no valid candles after cleaning ({len(raw)} raw rows)"
+                if len(raw)
+                else "no candles (not in the cache, or none in the configured date range)"
+            ),
+        )
     if _fills_gaps(asset):
         frame, record["gaps_filled"] = fill_gaps(frame, step)
         record["rows"] = len(frame)
@@ -453,8 +514,14 @@ def clean_asset(asset: Asset, raw: pd.DataFrame, step: pd.Timedelta, *, reader_f
     return frame, record, None
 
 
-def _split_all(stamps: Mapping[str, np.ndarray], cut_of: dict[str, tuple[int, int]], purge: int, window: int,
-               records: dict[str, dict[str, Any]], dropped: dict[str, str]) -> dict[str, AssetSplit]:
+def _split_all(
+    stamps: Mapping[str, np.ndarray],
+    cut_of: dict[str, tuple[int, int]],
+    purge: int,
+    window: int,
+    records: dict[str, dict[str, Any]],
+    dropped: dict[str, str],
+) -> dict[str, AssetSplit]:
     """Each asset's train/val/test rows at its era's cuts, with `purge` rows left out after each cut;
     an asset with less than a window before its first cut goes to `dropped`."""
     splits: dict[str, AssetSplit] = {}
@@ -463,11 +530,12 @@ def _split_all(stamps: Mapping[str, np.ndarray], cut_of: dict[str, tuple[int, in
         n = len(ts)
         c1, c2 = cut_of[symbol]
         i1, i2 = (int(i) for i in np.searchsorted(ts, [c1, c2], side="left"))
-        split = AssetSplit(train=range(0, i1), val=range(min(i1 + purge, i2), i2),
-                           test=range(min(i2 + purge, n), n))
+        split = AssetSplit(train=range(0, i1), val=range(min(i1 + purge, i2), i2), test=range(min(i2 + purge, n), n))
         if len(split.train) < window:
-            dropped[symbol] = (f"{len(split.train)} candles before the train/val cut {_iso(c1)} "
-                               f"(of {n}); a training window needs context_length + 1 = {window}")
+            dropped[symbol] = (
+                f"{len(split.train)} candles before the train/val cut {_iso(c1)} "
+                f"(of {n}); a training window needs context_length + 1 = {window}"
+            )
             continue
         short = tuple(name for name in ("val", "test") if len(getattr(split, name)) < window)
         splits[symbol] = AssetSplit(split.train, split.val, split.test, short)
@@ -498,17 +566,29 @@ def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> Use
         f"context length {context} is longer than any asset's history (longest: {longest} candles, "
         f"of which {longest_train} fall before the train/val cut {_iso(cut1)}; a training window "
         f"needs {window}): lower model.context_length to at most {max(longest_train - 1, 1)} "
-        "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)")
+        "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)"
+    )
 
 
-def _info(cfg: Config, interval: str, universe: list[Asset], kept: list[Asset], records: dict[str, dict[str, Any]],
-          dropped: dict[str, str], cut1: int, cut2: int, purge: int) -> dict[str, Any]:
+def _info(
+    cfg: Config,
+    interval: str,
+    universe: list[Asset],
+    kept: list[Asset],
+    records: dict[str, dict[str, Any]],
+    dropped: dict[str, str],
+    cut1: int,
+    cut2: int,
+    purge: int,
+) -> dict[str, Any]:
     kept_records = {a.symbol: records[a.symbol] for a in kept}
     totals: dict[str, Any] = {
         "raw_rows": sum(r["raw_rows"] for r in kept_records.values()),
         "rows": sum(r["rows"] for r in kept_records.values()),
-        "fixes": {k: sum(r["fixes"].get(k, 0) for r in kept_records.values())
-                  for k in dict.fromkeys([*FIX_KINDS, *(k for r in kept_records.values() for k in r["fixes"])])},
+        "fixes": {
+            k: sum(r["fixes"].get(k, 0) for r in kept_records.values())
+            for k in dict.fromkeys([*FIX_KINDS, *(k for r in kept_records.values() for k in r["fixes"])])
+        },
         "gaps_filled": sum(r["gaps_filled"] for r in kept_records.values()),
     }
     totals.update({name: sum(r[name] for r in kept_records.values()) for name in SPLITS})
@@ -524,6 +604,7 @@ def _info(cfg: Config, interval: str, universe: list[Asset], kept: list[Asset], 
         "num_dropped": len(dropped),
         "totals": totals,
         "assets": kept_records,
-        "dropped": [{"symbol": s, "reason": dropped[s], **records[s]}
-                    for s in (a.symbol for a in universe) if s in dropped],
+        "dropped": [
+            {"symbol": s, "reason": dropped[s], **records[s]} for s in (a.symbol for a in universe) if s in dropped
+        ],
     }

@@ -9,6 +9,7 @@ it from permissively licensed PyPI packages; NOTICE beside it names every source
     assets = sample_assets("1d")      # list[Asset], source "sample"
     candles = load_sample("1d")       # {symbol: canonical candle frame}
 """
+
 from __future__ import annotations
 
 import json
@@ -50,9 +51,11 @@ def sample_file() -> Path:
 
 def _check_interval(interval: str) -> None:
     if interval not in SAMPLE_INTERVALS:
-        raise UserError(f"the shipped sample has no interval {interval!r}; it has "
-                        f"{', '.join(SAMPLE_INTERVALS)}. Set data.interval to one of them, or use "
-                        "data.source = \"download\" for other intervals")
+        raise UserError(
+            f"the shipped sample has no interval {interval!r}; it has "
+            f"{', '.join(SAMPLE_INTERVALS)}. Set data.interval to one of them, or use "
+            'data.source = "download" for other intervals'
+        )
 
 
 def sample_metadata() -> dict:
@@ -62,24 +65,28 @@ def sample_metadata() -> dict:
         with resource.open("rb") as f:
             schema = pq.read_schema(f)
     except FileNotFoundError:
-        raise UserError(f"the shipped sample {resource} is missing; reinstall the package, or rebuild "
-                        "it with `python tools/make_sample.py`") from None
+        raise UserError(
+            f"the shipped sample {resource} is missing; reinstall the package, or rebuild "
+            "it with `python tools/make_sample.py`"
+        ) from None
     return json.loads(schema.metadata[_METADATA_KEY])
 
 
 def sample_assets(interval: str = "1d") -> list[Asset]:
     """The sample's assets at `interval`, in file order."""
     _check_interval(interval)
-    return [Asset(symbol=a["symbol"], source="sample", category=a["category"], name=a["name"])
-            for a in sample_metadata()["assets"] if a["interval"] == interval]
+    return [
+        Asset(symbol=a["symbol"], source="sample", category=a["category"], name=a["name"])
+        for a in sample_metadata()["assets"]
+        if a["interval"] == interval
+    ]
 
 
 def load_sample(interval: str = "1d") -> dict[str, pd.DataFrame]:
     """Canonical candle frames keyed by symbol: UTC index "timestamp", float64 OHLCV columns."""
     _check_interval(interval)
     with _resource(SAMPLE_FILE).open("rb") as f:
-        table = pq.read_table(f, filters=[("interval", "==", interval)],
-                              columns=["symbol", "timestamp", *_COLUMNS])
+        table = pq.read_table(f, filters=[("interval", "==", interval)], columns=["symbol", "timestamp", *_COLUMNS])
     long = table.to_pandas()
     frames: dict[str, pd.DataFrame] = {}
     for asset in sample_assets(interval):

@@ -35,6 +35,7 @@ only when they are looked up (generate_asset; the market all assets share is mad
 SyntheticSpec itself lives in common/synthetic_spec.py, on the root floor, so the config checks
 data.synthetic as the spec does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,19 @@ from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step
 from common.synthetic_spec import SyntheticSpec, spec_from_dict
 
-__all__ = ["SyntheticAsset", "SyntheticSpec", "aggregate", "generate_asset", "iter_assets", "oracle_nll",
-           "read_truth", "synthetic_assets", "synthetic_spec", "t_nll", "write_files"]
+__all__ = [
+    "SyntheticAsset",
+    "SyntheticSpec",
+    "aggregate",
+    "generate_asset",
+    "iter_assets",
+    "oracle_nll",
+    "read_truth",
+    "synthetic_assets",
+    "synthetic_spec",
+    "t_nll",
+    "write_files",
+]
 
 OHLCV = ("open", "high", "low", "close", "volume")
 TRUTH = ("mu", "sigma", "nu", "nll_next")
@@ -65,13 +77,14 @@ MARKET_STREAM = 2**32  # beyond any asset index: the market's seed never equals 
 class SyntheticAsset:
     symbol: str
     category: str
-    candles: pd.DataFrame   # open, high, low, close, volume (float64), UTC index named timestamp
-    truth: pd.DataFrame     # mu, sigma, nu, nll_next: the next candle's log return (module docstring)
+    candles: pd.DataFrame  # open, high, low, close, volume (float64), UTC index named timestamp
+    truth: pd.DataFrame  # mu, sigma, nu, nll_next: the next candle's log return (module docstring)
 
 
 @dataclass
 class _Market:
     """What every asset shares, one value per slot of the time grid."""
+
     times: pd.DatetimeIndex
     regime_scale: np.ndarray
     factor: np.ndarray
@@ -93,6 +106,7 @@ def _season(spec: SyntheticSpec, times: pd.DatetimeIndex) -> np.ndarray:
     """U over the hour of day, mean square 1 over the day's 24 hours; flat for daily candles."""
     if INTERVAL_SECONDS[spec.interval] >= 86400 or spec.seasonality == 0:
         return np.ones(len(times))
+
     def u(day_fraction: np.ndarray) -> np.ndarray:
         return 1 + spec.seasonality * (2 * day_fraction - 1) ** 2
 
@@ -126,8 +140,9 @@ def t_nll(r: np.ndarray, mu: np.ndarray, sigma: np.ndarray, nu: float) -> np.nda
     return -(const - np.log(sigma) - (nu + 1) / 2 * np.log1p(x * x / nu))
 
 
-def _returns(spec: SyntheticSpec, market: _Market, rng: np.random.Generator
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _returns(
+    spec: SyntheticSpec, market: _Market, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The asset's log returns on the present slots, their t scales (sigma) and unit shocks e_t."""
     keep = market.present
     n, nu = int(keep.sum()), spec.nu
@@ -136,9 +151,9 @@ def _returns(spec: SyntheticSpec, market: _Market, rng: np.random.Generator
     gauss = b * market.factor[keep] + math.sqrt(1 - b * b) * rng.standard_normal(n)
     z = gauss / np.sqrt(rng.chisquare(nu, n) / nu)
     e = z * math.sqrt((nu - 2) / nu)
-    omega = spec.daily_vol ** 2 * days * (1 - spec.garch_alpha - spec.garch_beta)
+    omega = spec.daily_vol**2 * days * (1 - spec.garch_alpha - spec.garch_beta)
     h = np.empty(n)
-    h[0] = spec.daily_vol ** 2 * days
+    h[0] = spec.daily_vol**2 * days
     for t in range(1, n):  # the recursion is sequential; n floats, fast enough at 1e6 candles
         h[t] = omega + (spec.garch_alpha * e[t - 1] ** 2 + spec.garch_beta) * h[t - 1]
     sigma = market.season[keep] * market.regime_scale[keep] * np.sqrt(h) * math.sqrt((nu - 2) / nu)
@@ -155,8 +170,9 @@ def _ohlcv(r: np.ndarray, sigma: np.ndarray, e: np.ndarray, rng: np.random.Gener
     open_ = prev * np.exp(0.1 * sigma * rng.standard_normal(n))
     high = np.maximum(open_, close) * np.exp(0.5 * sigma * np.abs(rng.standard_normal(n)))
     low = np.minimum(open_, close) * np.exp(-0.5 * sigma * np.abs(rng.standard_normal(n)))
-    volume = math.exp(rng.uniform(math.log(1e4), math.log(1e7))) * np.exp(0.5 * np.abs(e)
-                                                                           + 0.3 * rng.standard_normal(n))
+    volume = math.exp(rng.uniform(math.log(1e4), math.log(1e7))) * np.exp(
+        0.5 * np.abs(e) + 0.3 * rng.standard_normal(n)
+    )
     return np.column_stack([open_, high, low, close, volume])
 
 
@@ -171,8 +187,9 @@ def _asset(spec: SyntheticSpec, i: int, market: _Market) -> SyntheticAsset:
     mu = np.full(n, spec.drift * INTERVAL_SECONDS[spec.interval] / 86400)
     next_sigma = np.append(sigma[1:], np.nan)
     nll = np.append(t_nll(r[1:], mu[1:], sigma[1:], spec.nu), np.nan)
-    truth = pd.DataFrame({"mu": mu, "sigma": next_sigma, "nu": np.full(n, float(spec.nu)), "nll_next": nll},
-                         index=index)
+    truth = pd.DataFrame(
+        {"mu": mu, "sigma": next_sigma, "nu": np.full(n, float(spec.nu)), "nll_next": nll}, index=index
+    )
     truth.loc[truth.index[-1], "mu"] = np.nan  # nothing follows the last candle
     truth.loc[truth.index[-1], "nu"] = np.nan
     return SyntheticAsset(spec.symbol(i), spec.category(i), candles, truth)
@@ -208,8 +225,10 @@ def aggregate(candles: pd.DataFrame, interval: str) -> pd.DataFrame:
 
 def synthetic_assets(spec: SyntheticSpec) -> list[Asset]:
     """The spec's assets in index order, as a universe lists them; nothing is generated."""
-    return [Asset(symbol=spec.symbol(i), source="synthetic", category=spec.category(i), name=f"synthetic asset {i}")
-            for i in range(spec.assets)]
+    return [
+        Asset(symbol=spec.symbol(i), source="synthetic", category=spec.category(i), name=f"synthetic asset {i}")
+        for i in range(spec.assets)
+    ]
 
 
 def write_files(spec: SyntheticSpec, folder: str | Path) -> list[Path]:
@@ -219,8 +238,10 @@ def write_files(spec: SyntheticSpec, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     written = []
     for asset in iter_assets(spec):
-        for frame, path in ((asset.candles, folder / f"{asset.symbol}.parquet"),
-                            (asset.truth, folder / "truth" / f"{asset.symbol}.parquet")):
+        for frame, path in (
+            (asset.candles, folder / f"{asset.symbol}.parquet"),
+            (asset.truth, folder / "truth" / f"{asset.symbol}.parquet"),
+        ):
             with atomic_path(path) as tmp:
                 frame.reset_index().to_parquet(tmp, index=False)
         written.append(folder / f"{asset.symbol}.parquet")

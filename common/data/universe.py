@@ -15,6 +15,7 @@ data.universe = "exchange" names no file: `marketgpt data download` writes the p
 to a dated file per exchange and day (common/data/exchange_universe.py), and `universe_path`
 finds the newest one for training, `plan` and `data check`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,20 @@ from typing import Iterable, Sequence
 from common.errors import UserError
 from common.markets import CATEGORIES, split_series
 
-__all__ = ["Asset", "EXCHANGE_UNIVERSE", "SOURCES", "HEADER", "asset_info", "exchange_universe_file",
-           "interval_series", "load_universe", "pick_interval", "series_ids", "universe_as_of", "universe_path"]
+__all__ = [
+    "Asset",
+    "EXCHANGE_UNIVERSE",
+    "SOURCES",
+    "HEADER",
+    "asset_info",
+    "exchange_universe_file",
+    "interval_series",
+    "load_universe",
+    "pick_interval",
+    "series_ids",
+    "universe_as_of",
+    "universe_path",
+]
 
 SOURCES: tuple[str, ...] = ("yfinance", "ccxt", "sample")
 HEADER: tuple[str, ...] = ("symbol", "source", "category", "name")
@@ -79,11 +92,12 @@ def universe_path(case_dir: str | os.PathLike, universe: str, exchange: str) -> 
     if universe != EXCHANGE_UNIVERSE:
         return case_dir / universe
     pattern = exchange_universe_file(case_dir, exchange, "*").name
-    dated = sorted(p for p in case_dir.glob(pattern)
-                   if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem.rsplit("_", 1)[-1]))
+    dated = sorted(p for p in case_dir.glob(pattern) if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem.rsplit("_", 1)[-1]))
     if not dated:
-        raise UserError(f"data.universe = 'exchange': no resolved universe of {exchange} in {case_dir} "
-                        f"({pattern}); run `marketgpt data download` first (needs network)")
+        raise UserError(
+            f"data.universe = 'exchange': no resolved universe of {exchange} in {case_dir} "
+            f"({pattern}); run `marketgpt data download` first (needs network)"
+        )
     return dated[-1]  # ISO dates sort by name
 
 
@@ -97,8 +111,10 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
     try:
         text = path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets like to add a BOM
     except FileNotFoundError:
-        raise UserError(f"{path}: universe file not found; create it with the header "
-                        f"'{','.join(HEADER)}' or point data.universe at the right file") from None
+        raise UserError(
+            f"{path}: universe file not found; create it with the header "
+            f"'{','.join(HEADER)}' or point data.universe at the right file"
+        ) from None
     except OSError as e:
         raise UserError(f"{path}: cannot read the universe file ({e.strerror})") from None
 
@@ -113,27 +129,28 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
         fields = [f.strip() for f in next(csv.reader([line]))]
         if not header_seen:
             if tuple(f.lower() for f in fields) != HEADER:
-                raise UserError(f"{where}: bad header '{line.strip()}'; the first line must be "
-                                f"'{','.join(HEADER)}'")
+                raise UserError(f"{where}: bad header '{line.strip()}'; the first line must be '{','.join(HEADER)}'")
             header_seen = True
             continue
         if len(fields) != len(HEADER):
-            raise UserError(f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), found "
-                            f"{len(fields)} in '{line.strip()}'; quote a name that contains a comma")
+            raise UserError(
+                f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), found "
+                f"{len(fields)} in '{line.strip()}'; quote a name that contains a comma"
+            )
         symbol, source, category, name = fields
         if not symbol:
             raise UserError(f"{where}: empty symbol")
         if source not in SOURCES:
             raise UserError(f"{where}: unknown source '{source}' for {symbol} ({_suggest(source, SOURCES)})")
         if category not in CATEGORIES:
-            raise UserError(f"{where}: unknown category '{category}' for {symbol} "
-                            f"({_suggest(category, CATEGORIES)})")
+            raise UserError(f"{where}: unknown category '{category}' for {symbol} ({_suggest(category, CATEGORIES)})")
         if source == "ccxt" and "/" not in symbol:
             raise UserError(f"{where}: ccxt symbol '{symbol}' must look like BASE/QUOTE, e.g. BTC/USDT")
         key = symbol.upper()
         if key in first_line:
-            raise UserError(f"{where}: duplicate symbol '{symbol}' (already on line {first_line[key]}); "
-                            "each asset may appear once")
+            raise UserError(
+                f"{where}: duplicate symbol '{symbol}' (already on line {first_line[key]}); each asset may appear once"
+            )
         first_line[key] = lineno
         last_line_of[category] = lineno
         assets.append(Asset(symbol=symbol, source=source, category=category, name=name or symbol))
@@ -147,12 +164,12 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
     return assets
 
 
-def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int],
-                  last_line_of: dict[str, int]) -> None:
+def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int], last_line_of: dict[str, int]) -> None:
     for category in expected:
         if category not in CATEGORIES:
-            raise UserError(f"{path}: data.universe_counts names unknown category '{category}' "
-                            f"({_suggest(category, CATEGORIES)})")
+            raise UserError(
+                f"{path}: data.universe_counts names unknown category '{category}' ({_suggest(category, CATEGORIES)})"
+            )
     found = Counter(a.category for a in assets)
     for category in CATEGORIES:  # a fixed order, so the same file always gives the same message
         want, have = expected.get(category, 0), found.get(category, 0)
@@ -160,8 +177,10 @@ def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int],
             continue
         where = f"{path}, line {last_line_of[category]}" if category in last_line_of else str(path)
         last = f" (its last row is line {last_line_of[category]})" if category in last_line_of else ""
-        raise UserError(f"{where}: category '{category}' has {have} assets{last}, but the config's "
-                        f"data.universe_counts expects {want}; fix the universe or the counts")
+        raise UserError(
+            f"{where}: category '{category}' has {have} assets{last}, but the config's "
+            f"data.universe_counts expects {want}; fix the universe or the counts"
+        )
 
 
 def asset_info(assets: list[Asset], intervals: Sequence[str] = ()) -> dict:
@@ -189,8 +208,17 @@ def asset_info(assets: list[Asset], intervals: Sequence[str] = ()) -> dict:
         raise ValueError(f"unknown categories in the asset list: {', '.join(unknown)}")
     present = {a.category for a in assets}
     categories = {c: i for i, c in enumerate(c for c in CATEGORIES if c in present)}
-    records = [{"id": i, "symbol": a.symbol, "source": a.source, "category": a.category,
-                "category_id": categories[a.category], "name": a.name} for i, a in enumerate(assets)]
+    records = [
+        {
+            "id": i,
+            "symbol": a.symbol,
+            "source": a.source,
+            "category": a.category,
+            "category_id": categories[a.category],
+            "name": a.name,
+        }
+        for i, a in enumerate(assets)
+    ]
     info = {
         "assets": records,
         "symbols": {a.symbol: i for i, a in enumerate(assets)},
@@ -212,8 +240,11 @@ def series_ids(info: dict) -> tuple[dict[str, int], dict[str, int], dict[str, in
         return dict(info["symbols"]), category, {s: 0 for s in info["symbols"]}
     interval_id = {iv: i for i, iv in enumerate(info["intervals"])}
     of = info["series"]
-    return ({s: info["symbols"][v["symbol"]] for s, v in of.items()}, {s: category[v["symbol"]] for s, v in of.items()},
-            {s: interval_id[v["interval"]] for s, v in of.items()})
+    return (
+        {s: info["symbols"][v["symbol"]] for s, v in of.items()},
+        {s: category[v["symbol"]] for s, v in of.items()},
+        {s: interval_id[v["interval"]] for s, v in of.items()},
+    )
 
 
 def pick_interval(info: dict, trained: str, interval: str | None) -> tuple[str, int]:
@@ -223,8 +254,10 @@ def pick_interval(info: dict, trained: str, interval: str | None) -> tuple[str, 
     if interval is None:
         return intervals[0], 0
     if interval not in intervals:
-        raise UserError(f"--interval {interval}: the run was trained on {', '.join(intervals)} only; "
-                        f"pick one of them (a new interval needs a run that trains on it)")
+        raise UserError(
+            f"--interval {interval}: the run was trained on {', '.join(intervals)} only; "
+            f"pick one of them (a new interval needs a run that trains on it)"
+        )
     return interval, intervals.index(interval)
 
 

@@ -49,6 +49,7 @@ AttributeError about requests.exceptions.DNSError inside yfinance); the adapter 
 tickers as unreachable, which is what happened. Nothing here touches the network at import:
 yfinance is imported inside `download_yahoo`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,17 +70,35 @@ from common.data.cache import COLUMNS, canonical_frame
 from common.data.yahoo_requests import ChartLog, LogCapture, Problem
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["YAHOO", "YAHOO_INTERVALS", "YAHOO_WINDOW_DAYS", "LOOKBACK_LIMITS", "MAX_SPAN", "PAUSE_S",
-           "REQUEST_SPANS", "earliest_start", "window_text", "RATE_LIMIT_DELAY_S",
-           "RETRY_DELAY_S", "YAHOO_THREADS", "YahooResult", "download_yahoo", "requests_session"]
+__all__ = [
+    "YAHOO",
+    "YAHOO_INTERVALS",
+    "YAHOO_WINDOW_DAYS",
+    "LOOKBACK_LIMITS",
+    "MAX_SPAN",
+    "PAUSE_S",
+    "REQUEST_SPANS",
+    "earliest_start",
+    "window_text",
+    "RATE_LIMIT_DELAY_S",
+    "RETRY_DELAY_S",
+    "YAHOO_THREADS",
+    "YahooResult",
+    "download_yahoo",
+    "requests_session",
+]
 
 log = logging.getLogger(__name__)
 
 YAHOO = "Yahoo Finance"
 YAHOO_INTERVALS = ("1m", "2m", "5m", "15m", "30m", "60m", "90m", "1h", "1d", "5d", "1wk", "1mo", "3mo")
 # How many days back Yahoo serves each intraday interval (its own limits)...
-YAHOO_WINDOW_DAYS: dict[str, int] = {"1m": 30, **{i: 60 for i in ("2m", "5m", "15m", "30m", "90m")},
-                                     "60m": 730, "1h": 730}
+YAHOO_WINDOW_DAYS: dict[str, int] = {
+    "1m": 30,
+    **{i: 60 for i in ("2m", "5m", "15m", "30m", "90m")},
+    "60m": 730,
+    "1h": 730,
+}
 # ... asked for a day short of them, for clock skew,
 LOOKBACK_LIMITS: dict[str, pd.Timedelta] = {i: pd.Timedelta(days=n - 1) for i, n in YAHOO_WINDOW_DAYS.items()}
 # ... and at most this much per request (Yahoo refuses more than 8 days of 1m bars in one).
@@ -130,12 +149,18 @@ def requests_session() -> Any:
     if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
         return _http.new_session()  # yfinance's fallback: requests with its browser headers
     session = requests.Session()  # yfinance was imported with curl_cffi: copy the same headers
-    session.headers.update({
-        "User-Agent": getattr(_http, "_FALLBACK_USER_AGENT", "Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
-                              "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36"),
-        "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-        "Accept-Language": "en-US,en;q=0.5",
-    })
+    session.headers.update(
+        {
+            "User-Agent": getattr(
+                _http,
+                "_FALLBACK_USER_AGENT",
+                "Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
+                "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+            ),
+            "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            "Accept-Language": "en-US,en;q=0.5",
+        }
+    )
     return session
 
 
@@ -211,13 +236,24 @@ def earliest_start(interval: str, now: pd.Timestamp) -> pd.Timestamp:
     return (now - MAX_SPAN).floor("D")
 
 
-def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime | pd.Timestamp,
-                   end: str | datetime | pd.Timestamp | None = None, *, session: Any = None,
-                   batch_size: int = 50, pause_s: float = PAUSE_S, max_retries: int = 3,
-                   retry_delay_s: float = RETRY_DELAY_S, sleep: Callable[[float], None] = time.sleep,
-                   timeout_s: float = 20.0, now: pd.Timestamp | None = None,
-                   rate_limit_delay_s: float = RATE_LIMIT_DELAY_S, threads: int = YAHOO_THREADS,
-                   on_batch: Callable[[YahooResult], None] | None = None) -> YahooResult:
+def download_yahoo(
+    symbols: Sequence[str],
+    interval: str,
+    start: str | datetime | pd.Timestamp,
+    end: str | datetime | pd.Timestamp | None = None,
+    *,
+    session: Any = None,
+    batch_size: int = 50,
+    pause_s: float = PAUSE_S,
+    max_retries: int = 3,
+    retry_delay_s: float = RETRY_DELAY_S,
+    sleep: Callable[[float], None] = time.sleep,
+    timeout_s: float = 20.0,
+    now: pd.Timestamp | None = None,
+    rate_limit_delay_s: float = RATE_LIMIT_DELAY_S,
+    threads: int = YAHOO_THREADS,
+    on_batch: Callable[[YahooResult], None] | None = None,
+) -> YahooResult:
     """Adjusted candles for `symbols` from `start` (inclusive) to `end` (exclusive; None: now).
 
     Tickers go to yf.download `batch_size` at a time with `pause_s` between calls, on at most
@@ -230,8 +266,10 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
     batch: a download killed later keeps what was fetched).
     """
     if interval not in YAHOO_INTERVALS:
-        raise UserError(f"interval '{interval}' is not available from {YAHOO}; it offers "
-                        f"{', '.join(YAHOO_INTERVALS)} (4h candles exist for ccxt assets only)")
+        raise UserError(
+            f"interval '{interval}' is not available from {YAHOO}; it offers "
+            f"{', '.join(YAHOO_INTERVALS)} (4h candles exist for ccxt assets only)"
+        )
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     start_ts = _utc(start)
@@ -246,22 +284,36 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
             start_ts = result.clamped_start = earliest
     if end_ts is not None and end_ts <= start_ts:
         limit = f" (Yahoo keeps {interval} bars back to {start_ts} only)" if result.clamped_start is not None else ""
-        raise UserError(f"nothing to download from {YAHOO}: the range {start_ts} -> {end_ts} is empty{limit}; "
-                        "check data.start_date, data.end_date and data.interval")
+        raise UserError(
+            f"nothing to download from {YAHOO}: the range {start_ts} -> {end_ts} is empty{limit}; "
+            "check data.start_date, data.end_date and data.interval"
+        )
 
     unique = list(dict.fromkeys(symbols))  # yfinance would drop duplicates silently
     if not unique:
         return result
     yf = _import_yfinance(session)
     session = session if session is not None else _new_session()
-    batches = [unique[i:i + batch_size] for i in range(0, len(unique), batch_size)]
+    batches = [unique[i : i + batch_size] for i in range(0, len(unique), batch_size)]
     for number, batch in enumerate(batches, start=1):
         if number > 1 and pause_s > 0:
             sleep(pause_s)  # be polite: Yahoo rate-limits bursts
-        part = _download_spans(yf, session, batch, interval, start_ts, end_ts, now, max_retries=max_retries,
-                               retry_delay_s=retry_delay_s, sleep=sleep, timeout_s=timeout_s,
-                               rate_limit_delay_s=rate_limit_delay_s, threads=max(1, threads),
-                               label=f"batch {number}/{len(batches)}")
+        part = _download_spans(
+            yf,
+            session,
+            batch,
+            interval,
+            start_ts,
+            end_ts,
+            now,
+            max_retries=max_retries,
+            retry_delay_s=retry_delay_s,
+            sleep=sleep,
+            timeout_s=timeout_s,
+            rate_limit_delay_s=rate_limit_delay_s,
+            threads=max(1, threads),
+            label=f"batch {number}/{len(batches)}",
+        )
         part.clamped_start = result.clamped_start
         result.frames.update(part.frames)
         result.failed.update(part.failed)
@@ -271,8 +323,18 @@ def download_yahoo(symbols: Sequence[str], interval: str, start: str | datetime 
     return result
 
 
-def _download_spans(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
-                    end: pd.Timestamp | None, now: pd.Timestamp, *, label: str, **kwargs: Any) -> YahooResult:
+def _download_spans(
+    yf: Any,
+    session: Any,
+    symbols: list[str],
+    interval: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp | None,
+    now: pd.Timestamp,
+    *,
+    label: str,
+    **kwargs: Any,
+) -> YahooResult:
     """One batch over [start, end), in requests of at most REQUEST_SPANS[interval] (1m: 7 days), oldest
     first, the pieces joined per ticker. A ticker unreachable in one span is not asked for later
     spans: what it has is contiguous, so the cache holds no hole and a rerun resumes after it."""
@@ -288,8 +350,16 @@ def _download_spans(yf: Any, session: Any, symbols: list[str], interval: str, st
         asked = [s for s in symbols if s not in result.unreachable]
         if not asked:
             break
-        part = _download_batch(yf, session, asked, interval, lo, None if hi >= stop and end is None else hi,
-                               label=f"{label}, {lo:%Y-%m-%d %H:%M} -> {hi:%Y-%m-%d %H:%M}", **kwargs)
+        part = _download_batch(
+            yf,
+            session,
+            asked,
+            interval,
+            lo,
+            None if hi >= stop and end is None else hi,
+            label=f"{label}, {lo:%Y-%m-%d %H:%M} -> {hi:%Y-%m-%d %H:%M}",
+            **kwargs,
+        )
         for symbol, frame in part.frames.items():
             pieces.setdefault(symbol, []).append(frame)
         result.unreachable.update(part.unreachable)
@@ -300,10 +370,22 @@ def _download_spans(yf: Any, session: Any, symbols: list[str], interval: str, st
     return result
 
 
-def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
-                    end: pd.Timestamp | None, *, max_retries: int, retry_delay_s: float,
-                    sleep: Callable[[float], None], timeout_s: float, rate_limit_delay_s: float,
-                    threads: int, label: str) -> YahooResult:
+def _download_batch(
+    yf: Any,
+    session: Any,
+    symbols: list[str],
+    interval: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp | None,
+    *,
+    max_retries: int,
+    retry_delay_s: float,
+    sleep: Callable[[float], None],
+    timeout_s: float,
+    rate_limit_delay_s: float,
+    threads: int,
+    label: str,
+) -> YahooResult:
     what = f"{interval} {start.date()} -> {end.date() if end is not None else 'now'}"
     result = YahooResult()
     problems: dict[str, Problem] = {}
@@ -314,8 +396,17 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
             if any(problems[s].rate_limited for s in pending):
                 # Yahoo's 429 lasts about a minute or more; the jitter spreads parallel jobs apart.
                 delay = max(delay, rate_limit_delay_s) * (1 + 0.25 * random.random())
-            log.warning("%s %s: %d of %d tickers came back empty (%s), retry %d/%d in %.0fs", YAHOO, label,
-                        len(pending), len(symbols), problems[pending[0]].reason, attempt, max_retries, delay)
+            log.warning(
+                "%s %s: %d of %d tickers came back empty (%s), retry %d/%d in %.0fs",
+                YAHOO,
+                label,
+                len(pending),
+                len(symbols),
+                problems[pending[0]].reason,
+                attempt,
+                max_retries,
+                delay,
+            )
             sleep(delay)
         frames, found = _call_once(yf, session, pending, interval, start, end, timeout_s, what, threads)
         result.frames.update(frames)
@@ -329,7 +420,8 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
         raise SourceUnavailable(
             f"{YAHOO} unreachable: all {len(symbols)} tickers of {label} failed on {max_retries + 1} "
             f"attempts ({'; '.join(reasons[:3])}); check the network or proxy, or wait a few minutes "
-            "if rate limited, then run again")
+            "if rate limited, then run again"
+        )
     result.failed = {s: problems[s].reason for s in pending if not problems[s].unreachable}
     result.unreachable = {s: problems[s].reason for s in pending if problems[s].unreachable}
     for symbol in pending:
@@ -337,17 +429,34 @@ def _download_batch(yf: Any, session: Any, symbols: list[str], interval: str, st
     return result
 
 
-def _call_once(yf: Any, session: Any, symbols: list[str], interval: str, start: pd.Timestamp,
-               end: pd.Timestamp | None, timeout_s: float, what: str,
-               threads: int) -> tuple[dict[str, pd.DataFrame], dict[str, Problem]]:
+def _call_once(
+    yf: Any,
+    session: Any,
+    symbols: list[str],
+    interval: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp | None,
+    timeout_s: float,
+    what: str,
+    threads: int,
+) -> tuple[dict[str, pd.DataFrame], dict[str, Problem]]:
     chart_log, logged = ChartLog(), LogCapture()
     _clear_request_cache(yf)
     with chart_log.watching(session), _quiet_yfinance(logged):
-        data = yf.download(symbols, start=_yf_time(start, interval),
-                           end=None if end is None else _yf_time(end, interval), interval=interval,
-                           auto_adjust=True, actions=False, group_by="ticker",
-                           threads=min(threads, len(symbols)),
-                           progress=False, timeout=timeout_s, session=session, multi_level_index=True)
+        data = yf.download(
+            symbols,
+            start=_yf_time(start, interval),
+            end=None if end is None else _yf_time(end, interval),
+            interval=interval,
+            auto_adjust=True,
+            actions=False,
+            group_by="ticker",
+            threads=min(threads, len(symbols)),
+            progress=False,
+            timeout=timeout_s,
+            session=session,
+            multi_level_index=True,
+        )
     frames: dict[str, pd.DataFrame] = {}
     problems: dict[str, Problem] = {}
     for symbol in symbols:

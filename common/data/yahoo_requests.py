@@ -6,6 +6,7 @@ yfinance's log records during a call (`LogCapture`); `ChartLog.problem` turns bo
 `Problem`: unreachable (network, rate limit: a rerun fetches the ticker) or no data (delisted,
 renamed, or an answer yfinance could not read). See common.data.yahoo's docstring for the why.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -10,6 +10,7 @@ Every collective waits at most MARKETGPT_DIST_TIMEOUT seconds (default 600). The
 key-value store, with the error reports and heartbeats that name a failed rank, is
 common.distributed.job_store's.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,8 +51,9 @@ def was_distributed() -> bool:
     return _WAS_DISTRIBUTED
 
 
-def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] = None, device_setting: str = "auto"
-                     ) -> tuple[DistEnv, torch.device]:
+def init_distributed(
+    env: Optional[DistEnv] = None, timeout_s: Optional[float] = None, device_setting: str = "auto"
+) -> tuple[DistEnv, torch.device]:
     """Start torch.distributed for this rank and pick its device.
 
     Each rank binds the GPU of its local rank. `timeout_s` (default MARKETGPT_DIST_TIMEOUT)
@@ -69,20 +71,35 @@ def init_distributed(env: Optional[DistEnv] = None, timeout_s: Optional[float] =
         # torchrun's agent already serves the store at MASTER_PORT; otherwise rank 0 serves it.
         host = env.rank == 0 and not env.agent_store
         try:
-            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=host,
-                                  timeout=timeout, wait_for_workers=False)
+            store = dist.TCPStore(
+                env.master_addr,
+                env.master_port,
+                env.world_size,
+                is_master=host,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
         except (RuntimeError, OSError) as e:
-            raise UserError(f"rank {env.rank}: cannot reach the rendezvous at {env.master_addr}:{env.master_port} "
-                            f"({str(e).splitlines()[0]}); is the port free and the first node reachable? "
-                            "(set MASTER_PORT to pick another port)") from None
+            raise UserError(
+                f"rank {env.rank}: cannot reach the rendezvous at {env.master_addr}:{env.master_port} "
+                f"({str(e).splitlines()[0]}); is the port free and the first node reachable? "
+                "(set MASTER_PORT to pick another port)"
+            ) from None
         try:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=env.rank,
-                                    world_size=env.world_size, timeout=timeout,
-                                    device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                store=store,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+                device_id=device if device.type == "cuda" else None,
+            )
         except (RuntimeError, OSError) as e:  # some rank never arrived, or died on the way
-            raise RankFailed(f"rank {env.rank}: not all {env.world_size} ranks joined at {env.master_addr}:"
-                             f"{env.master_port} within {timeout.total_seconds():g} s "
-                             f"({str(e).splitlines()[0][:200]}); see the other ranks' logs") from None
+            raise RankFailed(
+                f"rank {env.rank}: not all {env.world_size} ranks joined at {env.master_addr}:"
+                f"{env.master_port} within {timeout.total_seconds():g} s "
+                f"({str(e).splitlines()[0][:200]}); see the other ranks' logs"
+            ) from None
         _DEVICE = device
         _WAS_DISTRIBUTED = True
         job_store.start(store, env, timeout)
@@ -165,8 +182,13 @@ class MultiGPUWrapper(nn.Module):
     trains on 1. Checkpoints store `unwrap(model)`, the plain model.
     """
 
-    def __init__(self, model: nn.Module, num_gpus: Optional[int] = None, env: Optional[DistEnv] = None,
-                 device: Optional[torch.device] = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_gpus: Optional[int] = None,
+        env: Optional[DistEnv] = None,
+        device: Optional[torch.device] = None,
+    ) -> None:
         super().__init__()
         env = env or job_store.joined_env() or detect_env()
         check_num_gpus(num_gpus, env)
@@ -179,8 +201,9 @@ class MultiGPUWrapper(nn.Module):
             ddp = nn.parallel.DistributedDataParallel
             new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
             no_buffer_sync: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
-            self.module: nn.Module = ddp(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                         **no_buffer_sync)
+            self.module: nn.Module = ddp(
+                model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync
+            )
         else:
             self.module = model
 

@@ -4,6 +4,7 @@
 submitit, or a plain single process); common.distributed.ddp starts torch.distributed on
 what it finds. Nothing here talks to the other ranks.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,19 @@ import torch
 from common.distributed.slurm import slurm_job_id
 from common.errors import UserError
 
-__all__ = ["DistEnv", "TIMEOUT_ENV", "check_gpus_usable", "check_num_gpus", "collective_timeout_s",
-           "cuda_unusable_reason", "detect_env", "driver_version", "gpus_requested", "pick_device", "rank_device"]
+__all__ = [
+    "DistEnv",
+    "TIMEOUT_ENV",
+    "check_gpus_usable",
+    "check_num_gpus",
+    "collective_timeout_s",
+    "cuda_unusable_reason",
+    "detect_env",
+    "driver_version",
+    "gpus_requested",
+    "pick_device",
+    "rank_device",
+]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
 _DEFAULT_TIMEOUT_S = 600.0
@@ -52,8 +64,9 @@ def _first_slurm_host(nodelist: str) -> str:
     if not nodelist:
         return "127.0.0.1"
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=30, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.split()
         if out:
             return out[0]
     except (OSError, subprocess.SubprocessError):
@@ -88,34 +101,48 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     gpus = int(env.get("SLURM_GPUS_ON_NODE", "0") or 0)
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or anything speaking its protocol)
         world = int(env["WORLD_SIZE"])
-        return DistEnv(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
-                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                       master_port=int(env.get("MASTER_PORT", 29500)), launcher="torchrun",
-                       gpus_on_node=gpus, agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-                       attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+            gpus_on_node=gpus,
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
     if env.get("SUBMITIT_EXECUTOR") == "local":
         n = int(env.get("SUBMITIT_LOCAL_NTASKS", 1))
-        return DistEnv(rank=int(env.get("SUBMITIT_LOCAL_GLOBALID", 0)), world_size=n,
-                       local_rank=int(env.get("SUBMITIT_LOCAL_LOCALID", 0)), local_world_size=n,
-                       master_addr="127.0.0.1",
-                       master_port=_port_for_job(env.get("SUBMITIT_LOCAL_JOB_ID", str(os.getppid()))),
-                       launcher="submitit", gpus_on_node=gpus)
+        return DistEnv(
+            rank=int(env.get("SUBMITIT_LOCAL_GLOBALID", 0)),
+            world_size=n,
+            local_rank=int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
+            local_world_size=n,
+            master_addr="127.0.0.1",
+            master_port=_port_for_job(env.get("SUBMITIT_LOCAL_JOB_ID", str(os.getppid()))),
+            launcher="submitit",
+            gpus_on_node=gpus,
+        )
     # Under Slurm, only a task started by srun is one rank of many: the batch script itself
     # also sees SLURM_PROCID=0 and SLURM_NTASKS, but has no step id.
     if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
         counts = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""))
         node = int(env.get("SLURM_NODEID", 0))
-        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=world,
-                       local_rank=int(env.get("SLURM_LOCALID", 0)),
-                       local_world_size=counts[node] if node < len(counts) else world,
-                       # an exported MASTER_ADDR / MASTER_PORT wins (two jobs pinned to one port)
-                       master_addr=env.get("MASTER_ADDR") or _first_slurm_host(
-                           env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
-                       master_port=int(env.get("MASTER_PORT") or _port_for_job(slurm_job_id(env) or "0")),
-                       launcher="submitit" if env.get("SUBMITIT_EXECUTOR") == "slurm" else "slurm",
-                       gpus_on_node=gpus)
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=world,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            local_world_size=counts[node] if node < len(counts) else world,
+            # an exported MASTER_ADDR / MASTER_PORT wins (two jobs pinned to one port)
+            master_addr=env.get("MASTER_ADDR")
+            or _first_slurm_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+            master_port=int(env.get("MASTER_PORT") or _port_for_job(slurm_job_id(env) or "0")),
+            launcher="submitit" if env.get("SUBMITIT_EXECUTOR") == "slurm" else "slurm",
+            gpus_on_node=gpus,
+        )
     return DistEnv(gpus_on_node=gpus)
 
 
@@ -147,11 +174,13 @@ def check_num_gpus(num_gpus: Optional[int], env: DistEnv) -> None:
         raise UserError(
             f"--num-gpus {num_gpus} but the job started {per_node} process(es) on this node ({how}): "
             f"start one task per GPU (sbatch --ntasks-per-node={num_gpus} with srun, or torchrun "
-            f"--nproc-per-node={num_gpus}), or pass --num-gpus {per_node}")
+            f"--nproc-per-node={num_gpus}), or pass --num-gpus {per_node}"
+        )
     if env.gpus_on_node and env.gpus_on_node != num_gpus:
         raise UserError(
             f"--num-gpus {num_gpus} but Slurm gave this node {env.gpus_on_node} GPU(s): make "
-            f"#SBATCH --gres=gpu:<type>:N, --ntasks-per-node=N and --num-gpus N the same number")
+            f"#SBATCH --gres=gpu:<type>:N, --ntasks-per-node=N and --num-gpus N the same number"
+        )
 
 
 def gpus_requested(env: DistEnv, num_gpus: Optional[int] = None, device: str = "auto") -> Optional[str]:
@@ -171,8 +200,13 @@ def gpus_requested(env: DistEnv, num_gpus: Optional[int] = None, device: str = "
 def driver_version() -> Optional[str]:
     """The NVIDIA driver version from nvidia-smi, or None where there is no nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
     return out[0] if out else None
@@ -182,15 +216,19 @@ def cuda_unusable_reason() -> Optional[str]:
     """Why torch cannot use a GPU in this process (a CPU build, a driver older than the wheel's
     CUDA, no visible GPU), or None when it can."""
     if torch.version.cuda is None:
-        return (f"this torch ({torch.__version__}) is a CPU build (torch.version.cuda is None): install the "
-                "CUDA build (pip install -r requirements_gpu.txt on Linux x86_64)")
+        return (
+            f"this torch ({torch.__version__}) is a CPU build (torch.version.cuda is None): install the "
+            "CUDA build (pip install -r requirements_gpu.txt on Linux x86_64)"
+        )
     if torch.cuda.is_available():
         return None
     driver = driver_version()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and cannot use a GPU (NVIDIA driver: "
-            f"{driver or 'unknown, no nvidia-smi'}; CUDA_VISIBLE_DEVICES={visible!r}): a driver older than "
-            f"CUDA {torch.version.cuda} needs (see requirements_gpu.txt), or no GPU visible to this process")
+    return (
+        f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and cannot use a GPU (NVIDIA driver: "
+        f"{driver or 'unknown, no nvidia-smi'}; CUDA_VISIBLE_DEVICES={visible!r}): a driver older than "
+        f"CUDA {torch.version.cuda} needs (see requirements_gpu.txt), or no GPU visible to this process"
+    )
 
 
 def check_gpus_usable(env: DistEnv, num_gpus: Optional[int] = None, device: str = "auto") -> None:
@@ -199,8 +237,10 @@ def check_gpus_usable(env: DistEnv, num_gpus: Optional[int] = None, device: str 
     why = gpus_requested(env, num_gpus, device)
     reason = cuda_unusable_reason() if why else None
     if reason:
-        raise UserError(f"this job was given GPUs ({why}) but {reason}; run `marketgpt doctor` on the node, or "
-                        "--set training.device=cpu to train on the CPU on purpose")
+        raise UserError(
+            f"this job was given GPUs ({why}) but {reason}; run `marketgpt doctor` on the node, or "
+            "--set training.device=cpu to train on the CPU on purpose"
+        )
 
 
 def rank_device(env: DistEnv, device: str = "auto") -> torch.device:
@@ -213,9 +253,11 @@ def rank_device(env: DistEnv, device: str = "auto") -> torch.device:
     # Slurm bound one GPU to each task (--gpus-per-task / --gpu-bind): each sees one, its own
     if count == 1 and env.launcher in ("slurm", "submitit") and env.gpus_on_node >= env.local_world_size:
         return torch.device("cuda", 0)
-    raise UserError(f"this node runs {env.local_world_size} processes of the job but rank {env.rank} (local rank "
-                    f"{env.local_rank}) sees {count} GPU(s): several ranks on one GPU fail in NCCL; start one "
-                    f"process per GPU (torchrun --nproc-per-node {count}, or --ntasks-per-node={count})")
+    raise UserError(
+        f"this node runs {env.local_world_size} processes of the job but rank {env.rank} (local rank "
+        f"{env.local_rank}) sees {count} GPU(s): several ranks on one GPU fail in NCCL; start one "
+        f"process per GPU (torchrun --nproc-per-node {count}, or --ntasks-per-node={count})"
+    )
 
 
 def pick_device() -> torch.device:

@@ -15,6 +15,7 @@ watches the posts: a rank still running 15 s after a peer posted its error print
 and exits (code 2). A peer killed without a word (OOM killer, kill -9) still costs an NCCL job
 the full timeout: lower MARKETGPT_DIST_TIMEOUT to bound it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,16 @@ import torch.distributed as dist
 from common.distributed.env import DistEnv, collective_timeout_s
 from common.errors import UserError
 
-__all__ = ["RankFailed", "before_abort", "close", "failures_reported", "joined_env", "share_from_main", "start",
-           "wait_for_main"]
+__all__ = [
+    "RankFailed",
+    "before_abort",
+    "close",
+    "failures_reported",
+    "joined_env",
+    "share_from_main",
+    "start",
+    "wait_for_main",
+]
 
 _REPORT_WAIT_S = 5.0  # how long a rank that lost a peer waits for the others' error reports
 _LINGER_S = 2.0  # rank 0 keeps serving the store this much longer, for ranks that noticed later
@@ -121,9 +130,12 @@ def _stop_stuck_rank(env: DistEnv, raised: dict[int, str], client: dist.Store) -
     if env.is_main and not env.agent_store:
         time.sleep(_LINGER_S)  # rank 0 serves the store: let the other stuck ranks read it too
     sys.stdout.flush()
-    print(f"error: rank {env.rank} stops because {culprits} (this rank was still waiting for it "
-          f"{_WATCHDOG_S:g} s later); see that rank's log for the cause, then resume with --resume auto",
-          file=sys.stderr, flush=True)
+    print(
+        f"error: rank {env.rank} stops because {culprits} (this rank was still waiting for it "
+        f"{_WATCHDOG_S:g} s later); see that rank's log for the cause, then resume with --resume auto",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(2)  # the main thread is stuck in C++: nothing can raise into it
 
 
@@ -132,7 +144,6 @@ def _stop_heartbeat() -> None:
         stop, thread = _HEARTBEAT
         stop.set()
         thread.join(timeout=2 * _HEARTBEAT_S)
-
 
 
 def close() -> None:
@@ -194,8 +205,10 @@ def wait_for_main(name: str, poll_s: float = 0.5, ack_s: float = 30.0) -> None:
             time.sleep(poll_s)
         _STORE.add(seen, 1)
     except (RuntimeError, dist.DistError) as e:
-        raise RankFailed(f"rank {_ENV.rank}: rank 0 ended while this rank waited for its {name} "
-                         f"({str(e).splitlines()[0][:200]}); see rank 0's log") from None
+        raise RankFailed(
+            f"rank {_ENV.rank}: rank 0 ended while this rank waited for its {name} "
+            f"({str(e).splitlines()[0][:200]}); see rank 0's log"
+        ) from None
 
 
 def _is_comm_error(e: BaseException) -> bool:
@@ -241,7 +254,7 @@ def _statuses(store: dist.Store, env: DistEnv, ranks: Sequence[int]) -> dict[int
 
 def _errors(statuses: Mapping[int, str]) -> dict[int, str]:
     """rank -> its error message, for the ranks that raised."""
-    return {r: s[len(_RAISED):] for r, s in statuses.items() if s.startswith(_RAISED)}
+    return {r: s[len(_RAISED) :] for r, s in statuses.items() if s.startswith(_RAISED)}
 
 
 def _reports(wait_s: float) -> Optional[tuple[dict[int, str], set[int]]]:
@@ -273,14 +286,17 @@ def _culprits(reports: Optional[tuple[dict[int, str], set[int]]], error: BaseExc
     if reports is None:
         if _ENV.agent_store:
             return "torchrun's store is gone (the launcher is shutting the job down after a failure)"
-        return ("rank 0 is gone, and with it the job's store (rank 0 failed, or stopped after another rank "
-                "failed: its own message names the cause)")
+        return (
+            "rank 0 is gone, and with it the job's store (rank 0 failed, or stopped after another rank "
+            "failed: its own message names the cause)"
+        )
     posted, stalled = reports
     raised = _errors(posted)
     parts = [f"rank {r} failed with {msg}" for r, msg in sorted(raised.items())]
     if stalled:
-        parts.append(f"{ranks(sorted(stalled))} stopped without reporting an error (killed, out of memory, "
-                     "or its node was lost)")
+        parts.append(
+            f"{ranks(sorted(stalled))} stopped without reporting an error (killed, out of memory, or its node was lost)"
+        )
     hung = sorted(r for r in range(_ENV.world_size) if r not in posted and r not in stalled)
     if not parts and hung:  # alive, yet not in the collective: stuck elsewhere
         parts.append(f"{ranks(hung)} stopped taking part (still running: hung, or far slower than the others)")
@@ -314,8 +330,10 @@ def failures_reported(wait_s: float = _REPORT_WAIT_S) -> Iterator[None]:
             reports = _reports(wait_s) if posted else None
             if _ENV.is_main and not _ENV.agent_store:
                 time.sleep(_LINGER_S)  # rank 0 serves the store: let the others finish reading it
-        raise RankFailed(f"rank {_ENV.rank} stops because {_culprits(reports, e)}; see that rank's log for "
-                         "the cause, then resume with --resume auto") from e
+        raise RankFailed(
+            f"rank {_ENV.rank} stops because {_culprits(reports, e)}; see that rank's log for "
+            "the cause, then resume with --resume auto"
+        ) from e
 
 
 def _serve_until_read() -> None:

@@ -18,6 +18,7 @@ training) on a device that multiplies bf16 in hardware, and fp32 otherwise.
 training.compile (on in the case configs, CUDA only) needs Triton and a C compiler on the node:
 `compile_problem` says what is missing, and the Trainer then trains eagerly rather than failing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,10 @@ def resolve_precision(setting: str, device: torch.device) -> str:
             return "fp32"
         return "bf16" if bf16_supported(device) else "fp16"
     if setting == "bf16" and not bf16_supported(device):
-        raise UserError(f"training.precision=bf16 but {_no_bf16(device)}; use training.precision=auto (fp16 with "
-                        "a grad scaler) or fp16")
+        raise UserError(
+            f"training.precision=bf16 but {_no_bf16(device)}; use training.precision=auto (fp16 with "
+            "a grad scaler) or fp16"
+        )
     return setting
 
 
@@ -162,12 +165,19 @@ def choose_compile_mode(requested: str, world_size: int, gradient_checkpointing:
     "auto": reduce-overhead where CUDA graphs are used, else default."""
     if requested not in COMPILE_MODES:
         raise ValueError(f"unknown compile mode {requested!r}; one of {', '.join(COMPILE_MODES)}")
-    why = ("DDP (more than one process)" if world_size > 1 else
-           "gradient checkpointing" if gradient_checkpointing else None)
+    why = (
+        "DDP (more than one process)"
+        if world_size > 1
+        else "gradient checkpointing"
+        if gradient_checkpointing
+        else None
+    )
     if requested == "auto":
         return ("default" if why else "reduce-overhead"), None
     if requested in CUDA_GRAPH_MODES and why:
         fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
-        return fallback, (f"training.compile_mode={requested} uses CUDA graphs, which this suite leaves out "
-                          f"under {why}: compiling with mode {fallback}")
+        return fallback, (
+            f"training.compile_mode={requested} uses CUDA graphs, which this suite leaves out "
+            f"under {why}: compiling with mode {fallback}"
+        )
     return requested, None

@@ -2,6 +2,7 @@
 submit`): the exit code that means "saved a checkpoint, run me again", and how many times a job
 may requeue itself. job.sh repeats both in shell; tests/test_slurm_scripts.py checks they agree.
 """
+
 from __future__ import annotations
 
 import os

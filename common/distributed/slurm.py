@@ -9,6 +9,7 @@ job gives up after its own timeout: a job killed outside Python can never hang a
 Inside a job, `job_metadata()` is what a run records in training_log.json, so `marketgpt
 status` and a requeued job can find the run folder a job trains.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,22 @@ __all__ = [
 ]
 
 # States in which a job still holds (or will hold) its run folder.
-ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                           "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SUSPENDED",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+    }
+)
 _CALL_TIMEOUT_S = 30.0
 
 
@@ -151,12 +166,15 @@ def check_partition(name: str) -> None:
     """Raise UserError unless `name` is a partition of this cluster."""
     known = partitions()
     if name not in known:
-        raise UserError(f"partition '{name}' does not exist on this cluster (partitions: {', '.join(known)}); "
-                        "set slurm.partition in the case config or with --set slurm.partition=NAME")
+        raise UserError(
+            f"partition '{name}' does not exist on this cluster (partitions: {', '.join(known)}); "
+            "set slurm.partition in the case config or with --set slurm.partition=NAME"
+        )
 
 
-def wait_for_jobs(job_ids: Iterable[str], timeout_s: float, poll_s: float = 3.0,
-                  done: frozenset[str] = frozenset()) -> dict[str, str]:
+def wait_for_jobs(
+    job_ids: Iterable[str], timeout_s: float, poll_s: float = 3.0, done: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """Wait until every job has left the queue for good; returns id -> final state
     (COMPLETED, FAILED, CANCELLED, TIMEOUT, ... or GONE when slurmctld forgot it).
 
@@ -178,8 +196,9 @@ def wait_for_jobs(job_ids: Iterable[str], timeout_s: float, poll_s: float = 3.0,
         if not pending:
             return final
         if time.monotonic() > deadline:
-            raise TimeoutError(f"jobs still active after {timeout_s:.0f} s: "
-                               + ", ".join(f"{j} {states.get(j, '?')}" for j in pending))
+            raise TimeoutError(
+                f"jobs still active after {timeout_s:.0f} s: " + ", ".join(f"{j} {states.get(j, '?')}" for j in pending)
+            )
         time.sleep(poll_s)
 
 

@@ -9,6 +9,7 @@ A run's series read their candles when asked (`LazyCandles`), keeping the last f
 the scorecard walks the assets in order, so a rank scoring a 10^8-candle corpus holds a few
 assets' candles rather than all of them (about 50 bytes a candle: 5 GB at 10^8).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ __all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_pre
 @dataclass
 class AssetSeries:
     """One asset: its whole cleaned candle frame and the run's split ranges into it."""
+
     symbol: str
     category: str
     candles: pd.DataFrame  # or LazyCandles, which reads them when used
@@ -54,8 +56,17 @@ class AssetSeries:
 
 def series_from_prepared(prepared) -> list[AssetSeries]:
     """AssetSeries of every kept asset of a `common.data.prepare.PreparedData`."""
-    return [AssetSeries(a.symbol, a.category, prepared.candles[a.symbol], prepared.splits[a.symbol].train,
-                        prepared.splits[a.symbol].test, prepared.splits[a.symbol].val) for a in prepared.assets]
+    return [
+        AssetSeries(
+            a.symbol,
+            a.category,
+            prepared.candles[a.symbol],
+            prepared.splits[a.symbol].train,
+            prepared.splits[a.symbol].test,
+            prepared.splits[a.symbol].val,
+        )
+        for a in prepared.assets
+    ]
 
 
 class LazyCandles:
@@ -66,8 +77,13 @@ class LazyCandles:
 
     KEPT = 4
 
-    def __init__(self, key: str, load: Callable[[], pd.DataFrame], recent: "OrderedDict[str, pd.DataFrame]",
-                 rows: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        load: Callable[[], pd.DataFrame],
+        recent: "OrderedDict[str, pd.DataFrame]",
+        rows: Optional[int] = None,
+    ) -> None:
         self._key, self._load, self._recent, self._rows = key, load, recent, rows
 
     def frame(self) -> pd.DataFrame:
@@ -94,15 +110,24 @@ class LazyCandles:
 
 def _cleaned(market: MarketData, symbol: str, rows: int, run_dir: Path) -> Callable[[], pd.DataFrame]:
     """A loader of one series' candles cleaned as training did, checked against the run's tokens."""
+
     def load() -> pd.DataFrame:
         asset = next(a for a in market.assets if a.symbol == symbol)
         with contextlib.redirect_stderr(io.StringIO()):  # the cleaning's notes: training printed them
-            frame, _, _ = clean_asset(asset, market.candles[symbol], interval_step(market.interval_of(symbol)),
-                                      reader_fixes=market.fixes.get(symbol), file=market.files.get(symbol))
+            frame, _, _ = clean_asset(
+                asset,
+                market.candles[symbol],
+                interval_step(market.interval_of(symbol)),
+                reader_fixes=market.fixes.get(symbol),
+                file=market.files.get(symbol),
+            )
         if frame is None or len(frame) != rows:
-            raise UserError(f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
-                            "(the data cache changed since); score the run on a copy of the old cache")
+            raise UserError(
+                f"{run_dir}: the candles of {symbol} are no longer those the run was trained on "
+                "(the data cache changed since); score the run on a copy of the old cache"
+            )
         return frame
+
     return load
 
 
@@ -114,8 +139,10 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     run_dir = Path(run_dir)
     for name in ("config.json", token_path(run_dir).name):
         if not (run_dir / name).exists():
-            raise UserError(f"{run_dir}: missing {name}; pass a run folder like "
-                            "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
+            raise UserError(
+                f"{run_dir}: missing {name}; pass a run folder like "
+                "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS"
+            )
     cfg = load_config(run_dir / "config.json")
     tokens = TokenSet.load(token_path(run_dir))
     market = load_market_data(cfg, run_dir.parent.parent)
@@ -128,17 +155,27 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     for symbol in (s for s in tokens.symbols if s in names):
         if symbol not in category:
-            raise UserError(f"{run_dir}: {symbol} is no longer in the data the run was trained on "
-                            "(the data cache changed since); score the run on a copy of the old cache")
+            raise UserError(
+                f"{run_dir}: {symbol} is no longer in the data the run was trained on "
+                "(the data cache changed since); score the run on a copy of the old cache"
+            )
         ranges, rows = tokens.ranges[symbol], len(tokens.tokens[symbol])
         candles = LazyCandles(symbol, _cleaned(market, symbol, rows, run_dir), recent, rows)
-        out.append(AssetSeries(names[symbol], category[symbol], candles, range(*ranges["train"]),
-                               range(*ranges["test"]), range(*ranges["val"])))
+        out.append(
+            AssetSeries(
+                names[symbol],
+                category[symbol],
+                candles,
+                range(*ranges["train"]),
+                range(*ranges["test"]),
+                range(*ranges["val"]),
+            )
+        )
     return out, interval
 
 
 def fit_price_baselines(series: Sequence[AssetSeries], interval: str) -> dict[str, ForecastFn]:
     """The sampling baselines; GARCH sees each asset's train-split returns only."""
     lam = ewma_lambda(interval)
-    train = ((s.symbol, log_returns(s.candles.iloc[s.train.start:s.train.stop])) for s in series)  # one at a time
+    train = ((s.symbol, log_returns(s.candles.iloc[s.train.start : s.train.stop])) for s in series)  # one at a time
     return {"rw_ewma": RandomWalkEWMA(lam), "bootstrap": HistoricalBootstrap(), "garch": GarchT.fit(train, lam)}

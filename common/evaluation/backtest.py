@@ -13,6 +13,7 @@ annualization taken from the dates themselves (periods per year); the Sharpe's 9
 a circular block bootstrap over consecutive periods. Hit rate: the share of held positions
 (pos != 0) whose sign matches the realized return's (zero returns left out).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -46,8 +47,14 @@ def periods_per_year(dates: pd.DatetimeIndex) -> float:
     return float((len(dates) - 1) / span) if span > 0 else 1.0
 
 
-def backtest(positions: pd.DataFrame, log_returns: pd.DataFrame, cost_bp: float = DEFAULT_COST_BP,
-             annualization: Optional[float] = None, n_boot: int = 1000, seed: int = 0) -> dict:
+def backtest(
+    positions: pd.DataFrame,
+    log_returns: pd.DataFrame,
+    cost_bp: float = DEFAULT_COST_BP,
+    annualization: Optional[float] = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
     """Statistics and the equity curve of one strategy.
 
     positions, log_returns: dates x assets (same labels); positions in [-1, 1], NaN where an asset

@@ -12,6 +12,7 @@ Baselines, fit on TRAIN tokens only (`fit_baselines` never sees the test split):
 Each baseline's `log_probs(prev)` gives (n, V) log-probabilities of the next token from the
 previous one, the shape the model's scoring takes.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,5 +102,8 @@ def fit_baselines(train_tokens: Mapping[str, np.ndarray], vocab_size: int) -> di
     # rarely repeating train set the ML value would otherwise rank the last token LAST
     eps = changes / pairs_seen if pairs_seen else 0.5
     eps = min(max(eps, 1e-3), (vocab_size - 2) / vocab_size)
-    return {"unigram": Unigram(unigram), "repeat_last": RepeatLast(vocab_size, eps),
-            "markov1": Markov1(transitions, unigram)}
+    return {
+        "unigram": Unigram(unigram),
+        "repeat_last": RepeatLast(vocab_size, eps),
+        "markov1": Markov1(transitions, unigram),
+    }

@@ -22,6 +22,7 @@ has no out-of-sample answer on them (check_answerable says so); after_cutoff_tas
 of the same scheme from the run's own candles after its cut-off instead: not a fixed task, so
 not comparable across models.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,25 @@ from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
 from common.forecasting.export import data_cutoff_of
 from common.markets import interval_step
 
-__all__ = ["AFTER_CUTOFF", "BENCHMARK_NAME", "BENCHMARK_VERSION", "TASKS", "TASKS_FINGERPRINT", "Task",
-           "after_cutoff_task", "aggregate_skill", "check_answerable", "choose_tasks", "data_cutoff", "format_table",
-           "run_benchmark", "sample_aliases", "task_scheme", "task_series", "tasks_fingerprint"]
+__all__ = [
+    "AFTER_CUTOFF",
+    "BENCHMARK_NAME",
+    "BENCHMARK_VERSION",
+    "TASKS",
+    "TASKS_FINGERPRINT",
+    "Task",
+    "after_cutoff_task",
+    "aggregate_skill",
+    "check_answerable",
+    "choose_tasks",
+    "data_cutoff",
+    "format_table",
+    "run_benchmark",
+    "sample_aliases",
+    "task_scheme",
+    "task_series",
+    "tasks_fingerprint",
+]
 
 BENCHMARK_NAME = "marketgpt-sample"
 BENCHMARK_VERSION = "1"
@@ -59,6 +76,7 @@ QUOTE_ORDER = ("USD", "USDT", "USDC")  # which of a model's pairs of one base an
 @dataclass(frozen=True)
 class Task:
     """One evaluation question: forecast these assets from `start` on, at these horizons."""
+
     name: str
     interval: str
     assets: tuple[str, ...]
@@ -72,18 +90,48 @@ class Task:
 # Version 1. Spread over the sample's eras and markets; the later tasks lie after the quickstart
 # run's data cut-off (2017-03-10), the 2008 one inside it (a leakage example).
 TASKS: tuple[Task, ...] = (
-    Task("us-2008", "1d", ("AAPL", "IBM", "MSFT", "^GSPC", "^IXIC"), "2008-06-02", "2009-06-01", (1, 5, 20), 5,
-         "US stocks and indices through the 2008 crash"),
-    Task("us-2017", "1d", ("^GSPC", "^IXIC", "AMZN", "NVDA", "GOOGL"), "2017-06-01", "2018-06-01", (1, 5, 20), 5,
-         "US stocks and indices, a calm year then the February 2018 volatility spike"),
-    Task("long-2023", "1d", ("NVDA", "005930.KS"), "2023-07-03", "2024-07-01", (1, 5, 20), 5,
-         "a US and a Korean chip maker, the AI rally"),
-    Task("btc-2021", "1d", ("BTC-USD",), "2021-01-04", "2021-10-27", (1, 5, 20), 5,
-         "bitcoin's 2021 boom and crash, daily"),
-    Task("btc-1h-2021", "1h", ("BTC-USD",), "2021-11-15", "2021-12-29", (1, 6, 24), 12,
-         "bitcoin, hourly candles"),
-    Task("fx-1h-2017", "1h", ("EURUSD=X",), "2017-10-02", "2017-12-29", (1, 6, 24), 12,
-         "EUR/USD, hourly candles"),
+    Task(
+        "us-2008",
+        "1d",
+        ("AAPL", "IBM", "MSFT", "^GSPC", "^IXIC"),
+        "2008-06-02",
+        "2009-06-01",
+        (1, 5, 20),
+        5,
+        "US stocks and indices through the 2008 crash",
+    ),
+    Task(
+        "us-2017",
+        "1d",
+        ("^GSPC", "^IXIC", "AMZN", "NVDA", "GOOGL"),
+        "2017-06-01",
+        "2018-06-01",
+        (1, 5, 20),
+        5,
+        "US stocks and indices, a calm year then the February 2018 volatility spike",
+    ),
+    Task(
+        "long-2023",
+        "1d",
+        ("NVDA", "005930.KS"),
+        "2023-07-03",
+        "2024-07-01",
+        (1, 5, 20),
+        5,
+        "a US and a Korean chip maker, the AI rally",
+    ),
+    Task(
+        "btc-2021",
+        "1d",
+        ("BTC-USD",),
+        "2021-01-04",
+        "2021-10-27",
+        (1, 5, 20),
+        5,
+        "bitcoin's 2021 boom and crash, daily",
+    ),
+    Task("btc-1h-2021", "1h", ("BTC-USD",), "2021-11-15", "2021-12-29", (1, 6, 24), 12, "bitcoin, hourly candles"),
+    Task("fx-1h-2017", "1h", ("EURUSD=X",), "2017-10-02", "2017-12-29", (1, 6, 24), 12, "EUR/USD, hourly candles"),
 )
 
 # version -> tasks_fingerprint(TASKS): a test fails when a task changes without a new version
@@ -102,8 +150,9 @@ def choose_tasks(names: Optional[Sequence[str]]) -> list[Task]:
     by_name = {t.name: t for t in TASKS}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise UserError(f"unknown benchmark task {', '.join(unknown)}; version {BENCHMARK_VERSION} has "
-                        f"{', '.join(by_name)}")
+        raise UserError(
+            f"unknown benchmark task {', '.join(unknown)}; version {BENCHMARK_VERSION} has {', '.join(by_name)}"
+        )
     return [by_name[n] for n in dict.fromkeys(names)]
 
 
@@ -170,24 +219,36 @@ def _known(task: Task, symbols: Optional[set], aliases: Mapping[str, str]) -> li
     return [a for a in task.assets if symbols is None or a in symbols or a in aliases]
 
 
-def check_answerable(tasks: Sequence[Task], *, symbols: Optional[set], interval: Optional[str],
-                     cutoff: Optional[pd.Timestamp], chosen: bool = False) -> None:
+def check_answerable(
+    tasks: Sequence[Task],
+    *,
+    symbols: Optional[set],
+    interval: Optional[str],
+    cutoff: Optional[pd.Timestamp],
+    chosen: bool = False,
+) -> None:
     """A UserError, before any scoring, when no task can be scored out of sample: none has the
     model's interval and one of its assets, or the model's data cut-off is after the start of every
     one that has (it learned from or was selected on their periods: the aggregate would be empty)."""
     aliases = sample_aliases(tasks, symbols)
     fit = [t for t in tasks if (interval is None or t.interval == interval) and _known(t, symbols, aliases)]
     which = "chosen benchmark task" if chosen else "benchmark task"
-    after = ("run `marketgpt benchmark MODEL --after-cutoff` to score the period after the cut-off from the run's "
-             "own candles (a task set of its own, not comparable across models)")
+    after = (
+        "run `marketgpt benchmark MODEL --after-cutoff` to score the period after the cut-off from the run's "
+        "own candles (a task set of its own, not comparable across models)"
+    )
     if not fit:
-        raise UserError(f"no {which} fits the model ({interval or 'any'} candles of {len(symbols or ())} assets; "
-                        f"the tasks: {', '.join(f'{t.name} {t.interval}' for t in tasks)}); {after}")
+        raise UserError(
+            f"no {which} fits the model ({interval or 'any'} candles of {len(symbols or ())} assets; "
+            f"the tasks: {', '.join(f'{t.name} {t.interval}' for t in tasks)}); {after}"
+        )
     if cutoff is not None and all(cutoff > _utc(t.start) for t in fit):
         last = max(fit, key=lambda t: _utc(t.start))
-        raise UserError(f"the model's data cut-off {_stamp(cutoff)} is after the start of every {which} it can "
-                        f"answer ({', '.join(t.name for t in fit)}; the latest, {last.name}, starts {last.start}), "
-                        f"so none is out of sample: train with data.end_date before {last.start}, or {after}")
+        raise UserError(
+            f"the model's data cut-off {_stamp(cutoff)} is after the start of every {which} it can "
+            f"answer ({', '.join(t.name for t in fit)}; the latest, {last.name}, starts {last.start}), "
+            f"so none is out of sample: train with data.end_date before {last.start}, or {after}"
+        )
 
 
 def task_scheme(interval: str) -> tuple[tuple[int, ...], int]:
@@ -196,12 +257,15 @@ def task_scheme(interval: str) -> tuple[tuple[int, ...], int]:
         if t.interval == interval:
             return t.horizons, t.stride
     known = ", ".join(dict.fromkeys(t.interval for t in TASKS))
-    raise UserError(f"--after-cutoff: the benchmark's tasks have no {interval} candles (only {known}), so there is "
-                    f"no horizons and origins scheme to follow at {interval}")
+    raise UserError(
+        f"--after-cutoff: the benchmark's tasks have no {interval} candles (only {known}), so there is "
+        f"no horizons and origins scheme to follow at {interval}"
+    )
 
 
-def after_cutoff_task(histories: Mapping[str, tuple[str, pd.DataFrame]], interval: str,
-                      cutoff: pd.Timestamp) -> tuple[Task, list[AssetSeries]]:
+def after_cutoff_task(
+    histories: Mapping[str, tuple[str, pd.DataFrame]], interval: str, cutoff: pd.Timestamp
+) -> tuple[Task, list[AssetSeries]]:
     """A task of the fixed tasks' scheme at `interval` (task_scheme) on a run's own candles after
     its data cut-off, and its series: start the cut-off (everything before it is the history, the
     baselines' fit included), end after the last candle; the assets with a candle past the
@@ -212,16 +276,28 @@ def after_cutoff_task(histories: Mapping[str, tuple[str, pd.DataFrame]], interva
     after = [s for s in series if len(s.test)]
     if not after:
         last = max((s.candles.index[-1] for s in series if len(s.candles)), default=None)
-        raise UserError(f"--after-cutoff: the run's {interval} candles end before its data cut-off {_stamp(cutoff)} "
-                        f"(the last is {'none' if last is None else _stamp(last)}): nothing after it to score "
-                        "(a downloaded case's `marketgpt data download` fetches newer candles)")
+        raise UserError(
+            f"--after-cutoff: the run's {interval} candles end before its data cut-off {_stamp(cutoff)} "
+            f"(the last is {'none' if last is None else _stamp(last)}): nothing after it to score "
+            "(a downloaded case's `marketgpt data download` fetches newer candles)"
+        )
     enough = [s for s in after if len(s.test) > max(horizons)]
     if not enough:
-        raise UserError(f"--after-cutoff: at most {max(len(s.test) for s in after)} {interval} candles after the data "
-                        f"cut-off {_stamp(cutoff)}, fewer than the {max(horizons) + 1} the longest horizon needs")
+        raise UserError(
+            f"--after-cutoff: at most {max(len(s.test) for s in after)} {interval} candles after the data "
+            f"cut-off {_stamp(cutoff)}, fewer than the {max(horizons) + 1} the longest horizon needs"
+        )
     end = max(s.candles.index[-1] for s in enough) + interval_step(interval)
-    task = Task(AFTER_CUTOFF, interval, tuple(s.symbol for s in enough), _stamp(cutoff), _stamp(end), horizons,
-                stride, "the model's own assets after its data cut-off, from its candle cache (not a fixed task)")
+    task = Task(
+        AFTER_CUTOFF,
+        interval,
+        tuple(s.symbol for s in enough),
+        _stamp(cutoff),
+        _stamp(end),
+        horizons,
+        stride,
+        "the model's own assets after its data cut-off, from its candle cache (not a fixed task)",
+    )
     return task, enough
 
 
@@ -248,17 +324,35 @@ def _best_baseline(hc: dict) -> str:
     return min((name for name in hc["crps"] if name != "model"), key=lambda name: hc["crps"][name])
 
 
-def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], interval: Optional[str],
-                cutoff: Optional[pd.Timestamp], min_history: int, n_samples: int, seed: int, n_boot: int,
-                say: Callable[[str], None], series_of: Callable[[Task], list[AssetSeries]],
-                aliases: Mapping[str, str], budget: Optional[int] = None) -> tuple[dict, Optional[dict]]:
+def _score_task(
+    task: Task,
+    forecast_fn: ForecastFn,
+    symbols: Optional[set],
+    interval: Optional[str],
+    cutoff: Optional[pd.Timestamp],
+    min_history: int,
+    n_samples: int,
+    seed: int,
+    n_boot: int,
+    say: Callable[[str], None],
+    series_of: Callable[[Task], list[AssetSeries]],
+    aliases: Mapping[str, str],
+    budget: Optional[int] = None,
+) -> tuple[dict, Optional[dict]]:
     """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate.
     aliases: sample symbol -> the model's name for it (sample_aliases); its series go by that name.
     budget: at most this many (asset, origin) forecasts (make_scorecard's)."""
-    row: dict = {"task": task.name, "interval": task.interval, "start": task.start, "end": task.end,
-                 "assets": list(task.assets), "status": "scored", "reason": None,
-                 "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
-                 "horizons": {}}
+    row: dict = {
+        "task": task.name,
+        "interval": task.interval,
+        "start": task.start,
+        "end": task.end,
+        "assets": list(task.assets),
+        "status": "scored",
+        "reason": None,
+        "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
+        "horizons": {},
+    }
     if interval is not None and interval != task.interval:
         return {**row, "status": "skipped", "reason": f"the model forecasts {interval} candles"}, None
     series = [replace(s, symbol=aliases.get(s.symbol, s.symbol)) for s in series_of(task)]
@@ -267,13 +361,26 @@ def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], int
     series = [s for s in series if s.symbol not in short]
     row["assets_scored"], row["assets_short"] = [s.symbol for s in series], short
     if not series:
-        why = (f"{', '.join(short)}: fewer than the model's {min_history} candles before {task.start}" if short
-               else "none of the task's assets is in the model's universe")
+        why = (
+            f"{', '.join(short)}: fewer than the model's {min_history} candles before {task.start}"
+            if short
+            else "none of the task's assets is in the model's universe"
+        )
         return {**row, "status": "skipped", "reason": why}, None
     keep: dict = {}
-    card = make_scorecard(series, forecast_fn, interval=task.interval, horizons=task.horizons, stride=task.stride,
-                          n_samples=n_samples, seed=seed, n_boot=n_boot, keep=keep, budget=budget,
-                          progress=lambda msg: say(f"[{task.name}] {msg}"))
+    card = make_scorecard(
+        series,
+        forecast_fn,
+        interval=task.interval,
+        horizons=task.horizons,
+        stride=task.stride,
+        n_samples=n_samples,
+        seed=seed,
+        n_boot=n_boot,
+        keep=keep,
+        budget=budget,
+        progress=lambda msg: say(f"[{task.name}] {msg}"),
+    )
     if budget is not None:
         row["origins"] = card["origins"]  # the budget, and how the forecasts were drawn
     o, grid = keep["origins"], np.unique(keep["origins"].dates)
@@ -283,14 +390,20 @@ def _score_task(task: Task, forecast_fn: ForecastFn, symbols: Optional[set], int
         best = _best_baseline(hc)
         dm = hc["dm"]["crps"][best]
         row["horizons"][str(h)] = {
-            "n": hc["n"], "n_dates": hc["n_dates"], "crps": hc["crps"], "best_baseline": best,
-            "skill": hc["skill"]["crps"][best], "dm": {"p_value": dm["p_value"], "p_holm": dm["p_holm"],
-                                                       "verdict": dm["verdict"]},
-            "mcs": hc["mcs"]["included"], "coverage": hc["coverage"]["model"]}
+            "n": hc["n"],
+            "n_dates": hc["n_dates"],
+            "crps": hc["crps"],
+            "best_baseline": best,
+            "skill": hc["skill"]["crps"][best],
+            "dm": {"p_value": dm["p_value"], "p_holm": dm["p_holm"], "verdict": dm["verdict"]},
+            "mcs": hc["mcs"]["included"],
+            "coverage": hc["coverage"]["model"],
+        }
         ok = np.isfinite(o.y[h])
         at = np.searchsorted(grid, o.dates[ok])
-        sums[h] = tuple(np.bincount(at, weights=keep["stats"][h][name]["crps"], minlength=len(grid))
-                        for name in ("model", best))
+        sums[h] = tuple(
+            np.bincount(at, weights=keep["stats"][h][name]["crps"], minlength=len(grid)) for name in ("model", best)
+        )
     return row, {"sums": sums, "block": block_length(len(grid), max(task.horizons), keep["stride"])}
 
 
@@ -322,15 +435,29 @@ def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) ->
     if len(draws) < n_boot // 2:
         return {"value": value, "ci95": None, "verdict": None, "units": len(logs)}
     lo, hi = np.percentile(1 - np.exp(draws), [2.5, 97.5])
-    return {"value": value, "ci95": [float(lo), float(hi)], "verdict": verdict(float(lo), float(hi)),
-            "units": len(logs)}
+    return {
+        "value": value,
+        "ci95": [float(lo), float(hi)],
+        "verdict": verdict(float(lo), float(hi)),
+        "units": len(logs),
+    }
 
 
-def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Optional[set] = None,
-                  interval: Optional[str] = None, cutoff: Optional[pd.Timestamp] = None, min_history: int = 0,
-                  n_samples: int = 100, seed: int = 0, n_boot: int = 1000,
-                  progress: Optional[Callable[[str], None]] = None,
-                  series: Optional[Mapping[str, Sequence[AssetSeries]]] = None, budget: Optional[int] = None) -> dict:
+def run_benchmark(
+    forecast_fn: ForecastFn,
+    tasks: Sequence[Task],
+    *,
+    symbols: Optional[set] = None,
+    interval: Optional[str] = None,
+    cutoff: Optional[pd.Timestamp] = None,
+    min_history: int = 0,
+    n_samples: int = 100,
+    seed: int = 0,
+    n_boot: int = 1000,
+    progress: Optional[Callable[[str], None]] = None,
+    series: Optional[Mapping[str, Sequence[AssetSeries]]] = None,
+    budget: Optional[int] = None,
+) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
     symbols: the assets the model can forecast (None: any); interval: its candle length (None:
@@ -349,23 +476,49 @@ def run_benchmark(forecast_fn: ForecastFn, tasks: Sequence[Task], *, symbols: Op
     rows, parts = [], []
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
-        row, part = _score_task(task, forecast_fn, symbols, interval, cutoff, min_history, n_samples, seed, n_boot,
-                                say, series_of, aliases, budget if task.name in own else None)
+        row, part = _score_task(
+            task,
+            forecast_fn,
+            symbols,
+            interval,
+            cutoff,
+            min_history,
+            n_samples,
+            seed,
+            n_boot,
+            say,
+            series_of,
+            aliases,
+            budget if task.name in own else None,
+        )
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)
     agg = aggregate_skill(parts, n_boot, seed)
-    agg.update(tasks=[r["task"] for r in rows if r["status"] == "scored" and r["leakage"] is not True],
-               against="the best baseline (lowest CRPS) of each task and horizon",
-               excluded={r["task"]: r["reason"] if r["status"] != "scored" else "leakage"
-                         for r in rows if r["status"] != "scored" or r["leakage"] is True})
+    agg.update(
+        tasks=[r["task"] for r in rows if r["status"] == "scored" and r["leakage"] is not True],
+        against="the best baseline (lowest CRPS) of each task and horizon",
+        excluded={
+            r["task"]: r["reason"] if r["status"] != "scored" else "leakage"
+            for r in rows
+            if r["status"] != "scored" or r["leakage"] is True
+        },
+    )
     fixed = not own
-    return {"benchmark": BENCHMARK_NAME, "version": BENCHMARK_VERSION,
-            "task_set": "fixed" if fixed else AFTER_CUTOFF, "comparable": fixed,
-            "tasks_fingerprint": tasks_fingerprint(TASKS if fixed else tasks), "symbol_map": aliases,
-            "samples": n_samples, "seed": seed,
-            "data_cutoff": None if cutoff is None else cutoff.isoformat(), "tasks": rows, "aggregate": agg,
-            "task_definitions": [asdict(t) for t in tasks]}
+    return {
+        "benchmark": BENCHMARK_NAME,
+        "version": BENCHMARK_VERSION,
+        "task_set": "fixed" if fixed else AFTER_CUTOFF,
+        "comparable": fixed,
+        "tasks_fingerprint": tasks_fingerprint(TASKS if fixed else tasks),
+        "symbol_map": aliases,
+        "samples": n_samples,
+        "seed": seed,
+        "data_cutoff": None if cutoff is None else cutoff.isoformat(),
+        "tasks": rows,
+        "aggregate": agg,
+        "task_definitions": [asdict(t) for t in tasks],
+    }
 
 
 def _pct(x: Optional[float]) -> str:
@@ -374,16 +527,24 @@ def _pct(x: Optional[float]) -> str:
 
 def format_table(result: dict) -> str:
     """The result as a table a person reads: one line per task and horizon, then the aggregate."""
-    head = f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<18} " \
-           f"{'skill [95% CI]':<26} {'DM (Holm)':<14} leakage"
-    lines = [f"Benchmark {result['benchmark']} v{result['version']} ({result['samples']} samples, seed "
-             f"{result['seed']}; model data cut-off {result['data_cutoff'] or 'unknown'})"]
+    head = (
+        f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<18} "
+        f"{'skill [95% CI]':<26} {'DM (Holm)':<14} leakage"
+    )
+    lines = [
+        f"Benchmark {result['benchmark']} v{result['version']} ({result['samples']} samples, seed "
+        f"{result['seed']}; model data cut-off {result['data_cutoff'] or 'unknown'})"
+    ]
     if result.get("task_set") == AFTER_CUTOFF:
-        lines.append("After-cutoff tasks, NOT the fixed ones: built from this run's own candles after its data "
-                     "cut-off, so not comparable across models")
+        lines.append(
+            "After-cutoff tasks, NOT the fixed ones: built from this run's own candles after its data "
+            "cut-off, so not comparable across models"
+        )
     if result.get("symbol_map"):
-        lines.append("The sample's series answered by the model's pair of the same base asset: "
-                     + ", ".join(f"{k} -> {v}" for k, v in result["symbol_map"].items()))
+        lines.append(
+            "The sample's series answered by the model's pair of the same base asset: "
+            + ", ".join(f"{k} -> {v}" for k, v in result["symbol_map"].items())
+        )
     lines.append(head)
     for r in result["tasks"]:
         leak = {None: "unknown", True: "LEAKED", False: "no"}[r["leakage"]]
@@ -393,16 +554,20 @@ def format_table(result: dict) -> str:
         assets = f"{len(r['assets_scored'])}/{len(r['assets'])}"
         for h, hc in r["horizons"].items():
             s, best = hc["skill"], hc["best_baseline"]
-            lines.append(f"{r['task']:<12} {r['interval']:<3} {assets:>6} {h:>3} {hc['n']:>5} "
-                         f"{hc['crps']['model']:>10.5f}  {BASELINE_NAMES.get(best, best):<9}{hc['crps'][best]:>9.5f} "
-                         f"{_pct(s['value']) + ' [' + _pct(s['ci95'][0]) + ', ' + _pct(s['ci95'][1]) + ']':<26} "
-                         f"{hc['dm']['verdict'] + ' (' + _p(hc['dm']['p_holm']) + ')':<14} {leak}")
+            lines.append(
+                f"{r['task']:<12} {r['interval']:<3} {assets:>6} {h:>3} {hc['n']:>5} "
+                f"{hc['crps']['model']:>10.5f}  {BASELINE_NAMES.get(best, best):<9}{hc['crps'][best]:>9.5f} "
+                f"{_pct(s['value']) + ' [' + _pct(s['ci95'][0]) + ', ' + _pct(s['ci95'][1]) + ']':<26} "
+                f"{hc['dm']['verdict'] + ' (' + _p(hc['dm']['p_holm']) + ')':<14} {leak}"
+            )
     a = result["aggregate"]
     if a["value"] is None:
         lines.append("Aggregate: n/a (no task scored without leakage)")
     else:
-        lines.append(f"Aggregate over {a['units']} task-horizons of {', '.join(a['tasks'])}: CRPS skill vs the best "
-                     f"baseline {_pct(a['value'])} [{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}] ({a['verdict']})")
+        lines.append(
+            f"Aggregate over {a['units']} task-horizons of {', '.join(a['tasks'])}: CRPS skill vs the best "
+            f"baseline {_pct(a['value'])} [{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}] ({a['verdict']})"
+        )
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ over the assets, so the guarantee is marginal: an asset calmer than the pool is 
 `common.forecasting.calibrated` reads the file and applies it; the scorecard reports the
 coverage it gives on the test split (`calibration_card`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,14 @@ from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
 from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
 
-__all__ = ["MIN_VAL_ORIGINS", "calibration_card", "cqr_adjustment", "fit_calibration", "val_series",
-           "write_calibration"]
+__all__ = [
+    "MIN_VAL_ORIGINS",
+    "calibration_card",
+    "cqr_adjustment",
+    "fit_calibration",
+    "val_series",
+    "write_calibration",
+]
 
 MIN_VAL_ORIGINS = 20  # per step: fewer, and the 90% adjustment is one of the two largest scores
 
@@ -44,8 +51,10 @@ def cqr_adjustment(scores: np.ndarray, level: int) -> float:
     scores = np.sort(np.asarray(scores, dtype=np.float64))
     k = math.ceil((len(scores) + 1) * level / 100)
     if k > len(scores):
-        raise UserError(f"{len(scores)} validation origins cannot calibrate a {level}% interval "
-                        f"(need {math.ceil(level / (100 - level))} or more)")
+        raise UserError(
+            f"{len(scores)} validation origins cannot calibrate a {level}% interval "
+            f"(need {math.ceil(level / (100 - level))} or more)"
+        )
     return float(scores[k - 1])
 
 
@@ -61,10 +70,19 @@ def _cut(s: AssetSeries, recent: OrderedDict) -> LazyCandles:
     return LazyCandles(s.symbol, lambda: s.candles.iloc[: s.val.stop], recent, rows=s.val.stop)
 
 
-def fit_calibration(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, horizon: int,
-                    stride: Optional[int] = 5, n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
-                    levels: Sequence[int] = CALIBRATION_LEVELS, source: str = "the run",
-                    progress: Optional[Callable[[str], None]] = None) -> dict:
+def fit_calibration(
+    series: Sequence[AssetSeries],
+    forecast_fn: ForecastFn,
+    *,
+    horizon: int,
+    stride: Optional[int] = 5,
+    n_origins: Optional[int] = None,
+    n_samples: int = 200,
+    seed: int = 0,
+    levels: Sequence[int] = CALIBRATION_LEVELS,
+    source: str = "the run",
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
     """calibration.json's content: CQR adjustments of `forecast_fn` for steps 1..horizon, from
     origins in each asset's validation split (never its test split). A UserError when the run has
     no validation split or a step has fewer than MIN_VAL_ORIGINS origins."""
@@ -73,16 +91,20 @@ def fit_calibration(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, h
     say = progress or (lambda _msg: None)
     val = val_series(series)
     if not val:
-        raise UserError(f"{source} has no validation split (data.val_ratio 0 or too few candles); calibration is "
-                        "fitted on the validation split only: retrain with data.val_ratio > 0")
+        raise UserError(
+            f"{source} has no validation split (data.val_ratio 0 or too few candles); calibration is "
+            "fitted on the validation split only: retrain with data.val_ratio > 0"
+        )
     steps = list(range(1, horizon + 1))
     origins, step = origin_indices(val, stride=stride, n_origins=n_origins)
     o = all_origins(val, origins, steps)
     counts = {h: int(np.isfinite(o.y[h]).sum()) for h in steps}
     short = [h for h in steps if counts[h] < MIN_VAL_ORIGINS]
     if short:
-        raise UserError(f"{source}: the validation split has {counts[short[0]]} origins with a close {short[0]} bars "
-                        f"later, {MIN_VAL_ORIGINS} needed per step; pass a shorter --horizon or a smaller --stride")
+        raise UserError(
+            f"{source}: the validation split has {counts[short[0]]} origins with a close {short[0]} bars "
+            f"later, {MIN_VAL_ORIGINS} needed per step; pass a shorter --horizon or a smaller --stride"
+        )
     say(f"calibrating on {len(o.index)} validation origins x {n_samples} samples, steps 1..{horizon}")
     stats, _ = forecast_all(val, o, {"model": forecast_fn}, steps, n_samples, seed, say)
     adjustments, coverage = {}, {}
@@ -92,17 +114,31 @@ def fit_calibration(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, h
         coverage[str(h)] = {str(lv): float(np.mean(model[f"score{lv}"] <= 0)) for lv in levels}
     last_target = max(int(s.candles.index[-1].value) for s in val)  # the latest candle any fit could read
     iso = lambda ns: pd.Timestamp(int(ns), tz="UTC").isoformat()  # noqa: E731
-    return {"version": FORMAT_VERSION, "method": "split-conformal CQR: q = ceil((n+1)L)-th smallest max(lo-y, y-hi)",
-            "space": "log return from the origin close", "split": "val", "horizons": steps,
-            "levels": [int(lv) for lv in levels], "adjustments": adjustments,
-            "n_origins": {str(h): counts[h] for h in steps},
-            "n_dates": int(len(np.unique(o.dates))), "assets": len(val), "stride": step, "samples": n_samples,
-            "seed": seed, "val_coverage_raw": coverage,
-            "dates": {"first_origin": iso(o.dates.min()), "last_origin": iso(o.dates.max()),
-                      "last_candle_read": iso(last_target)},
-            "test_starts": iso(min(int(s.candles.index[s.test.start].value) for s in series if len(s.test)))
-            if any(len(s.test) for s in series) else None,
-            "sampling": {"temperature": 1.0, "top_k": None, "top_p": None}}
+    return {
+        "version": FORMAT_VERSION,
+        "method": "split-conformal CQR: q = ceil((n+1)L)-th smallest max(lo-y, y-hi)",
+        "space": "log return from the origin close",
+        "split": "val",
+        "horizons": steps,
+        "levels": [int(lv) for lv in levels],
+        "adjustments": adjustments,
+        "n_origins": {str(h): counts[h] for h in steps},
+        "n_dates": int(len(np.unique(o.dates))),
+        "assets": len(val),
+        "stride": step,
+        "samples": n_samples,
+        "seed": seed,
+        "val_coverage_raw": coverage,
+        "dates": {
+            "first_origin": iso(o.dates.min()),
+            "last_origin": iso(o.dates.max()),
+            "last_candle_read": iso(last_target),
+        },
+        "test_starts": iso(min(int(s.candles.index[s.test.start].value) for s in series if len(s.test)))
+        if any(len(s.test) for s in series)
+        else None,
+        "sampling": {"temperature": 1.0, "top_k": None, "top_p": None},
+    }
 
 
 def write_calibration(content: dict, run_dir: str | Path) -> Path:
@@ -120,5 +156,8 @@ def calibration_card(cal: Optional[Calibration], model_stats: dict[str, np.ndarr
     with score <= q), or None without a calibration covering that horizon."""
     if cal is None or horizon not in cal.adjustments:
         return None
-    return {str(lv): float(np.mean(model_stats[f"score{lv}"] <= cal.adjustments[horizon][lv]))
-            for lv in cal.levels if f"score{lv}" in model_stats}
+    return {
+        str(lv): float(np.mean(model_stats[f"score{lv}"] <= cal.adjustments[horizon][lv]))
+        for lv in cal.levels
+        if f"score{lv}" in model_stats
+    }

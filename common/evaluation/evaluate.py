@@ -47,6 +47,7 @@ compared with the sign of the actual move (`tokenizer.features`); targets whose 
 zero or undefined (BOS, MISSING) are left out. A 95% Wilson interval comes with each accuracy;
 always_up is the fraction of actual moves that are positive.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,8 +101,13 @@ def _mean(values: np.ndarray) -> Optional[float]:
 
 def _metrics(s: Scores) -> dict:
     loss = _mean(s.nll)
-    return {"loss": loss, "accuracy": _mean(s.top1), "top5_accuracy": _mean(s.top5),
-            "perplexity": _perplexity(loss), "num_tokens": int(len(s.nll))}
+    return {
+        "loss": loss,
+        "accuracy": _mean(s.top1),
+        "top5_accuracy": _mean(s.top5),
+        "perplexity": _perplexity(loss),
+        "num_tokens": int(len(s.nll)),
+    }
 
 
 def _directional(predicted: np.ndarray, actual_up: np.ndarray) -> dict:
@@ -136,6 +142,7 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
     paired block-bootstrap 95% interval: blocks of consecutive test positions, every asset's
     targets at a position resampled together (neighbouring tokens share their volatility).
     None where undefined: no targets, or an infinite loss (a target given probability 0)."""
+
     def skill(name: str) -> Optional[dict]:
         model, base = scores["model"].nll, scores[name].nll
         if not len(position) or not (np.isfinite(model).all() and np.isfinite(base).all()) or base.sum() <= 0:
@@ -144,21 +151,32 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
 
     out: dict = {name: skill(name) for name in _SKILL_BASELINES}
     n_positions = len(np.unique(position))
-    out["method"] = {"skill": "1 - model loss / baseline loss", "bootstrap": "paired circular block",
-                     "block_positions": block_length(n_positions, 1, 1) if n_positions else None,
-                     "resamples": _SKILL_BOOT}
+    out["method"] = {
+        "skill": "1 - model loss / baseline loss",
+        "bootstrap": "paired circular block",
+        "block_positions": block_length(n_positions, 1, 1) if n_positions else None,
+        "resamples": _SKILL_BOOT,
+    }
     return out
-
 
 
 # --------------------------------------------------------------------------- entry point
 
 
-def evaluate_run(model: torch.nn.Module, tokenizer: Any, test: Mapping[str, SplitTokens],
-                 train_tokens: Mapping[str, np.ndarray], asset_ids: Mapping[str, int],
-                 categories: Mapping[str, str], context_length: int, batch_size: int,
-                 device: torch.device | str, max_batches: Optional[int] = None, *,
-                 category_ids: Optional[Mapping[str, int]] = None) -> dict:
+def evaluate_run(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    test: Mapping[str, SplitTokens],
+    train_tokens: Mapping[str, np.ndarray],
+    asset_ids: Mapping[str, int],
+    categories: Mapping[str, str],
+    context_length: int,
+    batch_size: int,
+    device: torch.device | str,
+    max_batches: Optional[int] = None,
+    *,
+    category_ids: Optional[Mapping[str, int]] = None,
+) -> dict:
     """Evaluate `model` (unwrapped, not DDP) on the test split; returns test_results.json's dict.
 
     test: symbol -> SplitTokens; train_tokens: symbol -> train token array (baselines only);
@@ -223,8 +241,15 @@ def _category_ids(categories: Mapping[str, str]) -> dict[str, int]:
     return {name: i for i, name in enumerate(order)}
 
 
-def _eval_mode_scores(model: torch.nn.Module, w: Windows, a_ids: np.ndarray, c_ids: np.ndarray,
-                      token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
+def _eval_mode_scores(
+    model: torch.nn.Module,
+    w: Windows,
+    a_ids: np.ndarray,
+    c_ids: np.ndarray,
+    token_moves: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> Scores:
     """score_model with the model in eval mode, then back in the mode it was in."""
     was_training = model.training
     model.eval()
@@ -238,22 +263,28 @@ def _directional_all(scores: dict[str, Scores], moves: np.ndarray) -> dict:
     """Directional accuracy of the model, always-up and each baseline, over the moves that are nonzero."""
     counted = np.isfinite(moves) & (moves != 0)
     up = moves[counted] > 0
-    directional = {"num_moves": int(counted.sum()),
-                   "model": _directional(scores["model"].move[counted], up),
-                   "always_up": _directional(np.ones(len(up)), up)}
+    directional = {
+        "num_moves": int(counted.sum()),
+        "model": _directional(scores["model"].move[counted], up),
+        "always_up": _directional(np.ones(len(up)), up),
+    }
     for name in BASELINES:
         directional[name] = _directional(scores[name].move[counted], up)
     return directional
 
 
-def _breakdowns(scores: dict[str, Scores], symbols: Sequence[str], categories: Mapping[str, str],
-                owner: np.ndarray, moves: np.ndarray) -> tuple[dict, dict]:
+def _breakdowns(
+    scores: dict[str, Scores],
+    symbols: Sequence[str],
+    categories: Mapping[str, str],
+    owner: np.ndarray,
+    moves: np.ndarray,
+) -> tuple[dict, dict]:
     """(per_asset, per_category) of test_results.json; owner: each target's index into symbols."""
     cat_names = sorted(set(categories[s] for s in symbols))
     cat_of_asset = np.array([cat_names.index(categories[s]) for s in symbols], dtype=np.int64)
     per_category = _group(scores, cat_of_asset[owner], cat_names, moves)
-    per_category = {c: {"num_assets": sum(categories[s] == c for s in symbols), **per_category[c]}
-                    for c in cat_names}
+    per_category = {c: {"num_assets": sum(categories[s] == c for s in symbols), **per_category[c]} for c in cat_names}
     per_asset = _group(scores, owner, symbols, moves)
     per_asset = {s: {"category": categories[s], **per_asset[s]} for s in symbols}
     return per_asset, per_category
@@ -262,8 +293,15 @@ def _breakdowns(scores: dict[str, Scores], symbols: Sequence[str], categories: M
 # --------------------------------------------------------------------------- a run folder
 
 
-def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, device: torch.device,
-                  status: Optional[str] = None, extra: Optional[Mapping[str, Any]] = None) -> dict:
+def evaluate_best(
+    cfg: Config,
+    run_dir: Path,
+    tokens: TokenSet,
+    info: dict,
+    device: torch.device,
+    status: Optional[str] = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> dict:
     """The run's best_model.pt on the test split next to the baselines; writes report.png, then
     test_results.json (so a run with test_results.json has had its report drawn) and returns
     the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
@@ -282,9 +320,19 @@ def evaluate_best(cfg: Config, run_dir: Path, tokens: TokenSet, info: dict, devi
     for k, interval in enumerate(ai.get("intervals") or [None]):
         # a run of several intervals: each interval's series on their own, under their assets' symbols
         model.default_interval = k
-        results = evaluate_run(model, tokenizer, _at(test, ai, interval), _at(train, ai, interval), ai["symbols"],
-                               categories, cfg.model.context_length, cfg.training.batch_size, device,
-                               cfg.training.eval_max_batches, category_ids=ai["categories"])
+        results = evaluate_run(
+            model,
+            tokenizer,
+            _at(test, ai, interval),
+            _at(train, ai, interval),
+            ai["symbols"],
+            categories,
+            cfg.model.context_length,
+            cfg.training.batch_size,
+            device,
+            cfg.training.eval_max_batches,
+            category_ids=ai["categories"],
+        )
         per_interval[interval] = results
     # the top level: the run's first (default) interval; "per_interval" has each one's results
     results = per_interval[next(iter(per_interval))]
@@ -319,8 +367,10 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     try:
         return evaluate_best(run.cfg, run.path, run.tokens, info, torch.device(device) if device else pick_device())
     except OSError as e:
-        raise UserError(f"cannot write test_results.json in {run.path} ({e.strerror or e}); "
-                        "copy the run folder somewhere writable and evaluate the copy") from None
+        raise UserError(
+            f"cannot write test_results.json in {run.path} ({e.strerror or e}); "
+            "copy the run folder somewhere writable and evaluate the copy"
+        ) from None
 
 
 def _pct(v: Any) -> str:
@@ -338,26 +388,34 @@ def _num(v: Any) -> str:
 
 def summarize_results(run_dir: Path, r: dict) -> str:
     """A few lines for the end of a job: where the run is, and the test metrics vs baselines."""
-    lines = [f"Run folder: {run_dir}",
-             f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
-             f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
-             f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"
-             + (f" (interval {r['interval']}; each below)" if r.get("interval") else "")]
+    lines = [
+        f"Run folder: {run_dir}",
+        f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
+        f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
+        f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"
+        + (f" (interval {r['interval']}; each below)" if r.get("interval") else ""),
+    ]
     for name, b in r.get("baselines", {}).items():
-        lines.append(f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
-                     f"top-5 {_pct(b['top5_accuracy'])}")
+        lines.append(
+            f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
+            f"top-5 {_pct(b['top5_accuracy'])}"
+        )
     skill = r.get("token_skill") or {}
     parts = [f"vs {name} {_skill(skill[name])}" for name in _SKILL_BASELINES if skill.get(name)]
     if parts:
         lines.append("Loss skill 1 - model/baseline [95% block-bootstrap CI]: " + " | ".join(parts))
     for interval, ri in (r.get("per_interval") or {}).items():  # a run of several intervals
         skill = (ri.get("token_skill") or {}).get("unigram")
-        lines.append(f"  interval {interval:<4} loss {_num(ri['test_loss'])} | {ri['num_tokens']:,} tokens"
-                     + (f" | skill vs unigram {_skill(skill)}" if skill else ""))
+        lines.append(
+            f"  interval {interval:<4} loss {_num(ri['test_loss'])} | {ri['num_tokens']:,} tokens"
+            + (f" | skill vs unigram {_skill(skill)}" if skill else "")
+        )
     d = r.get("directional", {})
     if d.get("model"):
         m, up = d["model"], d.get("always_up", {})
-        lines.append(f"Directional accuracy: model {_pct(m['accuracy'])} "
-                     f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
-                     f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves")
+        lines.append(
+            f"Directional accuracy: model {_pct(m['accuracy'])} "
+            f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
+            f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves"
+        )
     return "\n".join(lines)

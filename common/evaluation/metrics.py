@@ -18,6 +18,7 @@ them per asset, per category or over everything, and bootstrap them.
   losses of all assets on one date stay together (cross-sectional correlation) and blocks of
   consecutive dates keep the autocorrelation that overlapping horizons create.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,8 +89,9 @@ def qlike(variance: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.log(variance) + np.asarray(y, dtype=np.float64) ** 2 / variance
 
 
-def rank_ic(dates: np.ndarray, predicted: np.ndarray, realized: np.ndarray, min_assets: int = 5
-            ) -> tuple[np.ndarray, np.ndarray]:
+def rank_ic(
+    dates: np.ndarray, predicted: np.ndarray, realized: np.ndarray, min_assets: int = 5
+) -> tuple[np.ndarray, np.ndarray]:
     """(dates, IC) of every date with at least `min_assets` origins and non-constant predictions:
     the Spearman correlation of predicted and realized returns across the assets of that date."""
     from scipy.stats import rankdata  # seconds to import: kept out of training, which imports this module
@@ -144,8 +146,18 @@ def block_bootstrap_indices(n: int, block: int, n_boot: int, rng: np.random.Gene
     return idx.reshape(n_boot, -1)[:, :n]
 
 
-def skill_interval(model: np.ndarray, baseline: np.ndarray, dates: np.ndarray, *, horizon: int, stride: int,
-                   kind: str = "ratio", n_boot: int = 1000, seed: int = 0, block: Optional[int] = None) -> dict:
+def skill_interval(
+    model: np.ndarray,
+    baseline: np.ndarray,
+    dates: np.ndarray,
+    *,
+    horizon: int,
+    stride: int,
+    kind: str = "ratio",
+    n_boot: int = 1000,
+    seed: int = 0,
+    block: Optional[int] = None,
+) -> dict:
     """Skill of `model` over `baseline` losses on the same origins, with a paired block-bootstrap
     95% interval over the origin dates (sorted; all origins of one date resampled together).
 

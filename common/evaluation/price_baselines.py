@@ -23,6 +23,7 @@ forecaster (these baselines or the model) can see a later candle.
 
 Returns between valid closes only: NaN rows (the gaps of 24/7 markets) are skipped.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -88,6 +89,7 @@ def _ewma_next_variance(r: np.ndarray, lam: float) -> float:
 @dataclass
 class RandomWalkEWMA:
     """Zero-drift Gaussian random walk with RiskMetrics EWMA volatility."""
+
     lam: float = RISKMETRICS_DAILY_LAMBDA
     drift = False  # its mean forecast is 0: no cross-sectional ranking to score
 
@@ -100,6 +102,7 @@ class RandomWalkEWMA:
 @dataclass
 class HistoricalBootstrap:
     """Sum of H returns drawn with replacement from the asset's last `window` returns."""
+
     window: int = BOOTSTRAP_WINDOW
     drift = True  # the mean of the window's returns
 
@@ -107,7 +110,7 @@ class HistoricalBootstrap:
         rng = np.random.default_rng(seed)
         out = np.zeros((len(histories), n_samples, horizon))
         for i, h in enumerate(histories):
-            r = log_returns(h.candles)[-self.window:]
+            r = log_returns(h.candles)[-self.window :]
             if len(r):
                 out[i] = np.cumsum(r[rng.integers(0, len(r), size=(n_samples, horizon))], axis=1)
         return out
@@ -124,14 +127,18 @@ class GarchParams:
 @dataclass
 class GarchT:
     """Zero-mean GARCH(1,1)-t, one parameter set per asset fitted on its train returns."""
+
     params: dict[str, GarchParams]
     fallback_params: GarchParams
     fallback: list[str] = field(default_factory=list)  # assets that got the IGARCH fallback
     drift = False  # zero mean
 
     @classmethod
-    def fit(cls, train_returns: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
-            lam: float = RISKMETRICS_DAILY_LAMBDA) -> "GarchT":
+    def fit(
+        cls,
+        train_returns: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+        lam: float = RISKMETRICS_DAILY_LAMBDA,
+    ) -> "GarchT":
         """Fit every asset's GARCH(1,1)-t on its train-split log returns (and nothing later):
         symbol -> returns, or (symbol, returns) pairs made one at a time."""
         from arch import arch_model  # slow to import: only when GARCH is fitted

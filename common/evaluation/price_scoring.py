@@ -4,6 +4,7 @@ block-bootstrap interval, the Diebold-Mariano tests and the model confidence set
 (common.evaluation.significance) and the per-asset / per-category breakdown; and the backtest of the
 model's sign(mean) positions beside buy-and-hold and momentum.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,10 +38,13 @@ def _mean(x: np.ndarray) -> Optional[float]:
 
 def _scores(st: dict[str, np.ndarray], y: np.ndarray) -> dict:
     abs_err, rw_err = np.abs(y - st["median"]), np.abs(y)
-    return {"crps": _mean(st["crps"]), "mae": _mean(abs_err),
-            "mase": float(abs_err.sum() / rw_err.sum()) if rw_err.sum() > 0 else None,
-            "qlike": _mean(qlike(st["var"], y)),
-            "coverage": {str(level): _mean(st[f"cover{level}"].astype(float)) for level in COVERAGE_LEVELS}}
+    return {
+        "crps": _mean(st["crps"]),
+        "mae": _mean(abs_err),
+        "mase": float(abs_err.sum() / rw_err.sum()) if rw_err.sum() > 0 else None,
+        "qlike": _mean(qlike(st["var"], y)),
+        "coverage": {str(level): _mean(st[f"cover{level}"].astype(float)) for level in COVERAGE_LEVELS},
+    }
 
 
 def _direction(predicted_up: np.ndarray, y: np.ndarray) -> dict:
@@ -66,8 +70,16 @@ def _groups(labels: np.ndarray, stats: dict[str, dict[str, np.ndarray]], y: np.n
     return out
 
 
-def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dict[str, np.ndarray]],
-                  ranked: Sequence[str], horizon: int, stride: int, n_boot: int, seed: int) -> dict:
+def horizon_card(
+    series: Sequence[AssetSeries],
+    o: Origins,
+    stats: dict[str, dict[str, np.ndarray]],
+    ranked: Sequence[str],
+    horizon: int,
+    stride: int,
+    n_boot: int,
+    seed: int,
+) -> dict:
     y = o.y[horizon]
     card: dict = {"n": int(len(y)), "n_dates": int(len(np.unique(o.dates)))}
     scores = {name: _scores(st, y) for name, st in stats.items()}
@@ -82,8 +94,11 @@ def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dic
     for name in ranked:  # zero-mean baselines rank noise: left out
         _, ic = rank_ic(o.dates, stats[name]["mean"], y)
         lags = max(math.ceil(horizon / stride) - 1, math.floor(4 * (len(ic) / 100) ** (2 / 9))) if len(ic) else 0
-        card["rank_ic"][name] = ({"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)),
-                                  "nw_lags": lags} if len(ic) >= 2 else None)
+        card["rank_ic"][name] = (
+            {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
+            if len(ic) >= 2
+            else None
+        )
 
     model_losses = _losses(stats["model"], y)
     card["skill"] = {key: {} for key in SKILL_KINDS}
@@ -92,11 +107,27 @@ def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dic
             continue
         base_losses = _losses(st, y)
         for key, kind in SKILL_KINDS.items():
-            card["skill"][key][name] = skill_interval(model_losses[key], base_losses[key], o.dates, horizon=horizon,
-                                                      stride=stride, kind=kind, n_boot=n_boot, seed=seed)
+            card["skill"][key][name] = skill_interval(
+                model_losses[key],
+                base_losses[key],
+                o.dates,
+                horizon=horizon,
+                stride=stride,
+                kind=kind,
+                n_boot=n_boot,
+                seed=seed,
+            )
     # Diebold-Mariano against each baseline and the model confidence set, on the per-date CRPS
-    card.update(significance_card({name: st["crps"] for name, st in stats.items()}, o.dates, horizon=horizon,
-                                  stride=stride, n_boot=n_boot, seed=seed))
+    card.update(
+        significance_card(
+            {name: st["crps"] for name, st in stats.items()},
+            o.dates,
+            horizon=horizon,
+            stride=stride,
+            n_boot=n_boot,
+            seed=seed,
+        )
+    )
     symbols = np.array([series[k].symbol for k in o.series], dtype=object)
     categories = np.array([series[k].category for k in o.series], dtype=object)
     card["by_asset"] = _groups(symbols, stats, y)
@@ -104,8 +135,16 @@ def horizon_card(series: Sequence[AssetSeries], o: Origins, stats: dict[str, dic
     return card
 
 
-def backtest_card(series: Sequence[AssetSeries], o: Origins, model: dict[str, np.ndarray], momentum: np.ndarray,
-                   horizon: int, cost_bp: float, n_boot: int, seed: int) -> dict:
+def backtest_card(
+    series: Sequence[AssetSeries],
+    o: Origins,
+    model: dict[str, np.ndarray],
+    momentum: np.ndarray,
+    horizon: int,
+    cost_bp: float,
+    n_boot: int,
+    seed: int,
+) -> dict:
     """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold, momentum."""
     symbols = [series[k].symbol for k in o.series]
     hold = np.full(len(o.index), np.nan)
@@ -116,16 +155,30 @@ def backtest_card(series: Sequence[AssetSeries], o: Origins, model: dict[str, np
         log_close = np.log(s.candles["close"].to_numpy(dtype=np.float64))
         i = o.index[rows]
         hold[rows[:-1]] = log_close[i[1:]] - log_close[i[:-1]]  # the last origin has no next one: not held
-    frame = pd.DataFrame({"date": pd.to_datetime(o.dates, utc=True), "symbol": symbols, "r": hold,
-                          "model": signal_positions(model["mean"], model["p_up"]),
-                          "buy_and_hold": 1.0, "momentum20": momentum})
+    frame = pd.DataFrame(
+        {
+            "date": pd.to_datetime(o.dates, utc=True),
+            "symbol": symbols,
+            "r": hold,
+            "model": signal_positions(model["mean"], model["p_up"]),
+            "buy_and_hold": 1.0,
+            "momentum20": momentum,
+        }
+    )
     frame = frame[np.isfinite(frame["r"])]
     if frame.empty:
         return {"horizon": horizon, "strategies": {}, "sharpe": None, "sharpe_ci95": [None, None]}
     wide = lambda col: frame.pivot(index="date", columns="symbol", values=col).sort_index()  # noqa: E731
     r = wide("r")
-    strategies = {name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed)
-                  for name in ("model", "buy_and_hold", "momentum20")}
-    return {"horizon": horizon, "signal": "sign(mean)", "cost_bp": cost_bp,
-            "sharpe": strategies["model"]["sharpe"], "sharpe_ci95": strategies["model"]["sharpe_ci95"],
-            "strategies": strategies}
+    strategies = {
+        name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed)
+        for name in ("model", "buy_and_hold", "momentum20")
+    }
+    return {
+        "horizon": horizon,
+        "signal": "sign(mean)",
+        "cost_bp": cost_bp,
+        "sharpe": strategies["model"]["sharpe"],
+        "sharpe_ci95": strategies["model"]["sharpe_ci95"],
+        "strategies": strategies,
+    }

@@ -9,6 +9,7 @@ interval next to always-up. Both dicts are the JSON files of the run folder (tra
 test_results.json); a missing or null value leaves its bar or point out instead of failing.
 Rendering uses matplotlib's Agg backend, so no display is needed (Slurm nodes have none).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,13 +28,17 @@ _MODEL_COLOR, _BASELINE_COLOR = "#1f77b4", "#b0b0b0"
 def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: dict) -> Path:
     """Draw the report and write it atomically as run_dir/report.png; returns its path."""
     import matplotlib
+
     matplotlib.use("Agg")  # before pyplot: no display on compute nodes
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     title = training_log.get("experiment") or Path(run_dir).name
-    fig.suptitle(f"MarketGPT run {title}: status {training_log.get('status', '?')}, "
-                 f"{test_results.get('num_tokens', 0):,} test tokens", fontsize=12)
+    fig.suptitle(
+        f"MarketGPT run {title}: status {training_log.get('status', '?')}, "
+        f"{test_results.get('num_tokens', 0):,} test tokens",
+        fontsize=12,
+    )
     _loss_curves(axes[0, 0], training_log)
     _bars(axes[0, 1], test_results, "loss", "Test loss (cross-entropy, nats; lower is better)", "{:.3f}")
     _skill_note(axes[0, 1], test_results)
@@ -95,11 +100,23 @@ def _bars(ax: Any, results: dict, key: str, title: str, fmt: str) -> None:
 def _skill_note(ax: Any, results: dict) -> None:
     """The model's loss skill against unigram and markov1 with its block-bootstrap interval."""
     skill = results.get("token_skill") or {}
-    lines = [f"skill vs {name}: {100 * s['value']:+.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] "
-             f"({s['verdict']})" for name in ("unigram", "markov1") if isinstance(s := skill.get(name), dict)]
+    lines = [
+        f"skill vs {name}: {100 * s['value']:+.1f}% [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] "
+        f"({s['verdict']})"
+        for name in ("unigram", "markov1")
+        if isinstance(s := skill.get(name), dict)
+    ]
     if lines:
-        ax.text(0.98, 0.97, "\n".join(lines), transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+        ax.text(
+            0.98,
+            0.97,
+            "\n".join(lines),
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        )
 
 
 def _accuracy(ax: Any, results: dict) -> None:
@@ -124,8 +141,15 @@ def _accuracy(ax: Any, results: dict) -> None:
 
 def _directional(ax: Any, results: dict) -> None:
     d = results.get("directional", {})
-    rows = [(label, d.get(key)) for key, label in (("model", "model"), ("always_up", "always up"),
-                                                   ("markov1", "Markov-1"), ("repeat_last", "repeat last"))]
+    rows = [
+        (label, d.get(key))
+        for key, label in (
+            ("model", "model"),
+            ("always_up", "always up"),
+            ("markov1", "Markov-1"),
+            ("repeat_last", "repeat last"),
+        )
+    ]
     rows = [(label, r) for label, r in rows if r and r.get("accuracy") is not None]
     if not rows:
         ax.text(0.5, 0.5, "no test moves to score", ha="center", va="center", transform=ax.transAxes)

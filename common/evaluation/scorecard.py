@@ -20,6 +20,7 @@ common.evaluation.walk_forward (origins, histories, the forecasters' samples),
 common.evaluation.price_scoring (per-horizon scores, skill, breakdowns, the backtest card),
 common.evaluation.scorecard_plot (scorecard.png); this module puts them together.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,22 +68,36 @@ def forecaster_fn(forecaster, **options) -> ForecastFn:
     """A trained run's `common.forecasting.forecaster.Forecaster` as a scorecard forecaster: the log returns
     log(close_h / close_0), h = 1..horizon, of its sampled paths. options go to
     `Forecaster.forecast` (temperature, top_k, max_batch, ...)."""
+
     def fn(histories: Sequence[History], horizon: int, n_samples: int, seed: int) -> np.ndarray:
-        close = forecaster.forecast(list(histories), horizon, n_samples, seed=seed, return_paths=True,
-                                    **options).paths["close"]  # (N, S, H + 1), step 0 the last real close
+        close = forecaster.forecast(list(histories), horizon, n_samples, seed=seed, return_paths=True, **options).paths[
+            "close"
+        ]  # (N, S, H + 1), step 0 the last real close
         return np.log(close[:, :, 1:] / close[:, :, :1])
+
     return fn
 
 
-def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, interval: str,
-                   horizons: Sequence[int] = DEFAULT_HORIZONS, stride: Optional[int] = 5,
-                   n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
-                   cost_bp: float = DEFAULT_COST_BP, n_boot: int = 1000, assets: Optional[Sequence[str]] = None,
-                   baselines: Optional[Mapping[str, ForecastFn]] = None,
-                   progress: Optional[Callable[[str], None]] = None,
-                   calibration: Optional[Calibration] = None,
-                   barrier: Optional[tuple[float, float]] = None, keep: Optional[dict] = None,
-                   budget: Optional[int] = None) -> dict:
+def make_scorecard(
+    series: Sequence[AssetSeries],
+    forecast_fn: ForecastFn,
+    *,
+    interval: str,
+    horizons: Sequence[int] = DEFAULT_HORIZONS,
+    stride: Optional[int] = 5,
+    n_origins: Optional[int] = None,
+    n_samples: int = 200,
+    seed: int = 0,
+    cost_bp: float = DEFAULT_COST_BP,
+    n_boot: int = 1000,
+    assets: Optional[Sequence[str]] = None,
+    baselines: Optional[Mapping[str, ForecastFn]] = None,
+    progress: Optional[Callable[[str], None]] = None,
+    calibration: Optional[Calibration] = None,
+    barrier: Optional[tuple[float, float]] = None,
+    keep: Optional[dict] = None,
+    budget: Optional[int] = None,
+) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
     series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
@@ -106,9 +121,15 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
     origins, step = origin_indices(series, stride=stride, n_origins=n_origins)
     bt_horizon = min(horizons, key=lambda h: (abs(h - step), h))  # the horizon closest to the holding period
 
-    card: dict = {"interval": interval, "samples": n_samples, "seed": seed, "horizons": {},
-                  "origins": {"stride": step, "assets": len(series)},
-                  "baselines": sorted(baselines), "crps_estimator": "scoringrules crps_ensemble (pwm = fair)"}
+    card: dict = {
+        "interval": interval,
+        "samples": n_samples,
+        "seed": seed,
+        "horizons": {},
+        "origins": {"stride": step, "assets": len(series)},
+        "baselines": sorted(baselines),
+        "crps_estimator": "scoringrules crps_ensemble (pwm = fair)",
+    }
     garch = baselines.get("garch")
     if isinstance(garch, GarchT):
         card["garch_fallback"] = list(garch.fallback)
@@ -130,8 +151,9 @@ def make_scorecard(series: Sequence[AssetSeries], forecast_fn: ForecastFn, *, in
             raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
         card["horizons"][str(h)] = horizon_card(series, oh, stats[h], ranked, h, step, n_boot, seed)
         if h == bt_horizon:
-            card["backtest"] = backtest_card(series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h,
-                                             cost_bp, n_boot, seed)
+            card["backtest"] = backtest_card(
+                series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h, cost_bp, n_boot, seed
+            )
     _add_summary(card, horizons[0])
     _add_calibrated(card, stats, calibration)
     if barrier is not None:
@@ -146,41 +168,72 @@ def _add_calibrated(card: dict, stats: dict, calibration: Optional[Calibration])
     for h, hc in card["horizons"].items():
         hc["coverage_calibrated"] = calibration_card(calibration, stats[int(h)]["model"], int(h))
     card["calibration"]["coverage_calibrated"] = card["horizons"][str(card["calibration"]["horizon"])][
-        "coverage_calibrated"]
-    card["calibration"]["calibrated_by"] = None if calibration is None else {
-        "file": str(calibration.path), "split": "val", "dates": calibration.raw.get("dates"),
-        "n_origins": calibration.raw.get("n_origins", {}).get(str(card["calibration"]["horizon"]))}
+        "coverage_calibrated"
+    ]
+    card["calibration"]["calibrated_by"] = (
+        None
+        if calibration is None
+        else {
+            "file": str(calibration.path),
+            "split": "val",
+            "dates": calibration.raw.get("dates"),
+            "n_origins": calibration.raw.get("n_origins", {}).get(str(card["calibration"]["horizon"])),
+        }
+    )
 
 
-def barrier_card(series: Sequence[AssetSeries], o: Origins, stats: dict, barrier: tuple[float, float], stride: int,
-                 n_boot: int, seed: int) -> dict:
+def barrier_card(
+    series: Sequence[AssetSeries],
+    o: Origins,
+    stats: dict,
+    barrier: tuple[float, float],
+    stride: int,
+    n_boot: int,
+    seed: int,
+) -> dict:
     """Per horizon H: the mean Brier score of each forecaster's P(upper first), P(lower first),
     P(neither) within H candles (its sampled closes) against what the closes did, the realized
     frequencies, and the model's Brier skill 1 - BS_model / BS_baseline with a block-bootstrap 95%
     interval over the origin dates. Closes only: the baselines have no candle highs and lows."""
     upper, lower = barrier
-    out: dict = {"upper": upper, "lower": lower, "prices": "close", "score": "Brier, 3 outcomes, in [0, 2]",
-                 "horizons": {}}
+    out: dict = {
+        "upper": upper,
+        "lower": lower,
+        "prices": "close",
+        "score": "Brier, 3 outcomes, in [0, 2]",
+        "horizons": {},
+    }
     for h, by_name in stats.items():
         oh = o.subset(np.isfinite(o.y[h]), h)
         paths = np.full((len(oh.index), h + 1), np.nan)
         for j, (k, i) in enumerate(zip(oh.series, oh.index)):
-            log_close = np.log(series[k].candles["close"].to_numpy(dtype=np.float64)[i: i + h + 1])
+            log_close = np.log(series[k].candles["close"].to_numpy(dtype=np.float64)[i : i + h + 1])
             paths[j] = np.exp(log_close - log_close[0])
         ok = np.isfinite(paths).all(axis=1)  # a gap row inside the horizon: that origin is left out
         happened = barrier_outcomes(paths[ok], upper, lower)["outcome"]
-        scores = {name: brier_score(st["barrier_p"][ok], happened) for name, st in by_name.items()
-                  if np.isfinite(st["barrier_p"][ok]).all()}
-        hc: dict = {"n": int(ok.sum()), "realized": {"upper_first": float((happened == 1).mean()),
-                                                       "lower_first": float((happened == -1).mean()),
-                                                       "neither": float((happened == 0).mean())}
-                    if ok.any() else None,
-                    "brier": {name: float(b.mean()) if len(b) else None for name, b in scores.items()}, "skill": {}}
+        scores = {
+            name: brier_score(st["barrier_p"][ok], happened)
+            for name, st in by_name.items()
+            if np.isfinite(st["barrier_p"][ok]).all()
+        }
+        hc: dict = {
+            "n": int(ok.sum()),
+            "realized": {
+                "upper_first": float((happened == 1).mean()),
+                "lower_first": float((happened == -1).mean()),
+                "neither": float((happened == 0).mean()),
+            }
+            if ok.any()
+            else None,
+            "brier": {name: float(b.mean()) if len(b) else None for name, b in scores.items()},
+            "skill": {},
+        }
         if ok.any() and "model" in scores:
             for name, b in scores.items():
                 if name != "model":
-                    hc["skill"][name] = skill_interval(scores["model"], b, oh.dates[ok], horizon=h, stride=stride,
-                                                       n_boot=n_boot, seed=seed)
+                    hc["skill"][name] = skill_interval(
+                        scores["model"], b, oh.dates[ok], horizon=h, stride=stride, n_boot=n_boot, seed=seed
+                    )
         out["horizons"][str(h)] = hc
     return out
 
@@ -191,10 +244,15 @@ def barrier_lines(bc: dict) -> list[str]:
     for h, hc in bc["horizons"].items():
         if not hc["skill"]:
             continue
-        parts = [f"{BASELINE_NAMES.get(name, name)} {hc['brier'][name]:.3f} (skill {s['value']:+.1%} "
-                 f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}], {s['verdict']})" for name, s in hc["skill"].items()]
-        lines.append(f"Barrier {bc['upper']:+.1%}/{bc['lower']:+.1%} at H={h} (n={hc['n']}): Brier model "
-                     f"{hc['brier']['model']:.3f}; " + "; ".join(parts))
+        parts = [
+            f"{BASELINE_NAMES.get(name, name)} {hc['brier'][name]:.3f} (skill {s['value']:+.1%} "
+            f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}], {s['verdict']})"
+            for name, s in hc["skill"].items()
+        ]
+        lines.append(
+            f"Barrier {bc['upper']:+.1%}/{bc['lower']:+.1%} at H={h} (n={hc['n']}): Brier model "
+            f"{hc['brier']['model']:.3f}; " + "; ".join(parts)
+        )
     return lines
 
 
@@ -228,8 +286,14 @@ def _add_summary(card: dict, shortest: int) -> None:
     card["headline"] = None
     if best:
         dm = first["dm"]["crps"][best]  # the verdict of the family-wise rule, as in the verdict lines
-        card["headline"] = {"horizon": shortest, "baseline": best, **first["skill"]["crps"][best],
-                            "verdict": dm["verdict"], "p_value": dm["p_value"], "p_holm": dm["p_holm"]}
+        card["headline"] = {
+            "horizon": shortest,
+            "baseline": best,
+            **first["skill"]["crps"][best],
+            "verdict": dm["verdict"],
+            "p_value": dm["p_value"],
+            "p_holm": dm["p_holm"],
+        }
     card["verdicts"] = verdict_lines(card)
     card["mcs_lines"] = mcs_lines(card)
 
@@ -241,9 +305,12 @@ def _adjust_tests(card: dict) -> dict:
     for dm, p in zip(tests, holm([dm["p_value"] for dm in tests])):
         dm["p_holm"] = p
         dm["verdict"] = family_verdict(dm["mean_diff"], p)
-    return {"test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
-            "adjustment": "holm", "family_alpha": FAMILY_ALPHA,
-            "family": sum(dm["p_value"] is not None for dm in tests)}
+    return {
+        "test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
+        "adjustment": "holm",
+        "family_alpha": FAMILY_ALPHA,
+        "family": sum(dm["p_value"] is not None for dm in tests),
+    }
 
 
 def _p(p: Optional[float]) -> str:
@@ -283,12 +350,15 @@ def mcs_lines(card: dict) -> list[str]:
         if mcs["included"] is None:
             lines.append(f"{label} n/a ({mcs['note']})")
             continue
+
         def name(k: str) -> str:
             return BASELINE_NAMES.get(k, k)
 
         out = [name(k) for k in mcs["pvalues"] if k not in mcs["included"]]
-        lines.append(f"{label} {', '.join(name(k) for k in mcs['included'])}"
-                     + (f" (out: {', '.join(out)})" if out else " (none out)"))
+        lines.append(
+            f"{label} {', '.join(name(k) for k in mcs['included'])}"
+            + (f" (out: {', '.join(out)})" if out else " (none out)")
+        )
     return lines
 
 
@@ -300,13 +370,25 @@ def write_scorecard(card: dict, out_dir: str | Path) -> tuple[Path, Path]:
     return out_dir / SCORECARD_JSON, out_dir / SCORECARD_PNG
 
 
-def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Sequence[int] = DEFAULT_HORIZONS,
-                  stride: Optional[int] = 5, n_origins: Optional[int] = None, n_samples: int = 200, seed: int = 0,
-                  cost_bp: float = DEFAULT_COST_BP, assets: Optional[Sequence[str]] = None,
-                  out_dir: str | Path | None = None, progress: Optional[Callable[[str], None]] = None,
-                  precision: Optional[str] = None, calibration: Optional[Calibration] = None,
-                  barrier: Optional[tuple[float, float]] = None, interval: Optional[str] = None,
-                  budget: Optional[int] = None) -> dict:
+def run_scorecard(
+    run_dir: str | Path,
+    forecast_fn: ForecastFn,
+    *,
+    horizons: Sequence[int] = DEFAULT_HORIZONS,
+    stride: Optional[int] = 5,
+    n_origins: Optional[int] = None,
+    n_samples: int = 200,
+    seed: int = 0,
+    cost_bp: float = DEFAULT_COST_BP,
+    assets: Optional[Sequence[str]] = None,
+    out_dir: str | Path | None = None,
+    progress: Optional[Callable[[str], None]] = None,
+    precision: Optional[str] = None,
+    calibration: Optional[Calibration] = None,
+    barrier: Optional[tuple[float, float]] = None,
+    interval: Optional[str] = None,
+    budget: Optional[int] = None,
+) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
@@ -314,9 +396,22 @@ def run_scorecard(run_dir: str | Path, forecast_fn: ForecastFn, *, horizons: Seq
     interval: which of a run's data.intervals (None: its first), forecast by forecast_fn.
     budget: at most this many (asset, origin) forecasts (make_scorecard)."""
     series, interval = series_from_run(run_dir, interval)
-    card = make_scorecard(series, forecast_fn, interval=interval, horizons=horizons, stride=stride,
-                          n_origins=n_origins, n_samples=n_samples, seed=seed, cost_bp=cost_bp, assets=assets,
-                          progress=progress, calibration=calibration, barrier=barrier, budget=budget)
+    card = make_scorecard(
+        series,
+        forecast_fn,
+        interval=interval,
+        horizons=horizons,
+        stride=stride,
+        n_origins=n_origins,
+        n_samples=n_samples,
+        seed=seed,
+        cost_bp=cost_bp,
+        assets=assets,
+        progress=progress,
+        calibration=calibration,
+        barrier=barrier,
+        budget=budget,
+    )
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision

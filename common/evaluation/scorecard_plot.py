@@ -3,6 +3,7 @@ confidence set under each horizon), the model's coverage (and its calibrated cov
 run has calibration.json), its PIT histogram, the backtest's equity curves, and the barrier
 lines under the panels (scorecard --barrier). Rendering uses matplotlib's Agg backend (no display on Slurm nodes).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,10 +43,16 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
                 ax[0, 0].annotate("*", (x[k], top), ha="center", va="bottom" if v[k] >= 0 else "top", fontsize=12)
     ax[0, 0].axhline(0, color="k", lw=0.8)
     ax[0, 0].margins(y=0.12)  # room for the stars
-    ax[0, 0].set_xticks(np.arange(len(horizons)) + width * (len(names) - 1) / 2,
-                        [_horizon_label(card["horizons"][h], h, labels) for h in horizons], fontsize=8)
-    ax[0, 0].set(title="CRPS skill vs baseline (95% block-bootstrap CI)\n* Holm-adjusted DM p < 0.05; "
-                       "below: the 90% model confidence set", ylabel="skill, %")
+    ax[0, 0].set_xticks(
+        np.arange(len(horizons)) + width * (len(names) - 1) / 2,
+        [_horizon_label(card["horizons"][h], h, labels) for h in horizons],
+        fontsize=8,
+    )
+    ax[0, 0].set(
+        title="CRPS skill vs baseline (95% block-bootstrap CI)\n* Holm-adjusted DM p < 0.05; "
+        "below: the 90% model confidence set",
+        ylabel="skill, %",
+    )
     ax[0, 0].legend(fontsize=8)
 
     levels = [int(level) for level in COVERAGE_LEVELS]
@@ -56,8 +63,13 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
         cal = card["horizons"][h].get("coverage_calibrated")  # calibration.json's intervals, when fitted
         if cal:
             cal_levels = [level for level in levels if str(level) in cal]
-            ax[0, 1].plot(cal_levels, [100 * cal[str(level)] for level in cal_levels], "s--", color=line.get_color(),
-                          label=f"H={h} calibrated")
+            ax[0, 1].plot(
+                cal_levels,
+                [100 * cal[str(level)] for level in cal_levels],
+                "s--",
+                color=line.get_color(),
+                label=f"H={h} calibrated",
+            )
     ax[0, 1].set(title="central interval coverage (model)", xlabel="nominal %", ylabel="actual %")
     ax[0, 1].legend(fontsize=8)
 
@@ -70,8 +82,10 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     for name, st in bt.get("strategies", {}).items():
         dates = pd.to_datetime(st["dates"], format="ISO8601")  # with or without fractional seconds
         ax[1, 1].plot(dates, st["equity"], label=f"{name} (Sharpe {_fmt(st['sharpe'])})")
-    ax[1, 1].set(title=f"backtest equity, {bt.get('cost_bp', DEFAULT_COST_BP):g} bp per side "
-                       f"(H={bt.get('horizon', '-')})", ylabel="growth of 1")
+    ax[1, 1].set(
+        title=f"backtest equity, {bt.get('cost_bp', DEFAULT_COST_BP):g} bp per side (H={bt.get('horizon', '-')})",
+        ylabel="growth of 1",
+    )
     if bt.get("strategies"):
         ax[1, 1].legend(fontsize=8)
     ax[1, 1].tick_params(axis="x", labelrotation=30)
@@ -89,9 +103,8 @@ def _horizon_label(hc: dict, h: str, labels: Mapping[str, str]) -> str:
     if mcs.get("included") is None:
         return f"H={h}"
     names = [labels.get(k, k) for k in mcs["included"]]
-    return f"H={h}\n" + "\n".join(", ".join(names[i:i + 2]) for i in range(0, len(names), 2))
+    return f"H={h}\n" + "\n".join(", ".join(names[i : i + 2]) for i in range(0, len(names), 2))
 
 
 def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:.2f}"
-

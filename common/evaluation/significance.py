@@ -18,6 +18,7 @@ pooled CRPS skill, and all assets of a date move together as in the skill's boot
 - Holm (1979) step-down adjusted p-values: family-wise error control under any dependence
   between the tests (one scorecard's horizons share origins and baselines).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,7 @@ __all__ = [
     "model_confidence_set",
     "overlap_steps",
     "significance_card",
-    ]
+]
 
 FAMILY_ALPHA = 0.05  # the family-wise error rate of one scorecard's verdicts
 MCS_ALPHA = 0.10  # the MCS keeps forecasters not rejected at this size: a 90% set
@@ -88,8 +89,14 @@ def diebold_mariano(model: np.ndarray, baseline: np.ndarray, h: int) -> dict:
     dates, no variance, or too few dates for h)."""
     d = np.asarray(model, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     n = len(d)
-    out = {"statistic": None, "p_value": None, "mean_diff": float(d.mean()) if n else None, "n_dates": n,
-           "lags": h - 1, "variance": "uniform"}
+    out = {
+        "statistic": None,
+        "p_value": None,
+        "mean_diff": float(d.mean()) if n else None,
+        "n_dates": n,
+        "lags": h - 1,
+        "variance": "uniform",
+    }
     if n < 2:
         return out
     v = long_run_variance(d, h - 1, "uniform")
@@ -126,14 +133,22 @@ def family_verdict(mean_diff: Optional[float], p_adjusted: Optional[float], alph
     return "beats" if mean_diff < 0 else "worse"
 
 
-def model_confidence_set(losses: Mapping[str, np.ndarray], *, block: int, reps: int, seed: int,
-                         alpha: float = MCS_ALPHA) -> dict:
+def model_confidence_set(
+    losses: Mapping[str, np.ndarray], *, block: int, reps: int, seed: int, alpha: float = MCS_ALPHA
+) -> dict:
     """`arch.bootstrap.MCS` (range statistic, stationary bootstrap) over per-date loss series:
     which forecasters remain in the (1 - alpha) set, and each one's MCS p-value."""
     names = list(losses)
     n = len(next(iter(losses.values()))) if names else 0
-    out: dict = {"alpha": alpha, "included": None, "pvalues": None, "method": "R", "reps": reps, "block": block,
-                 "n_dates": n}
+    out: dict = {
+        "alpha": alpha,
+        "included": None,
+        "pvalues": None,
+        "method": "R",
+        "reps": reps,
+        "block": block,
+        "n_dates": n,
+    }
     if n < MCS_MIN_DATES:
         out["note"] = f"{n} origin dates: too few for the MCS (at least {MCS_MIN_DATES})"
         return out
@@ -144,18 +159,25 @@ def model_confidence_set(losses: Mapping[str, np.ndarray], *, block: int, reps: 
         return out
     from arch.bootstrap import MCS  # seconds to import: only when a scorecard is scored
 
-    mcs = MCS(pd.DataFrame(table, columns=names), size=alpha, reps=reps, block_size=block, method="R",
-              bootstrap="stationary", seed=seed)
+    mcs = MCS(
+        pd.DataFrame(table, columns=names),
+        size=alpha,
+        reps=reps,
+        block_size=block,
+        method="R",
+        bootstrap="stationary",
+        seed=seed,
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         mcs.compute()
     pvalues = mcs.pvalues["Pvalue"]
-    out.update(included=[k for k in names if k in set(mcs.included)],
-               pvalues={k: float(pvalues[k]) for k in names})
+    out.update(included=[k for k in names if k in set(mcs.included)], pvalues={k: float(pvalues[k]) for k in names})
     return out
 
 
-def significance_card(losses: Mapping[str, np.ndarray], dates: np.ndarray, *, horizon: int, stride: int,
-                      n_boot: int, seed: int) -> dict:
+def significance_card(
+    losses: Mapping[str, np.ndarray], dates: np.ndarray, *, horizon: int, stride: int, n_boot: int, seed: int
+) -> dict:
     """Per horizon: {"dm": {"crps": {baseline: DM result}}, "mcs": MCS result} from the per-origin
     CRPS of "model" and each baseline on the same origins. The Holm adjustment and the verdicts
     come later, across all horizons (`common.evaluation.scorecard`)."""

@@ -2,6 +2,7 @@
 model reads (split_windows) and the scores of the model and of a token baseline on every target.
 common.evaluation.evaluate sums them up; its docstring says which targets and how they are ranked.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,17 @@ from torch.nn import functional as F
 from common.distributed.precision import autocast as precision_autocast, resolve_precision
 from common.special_tokens import PAD_TOKEN
 
-__all__ = ["Scores", "SplitTokens", "TOP_K", "Windows", "eval_inputs", "score_baseline", "score_log_probs",
-           "score_model", "split_windows"]
+__all__ = [
+    "Scores",
+    "SplitTokens",
+    "TOP_K",
+    "Windows",
+    "eval_inputs",
+    "score_baseline",
+    "score_log_probs",
+    "score_model",
+    "split_windows",
+]
 
 TOP_K = 5
 _CHUNK_ELEMENTS = 1 << 22  # rows x vocab floats per baseline chunk (32 MB in float64)
@@ -43,10 +53,12 @@ class SplitTokens:
             raise ValueError(f"tokens {self.tokens.shape} and moves {self.moves.shape} must be 1-D and aligned")
 
 
-def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray],
-                ranges: Mapping[str, Mapping[str, Sequence[int]]],
-                features: Optional[Mapping[str, np.ndarray]] = None
-                ) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
+def eval_inputs(
+    tokens: Mapping[str, np.ndarray],
+    moves: Mapping[str, np.ndarray],
+    ranges: Mapping[str, Mapping[str, Sequence[int]]],
+    features: Optional[Mapping[str, np.ndarray]] = None,
+) -> tuple[dict[str, SplitTokens], dict[str, np.ndarray]]:
     """(test split per asset, train tokens per asset) from whole-series arrays and split ranges.
 
     tokens / moves: symbol -> the asset's whole series of tokens and actual moves (aligned, as
@@ -60,8 +72,9 @@ def eval_inputs(tokens: Mapping[str, np.ndarray], moves: Mapping[str, np.ndarray
             train[symbol] = np.asarray(toks[b:e])
         if "test" in ranges[symbol]:
             b, e = ranges[symbol]["test"]
-            test[symbol] = SplitTokens(toks[b:e], moves[symbol][b:e],
-                                       features[symbol][b:e] if features is not None else None)
+            test[symbol] = SplitTokens(
+                toks[b:e], moves[symbol][b:e], features[symbol][b:e] if features is not None else None
+            )
     return test, train
 
 
@@ -76,8 +89,12 @@ class Scores:
 
     @classmethod
     def concat(cls, parts: Sequence["Scores"]) -> "Scores":
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
-                     for f in ("nll", "top1", "top5", "move")))
+        return cls(
+            *(
+                np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
+                for f in ("nll", "top1", "top5", "move")
+            )
+        )
 
 
 def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves: torch.Tensor) -> Scores:
@@ -88,16 +105,20 @@ def score_log_probs(log_probs: torch.Tensor, targets: torch.Tensor, token_moves:
     # rank = ids strictly more likely + equally likely ids with a lower id (stable-sort order)
     rank = (log_probs > target_lp).sum(1) + ((log_probs == target_lp) & (ids < targets[:, None])).sum(1)
     move = log_probs.exp() @ token_moves.to(log_probs.dtype)  # (n,)
-    return Scores(nll=-target_lp[:, 0].double().cpu().numpy(), top1=(rank < 1).cpu().numpy(),
-                  top5=(rank < TOP_K).cpu().numpy(), move=move.double().cpu().numpy())
+    return Scores(
+        nll=-target_lp[:, 0].double().cpu().numpy(),
+        top1=(rank < 1).cpu().numpy(),
+        top5=(rank < TOP_K).cpu().numpy(),
+        move=move.double().cpu().numpy(),
+    )
 
 
 def score_baseline(baseline: Any, prev: np.ndarray, targets: np.ndarray, token_moves: torch.Tensor) -> Scores:
     rows = max(1, _CHUNK_ELEMENTS // len(token_moves))
     parts = []
     for i in range(0, len(targets), rows):
-        lp = torch.from_numpy(baseline.log_probs(prev[i:i + rows]))
-        parts.append(score_log_probs(lp, torch.from_numpy(targets[i:i + rows]), token_moves.double()))
+        lp = torch.from_numpy(baseline.log_probs(prev[i : i + rows]))
+        parts.append(score_log_probs(lp, torch.from_numpy(targets[i : i + rows]), token_moves.double()))
     return Scores.concat(parts)
 
 
@@ -117,8 +138,12 @@ class Windows:
     features: Optional[np.ndarray] = None  # (W, T, 3) ids of the inputs, when the model reads them
 
 
-def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_last: Optional[int] = None,
-                  max_windows: Optional[int] = None) -> Windows:
+def split_windows(
+    test: Mapping[str, SplitTokens],
+    context_length: int,
+    score_last: Optional[int] = None,
+    max_windows: Optional[int] = None,
+) -> Windows:
     """Every target once, in windows of T = context_length. By default the windows do not overlap,
     so a target sees 1 to T tokens of context (T/2 on average). score_last=k: a window starts
     every k tokens and scores only its last k targets (the first window all T), so every target
@@ -155,7 +180,7 @@ def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_la
         xs.append(chunk[:, :-1])
         y = chunk[:, 1:].copy()
         if step < T:
-            y[chosen > 0, :T - step] = PAD_TOKEN  # scored by an earlier window, with less context
+            y[chosen > 0, : T - step] = PAD_TOKEN  # scored by an earlier window, with less context
         ys.append(y)
         ms.append(np.where(inside, moves[safe.ravel()].reshape(idx.shape), np.nan)[:, 1:])
         if feats is not None:
@@ -166,8 +191,15 @@ def split_windows(test: Mapping[str, SplitTokens], context_length: int, score_la
     if not xs:
         empty = np.zeros((0, T), np.int64)
         return Windows(empty, empty, np.zeros((0, T)), np.zeros(0, np.int64), symbols, np.zeros(0, np.int64))
-    return Windows(np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), np.concatenate(owner), symbols,
-                   np.concatenate(first), np.concatenate(fs) if fs else None)
+    return Windows(
+        np.concatenate(xs),
+        np.concatenate(ys),
+        np.concatenate(ms),
+        np.concatenate(owner),
+        symbols,
+        np.concatenate(first),
+        np.concatenate(fs) if fs else None,
+    )
 
 
 def _window_starts(n: int, T: int, step: int) -> np.ndarray:
@@ -181,18 +213,25 @@ def _window_starts(n: int, T: int, step: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def score_model(model: torch.nn.Module, w: Windows, asset_ids: np.ndarray, category_ids: np.ndarray,
-                 token_moves: torch.Tensor, batch_size: int, device: torch.device) -> Scores:
+def score_model(
+    model: torch.nn.Module,
+    w: Windows,
+    asset_ids: np.ndarray,
+    category_ids: np.ndarray,
+    token_moves: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> Scores:
     token_moves = token_moves.float().to(device)
     # the precision training.precision=auto picks: bf16 on Ampere+, fp16 on V100/T4, fp32 on the CPU
     autocast = precision_autocast(resolve_precision("auto", device), device)
     parts = []
     for i in range(0, len(w.x), batch_size):
-        x = torch.from_numpy(w.x[i:i + batch_size]).to(device)
-        y = torch.from_numpy(w.y[i:i + batch_size]).to(device)
-        a = torch.from_numpy(asset_ids[w.asset[i:i + batch_size]]).to(device)
-        c = torch.from_numpy(category_ids[w.asset[i:i + batch_size]]).to(device)
-        extra = {} if w.features is None else {"features": torch.from_numpy(w.features[i:i + batch_size]).to(device)}
+        x = torch.from_numpy(w.x[i : i + batch_size]).to(device)
+        y = torch.from_numpy(w.y[i : i + batch_size]).to(device)
+        a = torch.from_numpy(asset_ids[w.asset[i : i + batch_size]]).to(device)
+        c = torch.from_numpy(category_ids[w.asset[i : i + batch_size]]).to(device)
+        extra = {} if w.features is None else {"features": torch.from_numpy(w.features[i : i + batch_size]).to(device)}
         with autocast:
             logits, _ = model(x, a, c, **extra)
         keep = y != PAD_TOKEN  # (B, T); row-major order matches the flattened targets

@@ -1,10 +1,11 @@
 """The walk-forward: origins in the test split, the histories a forecaster sees, its samples.
 
-    origin dates: every `stride`-th date of the test split (or `n_origins` evenly spaced);
-    per origin: History(symbol, a copy of candles[: origin + 1]), all a forecaster is given;
-    the realized H-step log return, read from the full frame by the scorecard alone;
-    per horizon and forecaster: per-origin stats of its samples (CRPS, PIT, median, ...).
+origin dates: every `stride`-th date of the test split (or `n_origins` evenly spaced);
+per origin: History(symbol, a copy of candles[: origin + 1]), all a forecaster is given;
+the realized H-step log return, read from the full frame by the scorecard alone;
+per horizon and forecaster: per-origin stats of its samples (CRPS, PIT, median, ...).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ _BATCH = 256  # origins per forecast call: bounds the memory of the history copi
 _BATCH_CANDLES = 2_000_000  # and candles in them (about 100 MB of copies): long hourly series
 
 
-def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
-                   n_origins: Optional[int] = None) -> tuple[dict[str, np.ndarray], int]:
+def origin_indices(
+    series: Sequence[AssetSeries], stride: Optional[int] = None, n_origins: Optional[int] = None
+) -> tuple[dict[str, np.ndarray], int]:
     """Origin candle indices per asset, and the stride in dates between consecutive origins.
 
     The dates are the union of the assets' test-split dates with a valid close; every `stride`-th
@@ -62,6 +64,7 @@ def origin_indices(series: Sequence[AssetSeries], stride: Optional[int] = None,
 @dataclass
 class Origins:
     """(asset, origin) pairs, flat, in asset order, with the realized return at each horizon."""
+
     series: np.ndarray  # index into the series list
     index: np.ndarray  # origin candle index
     dates: np.ndarray  # origin timestamps (int64 ns)
@@ -90,8 +93,12 @@ def all_origins(series: Sequence[AssetSeries], origins: Mapping[str, np.ndarray]
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
     y = {h: cat(ys[h], np.float64) for h in horizons}
     keep = np.isfinite(y[horizons[0]])
-    return Origins(cat(ks, np.int64)[keep], cat(idx, np.int64)[keep], cat(dates, np.int64)[keep],
-                    {h: v[keep] for h, v in y.items()})
+    return Origins(
+        cat(ks, np.int64)[keep],
+        cat(idx, np.int64)[keep],
+        cat(dates, np.int64)[keep],
+        {h: v[keep] for h, v in y.items()},
+    )
 
 
 def within_budget(o: Origins, budget: int, stride: int, seed: int) -> tuple[Origins, int, Optional[str]]:
@@ -119,8 +126,10 @@ def within_budget(o: Origins, budget: int, stride: int, seed: int) -> tuple[Orig
         rows = np.flatnonzero(o.dates == d)
         keep[rng.choice(rows, size=min(k, len(rows)), replace=False)] = True
     out = Origins(o.series[keep], o.index[keep], o.dates[keep], {h: y[keep] for h, y in o.y.items()})
-    line = (f"{len(o.index)} forecasts over the budget of {budget}: {len(out.index)} drawn, up to {k} assets "
-            f"at random on each of {len(kept_dates)} origin dates")
+    line = (
+        f"{len(o.index)} forecasts over the budget of {budget}: {len(out.index)} drawn, up to {k} assets "
+        f"at random on each of {len(kept_dates)} origin dates"
+    )
     return out, stride, line
 
 
@@ -131,9 +140,14 @@ def _history(s: AssetSeries, i: int) -> History:
 
 
 def _sample_stats(samples: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    stats = {"crps": crps(samples, y), "pit": pit_values(samples, y),
-             "median": np.median(samples, axis=1), "mean": samples.mean(1),
-             "var": samples.var(1), "p_up": (samples > 0).mean(1)}
+    stats = {
+        "crps": crps(samples, y),
+        "pit": pit_values(samples, y),
+        "median": np.median(samples, axis=1),
+        "mean": samples.mean(1),
+        "var": samples.var(1),
+        "p_up": (samples > 0).mean(1),
+    }
     stats.update({f"cover{k}": v for k, v in coverage_flags(samples, y).items()})
     stats.update({f"score{k}": v for k, v in conformity_scores(samples, y).items()})  # CQR: calibration
     return stats
@@ -144,9 +158,11 @@ def _call(name: str, fn: ForecastFn, histories: list[History], horizon: int, n_s
     out = np.asarray(fn(histories, horizon, n_samples, seed), dtype=np.float64)
     n = len(histories)
     if out.shape not in ((n, n_samples, horizon), (n, n_samples)) or not np.all(np.isfinite(out)):
-        raise ValueError(f"forecaster {name!r} returned {out.shape} samples with "
-                         f"{np.size(out) - np.isfinite(out).sum()} non-finite values; expected finite log returns, "
-                         f"({n}, {n_samples}, {horizon}) paths or ({n}, {n_samples}) at the horizon")
+        raise ValueError(
+            f"forecaster {name!r} returned {out.shape} samples with "
+            f"{np.size(out) - np.isfinite(out).sum()} non-finite values; expected finite log returns, "
+            f"({n}, {n_samples}, {horizon}) paths or ({n}, {n_samples}) at the horizon"
+        )
     return out
 
 
@@ -165,10 +181,16 @@ def _batches(lengths: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping[str, ForecastFn],
-                  horizons: Sequence[int], n_samples: int, seed: int, say: Callable[[str], None],
-                  barrier: Optional[tuple[float, float]] = None
-                  ) -> tuple[dict[int, dict[str, dict[str, np.ndarray]]], np.ndarray]:
+def forecast_all(
+    series: Sequence[AssetSeries],
+    o: Origins,
+    forecasters: Mapping[str, ForecastFn],
+    horizons: Sequence[int],
+    n_samples: int,
+    seed: int,
+    say: Callable[[str], None],
+    barrier: Optional[tuple[float, float]] = None,
+) -> tuple[dict[int, dict[str, dict[str, np.ndarray]]], np.ndarray]:
     """horizon -> forecaster -> per-origin stats (crps, pit, median, ...) over the origins with a
     target at that horizon; and the 20-period momentum signal of every origin.
 
@@ -197,9 +219,14 @@ def forecast_all(series: Sequence[AssetSeries], o: Origins, forecasters: Mapping
                 ok = np.isfinite(y)
                 st = _sample_stats(samples[ok], y[ok])
                 if barrier is not None:
-                    st["barrier_p"] = (barrier_probability_table(out[ok, :, :h], *barrier) if out.ndim == 3
-                                       else np.full((int(ok.sum()), 3), np.nan))
+                    st["barrier_p"] = (
+                        barrier_probability_table(out[ok, :, :h], *barrier)
+                        if out.ndim == 3
+                        else np.full((int(ok.sum()), 3), np.nan)
+                    )
                 parts[h][name].append(st)
-    stats = {h: {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in by_name.items()}
-             for h, by_name in parts.items()}
+    stats = {
+        h: {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in by_name.items()}
+        for h, by_name in parts.items()
+    }
     return stats, mom

@@ -13,6 +13,7 @@ log-return space from the origin close:
 This module holds what applying it needs (the interval ends, the score, reading the file and
 shifting a forecast table), so `marketgpt forecast --calibrated` does not reach the evaluation floor.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,16 +27,24 @@ import pandas as pd
 
 from common.errors import UserError
 
-__all__ = ["CALIBRATION_JSON", "CALIBRATION_LEVELS", "Calibration", "calibrate_table", "central_intervals",
-           "conformity_scores", "load_calibration"]
+__all__ = [
+    "CALIBRATION_JSON",
+    "CALIBRATION_LEVELS",
+    "Calibration",
+    "calibrate_table",
+    "central_intervals",
+    "conformity_scores",
+    "load_calibration",
+]
 
 CALIBRATION_JSON = "calibration.json"
 CALIBRATION_LEVELS = (50, 80, 90)  # central levels; their ends are forecast columns p25/p75, p10/p90, p5/p95
 FORMAT_VERSION = 1
 
 
-def central_intervals(samples: np.ndarray, levels: Sequence[int] = CALIBRATION_LEVELS
-                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def central_intervals(
+    samples: np.ndarray, levels: Sequence[int] = CALIBRATION_LEVELS
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """level -> (lo, hi), each (n,): the central level% interval of each row of samples (n, S),
     numpy's linear quantiles (as the scorecard's coverage and the forecast's columns)."""
     out = {}
@@ -45,8 +54,9 @@ def central_intervals(samples: np.ndarray, levels: Sequence[int] = CALIBRATION_L
     return out
 
 
-def conformity_scores(samples: np.ndarray, y: np.ndarray, levels: Sequence[int] = CALIBRATION_LEVELS
-                      ) -> dict[str, np.ndarray]:
+def conformity_scores(
+    samples: np.ndarray, y: np.ndarray, levels: Sequence[int] = CALIBRATION_LEVELS
+) -> dict[str, np.ndarray]:
     """level -> (n,) CQR score max(lo - y, y - hi): y lies in [lo - q, hi + q] exactly when score <= q."""
     y = np.asarray(y, dtype=np.float64)
     return {level: np.maximum(lo - y, y - hi) for level, (lo, hi) in central_intervals(samples, levels).items()}
@@ -55,6 +65,7 @@ def conformity_scores(samples: np.ndarray, y: np.ndarray, levels: Sequence[int] 
 @dataclass(frozen=True)
 class Calibration:
     """A fitted calibration.json: adjustments[h][level] in log return, for steps 1..max(horizons)."""
+
     path: Path
     horizons: tuple[int, ...]
     levels: tuple[int, ...]
@@ -67,16 +78,22 @@ class Calibration:
         """A UserError when the adjustments do not fit this forecast: a step it was not fitted for,
         other sampling settings, another model."""
         if horizon > max(self.horizons):
-            raise UserError(f"--calibrated: {self.path} covers steps 1..{max(self.horizons)}, not --horizon {horizon}; "
-                            f"pass --horizon {max(self.horizons)} or refit with `marketgpt calibrate "
-                            f"{self.path.parent} --horizon {horizon}`")
+            raise UserError(
+                f"--calibrated: {self.path} covers steps 1..{max(self.horizons)}, not --horizon {horizon}; "
+                f"pass --horizon {max(self.horizons)} or refit with `marketgpt calibrate "
+                f"{self.path.parent} --horizon {horizon}`"
+            )
         for key, fitted in self.sampling.items():
             if sampling.get(key) != fitted:
-                raise UserError(f"--calibrated: {self.path} was fitted with {key} {fitted}, not {sampling.get(key)}; "
-                                "its adjustments hold for the model's own distribution only (drop the sampling flag)")
+                raise UserError(
+                    f"--calibrated: {self.path} was fitted with {key} {fitted}, not {sampling.get(key)}; "
+                    "its adjustments hold for the model's own distribution only (drop the sampling flag)"
+                )
         if checkpoint_sha256 and self.checkpoint_sha256 and checkpoint_sha256 != self.checkpoint_sha256:
-            raise UserError(f"--calibrated: {self.path} was fitted for another best_model.pt (sha256 "
-                            f"{self.checkpoint_sha256[:12]}); refit it with `marketgpt calibrate {self.path.parent}`")
+            raise UserError(
+                f"--calibrated: {self.path} was fitted for another best_model.pt (sha256 "
+                f"{self.checkpoint_sha256[:12]}); refit it with `marketgpt calibrate {self.path.parent}`"
+            )
 
 
 def load_calibration(folder: str | Path) -> Calibration:
@@ -86,18 +103,25 @@ def load_calibration(folder: str | Path) -> Calibration:
         raise UserError(f"{path} not found; fit it on the run's validation split with `marketgpt calibrate {folder}`")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        adjustments = {int(h): {int(level): float(q) for level, q in by_level.items()}
-                       for h, by_level in raw["adjustments"].items()}
+        adjustments = {
+            int(h): {int(level): float(q) for level, q in by_level.items()}
+            for h, by_level in raw["adjustments"].items()
+        }
         horizons, levels = tuple(int(h) for h in raw["horizons"]), tuple(int(v) for v in raw["levels"])
-        ok = (horizons == tuple(range(1, len(horizons) + 1)) and set(adjustments) == set(horizons)
-              and all(set(a) == set(levels) and all(map(math.isfinite, a.values())) for a in adjustments.values()))
+        ok = (
+            horizons == tuple(range(1, len(horizons) + 1))
+            and set(adjustments) == set(horizons)
+            and all(set(a) == set(levels) and all(map(math.isfinite, a.values())) for a in adjustments.values())
+        )
         if not ok:
             raise ValueError("horizons, levels and adjustments do not agree")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UserError(f"{path} is damaged ({type(e).__name__}: {e}); refit it with `marketgpt calibrate {folder}`"
-                        ) from None
-    return Calibration(path, horizons, levels, adjustments, dict(raw.get("sampling", {})),
-                       raw.get("checkpoint_sha256"), raw)
+        raise UserError(
+            f"{path} is damaged ({type(e).__name__}: {e}); refit it with `marketgpt calibrate {folder}`"
+        ) from None
+    return Calibration(
+        path, horizons, levels, adjustments, dict(raw.get("sampling", {})), raw.get("checkpoint_sha256"), raw
+    )
 
 
 def calibrate_table(table: pd.DataFrame, cal: Calibration) -> pd.DataFrame:

@@ -10,6 +10,7 @@ must share the tokenizer (tokenizer.json byte for byte: a token id must mean the
 in every run), the assets and the interval; anything else is refused, naming the run.
 `marketgpt forecast` and `marketgpt scorecard` take several run folders and use this.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,8 +51,13 @@ class Ensemble(Forecaster):
         self.ensemble = [{"run": str(m.run_dir), "checkpoint_sha256": m.checkpoint_sha256} for m in members]
 
     @classmethod
-    def from_runs(cls, run_dirs: Sequence[Union[str, Path]], device: Union[str, torch.device, None] = None,
-                  precision: str = "auto", interval: Optional[str] = None) -> "Ensemble":
+    def from_runs(
+        cls,
+        run_dirs: Sequence[Union[str, Path]],
+        device: Union[str, torch.device, None] = None,
+        precision: str = "auto",
+        interval: Optional[str] = None,
+    ) -> "Ensemble":
         members = [Forecaster.from_run(r, device=device, precision=precision, interval=interval) for r in run_dirs]
         ensemble = cls(members)
         ensemble.interval = members[0].interval
@@ -64,41 +70,64 @@ class Ensemble(Forecaster):
         for m in self.members:
             m.check_request(horizon, samples)
         if samples < len(self.members):
-            raise UserError(f"--samples {samples}: an ensemble of {len(self.members)} runs needs at least one "
-                            "path per run")
+            raise UserError(
+                f"--samples {samples}: an ensemble of {len(self.members)} runs needs at least one path per run"
+            )
 
-    def forecast(self, histories: Any, horizon: int, samples: int = 256, *, seed: int = 0,
-                 return_paths: bool = False, **options: Any) -> ForecastResult:
+    def forecast(
+        self,
+        histories: Any,
+        horizon: int,
+        samples: int = 256,
+        *,
+        seed: int = 0,
+        return_paths: bool = False,
+        **options: Any,
+    ) -> ForecastResult:
         """The members' paths pooled (samples split evenly); the table from the pooled paths."""
         self.check_request(horizon, samples)
         shares = [len(part) for part in np.array_split(np.arange(samples), len(self.members))]
-        results = [m.forecast(histories, horizon, n, seed=seed + i * _SEED_STEP, return_paths=True, **options)
-                   for i, (m, n) in enumerate(zip(self.members, shares))]
+        results = [
+            m.forecast(histories, horizon, n, seed=seed + i * _SEED_STEP, return_paths=True, **options)
+            for i, (m, n) in enumerate(zip(self.members, shares))
+        ]
         every = [r.paths for r in results if r.paths is not None]  # each member's: return_paths
         paths = {k: np.concatenate([p[k] for p in every], axis=1) for k in every[0]}
         tokens = np.concatenate([r.tokens for r in results], axis=1)
         table = results[0].table.copy()
-        stats = [summarize_paths(paths["close"][i], paths["high"][i], paths["low"][i])
-                 for i in range(len(results[0].origins))]
+        stats = [
+            summarize_paths(paths["close"][i], paths["high"][i], paths["low"][i])
+            for i in range(len(results[0].origins))
+        ]
         for column in stats[0]:
             table[column] = np.concatenate([s[column] for s in stats])
-        return ForecastResult(table=table, paths=paths if return_paths else None,
-                              tokens=tokens if return_paths else None, origins=results[0].origins)
+        return ForecastResult(
+            table=table,
+            paths=paths if return_paths else None,
+            tokens=tokens if return_paths else None,
+            origins=results[0].origins,
+        )
 
 
 def _check_same(first: Forecaster, other: Forecaster) -> None:
     mine, theirs = _tokenizer_text(first), _tokenizer_text(other)
     if mine != theirs:
-        raise UserError(f"{other.run_dir}: its tokenizer differs from {first.run_dir}'s; an ensemble pools token "
-                        "paths, so every run must share one tokenizer (train the seeds on the same data and "
-                        "tokenizer settings, e.g. `marketgpt submit --array seeds=1,2,3`)")
+        raise UserError(
+            f"{other.run_dir}: its tokenizer differs from {first.run_dir}'s; an ensemble pools token "
+            "paths, so every run must share one tokenizer (train the seeds on the same data and "
+            "tokenizer settings, e.g. `marketgpt submit --array seeds=1,2,3`)"
+        )
     if sorted(first.symbols) != sorted(other.symbols):
         diff = sorted(set(first.symbols) ^ set(other.symbols))
-        raise UserError(f"{other.run_dir}: trained on other assets than {first.run_dir} "
-                        f"({', '.join(diff[:5])}); ensemble runs of the same universe")
+        raise UserError(
+            f"{other.run_dir}: trained on other assets than {first.run_dir} "
+            f"({', '.join(diff[:5])}); ensemble runs of the same universe"
+        )
     if first.interval != other.interval:
-        raise UserError(f"{other.run_dir}: interval {other.interval!r}, {first.run_dir} has "
-                        f"{first.interval!r}; ensemble runs of the same interval (--interval)")
+        raise UserError(
+            f"{other.run_dir}: interval {other.interval!r}, {first.run_dir} has "
+            f"{first.interval!r}; ensemble runs of the same interval (--interval)"
+        )
 
 
 def _tokenizer_text(fc: Forecaster) -> Optional[str]:
@@ -106,8 +135,12 @@ def _tokenizer_text(fc: Forecaster) -> Optional[str]:
     return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
 
 
-def forecaster_for(run_dirs: Union[Path, Sequence[Path]], device: Union[str, torch.device, None] = None,
-                   precision: str = "auto", interval: Optional[str] = None) -> Forecaster:
+def forecaster_for(
+    run_dirs: Union[Path, Sequence[Path]],
+    device: Union[str, torch.device, None] = None,
+    precision: str = "auto",
+    interval: Optional[str] = None,
+) -> Forecaster:
     """One run folder: its Forecaster; several: their Ensemble. interval: --interval (None: each run's first)."""
     runs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     if len(runs) == 1:

@@ -24,6 +24,7 @@ loaded back, every tensor equal), and only then is each file renamed into --out,
 last: a failed export leaves no half-written file under a final name. Every file gets the mode
 the umask gives a new one (as the user's other files).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -113,8 +114,9 @@ class Prefill(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: torch.Tensor, asset_ids: torch.Tensor,
-                category_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.model.config
         empty = torch.zeros(tokens.size(0), c.num_heads, 0, c.d_model // c.num_heads)
         cache = _GrowingCache([_GrowingKV(empty, empty) for _ in self.model.blocks])
@@ -136,8 +138,9 @@ class _SharedStepKV(SharedPrefixKV):
     shared by their samples, and each sample's own tokens so far, time-major (L, B, nh, hs) so
     that the sampler passes a contiguous slice of its buffer (no copy per step)."""
 
-    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor,
-                 own_v: torch.Tensor) -> None:
+    def __init__(
+        self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor
+    ) -> None:
         # not super().__init__: it allocates a buffer for the own tokens, which here are an input
         self.k, self.v = prefix_k, prefix_v
         self.own = _OwnKV(own_k.permute(1, 2, 0, 3), own_v.permute(1, 2, 0, 3))
@@ -154,9 +157,15 @@ class Step(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, token: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                prefix_k: torch.Tensor, prefix_v: torch.Tensor,
-                *own: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        token: torch.Tensor,
+        asset_ids: torch.Tensor,
+        category_ids: torch.Tensor,
+        prefix_k: torch.Tensor,
+        prefix_v: torch.Tensor,
+        *own: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = len(self.model.blocks)
         layers = [_SharedStepKV(prefix_k[i], prefix_v[i], own[i], own[n + i]) for i in range(n)]
         logits = self.model(token, asset_ids, category_ids, last_only=True, cache=KVCache(layers))[0][:, -1]
@@ -166,16 +175,22 @@ class Step(torch.nn.Module):
 
 def step_input_names(num_layers: int) -> list[str]:
     """model_step.onnx's inputs, in order."""
-    return (["token", "asset_ids", "category_ids", "prefix_k", "prefix_v"]
-            + [f"own_k_{i}" for i in range(num_layers)] + [f"own_v_{i}" for i in range(num_layers)])
+    return (
+        ["token", "asset_ids", "category_ids", "prefix_k", "prefix_v"]
+        + [f"own_k_{i}" for i in range(num_layers)]
+        + [f"own_v_{i}" for i in range(num_layers)]
+    )
 
 
-def random_inputs(batch: int, length: int, vocab_size: int, num_assets: int, num_categories: int,
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_inputs(
+    batch: int, length: int, vocab_size: int, num_assets: int, num_categories: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, vocab_size, (batch, length), generator=g),
-            torch.randint(0, num_assets, (batch,), generator=g),
-            torch.randint(0, num_categories, (batch,), generator=g))
+    return (
+        torch.randint(0, vocab_size, (batch, length), generator=g),
+        torch.randint(0, num_assets, (batch,), generator=g),
+        torch.randint(0, num_categories, (batch,), generator=g),
+    )
 
 
 def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Optional[str] = None) -> Path:
@@ -183,8 +198,10 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     interval: which of a run's data.intervals the export forecasts (None: its first; the onnx and
     pt2 forwards take its id as a constant; an hf folder keeps every interval's row)."""
     if fmt == "torchscript":
-        raise UserError("--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
-                        "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)")
+        raise UserError(
+            "--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
+            "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)"
+        )
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
@@ -192,8 +209,10 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     fc = Forecaster.from_run(run_dir, interval=interval)  # checks the run folder (and --interval)
     if fmt != "hf" and (fc.cfg.model.time_features or fc.cfg.model.volume_input):
         # the exported forward takes tokens, assets and categories only
-        raise UserError("this run reads model.time_features / model.volume_input, which the export does not "
-                        "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)")
+        raise UserError(
+            "this run reads model.time_features / model.volume_input, which the export does not "
+            "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)"
+        )
     name = Path(run_dir).name + (f"_{fc.interval}" if fc.interval != fc.cfg.data.interval else "")
     out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / name
     try:
@@ -241,11 +260,23 @@ def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None
     batch = {0: "batch"}
     kv = {1: "batch", 3: "length"}
     # the TorchScript-based exporter: seconds, no onnxscript needed; batch and length stay dynamic
-    torch.onnx.export(wrapper, example, str(target), input_names=list(INPUTS),
-                      output_names=["logits", "present_k", "present_v"],
-                      dynamic_axes={"tokens": {0: "batch", 1: "length"}, "asset_ids": batch, "category_ids": batch,
-                                    "logits": batch, "present_k": kv, "present_v": kv},
-                      opset_version=ONNX_OPSET, dynamo=False)
+    torch.onnx.export(
+        wrapper,
+        example,
+        str(target),
+        input_names=list(INPUTS),
+        output_names=["logits", "present_k", "present_v"],
+        dynamic_axes={
+            "tokens": {0: "batch", 1: "length"},
+            "asset_ids": batch,
+            "category_ids": batch,
+            "logits": batch,
+            "present_k": kv,
+            "present_v": kv,
+        },
+        opset_version=ONNX_OPSET,
+        dynamo=False,
+    )
 
 
 def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path) -> None:
@@ -257,13 +288,27 @@ def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path
     layers, _, heads, _, size = prefix_k.shape
     own = torch.zeros(2 * layers, 2, len(rows), heads, size)  # values do not matter to the trace
     names = step_input_names(layers)
-    axes = {"token": {0: "batch"}, "asset_ids": {0: "batch"}, "category_ids": {0: "batch"},
-            "prefix_k": {1: "contexts", 3: "prefix"}, "prefix_v": {1: "contexts", 3: "prefix"},
-            **{name: {0: "own", 1: "batch"} for name in names[5:]},
-            "logits": {0: "batch"}, "new_k": {1: "batch"}, "new_v": {1: "batch"}}
-    torch.onnx.export(step, (tokens[rows, -3:-2], asset_ids[rows], category_ids[rows], prefix_k, prefix_v, *own),
-                      str(target), input_names=names, output_names=["logits", "new_k", "new_v"],
-                      dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False)
+    axes = {
+        "token": {0: "batch"},
+        "asset_ids": {0: "batch"},
+        "category_ids": {0: "batch"},
+        "prefix_k": {1: "contexts", 3: "prefix"},
+        "prefix_v": {1: "contexts", 3: "prefix"},
+        **{name: {0: "own", 1: "batch"} for name in names[5:]},
+        "logits": {0: "batch"},
+        "new_k": {1: "batch"},
+        "new_v": {1: "batch"},
+    }
+    torch.onnx.export(
+        step,
+        (tokens[rows, -3:-2], asset_ids[rows], category_ids[rows], prefix_k, prefix_v, *own),
+        str(target),
+        input_names=names,
+        output_names=["logits", "new_k", "new_v"],
+        dynamic_axes=axes,
+        opset_version=ONNX_OPSET,
+        dynamo=False,
+    )
 
 
 def export_onnx(model: "MarketGPT", example: tuple[torch.Tensor, ...], folder: Path) -> None:
@@ -279,8 +324,11 @@ def export_pt2(wrapper: NextTokenLogits, example: tuple[torch.Tensor, ...], targ
     saved as an ExportedProgram (.pt2). Call under torch.no_grad()."""
     batch = torch.export.Dim("batch", min=1)
     length = torch.export.Dim("length", min=1, max=wrapper.model.config.context_length)
-    program = torch.export.export(wrapper, example, dynamic_shapes={
-        "tokens": {0: batch, 1: length}, "asset_ids": {0: batch}, "category_ids": {0: batch}})
+    program = torch.export.export(
+        wrapper,
+        example,
+        dynamic_shapes={"tokens": {0: batch, 1: length}, "asset_ids": {0: batch}, "category_ids": {0: batch}},
+    )
     torch.export.save(program, str(target))
 
 
@@ -298,9 +346,13 @@ def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
     the training precision (for --precision auto) and the fitted volume edges."""
     from safetensors.torch import save_model  # torch
 
-    meta = {"format": "pt", "library": "marketgpt", "checkpoint_sha256": fc.checkpoint_sha256,
-            "training_precision": read_json_or_empty(run_dir / "training_log.json").get("precision"),
-            "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges)}
+    meta = {
+        "format": "pt",
+        "library": "marketgpt",
+        "checkpoint_sha256": fc.checkpoint_sha256,
+        "training_precision": read_json_or_empty(run_dir / "training_log.json").get("precision"),
+        "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges),
+    }
     assert fc.model is not None  # a torch Forecaster
     save_model(fc.model, str(target), metadata={k: str(v) for k, v in meta.items() if v is not None})
 
@@ -312,15 +364,25 @@ def check_pretrained(model: torch.nn.Module, folder: Path) -> float:
     assert back is not None  # a torch Forecaster
     loaded = back.state_dict()
     mine = model.state_dict()
-    worst = max(float((mine[k].float() - loaded[k].float()).abs().max()) if mine[k].numel() else 0.0
-                for k in mine) if mine.keys() == loaded.keys() else float("inf")
+    worst = (
+        max(float((mine[k].float() - loaded[k].float()).abs().max()) if mine[k].numel() else 0.0 for k in mine)
+        if mine.keys() == loaded.keys()
+        else float("inf")
+    )
     if worst != 0.0:
         raise UserError(f"the hf folder's weights differ from the run's (by {worst:.3g}); not written")
     return worst
 
 
-def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length: int, vocab_size: int,
-                 num_assets: int, num_categories: int) -> float:
+def check_parity(
+    wrapper: torch.nn.Module,
+    path: Path,
+    fmt: str,
+    context_length: int,
+    vocab_size: int,
+    num_assets: int,
+    num_categories: int,
+) -> float:
     """Largest |logit difference| between the export and the torch model on random inputs of
     several batch sizes and lengths; a UserError if it exceeds PARITY_ATOL."""
     run = load_exported(path, fmt, context_length)
@@ -337,16 +399,17 @@ def check_parity(wrapper: torch.nn.Module, path: Path, fmt: str, context_length:
             stepped = run.step(t[:, -1:].numpy(), a.numpy(), c.numpy(), k, v)[0]
             worst = max(worst, float(np.abs(ref - stepped).max()))
     if not worst <= PARITY_ATOL:
-        raise UserError(f"the {fmt} export's logits differ from torch's by {worst:.3g} (> {PARITY_ATOL}); "
-                        "not written")
+        raise UserError(f"the {fmt} export's logits differ from torch's by {worst:.3g} (> {PARITY_ATOL}); not written")
     return worst
 
 
 def data_cutoff_of(data_info: dict) -> Optional[str]:
     """The latest test_start over the run's eras (data_info.json): the model learned from, or was
     selected on, no candle from then on. None when data_info.json has no split cuts."""
-    cuts = [data_info.get("split_cuts", {}).get("test_start"),
-            *(era.get("test_start") for era in data_info.get("split_eras", []))]
+    cuts = [
+        data_info.get("split_cuts", {}).get("test_start"),
+        *(era.get("test_start") for era in data_info.get("split_eras", [])),
+    ]
     return max((c for c in cuts if c), default=None)  # ISO 8601 in UTC: text order is time order
 
 
@@ -368,9 +431,11 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     return {
         "format": fmt,
         "file": FORMATS[fmt],
-        "inputs": {"tokens": "int64 (batch, length), 1 <= length <= context_length",
-                   "asset_ids": "int64 (batch,), asset_info.json's ids",
-                   "category_ids": "int64 (batch,), asset_info.json's category ids"},
+        "inputs": {
+            "tokens": "int64 (batch, length), 1 <= length <= context_length",
+            "asset_ids": "int64 (batch,), asset_info.json's ids",
+            "category_ids": "int64 (batch,), asset_info.json's category ids",
+        },
         "outputs": {"logits": "float32 (batch, vocab_size): the next token after the last position"},
         "kv_cache": fmt == "onnx",  # ONNX: model_step.onnx continues model.onnx's keys and values
         "step_file": STEP_FILE if fmt == "onnx" else None,
@@ -396,16 +461,16 @@ def model_card(run_dir: Path, fc: Any, fmt: str, parity: float) -> dict:
     }
 
 
-
-
 def _headline_text(headline: Optional[dict]) -> Optional[str]:
     """scorecard.json's headline as its verdict line reads: `H=1: CRPS skill vs garch +2.1% [0.8, 3.4] (beats)`."""
     if headline is None:
         return None  # no scorecard
     try:
         lo, hi = headline["ci95"]
-        return (f"H={headline['horizon']}: CRPS skill vs {headline['baseline']} {100 * headline['value']:+.1f}% "
-                f"[{100 * lo:.1f}, {100 * hi:.1f}] ({headline['verdict']})")
+        return (
+            f"H={headline['horizon']}: CRPS skill vs {headline['baseline']} {100 * headline['value']:+.1f}% "
+            f"[{100 * lo:.1f}, {100 * hi:.1f}] ({headline['verdict']})"
+        )
     except (TypeError, KeyError, ValueError):
         return None  # no scorecard, or one of another shape: the card says it was not scored
 
@@ -420,15 +485,24 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
     cfg = read_json_or_empty(run_dir / "config.json")
     name = cfg.get("experiment") or run_dir.name
     universe = card["universe"]
-    shown = ", ".join(universe[:max_symbols]) + (f", ... ({len(universe)} in all)" if len(universe) > max_symbols
-                                                 else "")
+    shown = ", ".join(universe[:max_symbols]) + (
+        f", ... ({len(universe)} in all)" if len(universe) > max_symbols else ""
+    )
     headline = _headline_text(card["scorecard_headline"])
     verdicts = read_json_or_empty(run_dir / "scorecard.json").get("verdicts") or []
-    score = ([f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "
-              f"baseline at the shortest horizon, 95% interval): **{headline}**", ""]
-             + [f"- {line}" for line in verdicts] if headline else
-             ["Not scored: this run has no scorecard.json (`marketgpt scorecard RUN_DIR`, then export again). "
-              "Judge no forecast of it before it is scored."])
+    score = (
+        [
+            f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "
+            f"baseline at the shortest horizon, 95% interval): **{headline}**",
+            "",
+        ]
+        + [f"- {line}" for line in verdicts]
+        if headline
+        else [
+            "Not scored: this run has no scorecard.json (`marketgpt scorecard RUN_DIR`, then export again). "
+            "Judge no forecast of it before it is scored."
+        ]
+    )
     lines = [
         "---",
         "library_name: marketgpt",

@@ -20,6 +20,7 @@ candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renorm
 A run with model.time_features / model.volume_input also gets each candle's ids: the history's
 as training computed them, the future's calendar with volume bin 0 (unknown).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -83,8 +84,9 @@ def histories_at(symbol: str, candles: pd.DataFrame, origins: Sequence[Any]) -> 
     """One History per origin time: a copy of the candles up to and including it (a walk-forward's
     inputs; a copy, so nothing after the origin is reachable from it)."""
     index = candles.index
-    return [History(symbol, candles.iloc[:int(index.searchsorted(pd.Timestamp(t), side="right"))].copy())
-            for t in origins]
+    return [
+        History(symbol, candles.iloc[: int(index.searchsorted(pd.Timestamp(t), side="right"))].copy()) for t in origins
+    ]
 
 
 @dataclass
@@ -129,18 +131,30 @@ def summarize_paths(close: np.ndarray, high: np.ndarray, low: np.ndarray) -> dic
     q = np.percentile(future, QUANTILES, axis=0)  # (len(QUANTILES), H)
     log_ret = np.log(future / last)
     out = {f"p{p}": q[i] for i, p in enumerate(QUANTILES)}
-    out.update(mean_log_return=log_ret.mean(axis=0), std_log_return=log_ret.std(axis=0),
-               p_up=(future > last).mean(axis=0), expected_range=(high - low).mean(axis=0))
+    out.update(
+        mean_log_return=log_ret.mean(axis=0),
+        std_log_return=log_ret.std(axis=0),
+        p_up=(future > last).mean(axis=0),
+        expected_range=(high - low).mean(axis=0),
+    )
     return out
 
 
 class Forecaster:
     """A trained model, its tokenizer and asset ids: `from_run(run_dir)`, then `forecast(...)`."""
 
-    def __init__(self, model: Optional[MarketGPT], tokenizer: OHLCTokenizer, asset_info: Mapping[str, Any],
-                 cfg: Config, run_dir: Optional[Path] = None, checkpoint_sha256: Optional[str] = None,
-                 volume_edges: Optional[Sequence[float]] = None, precision: str = "fp32",
-                 interval: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        model: Optional[MarketGPT],
+        tokenizer: OHLCTokenizer,
+        asset_info: Mapping[str, Any],
+        cfg: Config,
+        run_dir: Optional[Path] = None,
+        checkpoint_sha256: Optional[str] = None,
+        volume_edges: Optional[Sequence[float]] = None,
+        precision: str = "fp32",
+        interval: Optional[str] = None,
+    ) -> None:
         # model None: a subclass samples without torch (common.forecasting.infer.ExportedForecaster)
         self.model = model.eval() if model is not None else None
         self.precision = precision  # "fp32" or "bf16" (autocast): common.distributed.precision.inference_precision
@@ -159,8 +173,13 @@ class Forecaster:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_run(cls, run_dir: Union[str, Path], device: Union[str, torch.device, None] = None,
-                 precision: str = "auto", interval: Optional[str] = None) -> "Forecaster":
+    def from_run(
+        cls,
+        run_dir: Union[str, Path],
+        device: Union[str, torch.device, None] = None,
+        precision: str = "auto",
+        interval: Optional[str] = None,
+    ) -> "Forecaster":
         """The run's best model (best_model.pt), tokenizer, asset ids and config (a model folder of
         `marketgpt export --format hf` instead: from_pretrained). precision:
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
@@ -174,40 +193,60 @@ class Forecaster:
         from common.training.run_folder import open_run  # torch
 
         if (Path(run_dir) / PRETRAINED_FILES[0]).is_file() and not (Path(run_dir) / "best_model.pt").exists():
-            return cls.from_pretrained(run_dir, device=device, precision=precision,
-                                       interval=interval)  # an hf export folder
+            return cls.from_pretrained(
+                run_dir, device=device, precision=precision, interval=interval
+            )  # an hf export folder
         run = open_run(run_dir, need_tokens=False)
         run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
         interval, interval_id = pick_interval(asset_info, cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
-        precision = inference_precision(precision, read_json_or_empty(run_dir / "training_log.json").get("precision"),
-                                        device)
+        precision = inference_precision(
+            precision, read_json_or_empty(run_dir / "training_log.json").get("precision"), device
+        )
         best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
         model = MarketGPT.for_run(cfg.model, asset_info)
         model.default_interval = interval_id
         try:
             model.load_state_dict(unwrap_state_dict(best["model"]))
         except (KeyError, RuntimeError) as e:
-            raise UserError(f"{run_dir / 'best_model.pt'} does not fit the run's config.json "
-                            f"({str(e).splitlines()[0]})") from None
+            raise UserError(
+                f"{run_dir / 'best_model.pt'} does not fit the run's config.json ({str(e).splitlines()[0]})"
+            ) from None
         sha = hashlib.sha256((run_dir / "best_model.pt").read_bytes()).hexdigest()
         edges = None  # training stores the fitted volume edges in data_info.json
         if (cfg.model.time_features or cfg.model.volume_input) and (run_dir / "data_info.json").is_file():
             try:
                 edges = read_json(run_dir / "data_info.json").get("volume_edges")
             except ValueError as e:
-                raise UserError(f"{run_dir / 'data_info.json'} is not valid JSON ({e}); "
-                                "the run folder is damaged") from None
+                raise UserError(
+                    f"{run_dir / 'data_info.json'} is not valid JSON ({e}); the run folder is damaged"
+                ) from None
         if cfg.model.volume_input and edges is None:
-            raise UserError(f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
-                            "predates storing them), so its volume ids cannot be rebuilt; retrain the run")
-        fc = cls(model.to(device), run.tokenizer, asset_info, cfg, run_dir=run_dir, checkpoint_sha256=sha,
-                 volume_edges=edges, precision=precision, interval=interval)
+            raise UserError(
+                f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "
+                "predates storing them), so its volume ids cannot be rebuilt; retrain the run"
+            )
+        fc = cls(
+            model.to(device),
+            run.tokenizer,
+            asset_info,
+            cfg,
+            run_dir=run_dir,
+            checkpoint_sha256=sha,
+            volume_edges=edges,
+            precision=precision,
+            interval=interval,
+        )
         return fc
 
     @classmethod
-    def from_pretrained(cls, folder: Union[str, Path], device: Union[str, torch.device, None] = None,
-                        precision: str = "auto", interval: Optional[str] = None) -> "Forecaster":
+    def from_pretrained(
+        cls,
+        folder: Union[str, Path],
+        device: Union[str, torch.device, None] = None,
+        precision: str = "auto",
+        interval: Optional[str] = None,
+    ) -> "Forecaster":
         """A model folder (`marketgpt export RUN_DIR --format hf`): model.safetensors, config.json,
         tokenizer.json and asset_info.json, without the run folder and without pickle (JSON and
         safetensors only). precision as in from_run (the training precision is in the weights' header)."""
@@ -230,8 +269,10 @@ class Forecaster:
             asset_info = read_json(folder / "asset_info.json")
             model = MarketGPT.for_run(cfg.model, asset_info)  # reads its counts: a KeyError where one lacks
         except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
-                            "export the run again") from None
+            raise UserError(
+                f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
+                "export the run again"
+            ) from None
         weights = folder / PRETRAINED_FILES[0]
         interval, model.default_interval = pick_interval(asset_info, cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
@@ -241,27 +282,42 @@ class Forecaster:
             load_model(model, str(weights), strict=True, device=str(device))
             edges = json.loads(meta["volume_edges"]) if "volume_edges" in meta else None
         except (SafetensorError, OSError, ValueError) as e:  # a damaged file; a header that is not JSON
-            raise UserError(f"{weights}: cannot be read as safetensors ({type(e).__name__}: "
-                            f"{(str(e).splitlines() or [''])[0]}); export the run again") from None
+            raise UserError(
+                f"{weights}: cannot be read as safetensors ({type(e).__name__}: "
+                f"{(str(e).splitlines() or [''])[0]}); export the run again"
+            ) from None
         except RuntimeError as e:  # missing, unexpected or misshapen tensors: torch's lines after its heading
             detail = " ".join(line.strip() for line in str(e).splitlines()[1:] or [str(e)])
-            raise UserError(f"{weights} does not fit {folder / 'config.json'} / asset_info.json "
-                            f"({detail[:300]}{'...' if len(detail) > 300 else ''})") from None
+            raise UserError(
+                f"{weights} does not fit {folder / 'config.json'} / asset_info.json "
+                f"({detail[:300]}{'...' if len(detail) > 300 else ''})"
+            ) from None
         if cfg.model.volume_input and edges is None:
-            raise UserError(f"{weights}: model.volume_input is on but its header has no volume_edges; export the "
-                            "run again")
+            raise UserError(
+                f"{weights}: model.volume_input is on but its header has no volume_edges; export the run again"
+            )
         precision = inference_precision(precision, meta.get("training_precision"), device)
-        fc = cls(model.to(device), tokenizer, asset_info, cfg, run_dir=folder,
-                 checkpoint_sha256=meta.get("checkpoint_sha256"), volume_edges=edges, precision=precision,
-                 interval=interval)
+        fc = cls(
+            model.to(device),
+            tokenizer,
+            asset_info,
+            cfg,
+            run_dir=folder,
+            checkpoint_sha256=meta.get("checkpoint_sha256"),
+            volume_edges=edges,
+            precision=precision,
+            interval=interval,
+        )
         return fc
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
         if symbol in self.assets:
             return symbol
-        raise UserError(f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets"
-                        f"{self._nearest(symbol)} (--all forecasts every one)")
+        raise UserError(
+            f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets"
+            f"{self._nearest(symbol)} (--all forecasts every one)"
+        )
 
     def _nearest(self, symbol: str) -> str:
         close = difflib.get_close_matches(symbol, self.symbols, n=1, cutoff=0.0)
@@ -273,8 +329,10 @@ class Forecaster:
 
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
         categories = {s: self.assets[s]["category"] for s in chosen}
-        return [History(s, frame) for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of,
-                                                                          self.interval)]
+        return [
+            History(s, frame)
+            for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
+        ]
 
     # ------------------------------------------------------------------ forecasting
 
@@ -285,15 +343,26 @@ class Forecaster:
     def check_request(self, horizon: int, samples: int) -> None:
         limit = HORIZON_CONTEXTS * self.cfg.model.context_length
         if not 1 <= horizon <= limit:
-            raise UserError(f"--horizon {horizon}: must be between 1 and {limit} steps "
-                            f"({HORIZON_CONTEXTS} context lengths of this model)")
+            raise UserError(
+                f"--horizon {horizon}: must be between 1 and {limit} steps "
+                f"({HORIZON_CONTEXTS} context lengths of this model)"
+            )
         if not 1 <= samples <= MAX_SAMPLES:
             raise UserError(f"--samples {samples}: must be between 1 and {MAX_SAMPLES:,}")
 
-    def forecast(self, histories: Union[Sequence[History], Mapping[str, pd.DataFrame]], horizon: int,
-                 samples: int = 256, *, seed: int = 0, temperature: float = 1.0, top_k: Optional[int] = None,
-                 top_p: Optional[float] = None, return_paths: bool = False,
-                 max_batch: Optional[int] = None) -> ForecastResult:
+    def forecast(
+        self,
+        histories: Union[Sequence[History], Mapping[str, pd.DataFrame]],
+        horizon: int,
+        samples: int = 256,
+        *,
+        seed: int = 0,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        return_paths: bool = False,
+        max_batch: Optional[int] = None,
+    ) -> ForecastResult:
         """Sample `samples` paths of `horizon` candles for every history, in one batch.
 
         histories: History objects (the same asset may appear with several origins) or a
@@ -309,15 +378,27 @@ class Forecaster:
         contexts, states, origins, features = self._encode(histories, horizon)
 
         tokens = self.sample_tokens(
-            np.stack(contexts), np.array([self.assets[o["symbol"]]["id"] for o in origins]),
-            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]), horizon, samples, seed=seed,
-            temperature=temperature, top_k=top_k, top_p=top_p, max_batch=max_batch,
-            **({"features": np.stack(features)} if features else {}))  # (N, S, H)
+            np.stack(contexts),
+            np.array([self.assets[o["symbol"]]["id"] for o in origins]),
+            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]),
+            horizon,
+            samples,
+            seed=seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_batch=max_batch,
+            **({"features": np.stack(features)} if features else {}),
+        )  # (N, S, H)
 
         N = len(origins)
         rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
-        ohlc = self.tokenizer.decode_ohlc(tokens.reshape(N * samples, horizon), rep([s.last_close for s in states]),
-                                          rep([s.sigma for s in states]), rep([s.ewma_weight for s in states]))
+        ohlc = self.tokenizer.decode_ohlc(
+            tokens.reshape(N * samples, horizon),
+            rep([s.last_close for s in states]),
+            rep([s.sigma for s in states]),
+            rep([s.ewma_weight for s in states]),
+        )
         ohlc = {k: v.reshape(N, samples, horizon) for k, v in ohlc.items()}
         last = np.array([s.last_close for s in states])[:, None, None]
         close = np.concatenate([np.broadcast_to(last, (N, samples, 1)), ohlc["close"]], axis=2)
@@ -326,16 +407,36 @@ class Forecaster:
         for i, o in enumerate(origins):
             stats = summarize_paths(close[i], ohlc["high"][i], ohlc["low"][i])
             when = future_timestamps(o["as_of"], self.interval, o["category"], horizon)
-            frames.append(pd.DataFrame({"symbol": o["symbol"], "as_of": o["as_of"], "step": np.arange(1, horizon + 1),
-                                        "timestamp": when, "last_close": o["last_close"], **stats}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "symbol": o["symbol"],
+                        "as_of": o["as_of"],
+                        "step": np.arange(1, horizon + 1),
+                        "timestamp": when,
+                        "last_close": o["last_close"],
+                        **stats,
+                    }
+                )
+            )
         table = pd.concat(frames, ignore_index=True)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
 
-    def predict_df(self, df: pd.DataFrame, horizon: int, quantile_levels: Sequence[float] = DEFAULT_LEVELS, *,
-                   samples: int = 256, seed: int = 0, temperature: float = 1.0, top_k: Optional[int] = None,
-                   top_p: Optional[float] = None, id_column: str = "item_id",
-                   timestamp_column: str = "timestamp") -> pd.DataFrame:
+    def predict_df(
+        self,
+        df: pd.DataFrame,
+        horizon: int,
+        quantile_levels: Sequence[float] = DEFAULT_LEVELS,
+        *,
+        samples: int = 256,
+        seed: int = 0,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        id_column: str = "item_id",
+        timestamp_column: str = "timestamp",
+    ) -> pd.DataFrame:
         """Forecasts for a long data frame, in the convention of the forecasting libraries.
 
         df: one row per item and timestamp with columns item_id, timestamp, open, high, low,
@@ -354,8 +455,9 @@ class Forecaster:
         self.check_request(horizon, samples)
         items = frame_items(df, id_column, timestamp_column)
         histories = [self._frame_history(item, raw) for item, raw in items]
-        result = self.forecast(histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k,
-                               top_p=top_p, return_paths=True)
+        result = self.forecast(
+            histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p, return_paths=True
+        )
         assert result.paths is not None  # return_paths
         future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
         quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
@@ -376,29 +478,39 @@ class Forecaster:
 
         symbol, interval = str(item), self.interval
         if symbol not in self.assets:
-            raise UserError(f"predict_df: item {item!r} is not an asset this model was trained on "
-                            f"({len(self.symbols)} assets{self._nearest(symbol)})")
+            raise UserError(
+                f"predict_df: item {item!r} is not an asset this model was trained on "
+                f"({len(self.symbols)} assets{self._nearest(symbol)})"
+            )
         if self.cfg.model.volume_input and raw["volume"].isna().all():
-            raise UserError(f"predict_df: item {item!r}: the model reads volume (model.volume_input), "
-                            "so the frame needs a volume column with readings")
+            raise UserError(
+                f"predict_df: item {item!r}: the model reads volume (model.volume_input), "
+                "so the frame needs a volume column with readings"
+            )
         step = interval_step(interval)
         # the median spacing: weekends and holidays leave gaps, a wrong interval changes every step
         gaps = np.diff(raw.index.as_unit("ns").asi8)
         spacing = pd.Timedelta(int(np.median(gaps)), unit="ns") if len(gaps) else step
         if spacing != step:
-            raise UserError(f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
-                            f"forecasts {interval} candles; resample to {interval}")
+            raise UserError(
+                f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
+                f"forecasts {interval} candles; resample to {interval}"
+            )
         candles = clean_history(raw, symbol, self.assets[symbol]["category"], step)
         if not len(candles) or candles.index[-1] != raw.index[-1]:
             # cleaning dropped the last candle: the origin would move back and the first forecast
             # step would land on the frame's own last timestamp
-            raise UserError(f"predict_df: item {item!r}: its last candle, at {raw.index[-1]}, has "
-                            f"{_invalid_prices(raw[list(FRAME_PRICES)].iloc[-1])}; the forecast starts after "
-                            "the last row, so fill that candle or drop its row to forecast from the one before")
+            raise UserError(
+                f"predict_df: item {item!r}: its last candle, at {raw.index[-1]}, has "
+                f"{_invalid_prices(raw[list(FRAME_PRICES)].iloc[-1])}; the forecast starts after "
+                "the last row, so fill that candle or drop its row to forecast from the one before"
+            )
         if len(candles) < self.min_history():
-            raise UserError(f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
-                            f"after cleaning, {self.min_history()} needed (model.context_length "
-                            f"{self.cfg.model.context_length}, tokenizer warm-up {self.tokenizer.vol_warmup + 2})")
+            raise UserError(
+                f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
+                f"after cleaning, {self.min_history()} needed (model.context_length "
+                f"{self.cfg.model.context_length}, tokenizer warm-up {self.tokenizer.vol_warmup + 2})"
+            )
         return History(symbol, candles)
 
     def _encode(self, histories: Sequence[History], horizon: int) -> tuple[list, list, list, list]:
@@ -412,22 +524,42 @@ class Forecaster:
             candles = h.candles
             need = self.min_history()
             if len(candles) < need:
-                raise UserError(f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
-                                f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
-                                "pick a later --as-of or another asset")
+                raise UserError(
+                    f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
+                    f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
+                    "pick a later --as-of or another asset"
+                )
             tokens = self.tokenizer.encode(candles, asset=symbol)
             state = self.tokenizer.vol_state(candles, asset=symbol)
             contexts.append(tokens[-T:].astype(np.int64))
             states.append(state)
-            origins.append({"symbol": symbol, "as_of": candles.index[-1], "last_close": state.last_close,
-                            "category": self.assets[symbol]["category"]})
+            origins.append(
+                {
+                    "symbol": symbol,
+                    "as_of": candles.index[-1],
+                    "last_close": state.last_close,
+                    "category": self.assets[symbol]["category"],
+                }
+            )
             if self.cfg.model.time_features or self.cfg.model.volume_input:
-                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon):])
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon) :])
         return contexts, states, origins, features
 
-    def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
-                      samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                      max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
+    def sample_tokens(
+        self,
+        contexts: np.ndarray,
+        asset_ids: np.ndarray,
+        category_ids: np.ndarray,
+        horizon: int,
+        samples: int,
+        *,
+        seed: int,
+        temperature: float,
+        top_k: Optional[int],
+        top_p: Optional[float],
+        max_batch: Optional[int],
+        features: Optional[np.ndarray] = None,
+    ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L): the one step a backend
         replaces (common.forecasting.infer.ExportedForecaster samples with onnxruntime). features: (N, L +
         horizon, 3) candle ids, only for a model with time_features / volume_input."""
@@ -440,12 +572,25 @@ class Forecaster:
         dev = torch.device(self.device)
         generator = torch.Generator(device=dev).manual_seed(int(seed))
         with autocast(self.precision, dev):  # bf16: matmuls and the KV cache in bf16, sampling in fp32
-            return sample_paths(
-                self.model, torch.as_tensor(contexts, device=dev), torch.as_tensor(asset_ids, device=dev),
-                torch.as_tensor(category_ids, device=dev), horizon, samples, temperature=temperature, top_k=top_k,
-                top_p=top_p, banned=torch.as_tensor(self.banned_ids(), device=dev), generator=generator,
-                max_batch=max_batch, features=None if features is None else torch.as_tensor(features, device=dev),
-            ).cpu().numpy()
+            return (
+                sample_paths(
+                    self.model,
+                    torch.as_tensor(contexts, device=dev),
+                    torch.as_tensor(asset_ids, device=dev),
+                    torch.as_tensor(category_ids, device=dev),
+                    horizon,
+                    samples,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    banned=torch.as_tensor(self.banned_ids(), device=dev),
+                    generator=generator,
+                    max_batch=max_batch,
+                    features=None if features is None else torch.as_tensor(features, device=dev),
+                )
+                .cpu()
+                .numpy()
+            )
 
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
@@ -454,8 +599,10 @@ class Forecaster:
         edges = self.volume_edges
         if edges is None:
             if self.cfg.model.volume_input:
-                raise UserError("model.volume_input is on but the run's volume edges are unknown "
-                                "(data_info.json volume_edges); retrain the run")
+                raise UserError(
+                    "model.volume_input is on but the run's volume edges are unknown "
+                    "(data_info.json volume_edges); retrain the run"
+                )
             edges = [0.0] * (VOLUME_BINS - 1)  # the volume ids are not read by this model
         if "volume" not in candles.columns:
             candles = candles.assign(volume=np.nan)  # no readings: volume id 0
@@ -467,7 +614,7 @@ class Forecaster:
         """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""
         banned = np.zeros(self.cfg.model.vocab_size, dtype=bool)
         banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
-        banned[self.tokenizer.num_used_ids:] = True
+        banned[self.tokenizer.num_used_ids :] = True
         return banned
 
 
@@ -496,8 +643,9 @@ def _last_time(candles: pd.DataFrame) -> str:
 
 def _invalid_prices(prices: pd.Series) -> str:
     """`close NaN`: the prices for which cleaning drops a candle (missing, infinite or not positive)."""
-    bad = [f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items()
-           if not (np.isfinite(v) and v > 0)]
+    bad = [
+        f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items() if not (np.isfinite(v) and v > 0)
+    ]
     return ", ".join(bad) or "invalid prices"
 
 

@@ -9,6 +9,7 @@ training did (clean_history), so a forecast never depends on a later candle.
 frame_items: a caller's long data frame (item_id, timestamp, OHLC[V]) split into each item's raw
 candles, after the checks a frame must pass; predict_df then cleans them with clean_history too.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,8 +44,14 @@ def parse_as_of(text: str) -> pd.Timestamp:
     return t
 
 
-def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str, str], symbols: Sequence[str],
-                   as_of: Optional[str], interval: Optional[str] = None) -> list[tuple[str, pd.DataFrame]]:
+def load_histories(
+    cfg: Config,
+    run_dir: Optional[Path],
+    categories: Mapping[str, str],
+    symbols: Sequence[str],
+    as_of: Optional[str],
+    interval: Optional[str] = None,
+) -> list[tuple[str, pd.DataFrame]]:
     """(symbol, cleaned candles up to as-of) per symbol (default: all of its candles).
     `categories` maps each symbol to its category (crypto gaps are filled as in training).
     interval: which of a run's data.intervals (default: data.interval), read from that interval's series."""
@@ -52,15 +59,22 @@ def load_histories(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
     return [(symbol, load(symbol)) for symbol in symbols]
 
 
-def history_loader(cfg: Config, run_dir: Optional[Path], categories: Mapping[str, str], as_of: Optional[str],
-                   interval: Optional[str] = None) -> Callable[[str], pd.DataFrame]:
+def history_loader(
+    cfg: Config,
+    run_dir: Optional[Path],
+    categories: Mapping[str, str],
+    as_of: Optional[str],
+    interval: Optional[str] = None,
+) -> Callable[[str], pd.DataFrame]:
     """load_histories one symbol at a time: symbol -> its cleaned candles up to as-of, read when
     called (a caller walking many assets holds one)."""
     cut = parse_as_of(as_of) if as_of is not None else None
     case_dir = run_dir.resolve().parent.parent if run_dir is not None else None
     if cfg.data.source == "download" and case_dir is None:
-        raise UserError("this Forecaster has no run folder, so it cannot find the case's candle cache; "
-                        "pass histories to forecast() instead")
+        raise UserError(
+            "this Forecaster has no run folder, so it cannot find the case's candle cache; "
+            "pass histories to forecast() instead"
+        )
     market = load_market_data(cfg, case_dir if case_dir is not None else Path("."))
     interval = interval or cfg.data.interval
     step = interval_step(interval)
@@ -68,19 +82,27 @@ def history_loader(cfg: Config, run_dir: Optional[Path], categories: Mapping[str
     def load(symbol: str) -> pd.DataFrame:
         raw = market.candles.get(series_name(symbol, interval) if cfg.data.intervals else symbol)
         if raw is None or raw.empty:
-            raise UserError(f"{symbol}: no {interval} candles in the run's data source "
-                            f"({cfg.data.source}); run `marketgpt data download` for its case first")
+            raise UserError(
+                f"{symbol}: no {interval} candles in the run's data source "
+                f"({cfg.data.source}); run `marketgpt data download` for its case first"
+            )
         if cut is not None:
             index = raw.index.tz_localize("UTC") if raw.index.tz is None else raw.index.tz_convert("UTC")
             if cut < index.min():
-                raise UserError(f"{symbol}: --as-of {cut.isoformat()} is before its data starts "
-                                f"({index.min().isoformat()}); pick a later --as-of")
+                raise UserError(
+                    f"{symbol}: --as-of {cut.isoformat()} is before its data starts "
+                    f"({index.min().isoformat()}); pick a later --as-of"
+                )
             raw = raw[index <= cut]
         frame = clean_history(raw, symbol, categories[symbol], step)
         if cut is not None and len(frame) and cut - frame.index[-1] > 10 * step:
-            print(f"warning: {symbol}: its last candle ({frame.index[-1].isoformat()}) is "
-                  f"{cut - frame.index[-1]} before --as-of; the forecast starts there", file=sys.stderr)
+            print(
+                f"warning: {symbol}: its last candle ({frame.index[-1].isoformat()}) is "
+                f"{cut - frame.index[-1]} before --as-of; the forecast starts there",
+                file=sys.stderr,
+            )
         return frame
+
     return load
 
 
@@ -93,8 +115,9 @@ def clean_history(raw: pd.DataFrame, symbol: str, category: str, step: pd.Timede
     return frame
 
 
-def frame_items(df: pd.DataFrame, id_column: str = "item_id",
-                timestamp_column: str = "timestamp") -> list[tuple[Any, pd.DataFrame]]:
+def frame_items(
+    df: pd.DataFrame, id_column: str = "item_id", timestamp_column: str = "timestamp"
+) -> list[tuple[Any, pd.DataFrame]]:
     """(item, its raw candles on a UTC DatetimeIndex) per item of a long frame, in order of first
     appearance. Refused in one UserError naming the item: missing columns, no rows, an empty
     item id, a timestamp that is not one, timestamps out of order or repeated within an item."""
@@ -106,8 +129,10 @@ def frame_items(df: pd.DataFrame, id_column: str = "item_id",
     expected = (id_column, timestamp_column, *FRAME_PRICES)
     missing = [c for c in expected if c not in df.columns]
     if missing:
-        raise UserError(f"predict_df: the frame lacks column(s) {', '.join(missing)}; a long frame has one row per "
-                        f"item and timestamp with columns {', '.join(expected)}[, volume]")
+        raise UserError(
+            f"predict_df: the frame lacks column(s) {', '.join(missing)}; a long frame has one row per "
+            f"item and timestamp with columns {', '.join(expected)}[, volume]"
+        )
     if df.empty:
         raise UserError("predict_df: the frame has no rows")
     ids = df[id_column]
@@ -116,8 +141,10 @@ def frame_items(df: pd.DataFrame, id_column: str = "item_id",
     when = pd.to_datetime(df[timestamp_column], utc=True, errors="coerce")
     if when.isna().any():
         row = int(np.flatnonzero(when.isna().to_numpy())[0])
-        raise UserError(f"predict_df: item {ids.iloc[row]!r}: {timestamp_column} {df[timestamp_column].iloc[row]!r} "
-                        "is not a date or time")
+        raise UserError(
+            f"predict_df: item {ids.iloc[row]!r}: {timestamp_column} {df[timestamp_column].iloc[row]!r} "
+            "is not a date or time"
+        )
     columns = [c for c in (*FRAME_PRICES, "volume") if c in df.columns]
     out = []
     codes, uniques = pd.factorize(ids)  # by position: the frame's own index may repeat labels
@@ -127,12 +154,16 @@ def frame_items(df: pd.DataFrame, id_column: str = "item_id",
         diff = stamps.asi8[1:] - stamps.asi8[:-1]
         if (diff < 0).any():
             i = int(np.flatnonzero(diff < 0)[0])
-            raise UserError(f"predict_df: item {item!r}: timestamps are not in increasing order ({stamps[i + 1]} "
-                            f"comes after {stamps[i]}); sort the frame by {id_column} and {timestamp_column}")
+            raise UserError(
+                f"predict_df: item {item!r}: timestamps are not in increasing order ({stamps[i + 1]} "
+                f"comes after {stamps[i]}); sort the frame by {id_column} and {timestamp_column}"
+            )
         if (diff == 0).any():
             i = int(np.flatnonzero(diff == 0)[0])
-            raise UserError(f"predict_df: item {item!r}: timestamp {stamps[i]} appears more than once; "
-                            "keep one row per item and timestamp")
+            raise UserError(
+                f"predict_df: item {item!r}: timestamp {stamps[i]} appears more than once; "
+                "keep one row per item and timestamp"
+            )
         try:
             values = df[columns].iloc[rows].to_numpy(dtype=np.float64)
         except (TypeError, ValueError):

@@ -21,6 +21,7 @@ row is then its own prefix), so each step's logits are the torch sampler's up to
 callable) re-runs the window every step instead. The draws use numpy's generator: paths are
 reproducible by seed, but not the torch backend's paths.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,15 @@ from common.model.windows import (
 )
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["EXPORT_FILES", "ExportedForecaster", "LogitsFn", "OnnxBackend", "draw_tokens_np", "sample_paths_np",
-           "window_start"]
+__all__ = [
+    "EXPORT_FILES",
+    "ExportedForecaster",
+    "LogitsFn",
+    "OnnxBackend",
+    "draw_tokens_np",
+    "sample_paths_np",
+    "window_start",
+]
 
 # what `marketgpt export --format onnx` writes (--format pt2: model.pt2; hf: model.safetensors and README.md)
 EXPORT_FILES = ("model.onnx", "config.json", "tokenizer.json", "asset_info.json", "model_card.json")
@@ -68,32 +76,54 @@ class OnnxBackend:
         step = path.parent / STEP_FILE
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-            self.step_session = (ort.InferenceSession(str(step), options, providers=["CPUExecutionProvider"])
-                                 if step.is_file() else None)
+            self.step_session = (
+                ort.InferenceSession(str(step), options, providers=["CPUExecutionProvider"]) if step.is_file() else None
+            )
         except Exception as e:  # onnxruntime raises its own exception types for a bad file
-            raise UserError(f"{path.parent}: onnxruntime cannot load the model ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}); export the run again") from None
+            raise UserError(
+                f"{path.parent}: onnxruntime cannot load the model ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); export the run again"
+            ) from None
         if self.step_session is not None and "prefix_k" not in {x.name for x in self.step_session.get_inputs()}:
             # before 2026-11-26 the step graph took a per-row cache (past_k, past_v): about 4x slower
-            raise UserError(f"{step}: an older export's step graph (a per-row KV cache); export the run again "
-                            "(`marketgpt export RUN_DIR --format onnx`)")
+            raise UserError(
+                f"{step}: an older export's step graph (a per-row KV cache); export the run again "
+                "(`marketgpt export RUN_DIR --format onnx`)"
+            )
         self.context_length = context_length
 
     def __call__(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
         return self.prefill(tokens, asset_ids, category_ids, outputs=("logits",))[0]
 
-    def prefill(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray,
-                outputs: tuple[str, ...] = ("logits", "present_k", "present_v")) -> list[np.ndarray]:
+    def prefill(
+        self,
+        tokens: np.ndarray,
+        asset_ids: np.ndarray,
+        category_ids: np.ndarray,
+        outputs: tuple[str, ...] = ("logits", "present_k", "present_v"),
+    ) -> list[np.ndarray]:
         """logits (B, V) after the last token, and the keys and values of every token."""
         if tokens.shape[1] > self.context_length:
             raise ValueError(f"{tokens.shape[1]} tokens: the model takes at most {self.context_length}")
-        return self.session.run(list(outputs), {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
-                                                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
-                                                "category_ids": np.asarray(category_ids, dtype=np.int64)})
+        return self.session.run(
+            list(outputs),
+            {
+                "tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+                "category_ids": np.asarray(category_ids, dtype=np.int64),
+            },
+        )
 
-    def step(self, token: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, prefix_k: np.ndarray,
-             prefix_v: np.ndarray, own_k: Optional[np.ndarray] = None,
-             own_v: Optional[np.ndarray] = None) -> list[np.ndarray]:
+    def step(
+        self,
+        token: np.ndarray,
+        asset_ids: np.ndarray,
+        category_ids: np.ndarray,
+        prefix_k: np.ndarray,
+        prefix_v: np.ndarray,
+        own_k: Optional[np.ndarray] = None,
+        own_v: Optional[np.ndarray] = None,
+    ) -> list[np.ndarray]:
         """One more token per row (B, 1): logits (B, V) and the token's keys and values, new_k and
         new_v (layers, B, heads, head size). prefix_k, prefix_v (layers, n, heads, P, head size):
         prefill()'s keys and values of n contexts, shared by their B / n rows (context-major);
@@ -103,17 +133,26 @@ class OnnxBackend:
             own_k = own_v = np.empty((layers, 0, len(token), heads, size), dtype=np.float32)
         assert own_v is not None  # given with own_k
         assert self.step_session is not None  # step() runs only with the step graph
-        feed = {"token": np.ascontiguousarray(token, dtype=np.int64),
-                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
-                "category_ids": np.asarray(category_ids, dtype=np.int64),
-                "prefix_k": np.ascontiguousarray(prefix_k), "prefix_v": np.ascontiguousarray(prefix_v)}
+        feed = {
+            "token": np.ascontiguousarray(token, dtype=np.int64),
+            "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+            "category_ids": np.asarray(category_ids, dtype=np.int64),
+            "prefix_k": np.ascontiguousarray(prefix_k),
+            "prefix_v": np.ascontiguousarray(prefix_v),
+        }
         for i in range(layers):  # one input per layer: own_k[i] is a contiguous slice of the sampler's buffer
             feed[f"own_k_{i}"], feed[f"own_v_{i}"] = np.ascontiguousarray(own_k[i]), np.ascontiguousarray(own_v[i])
         return self.step_session.run(None, feed)
 
 
-def draw_tokens_np(logits: np.ndarray, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                   banned: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def draw_tokens_np(
+    logits: np.ndarray,
+    temperature: float,
+    top_k: Optional[int],
+    top_p: Optional[float],
+    banned: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """One id per row of logits (B, V) from softmax(logits / temperature) (greedy at 0), as
     common.model.sampling.draw_tokens does: banned ids never, top_k / top_p narrow, then the inverse CDF
     of one uniform per row."""
@@ -122,7 +161,7 @@ def draw_tokens_np(logits: np.ndarray, temperature: float, top_k: Optional[int],
         return logits.argmax(axis=1)
     logits = logits / temperature
     if top_k is not None:
-        kth = -np.sort(-logits, axis=1)[:, min(top_k, logits.shape[1]) - 1:min(top_k, logits.shape[1])]
+        kth = -np.sort(-logits, axis=1)[:, min(top_k, logits.shape[1]) - 1 : min(top_k, logits.shape[1])]
         logits = np.where(logits < kth, -np.inf, logits)
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
@@ -140,10 +179,22 @@ def draw_tokens_np(logits: np.ndarray, temperature: float, top_k: Optional[int],
     return np.minimum(ids, last)
 
 
-def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray,
-                    horizon: int, samples: int, context_length: int, *, temperature: float = 1.0,
-                    top_k: Optional[int] = None, top_p: Optional[float] = None, banned: Optional[np.ndarray] = None,
-                    seed: int = 0, max_batch: Optional[int] = None) -> np.ndarray:
+def sample_paths_np(
+    backend: LogitsFn,
+    contexts: np.ndarray,
+    asset_ids: np.ndarray,
+    category_ids: np.ndarray,
+    horizon: int,
+    samples: int,
+    context_length: int,
+    *,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    banned: Optional[np.ndarray] = None,
+    seed: int = 0,
+    max_batch: Optional[int] = None,
+) -> np.ndarray:
     """(N, samples, horizon) sampled ids continuing each context (N, L).
 
     A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
@@ -158,9 +209,9 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
     cached = getattr(backend, "step_session", None) is not None
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
     if cached:
-        first, prefix_k, prefix_v = onnx.prefill(contexts[:, L - P:], asset_ids, category_ids)
+        first, prefix_k, prefix_v = onnx.prefill(contexts[:, L - P :], asset_ids, category_ids)
     else:
-        first = backend(contexts[:, L - P:], asset_ids, category_ids)  # (N, V): the first step, once per context
+        first = backend(contexts[:, L - P :], asset_ids, category_ids)  # (N, V): the first step, once per context
     if banned is None:
         banned = np.zeros(first.shape[1], dtype=bool)
     if max_batch is None:  # as the torch sampler: rows whose full cache (T tokens) fits the budget
@@ -170,7 +221,7 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
     for c0, c1, group, lo in context_chunks(N, samples, max_batch):
         r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
         a, c = asset_ids[r], category_ids[r]
-        seq = np.concatenate([contexts[r, L - P:], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
+        seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         start, logits = 0, first[r]  # seq[start:end] is the window the logits came from
         if cached:
             pk, pv = np.ascontiguousarray(prefix_k[:, c0:c1]), np.ascontiguousarray(prefix_v[:, c0:c1])
@@ -186,16 +237,17 @@ def sample_paths_np(backend: LogitsFn, contexts: np.ndarray, asset_ids: np.ndarr
             if end - start == T:  # the window is full: start again from its last `keep` tokens
                 start = end + 1 - keep
                 if cached:  # each row its own prefix now (a group of one)
-                    logits, pk, pv = onnx.prefill(seq[:, start:end + 1], a, c)
+                    logits, pk, pv = onnx.prefill(seq[:, start : end + 1], a, c)
                     n = 0
                     continue
             if cached:
-                logits, own_k[:, n], own_v[:, n] = onnx.step(seq[:, end:end + 1], a, c, pk, pv, own_k[:, :n],
-                                                                own_v[:, :n])
+                logits, own_k[:, n], own_v[:, n] = onnx.step(
+                    seq[:, end : end + 1], a, c, pk, pv, own_k[:, :n], own_v[:, :n]
+                )
                 n += 1
             else:
-                logits = backend(seq[:, start:end + 1], a, c)
-        out[lo:lo + len(r)] = seq[:, P:]
+                logits = backend(seq[:, start : end + 1], a, c)
+        out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
 
 
@@ -204,18 +256,25 @@ def read_model_card(export_dir: Path) -> dict:
     export_dir = Path(export_dir)
     missing = [name for name in EXPORT_FILES if not (export_dir / name).is_file()]
     if missing:
-        hint = next((f" (it holds {name}: {what}; --backend onnx needs `marketgpt export --format onnx`)"
-                     for name, what in (("model.pt2", "a torch.export program"),
-                                        ("model.safetensors", "an hf model folder, which the torch backend forecasts"),
-                                        ("model.pt", "an old TorchScript export"))
-                     if (export_dir / name).is_file()), "")
-        raise UserError(f"{export_dir}: missing {', '.join(missing)}; is it a `marketgpt export --format onnx` "
-                        f"folder?{hint}")
+        hint = next(
+            (
+                f" (it holds {name}: {what}; --backend onnx needs `marketgpt export --format onnx`)"
+                for name, what in (
+                    ("model.pt2", "a torch.export program"),
+                    ("model.safetensors", "an hf model folder, which the torch backend forecasts"),
+                    ("model.pt", "an old TorchScript export"),
+                )
+                if (export_dir / name).is_file()
+            ),
+            "",
+        )
+        raise UserError(
+            f"{export_dir}: missing {', '.join(missing)}; is it a `marketgpt export --format onnx` folder?{hint}"
+        )
     try:
         return json.loads((export_dir / "model_card.json").read_text())
     except ValueError as e:
         raise UserError(f"{export_dir / 'model_card.json'} is not valid JSON ({e}); export the run again") from None
-
 
 
 class ExportedForecaster(Forecaster):
@@ -225,11 +284,19 @@ class ExportedForecaster(Forecaster):
     as a run does, two folders up (<case>/exports/<run>, the default `marketgpt export --out`).
     """
 
-    def __init__(self, backend: LogitsFn, tokenizer: Any, asset_info: dict, cfg: Any,
-                 export_dir: Optional[Path] = None, card: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        backend: LogitsFn,
+        tokenizer: Any,
+        asset_info: dict,
+        cfg: Any,
+        export_dir: Optional[Path] = None,
+        card: Optional[dict] = None,
+    ) -> None:
         self.card = card or {}
-        super().__init__(None, tokenizer, asset_info, cfg, run_dir=export_dir,
-                         checkpoint_sha256=self.card.get("checkpoint_sha256"))
+        super().__init__(
+            None, tokenizer, asset_info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256")
+        )
         self.interval = self.card.get("interval") or cfg.data.interval  # an export forecasts one interval
         self.backend = backend  # stands in for the torch model
 
@@ -247,11 +314,35 @@ class ExportedForecaster(Forecaster):
         backend = OnnxBackend(export_dir / "model.onnx", cfg.model.context_length, threads)
         return cls(backend, OHLCTokenizer.load(export_dir / "tokenizer.json"), asset_info, cfg, export_dir, card)
 
-    def sample_tokens(self, contexts: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, horizon: int,
-                      samples: int, *, seed: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                      max_batch: Optional[int], features: Optional[np.ndarray] = None) -> np.ndarray:
+    def sample_tokens(
+        self,
+        contexts: np.ndarray,
+        asset_ids: np.ndarray,
+        category_ids: np.ndarray,
+        horizon: int,
+        samples: int,
+        *,
+        seed: int,
+        temperature: float,
+        top_k: Optional[int],
+        top_p: Optional[float],
+        max_batch: Optional[int],
+        features: Optional[np.ndarray] = None,
+    ) -> np.ndarray:
         if features is not None:  # export_run refuses a run that reads time or volume features
             raise TypeError("an exported model takes no features")
-        return sample_paths_np(self.backend, contexts, asset_ids, category_ids, horizon, samples,
-                               self.cfg.model.context_length, temperature=temperature, top_k=top_k, top_p=top_p,
-                               banned=self.banned_ids(), seed=seed, max_batch=max_batch)
+        return sample_paths_np(
+            self.backend,
+            contexts,
+            asset_ids,
+            category_ids,
+            horizon,
+            samples,
+            self.cfg.model.context_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            banned=self.banned_ids(),
+            seed=seed,
+            max_batch=max_batch,
+        )

@@ -14,6 +14,7 @@ went open -> high -> low -> close. Both questions are answered on that sequence 
 candle that spans both barriers counts as lower-first when it closed up (its low came first) and
 upper-first when it closed down; `p_same_candle` says how often that decided it.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,18 @@ import numpy as np
 
 from common.errors import UserError
 
-__all__ = ["DRAWDOWN_QUANTILES", "DRAWDOWN_THRESHOLDS", "parse_barriers", "price_sequence", "barrier_outcomes",
-           "barrier_probabilities", "barrier_probability_table", "brier_score", "max_drawdown", "drawdown_summary"]
+__all__ = [
+    "DRAWDOWN_QUANTILES",
+    "DRAWDOWN_THRESHOLDS",
+    "parse_barriers",
+    "price_sequence",
+    "barrier_outcomes",
+    "barrier_probabilities",
+    "barrier_probability_table",
+    "brier_score",
+    "max_drawdown",
+    "drawdown_summary",
+]
 
 DRAWDOWN_QUANTILES = (0.5, 0.9, 0.99)
 DRAWDOWN_THRESHOLDS = (0.02, 0.05, 0.10, 0.20)  # P(drawdown > x) is reported for these x
@@ -40,15 +51,21 @@ def parse_barriers(text: str) -> tuple[float, float]:
         raise UserError(f"--barrier {text!r}: expected two percentages, the upper then the lower, e.g. +5%,-3%")
     upper, lower = (float(m.group(1)) / 100 for m in matches if m is not None)
     if upper <= 0 or lower >= 0:
-        raise UserError(f"--barrier {text!r}: the upper barrier must be above 0% and the lower one below 0% "
-                        "(upper first), e.g. +5%,-3%")
+        raise UserError(
+            f"--barrier {text!r}: the upper barrier must be above 0% and the lower one below 0% "
+            "(upper first), e.g. +5%,-3%"
+        )
     if lower <= -1:
         raise UserError(f"--barrier {text!r}: the lower barrier must be above -100%")
     return upper, lower
 
 
-def price_sequence(close: np.ndarray, high: Optional[np.ndarray] = None, low: Optional[np.ndarray] = None,
-                   open_: Optional[np.ndarray] = None) -> np.ndarray:
+def price_sequence(
+    close: np.ndarray,
+    high: Optional[np.ndarray] = None,
+    low: Optional[np.ndarray] = None,
+    open_: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """The prices each path is taken to visit, in order: (S, H + 1) closes alone, or (S, 3H + 1)
     start, then per candle open, low, high (up candle) or open, high, low (down candle), close... with
     the open left out when it is the previous close (sampled paths have no gaps)."""
@@ -70,8 +87,14 @@ def _points_per_step(close: np.ndarray, seq: np.ndarray) -> int:
     return (seq.shape[1] - 1) // (np.atleast_2d(close).shape[1] - 1)
 
 
-def barrier_outcomes(close: np.ndarray, upper: float, lower: float, high: Optional[np.ndarray] = None,
-                     low: Optional[np.ndarray] = None, open_: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+def barrier_outcomes(
+    close: np.ndarray,
+    upper: float,
+    lower: float,
+    high: Optional[np.ndarray] = None,
+    low: Optional[np.ndarray] = None,
+    open_: Optional[np.ndarray] = None,
+) -> dict[str, np.ndarray]:
     """Per path: outcome +1 when the price reaches start * (1 + upper) before start * (1 + lower),
     -1 the other way round, 0 when neither is reached within the horizon; step = the candle (1..H)
     of that first touch (0 for neither); same_candle = both barriers touched in that one candle."""
@@ -94,8 +117,12 @@ def barrier_outcomes(close: np.ndarray, upper: float, lower: float, high: Option
 def barrier_probabilities(outcomes: dict[str, np.ndarray]) -> dict[str, float]:
     """The fractions of paths: upper first, lower first, neither (they sum to 1), same candle."""
     o = outcomes["outcome"]
-    return {"p_upper_first": float((o == 1).mean()), "p_lower_first": float((o == -1).mean()),
-            "p_neither": float((o == 0).mean()), "p_same_candle": float(outcomes["same_candle"].mean())}
+    return {
+        "p_upper_first": float((o == 1).mean()),
+        "p_lower_first": float((o == -1).mean()),
+        "p_neither": float((o == 0).mean()),
+        "p_same_candle": float(outcomes["same_candle"].mean()),
+    }
 
 
 def barrier_probability_table(log_returns: np.ndarray, upper: float, lower: float) -> np.ndarray:
@@ -116,16 +143,23 @@ def brier_score(probs: np.ndarray, outcome: np.ndarray) -> np.ndarray:
     return ((probs - hit) ** 2).sum(axis=1)
 
 
-def max_drawdown(close: np.ndarray, high: Optional[np.ndarray] = None, low: Optional[np.ndarray] = None,
-                 open_: Optional[np.ndarray] = None) -> np.ndarray:
+def max_drawdown(
+    close: np.ndarray,
+    high: Optional[np.ndarray] = None,
+    low: Optional[np.ndarray] = None,
+    open_: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """Per path, the largest fall from a running peak (the start included) to a later price:
     max over t of 1 - price_t / max(price_0..price_t), on the same price sequence as the barriers."""
     seq = price_sequence(close, high, low, open_)
     return 1.0 - (seq / np.maximum.accumulate(seq, axis=1)).min(axis=1)
 
 
-def drawdown_summary(drawdown: np.ndarray, quantiles: Sequence[float] = DRAWDOWN_QUANTILES,
-                     thresholds: Sequence[float] = DRAWDOWN_THRESHOLDS) -> dict[str, float]:
+def drawdown_summary(
+    drawdown: np.ndarray,
+    quantiles: Sequence[float] = DRAWDOWN_QUANTILES,
+    thresholds: Sequence[float] = DRAWDOWN_THRESHOLDS,
+) -> dict[str, float]:
     """Mean, quantiles (p50, p90, p99) and P(drawdown > x) of the per-path maximum drawdowns."""
     d = np.asarray(drawdown, dtype=float)
     out = {"mean": float(d.mean())}

@@ -14,6 +14,7 @@ Shapes: B batch, T time (candles), C = d_model, nh heads, hs = C // nh head size
 Each sequence belongs to one asset; the asset and its category are embedded, concatenated,
 projected to C and added at every position, so one model learns many markets at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,7 +82,7 @@ class Dropout(nn.Module):
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
         n = x.numel()
-        words = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)  # uniform 64-bit draws
+        words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)  # uniform 64-bit draws
         lanes = words.view(torch.int16)[:n].view(x.shape)  # four uniform 16-bit lanes per draw
         keep = lanes >= round(self.p * 65536) - 32768  # P(drop) = round(p * 2^16) / 2^16
         return x * (keep.to(x.dtype) * (1.0 / (1.0 - self.p)))
@@ -95,8 +96,9 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Optional[LayerCache] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]], kv: Optional[LayerCache] = None
+    ) -> torch.Tensor:
         B, T, C = x.shape
         start = kv.length if kv is not None else 0  # position of x's first token
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
@@ -104,7 +106,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
         v = v.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
         if rope is not None:
-            cos, sin = rope[0][start:start + T], rope[1][start:start + T]
+            cos, sin = rope[0][start : start + T], rope[1][start : start + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is not None and start > 0:  # (start > 0 only with a cache)
             y = kv.attend(q, k, v)  # one-token decode step over every cached key: (B, nh, 1, hs)
@@ -138,8 +140,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]],
-                kv: Optional[LayerCache] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]], kv: Optional[LayerCache] = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rope, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -160,8 +163,9 @@ class MarketGPT(nn.Module):
     without them `default_interval` (what forecasts and exports of one interval set).
     """
 
-    def __init__(self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1,
-                 num_intervals: int = 1) -> None:
+    def __init__(
+        self, config: Union[ModelConfig, Config], num_assets: int = 1, num_categories: int = 1, num_intervals: int = 1
+    ) -> None:
         super().__init__()
         if isinstance(config, Config):
             config = config.model
@@ -185,8 +189,9 @@ class MarketGPT(nn.Module):
         self.interval_emb = nn.Embedding(num_intervals, C) if num_intervals > 1 else None
         # model.time_features / model.volume_input: per-candle ids (common/tokens/features.py)
         # whose embeddings add to the token's; None when off, so the documented counts hold
-        self.time_emb = (nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)])
-                         if config.time_features else None)
+        self.time_emb = (
+            nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)]) if config.time_features else None
+        )
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
@@ -221,8 +226,12 @@ class MarketGPT(nn.Module):
     @classmethod
     def for_run(cls, config: Union[ModelConfig, Config], asset_info: dict) -> "MarketGPT":
         """The model of a run with this asset_info.json: its assets, categories and intervals."""
-        return cls(config, num_assets=asset_info["num_assets"], num_categories=asset_info["num_categories"],
-                   num_intervals=len(asset_info.get("intervals", ())) or 1)
+        return cls(
+            config,
+            num_assets=asset_info["num_assets"],
+            num_categories=asset_info["num_categories"],
+            num_intervals=len(asset_info.get("intervals", ())) or 1,
+        )
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -267,8 +276,10 @@ class MarketGPT(nn.Module):
         """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
         if features is None or features.shape != (B, T, NUM_FEATURES):
             got = "none" if features is None else tuple(features.shape)
-            raise ValueError(f"this model reads model.time_features / model.volume_input: pass features of shape "
-                             f"({B}, {T}, {NUM_FEATURES}) (common/tokens/features.py), got {got}")
+            raise ValueError(
+                f"this model reads model.time_features / model.volume_input: pass features of shape "
+                f"({B}, {T}, {NUM_FEATURES}) (common/tokens/features.py), got {got}"
+            )
         out: torch.Tensor | int = 0
         if self.time_emb is not None:
             out = self.time_emb[0](features[..., 0]) + self.time_emb[1](features[..., 1])
@@ -276,20 +287,34 @@ class MarketGPT(nn.Module):
             out = out + self.volume_emb(features[..., 2])
         return out
 
-    def new_cache(self, batch_size: int, device: Optional[torch.device] = None,
-                  dtype: Optional[torch.dtype] = None) -> KVCache:
+    def new_cache(
+        self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
+    ) -> KVCache:
         """An empty KV cache for batch_size sequences of up to context_length tokens."""
         c = self.config
         ref = self.lm_head.weight
         shape = (batch_size, c.num_heads, c.context_length, c.d_model // c.num_heads)
-        return KVCache([LayerKV(ref.new_empty(shape, device=device, dtype=dtype),
-                                ref.new_empty(shape, device=device, dtype=dtype)) for _ in self.blocks])
+        return KVCache(
+            [
+                LayerKV(
+                    ref.new_empty(shape, device=device, dtype=dtype), ref.new_empty(shape, device=device, dtype=dtype)
+                )
+                for _ in self.blocks
+            ]
+        )
 
-    def forward(self, idx: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                targets: Optional[torch.Tensor] = None, last_only: bool = False,
-                cache: Optional[KVCache] = None, features: Optional[torch.Tensor] = None,
-                vocab: Optional[int] = None,
-                interval_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        asset_ids: torch.Tensor,
+        category_ids: torch.Tensor,
+        targets: Optional[torch.Tensor] = None,
+        last_only: bool = False,
+        cache: Optional[KVCache] = None,
+        features: Optional[torch.Tensor] = None,
+        vocab: Optional[int] = None,
+        interval_ids: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids; asset_ids, category_ids: (B,).
 
         Returns logits (B, T, V), or (B, 1, V) with last_only (generation), and the mean
@@ -301,11 +326,15 @@ class MarketGPT(nn.Module):
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if start + T > self.config.context_length:
-            raise ValueError(f"sequence length {start + T} exceeds model.context_length "
-                             f"{self.config.context_length}; crop the input to the last context_length tokens")
+            raise ValueError(
+                f"sequence length {start + T} exceeds model.context_length "
+                f"{self.config.context_length}; crop the input to the last context_length tokens"
+            )
         if asset_ids.shape != (B,) or category_ids.shape != (B,):
-            raise ValueError(f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
-                             f"must both have shape ({B},), one id per sequence")
+            raise ValueError(
+                f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
+                f"must both have shape ({B},), one id per sequence"
+            )
 
         x = self.wte(idx)  # (B, T, C)
         if self.head is not None:
@@ -340,8 +369,9 @@ class MarketGPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)
         return logits, loss
 
-    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
-                            device_type: str) -> torch.optim.AdamW:
+    def configure_optimizer(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+    ) -> torch.optim.AdamW:
         """AdamW that decays the 2-D weights (matmuls, embeddings) but not biases or norms."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [

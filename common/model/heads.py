@@ -14,6 +14,7 @@ so every metric, baseline and sampler reads them the same way (softmax / log_sof
   The input side is structured too: a real token's embedding is its own vector plus a move-bin
   and a shape-bin vector, which every token of that bin shares.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,9 @@ class FactorizedHead(nn.Module):
         super().__init__()
         S = NUM_SPECIAL_TOKENS
         if S + move_bins * shape_bins > vocab_size:
-            raise ValueError(f"move_bins {move_bins} x shape_bins {shape_bins} + {S} specials exceed vocab_size "
-                             f"{vocab_size}")
+            raise ValueError(
+                f"move_bins {move_bins} x shape_bins {shape_bins} + {S} specials exceed vocab_size {vocab_size}"
+            )
         self.vocab_size, self.move_bins, self.shape_bins = vocab_size, move_bins, shape_bins
         self.move_out = nn.Linear(d_model, S + move_bins, bias=True)  # specials + move bins
         self.shape_out = nn.Linear(d_model, shape_bins, bias=True)
@@ -59,7 +61,7 @@ class FactorizedHead(nn.Module):
         flat start is log(S + M) + log(K) nats, which a few hundred steps at a small-data
         learning rate do not unlearn (the biases move about lr per step)."""
         S, M, K = NUM_SPECIAL_TOKENS, self.move_bins, self.shape_bins
-        c = counts.double()[:S + M * K] + 1.0
+        c = counts.double()[: S + M * K] + 1.0
         pair = c[S:].view(M, K)
         move = torch.cat((c[:S], pair.sum(1)))
         self.move_out.bias.copy_(move.log() - move.log().mean())

@@ -7,6 +7,7 @@ recomputing them. `MarketGPT.new_cache` makes a KVCache (one LayerKV per block);
 
 Shapes: B rows (sequences), nh heads, hs head size, L cached positions.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,8 @@ class LayerKV:
             raise ValueError("a filled cache takes one token per step (prefill an empty cache instead)")
         if end > self.k.size(2):
             raise ValueError(f"KV cache holds {self.k.size(2)} positions; {end} requested")
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
@@ -81,8 +82,9 @@ class SharedPrefixKV:
     def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, group: int, capacity: int) -> None:
         n, nh, _, hs = prefix_k.shape  # (n, nh, P, hs)
         self.k, self.v, self.group = prefix_k, prefix_v, group
-        self.own: AppendableCache = LayerKV(prefix_k.new_empty((n * group, nh, capacity, hs)),
-                           prefix_v.new_empty((n * group, nh, capacity, hs)))
+        self.own: AppendableCache = LayerKV(
+            prefix_k.new_empty((n * group, nh, capacity, hs)), prefix_v.new_empty((n * group, nh, capacity, hs))
+        )
 
     @property
     def length(self) -> int:
@@ -114,5 +116,11 @@ class KVCache:
     def shared(self, first: int, end: int, group: int, capacity: int) -> "KVCache":
         """A decode cache for `group` samples of each prefilled context first..end-1 (rows of this
         cache), sharing their prefix (SharedPrefixKV, no copy); `capacity` own tokens per sample."""
-        return KVCache([SharedPrefixKV(layer.k[first:end, :, :layer.length], layer.v[first:end, :, :layer.length],
-                                       group, capacity) for layer in self.layers])
+        return KVCache(
+            [
+                SharedPrefixKV(
+                    layer.k[first:end, :, : layer.length], layer.v[first:end, :, : layer.length], group, capacity
+                )
+                for layer in self.layers
+            ]
+        )

@@ -22,6 +22,7 @@ memory profiler agrees within 15% under bf16 autocast and fp32, with and without
 gradient checkpointing (tests/test_gpu_readiness.py); on a GPU bench/bench_gpu.py compares them
 with torch.cuda.max_memory_allocated (not run yet: no GPU here).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,14 @@ class MemoryEstimate:
         return self.static + self.activations + max(self.logits, self.recompute)
 
 
-def estimate_training_memory(m: ModelConfig, num_parameters: int, batch_size: int, precision: str = "bf16",
-                             gradient_checkpointing: bool = False, world_size: int = 1) -> MemoryEstimate:
+def estimate_training_memory(
+    m: ModelConfig,
+    num_parameters: int,
+    batch_size: int,
+    precision: str = "bf16",
+    gradient_checkpointing: bool = False,
+    world_size: int = 1,
+) -> MemoryEstimate:
     """Peak bytes of one training step on one GPU (precision: a resolved "bf16"/"fp16"/"fp32")."""
     a = 4 if precision == "fp32" else 2
     C, F, V = m.d_model, m.d_ff, m.vocab_size

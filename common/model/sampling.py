@@ -22,6 +22,7 @@ layers x T x d_model floats per row), whole contexts at a time while a context's
 with a seeded generator the draws depend on the arguments alone, so the same call gives the
 same paths.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -44,8 +45,14 @@ CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB): bounds ma
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, int, torch.Tensor], None]
 
 
-def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                banned: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+def draw_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: Optional[int],
+    top_p: Optional[float],
+    banned: torch.Tensor,
+    generator: Optional[torch.Generator],
+) -> torch.Tensor:
     """One token per row of logits (B, V): softmax(logits / temperature), greedy at 0.
 
     banned (V,) bool: ids never drawn. top_k keeps the k likeliest ids, top_p the smallest set
@@ -75,11 +82,23 @@ def draw_tokens(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
 
 
 @torch.no_grad()
-def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                 horizon: int, samples: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
-                 top_p: Optional[float] = None, banned: Optional[torch.Tensor] = None,
-                 generator: Optional[torch.Generator] = None, max_batch: Optional[int] = None,
-                 on_step: Optional[StepHook] = None, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sample_paths(
+    model: MarketGPT,
+    contexts: torch.Tensor,
+    asset_ids: torch.Tensor,
+    category_ids: torch.Tensor,
+    horizon: int,
+    samples: int,
+    *,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    banned: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    max_batch: Optional[int] = None,
+    on_step: Optional[StepHook] = None,
+    features: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
 
     asset_ids, category_ids: (N,). banned: (V,) bool of ids never drawn (default none).
@@ -103,28 +122,53 @@ def sample_paths(model: MarketGPT, contexts: torch.Tensor, asset_ids: torch.Tens
     model.eval()
     try:
         prefix = model.new_cache(N, dtype=cache_dtype)
-        feats = None if features is None else features[:, L - P:]  # aligned with seq below: (N, P + H, 3)
-        first_logits = _next_logits(model, contexts[:, L - P:], asset_ids, category_ids, prefix,
-                                    None if feats is None else feats[:, :P], V)
+        feats = None if features is None else features[:, L - P :]  # aligned with seq below: (N, P + H, 3)
+        first_logits = _next_logits(
+            model, contexts[:, L - P :], asset_ids, category_ids, prefix, None if feats is None else feats[:, :P], V
+        )
         out = torch.empty((N * samples, horizon), dtype=torch.long, device=device)
         for c0, c1, group, lo in context_chunks(N, samples, max_batch):
             r = torch.arange(c0, c1, device=device).repeat_interleave(group)  # row -> its context
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)
-            seq = torch.cat((contexts[r, L - P:], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            _continue(model, seq, P, cache, first_logits[r], r, asset_ids[r], category_ids[r],
-                      None if feats is None else feats[r], draw=draw, vocab=V, cache_dtype=cache_dtype,
-                      on_step=on_step)
-            out[lo:lo + len(r)] = seq[:, P:]
+            seq = torch.cat((contexts[r, L - P :], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
+            _continue(
+                model,
+                seq,
+                P,
+                cache,
+                first_logits[r],
+                r,
+                asset_ids[r],
+                category_ids[r],
+                None if feats is None else feats[r],
+                draw=draw,
+                vocab=V,
+                cache_dtype=cache_dtype,
+                on_step=on_step,
+            )
+            out[lo : lo + len(r)] = seq[:, P:]
     finally:
         model.train(was_training)
     return out.view(N, samples, horizon)
 
 
-def _continue(model: MarketGPT, seq: torch.Tensor, known: int, cache: KVCache, logits: torch.Tensor,
-              rows: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-              features: Optional[torch.Tensor], *, draw: Callable[[torch.Tensor], torch.Tensor], vocab: int,
-              cache_dtype: Optional[torch.dtype], on_step: Optional[StepHook]) -> None:
+def _continue(
+    model: MarketGPT,
+    seq: torch.Tensor,
+    known: int,
+    cache: KVCache,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    asset_ids: torch.Tensor,
+    category_ids: torch.Tensor,
+    features: Optional[torch.Tensor],
+    *,
+    draw: Callable[[torch.Tensor], torch.Tensor],
+    vocab: int,
+    cache_dtype: Optional[torch.dtype],
+    on_step: Optional[StepHook],
+) -> None:
     """Draw seq[:, known:] in place (seq: (B, known + H)), one token per row and step.
 
     cache holds seq's first `known` tokens (or the last of them it has room for) and logits
@@ -147,15 +191,28 @@ def _continue(model: MarketGPT, seq: torch.Tensor, known: int, cache: KVCache, l
             window = slice(end + 1 - keep, end + 1)
         else:  # the token just drawn, at position cache.length
             window = slice(end, end + 1)
-        logits = _next_logits(model, seq[:, window], asset_ids, category_ids, cache,
-                              None if features is None else features[:, window], vocab)
+        logits = _next_logits(
+            model,
+            seq[:, window],
+            asset_ids,
+            category_ids,
+            cache,
+            None if features is None else features[:, window],
+            vocab,
+        )
 
 
-def _next_logits(model: MarketGPT, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor,
-                 cache: KVCache, features: Optional[torch.Tensor], vocab: int) -> torch.Tensor:
+def _next_logits(
+    model: MarketGPT,
+    tokens: torch.Tensor,
+    asset_ids: torch.Tensor,
+    category_ids: torch.Tensor,
+    cache: KVCache,
+    features: Optional[torch.Tensor],
+    vocab: int,
+) -> torch.Tensor:
     """(B, vocab) logits of the token after `tokens` (B, t), which continue what cache holds."""
-    return model(tokens, asset_ids, category_ids, last_only=True, cache=cache, features=features,
-                 vocab=vocab)[0][:, -1]
+    return model(tokens, asset_ids, category_ids, last_only=True, cache=cache, features=features, vocab=vocab)[0][:, -1]
 
 
 def _drawable(banned: Optional[torch.Tensor], vocab_size: int, device: torch.device) -> tuple[torch.Tensor, int]:

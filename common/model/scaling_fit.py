@@ -19,6 +19,7 @@ inside the measured range of N (the fit says nothing outside it).
 The fitted coefficients live in scaling_fit.json next to this module (written by
 `python bench/bench_scaling.py --fit RESULTS.json`); `marketgpt plan` and model.size = "auto" read it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,8 +45,16 @@ RANGE_SLACK = 1.05  # token counts within 5% beyond the fitted span are not extr
 # (d_model, num_layers, num_heads, d_ff) that model.size = "auto" chooses from: the grid's sizes and
 # shapes between them, case C's (256, 6) and case B's (512, 8) among them
 SHAPES: tuple[tuple[int, int, int, int], ...] = (
-    (64, 2, 2, 256), (128, 2, 4, 512), (128, 4, 4, 512), (192, 4, 6, 768), (256, 4, 8, 1024), (256, 6, 8, 1024),
-    (384, 6, 8, 1536), (512, 8, 8, 2048), (768, 12, 12, 3072))
+    (64, 2, 2, 256),
+    (128, 2, 4, 512),
+    (128, 4, 4, 512),
+    (192, 4, 6, 768),
+    (256, 4, 8, 1024),
+    (256, 6, 8, 1024),
+    (384, 6, 8, 1536),
+    (512, 8, 8, 2048),
+    (768, 12, 12, 3072),
+)
 _EXPONENTS = np.linspace(0.05, 1.5, 20)
 _TERMS = ("A", "B", "C")
 _UNBOUNDED = 1e30  # N* of a bootstrap draw without an interior optimum
@@ -90,15 +99,17 @@ class ScalingFit:
 
 
 def _predict(coef: dict[str, float], n: np.ndarray, d: np.ndarray) -> np.ndarray:
-    return (coef["E"] + coef["A"] * n ** -coef["a"] + coef["B"] * d ** -coef["b"]
-            + coef["C"] * (n / d) ** coef["c"])
+    return coef["E"] + coef["A"] * n ** -coef["a"] + coef["B"] * d ** -coef["b"] + coef["C"] * (n / d) ** coef["c"]
 
 
 def _fit_terms(terms: Sequence[str], n: np.ndarray, d: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
     """(residual sum of squares, coefficients) of the best fit keeping `terms`: every exponent
     combination of the grid at once, least squares for E and the term coefficients."""
-    columns = {"A": lambda e: n[None, :] ** -e[:, None], "B": lambda e: d[None, :] ** -e[:, None],
-               "C": lambda e: (n / d)[None, :] ** e[:, None]}
+    columns = {
+        "A": lambda e: n[None, :] ** -e[:, None],
+        "B": lambda e: d[None, :] ** -e[:, None],
+        "C": lambda e: (n / d)[None, :] ** e[:, None],
+    }
     combos = np.array(list(itertools.product(_EXPONENTS, repeat=len(terms)))) if terms else np.zeros((1, 0))
     g = len(combos)
     X = np.ones((g, len(y), 1 + len(terms)))
@@ -119,8 +130,16 @@ def _fit_terms(terms: Sequence[str], n: np.ndarray, d: np.ndarray, y: np.ndarray
     return float(rss[best]), coef
 
 
-def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, n_boot: int = 200,
-               seed: int = 0, source: str = "", at_tokens: Sequence[float] = ()) -> ScalingFit:
+def fit_points(
+    n: Sequence[float],
+    d: Sequence[float],
+    loss: Sequence[float],
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+    source: str = "",
+    at_tokens: Sequence[float] = (),
+) -> ScalingFit:
     """The form with the lowest AICc over the subsets of its terms, with a bootstrap over the points;
     at_tokens: also the bootstrap's 95% interval of N* at these token counts (None: no optimum, unbounded)."""
     N, D, y = (np.asarray(v, dtype=np.float64) for v in (n, d, loss))
@@ -150,9 +169,16 @@ def fit_points(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *,
             for key, value in b_coef.items():
                 draws[key].append(value)
     boot = {key: [float(q) for q in np.quantile(v, [0.025, 0.5, 0.975])] for key, v in draws.items() if v}
-    fit = ScalingFit(terms=terms, coef=coef, n_range=[float(N.min()), float(N.max())],
-                     d_range=[float(D.min()), float(D.max())], rmse=math.sqrt(rss / len(y)), points=len(y),
-                     bootstrap=boot, source=source)
+    fit = ScalingFit(
+        terms=terms,
+        coef=coef,
+        n_range=[float(N.min()), float(N.max())],
+        d_range=[float(D.min()), float(D.max())],
+        rmse=math.sqrt(rss / len(y)),
+        points=len(y),
+        bootstrap=boot,
+        source=source,
+    )
     for tokens in at_tokens:  # N*(tokens) of every bootstrap draw: inf where a draw has no interior optimum
         values = []
         for i in range(len(draws["E"])):
@@ -175,8 +201,13 @@ def load_fit(path: Path = FIT_FILE) -> Optional[ScalingFit]:
         ) from None
 
 
-def best_shape(cfg: Config, train_tokens: float, fit: ScalingFit, num_assets: Optional[int] = None,
-               num_categories: Optional[int] = None) -> dict[str, Any]:
+def best_shape(
+    cfg: Config,
+    train_tokens: float,
+    fit: ScalingFit,
+    num_assets: Optional[int] = None,
+    num_categories: Optional[int] = None,
+) -> dict[str, Any]:
     """The shape of SHAPES (inside the fit's measured range of N) that the fit predicts best for
     `train_tokens`: the smallest one within TOLERANCE of the lowest predicted loss. Returns
     d_model, num_layers, num_heads, d_ff, parameters, predicted_loss and why."""
@@ -193,10 +224,22 @@ def best_shape(cfg: Config, train_tokens: float, fit: ScalingFit, num_assets: Op
     lowest = min(r[1] for r in rows)
     n, loss, (d_model, layers, heads, d_ff) = min((r for r in rows if r[1] <= lowest + TOLERANCE), key=lambda r: r[0])
     extrapolated = not fit.in_range(train_tokens)
-    return {"d_model": d_model, "num_layers": layers, "num_heads": heads, "d_ff": d_ff, "parameters": int(n),
-            "train_tokens": int(train_tokens), "predicted_loss": round(loss, 4),
-            "optimal_parameters": fit.optimal_parameters(train_tokens),
-            "why": (f"smallest shape within {TOLERANCE} nats of the lowest loss the scaling fit predicts for "
-                    f"{int(train_tokens):,} training tokens ({fit.source})"
-                    + ("; extrapolated: the fit saw " + f"{fit.d_range[0]:,.0f} to {fit.d_range[1]:,.0f} tokens"
-                       if extrapolated else ""))}
+    return {
+        "d_model": d_model,
+        "num_layers": layers,
+        "num_heads": heads,
+        "d_ff": d_ff,
+        "parameters": int(n),
+        "train_tokens": int(train_tokens),
+        "predicted_loss": round(loss, 4),
+        "optimal_parameters": fit.optimal_parameters(train_tokens),
+        "why": (
+            f"smallest shape within {TOLERANCE} nats of the lowest loss the scaling fit predicts for "
+            f"{int(train_tokens):,} training tokens ({fit.source})"
+            + (
+                "; extrapolated: the fit saw " + f"{fit.d_range[0]:,.0f} to {fit.d_range[1]:,.0f} tokens"
+                if extrapolated
+                else ""
+            )
+        ),
+    }

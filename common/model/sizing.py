@@ -4,6 +4,7 @@
 `marketgpt doctor` and bench_gpu; `describe_model` is model-info's text: parameter counts and
 the per-GPU training memory estimate of common/model/memory.py.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -37,16 +38,20 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
     if num_assets < 1 or num_categories < 1:
         raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
     with torch.device("meta"):
-        return MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories,
-                         num_intervals=len(cfg.data.intervals) or 1)
+        return MarketGPT(
+            cfg.model, num_assets=num_assets, num_categories=num_categories, num_intervals=len(cfg.data.intervals) or 1
+        )
 
 
 def _inputs_line(cfg: Config) -> str:
     """What model.time_features and model.volume_input add (each is a lookup table of d_model rows)."""
     C = cfg.model.d_model
     adds = {"time_features": (CALENDAR_A + CALENDAR_B) * C, "volume_input": (VOLUME_BINS + 1) * C}
-    parts = [f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
-             f"+{n:,} parameters)" for key, n in adds.items()]
+    parts = [
+        f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
+        f"+{n:,} parameters)"
+        for key, n in adds.items()
+    ]
     return "inputs besides tokens: " + "; ".join(parts)
 
 
@@ -62,18 +67,20 @@ def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories
     world = cfg.slurm.nodes * cfg.slurm.gpus_per_node
     est = estimate_training_memory(m, n_total, B, precision, t.gradient_checkpointing, world)
     per_param = 16 + est.autocast_copies // max(n_total, 1) + est.ddp_buckets // max(n_total, 1)
-    return "\n".join([
-        f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
-        f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
-        f"assets {num_assets}, categories {num_categories}",
-        f"parameters: {n_total:,} total, {n_body:,} non-embedding",
-        _inputs_line(cfg),
-        f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
-        f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
-        f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",
-        f"  weights + grads + AdamW moments (fp32, 16 B/param), autocast copies, DDP buckets "
-        f"({per_param} B/param): {_gb(est.static)}",
-        f"  activations (fp32 residual stream, see common/model/memory.py): {_gb(est.activations)}",
-        f"  logits and loss: {_gb(est.logits)}",
-        f"  total: about {_gb(est.total)} (plus CUDA context and allocator slack, roughly 1-2 GB)",
-    ])
+    return "\n".join(
+        [
+            f"MarketGPT: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
+            f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
+            f"assets {num_assets}, categories {num_categories}",
+            f"parameters: {n_total:,} total, {n_body:,} non-embedding",
+            _inputs_line(cfg),
+            f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
+            f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
+            f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",
+            f"  weights + grads + AdamW moments (fp32, 16 B/param), autocast copies, DDP buckets "
+            f"({per_param} B/param): {_gb(est.static)}",
+            f"  activations (fp32 residual stream, see common/model/memory.py): {_gb(est.activations)}",
+            f"  logits and loss: {_gb(est.logits)}",
+            f"  total: about {_gb(est.total)} (plus CUDA context and allocator slack, roughly 1-2 GB)",
+        ]
+    )

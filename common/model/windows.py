@@ -1,5 +1,6 @@
 """The sampling window and the row chunks, shared by the torch sampler (common.model.sampling)
 and the torch-free one (common.forecasting.infer): plain Python, no torch."""
+
 from __future__ import annotations
 
 from typing import Iterator

@@ -4,6 +4,7 @@
 about equally often, and gives each bin a representative value, the median of the training
 values in it (what `decode` returns for the bin).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,7 @@ class QuantileBins:
         return np.searchsorted(self.edges, x, side="right")
 
     def to_dict(self) -> dict:
-        return {"edges": self.edges.tolist(), "values": self.values.tolist(),
-                "low": self.low, "high": self.high}
+        return {"edges": self.edges.tolist(), "values": self.values.tolist(), "low": self.low, "high": self.high}
 
     @classmethod
     def from_dict(cls, d: Any, n_bins: int, name: str) -> "QuantileBins":
@@ -65,8 +65,9 @@ class QuantileBins:
         edges = np.asarray(d["edges"], dtype=np.float64)
         values = np.asarray(d["values"], dtype=np.float64)
         if edges.shape != (n_bins - 1,) or values.shape != (n_bins,):
-            raise ValueError(f"'{name}' has {edges.size} edges and {values.size} values, "
-                             f"expected {n_bins - 1} and {n_bins}")
+            raise ValueError(
+                f"'{name}' has {edges.size} edges and {values.size} values, expected {n_bins - 1} and {n_bins}"
+            )
         if not (np.isfinite(edges).all() and np.isfinite(values).all()) or np.any(np.diff(edges) < 0):
             raise ValueError(f"'{name}' edges are not finite and ascending")
         return cls(edges=edges, values=values, low=float(d["low"]), high=float(d["high"]))

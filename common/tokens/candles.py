@@ -5,6 +5,7 @@ Accepted: a canonical candle DataFrame (sorted DatetimeIndex, columns open/high/
 order. A missing candle is a row with NaN prices; a non-positive price is a UserError that
 names the asset and the timestamp (or row).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -21,14 +22,16 @@ PRICE_COLUMNS = ("open", "high", "low", "close")
 CandleInput = Union[pd.DataFrame, np.ndarray, Mapping[str, Any]]
 
 
-def price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence]
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[Sequence]]:
+def price_arrays(
+    candles: CandleInput, asset: str, timestamps: Optional[Sequence]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[Sequence]]:
     """open, high, low, close as float64 arrays, plus timestamps for error messages (or None)."""
     if isinstance(candles, pd.DataFrame):
         missing = [c for c in PRICE_COLUMNS if c not in candles.columns]
         if missing:
-            raise UserError(f"{asset}: candle frame lacks column(s) {', '.join(missing)}; expected "
-                            "open, high, low, close, volume")
+            raise UserError(
+                f"{asset}: candle frame lacks column(s) {', '.join(missing)}; expected open, high, low, close, volume"
+            )
         if not candles.index.is_monotonic_increasing:
             raise UserError(f"{asset}: candles are not sorted by time; sort the frame by its index first")
         cols = [candles[c].to_numpy(dtype=np.float64) for c in PRICE_COLUMNS]
@@ -42,8 +45,10 @@ def price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence
     else:
         arr = np.asarray(candles, dtype=np.float64)
         if arr.ndim != 2 or arr.shape[1] not in (4, 5):
-            raise UserError(f"{asset}: candle array must have shape (n, 4) or (n, 5) with columns "
-                            f"open, high, low, close[, volume]; got {arr.shape}")
+            raise UserError(
+                f"{asset}: candle array must have shape (n, 4) or (n, 5) with columns "
+                f"open, high, low, close[, volume]; got {arr.shape}"
+            )
         cols = [arr[:, i] for i in range(4)]
     n = len(cols[3])
     if any(len(c) != n for c in cols) or cols[0].ndim != 1:
@@ -53,8 +58,9 @@ def price_arrays(candles: CandleInput, asset: str, timestamps: Optional[Sequence
     return cols[0], cols[1], cols[2], cols[3], timestamps
 
 
-def check_positive(o: np.ndarray, h: np.ndarray, low: np.ndarray, c: np.ndarray, asset: str,
-                   timestamps: Optional[Sequence]) -> None:
+def check_positive(
+    o: np.ndarray, h: np.ndarray, low: np.ndarray, c: np.ndarray, asset: str, timestamps: Optional[Sequence]
+) -> None:
     """UserError at the first candle with a price <= 0 (NaN compares False, so missing candles
     pass; -inf is caught here)."""
     bad = (o <= 0) | (h <= 0) | (low <= 0) | (c <= 0)
@@ -62,8 +68,10 @@ def check_positive(o: np.ndarray, h: np.ndarray, low: np.ndarray, c: np.ndarray,
         i = int(np.argmax(bad))
         where = f"at {_format_time(timestamps[i])}" if timestamps is not None else f"at row {i}"
         prices = ", ".join(f"{name}={col[i]:g}" for name, col in zip(PRICE_COLUMNS, (o, h, low, c)))
-        raise UserError(f"{asset}: non-positive price {where} ({prices}; {int(bad.sum())} such candle(s)); "
-                        "prices must be > 0: repair or drop these rows in the data layer")
+        raise UserError(
+            f"{asset}: non-positive price {where} ({prices}; {int(bad.sum())} such candle(s)); "
+            "prices must be > 0: repair or drop these rows in the data layer"
+        )
 
 
 def _format_time(t: Any) -> str:

@@ -12,6 +12,7 @@ Each candle gets three small integer ids, aligned one-to-one with its token:
 Hourly crypto volatility has a strong time-of-day pattern that a model cannot learn without
 knowing the hour. Volume is an input only: it is never predicted.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -19,8 +20,18 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["CALENDAR_A", "CALENDAR_B", "NUM_FEATURES", "VOLUME_BINS", "calendar_ids", "candle_features", "run_features",
-           "fit_volume_edges", "relative_volume", "volume_ids"]
+__all__ = [
+    "CALENDAR_A",
+    "CALENDAR_B",
+    "NUM_FEATURES",
+    "VOLUME_BINS",
+    "calendar_ids",
+    "candle_features",
+    "run_features",
+    "fit_volume_edges",
+    "relative_volume",
+    "volume_ids",
+]
 
 NUM_FEATURES = 3  # calendar_a, calendar_b, volume
 CALENDAR_A = 24  # hour of day (intraday) or month (daily): rows of the first time embedding
@@ -60,8 +71,9 @@ def volume_ids(relative: np.ndarray, edges: list[float]) -> np.ndarray:
     return np.where(np.isfinite(relative), ids, 0).astype(np.int64)
 
 
-def candle_features(frame: pd.DataFrame, interval: str, edges: list[float],
-                    relative: np.ndarray | None = None) -> np.ndarray:
+def candle_features(
+    frame: pd.DataFrame, interval: str, edges: list[float], relative: np.ndarray | None = None
+) -> np.ndarray:
     """(n, NUM_FEATURES) int64 ids of a cleaned candle frame, one row per candle (token).
     relative: the frame's relative_volume, when already computed."""
     if relative is None:
@@ -69,10 +81,11 @@ def candle_features(frame: pd.DataFrame, interval: str, edges: list[float],
     return np.concatenate([calendar_ids(frame.index, interval), volume_ids(relative, edges)[:, None]], axis=1)
 
 
-def run_features(frames: dict[str, pd.DataFrame], train: dict[str, tuple[int, int]],
-                 interval: str) -> tuple[dict[str, np.ndarray], list[float]]:
+def run_features(
+    frames: dict[str, pd.DataFrame], train: dict[str, tuple[int, int]], interval: str
+) -> tuple[dict[str, np.ndarray], list[float]]:
     """Every asset's feature ids, with the volume edges fitted on the train ranges only."""
     relative = {s: relative_volume(f["volume"].to_numpy(dtype=np.float64)) for s, f in frames.items()}
-    edges = fit_volume_edges(relative[s][train[s][0]:train[s][1]] for s in frames)
+    edges = fit_volume_edges(relative[s][train[s][0] : train[s][1]] for s in frames)
     features = {s: candle_features(f, interval, edges, relative[s]) for s, f in frames.items()}
     return features, edges

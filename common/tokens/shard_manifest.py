@@ -12,6 +12,7 @@ rank opens the shard); `marketgpt data check` verifies every byte. A mismatch is
 the file and the command that rebuilds the shard. Shards published before checksums have no
 "files": they are checked by size only, as then.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,10 @@ __all__ = ["FULL_CHECK_BYTES", "REBUILD", "Hasher", "file_sha256", "manifest_che
 # tokens.bin is 200 MB: well under a second); larger files (moves.bin, features.bin at that
 # size) are checked by size there and in full by `marketgpt data check`.
 FULL_CHECK_BYTES = 256 * 2**20
-REBUILD = ("rebuild it with `marketgpt data prepare --rebuild` and the same --config and --set as the run "
-           "(it moves the damaged shard aside and prepares it anew)")
+REBUILD = (
+    "rebuild it with `marketgpt data prepare --rebuild` and the same --config and --set as the run "
+    "(it moves the damaged shard aside and prepares it anew)"
+)
 _CHUNK = 8 * 2**20
 
 

@@ -34,6 +34,7 @@ Preparation streams asset by asset and holds one asset's candles at a time:
              run files and manifest.json, all in a private folder published by one rename
 The tokens equal those of the in-memory path (data.shards = false) bit for bit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -93,6 +94,7 @@ _KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
 class Prepared:
     """A corpus ready to train on: its token set (memory-mapped from a shard, or in memory) and
     what a run folder records beside it."""
+
     tokens: TokenSet
     tokenizer: OHLCTokenizer
     asset_info: dict
@@ -118,8 +120,10 @@ def fit_tokenizer(cfg: Config, prepared: PreparedData, parent: Optional[Path] = 
     """The tokenizer fitted on the train ranges only (asset by asset), or a fine-tuning parent's."""
     if parent is not None:
         return OHLCTokenizer.load(parent)
-    train = (prepared.candles[a.symbol].iloc[prepared.splits[a.symbol].train.start:
-                                             prepared.splits[a.symbol].train.stop] for a in prepared.assets)
+    train = (
+        prepared.candles[a.symbol].iloc[prepared.splits[a.symbol].train.start : prepared.splits[a.symbol].train.stop]
+        for a in prepared.assets
+    )
     return OHLCTokenizer.from_config(cfg).fit(train, every=fit_stride(prepared))
 
 
@@ -131,12 +135,14 @@ def fit_volume(prepared: PreparedData) -> list[float]:
         for a in prepared.assets:
             split = prepared.splits[a.symbol].train
             volume = prepared.candles[a.symbol]["volume"].to_numpy(dtype=np.float64)
-            yield relative_volume(volume)[split.start:split.stop:every]
+            yield relative_volume(volume)[split.start : split.stop : every]
+
     return fit_volume_edges(train_relative())
 
 
-def encode_asset(tokenizer: OHLCTokenizer, frame: pd.DataFrame, symbol: str, interval: str,
-                 edges: Optional[list[float]]) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+def encode_asset(
+    tokenizer: OHLCTokenizer, frame: pd.DataFrame, symbol: str, interval: str, edges: Optional[list[float]]
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """One asset's (tokens, moves, time and volume ids or None when `edges` is None)."""
     tokens = tokenizer.encode(frame, asset=symbol)
     moves = tokenizer.features(frame, asset=symbol)[0]
@@ -153,8 +159,9 @@ def wants_features(cfg: Config) -> bool:
     return cfg.model.time_features or cfg.model.volume_input
 
 
-def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None,
-                      out: Optional[TextIO] = None) -> Prepared:
+def prepare_in_memory(
+    cfg: Config, case_dir: Path, parent: Optional[Path] = None, out: Optional[TextIO] = None
+) -> Prepared:
     """The same corpus prepared in memory for one run (data.shards = false): every asset's
     candles held at once, nothing written to the data cache."""
     market = load_market_data(cfg, case_dir)
@@ -171,8 +178,13 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
     if edges is not None:
         data_info["volume_edges"] = edges
     # encode_asset gives every asset's features when there are volume edges
-    token_set = TokenSet(symbols, tokens, moves, {s: ranges_of(prepared, s) for s in symbols},
-                         cast("dict[str, np.ndarray]", features) if edges is not None else None)
+    token_set = TokenSet(
+        symbols,
+        tokens,
+        moves,
+        {s: ranges_of(prepared, s) for s in symbols},
+        cast("dict[str, np.ndarray]", features) if edges is not None else None,
+    )
     return Prepared(token_set, tokenizer, asset_info(prepared.assets, cfg.data.intervals), data_info)
 
 
@@ -181,11 +193,13 @@ def prepare_in_memory(cfg: Config, case_dir: Path, parent: Optional[Path] = None
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:
     """(the shard folder this config's tokens belong in, the inputs its key is the hash of)."""
-    data = {k: v for k, v in config_to_dict(cfg)["data"].items()
-            if k not in _NOT_KEYED and not (k in _KEYED_WHEN_SET and v == _KEYED_WHEN_SET[k])}
+    data = {
+        k: v
+        for k, v in config_to_dict(cfg)["data"].items()
+        if k not in _NOT_KEYED and not (k in _KEYED_WHEN_SET and v == _KEYED_WHEN_SET[k])
+    }
     inputs = {
-        "versions": {"shard": SHARD_VERSION, "token_folder": FORMAT_VERSION,
-                     "tokenizer": TOKENIZER_FORMAT},
+        "versions": {"shard": SHARD_VERSION, "token_folder": FORMAT_VERSION, "tokenizer": TOKENIZER_FORMAT},
         "data": data,
         "purge_gap": cfg.data.purge_gap or cfg.model.context_length,
         "model": {k: getattr(cfg.model, k) for k in ("vocab_size", "context_length", "time_features", "volume_input")},
@@ -226,8 +240,12 @@ def prepare_shards(
                 print(f"Token shards: prepared {folder} in {time.monotonic() - started:.1f} s", file=out, flush=True)
                 return _open(folder)
     shard = _open(folder)
-    print(f"Token shards: reusing {folder} ({len(shard.tokens.symbols)} assets, "
-          f"{sum(len(t) for t in shard.tokens.tokens.values()):,} candles; no candle read)", file=out, flush=True)
+    print(
+        f"Token shards: reusing {folder} ({len(shard.tokens.symbols)} assets, "
+        f"{sum(len(t) for t in shard.tokens.tokens.values()):,} candles; no candle read)",
+        file=out,
+        flush=True,
+    )
     return shard
 
 
@@ -255,8 +273,12 @@ def rebuild(folder: Path, out: Optional[TextIO] = None) -> Optional[Path]:
 def _open(folder: Path) -> Prepared:
     verify_shard(folder)  # sizes, the manifest's checksum, and the sha256 of every file that costs little
     try:
-        return Prepared(TokenSet.load(folder / "tokens"), OHLCTokenizer.load(folder / "tokenizer.json"),
-                        read_json(folder / "asset_info.json"), read_json(folder / "data_info.json"))
+        return Prepared(
+            TokenSet.load(folder / "tokens"),
+            OHLCTokenizer.load(folder / "tokenizer.json"),
+            read_json(folder / "asset_info.json"),
+            read_json(folder / "data_info.json"),
+        )
     except (OSError, ValueError) as e:
         raise UserError(f"the token shard {folder} is damaged ({e}); {REBUILD}") from None
 
@@ -286,9 +308,11 @@ def _locked(lock: Path, out: TextIO) -> Iterator[None]:
 
 def _write_error(folder: Path, e: OSError) -> UserError:
     why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-    return UserError(f"cannot write the token shard {folder} ({why}): free space there, or set data.cache_dir "
-                     "to a larger filesystem, or data.shards = false to prepare in memory; a rerun continues "
-                     "where this one stopped")
+    return UserError(
+        f"cannot write the token shard {folder} ({why}): free space there, or set data.cache_dir "
+        "to a larger filesystem, or data.shards = false to prepare in memory; a rerun continues "
+        "where this one stopped"
+    )
 
 
 # --------------------------------------------------------------------------- building
@@ -297,8 +321,15 @@ def _write_error(folder: Path, e: OSError) -> UserError:
 STAGES = ("clean", "fit", "encode", "finish")
 
 
-def prepare_stage(cfg: Config, case_dir: Path, stage: str, task: int = 0, tasks: int = 1,
-                  parent: Optional[Path] = None, out: Optional[TextIO] = None) -> None:
+def prepare_stage(
+    cfg: Config,
+    case_dir: Path,
+    stage: str,
+    task: int = 0,
+    tasks: int = 1,
+    parent: Optional[Path] = None,
+    out: Optional[TextIO] = None,
+) -> None:
     """One stage of preparing the config's shard, as task `task` of `tasks`: "clean" and "encode"
     take the assets i with i % tasks == task (the elements of a Slurm job array, each writing
     its own assets' files and ranges); "fit" and "finish" run once, after every task of the
@@ -325,8 +356,11 @@ def prepare_stage(cfg: Config, case_dir: Path, stage: str, task: int = 0, tasks:
             _finish_stage(folder, inputs, out)
     except (OSError, UserError) as e:
         if published(folder):  # another preparer finished first (and removed the work folder)
-            print(f"Token shards: {folder} was published by another preparer; the {stage} stage has nothing "
-                  "left to do", file=out, flush=True)
+            print(
+                f"Token shards: {folder} was published by another preparer; the {stage} stage has nothing left to do",
+                file=out,
+                flush=True,
+            )
             return
         if isinstance(e, UserError):
             raise
@@ -362,9 +396,11 @@ class _Cleaned(Mapping[str, np.ndarray]):
 
     def real(self) -> LazyFrames:
         """symbol -> the timestamps of its real candles (not the rows fill_gaps added), read on access."""
+
         def load(symbol: str) -> np.ndarray:
             with np.load(self.files[symbol]) as z:
                 return z["ts"][z["real"]]
+
         return LazyFrames(list(self.files), load)
 
     def frame(self, symbol: str) -> pd.DataFrame:
@@ -385,16 +421,20 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
     (work / "clean").mkdir(exist_ok=True)
     mine = [i for i in range(len(market.assets)) if i % tasks == task]
     if task == 0:
-        print(f"Token shards: preparing {work.parent / work.stem} from {len(market.assets)} assets ({cfg.data.source}, "
-              f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
-              file=out, flush=True)
+        print(
+            f"Token shards: preparing {work.parent / work.stem} from {len(market.assets)} assets ({cfg.data.source}, "
+            f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
+            file=out,
+            flush=True,
+        )
     for k, i in enumerate(mine, 1):
         file = work / "clean" / f"{i:06d}.npz"
         if not file.is_file():
             s = market.assets[i].symbol
             step = interval_step(market.interval_of(s))  # a series' own interval (data.intervals)
-            frame, record, why = clean_asset(market.assets[i], market.candles[s], step,
-                                             reader_fixes=market.fixes.get(s), file=market.files.get(s))
+            frame, record, why = clean_asset(
+                market.assets[i], market.candles[s], step, reader_fixes=market.fixes.get(s), file=market.files.get(s)
+            )
             if frame is None:
                 ts, values, real = np.zeros(0, np.int64), np.zeros((0, len(COLUMNS))), np.zeros(0, bool)
             else:
@@ -412,8 +452,10 @@ def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Clean
     for i, asset in enumerate(market.assets):
         file = work / "clean" / f"{i:06d}.npz"
         if not file.is_file():
-            raise UserError(f"{asset.symbol} (asset {i}) was not cleaned: run the clean stage for every task "
-                            "first (or prepare without --array)")
+            raise UserError(
+                f"{asset.symbol} (asset {i}) was not cleaned: run the clean stage for every task "
+                "first (or prepare without --array)"
+            )
         with np.load(file) as z:
             meta = json.loads(str(z["meta"]))
             if meta["symbol"] != asset.symbol:
@@ -434,8 +476,9 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     universe, interval, cleaned, records, dropped, series_intervals = _cleaned(cfg, case_dir, work)
     # every asset's stamps and candles are read from work/clean/ when the split or the fit needs
     # them, never all at once: memory holds one asset, the day counts of the cuts and the fit's sample
-    prepared = split_data(cfg, universe, interval, cleaned, cleaned.real(), records, dropped,
-                          LazyFrames(list(cleaned), cleaned.frame))
+    prepared = split_data(
+        cfg, universe, interval, cleaned, cleaned.real(), records, dropped, LazyFrames(list(cleaned), cleaned.frame)
+    )
     tokenizer = fit_tokenizer(cfg, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg) else None
     symbols = [a.symbol for a in prepared.assets]
@@ -443,13 +486,25 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     # two fits of one shard (a resubmitted array, a training run meanwhile) write the same files,
     # each by a rename: an encode task reads one whole version or the other
     tokenizer.save(work / "tokenizer.json")
-    atomic_write_json(work / "split.json", {
-        "symbols": symbols, "files": [cleaned.files[s].name for s in symbols], "lengths": lengths,
-        "ranges": {s: ranges_of(prepared, s) for s in symbols}, "interval": interval, "volume_edges": edges,
-        "info": prepared.info, "asset_info": asset_info(prepared.assets, cfg.data.intervals),
-        "series_intervals": series_intervals})
-    print(f"Token shards: split {sum(lengths):,} candles of {len(symbols)} assets; tokenizer fitted on the train "
-          "split", file=out, flush=True)
+    atomic_write_json(
+        work / "split.json",
+        {
+            "symbols": symbols,
+            "files": [cleaned.files[s].name for s in symbols],
+            "lengths": lengths,
+            "ranges": {s: ranges_of(prepared, s) for s in symbols},
+            "interval": interval,
+            "volume_edges": edges,
+            "info": prepared.info,
+            "asset_info": asset_info(prepared.assets, cfg.data.intervals),
+            "series_intervals": series_intervals,
+        },
+    )
+    print(
+        f"Token shards: split {sum(lengths):,} candles of {len(symbols)} assets; tokenizer fitted on the train split",
+        file=out,
+        flush=True,
+    )
 
 
 def _split(work: Path) -> dict:
@@ -475,10 +530,15 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
             interval = split.get("series_intervals", {}).get(s, split["interval"])
             toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, interval, edges)
             if len(toks) != split["lengths"][j]:
-                raise UserError(f"{s}: {len(toks)} tokens where the fit stage counted {split['lengths'][j]}; "
-                                f"delete {work} and prepare again")
-            arrays: dict[str, Any] = {"tokens": toks.astype(np.int16), "moves": moves.astype(np.float64),
-                      "clip_counts": np.array(json.dumps(dict(tokenizer.clip_counts)))}
+                raise UserError(
+                    f"{s}: {len(toks)} tokens where the fit stage counted {split['lengths'][j]}; "
+                    f"delete {work} and prepare again"
+                )
+            arrays: dict[str, Any] = {
+                "tokens": toks.astype(np.int16),
+                "moves": moves.astype(np.float64),
+                "clip_counts": np.array(json.dumps(dict(tokenizer.clip_counts))),
+            }
             if features is not None:
                 arrays["features"] = features.astype(np.int16)
             with atomic_path(done) as tmp, open(tmp, "wb") as f:
@@ -495,16 +555,19 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
     parts = [work / "encoded" / f"{j:06d}.npz" for j in range(len(symbols))]
     missing = [s for s, part in zip(symbols, parts) if not part.is_file()]
     if missing:
-        raise UserError(f"{len(missing)} assets are not encoded yet (e.g. {missing[0]}): run the encode stage "
-                        "for every task first")
+        raise UserError(
+            f"{len(missing)} assets are not encoded yet (e.g. {missing[0]}): run the encode stage for every task first"
+        )
     private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".publish", dir=folder.parent))
     try:
         (private / "tokens").mkdir()
         files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None)
         write_index(private / "tokens", symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None)
         tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
-        tokenizer.clip_counts = {k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)
-                                 for k in dict.fromkeys([*tokenizer.clip_counts, *counts])}
+        tokenizer.clip_counts = {
+            k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)
+            for k in dict.fromkeys([*tokenizer.clip_counts, *counts])
+        }
         data_info = dict(split["info"], tokenizer_clip_counts=tokenizer.clip_counts)
         if split["volume_edges"] is not None:
             data_info["volume_edges"] = split["volume_edges"]
@@ -513,15 +576,24 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
         atomic_write_json(private / "data_info.json", data_info)
         for name in ("tokens/index.json", "tokenizer.json", "asset_info.json", "data_info.json"):
             files[name] = file_sha256(private / name)
-        manifest = {"key": folder.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "assets": len(symbols),
-                    "candles": int(sum(split["lengths"])), "inputs": inputs, "files": files}
+        manifest = {
+            "key": folder.name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "assets": len(symbols),
+            "candles": int(sum(split["lengths"])),
+            "inputs": inputs,
+            "files": files,
+        }
         atomic_write_json(private / "manifest.json", dict(manifest, manifest_sha256=manifest_checksum(manifest)))
         won = publish_folder(private, folder)
     finally:
         shutil.rmtree(private, ignore_errors=True)  # gone after a rename; ours alone otherwise
     if not won:
-        print(f"Token shards: {folder} was published by another preparer meanwhile; ours is discarded",
-              file=out, flush=True)
+        print(
+            f"Token shards: {folder} was published by another preparer meanwhile; ours is discarded",
+            file=out,
+            flush=True,
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ written after the folder is published (a folder appears whole, by rename), so a 
 hard-link them from the shard it was prepared from instead of copying.
 A run made before token folders has `tokens.npz`, which TokenSet.load still reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SPLITS", "TokenSet", "read_index", 
 FORMAT_NAME = "marketgpt-tokens"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
-_ARRAYS = {"tokens": ("tokens.bin", np.int16), "moves": ("moves.bin", np.float64),
-           "features": ("features.bin", np.int16)}
+_ARRAYS = {
+    "tokens": ("tokens.bin", np.int16),
+    "moves": ("moves.bin", np.float64),
+    "features": ("features.bin", np.int16),
+}
 
 
 def token_path(run_dir: Path) -> Path:
@@ -114,8 +118,10 @@ class TokenSet:
             symbols=symbols,
             tokens=_views(arrays["tokens"], symbols, bounds),
             moves=_views(arrays["moves"], symbols, bounds),
-            ranges={s: {split: (int(r[j][0]), int(r[j][1])) for j, split in enumerate(SPLITS)}
-                    for s, r in zip(symbols, index["ranges"])},
+            ranges={
+                s: {split: (int(r[j][0]), int(r[j][1])) for j, split in enumerate(SPLITS)}
+                for s, r in zip(symbols, index["ranges"])
+            },
             features=_views(arrays["features"], symbols, bounds) if "features" in arrays else None,
             folder=path,
             mapped=arrays,
@@ -123,7 +129,7 @@ class TokenSet:
 
 
 def _views(flat: np.ndarray, symbols: list[str], bounds: np.ndarray) -> dict[str, np.ndarray]:
-    return {s: flat[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
+    return {s: flat[bounds[i] : bounds[i + 1]] for i, s in enumerate(symbols)}
 
 
 def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
@@ -131,25 +137,38 @@ def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
     try:
         size = file.stat().st_size
     except OSError:
-        raise UserError(f"{file} is missing: the token folder {file.parent} is incomplete; start a new run "
-                        "(or prepare the data again)") from None
+        raise UserError(
+            f"{file} is missing: the token folder {file.parent} is incomplete; start a new run "
+            "(or prepare the data again)"
+        ) from None
     if size != expected:
-        raise UserError(f"{file} has {size} bytes where its index.json says {expected}: the token folder is "
-                        "damaged; start a new run (or delete the folder and prepare the data again)")
+        raise UserError(
+            f"{file} has {size} bytes where its index.json says {expected}: the token folder is "
+            "damaged; start a new run (or delete the folder and prepare the data again)"
+        )
     if expected == 0:
         return np.zeros(shape, dtype)
     # copy-on-write: torch may wrap it without a read-only warning; nothing is ever written back
     return np.memmap(file, dtype=dtype, mode="c", shape=shape)
 
 
-def write_index(folder: Path, symbols: list[str], lengths: list[int], ranges: dict[str, dict[str, tuple[int, int]]],
-                features: bool) -> None:
+def write_index(
+    folder: Path, symbols: list[str], lengths: list[int], ranges: dict[str, dict[str, tuple[int, int]]], features: bool
+) -> None:
     """The token folder's index.json (its arrays already written)."""
-    atomic_write_json(folder / "index.json", {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "candles": int(sum(lengths)),
-        "symbols": list(symbols), "lengths": [int(n) for n in lengths],
-        "ranges": [[list(map(int, ranges[s][split])) for split in SPLITS] for s in symbols],
-        "dtypes": {"tokens": "int16", "moves": "float64", "features": "int16"}, "features": bool(features)})
+    atomic_write_json(
+        folder / "index.json",
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "candles": int(sum(lengths)),
+            "symbols": list(symbols),
+            "lengths": [int(n) for n in lengths],
+            "ranges": [[list(map(int, ranges[s][split])) for split in SPLITS] for s in symbols],
+            "dtypes": {"tokens": "int16", "moves": "float64", "features": "int16"},
+            "features": bool(features),
+        },
+    )
 
 
 def read_index(folder: Path) -> dict:
@@ -158,16 +177,20 @@ def read_index(folder: Path) -> dict:
     try:
         index = json.loads(file.read_text())
     except FileNotFoundError:
-        raise UserError(f"{folder} is not a token folder (no index.json): it is incomplete; start a new run "
-                        "(or prepare the data again)") from None
+        raise UserError(
+            f"{folder} is not a token folder (no index.json): it is incomplete; start a new run "
+            "(or prepare the data again)"
+        ) from None
     except (OSError, ValueError) as e:
         raise UserError(f"{file}: cannot read it ({e}); the token folder is damaged") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
         raise UserError(f"{file}: not a MarketGPT token folder")
     if index.get("version") != FORMAT_VERSION:
-        raise UserError(f"{folder} was written in token format version {index.get('version')!r}; this code reads "
-                        f"version {FORMAT_VERSION}: prepare the data again (delete the folder) or use the code "
-                        "version that wrote it")
+        raise UserError(
+            f"{folder} was written in token format version {index.get('version')!r}; this code reads "
+            f"version {FORMAT_VERSION}: prepare the data again (delete the folder) or use the code "
+            "version that wrote it"
+        )
     return index
 
 
@@ -189,10 +212,13 @@ def _load_npz(path: Path) -> TokenSet:
         raise UserError(f"{path}: cannot read the run's token set ({e}); the run folder is incomplete") from None
     return TokenSet(
         symbols=symbols,
-        tokens={s: tokens[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
-        moves={s: moves[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)},
-        ranges={s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
-                for i, s in enumerate(symbols)},
-        features=({s: features[bounds[i]:bounds[i + 1]] for i, s in enumerate(symbols)}
-                  if features is not None else None),
+        tokens={s: tokens[bounds[i] : bounds[i + 1]] for i, s in enumerate(symbols)},
+        moves={s: moves[bounds[i] : bounds[i + 1]] for i, s in enumerate(symbols)},
+        ranges={
+            s: {split: (int(ranges[i, j, 0]), int(ranges[i, j, 1])) for j, split in enumerate(SPLITS)}
+            for i, s in enumerate(symbols)
+        },
+        features=(
+            {s: features[bounds[i] : bounds[i + 1]] for i, s in enumerate(symbols)} if features is not None else None
+        ),
     )

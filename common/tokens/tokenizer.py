@@ -38,6 +38,7 @@ paths: thousands of sampled paths decode in one loop over the horizon.
 This module is the tokenizer and its file format (tokenizer.json); the candle input it reads is
 in candles.py, the volatility scaling and its inverse in volatility.py, the bins in bins.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,13 +90,21 @@ def token_entropy(tokens: np.ndarray, num_symbols: int) -> dict:
 class OHLCTokenizer:
     """Candles -> one token each (move bin x shape bin), and back. See the module docstring."""
 
-    def __init__(self, vocab_size: int = 1024, shape_bins: int = 8, vol_halflife: float = 20.0,
-                 vol_warmup: int = 20, ret_bins: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 1024,
+        shape_bins: int = 8,
+        vol_halflife: float = 20.0,
+        vol_warmup: int = 20,
+        ret_bins: Optional[int] = None,
+    ) -> None:
         if shape_bins < 1:
             raise UserError(f"tokenizer shape_bins must be at least 1, got {shape_bins}")
         if vocab_size < NUM_SPECIAL_TOKENS + 2 * shape_bins:
-            raise UserError(f"vocab_size {vocab_size} is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} "
-                            f"special tokens plus at least 2 return bins x {shape_bins} shape bins")
+            raise UserError(
+                f"vocab_size {vocab_size} is too small: the tokenizer needs {NUM_SPECIAL_TOKENS} "
+                f"special tokens plus at least 2 return bins x {shape_bins} shape bins"
+            )
         if not vol_halflife > 0:
             raise UserError(f"tokenizer vol_halflife must be positive, got {vol_halflife}")
         if vol_warmup < 1:
@@ -112,7 +121,7 @@ class OHLCTokenizer:
         self.vol_halflife = float(vol_halflife)
         self.vol_warmup = int(vol_warmup)
         self.alpha = ewma_alpha(self.vol_halflife)
-        self.dtype = np.int16 if self.vocab_size <= 2 ** 15 else np.int32
+        self.dtype = np.int16 if self.vocab_size <= 2**15 else np.int32
         self.move_binning: Optional[QuantileBins] = None
         self.shape_binning: Optional[QuantileBins] = None
         self.fit_stats: dict = {}
@@ -123,31 +132,41 @@ class OHLCTokenizer:
     def from_config(cls, cfg: Config) -> "OHLCTokenizer":
         """The tokenizer a case config asks for (model.vocab_size and the tokenizer section)."""
         tok = cfg.tokenizer
-        return cls(vocab_size=cfg.model.vocab_size, shape_bins=tok.shape_bins,
-                   vol_halflife=tok.vol_halflife, vol_warmup=tok.vol_warmup, ret_bins=tok.ret_bins)
+        return cls(
+            vocab_size=cfg.model.vocab_size,
+            shape_bins=tok.shape_bins,
+            vol_halflife=tok.vol_halflife,
+            vol_warmup=tok.vol_warmup,
+            ret_bins=tok.ret_bins,
+        )
 
     @property
     def is_fitted(self) -> bool:
         return self.move_binning is not None
 
     def __repr__(self) -> str:
-        state = (f"fitted on {self.fit_stats.get('candles', '?')} candles of "
-                 f"{self.fit_stats.get('assets', '?')} assets" if self.is_fitted else "not fitted")
-        return (f"OHLCTokenizer(vocab_size={self.vocab_size}, ret_bins={self.ret_bins}, "
-                f"shape_bins={self.shape_bins}, unused_ids={self.vocab_size - self.num_used_ids}, "
-                f"specials=PAD:{PAD_TOKEN}/MISSING:{MISSING_TOKEN}/BOS:{BOS_TOKEN}, "
-                f"vol_halflife={self.vol_halflife:g}, vol_warmup={self.vol_warmup}, {state})")
+        state = (
+            f"fitted on {self.fit_stats.get('candles', '?')} candles of {self.fit_stats.get('assets', '?')} assets"
+            if self.is_fitted
+            else "not fitted"
+        )
+        return (
+            f"OHLCTokenizer(vocab_size={self.vocab_size}, ret_bins={self.ret_bins}, "
+            f"shape_bins={self.shape_bins}, unused_ids={self.vocab_size - self.num_used_ids}, "
+            f"specials=PAD:{PAD_TOKEN}/MISSING:{MISSING_TOKEN}/BOS:{BOS_TOKEN}, "
+            f"vol_halflife={self.vol_halflife:g}, vol_warmup={self.vol_warmup}, {state})"
+        )
 
     # ------------------------------------------------------------------ features
 
-    def features(self, candles: CandleInput, asset: str = "?",
-                 timestamps: Optional[Sequence] = None) -> tuple[np.ndarray, np.ndarray]:
+    def features(
+        self, candles: CandleInput, asset: str = "?", timestamps: Optional[Sequence] = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(move/sigma, shape/sigma) per candle, NaN where the token is MISSING or BOS."""
         f = self._features(candles, asset, timestamps)
         return f.move_z, f.shape_z
 
-    def vol_state(self, candles: CandleInput, asset: str = "?",
-                  timestamps: Optional[Sequence] = None) -> VolState:
+    def vol_state(self, candles: CandleInput, asset: str = "?", timestamps: Optional[Sequence] = None) -> VolState:
         """Last close and volatility after the last candle: the starting point of `decode_path`.
 
         Meaningful once the history is warm (more than vol_warmup + 1 valid candles), like encode.
@@ -157,8 +176,9 @@ class OHLCTokenizer:
             raise UserError(f"{asset}: no valid candle, so there is no last close to continue from")
         return state
 
-    def _features(self, candles: CandleInput, asset: str, timestamps: Optional[Sequence],
-                  want_state: bool = False) -> CandleFeatures:
+    def _features(
+        self, candles: CandleInput, asset: str, timestamps: Optional[Sequence], want_state: bool = False
+    ) -> CandleFeatures:
         return candle_features(candles, asset, timestamps, self.vol_halflife, self.vol_warmup, want_state)
 
     # ------------------------------------------------------------------ fit / encode / decode
@@ -172,8 +192,7 @@ class OHLCTokenizer:
         """
         if isinstance(frames, pd.DataFrame):  # one series passed on its own
             frames = {"?": frames}
-        items = frames.items() if isinstance(frames, Mapping) else (
-            (f"#{i}", f) for i, f in enumerate(frames))
+        items = frames.items() if isinstance(frames, Mapping) else ((f"#{i}", f) for i, f in enumerate(frames))
         moves, shapes, assets = [], [], 0
         for asset, frame in items:
             f = self._features(frame, str(asset), None)
@@ -183,8 +202,10 @@ class OHLCTokenizer:
             assets += 1
         move_z = np.concatenate(moves) if moves else np.zeros(0)
         if move_z.size == 0:
-            raise UserError(f"tokenizer fit: no usable training candles in {assets} series; each series "
-                            f"needs more than vol_warmup + 1 = {self.vol_warmup + 1} valid candles")
+            raise UserError(
+                f"tokenizer fit: no usable training candles in {assets} series; each series "
+                f"needs more than vol_warmup + 1 = {self.vol_warmup + 1} valid candles"
+            )
         shape_z = np.concatenate(shapes)
         del moves, shapes
         self.move_binning = QuantileBins.fit(move_z, self.ret_bins)
@@ -194,8 +215,7 @@ class OHLCTokenizer:
         self._build_tables()
         return self
 
-    def encode(self, candles: CandleInput, asset: str = "?",
-               timestamps: Optional[Sequence] = None) -> np.ndarray:
+    def encode(self, candles: CandleInput, asset: str = "?", timestamps: Optional[Sequence] = None) -> np.ndarray:
         """One token per candle, aligned one-to-one with the input rows.
 
         Accepts a canonical candle DataFrame (UTC DatetimeIndex, columns open/high/low/close[/volume]),
@@ -233,8 +253,13 @@ class OHLCTokenizer:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {t.min()}..{t.max()}")
         return self._move_table[t], self._shape_table[t]
 
-    def decode_path(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
-                    ewma_weight: Optional[ArrayOrFloat] = None) -> np.ndarray:
+    def decode_path(
+        self,
+        tokens: np.ndarray,
+        last_close: ArrayOrFloat,
+        sigma: ArrayOrFloat,
+        ewma_weight: Optional[ArrayOrFloat] = None,
+    ) -> np.ndarray:
         """Close prices of (sampled) token sequences, continuing from `last_close` with `sigma`.
 
         tokens: (H,) for one path or (P, H) for P paths; last_close, sigma, ewma_weight: one
@@ -247,8 +272,13 @@ class OHLCTokenizer:
         log_close, _, _ = self._walk(tokens, last_close, sigma, ewma_weight)
         return np.exp(log_close)
 
-    def decode_ohlc(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
-                    ewma_weight: Optional[ArrayOrFloat] = None) -> dict[str, np.ndarray]:
+    def decode_ohlc(
+        self,
+        tokens: np.ndarray,
+        last_close: ArrayOrFloat,
+        sigma: ArrayOrFloat,
+        ewma_weight: Optional[ArrayOrFloat] = None,
+    ) -> dict[str, np.ndarray]:
         """open, high, low, close of (sampled) token sequences, as `decode_path` takes them.
 
         A token holds the move and the range log(high / low), not where the open sits, so:
@@ -259,11 +289,16 @@ class OHLCTokenizer:
         _, shape_z = self.decode(np.asarray(tokens))
         body = np.abs(log_close - prev)
         wick = 0.5 * np.maximum(shape_z * sig - body, 0.0)  # NaN where there is no candle
-        return {"open": np.exp(prev), "high": np.exp(np.maximum(prev, log_close) + wick),
-                "low": np.exp(np.minimum(prev, log_close) - wick), "close": np.exp(log_close)}
+        return {
+            "open": np.exp(prev),
+            "high": np.exp(np.maximum(prev, log_close) + wick),
+            "low": np.exp(np.minimum(prev, log_close) - wick),
+            "close": np.exp(log_close),
+        }
 
-    def _walk(self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat,
-              ewma_weight: Optional[ArrayOrFloat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _walk(
+        self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat, ewma_weight: Optional[ArrayOrFloat]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(log close, log close before the step, sigma used) per step, shaped like tokens: see
         volatility.walk."""
         t = np.asarray(tokens)
@@ -308,11 +343,14 @@ class OHLCTokenizer:
             with open(path, "r", encoding="utf-8") as f:
                 raw = json.load(f)
         except FileNotFoundError:
-            raise UserError(f"{path}: tokenizer file not found; fit a tokenizer first or point at the "
-                            "run folder's tokenizer.json") from None
+            raise UserError(
+                f"{path}: tokenizer file not found; fit a tokenizer first or point at the run folder's tokenizer.json"
+            ) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: tokenizer file is corrupted or truncated ({e}); re-create it by "
-                            "fitting on the training data or copy it again") from None
+            raise UserError(
+                f"{path}: tokenizer file is corrupted or truncated ({e}); re-create it by "
+                "fitting on the training data or copy it again"
+            ) from None
         except OSError as e:
             raise UserError(f"{path}: cannot read tokenizer file ({e.strerror})") from None
         return cls.from_dict(raw, where=str(path))
@@ -321,15 +359,21 @@ class OHLCTokenizer:
     def from_dict(cls, raw: Any, where: str = "tokenizer") -> "OHLCTokenizer":
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-            raise UserError(f"{where}: not a MarketGPT tokenizer file (format {found!r}, expected "
-                            f"{FORMAT_NAME!r})")
+            raise UserError(f"{where}: not a MarketGPT tokenizer file (format {found!r}, expected {FORMAT_NAME!r})")
         if raw.get("version") != FORMAT_VERSION:
-            raise UserError(f"{where}: tokenizer format version {raw.get('version')!r} is not supported by "
-                            f"this code (it reads version {FORMAT_VERSION}); re-fit the tokenizer or use "
-                            "the code version that wrote it")
+            raise UserError(
+                f"{where}: tokenizer format version {raw.get('version')!r} is not supported by "
+                f"this code (it reads version {FORMAT_VERSION}); re-fit the tokenizer or use "
+                "the code version that wrote it"
+            )
         try:
-            tok = cls(vocab_size=raw["vocab_size"], shape_bins=raw["shape_bins"],
-                      vol_halflife=raw["vol_halflife"], vol_warmup=raw["vol_warmup"], ret_bins=raw.get("ret_bins"))
+            tok = cls(
+                vocab_size=raw["vocab_size"],
+                shape_bins=raw["shape_bins"],
+                vol_halflife=raw["vol_halflife"],
+                vol_warmup=raw["vol_warmup"],
+                ret_bins=raw.get("ret_bins"),
+            )
             tok.move_binning = QuantileBins.from_dict(raw["move"], tok.ret_bins, "move")
             tok.shape_binning = QuantileBins.from_dict(raw["shape"], tok.shape_bins, "shape")
             tok.fit_stats = dict(raw.get("fit_stats", {}))
@@ -348,8 +392,9 @@ class OHLCTokenizer:
         """The move and shape binnings (fit and load set both); UserError when not fitted."""
         mb, sb = self.move_binning, self.shape_binning
         if mb is None or sb is None:
-            raise UserError("the tokenizer is not fitted: call fit(training frames) or "
-                            "OHLCTokenizer.load('tokenizer.json') first")
+            raise UserError(
+                "the tokenizer is not fitted: call fit(training frames) or OHLCTokenizer.load('tokenizer.json') first"
+            )
         return mb, sb
 
     def _build_tables(self) -> None:

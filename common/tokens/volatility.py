@@ -6,6 +6,7 @@ candle of one series, and where the series stands after its last candle (VolStat
 `walk` goes the other way: scaled moves -> closes, updating sigma with the same EWMA, step by
 step (each step's sigma depends on the previous moves) and vectorized over paths.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,14 @@ def ewma_alpha(halflife: float) -> float:
     return 1.0 - 0.5 ** (1.0 / halflife)
 
 
-def candle_features(candles: CandleInput, asset: str, timestamps: Optional[Sequence], vol_halflife: float,
-                    vol_warmup: int, want_state: bool = False) -> CandleFeatures:
+def candle_features(
+    candles: CandleInput,
+    asset: str,
+    timestamps: Optional[Sequence],
+    vol_halflife: float,
+    vol_warmup: int,
+    want_state: bool = False,
+) -> CandleFeatures:
     """move/sigma and shape/sigma of each candle; the first vol_warmup + 1 valid candles are BOS,
     invalid ones MISSING. want_state: also the VolState after the last candle."""
     o, h, low, c, timestamps = price_arrays(candles, asset, timestamps)
@@ -87,13 +94,13 @@ def candle_features(candles: CandleInput, asset: str, timestamps: Optional[Seque
         alpha = ewma_alpha(vol_halflife)
         last_var = float(var[-1]) if len(var) else 0.0
         weight = (1.0 - (1.0 - alpha) ** len(r)) / alpha  # closed form of the weight sum
-        state = VolState(last_close=float(c[vi[-1]]), sigma=max(math.sqrt(last_var), SIGMA_FLOOR),
-                         ewma_weight=weight)
+        state = VolState(last_close=float(c[vi[-1]]), sigma=max(math.sqrt(last_var), SIGMA_FLOOR), ewma_weight=weight)
     return CandleFeatures(move_z, shape_z, special, state)
 
 
-def walk(move_z: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat, ewma_weight: Optional[ArrayOrFloat],
-         alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def walk(
+    move_z: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat, ewma_weight: Optional[ArrayOrFloat], alpha: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(log close, log close before the step, sigma used), each (P, H), of P paths of H scaled
     moves move_z (P, H), NaN where a step has no candle (NaN move: nothing changes).
 
@@ -104,8 +111,9 @@ def walk(move_z: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat, ewma
     close0 = np.broadcast_to(np.asarray(last_close, dtype=np.float64), (P,))
     if not (np.all(close0 > 0) and np.all(np.isfinite(close0))):
         raise UserError(f"decode_path: last_close must be a positive price, got {last_close}")
-    weight = np.broadcast_to(np.asarray(1.0 / alpha if ewma_weight is None else ewma_weight,
-                                        dtype=np.float64), (P,)).copy()
+    weight = np.broadcast_to(
+        np.asarray(1.0 / alpha if ewma_weight is None else ewma_weight, dtype=np.float64), (P,)
+    ).copy()
     var = np.broadcast_to(np.asarray(sigma, dtype=np.float64) ** 2, (P,)).copy()
     log_close = np.log(close0)
     out, before, sig = np.full((P, H), np.nan), np.full((P, H), np.nan), np.full((P, H), np.nan)

@@ -20,6 +20,7 @@ world_size would train on, so N processes learn what that one process learns. Tr
 the last incomplete global batch (every rank must see a full batch for DDP's gradient mean
 to equal that process's); evaluation keeps it, unevenly sliced (a rank may get nothing).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,9 @@ class Batch:
         """Consecutive batches of `sizes` windows each, as views of this one."""
         parts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         parts = {k: None if v is None else v.split(list(sizes)) for k, v in parts.items()}
-        pieces: list[dict[str, Any]] = [{k: None if v is None else v[i] for k, v in parts.items()}
-                                        for i in range(len(sizes))]
+        pieces: list[dict[str, Any]] = [
+            {k: None if v is None else v[i] for k, v in parts.items()} for i in range(len(sizes))
+        ]
         return [Batch(**piece) for piece in pieces]
 
 
@@ -127,8 +129,14 @@ def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
 class TokenWindows:
     """The in-memory token set of one run and its per-split windows."""
 
-    def __init__(self, tokens: torch.Tensor, splits: Mapping[str, SplitWindows], context_length: int,
-                 epoch_stride: int = 1, features: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        splits: Mapping[str, SplitWindows],
+        context_length: int,
+        epoch_stride: int = 1,
+        features: Optional[torch.Tensor] = None,
+    ) -> None:
         self.tokens = tokens
         self.features = features  # (N, 3) ids aligned with tokens, when the model reads them
         self.splits = dict(splits)
@@ -153,8 +161,9 @@ class TokenWindows:
         # a run of c windows has ceil((c - o) / k) at positions o, o + k, ... (none when o >= c)
         return min(sum(max(0, -(-(c - o) // k)) for c in w.counts) for o in range(k))
 
-    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False,
-                    shuffle: bool = False) -> int:
+    def num_batches(
+        self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = False, shuffle: bool = False
+    ) -> int:
         """Global batches (batch_size x world_size windows) in one pass over `split`: the
         batches each rank takes a slice of. The last incomplete one counts unless drop_last.
         shuffle: a training epoch's pass (see epoch_windows)."""
@@ -173,7 +182,7 @@ class TokenWindows:
         cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
         offset = int(torch.randperm(k, generator=cycle)[epoch % k])
         chosen = w.with_offset(k, offset)
-        return chosen[torch.randperm(len(chosen), generator=g)][:self.epoch_windows(split)]
+        return chosen[torch.randperm(len(chosen), generator=g)][: self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
@@ -185,12 +194,29 @@ class TokenWindows:
         run, starts = w.runs_of(index)  # (B,), (B,)
         chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather
         features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]].long()
-        return Batch(x=chunk[:, :-1], y=chunk[:, 1:], asset_ids=w.asset_ids[run], category_ids=w.category_ids[run],
-                     features=features, interval_ids=None if w.interval_ids is None else w.interval_ids[run])
+        return Batch(
+            x=chunk[:, :-1],
+            y=chunk[:, 1:],
+            asset_ids=w.asset_ids[run],
+            category_ids=w.category_ids[run],
+            features=features,
+            interval_ids=None if w.interval_ids is None else w.interval_ids[run],
+        )
 
-    def batches(self, split: str, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                rank: int = 0, world_size: int = 1, start: int = 0, limit: int | None = None,
-                drop_last: bool = False) -> Iterator[Batch]:
+    def batches(
+        self,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        limit: int | None = None,
+        drop_last: bool = False,
+    ) -> Iterator[Batch]:
         """This rank's slices of the global batches of one pass over `split`, from the
         `start`-th global batch on.
 
@@ -206,7 +232,7 @@ class TokenWindows:
         per_chunk = max(1, CHUNK_TOKENS // (batch_size * (self.context_length + 1)))
         for c in range(start, n, per_chunk):
             firsts = [(i * world_size + rank) * batch_size for i in range(c, min(c + per_chunk, n))]
-            slices = [order[f:f + batch_size] for f in firsts]  # rank r: slice r of global batch i
+            slices = [order[f : f + batch_size] for f in firsts]  # rank r: slice r of global batch i
             sizes = [len(s) for s in slices if len(s)]
             if sizes:
                 yield from self.gather(split, torch.cat(slices)).split(sizes)
@@ -217,12 +243,20 @@ def _mix(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % (2**63 - 1)
 
 
-def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping[str, Sequence[int]]],
-                  asset_ids: Mapping[str, int], category_ids: Mapping[str, int], context_length: int, *,
-                  strides: Mapping[str, int], device: torch.device | str = "cpu",
-                  epoch_stride: int = 1, features: Optional[Mapping[str, np.ndarray]] = None,
-                  flat: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
-                  interval_ids: Optional[Mapping[str, int]] = None) -> TokenWindows:
+def build_windows(
+    tokens: Mapping[str, np.ndarray],
+    ranges: Mapping[str, Mapping[str, Sequence[int]]],
+    asset_ids: Mapping[str, int],
+    category_ids: Mapping[str, int],
+    context_length: int,
+    *,
+    strides: Mapping[str, int],
+    device: torch.device | str = "cpu",
+    epoch_stride: int = 1,
+    features: Optional[Mapping[str, np.ndarray]] = None,
+    flat: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
+    interval_ids: Optional[Mapping[str, int]] = None,
+) -> TokenWindows:
     """Concatenate every asset's tokens and cut each split's windows.
 
     tokens: symbol -> 1-D token array of the asset's whole cleaned series;
@@ -252,8 +286,15 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
                 raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
             count = max(0, (end - length - begin) // strides[split] + 1)  # = len(window_starts(...))
             if count:
-                runs[split].append((offset + begin, count, asset_ids[symbol], category_ids[symbol],
-                                    interval_ids[symbol] if interval_ids is not None else 0))
+                runs[split].append(
+                    (
+                        offset + begin,
+                        count,
+                        asset_ids[symbol],
+                        category_ids[symbol],
+                        interval_ids[symbol] if interval_ids is not None else 0,
+                    )
+                )
         if features is not None and len(features[symbol]) != len(toks):
             raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
         if flat is None:
@@ -267,12 +308,20 @@ def build_windows(tokens: Mapping[str, np.ndarray], ranges: Mapping[str, Mapping
     splits = {}
     for split in SPLITS:
         first, counts, a, c, k = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(5))
-        splits[split] = SplitWindows(first.to(device), counts, strides[split], a.to(device), c.to(device),
-                                     k.to(device) if interval_ids is not None else None)
+        splits[split] = SplitWindows(
+            first.to(device),
+            counts,
+            strides[split],
+            a.to(device),
+            c.to(device),
+            k.to(device) if interval_ids is not None else None,
+        )
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
-            raise UserError(f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
-                            f"than model.context_length + 1; lower model.context_length or use longer histories")
+            raise UserError(
+                f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
+                f"than model.context_length + 1; lower model.context_length or use longer histories"
+            )
     if flat is None:
         flat = np.concatenate(parts), (np.concatenate(feature_parts) if features is not None else None)
     all_tokens, all_features = flat

@@ -19,6 +19,7 @@ File names in a run folder (ordered by position in training):
   checkpoint exists, and at most two are kept.
 - `best_model.pt`: the model with the best val loss so far (no optimizer state).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,10 @@ __all__ = [
 
 _NAME = re.compile(r"^checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
 # atomic.temp_path's names for what a trainer writes: checkpoints, the log, the final outputs
-_TEMP_NAME = re.compile(r"^\.((checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt|training_log\.json|test_results\.json"
-                        r"|report\.png)\.\w+\.tmp$")
+_TEMP_NAME = re.compile(
+    r"^\.((checkpoint_epoch_\d+(_step_\d+)?|best_model)\.pt|training_log\.json|test_results\.json"
+    r"|report\.png)\.\w+\.tmp$"
+)
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 
 
@@ -144,8 +147,7 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-publish")
         self._pending: list[Future] = []
 
-    def save(self, obj: Mapping[str, Any], path: str | os.PathLike,
-             then: Optional[Callable[[], Any]] = None) -> None:
+    def save(self, obj: Mapping[str, Any], path: str | os.PathLike, then: Optional[Callable[[], Any]] = None) -> None:
         path = Path(path)
         tmp = _serialize(obj, path)
         self._pending.append(self._pool.submit(self._publish, tmp, path, then))
@@ -203,8 +205,7 @@ def verify_checkpoint(path: str | os.PathLike) -> bool:
     return _damage(Path(path)) is None
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    verify: bool = True) -> dict:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict:
     """Load a checkpoint with weights_only=True and check every record's CRC32.
 
     The check runs on a helper thread while torch.load reads the file (weights_only makes
@@ -224,13 +225,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if damage is not None:
         raise CorruptCheckpoint(f"{path}: {damage}; use an earlier checkpoint")
     if error is not None:
-        raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(error).__name__}: "
-                                f"{(str(error).splitlines() or [''])[0]})") from None
+        raise CorruptCheckpoint(
+            f"{path}: cannot be loaded ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+        ) from None
     return state
 
 
-def latest_good_checkpoint(run_dir: str | os.PathLike,
-                           warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> Path | None:
+def latest_good_checkpoint(
+    run_dir: str | os.PathLike, warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+) -> Path | None:
     """The newest checkpoint of a run folder that checks out; older ones are the fallback."""
     for path in reversed(checkpoint_files(run_dir)):
         damage = _damage(path)
@@ -267,6 +270,6 @@ def unwrap_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
             changed = False
             for prefix in _WRAPPER_PREFIXES:
                 if key.startswith(prefix):
-                    key, changed = key[len(prefix):], True
+                    key, changed = key[len(prefix) :], True
         out[key] = value
     return out

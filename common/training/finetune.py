@@ -22,6 +22,7 @@
 - Lineage (parent run, checkpoint, its SHA-256, what was copied) goes to config.json under
   "_lineage" and to training_log.json under "lineage".
 """
+
 from __future__ import annotations
 
 import functools
@@ -79,16 +80,20 @@ def resolve_parent(path: str | Path) -> Parent:
         files = checkpoint_files(run_dir)
         checkpoint = best if best.is_file() else files[-1] if files else None
         if checkpoint is None:
-            raise UserError(f"--init-from {path}: the run folder has no best_model.pt and no checkpoint yet; "
-                            "fine-tune from a run that has trained at least one epoch")
+            raise UserError(
+                f"--init-from {path}: the run folder has no best_model.pt and no checkpoint yet; "
+                "fine-tune from a run that has trained at least one epoch"
+            )
     elif path.is_file():
         run_dir, checkpoint = path.parent, path
     else:
         raise UserError(f"--init-from {path}: no such run folder or checkpoint file")
     for name in ("config.json", "tokenizer.json", "asset_info.json"):
         if not (run_dir / name).is_file():
-            raise UserError(f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
-                            "made by `marketgpt train` (or a checkpoint inside one)")
+            raise UserError(
+                f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
+                "made by `marketgpt train` (or a checkpoint inside one)"
+            )
     return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / "config.json"))
 
 
@@ -97,18 +102,24 @@ def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
     theirs = parent.config
     for key, value in cfg_dict["tokenizer"].items():
         if key in theirs.get("tokenizer", {}) and theirs["tokenizer"][key] != value:
-            raise UserError(f"--init-from {parent.run_dir}: tokenizer.{key} = {value!r}, the parent's is "
-                            f"{theirs['tokenizer'][key]!r}; fine-tuning keeps the parent's tokenizer, since token "
-                            "ids must mean the same candles: drop that --set (a refit tokenizer needs a new run)")
+            raise UserError(
+                f"--init-from {parent.run_dir}: tokenizer.{key} = {value!r}, the parent's is "
+                f"{theirs['tokenizer'][key]!r}; fine-tuning keeps the parent's tokenizer, since token "
+                "ids must mean the same candles: drop that --set (a refit tokenizer needs a new run)"
+            )
     mine, parents = cfg_dict["model"], theirs.get("model", {})
     if mine["vocab_size"] != parents.get("vocab_size"):
-        raise UserError(f"--init-from {parent.run_dir}: model.vocab_size = {mine['vocab_size']}, the parent's "
-                        f"tokenizer has {parents.get('vocab_size')} ids; fine-tuning keeps the parent's tokenizer, "
-                        "since token ids must mean the same candles: use the parent's vocab_size")
+        raise UserError(
+            f"--init-from {parent.run_dir}: model.vocab_size = {mine['vocab_size']}, the parent's "
+            f"tokenizer has {parents.get('vocab_size')} ids; fine-tuning keeps the parent's tokenizer, "
+            "since token ids must mean the same candles: use the parent's vocab_size"
+        )
     for key, value in mine.items():
         if key in parents and key not in _FREE_MODEL_KEYS and parents[key] != value:
-            raise UserError(f"--init-from {parent.run_dir}: model.{key} = {value!r}, the parent's is {parents[key]!r}; "
-                            "the weights only fit the parent's model shape: use the parent's model section")
+            raise UserError(
+                f"--init-from {parent.run_dir}: model.{key} = {value!r}, the parent's is {parents[key]!r}; "
+                "the weights only fit the parent's model shape: use the parent's model section"
+            )
 
 
 def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
@@ -128,8 +139,11 @@ def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> di
     unexpected = sorted(set(body) - set(own))
     wrong = sorted(k for k in body if k in own and body[k].shape != own[k].shape)
     if missing or unexpected or wrong:
-        what = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
-                         (("missing", missing), ("unexpected", unexpected), ("other shape", wrong)) if keys)
+        what = "; ".join(
+            f"{name}: {', '.join(keys[:3])}"
+            for name, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", wrong))
+            if keys
+        )
         raise UserError(f"--init-from {parent.checkpoint}: the weights do not fit this model ({what})")
     model.load_state_dict(body, strict=False)
 
@@ -138,8 +152,13 @@ def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> di
     their_cats = theirs["categories"]
     old_assets, old_cats = state["asset_emb.weight"], state["category_emb.weight"]
     assets, cats = model.asset_emb.weight, model.category_emb.weight
-    copied: dict[str, list] = {"assets": [], "assets_from_category_mean": [], "assets_fresh": [],
-                               "categories": [], "categories_fresh": []}
+    copied: dict[str, list] = {
+        "assets": [],
+        "assets_from_category_mean": [],
+        "assets_fresh": [],
+        "categories": [],
+        "categories_fresh": [],
+    }
     for name, new_id in asset_info["categories"].items():
         if name in their_cats:
             cats[new_id] = old_cats[their_cats[name]]
@@ -160,15 +179,30 @@ def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> di
             copied["assets_fresh"].append(rec["symbol"])
     interval_emb = getattr(model, "interval_emb", None)
     if interval_emb is not None:
-        _copy_intervals(interval_emb.weight, state.get("interval_emb.weight"), theirs.get("intervals", []),
-                        asset_info["intervals"], copied)
-    return {"parent_run": str(parent.run_dir), "checkpoint": str(parent.checkpoint),
-            "checkpoint_sha256": parent.sha256, "tokenizer": str(parent.run_dir / "tokenizer.json"),
-            "weights": "all, except asset and category embeddings (matched by name)", **copied}
+        _copy_intervals(
+            interval_emb.weight,
+            state.get("interval_emb.weight"),
+            theirs.get("intervals", []),
+            asset_info["intervals"],
+            copied,
+        )
+    return {
+        "parent_run": str(parent.run_dir),
+        "checkpoint": str(parent.checkpoint),
+        "checkpoint_sha256": parent.sha256,
+        "tokenizer": str(parent.run_dir / "tokenizer.json"),
+        "weights": "all, except asset and category embeddings (matched by name)",
+        **copied,
+    }
 
 
-def _copy_intervals(rows: torch.Tensor, old: torch.Tensor | None, their_intervals: list[str], intervals: list[str],
-                    copied: dict[str, list]) -> None:
+def _copy_intervals(
+    rows: torch.Tensor,
+    old: torch.Tensor | None,
+    their_intervals: list[str],
+    intervals: list[str],
+    copied: dict[str, list],
+) -> None:
     """The interval embedding's rows: the parent's row of the same interval, else zero."""
     copied["intervals"], copied["intervals_zero"] = [], []
     for new_id, interval in enumerate(intervals):
@@ -190,8 +224,11 @@ def apply_freeze(model: "MarketGPT", spec: str) -> list[str]:
         match = _ALL_BUT_LAST.match(spec)
         assert match is not None  # the config checks training.freeze
         n = int(match.group(1))
-        trainable = [*model.blocks[-n:], model.ln_f, *(m for m in (getattr(model, "lm_head", None),
-                                                                   getattr(model, "head", None)) if m is not None)]
+        trainable = [
+            *model.blocks[-n:],
+            model.ln_f,
+            *(m for m in (getattr(model, "lm_head", None), getattr(model, "head", None)) if m is not None),
+        ]
         keep = {id(p) for m in trainable for p in m.parameters()}  # a tied token embedding is the head's
         frozen = {id(p) for p in model.parameters() if id(p) not in keep}
     names = []

@@ -5,6 +5,7 @@ torch gives the memory this process allocated (now and peak since the last reset
 utilization %, memory used by every process, temperature and power. Without NVML those are
 None; on the CPU there is nothing to report (`gpu_stats` returns None).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -32,8 +33,12 @@ def nvml() -> Any:
 
 
 def _nvml_readings(device: torch.device) -> dict[str, Optional[float]]:
-    out: dict[str, Optional[float]] = {"util_pct": None, "nvml_mem_used_gb": None, "temperature_c": None,
-                                       "power_w": None}
+    out: dict[str, Optional[float]] = {
+        "util_pct": None,
+        "nvml_mem_used_gb": None,
+        "temperature_c": None,
+        "power_w": None,
+    }
     lib = nvml()
     if lib is None:
         return out
@@ -77,8 +82,10 @@ def gpu_stats(device: torch.device, reset_peak: bool = True) -> Optional[dict[st
 
 def format_gpu_line(rank: int, s: dict[str, Any]) -> str:
     """'GPU 0 (rank 0) NVIDIA A100-SXM4-80GB: util 97% | mem 31.2 GB, peak 35.1 of 80.0 GB | 64 C | 310 W'."""
-    parts = [f"util {s['util_pct']:.0f}%" if s.get("util_pct") is not None else "util n/a",
-             f"mem {s['mem_allocated_gb']:.1f} GB, peak {s['mem_peak_gb']:.1f} of {s['mem_total_gb']:.1f} GB"]
+    parts = [
+        f"util {s['util_pct']:.0f}%" if s.get("util_pct") is not None else "util n/a",
+        f"mem {s['mem_allocated_gb']:.1f} GB, peak {s['mem_peak_gb']:.1f} of {s['mem_total_gb']:.1f} GB",
+    ]
     if s.get("nvml_mem_used_gb") is not None:
         parts.append(f"card {s['nvml_mem_used_gb']:.1f} GB used")
     if s.get("temperature_c") is not None:

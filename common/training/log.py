@@ -4,6 +4,7 @@ The log is a plain dict that lives inside the trainer's state (so a checkpoint c
 log so far) and is rewritten atomically after every epoch, so these work mid-run and after:
     jq '.epochs[-5:]'   jq '.epochs[] | {epoch, train_loss, val_loss}'   jq '.best_val_loss'
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,7 @@ from common.atomic import atomic_write_json
 __all__ = ["STATUSES", "EPOCH_KEYS", "TrainingLog", "format_duration", "epoch_summary", "Progress"]
 
 STATUSES = ("running", "finished", "early_stopped", "failed")
-EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec",
-              "elapsed_s", "eta_s")
+EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec", "elapsed_s", "eta_s")
 
 
 class TrainingLog:
@@ -65,13 +65,23 @@ def format_duration(seconds: float) -> str:
     return f"{minutes // 60}h {minutes % 60}m"
 
 
-def epoch_summary(epoch: int, epochs: int, train_loss: float, train_acc: float, val_loss: float,
-                  val_acc: float, elapsed_s: float, eta_s: float) -> str:
+def epoch_summary(
+    epoch: int,
+    epochs: int,
+    train_loss: float,
+    train_acc: float,
+    val_loss: float,
+    val_acc: float,
+    elapsed_s: float,
+    eta_s: float,
+) -> str:
     """The four lines the seed guide shows for every epoch (accuracies as fractions in [0, 1])."""
-    return (f"Epoch {epoch}/{epochs}\n"
-            f"Train Loss: {train_loss:.3f} | Train Acc: {100 * train_acc:.1f}%\n"
-            f"Val Loss: {val_loss:.3f} | Val Acc: {100 * val_acc:.1f}%\n"
-            f"Time: {format_duration(elapsed_s)} | ETA: {format_duration(eta_s)}")
+    return (
+        f"Epoch {epoch}/{epochs}\n"
+        f"Train Loss: {train_loss:.3f} | Train Acc: {100 * train_acc:.1f}%\n"
+        f"Val Loss: {val_loss:.3f} | Val Acc: {100 * val_acc:.1f}%\n"
+        f"Time: {format_duration(elapsed_s)} | ETA: {format_duration(eta_s)}"
+    )
 
 
 class Progress:
@@ -81,16 +91,26 @@ class Progress:
     41k tok/s` lines and never a carriage return.
     """
 
-    def __init__(self, epoch: int, epochs: int, total: int, done: int, every: int,
-                 out: Optional[TextIO] = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        epoch: int,
+        epochs: int,
+        total: int,
+        done: int,
+        every: int,
+        out: Optional[TextIO] = None,
+        enabled: bool = True,
+    ) -> None:
         self.epoch, self.epochs, self.total, self.every = epoch, epochs, total, every
         self.out = out or sys.stdout
         self.enabled = enabled
         self.bar = None
         if enabled and _is_terminal(out):
             from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=done, desc=f"Epoch {epoch}/{epochs}", file=out,
-                            dynamic_ncols=True, leave=False)
+
+            self.bar = tqdm(
+                total=total, initial=done, desc=f"Epoch {epoch}/{epochs}", file=out, dynamic_ncols=True, leave=False
+            )
 
     def update(self, step: int, loss: float, lr: float, tokens_per_sec: float) -> None:
         """`step`: optimizer steps done in this epoch."""
@@ -100,8 +120,12 @@ class Progress:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", refresh=False)
         elif step % self.every == 0 or step == self.total:
-            print(f"  epoch {self.epoch}/{self.epochs} step {step}/{self.total} | loss {loss:.3f} | "
-                  f"lr {lr:.2e} | {tokens_per_sec / 1000:.1f}k tok/s", file=self.out, flush=True)
+            print(
+                f"  epoch {self.epoch}/{self.epochs} step {step}/{self.total} | loss {loss:.3f} | "
+                f"lr {lr:.2e} | {tokens_per_sec / 1000:.1f}k tok/s",
+                file=self.out,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:

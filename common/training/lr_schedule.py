@@ -5,6 +5,7 @@ the cosine over it would jump the rate back up mid-run, so from the resume step 
 decays from where it was to the floor over the new remaining steps instead (`restart`).
 `LRSchedule` is one run's schedule with that restart point, which its checkpoint carries.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,14 @@ from typing import Optional
 __all__ = ["LRSchedule", "lr_at"]
 
 
-def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float,
-          restart: Optional[tuple[int, float]] = None) -> float:
+def lr_at(
+    step: int,
+    base_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr_ratio: float,
+    restart: Optional[tuple[int, float]] = None,
+) -> float:
     """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine decay to
     base_lr * min_lr_ratio at total_steps. With restart=(step0, lr0), the schedule of a run
     whose length changed at step0: from step0 on, cosine from lr0 down to the same floor at
@@ -35,8 +42,12 @@ class LRSchedule:
     """`lr_at` of one run: `schedule(step)` is the rate of optimizer step `step` (0-based)."""
 
     def __init__(self, base_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> None:
-        self.base_lr, self.warmup_steps, self.total_steps, self.min_lr_ratio = (base_lr, warmup_steps, total_steps,
-                                                                               min_lr_ratio)
+        self.base_lr, self.warmup_steps, self.total_steps, self.min_lr_ratio = (
+            base_lr,
+            warmup_steps,
+            total_steps,
+            min_lr_ratio,
+        )
         self.restart: Optional[tuple[int, float]] = None  # (step, lr) where a changed length took over
 
     def __call__(self, step: int) -> float:
@@ -54,6 +65,5 @@ class LRSchedule:
         self.restart = (int(restart[0]), float(restart[1])) if restart else None
         saved_total = saved.get("total_steps", self.total_steps)
         if saved_total != self.total_steps and global_step > 0 and global_step >= self.warmup_steps:
-            last = lr_at(global_step - 1, self.base_lr, self.warmup_steps, saved_total, self.min_lr_ratio,
-                         self.restart)
+            last = lr_at(global_step - 1, self.base_lr, self.warmup_steps, saved_total, self.min_lr_ratio, self.restart)
             self.restart = (global_step, last)

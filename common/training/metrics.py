@@ -8,6 +8,7 @@ Every tag shares one x axis, the global optimizer step. MFU
 (mfu.py) needs a peak (training.peak_flops or a known card); GPU readings (gpu_stats.py) are
 gathered from every rank, so `epoch_readings` is a collective under DDP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,19 @@ class TrainingMetrics:
     `tensorboard`: scalars go to the tracker at all (tests turn it off); `tracker`: which one
     (training.tracker), given `config` (the run's, as a dict) and the run folder."""
 
-    def __init__(self, run_dir: Path, device: torch.device, world_size: int, *, is_main: bool, tensorboard: bool,
-                 flops_per_token: int, peak_flops: Optional[float] = None, tracker: str = "tensorboard",
-                 config: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        device: torch.device,
+        world_size: int,
+        *,
+        is_main: bool,
+        tensorboard: bool,
+        flops_per_token: int,
+        peak_flops: Optional[float] = None,
+        tracker: str = "tensorboard",
+        config: Optional[Mapping[str, Any]] = None,
+    ) -> None:
         self.run_dir, self.device, self.world_size, self.is_main = Path(run_dir), device, world_size, is_main
         self.cuda = device.type == "cuda"
         self.tensorboard = tensorboard and is_main
@@ -84,8 +95,11 @@ class TrainingMetrics:
     def epoch_readings(self, tokens_per_sec: float) -> EpochReadings:
         """MFU and every rank's GPU readings (peak memory since the last epoch). Every rank calls
         it at the same point: a collective under DDP."""
-        return EpochReadings(tokens_per_sec, mfu(tokens_per_sec, self.flops_per_token, self.peak_flops,
-                                                 self.world_size), self._gpu_health())
+        return EpochReadings(
+            tokens_per_sec,
+            mfu(tokens_per_sec, self.flops_per_token, self.peak_flops, self.world_size),
+            self._gpu_health(),
+        )
 
     def _gpu_health(self) -> Optional[list[dict[str, Any]]]:
         if not self.cuda:
@@ -111,8 +125,12 @@ class TrainingMetrics:
             return
         print(summary, file=out, flush=True)
         if readings.mfu is not None and self.peak_flops is not None:  # an MFU needs the peak
-            print(f"Throughput: {readings.tokens_per_sec / 1000:.1f}k tok/s | MFU: {100 * readings.mfu:.1f}% of "
-                  f"{self.peak_flops / 1e12:g} TFLOP/s per device", file=out, flush=True)
+            print(
+                f"Throughput: {readings.tokens_per_sec / 1000:.1f}k tok/s | MFU: {100 * readings.mfu:.1f}% of "
+                f"{self.peak_flops / 1e12:g} TFLOP/s per device",
+                file=out,
+                flush=True,
+            )
         for rank, g in enumerate(readings.gpus or []):
             print(format_gpu_line(rank, g), file=out, flush=True)
 
@@ -126,32 +144,53 @@ class TrainingMetrics:
         if tr.cuda:
             print(f"Using GPUs: {tr.world_size}", file=out)
             if tr.compiled:
-                print(f"torch.compile: on (mode {tr.compile_mode}{': CUDA graphs' if tr.cuda_graphs else ''})",
-                      file=out)
+                print(
+                    f"torch.compile: on (mode {tr.compile_mode}{': CUDA graphs' if tr.cuda_graphs else ''})", file=out
+                )
                 if tr.compile_mode_note:
                     print(f"WARNING: {tr.compile_mode_note}", file=out)
             elif t.compile:
-                print(f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
-                      f"silences this): {tr.compile_problem}", file=out)
+                print(
+                    f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
+                    f"silences this): {tr.compile_problem}",
+                    file=out,
+                )
         else:
-            print("Training on the CPU (training.device=cpu)" if t.device == "cpu" else
-                  "CUDA not available: training on CPU", file=out)
+            print(
+                "Training on the CPU (training.device=cpu)"
+                if t.device == "cpu"
+                else "CUDA not available: training on CPU",
+                file=out,
+            )
             if t.compile:
                 print("training.compile is ignored on the CPU", file=out)
         if tr.world_size > 1:
             print(f"DDP: {tr.world_size} processes ({'nccl' if tr.cuda else 'gloo'})", file=out)
-        print(f"Precision: {describe_precision(tr.precision, tr.device)} (training.precision={t.precision})"
-              + (" | gradient checkpointing: on" if t.gradient_checkpointing else ""), file=out)
-        print(f"Effective batch size: {tr.effective_batch_size} "
-              f"({t.batch_size} per process x {tr.world_size} processes x {t.grad_accum_steps} accumulation)",
-              file=out)
-        print(f"Model parameters: {tr.model.num_parameters():,} | train windows: "
-              f"{tr.windows.num_windows('train'):,} | steps per epoch: {tr.steps_per_epoch:,}", file=out)
+        print(
+            f"Precision: {describe_precision(tr.precision, tr.device)} (training.precision={t.precision})"
+            + (" | gradient checkpointing: on" if t.gradient_checkpointing else ""),
+            file=out,
+        )
+        print(
+            f"Effective batch size: {tr.effective_batch_size} "
+            f"({t.batch_size} per process x {tr.world_size} processes x {t.grad_accum_steps} accumulation)",
+            file=out,
+        )
+        print(
+            f"Model parameters: {tr.model.num_parameters():,} | train windows: "
+            f"{tr.windows.num_windows('train'):,} | steps per epoch: {tr.steps_per_epoch:,}",
+            file=out,
+        )
         if tr.epoch >= t.epochs or tr.early_stopping.exhausted():
             stopped = ", stopped early" if tr.epoch < t.epochs else ""
-            print(f"Nothing left to train ({tr.epoch} of {t.epochs} epochs done{stopped}): writing the final "
-                  "outputs", file=out)
+            print(
+                f"Nothing left to train ({tr.epoch} of {t.epochs} epochs done{stopped}): writing the final outputs",
+                file=out,
+            )
         elif tr.global_step:
-            print(f"Resuming at epoch {tr.epoch + 1}, step {tr.step_in_epoch} of {tr.steps_per_epoch} "
-                  f"(global step {tr.global_step})", file=out)
+            print(
+                f"Resuming at epoch {tr.epoch + 1}, step {tr.step_in_epoch} of {tr.steps_per_epoch} "
+                f"(global step {tr.global_step})",
+                file=out,
+            )
         out.flush()

@@ -7,6 +7,7 @@ auto trains in there; an fp32/TF32 run is measured against it too). A CPU's peak
 cores, clock and threads, so there it is the user's to state (bench/bench_train.py measures one
 with a large torch.mm); without a peak there is no MFU.
 """
+
 from __future__ import annotations
 
 import re

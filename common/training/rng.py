@@ -2,6 +2,7 @@
 
 States are stored as tensors and plain lists so a checkpoint loads with weights_only=True.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,8 +27,12 @@ def rng_state() -> dict[str, Any]:
     _, keys, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     return {
         "python": [version, list(internal), gauss],
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
         # this process's own GPU only: a resume may see another number of GPUs per process
         "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else [],
@@ -38,8 +43,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     cuda = state["cuda"]
     if torch.cuda.is_available() and len(cuda):

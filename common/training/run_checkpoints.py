@@ -4,6 +4,7 @@ Every rank calls `save` at the same step. Rank 0 serializes the state and traini
 a background thread (CheckpointWriter) fsyncs, publishes and prunes. All ranks then meet at a
 barrier, so no rank runs ahead of a checkpoint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,15 +40,17 @@ class RunCheckpoints:
             if rngs is not None:
                 obj["rng_per_rank"] = rngs
             # training goes on once the state is serialized; the writer prunes after publishing
-            self.writer.save(obj, self.run_dir / name, then=functools.partial(
-                prune_checkpoints, self.run_dir, keep=self.keep))
+            self.writer.save(
+                obj, self.run_dir / name, then=functools.partial(prune_checkpoints, self.run_dir, keep=self.keep)
+            )
         barrier()
 
     def save_best(self, model: Callable[[], dict[str, Any]]) -> None:
         """best_model.pt: `model()`, the weights and what scoring them needs (no optimizer state)."""
         if self.is_main:
-            self.writer.save({"format": "marketgpt-best-model", "version": 1, **model()},
-                             self.run_dir / "best_model.pt")
+            self.writer.save(
+                {"format": "marketgpt-best-model", "version": 1, **model()}, self.run_dir / "best_model.pt"
+            )
         barrier()
 
     def check(self) -> None:
@@ -65,5 +68,4 @@ class RunCheckpoints:
         except Exception as e:
             if raise_errors:
                 raise
-            print(f"warning: a checkpoint could not be written ({type(e).__name__}: {e})", file=sys.stderr,
-                  flush=True)
+            print(f"warning: a checkpoint could not be written ({type(e).__name__}: {e})", file=sys.stderr, flush=True)

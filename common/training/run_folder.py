@@ -17,6 +17,7 @@ Files (written by common.commands.train and common.training.trainer):
                          log's status says "finished" / "early_stopped"
     tensorboard/
 """
+
 from __future__ import annotations
 
 import json
@@ -53,12 +54,23 @@ __all__ = [
 
 # Keys a resumed run may change (with --set): they don't touch the model, the data, the
 # optimizer or the batch order. Everything else must equal the run's config.json.
-HARMLESS_ON_RESUME = ("training.epochs", "training.early_stopping_patience", "training.checkpoint_every_minutes",
-                      "training.log_every_steps", "training.keep_checkpoints", "training.eval_max_batches",
-                      "training.peak_flops", "training.device", "training.gradient_checkpointing",
-                      "training.scorecard_origins", "training.scorecard_samples", "training.scorecard_budget",
-                      "training.tracker", "data.shards",
-                      "slurm.")
+HARMLESS_ON_RESUME = (
+    "training.epochs",
+    "training.early_stopping_patience",
+    "training.checkpoint_every_minutes",
+    "training.log_every_steps",
+    "training.keep_checkpoints",
+    "training.eval_max_batches",
+    "training.peak_flops",
+    "training.device",
+    "training.gradient_checkpointing",
+    "training.scorecard_origins",
+    "training.scorecard_samples",
+    "training.scorecard_budget",
+    "training.tracker",
+    "data.shards",
+    "slurm.",
+)
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
@@ -80,8 +92,11 @@ _BEFORE_FIRST_CHECKPOINT = (
 
 def check_writable(folder: Path) -> None:
     """Create `folder` if needed and prove a file can be written in it, or raise UserError."""
-    _check_writable(folder, "run folder location", "fix its permissions or free space, or point --config at a "
-                    "case folder you can write")
+    _check_writable(
+        folder,
+        "run folder location",
+        "fix its permissions or free space, or point --config at a case folder you can write",
+    )
 
 
 def new_run_dir(checkpoints: Path, experiment: str) -> Path:
@@ -112,8 +127,9 @@ def find_runs(checkpoints: Path, experiment: str) -> list[Path]:
     return [p for _, p in sorted(runs)]
 
 
-def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optional[str]
-                   ) -> tuple[Optional[Path], Optional[Path]]:
+def resolve_resume(
+    resume: str, checkpoints: Optional[Path], experiment: Optional[str]
+) -> tuple[Optional[Path], Optional[Path]]:
     """(run folder, checkpoint) to resume from.
 
     "auto": the run `auto_resume_run` picks and its newest checkpoint that checks out
@@ -134,16 +150,20 @@ def resolve_resume(resume: str, checkpoints: Optional[Path], experiment: Optiona
         raise UserError(f"--resume {resume}: no such run folder or checkpoint file")
     owner = _live_owner(path if path.is_dir() else path.parent)
     if owner is not None:  # two trainers in one folder would overwrite each other's checkpoints
-        raise UserError(f"--resume {resume}: Slurm job {owner} is still training this run; wait for it to "
-                        f"end or stop it (scancel {owner}: it saves a checkpoint), then resume")
+        raise UserError(
+            f"--resume {resume}: Slurm job {owner} is still training this run; wait for it to "
+            f"end or stop it (scancel {owner}: it saves a checkpoint), then resume"
+        )
     if path.is_dir():
         ckpt = latest_good_checkpoint(path)
         if ckpt is None:
             raise UserError(f"--resume {resume}: the folder has no complete checkpoint_epoch_*.pt to resume from")
         return path, ckpt
     if checkpoint_position(path) is None:
-        raise UserError(f"--resume {resume}: not a resumable checkpoint (expected checkpoint_epoch_N.pt or "
-                        "checkpoint_epoch_N_step_S.pt; best_model.pt holds no optimizer state)")
+        raise UserError(
+            f"--resume {resume}: not a resumable checkpoint (expected checkpoint_epoch_N.pt or "
+            "checkpoint_epoch_N_step_S.pt; best_model.pt holds no optimizer state)"
+        )
     return path.parent, path
 
 
@@ -167,8 +187,9 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
         return None
     newest = runs[-1]
     log = logs[newest]
-    done = log.get("status") == "failed" or (log.get("status") in ("finished", "early_stopped")
-                                              and has_final_outputs(newest))
+    done = log.get("status") == "failed" or (
+        log.get("status") in ("finished", "early_stopped") and has_final_outputs(newest)
+    )
     if done or _live_owner(newest, log) is not None:
         return None
     return newest
@@ -196,8 +217,10 @@ def reuse_unstarted_run(run_dir: Path) -> bool:
     instead of beside it; False (and untouched) if it holds anything more: a checkpoint, even a
     damaged one, an output, a file someone put there."""
     entries = list(run_dir.iterdir())
-    if any(p.name not in _BEFORE_FIRST_CHECKPOINT and not (p.name.startswith(".") and p.name.endswith(".tmp"))
-           for p in entries):
+    if any(
+        p.name not in _BEFORE_FIRST_CHECKPOINT and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+        for p in entries
+    ):
         return False
     try:
         for p in entries:
@@ -272,19 +295,28 @@ def open_run(run_dir: str | os.PathLike, need_tokens: bool) -> OpenRun:
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run folder; pass one like "
-                        "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS")
+        raise UserError(
+            f"{run_dir}: no such run folder; pass one like case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS"
+        )
     names = RUN_FILES[:-1] + ((token_path(run_dir).name,) if need_tokens else ()) + RUN_FILES[-1:]
     missing = [name for name in names if not (run_dir / name).exists()]
     if missing == ["best_model.pt"]:
-        raise UserError(f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); use a run "
-                        "that has, or wait for this one")
+        raise UserError(
+            f"{run_dir}: no best_model.pt yet (the run has not finished an epoch); use a run "
+            "that has, or wait for this one"
+        )
     if missing:
-        raise UserError(f"{run_dir}: missing {', '.join(missing)}; is it a run folder, and did training get "
-                        "past its set-up?")
+        raise UserError(
+            f"{run_dir}: missing {', '.join(missing)}; is it a run folder, and did training get past its set-up?"
+        )
     try:
         asset_info = read_json(run_dir / "asset_info.json")
     except ValueError as e:
         raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
-    return OpenRun(run_dir, load_config(run_dir / "config.json"), OHLCTokenizer.load(run_dir / "tokenizer.json"),
-                   asset_info, TokenSet.load(token_path(run_dir)) if need_tokens else None)
+    return OpenRun(
+        run_dir,
+        load_config(run_dir / "config.json"),
+        OHLCTokenizer.load(run_dir / "tokenizer.json"),
+        asset_info,
+        TokenSet.load(token_path(run_dir)) if need_tokens else None,
+    )

@@ -8,6 +8,7 @@ The handler only sets a flag; the Trainer serves it at the next step boundary. U
 flags of every rank ride in the step's one all-reduce (`agree`), so all ranks checkpoint and
 stop at the same step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,6 +43,7 @@ class CheckpointRequests:
     @contextlib.contextmanager
     def handlers(self) -> Iterator[None]:
         """Install flag-setting handlers for the checkpoint signals; restore the old ones after."""
+
         def handler(signum: int, frame: Any) -> None:
             # a stop request wins over a save request that hasn't been served yet
             if self.pending not in STOP_SIGNALS:

@@ -17,6 +17,7 @@ wandb and MLflow are optional (setup.cfg extras `wandb`, `mlflow`) and imported 
 Their network switches are environment variables read at import, so they are set here first,
 for the whole process.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,10 @@ def check_tracker(name: str) -> None:
     """A UserError before training starts when the chosen tracker's package is missing."""
     if name in _PACKAGES and importlib.util.find_spec(_PACKAGES[name][0]) is None:
         extra = _PACKAGES[name][1]
-        raise UserError(f'training.tracker = "{name}" needs the {name} package: pip install -e ".[{extra}]" '
-                        '(or set training.tracker = "tensorboard")')
+        raise UserError(
+            f'training.tracker = "{name}" needs the {name} package: pip install -e ".[{extra}]" '
+            '(or set training.tracker = "tensorboard")'
+        )
 
 
 def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -88,8 +91,9 @@ class _TensorBoard:
 
         # After a resume, drop what an earlier session logged past the checkpoint (steps
         # beyond the resumed global step): that part of the run is being redone.
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
-                                    purge_step=resumed_at + 1 if resumed_at else None)
+        self.writer = SummaryWriter(
+            log_dir=str(run_dir / "tensorboard"), purge_step=resumed_at + 1 if resumed_at else None
+        )
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, value, step)
@@ -113,8 +117,13 @@ class _Wandb:
         (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         # the user's WANDB_MODE as set (wandb checks it): a str, not wandb's Literal
         settings = wandb.Settings(mode=mode, silent=True, disable_git=True)  # type: ignore[arg-type]
-        self.run = wandb.init(dir=str(run_dir), project=str(config.get("experiment") or "marketgpt"),
-                              name=run_dir.name, config={**config, "run_dir": str(run_dir)}, settings=settings)
+        self.run = wandb.init(
+            dir=str(run_dir),
+            project=str(config.get("experiment") or "marketgpt"),
+            name=run_dir.name,
+            config={**config, "run_dir": str(run_dir)},
+            settings=settings,
+        )
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.run.log({tag: value}, step=step)
@@ -136,8 +145,9 @@ class _MLflow:
         uri, name = mlflow_store(run_dir, config)
         self.client = MlflowClient(tracking_uri=uri)
         experiment_id = self._experiment(name)
-        self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name,
-                                             tags={"run_dir": str(run_dir)}).info.run_id
+        self.run_id = self.client.create_run(
+            experiment_id, run_name=run_dir.name, tags={"run_dir": str(run_dir)}
+        ).info.run_id
         for key, value in flat_config(config).items():
             self.client.log_param(self.run_id, key, "null" if value is None else value)
 
@@ -160,4 +170,3 @@ class _MLflow:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
-

@@ -13,6 +13,7 @@ with EXIT_REQUEUE (75), which the Slurm scripts read as "requeue me". Under DDP 
 checkpoints and stops at the same step, and the checkpoint holds each rank's RNG state.
 The banner, TensorBoard, MFU and GPU health are the `metrics` object's (metrics.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -57,6 +58,7 @@ __all__ = ["EXIT_REQUEUE", "Trainer"]
 
 class _Step(NamedTuple):
     """One optimizer step as every rank agreed on it: the whole job's sums, and what comes next."""
+
     loss_sum: float  # token losses summed
     correct: int
     tokens: int
@@ -67,6 +69,7 @@ class _Step(NamedTuple):
 
 class _Flight(NamedTuple):
     """A step queued on the device whose sums are still on their way to the host."""
+
     agreement: Agreement
     lr: float
     step_in_epoch: int  # this step's number, 1-based, as its progress line counts
@@ -84,10 +87,20 @@ class Trainer:
     Every rank runs this same loop and logs the same global numbers; rank 0 writes and prints.
     """
 
-    def __init__(self, cfg: Config, model: torch.nn.Module, windows: TokenWindows, run_dir: Path, *,
-                 device: Optional[torch.device] = None, rank: int = 0, world_size: int = 1,
-                 out: Optional[TextIO] = None, metadata: Optional[dict[str, Any]] = None,
-                 tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        windows: TokenWindows,
+        run_dir: Path,
+        *,
+        device: Optional[torch.device] = None,
+        rank: int = 0,
+        world_size: int = 1,
+        out: Optional[TextIO] = None,
+        metadata: Optional[dict[str, Any]] = None,
+        tensorboard: bool = True,
+    ) -> None:
         t = cfg.training
         self.cfg, self.windows, self.run_dir = cfg, windows, Path(run_dir)
         self.device = device or windows.device
@@ -95,13 +108,21 @@ class Trainer:
         self.is_main = rank == 0
         self.cuda = self.device.type == "cuda"
         if t.device == "cuda" and not self.cuda:
-            raise UserError(f"training.device=cuda but this process trains on {self.device}; "
-                            "run `marketgpt doctor` on the node")
+            raise UserError(
+                f"training.device=cuda but this process trains on {self.device}; run `marketgpt doctor` on the node"
+            )
         self._set_up_model(model)
-        self.metrics = TrainingMetrics(self.run_dir, self.device, world_size, is_main=self.is_main,
-                                       tensorboard=tensorboard, peak_flops=t.peak_flops, tracker=t.tracker,
-                                       config=config_to_dict(cfg),
-                                       flops_per_token=self.model.flops_per_token(windows.context_length))
+        self.metrics = TrainingMetrics(
+            self.run_dir,
+            self.device,
+            world_size,
+            is_main=self.is_main,
+            tensorboard=tensorboard,
+            peak_flops=t.peak_flops,
+            tracker=t.tracker,
+            config=config_to_dict(cfg),
+            flops_per_token=self.model.flops_per_token(windows.context_length),
+        )
         self.steps_per_epoch = self._count_steps_per_epoch()
         self.lr_schedule = LRSchedule(t.learning_rate, t.warmup_steps, t.epochs * self.steps_per_epoch, t.min_lr_ratio)
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
@@ -121,8 +142,9 @@ class Trainer:
 
         self.requests = CheckpointRequests(t.checkpoint_every_minutes)
         self._session_start = time.monotonic()
-        self.checkpoints = RunCheckpoints(self.run_dir, t.keep_checkpoints, is_main=self.is_main,
-                                          world_size=world_size, out=self.out)
+        self.checkpoints = RunCheckpoints(
+            self.run_dir, t.keep_checkpoints, is_main=self.is_main, world_size=world_size, out=self.out
+        )
 
     def _set_up_model(self, model: torch.nn.Module) -> None:
         """The model on the device, its precision and grad scaler, torch.compile and AdamW."""
@@ -137,8 +159,9 @@ class Trainer:
         self.compile_problem = compile_problem() if self.cuda and t.compile else None
         self.compiled = self.cuda and t.compile and self.compile_problem is None
         # the mode (CUDA graphs on one GPU under "auto") and why it differs from the one asked for
-        self.compile_mode, self.compile_mode_note = choose_compile_mode(t.compile_mode, self.world_size,
-                                                                        t.gradient_checkpointing)
+        self.compile_mode, self.compile_mode_note = choose_compile_mode(
+            t.compile_mode, self.world_size, t.gradient_checkpointing
+        )
         self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
         # a training micro-batch runs through _Forward (the loss and the step's sums in one graph),
         # evaluation through the model itself
@@ -153,21 +176,26 @@ class Trainer:
             self._step_values, self._nonfinite = torch.compile(step_values), torch.compile(nonfinite)
         self._params = list(self.model.parameters())
         self._no_norm = torch.zeros((), dtype=torch.float64, device=self.device)  # read only
-        self.optimizer = self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2),
-                                                        self.device.type)
+        self.optimizer = self.model.configure_optimizer(
+            t.weight_decay, t.learning_rate, (t.beta1, t.beta2), self.device.type
+        )
         # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
         self._kernel_flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
 
     def _count_steps_per_epoch(self) -> int:
         t = self.cfg.training
         # full global batches only: DDP's gradient mean equals one big batch's only when every rank has one
-        batches = self.windows.num_batches("train", t.batch_size, self.world_size, drop_last=True,
-                                           shuffle=True) // t.grad_accum_steps
+        batches = (
+            self.windows.num_batches("train", t.batch_size, self.world_size, drop_last=True, shuffle=True)
+            // t.grad_accum_steps
+        )
         steps = min(batches, t.max_steps_per_epoch or batches)
         if steps == 0:
-            raise UserError(f"{self.windows.num_windows('train')} training windows are too few for one optimizer "
-                            f"step (training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
-                            f"{self.world_size} processes); lower them or use more data")
+            raise UserError(
+                f"{self.windows.num_windows('train')} training windows are too few for one optimizer "
+                f"step (training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
+                f"{self.world_size} processes); lower them or use more data"
+            )
         return steps
 
     # ------------------------------------------------------------------ state
@@ -180,9 +208,14 @@ class Trainer:
             # fp16's loss scale and its growth tracker; None in bf16 / fp32, which need no scaler
             "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "lr_schedule": self.lr_schedule.state_dict(),
-            "progress": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                         "global_step": self.global_step, "steps_per_epoch": self.steps_per_epoch,
-                         "world_size": self.world_size, "elapsed_s": self.elapsed_before + self._session_seconds()},
+            "progress": {
+                "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch,
+                "global_step": self.global_step,
+                "steps_per_epoch": self.steps_per_epoch,
+                "world_size": self.world_size,
+                "elapsed_s": self.elapsed_before + self._session_seconds(),
+            },
             "epoch_sums": dict(self.sums),
             "early_stopping": self.early_stopping.state_dict(),
             "rng": rng_state(),
@@ -193,9 +226,11 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         p = state["progress"]
         if p["steps_per_epoch"] != self.steps_per_epoch:
-            raise UserError(f"the checkpoint has {p['steps_per_epoch']} steps per epoch but this run has "
-                            f"{self.steps_per_epoch}: the data, batch size or world size changed; "
-                            "resume with the same ones")
+            raise UserError(
+                f"the checkpoint has {p['steps_per_epoch']} steps per epoch but this run has "
+                f"{self.steps_per_epoch}: the data, batch size or world size changed; "
+                "resume with the same ones"
+            )
         self.model.load_state_dict(unwrap_state_dict(state["model"]))
         self.optimizer.load_state_dict(state["optimizer"])
         for group, flags in zip(self.optimizer.param_groups, self._kernel_flags):
@@ -211,8 +246,12 @@ class Trainer:
         restore_rank_rng(state, self.rank, self.cfg.training.seed + 7919 * self.rank + 1_000_003 * self.global_step)
         saved_world = p.get("world_size", 1)
         if saved_world != self.world_size and self.is_main:
-            print(f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
-                  f"{self.world_size}: the effective batch size changes", file=self.out, flush=True)
+            print(
+                f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
+                f"{self.world_size}: the effective batch size changes",
+                file=self.out,
+                flush=True,
+            )
         self.log = TrainingLog()
         self.log.data = dict(state["log"])
         self.metrics.resumed_at = self.global_step
@@ -224,8 +263,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, stop_after_steps: Optional[int] = None,
-              final_outputs: Optional[Callable[[str], None]] = None) -> str:
+    def train(
+        self, stop_after_steps: Optional[int] = None, final_outputs: Optional[Callable[[str], None]] = None
+    ) -> str:
         """Train to the end; returns "finished", "early_stopped", "failed", "interrupted"
         (checkpoint saved on SIGTERM/SIGUSR2) or "stopped" (checkpoint saved at
         `stop_after_steps` global steps, for tests and short slices of a run).
@@ -284,11 +324,27 @@ class Trainer:
         """Run the rest of the epoch in progress; returns a status if training must stop."""
         t = self.cfg.training
         accum = t.grad_accum_steps
-        batches = self.windows.batches("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
-                                       rank=self.rank, world_size=self.world_size, drop_last=True,
-                                       start=self.step_in_epoch * accum, limit=self.steps_per_epoch * accum)
-        progress = Progress(self.epoch + 1, t.epochs, self.steps_per_epoch, self.step_in_epoch,
-                            t.log_every_steps, self.out, enabled=self.is_main)
+        batches = self.windows.batches(
+            "train",
+            t.batch_size,
+            shuffle=True,
+            seed=t.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=True,
+            start=self.step_in_epoch * accum,
+            limit=self.steps_per_epoch * accum,
+        )
+        progress = Progress(
+            self.epoch + 1,
+            t.epochs,
+            self.steps_per_epoch,
+            self.step_in_epoch,
+            t.log_every_steps,
+            self.out,
+            enabled=self.is_main,
+        )
         self._progress = progress
         self._clock = time.monotonic()
         self.train_model.train()
@@ -378,13 +434,16 @@ class Trainer:
         loss_sum, correct, tokens = values[0], int(values[1]), int(values[2])  # the whole job's
         where = f"step {flight.global_step} (epoch {self.epoch + 1})"
         if not math.isfinite(loss_sum):
-            raise _NonFinite(f"non-finite training loss ({loss_sum / max(tokens, 1)}) at {where}; nothing of it "
-                             "was saved; lower training.learning_rate or check the data")
+            raise _NonFinite(
+                f"non-finite training loss ({loss_sum / max(tokens, 1)}) at {where}; nothing of it "
+                "was saved; lower training.learning_rate or check the data"
+            )
         grad_norm = values[3] if t.gradient_clip > 0 else None
         if grad_norm is not None and not math.isfinite(grad_norm):
             if not self.scaler.is_enabled():
-                raise _NonFinite(f"non-finite gradient norm at {where}; nothing of it was saved; "
-                                 "lower training.learning_rate")
+                raise _NonFinite(
+                    f"non-finite gradient norm at {where}; nothing of it was saved; lower training.learning_rate"
+                )
             grad_norm = None  # fp16 overflow: the scaler skipped this step and lowered its scale
         step = _Step(loss_sum, correct, tokens, grad_norm, sig, timer_due)
         now = time.monotonic()
@@ -411,8 +470,9 @@ class Trainer:
         if flight.global_step % t.log_every_steps == 0:
             self.metrics.log_step(flight.global_step, loss, flight.lr, step_tps, step.grad_norm)
 
-    def _step_boundary(self, stop_after_steps: Optional[int], sig: Optional[int] = None,
-                       timer_due: bool = False) -> Optional[str]:
+    def _step_boundary(
+        self, stop_after_steps: Optional[int], sig: Optional[int] = None, timer_due: bool = False
+    ) -> Optional[str]:
         """Checkpoints that happen between steps: signals, the timer, a requested stop
         (`sig` and `timer_due` as agreed by all ranks)."""
         self.checkpoints.check()  # a checkpoint that failed to publish stops the run now
@@ -455,24 +515,58 @@ class Trainer:
         elapsed = self.elapsed_before + self._session_seconds()
         eta = elapsed / self.epoch * (t.epochs - self.epoch)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.log.add_epoch(epoch=self.epoch, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
-                           val_acc=val_acc, lr=lr, tokens_per_sec=readings.tokens_per_sec, elapsed_s=round(elapsed, 3),
-                           eta_s=round(eta, 3), step=self.global_step, mfu=readings.mfu, gpus=readings.gpus)
-        self.metrics.log_epoch(self.global_step, {
-            "loss/train": train_loss, "loss/val": val_loss, "accuracy/train": train_acc, "accuracy/val": val_acc,
-            "epoch/lr": lr, "epoch/tokens_per_sec": readings.tokens_per_sec, "epoch/epoch": self.epoch}, readings)
+        self.log.add_epoch(
+            epoch=self.epoch,
+            train_loss=train_loss,
+            train_acc=train_acc,
+            val_loss=val_loss,
+            val_acc=val_acc,
+            lr=lr,
+            tokens_per_sec=readings.tokens_per_sec,
+            elapsed_s=round(elapsed, 3),
+            eta_s=round(eta, 3),
+            step=self.global_step,
+            mfu=readings.mfu,
+            gpus=readings.gpus,
+        )
+        self.metrics.log_epoch(
+            self.global_step,
+            {
+                "loss/train": train_loss,
+                "loss/val": val_loss,
+                "accuracy/train": train_acc,
+                "accuracy/val": val_acc,
+                "epoch/lr": lr,
+                "epoch/tokens_per_sec": readings.tokens_per_sec,
+                "epoch/epoch": self.epoch,
+            },
+            readings,
+        )
         self._save(epoch_checkpoint_name(self.epoch))
         self._write_log()
-        self.metrics.print_epoch(epoch_summary(self.epoch, t.epochs, train_loss, train_acc, val_loss, val_acc,
-                                               elapsed, eta), readings, self.out)
+        self.metrics.print_epoch(
+            epoch_summary(self.epoch, t.epochs, train_loss, train_acc, val_loss, val_acc, elapsed, eta),
+            readings,
+            self.out,
+        )
 
-    def evaluate(self, split: str, max_batches: Optional[int] = None,
-                 model: Optional[torch.nn.Module] = None) -> tuple[float, float]:
+    def evaluate(
+        self, split: str, max_batches: Optional[int] = None, model: Optional[torch.nn.Module] = None
+    ) -> tuple[float, float]:
         """Token-weighted mean loss and accuracy over `split`. Under DDP with the plain model (no
         DDP forward, so ranks' uneven slices of the split can't deadlock)."""
         model = model or (self.model if self.world_size > 1 else self.train_model)
-        return split_loss(model, self.windows, split, self.cfg.training.batch_size, self.precision, self.device,
-                          rank=self.rank, world_size=self.world_size, max_batches=max_batches)
+        return split_loss(
+            model,
+            self.windows,
+            split,
+            self.cfg.training.batch_size,
+            self.precision,
+            self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            max_batches=max_batches,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -487,12 +581,17 @@ class Trainer:
 
     def _interrupt(self, sig: int, checkpoint: str) -> str:
         name = signal.Signals(sig).name
-        self.log.data["interrupted"] = (f"{name} at epoch {self.epoch + 1} step {self.step_in_epoch}; "
-                                        f"saved {checkpoint}; continue with --resume auto")
+        self.log.data["interrupted"] = (
+            f"{name} at epoch {self.epoch + 1} step {self.step_in_epoch}; "
+            f"saved {checkpoint}; continue with --resume auto"
+        )
         self._write_log()
         if self.is_main:
-            print(f"Received {name}: saved {checkpoint}, stopping (exit {EXIT_REQUEUE} = requeue)",
-                  file=self.out, flush=True)
+            print(
+                f"Received {name}: saved {checkpoint}, stopping (exit {EXIT_REQUEUE} = requeue)",
+                file=self.out,
+                flush=True,
+            )
         return "interrupted"
 
     def _save(self, name: str) -> None:
@@ -501,10 +600,18 @@ class Trainer:
         self.checkpoints.save(name, self.state_dict)
 
     def _save_best(self, val_loss: float) -> None:
-        self.checkpoints.save_best(lambda: {
-            "model": unwrap_state_dict(self.model.state_dict()), "model_config": config_to_dict(self.cfg)["model"],
-            "num_assets": self.model.num_assets, "num_categories": self.model.num_categories, "epoch": self.epoch,
-            "global_step": self.global_step, "val_loss": float(val_loss), "config": config_to_dict(self.cfg)})
+        self.checkpoints.save_best(
+            lambda: {
+                "model": unwrap_state_dict(self.model.state_dict()),
+                "model_config": config_to_dict(self.cfg)["model"],
+                "num_assets": self.model.num_assets,
+                "num_categories": self.model.num_categories,
+                "epoch": self.epoch,
+                "global_step": self.global_step,
+                "val_loss": float(val_loss),
+                "config": config_to_dict(self.cfg),
+            }
+        )
 
     def _finish_writing(self, raise_errors: bool) -> None:
         try:
@@ -528,8 +635,14 @@ class _Forward(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor, y: torch.Tensor,
-                **extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        asset_ids: torch.Tensor,
+        category_ids: torch.Tensor,
+        y: torch.Tensor,
+        **extra: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits, loss = self.model(x, asset_ids, category_ids, y, **extra)
         with torch.no_grad():
             return loss, batch_sums(logits.detach(), loss.detach(), y)
@@ -549,8 +662,9 @@ def step_values(sums: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, t
     return values, nonfinite(values)
 
 
-def clip_values(grads: list[torch.Tensor], max_norm: float, sums: torch.Tensor, main: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_values(
+    grads: list[torch.Tensor], max_norm: float, sums: torch.Tensor, main: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip `grads` in place to a total 2-norm of `max_norm` (torch.nn.utils.clip_grad_norm_'s
     arithmetic without its per-call grouping and checks) and return `step_values` with the norm
     before clipping (zero unless `main`: rank 0's norm alone enters the all-reduce)."""

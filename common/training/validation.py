@@ -1,6 +1,7 @@
 """The Trainer's validation: token-weighted mean loss and accuracy of a model on one split, and
 early stopping on the validation loss (training.early_stopping_patience: stop after that many
 epochs without a better one; 0: never). Its state travels in the checkpoint ("early_stopping")."""
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,18 @@ __all__ = ["EarlyStopping", "split_loss"]
 
 
 @torch.no_grad()
-def split_loss(model: torch.nn.Module, windows: TokenWindows, split: str, batch_size: int, precision: str,
-               device: torch.device, *, rank: int = 0, world_size: int = 1,
-               max_batches: Optional[int] = None) -> tuple[float, float]:
+def split_loss(
+    model: torch.nn.Module,
+    windows: TokenWindows,
+    split: str,
+    batch_size: int,
+    precision: str,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    max_batches: Optional[int] = None,
+) -> tuple[float, float]:
     """Token-weighted mean loss and accuracy over `split` (non-PAD targets), in eval mode, in
     `precision`'s autocast. Under DDP each rank scores its slices of the batches and the sums
     are all-reduced, so every rank returns the whole split's numbers."""
@@ -30,13 +40,13 @@ def split_loss(model: torch.nn.Module, windows: TokenWindows, split: str, batch_
     correct = torch.zeros((), device=device, dtype=torch.int64)
     tokens = torch.zeros((), device=device, dtype=torch.int64)
     try:
-        for b in windows.batches(split, batch_size, shuffle=False, rank=rank, world_size=world_size,
-                                 limit=max_batches):
+        for b in windows.batches(split, batch_size, shuffle=False, rank=rank, world_size=world_size, limit=max_batches):
             with autocast(precision, device):
                 logits, _ = model(b.x, b.asset_ids, b.category_ids, **b.extra_inputs())
             logits = logits.float()
-            loss_sum += F.cross_entropy(logits.view(-1, logits.size(-1)), b.y.reshape(-1),
-                                        ignore_index=PAD_TOKEN, reduction="sum").double()
+            loss_sum += F.cross_entropy(
+                logits.view(-1, logits.size(-1)), b.y.reshape(-1), ignore_index=PAD_TOKEN, reduction="sum"
+            ).double()
             mask = b.y != PAD_TOKEN
             correct += ((logits.argmax(dim=-1) == b.y) & mask).sum()
             tokens += mask.sum()
@@ -69,5 +79,8 @@ class EarlyStopping:
         return {"best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_val_loss, self.best_epoch, self.bad_epochs = (state["best_val_loss"], state["best_epoch"],
-                                                                state["bad_epochs"])
+        self.best_val_loss, self.best_epoch, self.bad_epochs = (
+            state["best_val_loss"],
+            state["best_epoch"],
+            state["bad_epochs"],
+        )

@@ -1,4 +1,5 @@
 """Host cost of the small things a Trainer step does, on the GPU (microseconds per call)."""
+
 import time
 
 import torch
@@ -7,6 +8,8 @@ from common.distributed.ddp import MultiGPUWrapper, no_sync
 from common.training.trainer import step_values
 
 dev = torch.device("cuda")
+
+
 def t(name, fn, n=2000):
     for _ in range(50):
         fn()
@@ -17,6 +20,8 @@ def t(name, fn, n=2000):
     dt = (time.perf_counter() - t0) / n * 1e6
     torch.cuda.synchronize()
     print(f"{name:40s} {dt:8.1f} us")
+
+
 v = torch.zeros(4, dtype=torch.float64, device=dev)
 s3 = torch.zeros(3, dtype=torch.float64, device=dev)
 nrm = torch.zeros((), device=dev)
@@ -38,8 +43,12 @@ t("no_sync getattr on compiled", lambda: no_sync(m, skip=False))
 x = torch.zeros(32, 129, device=dev, dtype=torch.long)
 t("view slice x[:, :-1]", lambda: x[:, :-1])
 t("mark_step_begin", lambda: torch.compiler.cudagraph_mark_step_begin())
+
+
 def ac():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         pass
+
+
 t("autocast ctx", ac)
 t("time.monotonic", time.monotonic)
