@@ -177,16 +177,17 @@ class TokenWindows:
         g = torch.Generator().manual_seed(_mix(seed, epoch))
         w, k = self.splits[split], self.epoch_stride
         if k == 1:
-            return torch.randperm(self.num_windows(split), generator=g)  # on the CPU: same on any device
+            return _randperm(self.num_windows(split), g)  # on the CPU: same on any device
         # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
         cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
         offset = int(torch.randperm(k, generator=cycle)[epoch % k])
         chosen = w.with_offset(k, offset)
-        return chosen[torch.randperm(len(chosen), generator=g)][: self.epoch_windows(split)]
+        return chosen[_randperm(len(chosen), g)][: self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
         w = self.splits[split]
+        index = index.long()  # an epoch order is int32 (_randperm)
         if self.device.type == "cuda" and not index.is_cuda:
             # pinned, or the copy from pageable memory waits for the device (a sync every step)
             index = index.pin_memory()
@@ -236,6 +237,12 @@ class TokenWindows:
             sizes = [len(s) for s in slices if len(s)]
             if sizes:
                 yield from self.gather(split, torch.cat(slices)).split(sizes)
+
+
+def _randperm(n: int, g: torch.Generator) -> torch.Tensor:
+    """torch.randperm(n) in int32 where it fits: the same permutation as int64 from the same
+    generator, at half the memory (an epoch of 10^8 windows: 400 MB instead of 800 MB, per rank)."""
+    return torch.randperm(n, generator=g, dtype=torch.int32 if n < 2**31 else torch.int64)
 
 
 def _mix(seed: int, epoch: int) -> int:
