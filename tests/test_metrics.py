@@ -156,3 +156,18 @@ def test_block_bootstrap_interval_on_a_scorecard_like_design():
             covered[name] += lo <= true_skill <= hi
     assert covered["block"] >= 84, covered  # 88 here; 85 to 92 of 100 with other seeds
     assert covered["iid"] <= covered["block"] - 10, covered
+
+
+def test_bootstrap_sums_a_chunk_at_a_time_equal_the_whole_index_matrix(monkeypatch):
+    """The token skill's interval over 27,000 test positions: the same sums as gathering through
+    the whole (n_boot, n) index matrix (216 MB, and as much again per array), bit for bit."""
+    from common.evaluation import metrics
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=5000), rng.exponential(size=5000), np.ones(5000)]
+    idx = metrics.block_bootstrap_indices(5000, 17, 300, np.random.default_rng(9))
+    whole = [a[idx].sum(1) for a in arrays]
+    monkeypatch.setattr(metrics, "_BOOT_ELEMENTS", 5000 * 7)  # 7 resamples a chunk
+    chunked = metrics.block_bootstrap_sums(arrays, 17, 300, np.random.default_rng(9))
+    for w, c in zip(whole, chunked):
+        np.testing.assert_array_equal(w, c)

@@ -30,6 +30,7 @@ __all__ = [
     "COVERAGE_LEVELS",
     "PIT_BINS",
     "block_bootstrap_indices",
+    "block_bootstrap_sums",
     "block_length",
     "coverage_flags",
     "crps",
@@ -140,10 +141,33 @@ def block_length(n_dates: int, horizon: int, stride: int) -> int:
 def block_bootstrap_indices(n: int, block: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """(n_boot, n) indices of a circular block bootstrap: random starts, `block` consecutive each."""
     block = max(1, min(block, n))
-    n_blocks = -(-n // block)
-    starts = rng.integers(0, n, size=(n_boot, n_blocks))
+    return _block_rows(rng.integers(0, n, size=(n_boot, -(-n // block))), block, n)
+
+
+def _block_rows(starts: np.ndarray, block: int, n: int) -> np.ndarray:
     idx = (starts[:, :, None] + np.arange(block)[None, None, :]) % n
-    return idx.reshape(n_boot, -1)[:, :n]
+    return idx.reshape(len(starts), -1)[:, :n]
+
+
+_BOOT_ELEMENTS = 1 << 22  # indices per chunk of resamples: 32 MB, whatever n
+
+
+def block_bootstrap_sums(
+    arrays: Sequence[np.ndarray], block: int, n_boot: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Each array's (n_boot,) sums over the resamples of block_bootstrap_indices (the same draws,
+    the same sums), made a chunk of resamples at a time: the (n_boot, n) index matrix of 27,000
+    test positions would be 216 MB, and each array's gather as much again."""
+    n = len(arrays[0])
+    block = max(1, min(block, n))
+    starts = rng.integers(0, n, size=(n_boot, -(-n // block)))
+    out = [np.empty(n_boot) for _ in arrays]
+    step = max(1, _BOOT_ELEMENTS // max(n, 1))
+    for lo in range(0, n_boot, step):
+        idx = _block_rows(starts[lo : lo + step], block, n)
+        for sums, a in zip(out, arrays):
+            sums[lo : lo + len(idx)] = a[idx].sum(1)
+    return out
 
 
 def skill_interval(
@@ -179,8 +203,7 @@ def skill_interval(
 
     value = float(stat(m.sum(), b.sum(), c.sum()))
     block = block or block_length(len(uniq), horizon, stride)
-    idx = block_bootstrap_indices(len(uniq), block, n_boot, np.random.default_rng(seed))
-    boots = stat(m[idx].sum(1), b[idx].sum(1), c[idx].sum(1))
+    boots = stat(*block_bootstrap_sums([m, b, c], block, n_boot, np.random.default_rng(seed)))
     lo, hi = np.percentile(boots, [2.5, 97.5])
     return {"value": value, "ci95": [float(lo), float(hi)], "verdict": verdict(float(lo), float(hi))}
 
