@@ -26,7 +26,7 @@ from common.config import load_config
 from common.data.loading import load_market_data
 from common.data.market import MarketData
 from common.data.prepare import clean_asset
-from common.data.universe import interval_series, pick_interval
+from common.data.universe import Asset, interval_series, pick_interval
 from common.errors import UserError
 from common.evaluation.price_baselines import (
     ForecastFn,
@@ -108,11 +108,11 @@ class LazyCandles:
         return self._rows if self._rows is not None else len(self.frame())
 
 
-def _cleaned(market: MarketData, symbol: str, rows: int, run_dir: Path) -> Callable[[], pd.DataFrame]:
+def _cleaned(market: MarketData, asset: Asset, rows: int, run_dir: Path) -> Callable[[], pd.DataFrame]:
     """A loader of one series' candles cleaned as training did, checked against the run's tokens."""
+    symbol = asset.symbol
 
     def load() -> pd.DataFrame:
-        asset = next(a for a in market.assets if a.symbol == symbol)
         with contextlib.redirect_stderr(io.StringIO()):  # the cleaning's notes: training printed them
             frame, _, _ = clean_asset(
                 asset,
@@ -146,7 +146,7 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     cfg = load_config(run_dir / "config.json")
     tokens = TokenSet.load(token_path(run_dir))
     market = load_market_data(cfg, run_dir.parent.parent)
-    category = {a.symbol: a.category for a in market.assets}
+    assets = {a.symbol: a for a in market.assets}
     # only a run of several intervals needs asset_info.json here (its series names and intervals)
     info = read_json(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else {}
     interval, _ = pick_interval(info, cfg.data.interval, interval)
@@ -154,17 +154,17 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     out: list[AssetSeries] = []
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     for symbol in (s for s in tokens.symbols if s in names):
-        if symbol not in category:
+        if symbol not in assets:
             raise UserError(
                 f"{run_dir}: {symbol} is no longer in the data the run was trained on "
                 "(the data cache changed since); score the run on a copy of the old cache"
             )
         ranges, rows = tokens.ranges[symbol], len(tokens.tokens[symbol])
-        candles = LazyCandles(symbol, _cleaned(market, symbol, rows, run_dir), recent, rows)
+        candles = LazyCandles(symbol, _cleaned(market, assets[symbol], rows, run_dir), recent, rows)
         out.append(
             AssetSeries(
                 names[symbol],
-                category[symbol],
+                assets[symbol].category,
                 candles,
                 range(*ranges["train"]),
                 range(*ranges["test"]),
