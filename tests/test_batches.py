@@ -79,9 +79,32 @@ def test_window_count_matches_the_formula(n, stride, begin):
 
 def test_split_without_windows_is_a_user_error():
     tokens, ranges, ids, cats = _token_set({"A": 100})
-    ranges["A"]["test"] = (95, 100)  # 5 tokens < T + 1
+    ranges["A"]["val"] = (60, 95)
+    ranges["A"]["test"] = (95, 100)  # 5 tokens < T + 1, and no gap before them to read context from
     with pytest.raises(UserError, match="no test windows"):
         build_windows(tokens, ranges, ids, cats, T, strides={"train": 1, "val": 1, "test": 1})
+    ranges["A"]["test"] = (100, 100)
+    with pytest.raises(UserError, match="no test windows"):
+        build_windows(tokens, ranges, ids, cats, T, strides={"train": 1, "val": 1, "test": 1})
+
+
+@pytest.mark.parametrize("val_end", [121, 125, 128, 141])
+def test_val_and_test_windows_read_their_context_from_the_purge_gap(val_end):
+    """A val split shorter than a window still has every candle a target exactly once: its
+    windows reach back into the purge gap (untrained candles) for context, and the gap's own
+    targets are PAD. No window reads a training token."""
+    toks = {"A": (np.arange(200) % 50 + 3).astype(np.int16)}
+    toks["A"][:100] = 60  # the training tokens, recognisable
+    ranges = {"A": {"train": (0, 100), "val": (120, val_end), "test": (160, 163)}}  # purge gaps 20 >= T
+    w = build_windows(toks, ranges, {"A": 0}, {"A": 0}, T, strides={"train": 1, "val": T, "test": T})
+    for split, (begin, end) in (("val", (120, val_end)), ("test", (160, 163))):
+        sw = w.splits[split]
+        assert len(sw) == -(-(end - begin) // T)  # ceil: every candle once
+        b = w.gather(split, torch.arange(len(sw)))
+        assert (b.x != 60).all()  # nothing from the train split
+        targets = b.y[b.y != PAD_TOKEN]
+        assert torch.equal(targets, torch.from_numpy(toks["A"][begin:end].astype(np.int64)))
+        assert int(sw.starts.min()) >= begin - T
 
 
 def test_epoch_order_depends_only_on_seed_and_epoch():

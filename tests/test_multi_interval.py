@@ -393,16 +393,17 @@ def test_pooled_cuts_that_leave_an_interval_without_windows_are_refused_with_the
 
 
 def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split_modes(tmp_path, capsys):
-    """4h series of 125 candles hold no window of context 16 after the purge gap in validation or
-    test, whatever the cuts: training and plan (an estimate here) refuse; the fix is a shorter
+    """4h series of 125 candles leave no validation or test candle after a purge gap of 24,
+    whatever the cuts: training and plan (an estimate here) refuse; the fix is a shorter
     context or more candles, not per_interval."""
     config = _case(tmp_path, "short")
     fix = (
-        "a window needs context_length + 1 = 17 candles after the purge gap of 16; lower model.context_length, "
+        "training needs context_length + 1 = 25 candles before the train/val cut, validation at least 1 and "
+        "test 2 after their purge gap of 24; lower model.context_length, "
         "use longer histories (earlier data.start_date), or leave 4h out of data.intervals"
     )
     for split in ("pooled", "per_interval"):
-        overrides = ["model.context_length=16", f"data.interval_split={split}"]
+        overrides = ["model.context_length=24", f"data.interval_split={split}"]
         with pytest.raises(UserError) as e:
             prepare_data(load_config(config, overrides), load_market_data(load_config(config, overrides), tmp_path))
         assert str(e.value) == (
@@ -413,7 +414,7 @@ def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert err == (
             "marketgpt plan: error: interval 4h would get no validation or test windows (2 series, at "
-            f"most 87/2/4 train/val/test candles): {fix}"
+            f"most 87/0/0 train/val/test candles): {fix}"
         )
 
 
@@ -435,14 +436,14 @@ def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
 
 
 # the sample at context 32, each interval on its own dates: three daily series too short to train,
-# BTC-USD's the only crypto one at 1d; and some kept ones without validation or test windows
+# BTC-USD's the only crypto one at 1d; and some kept ones that end before the validation or test cut
 SAMPLE_LEFT_OUT = [
     'Left out: 3 of 18 series (each one\'s reason: "dropped" in data_info.json)',
     "  3 with fewer than context_length + 1 = 33 candles before the train/val cut: crypto 1, us_stock 2; "
     "BTC-USD@1d, NFLX@1d, TSLA@1d",
-    "No validation windows in 3 of 15 kept series (fewer than context_length + 1 = 33 validation candles after the "
-    "purge gap): index 2, emerging 1; ^N225@1d, ^NDX@1d, ^JKSE@1d",
-    "No test windows in 6 of 15 kept series (fewer than context_length + 1 = 33 test candles after the purge gap): "
+    "No validation windows in 3 of 15 kept series (no validation candle after the purge gap): index 2, emerging 1; "
+    "^N225@1d, ^NDX@1d, ^JKSE@1d",
+    "No test windows in 6 of 15 kept series (fewer than 2 test candles after the purge gap): "
     "us_stock 3, index 2, emerging 1; AAPL@1d, IBM@1d, META@1d, ^N225@1d, ^NDX@1d and 1 more",
     "WARNING: category crypto at 1d: 1 of 1 series left out: the run neither trains nor tests on it "
     '(see "dropped" and "no_windows_in" in data_info.json)',

@@ -556,7 +556,7 @@ def test_left_out_counts_reasons_and_categories_in_a_few_lines_and_warns_of_a_lo
         "and 25 more",
         "  10 with fewer than context_length + 1 = 257 candles before the train/val cut: us_stock 10; NEW0, NEW1, "
         "NEW2, NEW3, NEW4 and 5 more",
-        "No test windows in 6 of 560 kept assets (fewer than context_length + 1 = 257 test candles after the purge "
+        "No test windows in 6 of 560 kept assets (fewer than 2 test candles after the purge "
         "gap): us_stock 5, crypto 1; S000, S100, S200, S300, S400 and 1 more",
     ]
     assert warnings == [
@@ -590,3 +590,33 @@ def test_left_out_warns_once_of_an_interval_lost_whole():
     _, warnings = left_out(info)
     assert [w.split(": ")[1] for w in warnings] == ["interval 1h", "category fx"]  # not fx at 1d, nor each at 1h
     assert warnings[0].startswith("WARNING: interval 1h: 3 of 3 series left out")
+
+
+def test_case_a_daily_config_gets_validation_and_test_windows():
+    """Case A's own settings (context 512, purge gap 512, 70/15/15) on 21 years of daily candles:
+    each val split holds about 300 candles after its purge gap, fewer than a window, and every
+    one of them is still a validation target (the windows read context from the gap)."""
+    import torch
+
+    from common.config import load_config
+    from common.special_tokens import PAD_TOKEN
+    from common.training.batches import build_windows
+
+    cfg = load_config(REPO_ROOT / "case_a_full_market/configs/full_market_config.json")
+    frames = {s: candles("2005-01-03", 5500, freq="B", seed=i) for i, s in enumerate(("AAA", "BBB"))}
+    data = prepare_data(cfg, market(frames))
+    T = cfg.model.context_length
+    ranges = {}
+    for s, split in data.splits.items():
+        assert split.short == () and data.info["assets"][s]["no_windows_in"] == []
+        assert 0 < len(split.val) < T + 1 and 0 < len(split.test) < T + 1  # shorter than a window
+        ranges[s] = {
+            name: (r.start, r.stop) for name, r in (("train", split.train), ("val", split.val), ("test", split.test))
+        }
+    tokens = {s: np.arange(len(frames[s])) % 97 + 3 for s in frames}
+    w = build_windows(
+        tokens, ranges, {"AAA": 0, "BBB": 1}, {"AAA": 0, "BBB": 0}, T, strides={"train": 1, "val": T, "test": T}
+    )
+    for name in ("val", "test"):
+        batch = w.gather(name, torch.arange(w.num_windows(name)))
+        assert int((batch.y != PAD_TOKEN).sum()) == sum(r[name][1] - r[name][0] for r in ranges.values())

@@ -41,7 +41,7 @@ from common.config import Config, at_interval, load_config
 from common.data.cache import CandleCache
 from common.data.check import Row, breakdown, left_out, prepare_streamed, prepared_rows, shard_summary
 from common.data.loading import load_market_data, start_bound
-from common.data.prepare import SPLITS, lost_text, prepare_data, short_intervals_error
+from common.data.prepare import EVAL_MIN_CANDLES, SPLITS, lost_text, prepare_data, short_intervals_error
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS, window_text
@@ -363,7 +363,7 @@ def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
                 }
             )
         else:
-            short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < window]
+            short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < EVAL_MIN_CANDLES[split]]
             assets[name] = {"category": category, "no_windows_in": short}
     return {
         "context_length": cfg.model.context_length,
@@ -383,7 +383,7 @@ def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> N
         lacks = (
             ["train"]
             if not mine
-            else [SPLITS[i] for i in (1, 2) if all(c[i] <= cfg.model.context_length for c in mine)]
+            else [SPLITS[i] for i in (1, 2) if all(c[i] < EVAL_MIN_CANDLES[SPLITS[i]] for c in mine)]
         )
         if lacks:
             counts = [r[3] for r in rows if r[1] == interval]

@@ -26,7 +26,7 @@ from common.atomic import read_json
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.market import LazyFrames, MarketData
-from common.data.prepare import PreparedData, clean_asset, drop_kind, real_rows, split_data
+from common.data.prepare import EVAL_MIN_CANDLES, PreparedData, clean_asset, drop_kind, real_rows, split_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step, split_series
@@ -312,11 +312,16 @@ def left_out(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         short = [s for s, r in kept.items() if split in r.get("no_windows_in", ())]
         if short:
             lines.append(
-                f"No {word} windows in {len(short)} of {len(kept)} kept {noun} (fewer than context_length "
-                f"+ 1 = {window} {word} candles after the purge gap): "
+                f"No {word} windows in {len(short)} of {len(kept)} kept {noun} ({_too_few(split, word)} "
+                "after the purge gap): "
                 f"{_per_category([kept[s]['category'] for s in short])}; {_names(short)}"
             )
     return lines, _lost_groups(info, noun)
+
+
+def _too_few(split: str, word: str) -> str:
+    need = EVAL_MIN_CANDLES[split]
+    return f"no {word} candle" if need == 1 else f"fewer than {need} {word} candles"
 
 
 def _lost_groups(info: Mapping[str, Any], noun: str) -> list[str]:

@@ -7,7 +7,9 @@ The split cuts are the same calendar instants for every asset, so no asset's tes
 overlaps another asset's training period. Assets in eras that overlap no other asset's (the
 shipped hourly sample: BTC 2021, EURUSD 2017) are split on their own era's dates, recorded as
 split_eras in data_info.json. A purge gap of at least one context length is left
-out at the start of val and of test, so no training window touches a val or test window.
+out at the start of val and of test, so no training window touches a val or test window; the
+val and test windows read their context from that gap (common.training.batches), so those
+splits need only EVAL_MIN_CANDLES candles, not a whole window.
 Splits are integer ranges into each asset's cleaned frame; the token arrays align with it.
 With several intervals (data.intervals), a split that leaves an interval without training,
 validation or test windows is refused, naming the fix (docs/data.md, several intervals in one model).
@@ -31,6 +33,7 @@ from common.markets import interval_step, split_series
 
 __all__ = [
     "COLUMNS",
+    "EVAL_MIN_CANDLES",
     "FIX_KINDS",
     "AssetSplit",
     "PreparedData",
@@ -61,6 +64,10 @@ FIX_KINDS = (
 SUBUNIT_SUFFIXES = (".L", ".IL", ".JO", ".TA")
 _SUBUNIT_WINDOW = 11  # bars around each bar whose median close is the reference (a glitch run < 6 bars)
 SPLITS = ("train", "val", "test")
+# Candles a val or test split needs after its purge gap to be scored: the trainer's val windows
+# take their context from the gap (one candle is a target), the test evaluation predicts each test
+# candle from the test candles before it (common.evaluation.token_scoring: the first is context).
+EVAL_MIN_CANDLES = {"val": 1, "test": 2}
 _NS = 1_000_000_000
 
 
@@ -71,7 +78,7 @@ class AssetSplit:
     train: range
     val: range
     test: range
-    short: tuple[str, ...] = ()  # splits (val, test) too short to hold one window: no windows there
+    short: tuple[str, ...] = ()  # splits (val, test) with fewer than EVAL_MIN_CANDLES: no windows there
 
 
 @dataclass
@@ -419,8 +426,9 @@ def lost_text(interval: str, lacks: list[str], about: str) -> str:
 def short_intervals_error(texts: list[str], intervals: Iterable[str], context: int, purge: int) -> UserError:
     """The error for intervals whose series are too short for a window in some split, whatever the cuts."""
     return UserError(
-        f"{'; '.join(texts)}: a window needs context_length + 1 = {context + 1} candles after the "
-        f"purge gap of {purge}; lower model.context_length, use longer histories (earlier "
+        f"{'; '.join(texts)}: training needs context_length + 1 = {context + 1} candles before the "
+        f"train/val cut, validation at least {EVAL_MIN_CANDLES['val']} and test {EVAL_MIN_CANDLES['test']} "
+        f"after their purge gap of {purge}; lower model.context_length, use longer histories (earlier "
         f"data.start_date), or leave {', '.join(intervals)} out of data.intervals"
     )
 
@@ -537,7 +545,7 @@ def _split_all(
                 f"(of {n}); a training window needs context_length + 1 = {window}"
             )
             continue
-        short = tuple(name for name in ("val", "test") if len(getattr(split, name)) < window)
+        short = tuple(name for name in ("val", "test") if len(getattr(split, name)) < EVAL_MIN_CANDLES[name])
         splits[symbol] = AssetSplit(split.train, split.val, split.test, short)
         record = records[symbol]
         record.update({name: len(getattr(split, name)) for name in SPLITS})

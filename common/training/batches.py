@@ -3,9 +3,11 @@
 All tokens of all assets sit in one contiguous 1-D int16 tensor: on the GPU when there is one
 (2 bytes a candle: 100M candles take 200 MB), else the memory map of the run's token folder
 itself, so a CPU process reads only the pages its windows touch.
-A window is `context_length + 1` consecutive tokens of one asset that lie fully inside that
-asset's train, val or test range; a split is just three arrays: the window start offsets
-into the big tensor, and each window's asset id and category id. A batch of windows is one
+A window is `context_length + 1` consecutive tokens of one asset. A training window lies fully
+inside the asset's train range; a val or test window ends inside its range and may read its
+context from the purge gap before it, whose targets are masked (so a split shorter than a
+window still has every candle scored, see _split_runs). A split is a few numbers per asset:
+where its windows start in the big tensor, how many, and the asset's ids. A batch of windows is one
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
 Epoch order is a permutation drawn from a generator seeded with (seed, epoch), so a resumed
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.special_tokens import PAD_TOKEN
 
 __all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
 
@@ -83,6 +86,9 @@ class SplitWindows:
     asset_ids: torch.Tensor  # (R,) on the device
     category_ids: torch.Tensor  # (R,) on the device
     interval_ids: Optional[torch.Tensor] = None  # (R,) on the device; a run of several intervals only
+    # (R,) on the device, val and test only: the run's first target; a window's earlier targets
+    # (its context reaches back into the purge gap before the split) are PAD, scored by nobody
+    target_begin: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         self.cum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.count, 0)])  # (R + 1,) CPU
@@ -195,9 +201,13 @@ class TokenWindows:
         run, starts = w.runs_of(index)  # (B,), (B,)
         chunk = self.tokens[starts[:, None] + self._offsets].long()  # (B, T + 1): the one gather
         features = None if self.features is None else self.features[starts[:, None] + self._offsets[:-1]].long()
+        y = chunk[:, 1:]
+        if w.target_begin is not None:  # targets in the purge gap before the split: context only
+            before = (starts[:, None] + self._offsets[1:]) < w.target_begin[run][:, None]
+            y = y.masked_fill(before, PAD_TOKEN)
         return Batch(
             x=chunk[:, :-1],
-            y=chunk[:, 1:],
+            y=y,
             asset_ids=w.asset_ids[run],
             category_ids=w.category_ids[run],
             features=features,
@@ -250,6 +260,31 @@ def _mix(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % (2**63 - 1)
 
 
+def _split_runs(
+    split: str, begin: int, end: int, previous_end: int, context_length: int, stride: int
+) -> tuple[int, int]:
+    """(first window start, window count) of one asset's split [begin, end).
+
+    Training windows lie inside the range, from its start. Validation and test windows are laid
+    from the range's end back, `stride` apart, and may start up to a context before `begin`,
+    never before `previous_end`: with a purge gap of at least a context, every val or test
+    candle is a target even when the split is shorter than a window (case A's daily val split
+    is 830 candles, its purge gap and context 512), read with the gap's untrained candles as
+    context; the targets in the gap are masked (SplitWindows.target_begin)."""
+    length = context_length + 1
+    if split == "train":
+        return begin, max(0, (end - length - begin) // stride + 1)  # = len(window_starts(...))
+    if end <= begin:
+        return begin, 0
+    # the earliest start whose window has a target, reading nothing of the split before
+    lowest = max(min(previous_end, begin), begin - context_length)
+    last = end - length  # the last window ends at the range's end
+    if last < lowest:
+        return begin, 0
+    count = (last - lowest) // stride + 1
+    return last - (count - 1) * stride, count
+
+
 def build_windows(
     tokens: Mapping[str, np.ndarray],
     ranges: Mapping[str, Mapping[str, Sequence[int]]],
@@ -279,27 +314,31 @@ def build_windows(
     """
     length = context_length + 1
     parts, feature_parts, offset = [], [], 0
-    # (first, count, asset, category, interval)
-    runs: dict[str, list[tuple[int, int, int, int, int]]] = {s: [] for s in SPLITS}
+    # (first, count, asset, category, interval, first target)
+    runs: dict[str, list[tuple[int, ...]]] = {s: [] for s in SPLITS}
     for symbol, toks in tokens.items():
         toks = np.asarray(toks)
         if toks.ndim != 1:
             raise ValueError(f"{symbol}: token array must be 1-D, got shape {toks.shape}")
+        mine = ranges.get(symbol, {})
+        previous_end = 0  # where the split before this one ends: no window reads a token before it
         for split in SPLITS:
-            if split not in ranges.get(symbol, {}):
+            if split not in mine:
                 continue
-            begin, end = (int(v) for v in ranges[symbol][split])
+            begin, end = (int(v) for v in mine[split])
             if not 0 <= begin <= end <= len(toks):
                 raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
-            count = max(0, (end - length - begin) // strides[split] + 1)  # = len(window_starts(...))
+            start, count = _split_runs(split, begin, end, previous_end, context_length, strides[split])
+            previous_end = end
             if count:
                 runs[split].append(
                     (
-                        offset + begin,
+                        offset + start,
                         count,
                         asset_ids[symbol],
                         category_ids[symbol],
                         interval_ids[symbol] if interval_ids is not None else 0,
+                        offset + begin,
                     )
                 )
         if features is not None and len(features[symbol]) != len(toks):
@@ -314,7 +353,7 @@ def build_windows(
 
     splits = {}
     for split in SPLITS:
-        first, counts, a, c, k = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(5))
+        first, counts, a, c, k, b = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(6))
         splits[split] = SplitWindows(
             first.to(device),
             counts,
@@ -322,12 +361,14 @@ def build_windows(
             a.to(device),
             c.to(device),
             k.to(device) if interval_ids is not None else None,
+            None if split == "train" else b.to(device),
         )
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
+            need = f"{length} tokens" if split == "train" else "a token after its purge gap"
             raise UserError(
-                f"no {split} windows of {length} tokens: every asset's {split} range is shorter "
-                f"than model.context_length + 1; lower model.context_length or use longer histories"
+                f"no {split} windows: no asset's {split} range holds {need}; "
+                f"lower model.context_length or use longer histories"
             )
     if flat is None:
         flat = np.concatenate(parts), (np.concatenate(feature_parts) if features is not None else None)
