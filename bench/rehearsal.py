@@ -21,8 +21,9 @@ driven as a user drives it, with faults injected on the way:
              `--after-cutoff`, and `marketgpt status`.
 
 Every Python process of the rehearsal (Slurm array tasks and DDP ranks included) records its peak
-RSS (getrusage) and bytes read (/proc/self/io) when it exits, through a sitecustomize.py on its
-PYTHONPATH; a process killed by a signal leaves no record. The JSON report holds the sizes, each
+RSS (getrusage), its peak private memory (RssAnon, sampled every 50 ms: RSS without the page
+cache of memory-mapped files) and bytes read (/proc/self/io) when it exits, through a
+sitecustomize.py on its PYTHONPATH; a process killed by a signal leaves no record. The JSON report holds the sizes, each
 stage's time and processes, and the checks (each pass or fail with its numbers). Exits 0 whatever
 the checks say: it reports, it does not gate (tests/test_rehearsal.py does).
 """
@@ -121,9 +122,25 @@ def sets(kvs: Sequence[str]) -> list[str]:
 # Written into the rehearsal's PYTHONPATH: every Python process it starts, wherever Slurm runs it,
 # leaves one JSON record when it exits (peak RSS from the kernel, bytes read, who it was).
 SITECUSTOMIZE = '''"""Rehearsal: each process's peak RSS and bytes read, recorded at exit (bench/rehearsal.py)."""
-import atexit, json, os, resource, sys, time
+import atexit, json, os, resource, sys, threading, time
 
 _DIR, _T0 = os.environ.get("MARKETGPT_REHEARSAL_RUSAGE"), time.time()
+_ANON = [0]  # peak RssAnon in kB: the process's own memory, without the file pages of its memory maps
+
+
+def _sample_anon():
+    # peak RSS counts the page cache of memory-mapped token files, which the kernel reclaims at
+    # will; RssAnon sampled every 50 ms is what the process itself holds
+    while True:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        _ANON[0] = max(_ANON[0], int(line.split()[1]))
+                        break
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def _record():
@@ -138,12 +155,14 @@ def _record():
               "task": env.get("SLURM_ARRAY_TASK_ID"), "rank": env.get("SLURM_PROCID"),
               "restart": env.get("SLURM_RESTART_COUNT"), "wall_s": round(time.time() - _T0, 2),
               "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+              "max_anon_mb": round(_ANON[0] / 1024, 1) or None,
               "read_bytes": io.get("read_bytes"), "rchar": io.get("rchar")}
     with open(os.path.join(_DIR, "%d-%d.json" % (os.getpid(), time.time_ns())), "w") as f:
         json.dump(record, f)
 
 
 if _DIR:
+    threading.Thread(target=_sample_anon, daemon=True).start()
     atexit.register(_record)
     _os_exit = os._exit
 
@@ -862,10 +881,13 @@ def summarize(processes: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     out = {}
     for stage, records in processes.items():
         top = max(records, key=lambda p: p["max_rss_mb"])
+        anon = max(records, key=lambda p: p.get("max_anon_mb") or 0)
         out[stage] = {
             "processes": len(records),
             "max_rss_mb": top["max_rss_mb"],
             "max_rss_process": _who(top),
+            "max_anon_mb": anon.get("max_anon_mb"),
+            "max_anon_process": _who(anon),
             "read_bytes": sum(p["read_bytes"] or 0 for p in records),
             "rchar": sum(p["rchar"] or 0 for p in records),
         }
@@ -928,7 +950,9 @@ def print_report(report: dict[str, Any]) -> None:
         u = s.get("rusage")
         rss = (
             (
-                f"peak RSS {u['max_rss_mb']:,.0f} MB ({u['max_rss_process']}), {u['processes']} processes, "
+                f"peak RSS {u['max_rss_mb']:,.0f} MB ({u['max_rss_process']}), "
+                + (f"private {u['max_anon_mb']:,.0f} MB ({u['max_anon_process']}), " if u.get("max_anon_mb") else "")
+                + f"{u['processes']} processes, "
                 f"{u['read_bytes'] / 1e6:,.0f} MB read from disk"
                 + (f", {u['rchar'] / 1e6:,.0f} MB read in all" if u["rchar"] is not None else "")
             )

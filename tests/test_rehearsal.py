@@ -77,3 +77,5 @@ def test_the_report_has_the_corpus_size_and_each_stage_s_processes(report):
     tasks = [p for p in report["processes"]["prepare"] if p["task"] is not None]
     ranks = [p for p in report["processes"]["train_slurm"] if p["rank"] is not None and "train" in p["argv"]]
     assert len(tasks) >= 8 and len(ranks) >= 3 * rehearsal.NODES * rehearsal.TASKS_PER_NODE, (len(tasks), len(ranks))
+    # each rank's private memory (RssAnon, sampled) is measured, and is part of its peak RSS
+    assert all(0 < p["max_anon_mb"] <= p["max_rss_mb"] for p in ranks), ranks
