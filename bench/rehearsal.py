@@ -389,7 +389,7 @@ _SUBMITTED = re.compile(r"^Submitted job (\d+)(?: \((\d+) tasks[^)]*\))?: (\w+)"
 
 def shard_of(r: Rehearsal, *extra: str) -> Path:
     from common.config import load_config
-    from common.tokens.shards import shard_folder
+    from common.tokens.shard_paths import shard_folder
 
     return shard_folder(load_config(r.repo / CONFIG, overrides(r.size, *extra)), r.case)[0]
 

@@ -197,7 +197,7 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
 def _check_shard(cfg: Config, case: Path) -> None:
     """Every byte of the config's token shard against its manifest (a UserError if damaged)."""
     from common.tokens.shard_manifest import verify_shard  # lazy: with the shards below
-    from common.tokens.shards import published, shard_folder  # lazy: pandas
+    from common.tokens.shard_paths import published, shard_folder  # lazy: pandas
 
     folder, _ = shard_folder(cfg, case)
     if not published(folder):
@@ -225,12 +225,13 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
                 "`marketgpt data prepare` without --array, or let training prepare it"
             )
         if args.rebuild and not args.dry_run:
-            from common.tokens.shards import rebuild, shard_folder  # lazy: pandas
+            from common.tokens.shard_paths import rebuild, shard_folder  # lazy: pandas
 
             rebuild(shard_folder(cfg, case_dir_of_config(args.config))[0])
         submit_preparation(args.config, args.overrides, args.array, dry_run=args.dry_run)
         return 0
-    from common.tokens.shards import prepare_shards, rebuild, shard_folder  # lazy: pandas
+    from common.tokens.shard_paths import rebuild, shard_folder  # lazy: pandas
+    from common.tokens.shards import prepare_shards  # lazy: pandas
     from common.training.finetune import resolve_parent  # lazy: torch
 
     if not cfg.data.shards:

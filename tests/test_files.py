@@ -250,7 +250,7 @@ def test_a_file_is_read_when_its_asset_is_asked_for(monkeypatch, tmp_path):
 
 
 def test_a_preparation_task_reads_only_its_own_files(monkeypatch, tmp_path):
-    from common.tokens.shards import prepare_stage
+    from common.tokens.shard_stages import prepare_stage
 
     reads = _count_reads(monkeypatch)
     cfg = files_config((FILES / "good_folder").resolve())

@@ -101,6 +101,10 @@ LAZY = {
         "common.commands.train",
         "common.tokens.shards",
     ): "a new run reads candles (pandas); a resumed one its token folder",
+    (
+        "common.commands.train",
+        "common.tokens.corpus",
+    ): "a new run reads candles (pandas); a resumed one its token folder",
     ("common.commands.train", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
     ("common.training.run_folder", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
     ("common.evaluation.evaluate", "common.model.gpt"): "pandas (common.tokens.features): out of the training start-up",

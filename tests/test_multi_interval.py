@@ -26,7 +26,7 @@ from common.data.universe import Asset, asset_info, pick_interval, series_ids
 from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
-from common.tokens.shards import shard_folder
+from common.tokens.shard_paths import shard_folder
 from common.training.checkpoint import checkpoint_files, load_checkpoint
 from common.training.run_folder import config_differences
 
@@ -378,7 +378,8 @@ def test_pooled_cuts_that_leave_an_interval_without_windows_are_refused_with_the
     """The sample's hourly candles (2017, 2021) all fall after the pooled train/val cut (late 2015):
     training, whether in memory or through the token shards, refuses in one line that names the
     interval and the fix, instead of training without it."""
-    from common.tokens.shards import prepare_in_memory, prepare_shards
+    from common.tokens.corpus import prepare_in_memory
+    from common.tokens.shards import prepare_shards
 
     cfg = load_config(_sample_config(tmp_path), [f"data.shards={str(shards).lower()}"])
     with pytest.raises(UserError) as e:

@@ -24,8 +24,8 @@ from common.cluster.prepare_jobs import (
 from common.config import load_config
 from common.distributed.slurm import wait_for_jobs
 from common.errors import UserError
-from common.tokens import shards
-from common.tokens.shards import prepare_in_memory, shard_folder
+from common.tokens.corpus import prepare_in_memory
+from common.tokens.shard_paths import shard_folder, work_folder
 from common.tokens.token_set import TokenSet
 
 from test_shards import same_tokens
@@ -199,7 +199,7 @@ def test_the_jobs_run_in_order_make_the_shard_and_a_stale_key_stops(tmp_path, ca
     shard = TokenSet.load(plan.shard / "tokens")
     assert same_tokens(shard, prepare_in_memory(cfg, case).tokens)
     plan.stages["clean"][0]()  # a job queued behind a finished shard does nothing
-    assert "already prepared" in capsys.readouterr().out and not shards.work_folder(plan.shard).exists()
+    assert "already prepared" in capsys.readouterr().out and not work_folder(plan.shard).exists()
 
 
 @pytest.mark.slurm
@@ -217,7 +217,7 @@ def test_four_jobs_on_the_local_cluster_prepare_the_shard(slurm_cluster, tmp_pat
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n{out.getvalue()}\n{logs[-4000:]}"
     cfg = load_config(config, ["slurm.time=00:10:00"])
     folder, _ = shard_folder(cfg, config.parent.parent)
-    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
+    assert (folder / "manifest.json").is_file() and not work_folder(folder).exists()
     assert "the encode stage, task 1 of 2" in logs and "the finish stage" in logs
     assert same_tokens(TokenSet.load(folder / "tokens"), prepare_in_memory(cfg, config.parent.parent).tokens)
 

@@ -22,8 +22,10 @@ from common.data.cache import CandleCache
 from common.data.synthetic import SyntheticSpec, generate_asset
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.tokens import shards
-from common.tokens.shards import prepare_in_memory, prepare_shards, shard_folder
+from common.tokens import shard_stages, shards
+from common.tokens.corpus import prepare_in_memory
+from common.tokens.shard_paths import shard_folder, work_folder
+from common.tokens.shards import prepare_shards
 from common.tokens.token_set import TokenSet, token_path
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -88,7 +90,7 @@ def test_prepared_once_then_reused_without_reading_the_cache(tmp_path, monkeypat
     cfg, case = load_config(config), config.parent.parent
     first = prepare_shards(cfg, case)
     folder, _ = shard_folder(cfg, case)
-    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
+    assert (folder / "manifest.json").is_file() and not work_folder(folder).exists()
     assert isinstance(first.tokens.tokens[first.tokens.symbols[0]], np.memmap)
 
     reads = []
@@ -160,15 +162,15 @@ KILLER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from common.config import load_config
-    from common.tokens import shards
-    real = shards.encode_asset
+    from common.tokens import shard_stages, shards
+    real = shard_stages.encode_asset
     gate = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     def slow(*a, **k):
         time.sleep(float(sys.argv[2]))
         while gate is not None and not gate.exists():  # hold the lock until the test opens the gate
             time.sleep(0.05)
         return real(*a, **k)
-    shards.encode_asset = slow
+    shard_stages.encode_asset = slow
     config = Path(sys.argv[1])
     shards.prepare_shards(load_config(config), config.parent.parent)
 """)
@@ -203,7 +205,7 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
     folder, _ = shard_folder(cfg, case)
 
     def encoded() -> int:
-        return len(list((shards.work_folder(folder) / "encoded").glob("*.npz")))
+        return len(list((work_folder(folder) / "encoded").glob("*.npz")))
 
     proc = _preparer(config, 0.5)
     _wait_for(lambda: encoded() >= 2, "two assets encoded", proc)
@@ -212,8 +214,8 @@ def test_a_killed_preparation_continues_and_ends_as_a_clean_one(tmp_path, monkey
     assert not (folder / "manifest.json").exists() and not (folder / "tokens").exists()
 
     cleaned = []
-    real_clean = shards.clean_asset
-    monkeypatch.setattr(shards, "clean_asset", lambda *a, **k: cleaned.append(a[0]) or real_clean(*a, **k))
+    real_clean = shard_stages.clean_asset
+    monkeypatch.setattr(shard_stages, "clean_asset", lambda *a, **k: cleaned.append(a[0]) or real_clean(*a, **k))
     resumed = prepare_shards(cfg, case)
     assert cleaned == []  # every asset was cleaned before the kill: none is read again
     fresh = prepare_in_memory(cfg, case)
@@ -225,7 +227,7 @@ def test_two_jobs_preparing_the_same_shard_at_once(tmp_path):
     gate, log = tmp_path / "gate", tmp_path / "second.log"
     first = _preparer(config, 0.0, gate)  # holds the lock in its encode stage until the gate opens
     folder, _ = shard_folder(load_config(config), config.parent.parent)
-    _wait_for(lambda: (shards.work_folder(folder) / "encoded").is_dir(), "the first preparer's encode stage", first)
+    _wait_for(lambda: (work_folder(folder) / "encoded").is_dir(), "the first preparer's encode stage", first)
     second = _preparer(config, 0.0, log=log)
     _wait_for(lambda: "waiting" in log.read_text(), "the second preparer waiting", second)
     gate.touch()
@@ -245,7 +247,7 @@ def test_a_full_disk_is_one_clear_error_and_leaves_no_shard(tmp_path, monkeypatc
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shards, "write_index", full)
+    monkeypatch.setattr(shard_stages, "write_index", full)
     with pytest.raises(UserError, match="disk is full.*rerun continues") as e:
         prepare_shards(cfg, case)
     assert "\n" not in str(e.value)
@@ -377,7 +379,7 @@ def test_stages_split_across_array_tasks_give_the_same_shard(tmp_path):
     """What a Slurm job array runs: clean and encode split over tasks, fit and finish once."""
     config = make_case(tmp_path)
     cfg, case = load_config(config), config.parent.parent
-    prepare_stage = shards.prepare_stage
+    prepare_stage = shard_stages.prepare_stage
     prepare_stage(cfg, case, "clean", task=1, tasks=2)
     with pytest.raises(UserError, match="was not cleaned: run the clean stage for every task"):
         prepare_stage(cfg, case, "fit")
@@ -390,14 +392,14 @@ def test_stages_split_across_array_tasks_give_the_same_shard(tmp_path):
         prepare_stage(cfg, case, "encode", task=task, tasks=3)
     prepare_stage(cfg, case, "finish")
     folder, _ = shard_folder(cfg, case)
-    assert (folder / "manifest.json").is_file() and not shards.work_folder(folder).exists()
+    assert (folder / "manifest.json").is_file() and not work_folder(folder).exists()
     p, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
     assert same_tokens(p.tokens, memory.tokens) and p.data_info == memory.data_info
 
 
 def _encoded_but_not_finished(cfg, case) -> Path:
     for stage in ("clean", "fit", "encode"):
-        shards.prepare_stage(cfg, case, stage)
+        shard_stages.prepare_stage(cfg, case, stage)
     return shard_folder(cfg, case)[0]
 
 
@@ -407,9 +409,9 @@ def test_a_second_fit_after_the_encode_tasks_cannot_corrupt_the_shard(tmp_path):
     config = make_case(tmp_path)
     cfg, case = load_config(config), config.parent.parent
     folder = _encoded_but_not_finished(cfg, case)
-    (shards.work_folder(folder) / "split.json").unlink()  # a second fit that began before the first ended
-    shards.prepare_stage(cfg, case, "fit")
-    shards.prepare_stage(cfg, case, "finish")
+    (work_folder(folder) / "split.json").unlink()  # a second fit that began before the first ended
+    shard_stages.prepare_stage(cfg, case, "fit")
+    shard_stages.prepare_stage(cfg, case, "finish")
     p, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
     assert same_tokens(p.tokens, memory.tokens) and p.tokens.flat()[0].any()
 
@@ -421,15 +423,15 @@ def test_two_finishers_publish_one_whole_shard_without_any_lock(tmp_path, monkey
     cfg, case = load_config(config), config.parent.parent
     monkeypatch.setattr(shards.fcntl, "flock", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOLCK, "no locks")))
     folder = _encoded_but_not_finished(cfg, case)
-    real, raced = shards.publish_folder, []
+    real, raced = shard_stages.publish_folder, []
 
     def rival_first(private, target):
         if not raced:  # another preparer publishes its own folder while ours is being written
             raced.append(True)
-            shards._finish_stage(target, shard_folder(cfg, case)[1], sys.stdout)
+            shard_stages._finish_stage(target, shard_folder(cfg, case)[1], sys.stdout)
         return real(private, target)
 
-    monkeypatch.setattr(shards, "publish_folder", rival_first)
+    monkeypatch.setattr(shard_stages, "publish_folder", rival_first)
     p = prepare_shards(cfg, case)
     assert "ours is discarded" in capsys.readouterr().out
     assert same_tokens(p.tokens, prepare_in_memory(cfg, case).tokens)

@@ -2,7 +2,7 @@
 
     marketgpt data prepare --config CFG [--set k=v ...] --array N [--dry-run]
 
-The four stages of common/tokens/shards.py, each a CPU job (no GPU) queued through submitit,
+The four stages of common/tokens/shard_stages.py, each a CPU job (no GPU) queued through submitit,
 each starting only after the one before succeeded (`--dependency=afterok:<id>`):
 
     1. clean    a job array of N tasks: task i reads, cleans and gap-fills the assets i, i+N, ...
@@ -33,7 +33,8 @@ from common.data.loading import load_market_data
 from common.distributed.slurm import check_partition, parse_slurm_time, slurm_available
 from common.errors import UserError
 from common.paths import case_dir_of_config
-from common.tokens.shards import STAGES, prepare_stage, published, shard_folder, work_folder
+from common.tokens.shard_paths import published, shard_folder, work_folder
+from common.tokens.shard_stages import STAGES, prepare_stage
 
 __all__ = ["PrepareJob", "PreparePlan", "plan_preparation", "prepare_parameters", "submit_preparation"]
 

@@ -201,7 +201,8 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
 def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple[TokenSet, dict, dict]:
     """The corpus of a new run: the config's token shard (prepared now, or reused), or with
     data.shards = false prepared in memory for this run alone."""
-    from common.tokens.shards import prepare_in_memory, prepare_shards
+    from common.tokens.corpus import prepare_in_memory
+    from common.tokens.shards import prepare_shards
 
     parent = None
     if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once

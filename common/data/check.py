@@ -30,7 +30,7 @@ from common.data.prepare import EVAL_MIN_CANDLES, PreparedData, clean_asset, dro
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step, split_series
-from common.tokens.shards import shard_folder
+from common.tokens.shard_paths import shard_folder
 from common.tokens.token_set import read_index
 
 __all__ = [

@@ -188,7 +188,7 @@ class OHLCTokenizer:
 
         Warm-up (BOS) and MISSING candles do not enter the fit. every: pool only each series'
         every-th candle (its features still come from the whole series), which bounds the memory
-        of the fit on a large corpus (common.tokens.shards.fit_stride).
+        of the fit on a large corpus (common.tokens.corpus.fit_stride).
         """
         if isinstance(frames, pd.DataFrame):  # one series passed on its own
             frames = {"?": frames}
