@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from common.data.cleaning import fill_gaps
 from common.data.loading import load_market_data
-from common.data.prepare import fill_gaps
 from common.errors import UserError
 from common.forecasting.forecaster import DEFAULT_LEVELS, Forecaster, History, future_timestamps
 from common.markets import interval_step

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.config import Config
+from common.data.cleaning import COLUMNS
 from common.data.market import LazyFrames, MarketData
-from common.data.prepare import COLUMNS
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 from common.markets import interval_step

@@ -23,9 +23,9 @@ import pandas as pd
 
 from common.atomic import read_json
 from common.config import load_config
+from common.data.cleaning import clean_asset
 from common.data.loading import load_market_data
 from common.data.market import MarketData
-from common.data.prepare import clean_asset
 from common.data.universe import Asset, interval_series, pick_interval
 from common.errors import UserError
 from common.evaluation.price_baselines import (

@@ -3,7 +3,7 @@ the package (common.data.sample), scored like the scorecard, so that runs traine
 data can be compared on the same questions.
 
     task (TASKS): an interval, assets of the sample, a cut-off date `start` and an `end`
-      ──► each asset's cleaned candles (common.data.prepare.clean_asset) before `end`; the
+      ──► each asset's cleaned candles (common.data.cleaning.clean_asset) before `end`; the
           candles before `start` are the history and GARCH's fit, origins are every `stride`-th
           date in [start, end), targets must fall before `end`
       ──► common.evaluation.scorecard.make_scorecard on the assets the model knows: the same
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import read_json_or_empty
-from common.data.prepare import clean_asset
+from common.data.cleaning import clean_asset
 from common.data.sample import load_sample, sample_assets
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries

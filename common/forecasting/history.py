@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config
+from common.data.cleaning import clean_candles, fill_gaps
 from common.data.loading import load_market_data
-from common.data.prepare import clean_candles, fill_gaps
 from common.errors import UserError
 from common.markets import interval_step, series_name
 

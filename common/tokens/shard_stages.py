@@ -1,6 +1,6 @@
 """Building a token shard in stages, each a plain function a Slurm array task can run
 (common.cluster.prepare_jobs) and each skipping what a killed try already finished:
-  1. clean   read, clean and gap-fill each asset (common.data.prepare.clean_asset) and keep
+  1. clean   read, clean and gap-fill each asset (common.data.cleaning.clean_asset) and keep
              its candles in <key>.work/clean/<i>.npz
   2. fit     the cuts from the pooled timestamps alone (common.data.prepare.split_data), then
              the tokenizer (and the volume edges) on the train ranges only, asset by asset
@@ -28,9 +28,10 @@ import pandas as pd
 
 from common.atomic import atomic_path, atomic_write_json, publish_folder, read_json
 from common.config import Config
+from common.data.cleaning import COLUMNS, clean_asset, real_rows
 from common.data.loading import load_market_data
 from common.data.market import LazyFrames
-from common.data.prepare import COLUMNS, clean_asset, real_rows, split_data
+from common.data.prepare import split_data
 from common.data.universe import asset_info
 from common.errors import UserError
 from common.markets import interval_step
