@@ -25,7 +25,14 @@ import torch.distributed as dist
 from torch import nn
 
 from common.distributed import job_store
-from common.distributed.env import DistEnv, check_num_gpus, collective_timeout_s, detect_env, rank_device
+from common.distributed.env import (
+    DistEnv,
+    check_num_gpus,
+    collective_timeout_s,
+    detect_env,
+    rank_device,
+    several_ranks,
+)
 from common.distributed.job_store import RankFailed
 from common.errors import UserError
 
@@ -114,11 +121,6 @@ def shutdown() -> None:
     job_store.close()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def several_ranks() -> bool:
-    """True when this process is one of several in a process group (collectives talk to others)."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
+import torch.distributed as dist
 
 from common.distributed.slurm import slurm_job_id
 from common.errors import UserError
@@ -30,6 +31,7 @@ __all__ = [
     "gpus_requested",
     "pick_device",
     "rank_device",
+    "several_ranks",
 ]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
@@ -263,3 +265,8 @@ def rank_device(env: DistEnv, device: str = "auto") -> torch.device:
 def pick_device() -> torch.device:
     """This process's current GPU, or the CPU without CUDA."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def several_ranks() -> bool:
+    """True when this process is one of several in a process group (collectives talk to others)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

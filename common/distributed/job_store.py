@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
-from common.distributed.env import DistEnv, collective_timeout_s
+from common.distributed.env import DistEnv, collective_timeout_s, several_ranks
 from common.errors import UserError
 
 __all__ = [
@@ -72,10 +72,6 @@ def start(store: dist.Store, env: DistEnv, timeout: datetime.timedelta) -> None:
 def joined_env() -> Optional[DistEnv]:
     """The job this process joined (None before `start` and after `close`)."""
     return _ENV
-
-
-def _active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _start_heartbeat(env: DistEnv, timeout: datetime.timedelta) -> None:
@@ -171,7 +167,7 @@ def share_from_main(name: str, value: Any = None) -> Any:
     Goes through the store rather than a collective, so the other ranks may wait the whole
     timeout while rank 0 prepares data; if rank 0 dies meanwhile, the wait fails at once.
     """
-    if not _active():
+    if not several_ranks():
         return value
     if _STORE is None or _ENV is None:  # torch.distributed was started elsewhere: a collective instead
         box = [value]
@@ -191,7 +187,7 @@ def wait_for_main(name: str, poll_s: float = 0.5, ack_s: float = 30.0) -> None:
     exits, so ranks that left early would get rank 0 killed mid-evaluation. A rank 0 that
     raises (the watchdog, failures_reported) or dies (its store goes) ends the wait with an
     error. Rank 0 then waits up to `ack_s` for the others to have seen it: it serves the store."""
-    if not _active() or _STORE is None or _ENV is None:
+    if not several_ranks() or _STORE is None or _ENV is None:
         return
     done, seen = _key(f"done/{name}"), _key(f"done/{name}/seen")
     if _ENV.is_main:
