@@ -35,7 +35,8 @@ from _common import REPO, bench_args, finish, peak_rss_mb, row, set_threads  # n
 
 from common.config import load_config  # noqa: E402
 from common.data.universe import Asset, asset_info  # noqa: E402
-from common.forecasting.forecaster import Forecaster, History  # noqa: E402
+from common.forecasting.forecast_io import History  # noqa: E402
+from common.forecasting.forecaster import Forecaster  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN  # noqa: E402
 from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402

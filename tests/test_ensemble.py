@@ -11,7 +11,8 @@ import pytest
 from common.cli import main
 from common.errors import UserError
 from common.forecasting.ensemble import Ensemble
-from common.forecasting.forecaster import Forecaster, summarize_paths
+from common.forecasting.forecast_io import summarize_paths
+from common.forecasting.forecaster import Forecaster
 
 TINY = {
     "model": {

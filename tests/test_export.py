@@ -19,9 +19,10 @@ import torch
 
 from common.cli import main
 from common.errors import UserError
-from common.forecasting.export import PARITY_ATOL, NextTokenLogits, parent_run_of, random_inputs
+from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_inputs
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
+from common.forecasting.model_card import parent_run_of
 from common.model.sampling import sample_paths
 from common.paths import REPO_ROOT
 
@@ -359,7 +360,7 @@ def test_hf_folder_files_weights_and_model_card(run_dir, hf_dir, forecaster):
 
 
 def test_model_card_markdown_shows_the_scorecard_headline(run_dir, tmp_path):
-    from common.forecasting.export import model_card_markdown
+    from common.forecasting.model_card import model_card_markdown
 
     scored = tmp_path / "run"
     shutil.copytree(run_dir, scored, ignore=shutil.ignore_patterns("checkpoint_*", "tensorboard", "tokens*"))

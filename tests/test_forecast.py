@@ -19,7 +19,8 @@ import torch
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset, asset_info
-from common.forecasting.forecaster import QUANTILES, Forecaster, History, future_timestamps, histories_at
+from common.forecasting.forecast_io import QUANTILES, History, future_timestamps, histories_at
+from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
 from common.model.sampling import draw_tokens, prefill_length, sample_paths
 from common.paths import REPO_ROOT

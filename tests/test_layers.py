@@ -84,18 +84,8 @@ LAZY = {
     ("common.cluster.submit", "common.training.run_folder"): _TORCH_LATER,
     ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
-    ("common.forecasting.forecaster", "torch"): "common.forecasting.infer forecasts with onnxruntime, without torch",
-    ("common.forecasting.forecaster", "common.model.gpt"): "torch (as above)",
-    ("common.forecasting.forecaster", "common.model.sampling"): "torch (as above)",
-    ("common.forecasting.forecaster", "common.distributed.precision"): "torch (as above)",
-    ("common.forecasting.forecaster", "common.training.checkpoint"): "torch (as above)",
-    ("common.forecasting.forecaster", "common.training.run_folder"): "torch (as above)",
-    ("common.forecasting.forecaster", "safetensors"): "safetensors.torch imports torch (as above)",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
-    (
-        "common.forecasting.forecaster",
-        "common.forecasting.history",
-    ): "the data layer (parquet) only when histories are read",
+    ("common.forecasting.core", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
     # keeping pandas, scipy and the data layer out of the training start-up (and of a resume)
     (
         "common.commands.train",

@@ -16,7 +16,7 @@ from common.evaluation.price_baselines import (
     log_returns,
     momentum_signal,
 )
-from common.forecasting.forecaster import History
+from common.forecasting.forecast_io import History
 
 from scorecard_helpers import candles_from_returns, garch_returns
 

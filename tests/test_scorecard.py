@@ -16,7 +16,7 @@ from common.evaluation.asset_series import AssetSeries, fit_price_baselines
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, make_scorecard, run_scorecard, write_scorecard
 from common.evaluation.walk_forward import origin_indices
-from common.forecasting.forecaster import History
+from common.forecasting.forecast_io import History
 
 from scorecard_helpers import garch_returns, synthetic_series
 

@@ -27,7 +27,7 @@ import pandas as pd
 from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
 from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
-from common.forecasting.forecaster import warn
+from common.forecasting.core import warn
 from common.forecasting.infer import ExportedForecaster
 from common.forecasting.paths import (
     barrier_outcomes,

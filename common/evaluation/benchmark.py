@@ -43,7 +43,7 @@ from common.evaluation.asset_series import AssetSeries
 from common.evaluation.metrics import block_bootstrap_indices, block_length, verdict
 from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
-from common.forecasting.export import data_cutoff_of
+from common.forecasting.model_card import data_cutoff_of
 from common.markets import interval_step
 
 __all__ = [

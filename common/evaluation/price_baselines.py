@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.signal import lfilter
 
+from common.forecasting.forecast_io import History
 from common.markets import interval_step
-
-if TYPE_CHECKING:  # the Forecaster's own input type; only annotations here, so no torch import
-    from common.forecasting.forecaster import History
 
 __all__ = [
     "BOOTSTRAP_WINDOW",

@@ -40,7 +40,7 @@ from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
-from common.forecasting.forecaster import History
+from common.forecasting.forecast_io import History
 from common.forecasting.paths import barrier_outcomes, brier_score
 
 __all__ = [

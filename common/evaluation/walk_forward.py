@@ -18,7 +18,7 @@ from common.evaluation.asset_series import AssetSeries
 from common.evaluation.metrics import coverage_flags, crps, pit_values
 from common.evaluation.price_baselines import ForecastFn, momentum_signal
 from common.forecasting.calibrated import conformity_scores
-from common.forecasting.forecaster import History
+from common.forecasting.forecast_io import History
 from common.forecasting.paths import barrier_probability_table
 
 __all__ = ["Origins", "all_origins", "forecast_all", "origin_indices", "within_budget"]

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from common.forecasting.forecaster import Forecaster, ForecastResult, summarize_paths
+from common.forecasting.forecast_io import ForecastResult, summarize_paths
+from common.forecasting.forecaster import Forecaster
 
 __all__ = ["Ensemble", "forecaster_for"]
 

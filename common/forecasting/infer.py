@@ -4,8 +4,8 @@
     result = fc.forecast(fc.load_history(["BTC/USDT"]), horizon=24, samples=256, seed=0)
 
 `pip install -e '.[infer]'` (numpy, pandas, pyarrow, onnxruntime) is all this needs: nothing
-here or in what it imports loads torch. It is the torch Forecaster (common.forecasting.forecaster) with the
-sampler swapped: the same tokenizer, history checks, decoding and output table, while the
+here or in what it imports loads torch. It is the torch Forecaster's path (common.forecasting.core) with
+another sampler: the same tokenizer, history checks, decoding and output table, while the
 next-token logits come from a pluggable backend, `logits(tokens, asset_ids, category_ids)`,
 here an onnxruntime session over model.onnx.
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from common.config import load_config
 from common.errors import UserError
-from common.forecasting.forecaster import Forecaster
+from common.forecasting.core import ForecasterCore
 from common.model.windows import (
     context_chunks,
     prefill_length as window_start,  # this module's name for it
@@ -277,7 +277,7 @@ def read_model_card(export_dir: Path) -> dict:
         raise UserError(f"{export_dir / 'model_card.json'} is not valid JSON ({e}); export the run again") from None
 
 
-class ExportedForecaster(Forecaster):
+class ExportedForecaster(ForecasterCore):
     """Forecaster over an export folder: next-token logits from a backend (onnxruntime), no torch.
 
     run_dir is the export folder: a model trained on the case's downloaded candles finds them
@@ -295,10 +295,11 @@ class ExportedForecaster(Forecaster):
     ) -> None:
         self.card = card or {}
         super().__init__(
-            None, tokenizer, asset_info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256")
+            tokenizer, asset_info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256")
         )
         self.interval = self.card.get("interval") or cfg.data.interval  # an export forecasts one interval
         self.backend = backend  # stands in for the torch model
+        self.precision = "fp32"  # onnxruntime computes in float32
 
     @classmethod
     def from_export(cls, export_dir: Union[str, os.PathLike], threads: Optional[int] = None) -> "ExportedForecaster":

@@ -1,0 +1,392 @@
+"""Forecasts from a trained run: sampled price paths, quantile bands, P(up), one batched call.
+This module holds all of it but the sampler (ForecasterCore); Forecaster (common.forecasting.forecaster)
+samples with the torch model, ExportedForecaster (common.forecasting.infer) with onnxruntime.
+
+    fc = Forecaster.from_run("case_c_crypto/checkpoints/crypto_prototype_20240601_120000")
+    histories = fc.load_history(["BTC/USDT", "ETH/USDT"], as_of="2024-06-01T00:00")
+    result = fc.forecast(histories, horizon=24, samples=256, seed=0, return_paths=True)
+    result.table     # one row per origin x step: quantiles of the close, log-return moments, P(up)
+    result.paths     # closes (N, samples, horizon + 1), step 0 = the last real close; high, low
+
+The one forecasting path: `marketgpt forecast`, the scorecard and exports all call
+`Forecaster.forecast`. It takes `History` objects (an asset and its candles up to the origin)
+and never reads candles itself, so a caller that cuts each history at its origin can be sure
+no later candle reaches the model: a walk-forward scorecard passes many (asset, origin) pairs
+in one call. `load_history` is the CLI's way to get them from the run's data source.
+
+Per history: encode the candles with the run's tokenizer (the volatility state after the last
+candle is carried exactly into the decoded future), take the last context_length tokens, sample
+`samples` token paths of `horizon` candles (common.model.sampling: KV cache, every origin and sample
+in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The future is made of
+candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
+A run with model.time_features / model.volume_input also gets each candle's ids: the history's
+as training computed them, the future's calendar with volume bin 0 (unknown).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+
+from common.config import Config
+from common.errors import UserError
+from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
+from common.markets import interval_step
+from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
+from common.tokens.tokenizer import OHLCTokenizer
+
+__all__ = ["DEFAULT_LEVELS", "ForecasterCore", "warn"]
+
+DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'
+MAX_SAMPLES = 100_000
+HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
+
+
+class ForecasterCore:
+    """Everything a forecaster does but draw tokens: the run's assets and histories, encoding,
+    decoding sampled token paths into candles and their summaries. A subclass gives sample_tokens:
+    Forecaster (a torch model, common.forecasting.forecaster) or ExportedForecaster (onnxruntime,
+    common.forecasting.infer, without torch)."""
+
+    def __init__(
+        self,
+        tokenizer: OHLCTokenizer,
+        asset_info: Mapping[str, Any],
+        cfg: Config,
+        run_dir: Optional[Path] = None,
+        checkpoint_sha256: Optional[str] = None,
+        volume_edges: Optional[Sequence[float]] = None,
+        interval: Optional[str] = None,
+    ) -> None:
+        self.volume_edges = None if volume_edges is None else list(volume_edges)  # data_info.json's, if stored
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.checkpoint_sha256 = checkpoint_sha256
+        self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
+        self.symbols = list(asset_info["symbols"])
+        # the interval forecast (a run of several intervals: --interval, default its first);
+        # the model reads its id as model.default_interval
+        self.interval = interval or cfg.data.interval
+
+    def resolve_symbol(self, symbol: str) -> str:
+        """`symbol` if the run knows it; else a UserError naming the nearest known one."""
+        if symbol in self.assets:
+            return symbol
+        raise UserError(
+            f"unknown symbol {symbol!r}: the run was trained on {len(self.symbols)} assets"
+            f"{self._nearest(symbol)} (--all forecasts every one)"
+        )
+
+    def _nearest(self, symbol: str) -> str:
+        close = difflib.get_close_matches(symbol, self.symbols, n=1, cutoff=0.0)
+        return f"; did you mean {close[0]!r}?" if close else ""
+
+    def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
+        """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
+        from common.forecasting.history import load_histories  # the data layer: pandas/parquet, loaded when asked
+
+        chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
+        categories = {s: self.assets[s]["category"] for s in chosen}
+        return [
+            History(s, frame)
+            for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
+        ]
+
+    # ------------------------------------------------------------------ forecasting
+
+    def min_history(self) -> int:
+        """Candles a history needs: a whole context, and a warm volatility estimate."""
+        return max(self.cfg.model.context_length, self.tokenizer.vol_warmup + 2)
+
+    def check_request(self, horizon: int, samples: int) -> None:
+        limit = HORIZON_CONTEXTS * self.cfg.model.context_length
+        if not 1 <= horizon <= limit:
+            raise UserError(
+                f"--horizon {horizon}: must be between 1 and {limit} steps "
+                f"({HORIZON_CONTEXTS} context lengths of this model)"
+            )
+        if not 1 <= samples <= MAX_SAMPLES:
+            raise UserError(f"--samples {samples}: must be between 1 and {MAX_SAMPLES:,}")
+
+    def forecast(
+        self,
+        histories: Union[Sequence[History], Mapping[str, pd.DataFrame]],
+        horizon: int,
+        samples: int = 256,
+        *,
+        seed: int = 0,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        return_paths: bool = False,
+        max_batch: Optional[int] = None,
+    ) -> ForecastResult:
+        """Sample `samples` paths of `horizon` candles for every history, in one batch.
+
+        histories: History objects (the same asset may appear with several origins) or a
+        mapping symbol -> candles. The table has one row per history x step, histories in the
+        order given. Same arguments and seed, same result (on the CPU: byte for byte).
+        """
+        if isinstance(histories, Mapping):
+            histories = [History(s, c) for s, c in histories.items()]
+        if not histories:
+            raise UserError("nothing to forecast: no history given")
+        self.check_request(horizon, samples)
+        _check_sampling(temperature, top_k, top_p)
+        contexts, states, origins, features = self._encode(histories, horizon)
+
+        tokens = self.sample_tokens(
+            np.stack(contexts),
+            np.array([self.assets[o["symbol"]]["id"] for o in origins]),
+            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]),
+            horizon,
+            samples,
+            seed=seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_batch=max_batch,
+            **({"features": np.stack(features)} if features else {}),
+        )  # (N, S, H)
+
+        N = len(origins)
+        rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
+        ohlc = self.tokenizer.decode_ohlc(
+            tokens.reshape(N * samples, horizon),
+            rep([s.last_close for s in states]),
+            rep([s.sigma for s in states]),
+            rep([s.ewma_weight for s in states]),
+        )
+        ohlc = {k: v.reshape(N, samples, horizon) for k, v in ohlc.items()}
+        last = np.array([s.last_close for s in states])[:, None, None]
+        close = np.concatenate([np.broadcast_to(last, (N, samples, 1)), ohlc["close"]], axis=2)
+
+        frames = []
+        for i, o in enumerate(origins):
+            stats = summarize_paths(close[i], ohlc["high"][i], ohlc["low"][i])
+            when = future_timestamps(o["as_of"], self.interval, o["category"], horizon)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "symbol": o["symbol"],
+                        "as_of": o["as_of"],
+                        "step": np.arange(1, horizon + 1),
+                        "timestamp": when,
+                        "last_close": o["last_close"],
+                        **stats,
+                    }
+                )
+            )
+        table = pd.concat(frames, ignore_index=True)
+        paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
+        return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def predict_df(
+        self,
+        df: pd.DataFrame,
+        horizon: int,
+        quantile_levels: Sequence[float] = DEFAULT_LEVELS,
+        *,
+        samples: int = 256,
+        seed: int = 0,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        id_column: str = "item_id",
+        timestamp_column: str = "timestamp",
+    ) -> pd.DataFrame:
+        """Forecasts for a long data frame, in the convention of the forecasting libraries.
+
+        df: one row per item and timestamp with columns item_id, timestamp, open, high, low,
+        close (and volume: needed by a model with model.volume_input); an item is an asset the
+        run was trained on, its rows in increasing time, its candles up to the forecast origin.
+        Returns one row per item and future timestamp (the run's interval, on the asset's
+        calendar): item_id, timestamp, "mean" (the mean sampled close) and one column per level
+        named str(level) ("0.1", "0.5", ...): quantiles of the sampled close. The candles are
+        cleaned as training cleaned them (common.forecasting.history.clean_history), then
+        forecast() samples the paths; same arguments and seed, same frame. Timestamps come back
+        tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one.
+        """
+        from common.forecasting.history import frame_items  # the data layer, loaded when asked
+
+        levels = _check_levels(quantile_levels)
+        self.check_request(horizon, samples)
+        items = frame_items(df, id_column, timestamp_column)
+        histories = [self._frame_history(item, raw) for item, raw in items]
+        result = self.forecast(
+            histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p, return_paths=True
+        )
+        assert result.paths is not None  # return_paths
+        future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
+        quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
+        stamps = pd.DatetimeIndex(result.table["timestamp"])
+        column = df[timestamp_column] if timestamp_column in df.columns else df.index.get_level_values(timestamp_column)
+        if isinstance(column.dtype, np.dtype) and column.dtype.kind == "M":  # naive datetime64 in, naive out
+            stamps = stamps.tz_localize(None)
+        ids = pd.Series([item for item, _ in items]).repeat(horizon).to_numpy()
+        out = pd.DataFrame({id_column: ids, timestamp_column: stamps, "mean": future.mean(axis=1).reshape(-1)})
+        for j, q in enumerate(levels):
+            out[str(q)] = quantiles[j].reshape(-1)
+        return out
+
+    def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
+        """One item of predict_df's frame as a History: a known asset, candles on the run's
+        interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
+        from common.forecasting.history import FRAME_PRICES, clean_history  # the data layer, loaded when asked
+
+        symbol, interval = str(item), self.interval
+        if symbol not in self.assets:
+            raise UserError(
+                f"predict_df: item {item!r} is not an asset this model was trained on "
+                f"({len(self.symbols)} assets{self._nearest(symbol)})"
+            )
+        if self.cfg.model.volume_input and raw["volume"].isna().all():
+            raise UserError(
+                f"predict_df: item {item!r}: the model reads volume (model.volume_input), "
+                "so the frame needs a volume column with readings"
+            )
+        step = interval_step(interval)
+        # the median spacing: weekends and holidays leave gaps, a wrong interval changes every step
+        gaps = np.diff(raw.index.as_unit("ns").asi8)
+        spacing = pd.Timedelta(int(np.median(gaps)), unit="ns") if len(gaps) else step
+        if spacing != step:
+            raise UserError(
+                f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
+                f"forecasts {interval} candles; resample to {interval}"
+            )
+        candles = clean_history(raw, symbol, self.assets[symbol]["category"], step)
+        if not len(candles) or candles.index[-1] != raw.index[-1]:
+            # cleaning dropped the last candle: the origin would move back and the first forecast
+            # step would land on the frame's own last timestamp
+            raise UserError(
+                f"predict_df: item {item!r}: its last candle, at {raw.index[-1]}, has "
+                f"{_invalid_prices(raw[list(FRAME_PRICES)].iloc[-1])}; the forecast starts after "
+                "the last row, so fill that candle or drop its row to forecast from the one before"
+            )
+        if len(candles) < self.min_history():
+            raise UserError(
+                f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
+                f"after cleaning, {self.min_history()} needed (model.context_length "
+                f"{self.cfg.model.context_length}, tokenizer warm-up {self.tokenizer.vol_warmup + 2})"
+            )
+        return History(symbol, candles)
+
+    def _encode(self, histories: Sequence[History], horizon: int) -> tuple[list, list, list, list]:
+        """Per history: its last context_length tokens, its volatility state after the last candle,
+        its origin (symbol, as_of, last_close, category) and, for a model that reads them, its
+        candle ids (the future's included)."""
+        T = self.cfg.model.context_length
+        contexts, states, origins, features = [], [], [], []
+        for h in histories:
+            symbol = self.resolve_symbol(h.symbol)
+            candles = h.candles
+            need = self.min_history()
+            if len(candles) < need:
+                raise UserError(
+                    f"{symbol}: {len(candles)} candles up to {_last_time(candles)}, {need} needed "
+                    f"(model.context_length {T}, tokenizer warm-up {self.tokenizer.vol_warmup + 2}); "
+                    "pick a later --as-of or another asset"
+                )
+            tokens = self.tokenizer.encode(candles, asset=symbol)
+            state = self.tokenizer.vol_state(candles, asset=symbol)
+            contexts.append(tokens[-T:].astype(np.int64))
+            states.append(state)
+            origins.append(
+                {
+                    "symbol": symbol,
+                    "as_of": candles.index[-1],
+                    "last_close": state.last_close,
+                    "category": self.assets[symbol]["category"],
+                }
+            )
+            if self.cfg.model.time_features or self.cfg.model.volume_input:
+                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon) :])
+        return contexts, states, origins, features
+
+    def sample_tokens(
+        self,
+        contexts: np.ndarray,
+        asset_ids: np.ndarray,
+        category_ids: np.ndarray,
+        horizon: int,
+        samples: int,
+        *,
+        seed: int,
+        temperature: float,
+        top_k: Optional[int],
+        top_p: Optional[float],
+        max_batch: Optional[int],
+        features: Optional[np.ndarray] = None,
+    ) -> np.ndarray:
+        """(N, samples, horizon) token ids continuing contexts (N, L), never a banned id
+        (banned_ids). features: (N, L + horizon, 3) candle ids, only for a model with
+        time_features / volume_input. The one step each subclass gives."""
+        raise NotImplementedError
+
+    def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
+        """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
+        volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
+        interval = self.interval
+        edges = self.volume_edges
+        if edges is None:
+            if self.cfg.model.volume_input:
+                raise UserError(
+                    "model.volume_input is on but the run's volume edges are unknown "
+                    "(data_info.json volume_edges); retrain the run"
+                )
+            edges = [0.0] * (VOLUME_BINS - 1)  # the volume ids are not read by this model
+        if "volume" not in candles.columns:
+            candles = candles.assign(volume=np.nan)  # no readings: volume id 0
+        future = calendar_ids(future_timestamps(candles.index[-1], interval, category, horizon), interval)
+        future = np.concatenate([future, np.zeros((horizon, 1), dtype=np.int64)], axis=1)
+        return np.concatenate([candle_features(candles, interval, edges), future], axis=0)
+
+    def banned_ids(self) -> np.ndarray:
+        """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""
+        banned = np.zeros(self.cfg.model.vocab_size, dtype=bool)
+        banned[[PAD_TOKEN, MISSING_TOKEN, BOS_TOKEN]] = True
+        banned[self.tokenizer.num_used_ids :] = True
+        return banned
+
+
+def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[float]) -> None:
+    if temperature < 0 or not math.isfinite(temperature):
+        raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k}: must be at least 1")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p}: must be in (0, 1]")
+
+
+def _check_levels(levels: Sequence[float]) -> list[float]:
+    try:
+        out = [float(q) for q in levels]
+    except (TypeError, ValueError):
+        raise UserError(f"quantile_levels {levels!r}: expected a list of numbers in (0, 1)") from None
+    if not out or not all(0 < q < 1 for q in out) or len(set(out)) != len(out):
+        raise UserError(f"quantile_levels {levels!r}: expected distinct numbers in (0, 1), e.g. [0.1, 0.5, 0.9]")
+    return out
+
+
+def _last_time(candles: pd.DataFrame) -> str:
+    return candles.index[-1].isoformat() if len(candles) else "the start"
+
+
+def _invalid_prices(prices: pd.Series) -> str:
+    """`close NaN`: the prices for which cleaning drops a candle (missing, infinite or not positive)."""
+    bad = [
+        f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items() if not (np.isfinite(v) and v > 0)
+    ]
+    return ", ".join(bad) or "invalid prices"
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
