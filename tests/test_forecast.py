@@ -546,7 +546,7 @@ def test_bad_arguments_are_one_line_and_exit_2(run_dir, capsys, args, needles):
 
 
 def test_barrier_and_drawdown_from_the_sampled_paths(run_dir, tmp_path, capsys):
-    from common.forecasting.paths import barrier_outcomes, barrier_probabilities, max_drawdown
+    from common.forecasting.price_paths import barrier_outcomes, barrier_probabilities, max_drawdown
 
     code, out, err = _forecast(
         capsys,

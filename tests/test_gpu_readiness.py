@@ -470,7 +470,9 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
     tr = _trainer(tmp_path / "gpu", out=out, epochs=1, max_steps_per_epoch=2)
     tr.cuda = tr.metrics.cuda = True  # the epoch's readings as on GPU 0; the maths stays on the CPU
     real_device = tr.device
-    monkeypatch.setattr("common.training.metrics.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0)))
+    monkeypatch.setattr(
+        "common.training.telemetry.gpu_stats", lambda d: gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
+    )
     scalars = {}
     tr.metrics.tensorboard = True
     tr.metrics.scalar = lambda tag, value, step: scalars.__setitem__(tag, value)

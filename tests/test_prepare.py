@@ -15,7 +15,7 @@ from common.config import Config
 from common.data.cache import CandleCache
 from common.data.cleaning import FIX_KINDS, clean_candles, fill_gaps
 from common.data.loading import load_market_data
-from common.data.market import MarketData
+from common.data.market_data import MarketData
 from common.data.prepare import prepare_data
 from common.data.universe import Asset
 from common.errors import UserError

@@ -19,7 +19,7 @@ import torch
 
 from common.config import ConfigError, config_to_dict, load_config
 from common.errors import UserError
-from common.training.metrics import EpochReadings, TrainingMetrics
+from common.training.telemetry import EpochReadings, TrainingMetrics
 from common.training.trackers import flat_config, open_tracker
 
 from ci_helpers import unavailable

@@ -8,7 +8,7 @@ Files (each written atomically, so a failed run leaves no half-written file):
                                      (raw samples: --calibrated moves the quantile columns only)
     barrier.csv                      with --barrier +5%,-3%: per asset P(upper first), P(lower first), P(neither)
     drawdown.csv                     with --drawdown: per asset the maximum drawdown's mean, quantiles, P(> x)
-                                     (both from the sampled paths: common.forecasting.paths)
+                                     (both from the sampled paths: common.forecasting.price_paths)
     fan_<symbol>.png                 one fan chart per asset (history, median, 50% and 90% bands);
     fan_chart.png                    one multi-panel chart instead when there are more than 4 assets
 """
@@ -29,7 +29,7 @@ from common.errors import UserError
 from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
 from common.forecasting.core import warn
 from common.forecasting.infer import ExportedForecaster
-from common.forecasting.paths import (
+from common.forecasting.price_paths import (
     barrier_outcomes,
     barrier_probabilities,
     drawdown_summary,

@@ -28,7 +28,7 @@ import torch
 from common.atomic import atomic_write_json
 from common.config import Config
 from common.errors import UserError
-from common.forecasting.paths import parse_barriers
+from common.forecasting.price_paths import parse_barriers
 
 __all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_device", "parse_horizons", "run_scorecard_command"]
 

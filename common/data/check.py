@@ -26,7 +26,7 @@ from common.atomic import read_json
 from common.config import Config
 from common.data.cleaning import clean_asset, real_rows
 from common.data.loading import load_market_data
-from common.data.market import LazyFrames, MarketData
+from common.data.market_data import LazyFrames, MarketData
 from common.data.prepare import EVAL_MIN_CANDLES, PreparedData, drop_kind, split_data
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from common.config import Config
 from common.data.cleaning import COLUMNS
-from common.data.market import LazyFrames, MarketData
+from common.data.market_data import LazyFrames, MarketData
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 from common.markets import interval_step

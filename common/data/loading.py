@@ -19,7 +19,7 @@ from common.config_checks import START_MAX
 from common.data.cache import CandleCache
 from common.data.cleaning import COLUMNS
 from common.data.files import FILES_UNIVERSE, files_root, load_files
-from common.data.market import LazyFrames, MarketData
+from common.data.market_data import LazyFrames, MarketData
 from common.data.sample import load_sample, sample_assets, sample_file
 from common.data.synthetic import aggregate, generate_asset, synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path

@@ -27,7 +27,7 @@ import pandas as pd
 
 from common.config import Config
 from common.data.cleaning import FIX_KINDS, clean_asset, real_rows
-from common.data.market import MarketData
+from common.data.market_data import MarketData
 from common.data.universe import Asset
 from common.errors import UserError
 from common.markets import interval_step, split_series

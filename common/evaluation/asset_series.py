@@ -25,7 +25,7 @@ from common.atomic import read_json
 from common.config import load_config
 from common.data.cleaning import clean_asset
 from common.data.loading import load_market_data
-from common.data.market import MarketData
+from common.data.market_data import MarketData
 from common.data.universe import Asset, interval_series, pick_interval
 from common.errors import UserError
 from common.evaluation.price_baselines import (

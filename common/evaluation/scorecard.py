@@ -41,7 +41,7 @@ from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecast_io import History
-from common.forecasting.paths import barrier_outcomes, brier_score
+from common.forecasting.price_paths import barrier_outcomes, brier_score
 
 __all__ = [
     "BASELINE_NAMES",

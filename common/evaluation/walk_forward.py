@@ -19,7 +19,7 @@ from common.evaluation.metrics import coverage_flags, crps, pit_values
 from common.evaluation.price_baselines import ForecastFn, momentum_signal
 from common.forecasting.calibrated import conformity_scores
 from common.forecasting.forecast_io import History
-from common.forecasting.paths import barrier_probability_table
+from common.forecasting.price_paths import barrier_probability_table
 
 __all__ = ["Origins", "all_origins", "forecast_all", "origin_indices", "within_budget"]
 
@@ -197,7 +197,7 @@ def forecast_all(
     One call per batch and forecaster at the longest horizon serves every horizon when the
     forecaster returns paths; one returning only H-step returns is called once per horizon.
     barrier (upper, lower): also "barrier_p", the (n, 3) barrier probabilities of its paths (NaN
-    for a forecaster without paths; common.forecasting.paths)."""
+    for a forecaster without paths; common.forecasting.price_paths)."""
     longest = horizons[-1]
     parts: dict[int, dict[str, list[dict[str, np.ndarray]]]] = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))

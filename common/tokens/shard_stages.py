@@ -30,7 +30,7 @@ from common.atomic import atomic_path, atomic_write_json, publish_folder, read_j
 from common.config import Config
 from common.data.cleaning import COLUMNS, clean_asset, real_rows
 from common.data.loading import load_market_data
-from common.data.market import LazyFrames
+from common.data.market_data import LazyFrames
 from common.data.prepare import split_data
 from common.data.universe import asset_info
 from common.errors import UserError

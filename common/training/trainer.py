@@ -44,10 +44,10 @@ from common.training.batches import TokenWindows
 from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_name, unwrap_state_dict
 from common.training.log import Progress, TrainingLog, epoch_summary
 from common.training.lr_schedule import LRSchedule
-from common.training.metrics import TrainingMetrics
 from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
 from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, Agreement, CheckpointRequests
+from common.training.telemetry import TrainingMetrics
 from common.training.validation import EarlyStopping, split_loss
 
 if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up

@@ -1,10 +1,10 @@
-"""common.forecasting.paths on constructed paths whose answers are known by hand."""
+"""common.forecasting.price_paths on constructed paths whose answers are known by hand."""
 
 import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.forecasting.paths import (
+from common.forecasting.price_paths import (
     barrier_outcomes,
     barrier_probabilities,
     barrier_probability_table,
