@@ -843,7 +843,7 @@ def _fixed_tasks_around(run_dir: Path) -> tuple[list[str], list[str]]:
     and those that start at or after it."""
     import pandas as pd
 
-    from common.evaluation.benchmark import choose_tasks, data_cutoff
+    from common.evaluation.benchmark_tasks import choose_tasks, data_cutoff
 
     cutoff = data_cutoff(run_dir)
     tasks = [t for t in choose_tasks(None) if t.interval == INTERVALS[0]]

@@ -16,15 +16,14 @@ from common.cli import main
 from common.data.sample import load_sample
 from common.errors import UserError
 from common.evaluation import benchmark
-from common.evaluation.benchmark import (
+from common.evaluation.benchmark import aggregate_skill, run_benchmark
+from common.evaluation.benchmark_tasks import (
     BENCHMARK_VERSION,
     MIN_HISTORY,
     TASKS,
     TASKS_FINGERPRINT,
-    aggregate_skill,
     choose_tasks,
     data_cutoff,
-    run_benchmark,
     task_series,
     tasks_fingerprint,
 )
@@ -269,7 +268,7 @@ def test_after_cutoff_without_candles_after_it_is_one_line(benched, tmp_path, ca
 
 
 def test_after_cutoff_task_splits_at_the_cutoff():
-    from common.evaluation.benchmark import after_cutoff_task
+    from common.evaluation.benchmark_tasks import after_cutoff_task
 
     cut = pd.Timestamp("2021-01-01", tz="UTC")
     frames = {

@@ -33,14 +33,8 @@ from common.atomic import atomic_write_json, read_json
 from common.commands.scorecard import parse_device  # the scorecard's --device rule
 from common.errors import UserError
 from common.evaluation.asset_series import LazyCandles
-from common.evaluation.benchmark import (
-    after_cutoff_task,
-    check_answerable,
-    choose_tasks,
-    data_cutoff,
-    format_table,
-    run_benchmark,
-)
+from common.evaluation.benchmark import format_table, run_benchmark
+from common.evaluation.benchmark_tasks import after_cutoff_task, check_answerable, choose_tasks, data_cutoff
 from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import history_loader
