@@ -27,12 +27,11 @@ from common.data.crypto import (
     RestrictedLocation,
     check_timeframe,
     ensure_markets,
-    fetch_ohlcv_history,
     inactive_reason,
-    iter_ohlcv_history,
     make_exchange,
     with_quote,
 )
+from common.data.crypto_history import fetch_ohlcv_history, iter_ohlcv_history
 from common.errors import SourceUnavailable, UserError
 
 BINANCE = Path(__file__).parent / "fixtures" / "binance"  # constructed in the shape of real answers
@@ -762,7 +761,7 @@ def test_binance_empty_page_ends_the_history_without_probing():
 
 
 def test_progress_line_names_candles_pages_rate_and_eta():
-    from common.data.crypto import HistoryProgress
+    from common.data.crypto_history import HistoryProgress
 
     p = HistoryProgress("BTC/USDT", "1m", T0, T0 + 100 * DAY, pages=1440, candles=1_440_000, reached_ms=T0 + 25 * DAY)
     line = p.line(72.0)

@@ -2,7 +2,7 @@
 
 Yahoo is the real yfinance code against FakeYahoo (imported from test_yahoo.py, tests/ is on
 sys.path under pytest's default import mode); ccxt candles come from a stand-in for
-crypto.iter_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py), except in the
+crypto_history.iter_ohlcv_history (the ccxt adapter has its own tests in test_crypto.py), except in the
 long-history tests, which run the real adapter on a fake exchange. The CLI test
 blocks the network the way a machine without one does: every `requests` call (yfinance with a
 requests session, ccxt) gets a ConnectionError from an empty `responses` mock; pytest-socket
@@ -26,7 +26,7 @@ import responses
 import common.data.cache as cache_module
 from common.cli import main
 from common.config import Config
-from common.data import crypto
+from common.data import crypto, crypto_history
 from common.data.cache import CandleCache
 from common.data.download import TRAINING_CHECK, download_case
 from common.errors import SourceUnavailable
@@ -40,7 +40,7 @@ NOW = pd.Timestamp("2024-02-05", tz="UTC")
 
 
 class FakeCcxt:
-    """Stands in for crypto.iter_ohlcv_history: daily candles for any [since, until) in one chunk,
+    """Stands in for crypto_history.iter_ohlcv_history: daily candles for any [since, until) in one chunk,
     values fixed by the date, so overlapping fetches agree; "NOPE/USDT" is not listed."""
 
     def __init__(self) -> None:
@@ -91,7 +91,7 @@ def net(monkeypatch):
     monkeypatch.setenv("MARKETGPT_RETRY_DELAY_S", "0")
     monkeypatch.setenv("MARKETGPT_YAHOO_HTTP", "requests")
     fake_ccxt = FakeCcxt()
-    monkeypatch.setattr(crypto, "iter_ohlcv_history", fake_ccxt)
+    monkeypatch.setattr(crypto_history, "iter_ohlcv_history", fake_ccxt)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
         yahoo = FakeYahoo(rsps, {"AAPL": load_chart("aapl_1d.json"), "MSFT": load_chart("msft_1d.json")})
         yahoo.rsps = rsps
@@ -452,7 +452,7 @@ def test_shipped_universes_are_dated():
 
 
 # --------------------------------------------------------------------------- long ccxt histories
-# The real adapter (crypto.iter_ohlcv_history) on a binance whose klines answers come from `Klines`:
+# The real adapter (crypto_history.iter_ohlcv_history) on a binance whose klines answers come from `Klines`:
 # twenty days of 1-minute candles, saved every 5,000, killed or cut off midway, then resumed.
 
 MINUTE_MS = 60_000

@@ -56,6 +56,7 @@ LAZY = {
     ("common.forecasting.infer", "onnxruntime"): "the `infer`/`export` extra",
     ("common.data.download", "ccxt"): "about 2 s to import; only crypto assets need it",
     ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
+    ("common.data.download", "common.data.crypto_history"): "imports ccxt (above)",
     ("common.data.download", "common.data.exchange_universe"): 'imports ccxt (above); only data.universe = "exchange"',
     ("common.data.yahoo", "yfinance"): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
     ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",

@@ -17,7 +17,7 @@ backwards, delete the asset's files (or the cache) and download again. data.star
 asks for each asset's whole history (ccxt: from crypto.HISTORY_START_MS, answered from the
 listing; Yahoo: yahoo.earliest_start, clamped to Yahoo's intraday windows, said in the summary).
 
-Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto.iter_ohlcv_history in
+Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto_history.iter_ohlcv_history in
 chunks of SAVE_EVERY_CANDLES, each appended to the cache as it arrives, so a kill or a network
 drop loses one chunk at most and the rerun resumes after the last saved candle; progress lines
 (candles, pages, how far, rate, ETA) come at each save and every PROGRESS_EVERY_S.
@@ -290,6 +290,7 @@ class _Run:
         import ccxt  # lazy: ccxt takes ~2 s to import, and only ccxt assets need it
 
         import common.data.crypto as crypto  # lazy: imports ccxt
+        import common.data.crypto_history as crypto_history  # lazy: imports ccxt
 
         exchange = crypto.make_exchange(self.cfg.data.exchange)
         crypto.check_timeframe(exchange, self.interval)  # before any request: one line naming its timeframes
@@ -316,7 +317,7 @@ class _Run:
             since_ms = crypto.HISTORY_START_MS if start is None else int(start.timestamp() * 1000)
             market = crypto.with_quote(asset.symbol, quote)
             lines = _HistoryLines(self.progress, f"ccxt {origin}")
-            chunks = crypto.iter_ohlcv_history(
+            chunks = crypto_history.iter_ohlcv_history(
                 exchange,
                 market,
                 self.interval,
@@ -384,7 +385,7 @@ class _HistoryLines:
     def __init__(self, progress: Progress, label: str) -> None:
         self.progress, self.label = progress, label
         self.started = self.shown = time.monotonic()
-        self.last: Any = None  # crypto.HistoryProgress of the latest page
+        self.last: Any = None  # crypto_history.HistoryProgress of the latest page
         self.empty_spans: list[tuple[int, int]] = []
 
     def page(self, state: Any) -> None:

@@ -42,7 +42,7 @@ import pandas as pd
 
 from common.atomic import atomic_write_bytes
 from common.config import Config, ExchangeUniverseConfig
-from common.data import crypto
+from common.data import crypto, crypto_history
 from common.data.universe import HEADER, exchange_universe_file
 from common.errors import UserError
 
@@ -180,7 +180,9 @@ def _average_volumes(
     volumes = {}
     for number, symbol in enumerate(symbols, start=1):
         try:
-            frame = crypto.fetch_ohlcv_history(exchange, symbol, "1d", since_ms, until_ms, now_ms=_ms(now), **retry)
+            frame = crypto_history.fetch_ohlcv_history(
+                exchange, symbol, "1d", since_ms, until_ms, now_ms=_ms(now), **retry
+            )
         except crypto.BadSymbolError:  # listed a moment ago, gone now: no volume
             frame = None
         traded = 0.0 if frame is None or frame.empty else float(np.nansum(frame["close"] * frame["volume"]))
