@@ -58,7 +58,10 @@ LAZY = {
     ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
     ("common.data.download", "common.data.crypto_history"): "imports ccxt (above)",
     ("common.data.download", "common.data.exchange_universe"): 'imports ccxt (above); only data.universe = "exchange"',
-    ("common.data.yahoo", "yfinance"): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
+    (
+        "common.data.yahoo_requests",
+        "yfinance",
+    ): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
     ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
     ("common.evaluation.significance", "arch"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.significance", "scipy"): "seconds to import; only when a scorecard is scored",
@@ -325,7 +328,11 @@ def test_an_unlisted_lazy_import_is_found():
     assert (
         unlisted_lazy_imports(
             modules,
-            {("common.cli", "*"): "", ("common.data.yahoo", "numpy"): "", ("common.data.yahoo", "yfinance"): ""},
+            {
+                ("common.cli", "*"): "",
+                ("common.data.yahoo", "numpy"): "",
+                ("common.data.yahoo", "yfinance"): "",
+            },
         )
         == []
     )

@@ -31,8 +31,8 @@ import requests
 import responses
 import yfinance as yf
 
-from common.data.yahoo import YAHOO_THREADS, YahooResult, download_yahoo, requests_session
-from common.data.yahoo_requests import NO_DATA
+from common.data.yahoo import YAHOO_THREADS, YahooResult, download_yahoo
+from common.data.yahoo_requests import NO_DATA, requests_session
 from common.errors import SourceUnavailable, UserError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "yahoo"

@@ -63,7 +63,8 @@ from common.data.check import check_usable
 from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day
 from common.data.loading import start_bound
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
-from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, earliest_start, requests_session, window_text
+from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, earliest_start, window_text
+from common.data.yahoo_requests import requests_session
 from common.errors import SourceUnavailable, UserError
 
 __all__ = ["PROGRESS_EVERY_S", "SAVE_EVERY_CANDLES", "TRAINING_CHECK", "download_case"]

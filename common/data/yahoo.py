@@ -52,22 +52,25 @@ yfinance is imported inside `download_yahoo`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import random
-import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
-import requests
 
 from common.data.cache import COLUMNS, canonical_frame
-from common.data.yahoo_requests import ChartLog, LogCapture, Problem
+from common.data.yahoo_requests import (
+    ChartLog,
+    LogCapture,
+    Problem,
+    clear_request_cache,
+    import_yfinance,
+    new_session,
+    quiet_yfinance,
+)
 from common.errors import SourceUnavailable, UserError
 
 __all__ = [
@@ -85,7 +88,6 @@ __all__ = [
     "YAHOO_THREADS",
     "YahooResult",
     "download_yahoo",
-    "requests_session",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,89 +120,6 @@ class YahooResult:
     failed: dict[str, str] = field(default_factory=dict)  # symbol -> reason (no data from Yahoo)
     unreachable: dict[str, str] = field(default_factory=dict)  # symbol -> reason (rate limit, network)
     clamped_start: pd.Timestamp | None = None  # set when the start was moved to Yahoo's intraday limit
-
-
-# --------------------------------------------------------------------------- yfinance
-
-
-def _import_yfinance(session: Any) -> Any:
-    if session is not None and "yfinance" not in sys.modules:
-        if isinstance(session, requests.Session):
-            # See the module docstring: keep every yfinance request on `requests`. yfinance reads
-            # this once, at import; setdefault leaves an explicit choice of the user alone.
-            os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
-    import yfinance  # lazy: it reads YF_DISABLE_CURL_CFFI once, at import (set just above)
-
-    return yfinance
-
-
-def requests_session() -> Any:
-    """A requests.Session with the browser headers of yfinance's own fallback client.
-
-    For machines where curl_cffi can't be used; Yahoo may still rate-limit it sooner than the
-    default client. Sets YF_DISABLE_CURL_CFFI=1 if yfinance is not imported yet, so that every
-    request of this process goes through requests."""
-    if "yfinance" not in sys.modules:
-        os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
-    try:
-        from yfinance import _http  # lazy: after YF_DISABLE_CURL_CFFI (see _import_yfinance)
-    except ImportError:  # a yfinance without the module: the same headers, written here
-        _http = None
-    if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
-        return _http.new_session()  # yfinance's fallback: requests with its browser headers
-    session = requests.Session()  # yfinance was imported with curl_cffi: copy the same headers
-    session.headers.update(
-        {
-            "User-Agent": getattr(
-                _http,
-                "_FALLBACK_USER_AGENT",
-                "Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
-                "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
-            ),
-            "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-            "Accept-Language": "en-US,en;q=0.5",
-        }
-    )
-    return session
-
-
-def _new_session() -> Any:
-    """yfinance's own default session (curl_cffi when available), so we can watch it."""
-    try:
-        from yfinance._http import new_session  # lazy: see _import_yfinance
-    except ImportError:  # older yfinance: plain requests works with it too
-        return requests.Session()
-    return new_session()
-
-
-@contextlib.contextmanager
-def _quiet_yfinance(capture: LogCapture) -> Iterator[None]:
-    # yfinance logs every failed ticker at ERROR and its pandas calls raise deprecation warnings;
-    # this adapter reports failures itself, with reasons taken from those records, so they go to
-    # `capture` instead of the console.
-    logger = logging.getLogger("yfinance")
-    level, propagate = logger.level, logger.propagate
-    logger.setLevel(logging.WARNING)
-    logger.propagate = False
-    logger.addHandler(capture)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            yield
-    finally:
-        logger.removeHandler(capture)
-        logger.setLevel(level)
-        logger.propagate = propagate
-
-
-def _clear_request_cache(yf: Any) -> None:
-    # yfinance memoises chart answers for past date ranges in memory (YfData.cache_get); a retry
-    # served from there would just repeat the empty answer it is meant to replace.
-    with contextlib.suppress(Exception):
-        from yfinance.data import YfData  # lazy: see _import_yfinance; a private module, may change
-
-        YfData.cache_get.cache_clear()
 
 
 # --------------------------------------------------------------------------- public API
@@ -292,8 +211,8 @@ def download_yahoo(
     unique = list(dict.fromkeys(symbols))  # yfinance would drop duplicates silently
     if not unique:
         return result
-    yf = _import_yfinance(session)
-    session = session if session is not None else _new_session()
+    yf = import_yfinance(session)
+    session = session if session is not None else new_session()
     batches = [unique[i : i + batch_size] for i in range(0, len(unique), batch_size)]
     for number, batch in enumerate(batches, start=1):
         if number > 1 and pause_s > 0:
@@ -441,8 +360,8 @@ def _call_once(
     threads: int,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Problem]]:
     chart_log, logged = ChartLog(), LogCapture()
-    _clear_request_cache(yf)
-    with chart_log.watching(session), _quiet_yfinance(logged):
+    clear_request_cache(yf)
+    with chart_log.watching(session), quiet_yfinance(logged):
         data = yf.download(
             symbols,
             start=_yf_time(start, interval),

@@ -1,4 +1,5 @@
-"""How each Yahoo chart request ended, and what yfinance logged about each ticker.
+"""The yfinance client common.data.yahoo hands its requests to, how each Yahoo chart request
+ended, and what yfinance logged about each ticker.
 
 yf.download keeps its reasons to itself, so common.data.yahoo watches the HTTP session it hands
 to yfinance (`ChartLog`: how each /v8/finance/chart/<TICKER> request ended) and captures
@@ -11,12 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["NO_DATA", "ChartLog", "LogCapture", "Problem"]
+import requests
+
+__all__ = [
+    "NO_DATA",
+    "ChartLog",
+    "LogCapture",
+    "Problem",
+    "clear_request_cache",
+    "import_yfinance",
+    "new_session",
+    "quiet_yfinance",
+    "requests_session",
+]
 
 NO_DATA = "no data: delisted or renamed?"
 
@@ -148,3 +164,86 @@ class LogCapture(logging.Handler):
 def _short(e: BaseException, n: int = 160) -> str:
     text = " ".join(str(e).split())  # one line: the CLI prints errors on one line
     return text if len(text) <= n else text[:n] + "..."
+
+
+# --------------------------------------------------------------------------- the yfinance client
+
+
+def import_yfinance(session: Any) -> Any:
+    if session is not None and "yfinance" not in sys.modules:
+        if isinstance(session, requests.Session):
+            # See the module docstring: keep every yfinance request on `requests`. yfinance reads
+            # this once, at import; setdefault leaves an explicit choice of the user alone.
+            os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
+    import yfinance  # lazy: it reads YF_DISABLE_CURL_CFFI once, at import (set just above)
+
+    return yfinance
+
+
+def requests_session() -> Any:
+    """A requests.Session with the browser headers of yfinance's own fallback client.
+
+    For machines where curl_cffi can't be used; Yahoo may still rate-limit it sooner than the
+    default client. Sets YF_DISABLE_CURL_CFFI=1 if yfinance is not imported yet, so that every
+    request of this process goes through requests."""
+    if "yfinance" not in sys.modules:
+        os.environ.setdefault("YF_DISABLE_CURL_CFFI", "1")
+    try:
+        from yfinance import _http  # lazy: after YF_DISABLE_CURL_CFFI (see import_yfinance)
+    except ImportError:  # a yfinance without the module: the same headers, written here
+        _http = None
+    if _http is not None and not getattr(_http, "HAS_CURL_CFFI", True):
+        return _http.new_session()  # yfinance's fallback: requests with its browser headers
+    session = requests.Session()  # yfinance was imported with curl_cffi: copy the same headers
+    session.headers.update(
+        {
+            "User-Agent": getattr(
+                _http,
+                "_FALLBACK_USER_AGENT",
+                "Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
+                "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+            ),
+            "Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            "Accept-Language": "en-US,en;q=0.5",
+        }
+    )
+    return session
+
+
+def new_session() -> Any:
+    """yfinance's own default session (curl_cffi when available), so we can watch it."""
+    try:
+        from yfinance._http import new_session as yf_new_session  # lazy: see import_yfinance
+    except ImportError:  # older yfinance: plain requests works with it too
+        return requests.Session()
+    return yf_new_session()
+
+
+@contextlib.contextmanager
+def quiet_yfinance(capture: LogCapture) -> Iterator[None]:
+    # yfinance logs every failed ticker at ERROR and its pandas calls raise deprecation warnings;
+    # this adapter reports failures itself, with reasons taken from those records, so they go to
+    # `capture` instead of the console.
+    logger = logging.getLogger("yfinance")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logger.addHandler(capture)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def clear_request_cache(yf: Any) -> None:
+    # yfinance memoises chart answers for past date ranges in memory (YfData.cache_get); a retry
+    # served from there would just repeat the empty answer it is meant to replace.
+    with contextlib.suppress(Exception):
+        from yfinance.data import YfData  # lazy: see import_yfinance; a private module, may change
+
+        YfData.cache_get.cache_clear()
