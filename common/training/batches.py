@@ -285,6 +285,40 @@ def _split_runs(
     return last - (count - 1) * stride, count
 
 
+def _asset_runs(
+    symbol: str, n: int, mine: Mapping[str, Sequence[int]], context_length: int, strides: Mapping[str, int]
+) -> Iterator[tuple[str, tuple[int, int, int]]]:
+    """(split, (first window start, windows, first target)) of one asset of n tokens, for each of
+    its splits that holds a window; `mine` its ranges."""
+    previous_end = 0  # where the split before this one ends: no window reads a token before it
+    for split in SPLITS:
+        if split not in mine:
+            continue
+        begin, end = (int(v) for v in mine[split])
+        if not 0 <= begin <= end <= n:
+            raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {n} tokens")
+        start, count = _split_runs(split, begin, end, previous_end, context_length, strides[split])
+        previous_end = end
+        if count:
+            yield split, (start, count, begin)
+
+
+def _split_windows(
+    split: str, runs: Sequence[tuple[int, ...]], stride: int, device: torch.device | str, with_intervals: bool
+) -> SplitWindows:
+    """One split's SplitWindows from its runs (first, count, asset, category, interval, first target)."""
+    first, counts, a, c, k, b = (torch.tensor([r[i] for r in runs], dtype=torch.int64) for i in range(6))
+    return SplitWindows(
+        first.to(device),
+        counts,
+        stride,
+        a.to(device),
+        c.to(device),
+        k.to(device) if with_intervals else None,
+        None if split == "train" else b.to(device),  # val and test mask their targets before the split
+    )
+
+
 def build_windows(
     tokens: Mapping[str, np.ndarray],
     ranges: Mapping[str, Mapping[str, Sequence[int]]],
@@ -312,7 +346,6 @@ def build_windows(
     interval_ids: symbol -> interval id, for a run of several intervals (every window is one
     series, so one interval); None: the batches carry none.
     """
-    length = context_length + 1
     parts, feature_parts, offset = [], [], 0
     # (first, count, asset, category, interval, first target)
     runs: dict[str, list[tuple[int, ...]]] = {s: [] for s in SPLITS}
@@ -320,27 +353,11 @@ def build_windows(
         toks = np.asarray(toks)
         if toks.ndim != 1:
             raise ValueError(f"{symbol}: token array must be 1-D, got shape {toks.shape}")
-        mine = ranges.get(symbol, {})
-        previous_end = 0  # where the split before this one ends: no window reads a token before it
-        for split in SPLITS:
-            if split not in mine:
-                continue
-            begin, end = (int(v) for v in mine[split])
-            if not 0 <= begin <= end <= len(toks):
-                raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {len(toks)} tokens")
-            start, count = _split_runs(split, begin, end, previous_end, context_length, strides[split])
-            previous_end = end
-            if count:
-                runs[split].append(
-                    (
-                        offset + start,
-                        count,
-                        asset_ids[symbol],
-                        category_ids[symbol],
-                        interval_ids[symbol] if interval_ids is not None else 0,
-                        offset + begin,
-                    )
-                )
+        ids = (asset_ids[symbol], category_ids[symbol], interval_ids[symbol] if interval_ids is not None else 0)
+        for split, (start, count, begin) in _asset_runs(
+            symbol, len(toks), ranges.get(symbol, {}), context_length, strides
+        ):
+            runs[split].append((offset + start, count, *ids, offset + begin))
         if features is not None and len(features[symbol]) != len(toks):
             raise ValueError(f"{symbol}: {len(features[symbol])} feature rows for {len(toks)} tokens")
         if flat is None:
@@ -350,22 +367,12 @@ def build_windows(
         offset += len(toks)
     if not tokens:
         raise UserError("no assets to train on: every asset was dropped while preparing the data")
-
-    splits = {}
-    for split in SPLITS:
-        first, counts, a, c, k, b = (torch.tensor([r[i] for r in runs[split]], dtype=torch.int64) for i in range(6))
-        splits[split] = SplitWindows(
-            first.to(device),
-            counts,
-            strides[split],
-            a.to(device),
-            c.to(device),
-            k.to(device) if interval_ids is not None else None,
-            None if split == "train" else b.to(device),
-        )
+    splits = {
+        split: _split_windows(split, runs[split], strides[split], device, interval_ids is not None) for split in SPLITS
+    }
     for split in SPLITS:  # fail now rather than after days of training
         if len(splits[split]) == 0:
-            need = f"{length} tokens" if split == "train" else "a token after its purge gap"
+            need = f"{context_length + 1} tokens" if split == "train" else "a token after its purge gap"
             raise UserError(
                 f"no {split} windows: no asset's {split} range holds {need}; "
                 f"lower model.context_length or use longer histories"
