@@ -122,6 +122,15 @@ def check_training(t: TrainingConfig, m: ModelConfig, need: Need) -> None:
 
 
 def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
+    _check_splits(d, m, need)
+    _check_intervals(d, need)
+    _check_windows_and_dates(d, need)
+    _check_sources(d, need)
+    _check_synthetic(d, need)
+    _check_exchange_universe(d, need)
+
+
+def _check_splits(d: DataConfig, m: ModelConfig, need: Need) -> None:
     for key in ("train_ratio", "val_ratio", "test_ratio"):
         v = getattr(d, key)
         need(0.0 < v < 1.0, f"data.{key}", f"must be between 0 and 1, got {v}")
@@ -135,6 +144,9 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
         f"({d.purge_gap}) must be at least model.context_length ({m.context_length}) so no training "
         "window overlaps a val or test window",
     )
+
+
+def _check_intervals(d: DataConfig, need: Need) -> None:
     if d.intervals:
         need(
             len(d.intervals) >= 2 and len(set(d.intervals)) == len(d.intervals),
@@ -159,6 +171,9 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
         "data.interval_split",
         "is read only with data.intervals (several intervals in one model): remove it",
     )
+
+
+def _check_windows_and_dates(d: DataConfig, need: Need) -> None:
     need(d.window_stride > 0, "data.window_stride", f"must be positive, got {d.window_stride}")
     need(d.epoch_stride > 0, "data.epoch_stride", f"must be positive, got {d.epoch_stride}")
     need(
@@ -173,6 +188,9 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
         "data.end_date",
         "must come after data.start_date",
     )
+
+
+def _check_sources(d: DataConfig, need: Need) -> None:
     need(bool(d.universe), "data.universe", "must name the universe file")
     need(
         d.source != "files" or bool(d.files_dir),
@@ -201,8 +219,6 @@ def check_data(d: DataConfig, m: ModelConfig, need: Need) -> None:
             "data.categories",
             f"names unknown category {cat!r}; expected some of {', '.join(CATEGORIES)}",
         )
-    _check_synthetic(d, need)
-    _check_exchange_universe(d, need)
 
 
 def _is_code(text: str) -> bool:
