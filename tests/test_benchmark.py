@@ -16,7 +16,7 @@ from common.cli import main
 from common.data.sample import load_sample
 from common.errors import UserError
 from common.evaluation import benchmark
-from common.evaluation.benchmark import aggregate_skill, run_benchmark
+from common.evaluation.benchmark import Draws, ModelView, aggregate_skill, run_benchmark
 from common.evaluation.benchmark_tasks import (
     BENCHMARK_VERSION,
     MIN_HISTORY,
@@ -186,7 +186,9 @@ def test_an_hf_export_is_benchmarked_like_its_run(benched, tmp_path, capsys):
 
 
 def test_assets_with_less_history_than_the_model_needs_are_left_out():
-    (row,) = run_benchmark(RandomWalkEWMA(0.94), choose_tasks(["btc-2021"]), min_history=10_000, n_samples=4)["tasks"]
+    (row,) = run_benchmark(RandomWalkEWMA(0.94), choose_tasks(["btc-2021"]), ModelView(min_history=10_000), Draws(4))[
+        "tasks"
+    ]
     assert row["status"] == "skipped" and row["assets_short"] == ["BTC-USD"]
     assert "fewer than the model's 10000 candles before 2021-01-04" in row["reason"]
 
@@ -293,13 +295,15 @@ def test_crypto_pairs_answer_for_the_samples_series_of_their_base():
         return rw(histories, horizon, n_samples, seed)
 
     tasks = choose_tasks(["btc-2021"])
-    pairs = run_benchmark(fn, tasks, symbols={"BTC/EUR", "BTC/USDT", "ETH/USDT"}, interval="1d", n_samples=4, n_boot=50)
+    pairs = run_benchmark(
+        fn, tasks, ModelView(frozenset({"BTC/EUR", "BTC/USDT", "ETH/USDT"}), "1d"), Draws(4, n_boot=50)
+    )
     (row,) = pairs["tasks"]
     assert row["status"] == "scored" and row["assets_scored"] == ["BTC/USDT"] and set(seen) == {"BTC/USDT"}
     assert pairs["symbol_map"] == {"BTC-USD": "BTC/USDT"}  # USDT before EUR
     lines = benchmark.format_table(pairs).splitlines()
     assert [x for x in lines if "BTC-USD -> BTC/USDT" in x] == [lines[1]]
-    (same,) = run_benchmark(rw, tasks, symbols={"BTC-USD"}, interval="1d", n_samples=4, n_boot=50)["tasks"]
+    (same,) = run_benchmark(rw, tasks, ModelView(frozenset({"BTC-USD"}), "1d"), Draws(4, n_boot=50))["tasks"]
     assert row["horizons"] == same["horizons"]  # the sample's own series, under the pair's name
 
 

@@ -33,7 +33,7 @@ from common.atomic import atomic_write_json, read_json
 from common.commands.scorecard import parse_device  # the scorecard's --device rule
 from common.errors import UserError
 from common.evaluation.asset_series import LazyCandles
-from common.evaluation.benchmark import format_table, run_benchmark
+from common.evaluation.benchmark import Draws, ModelView, format_table, run_benchmark
 from common.evaluation.benchmark_tasks import after_cutoff_task, check_answerable, choose_tasks, data_cutoff
 from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
@@ -149,15 +149,10 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     result = run_benchmark(
         forecaster_fn(forecaster),
         tasks,
-        symbols=set(forecaster.symbols),
-        interval=forecaster.interval,
-        cutoff=cutoff,
-        min_history=forecaster.min_history(),
-        n_samples=req.samples,
-        seed=req.seed,
+        ModelView(frozenset(forecaster.symbols), forecaster.interval, cutoff, forecaster.min_history()),
+        Draws(req.samples, req.seed, budget=req.budget or AFTER_CUTOFF_BUDGET),
         progress=say,
         series=own,
-        budget=req.budget or AFTER_CUTOFF_BUDGET,
     )
     if result["aggregate"]["value"] is None:  # e.g. every asset's history shorter than the model's context
         raise UserError(

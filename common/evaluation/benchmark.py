@@ -20,7 +20,7 @@ after-cut-off task: common.evaluation.benchmark_tasks.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -41,7 +41,28 @@ from common.evaluation.metrics import block_bootstrap_indices, block_length, ver
 from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
 
-__all__ = ["aggregate_skill", "format_table", "run_benchmark"]
+__all__ = ["Draws", "ModelView", "aggregate_skill", "format_table", "run_benchmark"]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """What the benchmark knows of the model it scores."""
+
+    symbols: Optional[frozenset[str]] = None  # the assets it can forecast; None: any
+    interval: Optional[str] = None  # its candle length; tasks of another are skipped; None: any
+    cutoff: Optional[pd.Timestamp] = None  # its data cut-off (data_cutoff); None: unknown, leakage null
+    min_history: int = 0  # candles a history needs: a task's assets with fewer are left out (assets_short)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """How each task is scored: samples per forecast, the seed, bootstrap draws, and a budget of
+    (asset, origin) forecasts for a task set of the model's own candles (a run's 600 assets over years)."""
+
+    n_samples: int = 100
+    seed: int = 0
+    n_boot: int = 1000
+    budget: Optional[int] = None
 
 
 def _best_baseline(hc: dict) -> str:
@@ -51,21 +72,15 @@ def _best_baseline(hc: dict) -> str:
 def _score_task(
     task: Task,
     forecast_fn: ForecastFn,
-    symbols: Optional[set],
-    interval: Optional[str],
-    cutoff: Optional[pd.Timestamp],
-    min_history: int,
-    n_samples: int,
-    seed: int,
-    n_boot: int,
+    model: ModelView,
+    draws: Draws,
     say: Callable[[str], None],
-    series_of: Callable[[Task], list[AssetSeries]],
-    aliases: Mapping[str, str],
+    series: list[AssetSeries],
     budget: Optional[int] = None,
 ) -> tuple[dict, Optional[dict]]:
     """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate.
-    aliases: sample symbol -> the model's name for it (sample_aliases); its series go by that name.
-    budget: at most this many (asset, origin) forecasts (make_scorecard's)."""
+    series: the task's series, under the model's names (sample_aliases). budget: at most this many
+    (asset, origin) forecasts (make_scorecard's)."""
     row: dict = {
         "task": task.name,
         "interval": task.interval,
@@ -74,19 +89,18 @@ def _score_task(
         "assets": list(task.assets),
         "status": "scored",
         "reason": None,
-        "leakage": None if cutoff is None else bool(cutoff > pd.Timestamp(task.start, tz="UTC")),
+        "leakage": None if model.cutoff is None else bool(model.cutoff > pd.Timestamp(task.start, tz="UTC")),
         "horizons": {},
     }
-    if interval is not None and interval != task.interval:
-        return {**row, "status": "skipped", "reason": f"the model forecasts {interval} candles"}, None
-    series = [replace(s, symbol=aliases.get(s.symbol, s.symbol)) for s in series_of(task)]
-    series = [s for s in series if symbols is None or s.symbol in symbols]
-    short = [s.symbol for s in series if len(s.train) < min_history]  # a context longer than the history
+    if model.interval is not None and model.interval != task.interval:
+        return {**row, "status": "skipped", "reason": f"the model forecasts {model.interval} candles"}, None
+    series = [s for s in series if model.symbols is None or s.symbol in model.symbols]
+    short = [s.symbol for s in series if len(s.train) < model.min_history]  # a context longer than the history
     series = [s for s in series if s.symbol not in short]
     row["assets_scored"], row["assets_short"] = [s.symbol for s in series], short
     if not series:
         why = (
-            f"{', '.join(short)}: fewer than the model's {min_history} candles before {task.start}"
+            f"{', '.join(short)}: fewer than the model's {model.min_history} candles before {task.start}"
             if short
             else "none of the task's assets is in the model's universe"
         )
@@ -98,22 +112,31 @@ def _score_task(
         interval=task.interval,
         horizons=task.horizons,
         stride=task.stride,
-        n_samples=n_samples,
-        seed=seed,
-        n_boot=n_boot,
+        n_samples=draws.n_samples,
+        seed=draws.seed,
+        n_boot=draws.n_boot,
         keep=keep,
         budget=budget,
         progress=lambda msg: say(f"[{task.name}] {msg}"),
     )
     if budget is not None:
         row["origins"] = card["origins"]  # the budget, and how the forecasts were drawn
+    rows, part = _horizon_rows(task, card, keep)
+    row["horizons"] = rows
+    return row, part
+
+
+def _horizon_rows(task: Task, card: dict, keep: dict) -> tuple[dict, dict]:
+    """Per horizon: the task's row entries (CRPS, the best baseline, its skill, DM, MCS, coverage),
+    and the per-date CRPS sums (model, best baseline) with the bootstrap block for the aggregate."""
+    rows: dict = {}
     o, grid = keep["origins"], np.unique(keep["origins"].dates)
     sums = {}
     for h in task.horizons:
         hc = card["horizons"][str(h)]
         best = _best_baseline(hc)
         dm = hc["dm"]["crps"][best]
-        row["horizons"][str(h)] = {
+        rows[str(h)] = {
             "n": hc["n"],
             "n_dates": hc["n_dates"],
             "crps": hc["crps"],
@@ -128,7 +151,7 @@ def _score_task(
         sums[h] = tuple(
             np.bincount(at, weights=keep["stats"][h][name]["crps"], minlength=len(grid)) for name in ("model", best)
         )
-    return row, {"sums": sums, "block": block_length(len(grid), max(task.horizons), keep["stride"])}
+    return rows, {"sums": sums, "block": block_length(len(grid), max(task.horizons), keep["stride"])}
 
 
 def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
@@ -170,55 +193,33 @@ def aggregate_skill(parts: Sequence[dict], n_boot: int = 1000, seed: int = 0) ->
 def run_benchmark(
     forecast_fn: ForecastFn,
     tasks: Sequence[Task],
+    model: ModelView = ModelView(),
+    draws: Draws = Draws(),
     *,
-    symbols: Optional[set] = None,
-    interval: Optional[str] = None,
-    cutoff: Optional[pd.Timestamp] = None,
-    min_history: int = 0,
-    n_samples: int = 100,
-    seed: int = 0,
-    n_boot: int = 1000,
     progress: Optional[Callable[[str], None]] = None,
     series: Optional[Mapping[str, Sequence[AssetSeries]]] = None,
-    budget: Optional[int] = None,
 ) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
-    symbols: the assets the model can forecast (None: any); interval: its candle length (None:
-    any), tasks of another interval are skipped; cutoff: its data cut-off (data_cutoff), None
-    when unknown (leakage then null); min_history: the candles a history needs (a task's assets
-    with fewer before `start` are left out, named in assets_short). series: task name -> its
-    series for tasks not on the sample (after_cutoff_task's); such a result is marked
-    "task_set": "after-cutoff", "comparable": false. The sample's crypto series go by the
-    model's pair of the same base (sample_aliases; "symbol_map"). budget: at most this many
-    (asset, origin) forecasts in each task of `series` (a run's 600 assets over years); the fixed
-    tasks are scored whole, so their results compare."""
+    model: what the benchmark knows of the model (ModelView); draws: samples, seeds and the
+    budget (Draws). series: task name -> its series for tasks not on the sample
+    (after_cutoff_task's); such a result is marked "task_set": "after-cutoff", "comparable":
+    false, and only its tasks are held to draws.budget (the fixed tasks are scored whole, so their
+    results compare). The sample's crypto series go by the model's pair of the same base
+    (sample_aliases; "symbol_map")."""
     say = progress or (lambda _msg: None)
     own = dict(series or {})
     series_of = lambda task: list(own[task.name]) if task.name in own else task_series(task)  # noqa: E731
-    aliases = sample_aliases([t for t in tasks if t.name not in own], symbols)
+    aliases = sample_aliases([t for t in tasks if t.name not in own], model.symbols)
     rows, parts = [], []
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
-        row, part = _score_task(
-            task,
-            forecast_fn,
-            symbols,
-            interval,
-            cutoff,
-            min_history,
-            n_samples,
-            seed,
-            n_boot,
-            say,
-            series_of,
-            aliases,
-            budget if task.name in own else None,
-        )
+        mine = [replace(s, symbol=aliases.get(s.symbol, s.symbol)) for s in series_of(task)]
+        row, part = _score_task(task, forecast_fn, model, draws, say, mine, draws.budget if task.name in own else None)
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)
-    agg = aggregate_skill(parts, n_boot, seed)
+    agg = aggregate_skill(parts, draws.n_boot, draws.seed)
     agg.update(
         tasks=[r["task"] for r in rows if r["status"] == "scored" and r["leakage"] is not True],
         against="the best baseline (lowest CRPS) of each task and horizon",
@@ -236,9 +237,9 @@ def run_benchmark(
         "comparable": fixed,
         "tasks_fingerprint": tasks_fingerprint(TASKS if fixed else tasks),
         "symbol_map": aliases,
-        "samples": n_samples,
-        "seed": seed,
-        "data_cutoff": None if cutoff is None else cutoff.isoformat(),
+        "samples": draws.n_samples,
+        "seed": draws.seed,
+        "data_cutoff": None if model.cutoff is None else model.cutoff.isoformat(),
         "tasks": rows,
         "aggregate": agg,
         "task_definitions": [asdict(t) for t in tasks],

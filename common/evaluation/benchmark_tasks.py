@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import AbstractSet, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -176,7 +176,7 @@ def _quote_rank(pair: str) -> tuple[int, str]:
     return (QUOTE_ORDER.index(quote) if quote in QUOTE_ORDER else len(QUOTE_ORDER), pair)
 
 
-def sample_aliases(tasks: Sequence[Task], symbols: Optional[set]) -> dict[str, str]:
+def sample_aliases(tasks: Sequence[Task], symbols: Optional[AbstractSet[str]]) -> dict[str, str]:
     """{sample symbol: model symbol} for the tasks' crypto series the model knows by another name:
     Yahoo's BTC-USD is the model's ccxt pair of base BTC (_quote_rank's first when it has several).
     Symbols the model has as they are need no alias."""
@@ -197,7 +197,7 @@ def sample_aliases(tasks: Sequence[Task], symbols: Optional[set]) -> dict[str, s
     return out
 
 
-def known_assets(task: Task, symbols: Optional[set], aliases: Mapping[str, str]) -> list[str]:
+def known_assets(task: Task, symbols: Optional[AbstractSet[str]], aliases: Mapping[str, str]) -> list[str]:
     """The task's assets the model can forecast, under the sample's names."""
     return [a for a in task.assets if symbols is None or a in symbols or a in aliases]
 
@@ -205,7 +205,7 @@ def known_assets(task: Task, symbols: Optional[set], aliases: Mapping[str, str])
 def check_answerable(
     tasks: Sequence[Task],
     *,
-    symbols: Optional[set],
+    symbols: Optional[AbstractSet[str]],
     interval: Optional[str],
     cutoff: Optional[pd.Timestamp],
     chosen: bool = False,
