@@ -90,18 +90,8 @@ LAZY = {
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
     ("common.forecasting.core", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
-    # keeping pandas, scipy and the data layer out of the training start-up (and of a resume)
-    (
-        "common.commands.train",
-        "common.tokens.shards",
-    ): "a new run reads candles (pandas); a resumed one its token folder",
-    (
-        "common.commands.train",
-        "common.tokens.corpus",
-    ): "a new run reads candles (pandas); a resumed one its token folder",
-    ("common.commands.train", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
-    ("common.training.run_folder", "common.tokens.tokenizer"): "pandas: kept out of the training start-up",
-    ("common.evaluation.evaluate", "common.model.gpt"): "pandas (common.tokens.features): out of the training start-up",
+    # keeping scipy and scoringrules out of the training start-up (and of a resume): pandas is
+    # in it anyway (the run's tokenizer, the plan the log starts with)
     (
         "common.commands.scorecard",
         "common.evaluation.scorecard",

@@ -61,6 +61,9 @@ from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.model.scaling_fit import FIT_FILE, best_shape, load_fit
 from common.paths import case_dir_of_config
+from common.tokens.corpus import prepare_in_memory
+from common.tokens.shards import prepare_shards
+from common.tokens.tokenizer import OHLCTokenizer
 from common.training.batches import TokenWindows, build_windows
 from common.training.checkpoint import load_checkpoint
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
@@ -201,8 +204,6 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
 def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple[TokenSet, dict, dict]:
     """The corpus of a new run: the config's token shard (prepared now, or reused), or with
     data.shards = false prepared in memory for this run alone."""
-    from common.tokens.corpus import prepare_in_memory
-    from common.tokens.shards import prepare_shards
 
     parent = None
     if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
@@ -258,7 +259,6 @@ def _open_run(
     run_dir: Path, config: Optional[Path], case_cfg: Optional[Config], overrides: Sequence[str]
 ) -> tuple[Config, TokenSet, dict]:
     """The run's own config (plus harmless --set overrides), token set, tokenizer and asset ids."""
-    from common.tokens.tokenizer import OHLCTokenizer
 
     config_json = run_dir / "config.json"
     if not config_json.is_file():

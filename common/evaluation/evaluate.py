@@ -76,6 +76,7 @@ from common.evaluation.token_scoring import (
     split_windows,
 )
 from common.markets import CATEGORIES
+from common.model.gpt import MarketGPT
 from common.special_tokens import PAD_TOKEN
 from common.training.checkpoint import load_checkpoint
 from common.training.run_folder import TokenSet, open_run
@@ -307,7 +308,6 @@ def evaluate_best(
     the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
     status: the training status the report shows, when the log does not say it yet;
     extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
-    from common.model.gpt import MarketGPT  # pandas (common.tokens.features): kept out of the training start-up
 
     ai, tokenizer = info["asset_info"], info["tokenizer"]
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)

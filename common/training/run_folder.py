@@ -34,6 +34,7 @@ from common.config import Config, config_to_dict, load_config
 from common.distributed import slurm
 from common.errors import UserError
 from common.tokens.token_set import TokenSet, token_path
+from common.tokens.tokenizer import OHLCTokenizer
 from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
 
 __all__ = [
@@ -291,7 +292,6 @@ def open_run(run_dir: str | os.PathLike, need_tokens: bool) -> OpenRun:
     """Check that `run_dir` is a run folder with a best model and read its files, or raise a
     UserError that says which file is missing or damaged. need_tokens: also the token set
     (the test split), for evaluation."""
-    from common.tokens.tokenizer import OHLCTokenizer  # pandas: kept out of the training start-up
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
