@@ -33,6 +33,7 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
 from common.evaluation.calibration import calibration_card
+from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import format_verdict, skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
@@ -51,6 +52,7 @@ __all__ = [
     "barrier_card",
     "barrier_lines",
     "forecaster_fn",
+    "headline_lines",
     "make_scorecard",
     "mcs_lines",
     "run_scorecard",
@@ -61,7 +63,13 @@ __all__ = [
 DEFAULT_HORIZONS = (1, 5, 20)
 SCORECARD_JSON = "scorecard.json"
 SCORECARD_PNG = "scorecard.png"
-BASELINE_NAMES = {"rw_ewma": "RW-EWMA", "bootstrap": "bootstrap", "garch": "GARCH"}
+BASELINE_NAMES = {
+    "rw_ewma": "RW-EWMA",
+    "bootstrap": "bootstrap",
+    "garch": "GARCH",
+    "har": "HAR-range",
+    "log_har": "log-HAR-range",
+}
 
 
 def forecaster_fn(forecaster, **options) -> ForecastFn:
@@ -133,6 +141,9 @@ def make_scorecard(
     garch = baselines.get("garch")
     if isinstance(garch, GarchT):
         card["garch_fallback"] = list(garch.fallback)
+    har = baselines.get("har")
+    if isinstance(har, HarRange):
+        card["har_fallback"] = list(har.fallback)
     o = all_origins(series, origins, horizons)
     if len(o.index) == 0:
         raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
@@ -282,20 +293,41 @@ def _add_summary(card: dict, shortest: int) -> None:
     card["calibration"] = {"horizon": shortest, "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
     card["significance"] = _adjust_tests(card)
     # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
-    best = min(first["skill"]["crps"], key=lambda name: first["crps"][name], default=None)
-    card["headline"] = None
-    if best:
-        dm = first["dm"]["crps"][best]  # the verdict of the family-wise rule, as in the verdict lines
-        card["headline"] = {
-            "horizon": shortest,
-            "baseline": best,
-            **first["skill"]["crps"][best],
-            "verdict": dm["verdict"],
-            "p_value": dm["p_value"],
-            "p_holm": dm["p_holm"],
-        }
+    for hc in card["horizons"].values():
+        hc["best_baseline"] = _best_baseline(hc)
+    card["headline"] = None if first["best_baseline"] is None else {"horizon": shortest, **first["best_baseline"]}
+    card["headlines"] = {h: hc["best_baseline"] for h, hc in card["horizons"].items()}
+    card["headline_lines"] = headline_lines(card)
     card["verdicts"] = verdict_lines(card)
     card["mcs_lines"] = mcs_lines(card)
+
+
+def _best_baseline(hc: dict) -> Optional[dict]:
+    """The baseline with the lowest CRPS at one horizon and the model's skill against it, with the
+    family-wise verdict of its DM test (as in the verdict lines)."""
+    best = min(hc["skill"]["crps"], key=lambda name: hc["crps"][name], default=None)
+    if best is None:
+        return None
+    dm = hc["dm"]["crps"][best]
+    return {
+        "baseline": best,
+        **hc["skill"]["crps"][best],
+        "verdict": dm["verdict"],
+        "p_value": dm["p_value"],
+        "p_holm": dm["p_holm"],
+    }
+
+
+def headline_lines(card: dict) -> list[str]:
+    """Per horizon, the model against its best baseline (lowest CRPS):
+    `Best baseline at H=5: log-HAR-range; CRPS skill -1.2% [-3.0, 0.5], Holm 0.410 (no edge)`."""
+    lines = []
+    for h, best in card.get("headlines", {}).items():
+        if best is not None:
+            verdict = format_verdict(int(h), "CRPS", "", best, detail=f", Holm {_p(best['p_holm'])}")
+            name = BASELINE_NAMES.get(best["baseline"], best["baseline"])
+            lines.append(f"Best baseline at H={h}: {name}; CRPS skill{verdict.split('skill vs ', 1)[1]}")
+    return lines
 
 
 def _adjust_tests(card: dict) -> dict:
