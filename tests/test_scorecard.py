@@ -184,6 +184,13 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", *baselines}
     assert mcs["included"] == [k for k, p in mcs["pvalues"].items() if p > 0.1] and mcs["included"]
     assert [line.split(":")[0] for line in loaded["mcs_lines"]] == ["MCS 90% at H=1", "MCS 90% at H=5"]
+    for h in ("1", "5"):  # coverage at 95% beside 50/80/90, a PIT uniformity test per forecaster
+        hc = loaded["horizons"][h]
+        assert set(hc["coverage"]["model"]) == {"50", "80", "90", "95"}
+        assert set(hc["pit_test"]) == {"model", *baselines} and hc["pit_calibrated"] is None
+        assert all(t["df"] == 4 and 0 <= t["p_value"] <= 1 for t in hc["pit_test"].values())
+    assert loaded["calibration"]["pit_test"] == loaded["horizons"]["1"]["pit_test"]["model"]
+    assert [line.split(":")[0] for line in loaded["pit_lines"]] == ["PIT uniform at H=1", "PIT uniform at H=5"]
     for h, best_h in loaded["headlines"].items():  # per horizon: the baseline with the lowest CRPS
         hc = loaded["horizons"][h]
         assert best_h["baseline"] == min(baselines, key=hc["crps"].get) == hc["best_baseline"]["baseline"]

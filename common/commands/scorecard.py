@@ -106,7 +106,15 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         barrier=barrier,
         interval=forecaster.interval,
     )
-    print("\n".join(card["headline_lines"] + card["verdicts"] + card["mcs_lines"] + card.get("barrier_lines", [])))
+    print(
+        "\n".join(
+            card["headline_lines"]
+            + card["verdicts"]
+            + card["mcs_lines"]
+            + card["pit_lines"]
+            + card.get("barrier_lines", [])
+        )
+    )
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
 

@@ -24,6 +24,7 @@ from common.evaluation.metrics import (
     skill_interval,
     wilson_interval,
 )
+from common.evaluation.pit import TEST_BINS, pit_bins, pit_uniformity
 from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 
@@ -87,6 +88,12 @@ def horizon_card(
         card[key] = {name: sc[key] for name, sc in scores.items()}
     card["coverage"] = {name: sc["coverage"] for name, sc in scores.items()}
     card["pit"] = {name: pit_histogram(st["pit"]) for name, st in stats.items()}
+    card["pit_test"] = {
+        name: pit_uniformity(
+            pit_bins(st["pit"], TEST_BINS), np.full(TEST_BINS, 1 / TEST_BINS), o.dates, horizon=horizon, stride=stride
+        )
+        for name, st in stats.items()
+    }
     card["direction"] = {name: _direction(st["p_up"] >= 0.5, y) for name, st in stats.items()}
     card["direction"]["always_up"] = _direction(np.ones(len(y), bool), y)
 

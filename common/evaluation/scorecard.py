@@ -32,7 +32,7 @@ from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
-from common.evaluation.calibration import calibration_card
+from common.evaluation.calibration import calibrated_pit_card, calibration_card
 from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import format_verdict, skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
@@ -55,6 +55,7 @@ __all__ = [
     "headline_lines",
     "make_scorecard",
     "mcs_lines",
+    "pit_lines",
     "run_scorecard",
     "verdict_lines",
     "write_scorecard",
@@ -161,6 +162,9 @@ def make_scorecard(
         if len(oh.index) == 0:
             raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
         card["horizons"][str(h)] = horizon_card(series, oh, stats[h], ranked, h, step, n_boot, seed)
+        card["horizons"][str(h)]["pit_calibrated"] = calibrated_pit_card(
+            calibration, stats[h]["model"], oh.y[h], oh.dates, horizon=h, stride=step
+        )
         if h == bt_horizon:
             card["backtest"] = backtest_card(
                 series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h, cost_bp, n_boot, seed
@@ -290,7 +294,13 @@ def _add_summary(card: dict, shortest: int) -> None:
     """The card's calibration at the shortest horizon, the Holm-adjusted tests, its headline and
     its verdict and MCS lines."""
     first = card["horizons"][str(shortest)]
-    card["calibration"] = {"horizon": shortest, "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
+    card["calibration"] = {
+        "horizon": shortest,
+        "coverage": first["coverage"]["model"],
+        "pit": first["pit"]["model"],
+        "pit_test": first["pit_test"]["model"],
+        "pit_calibrated": first["pit_calibrated"],
+    }
     card["significance"] = _adjust_tests(card)
     # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
     for hc in card["horizons"].values():
@@ -300,6 +310,7 @@ def _add_summary(card: dict, shortest: int) -> None:
     card["headline_lines"] = headline_lines(card)
     card["verdicts"] = verdict_lines(card)
     card["mcs_lines"] = mcs_lines(card)
+    card["pit_lines"] = pit_lines(card)
 
 
 def _best_baseline(hc: dict) -> Optional[dict]:
@@ -368,6 +379,20 @@ def verdict_lines(card: dict) -> list[str]:
                     detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}",
                 )
             )
+    return lines
+
+
+def pit_lines(card: dict) -> list[str]:
+    """`PIT uniform at H=1: model p 0.412, GARCH p 0.088; not: RW-EWMA p <0.001`, one line per horizon."""
+    lines = []
+    for h, hc in card["horizons"].items():
+        tests = {k: t for k, t in hc.get("pit_test", {}).items() if t is not None}
+        if not tests:
+            continue
+        named = {k: f"{BASELINE_NAMES.get(k, k)} p {_p(t['p_value'])}" for k, t in tests.items()}
+        yes = ", ".join(named[k] for k, t in tests.items() if t["uniform"]) or "none"
+        no = ", ".join(named[k] for k, t in tests.items() if not t["uniform"])
+        lines.append(f"PIT uniform at H={h}: {yes}" + (f"; not: {no}" if no else ""))
     return lines
 
 
