@@ -85,7 +85,7 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     test = card["calibration"].get("pit_test")
     ax[1, 0].set(
         title=f"PIT histogram (model, H={card['calibration']['horizon']})"
-        + (f"\nuniformity p {_p(test['p_value'])} (Wald, block bootstrap over dates)" if test else ""),
+        + (f"\nuniformity p {_p(test['p_value'])} (5 bins, Hotelling F over non-overlapping dates)" if test else ""),
         xlabel="PIT",
         ylabel="share",
     )
