@@ -86,7 +86,8 @@ def run(
     total = t_fit + t_score + t_write
     origins = card["horizons"][str(min(horizons))]["n"]  # forecast once each, at the longest horizon
     with_test = sum(1 for s in series if len(s.test))
-    print("\n".join(card["headline_lines"] + card["verdicts"] + card["mcs_lines"] + card["pit_lines"]))
+    lines = card["headline_lines"] + card["verdicts"] + card["mcs_lines"] + card["pit_lines"]
+    print("\n".join(lines + card["cross_section_lines"]))
     print(
         f"data {t_data:.2f} s (not counted: the CLI loads it anyway); baselines fit + model load {t_fit:.2f} s; "
         f"forecasts + metrics {t_score:.2f} s; files {t_write:.2f} s"

@@ -7,7 +7,6 @@ model's sign(mean) positions beside buy-and-hold and momentum.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -15,6 +14,7 @@ import pandas as pd
 
 from common.evaluation.asset_series import AssetSeries
 from common.evaluation.backtest import backtest, signal_positions
+from common.evaluation.factors import factor_card, factor_signals, nw_lags
 from common.evaluation.metrics import (
     COVERAGE_LEVELS,
     newey_west_t,
@@ -100,12 +100,15 @@ def horizon_card(
     card["rank_ic"] = {}
     for name in ranked:  # zero-mean baselines rank noise: left out
         _, ic = rank_ic(o.dates, stats[name]["mean"], y)
-        lags = max(math.ceil(horizon / stride) - 1, math.floor(4 * (len(ic) / 100) ** (2 / 9))) if len(ic) else 0
+        lags = nw_lags(len(ic), horizon, stride)
         card["rank_ic"][name] = (
             {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
             if len(ic) >= 2
             else None
         )
+
+    # the factors a quant ranks by without a model, on the same origins, and the model's edge over the best
+    card["cross_section"] = factor_card(o.dates, y, stats["model"]["mean"], factor_signals(series, o), horizon, stride)
 
     model_losses = _losses(stats["model"], y)
     card["skill"] = {key: {} for key in SKILL_KINDS}

@@ -51,6 +51,7 @@ __all__ = [
     "SCORECARD_PNG",
     "barrier_card",
     "barrier_lines",
+    "cross_section_lines",
     "forecaster_fn",
     "headline_lines",
     "make_scorecard",
@@ -311,6 +312,7 @@ def _add_summary(card: dict, shortest: int) -> None:
     card["verdicts"] = verdict_lines(card)
     card["mcs_lines"] = mcs_lines(card)
     card["pit_lines"] = pit_lines(card)
+    card["cross_section_lines"] = cross_section_lines(card)
 
 
 def _best_baseline(hc: dict) -> Optional[dict]:
@@ -379,6 +381,23 @@ def verdict_lines(card: dict) -> list[str]:
                     detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}",
                 )
             )
+    return lines
+
+
+def cross_section_lines(card: dict) -> list[str]:
+    """`Rank IC at H=1: model 0.044 (t 0.9); best factor reversal 0.061 (t 2.3); model - best -0.017 (t -0.4)`."""
+    lines = []
+    t = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
+    for h, hc in card["horizons"].items():
+        edge, model = (hc.get("cross_section") or {}).get("edge"), hc.get("rank_ic", {}).get("model")
+        if edge is None or model is None or edge["model_minus_best"] is None:
+            continue
+        best = hc["cross_section"]["factors"][edge["best_factor"]]
+        lines.append(
+            f"Rank IC at H={h}: model {model['mean']:.3f} (t {t(model['t_nw'])}); best factor "
+            f"{edge['best_factor']} {best['mean']:.3f} (t {t(best['t_nw'])}); model - best "
+            f"{edge['model_minus_best']:+.3f} (t {t(edge['t_nw'])}, {edge['n_dates']} dates)"
+        )
     return lines
 
 
