@@ -92,4 +92,5 @@ def test_the_card_carries_the_cross_section_and_its_line():
     )
     cs = card["horizons"]["1"]["cross_section"]
     assert set(cs["factors"]) == {"reversal", "range_reversal", "momentum20", "momentum250", "low_vol"}
+    assert cs["model_p_up"]["n_dates"] > 10 and -1 <= cs["model_p_up"]["mean"] <= 1  # P(up) ranked too
     assert cs["edge"]["n_dates"] > 10 and card["cross_section_lines"][0].startswith("Rank IC at H=1: model ")

@@ -80,19 +80,28 @@ def _ic(dates: np.ndarray, signal: np.ndarray, y: np.ndarray) -> tuple[np.ndarra
     return rank_ic(dates[ok], signal[ok], y[ok])
 
 
+def _ic_stats(ic: np.ndarray, horizon: int, stride: int) -> Optional[dict]:
+    lags = nw_lags(len(ic), horizon, stride)
+    if len(ic) < 2:
+        return None
+    return {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
+
+
 def factor_card(
-    dates: np.ndarray, y: np.ndarray, model_mean: np.ndarray, signals: dict[str, np.ndarray], horizon: int, stride: int
+    dates: np.ndarray,
+    y: np.ndarray,
+    model_mean: np.ndarray,
+    signals: dict[str, np.ndarray],
+    horizon: int,
+    stride: int,
+    model_p_up: Optional[np.ndarray] = None,
 ) -> dict:
-    """Each factor's rank IC (mean, Newey-West t, dates) and the model's edge over the best one."""
+    """Each factor's rank IC (mean, Newey-West t, dates), the model's edge over the best one, and
+    (model_p_up given) the rank IC of the model's P(up) beside its mean's."""
     ics = {name: _ic(dates, sig, y) for name, sig in signals.items()}
-    card: dict = {"factors": {}, "edge": None}
-    for name, (_, ic) in ics.items():
-        lags = nw_lags(len(ic), horizon, stride)
-        card["factors"][name] = (
-            {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
-            if len(ic) >= 2
-            else None
-        )
+    card: dict = {"factors": {name: _ic_stats(ic, horizon, stride) for name, (_, ic) in ics.items()}, "edge": None}
+    if model_p_up is not None:
+        card["model_p_up"] = _ic_stats(_ic(dates, model_p_up, y)[1], horizon, stride)
     ranked = {k: v for k, v in card["factors"].items() if v is not None}
     if not ranked:
         return card

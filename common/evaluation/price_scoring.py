@@ -108,7 +108,9 @@ def horizon_card(
         )
 
     # the factors a quant ranks by without a model, on the same origins, and the model's edge over the best
-    card["cross_section"] = factor_card(o.dates, y, stats["model"]["mean"], factor_signals(series, o), horizon, stride)
+    card["cross_section"] = factor_card(
+        o.dates, y, stats["model"]["mean"], factor_signals(series, o), horizon, stride, stats["model"]["p_up"]
+    )
 
     model_losses = _losses(stats["model"], y)
     card["skill"] = {key: {} for key in SKILL_KINDS}
