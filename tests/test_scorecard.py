@@ -147,7 +147,14 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert set(skill) == {"value", "ci95", "verdict"} and len(skill["ci95"]) == 2
     assert loaded["horizons"]["1"]["crps"]["model"] > 0 and 0 <= loaded["calibration"]["coverage"]["90"] <= 1
     assert loaded["backtest"]["horizon"] == 5 and loaded["backtest"]["sharpe"] == card["backtest"]["sharpe"]
-    assert set(loaded["backtest"]["strategies"]) == {"model", "buy_and_hold", "momentum20"}
+    best_factor = loaded["horizons"]["5"]["cross_section"]["edge"]["best_factor"]  # the backtest's horizon
+    assert set(loaded["backtest"]["strategies"]) == {
+        "model",
+        "buy_and_hold",
+        "momentum20",
+        "model_long_short",
+        f"{best_factor}_long_short",
+    }
     ic = loaded["horizons"]["5"]["rank_ic"]
     assert set(ic) == {"model", "bootstrap"}  # the zero-mean baselines rank nothing
     assert loaded["horizons"]["1"]["direction"]["always_up"]["n"] > 0

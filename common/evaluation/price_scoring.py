@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from common.evaluation.asset_series import AssetSeries
-from common.evaluation.backtest import backtest, signal_positions
+from common.evaluation.backtest import backtest, decile_positions, signal_positions
 from common.evaluation.factors import factor_card, factor_signals, nw_lags
 from common.evaluation.metrics import (
     COVERAGE_LEVELS,
@@ -156,8 +156,11 @@ def backtest_card(
     cost_bp: float,
     n_boot: int,
     seed: int,
+    best_factor: Optional[str] = None,
 ) -> dict:
-    """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold, momentum."""
+    """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold,
+    momentum; and long-short deciles of the model's mean and of `best_factor` (the horizon's best
+    cross-section factor, common.evaluation.factors)."""
     symbols = [series[k].symbol for k in o.series]
     hold = np.full(len(o.index), np.nan)
     for k, s in enumerate(series):
@@ -175,17 +178,19 @@ def backtest_card(
             "model": signal_positions(model["mean"], model["p_up"]),
             "buy_and_hold": 1.0,
             "momentum20": momentum,
+            "model_long_short": decile_positions(o.dates, model["mean"]),
         }
     )
+    names = ["model", "buy_and_hold", "momentum20", "model_long_short"]
+    if best_factor is not None:
+        frame[f"{best_factor}_long_short"] = decile_positions(o.dates, factor_signals(series, o)[best_factor])
+        names.append(f"{best_factor}_long_short")
     frame = frame[np.isfinite(frame["r"])]
     if frame.empty:
         return {"horizon": horizon, "strategies": {}, "sharpe": None, "sharpe_ci95": [None, None]}
     wide = lambda col: frame.pivot(index="date", columns="symbol", values=col).sort_index()  # noqa: E731
     r = wide("r")
-    strategies = {
-        name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed)
-        for name in ("model", "buy_and_hold", "momentum20")
-    }
+    strategies = {name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed) for name in names}
     return {
         "horizon": horizon,
         "signal": "sign(mean)",

@@ -167,8 +167,17 @@ def make_scorecard(
             calibration, stats[h]["model"], oh.y[h], oh.dates, horizon=h, stride=step
         )
         if h == bt_horizon:
+            edge = card["horizons"][str(h)]["cross_section"]["edge"]
             card["backtest"] = backtest_card(
-                series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h, cost_bp, n_boot, seed
+                series,
+                oh,
+                stats[h]["model"],
+                momentum[np.isfinite(o.y[h])],
+                h,
+                cost_bp,
+                n_boot,
+                seed,
+                best_factor=edge["best_factor"] if edge else None,
             )
     _add_summary(card, horizons[0])
     _add_calibrated(card, stats, calibration)
