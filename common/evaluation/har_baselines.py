@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
@@ -44,22 +45,40 @@ __all__ = ["HAR_LAGS", "MIN_HAR_CANDLES", "HarFit", "HarParams", "HarRange", "ra
 HAR_LAGS = (1, 5, 22)
 MIN_HAR_CANDLES = 250
 _KEPT_RESIDUALS = 2000  # the most recent standardized residuals kept per asset for the draws
-_TAIL_ROWS = 200  # rows of a history read at an origin: enough valid candles for the 22-candle mean
+_TAIL_ROWS = 32  # rows of a history read at an origin: the 22 candles of the longest mean and a margin
 _GK = 2 * math.log(2) - 1
+_OHLC = ["open", "high", "low", "close"]
+
+
+@lru_cache(maxsize=16)
+def _positions(columns: tuple) -> np.ndarray:
+    """Where open, high, low and close sit among a frame's columns (-1: absent); every history
+    of a scorecard has the same columns, so this is looked up once."""
+    return np.array([columns.index(c) if c in columns else -1 for c in _OHLC])
+
+
+def _ohlc(candles: pd.DataFrame) -> np.ndarray:
+    """(n, 4) open, high, low, close (a missing column: NaN). The frame's one float block read
+    at once: reading columns one by one costs most of a forecast at an origin."""
+    cols = _positions(tuple(candles.columns))
+    try:
+        values = candles.to_numpy(dtype=np.float64)
+    except (TypeError, ValueError):  # a column that is not a number
+        return candles.reindex(columns=_OHLC).to_numpy(dtype=np.float64)
+    return np.where(cols >= 0, values[:, np.maximum(cols, 0)], np.nan)
 
 
 def range_variance(candles: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.DatetimeIndex]:
     """(proxy, log return, timestamps) of the valid candles (finite positive close; NaN rows
     skipped): Garman-Klass plus the squared gap from the previous close. The first candle has no
     previous close: its gap term and return are 0."""
-    close = candles["close"].to_numpy(dtype=np.float64)
+    ohlc = _ohlc(candles)
+    close = ohlc[:, 3]
     ok = np.isfinite(close) & (close > 0)
     c = np.log(close[ok])
-    cols = {}
-    for name in ("open", "high", "low"):  # a missing reading: the close (no range from it)
-        v = candles[name].to_numpy(dtype=np.float64)[ok] if name in candles else np.exp(c)
-        cols[name] = np.where(np.isfinite(v) & (v > 0), np.log(np.where(v > 0, v, 1.0)), c)
-    o, hi, lo = cols["open"], np.maximum(cols["high"], c), np.minimum(cols["low"], c)
+    other = ohlc[ok, :3]
+    other = np.log(np.where(np.isfinite(other) & (other > 0), other, np.exp(c)[:, None]))
+    o, hi, lo = other[:, 0], np.maximum(other[:, 1], c), np.minimum(other[:, 2], c)
     hi, lo = np.maximum(hi, o), np.minimum(lo, o)
     gap = np.concatenate([[0.0], o[1:] - c[:-1]])
     r = np.concatenate([[0.0], np.diff(c)])
@@ -148,25 +167,24 @@ class HarRange:
         out = np.empty((len(histories), n_samples, horizon))
         for i, h in enumerate(histories):
             p = self.params.get(h.symbol) or _fallback(self.log)
-            sd = np.sqrt(self.variances(h.candles.iloc[-_TAIL_ROWS:], p, horizon))
+            sd = np.sqrt(self.variances(h.candles, p, horizon))
             out[i] = np.cumsum(p.z[rng.integers(0, len(p.z), size=(n_samples, horizon))] * sd, axis=1)
         return out
 
     def variances(self, candles: pd.DataFrame, p: HarParams, horizon: int) -> np.ndarray:
-        """(horizon,) forecast variances of the next candles' log returns."""
-        proxy, _, index = range_variance(candles)
+        """(horizon,) forecast variances of the next candles' log returns, from a history's last candles."""
+        proxy, _, index = range_variance(candles.iloc[-_TAIL_ROWS:])
+        if len(proxy) <= HAR_LAGS[-1] < len(candles):  # gap rows in the tail: read further back
+            proxy, _, index = range_variance(candles.iloc[-10 * _TAIL_ROWS :])
         x = proxy[1:]  # the first candle of the tail has no previous close read: no gap term
         if p.season is not None and len(x):
             x = x / p.season[_hours(index[1:], self.interval)]
         values = np.log(np.maximum(x, p.floor)) if p.log else x
-        past = list(np.concatenate([np.full(max(0, HAR_LAGS[-1] - len(values)), p.fill), values])[-HAR_LAGS[-1] :])
+        past = [p.fill] * max(0, HAR_LAGS[-1] - len(values)) + values[-HAR_LAGS[-1] :].tolist()
         c, b1, b5, b22 = p.coef
-        ahead = []
-        for _ in range(horizon):
-            f = c + b1 * past[-1] + b5 * float(np.mean(past[-5:])) + b22 * float(np.mean(past[-22:]))
-            past.append(f)
-            ahead.append(f)
-        a = np.asarray(ahead)
+        for _ in range(horizon):  # plain floats: a few steps, where numpy's per-call cost dominates
+            past.append(c + b1 * past[-1] + b5 * sum(past[-5:]) / 5 + b22 * sum(past[-22:]) / 22)
+        a = np.asarray(past[-horizon:])
         var = np.exp(np.minimum(a, 50.0)) * p.smear if p.log else np.maximum(a, p.floor)
         if p.season is not None:
             last = index[-1] if len(index) else pd.Timestamp(0, tz="UTC")
