@@ -69,6 +69,10 @@ def test_the_fit_reads_the_train_split_only_and_short_series_fall_back():
         assert after[name].params["A0"].coef == before[name].params["A0"].coef
         assert before[name].fallback == ["A1"]  # 90 train candles: the 22-candle mean
     assert before["log_har"].params["A0"].log and before["log_har"].params["A0"].smear > 1
+    # the fallback forecasts the mean proxy, of the history it has when that is under 22 candles
+    flat = candles_from_returns(np.array([0.01, -0.03, 0.02]))
+    var = before["har"].variances(flat, before["har"].params["A1"], 2)
+    assert var == pytest.approx([(1e-4 + 9e-4 + 4e-4) / 3] * 2)
 
 
 def test_intraday_hours_are_divided_out_and_forecast_back():

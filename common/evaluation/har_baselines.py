@@ -91,7 +91,7 @@ class HarParams:
     log: bool
     smear: float  # Duan's factor (log-HAR), 1 otherwise
     floor: float  # proxy floor: 1% of its train mean (a flat candle's log)
-    fill: float  # the train mean of the fitted series: stands in for history an origin lacks
+    fill: float  # the train mean of the fitted series: stands in for history an origin lacks (NaN: the history's mean)
     season: Optional[np.ndarray]  # (24,) hour factors (intraday), None daily
     z: np.ndarray  # centred standardized residuals drawn for the returns
 
@@ -147,9 +147,10 @@ def _fit_one(candles: pd.DataFrame, interval: str, log: bool) -> Optional[HarPar
     )
 
 
-def _fallback(log: bool) -> HarParams:
+def _fallback() -> HarParams:
+    """The 22-candle mean of the proxy (a history shorter than that: the mean of what it has)."""
     z = np.random.default_rng(0).standard_normal(_KEPT_RESIDUALS)
-    return HarParams((0.0, 0.0, 0.0, 1.0), False, 1.0, 1e-12, 0.0, None, z)
+    return HarParams((0.0, 0.0, 0.0, 1.0), False, 1.0, 1e-12, math.nan, None, z)
 
 
 @dataclass
@@ -166,7 +167,7 @@ class HarRange:
         rng = np.random.default_rng(seed)
         out = np.empty((len(histories), n_samples, horizon))
         for i, h in enumerate(histories):
-            p = self.params.get(h.symbol) or _fallback(self.log)
+            p = self.params.get(h.symbol) or _fallback()
             sd = np.sqrt(self.variances(h.candles, p, horizon))
             out[i] = np.cumsum(p.z[rng.integers(0, len(p.z), size=(n_samples, horizon))] * sd, axis=1)
         return out
@@ -180,7 +181,8 @@ class HarRange:
         if p.season is not None and len(x):
             x = x / p.season[_hours(index[1:], self.interval)]
         values = np.log(np.maximum(x, p.floor)) if p.log else x
-        past = [p.fill] * max(0, HAR_LAGS[-1] - len(values)) + values[-HAR_LAGS[-1] :].tolist()
+        fill = p.fill if math.isfinite(p.fill) else float(values.mean()) if len(values) else p.floor
+        past = [fill] * max(0, HAR_LAGS[-1] - len(values)) + values[-HAR_LAGS[-1] :].tolist()
         c, b1, b5, b22 = p.coef
         for _ in range(horizon):  # plain floats: a few steps, where numpy's per-call cost dominates
             past.append(c + b1 * past[-1] + b5 * sum(past[-5:]) / 5 + b22 * sum(past[-22:]) / 22)
@@ -212,7 +214,7 @@ class HarFit:
                 p = None
             if p is None:
                 har.fallback.append(symbol)
-            har.params[symbol] = p or _fallback(log)
+            har.params[symbol] = p or _fallback()
 
     def baselines(self) -> dict[str, HarRange]:
         return {"har": self.fits[False], "log_har": self.fits[True]}
