@@ -3,7 +3,7 @@
 Target (issue 14): the whole scorecard with the model <= 2 minutes on 2 cores, for all assets,
 horizons 1/5/20, 200 samples, every 5th test candle as an origin. By default a baseline stands
 in for the model, which measures everything but the model: fitting the baselines (GARCH per
-asset on the train split), building the no-look-ahead histories, sampling the three baselines,
+asset on the train split, the HAR family), building the no-look-ahead histories, sampling the baselines,
 the metrics, block-bootstrap skill, backtest, and writing scorecard.json + scorecard.png.
 With --run RUN_DIR the run's Forecaster is the model (its data and splits are the run's).
 
@@ -86,13 +86,15 @@ def run(
     total = t_fit + t_score + t_write
     origins = card["horizons"][str(min(horizons))]["n"]  # forecast once each, at the longest horizon
     with_test = sum(1 for s in series if len(s.test))
-    print("\n".join(card["verdicts"]))
+    lines = card["headline_lines"] + card["verdicts"] + card["mcs_lines"] + card["pit_lines"]
+    print("\n".join(lines + card["cross_section_lines"]))
     print(
         f"data {t_data:.2f} s (not counted: the CLI loads it anyway); baselines fit + model load {t_fit:.2f} s; "
         f"forecasts + metrics {t_score:.2f} s; files {t_write:.2f} s"
     )
     print(
-        f"total {total:.2f} s for {origins} origins x 4 forecasters x {samples} paths of {max(horizons)} steps "
+        f"total {total:.2f} s for {origins} origins x {1 + len(baselines)} forecasters x {samples} paths "
+        f"of {max(horizons)} steps "
         f"({with_test} of {len(series)} assets have a test split)   target <= {TARGET_SECONDS:.0f} s with the model"
     )
     detail = (

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.evaluation.backtest import backtest, periods_per_year, signal_positions
+from common.evaluation.backtest import backtest, decile_positions, periods_per_year, signal_positions
 
 DATES = pd.date_range("2020-01-06", periods=3, freq="W-MON", tz="UTC")
 
@@ -62,3 +62,12 @@ def test_signal_rules_and_bad_input():
     with pytest.raises(ValueError, match="same dates"):
         backtest(pd.DataFrame({"A": [1.0]}, index=DATES[:1]), pd.DataFrame({"B": [0.0]}, index=DATES[:1]))
     assert periods_per_year(pd.DatetimeIndex(DATES[:1])) == 1.0
+
+
+def test_decile_positions_go_long_the_top_tenth_and_short_the_bottom():
+    dates = np.array([0] * 20 + [1] * 3 + [2])
+    signal = np.concatenate([np.arange(20.0), [0.5, np.nan, -0.5], [1.0]])
+    pos = decile_positions(dates, signal)
+    assert pos[:20].tolist() == [-1, -1] + [0] * 16 + [1, 1]  # 20 assets: 2 a side
+    assert pos[20:23].tolist() == [1, 0, -1]  # a NaN signal ranks nowhere; 2 ranked: 1 a side
+    assert pos[23] == 0  # one asset: no spread to trade

@@ -263,6 +263,9 @@ def test_calibrate_then_forecast_calibrated_and_the_scorecard_reports_it(run_dir
     assert code == 0, err
     card = json.loads((run_dir / "scorecard.json").read_text())
     assert set(card["calibration"]["coverage_calibrated"]) == {"50", "80", "90"}
+    pit = card["calibration"]["pit_calibrated"]  # the calibrated PIT on its grid, beside the raw one's
+    assert len(pit["calibrated"]) == len(pit["raw"]) == len(pit["expected"]) == 8
+    assert abs(sum(pit["calibrated"]) - 1) < 1e-9
     assert card["calibration"]["calibrated_by"]["dates"] == content["dates"]
 
 

@@ -63,6 +63,7 @@ LAZY = {
         "yfinance",
     ): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
     ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
+    ("common.evaluation.har_baselines", "arch"): "seconds to import; only when the HAR baselines are fitted",
     ("common.evaluation.significance", "arch"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.significance", "scipy"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.metrics", "scipy"): "seconds to import; training imports this module",

@@ -147,13 +147,21 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert set(skill) == {"value", "ci95", "verdict"} and len(skill["ci95"]) == 2
     assert loaded["horizons"]["1"]["crps"]["model"] > 0 and 0 <= loaded["calibration"]["coverage"]["90"] <= 1
     assert loaded["backtest"]["horizon"] == 5 and loaded["backtest"]["sharpe"] == card["backtest"]["sharpe"]
-    assert set(loaded["backtest"]["strategies"]) == {"model", "buy_and_hold", "momentum20"}
+    best_factor = loaded["horizons"]["5"]["cross_section"]["edge"]["best_factor"]  # the backtest's horizon
+    assert set(loaded["backtest"]["strategies"]) == {
+        "model",
+        "buy_and_hold",
+        "momentum20",
+        "model_long_short",
+        f"{best_factor}_long_short",
+    }
     ic = loaded["horizons"]["5"]["rank_ic"]
     assert set(ic) == {"model", "bootstrap"}  # the zero-mean baselines rank nothing
     assert loaded["horizons"]["1"]["direction"]["always_up"]["n"] > 0
     assert set(loaded["horizons"]["1"]["by_asset"]) == {f"A{k}" for k in range(5)}
     crps1 = loaded["horizons"]["1"]["crps"]
-    best = min(("rw_ewma", "bootstrap", "garch"), key=crps1.get)
+    baselines = ("rw_ewma", "bootstrap", "garch", "har", "log_har")
+    best = min(baselines, key=crps1.get)
     dm_best = loaded["horizons"]["1"]["dm"]["crps"][best]
     assert loaded["headline"] == {
         "horizon": 1,
@@ -165,24 +173,36 @@ def test_scorecard_files_read_with_jq(tmp_path):
     }
     # the significance tests beside the skills: DM per baseline, Holm across the card, the 90% MCS
     tests = [(h, name, dm) for h in ("1", "5") for name, dm in loaded["horizons"][h]["dm"]["crps"].items()]
-    assert {name for _, name, _ in tests} == {"rw_ewma", "bootstrap", "garch"} and len(tests) == 6
+    assert {name for _, name, _ in tests} == set(baselines) and len(tests) == 10
     for h, name, dm in tests:
         assert {"statistic", "p_value", "p_holm", "mean_diff", "n_dates", "lags", "verdict"} <= set(dm)
         assert dm["n_dates"] == loaded["horizons"][h]["n_dates"] and dm["lags"] == 0  # H <= stride: no overlap
         assert 0 <= dm["p_value"] <= dm["p_holm"] <= 1
         assert np.sign(dm["mean_diff"]) == -np.sign(loaded["horizons"][h]["skill"]["crps"][name]["value"])
     smallest = min(dm["p_value"] for *_, dm in tests)
-    assert min(dm["p_holm"] for *_, dm in tests) == pytest.approx(min(1.0, 6 * smallest))  # Holm's first step
+    assert min(dm["p_holm"] for *_, dm in tests) == pytest.approx(min(1.0, 10 * smallest))  # Holm's first step
     assert loaded["significance"] == {
         "test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
         "adjustment": "holm",
         "family_alpha": 0.05,
-        "family": 6,
+        "family": 10,
     }
     mcs = loaded["horizons"]["1"]["mcs"]
-    assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", "rw_ewma", "bootstrap", "garch"}
+    assert mcs["alpha"] == 0.1 and set(mcs["pvalues"]) == {"model", *baselines}
     assert mcs["included"] == [k for k, p in mcs["pvalues"].items() if p > 0.1] and mcs["included"]
     assert [line.split(":")[0] for line in loaded["mcs_lines"]] == ["MCS 90% at H=1", "MCS 90% at H=5"]
+    for h in ("1", "5"):  # coverage at 95% beside 50/80/90, a PIT uniformity test per forecaster
+        hc = loaded["horizons"][h]
+        assert set(hc["coverage"]["model"]) == {"50", "80", "90", "95"}
+        assert set(hc["pit_test"]) == {"model", *baselines} and hc["pit_calibrated"] is None
+        assert all(t["df"] == 4 and 0 <= t["p_value"] <= 1 for t in hc["pit_test"].values())
+    assert loaded["calibration"]["pit_test"] == loaded["horizons"]["1"]["pit_test"]["model"]
+    assert [line.split(":")[0] for line in loaded["pit_lines"]] == ["PIT uniform at H=1", "PIT uniform at H=5"]
+    for h, best_h in loaded["headlines"].items():  # per horizon: the baseline with the lowest CRPS
+        hc = loaded["horizons"][h]
+        assert best_h["baseline"] == min(baselines, key=hc["crps"].get) == hc["best_baseline"]["baseline"]
+        assert best_h["value"] == hc["skill"]["crps"][best_h["baseline"]]["value"]
+    assert [line.split(":")[0] for line in loaded["headline_lines"]] == ["Best baseline at H=1", "Best baseline at H=5"]
     for line, (h, _name, dm) in zip(loaded["verdicts"], tests):
         assert line.startswith(f"H={h}: CRPS skill vs ") and ", DM p " in line and line.endswith(f"({dm['verdict']})")
     again = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)

@@ -67,7 +67,7 @@ def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trai
     out, err = capsys.readouterr()
     assert code == 0, err
     verdicts = [line for line in out.splitlines() if line.startswith("H=")]
-    assert len(verdicts) == 2 * 3 and all(v.endswith(("(beats)", "(no edge)", "(worse)")) for v in verdicts)
+    assert len(verdicts) == 2 * 5 and all(v.endswith(("(beats)", "(no edge)", "(worse)")) for v in verdicts)
     assert "origins" in err  # progress goes to stderr, the verdicts alone to stdout
     card = _card(run)
     assert card["verdicts"] == verdicts and card["samples"] == 16 and card["seed"] == 3

@@ -106,7 +106,16 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         barrier=barrier,
         interval=forecaster.interval,
     )
-    print("\n".join(card["verdicts"] + card["mcs_lines"] + card.get("barrier_lines", [])))
+    print(
+        "\n".join(
+            card["headline_lines"]
+            + card["verdicts"]
+            + card["mcs_lines"]
+            + card["pit_lines"]
+            + card["cross_section_lines"]
+            + card.get("barrier_lines", [])
+        )
+    )
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
 
@@ -178,5 +187,9 @@ def end_of_training_scorecard(
         f"marketgpt scorecard {run_dir} for the full one):",
         file=out,
     )
-    print("\n".join(f"  {line}" for line in card["verdicts"] + card["mcs_lines"]), file=out, flush=True)
+    print(
+        "\n".join(f"  {line}" for line in card["headline_lines"] + card["verdicts"] + card["mcs_lines"]),
+        file=out,
+        flush=True,
+    )
     return None

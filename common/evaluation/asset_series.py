@@ -17,8 +17,9 @@ import io
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from common.atomic import read_json
@@ -28,6 +29,7 @@ from common.data.loading import load_market_data
 from common.data.market_data import MarketData
 from common.data.universe import Asset, interval_series, pick_interval
 from common.errors import UserError
+from common.evaluation.har_baselines import HarFit
 from common.evaluation.price_baselines import (
     ForecastFn,
     GarchT,
@@ -175,7 +177,15 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
 
 
 def fit_price_baselines(series: Sequence[AssetSeries], interval: str) -> dict[str, ForecastFn]:
-    """The sampling baselines; GARCH sees each asset's train-split returns only."""
+    """The sampling baselines; GARCH and the HAR family see each asset's train split only."""
     lam = ewma_lambda(interval)
-    train = ((s.symbol, log_returns(s.candles.iloc[s.train.start : s.train.stop])) for s in series)  # one at a time
-    return {"rw_ewma": RandomWalkEWMA(lam), "bootstrap": HistoricalBootstrap(), "garch": GarchT.fit(train, lam)}
+    har = HarFit(interval)
+
+    def train_returns() -> Iterator[tuple[str, np.ndarray]]:  # one asset at a time, its candles read once
+        for s in series:
+            train = s.candles.iloc[s.train.start : s.train.stop]
+            har.add(s.symbol, train)
+            yield s.symbol, log_returns(train)
+
+    garch = GarchT.fit(train_returns(), lam)
+    return {"rw_ewma": RandomWalkEWMA(lam), "bootstrap": HistoricalBootstrap(), "garch": garch, **har.baselines()}

@@ -24,7 +24,7 @@ import pandas as pd
 
 from common.evaluation.metrics import block_bootstrap_indices
 
-__all__ = ["DEFAULT_COST_BP", "backtest", "periods_per_year", "signal_positions"]
+__all__ = ["DEFAULT_COST_BP", "backtest", "decile_positions", "periods_per_year", "signal_positions"]
 
 DEFAULT_COST_BP = 10.0
 _YEAR = pd.Timedelta(days=365.25)
@@ -37,6 +37,24 @@ def signal_positions(mean: np.ndarray, p_up: np.ndarray, rule: str = "sign") -> 
     if rule == "prob":
         return np.clip(2 * (np.asarray(p_up, dtype=np.float64) - 0.5), -1.0, 1.0)
     raise ValueError(f"signal rule {rule!r}: expected 'sign' or 'prob'")
+
+
+def decile_positions(dates: np.ndarray, signal: np.ndarray) -> np.ndarray:
+    """Long-short decile positions: per date, +1 for the top tenth of the assets by signal and -1
+    for the bottom tenth (at least one each, with 2 assets or more; NaN signals rank nowhere),
+    0 for the rest. Weighted by 1 / assets held, as every strategy here, the gross exposure is
+    about 0.2: the Sharpe does not depend on it, the annual return does."""
+    signal = np.asarray(signal, dtype=np.float64)
+    pos = np.zeros(len(signal))
+    dates = np.asarray(dates)
+    for d in np.unique(dates):
+        rows = np.flatnonzero((dates == d) & np.isfinite(signal))
+        if len(rows) < 2:
+            continue
+        k = max(1, len(rows) // 10)
+        order = rows[np.argsort(signal[rows], kind="stable")]
+        pos[order[:k]], pos[order[-k:]] = -1.0, 1.0
+    return pos
 
 
 def periods_per_year(dates: pd.DatetimeIndex) -> float:

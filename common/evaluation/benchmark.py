@@ -253,7 +253,7 @@ def _pct(x: Optional[float]) -> str:
 def format_table(result: dict) -> str:
     """The result as a table a person reads: one line per task and horizon, then the aggregate."""
     head = (
-        f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<18} "
+        f"{'task':<12} {'int':<3} {'assets':>6} {'H':>3} {'n':>5} {'CRPS model':>10}  {'best baseline':<23} "
         f"{'skill [95% CI]':<26} {'DM (Holm)':<14} leakage"
     )
     lines = [
@@ -281,7 +281,7 @@ def format_table(result: dict) -> str:
             s, best = hc["skill"], hc["best_baseline"]
             lines.append(
                 f"{r['task']:<12} {r['interval']:<3} {assets:>6} {h:>3} {hc['n']:>5} "
-                f"{hc['crps']['model']:>10.5f}  {BASELINE_NAMES.get(best, best):<9}{hc['crps'][best]:>9.5f} "
+                f"{hc['crps']['model']:>10.5f}  {BASELINE_NAMES.get(best, best):<14}{hc['crps'][best]:>9.5f} "
                 f"{_pct(s['value']) + ' [' + _pct(s['ci95'][0]) + ', ' + _pct(s['ci95'][1]) + ']':<26} "
                 f"{hc['dm']['verdict'] + ' (' + _p(hc['dm']['p_holm']) + ')':<14} {leak}"
             )

@@ -30,6 +30,7 @@ import pandas as pd
 from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, LazyCandles
+from common.evaluation.pit import GRID_EDGES, GRID_TEST, calibrated_grid_bins, grid_bins, pit_uniformity
 from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
 from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
@@ -37,6 +38,7 @@ from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, 
 __all__ = [
     "MIN_VAL_ORIGINS",
     "calibration_card",
+    "calibrated_pit_card",
     "cqr_adjustment",
     "fit_calibration",
     "val_series",
@@ -161,3 +163,31 @@ def calibration_card(cal: Optional[Calibration], model_stats: dict[str, np.ndarr
         for lv in cal.levels
         if f"score{lv}" in model_stats
     }
+
+
+def calibrated_pit_card(
+    cal: Optional[Calibration],
+    model_stats: dict[str, np.ndarray],
+    y: np.ndarray,
+    dates: np.ndarray,
+    *,
+    horizon: int,
+    stride: int,
+) -> Optional[dict]:
+    """The PIT of the calibrated and the raw model on the grid of the 50/80/90% interval ends
+    (common.evaluation.pit), with each one's uniformity test; None without a calibration of the
+    three levels at this horizon."""
+    if cal is None or horizon not in cal.adjustments or not {50, 80, 90} <= set(cal.adjustments[horizon]):
+        return None
+    expected = np.diff(GRID_EDGES)
+    scores = {lv: model_stats[f"score{lv}"] for lv in (50, 80, 90)}
+    bins = {
+        "calibrated": calibrated_grid_bins(scores, cal.adjustments[horizon], y >= model_stats["median"]),
+        "raw": grid_bins(model_stats["pit"]),
+    }
+    out: dict = {"edges": list(GRID_EDGES), "expected": expected.tolist()}
+    for name, b in bins.items():
+        out[name] = (np.bincount(b, minlength=len(expected)) / max(len(b), 1)).tolist()
+        test_expected = np.bincount(GRID_TEST, weights=expected)  # the tails' 5% bins merged
+        out[f"test_{name}"] = pit_uniformity(GRID_TEST[b], test_expected, dates, horizon=horizon, stride=stride)
+    return out

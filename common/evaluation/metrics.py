@@ -45,7 +45,7 @@ __all__ = [
     "wilson_interval",
 ]
 
-COVERAGE_LEVELS = (50, 80, 90)
+COVERAGE_LEVELS = (50, 80, 90, 95)
 PIT_BINS = 10
 _Z95 = 1.959963984540054  # two-sided 95% normal quantile
 

@@ -5,7 +5,7 @@ sampled paths: an (len(histories), n_samples, horizon) array whose [:, :, h - 1]
 return from the origin's close to the close h bars later (so one call at the longest horizon
 serves every shorter one; a 2-D (len(histories), n_samples) array of H-step log returns is
 accepted too, and then the scorecard calls once per horizon). The histories are
-the Forecaster's own `common.forecasting.forecaster.History` (symbol, candles): the scorecard builds each from
+the Forecaster's own `common.forecasting.forecast_io.History` (symbol, candles): the scorecard builds each from
 a COPY of one asset's candles up to and including its origin candle, and nothing else, so no
 forecaster (these baselines or the model) can see a later candle.
 

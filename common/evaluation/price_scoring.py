@@ -7,14 +7,14 @@ model's sign(mean) positions beside buy-and-hold and momentum.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from common.evaluation.asset_series import AssetSeries
-from common.evaluation.backtest import backtest, signal_positions
+from common.evaluation.backtest import backtest, decile_positions, signal_positions
+from common.evaluation.factors import factor_card, factor_signals, nw_lags
 from common.evaluation.metrics import (
     COVERAGE_LEVELS,
     newey_west_t,
@@ -24,6 +24,7 @@ from common.evaluation.metrics import (
     skill_interval,
     wilson_interval,
 )
+from common.evaluation.pit import TEST_BINS, pit_bins, pit_uniformity
 from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 
@@ -87,18 +88,29 @@ def horizon_card(
         card[key] = {name: sc[key] for name, sc in scores.items()}
     card["coverage"] = {name: sc["coverage"] for name, sc in scores.items()}
     card["pit"] = {name: pit_histogram(st["pit"]) for name, st in stats.items()}
+    card["pit_test"] = {
+        name: pit_uniformity(
+            pit_bins(st["pit"], TEST_BINS), np.full(TEST_BINS, 1 / TEST_BINS), o.dates, horizon=horizon, stride=stride
+        )
+        for name, st in stats.items()
+    }
     card["direction"] = {name: _direction(st["p_up"] >= 0.5, y) for name, st in stats.items()}
     card["direction"]["always_up"] = _direction(np.ones(len(y), bool), y)
 
     card["rank_ic"] = {}
     for name in ranked:  # zero-mean baselines rank noise: left out
         _, ic = rank_ic(o.dates, stats[name]["mean"], y)
-        lags = max(math.ceil(horizon / stride) - 1, math.floor(4 * (len(ic) / 100) ** (2 / 9))) if len(ic) else 0
+        lags = nw_lags(len(ic), horizon, stride)
         card["rank_ic"][name] = (
             {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
             if len(ic) >= 2
             else None
         )
+
+    # the factors a quant ranks by without a model, on the same origins, and the model's edge over the best
+    card["cross_section"] = factor_card(
+        o.dates, y, stats["model"]["mean"], factor_signals(series, o), horizon, stride, stats["model"]["p_up"]
+    )
 
     model_losses = _losses(stats["model"], y)
     card["skill"] = {key: {} for key in SKILL_KINDS}
@@ -144,8 +156,11 @@ def backtest_card(
     cost_bp: float,
     n_boot: int,
     seed: int,
+    best_factor: Optional[str] = None,
 ) -> dict:
-    """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold, momentum."""
+    """Positions at each origin held to the asset's next origin: model sign(mean), buy-and-hold,
+    momentum; and long-short deciles of the model's mean and of `best_factor` (the horizon's best
+    cross-section factor, common.evaluation.factors)."""
     symbols = [series[k].symbol for k in o.series]
     hold = np.full(len(o.index), np.nan)
     for k, s in enumerate(series):
@@ -163,17 +178,19 @@ def backtest_card(
             "model": signal_positions(model["mean"], model["p_up"]),
             "buy_and_hold": 1.0,
             "momentum20": momentum,
+            "model_long_short": decile_positions(o.dates, model["mean"]),
         }
     )
+    names = ["model", "buy_and_hold", "momentum20", "model_long_short"]
+    if best_factor is not None:
+        frame[f"{best_factor}_long_short"] = decile_positions(o.dates, factor_signals(series, o)[best_factor])
+        names.append(f"{best_factor}_long_short")
     frame = frame[np.isfinite(frame["r"])]
     if frame.empty:
         return {"horizon": horizon, "strategies": {}, "sharpe": None, "sharpe_ci95": [None, None]}
     wide = lambda col: frame.pivot(index="date", columns="symbol", values=col).sort_index()  # noqa: E731
     r = wide("r")
-    strategies = {
-        name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed)
-        for name in ("model", "buy_and_hold", "momentum20")
-    }
+    strategies = {name: backtest(wide(name), r, cost_bp=cost_bp, n_boot=n_boot, seed=seed) for name in names}
     return {
         "horizon": horizon,
         "signal": "sign(mean)",

@@ -3,7 +3,7 @@
     per asset: whole cleaned candles + train / test ranges (the run's, purge gap included)
       ──► origin dates: every `stride`-th date of the test split (or `n_origins` evenly spaced),
           and per horizon H only origins whose close H bars later exists inside the series
-      ──► common.forecasting.forecaster.History(symbol, copy of candles[: origin + 1]): all a forecaster is given
+      ──► common.forecasting.forecast_io.History(symbol, copy of candles[: origin + 1]): all a forecaster is given
       ──► model and baselines (common.evaluation.price_baselines) sample H-step log returns on the SAME origins
       ──► common.evaluation.metrics: CRPS, coverage, PIT, MAE/MASE, direction, QLIKE, rank IC, block-bootstrap skill
       ──► common.evaluation.significance: Diebold-Mariano (HLN) per baseline, the 90% model confidence set;
@@ -32,7 +32,8 @@ from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
-from common.evaluation.calibration import calibration_card
+from common.evaluation.calibration import calibrated_pit_card, calibration_card
+from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import format_verdict, skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
@@ -50,9 +51,12 @@ __all__ = [
     "SCORECARD_PNG",
     "barrier_card",
     "barrier_lines",
+    "cross_section_lines",
     "forecaster_fn",
+    "headline_lines",
     "make_scorecard",
     "mcs_lines",
+    "pit_lines",
     "run_scorecard",
     "verdict_lines",
     "write_scorecard",
@@ -61,7 +65,13 @@ __all__ = [
 DEFAULT_HORIZONS = (1, 5, 20)
 SCORECARD_JSON = "scorecard.json"
 SCORECARD_PNG = "scorecard.png"
-BASELINE_NAMES = {"rw_ewma": "RW-EWMA", "bootstrap": "bootstrap", "garch": "GARCH"}
+BASELINE_NAMES = {
+    "rw_ewma": "RW-EWMA",
+    "bootstrap": "bootstrap",
+    "garch": "GARCH",
+    "har": "HAR-range",
+    "log_har": "log-HAR-range",
+}
 
 
 def forecaster_fn(forecaster, **options) -> ForecastFn:
@@ -133,6 +143,9 @@ def make_scorecard(
     garch = baselines.get("garch")
     if isinstance(garch, GarchT):
         card["garch_fallback"] = list(garch.fallback)
+    har = baselines.get("har")
+    if isinstance(har, HarRange):
+        card["har_fallback"] = list(har.fallback)
     o = all_origins(series, origins, horizons)
     if len(o.index) == 0:
         raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
@@ -150,9 +163,21 @@ def make_scorecard(
         if len(oh.index) == 0:
             raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
         card["horizons"][str(h)] = horizon_card(series, oh, stats[h], ranked, h, step, n_boot, seed)
+        card["horizons"][str(h)]["pit_calibrated"] = calibrated_pit_card(
+            calibration, stats[h]["model"], oh.y[h], oh.dates, horizon=h, stride=step
+        )
         if h == bt_horizon:
+            edge = card["horizons"][str(h)]["cross_section"]["edge"]
             card["backtest"] = backtest_card(
-                series, oh, stats[h]["model"], momentum[np.isfinite(o.y[h])], h, cost_bp, n_boot, seed
+                series,
+                oh,
+                stats[h]["model"],
+                momentum[np.isfinite(o.y[h])],
+                h,
+                cost_bp,
+                n_boot,
+                seed,
+                best_factor=edge["best_factor"] if edge else None,
             )
     _add_summary(card, horizons[0])
     _add_calibrated(card, stats, calibration)
@@ -279,23 +304,52 @@ def _add_summary(card: dict, shortest: int) -> None:
     """The card's calibration at the shortest horizon, the Holm-adjusted tests, its headline and
     its verdict and MCS lines."""
     first = card["horizons"][str(shortest)]
-    card["calibration"] = {"horizon": shortest, "coverage": first["coverage"]["model"], "pit": first["pit"]["model"]}
+    card["calibration"] = {
+        "horizon": shortest,
+        "coverage": first["coverage"]["model"],
+        "pit": first["pit"]["model"],
+        "pit_test": first["pit_test"]["model"],
+        "pit_calibrated": first["pit_calibrated"],
+    }
     card["significance"] = _adjust_tests(card)
     # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
-    best = min(first["skill"]["crps"], key=lambda name: first["crps"][name], default=None)
-    card["headline"] = None
-    if best:
-        dm = first["dm"]["crps"][best]  # the verdict of the family-wise rule, as in the verdict lines
-        card["headline"] = {
-            "horizon": shortest,
-            "baseline": best,
-            **first["skill"]["crps"][best],
-            "verdict": dm["verdict"],
-            "p_value": dm["p_value"],
-            "p_holm": dm["p_holm"],
-        }
+    for hc in card["horizons"].values():
+        hc["best_baseline"] = _best_baseline(hc)
+    card["headline"] = None if first["best_baseline"] is None else {"horizon": shortest, **first["best_baseline"]}
+    card["headlines"] = {h: hc["best_baseline"] for h, hc in card["horizons"].items()}
+    card["headline_lines"] = headline_lines(card)
     card["verdicts"] = verdict_lines(card)
     card["mcs_lines"] = mcs_lines(card)
+    card["pit_lines"] = pit_lines(card)
+    card["cross_section_lines"] = cross_section_lines(card)
+
+
+def _best_baseline(hc: dict) -> Optional[dict]:
+    """The baseline with the lowest CRPS at one horizon and the model's skill against it, with the
+    family-wise verdict of its DM test (as in the verdict lines)."""
+    best = min(hc["skill"]["crps"], key=lambda name: hc["crps"][name], default=None)
+    if best is None:
+        return None
+    dm = hc["dm"]["crps"][best]
+    return {
+        "baseline": best,
+        **hc["skill"]["crps"][best],
+        "verdict": dm["verdict"],
+        "p_value": dm["p_value"],
+        "p_holm": dm["p_holm"],
+    }
+
+
+def headline_lines(card: dict) -> list[str]:
+    """Per horizon, the model against its best baseline (lowest CRPS):
+    `Best baseline at H=5: log-HAR-range; CRPS skill -1.2% [-3.0, 0.5], Holm 0.410 (no edge)`."""
+    lines = []
+    for h, best in card.get("headlines", {}).items():
+        if best is not None:
+            verdict = format_verdict(int(h), "CRPS", "", best, detail=f", Holm {_p(best['p_holm'])}")
+            name = BASELINE_NAMES.get(best["baseline"], best["baseline"])
+            lines.append(f"Best baseline at H={h}: {name}; CRPS skill{verdict.split('skill vs ', 1)[1]}")
+    return lines
 
 
 def _adjust_tests(card: dict) -> dict:
@@ -336,6 +390,37 @@ def verdict_lines(card: dict) -> list[str]:
                     detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}",
                 )
             )
+    return lines
+
+
+def cross_section_lines(card: dict) -> list[str]:
+    """`Rank IC at H=1: model 0.044 (t 0.9); best factor reversal 0.061 (t 2.3); model - best -0.017 (t -0.4)`."""
+    lines = []
+    t = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
+    for h, hc in card["horizons"].items():
+        edge, model = (hc.get("cross_section") or {}).get("edge"), hc.get("rank_ic", {}).get("model")
+        if edge is None or model is None or edge["model_minus_best"] is None:
+            continue
+        best = hc["cross_section"]["factors"][edge["best_factor"]]
+        lines.append(
+            f"Rank IC at H={h}: model {model['mean']:.3f} (t {t(model['t_nw'])}); best factor "
+            f"{edge['best_factor']} {best['mean']:.3f} (t {t(best['t_nw'])}); model - best "
+            f"{edge['model_minus_best']:+.3f} (t {t(edge['t_nw'])}, {edge['n_dates']} dates)"
+        )
+    return lines
+
+
+def pit_lines(card: dict) -> list[str]:
+    """`PIT uniform at H=1: model p 0.412, GARCH p 0.088; not: RW-EWMA p <0.001`, one line per horizon."""
+    lines = []
+    for h, hc in card["horizons"].items():
+        tests = {k: t for k, t in hc.get("pit_test", {}).items() if t is not None}
+        if not tests:
+            continue
+        named = {k: f"{BASELINE_NAMES.get(k, k)} p {_p(t['p_value'])}" for k, t in tests.items()}
+        yes = ", ".join(named[k] for k, t in tests.items() if t["uniform"]) or "none"
+        no = ", ".join(named[k] for k, t in tests.items() if not t["uniform"])
+        lines.append(f"PIT uniform at H={h}: {yes}" + (f"; not: {no}" if no else ""))
     return lines
 
 

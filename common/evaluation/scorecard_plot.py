@@ -74,9 +74,21 @@ def plot_scorecard(card: dict, path: Path, labels: Mapping[str, str]) -> None:
     ax[0, 1].legend(fontsize=8)
 
     pit = card["calibration"]["pit"]
-    ax[1, 0].bar(np.arange(len(pit)) / len(pit), pit, 1 / len(pit), align="edge", edgecolor="w")
+    ax[1, 0].bar(np.arange(len(pit)) / len(pit), pit, 1 / len(pit), align="edge", edgecolor="w", label="raw")
     ax[1, 0].axhline(1 / len(pit), color="k", ls="--", lw=0.8)
-    ax[1, 0].set(title=f"PIT histogram (model, H={card['calibration']['horizon']})", xlabel="PIT", ylabel="share")
+    cal = card["calibration"].get("pit_calibrated")  # on the grid of the calibrated interval ends
+    if cal:
+        edges = np.array(cal["edges"])
+        per_bin = np.array(cal["calibrated"]) / np.diff(edges) / len(pit)  # as a share per raw bin
+        ax[1, 0].stairs(per_bin, edges, color="C3", lw=1.5, label="calibrated")
+        ax[1, 0].legend(fontsize=8)
+    test = card["calibration"].get("pit_test")
+    ax[1, 0].set(
+        title=f"PIT histogram (model, H={card['calibration']['horizon']})"
+        + (f"\nuniformity p {_p(test['p_value'])} (5 bins, Hotelling F over non-overlapping dates)" if test else ""),
+        xlabel="PIT",
+        ylabel="share",
+    )
 
     bt = card.get("backtest", {})
     for name, st in bt.get("strategies", {}).items():
@@ -104,6 +116,10 @@ def _horizon_label(hc: dict, h: str, labels: Mapping[str, str]) -> str:
         return f"H={h}"
     names = [labels.get(k, k) for k in mcs["included"]]
     return f"H={h}\n" + "\n".join(", ".join(names[i : i + 2]) for i in range(0, len(names), 2))
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _fmt(x: Optional[float]) -> str:
