@@ -93,14 +93,14 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
     assert sorted(a.tolist()) == list(range(w.num_windows("train")))
 
 
-def test_epoch_order_is_int32_and_the_permutation_runs_before_it_resume_with():
+def test_the_randperm_order_is_int32_and_the_permutation_runs_before_it_resume_with():
     """Half the memory of an int64 order (10^8 windows: 400 MB a rank), and the very order an
     int64 randperm gives, so a run checkpointed mid-epoch before resumes on the same windows."""
     from common.training import batches as batches_module
 
     w, *_ = _build()
     for epoch in range(3):
-        order = w.epoch_order("train", seed=7, epoch=epoch)
+        order = w.epoch_order("train", seed=7, epoch=epoch, method="randperm")
         g = torch.Generator().manual_seed(batches_module._mix(7, epoch))
         assert order.dtype == torch.int32
         assert torch.equal(order.long(), torch.randperm(w.num_windows("train"), generator=g))
