@@ -373,6 +373,8 @@ def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int]) -> tor
     if n < 0 or n > 1 << 62:
         raise ValueError(f"cannot permute {n} positions")
     x = positions.long()
+    if len(x) and (int(x.min()) < 0 or int(x.max()) >= n):  # a walk from outside might never end
+        raise ValueError(f"positions outside [0, {n})")
     if n <= 1:
         return x.clone()
     bits = (n - 1).bit_length()
