@@ -328,7 +328,8 @@ class TokenWindows:
             sizes = [b - a for a, b in spans if b > a]
             if not sizes:
                 continue
-            positions = torch.cat([torch.arange(a, b) for a, b in spans if b > a])
+            positions = (torch.tensor(firsts)[:, None] + torch.arange(batch_size)).flatten()
+            positions = positions[positions < length]  # the spans, end to end
             yield (positions if lookup is None else lookup(positions)), sizes
 
 
