@@ -13,9 +13,10 @@ loader never starves a GPU).
    for reading the parquet cache); the peak RSS is the child's ru_maxrss (Python and its
    libraries included). Bytes on disk: the shard, after preparation.
 2. Batch assembly: TokenWindows over the shard's memory-mapped tokens (case A's context, 512,
-   and batch, 32 windows), on one thread: a random epoch order, then `gather` of batch after
-   batch (the CPU path: the GPU path copies the same int16 array to the device once). Tokens/s
-   = batches x 32 x 512 / seconds, beside the H100 case A rate measured in the Trainer.
+   and batch, 32 windows), on one thread: each batch's window ids from the generated epoch
+   order (epoch_lookup), then `gather` of batch after batch (the CPU path: the GPU path copies
+   the same int16 array to the device once). Tokens/s = batches x 32 x 512 / seconds, beside
+   the H100 case A rate measured in the Trainer.
 3. With --device cuda: the same gather on the GPU from the token tensor copied there once (the
    Trainer's path), at case C's shape (32 x 128), beside --consumption, the fastest case's
    training rate measured on the same machine (issue 28: >= 2x).
@@ -117,12 +118,14 @@ def assemble(
     sync()
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    order = windows.epoch_order("train", seed=0, epoch=0)
+    # the epoch order is generated per batch, as training does (batches computes a chunk's positions)
+    order = windows.epoch_lookup("train", seed=0, epoch=0)
+    n = windows.epoch_windows("train")
     order_s = time.perf_counter() - t0
     batches, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        index = order[(batches * batch_size) % (len(order) - batch_size) :][:batch_size]
-        batch = windows.gather("train", index)
+        first = (batches * batch_size) % (n - batch_size)
+        batch = windows.gather("train", order(torch.arange(first, first + batch_size)))
         batches += 1
     sync()
     elapsed = time.perf_counter() - t0
@@ -130,7 +133,7 @@ def assemble(
     return {
         "tokens_per_s": batches * batch_size * context / elapsed,
         "batches": batches,
-        "windows": len(order),
+        "windows": n,
         "device": device,
         "context": context,
         "batch": batch_size,

@@ -116,14 +116,14 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
     assert sorted(a.tolist()) == list(range(w.num_windows("train")))
 
 
-def test_epoch_order_is_int32_and_the_permutation_runs_before_it_resume_with():
+def test_the_randperm_order_is_int32_and_the_permutation_runs_before_it_resume_with():
     """Half the memory of an int64 order (10^8 windows: 400 MB a rank), and the very order an
     int64 randperm gives, so a run checkpointed mid-epoch before resumes on the same windows."""
     from common.training import batches as batches_module
 
     w, *_ = _build()
     for epoch in range(3):
-        order = w.epoch_order("train", seed=7, epoch=epoch)
+        order = w.epoch_order("train", seed=7, epoch=epoch, method="randperm")
         g = torch.Generator().manual_seed(batches_module._mix(7, epoch))
         assert order.dtype == torch.int32
         assert torch.equal(order.long(), torch.randperm(w.num_windows("train"), generator=g))
@@ -219,3 +219,120 @@ def test_batches_gathered_a_chunk_at_a_time_equal_one_gather_each(monkeypatch, c
     seen = sorted(int(s) for batches in per_rank for b in batches for s in b.x[:, 0])
     assert seen == sorted(w.gather("val", torch.arange(w.num_windows("val"))).x[:, 0].tolist())
     assert all(len(b.x) for batches in per_rank for b in batches)
+
+
+def _counted(counts: list[int], k: int):
+    """Windows whose training runs hold exactly `counts` windows (one asset each), epoch stride k."""
+    tokens, ranges = {}, {}
+    for i, c in enumerate(counts):
+        n = c + T + 2 * (T + 1)  # c training windows, then one val and one test window
+        tokens[f"S{i}"] = np.arange(n) % 50 + 3
+        ranges[f"S{i}"] = {"train": (0, c + T), "val": (c + T, c + 2 * T + 1), "test": (c + 2 * T + 1, n)}
+    ids = {s: i for i, s in enumerate(tokens)}
+    return build_windows(tokens, ranges, ids, ids, T, strides={"train": 1, "val": 1, "test": 1}, epoch_stride=k)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 97, 256, 257, 1000])
+def test_feistel_permute_is_a_bijection_for_awkward_sizes(n):
+    from common.training.batches import _round_keys, feistel_permute
+
+    for epoch in range(3):
+        assert sorted(feistel_permute(torch.arange(n), n, _round_keys(11, epoch)).tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("counts", [[1], [2], [3], [97], [64], [65], [5, 1, 64, 97], [5, 4, 64, 97]], ids=str)
+def test_a_generated_epoch_takes_each_window_once_and_the_same_set_as_randperm(counts, k):
+    if sum(counts) < k:
+        pytest.skip("fewer windows than the stride")
+    w = _counted(counts, k)
+    assert w.num_windows("train") == sum(counts)
+    pos = w.splits["train"].positions
+    for epoch in range(2 * k):  # a whole cycle of offsets, and the next
+        new = w.epoch_order("train", seed=4, epoch=epoch)
+        assert len(new) == len(set(new.tolist())) == w.epoch_windows("train")
+        if k == 1:
+            assert sorted(new.tolist()) == list(range(w.num_windows("train")))
+            continue
+        # a permutation of the chosen offset's windows (the list the randperm order takes from),
+        # cut to epoch_windows; an asset with fewer than k windows has none at some offsets
+        offset = int(pos[new[0]]) % k
+        chosen = (pos % k == offset).nonzero().squeeze(1)
+        full = w.epoch_lookup("train", 4, epoch)(torch.arange(len(chosen)))
+        assert sorted(full.tolist()) == chosen.tolist() and torch.equal(full[: len(new)], new)
+        if min(counts) >= k:  # (the randperm order cannot list the offsets of a shorter asset)
+            old = w.epoch_order("train", seed=4, epoch=epoch, method="randperm")
+            assert set(old.tolist()) <= set(chosen.tolist()) and len(old) == len(new)
+
+
+def test_the_randperm_order_with_a_stride_is_the_one_runs_before_it_drew():
+    """The old code's order, written out: a run checkpointed before resumes on the same windows."""
+    from common.training import batches as batches_module
+
+    w = _counted([40, 17, 33], 3)
+    for epoch in range(4):
+        cycle = torch.Generator().manual_seed(batches_module._mix(4, epoch // 3) ^ 0x5DEECE66D)
+        offset = int(torch.randperm(3, generator=cycle)[epoch % 3])
+        chosen = w.splits["train"].with_offset(3, offset)
+        g = torch.Generator().manual_seed(batches_module._mix(4, epoch))
+        want = chosen[torch.randperm(len(chosen), generator=g)][: w.epoch_windows("train")]
+        assert torch.equal(w.epoch_order("train", seed=4, epoch=epoch, method="randperm").long(), want)
+        # the generated order takes the same offset's windows, in another order
+        new = w.epoch_order("train", seed=4, epoch=epoch)
+        assert set(new.tolist()) <= set(chosen.tolist()) and len(new) == len(want)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("method", ["feistel", "randperm"])
+def test_chunked_batch_indices_are_the_ranks_slices_of_the_whole_order(monkeypatch, k, method):
+    import common.training.batches as batches_module
+
+    w = _counted([130, 61, 97], k)
+    B, world = 5, 3
+    monkeypatch.setattr(batches_module, "CHUNK_TOKENS", 2 * B * (T + 1))  # 2 batches a chunk
+    order = w.epoch_order("train", seed=9, epoch=5, method=method)
+    n = w.num_batches("train", B, world, drop_last=True, shuffle=True)
+    for rank in range(world):
+        chunks = list(
+            w.batch_indices(
+                "train", B, shuffle=True, seed=9, epoch=5, rank=rank, world_size=world, drop_last=True, order=method
+            )
+        )
+        assert len(chunks) == -(-n // 2) and all(sizes == [B] * len(sizes) for _, sizes in chunks)
+        got = torch.cat([index.long() for index, _ in chunks])
+        want = torch.cat([order[(i * world + rank) * B :][:B] for i in range(n)]).long()
+        assert torch.equal(got, want)
+        # from a mid-epoch start (a resume): the same tail
+        tail = torch.cat(
+            [
+                i.long()
+                for i, _ in w.batch_indices(
+                    "train",
+                    B,
+                    shuffle=True,
+                    seed=9,
+                    epoch=5,
+                    rank=rank,
+                    world_size=world,
+                    drop_last=True,
+                    order=method,
+                    start=3,
+                )
+            ]
+        )
+        assert torch.equal(tail, want[3 * B :])
+
+
+def test_the_generated_order_looks_uniform():
+    """Fixed seeds, tolerant bounds: the window at position 0 over 600 epochs falls in each tenth
+    of [0, n) about equally often, and within one epoch position and window are uncorrelated."""
+    w = _counted([1000, 237], 1)
+    n = w.num_windows("train")
+    lookup_first = [int(w.epoch_lookup("train", 1, e)(torch.zeros(1, dtype=torch.int64))) for e in range(600)]
+    tenths = np.bincount(np.array(lookup_first) * 10 // n, minlength=10)
+    assert tenths.min() >= 30 and tenths.max() <= 90, tenths  # 60 expected, sd ~7.3
+    for epoch in range(3):
+        order = w.epoch_order("train", seed=1, epoch=epoch).double()
+        corr = np.corrcoef(np.arange(n), order.numpy())[0, 1]
+        assert abs(corr) < 0.1, corr  # sd ~0.03 for a random permutation
+        assert (order.diff().abs() == 1).float().mean() < 0.05  # not runs of neighbours

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from common.config import Config, ModelConfig
+from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.training.batches import build_windows
-from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint
+from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint, save_checkpoint
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer
@@ -253,6 +254,37 @@ def test_resume_with_strided_epochs_is_bit_identical(tmp_path, straight, stop_at
     assert _losses(second) == _losses(whole)
 
 
+def test_a_checkpoint_from_before_the_generated_epoch_order_resumes_with_randperm(tmp_path):
+    """A run made before "epoch_order" existed drew its epochs with torch.randperm: resumed from
+    its checkpoint (no "epoch_order" key) it goes on bit for bit as that code would have, and
+    records "randperm" so later resumes keep it; a new run records and uses "feistel"."""
+    assert _trainer(tmp_path / "new").state_dict()["epoch_order"] == "feistel"
+    old_way = _trainer(tmp_path / "old")
+    old_way.epoch_order = "randperm"  # the order of the code before, for the whole run
+    assert old_way.train() == "finished"
+    new, old = (WINDOWS.epoch_order("train", 5, 0, method=m).long() for m in ("feistel", "randperm"))
+    assert not torch.equal(new, old)  # the two orders differ: the test tells them apart
+    first = _trainer(tmp_path / "cut")
+    first.epoch_order = "randperm"
+    assert first.train(stop_after_steps=4) == "stopped"
+    path = latest_good_checkpoint(tmp_path / "cut")
+    state = load_checkpoint(path)
+    del state["epoch_order"]  # as the code before wrote it
+    save_checkpoint(state, path)
+    second = _resume(tmp_path / "cut")
+    assert second.epoch_order == "randperm"
+    assert second.train(stop_after_steps=9) == "stopped"
+    assert load_checkpoint(latest_good_checkpoint(tmp_path / "cut"))["epoch_order"] == "randperm"
+    third = _resume(tmp_path / "cut")
+    assert third.train() == "finished"
+    for name, w in old_way.model.state_dict().items():
+        assert torch.equal(third.model.state_dict()[name], w), name
+    assert _losses(third) == _losses(old_way)
+    state["epoch_order"] = "from-the-future"
+    with pytest.raises(UserError, match="epoch order 'from-the-future' is unknown"):
+        _trainer(tmp_path / "other").load_state_dict(state)
+
+
 def _signal_at_step(trainer: Trainer, sig: int, step: int) -> None:
     """Send `sig` to this process during optimizer step `step` (1-based), from inside forward."""
     calls = {"n": 0}
@@ -364,6 +396,7 @@ def test_state_dict_holds_everything_a_resume_needs(tmp_path):
         "optimizer",
         "lr_schedule",
         "progress",
+        "epoch_order",
         "epoch_sums",
         "early_stopping",
         "rng",

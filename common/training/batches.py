@@ -10,25 +10,32 @@ window still has every candle scored, see _split_runs). A split is a few numbers
 where its windows start in the big tensor, how many, and the asset's ids. A batch of windows is one
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
-Epoch order is a permutation drawn from a generator seeded with (seed, epoch), so a resumed
-run sees exactly the order the interrupted one saw. With an epoch stride k > 1
+Epoch order is a pseudo-random permutation keyed by (seed, epoch) and generated on demand: a
+Feistel network with cycle walking (feistel_permute) maps each position of the epoch to its
+window, so a chunk of batches computes only its own positions (memory O(chunk), not
+O(windows), in every rank), the same on any device, and a resumed run sees exactly the order
+the interrupted one saw. Runs started before it (a checkpoint without "epoch_order") keep the
+order they began with, a materialised torch.randperm from a generator seeded with (seed,
+epoch); the Trainer's state records which (EPOCH_ORDERS). With an epoch stride k > 1
 (data.epoch_stride) a training epoch takes every k-th window of each asset, from an offset in
 [0, k) drawn per cycle of k epochs (each offset once a cycle, so a cycle reaches every window):
 each candle is then a target about context_length / k times per epoch instead of
-context_length times (stride-1 windows overlap). Under DDP the order is cut into global
-batches of batch_size x world_size windows and rank r takes the r-th slice of each: at every
-step the ranks' batches together are exactly the batch one process with batch_size x
-world_size would train on, so N processes learn what that one process learns. Training drops
-the last incomplete global batch (every rank must see a full batch for DDP's gradient mean
-to equal that process's); evaluation keeps it, unevenly sliced (a rank may get nothing).
+context_length times (stride-1 windows overlap). The epoch permutes that offset's windows (the
+i-th of them found from per-asset counts, not a list) and keeps the first epoch_windows.
+Under DDP the order is cut into global batches of batch_size x world_size windows and rank r
+takes the r-th slice of each: at every step the ranks' batches together are exactly the batch
+one process with batch_size x world_size would train on, so N processes learn what that one
+process learns. Training drops the last incomplete global batch (every rank must see a full
+batch for DDP's gradient mean to equal that process's); evaluation keeps it, unevenly sliced (a rank may get nothing).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,13 +43,29 @@ import torch
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
 
-__all__ = ["SPLITS", "Batch", "SplitWindows", "TokenWindows", "build_windows", "window_starts"]
+__all__ = [
+    "EPOCH_ORDER",
+    "EPOCH_ORDERS",
+    "SPLITS",
+    "Batch",
+    "SplitWindows",
+    "TokenWindows",
+    "build_windows",
+    "feistel_permute",
+    "window_starts",
+]
 
 SPLITS = ("train", "val", "test")
 # Batches are gathered this many tokens at a time (int64 on the device: 16 MB, three times more
 # with features): one index copy, lookup and gather per chunk of steps instead of a dozen small
 # kernel launches per step, which held a small model's GPU step back on the host.
 CHUNK_TOKENS = 1 << 21
+# How a training epoch orders its windows. "feistel": computed for the positions a chunk needs
+# (memory O(chunk)); "randperm": a materialised permutation (4 bytes a window in every rank), the
+# order of every run made before "feistel", which their checkpoints resume with (Trainer state).
+EPOCH_ORDERS = ("randperm", "feistel")
+EPOCH_ORDER = "feistel"  # what new runs use
+_FEISTEL_ROUNDS = 6
 
 
 @dataclass
@@ -177,17 +200,49 @@ class TokenWindows:
         size = batch_size * world_size
         return n // size if drop_last else -(-n // size)
 
-    def epoch_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
-        """The windows of one epoch in a random order that depends only on (seed, epoch): a
-        permutation of all of them, or with an epoch stride k of one offset's every k-th."""
+    def epoch_order(self, split: str, seed: int, epoch: int, method: str = EPOCH_ORDER) -> torch.Tensor:
+        """The whole order of one training epoch (see epoch_lookup), materialised: O(windows),
+        for inspection and tests; `batches` computes only the slices it needs."""
+        return self.epoch_lookup(split, seed, epoch, method)(torch.arange(self.epoch_windows(split)))
+
+    def epoch_lookup(
+        self, split: str, seed: int, epoch: int, method: str = EPOCH_ORDER
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """positions -> window ids of one training epoch, whose order depends only on (seed, epoch)
+        and `method` (EPOCH_ORDERS): a permutation of all windows, or with an epoch stride k the
+        first epoch_windows of a permutation of one offset's every k-th window. Computed on the
+        CPU (the same on any device); "feistel" costs O(positions asked), "randperm" O(windows)."""
+        w, k = self.splits[split], self.epoch_stride
+        if method == "randperm":
+            order = self._randperm_order(split, seed, epoch)
+            return lambda positions: order[positions]
+        if method != "feistel":
+            raise ValueError(f"unknown epoch order {method!r}; one of {EPOCH_ORDERS}")
+        keys = _round_keys(seed, epoch)
+        if k == 1:
+            n = self.num_windows(split)
+            return lambda positions: feistel_permute(positions, n, keys)
+        # the i-th chosen window (ascending, as with_offset lists them) from a few numbers per run
+        offset = _cycle_offset(seed, epoch, k)
+        chosen = torch.clamp((w.count - offset + k - 1) // k, min=0)  # (R,) windows taken per run
+        ends = torch.cumsum(chosen, 0)
+        firsts = w.cum[:-1] + offset  # the run's first chosen window id
+        total = int(ends[-1]) if len(ends) else 0
+
+        def lookup(positions: torch.Tensor) -> torch.Tensor:
+            i = feistel_permute(positions, total, keys)
+            run = torch.searchsorted(ends, i, right=True)
+            return firsts[run] + (i - (ends[run] - chosen[run])) * k
+
+        return lookup
+
+    def _randperm_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
+        """The materialised order of the runs made before EPOCH_ORDER "feistel", kept exactly."""
         g = torch.Generator().manual_seed(_mix(seed, epoch))
         w, k = self.splits[split], self.epoch_stride
         if k == 1:
             return _randperm(self.num_windows(split), g)  # on the CPU: same on any device
-        # the k epochs of a cycle take the k offsets in a random order: every window once per cycle
-        cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
-        offset = int(torch.randperm(k, generator=cycle)[epoch % k])
-        chosen = w.with_offset(k, offset)
+        chosen = w.with_offset(k, _cycle_offset(seed, epoch, k))
         return chosen[_randperm(len(chosen), g)][: self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
@@ -227,6 +282,7 @@ class TokenWindows:
         start: int = 0,
         limit: int | None = None,
         drop_last: bool = False,
+        order: str = EPOCH_ORDER,
     ) -> Iterator[Batch]:
         """This rank's slices of the global batches of one pass over `split`, from the
         `start`-th global batch on.
@@ -234,25 +290,123 @@ class TokenWindows:
         shuffle=False walks the windows in order (evaluation). `limit` caps the global batches
         (counted from 0, so a resumed pass with the same limit ends where the first would have).
         Without drop_last, a rank whose slice of the last batch is empty skips it. The batches
-        are gathered CHUNK_TOKENS at a time and handed out as views of that chunk.
+        are gathered CHUNK_TOKENS at a time and handed out as views of that chunk. order: the
+        epoch order's method (EPOCH_ORDERS), the one the run was started with.
         """
-        order = self.epoch_order(split, seed, epoch) if shuffle else torch.arange(self.num_windows(split))
+        for index, sizes in self.batch_indices(
+            split,
+            batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            limit=limit,
+            drop_last=drop_last,
+            order=order,
+        ):
+            yield from self.gather(split, index).split(sizes)
+
+    def batch_indices(
+        self,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        limit: int | None = None,
+        drop_last: bool = False,
+        order: str = EPOCH_ORDER,
+    ) -> Iterator[tuple[torch.Tensor, list[int]]]:
+        """What `batches` gathers, a chunk at a time: (window ids on the CPU, the sizes of the
+        rank's non-empty batches in them). Only the chunk's positions of the order are computed."""
         n = self.num_batches(split, batch_size, world_size, drop_last, shuffle=shuffle)
         if limit is not None:
             n = min(n, limit)
+        length = self.epoch_windows(split) if shuffle else self.num_windows(split)
+        lookup = self.epoch_lookup(split, seed, epoch, order) if shuffle else None
         per_chunk = max(1, CHUNK_TOKENS // (batch_size * (self.context_length + 1)))
         for c in range(start, n, per_chunk):
             firsts = [(i * world_size + rank) * batch_size for i in range(c, min(c + per_chunk, n))]
-            slices = [order[f : f + batch_size] for f in firsts]  # rank r: slice r of global batch i
-            sizes = [len(s) for s in slices if len(s)]
-            if sizes:
-                yield from self.gather(split, torch.cat(slices)).split(sizes)
+            # rank r: slice r of global batch i, i.e. positions [f, f + batch_size) of the order
+            spans = [(f, min(f + batch_size, length)) for f in firsts]
+            sizes = [b - a for a, b in spans if b > a]
+            if not sizes:
+                continue
+            positions = (torch.tensor(firsts)[:, None] + torch.arange(batch_size)).flatten()
+            positions = positions[positions < length]  # the spans, end to end
+            yield (positions if lookup is None else lookup(positions)), sizes
 
 
 def _randperm(n: int, g: torch.Generator) -> torch.Tensor:
     """torch.randperm(n) in int32 where it fits: the same permutation as int64 from the same
     generator, at half the memory (an epoch of 10^8 windows: 400 MB instead of 800 MB, per rank)."""
     return torch.randperm(n, generator=g, dtype=torch.int32 if n < 2**31 else torch.int64)
+
+
+def _cycle_offset(seed: int, epoch: int, k: int) -> int:
+    """The offset epoch `epoch` takes: the k epochs of a cycle take the k offsets in a random
+    order, so a cycle reaches every window once."""
+    cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
+    return int(torch.randperm(k, generator=cycle)[epoch % k])
+
+
+def _round_keys(seed: int, epoch: int) -> list[int]:
+    """The Feistel round keys of (seed, epoch): 32 bits each from a cryptographic hash, so they
+    are the same on every platform and Python, and near epochs get unrelated keys."""
+    digest = hashlib.blake2b(f"epoch-order:{seed}:{epoch}".encode(), digest_size=4 * _FEISTEL_ROUNDS).digest()
+    return [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(_FEISTEL_ROUNDS)]
+
+
+def _round(right: torch.Tensor, key: int, bits: int) -> torch.Tensor:
+    """A Feistel round function: the top `bits` of a 32-bit multiplicative hash of right ^ key
+    (the top bits of a product depend on every bit of the input). In place where it can: a
+    chunk's order is dozens of these over a few thousand positions. No product reaches 2**63
+    (operand < 2**32, multiplier < 2**31): int64 never overflows, on any device."""
+    return (right ^ key).mul_(0x2C1B3C6D).bitwise_and_(0xFFFFFFFF).bitwise_right_shift_(32 - bits)
+
+
+def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int]) -> torch.Tensor:
+    """A pseudo-random bijection of [0, n), keyed by `keys`, at `positions` (int64, same shape).
+
+    A Feistel network permutes [0, 2**b), the smallest power of 2 >= n: each round splits a
+    value into a high and a low part, xors the high part with a hash of the low part and the
+    round's key, and swaps the parts (so the widths alternate when b is odd); each round is
+    invertible, so the network is a bijection. A value that lands at n or beyond is walked on
+    through the same network until it falls inside (cycle walking): following the network's
+    cycles from inside [0, n) back into it is a permutation of [0, n), and since 2**b < 2n a
+    value needs fewer than 2 passes on average. Vectorised: O(len(positions))."""
+    if n < 0 or n > 1 << 62:
+        raise ValueError(f"cannot permute {n} positions")
+    x = positions.long()
+    if len(x) and (int(x.min()) < 0 or int(x.max()) >= n):  # a walk from outside might never end
+        raise ValueError(f"positions outside [0, {n})")
+    if n <= 1:
+        return x.clone()
+    bits = (n - 1).bit_length()
+
+    def network(v: torch.Tensor) -> torch.Tensor:
+        high = bits - bits // 2
+        for key in keys:
+            low = bits - high
+            left = v >> low
+            right = v & ((1 << low) - 1)
+            left.bitwise_xor_(_round(right, key, high))
+            v = right.bitwise_left_shift_(high).bitwise_or_(left)
+            high = low
+        return v
+
+    x = network(x)
+    outside = (x >= n).nonzero().squeeze(1)
+    while len(outside):
+        x[outside] = network(x[outside])
+        outside = outside[x[outside] >= n]
+    return x
 
 
 def _mix(seed: int, epoch: int) -> int:

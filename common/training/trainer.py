@@ -5,7 +5,9 @@ The Trainer's whole state is `state_dict()` / `load_state_dict()`, like any torc
 model, optimizer, schedule position, epoch and step within it, the partial sums of the
 epoch in progress, early-stopping state, RNG states (python, numpy, torch, cuda), the log so
 far and the resolved config. Resuming from it replays the run bit for bit on the CPU: the
-batch order comes from (seed, epoch) and dropout from the restored torch RNG.
+batch order comes from (seed, epoch) and the epoch order the run began with ("epoch_order":
+a checkpoint without it is from before the generated order and keeps torch.randperm's), and
+dropout from the restored torch RNG.
 
 Signals (signals.py) are served at the next step boundary: SIGUSR1 saves a step checkpoint;
 SIGTERM and SIGUSR2 save one and stop: `train()` returns "interrupted" and the command exits
@@ -40,7 +42,7 @@ from common.distributed.precision import (
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
-from common.training.batches import TokenWindows
+from common.training.batches import EPOCH_ORDER, EPOCH_ORDERS, TokenWindows
 from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_name, unwrap_state_dict
 from common.training.log import Progress, TrainingLog, epoch_summary
 from common.training.lr_schedule import LRSchedule
@@ -129,6 +131,7 @@ class Trainer:
 
         # progress: `epoch` counts finished epochs; the one in progress is epoch + 1 (1-based)
         self.epoch = self.step_in_epoch = self.global_step = 0
+        self.epoch_order = EPOCH_ORDER  # a resumed run keeps its checkpoint's (load_state_dict)
         self.elapsed_before = 0.0  # seconds trained by earlier sessions of this run
         self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
@@ -216,6 +219,7 @@ class Trainer:
                 "world_size": self.world_size,
                 "elapsed_s": self.elapsed_before + self._session_seconds(),
             },
+            "epoch_order": self.epoch_order,
             "epoch_sums": dict(self.sums),
             "early_stopping": self.early_stopping.state_dict(),
             "rng": rng_state(),
@@ -231,6 +235,13 @@ class Trainer:
                 f"{self.steps_per_epoch}: the data, batch size or world size changed; "
                 "resume with the same ones"
             )
+        # every run before the generated order drew its epochs with torch.randperm: it goes on with it
+        order = state.get("epoch_order", "randperm")
+        if order not in EPOCH_ORDERS:
+            raise UserError(
+                f"the checkpoint's epoch order {order!r} is unknown to this version ({', '.join(EPOCH_ORDERS)}); "
+                "resume it with the version that wrote it"
+            )
         self.model.load_state_dict(unwrap_state_dict(state["model"]))
         self.optimizer.load_state_dict(state["optimizer"])
         for group, flags in zip(self.optimizer.param_groups, self._kernel_flags):
@@ -238,6 +249,7 @@ class Trainer:
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])  # a no-op unless this run trains in fp16
         self.epoch, self.step_in_epoch, self.global_step = p["epoch"], p["step_in_epoch"], p["global_step"]
+        self.epoch_order = order
         self.elapsed_before = float(p["elapsed_s"])
         self.sums = dict(state["epoch_sums"])
         self.early_stopping.load_state_dict(state["early_stopping"])
@@ -335,6 +347,7 @@ class Trainer:
             drop_last=True,
             start=self.step_in_epoch * accum,
             limit=self.steps_per_epoch * accum,
+            order=self.epoch_order,
         )
         progress = Progress(
             self.epoch + 1,
