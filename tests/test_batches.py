@@ -336,3 +336,10 @@ def test_the_generated_order_looks_uniform():
         corr = np.corrcoef(np.arange(n), order.numpy())[0, 1]
         assert abs(corr) < 0.1, corr  # sd ~0.03 for a random permutation
         assert (order.diff().abs() == 1).float().mean() < 0.05  # not runs of neighbours
+
+
+def test_an_asset_with_fewer_windows_than_the_offset_takes_none():
+    from common.training.batches import SplitWindows
+
+    w = SplitWindows(torch.tensor([0, 100]), torch.tensor([1, 10]), 1, torch.tensor([0, 1]), torch.tensor([0, 0]))
+    assert w.with_offset(3, 2).tolist() == [3, 6, 9]  # run 0 (1 window) has no position 2; run 1's are 1 + 2, 5, 8

@@ -143,7 +143,8 @@ class SplitWindows:
     def with_offset(self, k: int, offset: int) -> torch.Tensor:
         """The windows whose position p in their run has p % k == offset, ascending (CPU)."""
         starts = [0, *itertools.accumulate(self.counts)]
-        parts = [torch.arange(starts[r] + offset, starts[r] + c, k) for r, c in enumerate(self.counts)]
+        # a run with fewer windows than the offset takes none (arange would refuse start > end)
+        parts = [torch.arange(starts[r] + min(offset, c), starts[r] + c, k) for r, c in enumerate(self.counts)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
