@@ -63,7 +63,7 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from common.commands.plan import run_plan  # lazy: torch (the model's size)
 
-    return run_plan(args.config, args.overrides)
+    return run_plan(args.config, args.overrides, fit=args.fit)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -387,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         "epoch on the job's GPUs, memory, and warnings (no network)",
     )
     _add_config_args(p)
+    p.add_argument(
+        "--fit",
+        type=Path,
+        default=None,
+        help="the sweep.json of `marketgpt sweep` on this corpus: its model size advice",
+    )
     p.set_defaults(handler=_cmd_plan)
 
     p = sub.add_parser("data", help="market data: download a case's universe into its parquet cache")

@@ -73,9 +73,12 @@ class ModelConfig:
     move_bins: Optional[int] = None
     shape_bins: Optional[int] = None  # shape bins of that grid; null: tokenizer.shape_bins
     # "auto": d_model, num_layers, num_heads and d_ff chosen when a new run starts, for its training
-    # candles, by the scaling fit (common/model/scaling_fit.py; docs/scaling.md) and recorded in
-    # training_log.json (model_size); null: the shape as written
+    # candles, by the scaling fit of model.size_fit (common/model/scaling_fit.py; docs/scaling.md) and
+    # recorded in training_log.json (model_size); null: the shape as written
     size: Optional[Literal["auto"]] = None
+    # the fit model.size = "auto" reads: a sweep.json of `marketgpt sweep` on this corpus (same
+    # vocabulary and interval), relative to the working directory; null: none (auto is refused)
+    size_fit: Optional[str] = None
 
 
 @dataclass

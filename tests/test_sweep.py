@@ -1,0 +1,65 @@
+"""The user's own scaling fit (common/model/scaling_fit.py: size_advice, load_size_fit) and
+`marketgpt sweep` (common/commands/sweep.py): points from a known L(N, D) give size advice only
+when size moves the loss, a fit of another corpus is refused, a toy sweep fills in only what is
+missing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import common.commands.train  # noqa: F401  (at collection: its import chain probes a socket)
+from common.cli import main
+from common.config import load_config
+from common.errors import UserError
+from common.model.scaling_fit import NO_SIZE_ADVICE, corpus_of, fit_points, load_size_fit, size_advice
+from common.paths import REPO_ROOT
+
+CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
+SIZES = (1.7e5, 9.3e5, 5.0e6)
+TOKENS = (4e4, 1e5, 3e5, 1e6)
+
+
+def _points(size_term: float, seed: int = 0) -> tuple[list[float], list[float], list[float]]:
+    """L = 1 + size_term / N^0.4 + 0.02 / D^0.3 (N, D in millions) with 1 mnat of noise."""
+    rng = np.random.default_rng(seed)
+    n = [s for s in SIZES for _ in TOKENS]
+    d = [t for _ in SIZES for t in TOKENS]
+    loss = [1 + size_term * (a / 1e6) ** -0.4 + 0.02 * (b / 1e6) ** -0.3 + rng.normal(0, 1e-3) for a, b in zip(n, d)]
+    return n, d, loss
+
+
+def test_no_size_advice_without_a_size_effect_and_a_larger_shape_with_one():
+    cfg = load_config(CASE_C)
+    flat = fit_points(*_points(0.0), n_boot=100)
+    advice = size_advice(cfg, 3e5, flat, 2, 1, min_tokens_per_parameter=1.0)
+    assert advice["shape"] is None and advice["text"].startswith(NO_SIZE_ADVICE)
+
+    sized = fit_points(*_points(0.05), n_boot=100)
+    advice = size_advice(cfg, 3e5, sized, 2, 1, min_tokens_per_parameter=1.0)
+    shape = advice["shape"]
+    assert shape is not None and shape["parameters"] > 2 * SIZES[0]  # bigger: not the smallest shape
+    low, high = shape["parameters_ci95"]
+    assert low <= shape["parameters"] <= high and "bootstrap 95%" in advice["text"]
+    # 3e5 tokens on a multi-million-parameter shape: the plan's memorization rule warns, and so does the advice
+    assert shape["memorizes"] and "memorize" in advice["text"]
+
+
+def _fit_file(tmp_path, cfg_sets=()):
+    fit = fit_points(*_points(0.05), n_boot=20)
+    fit.corpus = corpus_of(load_config(CASE_C, list(cfg_sets)))
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"points": [], "fit": fit.to_dict()}))
+    return path
+
+
+@pytest.mark.parametrize("sets", [["model.vocab_size=512"], ['data.interval="1d"']])
+def test_a_fit_of_another_vocabulary_or_interval_is_refused_in_one_line(tmp_path, capsys, sets):
+    path = _fit_file(tmp_path, sets)
+    with pytest.raises(UserError, match="sweep"):
+        load_size_fit(path, load_config(CASE_C))
+    assert main(["plan", "--config", str(CASE_C), "--fit", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fitted on" in err
