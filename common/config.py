@@ -194,6 +194,12 @@ class DataConfig:
     # (common/training/batches.py): with stride-1 windows an epoch otherwise shows each candle
     # context_length times; 1 keeps every window in every epoch
     epoch_stride: int = 1
+    # train on this share of the training split (0 < f <= 1), on the same token shard; validation and
+    # test keep every asset. `marketgpt sweep` sets it per point (common/tokens/fractions.py)
+    train_fraction: float = 1.0
+    # how data.train_fraction cuts: the first assets in symbol order ("assets") or the latest
+    # candles of each asset ("time")
+    fraction_by: Literal["assets", "time"] = "assets"
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
     universe_counts: Dict[str, int] = field(default_factory=dict)
     # prepare the corpus once into memory-mapped token shards in data.cache_dir/shards/, reused by

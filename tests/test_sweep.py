@@ -63,3 +63,64 @@ def test_a_fit_of_another_vocabulary_or_interval_is_refused_in_one_line(tmp_path
     assert main(["plan", "--config", str(CASE_C), "--fit", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "fitted on" in err
+
+
+TOY = [
+    'data.source="synthetic"',
+    'data.synthetic={"assets": 2, "candles": 1500, "categories": ["crypto"], "seasonality": 0.0}',
+    'data.interval="1h"',
+    'data.start_date="2020-01-01"',
+    "data.universe_counts={}",
+    "model.context_length=32",
+    "tokenizer.ret_bins=16",
+    "training.epochs=2",
+    "training.max_steps_per_epoch=2",
+    "training.eval_max_batches=1",
+    "training.scorecard_origins=0",
+    'training.device="cpu"',
+    "training.compile=false",
+    'experiment="toy"',
+]
+
+
+def _toy_case(tmp_path):
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "c.json"
+    config.write_text(CASE_C.read_text())
+    return config, [a for kv in TOY for a in ("--set", kv)]
+
+
+def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missing(tmp_path, capsys):
+    from common.cluster.status import status_table
+
+    config, sets = _toy_case(tmp_path)
+    grid = ["--sizes", "16x1", "--fractions", "0.5"]
+    assert main(["sweep", "--config", str(config), *sets, *grid, "--local"]) == 0
+    folder = tmp_path / "sweeps" / "sweep_toy"
+    (point,) = json.loads((folder / "sweep.json").read_text())["points"]
+    assert point["point"] == "d16l1_f050" and point["parameters"] > 0 and point["steps"] == 4
+    full = sum(1500 * 0.7 for _ in range(2))  # the two assets' training candles, about
+    assert 0.3 * full < point["train_tokens"] < 0.7 * full  # one of the two assets
+    assert point["test_loss"] > 0 and len(point["skill_vs_unigram_ci95"]) == 2 and point["still_improving"]
+    assert (folder / "sweep.png").stat().st_size > 1000
+
+    # the same sweep with one more fraction: only the new point trains
+    assert main(["sweep", "--config", str(config), *sets, "--sizes", "16x1", "--fractions", "0.5,1", "--local"]) == 0
+    doc = json.loads((folder / "sweep.json").read_text())
+    assert [p["point"] for p in doc["points"]] == ["d16l1_f050", "d16l1_f100"] and doc["missing"] == []
+    assert doc["points"][1]["train_tokens"] > 1.5 * point["train_tokens"]
+    assert len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1  # not run again
+    assert doc["fit"] is None and "still improving" in doc["fit_note"]
+    assert "sweep sweep_toy" in status_table(case=str(tmp_path)) and "2 of 2 points" in status_table(case=str(tmp_path))
+
+    capsys.readouterr()
+    bad = [
+        (["--fractions", "0"], "> 0 and <= 1"),
+        (["--fractions", "1.5"], "> 0 and <= 1"),
+        (["--sizes", ""], "empty grid"),
+        (["--set", "tokenizer.ret_bins=8"], "changed under it"),  # another shard under the same sweep
+    ]
+    for args, message in bad:
+        assert main(["sweep", "--config", str(config), *sets, *grid, *args, "--local"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err

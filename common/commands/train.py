@@ -62,6 +62,7 @@ from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.model.scaling_fit import load_size_fit, size_advice
 from common.paths import case_dir_of_config
+from common.tokens.fractions import trim_train
 from common.training.batches import TokenWindows, build_windows
 from common.training.checkpoint import load_checkpoint
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
@@ -213,6 +214,7 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple
     parent_tokenizer = parent.run_dir / "tokenizer.json" if parent is not None else None
     prepare = prepare_shards if cfg.data.shards else prepare_in_memory
     p = prepare(cfg, case, parent_tokenizer, out=out)
+    p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     return p.tokens, {"asset_info": p.asset_info, "tokenizer": p.tokenizer}, p.data_info
 
 
@@ -291,6 +293,7 @@ def _open_run(
         "asset_info": read_json(run_dir / "asset_info.json"),
         "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json"),
     }
+    tokens.ranges = trim_train(tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     return cfg, tokens, info
 
 
