@@ -124,3 +124,41 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
         assert main(["sweep", "--config", str(config), *sets, *grid, *args, "--local"]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_cluster, tmp_path, monkeypatch):
+    """Two points as one array on the local cluster: task 1 is cancelled, finished task 0 is
+    requeued (it finds its point done and trains nothing), and submitting again runs only point 1."""
+    import subprocess
+
+    from common.cluster.sweep_jobs import submit_sweep
+    from common.commands.sweep import plan_sweep
+    from common.distributed.slurm import wait_for_jobs
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs inherit the submitting environment
+    config, _ = _toy_case(tmp_path)
+    sets = [*TOY, "slurm.time=00:30:00", "slurm.cpus_per_task=1", "slurm.mem_gb=2", 'slurm.partition="long"']
+    sweep = plan_sweep(config, sets, sizes="16x1", fractions="0.5,1")
+    jobs = submit_sweep(sweep)
+    assert len(jobs) == 2
+    subprocess.run(["scancel", jobs[1].job_id], check=True)  # killed before it finishes
+    states = wait_for_jobs([j.job_id for j in jobs], timeout_s=300, poll_s=0.5)
+    logs = "".join(p.read_text() for p in sorted((sweep.folder / "logs").rglob("*_log.*")))
+    assert states[jobs[0].job_id] == "COMPLETED" and states[jobs[1].job_id] in ("CANCELLED", "GONE"), (
+        f"{states}\n{logs[-3000:]}"
+    )
+    assert [p.name for p in sweep.missing()] == ["d16l1_f100"]
+
+    subprocess.run(["scontrol", "requeue", jobs[0].job_id], check=True)  # a finished task started again
+    again = submit_sweep(sweep)  # only the missing point is queued
+    assert len(again) == 1
+    states = wait_for_jobs([jobs[0].job_id, again[0].job_id], timeout_s=300, poll_s=0.5)
+    logs = "".join(p.read_text() for p in sorted((sweep.folder / "logs").rglob("*_log.*")))
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs[-3000:]}"
+    assert "d16l1_f050 is finished; not run again" in logs
+    assert sweep.missing() == [] and len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1
+    doc = json.loads((sweep.folder / "sweep.json").read_text())
+    assert doc["missing"] == [] and len(doc["points"]) == 2
