@@ -33,11 +33,11 @@ def _points(size_term: float, seed: int = 0) -> tuple[list[float], list[float], 
 
 def test_no_size_advice_without_a_size_effect_and_a_larger_shape_with_one():
     cfg = load_config(CASE_C)
-    flat = fit_points(*_points(0.0), n_boot=100)
+    flat = fit_points(*_points(0.0), n_boot=40)
     advice = size_advice(cfg, 3e5, flat, 2, 1, min_tokens_per_parameter=1.0)
     assert advice["shape"] is None and advice["text"].startswith(NO_SIZE_ADVICE)
 
-    sized = fit_points(*_points(0.05), n_boot=100)
+    sized = fit_points(*_points(0.05), n_boot=40)
     advice = size_advice(cfg, 3e5, sized, 2, 1, min_tokens_per_parameter=1.0)
     shape = advice["shape"]
     assert shape is not None and shape["parameters"] > 2 * SIZES[0]  # bigger: not the smallest shape

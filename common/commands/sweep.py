@@ -165,7 +165,8 @@ def run_point(sweep: Sweep, point: SweepPoint, out: Optional[TextIO] = None) -> 
         print(f"sweep {sweep.name}: {point.name} is finished; not run again", file=out)
         return 0
     check_shard(sweep)
-    now = shard_folder(sweep.cfg, case_dir_of_config(sweep.config))[0].name
+    # the config as the training will read it now: an edit since the submission shows as another shard
+    now = shard_folder(load_config(sweep.config, sweep.overrides), case_dir_of_config(sweep.config))[0].name
     if now != sweep.shard:
         raise UserError(f"the token shard changed under sweep {sweep.name} (key {sweep.shard}, now {now})")
     sets = [*sweep.overrides, *point.sets(sweep.by), f'experiment="{sweep.experiment(point)}"']

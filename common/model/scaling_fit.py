@@ -233,13 +233,13 @@ def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
     """The fit of a user's sweep (sweep.json, whose "fit" it is, or a fit file) for `cfg`'s
     corpus: refused in one line when it is missing or was fitted on another vocabulary or interval."""
     try:
-        raw = json.loads(Path(path).read_text())
-        raw = raw["fit"] if "fit" in raw and "coef" not in raw else raw
+        doc = json.loads(Path(path).read_text())
+        raw = doc["fit"] if "fit" in doc and "coef" not in doc else doc
         fit = ScalingFit.from_dict(raw) if raw is not None else None
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise UserError(f"{path}: not a scaling fit ({e})") from None
     if fit is None:
-        raise UserError(f"{path}: the sweep has no fit yet (too few finished points); rerun `marketgpt sweep`")
+        raise UserError(f"{path}: the sweep has no fit yet ({doc.get('fit_note') or 'too few finished points'})")
     mine = corpus_of(cfg)
     for key, value in mine.items():
         if fit.corpus.get(key) != value:
