@@ -162,3 +162,18 @@ def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_c
     assert sweep.missing() == [] and len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1
     doc = json.loads((sweep.folder / "sweep.json").read_text())
     assert doc["missing"] == [] and len(doc["points"]) == 2
+
+
+def test_a_training_fraction_cuts_assets_or_time_on_the_same_shard(tmp_path):
+    from common.tokens.fractions import trim_train
+    from common.tokens.shard_paths import shard_folder
+
+    ranges = {s: {"train": (0, 100), "val": (130, 150), "test": (180, 200)} for s in ("A", "B", "C")}
+    by_assets = trim_train(ranges, 0.5, "assets")
+    assert [by_assets[s]["train"] for s in "ABC"] == [(0, 100), (0, 100), (0, 0)]  # ceil(1.5): two assets
+    by_time = trim_train(ranges, 0.25, "time")
+    assert all(by_time[s]["train"] == (75, 100) for s in "ABC")  # the latest quarter, next to validation
+    assert all(r[k] == ranges[s][k] for t in (by_assets, by_time) for s, r in t.items() for k in ("val", "test"))
+    cfg = load_config(CASE_C, TOY)
+    half = load_config(CASE_C, [*TOY, "data.train_fraction=0.5", 'data.fraction_by="time"'])
+    assert shard_folder(cfg, tmp_path)[0] == shard_folder(half, tmp_path)[0]  # no new preparation
