@@ -177,3 +177,29 @@ def test_a_training_fraction_cuts_assets_or_time_on_the_same_shard(tmp_path):
     cfg = load_config(CASE_C, TOY)
     half = load_config(CASE_C, [*TOY, "data.train_fraction=0.5", 'data.fraction_by="time"'])
     assert shard_folder(cfg, tmp_path)[0] == shard_folder(half, tmp_path)[0]  # no new preparation
+
+
+def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp_path):
+    from common.atomic import atomic_write_json
+    from common.commands.sweep import plan_sweep, write_sweep
+
+    config, _ = _toy_case(tmp_path)
+    sweep = plan_sweep(config, TOY, sizes="64x2,128x4,256x6", fractions="0.1,0.3,1")
+    n, d, loss = _points(0.05)
+    by_size = {64: SIZES[0], 128: SIZES[1], 256: SIZES[2]}
+    for p in sweep.points:
+        i = next(
+            k for k in range(len(n)) if n[k] == by_size[p.d_model] and d[k] == TOKENS[[0.1, 0.3, 1].index(p.fraction)]
+        )
+        row = {
+            "point": p.name,
+            "parameters": n[i],
+            "train_tokens": d[i],
+            "test_loss": loss[i],
+            "still_improving": False,
+        }
+        atomic_write_json(sweep.done_file(p), row)
+    doc = write_sweep(sweep)
+    assert doc["missing"] == [] and doc["fit"]["points"] == 9 and "A" in doc["fit"]["terms"]
+    fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
+    assert size_advice(load_config(config, TOY), 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
