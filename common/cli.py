@@ -63,7 +63,7 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from common.commands.plan import run_plan  # lazy: torch (the model's size)
 
-    return run_plan(args.config, args.overrides)
+    return run_plan(args.config, args.overrides, fit=args.fit)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -267,6 +267,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(sys.stdout)
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from common.commands.sweep import plan_sweep, run_local  # lazy: torch (training the points)
+
+    sweep = plan_sweep(args.config, args.overrides, args.sizes, args.fractions, args.by, args.name)
+    if args.local:
+        return run_local(sweep, args.jobs)
+    from common.cluster.sweep_jobs import submit_sweep  # lazy: submitit
+
+    submit_sweep(sweep)
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     print(status_table(case=args.case))
     return 0
@@ -387,7 +399,27 @@ def build_parser() -> argparse.ArgumentParser:
         "epoch on the job's GPUs, memory, and warnings (no network)",
     )
     _add_config_args(p)
+    p.add_argument(
+        "--fit",
+        type=Path,
+        default=None,
+        help="the sweep.json of `marketgpt sweep` on this corpus: its model size advice",
+    )
     p.set_defaults(handler=_cmd_plan)
+
+    p = sub.add_parser(
+        "sweep",
+        help="which model size pays on this corpus: a grid of shapes x training-data fractions, one Slurm "
+        "job array (or --local), written to <case>/sweeps/NAME/sweep.json with a scaling fit (docs/scaling.md)",
+    )
+    _add_config_args(p)
+    p.add_argument("--sizes", default="64x2,128x4,256x6", help="model shapes D_MODELxLAYERS, comma-separated")
+    p.add_argument("--fractions", default="0.25,0.5,1", help="shares of the training split, each in (0, 1]")
+    p.add_argument("--by", choices=("assets", "time"), default="assets", help="a fraction keeps whole assets or time")
+    p.add_argument("--name", default=None, help="the sweep's folder name (default: sweep_<experiment>)")
+    p.add_argument("--local", action="store_true", help="run the points here instead of as a Slurm job array")
+    p.add_argument("--jobs", type=int, default=1, help="with --local: points trained at once")
+    p.set_defaults(handler=_cmd_sweep)
 
     p = sub.add_parser("data", help="market data: download a case's universe into its parquet cache")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")

@@ -73,9 +73,12 @@ class ModelConfig:
     move_bins: Optional[int] = None
     shape_bins: Optional[int] = None  # shape bins of that grid; null: tokenizer.shape_bins
     # "auto": d_model, num_layers, num_heads and d_ff chosen when a new run starts, for its training
-    # candles, by the scaling fit (common/model/scaling_fit.py; docs/scaling.md) and recorded in
-    # training_log.json (model_size); null: the shape as written
+    # candles, by the scaling fit of model.size_fit (common/model/scaling_fit.py; docs/scaling.md) and
+    # recorded in training_log.json (model_size); null: the shape as written
     size: Optional[Literal["auto"]] = None
+    # the fit model.size = "auto" reads: a sweep.json of `marketgpt sweep` on this corpus (same
+    # vocabulary and interval), relative to the working directory; null: none (auto is refused)
+    size_fit: Optional[str] = None
 
 
 @dataclass
@@ -191,6 +194,12 @@ class DataConfig:
     # (common/training/batches.py): with stride-1 windows an epoch otherwise shows each candle
     # context_length times; 1 keeps every window in every epoch
     epoch_stride: int = 1
+    # train on this share of the training split (0 < f <= 1), on the same token shard; validation and
+    # test keep every asset. `marketgpt sweep` sets it per point (common/tokens/fractions.py)
+    train_fraction: float = 1.0
+    # how data.train_fraction cuts: the first assets in symbol order ("assets") or the latest
+    # candles of each asset ("time")
+    fraction_by: Literal["assets", "time"] = "assets"
     # assets per category the universe file must hold, e.g. {"crypto": 20}; {} skips the check
     universe_counts: Dict[str, int] = field(default_factory=dict)
     # prepare the corpus once into memory-mapped token shards in data.cache_dir/shards/, reused by

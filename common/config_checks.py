@@ -134,6 +134,7 @@ def _check_splits(d: DataConfig, m: ModelConfig, need: Need) -> None:
     for key in ("train_ratio", "val_ratio", "test_ratio"):
         v = getattr(d, key)
         need(0.0 < v < 1.0, f"data.{key}", f"must be between 0 and 1, got {v}")
+    need(0.0 < d.train_fraction <= 1.0, "data.train_fraction", f"must be > 0 and <= 1, got {d.train_fraction}")
     total = d.train_ratio + d.val_ratio + d.test_ratio
     need(
         abs(total - 1.0) < 1e-6, "data.train_ratio", f"+ data.val_ratio + data.test_ratio must sum to 1, got {total:g}"

@@ -7,13 +7,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import common.commands.train as train  # at collection: its import chain (requests) probes a socket
 from common.config import ConfigError, load_config
-from common.model.scaling_fit import SHAPES, ScalingFit, _predict, best_shape, fit_points
+from common.errors import UserError
+from common.model.scaling_fit import SHAPES, ScalingFit, _predict, best_shape, corpus_of, fit_points
 from common.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -118,8 +120,8 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
         rmse=0.0,
         points=16,
         source="a test fit",
+        draws=[dict(TRUE)] * 40,
     )
-    monkeypatch.setattr(train, "load_fit", lambda: fit)
     (tmp_path / "configs").mkdir()
     shutil.copy(CASE_C, tmp_path / "configs" / CASE_C.name)
     spec = {"assets": 2, "candles": 1500, "categories": ["crypto"], "seasonality": 0.0}
@@ -131,6 +133,7 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
         "data.universe_counts={}",
         "model.context_length=32",
         'model.size="auto"',
+        f'model.size_fit="{tmp_path / "sweep.json"}"',
         "tokenizer.ret_bins=16",
         "training.epochs=1",
         "training.max_steps_per_epoch=1",
@@ -139,6 +142,11 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
         'training.device="cpu"',
         'experiment="auto"',
     ]
+    missing = sets[:-1] + ['experiment="nofit"', "model.size_fit=null"]
+    with pytest.raises(UserError, match="model.size_fit"):  # auto without a fit of this corpus
+        train.run_training(tmp_path / "configs" / CASE_C.name, missing, out=open(tmp_path / "out.txt", "w"))
+    fit.corpus = corpus_of(load_config(CASE_C, sets))
+    (tmp_path / "sweep.json").write_text(json.dumps({"points": [], "fit": fit.to_dict()}))
     assert train.run_training(tmp_path / "configs" / CASE_C.name, sets, out=open(tmp_path / "out.txt", "w")) == 0
     (run,) = (tmp_path / "checkpoints").glob("auto_*")
     chosen = json.loads((run / "training_log.json").read_text())["model_size"]
@@ -151,20 +159,24 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
     assert "model.size = auto" in (tmp_path / "out.txt").read_text()
 
 
-def test_plan_suggests_the_fitted_shape_in_one_line(monkeypatch):
+def test_plan_suggests_the_fitted_shape_in_one_line():
     import common.commands.plan as plan
     from common.commands.plan_figures import DataFigures
 
     cfg = load_config(CASE_C)
     fit = ScalingFit(
-        terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
+        terms=["A", "B", "C"],
+        coef=dict(TRUE),
+        n_range=[1.5e5, 3e7],
+        d_range=[3.8e4, 1e6],
+        rmse=0.0,
+        points=16,
+        draws=[dict(TRUE)] * 40,
     )
     data = DataFigures({"train": 38_000, "val": 8_000, "test": 8_000}, 37_000, 2_300, "exact (a test)", 13, 4)
     p = plan.build_plan(cfg, data)
-    monkeypatch.setattr(plan, "load_fit", lambda: None)
-    assert plan.scaling_suggestion(cfg, p) is None  # no fit, no line
-    monkeypatch.setattr(plan, "load_fit", lambda: fit)
-    line = plan.scaling_suggestion(cfg, p)
+    assert "no scaling fit for this corpus" in plan.scaling_suggestion(cfg, p, None)  # and how to make one
+    line = plan.scaling_suggestion(cfg, p, fit, Path("sweep.json"))
     chosen = best_shape(cfg, 38_000, fit, 13, 4)
     assert "\n" not in line and f"d_model {chosen['d_model']}," in line and f"{p.parameters:,}" in line
     assert "model.size=auto" in line and "extrapolated" not in line

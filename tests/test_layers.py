@@ -71,6 +71,8 @@ LAZY = {
     ("common.evaluation.report", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
     ("common.evaluation.scorecard_plot", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
     ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
+    ("common.commands.sweep", "matplotlib"): "only when a sweep's plot is drawn (Agg chosen first)",
+    ("common.cluster.sweep_jobs", "common.commands.sweep"): _TORCH_LATER,
     ("common.training.log", "tqdm"): "only when the output is a terminal",
     ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
     ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",

@@ -21,7 +21,7 @@ from common.distributed.slurm import ACTIVE_STATES, job_commands, job_states, sl
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.training.log import format_duration
 
-__all__ = ["RunRow", "collect_rows", "last_line", "status_table"]
+__all__ = ["RunRow", "collect_rows", "last_line", "status_table", "sweep_lines"]
 
 _LINE_WIDTH = 80
 
@@ -204,12 +204,43 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
     return rows
 
 
+def sweep_lines(case: Optional[str] = None, root: Optional[Path] = None) -> list[str]:
+    """Each sweep under case_*/sweeps (`marketgpt sweep`): its points, finished or not. A point's
+    file appears when it finishes, so this is current while the sweep.json a task writes may lag."""
+    root = root or REPO_ROOT
+    cases = [case_dir(case, root)] if case else [root / c for c in CASES if (root / c).is_dir()]
+    lines = []
+    for folder in cases:
+        for doc_path in sorted((folder / "sweeps").glob("*/sweep.json")):
+            doc = read_json_or_empty(doc_path)
+            grid = doc.get("grid") or []
+            done = {p.stem: read_json_or_empty(p) for p in (doc_path.parent / "points").glob("*.json")}
+            finished = len(set(grid) & set(done))
+            lines.append(f"sweep {doc_path.parent.name} ({folder.name}): {finished} of {len(grid)} points finished")
+            for name in grid:
+                r = done.get(name)
+                lines.append(
+                    f"  {name:<16} "
+                    + (
+                        f"test loss {_num(r.get('test_loss'))}, {r.get('train_tokens', 0):,} tokens, "
+                        f"{r.get('parameters', 0):,} params"
+                        + (" (still improving)" if r.get("still_improving") else "")
+                        if r is not None
+                        else "not finished"
+                    )
+                )
+    return lines
+
+
 def status_table(case: Optional[str] = None, root: Optional[Path] = None) -> str:
+    sweeps = sweep_lines(case, root)
     rows = collect_rows(case, root)
     if not rows:
         where = case_dir(case, root or REPO_ROOT) if case else "case_*"
-        return f"No runs under {where}/checkpoints yet (start one: sbatch case_X/slurm_scripts/train_*_a100.sh)"
+        return "\n".join(
+            [f"No runs under {where}/checkpoints yet (start one: sbatch case_X/slurm_scripts/train_*_a100.sh)", *sweeps]
+        )
     cells = [list(_HEADERS)] + [[str(getattr(r, f.name)) for f in fields(RunRow)] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_HEADERS) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join([*(line.rstrip() for line in lines), *sweeps])

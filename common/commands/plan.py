@@ -51,7 +51,7 @@ from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, series_name
 from common.model.memory import estimate_training_memory
-from common.model.scaling_fit import best_shape, load_fit
+from common.model.scaling_fit import ScalingFit, load_size_fit, size_advice
 from common.model.sizing import meta_model
 from common.paths import case_dir_of_config
 from common.training.mfu import known_peak
@@ -98,31 +98,43 @@ MAX_ESTIMATE_START = pd.Timestamp("2000-01-01", tz="UTC")
 _SHAPES = ((512, 8), (384, 6), (256, 6), (256, 4), (128, 4), (128, 2), (64, 2), (32, 1))
 
 
-def run_plan(config: Path, overrides: Sequence[str] = (), out: Optional[TextIO] = None) -> int:
-    """The `marketgpt plan` command: the plan's lines on `out`; 0 (UserError for a bad config)."""
+def run_plan(
+    config: Path, overrides: Sequence[str] = (), out: Optional[TextIO] = None, fit: Optional[Path] = None
+) -> int:
+    """The `marketgpt plan` command: the plan's lines on `out`, then the size line of the user's
+    scaling fit `fit` (a sweep.json); 0 (UserError for a bad config or a fit of another corpus)."""
     cfg = load_config(config, overrides)
+    if fit is None and cfg.model.size_fit:
+        fit = Path(cfg.model.size_fit)
+    size_fit = load_size_fit(fit, cfg) if fit is not None else None  # refused before the data is read
     plan = build_plan(cfg, data_figures(cfg, case_dir_of_config(config)))
     print(format_plan(plan), file=out or sys.stdout)  # looked up now: a redirected stdout counts
-    suggestion = scaling_suggestion(cfg, plan)
-    if suggestion:
-        print(suggestion, file=out or sys.stdout)
+    print(scaling_suggestion(cfg, plan, size_fit, fit), file=out or sys.stdout)
     return 0
 
 
-def scaling_suggestion(cfg: Config, plan: Plan) -> Optional[str]:
-    """One line: the shape the scaling fit (common/model/scaling_fit.py) suggests for the plan's
-    training candles, beside the config's; None without a fit."""
-    fit = load_fit()
+def scaling_suggestion(cfg: Config, plan: Plan, fit: Optional[ScalingFit], path: Optional[Path] = None) -> str:
+    """One line: the shape the user's scaling fit (common/model/scaling_fit.py) suggests for the
+    plan's training candles beside the config's, that it gives no advice, or that there is no fit."""
     if fit is None:
-        return None
+        return (
+            "Model size: no scaling fit for this corpus; measure one with `marketgpt sweep --config CFG` "
+            "(docs/scaling.md), then `marketgpt plan --config CFG --fit SWEEP/sweep.json`"
+        )
     d = plan.data
-    choice = best_shape(cfg, d.candles["train"], fit, d.assets or None, d.categories or None)
-    fitted_on = fit.source.split(";")[0] or "bench_scaling.py"  # e.g. "synthetic market, test loss above the oracle"
+    advice = size_advice(
+        cfg,
+        d.candles["train"],
+        fit,
+        d.assets or None,
+        d.categories or None,
+        min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER,
+    )
+    if advice["shape"] is None:
+        return f"Model size ({path}): {advice['text']}"
     return (
-        f"Scaling fit ({fitted_on}; docs/scaling.md): for {d.candles['train']:,} training candles it suggests d_model "
-        f"{choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; this config: "
-        f"{plan.parameters:,}); --set model.size=auto trains that shape"
-        + (" (extrapolated beyond the token counts it was fitted on)" if not fit.in_range(d.candles["train"]) else "")
+        f"Model size ({path}): {advice['text']}; this config: {plan.parameters:,} parameters; "
+        f"--set model.size=auto --set model.size_fit={path} trains that shape"
     )
 
 

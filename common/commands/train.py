@@ -48,6 +48,7 @@ import torch
 
 from common.atomic import atomic_write_json, read_json
 from common.commands.plan import plan_of_run
+from common.commands.plan_figures import MIN_TOKENS_PER_PARAMETER
 from common.commands.scorecard import end_of_training_scorecard
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.data.check import left_out
@@ -59,9 +60,10 @@ from common.distributed.slurm import job_metadata
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
-from common.model.scaling_fit import FIT_FILE, best_shape, load_fit
+from common.model.scaling_fit import load_size_fit, size_advice
 from common.paths import case_dir_of_config
 from common.tokens.corpus import prepare_in_memory
+from common.tokens.fractions import trim_train
 from common.tokens.shards import prepare_shards
 from common.tokens.tokenizer import OHLCTokenizer
 from common.training.batches import TokenWindows, build_windows
@@ -213,6 +215,7 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple
     parent_tokenizer = parent.run_dir / "tokenizer.json" if parent is not None else None
     prepare = prepare_shards if cfg.data.shards else prepare_in_memory
     p = prepare(cfg, case, parent_tokenizer, out=out)
+    p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     return p.tokens, {"asset_info": p.asset_info, "tokenizer": p.tokenizer}, p.data_info
 
 
@@ -221,14 +224,19 @@ def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -
     (common/model/scaling_fit.py) and return the choice for training_log.json; else None."""
     if cfg.model.size != "auto":
         return None
-    fit = load_fit()
-    if fit is None:
+    if not cfg.model.size_fit:
         raise UserError(
-            f"model.size = 'auto' needs the scaling fit {FIT_FILE} (python bench/bench_scaling.py --fit); "
+            "model.size = 'auto' needs model.size_fit: the sweep.json of `marketgpt sweep` on this corpus; "
             "or set model.size=null and the shape yourself"
         )
+    fit = load_size_fit(Path(cfg.model.size_fit), cfg)
     train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
-    choice = best_shape(cfg, train, fit, ai["num_assets"], ai["num_categories"])
+    advice = size_advice(
+        cfg, train, fit, ai["num_assets"], ai["num_categories"], min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
+    )
+    choice = advice["shape"]
+    if choice is None:
+        raise UserError(f"model.size = 'auto': {advice['text']}; set the shape yourself (model.size=null)")
     m = cfg.model
     m.d_model, m.num_layers, m.num_heads, m.d_ff = (choice[k] for k in ("d_model", "num_layers", "num_heads", "d_ff"))
     print(
@@ -285,6 +293,7 @@ def _open_run(
         "asset_info": read_json(run_dir / "asset_info.json"),
         "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json"),
     }
+    tokens.ranges = trim_train(tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     return cfg, tokens, info
 
 

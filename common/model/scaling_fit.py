@@ -16,8 +16,12 @@ without the C term bigger is better, without the A term smaller is. `best_shape`
 smallest of SHAPES whose predicted loss is within TOLERANCE of the lowest one, among the shapes
 inside the measured range of N (the fit says nothing outside it).
 
-The fitted coefficients live in scaling_fit.json next to this module (written by
-`python bench/bench_scaling.py --fit RESULTS.json`); `marketgpt plan` and model.size = "auto" read it.
+`size_advice` is what `marketgpt plan --fit` and model.size = "auto" (with model.size_fit) say
+from a fit of the user's own corpus (`marketgpt sweep`): a shape only when the size term is
+resolved (its effect across the measured sizes exceeds TOLERANCE in 97.5% of the bootstrap
+draws), with the 95% interval of the shape each draw would pick; never the smallest shape by
+default. The fit of bench/bench_scaling.py's synthetic grid lives in scaling_fit.json next to
+this module (`python bench/bench_scaling.py --fit RESULTS.json`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,20 @@ from common.config import Config
 from common.errors import UserError
 from common.model.sizing import meta_model
 
-__all__ = ["FIT_FILE", "SHAPES", "TOLERANCE", "ScalingFit", "best_shape", "fit_points", "load_fit"]
+__all__ = [
+    "FIT_FILE",
+    "NO_SIZE_ADVICE",
+    "SHAPES",
+    "TOLERANCE",
+    "ScalingFit",
+    "best_shape",
+    "corpus_of",
+    "fit_points",
+    "load_fit",
+    "load_size_fit",
+    "size_advice",
+    "size_resolved",
+]
 
 FIT_FILE = Path(__file__).with_name("scaling_fit.json")
 UNIT = 1e6  # N and D are fitted in millions
@@ -55,6 +72,7 @@ SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (512, 8, 8, 2048),
     (768, 12, 12, 3072),
 )
+NO_SIZE_ADVICE = "no size advice: the points do not resolve the size term"
 _EXPONENTS = np.linspace(0.05, 1.5, 20)
 _TERMS = ("A", "B", "C")
 _UNBOUNDED = 1e30  # N* of a bootstrap draw without an interior optimum
@@ -71,6 +89,8 @@ class ScalingFit:
     bootstrap: dict[str, list[float]] = field(default_factory=dict)  # coefficient -> [2.5%, 50%, 97.5%]
     source: str = ""  # the grid's JSON and the loss fitted
     optimum_ci: dict[str, list[Optional[float]]] = field(default_factory=dict)  # tokens -> N* [2.5%, 50%, 97.5%]
+    draws: list[dict[str, float]] = field(default_factory=list)  # each bootstrap draw's coefficients
+    corpus: dict[str, Any] = field(default_factory=dict)  # what its points were trained on (corpus_of)
 
     def loss(self, n: float, d: float) -> float:
         """Predicted loss (the fitted quantity) of n parameters trained on d tokens."""
@@ -169,6 +189,7 @@ def fit_points(
             for key, value in b_coef.items():
                 draws[key].append(value)
     boot = {key: [float(q) for q in np.quantile(v, [0.025, 0.5, 0.975])] for key, v in draws.items() if v}
+    kept = [{key: v[i] for key, v in draws.items()} for i in range(len(draws["E"]))]
     fit = ScalingFit(
         terms=terms,
         coef=coef,
@@ -178,6 +199,7 @@ def fit_points(
         points=len(y),
         bootstrap=boot,
         source=source,
+        draws=kept,
     )
     for tokens in at_tokens:  # N*(tokens) of every bootstrap draw: inf where a draw has no interior optimum
         values = []
@@ -201,6 +223,57 @@ def load_fit(path: Path = FIT_FILE) -> Optional[ScalingFit]:
         ) from None
 
 
+def corpus_of(cfg: Config) -> dict[str, Any]:
+    """What a fit's points must share with a run for its advice to apply: the token vocabulary
+    and the candles' interval(s)."""
+    return {"vocab_size": cfg.model.vocab_size, "intervals": list(cfg.data.run_intervals())}
+
+
+def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
+    """The fit of a user's sweep (sweep.json, whose "fit" it is, or a fit file) for `cfg`'s
+    corpus: refused in one line when it is missing or was fitted on another vocabulary or interval."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        raw = doc["fit"] if "fit" in doc and "coef" not in doc else doc
+        fit = ScalingFit.from_dict(raw) if raw is not None else None
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UserError(f"{path}: not a scaling fit ({e})") from None
+    if fit is None:
+        raise UserError(f"{path}: the sweep has no fit yet ({doc.get('fit_note') or 'too few finished points'})")
+    mine = corpus_of(cfg)
+    for key, value in mine.items():
+        if fit.corpus.get(key) != value:
+            raise UserError(
+                f"{path}: fitted on {key} {fit.corpus.get(key)}, this config has {value}: "
+                "its sizes do not carry over; run `marketgpt sweep` for this corpus"
+            )
+    return fit
+
+
+def _shape_rows(
+    cfg: Config, fit: ScalingFit, num_assets: Optional[int], num_categories: Optional[int]
+) -> list[tuple[int, tuple[int, int, int, int]]]:
+    """(parameters, shape) of the SHAPES inside the fit's measured range of N (within 1.5x)."""
+    rows = []
+    for d_model, layers, heads, d_ff in SHAPES:
+        shape = copy.deepcopy(cfg)
+        m = shape.model
+        m.d_model, m.num_layers, m.num_heads, m.d_ff = d_model, layers, heads, d_ff
+        n = meta_model(shape, num_assets, num_categories).num_parameters()
+        if fit.n_range[0] / 1.5 <= n <= fit.n_range[1] * 1.5:
+            rows.append((n, (d_model, layers, heads, d_ff)))
+    if not rows:
+        raise UserError("no shape of common.model.scaling_fit.SHAPES lies inside the fit's range of model sizes")
+    return rows
+
+
+def _pick(rows: Sequence[tuple[int, tuple[int, int, int, int]]], coef: dict[str, float], d: float) -> int:
+    """Index in `rows` of the smallest shape within TOLERANCE of the lowest loss `coef` predicts."""
+    losses = [float(_predict(coef, np.array([n / UNIT]), np.array([d / UNIT]))[0]) for n, _ in rows]
+    lowest = min(losses)
+    return min((i for i, v in enumerate(losses) if v <= lowest + TOLERANCE), key=lambda i: rows[i][0])
+
+
 def best_shape(
     cfg: Config,
     train_tokens: float,
@@ -211,18 +284,9 @@ def best_shape(
     """The shape of SHAPES (inside the fit's measured range of N) that the fit predicts best for
     `train_tokens`: the smallest one within TOLERANCE of the lowest predicted loss. Returns
     d_model, num_layers, num_heads, d_ff, parameters, predicted_loss and why."""
-    rows = []
-    for d_model, layers, heads, d_ff in SHAPES:
-        shape = copy.deepcopy(cfg)
-        m = shape.model
-        m.d_model, m.num_layers, m.num_heads, m.d_ff = d_model, layers, heads, d_ff
-        n = meta_model(shape, num_assets, num_categories).num_parameters()
-        if fit.n_range[0] / 1.5 <= n <= fit.n_range[1] * 1.5:
-            rows.append((n, fit.loss(n, train_tokens), (d_model, layers, heads, d_ff)))
-    if not rows:
-        raise UserError("no shape of common.model.scaling_fit.SHAPES lies inside the fit's range of model sizes")
-    lowest = min(r[1] for r in rows)
-    n, loss, (d_model, layers, heads, d_ff) = min((r for r in rows if r[1] <= lowest + TOLERANCE), key=lambda r: r[0])
+    rows = _shape_rows(cfg, fit, num_assets, num_categories)
+    n, (d_model, layers, heads, d_ff) = rows[_pick(rows, fit.coef, train_tokens)]
+    loss = fit.loss(n, train_tokens)
     extrapolated = not fit.in_range(train_tokens)
     return {
         "d_model": d_model,
@@ -243,3 +307,49 @@ def best_shape(
             )
         ),
     }
+
+
+def size_resolved(fit: ScalingFit) -> bool:
+    """Whether the fit's size term moves the loss: A kept, and its effect between the smallest and
+    the largest measured size above TOLERANCE in 97.5% of the bootstrap draws."""
+    if "A" not in fit.terms or not fit.draws:
+        return False
+    lo, hi = fit.n_range[0] / UNIT, fit.n_range[1] / UNIT
+    effects = [k["A"] * (lo ** -k["a"] - hi ** -k["a"]) for k in fit.draws]
+    return float(np.quantile(effects, 0.025)) > TOLERANCE
+
+
+def size_advice(
+    cfg: Config,
+    train_tokens: float,
+    fit: ScalingFit,
+    num_assets: Optional[int] = None,
+    num_categories: Optional[int] = None,
+    *,
+    min_tokens_per_parameter: float,
+) -> dict[str, Any]:
+    """What a user's fit says about model size for `train_tokens`: {"shape": best_shape's dict or
+    None, "text": one line}. With a shape: the 95% interval of the parameters each bootstrap
+    draw would pick, and a warning when it has fewer training tokens per parameter than the plan's
+    memorization rule (min_tokens_per_parameter, common/commands/plan_figures.py) allows."""
+    if not size_resolved(fit):
+        return {"shape": None, "text": f"{NO_SIZE_ADVICE} ({fit.points} points; {fit.source})"}
+    choice = best_shape(cfg, train_tokens, fit, num_assets, num_categories)
+    rows = _shape_rows(cfg, fit, num_assets, num_categories)
+    picked = [rows[_pick(rows, k, train_tokens)][0] for k in fit.draws]
+    low, high = (int(q) for q in np.quantile(picked, [0.025, 0.975], method="lower"))
+    choice["parameters_ci95"] = [low, high]
+    text = (
+        f"d_model {choice['d_model']}, num_layers {choice['num_layers']} ({choice['parameters']:,} parameters; "
+        f"bootstrap 95%: {low:,} to {high:,}) for {int(train_tokens):,} training tokens"
+    )
+    if train_tokens / choice["parameters"] < min_tokens_per_parameter:
+        choice["memorizes"] = True
+        text += (
+            f"; warning: under {min_tokens_per_parameter:g} training token per parameter, "
+            "the plan's rule says the model can memorize the data"
+        )
+    if not fit.in_range(train_tokens):
+        text += f" (extrapolated: the fit saw {fit.d_range[0]:,.0f} to {fit.d_range[1]:,.0f} tokens)"
+    choice["why"] = text + f" ({fit.source})"
+    return {"shape": choice, "text": text}

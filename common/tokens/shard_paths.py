@@ -21,7 +21,7 @@ __all__ = ["SHARD_VERSION", "published", "rebuild", "shard_folder", "work_folder
 
 SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
 # data settings that only choose windows or say where the cache is: not part of the key
-_NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards")
+_NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards", "train_fraction", "fraction_by")
 # data settings added after the seed configs: in the key only when not at their default, so every
 # config that does not use them keeps its shard
 _KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}

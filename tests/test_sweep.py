@@ -1,0 +1,205 @@
+"""The user's own scaling fit (common/model/scaling_fit.py: size_advice, load_size_fit) and
+`marketgpt sweep` (common/commands/sweep.py): points from a known L(N, D) give size advice only
+when size moves the loss, a fit of another corpus is refused, a toy sweep fills in only what is
+missing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import common.commands.train  # noqa: F401  (at collection: its import chain probes a socket)
+from common.cli import main
+from common.config import load_config
+from common.errors import UserError
+from common.model.scaling_fit import NO_SIZE_ADVICE, corpus_of, fit_points, load_size_fit, size_advice
+from common.paths import REPO_ROOT
+
+CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
+SIZES = (1.7e5, 9.3e5, 5.0e6)
+TOKENS = (4e4, 1e5, 3e5, 1e6)
+
+
+def _points(size_term: float, seed: int = 0) -> tuple[list[float], list[float], list[float]]:
+    """L = 1 + size_term / N^0.4 + 0.02 / D^0.3 (N, D in millions) with 1 mnat of noise."""
+    rng = np.random.default_rng(seed)
+    n = [s for s in SIZES for _ in TOKENS]
+    d = [t for _ in SIZES for t in TOKENS]
+    loss = [1 + size_term * (a / 1e6) ** -0.4 + 0.02 * (b / 1e6) ** -0.3 + rng.normal(0, 1e-3) for a, b in zip(n, d)]
+    return n, d, loss
+
+
+def test_no_size_advice_without_a_size_effect_and_a_larger_shape_with_one():
+    cfg = load_config(CASE_C)
+    flat = fit_points(*_points(0.0), n_boot=40)
+    advice = size_advice(cfg, 3e5, flat, 2, 1, min_tokens_per_parameter=1.0)
+    assert advice["shape"] is None and advice["text"].startswith(NO_SIZE_ADVICE)
+
+    sized = fit_points(*_points(0.05), n_boot=40)
+    advice = size_advice(cfg, 3e5, sized, 2, 1, min_tokens_per_parameter=1.0)
+    shape = advice["shape"]
+    assert shape is not None and shape["parameters"] > 2 * SIZES[0]  # bigger: not the smallest shape
+    low, high = shape["parameters_ci95"]
+    assert low <= shape["parameters"] <= high and "bootstrap 95%" in advice["text"]
+    # 3e5 tokens on a multi-million-parameter shape: the plan's memorization rule warns, and so does the advice
+    assert shape["memorizes"] and "memorize" in advice["text"]
+
+
+def _fit_file(tmp_path, cfg_sets=()):
+    fit = fit_points(*_points(0.05), n_boot=20)
+    fit.corpus = corpus_of(load_config(CASE_C, list(cfg_sets)))
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"points": [], "fit": fit.to_dict()}))
+    return path
+
+
+@pytest.mark.parametrize("sets", [["model.vocab_size=512"], ['data.interval="1d"']])
+def test_a_fit_of_another_vocabulary_or_interval_is_refused_in_one_line(tmp_path, capsys, sets):
+    path = _fit_file(tmp_path, sets)
+    with pytest.raises(UserError, match="sweep"):
+        load_size_fit(path, load_config(CASE_C))
+    assert main(["plan", "--config", str(CASE_C), "--fit", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fitted on" in err
+
+
+TOY = [
+    'data.source="synthetic"',
+    'data.synthetic={"assets": 2, "candles": 1500, "categories": ["crypto"], "seasonality": 0.0}',
+    'data.interval="1h"',
+    'data.start_date="2020-01-01"',
+    "data.universe_counts={}",
+    "model.context_length=32",
+    "tokenizer.ret_bins=16",
+    "training.epochs=2",
+    "training.max_steps_per_epoch=2",
+    "training.eval_max_batches=1",
+    "training.scorecard_origins=0",
+    'training.device="cpu"',
+    "training.compile=false",
+    'experiment="toy"',
+]
+
+
+def _toy_case(tmp_path):
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "c.json"
+    config.write_text(CASE_C.read_text())
+    return config, [a for kv in TOY for a in ("--set", kv)]
+
+
+def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missing(tmp_path, capsys):
+    from common.cluster.status import status_table
+
+    config, sets = _toy_case(tmp_path)
+    grid = ["--sizes", "16x1", "--fractions", "0.5"]
+    assert main(["sweep", "--config", str(config), *sets, *grid, "--local"]) == 0
+    folder = tmp_path / "sweeps" / "sweep_toy"
+    (point,) = json.loads((folder / "sweep.json").read_text())["points"]
+    assert point["point"] == "d16l1_f050" and point["parameters"] > 0 and point["steps"] == 4
+    full = sum(1500 * 0.7 for _ in range(2))  # the two assets' training candles, about
+    assert 0.3 * full < point["train_tokens"] < 0.7 * full  # one of the two assets
+    assert point["test_loss"] > 0 and len(point["skill_vs_unigram_ci95"]) == 2 and point["still_improving"]
+    assert (folder / "sweep.png").stat().st_size > 1000
+
+    # the same sweep with one more fraction: only the new point trains
+    assert main(["sweep", "--config", str(config), *sets, "--sizes", "16x1", "--fractions", "0.5,1", "--local"]) == 0
+    doc = json.loads((folder / "sweep.json").read_text())
+    assert [p["point"] for p in doc["points"]] == ["d16l1_f050", "d16l1_f100"] and doc["missing"] == []
+    assert doc["points"][1]["train_tokens"] > 1.5 * point["train_tokens"]
+    assert len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1  # not run again
+    assert doc["fit"] is None and "still improving" in doc["fit_note"]
+    assert "sweep sweep_toy" in status_table(case=str(tmp_path)) and "2 of 2 points" in status_table(case=str(tmp_path))
+
+    capsys.readouterr()
+    bad = [
+        (["--fractions", "0"], "> 0 and <= 1"),
+        (["--fractions", "1.5"], "> 0 and <= 1"),
+        (["--sizes", ""], "empty grid"),
+        (["--set", "tokenizer.ret_bins=8"], "changed under it"),  # another shard under the same sweep
+    ]
+    for args, message in bad:
+        assert main(["sweep", "--config", str(config), *sets, *grid, *args, "--local"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
+def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_cluster, tmp_path, monkeypatch):
+    """Two points as one array on the local cluster: task 1 is cancelled, finished task 0 is
+    requeued (it finds its point done and trains nothing), and submitting again runs only point 1."""
+    import subprocess
+
+    from common.cluster.sweep_jobs import submit_sweep
+    from common.commands.sweep import plan_sweep
+    from common.distributed.slurm import wait_for_jobs
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs inherit the submitting environment
+    config, _ = _toy_case(tmp_path)
+    sets = [*TOY, "slurm.time=00:30:00", "slurm.cpus_per_task=1", "slurm.mem_gb=2", 'slurm.partition="long"']
+    sweep = plan_sweep(config, sets, sizes="16x1", fractions="0.5,1")
+    jobs = submit_sweep(sweep)
+    assert len(jobs) == 2
+    subprocess.run(["scancel", jobs[1].job_id], check=True)  # killed before it finishes
+    states = wait_for_jobs([j.job_id for j in jobs], timeout_s=300, poll_s=0.5)
+    logs = "".join(p.read_text() for p in sorted((sweep.folder / "logs").rglob("*_log.*")))
+    assert states[jobs[0].job_id] == "COMPLETED" and states[jobs[1].job_id] in ("CANCELLED", "GONE"), (
+        f"{states}\n{logs[-3000:]}"
+    )
+    assert [p.name for p in sweep.missing()] == ["d16l1_f100"]
+
+    subprocess.run(["scontrol", "requeue", jobs[0].job_id], check=True)  # a finished task started again
+    again = submit_sweep(sweep)  # only the missing point is queued
+    assert len(again) == 1
+    states = wait_for_jobs([jobs[0].job_id, again[0].job_id], timeout_s=300, poll_s=0.5)
+    logs = "".join(p.read_text() for p in sorted((sweep.folder / "logs").rglob("*_log.*")))
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs[-3000:]}"
+    assert "d16l1_f050 is finished; not run again" in logs
+    assert sweep.missing() == [] and len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1
+    doc = json.loads((sweep.folder / "sweep.json").read_text())
+    assert doc["missing"] == [] and len(doc["points"]) == 2
+
+
+def test_a_training_fraction_cuts_assets_or_time_on_the_same_shard(tmp_path):
+    from common.tokens.fractions import trim_train
+    from common.tokens.shard_paths import shard_folder
+
+    ranges = {s: {"train": (0, 100), "val": (130, 150), "test": (180, 200)} for s in ("A", "B", "C")}
+    by_assets = trim_train(ranges, 0.5, "assets")
+    assert [by_assets[s]["train"] for s in "ABC"] == [(0, 100), (0, 100), (0, 0)]  # ceil(1.5): two assets
+    by_time = trim_train(ranges, 0.25, "time")
+    assert all(by_time[s]["train"] == (75, 100) for s in "ABC")  # the latest quarter, next to validation
+    assert all(r[k] == ranges[s][k] for t in (by_assets, by_time) for s, r in t.items() for k in ("val", "test"))
+    cfg = load_config(CASE_C, TOY)
+    half = load_config(CASE_C, [*TOY, "data.train_fraction=0.5", 'data.fraction_by="time"'])
+    assert shard_folder(cfg, tmp_path)[0] == shard_folder(half, tmp_path)[0]  # no new preparation
+
+
+def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp_path):
+    from common.atomic import atomic_write_json
+    from common.commands.sweep import plan_sweep, write_sweep
+
+    config, _ = _toy_case(tmp_path)
+    sweep = plan_sweep(config, TOY, sizes="64x2,128x4,256x6", fractions="0.1,0.3,1")
+    n, d, loss = _points(0.05)
+    by_size = {64: SIZES[0], 128: SIZES[1], 256: SIZES[2]}
+    for p in sweep.points:
+        i = next(
+            k for k in range(len(n)) if n[k] == by_size[p.d_model] and d[k] == TOKENS[[0.1, 0.3, 1].index(p.fraction)]
+        )
+        row = {
+            "point": p.name,
+            "parameters": n[i],
+            "train_tokens": d[i],
+            "test_loss": loss[i],
+            "still_improving": False,
+        }
+        atomic_write_json(sweep.done_file(p), row)
+    doc = write_sweep(sweep)
+    assert doc["missing"] == [] and doc["fit"]["points"] == 9 and "A" in doc["fit"]["terms"]
+    fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
+    assert size_advice(load_config(config, TOY), 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
