@@ -1,0 +1,120 @@
+"""Foundation-model baselines (common.evaluation.foundation_baselines): tiny randomly initialised
+Chronos-Bolt and TimesFM 2.5 models built with the libraries' own classes, saved to a folder, and
+run through the real adapter path into a scorecard, offline. CI installs the `foundation` extra."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from common.errors import UserError
+from common.evaluation.foundation_baselines import QUANTILES, load_foundation_baseline, paths_from_quantiles
+from common.evaluation.price_baselines import RandomWalkEWMA
+from common.evaluation.scorecard import make_scorecard
+from common.forecasting.forecast_io import History
+
+from tests.scorecard_helpers import candles_from_returns, garch_returns, synthetic_series
+
+
+@pytest.fixture(scope="module")
+def chronos_dir(tmp_path_factory) -> str:
+    from chronos.chronos_bolt import ChronosBoltModelForForecasting
+    from transformers import T5Config
+
+    cfg = T5Config(
+        d_model=16,
+        d_ff=32,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        d_kv=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=0,
+        architectures=["ChronosBoltModelForForecasting"],
+        chronos_pipeline_class="ChronosBoltPipeline",
+        chronos_config={
+            "context_length": 64,
+            "prediction_length": 16,
+            "input_patch_size": 8,
+            "input_patch_stride": 8,
+            "quantiles": list(QUANTILES),
+            "use_reg_token": True,
+        },
+    )
+    path = tmp_path_factory.mktemp("bolt")
+    ChronosBoltModelForForecasting(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def timesfm_dir(tmp_path_factory) -> str:
+    from timesfm.timesfm_2p5 import timesfm_2p5_base as base, timesfm_2p5_torch as tt
+
+    d = base.TimesFM_2p5_200M_Definition()
+    layer = dataclasses.replace(d.stacked_transformers.transformer, model_dims=32, hidden_dims=32, num_heads=2)
+    tiny = dataclasses.replace(
+        d,
+        tokenizer=dataclasses.replace(d.tokenizer, hidden_dims=32, output_dims=32),
+        stacked_transformers=dataclasses.replace(d.stacked_transformers, num_layers=1, transformer=layer),
+        output_projection_point=dataclasses.replace(d.output_projection_point, input_dims=32, hidden_dims=32),
+        output_projection_quantiles=dataclasses.replace(d.output_projection_quantiles, input_dims=32, hidden_dims=32),
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(tt.TimesFM_2p5_200M_torch_module, "config", tiny)  # the library's class, a tiny config
+    path = tmp_path_factory.mktemp("timesfm")
+    tt.TimesFM_2p5_200M_torch(torch_compile=False).save_pretrained(path)
+    yield str(path)
+    mp.undo()
+
+
+def test_paths_follow_the_quantiles_with_one_uniform_per_path():
+    q = np.tile(100 * np.exp(np.linspace(-0.1, 0.1, 9)), (2, 3, 1))  # 2 origins, 3 steps
+    q[:, 2] = 100 * np.exp(np.linspace(-0.3, 0.3, 9))  # a wider last step
+    paths = paths_from_quantiles(q, np.array([100.0, 100.0]), n_samples=4000, seed=0)
+    assert paths.shape == (2, 4000, 3)
+    assert np.median(paths[0, :, 0]) == pytest.approx(0.0, abs=0.01)
+    assert paths[..., 2].min() >= -0.3 - 1e-9 and paths[..., 2].max() <= 0.3 + 1e-9
+    ranks = np.argsort(np.argsort(paths[0], axis=0), axis=0)
+    assert (ranks[:, 0] == ranks[:, 2]).all()  # a path keeps its percentile across steps
+    assert (paths == paths_from_quantiles(q, np.array([100.0, 100.0]), 4000, 0)).all()
+
+
+def test_tiny_models_run_into_the_scorecard(chronos_dir, timesfm_dir):
+    chronos = load_foundation_baseline("chronos", chronos_dir)
+    tfm = load_foundation_baseline("timesfm", timesfm_dir)
+    rng = np.random.default_rng(0)
+    hist = [History("A0", candles_from_returns(garch_returns(100, rng))) for _ in range(3)]
+    for fn in (chronos, tfm):
+        paths = fn(hist, 5, 20, 0)
+        assert paths.shape == (3, 20, 5) and np.isfinite(paths).all()
+    card = make_scorecard(
+        synthetic_series([garch_returns(400, rng)]),
+        RandomWalkEWMA(),
+        interval="1d",
+        horizons=[1, 5],
+        stride=40,
+        n_samples=20,
+        n_boot=50,
+        baselines={"rw_ewma": RandomWalkEWMA(), "chronos": chronos, "timesfm": tfm},
+    )
+    assert {"chronos", "timesfm"} <= set(card["baselines"])
+    assert all(np.isfinite(card["horizons"]["5"]["crps"][k]) for k in ("chronos", "timesfm"))
+
+
+def test_missing_weights_and_unknown_kind_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no such folder"):
+        load_foundation_baseline("chronos", str(tmp_path / "nothing"))
+    with pytest.raises(UserError, match="no such folder"):
+        load_foundation_baseline("timesfm", "nobody/not-cached-model")
+    with pytest.raises(UserError, match="unknown kind"):
+        load_foundation_baseline("prophet", "x")
+
+
+def test_nan_gaps_are_dropped_from_the_context(chronos_dir):
+    frame = candles_from_returns(np.zeros(80))
+    frame.iloc[10:20] = np.nan
+    paths = load_foundation_baseline("chronos", chronos_dir)([History("A0", frame)], 2, 5, 0)
+    assert np.isfinite(paths).all()
