@@ -4,70 +4,30 @@ run through the real adapter path into a scorecard, offline. CI installs the `fo
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 
 import numpy as np
 import pytest
 
 from common.errors import UserError
-from common.evaluation.foundation_baselines import QUANTILES, load_foundation_baseline, paths_from_quantiles
+from common.evaluation.foundation_baselines import load_foundation_baseline, paths_from_quantiles
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import make_scorecard
 from common.forecasting.forecast_io import History
 
+from tests.foundation_helpers import tiny_chronos, tiny_timesfm
 from tests.scorecard_helpers import candles_from_returns, garch_returns, synthetic_series
 
 
 @pytest.fixture(scope="module")
 def chronos_dir(tmp_path_factory) -> str:
-    from chronos.chronos_bolt import ChronosBoltModelForForecasting
-    from transformers import T5Config
-
-    cfg = T5Config(
-        d_model=16,
-        d_ff=32,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        d_kv=8,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=0,
-        architectures=["ChronosBoltModelForForecasting"],
-        chronos_pipeline_class="ChronosBoltPipeline",
-        chronos_config={
-            "context_length": 64,
-            "prediction_length": 16,
-            "input_patch_size": 8,
-            "input_patch_stride": 8,
-            "quantiles": list(QUANTILES),
-            "use_reg_token": True,
-        },
-    )
-    path = tmp_path_factory.mktemp("bolt")
-    ChronosBoltModelForForecasting(cfg).save_pretrained(path)
-    return str(path)
+    return tiny_chronos(tmp_path_factory.mktemp("bolt"))
 
 
 @pytest.fixture(scope="module")
-def timesfm_dir(tmp_path_factory) -> str:
-    from timesfm.timesfm_2p5 import timesfm_2p5_base as base, timesfm_2p5_torch as tt
-
-    d = base.TimesFM_2p5_200M_Definition()
-    layer = dataclasses.replace(d.stacked_transformers.transformer, model_dims=32, hidden_dims=32, num_heads=2)
-    tiny = dataclasses.replace(
-        d,
-        tokenizer=dataclasses.replace(d.tokenizer, hidden_dims=32, output_dims=32),
-        stacked_transformers=dataclasses.replace(d.stacked_transformers, num_layers=1, transformer=layer),
-        output_projection_point=dataclasses.replace(d.output_projection_point, input_dims=32, hidden_dims=32),
-        output_projection_quantiles=dataclasses.replace(d.output_projection_quantiles, input_dims=32, hidden_dims=32),
-    )
-    mp = pytest.MonkeyPatch()
-    mp.setattr(tt.TimesFM_2p5_200M_torch_module, "config", tiny)  # the library's class, a tiny config
-    path = tmp_path_factory.mktemp("timesfm")
-    tt.TimesFM_2p5_200M_torch(torch_compile=False).save_pretrained(path)
-    yield str(path)
-    mp.undo()
+def timesfm_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:  # the tiny definition, while this module's tests load it
+        yield tiny_timesfm(tmp_path_factory.mktemp("timesfm"), mp)
 
 
 def test_paths_follow_the_quantiles_with_one_uniform_per_path():
@@ -111,6 +71,13 @@ def test_missing_weights_and_unknown_kind_are_user_errors(tmp_path):
         load_foundation_baseline("timesfm", "nobody/not-cached-model")
     with pytest.raises(UserError, match="unknown kind"):
         load_foundation_baseline("prophet", "x")
+
+
+@pytest.mark.parametrize("kind, module", [("chronos", "chronos"), ("timesfm", "timesfm")])
+def test_a_missing_extra_says_how_to_install_it(monkeypatch, kind, module):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    with pytest.raises(UserError, match=r"pip install -e '\.\[foundation\]'"):
+        load_foundation_baseline(kind, "x")
 
 
 def test_nan_gaps_are_dropped_from_the_context(chronos_dir):
