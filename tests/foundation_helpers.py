@@ -41,6 +41,35 @@ def tiny_chronos(path: Path) -> str:
     return str(path)
 
 
+def tiny_chronos2(path: Path) -> str:
+    """A Chronos-2 model of 16 dimensions and one layer, with the 13 quantile levels it predicts."""
+    from chronos.chronos2.config import Chronos2CoreConfig
+    from chronos.chronos2.model import Chronos2Model
+
+    levels = [0.01, 0.05, *QUANTILES, 0.95, 0.99]
+    cfg = Chronos2CoreConfig(
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=1,
+        num_heads=2,
+        architectures=["Chronos2Model"],
+        chronos_pipeline_class="Chronos2Pipeline",
+        chronos_config={
+            "context_length": 64,
+            "output_patch_size": 8,
+            "input_patch_size": 8,
+            "input_patch_stride": 8,
+            "quantiles": levels,
+            "use_reg_token": True,
+            "use_arcsinh": True,
+            "max_output_patches": 8,
+        },
+    )
+    Chronos2Model(cfg).save_pretrained(path)
+    return str(path)
+
+
 def tiny_timesfm(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A TimesFM 2.5 model of 32 dimensions and one layer. The library's torch class reads its
     definition from a class attribute: `monkeypatch` swaps it for as long as the caller keeps it,

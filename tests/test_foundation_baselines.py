@@ -1,5 +1,5 @@
 """Foundation-model baselines (common.evaluation.foundation_baselines): tiny randomly initialised
-Chronos-Bolt and TimesFM 2.5 models built with the libraries' own classes, saved to a folder, and
+Chronos-Bolt, Chronos-2 and TimesFM 2.5 models built with the libraries' own classes, saved to a folder, and
 run through the real adapter path into a scorecard, offline. CI installs the `foundation` extra."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import make_scorecard
 from common.forecasting.forecast_io import History
 
-from tests.foundation_helpers import tiny_chronos, tiny_timesfm
+from tests.foundation_helpers import tiny_chronos, tiny_chronos2, tiny_timesfm
 from tests.scorecard_helpers import candles_from_returns, garch_returns, synthetic_series
 
 
@@ -42,12 +42,13 @@ def test_paths_follow_the_quantiles_with_one_uniform_per_path():
     assert (paths == paths_from_quantiles(q, np.array([100.0, 100.0]), 4000, 0)).all()
 
 
-def test_tiny_models_run_into_the_scorecard(chronos_dir, timesfm_dir):
+def test_tiny_models_run_into_the_scorecard(chronos_dir, timesfm_dir, tmp_path):
     chronos = load_foundation_baseline("chronos", chronos_dir)
+    chronos2 = load_foundation_baseline("chronos", tiny_chronos2(tmp_path / "chronos2"))
     tfm = load_foundation_baseline("timesfm", timesfm_dir)
     rng = np.random.default_rng(0)
     hist = [History("A0", candles_from_returns(garch_returns(100, rng))) for _ in range(3)]
-    for fn in (chronos, tfm):
+    for fn in (chronos, chronos2, tfm):
         paths = fn(hist, 5, 20, 0)
         assert paths.shape == (3, 20, 5) and np.isfinite(paths).all()
     card = make_scorecard(
@@ -58,15 +59,18 @@ def test_tiny_models_run_into_the_scorecard(chronos_dir, timesfm_dir):
         stride=40,
         n_samples=20,
         n_boot=50,
-        baselines={"rw_ewma": RandomWalkEWMA(), "chronos": chronos, "timesfm": tfm},
+        baselines={"rw_ewma": RandomWalkEWMA(), "chronos": chronos, "chronos2": chronos2, "timesfm": tfm},
     )
-    assert {"chronos", "timesfm"} <= set(card["baselines"])
-    assert all(np.isfinite(card["horizons"]["5"]["crps"][k]) for k in ("chronos", "timesfm"))
+    names = ("chronos", "chronos2", "timesfm")
+    assert set(names) <= set(card["baselines"])
+    assert all(np.isfinite(card["horizons"]["5"]["crps"][k]) for k in names)
 
 
 def test_missing_weights_and_unknown_kind_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="no such folder"):
         load_foundation_baseline("chronos", str(tmp_path / "nothing"))
+    with pytest.raises(UserError, match="no such folder"):
+        load_foundation_baseline("chronos", "nobody/not-cached-model")
     with pytest.raises(UserError, match="no such folder"):
         load_foundation_baseline("timesfm", "nobody/not-cached-model")
     with pytest.raises(UserError, match="unknown kind"):

@@ -82,7 +82,8 @@ class QuantileBaseline:
 
 
 def _hf_offline() -> None:
-    """Nothing is fetched: an id must already be in the Hugging Face cache."""
+    """Nothing is fetched: an id must already be in the Hugging Face cache (set before the
+    libraries import huggingface_hub, which reads it once)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
@@ -94,12 +95,12 @@ def _missing_weights(kind: str, spec: str) -> UserError:
 
 
 def _chronos(spec: str, device: str) -> ForecastFn:
+    _hf_offline()
     try:
         import torch
         from chronos import BaseChronosPipeline
     except ImportError:
         raise UserError(f"--baseline chronos needs chronos-forecasting: {_EXTRA}") from None
-    _hf_offline()
     try:
         pipe = BaseChronosPipeline.from_pretrained(spec, device_map=device, local_files_only=True)
     except (OSError, ValueError):
@@ -111,19 +112,21 @@ def _chronos(spec: str, device: str) -> ForecastFn:
             prediction_length=horizon,
             quantile_levels=list(QUANTILES),
         )
+        if isinstance(q, list):  # Chronos-2: one (variates, horizon, 9) tensor per series, one variate here
+            q = torch.stack([t[0] for t in q])
         return q.numpy().astype(np.float64)  # (n, horizon, 9)
 
     return QuantileBaseline(predict, CHRONOS_CONTEXT)
 
 
 def _timesfm(spec: str, device: str) -> ForecastFn:
+    _hf_offline()
     try:
         import timesfm
     except ImportError:
         raise UserError(f"--baseline timesfm needs timesfm[torch]: {_EXTRA}") from None
     if not hasattr(timesfm, "TimesFM_2p5_200M_torch"):
         raise UserError(f"--baseline timesfm needs timesfm's torch model (torch installed): {_EXTRA}")
-    _hf_offline()
     if not Path(spec).is_dir():  # the library logs and goes on when an id is not cached: ask the cache first
         from huggingface_hub import try_to_load_from_cache
 
