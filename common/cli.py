@@ -146,6 +146,7 @@ def _cmd_scorecard(args: argparse.Namespace) -> int:
             precision=args.precision,
             barrier=args.barrier,
             interval=args.interval,
+            baselines=tuple(args.baseline),
         )
     )
 
@@ -603,6 +604,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="UP,DOWN",
         help="e.g. +5%%,-3%%: also the Brier score of P(upper first), P(lower first), P(neither) "
         "beside the baselines' (docs/scorecard.md#barrier-probabilities)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="KIND:ID_OR_PATH",
+        help="also a foundation model, zero-shot: chronos:ID_OR_PATH or timesfm:ID_OR_PATH, a folder or a "
+        "Hugging Face id already cached (repeatable; pip install -e '.[foundation]'; docs/foundation-baselines.md)",
     )
     _add_interval_arg(p)
     p.set_defaults(handler=_cmd_scorecard)

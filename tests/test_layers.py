@@ -102,6 +102,13 @@ LAZY = {
     ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.calibrated"): "pandas: out of the training start-up",
+    ("common.commands.scorecard", "common.evaluation.asset_series"): "pandas: out of the training start-up",
+    ("common.commands.scorecard", "common.evaluation.foundation_baselines"): "pandas: out of the training start-up",
+    # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
+    ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",
+    ("common.evaluation.foundation_baselines", "chronos"): "the `foundation` extra, only with --baseline chronos",
+    ("common.evaluation.foundation_baselines", "timesfm"): "the `foundation` extra, only with --baseline timesfm",
+    ("common.evaluation.foundation_baselines", "huggingface_hub"): "installed with the `foundation` extra",
     # keeping pandas off the config's path: the config loads without numpy, pandas or torch
     ("common.markets", "pandas"): "interval_step is the one pandas user; the config imports this leaf",
 }

@@ -12,6 +12,7 @@ from common.cli import main
 from common.evaluation import scorecard
 from common.training.run_folder import has_final_outputs
 
+from foundation_helpers import tiny_chronos
 from test_forecast import TINY as FORECAST_TINY, train_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
@@ -88,6 +89,9 @@ def test_cli_scores_the_run_and_prints_one_verdict_per_horizon_and_baseline(trai
         (["--assets", "NOPE"], "unknown assets NOPE"),
         (["--cost-bp", "-1"], "--cost-bp -1"),
         (["--precision", "half"], "--precision 'half'"),
+        (["--baseline", "prophet:x"], "--baseline 'prophet:x': expected KIND:ID_OR_PATH"),
+        (["--baseline", "chronos"], "--baseline 'chronos': expected KIND:ID_OR_PATH"),
+        (["--baseline", "chronos:/no/such/model"], "no such folder and not in the Hugging Face cache"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(trained, capsys, args, needle):
@@ -98,6 +102,31 @@ def test_bad_input_is_one_line_and_exit_2(trained, capsys, args, needle):
     assert code == 2 and len(err) == 1 and err[0].startswith("marketgpt scorecard: error: "), err
     assert needle in err[0], err[0]
     assert (run / "scorecard.json").read_bytes() == before  # nothing half-written in its place
+
+
+def test_foundation_baselines_join_the_fitted_ones(trained, tmp_path, capsys):
+    _, run = trained
+    model = tiny_chronos(tmp_path / "chronos-tiny")
+    code = main(
+        [
+            "scorecard",
+            str(run),
+            "--horizons",
+            "1,3",
+            "--origins",
+            "3",
+            "--samples",
+            "8",
+            "--baseline",
+            f"chronos:{model}",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    card = _card(run)
+    assert set(card["baselines"]) == {"rw_ewma", "bootstrap", "garch", "chronos:chronos-tiny"}
+    assert "chronos:chronos-tiny" in card["horizons"]["3"]["skill"]["crps"]
+    assert any("chronos:chronos-tiny" in line for line in out.splitlines())
 
 
 def test_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):

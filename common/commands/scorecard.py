@@ -4,6 +4,7 @@ writes at the end of training (common.commands.train's final outputs).
     marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
                                 [--precision auto|fp32|bf16] [--barrier +5%,-3%]
+                                [--baseline chronos:ID_OR_PATH] [--baseline timesfm:ID_OR_PATH]
 
 Both score the run's best model (`common.forecasting.forecaster.Forecaster`) with
 `common.evaluation.scorecard.run_scorecard` and write scorecard.json and scorecard.png into the
@@ -11,6 +12,8 @@ run folder. The end-of-training one uses `training.scorecard_origins` origin dat
 off), at most `training.scorecard_budget` (asset, origin) forecasts drawn among them, and
 `training.scorecard_samples` paths at horizons 1, 5 and 20, with its progress in the job log;
 the command defaults to the issue's full scorecard (every 5th test candle, 200 samples).
+--baseline adds foundation models, zero-shot, beside the fitted baselines
+(common.evaluation.foundation_baselines, docs/foundation-baselines.md); never at the end of training.
 
 The scoring imports are local: `common.commands.train` imports this module, and a training
 process starts without pandas, scipy or scoringrules.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import Callable, Optional, Sequence, TextIO
 
 import torch
 
@@ -30,7 +33,14 @@ from common.config import Config
 from common.errors import UserError
 from common.forecasting.price_paths import parse_barriers
 
-__all__ = ["ScorecardRequest", "end_of_training_scorecard", "parse_device", "parse_horizons", "run_scorecard_command"]
+__all__ = [
+    "ScorecardRequest",
+    "end_of_training_scorecard",
+    "parse_baselines",
+    "parse_device",
+    "parse_horizons",
+    "run_scorecard_command",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class ScorecardRequest:
     precision: str = "auto"
     barrier: Optional[str] = None  # "+5%,-3%": also the Brier scores of the barrier probabilities
     interval: Optional[str] = None  # which of a run's data.intervals (None: its first)
+    baselines: Sequence[str] = ()  # "chronos:ID_OR_PATH", "timesfm:ID_OR_PATH" (parse_baselines)
 
 
 def parse_horizons(text: str) -> tuple[int, ...]:
@@ -60,6 +71,22 @@ def parse_horizons(text: str) -> tuple[int, ...]:
     if not horizons or min(horizons) < 1:
         raise UserError(f"--horizons {text!r}: expected comma-separated positive integers, e.g. 1,5,20")
     return horizons
+
+
+def parse_baselines(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """["chronos:amazon/chronos-bolt-small", ...] -> {card name: (kind, spec)}; the card name is
+    the kind and the spec's last part ("chronos:chronos-bolt-small"). UserError for a bad form."""
+    from common.evaluation.foundation_baselines import FOUNDATION_KINDS  # lazy: pandas
+
+    out: dict[str, tuple[str, str]] = {}
+    for text in texts:
+        kind, _, spec = text.partition(":")
+        if not spec or kind not in FOUNDATION_KINDS:
+            raise UserError(
+                f"--baseline {text!r}: expected KIND:ID_OR_PATH with KIND one of {', '.join(FOUNDATION_KINDS)}"
+            )
+        out[f"{kind}:{spec.rstrip('/').split('/')[-1]}"] = (kind, spec)
+    return out
 
 
 def run_scorecard_command(req: ScorecardRequest) -> int:
@@ -78,6 +105,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     if req.cost_bp < 0:
         raise UserError(f"--cost-bp {req.cost_bp:g}: must be zero or positive (basis points per side)")
+    foundation = parse_baselines(req.baselines)
     runs = list(req.run_dirs)
     forecaster = forecaster_for(
         runs, device=parse_device(req.device), precision=req.precision, interval=req.interval
@@ -89,7 +117,8 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         out = out / f"scorecard_{forecaster.interval}"
     if isinstance(forecaster, Ensemble):  # several runs
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
-    card = run_scorecard(
+    score = _with_foundation(foundation, req.device) if foundation else run_scorecard
+    card = score(
         runs[0],
         forecaster_fn(forecaster),
         horizons=tuple(req.horizons),
@@ -118,6 +147,28 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     )
     print(f"Wrote {out / SCORECARD_JSON} and {out / SCORECARD_PNG}")
     return 0
+
+
+def _with_foundation(foundation: dict[str, tuple[str, str]], device: str) -> Callable[..., dict]:
+    """run_scorecard with the foundation models beside the fitted baselines (same arguments)."""
+    from common.evaluation.asset_series import fit_price_baselines, series_from_run  # lazy: pandas
+    from common.evaluation.foundation_baselines import load_foundation_baseline  # lazy: pandas
+    from common.evaluation.scorecard import make_scorecard, write_scorecard  # lazy: scipy
+
+    models = {name: load_foundation_baseline(kind, spec, device) for name, (kind, spec) in foundation.items()}
+
+    def score(run_dir: Path, forecast_fn, *, out_dir: Path, precision: str, interval: Optional[str], **kw) -> dict:
+        series, interval = series_from_run(run_dir, interval)
+        baselines = {**fit_price_baselines(series, interval), **models}
+        card = make_scorecard(series, forecast_fn, interval=interval, baselines=baselines, **kw)
+        card["run"], card["precision"] = str(run_dir), precision
+        try:
+            write_scorecard(card, out_dir)
+        except OSError as e:
+            raise UserError(f"cannot write the scorecard into {out_dir} ({e.strerror or e})") from None
+        return card
+
+    return score
 
 
 def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
