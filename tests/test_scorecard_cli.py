@@ -124,7 +124,7 @@ def test_foundation_baselines_join_the_fitted_ones(trained, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     card = _card(run)
-    assert set(card["baselines"]) == {"rw_ewma", "bootstrap", "garch", "chronos:chronos-tiny"}
+    assert set(card["baselines"]) == {"rw_ewma", "bootstrap", "garch", "har", "log_har", "chronos:chronos-tiny"}
     assert "chronos:chronos-tiny" in card["horizons"]["3"]["skill"]["crps"]
     assert any("chronos:chronos-tiny" in line for line in out.splitlines())
 

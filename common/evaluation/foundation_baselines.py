@@ -18,6 +18,7 @@ Weights: a local folder, or a Hugging Face id already in the user's cache; nothi
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -82,9 +83,25 @@ class QuantileBaseline:
 
 
 def _hf_offline() -> None:
-    """Nothing is fetched: an id must already be in the Hugging Face cache (set before the
-    libraries import huggingface_hub, which reads it once)."""
+    """Nothing is fetched: an id must already be in the Hugging Face cache. huggingface_hub reads
+    HF_HUB_OFFLINE once, when imported, so an already imported one is told too."""
     os.environ["HF_HUB_OFFLINE"] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        setattr(constants, "HF_HUB_OFFLINE", True)  # noqa: B010 (a module attribute mypy can't see)
+
+
+def _cached(spec: str, file: str) -> bool:
+    """Whether `spec` is a folder, or a Hugging Face id whose `file` is in the local cache (asked
+    before a library is: some log and go on, or look the id up, when it is not)."""
+    if Path(spec).is_dir():
+        return True
+    from huggingface_hub import try_to_load_from_cache  # lazy: the `foundation` extra
+
+    try:
+        return isinstance(try_to_load_from_cache(spec, file), str)
+    except ValueError:  # not a valid id either (a path that does not exist)
+        return False
 
 
 def _missing_weights(kind: str, spec: str) -> UserError:
@@ -101,6 +118,8 @@ def _chronos(spec: str, device: str) -> ForecastFn:
         from chronos import BaseChronosPipeline
     except ImportError:
         raise UserError(f"--baseline chronos needs chronos-forecasting: {_EXTRA}") from None
+    if not _cached(spec, "config.json"):
+        raise _missing_weights("chronos", spec)
     try:
         pipe = BaseChronosPipeline.from_pretrained(spec, device_map=device, local_files_only=True)
     except (OSError, ValueError):
@@ -127,11 +146,8 @@ def _timesfm(spec: str, device: str) -> ForecastFn:
         raise UserError(f"--baseline timesfm needs timesfm[torch]: {_EXTRA}") from None
     if not hasattr(timesfm, "TimesFM_2p5_200M_torch"):
         raise UserError(f"--baseline timesfm needs timesfm's torch model (torch installed): {_EXTRA}")
-    if not Path(spec).is_dir():  # the library logs and goes on when an id is not cached: ask the cache first
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(spec, "model.safetensors"), str):
-            raise _missing_weights("timesfm", spec)
+    if not _cached(spec, "model.safetensors"):
+        raise _missing_weights("timesfm", spec)
     try:
         model = timesfm.TimesFM_2p5_200M_torch.from_pretrained(spec, local_files_only=True, torch_compile=False)
     except (OSError, ValueError):
