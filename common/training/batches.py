@@ -222,16 +222,16 @@ class TokenWindows:
         keys = _round_keys(seed, epoch)
         if k == 1:
             n = self.num_windows(split)
-            return lambda positions: feistel_permute(positions, n, keys)
+            return lambda positions: feistel_permute(positions, n, keys, check=False)  # epoch positions
         # the i-th chosen window (ascending, as with_offset lists them) from a few numbers per run
         offset = _cycle_offset(seed, epoch, k)
         chosen = torch.clamp((w.count - offset + k - 1) // k, min=0)  # (R,) windows taken per run
         ends = torch.cumsum(chosen, 0)
         firsts = w.cum[:-1] + offset  # the run's first chosen window id
-        total = int(ends[-1]) if len(ends) else 0
+        total = sum(max(0, -(-(c - offset) // k)) for c in w.counts)  # Python ints: no tensor read
 
         def lookup(positions: torch.Tensor) -> torch.Tensor:
-            i = feistel_permute(positions, total, keys)
+            i = feistel_permute(positions, total, keys, check=False)  # epoch positions
             run = torch.searchsorted(ends, i, right=True)
             return firsts[run] + (i - (ends[run] - chosen[run])) * k
 
@@ -372,7 +372,7 @@ def _round(right: torch.Tensor, key: int, bits: int) -> torch.Tensor:
     return (right ^ key).mul_(0x2C1B3C6D).bitwise_and_(0xFFFFFFFF).bitwise_right_shift_(32 - bits)
 
 
-def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int]) -> torch.Tensor:
+def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int], check: bool = True) -> torch.Tensor:
     """A pseudo-random bijection of [0, n), keyed by `keys`, at `positions` (int64, same shape).
 
     A Feistel network permutes [0, 2**b), the smallest power of 2 >= n: each round splits a
@@ -381,11 +381,13 @@ def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int]) -> tor
     invertible, so the network is a bijection. A value that lands at n or beyond is walked on
     through the same network until it falls inside (cycle walking): following the network's
     cycles from inside [0, n) back into it is a permutation of [0, n), and since 2**b < 2n a
-    value needs fewer than 2 passes on average. Vectorised: O(len(positions))."""
+    value needs fewer than 2 passes on average. Vectorised: O(len(positions)). check=False: the
+    caller knows the positions lie in [0, n) (an epoch's own ranges), so no tensor value is read
+    (the training step reads none)."""
     if n < 0 or n > 1 << 62:
         raise ValueError(f"cannot permute {n} positions")
     x = positions.long()
-    if len(x) and (int(x.min()) < 0 or int(x.max()) >= n):  # a walk from outside might never end
+    if check and len(x) and (int(x.min()) < 0 or int(x.max()) >= n):  # a walk from outside might never end
         raise ValueError(f"positions outside [0, {n})")
     if n <= 1:
         return x.clone()
