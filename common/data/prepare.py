@@ -88,16 +88,23 @@ def _global_cuts(stamps: Callable[[], Iterable[np.ndarray]], q1: float, q2: floa
     """The q1 and q2 quantiles (lower) of all candle timestamps pooled, in ns.
 
     stamps() yields each asset's sorted timestamps; it is walked twice, and memory stays bounded
-    by the days the assets span, not by their candles: count the candles of each UTC day, find
-    the day that holds each quantile, then sort only that day's candles.
+    by the days the assets span, not by their candles or their count: add up the candles of each
+    UTC day, find the day that holds each quantile, then sort only that day's candles.
     """
-    days, counts = [], []
+    first, per_day = 0, np.zeros(0, np.int64)  # per_day[i]: the candles of day first + i
     for ts in stamps():
-        d, c = np.unique(ts // _DAY_NS, return_counts=True)
-        days.append(d)
-        counts.append(c)
-    day, inverse = np.unique(np.concatenate(days), return_inverse=True)
-    per_day = np.bincount(inverse, weights=np.concatenate(counts)).astype(np.int64)
+        if not len(ts):
+            continue
+        d = ts // _DAY_NS
+        if not len(per_day):
+            first, per_day = int(d[0]), np.zeros(int(d[-1] - d[0]) + 1, np.int64)
+        lo, hi = min(first, int(d[0])), max(first + len(per_day), int(d[-1]) + 1)
+        if (lo, hi) != (first, first + len(per_day)):  # widen to this asset's days
+            grown = np.zeros(hi - lo, np.int64)
+            grown[first - lo : first - lo + len(per_day)] = per_day
+            first, per_day = lo, grown
+        per_day += np.bincount(d - first, minlength=len(per_day))
+    day = first + np.arange(len(per_day))
     before = np.concatenate([[0], np.cumsum(per_day)])  # candles before each day
     n = int(before[-1])
     ranks = [int(np.floor(q * (n - 1))) for q in (q1, q2)]
