@@ -91,7 +91,8 @@ def test_calibration_brings_an_overconfident_forecaster_to_nominal_coverage_on_t
     for h in ("1", "5"):
         hc = card["horizons"][h]
         n = hc["n"]
-        for level in (50, 80, 90):
+        assert set(hc["coverage_calibrated"]) == {"50", "80", "90", "95"}
+        for level in (50, 80, 90, 95):
             p = level / 100
             assert hc["coverage"]["model"][str(level)] < p - 0.1  # raw: well under
             # calibrated: nominal within 4 standard errors of the test share and of the val fit's
@@ -242,7 +243,7 @@ def test_calibrate_then_forecast_calibrated_and_the_scorecard_reports_it(run_dir
     assert code == 0, err
     assert "Calibrated on the validation split" in out and "H=1: raw 90% interval covered" in out
     content = json.loads((run_dir / CALIBRATION_JSON).read_text())
-    assert content["horizons"] == [1, 2, 3] and content["levels"] == [50, 80, 90] and content["split"] == "val"
+    assert content["horizons"] == [1, 2, 3] and content["levels"] == [50, 80, 90, 95] and content["split"] == "val"
     assert len(content["checkpoint_sha256"]) == 64 and content["n_origins"]["3"] >= MIN_VAL_ORIGINS
     assert pd.Timestamp(content["dates"]["last_candle_read"]) < pd.Timestamp(content["test_starts"])
 
@@ -262,7 +263,7 @@ def test_calibrate_then_forecast_calibrated_and_the_scorecard_reports_it(run_dir
     code, out, err = _main(capsys, "scorecard", run_dir, "--horizons", "1,3", "--origins", "3", "--samples", "8")
     assert code == 0, err
     card = json.loads((run_dir / "scorecard.json").read_text())
-    assert set(card["calibration"]["coverage_calibrated"]) == {"50", "80", "90"}
+    assert set(card["calibration"]["coverage_calibrated"]) == {"50", "80", "90", "95"}
     pit = card["calibration"]["pit_calibrated"]  # the calibrated PIT on its grid, beside the raw one's
     assert len(pit["calibrated"]) == len(pit["raw"]) == len(pit["expected"]) == 8
     assert abs(sum(pit["calibrated"]) - 1) < 1e-9

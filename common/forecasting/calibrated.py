@@ -2,7 +2,7 @@
 
 The calibration is split-conformal, conformalized quantile regression style (CQR, Romano,
 Patterson and Candes 2019), fitted by `marketgpt calibrate RUN_DIR` on the validation split
-(common.evaluation.calibration). Per forecast step h and central level L (50, 80, 90), in
+(common.evaluation.calibration). Per forecast step h and central level L (50, 80, 90, 95), in
 log-return space from the origin close:
 
     lo, hi = the (1 - L)/2 and (1 + L)/2 quantiles of the model's samples
@@ -38,7 +38,9 @@ __all__ = [
 ]
 
 CALIBRATION_JSON = "calibration.json"
-CALIBRATION_LEVELS = (50, 80, 90)  # central levels; their ends are forecast columns p25/p75, p10/p90, p5/p95
+# central levels. The forecast table has the ends of 50, 80 and 90 (p25/p75, p10/p90, p5/p95); 95 is
+# fitted for the scorecard's coverage of the calibrated forecaster and the records.
+CALIBRATION_LEVELS = (50, 80, 90, 95)
 FORMAT_VERSION = 1
 
 
@@ -134,6 +136,8 @@ def calibrate_table(table: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
     steps = out["step"].to_numpy()
     for level in cal.levels:
         lo, hi = f"p{(100 - level) // 2}", f"p{(100 + level) // 2}"
+        if (100 - level) % 2 or lo not in out.columns:  # a level without quantile columns (95: p2.5)
+            continue
         q = np.array([cal.adjustments[int(s)][level] for s in steps])
         out[lo] = out[lo].to_numpy() * np.exp(-q)
         out[hi] = out[hi].to_numpy() * np.exp(q)
