@@ -44,7 +44,7 @@ def run(assets: int = 20, samples: int = 100, horizon: int = 24, rounds: int = 3
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         export_onnx(fc.model, example, folder)
-    info = {"assets": list(fc.assets.values()), "symbols": fc.symbols}
+    info = fc.info
     onnx = ExportedForecaster(
         OnnxBackend(folder / "model.onnx", cfg.model.context_length, torch.get_num_threads()), fc.tokenizer, info, cfg
     )

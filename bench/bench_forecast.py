@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, bench_args, finish, peak_rss_mb, row, set_threads  # noqa: E402
 
 from common.config import load_config  # noqa: E402
-from common.data.universe import Asset, asset_info  # noqa: E402
+from common.data.run_info import RunInfo  # noqa: E402
+from common.data.universe import Asset  # noqa: E402
 from common.forecasting.forecast_io import History  # noqa: E402
 from common.forecasting.forecaster import Forecaster  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
@@ -92,7 +93,7 @@ def setup(assets: int, device: str) -> tuple[Forecaster, list[History]]:
     for f in frames.values():  # hourly bars, as case C
         f.index = f.index[0] + (f.index - f.index[0]) / 24
     tok = OHLCTokenizer.from_config(cfg).fit(frames)
-    info = asset_info([Asset(s, "sample", "crypto", s) for s in frames])
+    info = RunInfo.of_assets([Asset(s, "sample", "crypto", s) for s in frames])
     torch.manual_seed(0)
     model = MarketGPT(cfg.model, num_assets=assets, num_categories=1).to(device)
     return Forecaster(model, tok, info, cfg), [History(s, f) for s, f in frames.items()]

@@ -18,7 +18,8 @@ import torch
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.data.universe import Asset, asset_info
+from common.data.run_info import RunInfo
+from common.data.universe import Asset
 from common.forecasting.forecast_io import QUANTILES, History, future_timestamps, histories_at
 from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
@@ -295,7 +296,7 @@ def _fixed_logit_forecaster(logits: torch.Tensor, tok: OHLCTokenizer, tmp_path) 
     raw["model"].update(vocab_size=len(logits), bias=True)
     (tmp_path / "fixed.json").write_text(json.dumps(raw))
     cfg = load_config(tmp_path / "fixed.json")
-    info = asset_info([Asset("X", "sample", "us_stock", "x"), Asset("C", "sample", "crypto", "c")])
+    info = RunInfo.of_assets([Asset("X", "sample", "us_stock", "x"), Asset("C", "sample", "crypto", "c")])
     model = MarketGPT(cfg.model, num_assets=2, num_categories=2)
     with torch.no_grad():
         model.ln_f.weight.zero_()

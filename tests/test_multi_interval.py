@@ -21,8 +21,9 @@ from common.cli import main
 from common.config import Config, ConfigError, at_interval, load_config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
+from common.data.run_info import RunInfo
 from common.data.synthetic import aggregate
-from common.data.universe import Asset, asset_info, pick_interval, series_ids
+from common.data.universe import Asset
 from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
@@ -155,17 +156,20 @@ def test_the_synthetic_market_at_several_intervals_is_one_market_aggregated():
 
 def test_asset_info_of_series_shares_asset_ids_across_intervals():
     series = [Asset(f"{s}@{iv}", "sample", c, s) for s, c in (("A", "crypto"), ("B", "fx")) for iv in ("1h", "1d")]
-    info = asset_info(series, ["1h", "1d"])
-    assert info["symbols"] == {"A": 0, "B": 1} and info["num_assets"] == 2 and info["intervals"] == ["1h", "1d"]
-    assets, categories, intervals = series_ids(info)
+    info = RunInfo.of_assets(series, ["1h", "1d"])
+    raw = info.to_json()
+    assert raw["symbols"] == {"A": 0, "B": 1} and raw["num_assets"] == 2 and raw["intervals"] == ["1h", "1d"]
+    assert raw["series"]["B@1d"] == {"symbol": "B", "interval": "1d"} and RunInfo.from_json(raw) == info
+    assets, categories, intervals = info.series_ids()
     assert assets == {"A@1h": 0, "A@1d": 0, "B@1h": 1, "B@1d": 1}
     assert intervals == {"A@1h": 0, "A@1d": 1, "B@1h": 0, "B@1d": 1}
-    assert categories["B@1d"] == info["categories"]["fx"]
-    one = asset_info([Asset("A", "sample", "crypto", "A")])
-    assert "intervals" not in one and series_ids(one)[2] == {"A": 0}
-    assert pick_interval(info, "1h", None) == ("1h", 0) and pick_interval(info, "1h", "1d") == ("1d", 1)
+    assert categories["B@1d"] == info.categories["fx"] and info.num_intervals == 2
+    one = RunInfo.of_assets([Asset("A", "sample", "crypto", "A")])
+    assert "intervals" not in one.to_json() and one.series_ids()[2] == {"A": 0} and one.num_intervals == 1
+    assert info.interval("1h", None) == ("1h", 0) and info.interval("1h", "1d") == ("1d", 1)
+    assert info.interval_series("1d") == {"A@1d": "A", "B@1d": "B"}
     with pytest.raises(UserError, match="--interval 4h: the run was trained on 1h, 1d only"):
-        pick_interval(info, "1h", "4h")
+        info.interval("1h", "4h")
 
 
 # --------------------------------------------------------------------------- model
@@ -176,10 +180,12 @@ def test_a_one_interval_model_has_its_old_parameters_and_several_get_a_zero_inte
     torch.manual_seed(0)
     one = MarketGPT(cfg, num_assets=3, num_categories=2)
     torch.manual_seed(0)
-    again = MarketGPT.for_run(cfg, {"num_assets": 3, "num_categories": 2})
+    three = [Asset(s, "sample", c, s) for s, c in (("A", "crypto"), ("B", "fx"), ("C", "crypto"))]
+    again = MarketGPT.for_run(cfg, RunInfo.of_assets(three))
     assert one.interval_emb is None and one.state_dict().keys() == again.state_dict().keys()
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in one.state_dict().items())
-    several = MarketGPT.for_run(cfg, {"num_assets": 3, "num_categories": 2, "intervals": ["1h", "1d"]})
+    series = [Asset(f"{a.symbol}@{iv}", a.source, a.category, a.name) for a in three for iv in ("1h", "1d")]
+    several = MarketGPT.for_run(cfg, RunInfo.of_assets(series, ["1h", "1d"]))
     assert set(several.state_dict()) - set(one.state_dict()) == {"interval_emb.weight"}
     assert several.interval_emb.weight.shape == (2, cfg.d_model) and not several.interval_emb.weight.any()
     assert several.num_parameters() - one.num_parameters() == 2 * cfg.d_model
@@ -312,14 +318,13 @@ def test_fine_tuning_a_one_interval_run_into_several_starts_the_new_rows_at_zero
     from common.training.finetune import Parent, init_from_parent
 
     cfg = load_config(straight_run / "config.json")
-    parent = MarketGPT.for_run(cfg.model, {"num_assets": 2, "num_categories": 1})  # a one-interval parent
+    parent_info = RunInfo.of_assets([Asset(f"SYN000{i}", "synthetic", "crypto", "x") for i in range(2)])
+    parent = MarketGPT.for_run(cfg.model, parent_info)  # a one-interval parent
     run = tmp_path / "parent"
     run.mkdir()
     torch.save({"model": parent.state_dict()}, run / "best_model.pt")
-    (run / "asset_info.json").write_text(
-        json.dumps(asset_info([Asset(f"SYN000{i}", "synthetic", "crypto", "x") for i in range(2)]))
-    )
-    info = json.loads((straight_run / "asset_info.json").read_text())
+    (run / "asset_info.json").write_text(json.dumps(parent_info.to_json()))
+    info = RunInfo.read(straight_run / "asset_info.json")
     child = MarketGPT.for_run(cfg.model, info)
     torch.nn.init.normal_(child.interval_emb.weight)
     lineage = init_from_parent(child, Parent(run, run / "best_model.pt", {}), info)

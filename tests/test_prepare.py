@@ -409,7 +409,8 @@ def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(t
     monkeypatch.setattr(OHLCTokenizer, "fit", spy)
     cfg = config(context=16, interval="1d")
     cfg.data.source = "sample"
-    tokens, info, data_info = _prepare_new(cfg, tmp_path)  # what `marketgpt train` runs for a new run
+    prepared = _prepare_new(cfg, tmp_path)  # what `marketgpt train` runs for a new run
+    tokens, data_info = prepared.tokens, prepared.data_info
     assert fitted and sum(len(f) for f in fitted) > 0
     last_fitted = max(f.index.max() for f in fitted if len(f))
     first_cut = pd.Timestamp(data_info["split_cuts"]["val_start"])

@@ -274,7 +274,8 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     import torch
 
     from common.config import load_config
-    from common.data.universe import Asset, asset_info
+    from common.data.run_info import RunInfo
+    from common.data.universe import Asset
     from common.evaluation.scorecard import forecaster_fn
     from common.forecasting.forecaster import Forecaster
     from common.model.gpt import MarketGPT
@@ -306,7 +307,7 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     fc = Forecaster(
         MarketGPT(cfg.model, num_assets=2, num_categories=1),
         tok,
-        asset_info([Asset(s.symbol, "sample", "us_stock", s.symbol) for s in series]),
+        RunInfo.of_assets([Asset(s.symbol, "sample", "us_stock", s.symbol) for s in series]),
         cfg,
     )
     fn = forecaster_fn(fc)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.data.universe import Asset, asset_info, load_universe
+from common.data.run_info import RunInfo
+from common.data.universe import Asset, load_universe
 from common.errors import UserError
 from common.markets import CATEGORIES
 from common.paths import CASES, REPO_ROOT, case_config
@@ -124,7 +125,7 @@ def test_asset_info_ids_follow_universe_and_category_order():
         Asset("GC=F", "yfinance", "commodity", "Gold"),
         Asset("BTC/USDT", "ccxt", "crypto", "Bitcoin"),
     ]
-    info = asset_info(assets)
+    info = RunInfo.of_assets(assets).to_json()
     # Categories keep CATEGORIES order (us_stock < commodity < crypto), not first appearance.
     assert info["categories"] == {"us_stock": 0, "commodity": 1, "crypto": 2}
     assert [r["symbol"] for r in info["assets"]] == [a.symbol for a in assets]
@@ -133,12 +134,13 @@ def test_asset_info_ids_follow_universe_and_category_order():
     assert info["symbols"] == {"ETH/USDT": 0, "AAPL": 1, "GC=F": 2, "BTC/USDT": 3}
     assert info["num_assets"] == 4 and info["num_categories"] == 3
     assert json.loads(json.dumps(info)) == info  # JSON-ready, nothing lost
-    assert asset_info(list(assets)) == info  # deterministic
+    assert RunInfo.of_assets(list(assets)).to_json() == info  # deterministic
+    assert RunInfo.from_json(info) == RunInfo.of_assets(assets)  # read back as written
 
 
 def test_asset_info_of_a_shipped_universe():
     assets = load_universe(REPO_ROOT / "case_a_full_market" / "universe.csv")
-    info = asset_info(assets)
+    info = RunInfo.of_assets(assets).to_json()
     assert info["num_assets"] == 600
     assert list(info["categories"]) == ["us_stock", "eu_stock", "emerging", "commodity", "crypto"]
     for record, asset in zip(info["assets"], assets):
@@ -149,4 +151,4 @@ def test_asset_info_of_a_shipped_universe():
 def test_asset_info_refuses_duplicates():
     a = Asset("AAPL", "yfinance", "us_stock", "Apple")
     with pytest.raises(ValueError, match="AAPL"):
-        asset_info([a, a])
+        RunInfo.of_assets([a, a])

@@ -207,7 +207,7 @@ def _own_candles(
             f"{cfg.data.source} candles it was trained on"
         )
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
-    categories = {s: forecaster.assets[s]["category"] for s in forecaster.symbols}
+    categories = {s: forecaster.assets[s].category for s in forecaster.symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
     load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()

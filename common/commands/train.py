@@ -40,19 +40,20 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
 import numpy as np
 import torch
 
-from common.atomic import atomic_write_json, read_json
+from common.atomic import atomic_write_json
 from common.commands.plan import plan_of_run
 from common.commands.plan_figures import MIN_TOKENS_PER_PARAMETER
 from common.commands.scorecard import end_of_training_scorecard
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.data.check import left_out
-from common.data.universe import series_ids
+from common.data.run_info import RunInfo
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.job_store import failures_reported, share_from_main
@@ -62,7 +63,7 @@ from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.model.scaling_fit import load_size_fit, size_advice
 from common.paths import case_dir_of_config
-from common.tokens.corpus import prepare_in_memory
+from common.tokens.corpus import Prepared, prepare_in_memory
 from common.tokens.fractions import trim_train
 from common.tokens.shards import prepare_shards
 from common.tokens.tokenizer import OHLCTokenizer
@@ -114,18 +115,31 @@ def run_training(
     with failures_reported():
         if env.is_main:
             try:
-                cfg, run_dir, ckpt, tokens, info, windows, state = _open_or_create(
-                    cfg, config, overrides, resume, device, out
-                )
+                run, ckpt = _open_or_create(cfg, config, overrides, resume, device, out)
             except UserError as e:
                 share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
                 raise
-            share_from_main("run", {"run_dir": str(run_dir), "checkpoint": str(ckpt) if ckpt else None})
+            share_from_main("run", {"run_dir": str(run.path), "checkpoint": str(ckpt) if ckpt else None})
         else:
-            cfg, run_dir, tokens, info, windows, state = _follow_rank0(share_from_main("run"), overrides, device, env)
-        code = _train_and_test(cfg, run_dir, tokens, info, windows, state, out, stop_after_steps, env)
+            run = _follow_rank0(share_from_main("run"), overrides, device, env)
+        code = _train_and_test(run, out, stop_after_steps, env)
     shutdown()
     return code
+
+
+@dataclass
+class TrainingRun:
+    """A run as every rank trains it: its folder, the files in it (read back, or just made), the
+    windows over its tokens and, when it continues, the checkpoint's state."""
+
+    cfg: Config
+    path: Path
+    tokens: TokenSet
+    tokenizer: OHLCTokenizer
+    info: RunInfo  # asset_info.json
+    windows: TokenWindows
+    state: Optional[dict] = None  # the checkpoint resumed from; None for a new run
+    model_size: Optional[dict] = None  # what model.size = "auto" chose, and why (a new run)
 
 
 def _open_or_create(
@@ -135,8 +149,8 @@ def _open_or_create(
     resume: Optional[str],
     device: torch.device,
     out: TextIO,
-) -> tuple:
-    """Rank 0's part: the run to resume (and its checkpoint) or a new, prepared run folder."""
+) -> tuple[TrainingRun, Optional[Path]]:
+    """Rank 0's part: the run to resume and its checkpoint, or a new, prepared run folder and None."""
     run_dir = ckpt = None
     if resume is not None:
         checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
@@ -151,40 +165,40 @@ def _open_or_create(
 
     if ckpt is not None:
         assert run_dir is not None  # resolve_resume returns a checkpoint with its run folder
-        cfg, tokens, info = _open_run(run_dir, config, cfg, overrides)
-        windows = _windows(cfg, tokens, info["asset_info"], device)
-        state = load_checkpoint(ckpt)
-        if state.get("format") != "marketgpt-checkpoint":
+        run = _open_run(run_dir, config, cfg, overrides, device)
+        run.state = load_checkpoint(ckpt)
+        if run.state.get("format") != "marketgpt-checkpoint":
             raise UserError(f"{ckpt}: not a MarketGPT training checkpoint")
-        diff = config_differences(cfg, state["config"])
+        diff = config_differences(run.cfg, run.state["config"])
         if diff:
             raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
         print(f"Resuming {run_dir} from {ckpt.name}", file=out)
-    else:  # a new run: --config is given (a --resume RUN_FOLDER without it always has a checkpoint)
-        assert cfg is not None and config is not None
-        check_writable(case_dir_of_config(config) / "checkpoints")
-        tokens, info, data_info = _prepare_new(cfg, case_dir_of_config(config), out)
-        lines, warnings = left_out(data_info)  # assets, categories or intervals the run goes without
-        for line in lines + warnings:
-            print(line, file=out)
-        info["model_size"] = _auto_size(cfg, tokens, info["asset_info"], out)  # before the model and config.json
-        windows = _windows(cfg, tokens, info["asset_info"], device)  # before the folder: may raise
-        if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
-            print(
-                f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
-                file=out,
-            )
-        else:
-            if run_dir is not None:
-                print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
-            run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
-        _write_run_files(run_dir, cfg, tokens, info, data_info)
-        state = None
-        print(f"Run folder: {run_dir}", file=out)
-    return cfg, run_dir, ckpt, tokens, info, windows, state
+        return run, ckpt
+
+    # a new run: --config is given (a --resume RUN_FOLDER without it always has a checkpoint)
+    assert cfg is not None and config is not None
+    check_writable(case_dir_of_config(config) / "checkpoints")
+    p = _prepare_new(cfg, case_dir_of_config(config), out)
+    lines, warnings = left_out(p.data_info)  # assets, categories or intervals the run goes without
+    for line in lines + warnings:
+        print(line, file=out)
+    model_size = _auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
+    windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
+    if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
+        print(
+            f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
+            file=out,
+        )
+    else:
+        if run_dir is not None:
+            print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
+        run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
+    _write_run_files(run_dir, cfg, p)
+    print(f"Run folder: {run_dir}", file=out)
+    return TrainingRun(cfg, run_dir, p.tokens, p.tokenizer, p.info, windows, model_size=model_size), None
 
 
-def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> tuple:
+def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> TrainingRun:
     """The other ranks' part: open the run folder rank 0 chose and load the same checkpoint."""
     if "error" in decision:
         raise UserError(decision["error"])
@@ -194,16 +208,15 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
             f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
             "made: the case folder must be on a filesystem every node of the job shares"
         )
-    cfg, tokens, info = _open_run(run_dir, None, None, overrides)
-    windows = _windows(cfg, tokens, info["asset_info"], device)
-    state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
-    return cfg, run_dir, tokens, info, windows, state
+    run = _open_run(run_dir, None, None, overrides, device)
+    run.state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
+    return run
 
 
 # --------------------------------------------------------------------------- new run
 
 
-def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple[TokenSet, dict, dict]:
+def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> Prepared:
     """The corpus of a new run: the config's token shard (prepared now, or reused), or with
     data.shards = false prepared in memory for this run alone."""
 
@@ -216,10 +229,10 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> tuple
     prepare = prepare_shards if cfg.data.shards else prepare_in_memory
     p = prepare(cfg, case, parent_tokenizer, out=out)
     p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
-    return p.tokens, {"asset_info": p.asset_info, "tokenizer": p.tokenizer}, p.data_info
+    return p
 
 
-def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -> Optional[dict]:
+def _auto_size(cfg: Config, tokens: TokenSet, info: RunInfo, out: Optional[TextIO]) -> Optional[dict]:
     """model.size = "auto": set the shape the scaling fit suggests for the run's training candles
     (common/model/scaling_fit.py) and return the choice for training_log.json; else None."""
     if cfg.model.size != "auto":
@@ -232,7 +245,7 @@ def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -
     fit = load_size_fit(Path(cfg.model.size_fit), cfg)
     train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
     advice = size_advice(
-        cfg, train, fit, ai["num_assets"], ai["num_categories"], min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
+        cfg, train, fit, info.num_assets, info.num_categories, min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
     )
     choice = advice["shape"]
     if choice is None:
@@ -247,15 +260,15 @@ def _auto_size(cfg: Config, tokens: TokenSet, ai: dict, out: Optional[TextIO]) -
     return choice
 
 
-def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, data_info: dict) -> None:
+def _write_run_files(run_dir: Path, cfg: Config, p: Prepared) -> None:
     try:
         # first the job that owns the folder, so --resume auto elsewhere leaves it alone while it is set up
         atomic_write_json(run_dir / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
         save_config(cfg, run_dir / "config.json")
-        info["tokenizer"].save(run_dir / "tokenizer.json")
-        atomic_write_json(run_dir / "asset_info.json", info["asset_info"])
-        atomic_write_json(run_dir / "data_info.json", data_info)
-        tokens.save(run_dir / "tokens")  # hard links to the shard's files
+        p.tokenizer.save(run_dir / "tokenizer.json")
+        atomic_write_json(run_dir / "asset_info.json", p.info.to_json())
+        atomic_write_json(run_dir / "data_info.json", p.data_info)
+        p.tokens.save(run_dir / "tokens")  # hard links to the shard's files
     except OSError as e:
         raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
 
@@ -264,9 +277,10 @@ def _write_run_files(run_dir: Path, cfg: Config, tokens: TokenSet, info: dict, d
 
 
 def _open_run(
-    run_dir: Path, config: Optional[Path], case_cfg: Optional[Config], overrides: Sequence[str]
-) -> tuple[Config, TokenSet, dict]:
-    """The run's own config (plus harmless --set overrides), token set, tokenizer and asset ids."""
+    run_dir: Path, config: Optional[Path], case_cfg: Optional[Config], overrides: Sequence[str], device: torch.device
+) -> TrainingRun:
+    """The run's own config (plus harmless --set overrides), token set and windows, tokenizer and
+    asset ids; its checkpoint is the caller's to load."""
 
     config_json = run_dir / "config.json"
     if not config_json.is_file():
@@ -289,19 +303,17 @@ def _open_run(
             )
     check_writable(run_dir)
     tokens = TokenSet.load(token_path(run_dir))
-    info = {
-        "asset_info": read_json(run_dir / "asset_info.json"),
-        "tokenizer": OHLCTokenizer.load(run_dir / "tokenizer.json"),
-    }
+    info = RunInfo.read(run_dir / "asset_info.json")
     tokens.ranges = trim_train(tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
-    return cfg, tokens, info
+    windows = _windows(cfg, tokens, info, device)
+    return TrainingRun(cfg, run_dir, tokens, OHLCTokenizer.load(run_dir / "tokenizer.json"), info, windows)
 
 
 # --------------------------------------------------------------------------- train and test
 
 
-def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.device) -> TokenWindows:
-    ids, cats, intervals = series_ids(asset_info)
+def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
+    ids, cats, intervals = info.series_ids()
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
     T = cfg.model.context_length
     return build_windows(
@@ -315,7 +327,7 @@ def _windows(cfg: Config, tokens: TokenSet, asset_info: dict, device: torch.devi
         epoch_stride=cfg.data.epoch_stride,
         features=tokens.features,
         flat=tokens.flat(),
-        interval_ids=intervals if "intervals" in asset_info else None,
+        interval_ids=intervals if info.intervals else None,
     )
 
 
@@ -350,24 +362,15 @@ def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
     return line
 
 
-def _train_and_test(
-    cfg: Config,
-    run_dir: Path,
-    tokens: TokenSet,
-    info: dict,
-    windows: TokenWindows,
-    state: Optional[dict],
-    out: TextIO,
-    stop_after_steps: Optional[int],
-    env: DistEnv,
-) -> int:
+def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
     """Build the model (or take the checkpoint's), train it, and on rank 0 write the final outputs."""
-    model, lineage, frozen = _build_model(cfg, tokens, info["asset_info"], state, env)
+    cfg, run_dir, tokens, windows, state = run.cfg, run.path, run.tokens, run.windows, run.state
+    model, lineage, frozen = _build_model(cfg, tokens, run.info, state, env)
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
-        print(vocabulary_line(info["tokenizer"], tokens), file=out, flush=True)
+        print(vocabulary_line(run.tokenizer, tokens), file=out, flush=True)
         print(
             plan_of_run(
                 cfg,
@@ -383,9 +386,9 @@ def _train_and_test(
             flush=True,
         )
     if state is None:
-        _start_log(trainer, cfg, run_dir, info["asset_info"], env, lineage, frozen)
-        if info.get("model_size"):
-            trainer.log.data["model_size"] = info["model_size"]  # what model.size = "auto" chose, and why
+        _start_log(trainer, cfg, run_dir, run.info, env, lineage, frozen)
+        if run.model_size:
+            trainer.log.data["model_size"] = run.model_size  # what model.size = "auto" chose, and why
     else:
         try:
             trainer.load_state_dict(state)
@@ -402,7 +405,8 @@ def _train_and_test(
             cfg,
             run_dir,
             tokens,
-            info,
+            run.info,
+            run.tokenizer,
             device,
             status=status,
             extra={"scorecard_error": scorecard_error} if scorecard_error else None,
@@ -422,17 +426,17 @@ def _train_and_test(
 
 
 def _build_model(
-    cfg: Config, tokens: TokenSet, ai: dict, state: Optional[dict], env: DistEnv
+    cfg: Config, tokens: TokenSet, info: RunInfo, state: Optional[dict], env: DistEnv
 ) -> tuple[MarketGPT, Optional[dict], list[str]]:
     """The model before training: (model, lineage of a new fine-tuning run or None, frozen
     parameter names). The RNG draws here (initial weights, then each rank's dropout seed) are
     part of what makes a run reproducible: keep their order."""
     if state is None:
         seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
-    model = MarketGPT.for_run(cfg.model, ai)
+    model = MarketGPT.for_run(cfg.model, info)
     lineage = None
     if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
-        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), ai)
+        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), info)
     frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
     if state is None and env.rank > 0:
         seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
@@ -443,7 +447,13 @@ def _build_model(
 
 
 def _start_log(
-    trainer: Trainer, cfg: Config, run_dir: Path, ai: dict, env: DistEnv, lineage: Optional[dict], frozen: list[str]
+    trainer: Trainer,
+    cfg: Config,
+    run_dir: Path,
+    info: RunInfo,
+    env: DistEnv,
+    lineage: Optional[dict],
+    frozen: list[str],
 ) -> None:
     """A new run's training_log.json header (and a fine-tuned run's lineage)."""
     windows = trainer.windows
@@ -455,7 +465,7 @@ def _start_log(
         world_size=env.world_size,
         launcher=env.launcher,
         num_parameters=trainer.model.num_parameters(),
-        num_assets=ai["num_assets"],
+        num_assets=info.num_assets,
         windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
         steps_per_epoch=trainer.steps_per_epoch,
         effective_batch_size=trainer.effective_batch_size,

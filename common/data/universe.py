@@ -6,7 +6,7 @@
     BTC/USDT,ccxt,crypto,Bitcoin
 
 The symbol drives the model's asset embedding and the category its category embedding; the
-ids of both go to asset_info.json in the run folder. Every problem in the file is a UserError
+ids of both go to asset_info.json in the run folder (common.data.run_info). Every problem in the file is a UserError
 that names the file and the line, because a bad universe only shows up days later otherwise.
 A comment "# As of YYYY-MM-DD" dates the list (`universe_as_of`): a universe is a list of the
 constituents on that day, trained on their past, so it carries survivorship bias.
@@ -25,22 +25,18 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from common.errors import UserError
-from common.markets import CATEGORIES, split_series
+from common.markets import CATEGORIES
 
 __all__ = [
     "Asset",
     "EXCHANGE_UNIVERSE",
     "SOURCES",
     "HEADER",
-    "asset_info",
     "exchange_universe_file",
-    "interval_series",
     "load_universe",
-    "pick_interval",
-    "series_ids",
     "universe_as_of",
     "universe_path",
 ]
@@ -181,86 +177,3 @@ def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int], las
             f"{where}: category '{category}' has {have} assets{last}, but the config's "
             f"data.universe_counts expects {want}; fix the universe or the counts"
         )
-
-
-def asset_info(assets: list[Asset], intervals: Sequence[str] = ()) -> dict:
-    """The JSON-ready asset and category ids the model's embeddings use (asset_info.json).
-
-    Asset ids follow the given order; category ids follow CATEGORIES, restricted to the
-    categories present, so the same universe always maps to the same ids.
-    intervals: data.intervals of a run of several: `assets` are then its series (symbol@interval,
-    common.markets.series_name); the records and ids are the assets' (one asset embedding for all
-    its intervals), "intervals" lists the interval ids' names and "series" maps each series to
-    its asset and interval. A one-interval run's asset_info has neither key, as before.
-    """
-    series = {a.symbol: split_series(a.symbol) for a in assets} if intervals else {}
-    if intervals:  # the assets of the series, in order of first appearance
-        first: dict[str, Asset] = {}
-        for a in assets:
-            first.setdefault(series[a.symbol][0], Asset(series[a.symbol][0], a.source, a.category, a.name))
-        assets = list(first.values())
-    symbols = [a.symbol for a in assets]
-    dupes = sorted(s for s, n in Counter(symbols).items() if n > 1)
-    if dupes:
-        raise ValueError(f"duplicate symbols in the asset list: {', '.join(dupes)}")
-    unknown = sorted({a.category for a in assets} - set(CATEGORIES))
-    if unknown:
-        raise ValueError(f"unknown categories in the asset list: {', '.join(unknown)}")
-    present = {a.category for a in assets}
-    categories = {c: i for i, c in enumerate(c for c in CATEGORIES if c in present)}
-    records = [
-        {
-            "id": i,
-            "symbol": a.symbol,
-            "source": a.source,
-            "category": a.category,
-            "category_id": categories[a.category],
-            "name": a.name,
-        }
-        for i, a in enumerate(assets)
-    ]
-    info = {
-        "assets": records,
-        "symbols": {a.symbol: i for i, a in enumerate(assets)},
-        "categories": categories,
-        "num_assets": len(assets),
-        "num_categories": len(categories),
-    }
-    if intervals:
-        info["intervals"] = list(intervals)
-        info["series"] = {name: {"symbol": symbol, "interval": interval} for name, (symbol, interval) in series.items()}
-    return info
-
-
-def series_ids(info: dict) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """(asset id, category id, interval id) of each series of a run's token set, from its
-    asset_info.json: a one-interval run's series are its assets, all at interval id 0."""
-    category = {rec["symbol"]: rec["category_id"] for rec in info["assets"]}
-    if "series" not in info:
-        return dict(info["symbols"]), category, {s: 0 for s in info["symbols"]}
-    interval_id = {iv: i for i, iv in enumerate(info["intervals"])}
-    of = info["series"]
-    return (
-        {s: info["symbols"][v["symbol"]] for s, v in of.items()},
-        {s: category[v["symbol"]] for s, v in of.items()},
-        {s: interval_id[v["interval"]] for s, v in of.items()},
-    )
-
-
-def pick_interval(info: dict, trained: str, interval: str | None) -> tuple[str, int]:
-    """(interval, its id) of --interval for a run with this asset_info.json, whose data.interval is
-    `trained`: None picks the run's first interval; one it did not train on is a UserError."""
-    intervals = info.get("intervals") or [trained]
-    if interval is None:
-        return intervals[0], 0
-    if interval not in intervals:
-        raise UserError(
-            f"--interval {interval}: the run was trained on {', '.join(intervals)} only; "
-            f"pick one of them (a new interval needs a run that trains on it)"
-        )
-    return interval, intervals.index(interval)
-
-
-def interval_series(info: dict, interval: str) -> dict[str, str]:
-    """series name -> asset symbol of one interval's series in a run of several intervals."""
-    return {name: v["symbol"] for name, v in info["series"].items() if v["interval"] == interval}

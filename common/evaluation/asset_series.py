@@ -22,12 +22,12 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from common.atomic import read_json
 from common.config import load_config
 from common.data.cleaning import clean_asset
 from common.data.loading import load_market_data
 from common.data.market_data import MarketData
-from common.data.universe import Asset, interval_series, pick_interval
+from common.data.run_info import RunInfo
+from common.data.universe import Asset
 from common.errors import UserError
 from common.evaluation.har_baselines import HarFit
 from common.evaluation.price_baselines import (
@@ -150,9 +150,9 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     market = load_market_data(cfg, run_dir.parent.parent)
     assets = {a.symbol: a for a in market.assets}
     # only a run of several intervals needs asset_info.json here (its series names and intervals)
-    info = read_json(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else {}
-    interval, _ = pick_interval(info, cfg.data.interval, interval)
-    names = interval_series(info, interval) if "series" in info else {s: s for s in tokens.symbols}
+    info = RunInfo.read(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else RunInfo((), {})
+    interval, _ = info.interval(cfg.data.interval, interval)
+    names = info.interval_series(interval) if info.intervals else {s: s for s in tokens.symbols}
     out: list[AssetSeries] = []
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     for symbol in (s for s in tokens.symbols if s in names):

@@ -61,6 +61,7 @@ import torch
 
 from common.atomic import atomic_write_json, read_json
 from common.config import Config
+from common.data.run_info import RunInfo
 from common.distributed.env import pick_device
 from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
@@ -78,6 +79,7 @@ from common.evaluation.token_scoring import (
 from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT
 from common.special_tokens import PAD_TOKEN
+from common.tokens.tokenizer import OHLCTokenizer
 from common.training.checkpoint import load_checkpoint
 from common.training.run_folder import TokenSet, open_run
 
@@ -298,46 +300,46 @@ def evaluate_best(
     cfg: Config,
     run_dir: Path,
     tokens: TokenSet,
-    info: dict,
+    info: RunInfo,
+    tokenizer: OHLCTokenizer,
     device: torch.device,
     status: Optional[str] = None,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """The run's best_model.pt on the test split next to the baselines; writes report.png, then
     test_results.json (so a run with test_results.json has had its report drawn) and returns
-    the results. info: {"asset_info": asset_info.json, "tokenizer": the run's tokenizer};
+    the results. info, tokenizer: the run's asset_info.json and tokenizer.json;
     status: the training status the report shows, when the log does not say it yet;
     extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
 
-    ai, tokenizer = info["asset_info"], info["tokenizer"]
     best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
-    model = MarketGPT.for_run(cfg.model, ai).to(device)
+    model = MarketGPT.for_run(cfg.model, info).to(device)
     model.load_state_dict(best["model"])
     test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges, tokens.features)
     test = {s: t for s, t in test.items() if len(t.tokens)}  # an asset without test candles is left out
-    categories = {rec["symbol"]: rec["category"] for rec in ai["assets"]}
+    categories = {r.symbol: r.category for r in info.assets}
     per_interval = {}
-    for k, interval in enumerate(ai.get("intervals") or [None]):
+    for k, interval in enumerate(info.intervals or [None]):
         # a run of several intervals: each interval's series on their own, under their assets' symbols
         model.default_interval = k
         results = evaluate_run(
             model,
             tokenizer,
-            _at(test, ai, interval),
-            _at(train, ai, interval),
-            ai["symbols"],
+            _at(test, info, interval),
+            _at(train, info, interval),
+            info.symbols,
             categories,
             cfg.model.context_length,
             cfg.training.batch_size,
             device,
             cfg.training.eval_max_batches,
-            category_ids=ai["categories"],
+            category_ids=info.categories,
         )
         per_interval[interval] = results
     # the top level: the run's first (default) interval; "per_interval" has each one's results
     results = per_interval[next(iter(per_interval))]
-    if "intervals" in ai:
-        results = {**results, "interval": ai["intervals"][0], "per_interval": per_interval}
+    if info.intervals:
+        results = {**results, "interval": info.intervals[0], "per_interval": per_interval}
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
         log = read_json(run_dir / "training_log.json")
@@ -349,12 +351,12 @@ def evaluate_best(
     return results
 
 
-def _at(by_series: Mapping[str, Any], ai: dict, interval: Optional[str]) -> dict:
+def _at(by_series: Mapping[str, Any], info: RunInfo, interval: Optional[str]) -> dict:
     """The series of one interval, keyed by their assets' symbols (interval None: all, as they are)."""
     if interval is None:
         return dict(by_series)
-    of = ai["series"]
-    return {of[s]["symbol"]: v for s, v in by_series.items() if of[s]["interval"] == interval}
+    names = info.interval_series(interval)
+    return {names[s]: v for s, v in by_series.items() if s in names}
 
 
 def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | None = None) -> dict:
@@ -363,9 +365,10 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     through evaluate_best, the path training takes at its end."""
     run = open_run(run_dir, need_tokens=True)
     assert run.tokens is not None  # need_tokens
-    info = {"asset_info": run.asset_info, "tokenizer": run.tokenizer}
     try:
-        return evaluate_best(run.cfg, run.path, run.tokens, info, torch.device(device) if device else pick_device())
+        return evaluate_best(
+            run.cfg, run.path, run.tokens, run.info, run.tokenizer, torch.device(device) if device else pick_device()
+        )
     except OSError as e:
         raise UserError(
             f"cannot write test_results.json in {run.path} ({e.strerror or e}); "

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config
+from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.markets import interval_step
@@ -58,7 +59,7 @@ class ForecasterCore:
     def __init__(
         self,
         tokenizer: OHLCTokenizer,
-        asset_info: Mapping[str, Any],
+        info: RunInfo,
         cfg: Config,
         run_dir: Optional[Path] = None,
         checkpoint_sha256: Optional[str] = None,
@@ -70,8 +71,9 @@ class ForecasterCore:
         self.cfg = cfg
         self.run_dir = run_dir
         self.checkpoint_sha256 = checkpoint_sha256
-        self.assets = {rec["symbol"]: rec for rec in asset_info["assets"]}
-        self.symbols = list(asset_info["symbols"])
+        self.info = info  # asset_info.json
+        self.assets = {r.symbol: r for r in info.assets}
+        self.symbols = list(info.symbols)
         # the interval forecast (a run of several intervals: --interval, default its first);
         # the model reads its id as model.default_interval
         self.interval = interval or cfg.data.interval
@@ -94,7 +96,7 @@ class ForecasterCore:
         from common.forecasting.history import load_histories  # the data layer: pandas/parquet, loaded when asked
 
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
-        categories = {s: self.assets[s]["category"] for s in chosen}
+        categories = {s: self.assets[s].category for s in chosen}
         return [
             History(s, frame)
             for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
@@ -145,8 +147,8 @@ class ForecasterCore:
 
         tokens = self.sample_tokens(
             np.stack(contexts),
-            np.array([self.assets[o["symbol"]]["id"] for o in origins]),
-            np.array([self.assets[o["symbol"]]["category_id"] for o in origins]),
+            np.array([self.assets[o["symbol"]].id for o in origins]),
+            np.array([self.assets[o["symbol"]].category_id for o in origins]),
             horizon,
             samples,
             seed=seed,
@@ -262,7 +264,7 @@ class ForecasterCore:
                 f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
                 f"forecasts {interval} candles; resample to {interval}"
             )
-        candles = clean_history(raw, symbol, self.assets[symbol]["category"], step)
+        candles = clean_history(raw, symbol, self.assets[symbol].category, step)
         if not len(candles) or candles.index[-1] != raw.index[-1]:
             # cleaning dropped the last candle: the origin would move back and the first forecast
             # step would land on the frame's own last timestamp
@@ -304,7 +306,7 @@ class ForecasterCore:
                     "symbol": symbol,
                     "as_of": candles.index[-1],
                     "last_close": state.last_close,
-                    "category": self.assets[symbol]["category"],
+                    "category": self.assets[symbol].category,
                 }
             )
             if self.cfg.model.time_features or self.cfg.model.volume_input:

@@ -42,7 +42,7 @@ class Ensemble(Forecaster):
         super().__init__(
             first.model,
             first.tokenizer,
-            {"assets": list(first.assets.values()), "symbols": first.symbols},
+            first.info,
             first.cfg,
             run_dir=first.run_dir,
             checkpoint_sha256=first.checkpoint_sha256,

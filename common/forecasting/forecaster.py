@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from safetensors.torch import load_model
 
 from common.atomic import read_json, read_json_or_empty
 from common.config import Config, load_config
-from common.data.universe import pick_interval
+from common.data.run_info import RunInfo
 from common.distributed.precision import autocast, inference_precision
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
@@ -46,7 +46,7 @@ class Forecaster(ForecasterCore):
         self,
         model: MarketGPT,
         tokenizer: OHLCTokenizer,
-        asset_info: Mapping[str, Any],
+        info: RunInfo,
         cfg: Config,
         run_dir: Optional[Path] = None,
         checkpoint_sha256: Optional[str] = None,
@@ -54,7 +54,7 @@ class Forecaster(ForecasterCore):
         precision: str = "fp32",
         interval: Optional[str] = None,
     ) -> None:
-        super().__init__(tokenizer, asset_info, cfg, run_dir, checkpoint_sha256, volume_edges, interval)
+        super().__init__(tokenizer, info, cfg, run_dir, checkpoint_sha256, volume_edges, interval)
         self.model = model.eval()
         self.precision = precision  # "fp32" or "bf16" (autocast): common.distributed.precision.inference_precision
         self.device = next(model.parameters()).device
@@ -79,14 +79,14 @@ class Forecaster(ForecasterCore):
                 run_dir, device=device, precision=precision, interval=interval
             )  # an hf export folder
         run = open_run(run_dir, need_tokens=False)
-        run_dir, cfg, asset_info = run.path, run.cfg, run.asset_info
-        interval, interval_id = pick_interval(asset_info, cfg.data.interval, interval)
+        run_dir, cfg, info = run.path, run.cfg, run.info
+        interval, interval_id = info.interval(cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
         precision = inference_precision(
             precision, read_json_or_empty(run_dir / "training_log.json").get("precision"), device
         )
         best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
-        model = MarketGPT.for_run(cfg.model, asset_info)
+        model = MarketGPT.for_run(cfg.model, info)
         model.default_interval = interval_id
         try:
             model.load_state_dict(unwrap_state_dict(best["model"]))
@@ -111,7 +111,7 @@ class Forecaster(ForecasterCore):
         fc = cls(
             model.to(device),
             run.tokenizer,
-            asset_info,
+            info,
             cfg,
             run_dir=run_dir,
             checkpoint_sha256=sha,
@@ -140,16 +140,10 @@ class Forecaster(ForecasterCore):
             raise UserError(f"{folder}: missing {', '.join(missing)}; is it a `marketgpt export --format hf` folder?")
         cfg = load_config(folder / "config.json")
         tokenizer = OHLCTokenizer.load(folder / "tokenizer.json")
-        try:
-            asset_info = read_json(folder / "asset_info.json")
-            model = MarketGPT.for_run(cfg.model, asset_info)  # reads its counts: a KeyError where one lacks
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(
-                f"{folder / 'asset_info.json'} is not an asset_info.json ({type(e).__name__}: {e}); "
-                "export the run again"
-            ) from None
+        info = RunInfo.read(folder / "asset_info.json", fix="export the run again")
+        model = MarketGPT.for_run(cfg.model, info)
         weights = folder / PRETRAINED_FILES[0]
-        interval, model.default_interval = pick_interval(asset_info, cfg.data.interval, interval)
+        interval, model.default_interval = info.interval(cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
         try:
             with safe_open(str(weights), framework="pt") as f:
@@ -175,7 +169,7 @@ class Forecaster(ForecasterCore):
         fc = cls(
             model.to(device),
             tokenizer,
-            asset_info,
+            info,
             cfg,
             run_dir=folder,
             checkpoint_sha256=meta.get("checkpoint_sha256"),

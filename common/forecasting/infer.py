@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Union, cast
 import numpy as np
 
 from common.config import load_config
+from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
 from common.model.windows import (
@@ -288,15 +289,13 @@ class ExportedForecaster(ForecasterCore):
         self,
         backend: LogitsFn,
         tokenizer: Any,
-        asset_info: dict,
+        info: RunInfo,
         cfg: Any,
         export_dir: Optional[Path] = None,
         card: Optional[dict] = None,
     ) -> None:
         self.card = card or {}
-        super().__init__(
-            tokenizer, asset_info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256")
-        )
+        super().__init__(tokenizer, info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256"))
         self.interval = self.card.get("interval") or cfg.data.interval  # an export forecasts one interval
         self.backend = backend  # stands in for the torch model
         self.precision = "fp32"  # onnxruntime computes in float32
@@ -308,12 +307,9 @@ class ExportedForecaster(ForecasterCore):
             raise UserError(f"{export_dir}: no such folder; pass a `marketgpt export --format onnx` folder")
         card = read_model_card(export_dir)
         cfg = load_config(export_dir / "config.json")
-        try:
-            asset_info = json.loads((export_dir / "asset_info.json").read_text())
-        except ValueError as e:
-            raise UserError(f"{export_dir / 'asset_info.json'} is not valid JSON ({e}); export the run again") from None
+        info = RunInfo.read(export_dir / "asset_info.json", fix="export the run again")
         backend = OnnxBackend(export_dir / "model.onnx", cfg.model.context_length, threads)
-        return cls(backend, OHLCTokenizer.load(export_dir / "tokenizer.json"), asset_info, cfg, export_dir, card)
+        return cls(backend, OHLCTokenizer.load(export_dir / "tokenizer.json"), info, cfg, export_dir, card)
 
     def sample_tokens(
         self,

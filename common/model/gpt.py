@@ -26,6 +26,7 @@ import torch.utils.checkpoint
 from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
+from common.data.run_info import RunInfo
 from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
 from common.special_tokens import PAD_TOKEN
@@ -224,13 +225,10 @@ class MarketGPT(nn.Module):
             nn.init.zeros_(self.interval_emb.weight)
 
     @classmethod
-    def for_run(cls, config: Union[ModelConfig, Config], asset_info: dict) -> "MarketGPT":
+    def for_run(cls, config: Union[ModelConfig, Config], info: RunInfo) -> "MarketGPT":
         """The model of a run with this asset_info.json: its assets, categories and intervals."""
         return cls(
-            config,
-            num_assets=asset_info["num_assets"],
-            num_categories=asset_info["num_categories"],
-            num_intervals=len(asset_info.get("intervals", ())) or 1,
+            config, num_assets=info.num_assets, num_categories=info.num_categories, num_intervals=info.num_intervals
         )
 
     @staticmethod

@@ -14,7 +14,7 @@ import pandas as pd
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
-from common.data.universe import asset_info
+from common.data.run_info import RunInfo
 from common.tokens.features import candle_features, fit_volume_edges, relative_volume
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
@@ -39,7 +39,7 @@ class Prepared:
 
     tokens: TokenSet
     tokenizer: OHLCTokenizer
-    asset_info: dict
+    info: RunInfo  # asset_info.json
     data_info: dict
 
 
@@ -124,4 +124,4 @@ def prepare_in_memory(
         {s: ranges_of(prepared, s) for s in symbols},
         cast("dict[str, np.ndarray]", features) if edges is not None else None,
     )
-    return Prepared(token_set, tokenizer, asset_info(prepared.assets, cfg.data.intervals), data_info)
+    return Prepared(token_set, tokenizer, RunInfo.of_assets(prepared.assets, cfg.data.intervals), data_info)

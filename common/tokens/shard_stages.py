@@ -32,7 +32,7 @@ from common.data.cleaning import COLUMNS, clean_asset, real_rows
 from common.data.loading import load_market_data
 from common.data.market_data import LazyFrames
 from common.data.prepare import split_data
-from common.data.universe import asset_info
+from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.markets import interval_step
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
@@ -221,7 +221,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
             "interval": interval,
             "volume_edges": edges,
             "info": prepared.info,
-            "asset_info": asset_info(prepared.assets, cfg.data.intervals),
+            "asset_info": RunInfo.of_assets(prepared.assets, cfg.data.intervals).to_json(),
             "series_intervals": series_intervals,
         },
     )

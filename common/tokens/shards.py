@@ -39,6 +39,7 @@ from typing import Iterator, Optional, TextIO
 
 from common.atomic import read_json
 from common.config import Config
+from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.tokens.corpus import Prepared
 from common.tokens.shard_manifest import REBUILD, verify_shard
@@ -82,10 +83,10 @@ def _open(folder: Path) -> Prepared:
         return Prepared(
             TokenSet.load(folder / "tokens"),
             OHLCTokenizer.load(folder / "tokenizer.json"),
-            read_json(folder / "asset_info.json"),
+            RunInfo.from_json(read_json(folder / "asset_info.json")),
             read_json(folder / "data_info.json"),
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"the token shard {folder} is damaged ({e}); {REBUILD}") from None
 
 

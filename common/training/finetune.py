@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from common.atomic import atomic_write_json, read_json
+from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.training.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
 
@@ -130,8 +131,8 @@ def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> dict[str, Any]:
-    """Copy the parent's weights into `model` (asset_info: the new run's ids); returns the lineage."""
+def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[str, Any]:
+    """Copy the parent's weights into `model` (info: the new run's ids); returns the lineage."""
     state = _parent_state(parent)
     own = model.state_dict()
     body = {k: v for k, v in state.items() if k not in _EMBEDDING_KEYS}
@@ -147,9 +148,9 @@ def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> di
         raise UserError(f"--init-from {parent.checkpoint}: the weights do not fit this model ({what})")
     model.load_state_dict(body, strict=False)
 
-    theirs = read_json(parent.run_dir / "asset_info.json")
-    their_assets = {rec["symbol"]: rec for rec in theirs["assets"]}
-    their_cats = theirs["categories"]
+    theirs = RunInfo.read(parent.run_dir / "asset_info.json", fix="--init-from needs an intact parent run")
+    their_assets = {r.symbol: r for r in theirs.assets}
+    their_cats = theirs.categories
     old_assets, old_cats = state["asset_emb.weight"], state["category_emb.weight"]
     assets, cats = model.asset_emb.weight, model.category_emb.weight
     copied: dict[str, list] = {
@@ -159,31 +160,31 @@ def init_from_parent(model: "MarketGPT", parent: Parent, asset_info: dict) -> di
         "categories": [],
         "categories_fresh": [],
     }
-    for name, new_id in asset_info["categories"].items():
+    for name, new_id in info.categories.items():
         if name in their_cats:
             cats[new_id] = old_cats[their_cats[name]]
             copied["categories"].append(name)
         else:
             copied["categories_fresh"].append(name)
-    for rec in asset_info["assets"]:
-        old = their_assets.get(rec["symbol"])
+    for rec in info.assets:
+        old = their_assets.get(rec.symbol)
         if old is not None:
-            assets[rec["id"]] = old_assets[old["id"]]
-            copied["assets"].append(rec["symbol"])
+            assets[rec.id] = old_assets[old.id]
+            copied["assets"].append(rec.symbol)
             continue
-        peers = [r["id"] for r in theirs["assets"] if r["category"] == rec["category"]]
+        peers = [r.id for r in theirs.assets if r.category == rec.category]
         if peers:
-            assets[rec["id"]] = old_assets[peers].mean(dim=0)
-            copied["assets_from_category_mean"].append(rec["symbol"])
+            assets[rec.id] = old_assets[peers].mean(dim=0)
+            copied["assets_from_category_mean"].append(rec.symbol)
         else:
-            copied["assets_fresh"].append(rec["symbol"])
+            copied["assets_fresh"].append(rec.symbol)
     interval_emb = getattr(model, "interval_emb", None)
     if interval_emb is not None:
         _copy_intervals(
             interval_emb.weight,
             state.get("interval_emb.weight"),
-            theirs.get("intervals", []),
-            asset_info["intervals"],
+            list(theirs.intervals),
+            list(info.intervals),
             copied,
         )
     return {

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from common.atomic import check_writable as _check_writable, read_json
+from common.atomic import check_writable as _check_writable
 from common.config import Config, config_to_dict, load_config
+from common.data.run_info import RunInfo
 from common.distributed import slurm
 from common.errors import UserError
 from common.tokens.token_set import TokenSet, token_path
@@ -284,7 +285,7 @@ class OpenRun:
     path: Path
     cfg: Config
     tokenizer: Any  # common.tokens.tokenizer.OHLCTokenizer
-    asset_info: dict
+    info: RunInfo  # asset_info.json
     tokens: Optional[TokenSet] = None
 
 
@@ -309,14 +310,10 @@ def open_run(run_dir: str | os.PathLike, need_tokens: bool) -> OpenRun:
         raise UserError(
             f"{run_dir}: missing {', '.join(missing)}; is it a run folder, and did training get past its set-up?"
         )
-    try:
-        asset_info = read_json(run_dir / "asset_info.json")
-    except ValueError as e:
-        raise UserError(f"{run_dir / 'asset_info.json'} is not valid JSON ({e}); the run folder is damaged") from None
     return OpenRun(
         run_dir,
         load_config(run_dir / "config.json"),
         OHLCTokenizer.load(run_dir / "tokenizer.json"),
-        asset_info,
+        RunInfo.read(run_dir / "asset_info.json"),
         TokenSet.load(token_path(run_dir)) if need_tokens else None,
     )
