@@ -630,7 +630,7 @@ def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, caps
     assert "scorecard_error" not in results and (feature_run / "scorecard.json").is_file()
     fc = Forecaster.from_run(feature_run)
     (h,) = fc.load_history(["AAPL"], as_of="2012-06-01")
-    n, category = len(h.candles), fc.assets["AAPL"]["category"]
+    n, category = len(h.candles), fc.assets["AAPL"].category
     ids = fc.candle_features(h.candles, category, 4)
     # the context's ids are training's own (same candles, same fitted volume edges) ...
     np.testing.assert_array_equal(ids[:n], TokenSet.load(feature_run / "tokens").features["AAPL"][:n])
