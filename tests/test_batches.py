@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
+from common.training import epoch_order
 from common.training.batches import SPLITS, build_windows, window_starts
 
 T = 8  # context length in these tests
@@ -119,17 +120,16 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
 def test_the_randperm_order_is_int32_and_the_permutation_runs_before_it_resume_with():
     """Half the memory of an int64 order (10^8 windows: 400 MB a rank), and the very order an
     int64 randperm gives, so a run checkpointed mid-epoch before resumes on the same windows."""
-    from common.training import batches as batches_module
 
     w, *_ = _build()
     for epoch in range(3):
         order = w.epoch_order("train", seed=7, epoch=epoch, method="randperm")
-        g = torch.Generator().manual_seed(batches_module._mix(7, epoch))
+        g = torch.Generator().manual_seed(epoch_order.mix_seed(7, epoch))
         assert order.dtype == torch.int32
         assert torch.equal(order.long(), torch.randperm(w.num_windows("train"), generator=g))
     big = torch.Generator().manual_seed(1)
     assert torch.equal(
-        batches_module._randperm(3_000_000, big).long(),
+        epoch_order.randperm_order(3_000_000, big).long(),
         torch.randperm(3_000_000, generator=torch.Generator().manual_seed(1)),
     )
 
@@ -234,10 +234,10 @@ def _counted(counts: list[int], k: int):
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 97, 256, 257, 1000])
 def test_feistel_permute_is_a_bijection_for_awkward_sizes(n):
-    from common.training.batches import _round_keys, feistel_permute
+    from common.training.epoch_order import feistel_permute, round_keys
 
     for epoch in range(3):
-        assert sorted(feistel_permute(torch.arange(n), n, _round_keys(11, epoch)).tolist()) == list(range(n))
+        assert sorted(feistel_permute(torch.arange(n), n, round_keys(11, epoch)).tolist()) == list(range(n))
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -268,14 +268,13 @@ def test_a_generated_epoch_takes_each_window_once_and_the_same_set_as_randperm(c
 
 def test_the_randperm_order_with_a_stride_is_the_one_runs_before_it_drew():
     """The old code's order, written out: a run checkpointed before resumes on the same windows."""
-    from common.training import batches as batches_module
 
     w = _counted([40, 17, 33], 3)
     for epoch in range(4):
-        cycle = torch.Generator().manual_seed(batches_module._mix(4, epoch // 3) ^ 0x5DEECE66D)
+        cycle = torch.Generator().manual_seed(epoch_order.mix_seed(4, epoch // 3) ^ 0x5DEECE66D)
         offset = int(torch.randperm(3, generator=cycle)[epoch % 3])
         chosen = w.splits["train"].with_offset(3, offset)
-        g = torch.Generator().manual_seed(batches_module._mix(4, epoch))
+        g = torch.Generator().manual_seed(epoch_order.mix_seed(4, epoch))
         want = chosen[torch.randperm(len(chosen), generator=g)][: w.epoch_windows("train")]
         assert torch.equal(w.epoch_order("train", seed=4, epoch=epoch, method="randperm").long(), want)
         # the generated order takes the same offset's windows, in another order

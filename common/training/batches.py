@@ -10,13 +10,9 @@ window still has every candle scored, see _split_runs). A split is a few numbers
 where its windows start in the big tensor, how many, and the asset's ids. A batch of windows is one
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
-Epoch order is a pseudo-random permutation keyed by (seed, epoch) and generated on demand: a
-Feistel network with cycle walking (feistel_permute) maps each position of the epoch to its
-window, so a chunk of batches computes only its own positions (memory O(chunk), not
-O(windows), in every rank), the same on any device, and a resumed run sees exactly the order
-the interrupted one saw. Runs started before it (a checkpoint without "epoch_order") keep the
-order they began with, a materialised torch.randperm from a generator seeded with (seed,
-epoch); the Trainer's state records which (EPOCH_ORDERS). With an epoch stride k > 1
+Epoch order is a pseudo-random permutation keyed by (seed, epoch), generated for the positions
+a chunk of batches needs (common.training.epoch_order), so a resumed run sees exactly the order
+the interrupted one saw. With an epoch stride k > 1
 (data.epoch_stride) a training epoch takes every k-th window of each asset, from an offset in
 [0, k) drawn per cycle of k epochs (each offset once a cycle, so a cycle reaches every window):
 each candle is then a target about context_length / k times per epoch instead of
@@ -32,7 +28,6 @@ batch for DDP's gradient mean to equal that process's); evaluation keeps it, une
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -42,16 +37,22 @@ import torch
 
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
+from common.training.epoch_order import (
+    EPOCH_ORDER,
+    EPOCH_ORDERS,
+    cycle_offset,
+    feistel_permute,
+    mix_seed,
+    randperm_order,
+    round_keys,
+)
 
 __all__ = [
-    "EPOCH_ORDER",
-    "EPOCH_ORDERS",
     "SPLITS",
     "Batch",
     "SplitWindows",
     "TokenWindows",
     "build_windows",
-    "feistel_permute",
     "window_starts",
 ]
 
@@ -60,12 +61,6 @@ SPLITS = ("train", "val", "test")
 # with features): one index copy, lookup and gather per chunk of steps instead of a dozen small
 # kernel launches per step, which held a small model's GPU step back on the host.
 CHUNK_TOKENS = 1 << 21
-# How a training epoch orders its windows. "feistel": computed for the positions a chunk needs
-# (memory O(chunk)); "randperm": a materialised permutation (4 bytes a window in every rank), the
-# order of every run made before "feistel", which their checkpoints resume with (Trainer state).
-EPOCH_ORDERS = ("randperm", "feistel")
-EPOCH_ORDER = "feistel"  # what new runs use
-_FEISTEL_ROUNDS = 6
 
 
 @dataclass
@@ -219,12 +214,12 @@ class TokenWindows:
             return lambda positions: order[positions]
         if method != "feistel":
             raise ValueError(f"unknown epoch order {method!r}; one of {EPOCH_ORDERS}")
-        keys = _round_keys(seed, epoch)
+        keys = round_keys(seed, epoch)
         if k == 1:
             n = self.num_windows(split)
             return lambda positions: feistel_permute(positions, n, keys, check=False)  # epoch positions
         # the i-th chosen window (ascending, as with_offset lists them) from a few numbers per run
-        offset = _cycle_offset(seed, epoch, k)
+        offset = cycle_offset(seed, epoch, k)
         chosen = torch.clamp((w.count - offset + k - 1) // k, min=0)  # (R,) windows taken per run
         ends = torch.cumsum(chosen, 0)
         firsts = w.cum[:-1] + offset  # the run's first chosen window id
@@ -239,12 +234,12 @@ class TokenWindows:
 
     def _randperm_order(self, split: str, seed: int, epoch: int) -> torch.Tensor:
         """The materialised order of the runs made before EPOCH_ORDER "feistel", kept exactly."""
-        g = torch.Generator().manual_seed(_mix(seed, epoch))
+        g = torch.Generator().manual_seed(mix_seed(seed, epoch))
         w, k = self.splits[split], self.epoch_stride
         if k == 1:
-            return _randperm(self.num_windows(split), g)  # on the CPU: same on any device
-        chosen = w.with_offset(k, _cycle_offset(seed, epoch, k))
-        return chosen[_randperm(len(chosen), g)][: self.epoch_windows(split)]
+            return randperm_order(self.num_windows(split), g)  # on the CPU: same on any device
+        chosen = w.with_offset(k, cycle_offset(seed, epoch, k))
+        return chosen[randperm_order(len(chosen), g)][: self.epoch_windows(split)]
 
     def gather(self, split: str, index: torch.Tensor) -> Batch:
         """The windows at `index` (positions in the split's arrays) as one batch."""
@@ -342,79 +337,6 @@ class TokenWindows:
             positions = (torch.tensor(firsts)[:, None] + torch.arange(batch_size)).flatten()
             positions = positions[positions < length]  # the spans, end to end
             yield (positions if lookup is None else lookup(positions)), sizes
-
-
-def _randperm(n: int, g: torch.Generator) -> torch.Tensor:
-    """torch.randperm(n) in int32 where it fits: the same permutation as int64 from the same
-    generator, at half the memory (an epoch of 10^8 windows: 400 MB instead of 800 MB, per rank)."""
-    return torch.randperm(n, generator=g, dtype=torch.int32 if n < 2**31 else torch.int64)
-
-
-def _cycle_offset(seed: int, epoch: int, k: int) -> int:
-    """The offset epoch `epoch` takes: the k epochs of a cycle take the k offsets in a random
-    order, so a cycle reaches every window once."""
-    cycle = torch.Generator().manual_seed(_mix(seed, epoch // k) ^ 0x5DEECE66D)
-    return int(torch.randperm(k, generator=cycle)[epoch % k])
-
-
-def _round_keys(seed: int, epoch: int) -> list[int]:
-    """The Feistel round keys of (seed, epoch): 32 bits each from a cryptographic hash, so they
-    are the same on every platform and Python, and near epochs get unrelated keys."""
-    digest = hashlib.blake2b(f"epoch-order:{seed}:{epoch}".encode(), digest_size=4 * _FEISTEL_ROUNDS).digest()
-    return [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(_FEISTEL_ROUNDS)]
-
-
-def _round(right: torch.Tensor, key: int, bits: int) -> torch.Tensor:
-    """A Feistel round function: the top `bits` of a 32-bit multiplicative hash of right ^ key
-    (the top bits of a product depend on every bit of the input). In place where it can: a
-    chunk's order is dozens of these over a few thousand positions. No product reaches 2**63
-    (operand < 2**32, multiplier < 2**31): int64 never overflows, on any device."""
-    return (right ^ key).mul_(0x2C1B3C6D).bitwise_and_(0xFFFFFFFF).bitwise_right_shift_(32 - bits)
-
-
-def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int], check: bool = True) -> torch.Tensor:
-    """A pseudo-random bijection of [0, n), keyed by `keys`, at `positions` (int64, same shape).
-
-    A Feistel network permutes [0, 2**b), the smallest power of 2 >= n: each round splits a
-    value into a high and a low part, xors the high part with a hash of the low part and the
-    round's key, and swaps the parts (so the widths alternate when b is odd); each round is
-    invertible, so the network is a bijection. A value that lands at n or beyond is walked on
-    through the same network until it falls inside (cycle walking): following the network's
-    cycles from inside [0, n) back into it is a permutation of [0, n), and since 2**b < 2n a
-    value needs fewer than 2 passes on average. Vectorised: O(len(positions)). check=False: the
-    caller knows the positions lie in [0, n) (an epoch's own ranges), so no tensor value is read
-    (the training step reads none)."""
-    if n < 0 or n > 1 << 62:
-        raise ValueError(f"cannot permute {n} positions")
-    x = positions.long()
-    if check and len(x) and (int(x.min()) < 0 or int(x.max()) >= n):  # a walk from outside might never end
-        raise ValueError(f"positions outside [0, {n})")
-    if n <= 1:
-        return x.clone()
-    bits = (n - 1).bit_length()
-
-    def network(v: torch.Tensor) -> torch.Tensor:
-        high = bits - bits // 2
-        for key in keys:
-            low = bits - high
-            left = v >> low
-            right = v & ((1 << low) - 1)
-            left.bitwise_xor_(_round(right, key, high))
-            v = right.bitwise_left_shift_(high).bitwise_or_(left)
-            high = low
-        return v
-
-    x = network(x)
-    outside = (x >= n).nonzero().squeeze(1)
-    while len(outside):
-        x[outside] = network(x[outside])
-        outside = outside[x[outside] >= n]
-    return x
-
-
-def _mix(seed: int, epoch: int) -> int:
-    # distinct (seed, epoch) pairs give distinct generator seeds; the multiplier is a large odd constant
-    return (seed * 1_000_003 + epoch) % (2**63 - 1)
 
 
 def _split_runs(

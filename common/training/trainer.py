@@ -42,8 +42,9 @@ from common.distributed.precision import (
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
-from common.training.batches import EPOCH_ORDER, EPOCH_ORDERS, TokenWindows
+from common.training.batches import TokenWindows
 from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_name, unwrap_state_dict
+from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
 from common.training.log import Progress, TrainingLog, epoch_summary
 from common.training.lr_schedule import LRSchedule
 from common.training.rng import restore_rank_rng, rng_state
