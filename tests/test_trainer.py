@@ -486,7 +486,7 @@ def test_reading_steps_late_never_applies_or_saves_a_nan_step(tmp_path, fused):
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e6])  # clipped, and left alone
 def test_clip_values_is_torchs_clipping_and_packs_the_norm(max_norm):
-    from common.training.trainer import clip_values
+    from common.training.step import clip_values
 
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.zeros(s)) for s in [(7, 5), (5,), (3, 2, 4)]]

@@ -41,7 +41,6 @@ from common.distributed.precision import (
 )
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
-from common.special_tokens import PAD_TOKEN
 from common.training.batches import TokenWindows
 from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_name, unwrap_state_dict
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
@@ -50,6 +49,7 @@ from common.training.lr_schedule import LRSchedule
 from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
 from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, Agreement, CheckpointRequests
+from common.training.step import TrainingForward, clip_values, nonfinite, step_values
 from common.training.telemetry import TrainingMetrics
 from common.training.validation import EarlyStopping, split_loss
 
@@ -167,9 +167,9 @@ class Trainer:
             t.compile_mode, self.world_size, t.gradient_checkpointing
         )
         self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
-        # a training micro-batch runs through _Forward (the loss and the step's sums in one graph),
+        # a training micro-batch runs through TrainingForward (the loss and the step's sums in one graph),
         # evaluation through the model itself
-        self._forward: torch.nn.Module = _Forward(self.train_model)
+        self._forward: torch.nn.Module = TrainingForward(self.train_model)
         # few fused kernels rather than dozens of launches per step, where compiled: a small
         # model's GPU step is over before the host has launched it
         self._step_values, self._nonfinite = step_values, nonfinite
@@ -639,58 +639,6 @@ class Trainer:
 
     def _session_seconds(self) -> float:
         return time.monotonic() - self._session_start
-
-
-class _Forward(torch.nn.Module):
-    """A training micro-batch: the model's loss, and its `batch_sums` from the same graph (no
-    second launch when compiled). `model` is the one training runs through (DDP under DDP)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        asset_ids: torch.Tensor,
-        category_ids: torch.Tensor,
-        y: torch.Tensor,
-        **extra: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, loss = self.model(x, asset_ids, category_ids, y, **extra)
-        with torch.no_grad():
-            return loss, batch_sums(logits.detach(), loss.detach(), y)
-
-
-def batch_sums(logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(loss x tokens, correct predictions, tokens) of one micro-batch, float64, on its device."""
-    mask = y != PAD_TOKEN
-    n = mask.sum()
-    correct = ((logits.argmax(dim=-1) == y) & mask).sum()
-    return torch.stack([loss.double() * n, correct.double(), n.double()])
-
-
-def step_values(sums: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's four values (the sums, then the gradient norm) and whether they are `nonfinite`."""
-    values = torch.cat([sums, norm.reshape(1).double()])
-    return values, nonfinite(values)
-
-
-def clip_values(
-    grads: list[torch.Tensor], max_norm: float, sums: torch.Tensor, main: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip `grads` in place to a total 2-norm of `max_norm` (torch.nn.utils.clip_grad_norm_'s
-    arithmetic without its per-call grouping and checks) and return `step_values` with the norm
-    before clipping (zero unless `main`: rank 0's norm alone enters the all-reduce)."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return step_values(sums, norm if main else torch.zeros_like(norm))
-
-
-def nonfinite(values: torch.Tensor) -> torch.Tensor:
-    """1.0 (on the device) when the loss sum or the gradient norm (`values[0]`, `[3]`) is not finite.
-    A slice, not a list index: that would copy the index from the host."""
-    return (~torch.isfinite(values[0:4:3])).any().float()
 
 
 def _new_sums() -> dict[str, float]:
