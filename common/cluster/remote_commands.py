@@ -78,7 +78,7 @@ def print_results(run_dir: Path, out: Callable[[str], None] = print) -> None:
     if card_path.is_file():
         card = json.loads(card_path.read_text())
         from common.evaluation.metrics import format_verdict  # lazy: numpy, only for a run with a scorecard
-        from common.evaluation.scorecard import BASELINE_NAMES  # lazy: torch, only for a run with a scorecard
+        from common.evaluation.scorecard_summary import BASELINE_NAMES  # lazy: pandas, only for a run with a scorecard
 
         head = card.get("headline")
         if head:

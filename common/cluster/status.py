@@ -108,7 +108,7 @@ def _score(headline: Any) -> str:
     """'+2.1% GARCH': the headline CRPS skill and the baseline it is measured against."""
     if not isinstance(headline, dict) or not isinstance(headline.get("value"), (int, float)):
         return "-"
-    from common.evaluation.scorecard import BASELINE_NAMES  # lazy: torch, only for a run with a scorecard
+    from common.evaluation.scorecard_summary import BASELINE_NAMES  # lazy: pandas, only for a run with a scorecard
 
     name = str(headline.get("baseline"))
     return f"{100 * headline['value']:+.1f}% {BASELINE_NAMES.get(name, name)}"

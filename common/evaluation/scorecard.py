@@ -18,7 +18,8 @@ returns are read from the full frame by the scorecard alone, after the forecasts
 The parts, by concern: common.evaluation.asset_series (the inputs and the fitted baselines),
 common.evaluation.walk_forward (origins, histories, the forecasters' samples),
 common.evaluation.price_scoring (per-horizon scores, skill, breakdowns, the backtest card),
-common.evaluation.scorecard_plot (scorecard.png); this module puts them together.
+common.evaluation.scorecard_plot (scorecard.png), common.evaluation.scorecard_summary (the Holm-adjusted
+verdicts and the text lines); this module puts them together.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from common.evaluation.asset_series import AssetSeries, fit_price_baselines, ser
 from common.evaluation.backtest import DEFAULT_COST_BP
 from common.evaluation.calibration import calibrated_pit_card, calibration_card
 from common.evaluation.har_baselines import HarRange
-from common.evaluation.metrics import format_verdict, skill_interval
+from common.evaluation.metrics import skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
-from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
+from common.evaluation.scorecard_summary import BASELINE_NAMES, add_summary
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecast_io import History
@@ -51,27 +52,15 @@ __all__ = [
     "SCORECARD_PNG",
     "barrier_card",
     "barrier_lines",
-    "cross_section_lines",
     "forecaster_fn",
-    "headline_lines",
     "make_scorecard",
-    "mcs_lines",
-    "pit_lines",
     "run_scorecard",
-    "verdict_lines",
     "write_scorecard",
 ]
 
 DEFAULT_HORIZONS = (1, 5, 20)
 SCORECARD_JSON = "scorecard.json"
 SCORECARD_PNG = "scorecard.png"
-BASELINE_NAMES = {
-    "rw_ewma": "RW-EWMA",
-    "bootstrap": "bootstrap",
-    "garch": "GARCH",
-    "har": "HAR-range",
-    "log_har": "log-HAR-range",
-}
 
 
 def forecaster_fn(forecaster, **options) -> ForecastFn:
@@ -179,7 +168,7 @@ def make_scorecard(
                 seed,
                 best_factor=edge["best_factor"] if edge else None,
             )
-    _add_summary(card, horizons[0])
+    add_summary(card, horizons[0])
     _add_calibrated(card, stats, calibration)
     if barrier is not None:
         card["barrier"] = barrier_card(series, o, stats, barrier, step, n_boot, seed)
@@ -298,153 +287,6 @@ def _chosen_assets(series: Sequence[AssetSeries], assets: Optional[Sequence[str]
     if unknown:
         raise UserError(f"unknown assets {', '.join(unknown)}; the run has {', '.join(s.symbol for s in series)}")
     return [s for s in series if s.symbol in set(assets)]
-
-
-def _add_summary(card: dict, shortest: int) -> None:
-    """The card's calibration at the shortest horizon, the Holm-adjusted tests, its headline and
-    its verdict and MCS lines."""
-    first = card["horizons"][str(shortest)]
-    card["calibration"] = {
-        "horizon": shortest,
-        "coverage": first["coverage"]["model"],
-        "pit": first["pit"]["model"],
-        "pit_test": first["pit_test"]["model"],
-        "pit_calibrated": first["pit_calibrated"],
-    }
-    card["significance"] = _adjust_tests(card)
-    # `marketgpt status`'s SCORE: CRPS skill against the best baseline (lowest CRPS) at the shortest horizon
-    for hc in card["horizons"].values():
-        hc["best_baseline"] = _best_baseline(hc)
-    card["headline"] = None if first["best_baseline"] is None else {"horizon": shortest, **first["best_baseline"]}
-    card["headlines"] = {h: hc["best_baseline"] for h, hc in card["horizons"].items()}
-    card["headline_lines"] = headline_lines(card)
-    card["verdicts"] = verdict_lines(card)
-    card["mcs_lines"] = mcs_lines(card)
-    card["pit_lines"] = pit_lines(card)
-    card["cross_section_lines"] = cross_section_lines(card)
-
-
-def _best_baseline(hc: dict) -> Optional[dict]:
-    """The baseline with the lowest CRPS at one horizon and the model's skill against it, with the
-    family-wise verdict of its DM test (as in the verdict lines)."""
-    best = min(hc["skill"]["crps"], key=lambda name: hc["crps"][name], default=None)
-    if best is None:
-        return None
-    dm = hc["dm"]["crps"][best]
-    return {
-        "baseline": best,
-        **hc["skill"]["crps"][best],
-        "verdict": dm["verdict"],
-        "p_value": dm["p_value"],
-        "p_holm": dm["p_holm"],
-    }
-
-
-def headline_lines(card: dict) -> list[str]:
-    """Per horizon, the model against its best baseline (lowest CRPS):
-    `Best baseline at H=5: log-HAR-range; CRPS skill -1.2% [-3.0, 0.5], Holm 0.410 (no edge)`."""
-    lines = []
-    for h, best in card.get("headlines", {}).items():
-        if best is not None:
-            verdict = format_verdict(int(h), "CRPS", "", best, detail=f", Holm {_p(best['p_holm'])}")
-            name = BASELINE_NAMES.get(best["baseline"], best["baseline"])
-            lines.append(f"Best baseline at H={h}: {name}; CRPS skill{verdict.split('skill vs ', 1)[1]}")
-    return lines
-
-
-def _adjust_tests(card: dict) -> dict:
-    """Holm's adjustment over every DM test of the card (all horizons and baselines: the family
-    the verdict lines draw from), and each test's verdict at the family-wise level."""
-    tests = [dm for hc in card["horizons"].values() for dm in hc["dm"]["crps"].values()]
-    for dm, p in zip(tests, holm([dm["p_value"] for dm in tests])):
-        dm["p_holm"] = p
-        dm["verdict"] = family_verdict(dm["mean_diff"], p)
-    return {
-        "test": "Diebold-Mariano with the Harvey-Leybourne-Newbold correction, per-date CRPS",
-        "adjustment": "holm",
-        "family_alpha": FAMILY_ALPHA,
-        "family": sum(dm["p_value"] is not None for dm in tests),
-    }
-
-
-def _p(p: Optional[float]) -> str:
-    return "n/a" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def verdict_lines(card: dict) -> list[str]:
-    """One CRPS verdict line per horizon and baseline: the skill with its interval, the DM
-    p-value, Holm's adjusted one, and the verdict at the family-wise 5% level."""
-    lines = []
-    for h, hc in card["horizons"].items():
-        for name, skill in hc["skill"]["crps"].items():
-            dm = hc.get("dm", {}).get("crps", {}).get(name)
-            if dm is None:  # a card made before the tests: the interval's own verdict
-                lines.append(format_verdict(int(h), "CRPS", BASELINE_NAMES.get(name, name), skill))
-                continue
-            lines.append(
-                format_verdict(
-                    int(h),
-                    "CRPS",
-                    BASELINE_NAMES.get(name, name),
-                    {**skill, "verdict": dm["verdict"]},
-                    detail=f", DM p {_p(dm['p_value'])}, Holm {_p(dm['p_holm'])}",
-                )
-            )
-    return lines
-
-
-def cross_section_lines(card: dict) -> list[str]:
-    """`Rank IC at H=1: model 0.044 (t 0.9); best factor reversal 0.061 (t 2.3); model - best -0.017 (t -0.4)`."""
-    lines = []
-    t = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
-    for h, hc in card["horizons"].items():
-        edge, model = (hc.get("cross_section") or {}).get("edge"), hc.get("rank_ic", {}).get("model")
-        if edge is None or model is None or edge["model_minus_best"] is None:
-            continue
-        best = hc["cross_section"]["factors"][edge["best_factor"]]
-        lines.append(
-            f"Rank IC at H={h}: model {model['mean']:.3f} (t {t(model['t_nw'])}); best factor "
-            f"{edge['best_factor']} {best['mean']:.3f} (t {t(best['t_nw'])}); model - best "
-            f"{edge['model_minus_best']:+.3f} (t {t(edge['t_nw'])}, {edge['n_dates']} dates)"
-        )
-    return lines
-
-
-def pit_lines(card: dict) -> list[str]:
-    """`PIT uniform at H=1: model p 0.412, GARCH p 0.088; not: RW-EWMA p <0.001`, one line per horizon."""
-    lines = []
-    for h, hc in card["horizons"].items():
-        tests = {k: t for k, t in hc.get("pit_test", {}).items() if t is not None}
-        if not tests:
-            continue
-        named = {k: f"{BASELINE_NAMES.get(k, k)} p {_p(t['p_value'])}" for k, t in tests.items()}
-        yes = ", ".join(named[k] for k, t in tests.items() if t["uniform"]) or "none"
-        no = ", ".join(named[k] for k, t in tests.items() if not t["uniform"])
-        lines.append(f"PIT uniform at H={h}: {yes}" + (f"; not: {no}" if no else ""))
-    return lines
-
-
-def mcs_lines(card: dict) -> list[str]:
-    """`MCS 90% at H=1: model, GARCH (out: RW-EWMA, bootstrap)`, one line per horizon."""
-    lines = []
-    for h, hc in card["horizons"].items():
-        mcs = hc.get("mcs")
-        if mcs is None:
-            continue
-        label = f"MCS {round(100 * (1 - mcs['alpha']))}% at H={h}:"
-        if mcs["included"] is None:
-            lines.append(f"{label} n/a ({mcs['note']})")
-            continue
-
-        def name(k: str) -> str:
-            return BASELINE_NAMES.get(k, k)
-
-        out = [name(k) for k in mcs["pvalues"] if k not in mcs["included"]]
-        lines.append(
-            f"{label} {', '.join(name(k) for k in mcs['included'])}"
-            + (f" (out: {', '.join(out)})" if out else " (none out)")
-        )
-    return lines
 
 
 def write_scorecard(card: dict, out_dir: str | Path) -> tuple[Path, Path]:
