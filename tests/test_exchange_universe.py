@@ -249,7 +249,7 @@ def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_n
 
 
 def test_plan_names_the_universe_file(tmp_path):
-    from common.commands.plan import data_figures  # torch: only this test needs it
+    from common.commands.plan_data import data_figures
 
     case, cfg = tmp_path / "case_x", case_config()
     case.mkdir()

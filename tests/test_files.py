@@ -260,7 +260,7 @@ def test_a_preparation_task_reads_only_its_own_files(monkeypatch, tmp_path):
 
 def test_plan_reads_only_the_timestamps_of_own_files(monkeypatch):
     import common.data.files as files
-    from common.commands.plan import data_figures
+    from common.commands.plan_data import data_figures
 
     columns: list[tuple[str, ...]] = []
     real = files._read_table

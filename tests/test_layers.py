@@ -82,7 +82,10 @@ LAZY = {
     ("common.cluster.fetch_check", "common.training.checkpoint"): _TORCH_LATER,
     ("common.cluster.remote_commands", "common.evaluation.evaluate"): _TORCH_LATER,
     ("common.cluster.remote_commands", "common.evaluation.metrics"): _TORCH_LATER,
-    ("common.cluster.remote_commands", "common.evaluation.scorecard_summary"): "pandas: only for a run with a scorecard",
+    (
+        "common.cluster.remote_commands",
+        "common.evaluation.scorecard_summary",
+    ): "pandas: only for a run with a scorecard",
     ("common.cluster.status", "common.evaluation.scorecard_summary"): "pandas: only for a run with a scorecard",
     ("common.cluster.submit", "torch"): _TORCH_LATER,
     ("common.cluster.submit", "common.commands.train"): _TORCH_LATER,

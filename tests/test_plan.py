@@ -14,7 +14,8 @@ import pytest
 
 import common.data.synthetic as synthetic
 from common.cli import main
-from common.commands.plan import GPU_RATES, build_plan, data_figures, gpu_rate, plan_of_run
+from common.commands.plan import GPU_RATES, build_plan, gpu_rate, plan_of_run
+from common.commands.plan_data import data_figures
 from common.commands.plan_figures import (
     DataFigures,
     Plan,
@@ -425,11 +426,13 @@ def test_excerpt_pattern_keeps_elisions_honest():
 def test_the_readme_plan_excerpt_is_what_the_command_prints(capsys, tmp_path, monkeypatch):
     """README.md's plan example, run as shown on the day it names (case C's universe runs to the
     day of the plan) with an empty cache: every line shown is printed, in order, `...` aside."""
-    import common.commands.plan as plan
+    import common.commands.plan_data as plan_data
 
     day, args, lines = readme_plan_excerpt()
-    real_end = plan._end
-    monkeypatch.setattr(plan, "_end", lambda cfg: real_end(cfg) if cfg.data.end_date else pd.Timestamp(day, tz="UTC"))
+    real_end = plan_data._end
+    monkeypatch.setattr(
+        plan_data, "_end", lambda cfg: real_end(cfg) if cfg.data.end_date else pd.Timestamp(day, tz="UTC")
+    )
     args = [str(REPO_ROOT / a) if a.endswith(".json") else a for a in args]
     assert main(args + ["--set", f"data.cache_dir={tmp_path / 'empty'}"]) == 0
     out = capsys.readouterr().out
