@@ -205,7 +205,7 @@ def test_fewer_move_bins_leave_the_rest_of_the_vocabulary_unused(tmp_path) -> No
 def test_vocabulary_line_says_when_the_vocabulary_is_too_fine() -> None:
     from types import SimpleNamespace
 
-    from common.commands.train import vocabulary_line
+    from common.commands.run_size import vocabulary_line
 
     tokens = SimpleNamespace(ranges={"A": {"train": (0, 30000)}, "B": {"train": (100, 10100)}})
     fine = vocabulary_line(SimpleNamespace(ret_bins=127, shape_bins=8), tokens)

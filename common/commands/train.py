@@ -42,14 +42,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, TextIO
+from typing import Optional, Sequence, TextIO
 
-import numpy as np
 import torch
 
 from common.atomic import atomic_write_json
 from common.commands.plan import plan_of_run
-from common.commands.plan_figures import MIN_TOKENS_PER_PARAMETER
+from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
 from common.commands.scorecard import end_of_training_scorecard
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.data.check import left_out
@@ -61,7 +60,6 @@ from common.distributed.slurm import job_metadata
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
-from common.model.scaling_fit import load_size_fit, size_advice
 from common.paths import case_dir_of_config
 from common.tokens.corpus import Prepared, prepare_in_memory
 from common.tokens.fractions import trim_train
@@ -182,7 +180,7 @@ def _open_or_create(
     lines, warnings = left_out(p.data_info)  # assets, categories or intervals the run goes without
     for line in lines + warnings:
         print(line, file=out)
-    model_size = _auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
+    model_size = auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
     windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
     if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
         print(
@@ -230,34 +228,6 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> Prepa
     p = prepare(cfg, case, parent_tokenizer, out=out)
     p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     return p
-
-
-def _auto_size(cfg: Config, tokens: TokenSet, info: RunInfo, out: Optional[TextIO]) -> Optional[dict]:
-    """model.size = "auto": set the shape the scaling fit suggests for the run's training candles
-    (common/model/scaling_fit.py) and return the choice for training_log.json; else None."""
-    if cfg.model.size != "auto":
-        return None
-    if not cfg.model.size_fit:
-        raise UserError(
-            "model.size = 'auto' needs model.size_fit: the sweep.json of `marketgpt sweep` on this corpus; "
-            "or set model.size=null and the shape yourself"
-        )
-    fit = load_size_fit(Path(cfg.model.size_fit), cfg)
-    train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
-    advice = size_advice(
-        cfg, train, fit, info.num_assets, info.num_categories, min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
-    )
-    choice = advice["shape"]
-    if choice is None:
-        raise UserError(f"model.size = 'auto': {advice['text']}; set the shape yourself (model.size=null)")
-    m = cfg.model
-    m.d_model, m.num_layers, m.num_heads, m.d_ff = (choice[k] for k in ("d_model", "num_layers", "num_heads", "d_ff"))
-    print(
-        f"model.size = auto: d_model {m.d_model}, num_layers {m.num_layers}, num_heads {m.num_heads}, d_ff {m.d_ff} "
-        f"({choice['parameters']:,} parameters): {choice['why']}",
-        file=out,
-    )
-    return choice
 
 
 def _write_run_files(run_dir: Path, cfg: Config, p: Prepared) -> None:
@@ -329,37 +299,6 @@ def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device)
         flat=tokens.flat(),
         interval_ids=intervals if info.intervals else None,
     )
-
-
-def train_token_counts(tokens: TokenSet, vocab_size: int) -> torch.Tensor:
-    """(V,) occurrences of each token id in the train split of every asset."""
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
-    for symbol, toks in tokens.tokens.items():
-        b, e = tokens.ranges[symbol]["train"]
-        counts += torch.bincount(torch.from_numpy(np.asarray(toks[b:e], dtype=np.int64)), minlength=vocab_size).double()
-    return counts
-
-
-# fewer training candles per candle id than this: the vocabulary is too fine for the data
-MIN_CANDLES_PER_ID = 100
-
-
-def vocabulary_line(tokenizer: Any, tokens: TokenSet) -> str:
-    """How many training candles each used candle id gets, with a hint when that is few."""
-    candles = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
-    ids = tokenizer.ret_bins * tokenizer.shape_bins
-    per_id = candles / ids
-    line = (
-        f"Vocabulary: {ids:,} candle ids ({tokenizer.ret_bins} move x {tokenizer.shape_bins} shape bins) for "
-        f"{candles:,} training candles: {per_id:.1f} candles per id"
-    )
-    if per_id < MIN_CANDLES_PER_ID:
-        fewer = max(2, min(tokenizer.ret_bins - 1, candles // (MIN_CANDLES_PER_ID * tokenizer.shape_bins)))
-        line += (
-            f" (too fine for this data: --set tokenizer.ret_bins={fewer} gives about {MIN_CANDLES_PER_ID}; "
-            "see docs/generalization.md)"
-        )
-    return line
 
 
 def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
