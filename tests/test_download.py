@@ -491,7 +491,7 @@ def long_case(tmp_path, monkeypatch):
     """A case of two 1m pairs; make_exchange gives a binance answered by the `klines` attribute."""
     import ccxt
 
-    import common.data.download as download_module
+    import common.data.download_ccxt as download_module
 
     from test_crypto import BINANCE_MARKETS
 

@@ -54,10 +54,8 @@ LAZY = {
     ("common.cli", "*"): "the CLI imports each subcommand's module when it runs",
     # optional dependencies (setup.cfg extras) and libraries a command may never need
     ("common.forecasting.infer", "onnxruntime"): "the `infer`/`export` extra",
-    ("common.data.download", "ccxt"): "about 2 s to import; only crypto assets need it",
-    ("common.data.download", "common.data.crypto"): "imports ccxt (above)",
-    ("common.data.download", "common.data.crypto_history"): "imports ccxt (above)",
-    ("common.data.download", "common.data.exchange_universe"): 'imports ccxt (above); only data.universe = "exchange"',
+    ("common.data.download", "common.data.download_ccxt"): "imports ccxt, about 2 s; only crypto assets need it",
+    ("common.data.download", "common.data.exchange_universe"): 'imports ccxt; only data.universe = "exchange"',
     (
         "common.data.yahoo_requests",
         "yfinance",

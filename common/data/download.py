@@ -17,10 +17,11 @@ backwards, delete the asset's files (or the cache) and download again. data.star
 asks for each asset's whole history (ccxt: from crypto.HISTORY_START_MS, answered from the
 listing; Yahoo: yahoo.earliest_start, clamped to Yahoo's intraday windows, said in the summary).
 
-Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto_history.iter_ohlcv_history in
-chunks of SAVE_EVERY_CANDLES, each appended to the cache as it arrives, so a kill or a network
-drop loses one chunk at most and the rerun resumes after the last saved candle; progress lines
-(candles, pages, how far, rate, ETA) come at each save and every PROGRESS_EVERY_S.
+Long ccxt histories (4M+ 1-minute candles since 2017) come through crypto_history.iter_ohlcv_history
+(common.data.download_ccxt) in chunks of SAVE_EVERY_CANDLES, each appended to the cache as it
+arrives, so a kill or a network drop loses one chunk at most and the rerun resumes after the
+last saved candle; progress lines (candles, pages, how far, rate, ETA) come at each save and
+every PROGRESS_EVERY_S.
 
 The run prints progress (a tqdm bar when stderr is a terminal, plain lines otherwise, as in a
 Slurm log) and a summary: assets ok / empty / failed / unreachable / inactive, rows added, date
@@ -60,19 +61,14 @@ from common.atomic import atomic_write_json
 from common.config import Config
 from common.data.cache import CandleCache
 from common.data.check import check_usable
-from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day
+from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day, resume_from
 from common.data.loading import start_bound
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
 from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, earliest_start, window_text
 from common.data.yahoo_requests import requests_session
 from common.errors import SourceUnavailable, UserError
 
-__all__ = ["PROGRESS_EVERY_S", "SAVE_EVERY_CANDLES", "TRAINING_CHECK", "download_case"]
-
-# A long ccxt history is saved every this many candles (a kill loses at most that many), and shows
-# a progress line at each save and at least every PROGRESS_EVERY_S seconds.
-SAVE_EVERY_CANDLES = 200_000
-PROGRESS_EVERY_S = 15.0
+__all__ = ["TRAINING_CHECK", "DownloadRun", "download_case"]
 
 TRAINING_CHECK = "training_check.json"  # in the cache folder: the last download's usable-for-training check
 
@@ -108,11 +104,6 @@ def _utc(value: str) -> pd.Timestamp:
     return pd.Timestamp(value, tz="UTC")
 
 
-def _resume_from(frame: pd.DataFrame) -> pd.Timestamp:
-    """Where an incremental fetch starts: one complete candle before the last cached one."""
-    return frame.index[-2] if len(frame) >= 2 else frame.index[-1]
-
-
 def _restated(old: pd.DataFrame, new: pd.DataFrame) -> bool:
     """True if re-fetched closes of complete cached candles differ (Yahoo re-adjusted history)."""
     common = old.index[:-1].intersection(new.index)  # the last cached candle may have been forming
@@ -123,7 +114,7 @@ def _restated(old: pd.DataFrame, new: pd.DataFrame) -> bool:
     )
 
 
-class _Run:
+class DownloadRun:
     """One download: the cache, the summary and the progress shared by both sources."""
 
     def __init__(
@@ -250,7 +241,7 @@ class _Run:
                 replace.add(asset.symbol)
             if frame is not None:
                 cached[asset.symbol] = frame
-            start = _resume_from(frame) if frame is not None else self._yahoo_first()
+            start = resume_from(frame) if frame is not None else self._yahoo_first()
             if frame is not None and self.end is not None and start >= self.end:
                 self.up_to_date(asset.symbol, frame)  # holds everything up to data.end_date already
                 continue
@@ -285,123 +276,6 @@ class _Run:
         for symbol, reason in part.unreachable.items():
             self.mark(symbol, "unreachable", reason)
 
-    # ----------------------------------------------------------------------- ccxt
-
-    def ccxt(self, assets: list[Asset]) -> None:
-        import ccxt  # lazy: ccxt takes ~2 s to import, and only ccxt assets need it
-
-        import common.data.crypto as crypto  # lazy: imports ccxt
-        import common.data.crypto_history as crypto_history  # lazy: imports ccxt
-
-        exchange = crypto.make_exchange(self.cfg.data.exchange)
-        crypto.check_timeframe(exchange, self.interval)  # before any request: one line naming its timeframes
-        quote = self.cfg.data.quote_currency
-        # Candles of BTC/USD and BTC/USDT differ a little: a cache filled with another quote is replaced.
-        origin = exchange.id if not quote else f"{exchange.id} {quote}"
-        retry: dict[str, Any] = dict(sleep=self.sleep)
-        if self.delay is not None:
-            retry["base_delay_s"] = self.delay
-        crypto.ensure_markets(exchange, **retry)  # once, up front: a refusal by location stops here
-        self.progress.note(
-            f"{origin}: {self.interval} candles, {crypto.page_limit(exchange)} a request, "
-            f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "
-            "through ccxt)"
-        )
-        now_ms = None if self.now is None else int(self.now.timestamp() * 1000)
-        until_ms = None if self.end is None else int(self.end.timestamp() * 1000)
-        for asset in assets:
-            frame, replace = self.cached("ccxt", asset.symbol, origin)
-            start = _resume_from(frame) if frame is not None else self.start
-            if frame is not None and self.end is not None and start >= self.end:
-                self.up_to_date(asset.symbol, frame)
-                continue
-            since_ms = crypto.HISTORY_START_MS if start is None else int(start.timestamp() * 1000)
-            market = crypto.with_quote(asset.symbol, quote)
-            lines = _HistoryLines(self.progress, f"ccxt {origin}")
-            chunks = crypto_history.iter_ohlcv_history(
-                exchange,
-                market,
-                self.interval,
-                since_ms,
-                until_ms,
-                now_ms=now_ms,
-                chunk_candles=SAVE_EVERY_CANDLES,
-                on_page=lines.page,
-                **retry,
-            )
-            saved = False
-            try:
-                for chunk in chunks:  # saved as it comes: a download killed midway resumes from there
-                    if chunk.empty:
-                        continue
-                    self.save("ccxt", asset.symbol, chunk, adjusted=False, origin=origin, replace=replace and not saved)
-                    saved = True
-                    lines.saved()
-            except crypto.BadSymbolError as e:
-                self.mark(asset.symbol, "failed", str(e))
-                self.progress.advance(1, f"ccxt {asset.symbol}: failed")
-                continue
-            except (SourceUnavailable, ccxt.NetworkError) as e:
-                if saved:  # part of its history is in the cache: not "ok" yet
-                    last = self.summary.assets[asset.symbol].last
-                    self.mark(
-                        asset.symbol,
-                        "unreachable",
-                        f"{origin} stopped answering; saved up to {format_day(last)}, a rerun goes on from there",
-                    )
-                if isinstance(e, SourceUnavailable):
-                    raise
-                # should arrive as SourceUnavailable; never as a traceback
-                raise SourceUnavailable(f"{origin}: {type(e).__name__}: {e}") from e
-            for lo, hi in lines.empty_spans:
-                self.summary.notes.append(
-                    f"{asset.symbol}: {origin} had no {self.interval} candles from "
-                    f"{_day_ms(lo)} to {_day_ms(hi)} (a page answered empty); went on after it"
-                )
-            if not saved:
-                since = format_day(start) if start is not None else "the listing"
-                self.mark(asset.symbol, "empty", f"{origin} returned no {self.interval} candles from {since}")
-                if frame is not None:
-                    self.summary.assets[asset.symbol].first = frame.index[0]
-                    self.summary.assets[asset.symbol].last = frame.index[-1]
-                self.progress.advance(1, f"ccxt {asset.symbol}: no candles")
-                continue
-            inactive = crypto.inactive_reason(exchange, market) if exchange.markets else None
-            if inactive:
-                self.mark(asset.symbol, "inactive", inactive)
-            self.progress.advance(
-                1,
-                f"ccxt {asset.symbol}: +{self.summary.assets[asset.symbol].rows_added} rows"
-                + (" (inactive)" if inactive else ""),
-            )
-
-
-def _day_ms(ms: int) -> str:
-    return format_day(pd.Timestamp(ms, unit="ms", tz="UTC"))
-
-
-class _HistoryLines:
-    """Progress lines of one long ccxt history: at each saved chunk, and every PROGRESS_EVERY_S."""
-
-    def __init__(self, progress: Progress, label: str) -> None:
-        self.progress, self.label = progress, label
-        self.started = self.shown = time.monotonic()
-        self.last: Any = None  # crypto_history.HistoryProgress of the latest page
-        self.empty_spans: list[tuple[int, int]] = []
-
-    def page(self, state: Any) -> None:
-        self.last, self.empty_spans = state, state.empty_spans
-        if time.monotonic() - self.shown >= PROGRESS_EVERY_S:
-            self._show("")
-
-    def saved(self) -> None:
-        if self.last is not None:
-            self._show(" (saved)")
-
-    def _show(self, suffix: str) -> None:
-        self.shown = time.monotonic()
-        self.progress.note(f"{self.label} {self.last.line(self.shown - self.started)}{suffix}")
-
 
 def download_case(
     cfg: Config,
@@ -427,7 +301,7 @@ def download_case(
 
         resolve_to_file(cfg, case_dir, now=now, sleep=sleep, base_delay_s=_env_delay(), stream=stream or sys.stderr)
     assets = load_universe(universe_path(case_dir, d.universe, d.exchange), d.universe_counts or None)
-    run = _Run(cfg, case_dir, assets, progress=progress, sleep=sleep, now=now, stream=stream or sys.stderr)
+    run = DownloadRun(cfg, case_dir, assets, progress=progress, sleep=sleep, now=now, stream=stream or sys.stderr)
     session = yahoo_session if yahoo_session is not None else _env_yahoo_session()
 
     for asset in assets:
@@ -441,7 +315,7 @@ def download_case(
             run.progress.advance(1, f"{asset.symbol}: skipped")
     parts = (
         (YAHOO, "yfinance", lambda group: run.yahoo(group, session)),
-        (f"ccxt exchange {d.exchange}", "ccxt", run.ccxt),
+        (f"ccxt exchange {d.exchange}", "ccxt", lambda group: _ccxt(run, group)),
     )
     try:
         for name, source, fetch in parts:
@@ -453,7 +327,13 @@ def download_case(
     return _report(run, cfg, case_dir)
 
 
-def _fetch_source(run: _Run, name: str, group: list[Asset], fetch: Callable[[list[Asset]], None]) -> None:
+def _ccxt(run: DownloadRun, group: list[Asset]) -> None:
+    from common.data.download_ccxt import fetch_ccxt  # lazy: imports ccxt (about 2 s)
+
+    fetch_ccxt(run, group)
+
+
+def _fetch_source(run: DownloadRun, name: str, group: list[Asset], fetch: Callable[[list[Asset]], None]) -> None:
     """Fetch one source's assets; a source that is down or refuses marks what it did not fetch."""
     try:
         fetch(group)
@@ -471,7 +351,7 @@ def _fetch_source(run: _Run, name: str, group: list[Asset], fetch: Callable[[lis
         run.progress.note(f"{name}: refused, skipping its remaining assets")
 
 
-def _report(run: _Run, cfg: Config, case_dir: Path) -> DownloadSummary:
+def _report(run: DownloadRun, cfg: Config, case_dir: Path) -> DownloadSummary:
     """Check what training could use now, record and print the summary; raise if a source failed."""
     summary = run.summary
     summary.usable = check_usable(cfg, case_dir)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from common.data.check import Usability
 
-__all__ = ["AssetResult", "DownloadSummary", "Progress", "format_day"]
+__all__ = ["AssetResult", "DownloadSummary", "Progress", "format_day", "resume_from"]
 
 
 @dataclass
@@ -112,6 +112,11 @@ class DownloadSummary:
         if self.usable is not None:
             lines.append(self.usable.format())
         return "\n".join(lines)
+
+
+def resume_from(frame: pd.DataFrame) -> pd.Timestamp:
+    """Where an incremental fetch starts: one complete candle before the last cached one."""
+    return frame.index[-2] if len(frame) >= 2 else frame.index[-1]
 
 
 def format_day(ts: pd.Timestamp) -> str:
