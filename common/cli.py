@@ -9,6 +9,7 @@ failed `remote` step (StepFailed) one line naming the step and exit code 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable, Sequence
 
 from common.cluster.remote import Remote, StepFailed, load_settings
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
-from common.cluster.status import status_table
+from common.cluster.status import status_json, status_table
 from common.config import Config, at_interval, load_config
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
@@ -263,9 +264,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from common.commands.doctor import run_doctor  # lazy: torch
+    from common.commands.doctor import run_doctor, run_doctor_json  # lazy: torch
 
-    return run_doctor(sys.stdout)
+    return run_doctor_json(sys.stdout) if args.json else run_doctor(sys.stdout)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -281,7 +282,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    print(status_table(case=args.case))
+    print(json.dumps(status_json(case=args.case), indent=2) if args.json else status_table(case=args.case))
     return 0
 
 
@@ -677,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run first on a new node: torch/CUDA/NCCL/driver versions, the GPUs, Slurm "
         "variables, whether the cases fit; exit 1 if training would fall back to the CPU",
     )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object: the GPUs (NVML) and the verdict (docs/slurm.md)"
+    )
     p.set_defaults(handler=_cmd_doctor)
 
     p = sub.add_parser(
@@ -684,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one table of all runs under case_*/checkpoints: Slurm state, epoch, losses, tokens/s, ETA, last log line",
     )
     p.add_argument("--case", default=None, help="only this case (default: all)")
+    p.add_argument("--json", action="store_true", help="one JSON object: the GPUs (NVML) and every run (docs/slurm.md)")
     p.set_defaults(handler=_cmd_status)
 
     p = sub.add_parser(

@@ -24,7 +24,7 @@ from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.model.memory import estimate_training_memory
 from common.paths import REPO_ROOT
-from common.training import gpu_stats as gpu_stats_mod
+from common.training import gpu_health as gpu_health_mod, gpu_stats as gpu_stats_mod
 from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
@@ -436,7 +436,7 @@ def test_gpu_stats_from_torch_and_a_fake_nvml(monkeypatch):
     _fake_gpu_memory(monkeypatch)
     nvml = _FakeNVML()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    monkeypatch.setattr(gpu_health_mod, "_NVML", None)
     s = gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
     assert nvml.handles == ["GPU-1234-abcd"]
     assert s == {
@@ -453,7 +453,7 @@ def test_gpu_stats_from_torch_and_a_fake_nvml(monkeypatch):
     }
     assert gpu_stats_mod.gpu_stats(torch.device("cpu")) is None
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: torch's numbers only
-    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    monkeypatch.setattr(gpu_health_mod, "_NVML", None)
     s = gpu_stats_mod.gpu_stats(torch.device("cuda", 0))
     assert s["util_pct"] is None and s["mem_peak_gb"] == 35.1
 
@@ -465,7 +465,7 @@ def test_epochs_log_gpus_null_on_the_cpu_and_readings_on_a_gpu(tmp_path, monkeyp
 
     _fake_gpu_memory(monkeypatch)
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
-    monkeypatch.setattr(gpu_stats_mod, "_NVML", None)
+    monkeypatch.setattr(gpu_health_mod, "_NVML", None)
     out = io.StringIO()
     tr = _trainer(tmp_path / "gpu", out=out, epochs=1, max_steps_per_epoch=2)
     tr.cuda = tr.metrics.cuda = True  # the epoch's readings as on GPU 0; the maths stays on the CPU

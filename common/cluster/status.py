@@ -12,16 +12,17 @@ that are queued but have no run folder yet get a row of their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
 from common.distributed.slurm import ACTIVE_STATES, job_commands, job_states, slurm_available
 from common.paths import CASES, REPO_ROOT, case_dir
+from common.training.gpu_health import health_report
 from common.training.log import format_duration
 
-__all__ = ["RunRow", "collect_rows", "last_line", "status_table", "sweep_lines"]
+__all__ = ["RunRow", "collect_rows", "last_line", "status_json", "status_table", "sweep_lines"]
 
 _LINE_WIDTH = 80
 
@@ -41,6 +42,7 @@ class RunRow:
     peak_mem: str = "-"  # each GPU's peak memory in the last epoch ("-" on the CPU)
     eta: str = "-"
     last_log_line: str = ""
+    numbers: dict = field(default_factory=dict)  # the same, unformatted: `status --json` (not a column)
 
 
 _HEADERS = (
@@ -153,8 +155,21 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         row.peak_mem = _peak_memory(last.get("gpus"))
         if row.status == "running" and isinstance(last.get("eta_s"), (int, float)):
             row.eta = format_duration(last["eta_s"])
-    row.score = _score(read_json_or_empty(run_dir / "scorecard.json").get("headline"))
+    headline = read_json_or_empty(run_dir / "scorecard.json").get("headline")
+    row.score = _score(headline)
     row.last_log_line = last_line(_log_file(case, run_cfg, log))
+    last = epochs[-1] if epochs else {}
+    row.numbers = {
+        "epoch": done,
+        "epochs": total,
+        "step": last.get("step"),
+        "best_val_loss": log.get("best_val_loss"),
+        "val_loss": last.get("val_loss"),
+        "tokens_per_sec": last.get("tokens_per_sec"),
+        "eta_s": last.get("eta_s") if row.status == "running" else None,
+        "gpus": last.get("gpus"),
+        "scorecard_headline": headline,
+    }
     return row
 
 
@@ -232,6 +247,24 @@ def sweep_lines(case: Optional[str] = None, root: Optional[Path] = None) -> list
     return lines
 
 
+def status_json(case: Optional[str] = None, root: Optional[Path] = None) -> dict[str, Any]:
+    """`marketgpt status --json`: this machine's GPUs (common.training.gpu_health) and every run,
+    its Slurm job and state with the numbers of its last epoch, unformatted."""
+    runs = [
+        {
+            "case": r.case,
+            "run": r.run,
+            "job": None if r.job == "-" else r.job,
+            "slurm_state": None if r.slurm == "-" else r.slurm,
+            "status": r.status,
+            **r.numbers,
+            "last_log_line": r.last_log_line,
+        }
+        for r in collect_rows(case, root)
+    ]
+    return health_report(runs=runs)
+
+
 def status_table(case: Optional[str] = None, root: Optional[Path] = None) -> str:
     sweeps = sweep_lines(case, root)
     rows = collect_rows(case, root)
@@ -240,7 +273,8 @@ def status_table(case: Optional[str] = None, root: Optional[Path] = None) -> str
         return "\n".join(
             [f"No runs under {where}/checkpoints yet (start one: sbatch case_X/slurm_scripts/train_*_a100.sh)", *sweeps]
         )
-    cells = [list(_HEADERS)] + [[str(getattr(r, f.name)) for f in fields(RunRow)] for r in rows]
+    columns = [f.name for f in fields(RunRow)][: len(_HEADERS)]
+    cells = [list(_HEADERS)] + [[str(getattr(r, name)) for name in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_HEADERS) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in cells]
     return "\n".join([*(line.rstrip() for line in lines), *sweeps])

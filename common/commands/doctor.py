@@ -10,6 +10,8 @@ wheel's CUDA, no GPU visible), or when the job has more processes on this node t
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from pathlib import Path
 from typing import Optional, TextIO
@@ -23,9 +25,10 @@ from common.errors import UserError
 from common.model.memory import estimate_training_memory
 from common.model.sizing import meta_model
 from common.paths import REPO_ROOT
+from common.training.gpu_health import health_report
 from common.training.mfu import known_peak
 
-__all__ = ["SLURM_VARIABLES", "run_doctor"]
+__all__ = ["SLURM_VARIABLES", "run_doctor", "run_doctor_json"]
 
 SLURM_VARIABLES = (
     "SLURM_JOB_ID",
@@ -119,6 +122,26 @@ def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str
             f"{', gradient checkpointing' if t.gradient_checkpointing else ''}): {verdict}"
         )
     return lines
+
+
+def run_doctor_json(out: TextIO, root: Optional[Path] = None) -> int:
+    """`marketgpt doctor --json`: one JSON object (common.training.gpu_health's, with the doctor's
+    verdict under "doctor"); the exit code is the report's."""
+    report = io.StringIO()
+    code = run_doctor(report, root)
+    lines = report.getvalue().splitlines()
+    cause = next((line.split(": ", 1)[1] for line in lines if line.startswith("PROBLEM: ")), None)
+    verdict = {
+        "ready": code == 0,
+        "cause": cause,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": _nccl_version(),
+        "driver": driver_version(),
+        "report": lines,
+    }
+    print(json.dumps(health_report(doctor=verdict), indent=2), file=out)
+    return code
 
 
 def run_doctor(out: TextIO, root: Optional[Path] = None) -> int:

@@ -8,28 +8,15 @@ None; on the CPU there is nothing to report (`gpu_stats` returns None).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Optional
 
 import torch
 
-__all__ = ["format_gpu_line", "gpu_stats", "nvml"]
+from common.training.gpu_health import nvml
+
+__all__ = ["format_gpu_line", "gpu_stats"]
 
 _GB = 1e9
-_NVML: Any = None  # the initialized pynvml module, False when it can't be had
-
-
-def nvml() -> Any:
-    """pynvml, initialized once; None when nvidia-ml-py is not installed or NVML won't start."""
-    global _NVML
-    if _NVML is None:
-        try:
-            module = importlib.import_module("pynvml")
-            module.nvmlInit()
-            _NVML = module
-        except Exception:  # not installed, no driver library, no permission: torch's numbers only
-            _NVML = False
-    return _NVML or None
 
 
 def _nvml_readings(device: torch.device) -> dict[str, Optional[float]]:
