@@ -58,6 +58,7 @@ ENDED_STATES = frozenset(
 )
 _SSH_CALL_TIMEOUT_S = 120  # one short remote command (status, squeue, a listing)
 _POLL_RETRIES = 5  # ssh failures in a row a wait survives (a network blip, a login node restart)
+LAUNCHERS = ("slurm", "direct")  # sbatch on a login node; or a box without Slurm (common.cluster.remote_direct)
 
 
 class StepFailed(Exception):
@@ -77,6 +78,13 @@ class RemoteSettings:
     ssh_options: str = ""  # extra ssh arguments, e.g. "-p 2222 -i ~/.ssh/id_cluster"
     rsync_options: str = ""  # extra rsync arguments, e.g. "--bwlimit=5m"
     connect_timeout_s: int = 10  # an unreachable host fails after this long
+    launcher: str = "slurm"  # "slurm": sbatch there; "direct": train on the box itself (remote_direct.py)
+    venv: Optional[str] = None  # direct: the venv `remote setup` creates there; then its python runs everything
+    install: str = "pip install -r requirements_gpu.txt && pip install -e ."  # direct: `remote setup`'s install line
+
+    def remote_python(self) -> Optional[str]:
+        """The python commands run with there: the venv's, else `python` (None: python3 on the PATH)."""
+        return f"{self.venv.rstrip('/')}/bin/python" if self.venv else self.python
 
 
 def load_settings(
@@ -109,6 +117,8 @@ def load_settings(
             f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
             "or pass --host and --path"
         )
+    if settings.launcher not in LAUNCHERS:
+        raise UserError(f"launcher {settings.launcher!r} in {settings_file}: use \"slurm\" or \"direct\"")
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
     return settings
@@ -125,6 +135,8 @@ def _remote_path(path: str) -> str:
 
 class Remote:
     """The ssh and rsync commands for one remote repo; dry_run prints them instead."""
+
+    ended_states = ENDED_STATES
 
     def __init__(
         self, settings: RemoteSettings, repo: Path, dry_run: bool = False, out: Callable[[str], None] = print
@@ -160,8 +172,9 @@ class Remote:
             parts.append(f"cd {_remote_path(self.path)}")
         if self.s.env:
             parts.append(self.s.env)
-        if self.s.python:
-            parts.append(f"export MARKETGPT_PYTHON={shlex.quote(self.s.python)}")
+        python = self.s.remote_python()
+        if python:
+            parts.append(f"export MARKETGPT_PYTHON={_remote_path(python)}")
         parts.append(command)
         return " && ".join(parts)
 
@@ -272,8 +285,8 @@ class Remote:
 
     def log_path(self, job_id: str) -> str:
         """The job's .out file under <case>/logs/ there."""
-        if not job_id.isdigit():
-            raise UserError(f"job id {job_id!r}: expected a number such as 12345")
+        if not re.fullmatch(r"\d+|direct-\d{8}-\d{6}", job_id):
+            raise UserError(f"job id {job_id!r}: expected a number such as 12345, or direct-YYYYMMDD-HHMMSS")
         found = self.run("find the job's log", self.ssh_cmd(f"ls -1 case_*/logs/*_{job_id}.out 2>/dev/null; true"))
         if self.dry_run:
             return f"case_*/logs/*_{job_id}.out"
@@ -338,7 +351,7 @@ class Remote:
             if state != last_state and state is not None:
                 self.out(f"[job {job_id}: {state}]")
                 last_state = state
-            if state is None or state in ENDED_STATES:
+            if state is None or state in self.ended_states:
                 return state
             if deadline is not None and time.monotonic() > deadline:
                 raise StepFailed(

@@ -1,0 +1,273 @@
+"""The remote side of `marketgpt remote` with launcher "direct": training on a box without Slurm.
+
+`marketgpt remote train` runs `python -m common.cluster.direct_launch start ...` there over ssh.
+It starts a supervisor in a session of its own (setsid, stdin from /dev/null), so training
+survives the ssh connection closing, and returns at once. The supervisor runs
+`marketgpt train --resume auto` as one plain process (no GPU) or under torchrun, one process
+per GPU that torch sees there, appends everything to case_X/logs/<LOG_PREFIX>_<ID>.out (ID:
+direct-YYYYMMDD-HHMMSS) and writes the exit code beside it when training ends.
+
+Files in case_X/logs/:
+  .direct.json          the case's latest launch: id, pid (= process group), the pid's start
+                        time in /proc ticks, command, host, log, GPUs
+  .direct_<ID>.end      {"exit_code": N, "ended": ...} once the supervisor saw training end
+
+A launch is running while its pid is alive with the recorded start time and a command line of
+this module: a pid file left by a crashed launcher, or a pid the kernel gave to another
+program since, is stale and is not trusted. SIGTERM to the process group (`stop`) reaches
+every rank: the trainer saves a checkpoint and exits 75 (common/distributed/requeue.py), and
+the same `start` continues the run (--resume auto). Only the standard library is imported
+(torch only to count GPUs), so each status poll starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from common.atomic import atomic_write_json
+
+__all__ = ["EXIT_STOPPED", "launch_state", "main"]
+
+STATE_FILE = ".direct.json"
+EXIT_STOPPED = 75  # the trainer's EXIT_REQUEUE: saved a checkpoint on SIGTERM and stopped
+EXIT_REFUSED = 3  # `start` while a launch of the case runs
+
+
+def _logs(case: str) -> Path:
+    return Path(case) / "logs"
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command's closing ")"
+
+
+def _is_ours(state: dict) -> bool:
+    """The launch's supervisor is alive: the same pid, started at the same tick, running this module."""
+    pid = state.get("pid")
+    if not isinstance(pid, int) or _start_ticks(pid) != state.get("start_ticks"):
+        return False
+    try:
+        return b"common.cluster.direct_launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def launch_state(case: str) -> tuple[Optional[dict], str]:
+    """The case's latest launch and its state: RUNNING, COMPLETED, STOPPED (checkpoint saved),
+    FAILED, LOST (its supervisor is gone without an exit code: a crash, a reboot) or NONE."""
+    state = _read(_logs(case) / STATE_FILE)
+    if state is None:
+        return None, "NONE"
+    end = _read(_logs(case) / f".direct_{state.get('id')}.end")
+    if end is not None:
+        code = end.get("exit_code")
+        state["exit_code"] = code
+        return state, "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+    return state, "RUNNING" if _is_ours(state) else "LOST"
+
+
+def _state_of(case: str, launch_id: str) -> str:
+    """The state of one launch, also once a newer launch of the case has replaced it."""
+    state, status = launch_state(case)
+    if state is not None and state.get("id") == launch_id:
+        return status
+    end = _read(_logs(case) / f".direct_{launch_id}.end")
+    if end is None:
+        return "LOST"
+    code = end.get("exit_code")
+    return "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+
+
+def _gpu_count() -> int:
+    """GPUs torch can use on this box (0 without CUDA): counted, never assumed."""
+    import torch  # lazy: only `start` needs it
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> int:
+    logs = _logs(case)
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / ".direct.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two launches at once: the second sees the first
+        state, status = launch_state(case)
+        if status == "RUNNING":
+            assert state is not None
+            print(
+                f"{case}: launch {state['id']} (pid {state['pid']}, started {state['started']}) is still "
+                f"training; follow it (marketgpt remote logs {state['id']} -f) or stop it (marketgpt remote stop)",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        if status == "LOST" and state is not None:
+            print(
+                f"stale {logs / STATE_FILE}: launch {state.get('id')} (pid {state.get('pid')}) is gone without "
+                "an exit code (crashed or rebooted); not trusted, launching anyway"
+            )
+        gpus = _gpu_count()
+        train = [sys.executable, "-m", "common.cli", "train", "--config", config, "--resume", "auto", *train_args]
+        if gpus:
+            dist = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+            command = [*dist, "-m", *train[2:], "--num-gpus", str(gpus)]
+        else:
+            command = train
+            print("no GPU here: training runs as one process on the CPU")
+        launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
+        while (logs / f"{prefix}_{launch_id}.out").exists():  # two launches in one second
+            time.sleep(1.0)
+            launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
+        log = logs / f"{prefix}_{launch_id}.out"
+        with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "common.cluster.direct_launch", "supervise", case, launch_id, "--", *command],
+                stdin=devnull,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session and process group: ssh closing does not reach it
+                env={**os.environ, "MARKETGPT_LOG_FILE": str(log.resolve()), "PYTHONUNBUFFERED": "1"},
+            )
+        state = {
+            "id": launch_id,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_ticks": _start_ticks(proc.pid),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "host": socket.gethostname(),
+            "gpus": gpus,
+            "command": command,
+            "log": str(log),
+        }
+        atomic_write_json(logs / STATE_FILE, state)
+    print(json.dumps({"id": launch_id, "log": str(log), "pid": proc.pid, "gpus": gpus}))
+    return 0
+
+
+def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
+    """Run training, pass a stop signal on to it, record its exit code."""
+    stamp = lambda: time.strftime("%F %T")  # noqa: E731
+    print(f"===== {stamp()} launch {launch_id} on {socket.gethostname()} =====", flush=True)
+    print("command: " + " ".join(command), flush=True)
+    child = subprocess.Popen(command)
+
+    def forward(signum: int, frame: object) -> None:
+        print(f"marketgpt: {stamp()} {signal.Signals(signum).name}: the trainer saves a checkpoint", flush=True)
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    print(f"marketgpt: {stamp()} training exited with code {code}", flush=True)
+    if code == EXIT_STOPPED:
+        print("marketgpt: stopped with a checkpoint; `marketgpt remote train` with the same case resumes", flush=True)
+    ended = {"exit_code": code, "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    atomic_write_json(_logs(case) / f".direct_{launch_id}.end", ended)
+    return 0 if code == 0 else 1
+
+
+def _stop(case: str, timeout_s: float) -> int:
+    state, status = launch_state(case)
+    if status != "RUNNING" or state is None:
+        print(f"{case}: no launch is running (latest: {status.lower()})", file=sys.stderr)
+        return 1
+    os.killpg(state["pgid"], signal.SIGTERM)
+    print(f"sent SIGTERM to launch {state['id']} (process group {state['pgid']}): it saves a checkpoint and stops")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state, status = launch_state(case)
+        if status != "RUNNING":
+            print(f"launch {state and state['id']}: {status} (exit code {state and state.get('exit_code')})")
+            return 0
+        time.sleep(0.5)
+    print(f"launch {state['id']} still running after {timeout_s:.0f} s", file=sys.stderr)
+    return 1
+
+
+def _status(cases: Sequence[str]) -> int:
+    for case in cases:
+        state, status = launch_state(case)
+        if state is not None:
+            code = f", exit code {state['exit_code']}" if "exit_code" in state else ""
+            print(
+                f"{case}: launch {state['id']} {status} (pid {state['pid']}, {state['gpus']} GPU(s), started "
+                f"{state['started']}{code}); log {state['log']}"
+            )
+    return 0
+
+
+def _follow(log: str, lines: int, follow: bool) -> int:
+    """`tail` the log; with `follow`, until the launch writing it ends (tail --pid)."""
+    case = Path(log).parts[0]
+    state, status = launch_state(case)
+    cmd = ["tail", "-n", str(lines)]
+    if follow and state is not None and status == "RUNNING" and Path(state["log"]) == Path(log):
+        cmd += ["-f", f"--pid={state['pid']}"]
+    os.execvp("tail", [*cmd, log])
+    return 1  # not reached
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m common.cluster.direct_launch")
+    sub = p.add_subparsers(dest="action", required=True)
+    a = sub.add_parser("start")
+    a.add_argument("case")
+    a.add_argument("config")
+    a.add_argument("prefix")
+    a.add_argument("train_args", nargs=argparse.REMAINDER)
+    a = sub.add_parser("supervise")
+    a.add_argument("case")
+    a.add_argument("launch_id")
+    a.add_argument("command", nargs=argparse.REMAINDER)
+    a = sub.add_parser("state")
+    a.add_argument("case")
+    a.add_argument("launch_id")
+    a = sub.add_parser("status")
+    a.add_argument("cases", nargs="*")
+    a = sub.add_parser("stop")
+    a.add_argument("case")
+    a.add_argument("--timeout", type=float, default=600.0)
+    a = sub.add_parser("follow")
+    a.add_argument("log")
+    a.add_argument("-n", "--lines", type=int, default=50)
+    a.add_argument("-f", "--follow", action="store_true")
+    args = p.parse_args(argv)
+    rest = lambda xs: list(xs[1:] if xs[:1] == ["--"] else xs)  # noqa: E731
+    if args.action == "start":
+        return _start(args.case, args.config, args.prefix, rest(args.train_args))
+    if args.action == "supervise":
+        return _supervise(args.case, args.launch_id, rest(args.command))
+    if args.action == "state":
+        print(f"state={_state_of(args.case, args.launch_id)}")
+        return 0
+    if args.action == "status":
+        return _status(args.cases or sorted(str(p) for p in Path(".").glob("case_*") if p.is_dir()))
+    if args.action == "stop":
+        return _stop(args.case, args.timeout)
+    return _follow(args.log, args.lines, args.follow)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
