@@ -150,5 +150,7 @@ class DirectRemote(Remote):
     def stop(self, case: str, timeout_s: float) -> None:
         """SIGTERM to the case's running training there; waits until it has saved and stopped."""
         name = case_dir(case, root=self.repo).name
+        if not self.dry_run:
+            self.check_repo()
         command = self._launcher("stop", name, "--timeout", str(timeout_s))
         self.run("stop", self.ssh_cmd(command), stream=True, timeout=timeout_s + 60)
