@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def _wait_for(path: Path, text: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not (path.is_file() and text in path.read_text(errors="replace")):
         assert time.monotonic() < deadline, f"{path}: no {text!r} after {timeout_s} s"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def _state(remote: Path) -> dict:
@@ -117,14 +118,21 @@ def test_detached_training_outlives_the_client_refuses_a_second_launch_stops_and
             lines.append(line)
         started = next(line for line in lines if line.startswith("Started direct-"))
         launch = started.split()[1]
-        second = marketgpt(local, "train", "--case", "c", *sets(ref))
-        _one_line_error(second, 1, "step 'launch' failed", f"launch {launch}", "is still training")
+        state = _state(remote)
+        assert state["id"] == launch and state["gpus"] == 0
+        os.killpg(state["pgid"], signal.SIGSTOP)  # paused, so that it is surely still training meanwhile
+        try:
+            second = marketgpt(local, "train", "--case", "c", *sets(ref))
+            _one_line_error(second, 1, "step 'launch' failed", f"launch {launch}", "is still training")
+            os.killpg(client.pid, signal.SIGKILL)  # the client, its ssh: a closed laptop lid
+            client.wait(timeout=30)
+            assert _alive(state["pid"]), "training goes on without the client"
+        finally:
+            os.killpg(state["pgid"], signal.SIGCONT)
     finally:
-        os.killpg(client.pid, signal.SIGKILL)  # the client, its ssh: a closed laptop lid
-        client.wait(timeout=30)
-    state = _state(remote)
-    assert state["id"] == launch and state["gpus"] == 0
-    assert _alive(state["pid"]), "training goes on without the client"
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+            client.wait(timeout=30)
 
     follow = marketgpt(local, "logs", launch, "-f", "-n", "1000", timeout=300)  # reattach until it ends
     assert follow.returncode == 0, follow.stderr
@@ -143,9 +151,27 @@ def test_detached_training_outlives_the_client_refuses_a_second_launch_stops_and
     submitted = marketgpt(local, "submit", "--case", "c", *sets(cut))
     assert submitted.returncode == 0, submitted.stderr
     _wait_for(Path(remote / _state(remote)["log"]), "epoch 1/2 step 2/10")
-    stopped = marketgpt(local, "stop", "--case", "c", timeout=300)
-    assert stopped.returncode == 0, stopped.stderr
-    assert "STOPPED (exit code 75)" in stopped.stdout
+    # paused there, so that the stop lands mid-training however slowly this machine answers
+    # (a tiny epoch takes a second); SIGTERM waits while the processes are stopped
+    group = _state(remote)["pgid"]
+    os.killpg(group, signal.SIGSTOP)
+    stop = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", "remote", "stop", "--case", "c", "--repo", str(local)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    resume = threading.Timer(120, os.killpg, (group, signal.SIGCONT))  # never paused for good
+    resume.start()
+    try:
+        assert "sent SIGTERM to launch" in stop.stdout.readline()
+    finally:
+        os.killpg(group, signal.SIGCONT)
+        resume.cancel()
+    out, err = stop.communicate(timeout=300)
+    assert stop.returncode == 0, err
+    assert "STOPPED (exit code 75)" in out
     (cut_run,) = (remote / "case_c_crypto" / "checkpoints").glob("cut_*")
     assert "SIGTERM at epoch" in json.loads((cut_run / "training_log.json").read_text())["interrupted"]
     assert not (cut_run / "checkpoint_epoch_2.pt").exists(), "stopped before the end"

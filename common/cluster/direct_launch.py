@@ -194,7 +194,10 @@ def _stop(case: str, timeout_s: float) -> int:
         print(f"{case}: no launch is running (latest: {status.lower()})", file=sys.stderr)
         return 1
     os.killpg(state["pgid"], signal.SIGTERM)
-    print(f"sent SIGTERM to launch {state['id']} (process group {state['pgid']}): it saves a checkpoint and stops")
+    print(
+        f"sent SIGTERM to launch {state['id']} (process group {state['pgid']}): it saves a checkpoint and stops",
+        flush=True,  # shown while the wait below goes on
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state, status = launch_state(case)
