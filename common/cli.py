@@ -315,7 +315,7 @@ def _direct_remote(args: argparse.Namespace) -> DirectRemote:
     remote = _remote(args)
     if not isinstance(remote, DirectRemote):
         raise UserError(
-            f"`remote {args.remote_command}` is for \"launcher\": \"direct\" (a box without Slurm); "
+            f'`remote {args.remote_command}` is for "launcher": "direct" (a box without Slurm); '
             "on a Slurm cluster use `marketgpt remote submit` and scancel there"
         )
     return remote
@@ -746,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--cpu-ok", action="store_true", help="a box without a GPU is fine: train on its CPU")
     a = _add_remote_action(
-        actions, "stop", "launcher direct: SIGTERM to the case's training there (it saves a checkpoint)", _cmd_remote_stop
+        actions, "stop", "launcher direct: SIGTERM to the training there (it checkpoints first)", _cmd_remote_stop
     )
     a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
     a.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wait up to S seconds for it to stop")

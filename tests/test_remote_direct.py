@@ -85,7 +85,7 @@ def _alive(pid: int) -> bool:
 def test_setup_creates_the_venv_installs_and_says_plainly_that_training_runs_on_the_cpu(box, tmp_path):
     venv = tmp_path / "box" / "venv"
     # the install line runs inside the venv; no pip here, so nothing reaches the network
-    _write(box, venv=str(venv), install="python -c 'import sys; open(\"installed.txt\", \"w\").write(sys.prefix)'")
+    _write(box, venv=str(venv), install='python -c \'import sys; open("installed.txt", "w").write(sys.prefix)\'')
     proc = marketgpt(box["local"], "setup", timeout=300)
     _one_line_error(proc, 1, "step 'setup (doctor)' failed: no usable GPU", "pass --cpu-ok")
     assert (venv / "bin" / "python").is_file()
@@ -99,7 +99,6 @@ def test_setup_creates_the_venv_installs_and_says_plainly_that_training_runs_on_
 
 def test_detached_training_outlives_the_client_refuses_a_second_launch_stops_and_resumes_exactly(box):
     local, remote = box["local"], box["remote"]
-    logs = remote / "case_c_crypto" / "logs"
     ref = [*STEPS, "experiment=ref"]
     client = subprocess.Popen(
         [sys.executable, "-m", "common.cli", "remote", "train", "--case", "c", *sets(ref), "--poll", "1"]

@@ -75,6 +75,10 @@ def _read(path: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
+def _ended(code: object) -> str:
+    return "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+
+
 def launch_state(case: str) -> tuple[Optional[dict], str]:
     """The case's latest launch and its state: RUNNING, COMPLETED, STOPPED (checkpoint saved),
     FAILED, LOST (its supervisor is gone without an exit code: a crash, a reboot) or NONE."""
@@ -83,9 +87,8 @@ def launch_state(case: str) -> tuple[Optional[dict], str]:
         return None, "NONE"
     end = _read(_logs(case) / f".direct_{state.get('id')}.end")
     if end is not None:
-        code = end.get("exit_code")
-        state["exit_code"] = code
-        return state, "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+        state["exit_code"] = end.get("exit_code")
+        return state, _ended(state["exit_code"])
     return state, "RUNNING" if _is_ours(state) else "LOST"
 
 
@@ -97,8 +100,7 @@ def _state_of(case: str, launch_id: str) -> str:
     end = _read(_logs(case) / f".direct_{launch_id}.end")
     if end is None:
         return "LOST"
-    code = end.get("exit_code")
-    return "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+    return _ended(end.get("exit_code"))
 
 
 def _gpu_count() -> int:
@@ -193,19 +195,21 @@ def _stop(case: str, timeout_s: float) -> int:
     if status != "RUNNING" or state is None:
         print(f"{case}: no launch is running (latest: {status.lower()})", file=sys.stderr)
         return 1
+    launch_id = state["id"]
     os.killpg(state["pgid"], signal.SIGTERM)
     print(
-        f"sent SIGTERM to launch {state['id']} (process group {state['pgid']}): it saves a checkpoint and stops",
+        f"sent SIGTERM to launch {launch_id} (process group {state['pgid']}): it saves a checkpoint and stops",
         flush=True,  # shown while the wait below goes on
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state, status = launch_state(case)
+        status = _state_of(case, launch_id)
         if status != "RUNNING":
-            print(f"launch {state and state['id']}: {status} (exit code {state and state.get('exit_code')})")
+            code = (_read(_logs(case) / f".direct_{launch_id}.end") or {}).get("exit_code")
+            print(f"launch {launch_id}: {status} (exit code {code})")
             return 0
         time.sleep(0.5)
-    print(f"launch {state['id']} still running after {timeout_s:.0f} s", file=sys.stderr)
+    print(f"launch {launch_id} still running after {timeout_s:.0f} s", file=sys.stderr)
     return 1
 
 

@@ -118,7 +118,7 @@ def load_settings(
             "or pass --host and --path"
         )
     if settings.launcher not in LAUNCHERS:
-        raise UserError(f"launcher {settings.launcher!r} in {settings_file}: use \"slurm\" or \"direct\"")
+        raise UserError(f'launcher {settings.launcher!r} in {settings_file}: use "slurm" or "direct"')
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
     return settings

@@ -51,7 +51,8 @@ class DirectRemote(Remote):
             install = f". {venv}/bin/activate && {install}"
         if self.s.install.strip():
             self.run("setup (install)", self.ssh_cmd(install), stream=True, timeout=None)
-        out = self.run("setup (doctor)", self.ssh_cmd(f"{self.python()} -m common.cli doctor 2>&1; echo doctor-exit=$?"))
+        doctor = f"{self.python()} -m common.cli doctor 2>&1; echo doctor-exit=$?"  # its report also when it exits 1
+        out = self.run("setup (doctor)", self.ssh_cmd(doctor))
         if self.dry_run:
             return
         report, _, code = out.rpartition("doctor-exit=")
@@ -68,12 +69,13 @@ class DirectRemote(Remote):
                 "pass --cpu-ok to train on the CPU on purpose",
             )
         else:
-            raise StepFailed("setup (doctor)", problem or report.strip().splitlines()[-1] if report.strip() else code)
+            last = report.strip().splitlines()[-1] if report.strip() else f"doctor exit {code.strip()}"
+            raise StepFailed("setup (doctor)", problem.removeprefix("PROBLEM: ") or last)
 
     def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
         """Start the case's training there, detached; returns the launch id and its log (repo-relative)."""
         if sbatch_args:
-            raise UserError("--sbatch-args is for launcher \"slurm\"; this host's launcher is \"direct\"")
+            raise UserError('--sbatch-args is for launcher "slurm"; this host\'s launcher is "direct"')
         case_path = case_dir(case, root=self.repo)
         script = _case_script(case_path)
         m = re.search(r"^CONFIG=(\S+)$", script.read_text(), flags=re.M)
