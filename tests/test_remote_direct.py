@@ -215,8 +215,12 @@ def test_a_launch_whose_supervisor_is_gone_or_replaced_is_lost(tmp_path, monkeyp
     for pid, ticks in [(gone.pid, 1), (os.getpid(), int(me))]:  # a dead pid; a live one, not the launcher
         (logs / ".direct.json").write_text(json.dumps({"id": "direct-1", "pid": pid, "start_ticks": ticks}))
         assert launch_state("case_x")[1] == "LOST"
-    (logs / ".direct_direct-1.end").write_text(json.dumps({"exit_code": 75}))
-    assert launch_state("case_x")[1] == "STOPPED"
+    # the trainer's 75; torchrun's own code after a stop signal; a crash
+    for end, state in [({"exit_code": 75}, "STOPPED"), ({"exit_code": 1, "stop_signal": "SIGTERM"}, "STOPPED")]:
+        (logs / ".direct_direct-1.end").write_text(json.dumps(end))
+        assert launch_state("case_x")[1] == state
+    (logs / ".direct_direct-1.end").write_text(json.dumps({"exit_code": 1, "stop_signal": None}))
+    assert launch_state("case_x")[1] == "FAILED"
 
 
 def test_bad_input_is_one_line_and_starts_nothing(box, tmp_path):

@@ -75,8 +75,12 @@ def _read(path: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def _ended(code: object) -> str:
-    return "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_STOPPED else "FAILED"
+def _ended(end: dict) -> str:
+    """A stop signal makes torchrun exit 1 rather than its ranks' 75, hence `stop_signal` too."""
+    code = end.get("exit_code")
+    if code == 0:
+        return "COMPLETED"
+    return "STOPPED" if code == EXIT_STOPPED or end.get("stop_signal") else "FAILED"
 
 
 def launch_state(case: str) -> tuple[Optional[dict], str]:
@@ -88,7 +92,7 @@ def launch_state(case: str) -> tuple[Optional[dict], str]:
     end = _read(_logs(case) / f".direct_{state.get('id')}.end")
     if end is not None:
         state["exit_code"] = end.get("exit_code")
-        return state, _ended(state["exit_code"])
+        return state, _ended(end)
     return state, "RUNNING" if _is_ours(state) else "LOST"
 
 
@@ -100,7 +104,7 @@ def _state_of(case: str, launch_id: str) -> str:
     end = _read(_logs(case) / f".direct_{launch_id}.end")
     if end is None:
         return "LOST"
-    return _ended(end.get("exit_code"))
+    return _ended(end)
 
 
 def _gpu_count() -> int:
@@ -174,7 +178,10 @@ def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
     print("command: " + " ".join(command), flush=True)
     child = subprocess.Popen(command)
 
+    received: list[str] = []
+
     def forward(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
         print(f"marketgpt: {stamp()} {signal.Signals(signum).name}: the trainer saves a checkpoint", flush=True)
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -185,7 +192,8 @@ def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
     print(f"marketgpt: {stamp()} training exited with code {code}", flush=True)
     if code == EXIT_STOPPED:
         print("marketgpt: stopped with a checkpoint; `marketgpt remote train` with the same case resumes", flush=True)
-    ended = {"exit_code": code, "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    ended = {"exit_code": code, "stop_signal": received[0] if received else None}
+    ended["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     atomic_write_json(_logs(case) / f".direct_{launch_id}.end", ended)
     return 0 if code == 0 else 1
 
