@@ -243,3 +243,40 @@ def test_bad_input_is_one_line_and_starts_nothing(box, tmp_path):
     _one_line_error(marketgpt(local, "setup"), 1, "step 'setup (venv)' failed")
     _write(box)
     _one_line_error(marketgpt(local, "stop", "--case", "c"), 1, "no launch is running")
+
+
+# stands in for the trainer: on SIGTERM it "saves" and exits 75, as common.training.trainer does
+FAKE_TRAINER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+print("waiting", "for SIGTERM", flush=True)  # (the log also shows this code: two strings)
+time.sleep(120)
+"""
+
+
+def test_sigterm_to_the_launcher_alone_reaches_the_trainer(tmp_path):
+    """A box that ends the launcher's pid only (a preempted instance, `kill PID`): it passes the
+    signal on, the trainer checkpoints and exits 75, and the launch is STOPPED."""
+    (tmp_path / "case_x" / "logs").mkdir(parents=True)
+    log = tmp_path / "out.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "common.cluster.direct_launch", "supervise", "case_x", "direct-1", "--"]
+            + [sys.executable, "-c", FAKE_TRAINER],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for(log, "waiting for SIGTERM", timeout_s=60)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 1
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    end = json.loads((tmp_path / "case_x" / "logs" / ".direct_direct-1.end").read_text())
+    assert end["exit_code"] == 75 and end["stop_signal"] == "SIGTERM"
+    assert "training exited with code 75" in log.read_text()
+    assert not _running_in(tmp_path)
