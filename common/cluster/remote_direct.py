@@ -46,7 +46,7 @@ class DirectRemote(Remote):
             base = _remote_path(self.s.python) if self.s.python else "python3"
             self.run(
                 "setup (venv)",
-                self.ssh_cmd(f"test -x {venv}/bin/python || {base} -m venv --system-site-packages {venv}"),
+                self.ssh_cmd(f"{{ test -x {venv}/bin/python || {base} -m venv --system-site-packages {venv}; }}"),
             )
             install = f". {venv}/bin/activate && {install}"
         if self.s.install.strip():
