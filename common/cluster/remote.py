@@ -308,20 +308,25 @@ class Remote:
 
     def job_state(self, job_id: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
         """(state or None when Slurm forgot the job, the log's new text since `offset`, new offset)."""
-        q = shlex.quote
         probe = (
             f"s=$(squeue -h -j {job_id} -o %T 2>/dev/null | head -1); "
             f'[ -n "$s" ] || s=$(scontrol show job -o {job_id} 2>/dev/null | '
             "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
             'echo "state=${s:-UNKNOWN}"; '
         )
+        return self.state_and_log("wait (squeue)", probe, log, offset)
+
+    def state_and_log(self, step: str, probe: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
+        """Run `probe` (it prints `state=...`) with the log's bytes from `offset`: (state, None for
+        UNKNOWN; the new text; the new offset)."""
+        q = shlex.quote
         if log:
             # the bytes from `offset` up to the size just read: the next poll starts exactly there
             probe += (
                 f'f={q(log)}; [ -f "$f" ] && n=$(wc -c < "$f") && echo "size=$n" && '
                 f'tail -c +{offset + 1} "$f" | head -c $((n - {offset})); true'
             )
-        out = self.run("wait (squeue)", self.ssh_cmd(probe))
+        out = self.run(step, self.ssh_cmd(probe))
         head, _, rest = out.partition("\n")
         state = head.removeprefix("state=").strip()
         if log and rest.startswith("size="):

@@ -51,7 +51,7 @@ class DirectRemote(Remote):
             install = f". {venv}/bin/activate && {install}"
         if self.s.install.strip():
             self.run("setup (install)", self.ssh_cmd(install), stream=True, timeout=None)
-        doctor = f"{self.python()} -m common.cli doctor 2>&1; echo doctor-exit=$?"  # its report also when it exits 1
+        doctor = f"{{ {self.python()} -m common.cli doctor 2>&1; echo doctor-exit=$?; }}"  # the report also on exit 1
         out = self.run("setup (doctor)", self.ssh_cmd(doctor))
         if self.dry_run:
             return
@@ -104,21 +104,7 @@ class DirectRemote(Remote):
 
     def job_state(self, job_id: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
         case = Path(log).parts[0] if log else "case_*"
-        probe = self._launcher("state", case, job_id) + "; "
-        if log:
-            q = shlex.quote
-            probe += (
-                f'f={q(log)}; [ -f "$f" ] && n=$(wc -c < "$f") && echo "size=$n" && '
-                f'tail -c +{offset + 1} "$f" | head -c $((n - {offset})); true'
-            )
-        out = self.run("wait (launch state)", self.ssh_cmd(probe))
-        head, _, rest = out.partition("\n")
-        state = head.removeprefix("state=").strip()
-        if log and rest.startswith("size="):
-            size_line, _, text = rest.partition("\n")
-            size = int(size_line.removeprefix("size=").strip() or offset)
-            return state, text, max(size, offset)
-        return state, "", offset
+        return self.state_and_log("wait (launch state)", self._launcher("state", case, job_id) + "; ", log, offset)
 
     def run_of_job(self, job_id: str) -> str:
         """The run folder whose training_log.json records the launch's log file."""
