@@ -22,7 +22,6 @@ the same `start` continues the run (--resume auto). Only the standard library is
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -108,10 +107,14 @@ def _state_of(case: str, launch_id: str) -> str:
 
 
 def _gpu_count() -> int:
-    """GPUs torch can use on this box (0 without CUDA): counted, never assumed."""
-    import torch  # lazy: only `start` needs it
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """GPUs torch can use on this box (0 without CUDA): counted, never assumed. In a child
+    process: this module stays free of torch, so each state poll starts fast."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        raise SystemExit(f"cannot count the GPUs here: `{sys.executable} -c {probe!r}` failed: {tail[0]}")
+    return int(out.stdout.split()[-1])
 
 
 def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> int:
@@ -244,44 +247,36 @@ def _follow(log: str, lines: int, follow: bool) -> int:
     return 1  # not reached
 
 
+USAGE = """usage: python -m common.cluster.direct_launch ACTION ... (run by `marketgpt remote` over ssh)
+  start CASE CONFIG LOG_PREFIX -- TRAIN_ARGS...   start training detached; prints the launch as JSON
+  supervise CASE ID -- COMMAND...                 (what `start` runs in its own session)
+  state CASE ID                                   state=RUNNING|COMPLETED|STOPPED|FAILED|LOST
+  status [CASE...]                                one line per case's latest launch
+  stop CASE TIMEOUT_S                             SIGTERM to the running launch; wait until it ended
+  follow LOG LINES [-f]                           tail the log (-f: until the launch writing it ends)"""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.cluster.direct_launch")
-    sub = p.add_subparsers(dest="action", required=True)
-    a = sub.add_parser("start")
-    a.add_argument("case")
-    a.add_argument("config")
-    a.add_argument("prefix")
-    a.add_argument("train_args", nargs=argparse.REMAINDER)
-    a = sub.add_parser("supervise")
-    a.add_argument("case")
-    a.add_argument("launch_id")
-    a.add_argument("command", nargs=argparse.REMAINDER)
-    a = sub.add_parser("state")
-    a.add_argument("case")
-    a.add_argument("launch_id")
-    a = sub.add_parser("status")
-    a.add_argument("cases", nargs="*")
-    a = sub.add_parser("stop")
-    a.add_argument("case")
-    a.add_argument("--timeout", type=float, default=600.0)
-    a = sub.add_parser("follow")
-    a.add_argument("log")
-    a.add_argument("-n", "--lines", type=int, default=50)
-    a.add_argument("-f", "--follow", action="store_true")
-    args = p.parse_args(argv)
-    rest = lambda xs: list(xs[1:] if xs[:1] == ["--"] else xs)  # noqa: E731
-    if args.action == "start":
-        return _start(args.case, args.config, args.prefix, rest(args.train_args))
-    if args.action == "supervise":
-        return _supervise(args.case, args.launch_id, rest(args.command))
-    if args.action == "state":
-        print(f"state={_state_of(args.case, args.launch_id)}")
+    """Positional arguments only: the caller is remote_direct.py, not a person (no argparse here)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    action, rest = (args[0], args[1:]) if args else ("", [])
+    cut = rest.index("--") if "--" in rest else len(rest)
+    head, tail = rest[:cut], rest[cut + 1 :]
+    if action == "start" and len(head) == 3:
+        return _start(head[0], head[1], head[2], tail)
+    if action == "supervise" and len(head) == 2 and tail:
+        return _supervise(head[0], head[1], tail)
+    if action == "state" and len(head) == 2:
+        print(f"state={_state_of(head[0], head[1])}")
         return 0
-    if args.action == "status":
-        return _status(args.cases or sorted(str(p) for p in Path(".").glob("case_*") if p.is_dir()))
-    if args.action == "stop":
-        return _stop(args.case, args.timeout)
-    return _follow(args.log, args.lines, args.follow)
+    if action == "status":
+        return _status(head or sorted(str(p) for p in Path(".").glob("case_*") if p.is_dir()))
+    if action == "stop" and len(head) == 2:
+        return _stop(head[0], float(head[1]))
+    if action == "follow" and len(head) in (2, 3) and head[2:] in ([], ["-f"]):
+        return _follow(head[0], int(head[1]), follow=head[2:] == ["-f"])
+    print(USAGE, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def load_settings(
     return settings
 
 
-def _remote_path(path: str) -> str:
+def remote_path(path: str) -> str:
     """The path quoted for the remote shell; a leading ~/ stays the remote user's home."""
     if path == "~":
         return '"$HOME"'
@@ -169,12 +169,12 @@ class Remote:
         """The remote shell line: the env line, then `command` in the repo folder."""
         parts = []
         if in_repo:
-            parts.append(f"cd {_remote_path(self.path)}")
+            parts.append(f"cd {remote_path(self.path)}")
         if self.s.env:
             parts.append(self.s.env)
         python = self.s.remote_python()
         if python:
-            parts.append(f"export MARKETGPT_PYTHON={_remote_path(python)}")
+            parts.append(f"export MARKETGPT_PYTHON={remote_path(python)}")
         parts.append(command)
         return " && ".join(parts)
 
@@ -219,7 +219,7 @@ class Remote:
 
     def check_repo(self) -> None:
         """The remote folder holds a MarketGPT repo (else: run `remote sync` first)."""
-        probe = f"test -f {_remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
+        probe = f"test -f {remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
         answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
         if answer.strip() == "no-repo":
             raise StepFailed(
@@ -229,7 +229,7 @@ class Remote:
             )
 
     def sync(self) -> None:
-        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.path)}", in_repo=False))
+        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {remote_path(self.path)}", in_repo=False))
         cmd = [
             "rsync",
             "-az",
@@ -258,14 +258,14 @@ class Remote:
     def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
         """sbatch the case's script there; returns the job id and its log file (relative to the repo)."""
         case_path = case_dir(case, root=self.repo)
-        script = _case_script(case_path)
+        script = case_script(case_path)
         rel = f"{case_path.name}/slurm_scripts/{script.name}"
         sets = [a for kv in overrides for a in ("--set", kv)]
         command = shlex.join(["sbatch", "--parsable", *shlex.split(sbatch_args), rel, *sets])
         if not self.dry_run:
             self.check_repo()
         answer = self.run("submit (sbatch)", self.ssh_cmd(command))
-        log = f"{case_path.name}/logs/{_log_prefix(script)}_{{}}.out"
+        log = f"{case_path.name}/logs/{log_prefix(script)}_{{}}.out"
         if self.dry_run:
             return "JOBID", log.format("JOBID")
         job_id = answer.strip().splitlines()[-1].split(";")[0] if answer.strip() else ""
@@ -455,14 +455,14 @@ def case_glob(case: Optional[str], repo: Path) -> str:
     return case_dir(case, root=repo).name
 
 
-def _case_script(case_path: Path) -> Path:
+def case_script(case_path: Path) -> Path:
     scripts = sorted((case_path / "slurm_scripts").glob("*.sh"))
     if len(scripts) != 1:
         raise UserError(f"{case_path / 'slurm_scripts'}: expected one sbatch script, found {len(scripts)}")
     return scripts[0]
 
 
-def _log_prefix(script: Path) -> str:
+def log_prefix(script: Path) -> str:
     m = re.search(r"^LOG_PREFIX=(\S+)$", script.read_text(), flags=re.M)
     return m.group(1) if m else "*"
 

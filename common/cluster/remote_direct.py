@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Optional, Sequence
 
-from common.cluster.remote import Remote, StepFailed, _case_script, _log_prefix, _remote_path, case_glob
+from common.cluster.remote import Remote, StepFailed, case_glob, case_script, log_prefix, remote_path
 from common.errors import UserError
 from common.paths import case_dir
 
@@ -41,9 +41,9 @@ class DirectRemote(Remote):
         self.sync()
         install = self.s.install
         if self.s.venv:
-            venv = _remote_path(self.s.venv)
+            venv = remote_path(self.s.venv)
             # --system-site-packages: a rented image's own CUDA torch is used, not downloaded again
-            base = _remote_path(self.s.python) if self.s.python else "python3"
+            base = remote_path(self.s.python) if self.s.python else "python3"
             self.run(
                 "setup (venv)",
                 self.ssh_cmd(f"{{ test -x {venv}/bin/python || {base} -m venv --system-site-packages {venv}; }}"),
@@ -77,7 +77,7 @@ class DirectRemote(Remote):
         if sbatch_args:
             raise UserError('--sbatch-args is for launcher "slurm"; this host\'s launcher is "direct"')
         case_path = case_dir(case, root=self.repo)
-        script = _case_script(case_path)
+        script = case_script(case_path)
         m = re.search(r"^CONFIG=(\S+)$", script.read_text(), flags=re.M)
         if not m:
             raise UserError(f"{script}: no CONFIG= line naming the case's config")
@@ -85,10 +85,10 @@ class DirectRemote(Remote):
         sets = [a for kv in overrides for a in ("--set", kv)]
         if not self.dry_run:
             self.check_repo()
-        command = self._launcher("start", case_path.name, config, _log_prefix(script), "--", *sets)
+        command = self._launcher("start", case_path.name, config, log_prefix(script), "--", *sets)
         answer = self.run("launch", self.ssh_cmd(command))
         if self.dry_run:
-            return "direct-ID", f"{case_path.name}/logs/{_log_prefix(script)}_direct-ID.out"
+            return "direct-ID", f"{case_path.name}/logs/{log_prefix(script)}_direct-ID.out"
         *notes, last = answer.strip().splitlines() or [""]
         try:
             launched = json.loads(last)
@@ -132,7 +132,7 @@ class DirectRemote(Remote):
     def logs(self, job_id: str, follow: bool, lines: int = 50) -> None:
         """The launch's log; with `follow`, until the training writing it ends."""
         path = self.log_path(job_id)
-        command = self._launcher("follow", path, "-n", str(int(lines)), *(["-f"] if follow else []))
+        command = self._launcher("follow", path, str(int(lines)), *(["-f"] if follow else []))
         self.run("logs", self.ssh_cmd(command), stream=True, timeout=None)
 
     def stop(self, case: str, timeout_s: float) -> None:
@@ -140,5 +140,5 @@ class DirectRemote(Remote):
         name = case_dir(case, root=self.repo).name
         if not self.dry_run:
             self.check_repo()
-        command = self._launcher("stop", name, "--timeout", str(timeout_s))
+        command = self._launcher("stop", name, str(timeout_s))
         self.run("stop", self.ssh_cmd(command), stream=True, timeout=timeout_s + 60)
