@@ -1,5 +1,6 @@
 """`marketgpt remote`: the ssh and rsync steps that sync, submit, follow and fetch a cluster run
-from a workstation (the actions built from several steps are in common.cluster.remote_commands).
+from a workstation (the actions built from several steps are in common.cluster.remote_commands;
+a box without Slurm, `"launcher": "direct"`, in common.cluster.remote_direct).
 
 Settings come from `remote.json` in the local repo (git-ignored; remote.example.json shows
 every key) or from flags: the host (anything `ssh` accepts, e.g. a ~/.ssh/config alias), the
