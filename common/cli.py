@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from common.cluster.remote import Remote, StepFailed, load_settings
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
+from common.cluster.remote_direct import DirectRemote
 from common.cluster.status import status_json, status_table
 from common.config import Config, at_interval, load_config
 from common.distributed.requeue import EXIT_REQUEUE
@@ -307,7 +308,28 @@ def _remote(args: argparse.Namespace) -> Remote:
     """The remote repo that remote.json and the --host/--path/--python/--env flags name."""
     repo = args.repo.resolve()
     settings = load_settings(repo, host=args.host, path=args.path, python=args.python, env=args.env)
-    return Remote(settings, repo, dry_run=args.dry_run)
+    kind = DirectRemote if settings.launcher == "direct" else Remote
+    return kind(settings, repo, dry_run=args.dry_run)
+
+
+def _direct_remote(args: argparse.Namespace) -> DirectRemote:
+    remote = _remote(args)
+    if not isinstance(remote, DirectRemote):
+        raise UserError(
+            f'`remote {args.remote_command}` is for "launcher": "direct" (a box without Slurm); '
+            "on a Slurm cluster use `marketgpt remote submit` and scancel there"
+        )
+    return remote
+
+
+def _cmd_remote_setup(args: argparse.Namespace) -> int:
+    _direct_remote(args).setup(cpu_ok=args.cpu_ok)
+    return 0
+
+
+def _cmd_remote_stop(args: argparse.Namespace) -> int:
+    _direct_remote(args).stop(args.case, timeout_s=args.timeout)
+    return 0
 
 
 def _cmd_remote_sync(args: argparse.Namespace) -> int:
@@ -721,6 +743,18 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch runs back (settings: remote.json; docs/remote.md)",
     )
     actions = p.add_subparsers(dest="remote_command", required=True, metavar="ACTION")
+    a = _add_remote_action(
+        actions,
+        "setup",
+        "launcher direct: sync, create the venv there, install, run `marketgpt doctor` there",
+        _cmd_remote_setup,
+    )
+    a.add_argument("--cpu-ok", action="store_true", help="a box without a GPU is fine: train on its CPU")
+    a = _add_remote_action(
+        actions, "stop", "launcher direct: SIGTERM to the training there (it checkpoints first)", _cmd_remote_stop
+    )
+    a.add_argument("--case", required=True, help="case folder or name: case_c_crypto, c")
+    a.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wait up to S seconds for it to stop")
     _add_remote_action(
         actions,
         "sync",

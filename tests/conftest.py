@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ci_helpers import unavailable
+from ssh_helpers import sshd, workstation  # noqa: F401 (fixtures of the remote tests)
 
 # A shared 2-core CI box: no per-example deadline, fewer examples than hypothesis' default.
 settings.register_profile("ci", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,104 +25,8 @@ import torch
 
 from common.training.checkpoint import save_checkpoint
 
-from ci_helpers import unavailable
-from slurm_helpers import REPO, TINY, copy_repo
-
-SSHD = Path("/usr/sbin/sshd")
-ALIAS = "loginnode"
-
-
-def _free_port() -> int:
-    # a subprocess: pytest-socket blocks sockets in the test process itself
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return int(out.stdout)
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory) -> dict:
-    if not SSHD.is_file() or not all(shutil.which(tool) for tool in ("ssh", "ssh-keygen", "rsync")):
-        unavailable("needs Debian's openssh-server, openssh-client and rsync (.ci/run installs them)")
-    d = tmp_path_factory.mktemp("sshd")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True, timeout=60)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user_key")], check=True, timeout=60)
-    shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation folder
-    port = _free_port()
-    (d / "sshd_config").write_text(f"""Port {port}
-ListenAddress 127.0.0.1
-HostKey {d / "host_key"}
-PidFile {d / "sshd.pid"}
-AuthorizedKeysFile {d / "authorized_keys"}
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-""")
-    host_pub = (d / "host_key.pub").read_text().split()
-    (d / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
-    (d / "ssh_config").write_text(f"""Host {ALIAS}
-    HostName 127.0.0.1
-    Port {port}
-    User root
-    IdentityFile {d / "user_key"}
-    IdentitiesOnly yes
-    UserKnownHostsFile {d / "known_hosts"}
-    StrictHostKeyChecking yes
-""")
-    proc = subprocess.Popen(
-        [str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
-        stdout=subprocess.DEVNULL,
-        stderr=open(d / "sshd.log", "w"),
-    )
-    ssh = ["ssh", "-F", str(d / "ssh_config"), "-o", "BatchMode=yes", ALIAS, "true"]
-    deadline = time.monotonic() + 30
-    while subprocess.run(ssh, capture_output=True, timeout=30).returncode != 0:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"sshd did not come up: {(d / 'sshd.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    yield {"dir": d, "port": port, "ssh_options": f"-F {d / 'ssh_config'}"}
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
-@pytest.fixture
-def workstation(sshd, tmp_path) -> dict:
-    """A local repo copy with remote.json pointing at an empty remote folder behind the sshd."""
-    local = copy_repo(tmp_path / "laptop")
-    remote = tmp_path / "cluster" / "marketgpt"
-    settings = {
-        "host": ALIAS,
-        "path": str(remote),
-        "python": sys.executable,
-        "env": "export OMP_NUM_THREADS=1",
-        "ssh_options": sshd["ssh_options"],
-    }
-    (local / "remote.json").write_text(json.dumps(settings))
-    return {"local": local, "remote": remote, "settings": settings}
-
-
-def marketgpt(local: Path, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "common.cli", "remote", *args, "--repo", str(local)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        **kw,
-    )
+from slurm_helpers import REPO, TINY
+from ssh_helpers import ALIAS, free_port, marketgpt
 
 
 def _fake_run(remote: Path, name: str = "exp_20240101_000000", big_bytes: int = 0) -> Path:
@@ -273,7 +176,7 @@ def test_an_unreachable_host_fails_in_seconds_naming_the_step(workstation, reque
     local = workstation["local"]
     # a port nothing listens on (refused at once), or a server that never answers (ConnectTimeout);
     # only 127.0.0.1: a test sends no packet off this machine (test_loopback_only.py)
-    port = _free_port() if where == "closed port" else request.getfixturevalue("silent_port")
+    port = free_port() if where == "closed port" else request.getfixturevalue("silent_port")
     host, says = "root@127.0.0.1", ("Connection refused" if where == "closed port" else "timed out")
     (local / "remote.json").write_text(
         json.dumps({**workstation["settings"], "host": host, "ssh_options": f"-p {port}", "connect_timeout_s": 3})

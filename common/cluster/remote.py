@@ -1,5 +1,6 @@
 """`marketgpt remote`: the ssh and rsync steps that sync, submit, follow and fetch a cluster run
-from a workstation (the actions built from several steps are in common.cluster.remote_commands).
+from a workstation (the actions built from several steps are in common.cluster.remote_commands;
+a box without Slurm, `"launcher": "direct"`, in common.cluster.remote_direct).
 
 Settings come from `remote.json` in the local repo (git-ignored; remote.example.json shows
 every key) or from flags: the host (anything `ssh` accepts, e.g. a ~/.ssh/config alias), the
@@ -58,6 +59,7 @@ ENDED_STATES = frozenset(
 )
 _SSH_CALL_TIMEOUT_S = 120  # one short remote command (status, squeue, a listing)
 _POLL_RETRIES = 5  # ssh failures in a row a wait survives (a network blip, a login node restart)
+LAUNCHERS = ("slurm", "direct")  # sbatch on a login node; or a box without Slurm (common.cluster.remote_direct)
 
 
 class StepFailed(Exception):
@@ -77,6 +79,13 @@ class RemoteSettings:
     ssh_options: str = ""  # extra ssh arguments, e.g. "-p 2222 -i ~/.ssh/id_cluster"
     rsync_options: str = ""  # extra rsync arguments, e.g. "--bwlimit=5m"
     connect_timeout_s: int = 10  # an unreachable host fails after this long
+    launcher: str = "slurm"  # "slurm": sbatch there; "direct": train on the box itself (remote_direct.py)
+    venv: Optional[str] = None  # direct: the venv `remote setup` creates there; then its python runs everything
+    install: str = "pip install -r requirements_gpu.txt && pip install -e ."  # direct: `remote setup`'s install line
+
+    def remote_python(self) -> Optional[str]:
+        """The python commands run with there: the venv's, else `python` (None: python3 on the PATH)."""
+        return f"{self.venv.rstrip('/')}/bin/python" if self.venv else self.python
 
 
 def load_settings(
@@ -109,12 +118,14 @@ def load_settings(
             f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
             "or pass --host and --path"
         )
+    if settings.launcher not in LAUNCHERS:
+        raise UserError(f'launcher {settings.launcher!r} in {settings_file}: use "slurm" or "direct"')
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
     return settings
 
 
-def _remote_path(path: str) -> str:
+def remote_path(path: str) -> str:
     """The path quoted for the remote shell; a leading ~/ stays the remote user's home."""
     if path == "~":
         return '"$HOME"'
@@ -125,6 +136,8 @@ def _remote_path(path: str) -> str:
 
 class Remote:
     """The ssh and rsync commands for one remote repo; dry_run prints them instead."""
+
+    ended_states = ENDED_STATES
 
     def __init__(
         self, settings: RemoteSettings, repo: Path, dry_run: bool = False, out: Callable[[str], None] = print
@@ -157,11 +170,12 @@ class Remote:
         """The remote shell line: the env line, then `command` in the repo folder."""
         parts = []
         if in_repo:
-            parts.append(f"cd {_remote_path(self.path)}")
+            parts.append(f"cd {remote_path(self.path)}")
         if self.s.env:
             parts.append(self.s.env)
-        if self.s.python:
-            parts.append(f"export MARKETGPT_PYTHON={shlex.quote(self.s.python)}")
+        python = self.s.remote_python()
+        if python:
+            parts.append(f"export MARKETGPT_PYTHON={remote_path(python)}")
         parts.append(command)
         return " && ".join(parts)
 
@@ -206,7 +220,7 @@ class Remote:
 
     def check_repo(self) -> None:
         """The remote folder holds a MarketGPT repo (else: run `remote sync` first)."""
-        probe = f"test -f {_remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
+        probe = f"test -f {remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
         answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
         if answer.strip() == "no-repo":
             raise StepFailed(
@@ -216,7 +230,7 @@ class Remote:
             )
 
     def sync(self) -> None:
-        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {_remote_path(self.path)}", in_repo=False))
+        self.run("sync (mkdir)", self.ssh_cmd(f"mkdir -p {remote_path(self.path)}", in_repo=False))
         cmd = [
             "rsync",
             "-az",
@@ -245,14 +259,14 @@ class Remote:
     def submit(self, case: str, overrides: Sequence[str], sbatch_args: str = "") -> tuple[str, str]:
         """sbatch the case's script there; returns the job id and its log file (relative to the repo)."""
         case_path = case_dir(case, root=self.repo)
-        script = _case_script(case_path)
+        script = case_script(case_path)
         rel = f"{case_path.name}/slurm_scripts/{script.name}"
         sets = [a for kv in overrides for a in ("--set", kv)]
         command = shlex.join(["sbatch", "--parsable", *shlex.split(sbatch_args), rel, *sets])
         if not self.dry_run:
             self.check_repo()
         answer = self.run("submit (sbatch)", self.ssh_cmd(command))
-        log = f"{case_path.name}/logs/{_log_prefix(script)}_{{}}.out"
+        log = f"{case_path.name}/logs/{log_prefix(script)}_{{}}.out"
         if self.dry_run:
             return "JOBID", log.format("JOBID")
         job_id = answer.strip().splitlines()[-1].split(";")[0] if answer.strip() else ""
@@ -272,8 +286,8 @@ class Remote:
 
     def log_path(self, job_id: str) -> str:
         """The job's .out file under <case>/logs/ there."""
-        if not job_id.isdigit():
-            raise UserError(f"job id {job_id!r}: expected a number such as 12345")
+        if not re.fullmatch(r"\d+|direct-\d{8}-\d{6}", job_id):
+            raise UserError(f"job id {job_id!r}: expected a number such as 12345, or direct-YYYYMMDD-HHMMSS")
         found = self.run("find the job's log", self.ssh_cmd(f"ls -1 case_*/logs/*_{job_id}.out 2>/dev/null; true"))
         if self.dry_run:
             return f"case_*/logs/*_{job_id}.out"
@@ -295,20 +309,25 @@ class Remote:
 
     def job_state(self, job_id: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
         """(state or None when Slurm forgot the job, the log's new text since `offset`, new offset)."""
-        q = shlex.quote
         probe = (
             f"s=$(squeue -h -j {job_id} -o %T 2>/dev/null | head -1); "
             f'[ -n "$s" ] || s=$(scontrol show job -o {job_id} 2>/dev/null | '
             "sed -n 's/.*JobState=\\([A-Z_]*\\).*/\\1/p'); "
             'echo "state=${s:-UNKNOWN}"; '
         )
+        return self.state_and_log("wait (squeue)", probe, log, offset)
+
+    def state_and_log(self, step: str, probe: str, log: Optional[str], offset: int) -> tuple[Optional[str], str, int]:
+        """Run `probe` (it prints `state=...`) with the log's bytes from `offset`: (state, None for
+        UNKNOWN; the new text; the new offset)."""
+        q = shlex.quote
         if log:
             # the bytes from `offset` up to the size just read: the next poll starts exactly there
             probe += (
                 f'f={q(log)}; [ -f "$f" ] && n=$(wc -c < "$f") && echo "size=$n" && '
                 f'tail -c +{offset + 1} "$f" | head -c $((n - {offset})); true'
             )
-        out = self.run("wait (squeue)", self.ssh_cmd(probe))
+        out = self.run(step, self.ssh_cmd(probe))
         head, _, rest = out.partition("\n")
         state = head.removeprefix("state=").strip()
         if log and rest.startswith("size="):
@@ -338,7 +357,7 @@ class Remote:
             if state != last_state and state is not None:
                 self.out(f"[job {job_id}: {state}]")
                 last_state = state
-            if state is None or state in ENDED_STATES:
+            if state is None or state in self.ended_states:
                 return state
             if deadline is not None and time.monotonic() > deadline:
                 raise StepFailed(
@@ -437,14 +456,14 @@ def case_glob(case: Optional[str], repo: Path) -> str:
     return case_dir(case, root=repo).name
 
 
-def _case_script(case_path: Path) -> Path:
+def case_script(case_path: Path) -> Path:
     scripts = sorted((case_path / "slurm_scripts").glob("*.sh"))
     if len(scripts) != 1:
         raise UserError(f"{case_path / 'slurm_scripts'}: expected one sbatch script, found {len(scripts)}")
     return scripts[0]
 
 
-def _log_prefix(script: Path) -> str:
+def log_prefix(script: Path) -> str:
     m = re.search(r"^LOG_PREFIX=(\S+)$", script.read_text(), flags=re.M)
     return m.group(1) if m else "*"
 

@@ -51,8 +51,8 @@ def train_remote(
     job_id, log = remote.submit(case, overrides, sbatch_args)
     if remote.dry_run:
         remote.out(
-            f"(then poll `squeue -j {job_id}` and print {log} as it grows, until the job ends; "
-            "then fetch its run folder)"
+            f"(then poll the job's state (squeue, or the direct launcher's state file) and print {log} "
+            "as it grows, until the job ends; then fetch its run folder)"
         )
         remote.fetch(remote.run_of_job(job_id), all_checkpoints)
         return
@@ -61,6 +61,8 @@ def train_remote(
     local = remote.fetch(run_rel, all_checkpoints)
     print(f"Fetched and checked {local}")
     print_results(local)
+    if state == "STOPPED":  # launcher direct: SIGTERM (`remote stop`, a preempted box) after a checkpoint
+        raise StepFailed("wait", f"{job_id} stopped with a checkpoint; the same `marketgpt remote train` resumes it")
     if state not in (None, "COMPLETED"):
         raise StepFailed("wait", f"job {job_id} ended {state}; see {log} there (`marketgpt remote logs {job_id}`)")
 

@@ -1,0 +1,283 @@
+"""The remote side of `marketgpt remote` with launcher "direct": training on a box without Slurm.
+
+`marketgpt remote train` runs `python -m common.cluster.direct_launch start ...` there over ssh.
+It starts a supervisor in a session of its own (setsid, stdin from /dev/null), so training
+survives the ssh connection closing, and returns at once. The supervisor runs
+`marketgpt train --resume auto` as one plain process (no GPU) or under torchrun, one process
+per GPU that torch sees there, appends everything to case_X/logs/<LOG_PREFIX>_<ID>.out (ID:
+direct-YYYYMMDD-HHMMSS) and writes the exit code beside it when training ends.
+
+Files in case_X/logs/:
+  .direct.json          the case's latest launch: id, pid (= process group), the pid's start
+                        time in /proc ticks, command, host, log, GPUs
+  .direct_<ID>.end      {"exit_code": N, "ended": ...} once the supervisor saw training end
+
+A launch is running while its pid is alive with the recorded start time and a command line of
+this module: a pid file left by a crashed launcher, or a pid the kernel gave to another
+program since, is stale and is not trusted. SIGTERM to the process group (`stop`) reaches
+every rank: the trainer saves a checkpoint and exits 75 (common/distributed/requeue.py), and
+the same `start` continues the run (--resume auto). Only the standard library is imported
+(torch only to count GPUs), so each status poll starts fast.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from common.atomic import atomic_write_json
+
+__all__ = ["EXIT_STOPPED", "launch_state", "main"]
+
+STATE_FILE = ".direct.json"
+EXIT_STOPPED = 75  # the trainer's EXIT_REQUEUE: saved a checkpoint on SIGTERM and stopped
+EXIT_REFUSED = 3  # `start` while a launch of the case runs
+
+
+def _logs(case: str) -> Path:
+    return Path(case) / "logs"
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command's closing ")"
+
+
+def _is_ours(state: dict) -> bool:
+    """The launch's supervisor is alive: the same pid, started at the same tick, running this module."""
+    pid = state.get("pid")
+    if not isinstance(pid, int) or _start_ticks(pid) != state.get("start_ticks"):
+        return False
+    try:
+        return b"common.cluster.direct_launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _ended(end: dict) -> str:
+    """A stop signal makes torchrun exit 1 rather than its ranks' 75, hence `stop_signal` too."""
+    code = end.get("exit_code")
+    if code == 0:
+        return "COMPLETED"
+    return "STOPPED" if code == EXIT_STOPPED or end.get("stop_signal") else "FAILED"
+
+
+def launch_state(case: str) -> tuple[Optional[dict], str]:
+    """The case's latest launch and its state: RUNNING, COMPLETED, STOPPED (checkpoint saved),
+    FAILED, LOST (its supervisor is gone without an exit code: a crash, a reboot) or NONE."""
+    state = _read(_logs(case) / STATE_FILE)
+    if state is None:
+        return None, "NONE"
+    end = _read(_logs(case) / f".direct_{state.get('id')}.end")
+    if end is not None:
+        state["exit_code"] = end.get("exit_code")
+        return state, _ended(end)
+    return state, "RUNNING" if _is_ours(state) else "LOST"
+
+
+def _state_of(case: str, launch_id: str) -> str:
+    """The state of one launch, also once a newer launch of the case has replaced it."""
+    state, status = launch_state(case)
+    if state is not None and state.get("id") == launch_id:
+        return status
+    end = _read(_logs(case) / f".direct_{launch_id}.end")
+    if end is None:
+        return "LOST"
+    return _ended(end)
+
+
+def _gpu_count() -> int:
+    """GPUs torch can use on this box (0 without CUDA): counted, never assumed. In a child
+    process: this module stays free of torch, so each state poll starts fast."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        raise SystemExit(f"cannot count the GPUs here: `{sys.executable} -c {probe!r}` failed: {tail[0]}")
+    return int(out.stdout.split()[-1])
+
+
+def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> int:
+    logs = _logs(case)
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / ".direct.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two launches at once: the second sees the first
+        state, status = launch_state(case)
+        if status == "RUNNING":
+            assert state is not None
+            print(
+                f"{case}: launch {state['id']} (pid {state['pid']}, started {state['started']}) is still "
+                f"training; follow it (marketgpt remote logs {state['id']} -f) or stop it (marketgpt remote stop)",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        if status == "LOST" and state is not None:
+            print(
+                f"stale {logs / STATE_FILE}: launch {state.get('id')} (pid {state.get('pid')}) is gone without "
+                "an exit code (crashed or rebooted); not trusted, launching anyway"
+            )
+        gpus = _gpu_count()
+        train = [sys.executable, "-m", "common.cli", "train", "--config", config, "--resume", "auto", *train_args]
+        if gpus:
+            dist = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+            command = [*dist, "-m", *train[2:], "--num-gpus", str(gpus)]
+        else:
+            command = train
+            print("no GPU here: training runs as one process on the CPU")
+        launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
+        while (logs / f"{prefix}_{launch_id}.out").exists():  # two launches in one second
+            time.sleep(1.0)
+            launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
+        log = logs / f"{prefix}_{launch_id}.out"
+        with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "common.cluster.direct_launch", "supervise", case, launch_id, "--", *command],
+                stdin=devnull,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session and process group: ssh closing does not reach it
+                env={**os.environ, "MARKETGPT_LOG_FILE": str(log.resolve()), "PYTHONUNBUFFERED": "1"},
+            )
+        state = {
+            "id": launch_id,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_ticks": _start_ticks(proc.pid),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "host": socket.gethostname(),
+            "gpus": gpus,
+            "command": command,
+            "log": str(log),
+        }
+        atomic_write_json(logs / STATE_FILE, state)
+    print(json.dumps({"id": launch_id, "log": str(log), "pid": proc.pid, "gpus": gpus}))
+    return 0
+
+
+def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
+    """Run training, pass a stop signal on to it, record its exit code."""
+    stamp = lambda: time.strftime("%F %T")  # noqa: E731
+    print(f"===== {stamp()} launch {launch_id} on {socket.gethostname()} =====", flush=True)
+    print("command: " + " ".join(command), flush=True)
+    child = subprocess.Popen(command)
+
+    received: list[str] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        print(f"marketgpt: {stamp()} {signal.Signals(signum).name}: the trainer saves a checkpoint", flush=True)
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    print(f"marketgpt: {stamp()} training exited with code {code}", flush=True)
+    if code == EXIT_STOPPED:
+        print("marketgpt: stopped with a checkpoint; `marketgpt remote train` with the same case resumes", flush=True)
+    ended = {"exit_code": code, "stop_signal": received[0] if received else None}
+    ended["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    atomic_write_json(_logs(case) / f".direct_{launch_id}.end", ended)
+    return 0 if code == 0 else 1
+
+
+def _stop(case: str, timeout_s: float) -> int:
+    state, status = launch_state(case)
+    if status != "RUNNING" or state is None:
+        print(f"{case}: no launch is running (latest: {status.lower()})", file=sys.stderr)
+        return 1
+    launch_id = state["id"]
+    os.killpg(state["pgid"], signal.SIGTERM)
+    print(
+        f"sent SIGTERM to launch {launch_id} (process group {state['pgid']}): it saves a checkpoint and stops",
+        flush=True,  # shown while the wait below goes on
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = _state_of(case, launch_id)
+        if status != "RUNNING":
+            code = (_read(_logs(case) / f".direct_{launch_id}.end") or {}).get("exit_code")
+            print(f"launch {launch_id}: {status} (exit code {code})")
+            return 0
+        time.sleep(0.5)
+    print(f"launch {launch_id} still running after {timeout_s:.0f} s", file=sys.stderr)
+    return 1
+
+
+def _status(cases: Sequence[str]) -> int:
+    for case in cases:
+        state, status = launch_state(case)
+        if state is not None:
+            code = f", exit code {state['exit_code']}" if "exit_code" in state else ""
+            print(
+                f"{case}: launch {state['id']} {status} (pid {state['pid']}, {state['gpus']} GPU(s), started "
+                f"{state['started']}{code}); log {state['log']}"
+            )
+    return 0
+
+
+def _follow(log: str, lines: int, follow: bool) -> int:
+    """`tail` the log; with `follow`, until the launch writing it ends (tail --pid)."""
+    case = Path(log).parts[0]
+    state, status = launch_state(case)
+    cmd = ["tail", "-n", str(lines)]
+    if follow and state is not None and status == "RUNNING" and Path(state["log"]) == Path(log):
+        cmd += ["-f", f"--pid={state['pid']}"]
+    os.execvp("tail", [*cmd, log])
+    return 1  # not reached
+
+
+USAGE = """usage: python -m common.cluster.direct_launch ACTION ... (run by `marketgpt remote` over ssh)
+  start CASE CONFIG LOG_PREFIX -- TRAIN_ARGS...   start training detached; prints the launch as JSON
+  supervise CASE ID -- COMMAND...                 (what `start` runs in its own session)
+  state CASE ID                                   state=RUNNING|COMPLETED|STOPPED|FAILED|LOST
+  status [CASE...]                                one line per case's latest launch
+  stop CASE TIMEOUT_S                             SIGTERM to the running launch; wait until it ended
+  follow LOG LINES [-f]                           tail the log (-f: until the launch writing it ends)"""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Positional arguments only: the caller is remote_direct.py, not a person (no argparse here)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    action, rest = (args[0], args[1:]) if args else ("", [])
+    cut = rest.index("--") if "--" in rest else len(rest)
+    head, tail = rest[:cut], rest[cut + 1 :]
+    if action == "start" and len(head) == 3:
+        return _start(head[0], head[1], head[2], tail)
+    if action == "supervise" and len(head) == 2 and tail:
+        return _supervise(head[0], head[1], tail)
+    if action == "state" and len(head) == 2:
+        print(f"state={_state_of(head[0], head[1])}")
+        return 0
+    if action == "status":
+        return _status(head or sorted(str(p) for p in Path(".").glob("case_*") if p.is_dir()))
+    if action == "stop" and len(head) == 2:
+        return _stop(head[0], float(head[1]))
+    if action == "follow" and len(head) in (2, 3) and head[2:] in ([], ["-f"]):
+        return _follow(head[0], int(head[1]), follow=head[2:] == ["-f"])
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
