@@ -343,7 +343,7 @@ def _cmd_remote_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_remote_status(args: argparse.Namespace) -> int:
-    watch_status(_remote(args), args.case, every_s=args.watch)
+    watch_status(_remote(args), args.case, every_s=args.watch, as_json=args.json)
     return 0
 
 
@@ -768,6 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = _add_remote_action(actions, "status", "`marketgpt status` run there", _cmd_remote_status)
     a.add_argument("--case", default=None)
     a.add_argument("--watch", type=float, default=None, metavar="N", help="refresh every N seconds")
+    a.add_argument("--json", action="store_true", help="`marketgpt status --json` there (docs/slurm.md)")
     a = _add_remote_action(actions, "logs", "show (-f: follow) a job's log there", _cmd_remote_logs)
     a.add_argument("job_id", metavar="JOBID")
     a.add_argument("-f", "--follow", action="store_true")

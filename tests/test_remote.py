@@ -141,6 +141,10 @@ def test_status_and_logs_run_there(workstation):
     proc = marketgpt(local, "status", "--case", "c")
     assert proc.returncode == 0, proc.stderr
     assert "exp_20240101_000000" in proc.stdout  # `marketgpt status` of the remote repo, not of this one
+    proc = marketgpt(local, "status", "--case", "c", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # the JSON object alone, for a dashboard on the workstation
+    assert report["schema"] == "marketgpt.health/1" and [r["run"] for r in report["runs"]] == ["exp_20240101_000000"]
 
 
 # --------------------------------------------------------------------------- bad input

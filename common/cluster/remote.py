@@ -280,8 +280,8 @@ class Remote:
         self.out(f"  queue:   ssh {self.host} squeue -j {job_id}")
         return job_id, log
 
-    def status(self, case: Optional[str]) -> str:
-        args = " --case " + shlex.quote(case) if case else ""
+    def status(self, case: Optional[str], as_json: bool = False) -> str:
+        args = (" --case " + shlex.quote(case) if case else "") + (" --json" if as_json else "")
         return self.run("status", self.ssh_cmd(f"{self.python()} -m common.cli status{args}"))
 
     def log_path(self, job_id: str) -> str:

@@ -17,10 +17,11 @@ from common.errors import UserError
 __all__ = ["fetch_run", "print_results", "train_remote", "watch_status"]
 
 
-def watch_status(remote: Remote, case: Optional[str], every_s: Optional[float]) -> None:
-    """`marketgpt status` there; with `every_s`, again every so many seconds until interrupted."""
+def watch_status(remote: Remote, case: Optional[str], every_s: Optional[float], as_json: bool = False) -> None:
+    """`marketgpt status` there (`--json`: its JSON object); with `every_s`, again every so many
+    seconds until interrupted."""
     while True:
-        print(remote.status(case), end="")
+        print(remote.status(case, as_json), end="")
         if every_s is None or remote.dry_run:
             break
         time.sleep(every_s)
