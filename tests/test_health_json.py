@@ -126,3 +126,20 @@ def test_status_json_lists_each_run_with_its_numbers(root, nvml_of, monkeypatch,
     assert run["tokens_per_sec"] == 41234.0 and run["eta_s"] == 3 * 3600 + 5 * 60 and run["job"] is None
     code, report = _json(capsys, "status", "--json")  # the repo's own case folders, whatever runs they hold
     assert code == 0 and report["schema"] == "marketgpt.health/1" and isinstance(report["runs"], list)
+
+
+def test_the_fake_speaks_the_real_nvml():
+    """Every call the fake answers, and every NVML constant gpu_health hard-codes, is the real
+    pynvml's (nvidia-ml-py, in the test extra): a renamed call would otherwise pass here and read
+    null on every GPU."""
+    import pynvml
+
+    calls = [name for name in vars(_TwoGpus) if name.startswith("nvml")]
+    assert len(calls) == 13 and [name for name in calls if not hasattr(pynvml, name)] == []
+    assert (gpu_health._UNCORRECTED, gpu_health._CORRECTED, gpu_health._VOLATILE) == (
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    reasons = ("SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown")
+    assert sorted(gpu_health._SLOWDOWNS) == sorted(getattr(pynvml, f"nvmlClocksThrottleReason{r}") for r in reasons)
