@@ -15,7 +15,6 @@ import datetime
 import functools
 import importlib
 import socket
-from pathlib import Path
 from typing import Any, Callable, Optional, TypedDict
 
 __all__ = ["HEALTH_SCHEMA", "GpuHealth", "gpu_health", "health_report", "nvml"]
@@ -23,8 +22,8 @@ __all__ = ["HEALTH_SCHEMA", "GpuHealth", "gpu_health", "health_report", "nvml"]
 HEALTH_SCHEMA = "marketgpt.health/1"
 MEMORY_NEARLY_FULL = 0.95  # share of a card's memory in use above which it gets a warning
 # NVML's clock event reasons (nvml.h: nvmlClocksEventReason*) that mean the card is slowed down
+# by something wrong; the software power cap (0x04) is a card working hard, not a warning
 _SLOWDOWNS = {
-    0x04: "power cap",
     0x08: "hardware slowdown",
     0x20: "thermal",
     0x40: "thermal (hardware)",
@@ -38,7 +37,7 @@ _NVML_ERROR = ""  # why not, for `gpus_reason`
 class GpuProcess(TypedDict):
     pid: int
     used_memory_bytes: Optional[int]
-    name: Optional[str]  # /proc/<pid>/comm, where this machine's /proc shows it
+    name: Optional[str]  # NVML's: its pids are the host's, which a container's /proc does not show
 
 
 class GpuHealth(TypedDict):
@@ -82,11 +81,8 @@ def _text(value: Any) -> Optional[str]:
 def _processes(lib: Any, handle: Any) -> list[GpuProcess]:
     out: list[GpuProcess] = []
     for p in _read(lambda: lib.nvmlDeviceGetComputeRunningProcesses(handle)) or []:
-        comm = Path(f"/proc/{p.pid}/comm")
-        name = _read(comm.read_text) if comm.exists() else None
-        out.append(
-            {"pid": int(p.pid), "used_memory_bytes": getattr(p, "usedGpuMemory", None), "name": name and name.strip()}
-        )
+        name = _text(_read(functools.partial(lib.nvmlSystemGetProcessName, p.pid)))
+        out.append({"pid": int(p.pid), "used_memory_bytes": getattr(p, "usedGpuMemory", None), "name": name})
     return out
 
 
