@@ -14,7 +14,9 @@ from typing import Any, Mapping
 from common.errors import UserError
 from common.markets import CATEGORIES, INTERVAL_SECONDS
 
-__all__ = ["SyntheticSpec", "SyntheticSpecError", "spec_from_dict"]
+__all__ = ["PROCESSES", "SyntheticSpec", "SyntheticSpecError", "spec_from_dict"]
+
+PROCESSES = ("garch", "rich")
 
 
 class SyntheticSpecError(UserError):
@@ -44,6 +46,9 @@ class SyntheticSpec:
     seasonality: float = 1.5  # U-shape depth over the day, sub-daily only (0: flat)
     gap_prob: float = 0.0  # chance that a slot has no candle
     categories: tuple[str, ...] = ("us_stock",)  # asset i is of categories[i % len(categories)]
+    # "garch": GARCH(1,1)-t, 2 regimes, one factor (common/data/synthetic.py); "rich": long-memory
+    # variance, leverage, 3 regimes, jumps, a nonlinear mean, lead-lag (common/data/synthetic_rich.py)
+    process: str = "garch"
 
     def __post_init__(self) -> None:
         checks = [
@@ -61,6 +66,7 @@ class SyntheticSpec:
             ("market_beta", -1 <= self.market_beta <= 1, "must be in [-1, 1]"),
             ("seasonality", self.seasonality >= 0, "must be >= 0"),
             ("gap_prob", 0 <= self.gap_prob < 1, "must be in [0, 1)"),
+            ("process", self.process in PROCESSES, f"must be one of {', '.join(map(repr, PROCESSES))}"),
             (
                 "categories",
                 len(self.categories) > 0 and set(self.categories) <= set(CATEGORIES),

@@ -203,3 +203,20 @@ def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp
     assert doc["missing"] == [] and doc["fit"]["points"] == 9 and "A" in doc["fit"]["terms"]
     fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
     assert size_advice(load_config(config, TOY), 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
+
+
+def test_the_gpu_grid_says_it_needs_a_gpu_and_runs_nothing_here(tmp_path):
+    """bench/sweep_gpu.sh on this CPU machine: one line, exit 0, no sweep folder made."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MARKETGPT_PYTHON": sys.executable, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "bench" / "sweep_gpu.sh")], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1 and "sees no CUDA GPU" in proc.stdout, proc
+    assert not (REPO_ROOT / "case_c_crypto" / "sweeps" / "rich_gpu").exists()
+    # and the config it sweeps is a valid case config on the rich market
+    cfg = load_config(REPO_ROOT / "case_c_crypto" / "configs" / "sweep_rich.json")
+    assert cfg.data.source == "synthetic" and cfg.data.synthetic["process"] == "rich"

@@ -156,8 +156,45 @@ def test_written_files_read_back_unchanged(tmp_path: Path):
         ("gap_prob", 1.0),
         ("categories", ("moon",)),
         ("start", "not a date"),
+        ("process", "heston"),
     ],
 )
 def test_bad_specs_name_the_field(field: str, value: object):
     with pytest.raises(UserError, match=f"SyntheticSpec.{field} "):
         SyntheticSpec(**{field: value})
+
+
+# --------------------------------------------------------------------------- the rich process
+
+RICH = SyntheticSpec(assets=2, candles=30_000, interval="1h", process="rich", seed=3, categories=("crypto",))
+
+
+@pytest.fixture(scope="module")
+def rich_pair():
+    return generate_asset(RICH, 0), generate_asset(RICH, 1)
+
+
+def test_the_rich_process_is_deterministic_and_its_truth_is_calibrated(rich_pair):
+    again = generate_asset(RICH, 1)  # a follower made alone remakes its leader's shocks
+    pd.testing.assert_frame_equal(again.candles, rich_pair[1].candles)
+    for asset in rich_pair:  # the realized next return's PIT under the truth: uniform
+        r = np.append(returns(asset), np.nan)
+        t = asset.truth
+        ok = np.isfinite(r) & t["mu"].notna().to_numpy()
+        pit = stats.t.cdf((r[ok] - t["mu"].to_numpy()[ok]) / t["sigma"].to_numpy()[ok], RICH.nu)
+        assert stats.kstest(pit, "uniform").pvalue > 0.001
+        assert np.allclose(
+            t["nll_next"].to_numpy()[ok], t_nll(r[ok], t["mu"].to_numpy()[ok], t["sigma"].to_numpy()[ok], RICH.nu)
+        )
+
+
+def test_the_rich_process_has_long_memory_leverage_and_lead_lag(rich_pair):
+    leader, follower = (returns(a) for a in rich_pair)
+    size = np.abs(leader)
+    assert np.corrcoef(size[:-50], size[50:])[0, 1] > 0.08  # |r| still remembers 50 candles back
+    next_sigma = rich_pair[0].truth["sigma"].to_numpy()[1:-1]  # sigma of r_{t+1}, row by row with r_t
+    assert np.corrcoef(leader[:-1], next_sigma)[0, 1] < -0.02  # leverage: a down move raises the next sigma
+    assert np.corrcoef(follower[1:], leader[:-1])[0, 1] > 0.1  # the follower echoes its leader's last move
+    assert abs(np.corrcoef(leader[1:], follower[:-1])[0, 1]) < 0.05  # and not the other way round
+    plain = generate_asset(SyntheticSpec(assets=1, candles=30_000, interval="1h", seed=3), 0)
+    assert plain.truth["mu"].nunique() == 1  # the default process keeps its constant mean

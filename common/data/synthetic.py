@@ -49,6 +49,7 @@ import pandas as pd
 
 from common.atomic import atomic_path
 from common.config import Config
+from common.data.synthetic_rich import JUMP_PROB, JUMP_SCALE, regimes, rich_returns
 from common.data.universe import Asset
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step
@@ -130,7 +131,10 @@ def _market(spec: SyntheticSpec) -> _Market:
     present = rng.random(n) >= spec.gap_prob
     present[0] = True  # every asset starts at `start`
     times = _grid(spec)
-    return _Market(times, np.where(stressed, spec.stress_vol, 1.0), factor, _season(spec, times), present)
+    scale = np.where(stressed, spec.stress_vol, 1.0)
+    if spec.process == "rich":  # three regimes from the same draws, and market-wide volatility jumps
+        scale = regimes(spec, flips) * np.where(rng.random(n) < JUMP_PROB, JUMP_SCALE, 1.0)
+    return _Market(times, scale, factor, _season(spec, times), present)
 
 
 def t_nll(r: np.ndarray, mu: np.ndarray, sigma: np.ndarray, nu: float) -> np.ndarray:
@@ -180,15 +184,20 @@ def _asset(spec: SyntheticSpec, i: int, market: _Market) -> SyntheticAsset:
     if not 0 <= i < spec.assets:
         raise UserError(f"asset index {i} is outside 0..{spec.assets - 1} (SyntheticSpec.assets = {spec.assets})")
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, i]))
-    r, sigma, e = _returns(spec, market, rng)
-    index = market.times[market.present]
+    keep = market.present
+    if spec.process == "rich":
+        scale = market.season[keep] * market.regime_scale[keep]
+        r, mu, sigma, e = rich_returns(spec, i, scale, market.factor[keep], rng)
+    else:
+        r, sigma, e = _returns(spec, market, rng)
+        mu = np.full(len(r), spec.drift * INTERVAL_SECONDS[spec.interval] / 86400)
+    index = market.times[keep]
     candles = pd.DataFrame(_ohlcv(r, sigma, e, rng), index=index, columns=list(OHLCV))
     n = len(r)
-    mu = np.full(n, spec.drift * INTERVAL_SECONDS[spec.interval] / 86400)
-    next_sigma = np.append(sigma[1:], np.nan)
+    next_mu, next_sigma = np.append(mu[1:], np.nan), np.append(sigma[1:], np.nan)
     nll = np.append(t_nll(r[1:], mu[1:], sigma[1:], spec.nu), np.nan)
     truth = pd.DataFrame(
-        {"mu": mu, "sigma": next_sigma, "nu": np.full(n, float(spec.nu)), "nll_next": nll}, index=index
+        {"mu": next_mu, "sigma": next_sigma, "nu": np.full(n, float(spec.nu)), "nll_next": nll}, index=index
     )
     truth.loc[truth.index[-1], "mu"] = np.nan  # nothing follows the last candle
     truth.loc[truth.index[-1], "nu"] = np.nan
