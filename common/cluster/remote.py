@@ -369,19 +369,23 @@ class Remote:
 
     def run_of_job(self, job_id: str) -> str:
         """The run folder (repo-relative) whose training_log.json records this job."""
+        return self.run_recording(f'"slurm_job_id": "{job_id}"', "job's run", f"job {job_id}", job_id)
+
+    def run_recording(self, text: str, what: str, label: str, job_id: str) -> str:
+        """The newest run folder there whose training_log.json holds `text` (grep -F); the step is
+        "find the <what>", `label` names the job or launch in its messages."""
+        step = f"find the {what}"
         out = self.run(
-            "find the job's run",
-            self.ssh_cmd(
-                f'grep -l \'"slurm_job_id": "{job_id}"\' case_*/checkpoints/*/training_log.json 2>/dev/null; true'
-            ),
+            step,
+            self.ssh_cmd(f"grep -l -F {shlex.quote(text)} case_*/checkpoints/*/training_log.json 2>/dev/null; true"),
         )
         if self.dry_run:
-            return f"case_X/checkpoints/<run of job {job_id}>"
+            return f"case_X/checkpoints/<run of {label}>"
         runs = [str(Path(p).parent) for p in out.split()]
         if not runs:
             raise StepFailed(
-                "find the job's run",
-                f"no run folder there records job {job_id} (did it fail before "
+                step,
+                f"no run folder there records {label} (did it fail before "
                 f"training started? `marketgpt remote logs {job_id}`)",
             )
         return sorted(runs)[-1]

@@ -108,20 +108,7 @@ class DirectRemote(Remote):
 
     def run_of_job(self, job_id: str) -> str:
         """The run folder whose training_log.json records the launch's log file."""
-        out = self.run(
-            "find the launch's run",
-            self.ssh_cmd(f"grep -l -F '_{job_id}.out\"' case_*/checkpoints/*/training_log.json 2>/dev/null; true"),
-        )
-        if self.dry_run:
-            return f"case_X/checkpoints/<run of {job_id}>"
-        runs = [str(Path(p).parent) for p in out.split()]
-        if not runs:
-            raise StepFailed(
-                "find the launch's run",
-                f"no run folder there records {job_id} (did it fail before training started? "
-                f"`marketgpt remote logs {job_id}`)",
-            )
-        return sorted(runs)[-1]
+        return self.run_recording(f'_{job_id}.out"', "launch's run", job_id, job_id)
 
     def status(self, case: Optional[str], as_json: bool = False) -> str:
         if as_json:  # the JSON object alone; its runs carry their states

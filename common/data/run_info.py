@@ -143,10 +143,6 @@ class RunInfo:
         """The interval embedding's size: 1 for a run of one interval."""
         return len(self.intervals) or 1
 
-    def record(self, symbol: str) -> Optional[AssetRecord]:
-        """The asset's record, None when the run did not train on it."""
-        return next((r for r in self.assets if r.symbol == symbol), None)
-
     def series_ids(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """(asset id, category id, interval id) of each series of the run's token set: a
         one-interval run's series are its assets, all at interval id 0."""

@@ -90,7 +90,7 @@ def rich_returns(
     leader = _leader_shocks(spec, i - 1, factor.tobytes()) if i % 2 else None
     v = spec.daily_vol**2 * days
     a1, a2, a3 = HAR_WEIGHTS
-    w1, w2, w3 = HAR_WINDOWS
+    _, w2, w3 = HAR_WINDOWS  # the short window is the last candle itself
     base = v * (1 - a1 - a2 - a3 - LEVERAGE / 2)
     t_sd = math.sqrt((nu - 2) / nu)
     r, mu, sigma = np.empty(n), np.empty(n), np.empty(n)
@@ -113,5 +113,4 @@ def rich_returns(
         x[t] = h * e[t] * e[t]
         s2 += x[t] - (x[t - w2] if t >= w2 else 0.0)
         s3 += x[t] - (x[t - w3] if t >= w3 else 0.0)
-    del w1  # the short window is the last candle itself
     return r, mu, sigma, e
