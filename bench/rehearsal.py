@@ -166,7 +166,7 @@ if _DIR:
     atexit.register(_record)
     _os_exit = os._exit
 
-    def _exit(code):  # a process that ran torch.distributed leaves this way (common/cli.py), past atexit
+    def _exit(code):  # a process that ran torch.distributed leaves this way (common/cli/), past atexit
         _record()
         _os_exit(code)
 

@@ -13,7 +13,7 @@ each starting only after the one before succeeded (`--dependency=afterok:<id>`):
 A failed job cancels the ones after it (`--kill-on-invalid-dep=yes`); every stage skips what an
 earlier try finished, so submitting again continues. The shard is the one `marketgpt train`
 with the same config and --set reuses. Without --array (or with --array 1) `data prepare` runs
-the stages in this process (common/cli.py). torch stays out of this module: it is a login-node
+the stages in this process (common/cli/). torch stays out of this module: it is a login-node
 command, and the jobs only read candles and write tokens.
 """
 

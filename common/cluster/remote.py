@@ -220,13 +220,13 @@ class Remote:
 
     def check_repo(self) -> None:
         """The remote folder holds a MarketGPT repo (else: run `remote sync` first)."""
-        probe = f"test -f {remote_path(self.path)}/common/cli.py || {{ echo no-repo; exit 0; }}"
+        probe = f"test -f {remote_path(self.path)}/common/cli/__init__.py || {{ echo no-repo; exit 0; }}"
         answer = self.run("check remote repo", self.ssh_cmd(probe, in_repo=False))
         if answer.strip() == "no-repo":
             raise StepFailed(
                 "check remote repo",
                 f"{self.host}:{self.path} holds no MarketGPT repo "
-                "(common/cli.py is missing); run `marketgpt remote sync` first, or fix the path",
+                "(common/cli/__init__.py is missing); run `marketgpt remote sync` first, or fix the path",
             )
 
     def sync(self) -> None:
