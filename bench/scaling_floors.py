@@ -9,7 +9,11 @@ depends on one number, rho = s / s_e: it is tabulated by Monte Carlo (100,000 dr
 n3) per rho on a log grid of 100 points over the rhos seen; add-0.5 smoothing; linear
 interpolation in log rho) and binned with the run's own tokenizer edges. Like synthetic.py's
 oracle it knows the latent regime of the next candle and its exact GARCH variance, so its loss is
-a floor below the best a forecaster can reach from the candles.
+a floor below the best a forecaster can reach from the candles. A market with a mean (the rich
+market's mu_t, common/data/synthetic_rich.py, or a drift) adds a second number, m = mu / s: the
+move is rho (m + z) and the range rho (|m + z - 0.1 n1| + ...), so the table gains an axis of m
+(MEAN_KNOTS points over the m seen, the same draws at every knot) and the token's distribution is
+interpolated bilinearly in (log rho, m).
 
 The filter (`filter_nll`): a forecaster that knows the generator's parameters but sees only the
 asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
@@ -35,13 +39,24 @@ import numpy as np
 __all__ = ["filter_nll", "floor_losses", "kim_filter", "oracle_nll", "oracle_probs", "oracle_table"]
 
 
+MEAN_KNOTS = 25  # points on the m = mu / s axis of a market with a mean
+
+
 def oracle_table(
-    move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, log_rho: np.ndarray, draws: int = 100_000, seed: int = 0
+    move_edges: np.ndarray,
+    shape_edges: np.ndarray,
+    nu: float,
+    log_rho: np.ndarray,
+    draws: int = 100_000,
+    seed: int = 0,
+    mean: float = 0.0,
 ) -> np.ndarray:
     """(len(log_rho), move_bins * shape_bins) probabilities of each candle token (move bin x
-    shape bin) at each rho = s / s_e, by Monte Carlo (module docstring), add-0.5 smoothed."""
+    shape bin) at each rho = s / s_e for a candle of mean m = `mean` scales, by Monte Carlo
+    (module docstring), add-0.5 smoothed. The draws depend on the seed only, not on m."""
     rng = np.random.default_rng(seed)
-    z = rng.standard_t(nu, draws)
+    t = rng.standard_t(nu, draws)
+    z = mean + t
     wide = np.abs(z - 0.1 * rng.standard_normal(draws)) + 0.5 * (
         np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws))
     )
@@ -57,18 +72,36 @@ def oracle_table(
     return table
 
 
+def _knots(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n knots spanning x, and each x's lower knot and weight on the upper one."""
+    knots = np.linspace(x.min() - 1e-6, x.max() + 1e-6, n)
+    pos = np.clip((x - knots[0]) / (knots[1] - knots[0]), 0, n - 1 - 1e-9)
+    k = pos.astype(np.int64)
+    return knots, k, pos - k
+
+
 def oracle_probs(
-    rho: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, grid: int = 100, draws: int = 100_000
+    rho: np.ndarray,
+    move_edges: np.ndarray,
+    shape_edges: np.ndarray,
+    nu: float,
+    grid: int = 100,
+    draws: int = 100_000,
+    mean: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
-    the special tokens), interpolated linearly in log rho between the knots of oracle_table."""
-    log_rho = np.log(rho)
-    knots = np.linspace(log_rho.min() - 1e-6, log_rho.max() + 1e-6, grid)
-    table = oracle_table(move_edges, shape_edges, nu, knots, draws)
-    pos = np.clip((log_rho - knots[0]) / (knots[1] - knots[0]), 0, grid - 1 - 1e-9)
-    k = pos.astype(np.int64)
-    w = (pos - k)[:, None]
-    return (1 - w) * table[k] + w * table[np.minimum(k + 1, grid - 1)]
+    the special tokens), interpolated linearly in log rho between the knots of oracle_table, and in
+    m = mu / s too when `mean` (each target's m) is given and not all zero."""
+    knots, k, w = _knots(np.log(rho), grid)
+    hi = np.minimum(k + 1, grid - 1)
+    if mean is None or not np.any(mean):
+        table = oracle_table(move_edges, shape_edges, nu, knots, draws)
+        return (1 - w[:, None]) * table[k] + w[:, None] * table[hi]
+    m_knots, j, v = _knots(np.asarray(mean, dtype=float), MEAN_KNOTS)
+    cube = np.stack([oracle_table(move_edges, shape_edges, nu, knots, draws, mean=m) for m in m_knots], axis=1)
+    jh = np.minimum(j + 1, MEAN_KNOTS - 1)
+    w, v = w[:, None], v[:, None]
+    return (1 - w) * ((1 - v) * cube[k, j] + v * cube[k, jh]) + w * ((1 - v) * cube[hi, j] + v * cube[hi, jh])
 
 
 @dataclass
@@ -130,9 +163,11 @@ def floor_losses(run_dir: Path, split: str, assets: Optional[int] = None, draws:
 
 def _oracle_loss(sp: _Split, grid: int, draws: int) -> float:
     # truth at t is the scale of candle t + 1
-    rho = np.concatenate([a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] / a["s_e"] for a in sp.assets])
+    sigma = [a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] for a in sp.assets]
+    mean = np.concatenate([a["asset"].truth["mu"].to_numpy()[a["rows"] - 1] for a in sp.assets]) / np.concatenate(sigma)
+    rho = np.concatenate([s / a["s_e"] for s, a in zip(sigma, sp.assets)])
     y = np.concatenate([a["y"] for a in sp.assets])
-    p = oracle_probs(rho, sp.tok.move_binning.edges, sp.tok.shape_binning.edges, sp.spec.nu, grid, draws)
+    p = oracle_probs(rho, sp.tok.move_binning.edges, sp.tok.shape_binning.edges, sp.spec.nu, grid, draws, mean)
     return float(np.mean(-np.log(p[np.arange(len(y)), y])))
 
 
@@ -176,8 +211,8 @@ def kim_filter(
     scale). Returns, for each candle t >= 2, the forecast made after candle t - 1: (n, 4) weights
     of the (regime now, regime next) pairs and (n, 4) candle t's scale under each (rows 0 and 1
     unused; candle 0 only anchors the first return)."""
-    if spec.drift != 0 or spec.seasonality != 0 or spec.gap_prob != 0:
-        raise ValueError("the filter models drift 0, no seasonality and no gaps (the scaling study's market)")
+    if spec.process != "garch" or spec.drift != 0 or spec.seasonality != 0 or spec.gap_prob != 0:
+        raise ValueError("the filter models the GARCH market with drift 0, no seasonality and no gaps (the scaling study's)")
     from common.markets import INTERVAL_SECONDS
 
     days = INTERVAL_SECONDS[spec.interval] / 86400

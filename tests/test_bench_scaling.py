@@ -75,6 +75,38 @@ def test_the_oracle_is_calibrated_on_the_market_it_describes():
     assert nll.mean() < -np.log(unigram[y]).mean() - 0.03  # in-sample unigram, still worse
 
 
+def test_the_oracle_with_a_mean_is_calibrated_on_the_rich_market():
+    # the rich market's mean moves every candle (m = mu / s up to about +-1): the oracle that
+    # interpolates in m is calibrated (NLL = entropy); the one that ignores m is worse
+    from common.data.synthetic import generate_asset
+    from common.special_tokens import NUM_SPECIAL_TOKENS
+    from common.synthetic_spec import SyntheticSpec
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    spec = SyntheticSpec(assets=2, candles=5000, interval="1h", seasonality=0.0, categories=("crypto",), process="rich")
+    assets = [generate_asset(spec, i) for i in range(2)]
+    tok = OHLCTokenizer(vocab_size=1024, ret_bins=16).fit({a.symbol: a.candles.iloc[:3000] for a in assets})
+    rho, mean, y = [], [], []
+    for a in assets:
+        tokens, (move_z, _) = tok.encode(a.candles), tok.features(a.candles)
+        rows = np.arange(3000, 5000)
+        log_close = np.log(a.candles["close"].to_numpy())
+        r = log_close[rows] - log_close[rows - 1]
+        sigma = a.truth["sigma"].to_numpy()[rows - 1]
+        rho.append(sigma * move_z[rows] / r)
+        mean.append(a.truth["mu"].to_numpy()[rows - 1] / sigma)
+        y.append(tokens[rows].astype(np.int64) - NUM_SPECIAL_TOKENS)
+    rho, mean, y = np.concatenate(rho), np.concatenate(mean), np.concatenate(y)
+    assert np.abs(mean).max() > 0.3
+    edges = (tok.move_binning.edges, tok.shape_binning.edges)
+    p = bench_scaling.oracle_probs(rho, *edges, spec.nu, grid=40, draws=20_000, mean=mean)
+    nll = -np.log(p[np.arange(len(y)), y])
+    entropy = -(p * np.log(p)).sum(axis=1)
+    assert abs(nll.mean() - entropy.mean()) < 3 * nll.std() / np.sqrt(len(y))
+    blind = bench_scaling.oracle_probs(rho, *edges, spec.nu, grid=40, draws=20_000)
+    assert nll.mean() < -np.log(blind[np.arange(len(y)), y]).mean() - 0.005
+
+
 def test_fit_recovers_a_known_optimum_and_its_form():
     n = np.array([0.17, 0.93, 5.0, 25.7] * 4) * 1e6
     d = np.repeat([0.038, 0.1, 0.3, 1.0], 4) * 1e6

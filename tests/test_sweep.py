@@ -6,6 +6,7 @@ missing."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ from common.config import load_config
 from common.errors import UserError
 from common.model.scaling_fit import NO_SIZE_ADVICE, corpus_of, fit_points, load_size_fit, size_advice
 from common.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+import sweep_floor  # noqa: E402
 
 CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
 SIZES = (1.7e5, 9.3e5, 5.0e6)
@@ -112,6 +116,16 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
     assert len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1  # not run again
     assert doc["fit"] is None and "still improving" in doc["fit_note"]
     assert "sweep sweep_toy" in status_table(case=str(tmp_path)) and "2 of 2 points" in status_table(case=str(tmp_path))
+
+    # the synthetic market's oracle: each point's share of the unigram-to-oracle gap closed
+    assert sweep_floor.main([str(folder), "--draws", "5000"]) == 0
+    floor = json.loads((folder / "floor.json").read_text())
+    for row, p in zip(floor["points"], doc["points"]):
+        unigram = p["test_loss"] / (1 - p["skill_vs_unigram"])
+        assert floor["oracle_test_loss"] < row["unigram_loss"] == pytest.approx(unigram)
+        share = (unigram - p["test_loss"]) / (unigram - floor["oracle_test_loss"])
+        assert row["gap_closed"] == pytest.approx(share)
+        assert row["gap_closed_ci95"][0] <= row["gap_closed"] <= row["gap_closed_ci95"][1]
 
     capsys.readouterr()
     bad = [

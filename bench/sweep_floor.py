@@ -1,0 +1,95 @@
+"""A synthetic sweep's points against the oracle: the share of the gap between the unigram and the
+best possible loss that each point closes on the test split.
+
+    python bench/sweep_floor.py case_c_crypto/sweeps/rich_cpu [--draws 100000]
+
+Every point of a sweep is scored on the same test candles (a data fraction trims the training
+split only), so one oracle loss (bench/scaling_floors.py: the exact distribution of each test
+token, knowing the next candle's scale and mean) serves them all. The sweep's token skill is
+relative, skill = 1 - L_model / L_unigram (test_results.json's token_skill; the unigram of the
+point's own training split), so L_unigram = L_model / (1 - skill) and
+
+    gap closed = (L_unigram - L_model) / (L_unigram - L_oracle) = skill L_unigram / (L_unigram - L_oracle),
+
+its 95% interval the skill's, scaled alike (the oracle's loss taken as exact). Writes
+SWEEP/floor.json and prints a table. For data.source = "synthetic" sweeps only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scaling_floors import oracle_nll  # noqa: E402
+
+from common.atomic import atomic_write_json, read_json  # noqa: E402
+from common.tokens.token_set import TokenSet, token_path  # noqa: E402
+
+
+def gap_closed(point: dict[str, Any], oracle: float) -> dict[str, Any]:
+    """One point's unigram loss and share of the unigram-to-oracle gap closed, with its interval."""
+    loss, skill = point["test_loss"], point["skill_vs_unigram"]
+    unigram = loss / (1 - skill)
+    scale = unigram / (unigram - oracle)
+    return {
+        "point": point["point"],
+        "parameters": point["parameters"],
+        "train_tokens": point["train_tokens"],
+        "test_loss": loss,
+        "unigram_loss": unigram,
+        "gap_closed": skill * scale,
+        "gap_closed_ci95": [c * scale for c in point["skill_vs_unigram_ci95"]],
+        "still_improving": point["still_improving"],
+    }
+
+
+def test_targets(run: Path) -> int:
+    """How many targets the oracle scores on the run's test split: each asset's test tokens but its first."""
+    ranges = TokenSet.load(token_path(run)).ranges
+    return sum(int(r["test"][1]) - int(r["test"][0]) - 1 for r in ranges.values())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", type=Path, help="the sweep's folder (<case>/sweeps/<name>), with sweep.json")
+    ap.add_argument("--draws", type=int, default=100_000, help="Monte Carlo draws per knot of the oracle's table")
+    args = ap.parse_args(argv)
+    doc = read_json(args.sweep / "sweep.json")
+    points = sorted(doc["points"], key=lambda p: (p["parameters"], p["train_tokens"]))
+    if not points:
+        print(f"{args.sweep}: no finished point yet", file=sys.stderr)
+        return 1
+    run = Path(points[0]["run"])
+    if read_json(run / "config.json")["data"]["source"] != "synthetic":
+        print(f"{run}: not a synthetic run; the oracle knows the synthetic market only", file=sys.stderr)
+        return 1
+    scored = read_json(run / "test_results.json")["num_tokens"]
+    targets = test_targets(run)
+    if scored != targets:
+        print(
+            f"{run}: its test scored {scored} of the split's {targets} targets (training.eval_max_batches caps it);"
+            " the oracle's loss would be of other targets: rerun the sweep with a larger eval_max_batches",
+            file=sys.stderr,
+        )
+        return 1
+    oracle = oracle_nll(run, "test", draws=args.draws)
+    rows = [gap_closed(p, oracle) for p in points]
+    atomic_write_json(args.sweep / "floor.json", {"oracle_test_loss": oracle, "from_run": str(run), "points": rows})
+    print(f"oracle test loss {oracle:.4f} nats/token (every point's test candles)")
+    print("| point | parameters | training tokens | test loss | unigram | gap closed [95%] |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = r["gap_closed_ci95"]
+        note = " (still improving)" if r["still_improving"] else ""
+        print(
+            f"| {r['point']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['test_loss']:.4f} | "
+            f"{r['unigram_loss']:.4f} | {r['gap_closed']:.3f} [{lo:.3f}, {hi:.3f}]{note} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
