@@ -184,8 +184,8 @@ def trainer_rates(
         "gpu_busy_share": busy,
         "syncs": syncs,
         "first_segment_seconds": first_s,
-        "compile_mode": tr.compile_mode if tr.compiled else None,
-        "cuda_graphs": tr.cuda_graphs,
+        "compile_mode": tr.step.compile_mode if tr.step.compiled else None,
+        "cuda_graphs": tr.step.cuda_graphs,
         "banner": [line for line in out.getvalue().splitlines()[:8]],
     }
 

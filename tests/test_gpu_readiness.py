@@ -168,24 +168,24 @@ def test_fp16_resume_carries_the_grad_scaler_and_checkpoints_keep_fp32_weights(t
     out = io.StringIO()
     tr = _trainer(tmp_path, out=out, precision="fp16")
     # a scaler that has moved away from the defaults: growth every step from 1024
-    tr.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    tr.step.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
     assert tr.train(stop_after_steps=3) == "stopped"
     assert "Precision: fp16 autocast with a GradScaler" in out.getvalue()
     state = load_checkpoint(latest_good_checkpoint(tmp_path))
-    assert state["grad_scaler"]["scale"] == tr.scaler.get_scale() != 65536.0
+    assert state["grad_scaler"]["scale"] == tr.step.scaler.get_scale() != 65536.0
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
     resumed = _trainer(tmp_path, precision="fp16")
     resumed.load_state_dict(state)
-    assert resumed.scaler.state_dict() == tr.scaler.state_dict()
+    assert resumed.step.scaler.state_dict() == tr.step.scaler.state_dict()
     assert resumed.train() == "finished"
 
 
 def test_fp16_overflow_skips_the_step_and_lowers_the_scale_instead_of_failing(tmp_path):
     tr = _trainer(tmp_path, precision="fp16")
-    tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # fp16 gradients overflow at once
+    tr.step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # fp16 gradients overflow at once
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     assert tr.train(stop_after_steps=1) == "stopped"
-    assert tr.scaler.get_scale() == 2.0**99
+    assert tr.step.scaler.get_scale() == 2.0**99
     assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())  # the step was skipped
 
 
@@ -271,7 +271,7 @@ def test_no_step_waits_for_the_device(tmp_path, monkeypatch):
         return run
 
     settled = []
-    tr.optimizer.step = paused(tr.optimizer.step)
+    tr.step.optimizer.step = paused(tr.step.optimizer.step)
     tr._settle = paused(tr._settle, settled)
     tr._step_boundary = paused(tr._step_boundary)
     tr.metrics.banner = paused(tr.metrics.banner)
@@ -288,9 +288,9 @@ def test_resume_restores_the_optimizers_own_kernel_flags(tmp_path):
     for group in state["optimizer"]["param_groups"]:  # as a checkpoint from a GPU run says
         group["fused"], group["foreach"] = True, False
     resumed = _trainer(tmp_path)
-    built = [(g["fused"], g["foreach"]) for g in resumed.optimizer.param_groups]
+    built = [(g["fused"], g["foreach"]) for g in resumed.step.optimizer.param_groups]
     resumed.load_state_dict(state)
-    assert [(g["fused"], g["foreach"]) for g in resumed.optimizer.param_groups] == built
+    assert [(g["fused"], g["foreach"]) for g in resumed.step.optimizer.param_groups] == built
     assert resumed.train(stop_after_steps=2) == "stopped"  # a CPU AdamW with fused=True would raise
 
 
@@ -576,7 +576,7 @@ def test_the_cpu_trainer_compiles_nothing_and_reads_each_step_at_once(tmp_path):
     from common.config import apply_overrides
 
     tr = _trainer(tmp_path, compile=True, compile_mode="reduce-overhead", overlap_host=True)
-    assert (tr.compiled, tr.cuda_graphs, tr.read_lag) == (False, False, 0)
+    assert (tr.step.compiled, tr.step.cuda_graphs, tr.read_lag) == (False, False, 0)
     with pytest.raises(UserError, match="compile_mode"):
         apply_overrides(_config(), ['training.compile_mode="fastest"'], "--set")
 

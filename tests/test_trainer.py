@@ -114,13 +114,13 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 def _applied_lrs(trainer: Trainer) -> list[float]:
     """The learning rate of every optimizer step the trainer takes from now on."""
     seen: list[float] = []
-    real_step = trainer.optimizer.step
+    real_step = trainer.step.optimizer.step
 
     def step(*args, **kwargs):
-        seen.append(trainer.optimizer.param_groups[0]["lr"])
+        seen.append(trainer.step.optimizer.param_groups[0]["lr"])
         return real_step(*args, **kwargs)
 
-    trainer.optimizer.step = step
+    trainer.step.optimizer.step = step
     return seen
 
 
@@ -434,13 +434,13 @@ def _late(trainer: Trainer, fused: bool = False) -> Trainer:
     trainer.read_lag = 1
     if fused:
         t = trainer.cfg.training
-        trainer.optimizer = trainer.model.configure_optimizer(
+        trainer.step.optimizer = trainer.model.configure_optimizer(
             t.weight_decay,
             t.learning_rate,
             (t.beta1, t.beta2),
             "cuda",  # fused=True; it runs on CPU tensors too
         )
-        assert trainer.optimizer.defaults["fused"]
+        assert trainer.step.optimizer.defaults["fused"]
     return trainer
 
 
@@ -481,7 +481,7 @@ def test_reading_steps_late_never_applies_or_saves_a_nan_step(tmp_path, fused):
     assert tr.global_step == 10  # step 10 was queued before step 9 was read ...
     assert [p.name for p in checkpoint_files(tmp_path)] == ["checkpoint_epoch_1.pt"]  # ... and nothing saved
     # 10 steps queued, step 9 skipped (on the device by the fused AdamW's found_inf, else on the host)
-    assert {int(state["step"]) for state in tr.optimizer.state.values()} == {9}
+    assert {int(state["step"]) for state in tr.step.optimizer.state.values()} == {9}
 
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e6])  # clipped, and left alone

@@ -143,16 +143,17 @@ class TrainingMetrics:
         t = tr.cfg.training
         if tr.cuda:
             print(f"Using GPUs: {tr.world_size}", file=out)
-            if tr.compiled:
+            if tr.step.compiled:
                 print(
-                    f"torch.compile: on (mode {tr.compile_mode}{': CUDA graphs' if tr.cuda_graphs else ''})", file=out
+                    f"torch.compile: on (mode {tr.step.compile_mode}{': CUDA graphs' if tr.step.cuda_graphs else ''})",
+                    file=out,
                 )
-                if tr.compile_mode_note:
-                    print(f"WARNING: {tr.compile_mode_note}", file=out)
+                if tr.step.compile_mode_note:
+                    print(f"WARNING: {tr.step.compile_mode_note}", file=out)
             elif t.compile:
                 print(
                     f"WARNING: torch.compile: off, training eagerly (slower; --set training.compile=false "
-                    f"silences this): {tr.compile_problem}",
+                    f"silences this): {tr.step.compile_problem}",
                     file=out,
                 )
         else:
@@ -167,7 +168,7 @@ class TrainingMetrics:
         if tr.world_size > 1:
             print(f"DDP: {tr.world_size} processes ({'nccl' if tr.cuda else 'gloo'})", file=out)
         print(
-            f"Precision: {describe_precision(tr.precision, tr.device)} (training.precision={t.precision})"
+            f"Precision: {describe_precision(tr.step.precision, tr.device)} (training.precision={t.precision})"
             + (" | gradient checkpointing: on" if t.gradient_checkpointing else ""),
             file=out,
         )

@@ -13,7 +13,9 @@ Signals (signals.py) are served at the next step boundary: SIGUSR1 saves a step 
 SIGTERM and SIGUSR2 save one and stop: `train()` returns "interrupted" and the command exits
 with EXIT_REQUEUE (75), which the Slurm scripts read as "requeue me". Under DDP every rank
 checkpoints and stops at the same step, and the checkpoint holds each rank's RNG state.
-The banner, TensorBoard, MFU and GPU health are the `metrics` object's (metrics.py).
+The step itself (the model as training runs it, AdamW, the grad scaler) is `self.step`
+(optimizer_step.py); the banner, TensorBoard, MFU and GPU health are the `metrics` object's
+(telemetry.py).
 """
 
 from __future__ import annotations
@@ -23,22 +25,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, TextIO, cast
+from typing import Any, Callable, Optional, TextIO
 
 import torch
 
 from common.config import Config, config_to_dict
-from common.distributed.ddp import barrier, no_sync, unwrap
+from common.distributed.ddp import barrier
 from common.distributed.job_store import wait_for_main
-from common.distributed.precision import (
-    CUDA_GRAPH_MODES,
-    autocast,
-    choose_compile_mode,
-    compile_problem,
-    grad_scaler,
-    resolve_precision,
-    use_tf32,
-)
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.training.batches import TokenWindows
@@ -46,41 +39,14 @@ from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_na
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
 from common.training.log import Progress, TrainingLog, epoch_summary
 from common.training.lr_schedule import LRSchedule
+from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums
 from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
-from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, Agreement, CheckpointRequests
-from common.training.step import TrainingForward, clip_values, nonfinite, step_values
+from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, CheckpointRequests
 from common.training.telemetry import TrainingMetrics
 from common.training.validation import EarlyStopping, split_loss
 
-if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
-    from common.model.gpt import MarketGPT
-
 __all__ = ["EXIT_REQUEUE", "Trainer"]
-
-
-class _Step(NamedTuple):
-    """One optimizer step as every rank agreed on it: the whole job's sums, and what comes next."""
-
-    loss_sum: float  # token losses summed
-    correct: int
-    tokens: int
-    grad_norm: Optional[float]  # None without clipping, or when fp16 overflowed
-    signal: Optional[int]  # a checkpoint signal some rank got
-    timer_due: bool  # some rank's checkpoint timer is due
-
-
-class _Flight(NamedTuple):
-    """A step queued on the device whose sums are still on their way to the host."""
-
-    agreement: Agreement
-    lr: float
-    step_in_epoch: int  # this step's number, 1-based, as its progress line counts
-    global_step: int
-
-
-class _NonFinite(Exception):
-    """The step's loss or gradient norm is not finite; no checkpoint holds it."""
 
 
 class Trainer:
@@ -114,7 +80,9 @@ class Trainer:
             raise UserError(
                 f"training.device=cuda but this process trains on {self.device}; run `marketgpt doctor` on the node"
             )
-        self._set_up_model(model)
+        self.requests = CheckpointRequests(t.checkpoint_every_minutes)
+        self.step = OptimizerStep(cfg, model, self.device, world_size, self.is_main, self.requests)
+        self.model = self.step.model
         self.metrics = TrainingMetrics(
             self.run_dir,
             self.device,
@@ -141,50 +109,13 @@ class Trainer:
         # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to
         # overlap; training.overlap_host=false on a GPU)
         self.read_lag = 1 if self.cuda and t.overlap_host else 0
-        self._in_flight: Optional[_Flight] = None
+        self._in_flight: Optional[Flight] = None
         self._clock = 0.0  # when the last step was read: a step's seconds run from there to its own
 
-        self.requests = CheckpointRequests(t.checkpoint_every_minutes)
         self._session_start = time.monotonic()
         self.checkpoints = RunCheckpoints(
             self.run_dir, t.keep_checkpoints, is_main=self.is_main, world_size=world_size, out=self.out
         )
-
-    def _set_up_model(self, model: torch.nn.Module) -> None:
-        """The model on the device, its precision and grad scaler, torch.compile and AdamW."""
-        t = self.cfg.training
-        self.model = cast("MarketGPT", unwrap(model).to(self.device))  # MarketGPT's methods, or a model with them
-        self.model.gradient_checkpointing = t.gradient_checkpointing
-        self.train_model: torch.nn.Module = model.to(self.device)  # what forward runs through (DDP / compiled)
-        self.precision = resolve_precision(t.precision, self.device)
-        self.tf32 = use_tf32(self.device)
-        self.scaler = grad_scaler(self.precision, self.device)  # enabled for fp16 only
-        # why training.compile cannot run on this node (None: it can, or it is off / on the CPU)
-        self.compile_problem = compile_problem() if self.cuda and t.compile else None
-        self.compiled = self.cuda and t.compile and self.compile_problem is None
-        # the mode (CUDA graphs on one GPU under "auto") and why it differs from the one asked for
-        self.compile_mode, self.compile_mode_note = choose_compile_mode(
-            t.compile_mode, self.world_size, t.gradient_checkpointing
-        )
-        self.cuda_graphs = self.compiled and self.compile_mode in CUDA_GRAPH_MODES
-        # a training micro-batch runs through TrainingForward (the loss and the step's sums in one graph),
-        # evaluation through the model itself
-        self._forward: torch.nn.Module = TrainingForward(self.train_model)
-        # few fused kernels rather than dozens of launches per step, where compiled: a small
-        # model's GPU step is over before the host has launched it
-        self._step_values, self._nonfinite = step_values, nonfinite
-        if self.compiled:
-            # torch.compile of a module is a module (typed as the callable it wraps)
-            self.train_model = cast(torch.nn.Module, torch.compile(self.train_model, mode=self.compile_mode))
-            self._forward = cast(torch.nn.Module, torch.compile(self._forward, mode=self.compile_mode))
-            self._step_values, self._nonfinite = torch.compile(step_values), torch.compile(nonfinite)
-        self._params = list(self.model.parameters())
-        self._no_norm = torch.zeros((), dtype=torch.float64, device=self.device)  # read only
-        self.optimizer = self.model.configure_optimizer(
-            t.weight_decay, t.learning_rate, (t.beta1, t.beta2), self.device.type
-        )
-        # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
-        self._kernel_flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
 
     def _count_steps_per_epoch(self) -> int:
         t = self.cfg.training
@@ -208,9 +139,9 @@ class Trainer:
         """Everything a resume needs; only tensors and plain containers (weights_only-safe)."""
         return {
             "model": unwrap_state_dict(self.model.state_dict()),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.step.optimizer.state_dict(),
             # fp16's loss scale and its growth tracker; None in bf16 / fp32, which need no scaler
-            "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "grad_scaler": self.step.scaler.state_dict() if self.step.scaler.is_enabled() else None,
             "lr_schedule": self.lr_schedule.state_dict(),
             "progress": {
                 "epoch": self.epoch,
@@ -244,11 +175,11 @@ class Trainer:
                 "resume it with the version that wrote it"
             )
         self.model.load_state_dict(unwrap_state_dict(state["model"]))
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, flags in zip(self.optimizer.param_groups, self._kernel_flags):
+        self.step.optimizer.load_state_dict(state["optimizer"])
+        for group, flags in zip(self.step.optimizer.param_groups, self.step.kernel_flags):
             group.update(flags)  # a CPU checkpoint resumed on a GPU keeps the fused AdamW
         if state.get("grad_scaler"):
-            self.scaler.load_state_dict(state["grad_scaler"])  # a no-op unless this run trains in fp16
+            self.step.scaler.load_state_dict(state["grad_scaler"])  # a no-op unless this run trains in fp16
         self.epoch, self.step_in_epoch, self.global_step = p["epoch"], p["step_in_epoch"], p["global_step"]
         self.epoch_order = order
         self.elapsed_before = float(p["elapsed_s"])
@@ -288,13 +219,13 @@ class Trainer:
         status into training_log.json: a run whose log says it is done has all of its outputs.
         A run resumed with nothing left to train goes straight there."""
         self.metrics.banner(self, self.out)
-        self.log.data["precision"] = self.precision
+        self.log.data["precision"] = self.step.precision
         self._session_start = time.monotonic()
         self.requests.restart_timer(self._session_start)
         # a GPU's first step sets up cuBLAS/cuDNN and the allocator (and compiles, when on): on an
         # H100 case A's 150-step eager epoch averaged 415k tok/s with it, its later steps ~475k.
         # CUDA graphs are recorded on the second and third: those stay out of tokens/s too.
-        self._warmup_steps = (3 if self.cuda_graphs else 1) if self.cuda else 0
+        self._warmup_steps = (3 if self.step.cuda_graphs else 1) if self.cuda else 0
         self.log.set_status("running")
         self.log.data.pop("interrupted", None)
         self._write_log()  # jq works on the log from the first step on
@@ -361,10 +292,11 @@ class Trainer:
         )
         self._progress = progress
         self._clock = time.monotonic()
-        self.train_model.train()
+        self.step.train_model.train()
         try:
             while self.step_in_epoch < self.steps_per_epoch:
-                flight = self._step(batches, self.lr(self.global_step))
+                lr = self.lr(self.global_step)
+                flight = self.step.queue(batches, lr, self.step_in_epoch + 1, self.global_step + 1)
                 self.step_in_epoch += 1
                 self.global_step += 1
                 # read the step before this one while this one runs (read_lag 1)
@@ -380,92 +312,25 @@ class Trainer:
             progress.close()
         return None
 
-    def _settle_and_serve(self, flight: _Flight, stop_after_steps: Optional[int]) -> Optional[str]:
+    def _settle_and_serve(self, flight: Flight, stop_after_steps: Optional[int]) -> Optional[str]:
         """Read a step, record it, and serve what it asks for at this step boundary."""
         try:
             step = self._settle(flight)
-        except _NonFinite as e:
+        except NonFiniteStep as e:
             return self._fail(str(e), flight.global_step)
         return self._step_boundary(stop_after_steps, step.signal, step.timer_due)
 
-    def _step(self, batches: Iterator, lr: float) -> _Flight:
-        """Queue one optimizer step: forward and backward over grad_accum_steps micro-batches
-        (DDP all-reduces the gradients on the last one), clip, start the agreement with the other
-        ranks, step (through the grad scaler, a pass-through unless fp16), zero the gradients.
-        Nothing here waits for the device (except fp16's scaler); `_settle` reads the sums."""
-        t = self.cfg.training
-        accum = t.grad_accum_steps
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        sums: Optional[torch.Tensor] = None  # loss x tokens, correct, tokens
-        for i in range(accum):
-            b = next(batches)
-            if self.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read
-            with no_sync(self.train_model, skip=i < accum - 1):
-                with autocast(self.precision, self.device):
-                    loss, batch = self._forward(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
-                # (dividing by 1 would cost a kernel each way)
-                self.scaler.scale(loss / accum if accum > 1 else loss).backward()
-            sums = batch if sums is None else sums + batch  # before the next replay overwrites `batch`
-        assert sums is not None  # grad_accum_steps >= 1 (the config checks it)
-        # The clipped norm rides in the step's one all-reduce (rank 0's alone: DDP gave every
-        # rank the same gradients), with the sums and the checkpoint flags (see signals.py).
-        if t.gradient_clip > 0:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients
-            grads = [p.grad for p in self._params if p.grad is not None]
-            # eager: compiled, its guards over every gradient cost case C more host time than its
-            # launches (docs/performance.md#gpu)
-            values, bad = clip_values(grads, t.gradient_clip, sums, self.is_main)
-        else:
-            values, bad = self._step_values(sums, self._no_norm)
-        agreement = self.requests.send(values)
-        if self.world_size > 1:  # every rank skips a step that is not finite on any rank
-            bad = self._nonfinite(agreement.values)
-        self._apply(bad)
-        self.optimizer.zero_grad(set_to_none=True)
-        return _Flight(agreement, lr, self.step_in_epoch + 1, self.global_step + 1)
-
-    def _apply(self, bad: torch.Tensor) -> None:
-        """The optimizer step, unless `bad` (the agreed loss sum or gradient norm is not finite):
-        then nothing of it is applied, and `_settle` stops the run."""
-        if not self.scaler.is_enabled():  # fp16's scaler skips the steps that overflow itself
-            if self.optimizer.defaults.get("fused"):
-                # the fused AdamW skips on the device: no wait (an attribute torch reads but does not declare)
-                self.optimizer.found_inf = bad  # type: ignore[attr-defined]
-            elif bad:  # the CPU's AdamW has no found_inf: a host read (its steps are read at once anyway)
-                return
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-
-    def _settle(self, flight: _Flight) -> _Step:
-        """Wait for a queued step's agreed sums, check them and record the step. A non-finite
-        step was skipped (`_apply`) and stops the run here; reading a step late, the next one is
-        already applied in memory, but no checkpoint holds it: every checkpoint is written after
-        the steps before it were read (`_step_boundary`)."""
-        t = self.cfg.training
-        values, sig, timer_due = flight.agreement.get()
-        loss_sum, correct, tokens = values[0], int(values[1]), int(values[2])  # the whole job's
-        where = f"step {flight.global_step} (epoch {self.epoch + 1})"
-        if not math.isfinite(loss_sum):
-            raise _NonFinite(
-                f"non-finite training loss ({loss_sum / max(tokens, 1)}) at {where}; nothing of it "
-                "was saved; lower training.learning_rate or check the data"
-            )
-        grad_norm = values[3] if t.gradient_clip > 0 else None
-        if grad_norm is not None and not math.isfinite(grad_norm):
-            if not self.scaler.is_enabled():
-                raise _NonFinite(
-                    f"non-finite gradient norm at {where}; nothing of it was saved; lower training.learning_rate"
-                )
-            grad_norm = None  # fp16 overflow: the scaler skipped this step and lowered its scale
-        step = _Step(loss_sum, correct, tokens, grad_norm, sig, timer_due)
+    def _settle(self, flight: Flight) -> StepSums:
+        """Read a queued step (OptimizerStep.settle) and record it. Reading a step late, the next
+        one is already applied in memory, but no checkpoint holds it: every checkpoint is written
+        after the steps before it were read (`_step_boundary`)."""
+        step = self.step.settle(flight, f"step {flight.global_step} (epoch {self.epoch + 1})")
         now = time.monotonic()
         self._record_step(step, now - self._clock, flight)
         self._clock = now
         return step
 
-    def _record_step(self, step: _Step, seconds: float, flight: _Flight) -> None:
+    def _record_step(self, step: StepSums, seconds: float, flight: Flight) -> None:
         """Add the step to the epoch's sums; its progress line and (every log_every_steps) scalars."""
         t = self.cfg.training
         tokens_per_rank = t.batch_size * t.grad_accum_steps * self.windows.context_length
@@ -497,7 +362,7 @@ class Trainer:
             later, self._in_flight = self._in_flight, None
             try:
                 step = self._settle(later)
-            except _NonFinite as e:
+            except NonFiniteStep as e:
                 return self._fail(str(e), later.global_step)
             timer_due = timer_due or step.timer_due
             if step.signal in STOP_SIGNALS or sig is None:  # stop beats save
@@ -528,7 +393,7 @@ class Trainer:
             self._save_best(val_loss)
         elapsed = self.elapsed_before + self._session_seconds()
         eta = elapsed / self.epoch * (t.epochs - self.epoch)
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.step.optimizer.param_groups[0]["lr"]
         self.log.add_epoch(
             epoch=self.epoch,
             train_loss=train_loss,
@@ -569,13 +434,13 @@ class Trainer:
     ) -> tuple[float, float]:
         """Token-weighted mean loss and accuracy over `split`. Under DDP with the plain model (no
         DDP forward, so ranks' uneven slices of the split can't deadlock)."""
-        model = model or (self.model if self.world_size > 1 else self.train_model)
+        model = model or (self.model if self.world_size > 1 else self.step.train_model)
         return split_loss(
             model,
             self.windows,
             split,
             self.cfg.training.batch_size,
-            self.precision,
+            self.step.precision,
             self.device,
             rank=self.rank,
             world_size=self.world_size,
@@ -586,7 +451,7 @@ class Trainer:
 
     def _fail(self, error: str, step: Optional[int] = None) -> str:
         """Training stops with `error` at optimizer step `step` (default: the next one)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.step.optimizer.zero_grad(set_to_none=True)
         self.log.set_status("failed", error, failed_step=step or self.global_step + 1)
         self._write_log()
         if self.is_main:
