@@ -34,10 +34,12 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from common.atomic import replace_with, temp_path
+from common.config import Config, config_to_dict
 from common.errors import UserError
 
 __all__ = [
     "CheckpointWriter",
+    "best_model_state",
     "CorruptCheckpoint",
     "checkpoint_files",
     "checkpoint_position",
@@ -273,3 +275,18 @@ def unwrap_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
                     key, changed = key[len(prefix) :], True
         out[key] = value
     return out
+
+
+def best_model_state(model: Any, cfg: Config, epoch: int, global_step: int, val_loss: float) -> dict[str, Any]:
+    """best_model.pt: the weights of the best epoch so far with what loads them (the model's
+    config and table sizes) and where they were reached. `model`: the plain MarketGPT."""
+    return {
+        "model": unwrap_state_dict(model.state_dict()),
+        "model_config": config_to_dict(cfg)["model"],
+        "num_assets": model.num_assets,
+        "num_categories": model.num_categories,
+        "epoch": epoch,
+        "global_step": global_step,
+        "val_loss": float(val_loss),
+        "config": config_to_dict(cfg),
+    }

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from common.atomic import atomic_write_json
 
-__all__ = ["STATUSES", "EPOCH_KEYS", "TrainingLog", "format_duration", "epoch_summary", "Progress"]
+__all__ = ["STATUSES", "EPOCH_KEYS", "EpochEnd", "TrainingLog", "format_duration", "epoch_summary", "Progress"]
 
 STATUSES = ("running", "finished", "early_stopped", "failed")
 EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "tokens_per_sec", "elapsed_s", "eta_s")
@@ -82,6 +83,56 @@ def epoch_summary(
         f"Val Loss: {val_loss:.3f} | Val Acc: {100 * val_acc:.1f}%\n"
         f"Time: {format_duration(elapsed_s)} | ETA: {format_duration(eta_s)}"
     )
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """A finished epoch as training_log.json, the TensorBoard scalars and the printed block report it."""
+
+    epoch: int
+    epochs: int
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    lr: float
+    elapsed_s: float  # this run's seconds so far, every session
+    eta_s: float
+    step: int  # global optimizer steps
+
+    def log_entry(self, tokens_per_sec: float, mfu: Optional[float], gpus: Any) -> dict[str, Any]:
+        """The epoch's entry of training_log.json (EPOCH_KEYS, then step, mfu and the GPUs)."""
+        return {
+            "epoch": self.epoch,
+            "train_loss": self.train_loss,
+            "train_acc": self.train_acc,
+            "val_loss": self.val_loss,
+            "val_acc": self.val_acc,
+            "lr": self.lr,
+            "tokens_per_sec": tokens_per_sec,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "eta_s": round(self.eta_s, 3),
+            "step": self.step,
+            "mfu": mfu,
+            "gpus": gpus,
+        }
+
+    def scalars(self, tokens_per_sec: float) -> dict[str, float]:
+        """The epoch's TensorBoard scalars (tag -> value)."""
+        return {
+            "loss/train": self.train_loss,
+            "loss/val": self.val_loss,
+            "accuracy/train": self.train_acc,
+            "accuracy/val": self.val_acc,
+            "epoch/lr": self.lr,
+            "epoch/tokens_per_sec": tokens_per_sec,
+            "epoch/epoch": self.epoch,
+        }
+
+    def summary(self) -> str:
+        """The seed guide's four lines for the epoch."""
+        losses = (self.train_loss, self.train_acc, self.val_loss, self.val_acc)
+        return epoch_summary(self.epoch, self.epochs, *losses, self.elapsed_s, self.eta_s)
 
 
 class Progress:

@@ -25,13 +25,30 @@ from common.distributed.precision import (
     resolve_precision,
     use_tf32,
 )
+from common.errors import UserError
+from common.training.batches import TokenWindows
 from common.training.signals import Agreement, CheckpointRequests
 from common.training.step import TrainingForward, clip_values, nonfinite, step_values
 
 if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
     from common.model.gpt import MarketGPT
 
-__all__ = ["Flight", "NonFiniteStep", "OptimizerStep", "StepSums"]
+__all__ = ["Flight", "NonFiniteStep", "OptimizerStep", "StepSums", "steps_per_epoch"]
+
+
+def steps_per_epoch(windows: TokenWindows, cfg: Config, world_size: int) -> int:
+    """Optimizer steps in an epoch: full global batches only (DDP's gradient mean equals one big
+    batch's only when every rank has one), at most training.max_steps_per_epoch."""
+    t = cfg.training
+    batches = windows.num_batches("train", t.batch_size, world_size, drop_last=True, shuffle=True) // t.grad_accum_steps
+    steps = min(batches, t.max_steps_per_epoch or batches)
+    if steps == 0:
+        raise UserError(
+            f"{windows.num_windows('train')} training windows are too few for one optimizer "
+            f"step (training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
+            f"{world_size} processes); lower them or use more data"
+        )
+    return steps
 
 
 class StepSums(NamedTuple):

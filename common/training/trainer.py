@@ -20,6 +20,7 @@ The step itself (the model as training runs it, AdamW, the grad scaler) is `self
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import sys
@@ -35,11 +36,16 @@ from common.distributed.job_store import wait_for_main
 from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.training.batches import TokenWindows
-from common.training.checkpoint import epoch_checkpoint_name, step_checkpoint_name, unwrap_state_dict
+from common.training.checkpoint import (
+    best_model_state,
+    epoch_checkpoint_name,
+    step_checkpoint_name,
+    unwrap_state_dict,
+)
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
-from common.training.log import Progress, TrainingLog, epoch_summary
+from common.training.log import EpochEnd, Progress, TrainingLog
 from common.training.lr_schedule import LRSchedule
-from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums
+from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums, steps_per_epoch
 from common.training.rng import restore_rank_rng, rng_state
 from common.training.run_checkpoints import RunCheckpoints
 from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, CheckpointRequests
@@ -94,7 +100,7 @@ class Trainer:
             config=config_to_dict(cfg),
             flops_per_token=self.model.flops_per_token(windows.context_length),
         )
-        self.steps_per_epoch = self._count_steps_per_epoch()
+        self.steps_per_epoch = steps_per_epoch(windows, cfg, world_size)
         self.lr_schedule = LRSchedule(t.learning_rate, t.warmup_steps, t.epochs * self.steps_per_epoch, t.min_lr_ratio)
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
 
@@ -116,22 +122,6 @@ class Trainer:
         self.checkpoints = RunCheckpoints(
             self.run_dir, t.keep_checkpoints, is_main=self.is_main, world_size=world_size, out=self.out
         )
-
-    def _count_steps_per_epoch(self) -> int:
-        t = self.cfg.training
-        # full global batches only: DDP's gradient mean equals one big batch's only when every rank has one
-        batches = (
-            self.windows.num_batches("train", t.batch_size, self.world_size, drop_last=True, shuffle=True)
-            // t.grad_accum_steps
-        )
-        steps = min(batches, t.max_steps_per_epoch or batches)
-        if steps == 0:
-            raise UserError(
-                f"{self.windows.num_windows('train')} training windows are too few for one optimizer "
-                f"step (training.batch_size {t.batch_size} x grad_accum_steps {t.grad_accum_steps} x "
-                f"{self.world_size} processes); lower them or use more data"
-            )
-        return steps
 
     # ------------------------------------------------------------------ state
 
@@ -281,16 +271,8 @@ class Trainer:
             limit=self.steps_per_epoch * accum,
             order=self.epoch_order,
         )
-        progress = Progress(
-            self.epoch + 1,
-            t.epochs,
-            self.steps_per_epoch,
-            self.step_in_epoch,
-            t.log_every_steps,
-            self.out,
-            enabled=self.is_main,
-        )
-        self._progress = progress
+        steps = (self.steps_per_epoch, self.step_in_epoch, t.log_every_steps)
+        self._progress = progress = Progress(self.epoch + 1, t.epochs, *steps, self.out, enabled=self.is_main)
         self._clock = time.monotonic()
         self.step.train_model.train()
         try:
@@ -394,40 +376,13 @@ class Trainer:
         elapsed = self.elapsed_before + self._session_seconds()
         eta = elapsed / self.epoch * (t.epochs - self.epoch)
         lr = self.step.optimizer.param_groups[0]["lr"]
-        self.log.add_epoch(
-            epoch=self.epoch,
-            train_loss=train_loss,
-            train_acc=train_acc,
-            val_loss=val_loss,
-            val_acc=val_acc,
-            lr=lr,
-            tokens_per_sec=readings.tokens_per_sec,
-            elapsed_s=round(elapsed, 3),
-            eta_s=round(eta, 3),
-            step=self.global_step,
-            mfu=readings.mfu,
-            gpus=readings.gpus,
-        )
-        self.metrics.log_epoch(
-            self.global_step,
-            {
-                "loss/train": train_loss,
-                "loss/val": val_loss,
-                "accuracy/train": train_acc,
-                "accuracy/val": val_acc,
-                "epoch/lr": lr,
-                "epoch/tokens_per_sec": readings.tokens_per_sec,
-                "epoch/epoch": self.epoch,
-            },
-            readings,
-        )
+        losses = (train_loss, train_acc, val_loss, val_acc)
+        end = EpochEnd(self.epoch, t.epochs, *losses, lr, elapsed, eta, self.global_step)
+        self.log.add_epoch(**end.log_entry(readings.tokens_per_sec, readings.mfu, readings.gpus))
+        self.metrics.log_epoch(self.global_step, end.scalars(readings.tokens_per_sec), readings)
         self._save(epoch_checkpoint_name(self.epoch))
         self._write_log()
-        self.metrics.print_epoch(
-            epoch_summary(self.epoch, t.epochs, train_loss, train_acc, val_loss, val_acc, elapsed, eta),
-            readings,
-            self.out,
-        )
+        self.metrics.print_epoch(end.summary(), readings, self.out)
 
     def evaluate(
         self, split: str, max_batches: Optional[int] = None, model: Optional[torch.nn.Module] = None
@@ -435,17 +390,9 @@ class Trainer:
         """Token-weighted mean loss and accuracy over `split`. Under DDP with the plain model (no
         DDP forward, so ranks' uneven slices of the split can't deadlock)."""
         model = model or (self.model if self.world_size > 1 else self.step.train_model)
-        return split_loss(
-            model,
-            self.windows,
-            split,
-            self.cfg.training.batch_size,
-            self.step.precision,
-            self.device,
-            rank=self.rank,
-            world_size=self.world_size,
-            max_batches=max_batches,
-        )
+        t = self.cfg.training
+        score = functools.partial(split_loss, rank=self.rank, world_size=self.world_size, max_batches=max_batches)
+        return score(model, self.windows, split, t.batch_size, self.step.precision, self.device)
 
     # ------------------------------------------------------------------ helpers
 
@@ -466,11 +413,8 @@ class Trainer:
         )
         self._write_log()
         if self.is_main:
-            print(
-                f"Received {name}: saved {checkpoint}, stopping (exit {EXIT_REQUEUE} = requeue)",
-                file=self.out,
-                flush=True,
-            )
+            line = f"Received {name}: saved {checkpoint}, stopping (exit {EXIT_REQUEUE} = requeue)"
+            print(line, file=self.out, flush=True)
         return "interrupted"
 
     def _save(self, name: str) -> None:
@@ -480,16 +424,7 @@ class Trainer:
 
     def _save_best(self, val_loss: float) -> None:
         self.checkpoints.save_best(
-            lambda: {
-                "model": unwrap_state_dict(self.model.state_dict()),
-                "model_config": config_to_dict(self.cfg)["model"],
-                "num_assets": self.model.num_assets,
-                "num_categories": self.model.num_categories,
-                "epoch": self.epoch,
-                "global_step": self.global_step,
-                "val_loss": float(val_loss),
-                "config": config_to_dict(self.cfg),
-            }
+            lambda: best_model_state(self.model, self.cfg, self.epoch, self.global_step, val_loss)
         )
 
     def _finish_writing(self, raise_errors: bool) -> None:
