@@ -43,7 +43,7 @@ def run(
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
     from common.evaluation.asset_series import fit_price_baselines, series_from_prepared, series_from_run
-    from common.evaluation.scorecard import forecaster_fn, make_scorecard, write_scorecard
+    from common.evaluation.scorecard import ScorecardSettings, forecaster_fn, make_scorecard, write_scorecard
 
     t0 = time.perf_counter()
     if run_dir is not None:
@@ -69,10 +69,7 @@ def run(
     card = make_scorecard(
         series,
         model,
-        interval=interval,
-        horizons=horizons,
-        stride=stride,
-        n_samples=samples,
+        ScorecardSettings(interval=interval, horizons=horizons, stride=stride, n_samples=samples),
         baselines=baselines,
         progress=print,
     )

@@ -7,7 +7,7 @@ import pytest
 
 from common.cli import main
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 
 from scorecard_helpers import synthetic_series
 
@@ -34,13 +34,8 @@ def test_a_forecaster_that_never_moves_scores_two_wherever_a_barrier_was_touched
     card = make_scorecard(
         _series(),
         flat,
-        interval="1d",
-        horizons=[1, 5],
-        stride=5,
-        n_samples=10,
-        n_boot=50,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=10, n_boot=50, barrier=(0.01, -0.01)),
         baselines={"rw_ewma": RandomWalkEWMA()},
-        barrier=(0.01, -0.01),
     )
     bc = card["barrier"]
     assert bc["prices"] == "close" and bc["upper"] == 0.01 and bc["lower"] == -0.01
@@ -61,13 +56,8 @@ def test_the_true_process_beats_an_overdispersed_one_and_no_barrier_means_no_car
     card = make_scorecard(
         series,
         _walk(1.0),
-        interval="1d",
-        horizons=[5],
-        stride=3,
-        n_samples=200,
-        n_boot=200,
+        ScorecardSettings(interval="1d", horizons=[5], stride=3, n_samples=200, n_boot=200, barrier=(0.02, -0.015)),
         baselines={"wide": _walk(3.0)},
-        barrier=(0.02, -0.015),
     )
     hc = card["barrier"]["horizons"]["5"]
     assert hc["brier"]["model"] < hc["brier"]["wide"]
@@ -75,11 +65,7 @@ def test_the_true_process_beats_an_overdispersed_one_and_no_barrier_means_no_car
     plain = make_scorecard(
         series,
         _walk(1.0),
-        interval="1d",
-        horizons=[5],
-        stride=3,
-        n_samples=20,
-        n_boot=20,
+        ScorecardSettings(interval="1d", horizons=[5], stride=3, n_samples=20, n_boot=20),
         baselines={"wide": _walk(3.0)},
     )
     assert "barrier" not in plain and "barrier_lines" not in plain

@@ -20,7 +20,7 @@ from common.evaluation.calibration import (
     write_calibration,
 )
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 from common.forecasting.calibrated import CALIBRATION_JSON, calibrate_table, conformity_scores, load_calibration
 
 from scorecard_helpers import candles_from_returns
@@ -80,11 +80,7 @@ def test_calibration_brings_an_overconfident_forecaster_to_nominal_coverage_on_t
     card = make_scorecard(
         series,
         fc,
-        interval="1d",
-        horizons=[1, 5],
-        stride=5,
-        n_samples=200,
-        n_boot=20,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=200, n_boot=20),
         baselines={"rw_ewma": RandomWalkEWMA()},
         calibration=cal,
     )
@@ -105,11 +101,7 @@ def test_calibration_brings_an_overconfident_forecaster_to_nominal_coverage_on_t
     plain = make_scorecard(
         series,
         fc,
-        interval="1d",
-        horizons=[1],
-        stride=20,
-        n_samples=20,
-        n_boot=20,
+        ScorecardSettings(interval="1d", horizons=[1], stride=20, n_samples=20, n_boot=20),
         baselines={"rw_ewma": RandomWalkEWMA()},
     )
     assert plain["calibration"]["coverage_calibrated"] is None and plain["calibration"]["calibrated_by"] is None

@@ -9,7 +9,7 @@ import pytest
 from common.evaluation.backtest import backtest, decile_positions
 from common.evaluation.factors import factor_card, factor_signals
 from common.evaluation.price_baselines import HistoricalBootstrap, log_returns
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 from common.evaluation.walk_forward import all_origins, origin_indices
 
 from scorecard_helpers import candles_from_returns, synthetic_series
@@ -85,11 +85,7 @@ def test_the_card_carries_the_cross_section_and_its_line():
     card = make_scorecard(
         series,
         HistoricalBootstrap(),
-        interval="1d",
-        horizons=[1],
-        stride=2,
-        n_samples=20,
-        n_boot=50,
+        ScorecardSettings(interval="1d", horizons=[1], stride=2, n_samples=20, n_boot=50),
         baselines={"bootstrap": HistoricalBootstrap(window=50)},
     )
     cs = card["horizons"]["1"]["cross_section"]

@@ -12,7 +12,7 @@ import pytest
 from common.errors import UserError
 from common.evaluation.foundation_baselines import load_foundation_baseline, paths_from_quantiles
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 from common.forecasting.forecast_io import History
 
 from tests.foundation_helpers import tiny_chronos, tiny_chronos2, tiny_timesfm
@@ -54,11 +54,7 @@ def test_tiny_models_run_into_the_scorecard(chronos_dir, timesfm_dir, tmp_path):
     card = make_scorecard(
         synthetic_series([garch_returns(400, rng)]),
         RandomWalkEWMA(),
-        interval="1d",
-        horizons=[1, 5],
-        stride=40,
-        n_samples=20,
-        n_boot=50,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=40, n_samples=20, n_boot=50),
         baselines={"rw_ewma": RandomWalkEWMA(), "chronos": chronos, "chronos2": chronos2, "timesfm": tfm},
     )
     names = ("chronos", "chronos2", "timesfm")

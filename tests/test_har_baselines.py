@@ -11,7 +11,7 @@ import pytest
 
 from common.evaluation.asset_series import fit_price_baselines
 from common.evaluation.har_baselines import HarFit, HarParams, HarRange, range_variance
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 from common.forecasting.forecast_io import History
 
 from scorecard_helpers import candles_from_returns, candles_from_variances, garch_candles, log_har_candles, split_series
@@ -96,11 +96,7 @@ def _card(frames: list[pd.DataFrame]) -> dict:
     return make_scorecard(
         series,
         baselines["rw_ewma"],
-        interval="1d",
-        horizons=(1,),
-        stride=1,
-        n_samples=200,
-        n_boot=100,
+        ScorecardSettings(interval="1d", horizons=(1,), stride=1, n_samples=200, n_boot=100),
         baselines={k: baselines[k] for k in ("garch", "har", "log_har")},
     )["horizons"]["1"]
 

@@ -14,7 +14,14 @@ import pytest
 from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, make_scorecard, run_scorecard, write_scorecard
+from common.evaluation.scorecard import (
+    SCORECARD_JSON,
+    SCORECARD_PNG,
+    ScorecardSettings,
+    make_scorecard,
+    run_scorecard,
+    write_scorecard,
+)
 from common.evaluation.walk_forward import origin_indices
 from common.forecasting.forecast_io import History
 
@@ -41,11 +48,7 @@ def test_an_origin_never_sees_a_candle_after_itself():
     card = make_scorecard(
         series,
         rec,
-        interval="1d",
-        horizons=[1, 5],
-        stride=3,
-        n_samples=20,
-        n_boot=50,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=3, n_samples=20, n_boot=50),
         baselines={"rw_ewma": RandomWalkEWMA()},
     )
     by_symbol = {s.symbol: s for s in series}
@@ -88,11 +91,7 @@ def test_garch_beats_the_random_walk_on_garch_data():
     card = make_scorecard(
         series,
         baselines["garch"],
-        interval="1d",
-        horizons=[1],
-        stride=1,
-        n_samples=100,
-        n_boot=500,
+        ScorecardSettings(interval="1d", horizons=[1], stride=1, n_samples=100, n_boot=500),
         baselines={"rw_ewma": baselines["rw_ewma"]},
     )
     skill = card["horizons"]["1"]["skill"]["crps"]["rw_ewma"]
@@ -116,11 +115,7 @@ def test_an_oracle_reaches_the_optimal_crps_and_nominal_coverage():
     card = make_scorecard(
         series,
         oracle,
-        interval="1d",
-        horizons=[1, 5],
-        stride=5,
-        n_samples=200,
-        n_boot=200,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=200, n_boot=200),
         baselines={"rw_ewma": RandomWalkEWMA()},
     )
     for h in (1, 5):
@@ -139,7 +134,9 @@ def test_an_oracle_reaches_the_optimal_crps_and_nominal_coverage():
 def test_scorecard_files_read_with_jq(tmp_path):
     rng = np.random.default_rng(2)
     series = synthetic_series([rng.normal(0.0005, 0.01, 700) for _ in range(5)])
-    card = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
+    card = make_scorecard(
+        series, RandomWalkEWMA(), ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
+    )
     json_path, png_path = write_scorecard(card, tmp_path)
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     loaded = json.loads(json_path.read_text())
@@ -205,7 +202,9 @@ def test_scorecard_files_read_with_jq(tmp_path):
     assert [line.split(":")[0] for line in loaded["headline_lines"]] == ["Best baseline at H=1", "Best baseline at H=5"]
     for line, (h, _name, dm) in zip(loaded["verdicts"], tests):
         assert line.startswith(f"H={h}: CRPS skill vs ") and ", DM p " in line and line.endswith(f"({dm['verdict']})")
-    again = make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
+    again = make_scorecard(
+        series, RandomWalkEWMA(), ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=50, n_boot=100)
+    )
     assert again["horizons"]["5"]["mcs"] == card["horizons"]["5"]["mcs"]  # seeded: the same set again
     if shutil.which("jq"):
         out = subprocess.run(
@@ -223,14 +222,14 @@ def test_bad_forecasts_and_arguments_are_refused():
     base = {"rw_ewma": RandomWalkEWMA()}
     nan_fn = lambda histories, horizon, n, seed: np.full((len(histories), n), np.nan)  # noqa: E731
     with pytest.raises(ValueError, match="forecaster 'model' returned .* non-finite"):
-        make_scorecard(series, nan_fn, interval="1d", horizons=[1], n_samples=10, baselines=base)
+        make_scorecard(series, nan_fn, ScorecardSettings(interval="1d", horizons=[1], n_samples=10), baselines=base)
     short = lambda histories, horizon, n, seed: np.zeros((len(histories), n - 1))  # noqa: E731
     with pytest.raises(ValueError, match="expected"):
-        make_scorecard(series, short, interval="1d", horizons=[1], n_samples=10, baselines=base)
+        make_scorecard(series, short, ScorecardSettings(interval="1d", horizons=[1], n_samples=10), baselines=base)
     with pytest.raises(UserError, match="unknown assets ZZZ"):
-        make_scorecard(series, RandomWalkEWMA(), interval="1d", assets=["ZZZ"], baselines=base)
+        make_scorecard(series, RandomWalkEWMA(), ScorecardSettings(interval="1d", assets=["ZZZ"]), baselines=base)
     with pytest.raises(UserError, match="no origin .* 500 bars later"):
-        make_scorecard(series, RandomWalkEWMA(), interval="1d", horizons=[500], baselines=base)
+        make_scorecard(series, RandomWalkEWMA(), ScorecardSettings(interval="1d", horizons=[500]), baselines=base)
 
 
 def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
@@ -323,11 +322,7 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     card = make_scorecard(
         series,
         fn,
-        interval="1d",
-        horizons=[1, 3],
-        stride=20,
-        n_samples=16,
-        n_boot=50,
+        ScorecardSettings(interval="1d", horizons=[1, 3], stride=20, n_samples=16, n_boot=50),
         baselines={"rw_ewma": RandomWalkEWMA()},
     )
     assert card["horizons"]["3"]["n"] > 0 and card["horizons"]["3"]["crps"]["model"] > 0

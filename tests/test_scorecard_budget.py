@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import UserError
 from common.evaluation.price_baselines import RandomWalkEWMA
-from common.evaluation.scorecard import make_scorecard
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 from common.evaluation.walk_forward import Origins, within_budget
 
 from scorecard_helpers import garch_returns, synthetic_series
@@ -67,13 +67,9 @@ def test_the_cost_of_a_card_stays_within_its_budget_as_the_universe_grows():
         card = make_scorecard(
             series,
             counted,
-            interval="1d",
-            horizons=[1, 5],
-            stride=None,
-            n_origins=8,
-            n_samples=8,
-            n_boot=20,
-            budget=16,
+            ScorecardSettings(
+                interval="1d", horizons=[1, 5], stride=None, n_origins=8, n_samples=8, n_boot=20, budget=16
+            ),
             baselines={"rw_ewma": RandomWalkEWMA(0.94)},
             progress=said.append,
         )
@@ -94,11 +90,7 @@ def test_a_card_on_microsecond_candles_has_real_dates_and_draws(tmp_path):
     card = make_scorecard(
         series,
         RandomWalkEWMA(0.94),
-        interval="1d",
-        horizons=[1, 5],
-        stride=1,
-        n_samples=8,
-        n_boot=20,
+        ScorecardSettings(interval="1d", horizons=[1, 5], stride=1, n_samples=8, n_boot=20),
         baselines={"rw_ewma": RandomWalkEWMA(0.94)},
     )
     first = card["backtest"]["strategies"]["model"]["dates"][0]

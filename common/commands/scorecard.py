@@ -153,14 +153,31 @@ def _with_foundation(foundation: dict[str, tuple[str, str]], device: str) -> Cal
     """run_scorecard with the foundation models beside the fitted baselines (same arguments)."""
     from common.evaluation.asset_series import fit_price_baselines, series_from_run  # lazy: pandas
     from common.evaluation.foundation_baselines import load_foundation_baseline  # lazy: pandas
-    from common.evaluation.scorecard import make_scorecard, write_scorecard  # lazy: scipy
+    from common.evaluation.scorecard import ScorecardSettings, make_scorecard, write_scorecard  # lazy: scipy
 
     models = {name: load_foundation_baseline(kind, spec, device) for name, (kind, spec) in foundation.items()}
 
-    def score(run_dir: Path, forecast_fn, *, out_dir: Path, precision: str, interval: Optional[str], **kw) -> dict:
+    def score(
+        run_dir: Path,
+        forecast_fn,
+        *,
+        out_dir: Path,
+        precision: str,
+        interval: Optional[str],
+        progress: Optional[Callable[[str], None]] = None,
+        calibration=None,
+        **settings,
+    ) -> dict:
         series, interval = series_from_run(run_dir, interval)
         baselines = {**fit_price_baselines(series, interval), **models}
-        card = make_scorecard(series, forecast_fn, interval=interval, baselines=baselines, **kw)
+        card = make_scorecard(
+            series,
+            forecast_fn,
+            ScorecardSettings(interval=interval, **settings),
+            baselines=baselines,
+            progress=progress,
+            calibration=calibration,
+        )
         card["run"], card["precision"] = str(run_dir), precision
         try:
             write_scorecard(card, out_dir)

@@ -39,7 +39,7 @@ from common.evaluation.benchmark_tasks import (
 )
 from common.evaluation.metrics import block_bootstrap_indices, block_length, verdict
 from common.evaluation.price_baselines import ForecastFn
-from common.evaluation.scorecard import BASELINE_NAMES, make_scorecard
+from common.evaluation.scorecard import BASELINE_NAMES, ScorecardSettings, make_scorecard
 
 __all__ = ["Draws", "ModelView", "aggregate_skill", "format_table", "run_benchmark"]
 
@@ -109,14 +109,16 @@ def _score_task(
     card = make_scorecard(
         series,
         forecast_fn,
-        interval=task.interval,
-        horizons=task.horizons,
-        stride=task.stride,
-        n_samples=draws.n_samples,
-        seed=draws.seed,
-        n_boot=draws.n_boot,
+        ScorecardSettings(
+            interval=task.interval,
+            horizons=task.horizons,
+            stride=task.stride,
+            n_samples=draws.n_samples,
+            seed=draws.seed,
+            n_boot=draws.n_boot,
+            budget=budget,
+        ),
         keep=keep,
-        budget=budget,
         progress=lambda msg: say(f"[{task.name}] {msg}"),
     )
     if budget is not None:

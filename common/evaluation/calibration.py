@@ -32,7 +32,7 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, LazyCandles
 from common.evaluation.pit import GRID_EDGES, GRID_TEST, calibrated_grid_bins, grid_bins, pit_uniformity
 from common.evaluation.price_baselines import ForecastFn
-from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
+from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices
 from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
 
 __all__ = [
@@ -98,24 +98,11 @@ def fit_calibration(
             "fitted on the validation split only: retrain with data.val_ratio > 0"
         )
     steps = list(range(1, horizon + 1))
-    origins, step = origin_indices(val, stride=stride, n_origins=n_origins)
-    o = all_origins(val, origins, steps)
-    counts = {h: int(np.isfinite(o.y[h]).sum()) for h in steps}
-    short = [h for h in steps if counts[h] < MIN_VAL_ORIGINS]
-    if short:
-        raise UserError(
-            f"{source}: the validation split has {counts[short[0]]} origins with a close {short[0]} bars "
-            f"later, {MIN_VAL_ORIGINS} needed per step; pass a shorter --horizon or a smaller --stride"
-        )
+    o, step, counts = _val_origins(val, steps, stride, n_origins, source)
     say(f"calibrating on {len(o.index)} validation origins x {n_samples} samples, steps 1..{horizon}")
     stats, _ = forecast_all(val, o, {"model": forecast_fn}, steps, n_samples, seed, say)
-    adjustments, coverage = {}, {}
-    for h in steps:
-        model = stats[h]["model"]
-        adjustments[str(h)] = {str(lv): cqr_adjustment(model[f"score{lv}"], lv) for lv in levels}
-        coverage[str(h)] = {str(lv): float(np.mean(model[f"score{lv}"] <= 0)) for lv in levels}
+    adjustments, coverage = _adjustments(stats, steps, levels)
     last_target = max(int(s.candles.index[-1].value) for s in val)  # the latest candle any fit could read
-    iso = lambda ns: pd.Timestamp(int(ns), tz="UTC").isoformat()  # noqa: E731
     return {
         "version": FORMAT_VERSION,
         "method": "split-conformal CQR: q = ceil((n+1)L)-th smallest max(lo-y, y-hi)",
@@ -132,15 +119,47 @@ def fit_calibration(
         "seed": seed,
         "val_coverage_raw": coverage,
         "dates": {
-            "first_origin": iso(o.dates.min()),
-            "last_origin": iso(o.dates.max()),
-            "last_candle_read": iso(last_target),
+            "first_origin": _iso(o.dates.min()),
+            "last_origin": _iso(o.dates.max()),
+            "last_candle_read": _iso(last_target),
         },
-        "test_starts": iso(min(int(s.candles.index[s.test.start].value) for s in series if len(s.test)))
+        "test_starts": _iso(min(int(s.candles.index[s.test.start].value) for s in series if len(s.test)))
         if any(len(s.test) for s in series)
         else None,
         "sampling": {"temperature": 1.0, "top_k": None, "top_p": None},
     }
+
+
+def _val_origins(
+    val: Sequence[AssetSeries], steps: list[int], stride: Optional[int], n_origins: Optional[int], source: str
+) -> tuple[Origins, int, dict[int, int]]:
+    """The validation origins, their stride and, per step, how many have a target; a UserError when a step
+    has fewer than MIN_VAL_ORIGINS."""
+    origins, step = origin_indices(val, stride=stride, n_origins=n_origins)
+    o = all_origins(val, origins, steps)
+    counts = {h: int(np.isfinite(o.y[h]).sum()) for h in steps}
+    short = [h for h in steps if counts[h] < MIN_VAL_ORIGINS]
+    if short:
+        raise UserError(
+            f"{source}: the validation split has {counts[short[0]]} origins with a close {short[0]} bars "
+            f"later, {MIN_VAL_ORIGINS} needed per step; pass a shorter --horizon or a smaller --stride"
+        )
+    return o, step, counts
+
+
+def _adjustments(stats: dict, steps: list[int], levels: Sequence[int]) -> tuple[dict, dict]:
+    """Per step and level: the CQR adjustment of the model's scores, and the raw coverage on val."""
+    adjustments, coverage = {}, {}
+    for h in steps:
+        model = stats[h]["model"]
+        adjustments[str(h)] = {str(lv): cqr_adjustment(model[f"score{lv}"], lv) for lv in levels}
+        coverage[str(h)] = {str(lv): float(np.mean(model[f"score{lv}"] <= 0)) for lv in levels}
+    return adjustments, coverage
+
+
+def _iso(ns: int) -> str:
+    """A UTC timestamp in ns as ISO 8601."""
+    return pd.Timestamp(int(ns), tz="UTC").isoformat()
 
 
 def write_calibration(content: dict, run_dir: str | Path) -> Path:

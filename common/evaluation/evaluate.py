@@ -191,8 +191,7 @@ def evaluate_run(
     windows is scored, and the baselines are scored on exactly those targets.
     """
     vocab_size = int(tokenizer.vocab_size)
-    move_table, _ = tokenizer.decode(np.arange(vocab_size))
-    token_moves = torch.from_numpy(np.nan_to_num(np.asarray(move_table, np.float64), nan=0.0))
+    token_moves = _token_moves(tokenizer, vocab_size)
     w = split_windows(test, context_length, max_windows=None if max_batches is None else max_batches * batch_size)
 
     # flat per-target arrays, in the row-major order score_model produces
@@ -224,16 +223,33 @@ def evaluate_run(
         "directional": _directional_all(scores, moves),
         "per_asset": per_asset,
         "per_category": per_category,
-        "settings": {
-            "context_length": context_length,
-            "max_batches": max_batches,
-            "windows": int(len(w.x)),
-            "targets": "every test token but each asset's first, once; PAD ignored; BOS/MISSING counted",
-            "baselines_fit_on": "train",
-            "train_tokens": int(sum(len(t) for t in train_tokens.values())),
-            "repeat_last_eps": baselines["repeat_last"].eps,
-            "markov1_smoothing": "witten-bell, unigram backoff",
-        },
+        "settings": _settings(context_length, max_batches, len(w.x), train_tokens, baselines),
+    }
+
+
+def _token_moves(tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) float64: each id's decoded move, 0 for the ids that decode to none (NaN)."""
+    move_table, _ = tokenizer.decode(np.arange(vocab_size))
+    return torch.from_numpy(np.nan_to_num(np.asarray(move_table, np.float64), nan=0.0))
+
+
+def _settings(
+    context_length: int,
+    max_batches: Optional[int],
+    windows: int,
+    train_tokens: Mapping[str, np.ndarray],
+    baselines: dict,
+) -> dict:
+    """test_results.json's "settings": how the model and the baselines were scored."""
+    return {
+        "context_length": context_length,
+        "max_batches": max_batches,
+        "windows": int(windows),
+        "targets": "every test token but each asset's first, once; PAD ignored; BOS/MISSING counted",
+        "baselines_fit_on": "train",
+        "train_tokens": int(sum(len(t) for t in train_tokens.values())),
+        "repeat_last_eps": baselines["repeat_last"].eps,
+        "markov1_smoothing": "witten-bell, unigram backoff",
     }
 
 

@@ -81,6 +81,9 @@ def horizon_card(
     n_boot: int,
     seed: int,
 ) -> dict:
+    """One horizon's card on the origins `o` (those with a target at `horizon`): each forecaster's scores,
+    coverage, PIT and direction, the rank IC of the `ranked` ones, the cross-sectional factors, the model's
+    skill against each baseline, the significance tests and the per-asset / per-category breakdown."""
     y = o.y[horizon]
     card: dict = {"n": int(len(y)), "n_dates": int(len(np.unique(o.dates)))}
     scores = {name: _scores(st, y) for name, st in stats.items()}
@@ -97,38 +100,14 @@ def horizon_card(
     card["direction"] = {name: _direction(st["p_up"] >= 0.5, y) for name, st in stats.items()}
     card["direction"]["always_up"] = _direction(np.ones(len(y), bool), y)
 
-    card["rank_ic"] = {}
-    for name in ranked:  # zero-mean baselines rank noise: left out
-        _, ic = rank_ic(o.dates, stats[name]["mean"], y)
-        lags = nw_lags(len(ic), horizon, stride)
-        card["rank_ic"][name] = (
-            {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
-            if len(ic) >= 2
-            else None
-        )
+    card["rank_ic"] = _rank_ic_card(o, stats, ranked, horizon, stride)
 
     # the factors a quant ranks by without a model, on the same origins, and the model's edge over the best
     card["cross_section"] = factor_card(
         o.dates, y, stats["model"]["mean"], factor_signals(series, o), horizon, stride, stats["model"]["p_up"]
     )
 
-    model_losses = _losses(stats["model"], y)
-    card["skill"] = {key: {} for key in SKILL_KINDS}
-    for name, st in stats.items():
-        if name == "model":
-            continue
-        base_losses = _losses(st, y)
-        for key, kind in SKILL_KINDS.items():
-            card["skill"][key][name] = skill_interval(
-                model_losses[key],
-                base_losses[key],
-                o.dates,
-                horizon=horizon,
-                stride=stride,
-                kind=kind,
-                n_boot=n_boot,
-                seed=seed,
-            )
+    card["skill"] = _skill_card(o, stats, horizon, stride, n_boot, seed)
     # Diebold-Mariano against each baseline and the model confidence set, on the per-date CRPS
     card.update(
         significance_card(
@@ -145,6 +124,49 @@ def horizon_card(
     card["by_asset"] = _groups(symbols, stats, y)
     card["by_category"] = _groups(categories, stats, y)
     return card
+
+
+def _rank_ic_card(
+    o: Origins, stats: dict[str, dict[str, np.ndarray]], ranked: Sequence[str], horizon: int, stride: int
+) -> dict[str, Optional[dict]]:
+    """Per forecaster in `ranked`: the mean per-date rank IC of its mean forecast and the Newey-West t
+    (None with fewer than two dates)."""
+    y = o.y[horizon]
+    out: dict[str, Optional[dict]] = {}
+    for name in ranked:  # zero-mean baselines rank noise: left out
+        _, ic = rank_ic(o.dates, stats[name]["mean"], y)
+        lags = nw_lags(len(ic), horizon, stride)
+        out[name] = (
+            {"mean": float(ic.mean()), "t_nw": newey_west_t(ic, lags), "n_dates": int(len(ic)), "nw_lags": lags}
+            if len(ic) >= 2
+            else None
+        )
+    return out
+
+
+def _skill_card(
+    o: Origins, stats: dict[str, dict[str, np.ndarray]], horizon: int, stride: int, n_boot: int, seed: int
+) -> dict[str, dict]:
+    """Per loss (SKILL_KINDS) and baseline: the model's skill with its block-bootstrap interval."""
+    y = o.y[horizon]
+    model_losses = _losses(stats["model"], y)
+    out: dict[str, dict] = {key: {} for key in SKILL_KINDS}
+    for name, st in stats.items():
+        if name == "model":
+            continue
+        base_losses = _losses(st, y)
+        for key, kind in SKILL_KINDS.items():
+            out[key][name] = skill_interval(
+                model_losses[key],
+                base_losses[key],
+                o.dates,
+                horizon=horizon,
+                stride=stride,
+                kind=kind,
+                n_boot=n_boot,
+                seed=seed,
+            )
+    return out
 
 
 def backtest_card(

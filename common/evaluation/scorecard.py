@@ -11,7 +11,7 @@
       ──► common.evaluation.backtest: sign(mean) positions vs buy-and-hold and 20-period momentum
       ──► scorecard.json (jq: .horizons["1"].skill.crps.garch), scorecard.png, verdict lines
 
-`make_scorecard(series, forecast_fn, interval=...)` does the work on any candles; `run_scorecard
+`make_scorecard(series, forecast_fn, ScorecardSettings(interval=...))` does the work on any candles; `run_scorecard
 (run_dir, forecast_fn)` reads a run folder's data and writes the files into it. The realized
 returns are read from the full frame by the scorecard alone, after the forecasts are made.
 
@@ -24,6 +24,7 @@ verdicts and the text lines); this module puts them together.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_HORIZONS",
     "SCORECARD_JSON",
     "SCORECARD_PNG",
+    "ScorecardSettings",
     "barrier_card",
     "barrier_lines",
     "forecaster_fn",
@@ -77,55 +79,129 @@ def forecaster_fn(forecaster, **options) -> ForecastFn:
     return fn
 
 
+@dataclass(frozen=True)
+class ScorecardSettings:
+    """What a scorecard scores and how, beside the candles and the forecasters.
+
+    interval: the bar length ("1d"). horizons: the steps H scored. stride / n_origins: every
+    `stride`-th test date as an origin, or `n_origins` evenly spaced (walk_forward.origin_indices).
+    n_samples: sampled paths per origin and forecaster; seed: the forecasts' and the bootstrap's.
+    cost_bp: the backtest's cost per side; n_boot: block-bootstrap resamples.
+    assets: only these symbols (None: all). barrier: (upper, lower), e.g. (0.05, -0.03): also the
+    Brier scores of the barrier probabilities (card["barrier"], see barrier_card).
+    budget: at most this many (asset, origin) forecasts, drawn by walk_forward.within_budget
+    (card["origins"]["budget"] says how); None: every origin.
+    """
+
+    interval: str
+    horizons: Sequence[int] = DEFAULT_HORIZONS
+    stride: Optional[int] = 5
+    n_origins: Optional[int] = None
+    n_samples: int = 200
+    seed: int = 0
+    cost_bp: float = DEFAULT_COST_BP
+    n_boot: int = 1000
+    assets: Optional[Sequence[str]] = None
+    barrier: Optional[tuple[float, float]] = None
+    budget: Optional[int] = None
+
+
 def make_scorecard(
     series: Sequence[AssetSeries],
     forecast_fn: ForecastFn,
+    settings: ScorecardSettings,
     *,
-    interval: str,
-    horizons: Sequence[int] = DEFAULT_HORIZONS,
-    stride: Optional[int] = 5,
-    n_origins: Optional[int] = None,
-    n_samples: int = 200,
-    seed: int = 0,
-    cost_bp: float = DEFAULT_COST_BP,
-    n_boot: int = 1000,
-    assets: Optional[Sequence[str]] = None,
     baselines: Optional[Mapping[str, ForecastFn]] = None,
     progress: Optional[Callable[[str], None]] = None,
     calibration: Optional[Calibration] = None,
-    barrier: Optional[tuple[float, float]] = None,
     keep: Optional[dict] = None,
-    budget: Optional[int] = None,
 ) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
-    series: every asset's candles and the run's split ranges; interval: the bar length ("1d").
-    baselines: name -> forecaster; by default `fit_price_baselines(series, interval)`.
+    series: every asset's candles and the run's split ranges; settings: what to score and how.
+    baselines: name -> forecaster; by default `fit_price_baselines(series, settings.interval)`.
     calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
-    barrier: (upper, lower), e.g. (0.05, -0.03): also the Brier scores of the barrier probabilities
-    (card["barrier"], see barrier_card).
-    budget: at most this many (asset, origin) forecasts, drawn by walk_forward.within_budget
-    (card["origins"]["budget"] says how); None: every origin.
     keep: a dict that receives the per-origin "stats" (horizon -> forecaster -> arrays), the
     "origins" and the "stride" (common.evaluation.benchmark pools them across tasks).
     """
-    horizons = _check_request(horizons, n_samples)
-    series = _chosen_assets(series, assets)
+    interval, n_samples, seed, n_boot = settings.interval, settings.n_samples, settings.seed, settings.n_boot
+    barrier = settings.barrier
+    horizons = _check_request(settings.horizons, n_samples)
+    series = _chosen_assets(series, settings.assets)
     say = progress or (lambda _msg: None)
     if baselines is None:
         say("fitting the baselines (GARCH on the train split)")
         baselines = fit_price_baselines(series, interval)
     forecasters = {"model": forecast_fn, **baselines}
     ranked = [name for name, fn in forecasters.items() if name == "model" or getattr(fn, "drift", True)]
-    origins, step = origin_indices(series, stride=stride, n_origins=n_origins)
+    origins, step = origin_indices(series, stride=settings.stride, n_origins=settings.n_origins)
     bt_horizon = min(horizons, key=lambda h: (abs(h - step), h))  # the horizon closest to the holding period
 
+    card = _card_head(interval, n_samples, seed, step, len(series), baselines)
+    o, step = _scored_origins(series, origins, horizons, step, settings.budget, seed, card["origins"], say)
+    say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
+    stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
+    if keep is not None:
+        keep.update(stats=stats, origins=o, stride=step)
+    scoring = _Scoring(series, o, stats, step, n_boot, seed)
+    for h in horizons:
+        hc = card["horizons"][str(h)] = _horizon_entry(scoring, ranked, h, calibration)
+        if h == bt_horizon:
+            card["backtest"] = _backtest_entry(scoring, momentum, hc, h, settings.cost_bp)
+    add_summary(card, horizons[0])
+    _add_calibrated(card, stats, calibration)
+    if barrier is not None:
+        card["barrier"] = barrier_card(series, o, stats, barrier, step, n_boot, seed)
+        card["barrier_lines"] = barrier_lines(card["barrier"])
+    return card
+
+
+def _scored_origins(
+    series: Sequence[AssetSeries],
+    origins: Mapping[str, np.ndarray],
+    horizons: list[int],
+    stride: int,
+    budget: Optional[int],
+    seed: int,
+    card_origins: dict,
+    say: Callable[[str], None],
+) -> tuple[Origins, int]:
+    """The origins to forecast and their stride: every one with a target at the shortest horizon, or at most
+    `budget` of them (walk_forward.within_budget, recorded in `card_origins`); a UserError when there is none."""
+    o = all_origins(series, origins, horizons)
+    if len(o.index) == 0:
+        raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
+    if budget is not None:
+        o, stride, drawn = within_budget(o, budget, stride, seed)
+        card_origins.update(stride=stride, budget=budget, drawn=drawn)
+        if drawn:
+            say(drawn)
+    return o, stride
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What every horizon's scores share: the assets, the origins forecast, the forecasters' per-origin
+    stats (horizon -> name -> arrays), the origin stride and the block bootstrap's settings."""
+
+    series: Sequence[AssetSeries]
+    origins: Origins
+    stats: dict
+    stride: int
+    n_boot: int
+    seed: int
+
+
+def _card_head(
+    interval: str, n_samples: int, seed: int, stride: int, n_assets: int, baselines: Mapping[str, ForecastFn]
+) -> dict:
+    """The card before any score: the request, the origins' stride, the baselines and their fallbacks."""
     card: dict = {
         "interval": interval,
         "samples": n_samples,
         "seed": seed,
         "horizons": {},
-        "origins": {"stride": step, "assets": len(series)},
+        "origins": {"stride": stride, "assets": n_assets},
         "baselines": sorted(baselines),
         "crps_estimator": "scoringrules crps_ensemble (pwm = fair)",
     }
@@ -135,45 +211,41 @@ def make_scorecard(
     har = baselines.get("har")
     if isinstance(har, HarRange):
         card["har_fallback"] = list(har.fallback)
-    o = all_origins(series, origins, horizons)
-    if len(o.index) == 0:
-        raise UserError(f"no origin in the test split has a candle {horizons[0]} bars later; use shorter horizons")
-    if budget is not None:
-        o, step, drawn = within_budget(o, budget, step, seed)
-        card["origins"].update(stride=step, budget=budget, drawn=drawn)
-        if drawn:
-            say(drawn)
-    say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
-    stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
-    if keep is not None:
-        keep.update(stats=stats, origins=o, stride=step)
-    for h in horizons:
-        oh = o.subset(np.isfinite(o.y[h]), h)
-        if len(oh.index) == 0:
-            raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
-        card["horizons"][str(h)] = horizon_card(series, oh, stats[h], ranked, h, step, n_boot, seed)
-        card["horizons"][str(h)]["pit_calibrated"] = calibrated_pit_card(
-            calibration, stats[h]["model"], oh.y[h], oh.dates, horizon=h, stride=step
-        )
-        if h == bt_horizon:
-            edge = card["horizons"][str(h)]["cross_section"]["edge"]
-            card["backtest"] = backtest_card(
-                series,
-                oh,
-                stats[h]["model"],
-                momentum[np.isfinite(o.y[h])],
-                h,
-                cost_bp,
-                n_boot,
-                seed,
-                best_factor=edge["best_factor"] if edge else None,
-            )
-    add_summary(card, horizons[0])
-    _add_calibrated(card, stats, calibration)
-    if barrier is not None:
-        card["barrier"] = barrier_card(series, o, stats, barrier, step, n_boot, seed)
-        card["barrier_lines"] = barrier_lines(card["barrier"])
     return card
+
+
+def _horizon_entry(scoring: _Scoring, ranked: list[str], h: int, calibration: Optional[Calibration]) -> dict:
+    """card["horizons"][str(h)]: the scores on the origins whose close h bars later exists, and the PIT of the
+    calibrated model (null without calibration)."""
+    o = scoring.origins
+    oh = o.subset(np.isfinite(o.y[h]), h)
+    if len(oh.index) == 0:
+        raise UserError(f"no origin in the test split has a candle {h} bars later; use shorter horizons")
+    stats = scoring.stats[h]
+    hc = horizon_card(scoring.series, oh, stats, ranked, h, scoring.stride, scoring.n_boot, scoring.seed)
+    hc["pit_calibrated"] = calibrated_pit_card(
+        calibration, stats["model"], oh.y[h], oh.dates, horizon=h, stride=scoring.stride
+    )
+    return hc
+
+
+def _backtest_entry(scoring: _Scoring, momentum: np.ndarray, hc: dict, h: int, cost_bp: float) -> dict:
+    """card["backtest"]: the model's sign(mean) positions at horizon h (the one closest to the holding period)
+    against buy-and-hold, momentum and the best cross-sectional factor of `hc`, the horizon's card."""
+    o = scoring.origins
+    scored = np.isfinite(o.y[h])
+    edge = hc["cross_section"]["edge"]
+    return backtest_card(
+        scoring.series,
+        o.subset(scored, h),
+        scoring.stats[h]["model"],
+        momentum[scored],
+        h,
+        cost_bp,
+        scoring.n_boot,
+        scoring.seed,
+        best_factor=edge["best_factor"] if edge else None,
+    )
 
 
 def _add_calibrated(card: dict, stats: dict, calibration: Optional[Calibration]) -> None:
@@ -323,9 +395,7 @@ def run_scorecard(
     interval: which of a run's data.intervals (None: its first), forecast by forecast_fn.
     budget: at most this many (asset, origin) forecasts (make_scorecard)."""
     series, interval = series_from_run(run_dir, interval)
-    card = make_scorecard(
-        series,
-        forecast_fn,
+    settings = ScorecardSettings(
         interval=interval,
         horizons=horizons,
         stride=stride,
@@ -334,11 +404,10 @@ def run_scorecard(
         seed=seed,
         cost_bp=cost_bp,
         assets=assets,
-        progress=progress,
-        calibration=calibration,
         barrier=barrier,
         budget=budget,
     )
+    card = make_scorecard(series, forecast_fn, settings, progress=progress, calibration=calibration)
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision

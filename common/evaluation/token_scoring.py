@@ -171,21 +171,12 @@ def split_windows(
             chosen = np.arange(len(starts))
         if len(starts) == 0:
             continue
-        toks, moves, feats = test[symbol].tokens, test[symbol].moves, test[symbol].features
-        n = len(toks)
-        idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1); past the end: a PAD target, ignored
-        inside = idx < n
-        safe = np.minimum(idx, n - 1)
-        chunk = np.where(inside, np.asarray(toks[safe.ravel()]).reshape(idx.shape).astype(np.int64), PAD_TOKEN)
-        xs.append(chunk[:, :-1])
-        y = chunk[:, 1:].copy()
-        if step < T:
-            y[chosen > 0, : T - step] = PAD_TOKEN  # scored by an earlier window, with less context
+        x, y, m, f = _asset_windows(test[symbol], starts, chosen, T, step)
+        xs.append(x)
         ys.append(y)
-        ms.append(np.where(inside, moves[safe.ravel()].reshape(idx.shape), np.nan)[:, 1:])
-        if feats is not None:
-            f = np.asarray(feats[safe[:, :-1].ravel()]).reshape(*idx[:, :-1].shape, -1).astype(np.int64)
-            fs.append(np.where(inside[:, :-1, None], f, 0))
+        ms.append(m)
+        if f is not None:
+            fs.append(f)
         owner.append(np.full(len(starts), a))
         first.append(starts)
     if not xs:
@@ -200,6 +191,29 @@ def split_windows(
         np.concatenate(first),
         np.concatenate(fs) if fs else None,
     )
+
+
+def _asset_windows(
+    split: SplitTokens, starts: np.ndarray, chosen: np.ndarray, T: int, step: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """One asset's windows starting at `starts` (its windows' numbers `chosen`): the inputs, the targets
+    (PAD past the end, and where an earlier window scored them), the targets' moves and, when the split
+    has them, the inputs' feature ids."""
+    toks, moves, feats = split.tokens, split.moves, split.features
+    n = len(toks)
+    idx = starts[:, None] + np.arange(T + 1)  # (w, T + 1); past the end: a PAD target, ignored
+    inside = idx < n
+    safe = np.minimum(idx, n - 1)
+    chunk = np.where(inside, np.asarray(toks[safe.ravel()]).reshape(idx.shape).astype(np.int64), PAD_TOKEN)
+    y = chunk[:, 1:].copy()
+    if step < T:
+        y[chosen > 0, : T - step] = PAD_TOKEN  # scored by an earlier window, with less context
+    m = np.where(inside, moves[safe.ravel()].reshape(idx.shape), np.nan)[:, 1:]
+    f = None
+    if feats is not None:
+        f = np.asarray(feats[safe[:, :-1].ravel()]).reshape(*idx[:, :-1].shape, -1).astype(np.int64)
+        f = np.where(inside[:, :-1, None], f, 0)
+    return chunk[:, :-1], y, m, f
 
 
 def _window_starts(n: int, T: int, step: int) -> np.ndarray:

@@ -159,7 +159,17 @@ class ForecasterCore:
             **({"features": np.stack(features)} if features else {}),
         )  # (N, S, H)
 
-        N = len(origins)
+        close, ohlc = self._decode_paths(tokens, states, samples, horizon)
+        table = self._forecast_table(origins, close, ohlc, horizon)
+        paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
+        return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def _decode_paths(
+        self, tokens: np.ndarray, states: list, samples: int, horizon: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The sampled token paths (N, S, H) as candles: the closes (N, S, H + 1), step 0 each history's last
+        real close, and the OHLC arrays (N, S, H), decoded from each history's volatility state."""
+        N = len(states)
         rep = lambda values: np.repeat(np.asarray(values, dtype=np.float64), samples)  # noqa: E731
         ohlc = self.tokenizer.decode_ohlc(
             tokens.reshape(N * samples, horizon),
@@ -170,7 +180,12 @@ class ForecasterCore:
         ohlc = {k: v.reshape(N, samples, horizon) for k, v in ohlc.items()}
         last = np.array([s.last_close for s in states])[:, None, None]
         close = np.concatenate([np.broadcast_to(last, (N, samples, 1)), ohlc["close"]], axis=2)
+        return close, ohlc
 
+    def _forecast_table(
+        self, origins: list, close: np.ndarray, ohlc: dict[str, np.ndarray], horizon: int
+    ) -> pd.DataFrame:
+        """One row per origin x step: the origin, the step's timestamp and the paths' summary statistics."""
         frames = []
         for i, o in enumerate(origins):
             stats = summarize_paths(close[i], ohlc["high"][i], ohlc["low"][i])
@@ -187,9 +202,7 @@ class ForecasterCore:
                     }
                 )
             )
-        table = pd.concat(frames, ignore_index=True)
-        paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
-        return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+        return pd.concat(frames, ignore_index=True)
 
     def predict_df(
         self,

@@ -192,15 +192,7 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     """Export the run's best model into `out` (default: <case>/exports/<run name>); returns it.
     interval: which of a run's data.intervals the export forecasts (None: its first; the onnx and
     pt2 forwards take its id as a constant; an hf folder keeps every interval's row)."""
-    if fmt == "torchscript":
-        raise UserError(
-            "--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
-            "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)"
-        )
-    if fmt not in FORMATS:
-        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
-        raise UserError(f"{run_dir} is an exported model folder, not a run folder; export the run it came from")
+    _check_format(run_dir, fmt)
     fc = Forecaster.from_run(run_dir, interval=interval)  # checks the run folder (and --interval)
     if fmt != "hf" and (fc.cfg.model.time_features or fc.cfg.model.volume_input):
         # the exported forward takes tokens, assets and categories only
@@ -218,45 +210,75 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     model = fc.model
     assert model is not None  # Forecaster.from_run: the run's torch model
     try:
-        wrapper = NextTokenLogits(model.eval()).eval()
-        ids = model.asset_emb.num_embeddings, model.category_emb.num_embeddings  # asset_info.json's counts
-        example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
-        target = staging / FORMATS[fmt]
-        for name in ("config.json", "tokenizer.json", "asset_info.json"):
-            shutil.copy2(Path(run_dir) / name, staging / name)
-        if fmt == "hf":
-            save_safetensors(fc, Path(run_dir), target)
-            worst = check_pretrained(model, staging)
-        else:
-            with torch.no_grad(), warnings.catch_warnings():
-                if fmt == "onnx":
-                    warnings.simplefilter("ignore")  # the ONNX tracer's notes on python ints in shapes (checked below)
-                    export_onnx(model, example, staging)
-                else:
-                    export_pt2(wrapper, example, target)
-            worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
-        facts = {
-            "format": fmt,
-            "file": FORMATS[fmt],
-            "kv_cache": fmt == "onnx",
-            "step_file": STEP_FILE if fmt == "onnx" else None,
-            "opset": ONNX_OPSET if fmt == "onnx" else None,
-            "torch_version": torch.__version__,
-        }
-        card = model_card(Path(run_dir), fc, facts, worst)
-        (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-        model_files = {"onnx": (FORMATS[fmt], STEP_FILE), "hf": (FORMATS[fmt], "README.md")}.get(fmt, (FORMATS[fmt],))
-        if fmt == "hf":
-            (staging / "README.md").write_text(model_card_markdown(card, Path(run_dir)), encoding="utf-8")
-        for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
-            # safetensors writes 0600 and copy2 keeps the run's modes: each file reads as one the user writes
-            os.chmod(staging / name, default_mode())
-            os.replace(staging / name, out / name)
+        worst = _export_model(fc, model, Path(run_dir), fmt, staging)
+        card = model_card(Path(run_dir), fc, _export_facts(fmt), worst)
+        _publish(card, Path(run_dir), fmt, staging, out)
     except OSError as e:
         raise UserError(f"cannot write the export into {out} ({e.strerror or e})") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _check_format(run_dir: Path, fmt: str) -> None:
+    """A UserError for a format export_run does not write, or a run_dir that is an export itself."""
+    if fmt == "torchscript":
+        raise UserError(
+            "--format torchscript: TorchScript is deprecated in torch (torch.jit); use --format pt2 "
+            "(torch.export, torch.export.load) or --format onnx (onnxruntime, no torch needed)"
+        )
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
+        raise UserError(f"{run_dir} is an exported model folder, not a run folder; export the run it came from")
+
+
+def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, staging: Path) -> float:
+    """The run's files and the model in `fmt` into `staging`, checked against the torch model; returns the
+    largest difference the check found."""
+    wrapper = NextTokenLogits(model.eval()).eval()
+    ids = model.asset_emb.num_embeddings, model.category_emb.num_embeddings  # asset_info.json's counts
+    example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+    target = staging / FORMATS[fmt]
+    for name in ("config.json", "tokenizer.json", "asset_info.json"):
+        shutil.copy2(run_dir / name, staging / name)
+    if fmt == "hf":
+        save_safetensors(fc, run_dir, target)
+        worst = check_pretrained(model, staging)
+    else:
+        with torch.no_grad(), warnings.catch_warnings():
+            if fmt == "onnx":
+                warnings.simplefilter("ignore")  # the ONNX tracer's notes on python ints in shapes (checked below)
+                export_onnx(model, example, staging)
+            else:
+                export_pt2(wrapper, example, target)
+        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+    return worst
+
+
+def _export_facts(fmt: str) -> dict:
+    """model_card.json's facts about the export: its format and files, KV cache, opset and torch."""
+    return {
+        "format": fmt,
+        "file": FORMATS[fmt],
+        "kv_cache": fmt == "onnx",
+        "step_file": STEP_FILE if fmt == "onnx" else None,
+        "opset": ONNX_OPSET if fmt == "onnx" else None,
+        "torch_version": torch.__version__,
+    }
+
+
+def _publish(card: dict, run_dir: Path, fmt: str, staging: Path, out: Path) -> None:
+    """Write the model card (and an hf folder's README.md) into `staging`, then move every file of the
+    export into `out`, each with the user's default mode."""
+    (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    model_files = {"onnx": (FORMATS[fmt], STEP_FILE), "hf": (FORMATS[fmt], "README.md")}.get(fmt, (FORMATS[fmt],))
+    if fmt == "hf":
+        (staging / "README.md").write_text(model_card_markdown(card, run_dir), encoding="utf-8")
+    for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
+        # safetensors writes 0600 and copy2 keeps the run's modes: each file reads as one the user writes
+        os.chmod(staging / name, default_mode())
+        os.replace(staging / name, out / name)
 
 
 def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Union, cast
 
@@ -204,7 +205,6 @@ def sample_paths_np(
     """
     N, L = contexts.shape
     T = context_length
-    keep = max(1, T // 2)
     P = window_start(T, horizon, L)
     rng = np.random.default_rng(int(seed))
     cached = getattr(backend, "step_session", None) is not None
@@ -218,38 +218,60 @@ def sample_paths_np(
     if max_batch is None:  # as the torch sampler: rows whose full cache (T tokens) fits the budget
         per_row = 2 * prefix_k[:, :1].nbytes * T // max(1, P) if cached else 0
         max_batch = max(1, CACHE_BUDGET_BYTES // per_row) if per_row else ROWS_PER_CALL
+    draw = partial(draw_tokens_np, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned, rng=rng)
     out = np.empty((N * samples, horizon), dtype=np.int64)
     for c0, c1, group, lo in context_chunks(N, samples, max_batch):
         r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
-        a, c = asset_ids[r], category_ids[r]
         seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
-        start, logits = 0, first[r]  # seq[start:end] is the window the logits came from
-        if cached:
-            pk, pv = np.ascontiguousarray(prefix_k[:, c0:c1]), np.ascontiguousarray(prefix_v[:, c0:c1])
-            layers, _, heads, _, size = pk.shape
-            # each row's own tokens' keys and values, time-major: [:, :n] is what step() takes
-            own_k, own_v = (np.empty((layers, max(1, horizon - 1), len(r), heads, size), np.float32) for _ in "kv")
-            n = 0
-        for step in range(horizon):
-            end = P + step
-            seq[:, end] = draw_tokens_np(logits, temperature, top_k, top_p, banned, rng)
-            if step == horizon - 1:
-                break
-            if end - start == T:  # the window is full: start again from its last `keep` tokens
-                start = end + 1 - keep
-                if cached:  # each row its own prefix now (a group of one)
-                    logits, pk, pv = onnx.prefill(seq[:, start : end + 1], a, c)
-                    n = 0
-                    continue
-            if cached:
-                logits, own_k[:, n], own_v[:, n] = onnx.step(
-                    seq[:, end : end + 1], a, c, pk, pv, own_k[:, :n], own_v[:, :n]
-                )
-                n += 1
-            else:
-                logits = backend(seq[:, start : end + 1], a, c)
+        prefix = (prefix_k[:, c0:c1], prefix_v[:, c0:c1]) if cached else None
+        _continue_chunk(backend, seq, asset_ids[r], category_ids[r], first[r], prefix, P, T, draw)
         out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
+
+
+def _continue_chunk(
+    backend: LogitsFn,
+    seq: np.ndarray,
+    a: np.ndarray,
+    c: np.ndarray,
+    logits: np.ndarray,
+    prefix: Optional[tuple[np.ndarray, np.ndarray]],
+    P: int,
+    T: int,
+    draw: Callable[[np.ndarray], np.ndarray],
+) -> None:
+    """Fill seq[:, P:] (rows of one chunk: their last P context tokens, then zeros) with sampled ids, the
+    first drawn from `logits`. prefix: the chunk's contexts' cached keys and values (backend an OnnxBackend
+    with its step graph), or None to re-run the window every step. A full window restarts from its last
+    T // 2 tokens."""
+    horizon, keep = seq.shape[1] - P, max(1, T // 2)
+    onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
+    cached = prefix is not None
+    start = 0  # seq[start:end] is the window the logits came from
+    if prefix is not None:
+        pk, pv = np.ascontiguousarray(prefix[0]), np.ascontiguousarray(prefix[1])
+        layers, _, heads, _, size = pk.shape
+        # each row's own tokens' keys and values, time-major: [:, :n] is what step() takes
+        own_k, own_v = (np.empty((layers, max(1, horizon - 1), len(seq), heads, size), np.float32) for _ in "kv")
+        n = 0
+    for step in range(horizon):
+        end = P + step
+        seq[:, end] = draw(logits)
+        if step == horizon - 1:
+            break
+        if end - start == T:  # the window is full: start again from its last `keep` tokens
+            start = end + 1 - keep
+            if cached:  # each row its own prefix now (a group of one)
+                logits, pk, pv = onnx.prefill(seq[:, start : end + 1], a, c)
+                n = 0
+                continue
+        if cached:
+            logits, own_k[:, n], own_v[:, n] = onnx.step(
+                seq[:, end : end + 1], a, c, pk, pv, own_k[:, :n], own_v[:, :n]
+            )
+            n += 1
+        else:
+            logits = backend(seq[:, start : end + 1], a, c)
 
 
 def read_model_card(export_dir: Path) -> dict:

@@ -95,26 +95,20 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
     then what the model is, its data, how good it is, intended use and limits), from model_card.json."""
     cfg = read_json_or_empty(run_dir / "config.json")
     name = cfg.get("experiment") or run_dir.name
-    universe = card["universe"]
-    shown = ", ".join(universe[:max_symbols]) + (
-        f", ... ({len(universe)} in all)" if len(universe) > max_symbols else ""
-    )
-    headline = _headline_text(card["scorecard_headline"])
-    verdicts = read_json_or_empty(run_dir / "scorecard.json").get("verdicts") or []
-    score = (
-        [
-            f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "
-            f"baseline at the shortest horizon, 95% interval): **{headline}**",
-            "",
-        ]
-        + [f"- {line}" for line in verdicts]
-        if headline
-        else [
-            "Not scored: this run has no scorecard.json (`marketgpt scorecard RUN_DIR`, then export again). "
-            "Judge no forecast of it before it is scored."
-        ]
-    )
     lines = [
+        *_intro_lines(card, name),
+        *_training_data_lines(card, max_symbols),
+        *_evaluation_lines(card, run_dir),
+        *_limits_lines(card),
+        *_files_lines(card),
+    ]
+    return "\n".join(lines)
+
+
+def _intro_lines(card: dict, name: str) -> list[str]:
+    """The YAML front matter, what the model is and how to load it."""
+    universe = card["universe"]
+    return [
         "---",
         "library_name: marketgpt",
         "pipeline_tag: time-series-forecasting",
@@ -138,6 +132,16 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
         "",
         f"or `marketgpt forecast THIS_FOLDER --symbols {universe[0]}` (the MarketGPT package).",
         "",
+    ]
+
+
+def _training_data_lines(card: dict, max_symbols: int) -> list[str]:
+    """## Training data: the source, the cut-off dates and the universe (its first `max_symbols` assets)."""
+    universe = card["universe"]
+    shown = ", ".join(universe[:max_symbols]) + (
+        f", ... ({len(universe)} in all)" if len(universe) > max_symbols else ""
+    )
+    return [
         "## Training data",
         "",
         f"- source: `{card['data_source']}`, interval `{card['interval']}`",
@@ -145,12 +149,39 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
         f"was chosen on candles before {card['validation_end']}; later candles are the test split",
         f"- universe ({len(universe)} assets, asset_info.json's ids): {shown}",
         "",
+    ]
+
+
+def _evaluation_lines(card: dict, run_dir: Path) -> list[str]:
+    """## Evaluation: the scorecard's headline and verdicts (or that it was not scored) and the test loss."""
+    headline = _headline_text(card["scorecard_headline"])
+    verdicts = read_json_or_empty(run_dir / "scorecard.json").get("verdicts") or []
+    score = (
+        [
+            f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "
+            f"baseline at the shortest horizon, 95% interval): **{headline}**",
+            "",
+        ]
+        + [f"- {line}" for line in verdicts]
+        if headline
+        else [
+            "Not scored: this run has no scorecard.json (`marketgpt scorecard RUN_DIR`, then export again). "
+            "Judge no forecast of it before it is scored."
+        ]
+    )
+    return [
         "## Evaluation",
         "",
         *score,
         "",
         f"Test loss (token cross-entropy): {_number(card['test_loss'])}; best epoch: {card['best_epoch']}.",
         "",
+    ]
+
+
+def _limits_lines(card: dict) -> list[str]:
+    """## Intended use and ## Limits."""
+    return [
         "## Intended use",
         "",
         "Research on probabilistic forecasts of the assets above at this interval: quantile bands, P(up) and "
@@ -165,6 +196,12 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
         "- Bands come from sampled paths; `top_k` / `top_p` narrow them and make them overconfident.",
         "- Exchange holidays are not known: a forecast's calendar puts a bar on them.",
         "",
+    ]
+
+
+def _files_lines(card: dict) -> list[str]:
+    """## Files: what the folder holds, and where it was exported from."""
+    return [
         "## Files",
         "",
         "| file | what |",
@@ -180,4 +217,3 @@ def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str
         f"with torch {card['torch_version']}.",
         "",
     ]
-    return "\n".join(lines)

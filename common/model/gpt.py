@@ -323,16 +323,7 @@ class MarketGPT(nn.Module):
         """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
-        if start + T > self.config.context_length:
-            raise ValueError(
-                f"sequence length {start + T} exceeds model.context_length "
-                f"{self.config.context_length}; crop the input to the last context_length tokens"
-            )
-        if asset_ids.shape != (B,) or category_ids.shape != (B,):
-            raise ValueError(
-                f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
-                f"must both have shape ({B},), one id per sequence"
-            )
+        self._check_inputs(start + T, B, asset_ids, category_ids)
 
         x = self.wte(idx)  # (B, T, C)
         if self.head is not None:
@@ -366,6 +357,20 @@ class MarketGPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=PAD_TOKEN)
         return logits, loss
+
+    def _check_inputs(self, length: int, B: int, asset_ids: torch.Tensor, category_ids: torch.Tensor) -> None:
+        """A ValueError for a sequence (cached tokens included) longer than context_length, or conditioning ids
+        that are not one per sequence."""
+        if length > self.config.context_length:
+            raise ValueError(
+                f"sequence length {length} exceeds model.context_length "
+                f"{self.config.context_length}; crop the input to the last context_length tokens"
+            )
+        if asset_ids.shape != (B,) or category_ids.shape != (B,):
+            raise ValueError(
+                f"asset_ids {tuple(asset_ids.shape)} and category_ids {tuple(category_ids.shape)} "
+                f"must both have shape ({B},), one id per sequence"
+            )
 
     def configure_optimizer(
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str

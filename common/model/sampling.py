@@ -25,6 +25,7 @@ same paths.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
@@ -117,6 +118,7 @@ def sample_paths(
     cache_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     if max_batch is None:
         max_batch = _default_max_batch(model)
+    decoding = _Decoding(draw, V, cache_dtype, on_step)
 
     was_training = model.training
     model.eval()
@@ -132,25 +134,23 @@ def sample_paths(
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)
             seq = torch.cat((contexts[r, L - P :], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            _continue(
-                model,
-                seq,
-                P,
-                cache,
-                first_logits[r],
-                r,
-                asset_ids[r],
-                category_ids[r],
-                None if feats is None else feats[r],
-                draw=draw,
-                vocab=V,
-                cache_dtype=cache_dtype,
-                on_step=on_step,
-            )
+            chunk_feats = None if feats is None else feats[r]
+            _continue(model, seq, P, cache, first_logits[r], r, asset_ids[r], category_ids[r], chunk_feats, decoding)
             out[lo : lo + len(r)] = seq[:, P:]
     finally:
         model.train(was_training)
     return out.view(N, samples, horizon)
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """What every step of one sample_paths call decodes with: the draw (sampling settings and generator
+    bound), the logits' width (the drawable ids), the KV cache's dtype and the caller's step hook."""
+
+    draw: Callable[[torch.Tensor], torch.Tensor]
+    vocab: int
+    cache_dtype: Optional[torch.dtype]
+    on_step: Optional[StepHook]
 
 
 def _continue(
@@ -163,11 +163,7 @@ def _continue(
     asset_ids: torch.Tensor,
     category_ids: torch.Tensor,
     features: Optional[torch.Tensor],
-    *,
-    draw: Callable[[torch.Tensor], torch.Tensor],
-    vocab: int,
-    cache_dtype: Optional[torch.dtype],
-    on_step: Optional[StepHook],
+    decoding: _Decoding,
 ) -> None:
     """Draw seq[:, known:] in place (seq: (B, known + H)), one token per row and step.
 
@@ -176,6 +172,7 @@ def _continue(
     context_length // 2 tokens, positions from 0. rows (B,): each row's context, for on_step;
     features: (B, known + H, 3) or None, aligned with seq.
     """
+    draw, vocab, cache_dtype, on_step = decoding.draw, decoding.vocab, decoding.cache_dtype, decoding.on_step
     T = model.config.context_length
     keep = max(1, T // 2)  # tokens a full cache is rebuilt from
     horizon = seq.size(1) - known
