@@ -212,7 +212,9 @@ def kim_filter(
     of the (regime now, regime next) pairs and (n, 4) candle t's scale under each (rows 0 and 1
     unused; candle 0 only anchors the first return)."""
     if spec.process != "garch" or spec.drift != 0 or spec.seasonality != 0 or spec.gap_prob != 0:
-        raise ValueError("the filter models the GARCH market with drift 0, no seasonality and no gaps (the scaling study's)")
+        raise ValueError(
+            "the filter models the GARCH market with drift 0, no seasonality and no gaps (the scaling study's)"
+        )
     from common.markets import INTERVAL_SECONDS
 
     days = INTERVAL_SECONDS[spec.interval] / 86400

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaling_floors import oracle_nll  # noqa: E402
-
 from common.atomic import atomic_write_json, read_json  # noqa: E402
 from common.tokens.token_set import TokenSet, token_path  # noqa: E402
+
+from scaling_floors import oracle_nll  # noqa: E402
 
 
 def gap_closed(point: dict[str, Any], oracle: float) -> dict[str, Any]:

@@ -54,7 +54,9 @@ def test_sync_copies_the_repo_without_outputs_and_shows_the_summary(workstation)
     proc = marketgpt(local, "sync")
     assert proc.returncode == 0, proc.stderr
     assert "Number of files" in proc.stdout and "total size is" in proc.stdout
-    assert (remote / "common" / "cli" / "__init__.py").read_text() == (local / "common" / "cli" / "__init__.py").read_text()
+    assert (remote / "common" / "cli" / "__init__.py").read_text() == (
+        local / "common" / "cli" / "__init__.py"
+    ).read_text()
     assert (remote / "case_c_crypto" / "slurm_scripts").is_dir()
     assert not (remote / "case_c_crypto" / "logs").exists()
     assert not (remote / "common" / "__pycache__").exists()
