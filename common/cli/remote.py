@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from common.cluster.remote import Remote, load_settings
+from common.cluster.remote import Remote
 from common.cluster.remote_commands import fetch_run, train_remote, watch_status
 from common.cluster.remote_direct import DirectRemote
+from common.cluster.remote_settings import load_settings
 from common.errors import UserError
 from common.paths import REPO_ROOT
 

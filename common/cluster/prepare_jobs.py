@@ -189,6 +189,19 @@ def submit_preparation(
     s = plan.cfg.slurm
     check_partition(s.partition)
     params = prepare_parameters(s)
+    _print_stages(plan, params, out)
+    if dry_run:
+        print("Dry run: nothing submitted.", file=out, flush=True)
+        return {}
+
+    submitted = _submit_stages(plan, params)
+    _print_submitted(plan, submitted, out)
+    return submitted
+
+
+def _print_stages(plan: PreparePlan, params: dict, out: TextIO) -> None:
+    """What is about to be submitted: the shard, the resources, and each stage with what it waits for."""
+    s = plan.cfg.slurm
     unfinished = work_folder(plan.shard).is_dir()
     print(
         f"{plan.case.name}: token shard {rel_path(plan.shard)} by 4 jobs to partition {s.partition}, CPU only "
@@ -200,10 +213,11 @@ def submit_preparation(
         size = f"array of {len(jobs)}" if len(jobs) > 1 else "1 job"
         after = f"after {n - 1} succeeds" if n > 1 else ""
         print(f"  {n}. {stage:<7} {size:<12} {after:<17} {STAGE_WORK[stage]}", file=out)
-    if dry_run:
-        print("Dry run: nothing submitted.", file=out, flush=True)
-        return {}
 
+
+def _submit_stages(plan: PreparePlan, params: dict) -> dict[str, list]:
+    """Submit the stages in order, each one depending on the one before it succeeding."""
+    s = plan.cfg.slurm
     executor = submitit.SlurmExecutor(folder=plan.log_folder)
     submitted: dict[str, list] = {}
     previous: Optional[str] = None
@@ -216,6 +230,11 @@ def submit_preparation(
             )
             submitted[stage] = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
             previous = _array_id(submitted[stage])
+    return submitted
+
+
+def _print_submitted(plan: PreparePlan, submitted: dict[str, list], out: TextIO) -> None:
+    """Each stage's job id, the commands to follow and cancel them, and the training that reuses the shard."""
     ids = [_array_id(jobs) for jobs in submitted.values()]
     for n, (stage, jobs) in enumerate(submitted.items(), 1):
         tasks_text = f" ({len(jobs)} tasks, {ids[n - 1]}_0 ... {ids[n - 1]}_{len(jobs) - 1})" if len(jobs) > 1 else ""
@@ -236,4 +255,3 @@ def submit_preparation(
         file=out,
         flush=True,
     )
-    return submitted

@@ -2,9 +2,10 @@
 from a workstation (the actions built from several steps are in common.cluster.remote_commands;
 a box without Slurm, `"launcher": "direct"`, in common.cluster.remote_direct).
 
-Settings come from `remote.json` in the local repo (git-ignored; remote.example.json shows
-every key) or from flags: the host (anything `ssh` accepts, e.g. a ~/.ssh/config alias), the
-repo's path there, the python to run there and a shell line that sets up its environment
+Settings (common.cluster.remote_settings) come from `remote.json` in the local repo
+(git-ignored; remote.example.json shows every key) or from flags: the host (anything `ssh`
+accepts, e.g. a ~/.ssh/config alias), the repo's path there, the python to run there and a
+shell line that sets up its environment
 (`module load ...`, `conda activate ...`).
 
 Everything goes through the system's `ssh` and `rsync` with the user's own keys and agent:
@@ -21,24 +22,21 @@ and only then is each file renamed into the run folder.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from common.cluster.fetch_check import fetch_problems, parse_listing, publish
-from common.config import ConfigError, build_dataclass
+from common.cluster.remote_settings import RemoteSettings, load_settings, remote_path
 from common.errors import UserError
 from common.paths import case_dir
 
 __all__ = ["Remote", "RemoteSettings", "StepFailed", "load_settings"]
 
-SETTINGS_FILE = "remote.json"
 # What `remote sync` leaves out: history, environments, caches, and each case's data and outputs.
 SYNC_EXCLUDES = ("/.git", "/.venv", "__pycache__", "/case_*/data", "/case_*/checkpoints", "/case_*/logs")
 # Slurm states after which a job will not run again (anything else: still queued, running or requeued).
@@ -59,7 +57,6 @@ ENDED_STATES = frozenset(
 )
 _SSH_CALL_TIMEOUT_S = 120  # one short remote command (status, squeue, a listing)
 _POLL_RETRIES = 5  # ssh failures in a row a wait survives (a network blip, a login node restart)
-LAUNCHERS = ("slurm", "direct")  # sbatch on a login node; or a box without Slurm (common.cluster.remote_direct)
 
 
 class StepFailed(Exception):
@@ -68,70 +65,6 @@ class StepFailed(Exception):
     def __init__(self, step: str, message: str) -> None:
         super().__init__(f"{step}: {message}")
         self.step, self.reason = step, message
-
-
-@dataclass
-class RemoteSettings:
-    host: Optional[str] = None  # user@host, or a ~/.ssh/config alias
-    path: Optional[str] = None  # the repo's folder there (absolute, or ~/...)
-    python: Optional[str] = None  # the python there (default: python3 on its PATH); jobs get it as MARKETGPT_PYTHON
-    env: Optional[str] = None  # shell line run before every remote command, e.g. "module load python/3.11"
-    ssh_options: str = ""  # extra ssh arguments, e.g. "-p 2222 -i ~/.ssh/id_cluster"
-    rsync_options: str = ""  # extra rsync arguments, e.g. "--bwlimit=5m"
-    connect_timeout_s: int = 10  # an unreachable host fails after this long
-    launcher: str = "slurm"  # "slurm": sbatch there; "direct": train on the box itself (remote_direct.py)
-    venv: Optional[str] = None  # direct: the venv `remote setup` creates there; then its python runs everything
-    install: str = "pip install -r requirements_gpu.txt && pip install -e ."  # direct: `remote setup`'s install line
-
-    def remote_python(self) -> Optional[str]:
-        """The python commands run with there: the venv's, else `python` (None: python3 on the PATH)."""
-        return f"{self.venv.rstrip('/')}/bin/python" if self.venv else self.python
-
-
-def load_settings(
-    repo: Path,
-    host: Optional[str] = None,
-    path: Optional[str] = None,
-    python: Optional[str] = None,
-    env: Optional[str] = None,
-) -> RemoteSettings:
-    """remote.json of the local repo (when there is one), then the flags (those not None) on top."""
-    flags = {"host": host, "path": path, "python": python, "env": env}
-    settings_file = repo / SETTINGS_FILE
-    settings = RemoteSettings()
-    if settings_file.is_file():
-        try:
-            raw = json.loads(settings_file.read_text())
-        except ValueError as e:
-            raise UserError(f"{settings_file} is not valid JSON ({e}); see remote.example.json") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"{settings_file}: expected a JSON object like remote.example.json")
-        try:
-            settings = build_dataclass(RemoteSettings, raw, str(settings_file), "")
-        except ConfigError as e:
-            raise UserError(str(e)) from None
-    for name, value in flags.items():
-        if value is not None:
-            setattr(settings, name, value)
-    if not settings.host or not settings.path:
-        raise UserError(
-            f"no remote host/path: copy remote.example.json to {settings_file} and fill in host and path, "
-            "or pass --host and --path"
-        )
-    if settings.launcher not in LAUNCHERS:
-        raise UserError(f'launcher {settings.launcher!r} in {settings_file}: use "slurm" or "direct"')
-    if settings.connect_timeout_s < 1:
-        raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
-    return settings
-
-
-def remote_path(path: str) -> str:
-    """The path quoted for the remote shell; a leading ~/ stays the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 class Remote:

@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Optional, Sequence
 
-from common.cluster.remote import Remote, StepFailed, case_glob, case_script, log_prefix, remote_path
+from common.cluster.remote import Remote, StepFailed, case_glob, case_script, log_prefix
+from common.cluster.remote_settings import remote_path
 from common.errors import UserError
 from common.paths import case_dir
 

@@ -244,13 +244,35 @@ def submit(
     s = plan[0].cfg.slurm
     params = executor_parameters(s, signal_delay_s)
     if not local:
-        if not slurm_available():
-            raise UserError(
-                "Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
-                "cluster's login node, or try it on this machine with --local"
-            )
-        for job in plan:
-            check_partition(job.cfg.slurm.partition)
+        _check_slurm(plan)
+    _print_plan(plan, params, local, out)
+    if dry_run:
+        print("Dry run: nothing submitted.", file=out)
+        return []
+
+    executor = _make_executor(plan, params, local)
+    fns = [TrainJob(str(job.config), job.overrides, s.gpus_per_node) for job in plan]
+    with job_environment():
+        jobs = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
+    _print_submitted(jobs, plan, local, out)
+    out.flush()
+    return jobs
+
+
+def _check_slurm(plan: list[Submission]) -> None:
+    """Fail before submitting when Slurm does not answer or a job's partition does not exist."""
+    if not slurm_available():
+        raise UserError(
+            "Slurm does not answer here (no squeue/sinfo, or slurmctld is down); run it on the "
+            "cluster's login node, or try it on this machine with --local"
+        )
+    for job in plan:
+        check_partition(job.cfg.slurm.partition)
+
+
+def _print_plan(plan: list[Submission], params: dict, local: bool, out: TextIO) -> None:
+    """What is about to be submitted: the resources, then each job's `marketgpt` command line."""
+    s = plan[0].cfg.slurm
     where = "locally (submitit LocalExecutor)" if local else f"to partition {s.partition}"
     print(
         f"{plan[0].case.name}: {len(plan)} job(s) {where}: {s.nodes} node(s) x {s.gpus_per_node} task(s) "
@@ -264,10 +286,11 @@ def submit(
             + (f"   [{job.label}]" if job.label else ""),
             file=out,
         )
-    if dry_run:
-        print("Dry run: nothing submitted.", file=out)
-        return []
 
+
+def _make_executor(plan: list[Submission], params: dict, local: bool) -> submitit.Executor:
+    """The submitit executor for the plan: Slurm's, or the LocalExecutor with one GPU per task."""
+    s = plan[0].cfg.slurm
     folder = plan[0].case / "logs" / "submitit"
     executor: submitit.Executor
     if local:
@@ -281,9 +304,11 @@ def submit(
     else:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
         executor.update_parameters(**params)
-    fns = [TrainJob(str(job.config), job.overrides, s.gpus_per_node) for job in plan]
-    with job_environment():
-        jobs = executor.submit_array(fns) if len(fns) > 1 else [executor.submit(fns[0])]
+    return executor
+
+
+def _print_submitted(jobs: list, plan: list[Submission], local: bool, out: TextIO) -> None:
+    """Each submitted job's id with the commands to follow its logs (and, on Slurm, its state)."""
     for submitted, sub in zip(jobs, plan):
         label = f" [{sub.label}]" if sub.label else ""
         print(
@@ -298,8 +323,6 @@ def submit(
                 f"  cancel:  scancel {submitted.job_id}",
                 file=out,
             )
-    out.flush()
-    return jobs
 
 
 def local_gpus(tasks: int, device: str = "auto") -> int:

@@ -113,20 +113,7 @@ def leaderboard_record(result: dict, model_dir: Path, checkpoint_sha256: Optiona
 
 def run_benchmark_command(req: BenchmarkRequest) -> int:
     """`marketgpt benchmark`: the table (or JSON) on stdout, progress on stderr."""
-    if req.after_cutoff and req.tasks:
-        raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
-    tasks = [] if req.after_cutoff else choose_tasks(req.tasks)  # --after-cutoff: its own task, below
-    if req.budget is not None and (not req.after_cutoff or req.budget < 1):
-        raise UserError(
-            f"--budget {req.budget}: "
-            + (
-                "must be at least 1"
-                if req.after_cutoff
-                else "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"
-            )
-        )
-    if req.samples < 2:
-        raise UserError(f"--samples {req.samples}: must be at least 2")
+    tasks = _checked_tasks(req)  # --after-cutoff: its own task, below
     leaderboard = Path(req.leaderboard or DEFAULT_LEADERBOARD) if req.append and not req.after_cutoff else None
     model_dir = Path(req.model_dir)
     if not model_dir.is_dir():
@@ -165,16 +152,49 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
         "precision": forecaster.precision,
     }
     out = model_dir / (AFTER_CUTOFF_JSON if req.after_cutoff else BENCHMARK_JSON)
+    result = _write_results(result, out, leaderboard, model_dir, forecaster.checkpoint_sha256)
+    _print_results(req, result, out, leaderboard)
+    return 0
+
+
+def _checked_tasks(req: BenchmarkRequest) -> list:
+    """The fixed tasks the request chose (none for --after-cutoff), once its flags are checked."""
+    if req.after_cutoff and req.tasks:
+        raise UserError("--after-cutoff builds its own task from the run's candles; leave out --tasks")
+    tasks = [] if req.after_cutoff else choose_tasks(req.tasks)  # --after-cutoff: its own task, built later
+    if req.budget is not None and (not req.after_cutoff or req.budget < 1):
+        raise UserError(
+            f"--budget {req.budget}: "
+            + (
+                "must be at least 1"
+                if req.after_cutoff
+                else "applies to --after-cutoff only; the fixed tasks are scored whole, so their results compare"
+            )
+        )
+    if req.samples < 2:
+        raise UserError(f"--samples {req.samples}: must be at least 2")
+    return tasks
+
+
+def _write_results(
+    result: dict, out: Path, leaderboard: Optional[Path], model_dir: Path, checkpoint_sha256: Optional[str]
+) -> dict:
+    """Write the result to `out` (and a leaderboard line) and return it as read back: plain JSON types."""
     try:
         atomic_write_json(out, result)
         result = read_json(out)  # plain JSON types: stdout prints what the file holds
         if leaderboard is not None:
-            append_line(leaderboard, leaderboard_record(result, model_dir, forecaster.checkpoint_sha256))
+            append_line(leaderboard, leaderboard_record(result, model_dir, checkpoint_sha256))
     except OSError as e:
         raise UserError(
             f"cannot write the benchmark's results ({e.strerror or e}); check the folder's "
             "permissions or pass --leaderboard PATH"
         ) from None
+    return result
+
+
+def _print_results(req: BenchmarkRequest, result: dict, out: Path, leaderboard: Optional[Path]) -> None:
+    """The table (or JSON) on stdout, then where it was written."""
     print(json.dumps(result, indent=2) if req.as_json else format_table(result))
     if not req.as_json:
         where = (
@@ -185,7 +205,6 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
             else ""
         )
         print(f"Wrote {out}{where}")
-    return 0
 
 
 def _own_candles(

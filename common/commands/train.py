@@ -309,21 +309,7 @@ def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[in
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
-        print(vocabulary_line(run.tokenizer, tokens), file=out, flush=True)
-        print(
-            plan_of_run(
-                cfg,
-                tokens.ranges,
-                train_windows=windows.num_windows("train"),
-                epoch_windows=windows.epoch_windows("train"),
-                parameters=trainer.model.num_parameters(),
-                flops_per_token=trainer.model.flops_per_token(windows.context_length),
-                steps=trainer.steps_per_epoch,
-                world_size=env.world_size,
-            ),
-            file=out,
-            flush=True,
-        )
+        _print_run_plan(run, trainer, env, out)
     if state is None:
         _start_log(trainer, cfg, run_dir, run.info, env, lineage, frozen)
         if run.model_size:
@@ -362,6 +348,26 @@ def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[in
     if status == "interrupted":
         return EXIT_REQUEUE
     return 0
+
+
+def _print_run_plan(run: TrainingRun, trainer: Trainer, env: DistEnv, out: TextIO) -> None:
+    """The vocabulary line and the plan of the run (windows, parameters, steps) before training starts."""
+    cfg, tokens, windows = run.cfg, run.tokens, run.windows
+    print(vocabulary_line(run.tokenizer, tokens), file=out, flush=True)
+    print(
+        plan_of_run(
+            cfg,
+            tokens.ranges,
+            train_windows=windows.num_windows("train"),
+            epoch_windows=windows.epoch_windows("train"),
+            parameters=trainer.model.num_parameters(),
+            flops_per_token=trainer.model.flops_per_token(windows.context_length),
+            steps=trainer.steps_per_epoch,
+            world_size=env.world_size,
+        ),
+        file=out,
+        flush=True,
+    )
 
 
 def _build_model(

@@ -9,6 +9,7 @@ and the stretch is reported in `HistoryProgress.empty_spans`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -135,11 +136,7 @@ def iter_ohlcv_history(
     """
     check_timeframe(exchange, timeframe)
     retry: dict[str, Any] = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
-    ensure_markets(exchange, **retry)
-    try:
-        exchange.market(symbol)
-    except ccxt.BadSymbol:
-        raise bad_symbol(exchange, symbol) from None
+    _check_symbol(exchange, symbol, retry)
 
     step = exchange.parse_timeframe(timeframe) * 1000
     now = exchange.milliseconds() if now_ms is None else now_ms
@@ -148,6 +145,69 @@ def iter_ohlcv_history(
     progress = HistoryProgress(symbol, timeframe, int(since_ms), end, reached_ms=int(since_ms))
     rows: dict[int, list] = {}  # open time -> row; dedupes overlapping pages
     since = int(since_ms)
+    fetch = _page_fetcher(exchange, symbol, timeframe, per_call, retry)
+    frame_of = functools.partial(_to_frame, since_ms=since_ms, until_ms=until_ms, now_ms=now, step=step)
+    # Ask only while the candle opening at `since` could be closed and inside the range.
+    while since + step <= now and (until_ms is None or since < until_ms):
+        page = fetch(since)
+        progress.pages += 1
+        if page:
+            next_since: int | None = _add_page(rows, page, progress, step, now)
+        else:
+            next_since = _skip_empty_page(exchange, fetch, progress, since, step, per_call)
+        if next_since is None:  # an empty page with no candles after it before the end
+            break
+        if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
+            log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol, timeframe, _iso(since))
+            break
+        since = progress.reached_ms = next_since
+        if on_page is not None:
+            on_page(progress)
+        if page and chunk_candles is not None and len(rows) >= chunk_candles:
+            yield frame_of(rows)
+            rows = {}
+    if rows or chunk_candles is None:
+        yield frame_of(rows)
+
+
+def _skip_empty_page(
+    exchange: ccxt.Exchange,
+    fetch: Callable[..., list],
+    progress: HistoryProgress,
+    since: int,
+    step: int,
+    per_call: int,
+) -> int | None:
+    """Where to go on after a page that came back empty at `since` (logged and kept in
+    `progress.empty_spans`), or None: no candles before the end."""
+    resume = _after_empty_page(exchange, fetch, since, progress.end_ms, step, per_call)
+    if resume is None:
+        return None
+    log.info(
+        "%s: %s %s: no candles from %s to %s; going on from there",
+        exchange.id,
+        progress.symbol,
+        progress.timeframe,
+        _iso(since),
+        _iso(resume),
+    )
+    progress.empty_spans.append((since, resume))
+    return resume
+
+
+def _check_symbol(exchange: ccxt.Exchange, symbol: str, retry: Mapping[str, Any]) -> None:
+    """Load the exchange's markets (with retries) and fail with a helpful error if `symbol` is not one."""
+    ensure_markets(exchange, **retry)
+    try:
+        exchange.market(symbol)
+    except ccxt.BadSymbol:
+        raise bad_symbol(exchange, symbol) from None
+
+
+def _page_fetcher(
+    exchange: ccxt.Exchange, symbol: str, timeframe: str, per_call: int, retry: Mapping[str, Any]
+) -> Callable[..., list]:
+    """A `fetch(since, frame=timeframe)` that asks for one page of `symbol`'s candles, with retries."""
 
     def fetch(since: int, frame: str = timeframe) -> list:
         def call() -> list:
@@ -158,46 +218,17 @@ def iter_ohlcv_history(
         except ccxt.BadSymbol:
             raise bad_symbol(exchange, symbol) from None
 
-    def frame_of(rows: Mapping[int, list]) -> pd.DataFrame:
-        return _to_frame(rows, since_ms=since_ms, until_ms=until_ms, now_ms=now, step=step)
+    return fetch
 
-    # Ask only while the candle opening at `since` could be closed and inside the range.
-    while since + step <= now and (until_ms is None or since < until_ms):
-        page = fetch(since)
-        progress.pages += 1
-        if not page:
-            resume = _after_empty_page(exchange, fetch, since, end, step, per_call)
-            if resume is None:
-                break
-            log.info(
-                "%s: %s %s: no candles from %s to %s; going on from there",
-                exchange.id,
-                symbol,
-                timeframe,
-                _iso(since),
-                _iso(resume),
-            )
-            progress.empty_spans.append((since, resume))
-            since = progress.reached_ms = resume
-            if on_page is not None:
-                on_page(progress)
-            continue
-        for row in page:
-            t = int(row[0])
-            progress.candles += t not in rows and t + step <= now  # closed ones, once each
-            rows[t] = row
-        next_since = int(max(row[0] for row in page)) + step
-        if next_since <= since:  # the exchange ignored `since` (or repeated a page): stop, don't loop
-            log.warning("%s: %s %s page did not advance past %s; stopping", exchange.id, symbol, timeframe, _iso(since))
-            break
-        since = progress.reached_ms = next_since
-        if on_page is not None:
-            on_page(progress)
-        if chunk_candles is not None and len(rows) >= chunk_candles:
-            yield frame_of(rows)
-            rows = {}
-    if rows or chunk_candles is None:
-        yield frame_of(rows)
+
+def _add_page(rows: dict[int, list], page: list, progress: HistoryProgress, step: int, now: int) -> int:
+    """Merge a non-empty page into `rows` (by open time), count its new closed candles in `progress`,
+    and return the open time the next page should ask from."""
+    for row in page:
+        t = int(row[0])
+        progress.candles += t not in rows and t + step <= now  # closed ones, once each
+        rows[t] = row
+    return int(max(row[0] for row in page)) + step
 
 
 _DAY_MS = 86_400_000

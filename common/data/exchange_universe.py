@@ -86,35 +86,14 @@ def resolve_exchange_universe(
     f = filters
     markets = sorted(exchange.markets.values(), key=lambda m: m["symbol"])
     removed: dict[str, int] = {}
-
-    def keep(what: str, pairs: list[dict], ok: Callable[[dict], bool]) -> list[dict]:
-        kept = [m for m in pairs if ok(m)]
-        removed[what] = len(pairs) - len(kept)
-        return kept
-
-    pairs = keep(f"quote not {f.quote}", markets, lambda m: m.get("quote") == f.quote)
-    pairs = keep("not spot", pairs, lambda m: bool(m.get("spot")) or m.get("type") == "spot")
-    if f.active_only:
-        pairs = keep("not active (halted or delisted)", pairs, lambda m: m.get("active") is not False)
-    if f.exclude_bases:
-        pairs = keep(
-            f"base in exclude_bases ({', '.join(f.exclude_bases)})",
-            pairs,
-            lambda m: m.get("base") not in f.exclude_bases,
-        )
+    pairs = _listing_filters(markets, f, removed)
     if pairs and f.min_quote_volume > 0:
-        tickers = _ticker_volumes(exchange, stream)
-        if tickers:
-            floor = TICKER_PREFILTER * f.min_quote_volume
-            pairs = keep(
-                f"24h quote volume below {floor:,.0f} {f.quote} (ticker pre-filter)",
-                pairs,
-                lambda m: tickers.get(m["symbol"], math.inf) >= floor,
-            )
+        pairs = _ticker_prefilter(exchange, pairs, f, removed, stream)
 
     day = now.floor("D")
     volumes = _average_volumes(exchange, [m["symbol"] for m in pairs], day, f.volume_days, now, retry, stream)
-    pairs = keep(
+    pairs = _keep(
+        removed,
         f"average daily quote volume over {f.volume_days} days below {f.min_quote_volume:,.0f} {f.quote}",
         pairs,
         lambda m: volumes[m["symbol"]] >= f.min_quote_volume,
@@ -138,6 +117,50 @@ def resolve_exchange_universe(
             "data.exchange_universe (quote, min_quote_volume, exclude_bases)"
         )
     return result
+
+
+def _keep(removed: dict[str, int], what: str, pairs: list[dict], ok: Callable[[dict], bool]) -> list[dict]:
+    """The pairs `ok` accepts; how many it removed is counted in `removed` under `what`."""
+    kept = [m for m in pairs if ok(m)]
+    removed[what] = len(pairs) - len(kept)
+    return kept
+
+
+def _listing_filters(markets: list[dict], f: ExchangeUniverseConfig, removed: dict[str, int]) -> list[dict]:
+    """The markets that pass the filters the market list alone decides: quote, spot, active, base."""
+    pairs = _keep(removed, f"quote not {f.quote}", markets, lambda m: m.get("quote") == f.quote)
+    pairs = _keep(removed, "not spot", pairs, lambda m: bool(m.get("spot")) or m.get("type") == "spot")
+    if f.active_only:
+        pairs = _keep(removed, "not active (halted or delisted)", pairs, lambda m: m.get("active") is not False)
+    if f.exclude_bases:
+        pairs = _keep(
+            removed,
+            f"base in exclude_bases ({', '.join(f.exclude_bases)})",
+            pairs,
+            lambda m: m.get("base") not in f.exclude_bases,
+        )
+    return pairs
+
+
+def _ticker_prefilter(
+    exchange: ccxt.Exchange,
+    pairs: list[dict],
+    f: ExchangeUniverseConfig,
+    removed: dict[str, int],
+    stream: TextIO | None,
+) -> list[dict]:
+    """The pairs whose 24h ticker volume is not far below the floor (one request spares many candle
+    requests); all of them when the exchange has no tickers to give."""
+    tickers = _ticker_volumes(exchange, stream)
+    if not tickers:
+        return pairs
+    floor = TICKER_PREFILTER * f.min_quote_volume
+    return _keep(
+        removed,
+        f"24h quote volume below {floor:,.0f} {f.quote} (ticker pre-filter)",
+        pairs,
+        lambda m: tickers.get(m["symbol"], math.inf) >= floor,
+    )
 
 
 def _ticker_volumes(exchange: ccxt.Exchange, stream: TextIO | None) -> dict[str, float]:

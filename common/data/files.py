@@ -203,12 +203,7 @@ def read_candle_file(
         order = np.argsort(s_ts, kind="stable")
         s_ts, s_values = s_ts[order], s_values[order]
         _check_spacing(s_ts, step, interval, Path(where))
-        # Duplicates stay for clean_candles to count; off-interval rows are judged on unique stamps.
-        unique_last = np.ones(len(s_ts), dtype=bool)
-        unique_last[:-1] = s_ts[:-1] != s_ts[1:]
-        off = np.zeros(len(s_ts), dtype=bool)
-        off[unique_last] = _off_interval(s_ts[unique_last], int(step.value))
-        off |= np.isin(s_ts, s_ts[off]) & ~unique_last  # the duplicates of a dropped stamp go with it
+        off = _off_interval_rows(s_ts, int(step.value))
         keep = ~off
         index = pd.DatetimeIndex(s_ts[keep].view("datetime64[ns]"), name="timestamp").tz_localize("UTC")
         frames[symbol] = pd.DataFrame(s_values[keep], index=index, columns=list(COLUMNS))
@@ -216,6 +211,17 @@ def read_candle_file(
         # the row before (mixed intervals): counted per asset in data_info.json
         fixes[symbol] = {"unparsable_timestamp": int((rows & bad_time).sum()), "off_interval": int(off.sum())}
     return frames, fixes, naive
+
+
+def _off_interval_rows(s_ts: np.ndarray, step_ns: int) -> np.ndarray:
+    """Mask of the sorted stamps to drop as off the interval, judged on unique stamps: duplicates
+    stay for clean_candles to count, except those of a dropped stamp, which go with it."""
+    unique_last = np.ones(len(s_ts), dtype=bool)
+    unique_last[:-1] = s_ts[:-1] != s_ts[1:]
+    off = np.zeros(len(s_ts), dtype=bool)
+    off[unique_last] = _off_interval(s_ts[unique_last], step_ns)
+    off |= np.isin(s_ts, s_ts[off]) & ~unique_last  # the duplicates of a dropped stamp go with it
+    return off
 
 
 def _files_in(folder: Path) -> dict[str, Path]:

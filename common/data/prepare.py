@@ -211,27 +211,8 @@ def split_data(
 
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
-    if len(eras) > 1 and d.interval_split == "per_interval":
-        info["split_eras"] = [
-            {"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)
-        ]
-    elif len(eras) > 1:
-        info["split_eras"] = [
-            {
-                "symbols": era,
-                "first": _iso(min(spans[s][0] for s in era)),
-                "last": _iso(max(spans[s][1] for s in era)),
-                "val_start": _iso(c1),
-                "test_start": _iso(c2),
-            }
-            for era, (c1, c2) in zip(eras, era_cuts)
-        ]
-        print(
-            f"note: the assets fall into {len(eras)} eras that do not overlap in time "
-            f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
-            "(split_eras in data_info.json)",
-            file=sys.stderr,
-        )
+    if len(eras) > 1:
+        info["split_eras"] = _split_eras(eras, era_cuts, spans, by_interval=d.interval_split == "per_interval")
     return PreparedData(
         assets=kept,
         candles=candles if not isinstance(candles, dict) else {a.symbol: candles[a.symbol] for a in kept},
@@ -242,6 +223,37 @@ def split_data(
         interval=interval,
         info=info,
     )
+
+
+def _split_eras(
+    eras: list[list[str]],
+    era_cuts: list[tuple[int, int]],
+    spans: dict[str, tuple[int, int, int]],
+    *,
+    by_interval: bool,
+) -> list[dict[str, Any]]:
+    """data_info.json's split_eras: each era's symbols and cut dates (and, for eras that do not
+    overlap in time, their first and last candle, with a note on stderr)."""
+    if by_interval:
+        return [
+            {"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)
+        ]
+    print(
+        f"note: the assets fall into {len(eras)} eras that do not overlap in time "
+        f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
+        "(split_eras in data_info.json)",
+        file=sys.stderr,
+    )
+    return [
+        {
+            "symbols": era,
+            "first": _iso(min(spans[s][0] for s in era)),
+            "last": _iso(max(spans[s][1] for s in era)),
+            "val_start": _iso(c1),
+            "test_start": _iso(c2),
+        }
+        for era, (c1, c2) in zip(eras, era_cuts)
+    ]
 
 
 def _split_cuts(

@@ -104,15 +104,7 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
     the file must hold; None or {} skips that check.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets like to add a BOM
-    except FileNotFoundError:
-        raise UserError(
-            f"{path}: universe file not found; create it with the header "
-            f"'{','.join(HEADER)}' or point data.universe at the right file"
-        ) from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the universe file ({e.strerror})") from None
+    text = _read_text(path)
 
     assets: list[Asset] = []
     first_line: dict[str, int] = {}  # upper-cased symbol -> line number, to report duplicates
@@ -128,28 +120,16 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
                 raise UserError(f"{where}: bad header '{line.strip()}'; the first line must be '{','.join(HEADER)}'")
             header_seen = True
             continue
-        if len(fields) != len(HEADER):
-            raise UserError(
-                f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), found "
-                f"{len(fields)} in '{line.strip()}'; quote a name that contains a comma"
-            )
-        symbol, source, category, name = fields
-        if not symbol:
-            raise UserError(f"{where}: empty symbol")
-        if source not in SOURCES:
-            raise UserError(f"{where}: unknown source '{source}' for {symbol} ({_suggest(source, SOURCES)})")
-        if category not in CATEGORIES:
-            raise UserError(f"{where}: unknown category '{category}' for {symbol} ({_suggest(category, CATEGORIES)})")
-        if source == "ccxt" and "/" not in symbol:
-            raise UserError(f"{where}: ccxt symbol '{symbol}' must look like BASE/QUOTE, e.g. BTC/USDT")
-        key = symbol.upper()
+        asset = _row_asset(fields, line, where)
+        key = asset.symbol.upper()
         if key in first_line:
             raise UserError(
-                f"{where}: duplicate symbol '{symbol}' (already on line {first_line[key]}); each asset may appear once"
+                f"{where}: duplicate symbol '{asset.symbol}' (already on line {first_line[key]}); "
+                "each asset may appear once"
             )
         first_line[key] = lineno
-        last_line_of[category] = lineno
-        assets.append(Asset(symbol=symbol, source=source, category=category, name=name or symbol))
+        last_line_of[asset.category] = lineno
+        assets.append(asset)
 
     if not header_seen:
         raise UserError(f"{path}: empty universe file; the first line must be the header '{','.join(HEADER)}'")
@@ -158,6 +138,38 @@ def load_universe(path: str | os.PathLike, expected_counts: dict[str, int] | Non
     if expected_counts:
         _check_counts(path, assets, expected_counts, last_line_of)
     return assets
+
+
+def _read_text(path: Path) -> str:
+    """The universe file's text (a spreadsheet's BOM dropped); a UserError when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets like to add a BOM
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: universe file not found; create it with the header "
+            f"'{','.join(HEADER)}' or point data.universe at the right file"
+        ) from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the universe file ({e.strerror})") from None
+
+
+def _row_asset(fields: list[str], line: str, where: str) -> Asset:
+    """The Asset of one data row of the universe file, its fields checked (`where`: file and line)."""
+    if len(fields) != len(HEADER):
+        raise UserError(
+            f"{where}: expected {len(HEADER)} fields ({','.join(HEADER)}), found "
+            f"{len(fields)} in '{line.strip()}'; quote a name that contains a comma"
+        )
+    symbol, source, category, name = fields
+    if not symbol:
+        raise UserError(f"{where}: empty symbol")
+    if source not in SOURCES:
+        raise UserError(f"{where}: unknown source '{source}' for {symbol} ({_suggest(source, SOURCES)})")
+    if category not in CATEGORIES:
+        raise UserError(f"{where}: unknown category '{category}' for {symbol} ({_suggest(category, CATEGORIES)})")
+    if source == "ccxt" and "/" not in symbol:
+        raise UserError(f"{where}: ccxt symbol '{symbol}' must look like BASE/QUOTE, e.g. BTC/USDT")
+    return Asset(symbol=symbol, source=source, category=category, name=name or symbol)
 
 
 def _check_counts(path: Path, assets: list[Asset], expected: dict[str, int], last_line_of: dict[str, int]) -> None:

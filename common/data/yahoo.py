@@ -184,6 +184,38 @@ def download_yahoo(
     `on_batch` gets each batch's own result as soon as it is done (to save it before the next
     batch: a download killed later keeps what was fetched).
     """
+    _check_request(interval, batch_size)
+    result = YahooResult()
+    now = _utc(now) if now is not None else pd.Timestamp.now(tz="UTC")
+    start_ts, end_ts = _download_range(interval, start, end, now, result)
+
+    unique = list(dict.fromkeys(symbols))  # yfinance would drop duplicates silently
+    if not unique:
+        return result
+    yf = import_yfinance(session)
+    session = session if session is not None else new_session()
+    batches = [unique[i : i + batch_size] for i in range(0, len(unique), batch_size)]
+    attempts: dict[str, Any] = dict(
+        max_retries=max_retries,
+        retry_delay_s=retry_delay_s,
+        sleep=sleep,
+        timeout_s=timeout_s,
+        rate_limit_delay_s=rate_limit_delay_s,
+        threads=max(1, threads),
+    )
+    for number, batch in enumerate(batches, start=1):
+        if number > 1 and pause_s > 0:
+            sleep(pause_s)  # be polite: Yahoo rate-limits bursts
+        label = f"batch {number}/{len(batches)}"
+        part = _download_spans(yf, session, batch, interval, start_ts, end_ts, now, label=label, **attempts)
+        _merge_batch(result, part)
+        if on_batch is not None:
+            on_batch(part)
+    return result
+
+
+def _check_request(interval: str, batch_size: int) -> None:
+    """Fail early on an interval Yahoo does not offer or a batch size below one."""
     if interval not in YAHOO_INTERVALS:
         raise UserError(
             f"interval '{interval}' is not available from {YAHOO}; it offers "
@@ -191,11 +223,19 @@ def download_yahoo(
         )
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+
+
+def _download_range(
+    interval: str,
+    start: str | datetime | pd.Timestamp,
+    end: str | datetime | pd.Timestamp | None,
+    now: pd.Timestamp,
+    result: YahooResult,
+) -> tuple[pd.Timestamp, pd.Timestamp | None]:
+    """The UTC [start, end) to ask Yahoo for: a start before the interval's window is moved up to it
+    (and noted in `result.clamped_start`); an empty range is a UserError."""
     start_ts = _utc(start)
     end_ts = None if end is None else _utc(end)
-    now = _utc(now) if now is not None else pd.Timestamp.now(tz="UTC")
-
-    result = YahooResult()
     if interval in LOOKBACK_LIMITS:
         earliest = earliest_start(interval, now)
         if start_ts < earliest:
@@ -207,39 +247,15 @@ def download_yahoo(
             f"nothing to download from {YAHOO}: the range {start_ts} -> {end_ts} is empty{limit}; "
             "check data.start_date, data.end_date and data.interval"
         )
+    return start_ts, end_ts
 
-    unique = list(dict.fromkeys(symbols))  # yfinance would drop duplicates silently
-    if not unique:
-        return result
-    yf = import_yfinance(session)
-    session = session if session is not None else new_session()
-    batches = [unique[i : i + batch_size] for i in range(0, len(unique), batch_size)]
-    for number, batch in enumerate(batches, start=1):
-        if number > 1 and pause_s > 0:
-            sleep(pause_s)  # be polite: Yahoo rate-limits bursts
-        part = _download_spans(
-            yf,
-            session,
-            batch,
-            interval,
-            start_ts,
-            end_ts,
-            now,
-            max_retries=max_retries,
-            retry_delay_s=retry_delay_s,
-            sleep=sleep,
-            timeout_s=timeout_s,
-            rate_limit_delay_s=rate_limit_delay_s,
-            threads=max(1, threads),
-            label=f"batch {number}/{len(batches)}",
-        )
-        part.clamped_start = result.clamped_start
-        result.frames.update(part.frames)
-        result.failed.update(part.failed)
-        result.unreachable.update(part.unreachable)
-        if on_batch is not None:
-            on_batch(part)
-    return result
+
+def _merge_batch(result: YahooResult, part: YahooResult) -> None:
+    """Fold one batch's frames, failures and unreachable tickers into the whole download's result."""
+    part.clamped_start = result.clamped_start
+    result.frames.update(part.frames)
+    result.failed.update(part.failed)
+    result.unreachable.update(part.unreachable)
 
 
 def _download_spans(

@@ -6,7 +6,7 @@ itself, so a CPU process reads only the pages its windows touch.
 A window is `context_length + 1` consecutive tokens of one asset. A training window lies fully
 inside the asset's train range; a val or test window ends inside its range and may read its
 context from the purge gap before it, whose targets are masked (so a split shorter than a
-window still has every candle scored, see _split_runs). A split is a few numbers per asset:
+window still has every candle scored, see window_index.split_runs). A split is a few numbers per asset:
 where its windows start in the big tensor, how many, and the asset's ids. A batch of windows is one
 advanced-indexing gather, `tokens[starts[:, None] + arange(T + 1)]`.
 
@@ -46,6 +46,7 @@ from common.training.epoch_order import (
     randperm_order,
     round_keys,
 )
+from common.training.window_index import SPLITS, asset_runs, window_starts
 
 __all__ = [
     "SPLITS",
@@ -56,7 +57,6 @@ __all__ = [
     "window_starts",
 ]
 
-SPLITS = ("train", "val", "test")
 # Batches are gathered this many tokens at a time (int64 on the device: 16 MB, three times more
 # with features): one index copy, lookup and gather per chunk of steps instead of a dozen small
 # kernel launches per step, which held a small model's GPU step back on the host.
@@ -141,14 +141,6 @@ class SplitWindows:
         # a run with fewer windows than the offset takes none (arange would refuse start > end)
         parts = [torch.arange(starts[r] + min(offset, c), starts[r] + c, k) for r, c in enumerate(self.counts)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
-
-
-def window_starts(begin: int, end: int, length: int, stride: int) -> np.ndarray:
-    """Start indices of the `length`-token windows inside [begin, end), `stride` apart."""
-    last = end - length  # the last start whose window still ends inside the range
-    if last < begin:
-        return np.zeros(0, dtype=np.int64)
-    return np.arange(begin, last + 1, stride, dtype=np.int64)
 
 
 class TokenWindows:
@@ -339,49 +331,6 @@ class TokenWindows:
             yield (positions if lookup is None else lookup(positions)), sizes
 
 
-def _split_runs(
-    split: str, begin: int, end: int, previous_end: int, context_length: int, stride: int
-) -> tuple[int, int]:
-    """(first window start, window count) of one asset's split [begin, end).
-
-    Training windows lie inside the range, from its start. Validation and test windows are laid
-    from the range's end back, `stride` apart, and may start up to a context before `begin`,
-    never before `previous_end`: with a purge gap of at least a context, every val or test
-    candle is a target even when the split is shorter than a window (case A's daily val split
-    is 830 candles, its purge gap and context 512), read with the gap's untrained candles as
-    context; the targets in the gap are masked (SplitWindows.target_begin)."""
-    length = context_length + 1
-    if split == "train":
-        return begin, max(0, (end - length - begin) // stride + 1)  # = len(window_starts(...))
-    if end <= begin:
-        return begin, 0
-    # the earliest start whose window has a target, reading nothing of the split before
-    lowest = max(min(previous_end, begin), begin - context_length)
-    last = end - length  # the last window ends at the range's end
-    if last < lowest:
-        return begin, 0
-    count = (last - lowest) // stride + 1
-    return last - (count - 1) * stride, count
-
-
-def _asset_runs(
-    symbol: str, n: int, mine: Mapping[str, Sequence[int]], context_length: int, strides: Mapping[str, int]
-) -> Iterator[tuple[str, tuple[int, int, int]]]:
-    """(split, (first window start, windows, first target)) of one asset of n tokens, for each of
-    its splits that holds a window; `mine` its ranges."""
-    previous_end = 0  # where the split before this one ends: no window reads a token before it
-    for split in SPLITS:
-        if split not in mine:
-            continue
-        begin, end = (int(v) for v in mine[split])
-        if not 0 <= begin <= end <= n:
-            raise ValueError(f"{symbol}: {split} range [{begin}, {end}) is outside its {n} tokens")
-        start, count = _split_runs(split, begin, end, previous_end, context_length, strides[split])
-        previous_end = end
-        if count:
-            yield split, (start, count, begin)
-
-
 def _split_windows(
     split: str, runs: Sequence[tuple[int, ...]], stride: int, device: torch.device | str, with_intervals: bool
 ) -> SplitWindows:
@@ -433,7 +382,7 @@ def build_windows(
         if toks.ndim != 1:
             raise ValueError(f"{symbol}: token array must be 1-D, got shape {toks.shape}")
         ids = (asset_ids[symbol], category_ids[symbol], interval_ids[symbol] if interval_ids is not None else 0)
-        for split, (start, count, begin) in _asset_runs(
+        for split, (start, count, begin) in asset_runs(
             symbol, len(toks), ranges.get(symbol, {}), context_length, strides
         ):
             runs[split].append((offset + start, count, *ids, offset + begin))
@@ -449,13 +398,7 @@ def build_windows(
     splits = {
         split: _split_windows(split, runs[split], strides[split], device, interval_ids is not None) for split in SPLITS
     }
-    for split in SPLITS:  # fail now rather than after days of training
-        if len(splits[split]) == 0:
-            need = f"{context_length + 1} tokens" if split == "train" else "a token after its purge gap"
-            raise UserError(
-                f"no {split} windows: no asset's {split} range holds {need}; "
-                f"lower model.context_length or use longer histories"
-            )
+    _require_windows(splits, context_length)  # fail now rather than after days of training
     if flat is None:
         flat = np.concatenate(parts), (np.concatenate(feature_parts) if features is not None else None)
     all_tokens, all_features = flat
@@ -463,3 +406,14 @@ def build_windows(
         raise ValueError(f"flat tokens hold {len(all_tokens)} candles, the assets {offset}")
     stacked = torch.from_numpy(all_features).to(device) if features is not None else None
     return TokenWindows(torch.from_numpy(all_tokens).to(device), splits, context_length, epoch_stride, stacked)
+
+
+def _require_windows(splits: Mapping[str, SplitWindows], context_length: int) -> None:
+    """Raise a UserError naming the first split that got no window at all."""
+    for split in SPLITS:
+        if len(splits[split]) == 0:
+            need = f"{context_length + 1} tokens" if split == "train" else "a token after its purge gap"
+            raise UserError(
+                f"no {split} windows: no asset's {split} range holds {need}; "
+                f"lower model.context_length or use longer histories"
+            )

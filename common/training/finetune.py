@@ -130,10 +130,9 @@ def _parent_state(parent: Parent) -> dict[str, torch.Tensor]:
     return unwrap_state_dict(state["model"])
 
 
-@torch.no_grad()
-def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[str, Any]:
-    """Copy the parent's weights into `model` (info: the new run's ids); returns the lineage."""
-    state = _parent_state(parent)
+def _load_body(model: "MarketGPT", state: dict[str, torch.Tensor], parent: Parent) -> None:
+    """Load every parent weight but the asset and category embeddings into `model`; a UserError
+    names the keys that are missing, unexpected or of another shape."""
     own = model.state_dict()
     body = {k: v for k, v in state.items() if k not in _EMBEDDING_KEYS}
     missing = sorted(set(own) - set(body) - set(_EMBEDDING_KEYS))
@@ -147,6 +146,13 @@ def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[
         )
         raise UserError(f"--init-from {parent.checkpoint}: the weights do not fit this model ({what})")
     model.load_state_dict(body, strict=False)
+
+
+@torch.no_grad()
+def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[str, Any]:
+    """Copy the parent's weights into `model` (info: the new run's ids); returns the lineage."""
+    state = _parent_state(parent)
+    _load_body(model, state, parent)
 
     theirs = RunInfo.read(parent.run_dir / "asset_info.json", fix="--init-from needs an intact parent run")
     their_assets = {r.symbol: r for r in theirs.assets}
