@@ -10,7 +10,8 @@ from hypothesis import given, strategies as st
 from common.errors import UserError
 from common.special_tokens import PAD_TOKEN
 from common.training import epoch_order
-from common.training.batches import SPLITS, build_windows, window_starts
+from common.training.batches import build_windows
+from common.training.window_index import SPLITS, window_starts
 
 T = 8  # context length in these tests
 

@@ -285,7 +285,8 @@ def test_remote_train_runs_the_whole_loop_on_the_local_cluster(workstation, slur
 
 
 def test_wait_follows_a_requeued_job_to_its_end_and_survives_a_few_ssh_failures(capsys):
-    from common.cluster.remote import Remote, RemoteSettings, StepFailed
+    from common.cluster.remote import Remote, StepFailed
+    from common.cluster.remote_settings import RemoteSettings
 
     answers = [
         ("PENDING", "", 0),

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from common.cluster.fetch_check import fetch_problems, parse_listing, publish
-from common.cluster.remote_settings import RemoteSettings, load_settings, remote_path
+from common.cluster.remote_settings import RemoteSettings, remote_path
 from common.errors import UserError
 from common.paths import case_dir
 
-__all__ = ["Remote", "RemoteSettings", "StepFailed", "load_settings"]
+__all__ = ["Remote", "StepFailed"]
 
 # What `remote sync` leaves out: history, environments, caches, and each case's data and outputs.
 SYNC_EXCLUDES = ("/.git", "/.venv", "__pycache__", "/case_*/data", "/case_*/checkpoints", "/case_*/logs")

@@ -46,15 +46,13 @@ from common.training.epoch_order import (
     randperm_order,
     round_keys,
 )
-from common.training.window_index import SPLITS, asset_runs, window_starts
+from common.training.window_index import SPLITS, asset_runs
 
 __all__ = [
-    "SPLITS",
     "Batch",
     "SplitWindows",
     "TokenWindows",
     "build_windows",
-    "window_starts",
 ]
 
 # Batches are gathered this many tokens at a time (int64 on the device: 16 MB, three times more
