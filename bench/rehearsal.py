@@ -454,7 +454,7 @@ def kill_one_encode_task(r: Rehearsal, encode: list[str], deadline: float) -> di
 
 
 def wait_jobs(jobs: Sequence[str], timeout_s: float) -> dict[str, str]:
-    from common.distributed.slurm import wait_for_jobs
+    from common.slurm.scheduler import wait_for_jobs
 
     return wait_for_jobs(list(jobs), timeout_s=timeout_s, poll_s=2.0) if jobs else {}
 
@@ -620,7 +620,7 @@ def final_weights(run_dir: Path) -> dict:
 
 
 def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
-    from common.distributed.slurm import job_info
+    from common.slurm.scheduler import job_info
 
     deadline = time.monotonic() + r.size.timeout_s
     ranks = NODES * TASKS_PER_NODE
@@ -968,7 +968,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from common.distributed.slurm import slurm_available
+    from common.slurm.scheduler import slurm_available
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=list(SIZES), default="reduced")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common.distributed import slurm as slurm_utils
 from common.errors import UserError
+from common.slurm import scheduler as slurm_utils
 from common.training.run_folder import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
 
 

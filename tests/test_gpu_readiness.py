@@ -15,7 +15,6 @@ import warnings
 import pytest
 import torch
 
-from common.cluster.submit import local_gpus
 from common.config import ModelConfig
 from common.distributed import precision
 from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
@@ -24,6 +23,7 @@ from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.model.memory import estimate_training_memory
 from common.paths import REPO_ROOT
+from common.slurm.submit import local_gpus
 from common.training import gpu_health as gpu_health_mod, gpu_stats as gpu_stats_mod
 from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.training.lr_schedule import lr_at

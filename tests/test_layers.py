@@ -1,8 +1,8 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
-    root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec)
+    root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec; slurm.scheduler, slurm.requeue)
       -> data, tokens -> model -> distributed -> training -> forecasting -> evaluation
-      -> commands -> cluster -> cli
+      -> commands -> cluster (and slurm's submit, prepare_jobs, sweep_jobs) -> cli
 
 - A module imports only its own floor or floors below it, inside functions too: a lazy upward
   import still ties the lower floor to the upper one.
@@ -46,6 +46,10 @@ SEED_SHIMS = {
     "common.distributed_utils": "distributed",
 }
 NO_TORCH = ("data", "tokens", "cluster")
+# common/slurm/ is the one home of Slurm, on two floors: the job's environment and the requeue
+# code (standard library only) on the ground floor, where training reads them; the modules that
+# submit jobs (they start commands) on the cluster floor.
+SLURM_GROUND = ("common.slurm", "common.slurm.scheduler", "common.slurm.requeue")
 
 # (importing module, imported module) -> why the import waits for the function that needs it.
 _TORCH_LATER = "torch loads only when this path runs: the module itself is imported where torch is not"
@@ -72,7 +76,7 @@ LAZY = {
     ("common.evaluation.scorecard_plot", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
     ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
     ("common.commands.sweep", "matplotlib"): "only when a sweep's plot is drawn (Agg chosen first)",
-    ("common.cluster.sweep_jobs", "common.commands.sweep"): _TORCH_LATER,
+    ("common.slurm.sweep_jobs", "common.commands.sweep"): _TORCH_LATER,
     ("common.training.log", "tqdm"): "only when the output is a terminal",
     ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
     ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",
@@ -87,11 +91,11 @@ LAZY = {
         "common.evaluation.scorecard_summary",
     ): "pandas: only for a run with a scorecard",
     ("common.cluster.status", "common.evaluation.scorecard_summary"): "pandas: only for a run with a scorecard",
-    ("common.cluster.submit", "torch"): _TORCH_LATER,
-    ("common.cluster.submit", "common.commands.train"): _TORCH_LATER,
-    ("common.cluster.submit", "common.distributed.env"): _TORCH_LATER,
-    ("common.cluster.submit", "common.training.checkpoint"): _TORCH_LATER,
-    ("common.cluster.submit", "common.training.run_folder"): _TORCH_LATER,
+    ("common.slurm.submit", "torch"): _TORCH_LATER,
+    ("common.slurm.submit", "common.commands.train"): _TORCH_LATER,
+    ("common.slurm.submit", "common.distributed.env"): _TORCH_LATER,
+    ("common.slurm.submit", "common.training.checkpoint"): _TORCH_LATER,
+    ("common.slurm.submit", "common.training.run_folder"): _TORCH_LATER,
     ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
@@ -124,6 +128,8 @@ def floor_of(module: str) -> str:
     parts = module.split(".")
     if parts[:2] == ["common", "cli"]:
         return "cli"
+    if parts[:2] == ["common", "slurm"]:
+        return "root" if module in SLURM_GROUND else "cluster"
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS):
         return parts[1]
     return "root"

@@ -13,17 +13,17 @@ import pytest
 import submitit
 
 from common.cli import main
-from common.cluster import prepare_jobs
-from common.cluster.prepare_jobs import (
+from common.config import load_config
+from common.errors import UserError
+from common.slurm import prepare_jobs
+from common.slurm.prepare_jobs import (
     PREP_MAX_MINUTES,
     PrepareJob,
     plan_preparation,
     prepare_parameters,
     submit_preparation,
 )
-from common.config import load_config
-from common.distributed.slurm import wait_for_jobs
-from common.errors import UserError
+from common.slurm.scheduler import wait_for_jobs
 from common.tokens.corpus import prepare_in_memory
 from common.tokens.shard_paths import shard_folder, work_folder
 from common.tokens.token_set import TokenSet

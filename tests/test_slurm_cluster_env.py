@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.distributed.slurm import wait_for_jobs
+from common.slurm.scheduler import wait_for_jobs
 
 from slurm_helpers import copy_repo, job_env
 
@@ -38,7 +38,7 @@ SUBMITIT_JOB = f"""
 import os, sys
 import submitit
 from common.config import load_config
-from common.cluster.submit import executor_parameters
+from common.slurm.submit import executor_parameters
 
 params = executor_parameters(load_config("case_c_crypto/configs/crypto_prototype.json").slurm)
 params["time"] = 30  # minutes: the USR2 warning (10 min before the limit) must not come during the job

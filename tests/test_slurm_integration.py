@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from common.distributed.slurm import wait_for_jobs
+from common.slurm.scheduler import wait_for_jobs
 
 from slurm_helpers import (
     CASES,
@@ -260,7 +260,7 @@ def jobs(slurm_cluster, tmp_path_factory) -> Iterator[dict]:
         repo, "c", [*LONG, "experiment=rq_sbatch"], options=("--time=10", "--signal=B:USR2@10")
     )
     submitted["reference"] = _sbatch(repo, "c", [*LONG, "experiment=reference"])
-    from common.cluster.submit import submit
+    from common.slurm.submit import submit
 
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the submitit job inherits this environment

@@ -13,12 +13,11 @@ import pytest
 import submitit
 
 from common.cli import main
-from common.cluster import submit as submit_mod
-from common.cluster.submit import TrainJob, executor_parameters, parse_array, plan_submission
-from common.distributed import slurm as slurm_utils
-from common.distributed.slurm import parse_slurm_time
 from common.errors import UserError
 from common.paths import REPO_ROOT
+from common.slurm import scheduler as slurm_utils, submit as submit_mod
+from common.slurm.scheduler import parse_slurm_time
+from common.slurm.submit import TrainJob, executor_parameters, parse_array, plan_submission
 from common.training.checkpoint import save_checkpoint
 
 from slurm_helpers import CASES, TINY, sbatch_lines, sets

@@ -148,9 +148,9 @@ def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_c
     requeued (it finds its point done and trains nothing), and submitting again runs only point 1."""
     import subprocess
 
-    from common.cluster.sweep_jobs import submit_sweep
     from common.commands.sweep import plan_sweep
-    from common.distributed.slurm import wait_for_jobs
+    from common.slurm.scheduler import wait_for_jobs
+    from common.slurm.sweep_jobs import submit_sweep
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs inherit the submitting environment
     config, _ = _toy_case(tmp_path)

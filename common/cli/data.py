@@ -60,7 +60,7 @@ def _check_shard(cfg: Config, case: Path) -> None:
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.array is not None and args.array != 1:
-        from common.cluster.prepare_jobs import submit_preparation  # lazy: submitit and pandas
+        from common.slurm.prepare_jobs import submit_preparation  # lazy: submitit and pandas
 
         if cfg.training.init_from:
             raise UserError(

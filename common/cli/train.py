@@ -10,7 +10,7 @@ from pathlib import Path
 from common.cli.args import add_config_args
 from common.cluster.status import status_json, status_table
 from common.config import load_config
-from common.distributed.requeue import EXIT_REQUEUE
+from common.slurm.requeue import EXIT_REQUEUE
 
 __all__ = ["add_parsers"]
 
@@ -35,7 +35,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     sweep = plan_sweep(args.config, args.overrides, args.sizes, args.fractions, args.by, args.name)
     if args.local:
         return run_local(sweep, args.jobs)
-    from common.cluster.sweep_jobs import submit_sweep  # lazy: submitit
+    from common.slurm.sweep_jobs import submit_sweep  # lazy: submitit
 
     submit_sweep(sweep)
     return 0
@@ -51,7 +51,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from common.cluster.submit import submit, wait_local  # lazy: submitit is slow to import
+    from common.slurm.submit import submit, wait_local  # lazy: submitit is slow to import
 
     jobs = submit(args.case, args.config, args.overrides, array=args.array, local=args.local, dry_run=args.dry_run)
     return wait_local(jobs) if args.local else 0

@@ -15,7 +15,7 @@ Files in case_X/logs/:
 A launch is running while its pid is alive with the recorded start time and a command line of
 this module: a pid file left by a crashed launcher, or a pid the kernel gave to another
 program since, is stale and is not trusted. SIGTERM to the process group (`stop`) reaches
-every rank: the trainer saves a checkpoint and exits 75 (common/distributed/requeue.py), and
+every rank: the trainer saves a checkpoint and exits 75 (common/slurm/requeue.py), and
 the same `start` continues the run (--resume auto). Only the standard library is imported
 (torch only to count GPUs), so each status poll starts fast.
 """

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
-from common.distributed.slurm import ACTIVE_STATES, job_commands, job_states, slurm_available
 from common.paths import CASES, REPO_ROOT, case_dir
+from common.slurm.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
 from common.training.gpu_health import health_report
 from common.training.log import format_duration
 

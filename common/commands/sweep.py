@@ -11,7 +11,7 @@ SWEEP/points/<point>.json and is never run again; a killed one resumes its run (
 SWEEP/sweep.json gathers the finished points, the missing ones and the scaling fit of their test
 losses (common/model/scaling_fit.py), which `marketgpt plan --fit` and model.size_fit read;
 SWEEP/sweep.png plots test loss against training tokens, one line per size. SWEEP is
-<case>/sweeps/<name>/. The Slurm job array is common/cluster/sweep_jobs.py.
+<case>/sweeps/<name>/. The Slurm job array is common/slurm/sweep_jobs.py.
 """
 
 from __future__ import annotations

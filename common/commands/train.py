@@ -56,11 +56,11 @@ from common.data.run_info import RunInfo
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.job_store import failures_reported, share_from_main
-from common.distributed.slurm import job_metadata
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.paths import case_dir_of_config
+from common.slurm.scheduler import job_metadata
 from common.tokens.corpus import Prepared, prepare_in_memory
 from common.tokens.fractions import trim_train
 from common.tokens.shards import prepare_shards

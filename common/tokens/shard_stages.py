@@ -1,5 +1,5 @@
 """Building a token shard in stages, each a plain function a Slurm array task can run
-(common.cluster.prepare_jobs) and each skipping what a killed try already finished:
+(common.slurm.prepare_jobs) and each skipping what a killed try already finished:
   1. clean   read, clean and gap-fill each asset (common.data.cleaning.clean_asset) and keep
              its candles in <key>.work/clean/<i>.npz
   2. fit     the cuts from the pooled timestamps alone (common.data.prepare.split_data), then

@@ -25,7 +25,7 @@ the next run prepares a new shard; change none and every run, rank and resumed j
 without reading a candle.
 
 Preparation runs in four stages (common.tokens.shard_stages), in one process here or as
-Slurm array tasks (common.cluster.prepare_jobs); the key and paths: common.tokens.shard_paths.
+Slurm array tasks (common.slurm.prepare_jobs); the key and paths: common.tokens.shard_paths.
 """
 
 from __future__ import annotations

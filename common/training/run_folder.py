@@ -32,8 +32,8 @@ from typing import Any, Mapping, Optional, Sequence
 from common.atomic import check_writable as _check_writable
 from common.config import Config, config_to_dict, load_config
 from common.data.run_info import RunInfo
-from common.distributed import slurm
 from common.errors import UserError
+from common.slurm import scheduler
 from common.tokens.token_set import TokenSet, token_path
 from common.tokens.tokenizer import OHLCTokenizer
 from common.training.checkpoint import checkpoint_position, latest_good_checkpoint
@@ -181,7 +181,7 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
        computed.
     """
     logs = {run: _read_log(run) for run in runs}
-    me = slurm.slurm_job_id()
+    me = scheduler.slurm_job_id()
     mine = [run for run in runs if me and logs[run].get("slurm_job_id") == me]
     if mine:
         return mine[-1]
@@ -201,7 +201,7 @@ def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:
     """The id of another Slurm job, still queued or running, that trains this run (else None)."""
     owner = (log if log is not None else _read_log(run_dir)).get("slurm_job_id")
     # through the module, so a test can stand in for squeue
-    return owner if owner and owner != slurm.slurm_job_id() and slurm.job_is_alive(owner) else None
+    return owner if owner and owner != scheduler.slurm_job_id() and scheduler.job_is_alive(owner) else None
 
 
 def has_final_outputs(run_dir: Path) -> bool:

@@ -33,8 +33,8 @@ import torch
 from common.config import Config, config_to_dict
 from common.distributed.ddp import barrier
 from common.distributed.job_store import wait_for_main
-from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
+from common.slurm.requeue import EXIT_REQUEUE
 from common.training.batches import TokenWindows
 from common.training.checkpoint import (
     best_model_state,

@@ -27,12 +27,12 @@ from typing import Optional, Sequence, TextIO
 
 import submitit
 
-from common.cluster.submit import CLUSTER_ENV, job_environment, rel_path
 from common.config import Config, SlurmConfig, load_config
 from common.data.loading import load_market_data
-from common.distributed.slurm import check_partition, parse_slurm_time, slurm_available
 from common.errors import UserError
 from common.paths import case_dir_of_config
+from common.slurm.scheduler import check_partition, parse_slurm_time, slurm_available
+from common.slurm.submit import CLUSTER_ENV, job_environment, rel_path
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.shard_stages import STAGES, prepare_stage
 
