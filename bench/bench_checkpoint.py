@@ -67,8 +67,8 @@ def case_trainer(run_dir: Path, case: str = "a") -> Trainer:
     trainer = Trainer(cfg, model, windows, run_dir, out=io.StringIO(), tensorboard=False)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    trainer.optimizer.step()  # creates exp_avg and exp_avg_sq for every parameter
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step.optimizer.step()  # creates exp_avg and exp_avg_sq for every parameter
+    trainer.step.optimizer.zero_grad(set_to_none=True)
     return trainer
 
 

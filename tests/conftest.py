@@ -74,3 +74,12 @@ def nothing_queued(monkeypatch):
 
     monkeypatch.setattr(submitit, "SlurmExecutor", refuse)
     monkeypatch.setattr(submitit, "LocalExecutor", refuse)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (setup.cfg: -n 2 --dist loadgroup) every test of the local Slurm cluster
+    runs on one worker, one after another: the cluster's four fake GPUs fit one such test at a time.
+    The other tests share the other worker (and this one, once the Slurm tests are done)."""
+    for item in items:
+        if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

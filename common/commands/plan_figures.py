@@ -3,7 +3,7 @@
 Pure: plain numbers in, a `Plan` and its lines out, so the tests check it on hand-made figures
 and `marketgpt train` prints the same lines from the figures of the run it is starting. One
 candle is one token, so tokens per split are candles per split. Windows and steps follow
-`common/training/batches.py` (TokenWindows) and the Trainer's `_count_steps_per_epoch`.
+`common/training/batches.py` (TokenWindows) and `common/training/optimizer_step.py`'s `steps_per_epoch`.
 """
 
 from __future__ import annotations
