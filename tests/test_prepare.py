@@ -625,9 +625,9 @@ def test_case_a_daily_config_gets_validation_and_test_windows():
 
 
 def test_pooled_cuts_are_the_exact_quantiles_of_every_timestamp():
-    """_global_cuts counts candles per day (a day array grown as assets reach earlier or later
+    """global_cuts counts candles per day (a day array grown as assets reach earlier or later
     days, pre-1970 ones too) instead of holding every stamp: its cuts equal a sort of them all."""
-    from common.data.prepare import _global_cuts
+    from common.data.split_cuts import global_cuts
 
     rng = np.random.default_rng(3)
     day = 86_400 * 10**9
@@ -638,4 +638,4 @@ def test_pooled_cuts_are_the_exact_quantiles_of_every_timestamp():
     every = np.sort(np.concatenate(assets))
     for q1, q2 in [(0.7, 0.85), (0.0, 1.0), (0.5, 0.5)]:
         expected = tuple(int(every[int(np.floor(q * (len(every) - 1)))]) for q in (q1, q2))
-        assert _global_cuts(lambda: iter(assets), q1, q2) == expected
+        assert global_cuts(lambda: iter(assets), q1, q2) == expected

@@ -1,4 +1,5 @@
-"""Split every cleaned asset by time (the cleaning itself: common.data.cleaning).
+"""Split every cleaned asset by time (the cleaning itself: common.data.cleaning; where the cuts fall:
+common.data.split_cuts).
 
     raw frames ──clean_candles──► valid candles ──fill_gaps (crypto)──► regular grid
         ──► global cut timestamps (quantiles of all candles) ──► per-asset index ranges
@@ -18,9 +19,8 @@ Everything here is vectorized per asset: case A (600 assets x 5000 candles) take
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ import pandas as pd
 from common.config import Config
 from common.data.cleaning import FIX_KINDS, clean_asset, real_rows
 from common.data.market_data import MarketData
+from common.data.split_cuts import iso_ns, split_cuts, split_eras
 from common.data.universe import Asset
 from common.errors import UserError
 from common.markets import interval_step, split_series
@@ -48,7 +49,6 @@ SPLITS = ("train", "val", "test")
 # take their context from the gap (one candle is a target), the test evaluation predicts each test
 # candle from the test candles before it (common.evaluation.token_scoring: the first is context).
 EVAL_MIN_CANDLES = {"val": 1, "test": 2}
-_NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -75,75 +75,6 @@ class PreparedData:
 
 
 # --------------------------------------------------------------------------- splitting
-
-
-def _iso(ns: int) -> str:
-    return pd.Timestamp(ns, tz="UTC").isoformat()
-
-
-_DAY_NS = 86_400 * _NS
-
-
-def _global_cuts(stamps: Callable[[], Iterable[np.ndarray]], q1: float, q2: float) -> tuple[int, int]:
-    """The q1 and q2 quantiles (lower) of all candle timestamps pooled, in ns.
-
-    stamps() yields each asset's sorted timestamps; it is walked twice, and memory stays bounded
-    by the days the assets span, not by their candles or their count: add up the candles of each
-    UTC day, find the day that holds each quantile, then sort only that day's candles.
-    """
-    first, per_day = 0, np.zeros(0, np.int64)  # per_day[i]: the candles of day first + i
-    for ts in stamps():
-        if not len(ts):
-            continue
-        d = ts // _DAY_NS
-        if not len(per_day):
-            first, per_day = int(d[0]), np.zeros(int(d[-1] - d[0]) + 1, np.int64)
-        lo, hi = min(first, int(d[0])), max(first + len(per_day), int(d[-1]) + 1)
-        if (lo, hi) != (first, first + len(per_day)):  # widen to this asset's days
-            grown = np.zeros(hi - lo, np.int64)
-            grown[first - lo : first - lo + len(per_day)] = per_day
-            first, per_day = lo, grown
-        per_day += np.bincount(d - first, minlength=len(per_day))
-    day = first + np.arange(len(per_day))
-    before = np.concatenate([[0], np.cumsum(per_day)])  # candles before each day
-    n = int(before[-1])
-    ranks = [int(np.floor(q * (n - 1))) for q in (q1, q2)]
-    which = [int(np.searchsorted(before, k, side="right")) - 1 for k in ranks]  # the day of the k-th
-    chosen: dict[int, list[np.ndarray]] = {i: [] for i in which}
-    for ts in stamps():
-        for i in chosen:
-            lo, hi = np.searchsorted(ts, [day[i] * _DAY_NS, (day[i] + 1) * _DAY_NS])
-            chosen[i].append(ts[lo:hi].copy())  # a copy: a view would keep the whole asset's stamps alive
-    cut1, cut2 = (int(np.sort(np.concatenate(chosen[i]))[k - before[i]]) for i, k in zip(which, ranks))
-    return cut1, cut2
-
-
-def _eras(spans: dict[str, tuple[int, int, int]]) -> list[list[str]]:
-    """Groups of assets whose [first, last] candle spans overlap, chained; in time order.
-    spans: symbol -> (first, last, candles).
-
-    One group (the usual case): every asset is split at the same instants. Several: no asset of
-    one group has a candle during another group's span, so each group can be split on its own
-    dates and still no asset's test period overlaps another asset's training period.
-    """
-    order = sorted(spans, key=lambda s: (spans[s][0], s))
-    eras: list[list[str]] = []
-    end = None
-    for symbol in order:
-        first, last, _ = spans[symbol]
-        if end is None or first > end:
-            eras.append([])
-            end = last
-        eras[-1].append(symbol)
-        end = max(end, last)
-    return eras
-
-
-def _era_text(era: list[str], spans: dict[str, tuple[int, int, int]]) -> str:
-    first = pd.Timestamp(min(spans[s][0] for s in era), tz="UTC").date()
-    last = pd.Timestamp(max(spans[s][1] for s in era), tz="UTC").date()
-    names = ", ".join(era[:3]) + (f" and {len(era) - 3} more" if len(era) > 3 else "")
-    return f"{names}: {first} to {last}"
 
 
 def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
@@ -198,7 +129,7 @@ def split_data(
     d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
     per_interval = bool(d.intervals) and d.interval_split == "per_interval"
-    eras, era_cuts = _split_cuts(cfg, spans, real_ts, per_interval)
+    eras, era_cuts = split_cuts(cfg, spans, real_ts, per_interval)
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
     main = max(range(len(eras)), key=lambda i: sum(spans[s][2] for s in eras[i]))  # most candles
     splits = _split_all(stamps, cut_of, purge, window, records, dropped)
@@ -212,7 +143,7 @@ def split_data(
     kept = [a for a in universe if a.symbol in splits]
     info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
     if len(eras) > 1:
-        info["split_eras"] = _split_eras(eras, era_cuts, spans, by_interval=d.interval_split == "per_interval")
+        info["split_eras"] = split_eras(eras, era_cuts, spans, by_interval=d.interval_split == "per_interval")
     return PreparedData(
         assets=kept,
         candles=candles if not isinstance(candles, dict) else {a.symbol: candles[a.symbol] for a in kept},
@@ -223,58 +154,6 @@ def split_data(
         interval=interval,
         info=info,
     )
-
-
-def _split_eras(
-    eras: list[list[str]],
-    era_cuts: list[tuple[int, int]],
-    spans: dict[str, tuple[int, int, int]],
-    *,
-    by_interval: bool,
-) -> list[dict[str, Any]]:
-    """data_info.json's split_eras: each era's symbols and cut dates (and, for eras that do not
-    overlap in time, their first and last candle, with a note on stderr)."""
-    if by_interval:
-        return [
-            {"symbols": era, "val_start": _iso(c1), "test_start": _iso(c2)} for era, (c1, c2) in zip(eras, era_cuts)
-        ]
-    print(
-        f"note: the assets fall into {len(eras)} eras that do not overlap in time "
-        f"({'; '.join(_era_text(e, spans) for e in eras)}); each era is split on its own dates "
-        "(split_eras in data_info.json)",
-        file=sys.stderr,
-    )
-    return [
-        {
-            "symbols": era,
-            "first": _iso(min(spans[s][0] for s in era)),
-            "last": _iso(max(spans[s][1] for s in era)),
-            "val_start": _iso(c1),
-            "test_start": _iso(c2),
-        }
-        for era, (c1, c2) in zip(eras, era_cuts)
-    ]
-
-
-def _split_cuts(
-    cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray], per_interval: bool
-) -> tuple[list[list[str]], list[tuple[int, int]]]:
-    """The eras and each era's (val start, test start) cuts; per_interval: each interval's series
-    are grouped into eras of their own, as in a one-interval run."""
-    d = cfg.data
-    if per_interval:
-        groups: dict[str, dict] = {}
-        for s, span in spans.items():
-            groups.setdefault(split_series(s)[1], {})[s] = span
-        eras = [era for iv in d.intervals if iv in groups for era in _eras(groups[iv])]
-    else:
-        eras = _eras(spans)
-
-    def era_stamps(era: list[str]) -> Callable[[], Iterable[np.ndarray]]:
-        return lambda: (real_ts[s] for s in era)
-
-    era_cuts = [_global_cuts(era_stamps(era), d.train_ratio, d.train_ratio + d.val_ratio) for era in eras]
-    return eras, era_cuts
 
 
 def _lost_intervals(
@@ -334,7 +213,7 @@ def _intervals_error(
             )
     fixed = False
     if not per_interval:  # would each interval's own dates give it its windows?
-        eras, era_cuts = _split_cuts(cfg, spans, real_ts, True)
+        eras, era_cuts = split_cuts(cfg, spans, real_ts, True)
         cut_of = {s: c for era, c in zip(eras, era_cuts) for s in era}
         alone = _split_all(stamps, cut_of, purge, context + 1, {s: {} for s in stamps}, {})
         fixed = not _lost_intervals(lost, universe, alone)
@@ -352,8 +231,8 @@ def _intervals_error(
         )
     if fixed:
         return UserError(
-            f"{'; '.join(texts)} under data.interval_split 'pooled' (cuts {_iso(cuts[0])[:10]} and "
-            f"{_iso(cuts[1])[:10]}, shared by every interval): split each interval on its own dates "
+            f"{'; '.join(texts)} under data.interval_split 'pooled' (cuts {iso_ns(cuts[0])[:10]} and "
+            f"{iso_ns(cuts[1])[:10]}, shared by every interval): split each interval on its own dates "
             "with --set data.interval_split=per_interval (docs/data.md, several intervals in one model)"
         )
     return short_intervals_error(texts, lost, context, purge)
@@ -378,7 +257,7 @@ def _split_all(
         split = AssetSplit(train=range(0, i1), val=range(min(i1 + purge, i2), i2), test=range(min(i2 + purge, n), n))
         if len(split.train) < window:
             dropped[symbol] = (
-                f"{len(split.train)} candles before the train/val cut {_iso(c1)} "
+                f"{len(split.train)} candles before the train/val cut {iso_ns(c1)} "
                 f"(of {n}); a training window needs context_length + 1 = {window}"
             )
             continue
@@ -409,7 +288,7 @@ def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> Use
     longest_train = max(int(np.searchsorted(ts, cut1)) for ts in stamps.values())
     return UserError(
         f"context length {context} is longer than any asset's history (longest: {longest} candles, "
-        f"of which {longest_train} fall before the train/val cut {_iso(cut1)}; a training window "
+        f"of which {longest_train} fall before the train/val cut {iso_ns(cut1)}; a training window "
         f"needs {window}): lower model.context_length to at most {max(longest_train - 1, 1)} "
         "(e.g. --set model.context_length=...) or use a longer history (earlier data.start_date)"
     )
@@ -444,7 +323,7 @@ def _info(
         "context_length": cfg.model.context_length,
         "purge_gap": purge,
         "ratios": {"train": cfg.data.train_ratio, "val": cfg.data.val_ratio, "test": cfg.data.test_ratio},
-        "split_cuts": {"val_start": _iso(cut1), "test_start": _iso(cut2)},
+        "split_cuts": {"val_start": iso_ns(cut1), "test_start": iso_ns(cut2)},
         "num_assets": len(kept),
         "num_dropped": len(dropped),
         "totals": totals,
