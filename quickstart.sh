@@ -54,7 +54,7 @@ fi
 if [[ "$mode" == "test" ]]; then
     # the test extra (setup.cfg): pytest, pytest-socket (setup.cfg's --disable-socket needs it), ...,
     # and the code checks' ruff and mypy
-    if ! "$py" -c 'import pytest, pytest_socket, hypothesis, responses, onnx, onnxruntime, wandb, mlflow, ruff, mypy' \
+    if ! "$py" -c 'import pytest, pytest_socket, xdist, hypothesis, responses, onnx, onnxruntime, wandb, mlflow, ruff, mypy' \
         2>/dev/null; then
         echo "==> Installing the test dependencies"
         "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'

@@ -31,7 +31,10 @@ def box(workstation) -> dict:
     settings = {**workstation["settings"], "launcher": "direct"}
     (workstation["local"] / "remote.json").write_text(json.dumps(settings))
     yield {**workstation, "settings": settings}
-    left = _running_in(workstation["remote"])
+    # a launch that has written its end file may still be on its way out: give it a moment
+    deadline = time.monotonic() + 30
+    while (left := _running_in(workstation["remote"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in left:  # clean up before failing, so one failure does not leave CPU burners behind
         try:
             os.killpg(pid, signal.SIGKILL)
