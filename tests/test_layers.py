@@ -109,7 +109,6 @@ LAZY = {
     ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.forecasting.calibrated"): "pandas: out of the training start-up",
-    ("common.commands.scorecard", "common.evaluation.asset_series"): "pandas: out of the training start-up",
     ("common.commands.scorecard", "common.evaluation.foundation_baselines"): "pandas: out of the training start-up",
     # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
     ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",

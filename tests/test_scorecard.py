@@ -259,7 +259,9 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
         },
     ).save(run / "tokens")
     with_test = [s for s in symbols if len(splits[s].test) > 40][:3]
-    card = run_scorecard(run, RandomWalkEWMA(), horizons=[1], stride=20, n_samples=20, assets=with_test)
+    card = run_scorecard(
+        run, RandomWalkEWMA(), ScorecardSettings(horizons=[1], stride=20, n_samples=20, assets=with_test)
+    )
     assert (run / SCORECARD_JSON).is_file() and (run / SCORECARD_PNG).is_file()
     assert set(card["horizons"]["1"]["by_asset"]) == set(with_test) and card["interval"] == "1d"
     with pytest.raises(UserError, match="missing tokens"):

@@ -91,7 +91,13 @@ def parse_baselines(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 def run_scorecard_command(req: ScorecardRequest) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
-    from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, forecaster_fn, run_scorecard  # lazy: scipy
+    from common.evaluation.scorecard import (  # lazy: scipy
+        SCORECARD_JSON,
+        SCORECARD_PNG,
+        ScorecardSettings,
+        forecaster_fn,
+        run_scorecard,
+    )
     from common.forecasting.ensemble import Ensemble, forecaster_for  # lazy: pandas
 
     barrier = parse_barriers(req.barrier) if req.barrier is not None else None
@@ -117,10 +123,8 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         out = out / f"scorecard_{forecaster.interval}"
     if isinstance(forecaster, Ensemble):  # several runs
         atomic_write_json(out / "ensemble.json", {"runs": forecaster.ensemble, "weights": "equal"})
-    score = _with_foundation(foundation, req.device) if foundation else run_scorecard
-    card = score(
-        runs[0],
-        forecaster_fn(forecaster),
+    settings = ScorecardSettings(
+        interval=forecaster.interval,
         horizons=tuple(req.horizons),
         stride=stride,
         n_origins=req.origins,
@@ -128,12 +132,17 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         seed=req.seed,
         cost_bp=req.cost_bp,
         assets=req.assets,
+        barrier=barrier,
+    )
+    card = run_scorecard(
+        runs[0],
+        forecaster_fn(forecaster),
+        settings,
         out_dir=out,
         precision=forecaster.precision,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         calibration=_run_calibration(runs, forecaster.checkpoint_sha256),
-        barrier=barrier,
-        interval=forecaster.interval,
+        extra_baselines=_foundation_models(foundation, req.device) if foundation else None,
     )
     print(
         "\n".join(
@@ -149,43 +158,11 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
     return 0
 
 
-def _with_foundation(foundation: dict[str, tuple[str, str]], device: str) -> Callable[..., dict]:
-    """run_scorecard with the foundation models beside the fitted baselines (same arguments)."""
-    from common.evaluation.asset_series import fit_price_baselines, series_from_run  # lazy: pandas
+def _foundation_models(foundation: dict[str, tuple[str, str]], device: str) -> dict[str, Callable]:
+    """The --baseline foundation models, loaded: name -> forecaster (beside the fitted baselines)."""
     from common.evaluation.foundation_baselines import load_foundation_baseline  # lazy: pandas
-    from common.evaluation.scorecard import ScorecardSettings, make_scorecard, write_scorecard  # lazy: scipy
 
-    models = {name: load_foundation_baseline(kind, spec, device) for name, (kind, spec) in foundation.items()}
-
-    def score(
-        run_dir: Path,
-        forecast_fn,
-        *,
-        out_dir: Path,
-        precision: str,
-        interval: Optional[str],
-        progress: Optional[Callable[[str], None]] = None,
-        calibration=None,
-        **settings,
-    ) -> dict:
-        series, interval = series_from_run(run_dir, interval)
-        baselines = {**fit_price_baselines(series, interval), **models}
-        card = make_scorecard(
-            series,
-            forecast_fn,
-            ScorecardSettings(interval=interval, **settings),
-            baselines=baselines,
-            progress=progress,
-            calibration=calibration,
-        )
-        card["run"], card["precision"] = str(run_dir), precision
-        try:
-            write_scorecard(card, out_dir)
-        except OSError as e:
-            raise UserError(f"cannot write the scorecard into {out_dir} ({e.strerror or e})") from None
-        return card
-
-    return score
+    return {name: load_foundation_baseline(kind, spec, device) for name, (kind, spec) in foundation.items()}
 
 
 def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
@@ -229,20 +206,23 @@ def end_of_training_scorecard(
     out = out or sys.stdout
     try:
         # lazy (scipy, pandas, empyrical), and inside the try: a node that lacks one still keeps its run
-        from common.evaluation.scorecard import DEFAULT_HORIZONS, forecaster_fn, run_scorecard
+        from common.evaluation.scorecard import DEFAULT_HORIZONS, ScorecardSettings, forecaster_fn, run_scorecard
         from common.forecasting.forecaster import Forecaster
 
         forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
-        card = run_scorecard(
-            run_dir,
-            forecaster_fn(forecaster),
+        settings = ScorecardSettings(
             horizons=DEFAULT_HORIZONS,
             stride=None,
             n_origins=t.scorecard_origins,
             n_samples=t.scorecard_samples,
             seed=t.seed,
-            precision=forecaster.precision,
             budget=t.scorecard_budget,
+        )
+        card = run_scorecard(
+            run_dir,
+            forecaster_fn(forecaster),
+            settings,
+            precision=forecaster.precision,
             progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True),
         )
     except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)

@@ -24,6 +24,7 @@ verdicts and the text lines); this module puts them together.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -93,7 +94,7 @@ class ScorecardSettings:
     (card["origins"]["budget"] says how); None: every origin.
     """
 
-    interval: str
+    interval: Optional[str] = None  # run_scorecard: None is the run's first; make_scorecard needs one
     horizons: Sequence[int] = DEFAULT_HORIZONS
     stride: Optional[int] = 5
     n_origins: Optional[int] = None
@@ -125,6 +126,8 @@ def make_scorecard(
     "origins" and the "stride" (common.evaluation.benchmark pools them across tasks).
     """
     interval, n_samples, seed, n_boot = settings.interval, settings.n_samples, settings.seed, settings.n_boot
+    if interval is None:
+        raise ValueError("make_scorecard needs settings.interval (the bar length of the series)")
     barrier = settings.barrier
     horizons = _check_request(settings.horizons, n_samples)
     series = _chosen_assets(series, settings.assets)
@@ -372,42 +375,28 @@ def write_scorecard(card: dict, out_dir: str | Path) -> tuple[Path, Path]:
 def run_scorecard(
     run_dir: str | Path,
     forecast_fn: ForecastFn,
+    settings: Optional[ScorecardSettings] = None,
     *,
-    horizons: Sequence[int] = DEFAULT_HORIZONS,
-    stride: Optional[int] = 5,
-    n_origins: Optional[int] = None,
-    n_samples: int = 200,
-    seed: int = 0,
-    cost_bp: float = DEFAULT_COST_BP,
-    assets: Optional[Sequence[str]] = None,
     out_dir: str | Path | None = None,
     progress: Optional[Callable[[str], None]] = None,
     precision: Optional[str] = None,
     calibration: Optional[Calibration] = None,
-    barrier: Optional[tuple[float, float]] = None,
-    interval: Optional[str] = None,
-    budget: Optional[int] = None,
+    extra_baselines: Optional[Mapping[str, ForecastFn]] = None,
 ) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
+    settings: what to score (default ScorecardSettings()); its interval: which of a run's
+    data.intervals (None: its first), forecast by forecast_fn.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
     calibration: the run's calibration.json, whose coverage on the test split the card reports.
-    interval: which of a run's data.intervals (None: its first), forecast by forecast_fn.
-    budget: at most this many (asset, origin) forecasts (make_scorecard)."""
-    series, interval = series_from_run(run_dir, interval)
-    settings = ScorecardSettings(
-        interval=interval,
-        horizons=horizons,
-        stride=stride,
-        n_origins=n_origins,
-        n_samples=n_samples,
-        seed=seed,
-        cost_bp=cost_bp,
-        assets=assets,
-        barrier=barrier,
-        budget=budget,
+    extra_baselines: more forecasters beside the fitted baselines (the foundation models)."""
+    settings = settings or ScorecardSettings()
+    series, interval = series_from_run(run_dir, settings.interval)
+    settings = dataclasses.replace(settings, interval=interval)
+    baselines = {**fit_price_baselines(series, interval), **extra_baselines} if extra_baselines else None
+    card = make_scorecard(
+        series, forecast_fn, settings, baselines=baselines, progress=progress, calibration=calibration
     )
-    card = make_scorecard(series, forecast_fn, settings, progress=progress, calibration=calibration)
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision
