@@ -127,8 +127,17 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
         assert row["gap_closed"] == pytest.approx(share)
         assert row["gap_closed_ci95"][0] <= row["gap_closed"] <= row["gap_closed_ci95"][1]
 
+    # a learning-rate axis: one point per rate, and the fit takes the rate with the lower validation loss
+    lrs = ["--sizes", "16x1", "--fractions", "0.5", "--learning-rates", "1e-3,3e-2", "--name", "lrs"]
+    assert main(["sweep", "--config", str(config), *sets, *lrs, "--local"]) == 0
+    doc = json.loads((tmp_path / "sweeps" / "lrs" / "sweep.json").read_text())
+    by_rate = {p["learning_rate"]: p for p in doc["points"]}
+    assert set(by_rate) == {1e-3, 3e-2} and by_rate[1e-3]["point"] == "d16l1_f050_lr0.001"
+    assert doc["fit_points"] == [min(doc["points"], key=lambda p: p["best_val_loss"])["point"]]
+
     capsys.readouterr()
     bad = [
+        (["--learning-rates", "0"], "must be > 0"),
         (["--fractions", "0"], "> 0 and <= 1"),
         (["--fractions", "1.5"], "> 0 and <= 1"),
         (["--sizes", ""], "empty grid"),
@@ -176,6 +185,27 @@ def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_c
     assert sweep.missing() == [] and len(list((tmp_path / "checkpoints").glob("sweep_toy_d16l1_f050_*"))) == 1
     doc = json.loads((sweep.folder / "sweep.json").read_text())
     assert doc["missing"] == [] and len(doc["points"]) == 2
+
+
+def test_the_fit_takes_each_cell_at_the_rate_with_the_lowest_validation_loss():
+    from common.commands.sweep import best_rates
+
+    def point(name, parameters, tokens, val, test):
+        return {
+            "point": name,
+            "parameters": parameters,
+            "train_tokens": tokens,
+            "best_val_loss": val,
+            "test_loss": test,
+        }
+
+    rows = [
+        point("a_lr1", 170_000, 4000, 4.80, 4.70),  # the better test loss, the worse validation loss: not chosen
+        point("a_lr2", 170_000, 4000, 4.79, 4.75),
+        point("b_lr1", 930_000, 4000, 4.70, 4.72),
+        point("b_lr2", 930_000, 2000, None, None),  # another cell, its only point
+    ]
+    assert [r["point"] for r in best_rates(rows)] == ["a_lr2", "b_lr1", "b_lr2"]
 
 
 def test_a_training_fraction_cuts_assets_or_time_on_the_same_shard(tmp_path):

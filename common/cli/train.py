@@ -32,7 +32,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from common.commands.sweep import plan_sweep, run_local  # lazy: torch (training the points)
 
-    sweep = plan_sweep(args.config, args.overrides, args.sizes, args.fractions, args.by, args.name)
+    sweep = plan_sweep(args.config, args.overrides, args.sizes, args.fractions, args.by, args.name, args.learning_rates)
     if args.local:
         return run_local(sweep, args.jobs)
     from common.slurm.sweep_jobs import submit_sweep  # lazy: submitit
@@ -101,6 +101,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", default="64x2,128x4,256x6", help="model shapes D_MODELxLAYERS, comma-separated")
     p.add_argument("--fractions", default="0.25,0.5,1", help="shares of the training split, each in (0, 1]")
     p.add_argument("--by", choices=("assets", "time"), default="assets", help="a fraction keeps whole assets or time")
+    p.add_argument(
+        "--learning-rates",
+        default=None,
+        metavar="LR1,LR2",
+        help="also an axis of learning rates; the fit takes each shape and fraction at the rate with the "
+        "lowest validation loss (default: the config's rate)",
+    )
     p.add_argument("--name", default=None, help="the sweep's folder name (default: sweep_<experiment>)")
     p.add_argument("--local", action="store_true", help="run the points here instead of as a Slurm job array")
     p.add_argument("--jobs", type=int, default=1, help="with --local: points trained at once")

@@ -1,13 +1,16 @@
 """`marketgpt sweep`: which model size pays on this corpus, from a grid of short runs.
 
     marketgpt sweep --config CFG [--sizes 64x2,128x4] [--fractions 0.25,0.5,1] [--by assets|time]
-                    [--local [--jobs N]] [--name NAME] [--set k=v ...]
+                    [--learning-rates 1e-3,3e-4] [--local [--jobs N]] [--name NAME] [--set k=v ...]
 
 Each point of the grid (a shape x a share of the training split, data.train_fraction on the one
 token shard of the config: nothing is prepared again) is a training run of its own experiment,
 `<name>_<point>`, with the config's epochs and early stopping as its budget (--set
 training.epochs=..., training.max_steps_per_epoch=... to shorten it). A finished point writes
 SWEEP/points/<point>.json and is never run again; a killed one resumes its run (--resume auto).
+--learning-rates adds an axis: each shape and fraction at each rate (the point's name ends in
+_lr<rate>), and the fit takes, for each shape and fraction, the rate with the lowest validation
+loss: a larger model often needs a lower rate, and one rate for all would hide what size buys.
 SWEEP/sweep.json gathers the finished points, the missing ones and the scaling fit of their test
 losses (common/model/scaling_fit.py), which `marketgpt plan --fit` and model.size_fit read;
 SWEEP/sweep.png plots test loss against training tokens, one line per size. SWEEP is
@@ -33,7 +36,16 @@ from common.tokens.fractions import trim_train
 from common.tokens.shard_paths import shard_folder
 from common.training.run_folder import TokenSet, find_runs, token_path
 
-__all__ = ["DEFAULT_FRACTIONS", "DEFAULT_SIZES", "Sweep", "SweepPoint", "plan_sweep", "run_point", "write_sweep"]
+__all__ = [
+    "DEFAULT_FRACTIONS",
+    "DEFAULT_SIZES",
+    "Sweep",
+    "SweepPoint",
+    "best_rates",
+    "plan_sweep",
+    "run_point",
+    "write_sweep",
+]
 
 DEFAULT_SIZES = "64x2,128x4,256x6"  # about 0.2M, 0.9M and 5M parameters with the case configs' vocabulary
 DEFAULT_FRACTIONS = "0.25,0.5,1"
@@ -47,13 +59,16 @@ class SweepPoint:
     num_heads: int
     d_ff: int
     fraction: float
+    learning_rate: Optional[float] = None  # None: the config's training.learning_rate
 
     @property
     def name(self) -> str:
-        return f"d{self.d_model}l{self.num_layers}_f{round(self.fraction * 100):03d}"
+        lr = "" if self.learning_rate is None else f"_lr{self.learning_rate:g}"
+        return f"d{self.d_model}l{self.num_layers}_f{round(self.fraction * 100):03d}{lr}"
 
     def sets(self, by: str) -> list[str]:
-        return [
+        lr = [] if self.learning_rate is None else [f"training.learning_rate={self.learning_rate!r}"]
+        return lr + [
             f"model.d_model={self.d_model}",
             f"model.num_layers={self.num_layers}",
             f"model.num_heads={self.num_heads}",
@@ -118,6 +133,22 @@ def parse_fractions(text: str) -> list[float]:
     return fractions
 
 
+def parse_learning_rates(text: Optional[str]) -> list[Optional[float]]:
+    """ "1e-3,3e-4" -> [0.001, 0.0003]; None or "" -> [None] (the config's rate)."""
+    rates: list[Optional[float]] = []
+    for item in (t.strip() for t in (text or "").split(",")):
+        if not item:
+            continue
+        try:
+            lr = float(item)
+        except ValueError:
+            raise UserError(f"--learning-rates {text!r}: {item} is not a number") from None
+        if not lr > 0:
+            raise UserError(f"--learning-rates {text!r}: each learning rate must be > 0, got {lr:g}")
+        rates.append(lr)
+    return rates or [None]
+
+
 def plan_sweep(
     config: Path,
     overrides: Sequence[str] = (),
@@ -125,14 +156,19 @@ def plan_sweep(
     fractions: str = DEFAULT_FRACTIONS,
     by: str = "assets",
     name: Optional[str] = None,
+    learning_rates: Optional[str] = None,
 ) -> Sweep:
     """Check the grid and the config; refuse a sweep whose token shard changed since it started."""
     config = Path(config).resolve()
     cfg = load_config(config, overrides)
-    points = sorted(
-        {SweepPoint(*shape, fraction=f) for shape in parse_sizes(sizes) for f in parse_fractions(fractions)},
-        key=lambda p: (p.d_model, p.num_layers, p.fraction),
-    )
+    rates = parse_learning_rates(learning_rates)
+    grid = {
+        SweepPoint(*shape, fraction=f, learning_rate=lr)
+        for shape in parse_sizes(sizes)
+        for f in parse_fractions(fractions)
+        for lr in rates
+    }
+    points = sorted(grid, key=lambda p: (p.d_model, p.num_layers, p.fraction, -(p.learning_rate or 0.0)))
     if not points:
         raise UserError(f"empty grid: --sizes {sizes!r} x --fractions {fractions!r} has no point")
     if len({p.name for p in points}) < len(points):
@@ -205,6 +241,7 @@ def point_result(sweep: Sweep, point: SweepPoint, run: Path) -> dict[str, Any]:
         "d_model": point.d_model,
         "num_layers": point.num_layers,
         "fraction": point.fraction,
+        "learning_rate": cfg.training.learning_rate,
         "parameters": log.get("num_parameters"),
         "train_tokens": sum(int(r["train"][1]) - int(r["train"][0]) for r in ranges.values()),
         "best_val_loss": log.get("best_val_loss"),
@@ -234,10 +271,13 @@ def write_sweep(sweep: Sweep) -> dict[str, Any]:
         "grid": [p.name for p in sweep.points],
         "missing": [p.name for p in sweep.missing()],
         "points": finished,
+        "fit_points": [],
         "fit": None,
         "fit_note": "",
     }
-    usable = [r for r in finished if not r["still_improving"] and r["test_loss"] is not None]
+    chosen = best_rates(finished)
+    doc["fit_points"] = [r["point"] for r in chosen]
+    usable = [r for r in chosen if not r["still_improving"] and r["test_loss"] is not None]
     if len(usable) < MIN_FIT_POINTS:
         doc["fit_note"] = (
             f"no fit: {len(usable)} finished points that stopped improving (early stopping) and {MIN_FIT_POINTS} "
@@ -255,8 +295,25 @@ def write_sweep(sweep: Sweep) -> dict[str, Any]:
     sweep.folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sweep.folder / "sweep.json", doc)
     if finished:
-        _plot(finished, sweep.folder / "sweep.png")
+        _plot(chosen, sweep.folder / "sweep.png")
     return doc
+
+
+def _val(point: dict[str, Any]) -> float:
+    """A point's best validation loss (infinite when it has none)."""
+    val = point.get("best_val_loss")
+    return float("inf") if val is None else float(val)
+
+
+def best_rates(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each shape and data fraction, the point of the learning rate with the lowest best
+    validation loss (chosen on validation, never on test); one point per cell without --learning-rates."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in points:
+        cell = (r["parameters"], r["train_tokens"])  # a shape and a fraction: what the fit sees of a point
+        if cell not in best or _val(r) < _val(best[cell]):
+            best[cell] = r
+    return list(best.values())
 
 
 def _plot(points: Sequence[dict[str, Any]], path: Path) -> None:
