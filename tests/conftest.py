@@ -76,6 +76,7 @@ def nothing_queued(monkeypatch):
     monkeypatch.setattr(submitit, "LocalExecutor", refuse)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (setup.cfg: -n 2 --dist loadgroup) every test of the local Slurm cluster
     runs on one worker, one after another: the cluster's four fake GPUs fit one such test at a time.
