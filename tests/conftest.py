@@ -76,11 +76,10 @@ def nothing_queued(monkeypatch):
     monkeypatch.setattr(submitit, "LocalExecutor", refuse)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the markers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under pytest-xdist (setup.cfg: -n 2 --dist loadgroup) every test of the local Slurm cluster
     runs on one worker, one after another: the cluster's four fake GPUs fit one such test at a time.
-    The other tests share the other worker (and this one, once the Slurm tests are done)."""
-    for item in items:
-        if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    The other tests share the other worker (and this one, once the Slurm tests are done). Marked as
+    each test is collected, before pytest-xdist reads the groups in its collection_modifyitems."""
+    if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.xdist_group("slurm"))
