@@ -40,8 +40,8 @@ from _common import REPO, alternate, bench_args, best_ratio, finish, row, set_th
 from common.config import load_config  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
 from common.paths import case_config  # noqa: E402
+from common.run.checkpoint import load_checkpoint, step_checkpoint_name  # noqa: E402
 from common.training.batches import build_windows  # noqa: E402
-from common.training.checkpoint import load_checkpoint, step_checkpoint_name  # noqa: E402
 from common.training.rng import seed_everything  # noqa: E402
 from common.training.trainer import Trainer  # noqa: E402
 

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, bench_args, finish, peak_rss_mb, row, set_threads  # noqa: E402
 
 from common.config import load_config  # noqa: E402
-from common.data.run_info import RunInfo  # noqa: E402
 from common.data.universe import Asset  # noqa: E402
 from common.forecasting.forecast_io import History  # noqa: E402
 from common.forecasting.forecaster import Forecaster  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
+from common.run.info import RunInfo  # noqa: E402
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN  # noqa: E402
 from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
 

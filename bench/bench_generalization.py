@@ -115,10 +115,10 @@ def split_scores(
     from common.evaluation.baselines import fit_baselines
     from common.evaluation.token_scoring import eval_inputs, score_baseline, score_model, split_windows
     from common.model.gpt import MarketGPT
+    from common.run.checkpoint import load_checkpoint
     from common.special_tokens import PAD_TOKEN
+    from common.tokens.token_set import TokenSet, token_path
     from common.tokens.tokenizer import OHLCTokenizer
-    from common.training.checkpoint import load_checkpoint
-    from common.training.run_folder import TokenSet, token_path
 
     cfg = load_config(run_dir / "config.json")
     tokens = TokenSet.load(token_path(run_dir))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
+from common.run.resume import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
 from common.slurm import scheduler as slurm_utils
-from common.training.run_folder import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
 
 
 def _run(root: Path, stamp: str, test_results: bool = False, **log) -> Path:
@@ -138,7 +138,7 @@ def test_resume_path_refuses_a_run_another_live_job_trains(tmp_path, alive, monk
 def test_a_setting_added_after_a_checkpoint_counts_as_its_default():
     """A checkpoint's stored config lacks keys added to the code later: they mean the default."""
     from common.config import Config, config_to_dict
-    from common.training.run_folder import config_differences
+    from common.run.folder import config_differences
 
     old = config_to_dict(Config())
     del old["data"]["synthetic"]  # as written before data.synthetic existed

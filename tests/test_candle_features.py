@@ -18,8 +18,8 @@ from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.special_tokens import PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids
+from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
-from common.training.run_folder import TokenSet
 
 
 def test_calendar_ids_are_hour_and_weekday_intraday_month_and_weekday_daily():

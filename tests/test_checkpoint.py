@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common.distributed.ddp import unwrap
-from common.training.checkpoint import (
+from common.run.checkpoint import (
     CheckpointWriter,
     CorruptCheckpoint,
     checkpoint_files,

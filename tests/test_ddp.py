@@ -24,7 +24,7 @@ from common.distributed.env import (
     detect_env,
 )
 from common.errors import UserError
-from common.training.checkpoint import checkpoint_files, load_checkpoint
+from common.run.checkpoint import checkpoint_files, load_checkpoint
 
 from ddp_helpers import (
     GLOBAL_BATCH,

@@ -380,8 +380,8 @@ def _fake_run_folder(root) -> tuple:
     """A run folder in the trainer's format (config, tokenizer, asset_info, tokens/, best model)."""
     from common.atomic import atomic_write_json
     from common.config import Config, config_to_dict, save_config
-    from common.training.checkpoint import save_checkpoint
-    from common.training.run_folder import TokenSet
+    from common.run.checkpoint import save_checkpoint
+    from common.tokens.token_set import TokenSet
 
     rng = np.random.default_rng(3)
     frames = {"BTC/USDT": _candles(rng, 120), "^GSPC": _candles(rng, 100)}

@@ -18,13 +18,13 @@ import torch
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.data.run_info import RunInfo
 from common.data.universe import Asset
 from common.forecasting.forecast_io import QUANTILES, History, future_timestamps, histories_at
 from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
 from common.model.sampling import draw_tokens, prefill_length, sample_paths
 from common.paths import REPO_ROOT
+from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, calendar_ids
 from common.tokens.tokenizer import OHLCTokenizer
@@ -624,7 +624,7 @@ def feature_run(tmp_path_factory):
 
 
 def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, capsys):
-    from common.training.run_folder import TokenSet
+    from common.tokens.token_set import TokenSet
 
     results = json.loads((feature_run / "test_results.json").read_text())
     assert "scorecard_error" not in results and (feature_run / "scorecard.json").is_file()

@@ -23,9 +23,9 @@ from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.model.memory import estimate_training_memory
 from common.paths import REPO_ROOT
+from common.run.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.slurm.submit import local_gpus
 from common.training import gpu_health as gpu_health_mod, gpu_stats as gpu_stats_mod
-from common.training.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 

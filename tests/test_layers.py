@@ -1,8 +1,8 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
     root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec; slurm.scheduler, slurm.requeue)
-      -> data, tokens -> model -> distributed -> training -> forecasting -> evaluation
-      -> commands -> cluster (and slurm's submit, prepare_jobs, sweep_jobs) -> cli
+      -> data (and run.info), tokens -> model -> distributed -> run -> training -> forecasting
+      -> evaluation -> commands -> cluster (and slurm's submit, prepare_jobs, sweep_jobs) -> cli
 
 - A module imports only its own floor or floors below it, inside functions too: a lazy upward
   import still ties the lower floor to the upper one.
@@ -32,12 +32,13 @@ FLOORS = {
     "tokens": 1,
     "model": 2,
     "distributed": 3,
-    "training": 4,
-    "forecasting": 5,
-    "evaluation": 6,
-    "commands": 7,
-    "cluster": 8,
-    "cli": 9,
+    "run": 4,
+    "training": 5,
+    "forecasting": 6,
+    "evaluation": 7,
+    "commands": 8,
+    "cluster": 9,
+    "cli": 10,
 }
 # The seed guide's import paths: thin re-exports of a name from a higher floor, kept for users' scripts.
 SEED_SHIMS = {
@@ -50,6 +51,10 @@ NO_TORCH = ("data", "tokens", "cluster")
 # code (standard library only) on the ground floor, where training reads them; the modules that
 # submit jobs (they start commands) on the cluster floor.
 SLURM_GROUND = ("common.slurm", "common.slurm.scheduler", "common.slurm.requeue")
+# common/run/ likewise: RunInfo (asset_info.json) is fixed when a token shard is prepared, so it
+# stands on the data floor, where the tokens and the model read it; the package file imports
+# nothing. The run folder, its checkpoints and resume stand on the run floor.
+RUN_DATA_FLOOR = ("common.run", "common.run.info")
 
 # (importing module, imported module) -> why the import waits for the function that needs it.
 _TORCH_LATER = "torch loads only when this path runs: the module itself is imported where torch is not"
@@ -81,9 +86,9 @@ LAZY = {
     ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
     ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",
     ("common.training.trackers", "mlflow"): "the optional `mlflow` extra, only with training.tracker = mlflow",
-    ("common.training.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
+    ("common.run.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
     # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
-    ("common.cluster.fetch_check", "common.training.checkpoint"): _TORCH_LATER,
+    ("common.cluster.fetch_check", "common.run.checkpoint"): _TORCH_LATER,
     ("common.cluster.remote_commands", "common.evaluation.evaluate"): _TORCH_LATER,
     ("common.cluster.remote_commands", "common.evaluation.metrics"): _TORCH_LATER,
     (
@@ -94,8 +99,8 @@ LAZY = {
     ("common.slurm.submit", "torch"): _TORCH_LATER,
     ("common.slurm.submit", "common.commands.train"): _TORCH_LATER,
     ("common.slurm.submit", "common.distributed.env"): _TORCH_LATER,
-    ("common.slurm.submit", "common.training.checkpoint"): _TORCH_LATER,
-    ("common.slurm.submit", "common.training.run_folder"): _TORCH_LATER,
+    ("common.slurm.submit", "common.run.checkpoint"): _TORCH_LATER,
+    ("common.slurm.submit", "common.run.resume"): _TORCH_LATER,
     ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
@@ -129,6 +134,8 @@ def floor_of(module: str) -> str:
         return "cli"
     if parts[:2] == ["common", "slurm"]:
         return "root" if module in SLURM_GROUND else "cluster"
+    if parts[:2] == ["common", "run"]:
+        return "data" if module in RUN_DATA_FLOOR else "run"
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS):
         return parts[1]
     return "root"

@@ -21,15 +21,15 @@ from common.cli import main
 from common.config import Config, ConfigError, at_interval, load_config
 from common.data.loading import load_market_data
 from common.data.prepare import prepare_data
-from common.data.run_info import RunInfo
 from common.data.synthetic import aggregate
 from common.data.universe import Asset
 from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
+from common.run.checkpoint import checkpoint_files, load_checkpoint
+from common.run.folder import config_differences
+from common.run.info import RunInfo
 from common.tokens.shard_paths import shard_folder
-from common.training.checkpoint import checkpoint_files, load_checkpoint
-from common.training.run_folder import config_differences
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")

@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from common.training.checkpoint import save_checkpoint
+from common.run.checkpoint import save_checkpoint
 
 from slurm_helpers import REPO, TINY
 from ssh_helpers import ALIAS, free_port, marketgpt

@@ -22,7 +22,7 @@ import torch
 from common.cli import main
 from common.config import load_config
 from common.paths import REPO_ROOT
-from common.training.checkpoint import checkpoint_files, load_checkpoint
+from common.run.checkpoint import checkpoint_files, load_checkpoint
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # urllib3's IPv6 probe

@@ -237,7 +237,7 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     from common.config import load_config, save_config
     from common.data.loading import load_market_data
     from common.data.prepare import prepare_data
-    from common.training.run_folder import TokenSet
+    from common.tokens.token_set import TokenSet
 
     cfg = load_config(
         REPO / "case_c_crypto" / "configs" / "crypto_prototype.json", ["data.source=sample", "data.interval=1d"]
@@ -275,11 +275,11 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     import torch
 
     from common.config import load_config
-    from common.data.run_info import RunInfo
     from common.data.universe import Asset
     from common.evaluation.scorecard import forecaster_fn
     from common.forecasting.forecaster import Forecaster
     from common.model.gpt import MarketGPT
+    from common.run.info import RunInfo
     from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ import pytest
 
 from common.cli import main
 from common.evaluation import scorecard
-from common.training.run_folder import has_final_outputs
+from common.run.folder import has_final_outputs
 
 from foundation_helpers import tiny_chronos
 from test_forecast import TINY as FORECAST_TINY, train_tiny

@@ -17,8 +17,8 @@ import torch
 from common.config import Config, ModelConfig
 from common.errors import UserError
 from common.model.gpt import MarketGPT
+from common.run.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint, save_checkpoint
 from common.training.batches import build_windows
-from common.training.checkpoint import checkpoint_files, latest_good_checkpoint, load_checkpoint, save_checkpoint
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.data.run_info import RunInfo
 from common.data.universe import Asset, load_universe
 from common.errors import UserError
 from common.markets import CATEGORIES
 from common.paths import CASES, REPO_ROOT, case_config
+from common.run.info import RunInfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "universes"
 GOOD = sorted((FIXTURES / "good").glob("*.csv"))

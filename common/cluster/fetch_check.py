@@ -17,7 +17,7 @@ __all__ = ["fetch_problems", "parse_listing", "publish"]
 
 def parse_listing(listing: str, all_checkpoints: bool) -> dict[str, int]:
     """`find -printf '%s\\t%P\\n'` -> {relative path: size}, epoch checkpoints left out unless asked."""
-    from common.training.checkpoint import checkpoint_position  # lazy: torch, and only when fetching
+    from common.run.checkpoint import checkpoint_position  # lazy: torch, and only when fetching
 
     files = {}
     for line in listing.splitlines():
@@ -33,7 +33,7 @@ def parse_listing(listing: str, all_checkpoints: bool) -> dict[str, int]:
 def fetch_problems(folder: Path, files: dict[str, int]) -> list[str]:
     """What is wrong with the fetched files, one line each (none: every listed file arrived whole,
     with its size, each checkpoint's CRC32s, each JSON file parsing)."""
-    from common.training.checkpoint import verify_checkpoint  # lazy: torch, and only when fetching
+    from common.run.checkpoint import verify_checkpoint  # lazy: torch, and only when fetching
 
     bad = []
     for name, size in sorted(files.items()):

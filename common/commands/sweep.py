@@ -32,9 +32,10 @@ from common.config import Config, load_config
 from common.errors import UserError
 from common.model.scaling_fit import SHAPES, corpus_of, fit_points
 from common.paths import case_dir_of_config
+from common.run.resume import find_runs
 from common.tokens.fractions import trim_train
 from common.tokens.shard_paths import shard_folder
-from common.training.run_folder import TokenSet, find_runs, token_path
+from common.tokens.token_set import TokenSet, token_path
 
 __all__ = [
     "DEFAULT_FRACTIONS",

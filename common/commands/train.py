@@ -17,10 +17,10 @@ a warning); a run that trained to the end but lacks a final output resumes with 
 to train and only writes the outputs. With no run, a newest run that is done (finished with
 its outputs, or failed) or one another live Slurm job trains, a new run starts, so a Slurm
 script can always pass it; a newest run killed before its first checkpoint is started over in
-its own folder (run_folder.reuse_unstarted_run). A requeued Slurm job continues its own run
-(run_folder.auto_resume_run). --resume PATH: a run folder or one checkpoint file; --config
+its own folder (run.resume.reuse_unstarted_run). A requeued Slurm job continues its own run
+(run.resume.auto_resume_run). --resume PATH: a run folder or one checkpoint file; --config
 is then optional. Either way the case config (with --set) must describe the same run as the
-run folder's config.json, except the keys in run_folder.HARMLESS_ON_RESUME (epochs, patience,
+run folder's config.json, except the keys in run.folder.HARMLESS_ON_RESUME (epochs, patience,
 checkpoint timer, logging, eval cap, slurm), which --set may change.
 
 Multi-GPU (one process per GPU, started by srun or torchrun): every rank runs this command.
@@ -46,13 +46,11 @@ from typing import Optional, Sequence, TextIO
 
 import torch
 
-from common.atomic import atomic_write_json
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
 from common.commands.scorecard import end_of_training_scorecard
-from common.config import Config, ConfigError, config_to_dict, load_config, save_config
+from common.config import Config, config_to_dict, load_config
 from common.data.check import left_out
-from common.data.run_info import RunInfo
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.job_store import failures_reported, share_from_main
@@ -60,25 +58,18 @@ from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.paths import case_dir_of_config
+from common.run.checkpoint import load_checkpoint
+from common.run.folder import Run, check_writable, config_differences
+from common.run.info import RunInfo
+from common.run.resume import new_run_dir, resolve_resume, reuse_unstarted_run
 from common.slurm.scheduler import job_metadata
 from common.tokens.corpus import Prepared, prepare_in_memory
 from common.tokens.fractions import trim_train
 from common.tokens.shards import prepare_shards
-from common.tokens.tokenizer import OHLCTokenizer
+from common.tokens.token_set import TokenSet
 from common.training.batches import TokenWindows, build_windows
-from common.training.checkpoint import load_checkpoint
 from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
 from common.training.rng import seed_everything
-from common.training.run_folder import (
-    HARMLESS_ON_RESUME,
-    TokenSet,
-    check_writable,
-    config_differences,
-    new_run_dir,
-    resolve_resume,
-    reuse_unstarted_run,
-    token_path,
-)
 from common.training.trainer import EXIT_REQUEUE, Trainer
 
 __all__ = ["TrainingFailed", "run_training"]
@@ -113,28 +104,24 @@ def run_training(
     with failures_reported():
         if env.is_main:
             try:
-                run, ckpt = _open_or_create(cfg, config, overrides, resume, device, out)
+                training, ckpt = _open_or_create(cfg, config, overrides, resume, device, out)
             except UserError as e:
                 share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
                 raise
-            share_from_main("run", {"run_dir": str(run.path), "checkpoint": str(ckpt) if ckpt else None})
+            share_from_main("run", {"run_dir": str(training.run.path), "checkpoint": str(ckpt) if ckpt else None})
         else:
-            run = _follow_rank0(share_from_main("run"), overrides, device, env)
-        code = _train_and_test(run, out, stop_after_steps, env)
+            training = _follow_rank0(share_from_main("run"), overrides, device, env)
+        code = _train_and_test(training, out, stop_after_steps, env)
     shutdown()
     return code
 
 
 @dataclass
 class TrainingRun:
-    """A run as every rank trains it: its folder, the files in it (read back, or just made), the
-    windows over its tokens and, when it continues, the checkpoint's state."""
+    """A run as every rank trains it: the run (its folder and the files in it, read back or just
+    made), the windows over its tokens and, when it continues, the checkpoint's state."""
 
-    cfg: Config
-    path: Path
-    tokens: TokenSet
-    tokenizer: OHLCTokenizer
-    info: RunInfo  # asset_info.json
+    run: Run
     windows: TokenWindows
     state: Optional[dict] = None  # the checkpoint resumed from; None for a new run
     model_size: Optional[dict] = None  # what model.size = "auto" chose, and why (a new run)
@@ -163,15 +150,15 @@ def _open_or_create(
 
     if ckpt is not None:
         assert run_dir is not None  # resolve_resume returns a checkpoint with its run folder
-        run = _open_run(run_dir, config, cfg, overrides, device)
-        run.state = load_checkpoint(ckpt)
-        if run.state.get("format") != "marketgpt-checkpoint":
+        training = _open_run(run_dir, config, cfg, overrides, device)
+        training.state = load_checkpoint(ckpt)
+        if training.state.get("format") != "marketgpt-checkpoint":
             raise UserError(f"{ckpt}: not a MarketGPT training checkpoint")
-        diff = config_differences(run.cfg, run.state["config"])
+        diff = config_differences(training.run.cfg, training.state["config"])
         if diff:
             raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
         print(f"Resuming {run_dir} from {ckpt.name}", file=out)
-        return run, ckpt
+        return training, ckpt
 
     # a new run: --config is given (a --resume RUN_FOLDER without it always has a checkpoint)
     assert cfg is not None and config is not None
@@ -191,9 +178,9 @@ def _open_or_create(
         if run_dir is not None:
             print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
         run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
-    _write_run_files(run_dir, cfg, p)
+    run = Run.create(run_dir, cfg, p.tokenizer, p.info, p.tokens, p.data_info)
     print(f"Run folder: {run_dir}", file=out)
-    return TrainingRun(cfg, run_dir, p.tokens, p.tokenizer, p.info, windows, model_size=model_size), None
+    return TrainingRun(run, windows, model_size=model_size), None
 
 
 def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> TrainingRun:
@@ -206,9 +193,9 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
             f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
             "made: the case folder must be on a filesystem every node of the job shares"
         )
-    run = _open_run(run_dir, None, None, overrides, device)
-    run.state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
-    return run
+    training = _open_run(run_dir, None, None, overrides, device)
+    training.state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
+    return training
 
 
 # --------------------------------------------------------------------------- new run
@@ -230,19 +217,6 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> Prepa
     return p
 
 
-def _write_run_files(run_dir: Path, cfg: Config, p: Prepared) -> None:
-    try:
-        # first the job that owns the folder, so --resume auto elsewhere leaves it alone while it is set up
-        atomic_write_json(run_dir / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
-        save_config(cfg, run_dir / "config.json")
-        p.tokenizer.save(run_dir / "tokenizer.json")
-        atomic_write_json(run_dir / "asset_info.json", p.info.to_json())
-        atomic_write_json(run_dir / "data_info.json", p.data_info)
-        p.tokens.save(run_dir / "tokens")  # hard links to the shard's files
-    except OSError as e:
-        raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
-
-
 # --------------------------------------------------------------------------- resume
 
 
@@ -252,31 +226,20 @@ def _open_run(
     """The run's own config (plus harmless --set overrides), token set and windows, tokenizer and
     asset ids; its checkpoint is the caller's to load."""
 
-    config_json = run_dir / "config.json"
-    if not config_json.is_file():
+    if not (run_dir / "config.json").is_file():
         raise UserError(f"{run_dir} is not a run folder (no config.json)")
-    base = load_config(config_json)
-    cfg = load_config(config_json, overrides)
-    changed = config_differences(base, cfg)
-    if changed:
-        raise ConfigError(
-            f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
-            f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
-            "without --resume to change them"
-        )
+    run = Run.open(run_dir, tokens=True, model=False, overrides=overrides)
     if case_cfg is not None:
-        diff = config_differences(cfg, case_cfg)
+        diff = config_differences(run.cfg, case_cfg)
         if diff:
             raise UserError(
                 f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
                 "resume with the config it was started with, or start a new run without --resume"
             )
     check_writable(run_dir)
-    tokens = TokenSet.load(token_path(run_dir))
-    info = RunInfo.read(run_dir / "asset_info.json")
-    tokens.ranges = trim_train(tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
-    windows = _windows(cfg, tokens, info, device)
-    return TrainingRun(cfg, run_dir, tokens, OHLCTokenizer.load(run_dir / "tokenizer.json"), info, windows)
+    assert run.tokens is not None  # tokens=True
+    run.tokens.ranges = trim_train(run.tokens.ranges, run.cfg.data.train_fraction, run.cfg.data.fraction_by)
+    return TrainingRun(run, _windows(run.cfg, run.tokens, run.info, device))
 
 
 # --------------------------------------------------------------------------- train and test
@@ -301,19 +264,21 @@ def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device)
     )
 
 
-def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
+def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
     """Build the model (or take the checkpoint's), train it, and on rank 0 write the final outputs."""
-    cfg, run_dir, tokens, windows, state = run.cfg, run.path, run.tokens, run.windows, run.state
+    run, windows, state = training.run, training.windows, training.state
+    cfg, run_dir, tokens = run.cfg, run.path, run.tokens
+    assert tokens is not None  # a training run holds its token set
     model, lineage, frozen = _build_model(cfg, tokens, run.info, state, env)
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
     if env.is_main:
-        _print_run_plan(run, trainer, env, out)
+        _print_run_plan(training, trainer, env, out)
     if state is None:
         _start_log(trainer, cfg, run_dir, run.info, env, lineage, frozen)
-        if run.model_size:
-            trainer.log.data["model_size"] = run.model_size  # what model.size = "auto" chose, and why
+        if training.model_size:
+            trainer.log.data["model_size"] = training.model_size  # what model.size = "auto" chose, and why
     else:
         try:
             trainer.load_state_dict(state)
@@ -327,14 +292,7 @@ def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[in
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
         scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
         results = evaluate_best(
-            cfg,
-            run_dir,
-            tokens,
-            run.info,
-            run.tokenizer,
-            device,
-            status=status,
-            extra={"scorecard_error": scorecard_error} if scorecard_error else None,
+            run, device, status=status, extra={"scorecard_error": scorecard_error} if scorecard_error else None
         )
         print(summarize_results(run_dir, results), file=out, flush=True)
 
@@ -350,10 +308,11 @@ def _train_and_test(run: TrainingRun, out: TextIO, stop_after_steps: Optional[in
     return 0
 
 
-def _print_run_plan(run: TrainingRun, trainer: Trainer, env: DistEnv, out: TextIO) -> None:
+def _print_run_plan(training: TrainingRun, trainer: Trainer, env: DistEnv, out: TextIO) -> None:
     """The vocabulary line and the plan of the run (windows, parameters, steps) before training starts."""
-    cfg, tokens, windows = run.cfg, run.tokens, run.windows
-    print(vocabulary_line(run.tokenizer, tokens), file=out, flush=True)
+    cfg, tokens, windows = training.run.cfg, training.run.tokens, training.windows
+    assert tokens is not None  # a training run holds its token set
+    print(vocabulary_line(training.run.tokenizer, tokens), file=out, flush=True)
     print(
         plan_of_run(
             cfg,

@@ -26,7 +26,6 @@ from common.config import load_config
 from common.data.cleaning import clean_asset
 from common.data.loading import load_market_data
 from common.data.market_data import MarketData
-from common.data.run_info import RunInfo
 from common.data.universe import Asset
 from common.errors import UserError
 from common.evaluation.har_baselines import HarFit
@@ -39,6 +38,7 @@ from common.evaluation.price_baselines import (
     log_returns,
 )
 from common.markets import interval_step
+from common.run.info import RunInfo
 from common.tokens.token_set import TokenSet, token_path
 
 __all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_prepared", "series_from_run"]

@@ -60,8 +60,6 @@ import numpy as np
 import torch
 
 from common.atomic import atomic_write_json, read_json
-from common.config import Config
-from common.data.run_info import RunInfo
 from common.distributed.env import pick_device
 from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
@@ -78,10 +76,10 @@ from common.evaluation.token_scoring import (
 )
 from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT
+from common.run.checkpoint import load_checkpoint
+from common.run.folder import Run
+from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
-from common.tokens.tokenizer import OHLCTokenizer
-from common.training.checkpoint import load_checkpoint
-from common.training.run_folder import TokenSet, open_run
 
 __all__ = ["evaluate_best", "evaluate_run", "evaluate_run_dir", "summarize_results"]
 
@@ -313,22 +311,16 @@ def _breakdowns(
 
 
 def evaluate_best(
-    cfg: Config,
-    run_dir: Path,
-    tokens: TokenSet,
-    info: RunInfo,
-    tokenizer: OHLCTokenizer,
-    device: torch.device,
-    status: Optional[str] = None,
-    extra: Optional[Mapping[str, Any]] = None,
+    run: Run, device: torch.device, status: Optional[str] = None, extra: Optional[Mapping[str, Any]] = None
 ) -> dict:
-    """The run's best_model.pt on the test split next to the baselines; writes report.png, then
-    test_results.json (so a run with test_results.json has had its report drawn) and returns
-    the results. info, tokenizer: the run's asset_info.json and tokenizer.json;
-    status: the training status the report shows, when the log does not say it yet;
-    extra: keys added to test_results.json (the end-of-training scorecard's error, if any)."""
+    """The run's best_model.pt on the test split (`run.tokens`) next to the baselines; writes
+    report.png, then test_results.json (so a run with test_results.json has had its report drawn)
+    and returns the results. status: the training status the report shows, when the log does
+    not say it yet; extra: keys added to test_results.json (the end-of-training scorecard's error)."""
 
-    best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
+    cfg, run_dir, tokens, info, tokenizer = run.cfg, run.path, run.tokens, run.info, run.tokenizer
+    assert tokens is not None, "evaluate_best needs the run opened with its token set"
+    best = load_checkpoint(run.best_model, map_location=device)
     model = MarketGPT.for_run(cfg.model, info).to(device)
     model.load_state_dict(best["model"])
     test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges, tokens.features)
@@ -379,12 +371,9 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
     """`marketgpt evaluate RUN_DIR`: recompute test_results.json and report.png of a run folder
     from its own config.json, tokenizer.json, asset_info.json, tokens/ and best_model.pt,
     through evaluate_best, the path training takes at its end."""
-    run = open_run(run_dir, need_tokens=True)
-    assert run.tokens is not None  # need_tokens
+    run = Run.open(run_dir, tokens=True)
     try:
-        return evaluate_best(
-            run.cfg, run.path, run.tokens, run.info, run.tokenizer, torch.device(device) if device else pick_device()
-        )
+        return evaluate_best(run, torch.device(device) if device else pick_device())
     except OSError as e:
         raise UserError(
             f"cannot write test_results.json in {run.path} ({e.strerror or e}); "

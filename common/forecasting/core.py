@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config
-from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.markets import interval_step
+from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
 from common.tokens.tokenizer import OHLCTokenizer

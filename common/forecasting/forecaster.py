@@ -21,17 +21,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
-from common.atomic import read_json, read_json_or_empty
 from common.config import Config, load_config
-from common.data.run_info import RunInfo
 from common.distributed.precision import autocast, inference_precision
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
 from common.model.gpt import MarketGPT
 from common.model.sampling import sample_paths
+from common.run.checkpoint import load_checkpoint, unwrap_state_dict
+from common.run.folder import Run
+from common.run.info import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
-from common.training.checkpoint import load_checkpoint, unwrap_state_dict
-from common.training.run_folder import open_run
 
 __all__ = ["PRETRAINED_FILES", "Forecaster"]
 
@@ -78,31 +77,21 @@ class Forecaster(ForecasterCore):
             return cls.from_pretrained(
                 run_dir, device=device, precision=precision, interval=interval
             )  # an hf export folder
-        run = open_run(run_dir, need_tokens=False)
+        run = Run.open(run_dir)
         run_dir, cfg, info = run.path, run.cfg, run.info
         interval, interval_id = info.interval(cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
-        precision = inference_precision(
-            precision, read_json_or_empty(run_dir / "training_log.json").get("precision"), device
-        )
-        best = load_checkpoint(run_dir / "best_model.pt", map_location=device)
+        precision = inference_precision(precision, run.log().get("precision"), device)
+        best = load_checkpoint(run.best_model, map_location=device)
         model = MarketGPT.for_run(cfg.model, info)
         model.default_interval = interval_id
         try:
             model.load_state_dict(unwrap_state_dict(best["model"]))
         except (KeyError, RuntimeError) as e:
-            raise UserError(
-                f"{run_dir / 'best_model.pt'} does not fit the run's config.json ({str(e).splitlines()[0]})"
-            ) from None
-        sha = hashlib.sha256((run_dir / "best_model.pt").read_bytes()).hexdigest()
-        edges = None  # training stores the fitted volume edges in data_info.json
-        if (cfg.model.time_features or cfg.model.volume_input) and (run_dir / "data_info.json").is_file():
-            try:
-                edges = read_json(run_dir / "data_info.json").get("volume_edges")
-            except ValueError as e:
-                raise UserError(
-                    f"{run_dir / 'data_info.json'} is not valid JSON ({e}); the run folder is damaged"
-                ) from None
+            raise UserError(f"{run.best_model} does not fit the run's config.json ({str(e).splitlines()[0]})") from None
+        sha = hashlib.sha256(run.best_model.read_bytes()).hexdigest()
+        # training stores the fitted volume edges in data_info.json
+        edges = run.data_info().get("volume_edges") if cfg.model.time_features or cfg.model.volume_input else None
         if cfg.model.volume_input and edges is None:
             raise UserError(
                 f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "

@@ -33,13 +33,13 @@ from typing import Any, Callable, Optional, Union, cast
 import numpy as np
 
 from common.config import load_config
-from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
 from common.model.windows import (
     context_chunks,
     prefill_length as window_start,  # this module's name for it
 )
+from common.run.info import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = [

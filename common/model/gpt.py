@@ -26,9 +26,9 @@ import torch.utils.checkpoint
 from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
-from common.data.run_info import RunInfo
 from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
+from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
 from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 

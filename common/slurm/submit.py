@@ -107,8 +107,8 @@ class TrainJob(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """The same training, resuming this job's own run (--resume auto while it has no
         checkpoint yet); submitit requeues it."""
-        from common.training.checkpoint import latest_good_checkpoint  # lazy: torch, in the job only
-        from common.training.run_folder import auto_resume_run, find_runs  # lazy: torch, in the job only
+        from common.run.checkpoint import latest_good_checkpoint  # lazy: torch, in the job only
+        from common.run.resume import auto_resume_run, find_runs  # lazy: torch, in the job only
 
         resume = "auto"
         cfg = load_config(self.config, self.overrides)

@@ -32,9 +32,9 @@ from common.data.cleaning import COLUMNS, clean_asset, real_rows
 from common.data.loading import load_market_data
 from common.data.market_data import LazyFrames
 from common.data.prepare import split_data
-from common.data.run_info import RunInfo
 from common.errors import UserError
 from common.markets import interval_step
+from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum
 from common.tokens.shard_paths import published, shard_folder, work_folder

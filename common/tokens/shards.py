@@ -39,8 +39,8 @@ from typing import Iterator, Optional, TextIO
 
 from common.atomic import read_json
 from common.config import Config
-from common.data.run_info import RunInfo
 from common.errors import UserError
+from common.run.info import RunInfo
 from common.tokens.corpus import Prepared
 from common.tokens.shard_manifest import REBUILD, verify_shard
 from common.tokens.shard_paths import published, shard_folder

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from common.atomic import atomic_write_json, read_json
-from common.data.run_info import RunInfo
 from common.errors import UserError
-from common.training.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
+from common.run.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
+from common.run.info import RunInfo
 
 if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
     from common.model.gpt import MarketGPT

@@ -14,7 +14,7 @@ from typing import Any, Callable, TextIO
 
 from common.distributed.ddp import all_gather_objects, barrier
 from common.distributed.job_store import before_abort
-from common.training.checkpoint import CheckpointWriter, prune_checkpoints, remove_stale_temp_files
+from common.run.checkpoint import CheckpointWriter, prune_checkpoints, remove_stale_temp_files
 from common.training.rng import rng_state
 
 __all__ = ["RunCheckpoints"]

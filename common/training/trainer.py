@@ -34,14 +34,14 @@ from common.config import Config, config_to_dict
 from common.distributed.ddp import barrier
 from common.distributed.job_store import wait_for_main
 from common.errors import UserError
-from common.slurm.requeue import EXIT_REQUEUE
-from common.training.batches import TokenWindows
-from common.training.checkpoint import (
+from common.run.checkpoint import (
     best_model_state,
     epoch_checkpoint_name,
     step_checkpoint_name,
     unwrap_state_dict,
 )
+from common.slurm.requeue import EXIT_REQUEUE
+from common.training.batches import TokenWindows
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
 from common.training.log import EpochEnd, Progress, TrainingLog
 from common.training.lr_schedule import LRSchedule

@@ -1,0 +1,222 @@
+"""A run folder and its files, read back or made, as one `Run`.
+
+    case_X/checkpoints/<experiment>_YYYYMMDD_HHMMSS/
+    config.json          fully resolved config; a resume reads this, not the case file
+    tokenizer.json       the tokenizer fitted on the train split
+    asset_info.json      symbol -> asset id, category -> category id (the model's embeddings; RunInfo)
+    data_info.json       cleaning counts, split cuts, per-asset split sizes, volume edges
+    tokens/              every asset's tokens, actual moves and split ranges, memory-mapped
+                         (common/tokens/token_set.py; hard links to the shard it was prepared
+                         from): a resume and the final evaluation see exactly the data the run
+                         started with, even if the candle cache was updated since. Runs made
+                         before token folders have tokens.npz, still read
+    training_log.json    status, best val loss and epoch, one entry per epoch
+    checkpoint_epoch_N.pt, checkpoint_epoch_N_step_S.pt, best_model.pt   (checkpoint.py)
+    report.png, test_results.json   the final outputs, written in that order before the
+                         log's status says "finished" / "early_stopped"
+    tensorboard/
+
+The config identity of a run lives here too: a resumed run may change only HARMLESS_ON_RESUME.
+No torch here: the ONNX forecaster and `marketgpt status` read runs through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from common.atomic import atomic_write_json, check_writable as _check_writable, read_json
+from common.config import Config, ConfigError, config_to_dict, load_config, save_config
+from common.errors import UserError
+from common.run.info import RunInfo
+from common.slurm.scheduler import job_metadata
+from common.tokens.token_set import TokenSet, token_path
+from common.tokens.tokenizer import OHLCTokenizer
+
+__all__ = [
+    "HARMLESS_ON_RESUME",
+    "RUN_FILES",
+    "Run",
+    "check_writable",
+    "config_differences",
+    "has_final_outputs",
+    "read_log",
+]
+
+# Keys a resumed run may change (with --set): they don't touch the model, the data, the
+# optimizer or the batch order. Everything else must equal the run's config.json.
+HARMLESS_ON_RESUME = (
+    "training.epochs",
+    "training.early_stopping_patience",
+    "training.checkpoint_every_minutes",
+    "training.log_every_steps",
+    "training.keep_checkpoints",
+    "training.eval_max_batches",
+    "training.peak_flops",
+    "training.device",
+    "training.gradient_checkpointing",
+    "training.scorecard_origins",
+    "training.scorecard_samples",
+    "training.scorecard_budget",
+    "training.tracker",
+    "data.shards",
+    "slurm.",
+)
+
+# What a finished epoch leaves in a run folder, enough to rebuild its best model (forecasts,
+# exports); evaluating the test split also needs the token set (tokens/).
+RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
+
+
+@dataclass
+class Run:
+    """A run folder's files read back: config.json, tokenizer.json, asset_info.json and, when
+    asked for, the token set. best_model.pt and the checkpoints stay on disk (checkpoint.py
+    loads them); `best_model`, `log` and `data_info` name or read the rest."""
+
+    path: Path
+    cfg: Config
+    tokenizer: OHLCTokenizer
+    info: RunInfo  # asset_info.json
+    tokens: Optional[TokenSet] = None
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike, *, tokens: bool = False, model: bool = True, overrides: Sequence[str] = ()
+    ) -> "Run":
+        """Check that `path` is a run folder and read its files, or raise a UserError that says
+        which file is missing or damaged. tokens: also the token set (evaluation, a resume);
+        model: it must have a best_model.pt (forecasting, export); overrides: --set on a resume,
+        a ConfigError where one changes a key that is not HARMLESS_ON_RESUME."""
+        path = Path(path)
+        if not path.is_dir():
+            raise UserError(
+                f"{path}: no such run folder; pass one like case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS"
+            )
+        names = RUN_FILES[:-1] + ((token_path(path).name,) if tokens else ()) + (RUN_FILES[-1:] if model else ())
+        missing = [name for name in names if not (path / name).exists()]
+        if missing == ["best_model.pt"]:
+            raise UserError(
+                f"{path}: no best_model.pt yet (the run has not finished an epoch); use a run "
+                "that has, or wait for this one"
+            )
+        if missing:
+            raise UserError(
+                f"{path}: missing {', '.join(missing)}; is it a run folder, and did training get past its set-up?"
+            )
+        return cls(
+            path,
+            _config(path / "config.json", overrides),
+            OHLCTokenizer.load(path / "tokenizer.json"),
+            RunInfo.read(path / "asset_info.json"),
+            TokenSet.load(token_path(path)) if tokens else None,
+        )
+
+    @classmethod
+    def create(
+        cls, path: Path, cfg: Config, tokenizer: OHLCTokenizer, info: RunInfo, tokens: TokenSet, data_info: Mapping
+    ) -> "Run":
+        """Write a new run's files into its (new, empty) folder: first its training log naming the
+        job that owns it, so `--resume auto` elsewhere leaves it alone while it is set up."""
+        try:
+            atomic_write_json(path / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
+            save_config(cfg, path / "config.json")
+            tokenizer.save(path / "tokenizer.json")
+            atomic_write_json(path / "asset_info.json", info.to_json())
+            atomic_write_json(path / "data_info.json", dict(data_info))
+            tokens.save(path / "tokens")  # hard links to the shard's files
+        except OSError as e:
+            raise UserError(f"cannot write to the run folder {path} ({e.strerror or e})") from None
+        return cls(path, cfg, tokenizer, info, tokens)
+
+    @property
+    def best_model(self) -> Path:
+        return self.path / "best_model.pt"
+
+    def log(self) -> dict:
+        """training_log.json, {} where there is none yet or it cannot be read."""
+        return read_log(self.path)
+
+    def data_info(self) -> dict:
+        """data_info.json ({} for a run made before it existed); a UserError where it is damaged."""
+        path = self.path / "data_info.json"
+        if not path.is_file():
+            return {}
+        try:
+            return dict(read_json(path))
+        except (ValueError, TypeError) as e:
+            raise UserError(f"{path} is not valid JSON ({e}); the run folder is damaged") from None
+
+
+def _config(path: Path, overrides: Sequence[str]) -> Config:
+    """config.json, with the harmless --set overrides of a resume (ConfigError for any other)."""
+    cfg = load_config(path, overrides)
+    changed = config_differences(load_config(path), cfg) if overrides else []
+    if changed:
+        raise ConfigError(
+            f"--set cannot change {', '.join(c.split(':')[0] for c in changed)} when resuming "
+            f"(only {', '.join(h.rstrip('.') for h in HARMLESS_ON_RESUME)}); start a new run "
+            "without --resume to change them"
+        )
+    return cfg
+
+
+def check_writable(folder: Path) -> None:
+    """Create `folder` if needed and prove a file can be written in it, or raise UserError."""
+    _check_writable(
+        folder,
+        "run folder location",
+        "fix its permissions or free space, or point --config at a case folder you can write",
+    )
+
+
+def read_log(run_dir: Path) -> dict:
+    """A run's training_log.json, {} where there is none yet (it died before its first step) or
+    it cannot be read: nothing recorded."""
+    try:
+        log = json.loads((Path(run_dir) / "training_log.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return log if isinstance(log, dict) else {}
+
+
+def has_final_outputs(run_dir: Path) -> bool:
+    """Whether the run's report.png and test_results.json are written (test_results.json comes
+    last, and records a report that could not be drawn, so it is not retried forever)."""
+    try:
+        results = json.loads((run_dir / "test_results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (run_dir / "report.png").is_file() or (isinstance(results, dict) and "report_error" in results)
+
+
+def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:
+    """'section.key' -> value (a config is sections of leaves; a dict value is one leaf)."""
+    out = {}
+    raw = config_to_dict(cfg) if isinstance(cfg, Config) else cfg
+    for name, value in raw.items():
+        if isinstance(value, Mapping):
+            out.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def config_differences(
+    a: Config | Mapping[str, Any], b: Config | Mapping[str, Any], harmless: Sequence[str] = HARMLESS_ON_RESUME
+) -> list[str]:
+    """Keys (as 'section.key: a_value != b_value') where two configs (or their dicts, as
+    stored in a checkpoint) describe different runs. A key one side lacks counts as its default:
+    a checkpoint written before a setting existed describes the run the default gives."""
+    defaults = _flatten(Config())
+    fa, fb = {**defaults, **_flatten(a)}, {**defaults, **_flatten(b)}
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        if any(key == h or (h.endswith(".") and key.startswith(h)) for h in harmless):
+            continue
+        if fa.get(key) != fb.get(key):
+            out.append(f"{key}: {fa.get(key)!r} != {fb.get(key)!r}")
+    return out
