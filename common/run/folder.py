@@ -17,7 +17,7 @@
     tensorboard/
 
 The config identity of a run lives here too: a resumed run may change only HARMLESS_ON_RESUME.
-No torch here: the ONNX forecaster and `marketgpt status` read runs through this module.
+No torch here (checkpoint.py holds it): opening a run costs numpy and pandas, the tokenizer's.
 """
 
 from __future__ import annotations
