@@ -105,16 +105,13 @@ LAZY = {
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
     ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
     ("common.forecasting.core", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
-    # keeping scipy and scoringrules out of the training start-up (and of a resume): pandas is
-    # in it anyway (the run's tokenizer, the plan the log starts with)
+    # keeping scipy, scoringrules and the forecasting stack out of the training start-up (and of
+    # every resume): the end-of-training scorecard imports them when training ends
     (
-        "common.commands.scorecard",
+        "common.commands.final_scorecard",
         "common.evaluation.scorecard",
     ): "scipy and scoringrules: out of the training start-up",
-    ("common.commands.scorecard", "common.forecasting.ensemble"): "pandas: out of the training start-up",
-    ("common.commands.scorecard", "common.forecasting.forecaster"): "pandas: out of the training start-up",
-    ("common.commands.scorecard", "common.forecasting.calibrated"): "pandas: out of the training start-up",
-    ("common.commands.scorecard", "common.evaluation.foundation_baselines"): "pandas: out of the training start-up",
+    ("common.commands.final_scorecard", "common.forecasting.forecaster"): "out of the training start-up",
     # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
     ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",
     ("common.evaluation.foundation_baselines", "chronos"): "the `foundation` extra, only with --baseline chronos",
@@ -285,6 +282,17 @@ def test_every_listed_lazy_import_still_exists():
     }
     stale = [pair for pair in LAZY if pair[1] != "*" and pair not in present]
     assert stale == [], "LAZY lists imports that are gone: remove them"
+
+
+def test_training_starts_without_the_scoring_libraries():
+    """What the lazy imports of the end-of-training scorecard and of evaluation.metrics buy: a
+    training process (and every resume) loads no scipy, scoringrules or forecasting stack."""
+    heavy = ("scipy", "scoringrules", "arch", "matplotlib", "common.forecasting.forecaster")
+    code = f"import sys, common.commands.train\nprint([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert out.strip() == "[]"
 
 
 def test_data_tokens_and_cluster_load_without_torch():

@@ -169,7 +169,7 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
 
     import torch
 
-    from common.commands.scorecard import end_of_training_scorecard
+    from common.commands.final_scorecard import end_of_training_scorecard
     from common.config import load_config
 
     _, run = trained

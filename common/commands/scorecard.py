@@ -1,5 +1,5 @@
-"""The scorecard of a trained run: `marketgpt scorecard RUN_DIR`, and the small one every run
-writes at the end of training (common.commands.train's final outputs).
+"""The scorecard of a trained run: `marketgpt scorecard RUN_DIR` (the small one every run writes
+at the end of training: final_scorecard.py).
 
     marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]
@@ -14,9 +14,6 @@ off), at most `training.scorecard_budget` (asset, origin) forecasts drawn among 
 the command defaults to the issue's full scorecard (every 5th test candle, 200 samples).
 --baseline adds foundation models, zero-shot, beside the fitted baselines
 (common.evaluation.foundation_baselines, docs/foundation-baselines.md); never at the end of training.
-
-The scoring imports are local: `common.commands.train` imports this module, and a training
-process starts without pandas, scipy or scoringrules.
 """
 
 from __future__ import annotations
@@ -24,18 +21,20 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence, TextIO
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from common.atomic import atomic_write_json
-from common.config import Config
 from common.errors import UserError
+from common.evaluation.foundation_baselines import FOUNDATION_KINDS, load_foundation_baseline
+from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, ScorecardSettings, forecaster_fn, run_scorecard
+from common.forecasting.calibrated import CALIBRATION_JSON, load_calibration
+from common.forecasting.ensemble import Ensemble, forecaster_for
 from common.forecasting.price_paths import parse_barriers
 
 __all__ = [
     "ScorecardRequest",
-    "end_of_training_scorecard",
     "parse_baselines",
     "parse_device",
     "parse_horizons",
@@ -76,8 +75,6 @@ def parse_horizons(text: str) -> tuple[int, ...]:
 def parse_baselines(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
     """["chronos:amazon/chronos-bolt-small", ...] -> {card name: (kind, spec)}; the card name is
     the kind and the spec's last part ("chronos:chronos-bolt-small"). UserError for a bad form."""
-    from common.evaluation.foundation_baselines import FOUNDATION_KINDS  # lazy: pandas
-
     out: dict[str, tuple[str, str]] = {}
     for text in texts:
         kind, _, spec = text.partition(":")
@@ -91,15 +88,6 @@ def parse_baselines(texts: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 def run_scorecard_command(req: ScorecardRequest) -> int:
     """`marketgpt scorecard`: verdict lines on stdout, progress on stderr."""
-    from common.evaluation.scorecard import (  # lazy: scipy
-        SCORECARD_JSON,
-        SCORECARD_PNG,
-        ScorecardSettings,
-        forecaster_fn,
-        run_scorecard,
-    )
-    from common.forecasting.ensemble import Ensemble, forecaster_for  # lazy: pandas
-
     barrier = parse_barriers(req.barrier) if req.barrier is not None else None
     if req.stride is not None and req.origins is not None:
         raise UserError("give --stride K (every K-th test candle) or --origins N (N evenly spaced), not both")
@@ -160,16 +148,12 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
 
 def _foundation_models(foundation: dict[str, tuple[str, str]], device: str) -> dict[str, Callable]:
     """The --baseline foundation models, loaded: name -> forecaster (beside the fitted baselines)."""
-    from common.evaluation.foundation_baselines import load_foundation_baseline  # lazy: pandas
-
     return {name: load_foundation_baseline(kind, spec, device) for name, (kind, spec) in foundation.items()}
 
 
 def _run_calibration(runs: Sequence[Path], checkpoint_sha256: Optional[str]):
     """The run's calibration.json (`marketgpt calibrate`) when it was fitted for this model: one run,
     the same best_model.pt; else None (an ensemble's intervals are not the run's)."""
-    from common.forecasting.calibrated import CALIBRATION_JSON, load_calibration  # lazy: pandas
-
     if len(runs) != 1 or not (Path(runs[0]) / CALIBRATION_JSON).is_file():
         return None
     cal = load_calibration(runs[0])
@@ -191,53 +175,3 @@ def parse_device(name: str) -> torch.device:
         return torch.device(name)
     except RuntimeError:
         raise UserError(f"--device {name!r}: expected cpu or cuda") from None
-
-
-def end_of_training_scorecard(
-    cfg: Config, run_dir: Path, device: torch.device, out: Optional[TextIO] = None
-) -> Optional[str]:
-    """The small end-of-training scorecard (training.scorecard_*), written into the run folder
-    before the final test results. Returns None when it was written or is switched off, else
-    the reason it failed: a scorecard that fails must not fail a trained run, and the reason
-    goes into test_results.json (so --resume auto does not retry it forever)."""
-    t = cfg.training
-    if t.scorecard_origins == 0:
-        return None
-    out = out or sys.stdout
-    try:
-        # lazy (scipy, pandas, empyrical), and inside the try: a node that lacks one still keeps its run
-        from common.evaluation.scorecard import DEFAULT_HORIZONS, ScorecardSettings, forecaster_fn, run_scorecard
-        from common.forecasting.forecaster import Forecaster
-
-        forecaster = Forecaster.from_run(run_dir, device=device)  # the precision it trained in, where fast here
-        settings = ScorecardSettings(
-            horizons=DEFAULT_HORIZONS,
-            stride=None,
-            n_origins=t.scorecard_origins,
-            n_samples=t.scorecard_samples,
-            seed=t.seed,
-            budget=t.scorecard_budget,
-        )
-        card = run_scorecard(
-            run_dir,
-            forecaster_fn(forecaster),
-            settings,
-            precision=forecaster.precision,
-            progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True),
-        )
-    except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
-        reason = f"{type(e).__name__}: {e}"
-        print(f"warning: scorecard.json not written ({reason})", file=sys.stderr, flush=True)
-        return reason
-    drawn = f", {card['origins']['drawn']}" if card["origins"].get("drawn") else ""
-    print(
-        f"Scorecard ({t.scorecard_origins} origin dates, {t.scorecard_samples} samples{drawn}; "
-        f"marketgpt scorecard {run_dir} for the full one):",
-        file=out,
-    )
-    print(
-        "\n".join(f"  {line}" for line in card["headline_lines"] + card["verdicts"] + card["mcs_lines"]),
-        file=out,
-        flush=True,
-    )
-    return None

@@ -46,9 +46,9 @@ from typing import Optional, Sequence, TextIO
 
 import torch
 
+from common.commands.final_scorecard import end_of_training_scorecard
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
-from common.commands.scorecard import end_of_training_scorecard
 from common.config import Config, config_to_dict, load_config
 from common.data.check import left_out
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
