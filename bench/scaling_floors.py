@@ -1,8 +1,8 @@
 """The two floors of the scaling study on the synthetic market: what the oracle and what a filter lose.
 
-The oracle (`oracle_table`, `oracle_probs`, `oracle_nll`): with drift 0, a candle's token is (move
-bin of r/s_e, shape bin of log(high/low)/s_e), s_e being the tokenizer's EWMA volatility of the
-past returns, and the generator makes r = s z and log(high/low) = s (|z - 0.1 n1| + 0.5 |n2| +
+The oracle (`oracle_table`, `oracle_probs`, `oracle_target_probs`, `oracle_nll`): with drift 0, a
+candle's token is (move bin of r/s_e, shape bin of log(high/low)/s_e), s_e being the tokenizer's
+EWMA volatility of the past returns, and the generator makes r = s z and log(high/low) = s (|z - 0.1 n1| + 0.5 |n2| +
 0.5 |n3|) (z Student-t(nu), n_i N(0, 1); _ohlcv in common/data/synthetic.py), where s is the true
 scale of the candle (GARCH and regime, the truth frame's sigma). So the token's true distribution
 depends on one number, rho = s / s_e: it is tabulated by Monte Carlo (100,000 draws of (z, n1, n2,
@@ -36,10 +36,19 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["filter_nll", "floor_losses", "kim_filter", "oracle_nll", "oracle_probs", "oracle_table"]
+__all__ = [
+    "filter_nll",
+    "floor_losses",
+    "kim_filter",
+    "oracle_nll",
+    "oracle_probs",
+    "oracle_table",
+    "oracle_target_probs",
+]
 
 
 MEAN_KNOTS = 25  # points on the m = mu / s axis of a market with a mean
+CHUNK = 1_000_000  # targets interpolated at a time by oracle_target_probs (a few arrays of this length)
 
 
 def oracle_table(
@@ -72,12 +81,62 @@ def oracle_table(
     return table
 
 
-def _knots(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n knots spanning x, and each x's lower knot and weight on the upper one."""
-    knots = np.linspace(x.min() - 1e-6, x.max() + 1e-6, n)
-    pos = np.clip((x - knots[0]) / (knots[1] - knots[0]), 0, n - 1 - 1e-9)
+def _span(x: np.ndarray, n: int) -> np.ndarray:
+    """n knots spanning x."""
+    return np.linspace(x.min() - 1e-6, x.max() + 1e-6, n)
+
+
+def _place(x: np.ndarray, knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each x's lower knot and weight on the upper one (elementwise, so a chunk of x places as the whole)."""
+    pos = np.clip((x - knots[0]) / (knots[1] - knots[0]), 0, len(knots) - 1 - 1e-9)
     k = pos.astype(np.int64)
-    return knots, k, pos - k
+    return k, pos - k
+
+
+def _oracle_cube(
+    log_rho: np.ndarray,
+    mean: Optional[np.ndarray],
+    move_edges: np.ndarray,
+    shape_edges: np.ndarray,
+    nu: float,
+    grid: int,
+    draws: int,
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """The oracle table over the knots spanning every target (grid, mean knots, tokens), its log rho
+    knots and its m knots (None, and one mean slot, when `mean` is None or all zero)."""
+    knots = _span(log_rho, grid)
+    if mean is None or not np.any(mean):
+        return oracle_table(move_edges, shape_edges, nu, knots, draws)[:, None, :], knots, None
+    m_knots = _span(np.asarray(mean, dtype=float), MEAN_KNOTS)
+    cube = np.stack([oracle_table(move_edges, shape_edges, nu, knots, draws, mean=m) for m in m_knots], axis=1)
+    return cube, knots, m_knots
+
+
+def _interpolate(
+    cube: np.ndarray,
+    knots: np.ndarray,
+    m_knots: Optional[np.ndarray],
+    log_rho: np.ndarray,
+    mean: Optional[np.ndarray],
+    y: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Each target's token distribution from the cube, linear in log rho (and in m with m_knots);
+    only its probability of token y when y is given, read from the table's corners without
+    building the rows."""
+    k, w = _place(log_rho, knots)
+    hi = np.minimum(k + 1, len(knots) - 1)
+    col = slice(None) if y is None else y
+    if y is None:
+        w = w[:, None]
+    if m_knots is None:
+        return (1 - w) * cube[k, 0, col] + w * cube[hi, 0, col]
+    j, v = _place(np.asarray(mean, dtype=float), m_knots)
+    jh = np.minimum(j + 1, len(m_knots) - 1)
+    if y is None:
+        v = v[:, None]
+    return (1 - w) * ((1 - v) * cube[k, j, col] + v * cube[k, jh, col]) + w * (
+        (1 - v) * cube[hi, j, col] + v * cube[hi, jh, col]
+    )
 
 
 def oracle_probs(
@@ -91,17 +150,35 @@ def oracle_probs(
 ) -> np.ndarray:
     """(len(rho), move_bins * shape_bins): each target's true token distribution (token id minus
     the special tokens), interpolated linearly in log rho between the knots of oracle_table, and in
-    m = mu / s too when `mean` (each target's m) is given and not all zero."""
-    knots, k, w = _knots(np.log(rho), grid)
-    hi = np.minimum(k + 1, grid - 1)
-    if mean is None or not np.any(mean):
-        table = oracle_table(move_edges, shape_edges, nu, knots, draws)
-        return (1 - w[:, None]) * table[k] + w[:, None] * table[hi]
-    m_knots, j, v = _knots(np.asarray(mean, dtype=float), MEAN_KNOTS)
-    cube = np.stack([oracle_table(move_edges, shape_edges, nu, knots, draws, mean=m) for m in m_knots], axis=1)
-    jh = np.minimum(j + 1, MEAN_KNOTS - 1)
-    w, v = w[:, None], v[:, None]
-    return (1 - w) * ((1 - v) * cube[k, j] + v * cube[k, jh]) + w * ((1 - v) * cube[hi, j] + v * cube[hi, jh])
+    m = mu / s too when `mean` (each target's m) is given and not all zero. Targets x tokens
+    floats: for a loss, oracle_target_probs."""
+    log_rho = np.log(rho)
+    cube, knots, m_knots = _oracle_cube(log_rho, mean, move_edges, shape_edges, nu, grid, draws)
+    return _interpolate(cube, knots, m_knots, log_rho, mean)
+
+
+def oracle_target_probs(
+    rho: np.ndarray,
+    y: np.ndarray,
+    move_edges: np.ndarray,
+    shape_edges: np.ndarray,
+    nu: float,
+    grid: int = 100,
+    draws: int = 100_000,
+    mean: Optional[np.ndarray] = None,
+    chunk: int = CHUNK,
+) -> np.ndarray:
+    """(len(rho),): each target's probability of its token y, oracle_probs(...)[i, y[i]] to the
+    bit: one table over all targets' knots, then `chunk` targets at a time, so memory is the table
+    plus O(chunk), not targets x tokens (10^8 training tokens score ~1.5e7 targets)."""
+    log_rho = np.log(rho)
+    cube, knots, m_knots = _oracle_cube(log_rho, mean, move_edges, shape_edges, nu, grid, draws)
+    m = None if m_knots is None else np.asarray(mean, dtype=float)
+    out = np.empty(len(log_rho))
+    for b in range(0, len(out), chunk):
+        s = slice(b, b + chunk)
+        out[s] = _interpolate(cube, knots, m_knots, log_rho[s], None if m is None else m[s], y[s])
+    return out
 
 
 @dataclass
@@ -114,10 +191,10 @@ class _Split:
     assets: list[dict[str, Any]]  # per scored asset: the generated asset, the target rows, s_e and y
 
 
-def _scored(run_dir: Path, split: str, assets: Optional[int]) -> _Split:
+def _scored(run_dir: Path, split: str, assets: Optional[int], tokens: Any = None) -> _Split:
     """The split's targets (positions 1 .. n-1 of each asset's split, as the model is scored),
     per asset: the asset's candles and truth, the rows of the targets, the tokenizer's scale s_e
-    of each and the target token (minus the specials)."""
+    of each and the target token (minus the specials). `tokens`: the run's TokenSet, if already read."""
     from common.config import load_config
     from common.data.synthetic import generate_asset, synthetic_spec
     from common.special_tokens import NUM_SPECIAL_TOKENS
@@ -126,7 +203,7 @@ def _scored(run_dir: Path, split: str, assets: Optional[int]) -> _Split:
 
     spec = synthetic_spec(load_config(run_dir / "config.json"))
     tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
-    ts = TokenSet.load(token_path(run_dir))
+    ts = TokenSet.load(token_path(run_dir)) if tokens is None else tokens
     out = []
     for i in range(spec.assets if assets is None else min(assets, spec.assets)):
         asset = generate_asset(spec, i)
@@ -144,10 +221,18 @@ def _scored(run_dir: Path, split: str, assets: Optional[int]) -> _Split:
     return _Split(spec, tok, ts, out)
 
 
-def oracle_nll(run_dir: Path, split: str, grid: int = 100, draws: int = 100_000, assets: Optional[int] = None) -> float:
+def oracle_nll(
+    run_dir: Path,
+    split: str,
+    grid: int = 100,
+    draws: int = 100_000,
+    assets: Optional[int] = None,
+    tokens: Any = None,
+) -> float:
     """The oracle's mean NLL of the split's targets in the run's token space, for a data.source =
-    "synthetic" run; of the first `assets` assets only, when given (--nested)."""
-    return _oracle_loss(_scored(run_dir, split, assets), grid, draws)
+    "synthetic" run; of the first `assets` assets only, when given (--nested). `tokens`: the run's
+    TokenSet when the caller has read it (a large run's index is read once)."""
+    return _oracle_loss(_scored(run_dir, split, assets, tokens), grid, draws)
 
 
 def floor_losses(run_dir: Path, split: str, assets: Optional[int] = None, draws: int = 100_000) -> dict[str, float]:
@@ -167,8 +252,9 @@ def _oracle_loss(sp: _Split, grid: int, draws: int) -> float:
     mean = np.concatenate([a["asset"].truth["mu"].to_numpy()[a["rows"] - 1] for a in sp.assets]) / np.concatenate(sigma)
     rho = np.concatenate([s / a["s_e"] for s, a in zip(sigma, sp.assets)])
     y = np.concatenate([a["y"] for a in sp.assets])
-    p = oracle_probs(rho, sp.tok.move_binning.edges, sp.tok.shape_binning.edges, sp.spec.nu, grid, draws, mean)
-    return float(np.mean(-np.log(p[np.arange(len(y)), y])))
+    edges = (sp.tok.move_binning.edges, sp.tok.shape_binning.edges)
+    p = oracle_target_probs(rho, y, *edges, sp.spec.nu, grid, draws, mean)
+    return float(np.mean(-np.log(p)))
 
 
 # --------------------------------------------------------------------------- the filter
@@ -318,9 +404,9 @@ def _filter_loss(sp: _Split, sees: str, grid: int, draws: int) -> float:
         mix.append(weights[rows])
         y.append(a["y"])
     rho_all, mix_all, y_all = np.concatenate(rho), np.concatenate(mix), np.concatenate(y)
-    p = oracle_probs(rho_all.ravel(), move_edges, shape_edges, spec.nu, grid, draws)
-    p = p.reshape(len(y_all), 4, -1)
-    p_target = (mix_all * p[np.arange(len(y_all)), :, y_all]).sum(axis=1)
+    # each target's token under each of its four scales: the table's column, not the four rows
+    p = oracle_target_probs(rho_all.ravel(), np.repeat(y_all, 4), move_edges, shape_edges, spec.nu, grid, draws)
+    p_target = (mix_all * p.reshape(len(y_all), 4)).sum(axis=1)
     return float(np.mean(-np.log(p_target)))
 
 

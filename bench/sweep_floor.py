@@ -46,10 +46,9 @@ def gap_closed(point: dict[str, Any], oracle: float) -> dict[str, Any]:
     }
 
 
-def test_targets(run: Path) -> int:
-    """How many targets the oracle scores on the run's test split: each asset's test tokens but its first."""
-    ranges = TokenSet.load(token_path(run)).ranges
-    return sum(int(r["test"][1]) - int(r["test"][0]) - 1 for r in ranges.values())
+def test_targets(tokens: TokenSet) -> int:
+    """How many targets the oracle scores on a run's test split: each asset's test tokens but its first."""
+    return sum(int(r["test"][1]) - int(r["test"][0]) - 1 for r in tokens.ranges.values())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -67,7 +66,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{run}: not a synthetic run; the oracle knows the synthetic market only", file=sys.stderr)
         return 1
     scored = read_json(run / "test_results.json")["num_tokens"]
-    targets = test_targets(run)
+    tokens = TokenSet.load(token_path(run))  # read once: the count here, the targets in oracle_nll
+    targets = test_targets(tokens)
     if scored != targets:
         print(
             f"{run}: its test scored {scored} of the split's {targets} targets (training.eval_max_batches caps it);"
@@ -75,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    oracle = oracle_nll(run, "test", draws=args.draws)
+    oracle = oracle_nll(run, "test", draws=args.draws, tokens=tokens)
     rows = [gap_closed(p, oracle) for p in points]
     atomic_write_json(args.sweep / "floor.json", {"oracle_test_loss": oracle, "from_run": str(run), "points": rows})
     print(f"oracle test loss {oracle:.4f} nats/token (every point's test candles)")

@@ -20,6 +20,7 @@ from common.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 import bench_scaling  # noqa: E402
+import scaling_floors  # noqa: E402
 
 CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
 TRUE = {"E": 0.02, "A": 0.01, "a": 0.5, "B": 0.005, "b": 0.35, "C": 0.003, "c": 0.6}
@@ -105,6 +106,21 @@ def test_the_oracle_with_a_mean_is_calibrated_on_the_rich_market():
     assert abs(nll.mean() - entropy.mean()) < 3 * nll.std() / np.sqrt(len(y))
     blind = bench_scaling.oracle_probs(rho, *edges, spec.nu, grid=40, draws=20_000)
     assert nll.mean() < -np.log(blind[np.arange(len(y)), y]).mean() - 0.005
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+def test_the_oracle_gathers_each_targets_probability_in_chunks_as_from_its_full_distribution(with_mean):
+    # the loss path reads each target's column from the table, 7 targets at a time: the same bits
+    # as the full rows of oracle_probs, over all the chunks (the last one short)
+    rng = np.random.default_rng(3)
+    n = 50
+    rho = np.exp(rng.normal(0, 0.4, n))
+    mean = rng.normal(0, 0.5, n) if with_mean else None
+    edges = (np.linspace(-2.5, 2.5, 7), np.linspace(0.5, 4.0, 3))
+    y = rng.integers(0, 8 * 4, n)
+    full = bench_scaling.oracle_probs(rho, *edges, 4.0, grid=12, draws=2000, mean=mean)
+    gathered = scaling_floors.oracle_target_probs(rho, y, *edges, 4.0, grid=12, draws=2000, mean=mean, chunk=7)
+    np.testing.assert_array_equal(gathered, full[np.arange(n), y])
 
 
 def test_fit_recovers_a_known_optimum_and_its_form():
