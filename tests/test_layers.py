@@ -99,7 +99,6 @@ LAZY = {
     ("common.slurm.submit", "torch"): _TORCH_LATER,
     ("common.slurm.submit", "common.commands.train"): _TORCH_LATER,
     ("common.slurm.submit", "common.distributed.env"): _TORCH_LATER,
-    ("common.slurm.submit", "common.run.checkpoint"): _TORCH_LATER,
     ("common.slurm.submit", "common.run.resume"): _TORCH_LATER,
     ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",

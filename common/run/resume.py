@@ -16,7 +16,7 @@ from common.run.checkpoint import checkpoint_position, latest_good_checkpoint
 from common.run.folder import check_writable, has_final_outputs, read_log
 from common.slurm import scheduler
 
-__all__ = ["auto_resume_run", "find_runs", "new_run_dir", "resolve_resume", "reuse_unstarted_run"]
+__all__ = ["auto_resume_run", "find_runs", "new_run_dir", "resolve_resume", "resumable_run", "reuse_unstarted_run"]
 
 _STAMP = "%Y%m%d_%H%M%S"
 # What a run writes before its first resumable checkpoint (its set-up, the trainer's log and
@@ -131,6 +131,15 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
     if done or _live_owner(newest, log) is not None:
         return None
     return newest
+
+
+def resumable_run(checkpoints: Path, experiment: str) -> Optional[Path]:
+    """The run `--resume auto` would continue here, if it has a checkpoint that checks out (a
+    requeue names it, so the job continues its own run even if another job starts a newer one)."""
+    run = auto_resume_run(find_runs(checkpoints, experiment))
+    if run is None or latest_good_checkpoint(run, warn=lambda m: None) is None:
+        return None
+    return run
 
 
 def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:

@@ -107,14 +107,12 @@ class TrainJob(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """The same training, resuming this job's own run (--resume auto while it has no
         checkpoint yet); submitit requeues it."""
-        from common.run.checkpoint import latest_good_checkpoint  # lazy: torch, in the job only
-        from common.run.resume import auto_resume_run, find_runs  # lazy: torch, in the job only
+        from common.run.resume import resumable_run  # lazy: torch, in the job only
 
-        resume = "auto"
         cfg = load_config(self.config, self.overrides)
-        run = auto_resume_run(find_runs(case_dir_of_config(self.config) / "checkpoints", cfg.experiment))
-        if run is not None and latest_good_checkpoint(run, warn=lambda m: None) is not None:
-            resume = str(run)  # inside the job, auto_resume_run picks the run this job trains
+        # inside the job, the run this job trains; "auto" while it has no checkpoint yet
+        run = resumable_run(case_dir_of_config(self.config) / "checkpoints", cfg.experiment)
+        resume = str(run) if run is not None else "auto"
         return submitit.helpers.DelayedSubmission(TrainJob(self.config, self.overrides, self.num_gpus, resume))
 
 
