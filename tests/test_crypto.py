@@ -9,6 +9,7 @@ Sockets are blocked by pytest-socket (setup.cfg).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -22,6 +23,7 @@ import pytest
 import responses
 
 from common.data.crypto import (
+    CCXT_RETRY,
     PAGE_LIMITS,
     BadSymbolError,
     RestrictedLocation,
@@ -32,6 +34,7 @@ from common.data.crypto import (
     with_quote,
 )
 from common.data.crypto_history import fetch_ohlcv_history, iter_ohlcv_history
+from common.data.retry import RetryPolicy
 from common.errors import SourceUnavailable, UserError
 
 BINANCE = Path(__file__).parent / "fixtures" / "binance"  # constructed in the shape of real answers
@@ -208,13 +211,18 @@ class Sleeps(list):
         self.append(seconds)
 
 
+def retrying(sleep: Sleeps, **changes) -> RetryPolicy:
+    """ccxt's default retry policy waiting on `sleep` (a recorder), with any of its fields changed."""
+    return dataclasses.replace(CCXT_RETRY, sleep=sleep, **changes)
+
+
 # --------------------------------------------------------------------------- paging
 
 
 def test_multi_page_history_is_exact_with_a_partial_last_page():
     now = T0 + 2500 * HOUR + 17 * 60_000  # 17 minutes into candle #2500
     fake = FakeBinance(HOUR, "1h", now)
-    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, sleep=Sleeps())
+    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, retry=retrying(Sleeps()))
 
     assert_same_candles(got, expected_frame(T0, T0 + 2500 * HOUR, HOUR))
     # 1000 + 1000 + a partial 501 (500 closed + the open one); each page starts after the last.
@@ -339,7 +347,7 @@ def test_network_errors_are_retried_with_exponential_backoff(errors):
     now = T0 + 1200 * HOUR + 1
     fake = FakeBinance(HOUR, "1h", now, errors=errors)
     sleeps = Sleeps()
-    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, base_delay_s=0.5, sleep=sleeps)
+    got = fetch_ohlcv_history(binance(fake), "BTC/USDT", "1h", T0, now_ms=now, retry=retrying(sleeps, base_delay_s=0.5))
     assert sleeps == [0.5, 1.0, 2.0]
     assert_same_candles(got, expected_frame(T0, T0 + 1200 * HOUR, HOUR))
     # the failed requests asked for the same page again
@@ -351,7 +359,12 @@ def test_persistent_timeout_raises_source_unavailable_after_max_retries():
     sleeps = Sleeps()
     with pytest.raises(SourceUnavailable, match="binance") as info:
         fetch_ohlcv_history(
-            binance(fake), "BTC/USDT", "1d", T0, now_ms=T0 + 50 * DAY, max_retries=3, base_delay_s=2.0, sleep=sleeps
+            binance(fake),
+            "BTC/USDT",
+            "1d",
+            T0,
+            now_ms=T0 + 50 * DAY,
+            retry=retrying(sleeps, max_retries=3, base_delay_s=2.0),
         )
     assert isinstance(info.value, UserError)
     assert "RequestTimeout" in str(info.value)
@@ -372,7 +385,7 @@ def test_bad_symbol_from_the_exchange_is_not_retried():
     fake = FakeBinance(DAY, "1d", T0 + 5 * DAY, errors=[ccxt.BadSymbol("binance Invalid symbol.")])
     sleeps = Sleeps()
     with pytest.raises(BadSymbolError, match=r"binance.*'BTC/USDT'"):
-        fetch_ohlcv_history(binance(fake), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=sleeps)
+        fetch_ohlcv_history(binance(fake), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, retry=retrying(sleeps))
     assert sleeps == [] and len(fake.requests) == 1
 
 
@@ -390,7 +403,7 @@ def test_binance_http_429_then_ok_through_ccxt_error_mapping():
     responses.add(responses.GET, KLINES, status=429, json={"code": -1003, "msg": "Too many requests"})
     responses.add(responses.GET, KLINES, status=200, json=rows)
     sleeps = Sleeps()
-    got = fetch_ohlcv_history(binance(), "BTC/USDT", "1d", T0, now_ms=now, sleep=sleeps)
+    got = fetch_ohlcv_history(binance(), "BTC/USDT", "1d", T0, now_ms=now, retry=retrying(sleeps))
     assert sleeps == [1.0]
     assert_same_candles(got, expected_frame(T0, T0 + 3 * DAY, DAY))
     assert len(responses.calls) == 2
@@ -400,7 +413,7 @@ def test_binance_http_429_then_ok_through_ccxt_error_mapping():
 def test_binance_invalid_symbol_reply_becomes_bad_symbol_error():
     responses.add(responses.GET, KLINES, status=400, json={"code": -1121, "msg": "Invalid symbol."})
     with pytest.raises(BadSymbolError, match="ETH/USDT"):
-        fetch_ohlcv_history(binance(), "ETH/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=Sleeps())
+        fetch_ohlcv_history(binance(), "ETH/USDT", "1d", T0, now_ms=T0 + 5 * DAY, retry=retrying(Sleeps()))
     assert len(responses.calls) == 1
 
 
@@ -419,7 +432,7 @@ def test_markets_load_lazily_with_the_same_retries():
     now = T0 + 4 * DAY
     exchange.fetch = FakeBinance(DAY, "1d", now)
     sleeps = Sleeps()
-    got = fetch_ohlcv_history(exchange, "BTC/USDT", "1d", T0, now_ms=now, base_delay_s=0.25, sleep=sleeps)
+    got = fetch_ohlcv_history(exchange, "BTC/USDT", "1d", T0, now_ms=now, retry=retrying(sleeps, base_delay_s=0.25))
     assert sleeps == [0.25, 0.5]
     assert_same_candles(got, expected_frame(T0, now, DAY))
     ensure_markets(exchange)  # loaded: no further attempt
@@ -485,7 +498,7 @@ def test_binance_451_restricted_location_is_a_user_error_without_retries():
     responses.add(responses.GET, ANY_BINANCE, status=451, json=binance_answer("restricted_451.json"))
     sleeps = Sleeps()
     with pytest.raises(RestrictedLocation) as info:
-        fetch_ohlcv_history(make_exchange("binance"), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=sleeps)
+        fetch_ohlcv_history(make_exchange("binance"), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, retry=retrying(sleeps))
     message = str(info.value)
     assert isinstance(info.value, UserError) and not isinstance(info.value, SourceUnavailable)
     assert "HTTP 451" in message and "restricted location" in message
@@ -522,7 +535,7 @@ def test_binance_418_ip_ban_stops_at_once_naming_its_end():
     responses.add(responses.GET, KLINES, status=418, json=binance_answer("banned_418.json"))
     sleeps = Sleeps()
     with pytest.raises(SourceUnavailable, match=r"banned.*until 2025-01-01T01:00:00\+00:00"):
-        fetch_ohlcv_history(binance(), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, sleep=sleeps)
+        fetch_ohlcv_history(binance(), "BTC/USDT", "1d", T0, now_ms=T0 + 5 * DAY, retry=retrying(sleeps))
     assert sleeps == [] and len(responses.calls) == 1
 
 
@@ -607,7 +620,7 @@ def test_bitstamp_builds_a_long_history_with_usd_quotes():
     fake = FakeBitstamp(86_400, now)
     responses.add_callback(responses.GET, re.compile(r"https://www\.bitstamp\.net/api/v2/.*"), callback=fake)
     exchange = make_exchange("bitstamp")
-    got = fetch_ohlcv_history(exchange, with_quote("BTC/USDT", "USD"), "1d", T0, now_ms=now, sleep=Sleeps())
+    got = fetch_ohlcv_history(exchange, with_quote("BTC/USDT", "USD"), "1d", T0, now_ms=now, retry=retrying(Sleeps()))
     assert_same_candles(got, expected_frame(T0, T0 + 2300 * DAY, DAY))
     assert PAGE_LIMITS["bitstamp"] == 1000
     assert [int(q["limit"]) for q in fake.ohlc] == [1000, 1000, 1000]

@@ -48,7 +48,7 @@ class FakeCcxt:
         self.die_on: str | None = None
 
     def __call__(self, exchange, symbol, timeframe, since_ms, until_ms=None, **kwargs):
-        assert timeframe == "1d" and kwargs["sleep"] is not None
+        assert timeframe == "1d" and kwargs["retry"].sleep is not None
         self.calls.append((symbol, since_ms, until_ms))
         if symbol == self.die_on:
             raise KeyboardInterrupt  # the job is killed while this asset downloads

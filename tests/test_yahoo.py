@@ -5,13 +5,14 @@ with a plain requests.Session (YF_DISABLE_CURL_CFFI=1, so no libcurl client exis
 real URLs, and parses chart JSON shaped like Yahoo's (tests/fixtures/yahoo, written by
 make_charts.py there; constructed in the shape of real answers, not recorded), cut to the
 requested period1/period2 like the real server does. Sockets
-are blocked by pytest-socket (setup.cfg); `sleep` is injected, so no test waits.
+are blocked by pytest-socket (setup.cfg); the retry policy's `sleep` is injected, so no test waits.
 test_download.py imports FakeYahoo from here.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import re
@@ -31,7 +32,8 @@ import requests
 import responses
 import yfinance as yf
 
-from common.data.yahoo import YAHOO_THREADS, YahooResult, download_yahoo
+from common.data.retry import RetryPolicy
+from common.data.yahoo import YAHOO_RETRY, YAHOO_THREADS, YahooPacing, YahooResult, download_yahoo
 from common.data.yahoo_requests import NO_DATA, requests_session
 from common.errors import SourceUnavailable, UserError
 
@@ -201,6 +203,11 @@ class Sleeps(list):
             self.action()
 
 
+def retrying(sleep: Sleeps, **changes) -> RetryPolicy:
+    """Yahoo's default retry policy waiting on `sleep` (a recorder), with any of its fields changed."""
+    return dataclasses.replace(YAHOO_RETRY, sleep=sleep, **changes)
+
+
 def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
     sleeps, batches = Sleeps(), []
     result = download_yahoo(
@@ -209,9 +216,8 @@ def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
         "2024-01-01",
         "2024-02-01",
         session=requests.Session(),
-        batch_size=1,
-        pause_s=1.5,
-        sleep=sleeps,
+        retry=retrying(sleeps),
+        pacing=YahooPacing(batch_size=1, pause_s=1.5),
         on_batch=batches.append,
     )
 
@@ -243,7 +249,7 @@ def test_daily_multi_ticker_adjusted_utc_and_batched(yahoo):
 def test_intraday_converted_to_utc(yahoo):
     now = pd.Timestamp("2024-02-01", tz="UTC")
     result = download_yahoo(
-        ["SPY"], "1h", "2024-01-02", "2024-01-05", session=requests.Session(), now=now, sleep=Sleeps()
+        ["SPY"], "1h", "2024-01-02", "2024-01-05", session=requests.Session(), now=now, retry=retrying(Sleeps())
     )
     frame = result.frames["SPY"]
     stamps = load_chart("spy_1h.json")["chart"]["result"][0]["timestamp"]
@@ -256,7 +262,7 @@ def test_intraday_converted_to_utc(yahoo):
 
 def test_intraday_start_beyond_yahoo_limit_is_clamped(yahoo, caplog):
     now = pd.Timestamp("2024-01-04 12:00", tz="UTC")
-    result = download_yahoo(["SPY"], "1h", "2015-01-01", session=requests.Session(), now=now, sleep=Sleeps())
+    result = download_yahoo(["SPY"], "1h", "2015-01-01", session=requests.Session(), now=now, retry=retrying(Sleeps()))
     assert result.clamped_start == now - pd.Timedelta(days=729)
     assert int(yahoo.history_of("SPY")[0]["period1"]) == int(result.clamped_start.timestamp())
     assert "starting at" in caplog.text
@@ -277,9 +283,7 @@ def test_delisted_ticker_is_retried_then_reported(yahoo):
         "2024-01-01",
         "2024-02-01",
         session=requests.Session(),
-        max_retries=3,
-        retry_delay_s=2.0,
-        sleep=sleeps,
+        retry=retrying(sleeps, max_retries=3, base_delay_s=2.0),
     )
     assert set(result.frames) == {"AAPL"}
     assert list(result.failed) == ["GONE"]
@@ -292,7 +296,7 @@ def test_delisted_ticker_is_retried_then_reported(yahoo):
 def test_symbols_with_special_characters(yahoo):
     yahoo.charts["^GSPC"] = load_chart("msft_1d.json")
     result = download_yahoo(
-        ["^GSPC", "^GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps()
+        ["^GSPC", "^GONE"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry=retrying(Sleeps())
     )
     assert list(result.frames) == ["^GSPC"]
     assert "No data found" in result.failed["^GONE"]  # Yahoo's answer was matched to the ticker
@@ -305,7 +309,12 @@ def test_rate_limit_then_success(yahoo):
     yahoo.down = "429"
     sleeps = Sleeps(recover)
     result = download_yahoo(
-        ["AAPL", "MSFT"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry_delay_s=3.0, sleep=sleeps
+        ["AAPL", "MSFT"],
+        "1d",
+        "2024-01-01",
+        "2024-02-01",
+        session=requests.Session(),
+        retry=retrying(sleeps, base_delay_s=3.0),
     )
     # not the 3 s backoff: at least a minute after a 429, plus up to 25% jitter
     assert len(sleeps) == 1 and 60.0 < sleeps[0] <= 75.0
@@ -321,7 +330,7 @@ def test_empty_answer_is_asked_again_not_served_from_yfinance_memory(yahoo):
 
     yahoo.down = "empty"
     result = download_yahoo(
-        ["AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps(recover)
+        ["AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry=retrying(Sleeps(recover))
     )
     assert result.failed == {}
     assert len(result.frames["AAPL"]) == len(expected_frame("aapl_1d.json", True))
@@ -341,9 +350,7 @@ def test_unreachable_on_every_retry_raises_source_unavailable(yahoo, down, words
             "1d",
             "2024-01-01",
             session=requests.Session(),
-            max_retries=2,
-            retry_delay_s=1.0,
-            sleep=sleeps,
+            retry=retrying(sleeps, max_retries=2, base_delay_s=1.0),
             on_batch=batches.append,
         )
     message = str(info.value)
@@ -369,8 +376,8 @@ def test_later_batch_unreachable_keeps_earlier_batches(yahoo):
             "2024-01-01",
             "2024-02-01",
             session=requests.Session(),
-            batch_size=1,
-            sleep=Sleeps(),
+            retry=retrying(Sleeps()),
+            pacing=YahooPacing(batch_size=1),
             on_batch=save,
         )
     assert [sorted(p.frames) for p in saved] == [["AAPL"]]
@@ -394,9 +401,7 @@ def test_ticker_rate_limited_or_timed_out_is_unreachable_not_failed(yahoo):
         "2024-01-01",
         "2024-02-01",
         session=requests.Session(),
-        max_retries=1,
-        retry_delay_s=1.0,
-        sleep=Sleeps(),
+        retry=retrying(Sleeps(), max_retries=1, base_delay_s=1.0),
     )
     assert list(result.frames) == ["AAPL"]
     assert set(result.unreachable) == {"MSFT", "SPY"}
@@ -409,7 +414,12 @@ def test_yfinance_failing_on_a_200_answer_is_reported_as_that(yahoo):
     broken["chart"]["result"][0]["indicators"]["quote"][0]["close"].pop()  # one close short
     yahoo.answers["BRKN"] = (200, broken)  # served whole: Yahoo answered, yfinance chokes on it
     result = download_yahoo(
-        ["BRKN", "AAPL"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps()
+        ["BRKN", "AAPL"],
+        "1d",
+        "2024-01-01",
+        "2024-02-01",
+        session=requests.Session(),
+        retry=retrying(Sleeps(), max_retries=0),
     )
     assert list(result.frames) == ["AAPL"]
     reason = result.failed["BRKN"]
@@ -430,14 +440,16 @@ def test_yfinance_threads_are_capped(yahoo, monkeypatch):
     monkeypatch.setattr(yfinance.multi._multitasking, "set_max_threads", record)
     monkeypatch.setattr(yfinance.multi._multitasking, "cpu_count", lambda: 64)  # a big login node
     tickers = ["AAPL", "MSFT"] + [f"GONE{i}" for i in range(10)]
-    download_yahoo(tickers, "1d", "2024-01-01", "2024-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps())
+    download_yahoo(
+        tickers, "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry=retrying(Sleeps(), max_retries=0)
+    )
     assert used == [YAHOO_THREADS] and 4 <= YAHOO_THREADS <= 8
 
 
 def test_requests_session_carries_browser_headers(yahoo):
     session = requests_session()
     assert isinstance(session, requests.Session)
-    result = download_yahoo(["AAPL"], "1d", "2024-01-01", "2024-02-01", session=session, sleep=Sleeps())
+    result = download_yahoo(["AAPL"], "1d", "2024-01-01", "2024-02-01", session=session, retry=retrying(Sleeps()))
     assert set(result.frames) == {"AAPL"}
     agent = yahoo.headers[-1]["User-Agent"]
     assert agent.startswith("Mozilla/5.0") and "python-requests" not in agent
@@ -448,7 +460,7 @@ def test_null_bars_splits_capital_gains_and_a_live_last_bar(yahoo):
     yahoo.charts["VOD.L"] = load_chart("vod_l_1d.json")
     yahoo.charts["VFIAX"] = load_chart("fund_1d.json")
     result = download_yahoo(
-        ["VOD.L", "VFIAX"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), sleep=Sleeps()
+        ["VOD.L", "VFIAX"], "1d", "2024-01-01", "2024-02-01", session=requests.Session(), retry=retrying(Sleeps())
     )
     assert result.failed == {} and result.unreachable == {}
     vod, fund = result.frames["VOD.L"], result.frames["VFIAX"]
@@ -468,7 +480,7 @@ def test_range_before_listing_400_is_no_data_in_range_not_delisted(yahoo):
     yahoo.charts["NEWCO"] = load_chart("aapl_1d.json")  # listed now: the time-zone probe works
     yahoo.answers["NEWCO"] = (400, "start_400.json")
     result = download_yahoo(
-        ["NEWCO"], "1d", "2023-01-01", "2023-02-01", session=requests.Session(), max_retries=0, sleep=Sleeps()
+        ["NEWCO"], "1d", "2023-01-01", "2023-02-01", session=requests.Session(), retry=retrying(Sleeps(), max_retries=0)
     )
     reason = result.failed["NEWCO"]
     assert "Data doesn't exist for startDate" in reason and "delisted" not in reason
@@ -512,7 +524,7 @@ def minute_chart(first_day: str, last_day: str) -> dict:
 def test_one_minute_bars_come_from_the_last_30_days_in_7_day_requests(yahoo, caplog):
     now = pd.Timestamp("2024-02-01 12:00", tz="UTC")
     yahoo.charts["SPY"] = minute_chart("2023-11-01", "2024-01-31")
-    result = download_yahoo(["SPY"], "1m", "2023-12-01", session=requests.Session(), now=now, sleep=Sleeps())
+    result = download_yahoo(["SPY"], "1m", "2023-12-01", session=requests.Session(), now=now, retry=retrying(Sleeps()))
 
     assert result.clamped_start == pd.Timestamp("2024-01-03 12:00", tz="UTC")  # 29 days back: Yahoo's 30, less one
     assert "Yahoo keeps 1m bars for the last 30 days only, 7 days per request" in caplog.text
@@ -533,7 +545,7 @@ def test_daily_max_asks_from_99_years_back_and_keeps_everything(yahoo):
     now = pd.Timestamp("2024-02-05", tz="UTC")
     start = earliest_start("1d", now)
     assert start == pd.Timestamp("1925-03-01", tz="UTC")  # yfinance's period="max": 3,122,064,000 s
-    result = download_yahoo(["AAPL"], "1d", start, session=requests.Session(), now=now, sleep=Sleeps())
+    result = download_yahoo(["AAPL"], "1d", start, session=requests.Session(), now=now, retry=retrying(Sleeps()))
     assert result.clamped_start is None
     np.testing.assert_allclose(result.frames["AAPL"].to_numpy(), expected_frame("aapl_1d.json", True).to_numpy())
     assert int(yahoo.history_of("AAPL")[0]["period1"]) == ny_midnight("1925-03-01")

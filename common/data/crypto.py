@@ -35,11 +35,13 @@ from typing import Callable, Iterable, Mapping, TypeVar
 import ccxt
 import pandas as pd
 
+from common.data.retry import RetryPolicy
 from common.errors import SourceUnavailable, UserError
 
 __all__ = [
     "ALTERNATIVES",
     "BadSymbolError",
+    "CCXT_RETRY",
     "DEFAULT_PAGE_LIMIT",
     "HISTORY_START_MS",
     "NEXT_CANDLES_EXCHANGES",
@@ -97,6 +99,8 @@ _RESTRICTED_WORDS = re.compile(
 )
 _BANNED_UNTIL = re.compile(r"banned until (\d{12,14})")
 _MAX_DELAY_S = 60.0
+# Every ccxt call's default: 5 retries after 1, 2, 4, 8, 16 s (ccxt's rate limiter paces the rest).
+CCXT_RETRY = RetryPolicy(max_retries=5, base_delay_s=1.0)
 
 T = TypeVar("T")
 
@@ -238,8 +242,8 @@ def _short(e: Exception | str, n: int = 200) -> str:
 def ensure_markets(
     exchange: ccxt.Exchange,
     *,
-    max_retries: int = 5,
-    base_delay_s: float = 1.0,
+    max_retries: int = CCXT_RETRY.max_retries,
+    base_delay_s: float = CCXT_RETRY.base_delay_s,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Load the exchange's markets once (network), unless they were set already."""

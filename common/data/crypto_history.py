@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import ccxt
 import numpy as np
 import pandas as pd
 
 from common.data.crypto import (
+    CCXT_RETRY,
     NEXT_CANDLES_EXCHANGES,
     bad_symbol,
     check_timeframe,
@@ -27,6 +27,7 @@ from common.data.crypto import (
     page_limit,
     with_retries,
 )
+from common.data.retry import RetryPolicy
 
 __all__ = ["CHUNK_CANDLES", "HistoryProgress", "fetch_ohlcv_history", "iter_ohlcv_history"]
 
@@ -81,10 +82,8 @@ def fetch_ohlcv_history(
     until_ms: int | None = None,
     *,
     limit: int | None = None,
-    max_retries: int = 5,
-    base_delay_s: float = 1.0,
-    sleep: Callable[[float], None] = time.sleep,
     now_ms: int | None = None,
+    retry: RetryPolicy = CCXT_RETRY,
 ) -> pd.DataFrame:
     """Closed candles with open time in [since_ms, until_ms) (or up to now) as a canonical frame.
 
@@ -100,10 +99,8 @@ def fetch_ohlcv_history(
         since_ms,
         until_ms,
         limit=limit,
-        max_retries=max_retries,
-        base_delay_s=base_delay_s,
-        sleep=sleep,
         now_ms=now_ms,
+        retry=retry,
         chunk_candles=None,
     )
     return frame
@@ -117,10 +114,8 @@ def iter_ohlcv_history(
     until_ms: int | None = None,
     *,
     limit: int | None = None,
-    max_retries: int = 5,
-    base_delay_s: float = 1.0,
-    sleep: Callable[[float], None] = time.sleep,
     now_ms: int | None = None,
+    retry: RetryPolicy = CCXT_RETRY,
     chunk_candles: int | None = CHUNK_CANDLES,
     on_page: Callable[[HistoryProgress], None] | None = None,
 ) -> Iterator[pd.DataFrame]:
@@ -132,10 +127,9 @@ def iter_ohlcv_history(
     back empty while time is left (an exchange answering by time window: a stretch before the
     listing, or an outage longer than a page) does not end the history: a probe of daily candles
     finds where candles resume (`_after_empty_page`); the stretch skipped is in `empty_spans`.
-    `on_page` gets the progress after each page.
+    Failed requests are retried as `retry` says; `on_page` gets the progress after each page.
     """
     check_timeframe(exchange, timeframe)
-    retry: dict[str, Any] = dict(max_retries=max_retries, base_delay_s=base_delay_s, sleep=sleep)
     _check_symbol(exchange, symbol, retry)
 
     step = exchange.parse_timeframe(timeframe) * 1000
@@ -195,9 +189,9 @@ def _skip_empty_page(
     return resume
 
 
-def _check_symbol(exchange: ccxt.Exchange, symbol: str, retry: Mapping[str, Any]) -> None:
+def _check_symbol(exchange: ccxt.Exchange, symbol: str, retry: RetryPolicy) -> None:
     """Load the exchange's markets (with retries) and fail with a helpful error if `symbol` is not one."""
-    ensure_markets(exchange, **retry)
+    ensure_markets(exchange, **retry.kwargs())
     try:
         exchange.market(symbol)
     except ccxt.BadSymbol:
@@ -205,7 +199,7 @@ def _check_symbol(exchange: ccxt.Exchange, symbol: str, retry: Mapping[str, Any]
 
 
 def _page_fetcher(
-    exchange: ccxt.Exchange, symbol: str, timeframe: str, per_call: int, retry: Mapping[str, Any]
+    exchange: ccxt.Exchange, symbol: str, timeframe: str, per_call: int, retry: RetryPolicy
 ) -> Callable[..., list]:
     """A `fetch(since, frame=timeframe)` that asks for one page of `symbol`'s candles, with retries."""
 
@@ -214,7 +208,7 @@ def _page_fetcher(
             return exchange.fetch_ohlcv(symbol, frame, since=since, limit=per_call)
 
         try:
-            return with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, **retry)
+            return with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, **retry.kwargs())
         except ccxt.BadSymbol:
             raise bad_symbol(exchange, symbol) from None
 

@@ -48,6 +48,7 @@ Environment knobs:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -64,7 +65,16 @@ from common.data.check import check_usable
 from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day, resume_from
 from common.data.loading import start_bound
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
-from common.data.yahoo import PAUSE_S, YAHOO, YahooResult, download_yahoo, earliest_start, window_text
+from common.data.yahoo import (
+    PAUSE_S,
+    YAHOO,
+    YAHOO_RETRY,
+    YahooPacing,
+    YahooResult,
+    download_yahoo,
+    earliest_start,
+    window_text,
+)
 from common.data.yahoo_requests import requests_session
 from common.errors import SourceUnavailable, UserError
 
@@ -187,9 +197,10 @@ class DownloadRun:
 
     def yahoo(self, assets: list[Asset], session: Any) -> None:
         pause_s = PAUSE_S if self.delay is None else self.delay
-        kwargs: dict[str, Any] = dict(session=session, sleep=self.sleep, now=self.now, pause_s=pause_s)
+        retry = dataclasses.replace(YAHOO_RETRY, sleep=self.sleep)
         if self.delay is not None:
-            kwargs.update(retry_delay_s=self.delay)
+            retry = dataclasses.replace(retry, base_delay_s=self.delay)
+        kwargs: dict[str, Any] = dict(session=session, now=self.now, retry=retry, pacing=YahooPacing(pause_s=pause_s))
         cached, replace, groups = self._yahoo_groups(assets)
         restate: list[str] = []
 

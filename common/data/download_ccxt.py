@@ -7,7 +7,7 @@ has ccxt assets: ccxt takes about 2 s to import.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 import ccxt
@@ -16,6 +16,7 @@ import pandas as pd
 import common.data.crypto as crypto
 import common.data.crypto_history as crypto_history
 from common.data.download_report import Progress, format_day, resume_from
+from common.data.retry import RetryPolicy
 from common.data.universe import Asset
 from common.errors import SourceUnavailable
 
@@ -46,7 +47,7 @@ class _CcxtSource:
     exchange: ccxt.Exchange
     quote: str | None
     origin: str
-    retry: dict[str, Any]
+    retry: RetryPolicy
     now_ms: int | None
     until_ms: int | None
 
@@ -58,10 +59,10 @@ def _open_source(run: "DownloadRun") -> _CcxtSource:
     quote = run.cfg.data.quote_currency
     # Candles of BTC/USD and BTC/USDT differ a little: a cache filled with another quote is replaced.
     origin = exchange.id if not quote else f"{exchange.id} {quote}"
-    retry: dict[str, Any] = dict(sleep=run.sleep)
+    retry = replace(crypto.CCXT_RETRY, sleep=run.sleep)
     if run.delay is not None:
-        retry["base_delay_s"] = run.delay
-    crypto.ensure_markets(exchange, **retry)  # once, up front: a refusal by location stops here
+        retry = replace(retry, base_delay_s=run.delay)
+    crypto.ensure_markets(exchange, **retry.kwargs())  # once, up front: a refusal by location stops here
     run.progress.note(
         f"{origin}: {run.interval} candles, {crypto.page_limit(exchange)} a request, "
         f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "
@@ -92,7 +93,7 @@ def _fetch_asset(run: "DownloadRun", source: _CcxtSource, asset: Asset) -> None:
         now_ms=source.now_ms,
         chunk_candles=SAVE_EVERY_CANDLES,
         on_page=lines.page,
-        **source.retry,
+        retry=source.retry,
     )
     try:
         saved = _save_chunks(run, origin, asset.symbol, chunks, lines, replace)

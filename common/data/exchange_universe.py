@@ -32,9 +32,9 @@ import csv
 import io
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Callable, TextIO
 
 import ccxt
 import numpy as np
@@ -43,6 +43,7 @@ import pandas as pd
 from common.atomic import atomic_write_bytes
 from common.config import Config, ExchangeUniverseConfig
 from common.data import crypto, crypto_history
+from common.data.retry import RetryPolicy
 from common.data.universe import HEADER, exchange_universe_file
 from common.errors import UserError
 
@@ -79,10 +80,10 @@ def resolve_exchange_universe(
     stream: TextIO | None = None,
 ) -> Resolution:
     """Apply the filters to the exchange's markets as of `now` (network: markets, tickers, daily candles)."""
-    retry: dict[str, Any] = dict(sleep=sleep)
+    retry = replace(crypto.CCXT_RETRY, sleep=sleep)
     if base_delay_s is not None:
-        retry["base_delay_s"] = base_delay_s
-    crypto.ensure_markets(exchange, **retry)
+        retry = replace(retry, base_delay_s=base_delay_s)
+    crypto.ensure_markets(exchange, **retry.kwargs())
     f = filters
     markets = sorted(exchange.markets.values(), key=lambda m: m["symbol"])
     removed: dict[str, int] = {}
@@ -193,7 +194,7 @@ def _average_volumes(
     day: pd.Timestamp,
     days: int,
     now: pd.Timestamp,
-    retry: dict[str, Any],
+    retry: RetryPolicy,
     stream: TextIO | None,
 ) -> dict[str, float]:
     """symbol -> sum(close x volume) of the daily candles in [day - days, day), divided by days."""
@@ -204,7 +205,7 @@ def _average_volumes(
     for number, symbol in enumerate(symbols, start=1):
         try:
             frame = crypto_history.fetch_ohlcv_history(
-                exchange, symbol, "1d", since_ms, until_ms, now_ms=_ms(now), **retry
+                exchange, symbol, "1d", since_ms, until_ms, now_ms=_ms(now), retry=retry
             )
         except crypto.BadSymbolError:  # listed a moment ago, gone now: no volume
             frame = None

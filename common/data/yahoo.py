@@ -54,14 +54,14 @@ from __future__ import annotations
 
 import logging
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Callable, Sequence
 
 import pandas as pd
 
 from common.data.cache import COLUMNS, canonical_frame
+from common.data.retry import RetryPolicy
 from common.data.yahoo_requests import (
     ChartLog,
     LogCapture,
@@ -85,7 +85,9 @@ __all__ = [
     "window_text",
     "RATE_LIMIT_DELAY_S",
     "RETRY_DELAY_S",
+    "YAHOO_RETRY",
     "YAHOO_THREADS",
+    "YahooPacing",
     "YahooResult",
     "download_yahoo",
 ]
@@ -112,6 +114,31 @@ PAUSE_S = 2.0  # between yf.download calls: Yahoo rate-limits bursts
 RETRY_DELAY_S = 5.0  # first retry; then 2x, 4x, ...
 RATE_LIMIT_DELAY_S = 60.0  # the least wait after a 429; up to 25% jitter on top, so parallel jobs spread out
 YAHOO_THREADS = 6  # threads per yf.download call
+YAHOO_RETRY = RetryPolicy(max_retries=3, base_delay_s=RETRY_DELAY_S)
+
+
+@dataclass(frozen=True)
+class YahooPacing:
+    """How a download spreads its yf.download calls so Yahoo does not rate-limit it: tickers per
+    call, the pause between calls, threads per call, the HTTP timeout, and the least wait after a 429."""
+
+    batch_size: int = 50
+    pause_s: float = PAUSE_S
+    threads: int = YAHOO_THREADS
+    timeout_s: float = 20.0
+    rate_limit_delay_s: float = RATE_LIMIT_DELAY_S
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """What every yf.download call of one download shares (yfinance, its session, the interval, the
+    retry policy and the pacing), so the helpers below take one argument for it."""
+
+    yf: Any
+    session: Any
+    interval: str
+    retry: RetryPolicy
+    pacing: YahooPacing
 
 
 @dataclass
@@ -162,29 +189,23 @@ def download_yahoo(
     end: str | datetime | pd.Timestamp | None = None,
     *,
     session: Any = None,
-    batch_size: int = 50,
-    pause_s: float = PAUSE_S,
-    max_retries: int = 3,
-    retry_delay_s: float = RETRY_DELAY_S,
-    sleep: Callable[[float], None] = time.sleep,
-    timeout_s: float = 20.0,
     now: pd.Timestamp | None = None,
-    rate_limit_delay_s: float = RATE_LIMIT_DELAY_S,
-    threads: int = YAHOO_THREADS,
+    retry: RetryPolicy = YAHOO_RETRY,
+    pacing: YahooPacing = YahooPacing(),
     on_batch: Callable[[YahooResult], None] | None = None,
 ) -> YahooResult:
     """Adjusted candles for `symbols` from `start` (inclusive) to `end` (exclusive; None: now).
 
-    Tickers go to yf.download `batch_size` at a time with `pause_s` between calls, on at most
-    `threads` threads. A ticker that comes back empty or all-NaN is asked again after
-    retry_delay_s, 2x, 4x, ... (at least `rate_limit_delay_s` plus jitter after a 429) up to
-    `max_retries` times, then lands in `.unreachable` (rate limit, network) or `.failed` (no
-    data) with the reason. If a whole batch got nothing and every ticker of it failed for
+    Tickers go to yf.download `pacing.batch_size` at a time with `pacing.pause_s` between calls,
+    on at most `pacing.threads` threads. A ticker that comes back empty or all-NaN is asked again
+    after retry.base_delay_s, 2x, 4x, ... (at least `pacing.rate_limit_delay_s` plus jitter after a
+    429) up to `retry.max_retries` times, then lands in `.unreachable` (rate limit, network) or
+    `.failed` (no data) with the reason. If a whole batch got nothing and every ticker of it failed for
     network reasons on every attempt, raises SourceUnavailable.
     `on_batch` gets each batch's own result as soon as it is done (to save it before the next
     batch: a download killed later keeps what was fetched).
     """
-    _check_request(interval, batch_size)
+    _check_request(interval, pacing.batch_size)
     result = YahooResult()
     now = _utc(now) if now is not None else pd.Timestamp.now(tz="UTC")
     start_ts, end_ts = _download_range(interval, start, end, now, result)
@@ -194,20 +215,14 @@ def download_yahoo(
         return result
     yf = import_yfinance(session)
     session = session if session is not None else new_session()
-    batches = [unique[i : i + batch_size] for i in range(0, len(unique), batch_size)]
-    attempts: dict[str, Any] = dict(
-        max_retries=max_retries,
-        retry_delay_s=retry_delay_s,
-        sleep=sleep,
-        timeout_s=timeout_s,
-        rate_limit_delay_s=rate_limit_delay_s,
-        threads=max(1, threads),
-    )
+    size = pacing.batch_size
+    batches = [unique[i : i + size] for i in range(0, len(unique), size)]
+    calls = _Calls(yf, session, interval, retry, replace(pacing, threads=max(1, pacing.threads)))
     for number, batch in enumerate(batches, start=1):
-        if number > 1 and pause_s > 0:
-            sleep(pause_s)  # be polite: Yahoo rate-limits bursts
+        if number > 1 and pacing.pause_s > 0:
+            retry.sleep(pacing.pause_s)  # be polite: Yahoo rate-limits bursts
         label = f"batch {number}/{len(batches)}"
-        part = _download_spans(yf, session, batch, interval, start_ts, end_ts, now, label=label, **attempts)
+        part = _download_spans(calls, batch, start_ts, end_ts, now, label=label)
         _merge_batch(result, part)
         if on_batch is not None:
             on_batch(part)
@@ -259,24 +274,21 @@ def _merge_batch(result: YahooResult, part: YahooResult) -> None:
 
 
 def _download_spans(
-    yf: Any,
-    session: Any,
+    calls: _Calls,
     symbols: list[str],
-    interval: str,
     start: pd.Timestamp,
     end: pd.Timestamp | None,
     now: pd.Timestamp,
     *,
     label: str,
-    **kwargs: Any,
 ) -> YahooResult:
     """One batch over [start, end), in requests of at most REQUEST_SPANS[interval] (1m: 7 days), oldest
     first, the pieces joined per ticker. A ticker unreachable in one span is not asked for later
     spans: what it has is contiguous, so the cache holds no hole and a rerun resumes after it."""
-    span = REQUEST_SPANS.get(interval)
+    span = REQUEST_SPANS.get(calls.interval)
     stop = end if end is not None else now
     if span is None or stop - start <= span:
-        return _download_batch(yf, session, symbols, interval, start, end, label=label, **kwargs)
+        return _download_batch(calls, symbols, start, end, label=label)
     pieces: dict[str, list[pd.DataFrame]] = {}
     result, failed = YahooResult(), {}
     lo = start
@@ -286,14 +298,11 @@ def _download_spans(
         if not asked:
             break
         part = _download_batch(
-            yf,
-            session,
+            calls,
             asked,
-            interval,
             lo,
             None if hi >= stop and end is None else hi,
             label=f"{label}, {lo:%Y-%m-%d %H:%M} -> {hi:%Y-%m-%d %H:%M}",
-            **kwargs,
         )
         for symbol, frame in part.frames.items():
             pieces.setdefault(symbol, []).append(frame)
@@ -306,31 +315,24 @@ def _download_spans(
 
 
 def _download_batch(
-    yf: Any,
-    session: Any,
+    calls: _Calls,
     symbols: list[str],
-    interval: str,
     start: pd.Timestamp,
     end: pd.Timestamp | None,
     *,
-    max_retries: int,
-    retry_delay_s: float,
-    sleep: Callable[[float], None],
-    timeout_s: float,
-    rate_limit_delay_s: float,
-    threads: int,
     label: str,
 ) -> YahooResult:
-    what = f"{interval} {start.date()} -> {end.date() if end is not None else 'now'}"
+    what = f"{calls.interval} {start.date()} -> {end.date() if end is not None else 'now'}"
+    max_retries = calls.retry.max_retries
     result = YahooResult()
     problems: dict[str, Problem] = {}
     pending = list(symbols)
     for attempt in range(max_retries + 1):
         if attempt:
-            delay = retry_delay_s * 2 ** (attempt - 1)
+            delay = calls.retry.base_delay_s * 2 ** (attempt - 1)
             if any(problems[s].rate_limited for s in pending):
                 # Yahoo's 429 lasts about a minute or more; the jitter spreads parallel jobs apart.
-                delay = max(delay, rate_limit_delay_s) * (1 + 0.25 * random.random())
+                delay = max(delay, calls.pacing.rate_limit_delay_s) * (1 + 0.25 * random.random())
             log.warning(
                 "%s %s: %d of %d tickers came back empty (%s), retry %d/%d in %.0fs",
                 YAHOO,
@@ -342,8 +344,8 @@ def _download_batch(
                 max_retries,
                 delay,
             )
-            sleep(delay)
-        frames, found = _call_once(yf, session, pending, interval, start, end, timeout_s, what, threads)
+            calls.retry.sleep(delay)
+        frames, found = _call_once(calls, pending, start, end, what)
         result.frames.update(frames)
         problems.update(found)
         pending = [s for s in pending if s not in frames]
@@ -365,20 +367,17 @@ def _download_batch(
 
 
 def _call_once(
-    yf: Any,
-    session: Any,
+    calls: _Calls,
     symbols: list[str],
-    interval: str,
     start: pd.Timestamp,
     end: pd.Timestamp | None,
-    timeout_s: float,
     what: str,
-    threads: int,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Problem]]:
     chart_log, logged = ChartLog(), LogCapture()
-    clear_request_cache(yf)
-    with chart_log.watching(session), quiet_yfinance(logged):
-        data = yf.download(
+    interval = calls.interval
+    clear_request_cache(calls.yf)
+    with chart_log.watching(calls.session), quiet_yfinance(logged):
+        data = calls.yf.download(
             symbols,
             start=_yf_time(start, interval),
             end=None if end is None else _yf_time(end, interval),
@@ -386,10 +385,10 @@ def _call_once(
             auto_adjust=True,
             actions=False,
             group_by="ticker",
-            threads=min(threads, len(symbols)),
+            threads=min(calls.pacing.threads, len(symbols)),
             progress=False,
-            timeout=timeout_s,
-            session=session,
+            timeout=calls.pacing.timeout_s,
+            session=calls.session,
             multi_level_index=True,
         )
     frames: dict[str, pd.DataFrame] = {}
