@@ -23,7 +23,7 @@ from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_input
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
 from common.forecasting.model_card import parent_run_of
-from common.model.sampling import sample_paths
+from common.model.sampling import SamplingSettings, sample_paths
 from common.paths import REPO_ROOT
 
 from slurm_helpers import REPO
@@ -168,7 +168,7 @@ def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached, max_
     t, a, c = random_inputs(3, 16, 60, info["num_assets"], info["num_categories"], seed=5)
     banned = forecaster.banned_ids()
     ref = sample_paths(
-        forecaster.model, t, a, c, horizon=20, samples=2, temperature=0.0, banned=torch.as_tensor(banned)
+        forecaster.model, t, a, c, SamplingSettings(20, 2, temperature=0.0), banned=torch.as_tensor(banned)
     ).numpy()
     backend = OnnxBackend(onnx_dir / "model.onnx", 16)
     logits = backend if cached else (lambda *x: backend(*x))  # a plain function has no step()
@@ -177,12 +177,9 @@ def test_greedy_paths_equal_the_torch_sampler(onnx_dir, forecaster, cached, max_
         t.numpy(),
         a.numpy(),
         c.numpy(),
-        horizon=20,
-        samples=2,
-        context_length=16,
-        temperature=0.0,
+        16,
+        SamplingSettings(20, 2, temperature=0.0, seed=0, max_batch=max_batch),
         banned=banned,
-        max_batch=max_batch,
     )
     np.testing.assert_array_equal(got, ref)
 

@@ -22,7 +22,7 @@ from common.data.universe import Asset
 from common.forecasting.forecast_io import QUANTILES, History, future_timestamps, histories_at
 from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
-from common.model.sampling import draw_tokens, prefill_length, sample_paths
+from common.model.sampling import SamplingSettings, draw_tokens, prefill_length, sample_paths
 from common.paths import REPO_ROOT
 from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
@@ -129,11 +129,8 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
         contexts,
         a,
         c,
-        horizon,
-        samples,
-        generator=torch.Generator().manual_seed(1),
+        SamplingSettings(horizon, samples, seed=1, max_batch=max_batch),
         on_step=check,
-        max_batch=max_batch,
         features=features if inputs else None,
         banned=torch.arange(40) >= 37,  # a tokenizer's unused tail
     )
@@ -181,9 +178,7 @@ def test_a_bf16_forecast_keeps_its_cache_in_bf16_and_its_logits_close_to_fp32(mo
         tv.append(0.5 * (ref.softmax(-1) - logits.float().softmax(-1)).abs().sum(-1).max().item())
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        sample_paths(
-            model, contexts, a, c, 8, 3, generator=torch.Generator().manual_seed(1), on_step=check, max_batch=4
-        )
+        sample_paths(model, contexts, a, c, SamplingSettings(8, 3, seed=1, max_batch=4), on_step=check)
     assert cache_dtypes and set(cache_dtypes) == {torch.bfloat16}
     assert len(tv) == 3 * 8 and max(tv) < 0.01, max(tv)  # 3 chunks (one context each) x 8 steps
     assert min(logit_err) > 1e-4  # bf16 rounding is visible: the autocast path ran
@@ -204,14 +199,12 @@ def test_every_sample_lands_in_its_contexts_rows_however_the_rows_are_chunked():
     model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
     a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
+    greedy = SamplingSettings(5, 1, temperature=0)
     alone = torch.stack(
-        [
-            sample_paths(model, contexts[i : i + 1], a[i : i + 1], c[i : i + 1], 5, 1, temperature=0)[0, 0]
-            for i in range(3)
-        ]
+        [sample_paths(model, contexts[i : i + 1], a[i : i + 1], c[i : i + 1], greedy)[0, 0] for i in range(3)]
     )  # (3, 5): each context's greedy path, sampled on its own
     for samples, max_batch in [(3, 2), (3, 6), (2, 5), (4, 100)]:
-        out = sample_paths(model, contexts, a, c, 5, samples, temperature=0, max_batch=max_batch)
+        out = sample_paths(model, contexts, a, c, SamplingSettings(5, samples, temperature=0, max_batch=max_batch))
         assert torch.equal(out, alone[:, None].expand(3, samples, 5)), (samples, max_batch)
 
 

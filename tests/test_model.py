@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.model.gpt import Dropout, MarketGPT, apply_rotary, rotary_tables
-from common.model.sampling import sample_paths
+from common.model.sampling import SamplingSettings, sample_paths
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.special_tokens import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
@@ -248,11 +248,8 @@ def test_sample_paths_shapes_crop_and_never_emits_pad_or_bos():
         prompt,
         ids(*[1] * 16),
         ids(*[0] * 16),
-        horizon=20,
-        samples=1,
-        temperature=50.0,
+        SamplingSettings(horizon=20, samples=1, temperature=50.0, seed=0),
         banned=never_pad_or_bos(6),
-        generator=torch.Generator().manual_seed(0),
     )
     assert out.shape == (16, 1, 20) and out.dtype == torch.long
     new = out[:, 0]
@@ -272,7 +269,7 @@ def test_sample_paths_top_k_temperature_and_generator():
     top2 = torch.topk(logits, 2).indices
 
     def first_token(samples: int, **kw) -> torch.Tensor:
-        return sample_paths(model, prompt, a, c, 1, samples, banned=never, **kw)[0, :, 0]
+        return sample_paths(model, prompt, a, c, SamplingSettings(1, samples, **kw), banned=never)[0, :, 0]
 
     sampled = first_token(64, temperature=5.0, top_k=2)
     assert set(sampled.tolist()) <= set(top2.tolist())
@@ -283,8 +280,8 @@ def test_sample_paths_top_k_temperature_and_generator():
     assert torch.equal(top1, greedy)
 
     prompts, a4, c4 = random_tokens(4, 6), ids(2, 2, 2, 2), ids(1, 1, 1, 1)
-    one = sample_paths(model, prompts, a4, c4, 10, 1, banned=never, generator=torch.Generator().manual_seed(42))
-    two = sample_paths(model, prompts, a4, c4, 10, 1, banned=never, generator=torch.Generator().manual_seed(42))
+    one = sample_paths(model, prompts, a4, c4, SamplingSettings(10, 1, seed=42), banned=never)
+    two = sample_paths(model, prompts, a4, c4, SamplingSettings(10, 1, seed=42), banned=never)
     assert torch.equal(one, two)
 
 

@@ -38,6 +38,7 @@ from common.config import Config
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.markets import interval_step
+from common.model.sampling_settings import SamplingSettings
 from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
@@ -145,17 +146,14 @@ class ForecasterCore:
         _check_sampling(temperature, top_k, top_p)
         contexts, states, origins, features = self._encode(histories, horizon)
 
+        settings = SamplingSettings(
+            horizon, samples, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_batch=max_batch
+        )
         tokens = self.sample_tokens(
             np.stack(contexts),
             np.array([self.assets[o["symbol"]].id for o in origins]),
             np.array([self.assets[o["symbol"]].category_id for o in origins]),
-            horizon,
-            samples,
-            seed=seed,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            max_batch=max_batch,
+            settings,
             **({"features": np.stack(features)} if features else {}),
         )  # (N, S, H)
 
@@ -331,18 +329,11 @@ class ForecasterCore:
         contexts: np.ndarray,
         asset_ids: np.ndarray,
         category_ids: np.ndarray,
-        horizon: int,
-        samples: int,
-        *,
-        seed: int,
-        temperature: float,
-        top_k: Optional[int],
-        top_p: Optional[float],
-        max_batch: Optional[int],
+        settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
-        """(N, samples, horizon) token ids continuing contexts (N, L), never a banned id
-        (banned_ids). features: (N, L + horizon, 3) candle ids, only for a model with
+        """(N, samples, horizon) token ids continuing contexts (N, L) as settings say, never a
+        banned id (banned_ids). features: (N, L + horizon, 3) candle ids, only for a model with
         time_features / volume_input. The one step each subclass gives."""
         raise NotImplementedError
 

@@ -26,7 +26,7 @@ from common.distributed.precision import autocast, inference_precision
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
 from common.model.gpt import MarketGPT
-from common.model.sampling import sample_paths
+from common.model.sampling import SamplingSettings, sample_paths
 from common.run.checkpoint import load_checkpoint, unwrap_state_dict
 from common.run.folder import Run
 from common.run.info import RunInfo
@@ -173,19 +173,11 @@ class Forecaster(ForecasterCore):
         contexts: np.ndarray,
         asset_ids: np.ndarray,
         category_ids: np.ndarray,
-        horizon: int,
-        samples: int,
-        *,
-        seed: int,
-        temperature: float,
-        top_k: Optional[int],
-        top_p: Optional[float],
-        max_batch: Optional[int],
+        settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L), drawn from the torch model."""
         dev = torch.device(self.device)
-        generator = torch.Generator(device=dev).manual_seed(int(seed))
         with autocast(self.precision, dev):  # bf16: matmuls and the KV cache in bf16, sampling in fp32
             return (
                 sample_paths(
@@ -193,14 +185,8 @@ class Forecaster(ForecasterCore):
                     torch.as_tensor(contexts, device=dev),
                     torch.as_tensor(asset_ids, device=dev),
                     torch.as_tensor(category_ids, device=dev),
-                    horizon,
-                    samples,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
+                    settings,
                     banned=torch.as_tensor(self.banned_ids(), device=dev),
-                    generator=generator,
-                    max_batch=max_batch,
                     features=None if features is None else torch.as_tensor(features, device=dev),
                 )
                 .cpu()

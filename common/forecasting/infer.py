@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Union, cast
@@ -35,6 +36,7 @@ import numpy as np
 from common.config import load_config
 from common.errors import UserError
 from common.forecasting.core import ForecasterCore
+from common.model.sampling_settings import SamplingSettings
 from common.model.windows import (
     context_chunks,
     prefill_length as window_start,  # this module's name for it
@@ -186,27 +188,23 @@ def sample_paths_np(
     contexts: np.ndarray,
     asset_ids: np.ndarray,
     category_ids: np.ndarray,
-    horizon: int,
-    samples: int,
     context_length: int,
+    settings: SamplingSettings,
     *,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
     banned: Optional[np.ndarray] = None,
-    seed: int = 0,
-    max_batch: Optional[int] = None,
 ) -> np.ndarray:
     """(N, samples, horizon) sampled ids continuing each context (N, L).
 
     A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
     cache; any other logits function re-runs the window every step. Either way the window is
-    common.model.sampling's: the same logits up to float rounding.
+    common.model.sampling's: the same logits up to float rounding. The draws use numpy's generator
+    seeded with settings.seed (None: fresh entropy).
     """
     N, L = contexts.shape
+    horizon, samples, max_batch = settings.horizon, settings.samples, settings.max_batch
     T = context_length
     P = window_start(T, horizon, L)
-    rng = np.random.default_rng(int(seed))
+    rng = np.random.default_rng(None if settings.seed is None else int(settings.seed))
     cached = getattr(backend, "step_session", None) is not None
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
     if cached:
@@ -218,32 +216,49 @@ def sample_paths_np(
     if max_batch is None:  # as the torch sampler: rows whose full cache (T tokens) fits the budget
         per_row = 2 * prefix_k[:, :1].nbytes * T // max(1, P) if cached else 0
         max_batch = max(1, CACHE_BUDGET_BYTES // per_row) if per_row else ROWS_PER_CALL
-    draw = partial(draw_tokens_np, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned, rng=rng)
+    draw = partial(
+        draw_tokens_np,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        banned=banned,
+        rng=rng,
+    )
+    decoding = _Decoding(backend, T, draw)
     out = np.empty((N * samples, horizon), dtype=np.int64)
     for c0, c1, group, lo in context_chunks(N, samples, max_batch):
         r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
         seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         prefix = (prefix_k[:, c0:c1], prefix_v[:, c0:c1]) if cached else None
-        _continue_chunk(backend, seq, asset_ids[r], category_ids[r], first[r], prefix, P, T, draw)
+        _continue_chunk(decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P)
         out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
 
 
+@dataclass(frozen=True)
+class _Decoding:
+    """What every chunk of one sample_paths_np call decodes with: the logits backend, the model's
+    context length (the window's limit) and the draw (sampling settings and generator bound)."""
+
+    backend: LogitsFn
+    context_length: int
+    draw: Callable[[np.ndarray], np.ndarray]
+
+
 def _continue_chunk(
-    backend: LogitsFn,
+    decoding: _Decoding,
     seq: np.ndarray,
     a: np.ndarray,
     c: np.ndarray,
     logits: np.ndarray,
     prefix: Optional[tuple[np.ndarray, np.ndarray]],
     P: int,
-    T: int,
-    draw: Callable[[np.ndarray], np.ndarray],
 ) -> None:
     """Fill seq[:, P:] (rows of one chunk: their last P context tokens, then zeros) with sampled ids, the
     first drawn from `logits`. prefix: the chunk's contexts' cached keys and values (backend an OnnxBackend
     with its step graph), or None to re-run the window every step. A full window restarts from its last
     T // 2 tokens."""
+    backend, T, draw = decoding.backend, decoding.context_length, decoding.draw
     horizon, keep = seq.shape[1] - P, max(1, T // 2)
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
     cached = prefix is not None
@@ -338,14 +353,7 @@ class ExportedForecaster(ForecasterCore):
         contexts: np.ndarray,
         asset_ids: np.ndarray,
         category_ids: np.ndarray,
-        horizon: int,
-        samples: int,
-        *,
-        seed: int,
-        temperature: float,
-        top_k: Optional[int],
-        top_p: Optional[float],
-        max_batch: Optional[int],
+        settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         if features is not None:  # export_run refuses a run that reads time or volume features
@@ -355,13 +363,7 @@ class ExportedForecaster(ForecasterCore):
             contexts,
             asset_ids,
             category_ids,
-            horizon,
-            samples,
             self.cfg.model.context_length,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+            settings,
             banned=self.banned_ids(),
-            seed=seed,
-            max_batch=max_batch,
         )

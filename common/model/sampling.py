@@ -1,6 +1,6 @@
 """Sampling token paths with a KV cache: many contexts x samples in one batch.
 
-    tokens = sample_paths(model, contexts, asset_ids, category_ids, horizon=64, samples=256)
+    tokens = sample_paths(model, contexts, asset_ids, category_ids, SamplingSettings(horizon=64, samples=256))
     # (N contexts, samples, horizon) token ids
 
 Each context is prefilled once (batch N), and then every step feeds one token per row: a step
@@ -19,7 +19,7 @@ logits: the parity test checks them against the uncached forward on that window.
 
 Rows are processed in chunks of at most `max_batch` (the cache is the memory: at most 2 x
 layers x T x d_model floats per row), whole contexts at a time while a context's samples fit;
-with a seeded generator the draws depend on the arguments alone, so the same call gives the
+with settings.seed set the draws depend on the arguments alone, so the same call gives the
 same paths.
 """
 
@@ -34,9 +34,10 @@ from torch.nn import functional as F
 
 from common.model.gpt import MarketGPT
 from common.model.kv_cache import KVCache
+from common.model.sampling_settings import SamplingSettings
 from common.model.windows import context_chunks, prefill_length
 
-__all__ = ["CACHE_BUDGET_BYTES", "draw_tokens", "prefill_length", "sample_paths"]
+__all__ = ["CACHE_BUDGET_BYTES", "SamplingSettings", "draw_tokens", "prefill_length", "sample_paths"]
 
 CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB): bounds max_batch by default
 
@@ -88,37 +89,31 @@ def sample_paths(
     contexts: torch.Tensor,
     asset_ids: torch.Tensor,
     category_ids: torch.Tensor,
-    horizon: int,
-    samples: int,
+    settings: SamplingSettings,
     *,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
     banned: Optional[torch.Tensor] = None,
-    generator: Optional[torch.Generator] = None,
-    max_batch: Optional[int] = None,
     on_step: Optional[StepHook] = None,
     features: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
 
     asset_ids, category_ids: (N,). banned: (V,) bool of ids never drawn (default none).
+    settings.seed seeds a generator on the contexts' device (None: torch's global one).
     features: (N, L + horizon, 3) candle ids (common/tokens/features.py) of the context's
     candles and then the future steps', for a model with time_features / volume_input; every
     forward gets the slice aligned with its tokens.
     Runs in eval mode and restores the previous mode.
     """
     N, L = contexts.shape
+    horizon, samples = settings.horizon, settings.samples
     T = model.config.context_length
     device = contexts.device
     banned, V = _drawable(banned, model.config.vocab_size, device)
-    draw = partial(draw_tokens, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned, generator=generator)
     P = prefill_length(T, horizon, L)
     # under autocast (a bf16 forecast) the cache holds what the matmuls make and read: no casts per step
     cache_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-    if max_batch is None:
-        max_batch = _default_max_batch(model)
-    decoding = _Decoding(draw, V, cache_dtype, on_step)
+    max_batch = _default_max_batch(model) if settings.max_batch is None else settings.max_batch
+    decoding = _Decoding(model, _draw_fn(settings, banned, device), V, cache_dtype, on_step)
 
     was_training = model.training
     model.eval()
@@ -134,65 +129,83 @@ def sample_paths(
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)
             seq = torch.cat((contexts[r, L - P :], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            chunk_feats = None if feats is None else feats[r]
-            _continue(model, seq, P, cache, first_logits[r], r, asset_ids[r], category_ids[r], chunk_feats, decoding)
+            rows = _Rows(r, asset_ids[r], category_ids[r], None if feats is None else feats[r])
+            _continue(seq, P, cache, first_logits[r], rows, decoding)
             out[lo : lo + len(r)] = seq[:, P:]
     finally:
         model.train(was_training)
     return out.view(N, samples, horizon)
 
 
+def _draw_fn(
+    settings: SamplingSettings, banned: torch.Tensor, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """draw_tokens with the settings' temperature, truncation and seeded generator bound."""
+    generator = None if settings.seed is None else torch.Generator(device=device).manual_seed(int(settings.seed))
+    return partial(
+        draw_tokens,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        banned=banned,
+        generator=generator,
+    )
+
+
 @dataclass(frozen=True)
 class _Decoding:
-    """What every step of one sample_paths call decodes with: the draw (sampling settings and generator
-    bound), the logits' width (the drawable ids), the KV cache's dtype and the caller's step hook."""
+    """What every step of one sample_paths call decodes with: the model, the draw (sampling settings and
+    generator bound), the logits' width (the drawable ids), the KV cache's dtype and the caller's step hook."""
 
+    model: MarketGPT
     draw: Callable[[torch.Tensor], torch.Tensor]
     vocab: int
     cache_dtype: Optional[torch.dtype]
     on_step: Optional[StepHook]
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """One chunk's rows (B): each row's context, asset and category ids, and its candle ids
+    (B, known + H, 3), aligned with seq, or None."""
+
+    contexts: torch.Tensor
+    asset_ids: torch.Tensor
+    category_ids: torch.Tensor
+    features: Optional[torch.Tensor]
+
+
 def _continue(
-    model: MarketGPT,
-    seq: torch.Tensor,
-    known: int,
-    cache: KVCache,
-    logits: torch.Tensor,
-    rows: torch.Tensor,
-    asset_ids: torch.Tensor,
-    category_ids: torch.Tensor,
-    features: Optional[torch.Tensor],
-    decoding: _Decoding,
+    seq: torch.Tensor, known: int, cache: KVCache, logits: torch.Tensor, rows: _Rows, decoding: _Decoding
 ) -> None:
     """Draw seq[:, known:] in place (seq: (B, known + H)), one token per row and step.
 
     cache holds seq's first `known` tokens (or the last of them it has room for) and logits
     (B, vocab) are the next token's; when the cache is full it is rebuilt from the last
-    context_length // 2 tokens, positions from 0. rows (B,): each row's context, for on_step;
-    features: (B, known + H, 3) or None, aligned with seq.
+    context_length // 2 tokens, positions from 0. rows.contexts goes to on_step.
     """
-    draw, vocab, cache_dtype, on_step = decoding.draw, decoding.vocab, decoding.cache_dtype, decoding.on_step
+    model, draw, vocab, on_step = decoding.model, decoding.draw, decoding.vocab, decoding.on_step
+    features = rows.features
     T = model.config.context_length
     keep = max(1, T // 2)  # tokens a full cache is rebuilt from
     horizon = seq.size(1) - known
     for step in range(horizon):
         end = known + step  # tokens of seq known so far
         if on_step is not None:
-            on_step(step, rows, seq[:, :end], cache.length, logits)
+            on_step(step, rows.contexts, seq[:, :end], cache.length, logits)
         seq[:, end] = draw(logits)
         if step == horizon - 1:
             break
         if cache.length == T:  # full: rebuild from the last `keep` tokens
-            cache = model.new_cache(len(rows), dtype=cache_dtype)
+            cache = model.new_cache(len(seq), dtype=decoding.cache_dtype)
             window = slice(end + 1 - keep, end + 1)
         else:  # the token just drawn, at position cache.length
             window = slice(end, end + 1)
         logits = _next_logits(
             model,
             seq[:, window],
-            asset_ids,
-            category_ids,
+            rows.asset_ids,
+            rows.category_ids,
             cache,
             None if features is None else features[:, window],
             vocab,
