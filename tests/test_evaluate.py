@@ -18,7 +18,9 @@ from common.evaluation.evaluate import evaluate_run, summarize_results
 from common.evaluation.metrics import wilson_interval
 from common.evaluation.report import write_report
 from common.evaluation.token_scoring import SplitTokens, eval_inputs
+from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT
+from common.run.info import AssetRecord, RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -55,21 +57,21 @@ class FixedModel(torch.nn.Module):
         return self.logits.expand(B, T, V).clone(), None
 
 
-def run(test, train=None, model=None, context_length=2, batch_size=4, categories=None, **kw):
+def run_info(categories: dict, category_ids: dict | None = None) -> RunInfo:
+    """The RunInfo of assets `categories` (symbol -> category), ids in order; category ids as
+    asset_info.json numbers them unless given."""
+    if category_ids is None:
+        present = set(categories.values())
+        category_ids = {c: i for i, c in enumerate(c for c in CATEGORIES if c in present)}
+    records = tuple(AssetRecord(i, s, "sample", c, category_ids[c], s) for i, (s, c) in enumerate(categories.items()))
+    return RunInfo(records, dict(category_ids))
+
+
+def run(test, train=None, model=None, context_length=2, batch_size=4, categories=None, category_ids=None, **kw):
     train = train if train is not None else {s: np.array([3, 4, 5, 3]) for s in test}
-    categories = categories or {s: "crypto" for s in test}
-    asset_ids = {s: i for i, s in enumerate(test)}
+    info = run_info(categories or {s: "crypto" for s in test}, category_ids)
     return evaluate_run(
-        model or FixedModel(),
-        FakeTokenizer(),
-        test,
-        train,
-        asset_ids,
-        categories,
-        context_length,
-        batch_size,
-        "cpu",
-        **kw,
+        model or FixedModel(), FakeTokenizer(), test, train, info, context_length, batch_size, "cpu", **kw
     )
 
 
@@ -319,10 +321,7 @@ def test_tiny_marketgpt_end_to_end_matches_its_own_loss():
     cfg = ModelConfig(vocab_size=35, context_length=32, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.1)
     model = MarketGPT(cfg, num_assets=2, num_categories=1)
     model.train()
-    asset_ids = {"BTC/USDT": 0, "ETH/USDT": 1}
-    r = evaluate_run(
-        model, tok, test, train, asset_ids, {s: "crypto" for s in frames}, 32, 8, "cpu", category_ids={"crypto": 0}
-    )
+    r = evaluate_run(model, tok, test, train, run_info({s: "crypto" for s in frames}), 32, 8, "cpu")
     assert model.training  # the caller's mode is restored
     json.dumps(r, allow_nan=False)
 
@@ -330,7 +329,7 @@ def test_tiny_marketgpt_end_to_end_matches_its_own_loss():
     # is the model's own mean cross-entropy on that window (dropout off)
     model.eval()
     with torch.no_grad():
-        for s, a in asset_ids.items():
+        for a, s in enumerate(frames):
             t = torch.from_numpy(test[s].tokens.astype(np.int64))[None]
             _, loss = model(t[:, :-1], torch.tensor([a]), torch.tensor([0]), t[:, 1:])
             assert r["per_asset"][s]["loss"] == pytest.approx(loss.item(), rel=1e-5)

@@ -5,9 +5,8 @@ at the end of training (common.commands.train), and again later by `marketgpt ev
 (`evaluate_run_dir`). Its core:
 
     test, train_tokens = eval_inputs(token_set.tokens, token_set.moves, token_set.ranges)
-    results = evaluate_run(model, tokenizer, test, train_tokens, asset_ids, categories,
-                           context_length, batch_size, device, max_batches,
-                           category_ids=asset_info["categories"])
+    results = evaluate_run(model, tokenizer, test, train_tokens, info,
+                           context_length, batch_size, device, max_batches)
     atomic_write_json(run_dir / "test_results.json", results)
 
 The inputs, the windows the model reads and the per-target scores live in
@@ -74,7 +73,6 @@ from common.evaluation.token_scoring import (
     score_model,
     split_windows,
 )
-from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT
 from common.run.checkpoint import load_checkpoint
 from common.run.folder import Run
@@ -169,22 +167,17 @@ def evaluate_run(
     tokenizer: Any,
     test: Mapping[str, SplitTokens],
     train_tokens: Mapping[str, np.ndarray],
-    asset_ids: Mapping[str, int],
-    categories: Mapping[str, str],
+    info: RunInfo,
     context_length: int,
     batch_size: int,
     device: torch.device | str,
     max_batches: Optional[int] = None,
-    *,
-    category_ids: Optional[Mapping[str, int]] = None,
 ) -> dict:
     """Evaluate `model` (unwrapped, not DDP) on the test split; returns test_results.json's dict.
 
-    test: symbol -> SplitTokens; train_tokens: symbol -> train token array (baselines only);
-    asset_ids: symbol -> model asset id; categories: symbol -> category name;
-    category_ids: category name -> model category id: pass asset_info.json's "categories".
-    When omitted, ids follow asset_info's rule (CATEGORIES order, restricted to the categories
-    present here), which only matches training if no category was dropped.
+    test: asset symbol -> SplitTokens; train_tokens: symbol -> train token array (baselines only);
+    info: the run's asset_info.json, whose asset and category ids the model embeds (a run of
+    several intervals: one interval's series at a time, under their assets' symbols).
     max_batches caps the model's batches for quick runs: then an evenly spaced subset of the
     windows is scored, and the baselines are scored on exactly those targets.
     """
@@ -198,9 +191,10 @@ def evaluate_run(
     owner = np.broadcast_to(w.asset[:, None], w.y.shape)[mask]
     position = (w.start[:, None] + np.arange(1, context_length + 1))[mask]  # of each target in its asset's test
 
-    a_ids = np.array([asset_ids[s] for s in w.symbols], dtype=np.int64)
-    category_ids = category_ids if category_ids is not None else _category_ids(categories)
-    c_ids = np.array([category_ids[categories[s]] for s in w.symbols], dtype=np.int64)
+    records = {r.symbol: r for r in info.assets}
+    a_ids = np.array([records[s].id for s in w.symbols], dtype=np.int64)
+    c_ids = np.array([records[s].category_id for s in w.symbols], dtype=np.int64)
+    categories = {s: r.category for s, r in records.items()}
     scores = {"model": _eval_mode_scores(model, w, a_ids, c_ids, token_moves, batch_size, torch.device(device))}
     baselines = fit_baselines(train_tokens, vocab_size)
     for name in BASELINES:
@@ -249,13 +243,6 @@ def _settings(
         "repeat_last_eps": baselines["repeat_last"].eps,
         "markov1_smoothing": "witten-bell, unigram backoff",
     }
-
-
-def _category_ids(categories: Mapping[str, str]) -> dict[str, int]:
-    """asset_info's rule: CATEGORIES order, restricted to the categories present, then unknown ones sorted."""
-    present = set(categories.values())
-    order = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
-    return {name: i for i, name in enumerate(order)}
 
 
 def _eval_mode_scores(
@@ -325,7 +312,6 @@ def evaluate_best(
     model.load_state_dict(best["model"])
     test, train = eval_inputs(tokens.tokens, tokens.moves, tokens.ranges, tokens.features)
     test = {s: t for s, t in test.items() if len(t.tokens)}  # an asset without test candles is left out
-    categories = {r.symbol: r.category for r in info.assets}
     per_interval = {}
     for k, interval in enumerate(info.intervals or [None]):
         # a run of several intervals: each interval's series on their own, under their assets' symbols
@@ -335,13 +321,11 @@ def evaluate_best(
             tokenizer,
             _at(test, info, interval),
             _at(train, info, interval),
-            info.symbols,
-            categories,
+            info,
             cfg.model.context_length,
             cfg.training.batch_size,
             device,
             cfg.training.eval_max_batches,
-            category_ids=info.categories,
         )
         per_interval[interval] = results
     # the top level: the run's first (default) interval; "per_interval" has each one's results
