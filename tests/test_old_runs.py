@@ -1,6 +1,8 @@
 """Run folders made by an earlier version (tests/fixtures/runs, trained on the sample with the tiny
 model of test_forecast.TINY: one interval with its last epoch checkpoint, and two intervals) still
-resume, forecast, score and export: what the library reads of a run folder stays readable."""
+resume, forecast, score and export, and the exports that version made of the one-interval run
+(tests/fixtures/exports: hf and onnx, by commit 9deb47c) still load and forecast: what the library
+reads of a run folder or an export stays readable."""
 
 from __future__ import annotations
 
@@ -50,3 +52,27 @@ def test_an_old_run_scores_and_exports(old_run, tmp_path):
     assert json.loads((old_run / "scorecard.json").read_text())["horizons"]["1"]["n"] > 0
     assert main(["export", str(old_run), "--out", str(tmp_path / "onnx")]) == 0
     assert (tmp_path / "onnx" / "model.onnx").is_file()
+
+
+EXPORTS = REPO_ROOT / "tests" / "fixtures" / "exports"  # the one_interval run, exported by that version
+
+
+def _forecast(folder: Path, out: Path, *flags: str) -> tuple[dict, str]:
+    """(forecast.json, forecast.csv) of `marketgpt forecast FOLDER` for AAPL, 3 candles ahead."""
+    args = ["forecast", str(folder), "--symbols", "AAPL", "--horizon", "3", "--samples", "16", "--precision", "fp32"]
+    assert main([*args, *flags, "--out", str(out)]) == 0
+    return json.loads((out / "forecast.json").read_text()), (out / "forecast.csv").read_text()
+
+
+def test_old_exports_load_and_forecast_as_their_run(tmp_path):
+    run, run_table = _forecast(RUNS / "one_interval", tmp_path / "run")
+    hf, hf_table = _forecast(EXPORTS / "hf", tmp_path / "hf")  # Forecaster.from_pretrained: same weights and sampler
+    assert hf_table == run_table and hf["origins"] == run["origins"] and len(run_table.splitlines()) == 4
+    onnx, onnx_table = _forecast(EXPORTS / "onnx", tmp_path / "onnx", "--backend", "onnx")  # onnxruntime's arithmetic
+    assert onnx["backend"] == "onnx" and onnx["origins"] == run["origins"]
+    assert len(onnx_table.splitlines()) == len(run_table.splitlines())
+
+
+def test_an_onnx_export_passed_as_a_run_folder_says_so(capsys):
+    assert main(["forecast", str(EXPORTS / "onnx"), "--symbols", "AAPL", "--horizon", "3"]) == 2
+    assert "is an ONNX export folder" in capsys.readouterr().err

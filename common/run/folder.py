@@ -98,6 +98,11 @@ class Run:
             )
         names = RUN_FILES[:-1] + ((token_path(path).name,) if tokens else ()) + (RUN_FILES[-1:] if model else ())
         missing = [name for name in names if not (path / name).exists()]
+        if "best_model.pt" in missing and (path / "model.onnx").is_file():
+            raise UserError(
+                f"{path} is an ONNX export folder (`marketgpt export`), not a run folder: forecast it with "
+                "--backend onnx, or pass the run folder it came from"
+            )
         if missing == ["best_model.pt"]:
             raise UserError(
                 f"{path}: no best_model.pt yet (the run has not finished an epoch); use a run "
