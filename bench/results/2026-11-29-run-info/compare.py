@@ -1,4 +1,5 @@
-"""Compare the runs train_both.py made into two roots: python compare.py BEFORE_ROOT AFTER_ROOT.
+"""Compare the runs train_both.py made into two roots: python compare.py BEFORE_ROOT AFTER_ROOT,
+or two run folders (e.g. the quickstart's, trained in two worktrees): python compare.py RUN_A RUN_B.
 Prints one line per file and run; exits 1 where anything differs beyond wall time, tokens/s and
 the run folder's own path."""
 
@@ -45,8 +46,13 @@ def compare(a: Path, b: Path) -> list[tuple[str, bool]]:
 if __name__ == "__main__":
     before, after = Path(sys.argv[1]), Path(sys.argv[2])
     ok = True
-    for name in ("one", "multi"):
-        for what, same in compare(run_of(before, name), run_of(after, name)):
+    pairs = (
+        [("run", before, after)]
+        if (before / "config.json").is_file()
+        else [(name, run_of(before, name), run_of(after, name)) for name in ("one", "multi")]
+    )
+    for name, a, b in pairs:
+        for what, same in compare(a, b):
             print(f"{name:5s} {what}: {'yes' if same else 'NO'}")
             ok &= same
     sys.exit(0 if ok else 1)
