@@ -82,7 +82,6 @@ LAZY = {
     ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
     ("common.commands.sweep", "matplotlib"): "only when a sweep's plot is drawn (Agg chosen first)",
     ("common.slurm.sweep_jobs", "common.commands.sweep"): _TORCH_LATER,
-    ("common.training.log", "tqdm"): "only when the output is a terminal",
     ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
     ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",
     ("common.training.trackers", "mlflow"): "the optional `mlflow` extra, only with training.tracker = mlflow",
@@ -102,8 +101,6 @@ LAZY = {
     ("common.slurm.submit", "common.run.resume"): _TORCH_LATER,
     ("common.commands.forecast", "torch"): "the onnx backend forecasts without torch",
     ("common.commands.forecast", "common.forecasting.ensemble"): "imports torch; the onnx backend runs without it",
-    ("common.forecasting.export", "safetensors"): "safetensors.torch: only `--format hf` writes it",
-    ("common.forecasting.core", "common.forecasting.history"): "the data layer (parquet) only when histories are read",
     # keeping scipy, scoringrules and the forecasting stack out of the training start-up (and of
     # every resume): the end-of-training scorecard imports them when training ends
     (

@@ -37,6 +37,7 @@ import pandas as pd
 from common.config import Config
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
+from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, load_histories
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.run.info import RunInfo
@@ -94,7 +95,6 @@ class ForecasterCore:
 
     def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
         """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
-        from common.forecasting.history import load_histories  # the data layer: pandas/parquet, loaded when asked
 
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
         categories = {s: self.assets[s].category for s in chosen}
@@ -228,7 +228,6 @@ class ForecasterCore:
         forecast() samples the paths; same arguments and seed, same frame. Timestamps come back
         tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one.
         """
-        from common.forecasting.history import frame_items  # the data layer, loaded when asked
 
         levels = _check_levels(quantile_levels)
         self.check_request(horizon, samples)
@@ -253,7 +252,6 @@ class ForecasterCore:
     def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
         """One item of predict_df's frame as a History: a known asset, candles on the run's
         interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
-        from common.forecasting.history import FRAME_PRICES, clean_history  # the data layer, loaded when asked
 
         symbol, interval = str(item), self.interval
         if symbol not in self.assets:

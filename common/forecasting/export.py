@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
+from safetensors.torch import save_model
 
 from common.atomic import default_mode, read_json_or_empty
 from common.errors import UserError
@@ -369,7 +370,6 @@ def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
     """The model's weights as safetensors (tied weights once), with what from_pretrained needs
     beyond the tensors in the header's metadata (strings only): the parent checkpoint's sha256,
     the training precision (for --precision auto) and the fitted volume edges."""
-    from safetensors.torch import save_model  # torch
 
     meta = {
         "format": "pt",

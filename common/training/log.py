@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from tqdm import tqdm
+
 from common.atomic import atomic_write_json
 
 __all__ = ["STATUSES", "EPOCH_KEYS", "EpochEnd", "TrainingLog", "format_duration", "epoch_summary", "Progress"]
@@ -157,8 +159,6 @@ class Progress:
         self.enabled = enabled
         self.bar = None
         if enabled and _is_terminal(out):
-            from tqdm import tqdm
-
             self.bar = tqdm(
                 total=total, initial=done, desc=f"Epoch {epoch}/{epochs}", file=out, dynamic_ncols=True, leave=False
             )
