@@ -29,9 +29,10 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,7 +46,7 @@ from common.model.sizing import meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
 from common.training.mfu import device_peak_flops  # noqa: E402
 
-__all__ = ["main", "open_device", "run_case"]
+__all__ = ["build_model", "main", "open_device", "run_case", "time_steps"]
 
 # --sdpa: one attention kernel forced, to compare with the one torch picks
 SDPA_BACKENDS = {
@@ -71,6 +72,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def build_model(cfg: Config, device: torch.device) -> MarketGPT:
+    """The case's MarketGPT on `device`, sized for its universe."""
+    counts = cfg.data.universe_counts
+    return MarketGPT(cfg.model, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1).to(device)
+
+
+def time_steps(step: Callable[[], None], device: torch.device, warmup: int, steps: int) -> tuple[float, float]:
+    """Seconds of `warmup` steps (compiles, CUDA-graph recording) and of `steps` more, synchronized."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    warmup_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return warmup_s, time.perf_counter() - t0
+
+
 def _step_fn(
     cfg: Config,
     device: torch.device,
@@ -78,17 +99,19 @@ def _step_fn(
     compile_model: bool,
     compile_mode: Optional[str] = None,
     sdpa: Optional[str] = None,
+    wrap: Optional[Callable[[nn.Module], nn.Module]] = None,
 ):
     """One training step as the Trainer runs it, on random tokens; returns (step, model).
     `compile_mode` and `sdpa` (an attention backend: flash, cudnn, efficient, math) are for
-    experiments; the Trainer uses torch.compile's default mode and lets torch pick the backend."""
+    experiments; the Trainer uses torch.compile's default mode and lets torch pick the backend.
+    `wrap` (e.g. DDP) wraps the model before the compile, as the Trainer does under DDP."""
     m, t = cfg.model, cfg.training
-    counts = cfg.data.universe_counts
-    model = MarketGPT(m, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1).to(device)
+    model = build_model(cfg, device)
     precision = resolve_precision("auto", device)
     opt = model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), device.type)
     model.gradient_checkpointing = t.gradient_checkpointing
-    forward = torch.compile(model, mode=compile_mode) if compile_model else model
+    wrapped = wrap(model) if wrap is not None else model
+    forward = torch.compile(wrapped, mode=compile_mode) if compile_model else wrapped
     backend = (lambda: sdpa_kernel(SDPA_BACKENDS[sdpa])) if sdpa else contextlib.nullcontext
     x = torch.randint(4, m.vocab_size, (batch, m.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
@@ -172,21 +195,13 @@ def run_case(
     profile_path: Optional[Path] = None,
     compile_mode: Optional[str] = None,
     sdpa: Optional[str] = None,
+    wrap: Optional[Callable[[nn.Module], nn.Module]] = None,
 ) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    step, model, precision = _step_fn(cfg, device, batch, compile_model, compile_mode, sdpa)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    warmup_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    seconds = time.perf_counter() - t0
+    step, model, precision = _step_fn(cfg, device, batch, compile_model, compile_mode, sdpa, wrap)
+    warmup_s, seconds = time_steps(step, device, warmup, steps)
     tokens_per_sec = steps * batch * cfg.model.context_length / seconds
     fpt = model.flops_per_token()
     est = estimate_training_memory(
