@@ -178,6 +178,8 @@ def run_variant(
 
 
 def _versions(device: torch.device, name: str) -> dict[str, Any]:
+    import torch._dynamo
+
     cuda = device.type == "cuda"
     return {
         "device": name,
@@ -186,6 +188,8 @@ def _versions(device: torch.device, name: str) -> dict[str, Any]:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "capability": list(torch.cuda.get_device_capability(device)) if cuda else None,
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        # how dynamo splits a DDP model's graph at bucket boundaries ("ddp_optimizer" by default)
+        "optimize_ddp": str(torch._dynamo.config.optimize_ddp),
     }
 
 
