@@ -447,7 +447,7 @@ def test_markets_that_never_load_raise_source_unavailable():
 
     exchange.load_markets = load_markets
     with pytest.raises(SourceUnavailable, match="bybit.*markets"):
-        ensure_markets(exchange, max_retries=2, sleep=Sleeps())
+        ensure_markets(exchange, retrying(Sleeps(), max_retries=2))
 
 
 # --------------------------------------------------------------------------- exchanges
@@ -517,7 +517,7 @@ def test_403_that_blocks_the_country_is_a_restricted_location_too():
     responses.add(responses.GET, re.compile(r"https://api\.bybit\.com/.*"), status=403, body=page)
     sleeps = Sleeps()
     with pytest.raises(RestrictedLocation, match=r"bybit.*HTTP 403"):
-        ensure_markets(make_exchange("bybit"), sleep=sleeps)
+        ensure_markets(make_exchange("bybit"), retrying(sleeps))
     assert sleeps == [] and len(responses.calls) == 1
 
 
@@ -526,7 +526,7 @@ def test_plain_403_is_still_retried():
     responses.add(responses.GET, re.compile(r"https://api\.bybit\.com/.*"), status=403, body="Forbidden")
     sleeps = Sleeps()
     with pytest.raises(SourceUnavailable, match="bybit"):
-        ensure_markets(make_exchange("bybit"), max_retries=2, sleep=sleeps)
+        ensure_markets(make_exchange("bybit"), retrying(sleeps, max_retries=2))
     assert sleeps == [1.0, 2.0]
 
 
@@ -547,7 +547,7 @@ def test_markets_load_spot_only_and_an_inactive_pair_is_named():
         responses.GET, "https://api.binance.com/api/v3/exchangeInfo", json=binance_answer("exchange_info.json")
     )
     exchange = make_exchange("binance")
-    ensure_markets(exchange, max_retries=0, sleep=Sleeps())
+    ensure_markets(exchange, retrying(Sleeps(), max_retries=0))
     assert [urlsplit(c.request.url).path for c in responses.calls] == ["/api/v3/exchangeInfo"]
     assert {"BTC/USDT", "ETH/USDT", "SOL/USDT", "LUNA/USDT"} == set(exchange.symbols)
     assert all(m["spot"] for m in exchange.markets.values())

@@ -29,7 +29,6 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-import time
 from typing import Callable, Iterable, Mapping, TypeVar
 
 import ccxt
@@ -167,12 +166,10 @@ def with_retries(
     call: Callable[[], T],
     what: str,
     exchange: ccxt.Exchange,
-    *,
-    max_retries: int,
-    base_delay_s: float,
-    sleep: Callable[[float], None],
+    retry: RetryPolicy = CCXT_RETRY,
 ) -> T:
     """Run `call`, retrying the NetworkError family with delays base, 2*base, 4*base, ..."""
+    max_retries = retry.max_retries
     for attempt in range(max_retries + 1):
         try:
             return call()
@@ -185,7 +182,7 @@ def with_retries(
                     f"{exchange.id}: {what} still failing after {max_retries + 1} attempts "
                     f"({type(e).__name__}: {_short(e)}); check the network or try again later"
                 ) from e
-            delay = min(base_delay_s * 2**attempt, _MAX_DELAY_S)
+            delay = min(retry.base_delay_s * 2**attempt, _MAX_DELAY_S)
             log.warning(
                 "%s: %s failed (%s), retry %d/%d in %.1fs",
                 exchange.id,
@@ -195,7 +192,7 @@ def with_retries(
                 max_retries,
                 delay,
             )
-            sleep(delay)
+            retry.sleep(delay)
     raise AssertionError("unreachable")
 
 
@@ -239,24 +236,11 @@ def _short(e: Exception | str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def ensure_markets(
-    exchange: ccxt.Exchange,
-    *,
-    max_retries: int = CCXT_RETRY.max_retries,
-    base_delay_s: float = CCXT_RETRY.base_delay_s,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
+def ensure_markets(exchange: ccxt.Exchange, retry: RetryPolicy = CCXT_RETRY) -> None:
     """Load the exchange's markets once (network), unless they were set already."""
     if exchange.markets:
         return
-    with_retries(
-        exchange.load_markets,
-        "loading markets",
-        exchange,
-        max_retries=max_retries,
-        base_delay_s=base_delay_s,
-        sleep=sleep,
-    )
+    with_retries(exchange.load_markets, "loading markets", exchange, retry)
 
 
 def bad_symbol(exchange: ccxt.Exchange, symbol: str) -> BadSymbolError:

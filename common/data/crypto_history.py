@@ -191,7 +191,7 @@ def _skip_empty_page(
 
 def _check_symbol(exchange: ccxt.Exchange, symbol: str, retry: RetryPolicy) -> None:
     """Load the exchange's markets (with retries) and fail with a helpful error if `symbol` is not one."""
-    ensure_markets(exchange, **retry.kwargs())
+    ensure_markets(exchange, retry)
     try:
         exchange.market(symbol)
     except ccxt.BadSymbol:
@@ -208,7 +208,7 @@ def _page_fetcher(
             return exchange.fetch_ohlcv(symbol, frame, since=since, limit=per_call)
 
         try:
-            return with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, **retry.kwargs())
+            return with_retries(call, f"{symbol} {frame} candles from {_iso(since)}", exchange, retry)
         except ccxt.BadSymbol:
             raise bad_symbol(exchange, symbol) from None
 

@@ -62,7 +62,7 @@ def _open_source(run: "DownloadRun") -> _CcxtSource:
     retry = replace(crypto.CCXT_RETRY, sleep=run.sleep)
     if run.delay is not None:
         retry = replace(retry, base_delay_s=run.delay)
-    crypto.ensure_markets(exchange, **retry.kwargs())  # once, up front: a refusal by location stops here
+    crypto.ensure_markets(exchange, retry)  # once, up front: a refusal by location stops here
     run.progress.note(
         f"{origin}: {run.interval} candles, {crypto.page_limit(exchange)} a request, "
         f"at most one request per {exchange.rateLimit:g} ms (the exchange's rate limit, "

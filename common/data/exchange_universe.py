@@ -83,7 +83,7 @@ def resolve_exchange_universe(
     retry = replace(crypto.CCXT_RETRY, sleep=sleep)
     if base_delay_s is not None:
         retry = replace(retry, base_delay_s=base_delay_s)
-    crypto.ensure_markets(exchange, **retry.kwargs())
+    crypto.ensure_markets(exchange, retry)
     f = filters
     markets = sorted(exchange.markets.values(), key=lambda m: m["symbol"])
     removed: dict[str, int] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 __all__ = ["RetryPolicy"]
 
@@ -21,7 +21,3 @@ class RetryPolicy:
     max_retries: int
     base_delay_s: float
     sleep: Callable[[float], None] = time.sleep
-
-    def kwargs(self) -> dict[str, Any]:
-        """The policy as keyword arguments, for functions that take them one by one (crypto.with_retries)."""
-        return {"max_retries": self.max_retries, "base_delay_s": self.base_delay_s, "sleep": self.sleep}
