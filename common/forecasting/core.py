@@ -95,7 +95,6 @@ class ForecasterCore:
 
     def load_history(self, symbols: Optional[Sequence[str]] = None, as_of: Optional[str] = None) -> list[History]:
         """Candles up to `as_of` (default: each asset's last candle) from the run's data source."""
-
         chosen = [self.resolve_symbol(s) for s in (symbols or self.symbols)]
         categories = {s: self.assets[s].category for s in chosen}
         return [
@@ -228,7 +227,6 @@ class ForecasterCore:
         forecast() samples the paths; same arguments and seed, same frame. Timestamps come back
         tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one.
         """
-
         levels = _check_levels(quantile_levels)
         self.check_request(horizon, samples)
         items = frame_items(df, id_column, timestamp_column)
@@ -252,7 +250,6 @@ class ForecasterCore:
     def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
         """One item of predict_df's frame as a History: a known asset, candles on the run's
         interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
-
         symbol, interval = str(item), self.interval
         if symbol not in self.assets:
             raise UserError(
