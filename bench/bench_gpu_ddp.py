@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_args, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
+from common.distributed.ddp import wrap_ddp  # noqa: E402
 from common.distributed.precision import autocast, resolve_precision  # noqa: E402
 from common.model.sizing import meta_model  # noqa: E402
 from common.paths import case_config, case_dir  # noqa: E402
@@ -76,15 +77,9 @@ def _ensure_group(device: torch.device) -> None:
 
 
 def _ddp(device: torch.device) -> Callable[[nn.Module], nn.Module]:
-    """DDP as MultiGPUWrapper builds it for several ranks (its buffers are constants: no sync)."""
-    import inspect
-
+    """DDP as MultiGPUWrapper builds it for several ranks, in a one-process group."""
     _ensure_group(device)
-    ddp = nn.parallel.DistributedDataParallel
-    new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
-    kwargs: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
-    ids = [device.index] if device.type == "cuda" else None
-    return lambda model: ddp(model, device_ids=ids, **kwargs)
+    return lambda model: wrap_ddp(model, device)
 
 
 def _whole_step(cfg: Config, device: torch.device, batch: int, compile_on: bool) -> Callable[[], None]:

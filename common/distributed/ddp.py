@@ -48,6 +48,7 @@ __all__ = [
     "shutdown",
     "unwrap",
     "was_distributed",
+    "wrap_ddp",
 ]
 
 _DEVICE = torch.device("cpu")  # where collective helper tensors live (CUDA under NCCL)
@@ -174,6 +175,15 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.parallel.DistributedDataParallel:
+    """`model` (on `device`) in DistributedDataParallel as this suite trains it, in the process
+    group already started. Its buffers are constants (rotary tables): no broadcast before every forward."""
+    ddp = nn.parallel.DistributedDataParallel
+    new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
+    no_buffer_sync: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+    return ddp(model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync)
+
+
 class MultiGPUWrapper(nn.Module):
     """The seed guide's wrapper, built on DistributedDataParallel (one process per GPU).
 
@@ -198,16 +208,7 @@ class MultiGPUWrapper(nn.Module):
             env, device = init_distributed(env)
         device = device or rank_device(env)
         model = model.to(device)
-        if several_ranks():
-            # Buffers here are constants (rotary tables): no broadcast before every forward.
-            ddp = nn.parallel.DistributedDataParallel
-            new_name = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch 2.13 renamed it
-            no_buffer_sync: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
-            self.module: nn.Module = ddp(
-                model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync
-            )
-        else:
-            self.module = model
+        self.module: nn.Module = wrap_ddp(model, device) if several_ranks() else model
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
