@@ -226,8 +226,6 @@ def _open_run(
     """The run's own config (plus harmless --set overrides), token set and windows, tokenizer and
     asset ids; its checkpoint is the caller's to load."""
 
-    if not (run_dir / "config.json").is_file():
-        raise UserError(f"{run_dir} is not a run folder (no config.json)")
     run = Run.open(run_dir, tokens=True, model=False, overrides=overrides)
     if case_cfg is not None:
         diff = config_differences(run.cfg, case_cfg)
