@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from common.config import ModelConfig
-from common.distributed import precision
+from common.distributed import gpu_health as gpu_health_mod, precision
 from common.distributed.env import DistEnv, check_gpus_usable, detect_env, rank_device
 from common.distributed.precision import inference_precision, resolve_precision
 from common.errors import UserError
@@ -25,7 +25,7 @@ from common.model.memory import estimate_training_memory
 from common.paths import REPO_ROOT
 from common.run.checkpoint import latest_good_checkpoint, load_checkpoint
 from common.slurm.submit import local_gpus
-from common.training import gpu_health as gpu_health_mod, gpu_stats as gpu_stats_mod
+from common.training import gpu_stats as gpu_stats_mod
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 

@@ -1,5 +1,5 @@
 """`marketgpt doctor --json` and `marketgpt status --json`: one JSON object in the schema of
-common.training.gpu_health, with NVML faked (two GPUs, their processes and warnings) and without
+common.distributed.gpu_health, with NVML faked (two GPUs, their processes and warnings) and without
 NVML (this CPU machine: an empty list and the reason)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from common.cli import main
 from common.cluster import status
 from common.cluster.status import status_json
-from common.training import gpu_health
+from common.distributed import gpu_health
 
 from test_status import _epoch, _run, root  # noqa: F401 (root: the fixture of a case folder)
 

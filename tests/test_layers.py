@@ -387,3 +387,33 @@ def test_a_private_import_across_modules_is_found():
         "common.cluster.remote imports common.config._build",
         "common.data.yahoo imports .cache._key",
     ]
+
+
+# What a login node or a laptop without torch must be able to start: the CLI itself, `status`
+# (text and JSON) and `remote`. tqdm is the training floor's progress bar, not a dependency of these.
+LOGIN_BLOCKED = ("torch", "tqdm", "common.training", "common.model")
+LOGIN_CHECK = """
+import contextlib, io, sys
+blocked = {blocked!r}
+class Blocker:
+    def find_spec(self, name, path, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            raise ImportError(name + " is blocked in this test")
+sys.meta_path.insert(0, Blocker())
+from common.cli import main
+for argv in (["--help"], ["status"], ["status", "--json"], ["remote", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    assert code in (0, None), (argv, code)
+print(sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in blocked)))
+"""
+
+
+def test_the_login_node_commands_load_no_training_module_torch_or_tqdm():
+    code = LOGIN_CHECK.format(blocked=LOGIN_BLOCKED)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
+from common.distributed.gpu_health import health_report
 from common.paths import CASES, REPO_ROOT, case_dir
+from common.run.log import format_duration
 from common.slurm.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
-from common.training.gpu_health import health_report
-from common.training.log import format_duration
 
 __all__ = ["RunRow", "collect_rows", "last_line", "status_json", "status_table", "sweep_lines"]
 
@@ -248,7 +248,7 @@ def sweep_lines(case: Optional[str] = None, root: Optional[Path] = None) -> list
 
 
 def status_json(case: Optional[str] = None, root: Optional[Path] = None) -> dict[str, Any]:
-    """`marketgpt status --json`: this machine's GPUs (common.training.gpu_health) and every run,
+    """`marketgpt status --json`: this machine's GPUs (common.distributed.gpu_health) and every run,
     its Slurm job and state with the numbers of its last epoch, unformatted."""
     runs = [
         {

@@ -20,12 +20,12 @@ import torch
 
 from common.config import load_config
 from common.distributed.env import cuda_unusable_reason, detect_env, driver_version, rank_device
+from common.distributed.gpu_health import health_report
 from common.distributed.precision import bf16_supported, compile_problem, cpu_capabilities, fast_bf16, resolve_precision
 from common.errors import UserError
 from common.model.memory import estimate_training_memory
 from common.model.sizing import meta_model
 from common.paths import REPO_ROOT
-from common.training.gpu_health import health_report
 from common.training.mfu import known_peak
 
 __all__ = ["SLURM_VARIABLES", "run_doctor", "run_doctor_json"]
@@ -125,7 +125,7 @@ def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str
 
 
 def run_doctor_json(out: TextIO, root: Optional[Path] = None) -> int:
-    """`marketgpt doctor --json`: one JSON object (common.training.gpu_health's, with the doctor's
+    """`marketgpt doctor --json`: one JSON object (common.distributed.gpu_health's, with the doctor's
     verdict under "doctor"); the exit code is the report's."""
     report = io.StringIO()
     code = run_doctor(report, root)

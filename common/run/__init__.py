@@ -9,6 +9,8 @@ commands and the benchmark open.
   set), made (`Run.create`) and opened (`Run.open`) in one place; the run's config identity
   (which keys a resume may change); its training log. No torch: the ONNX path and
   `marketgpt status` read runs through it.
+- log.py: training_log.json (`TrainingLog`, its statuses and epoch keys, the seed's duration
+  format); standard library only, for `marketgpt status` and the login-node commands.
 - checkpoint.py: the checkpoint files (atomic, CRC32-checked, `weights_only` loadable).
 - resume.py: naming a new run, finding an experiment's runs, and which run and checkpoint
   `--resume` continues.

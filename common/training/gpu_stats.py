@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from common.training.gpu_health import nvml
+from common.distributed.gpu_health import nvml
 
 __all__ = ["format_gpu_line", "gpu_stats"]
 

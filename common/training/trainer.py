@@ -40,10 +40,11 @@ from common.run.checkpoint import (
     step_checkpoint_name,
     unwrap_state_dict,
 )
+from common.run.log import TrainingLog
 from common.slurm.requeue import EXIT_REQUEUE
 from common.training.batches import TokenWindows
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
-from common.training.log import EpochEnd, Progress, TrainingLog
+from common.training.log import EpochEnd, Progress
 from common.training.lr_schedule import LRSchedule
 from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums, steps_per_epoch
 from common.training.rng import restore_rank_rng, rng_state
