@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -87,8 +89,16 @@ def _alive(pid: int) -> bool:
 
 def test_setup_creates_the_venv_installs_and_says_plainly_that_training_runs_on_the_cpu(box, tmp_path):
     venv = tmp_path / "box" / "venv"
-    # the install line runs inside the venv; no pip here, so nothing reaches the network
-    _write(box, venv=str(venv), install='python -c \'import sys; open("installed.txt", "w").write(sys.prefix)\'')
+    # The install line runs inside the venv. No pip here, so nothing reaches the network: it notes
+    # where it ran and gives the venv this test environment's packages (torch, numpy, ...) with a
+    # .pth file, as a real install line would install them; the box's system Python has none.
+    ours = sysconfig.get_paths()["purelib"]
+    pth = f"import site; site.addsitedir({ours!r})"
+    install = (
+        "import site, sys; open('installed.txt', 'w').write(sys.prefix); "
+        f"open(site.getsitepackages()[0] + '/test-env.pth', 'w').write({pth!r})"
+    )
+    _write(box, venv=str(venv), install=f"python -c {shlex.quote(install)}")
     proc = marketgpt(box["local"], "setup", timeout=300)
     _one_line_error(proc, 1, "step 'setup (doctor)' failed: no usable GPU", "pass --cpu-ok")
     assert (venv / "bin" / "python").is_file()
