@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tokenizer": ("bench_tokenizer.py", ["--assets", "20", "--candles", "500"]),
     "data": ("bench_data.py", ["--assets", "20", "--candles", "2000"]),
     "corpus": ("bench_corpus.py", ["--candles", "80000", "--assets", "10"]),
+    "verify": ("bench_verify.py", ["--candles", "1e5"]),
     "forecast": ("bench_forecast.py", ["--assets", "2", "--samples", "8", "--horizon", "8", "--ref-samples", "1"]),
     "export": ("bench_export.py", ["--assets", "2", "--samples", "4", "--horizon", "3", "--rounds", "1"]),
     "scorecard": ("bench_scorecard.py", ["--horizons", "1,5", "--samples", "20", "--stride", "20"]),

@@ -42,7 +42,7 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["smoke"] is True and report["machine"]["nproc"] >= 1 and report["machine"]["torch"]
     bench = report["benchmarks"]
-    for name in ("train", "checkpoint", "tokenizer", "data", "corpus", "export", "scorecard"):
+    for name in ("train", "checkpoint", "tokenizer", "data", "corpus", "verify", "export", "scorecard"):
         assert bench[name]["status"] == "ok", bench[name]
     assert bench["slurm"]["status"] == "skipped" and bench["slurm"]["note"]
     values = {(r["benchmark"], r["figure"]): r["value"] for r in report["rows"]}
@@ -56,6 +56,7 @@ def test_run_all_smoke_writes_the_table_and_the_json(tmp_path):
         ("Load + clean + split", "peak RSS"),
         ("Corpus preparation", "seconds"),
         ("Batch assembly", "tokens/s, one core"),
+        ("verify", "hash rate per rank"),
     ]:
         assert values[key] is not None and values[key] > 0, key
     train = bench["train"]["figures"]["cases"]["C"]

@@ -159,6 +159,25 @@ def test_resume_with_a_harmless_override_extends_the_run(finished_run, capsys, t
     assert _epoch_losses(copy)[:2] == _epoch_losses(run_dir)
 
 
+@pytest.mark.parametrize("token", [32000, 5], ids=["out-of-range", "another-valid-id"])
+def test_resume_of_a_run_whose_tokens_changed_on_disk_is_one_line_naming_the_file(
+    finished_run, capsys, tmp_path, token
+):
+    """A run's tokens/ are hard links to the shard: one changed byte reaches every run sharing it.
+    A resume (the requeue path) reads only verified bytes: the changed file is named, exit 2."""
+    _, run_dir = finished_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    tokens = copy / "tokens" / "tokens.bin"
+    data = bytearray(tokens.read_bytes())
+    at = 2 * (len(data) // 4)  # an int16 token in the middle
+    old = int.from_bytes(data[at : at + 2], "little", signed=True)
+    data[at : at + 2] = (token if token != old else token + 1).to_bytes(2, "little", signed=True)
+    tokens.write_bytes(bytes(data))
+    code, _, err = _run(capsys, "--resume", copy, "--set", "training.epochs=3")
+    _one_line_error(code, err, str(tokens), "does not match its sha256", "data prepare --rebuild")
+
+
 def _copy_into_case(finished_run, tmp_path) -> tuple[Path, Path]:
     """The finished run as the only run of a fresh case folder: (config, run folder)."""
     config, run_dir = finished_run

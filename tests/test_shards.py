@@ -440,7 +440,6 @@ def test_two_finishers_publish_one_whole_shard_without_any_lock(tmp_path, monkey
 
 def test_a_damaged_shard_is_one_line_naming_the_file_and_the_rebuild(tmp_path, monkeypatch, capsys):
     from common.cli import main
-    from common.tokens import shard_manifest
 
     config = make_case(tmp_path)
     cfg, case = load_config(config), config.parent.parent
@@ -467,11 +466,16 @@ def test_a_damaged_shard_is_one_line_naming_the_file_and_the_rebuild(tmp_path, m
         prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens
     )
 
-    # a file too large to hash whenever training opens it: training checks its size, data check every byte
-    monkeypatch.setattr(shard_manifest, "FULL_CHECK_BYTES", 0)
+    # every file is hashed, whatever its size (moves.bin is 920 MB at 10^8 candles); data check too
+    good = moves.read_bytes()
+    moves.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(UserError, match=r"damaged: tokens/moves.bin does not match its sha256"):
+        prepare_shards(cfg, case)
+    assert main(["data", "check", "--case", str(case), "--config", str(config)]) == 2
+    assert "tokens/moves.bin does not match its sha256" in capsys.readouterr().err
+    moves.write_bytes(good)
     good = tokens.read_bytes()
     tokens.write_bytes(bytes([good[0] ^ 1]) + good[1:])
-    prepare_shards(cfg, case)
     assert main(["data", "check", "--case", str(case), "--config", str(config)]) == 2
     assert "tokens/tokens.bin does not match its sha256" in capsys.readouterr().err
     tokens.write_bytes(good)

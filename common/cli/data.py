@@ -46,7 +46,7 @@ def _check_shard(cfg: Config, case: Path) -> None:
     if not published(folder):
         print(f"Token shard: {folder} is not prepared yet (`marketgpt data prepare` or the first run makes it)")
         return
-    files = verify_shard(folder, full=True).get("files")
+    files = verify_shard(folder).get("files")
     print(
         f"Token shard: {folder}: "
         + (

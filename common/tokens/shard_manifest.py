@@ -7,27 +7,26 @@
 The manifest is written last into the shard's private folder, which is then published whole by
 a rename (common/tokens/shards.py), so a shard folder either has a manifest that names every
 file or does not exist. Readers verify what they open: every file's size, the manifest's own
-checksum and the full sha256 of each file up to FULL_CHECK_BYTES (training, each time a run or
-rank opens the shard); `marketgpt data check` verifies every byte. A mismatch is one line naming
-the file and the command that rebuilds the shard. Shards published before checksums have no
-"files": they are checked by size only, as then.
+checksum and the full sha256 of every file, once per process (`file_sha256` remembers what this
+process has hashed: every rank checks every byte it will read, a rank that opens the shard and then
+the run's hard links to it hashes them once). At 10^8 candles that is about 1 GB of tokens and
+moves, a few seconds a rank (bench/bench_verify.py). A mismatch is one line naming the file and the
+command that rebuilds the shard. Shards published before checksums have no "files": they are
+checked by size only, as then.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Iterable, Optional
 
 from common.errors import UserError
 
-__all__ = ["FULL_CHECK_BYTES", "REBUILD", "Hasher", "file_sha256", "manifest_checksum", "verify_shard"]
+__all__ = ["REBUILD", "Hasher", "file_sha256", "manifest_checksum", "verify_shard"]
 
-# Training hashes each file up to this size whenever it opens a shard (a 10^8-candle shard's
-# tokens.bin is 200 MB: well under a second); larger files (moves.bin, features.bin at that
-# size) are checked by size there and in full by `marketgpt data check`.
-FULL_CHECK_BYTES = 256 * 2**20
 REBUILD = (
     "rebuild it with `marketgpt data prepare --rebuild` and the same --config and --set as the run "
     "(it moves the damaged shard aside and prepares it anew)"
@@ -50,15 +49,24 @@ class Hasher:
         return {"bytes": self.bytes, "sha256": self.digest.hexdigest()}
 
 
+# (device, inode, size, mtime) -> {"bytes", "sha256"} of the files this process has hashed: a hard
+# link of a file already hashed costs nothing, a file written since is hashed again
+_HASHED: dict[tuple[int, int, int, int], dict] = {}
+
+
 def file_sha256(path: Path) -> dict:
-    """{"bytes", "sha256"} of a file, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return {"bytes": size, "sha256": h.hexdigest()}
+    """{"bytes", "sha256"} of a file, read in chunks, once per process for the same file."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        _HASHED[key] = {"bytes": size, "sha256": h.hexdigest()}
+    return dict(_HASHED[key])
 
 
 def manifest_checksum(manifest: dict) -> str:
@@ -66,10 +74,10 @@ def manifest_checksum(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def verify_shard(folder: Path, full: bool = False, only: Optional[Iterable[str]] = None) -> dict:
+def verify_shard(folder: Path, only: Optional[Iterable[str]] = None) -> dict:
     """The shard's manifest, after checking that the shard is what it says: the manifest's own
-    checksum, every file's size, and the sha256 of every file (full=True) or of those up to
-    FULL_CHECK_BYTES. A UserError naming the first damaged file otherwise."""
+    checksum, every file's size and sha256 (once per process). A UserError naming the first
+    damaged file otherwise."""
     folder = Path(folder)
     manifest_file = folder / "manifest.json"
     try:
@@ -93,7 +101,7 @@ def verify_shard(folder: Path, full: bool = False, only: Optional[Iterable[str]]
             raise _damaged(folder, path, "is missing") from None
         if size != want["bytes"]:
             raise _damaged(folder, path, f"has {size:,} bytes where the manifest says {want['bytes']:,} (truncated?)")
-        if (full or size <= FULL_CHECK_BYTES) and file_sha256(path)["sha256"] != want["sha256"]:
+        if file_sha256(path)["sha256"] != want["sha256"]:
             raise _damaged(folder, path, "does not match its sha256 in manifest.json (changed on disk)")
     return manifest
 

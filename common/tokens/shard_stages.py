@@ -287,7 +287,10 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
     try:
         (private / "tokens").mkdir()
         files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None)
-        write_index(private / "tokens", symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None)
+        sha256 = {name.removeprefix("tokens/"): entry["sha256"] for name, entry in files.items()}
+        write_index(
+            private / "tokens", symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None, sha256
+        )
         tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
         tokenizer.clip_counts = {
             k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)

@@ -78,7 +78,7 @@ def prepare_shards(
 
 
 def _open(folder: Path) -> Prepared:
-    verify_shard(folder)  # sizes, the manifest's checksum, and the sha256 of every file that costs little
+    verify_shard(folder)  # sizes, the manifest's checksum, the sha256 of every file
     try:
         return Prepared(
             TokenSet.load(folder / "tokens"),

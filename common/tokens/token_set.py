@@ -3,8 +3,8 @@
 A token folder (a run's `tokens/`, or the `tokens/` of a prepared shard in the data cache):
 
     index.json     format and version, symbols (asset-id order), each asset's candle count and
-                   split ranges, the dtypes; read first, so a folder from another version fails
-                   with one clear line
+                   split ranges, the dtypes and the sha256 of each array file; read first, so a
+                   folder from another version fails with one clear line
     tokens.bin     (N,) every asset's tokens, concatenated in symbol order (int16)
     moves.bin      (N,) float64, the actual normalized move of each candle (NaN where undefined)
     features.bin   (N, 3) int16 time and volume ids, with model.time_features / volume_input
@@ -13,6 +13,10 @@ N is the corpus' candle count. Opened, the arrays are memory maps: a process hol
 the pages it reads, and any number of runs and ranks share the page cache. The files are never
 written after the folder is published (a folder appears whole, by rename), so a run folder may
 hard-link them from the shard it was prepared from instead of copying.
+Opening a folder checks every array file against its sha256 in index.json, once per process
+(common/tokens/shard_manifest.file_sha256): a resume, a requeue and every rank read only verified
+bytes, and a run's hard links to a shard already hashed cost nothing. Folders written before the
+checksums are checked by size.
 A run made before token folders has `tokens.npz`, which TokenSet.load still reads.
 """
 
@@ -29,6 +33,7 @@ import numpy as np
 
 from common.atomic import atomic_folder, atomic_write_json
 from common.errors import UserError
+from common.tokens.shard_manifest import Hasher, file_sha256
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SPLITS", "TokenSet", "read_index", "token_path", "write_index"]
 
@@ -86,17 +91,16 @@ class TokenSet:
 
     def _write(self, folder: Path) -> None:
         lengths = [len(self.tokens[s]) for s in self.symbols]
-        with open(folder / "tokens.bin", "wb") as f:
-            for s in self.symbols:
-                f.write(np.ascontiguousarray(self.tokens[s], dtype=np.int16).tobytes())
-        with open(folder / "moves.bin", "wb") as f:
-            for s in self.symbols:
-                f.write(np.ascontiguousarray(self.moves[s], dtype=np.float64).tobytes())
-        if self.features is not None:
-            with open(folder / "features.bin", "wb") as f:
+        arrays = {"tokens": self.tokens, "moves": self.moves, **({"features": self.features} if self.features else {})}
+        sha256 = {}
+        for name, per_asset in arrays.items():
+            file, dtype = _ARRAYS[name]
+            hasher = Hasher()
+            with open(folder / file, "wb") as f:
                 for s in self.symbols:
-                    f.write(np.ascontiguousarray(self.features[s], dtype=np.int16).tobytes())
-        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None)
+                    hasher.write(f, np.ascontiguousarray(per_asset[s], dtype=dtype).tobytes())
+            sha256[file] = hasher.entry()["sha256"]
+        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None, sha256)
 
     @classmethod
     def load(cls, path: Path) -> "TokenSet":
@@ -113,7 +117,7 @@ class TokenSet:
             if name == "features" and not index["features"]:
                 continue
             shape = (n, 3) if name == "features" else (n,)
-            arrays[name] = _open_array(path / file, dtype, shape)
+            arrays[name] = _open_array(path / file, dtype, shape, index.get("sha256", {}).get(file))
         return cls(
             symbols=symbols,
             tokens=_views(arrays["tokens"], symbols, bounds),
@@ -132,7 +136,7 @@ def _views(flat: np.ndarray, symbols: list[str], bounds: np.ndarray) -> dict[str
     return {s: flat[bounds[i] : bounds[i + 1]] for i, s in enumerate(symbols)}
 
 
-def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+def _open_array(file: Path, dtype: type, shape: tuple[int, ...], sha256: Optional[str]) -> np.ndarray:
     expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
     try:
         size = file.stat().st_size
@@ -146,6 +150,13 @@ def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
             f"{file} has {size} bytes where its index.json says {expected}: the token folder is "
             "damaged; start a new run (or delete the folder and prepare the data again)"
         )
+    if sha256 is not None and file_sha256(file)["sha256"] != sha256:
+        raise UserError(
+            f"{file} does not match its sha256 in {file.parent / 'index.json'} (changed on disk): the token "
+            "folder is damaged. A run's tokens/ are hard links to the token shard it was prepared from, so "
+            "the shard is damaged too: `marketgpt data check --config ...` names it, `marketgpt data prepare "
+            "--rebuild` with the run's --config and --set rebuilds it; then start a new run"
+        )
     if expected == 0:
         return np.zeros(shape, dtype)
     # copy-on-write: torch may wrap it without a read-only warning; nothing is ever written back
@@ -153,9 +164,14 @@ def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def write_index(
-    folder: Path, symbols: list[str], lengths: list[int], ranges: dict[str, dict[str, tuple[int, int]]], features: bool
+    folder: Path,
+    symbols: list[str],
+    lengths: list[int],
+    ranges: dict[str, dict[str, tuple[int, int]]],
+    features: bool,
+    sha256: dict[str, str],
 ) -> None:
-    """The token folder's index.json (its arrays already written)."""
+    """The token folder's index.json (its arrays already written; sha256: file name -> hex digest)."""
     atomic_write_json(
         folder / "index.json",
         {
@@ -167,6 +183,7 @@ def write_index(
             "ranges": [[list(map(int, ranges[s][split])) for split in SPLITS] for s in symbols],
             "dtypes": {"tokens": "int16", "moves": "float64", "features": "int16"},
             "features": bool(features),
+            "sha256": dict(sha256),
         },
     )
 
