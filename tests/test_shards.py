@@ -498,3 +498,31 @@ def test_an_unfinished_preparation_of_the_older_layout_is_set_aside(tmp_path):
     (folder / "work" / "tokens" / "tokens.bin").write_bytes(b"\0" * 64)
     assert same_tokens(prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens)
     assert not (folder / "work").exists()
+
+
+def test_a_task_that_ends_after_the_shard_is_published_leaves_no_work_folder(tmp_path, monkeypatch, capsys):
+    """A clean task that passed the 'published?' check just before another preparer published
+    writes into a work folder of its own making; it removes it when it ends, and the next
+    preparation removes one left by a task that was killed meanwhile."""
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    folder = prepare_shards(cfg, case).tokens.folder.parent
+    work = work_folder(folder)
+    assert not work.exists()
+
+    real, calls = shard_stages.published, []
+
+    def late(f):  # the task's first look still sees no shard
+        calls.append(f)
+        return len(calls) > 1 and real(f)
+
+    monkeypatch.setattr(shard_stages, "published", late)
+    shard_stages.prepare_stage(cfg, case, "clean", task=0, tasks=2)
+    monkeypatch.undo()
+    assert len(calls) > 1 and not work.exists()
+    assert f"removed {work}" in capsys.readouterr().out
+
+    (work / "clean").mkdir(parents=True)  # a straggler killed before it could remove its files
+    (work / "clean" / "000000.npz").write_bytes(b"x")
+    prepare_shards(cfg, case)
+    assert not work.exists() and f"removed {work}" in capsys.readouterr().out

@@ -41,7 +41,7 @@ from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.token_set import write_index
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["STAGES", "prepare_stage"]
+__all__ = ["STAGES", "prepare_stage", "remove_leftover_work"]
 
 STAGES = ("clean", "fit", "encode", "finish")
 
@@ -86,10 +86,22 @@ def prepare_stage(
                 file=out,
                 flush=True,
             )
+            remove_leftover_work(folder, out)
             return
         if isinstance(e, UserError):
             raise
         raise _write_error(folder, e) from None
+    # a task that started before another preparer published (and removed the work folder) wrote
+    # its files into a work folder of its own making: nothing reads them
+    remove_leftover_work(folder, out)
+
+
+def remove_leftover_work(folder: Path, out: TextIO) -> None:
+    """Remove the work folder of a published shard (a straggling task's files), with a line."""
+    work = work_folder(folder)
+    if published(folder) and work.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"Token shards: removed {work}, left by a task that ended after the shard was published", file=out)
 
 
 def _set_aside_unfinished(folder: Path) -> None:

@@ -44,7 +44,7 @@ from common.run.info import RunInfo
 from common.tokens.corpus import Prepared
 from common.tokens.shard_manifest import REBUILD, verify_shard
 from common.tokens.shard_paths import published, shard_folder
-from common.tokens.shard_stages import STAGES, prepare_stage
+from common.tokens.shard_stages import STAGES, prepare_stage, remove_leftover_work
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -67,6 +67,7 @@ def prepare_shards(
                     prepare_stage(cfg, case_dir, stage, parent=parent, out=out)
                 print(f"Token shards: prepared {folder} in {time.monotonic() - started:.1f} s", file=out, flush=True)
                 return _open(folder)
+    remove_leftover_work(folder, out)
     shard = _open(folder)
     print(
         f"Token shards: reusing {folder} ({len(shard.tokens.symbols)} assets, "
