@@ -2,7 +2,10 @@
 on 127.0.0.1 (tests/ssh_helpers.py): setup, training started detached there, which outlives the
 ssh client, reattaching, a refused second launch, stop (SIGTERM: a checkpoint) and resume with
 the weights of an uninterrupted run, fetch, and bad input. This machine has no GPU, so the
-"box" trains on its CPU, one process. Every test checks that nothing is left running there.
+"box" trains on its CPU: one process, or 2 ranks under torchrun over gloo
+(MARKETGPT_DIRECT_PROCESSES). The stop tests hold validation until the stop signal arrived, and
+can make the checkpoint after it fail, through tests/stop_hooks/sitecustomize.py on the box's
+PYTHONPATH. Every test checks that nothing is left running there.
 """
 
 from __future__ import annotations
@@ -228,18 +231,117 @@ def test_a_launch_whose_supervisor_is_gone_or_replaced_is_lost(tmp_path, monkeyp
     for pid, ticks in [(gone.pid, 1), (os.getpid(), int(me))]:  # a dead pid; a live one, not the launcher
         (logs / ".direct.json").write_text(json.dumps({"id": "direct-1", "pid": pid, "start_ticks": ticks}))
         assert launch_state("case_x")[1] == "LOST"
-    # the trainer's 75; torchrun's own code after a stop signal; a crash
-    for end, state in [({"exit_code": 75}, "STOPPED"), ({"exit_code": 1, "stop_signal": "SIGTERM"}, "STOPPED")]:
+    # the trainer's 75; a trainer that failed after the stop signal (while saving); a crash
+    for end, state in [
+        ({"exit_code": 75}, "STOPPED"),
+        ({"exit_code": 1, "stop_signal": "SIGTERM"}, "FAILED"),
+        ({"exit_code": 1, "stop_signal": None}, "FAILED"),
+        ({"exit_code": 1, "state": "STOPPED"}, "STOPPED"),  # the supervisor's verdict from its ranks
+    ]:
         (logs / ".direct_direct-1.end").write_text(json.dumps(end))
-        assert launch_state("case_x")[1] == state
-    (logs / ".direct_direct-1.end").write_text(json.dumps({"exit_code": 1, "stop_signal": None}))
-    assert launch_state("case_x")[1] == "FAILED"
+        assert launch_state("case_x")[1] == state, end
+
+
+@pytest.mark.parametrize(
+    "ranks, state, why",
+    [
+        ({0: 75, 1: 75}, "STOPPED", "exit code 1: rank 0 exit 75, rank 1 exit 75"),
+        ({0: 75, 1: 1}, "FAILED", "exit code 1: rank 0 exit 75, rank 1 exit 1"),
+        ({0: 75, 1: None}, "FAILED", "exit code 1: rank 0 exit 75, rank 1 killed before it exited"),
+        ({0: 75}, "FAILED", "exit code 1: rank 0 exit 75, 1 rank(s) never started"),
+    ],
+    ids=["all-saved", "one-failed", "one-sigkilled", "one-missing"],
+)
+def test_under_torchrun_a_stop_is_stopped_only_when_every_rank_exited_75(tmp_path, ranks, state, why):
+    """torchrun exits 1 after a stop signal whatever its ranks did: the ranks' own records decide."""
+    logs = tmp_path / "case_x" / "logs"
+    logs.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    for rank, code in ranks.items():
+        record = {"rank": rank, "world_size": 2, "pid": gone.pid, "start_ticks": 1}
+        record.update({} if code is None else {"exit_code": code})
+        (logs / f".direct_direct-1.rank{rank}.json").write_text(json.dumps(record))
+    supervise = [sys.executable, "-m", "common.cluster.direct_launch", "supervise", "case_x", "direct-1", "--"]
+    proc = subprocess.run(
+        [*supervise, "sh", "-c", "exit 1"],  # torchrun's exit code after a stop
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    end = json.loads((logs / ".direct_direct-1.end").read_text())
+    assert (end["state"], end["why"]) == (state, why)
+    assert ("stopped with a checkpoint" in proc.stdout) == (state == "STOPPED"), proc.stdout
+
+
+def _hooks(box: dict, tmp_path: Path, processes: int = 0, fail_save: bool = False, **settings) -> Path:
+    """remote.json whose env line puts tests/stop_hooks on the box's PYTHONPATH: validation is
+    held until the stop signal arrived (and with `fail_save` the checkpoint after it fails);
+    returns the folder where each held rank leaves its mark."""
+    held = tmp_path / "held"
+    held.mkdir()
+    env = f"OMP_NUM_THREADS=1 PYTHONPATH={REPO / 'tests' / 'stop_hooks'} MARKETGPT_TEST_HOLD_VALIDATION={held}"
+    env += f" MARKETGPT_DIRECT_PROCESSES={processes}" + (" MARKETGPT_TEST_FAIL_STOP_SAVE=1" if fail_save else "")
+    _write(box, env=f"export {env}", **settings)
+    return held
+
+
+def test_a_torchrun_launch_stopped_during_validation_saves_on_every_rank_and_resumes(box, tmp_path):
+    local, remote = box["local"], box["remote"]
+    held = _hooks(box, tmp_path, processes=2, shutdown_timeout_s=240)
+    steps = [*STEPS, "training.max_steps_per_epoch=4", "experiment=ddp"]
+    assert marketgpt(local, "sync").returncode == 0
+    submitted = marketgpt(local, "submit", "--case", "c", *sets(steps))
+    assert submitted.returncode == 0, submitted.stderr
+    launch = _state(remote)
+    assert launch["processes"] == 2 and "--shutdown-timeout=240" in launch["command"], launch
+    _wait_for(held / "rank1", "", timeout_s=240)
+    _wait_for(held / "rank0", "", timeout_s=60)  # both ranks validate epoch 1
+    stop = marketgpt(local, "stop", "--case", "c", timeout=400)
+    assert stop.returncode == 0, stop.stdout[-3000:] + stop.stderr
+    assert f"launch {launch['id']}: STOPPED (exit code 1: rank 0 exit 75, rank 1 exit 75)" in stop.stdout
+    (run,) = (remote / "case_c_crypto" / "checkpoints").glob("ddp_*")
+    log = json.loads((run / "training_log.json").read_text())
+    assert log["world_size"] == 2  # stopped after validating epoch 1, its checkpoint saved:
+    assert log["interrupted"].startswith("SIGTERM at epoch 2 step 0; saved checkpoint_epoch_1.pt")
+    assert (run / "checkpoint_epoch_1.pt").is_file() and not (run / "checkpoint_epoch_2.pt").exists()
+
+    _write(box, env="export OMP_NUM_THREADS=1 MARKETGPT_DIRECT_PROCESSES=2")  # no hooks: to the end
+    resumed = marketgpt(local, "train", "--case", "c", *sets(steps), "--poll", "1", timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "from checkpoint_epoch_1.pt" in resumed.stdout, resumed.stdout[-3000:]
+    assert "COMPLETED" in resumed.stdout and (run / "checkpoint_epoch_2.pt").is_file()
+
+
+def test_a_trainer_that_fails_to_save_on_a_stop_is_failed_and_stop_exits_non_zero(box, tmp_path):
+    local, remote = box["local"], box["remote"]
+    held = _hooks(box, tmp_path, fail_save=True)
+    steps = [*STEPS, "training.max_steps_per_epoch=4", "experiment=full"]
+    assert marketgpt(local, "sync").returncode == 0
+    submitted = marketgpt(local, "submit", "--case", "c", *sets(steps))
+    assert submitted.returncode == 0, submitted.stderr
+    launch = _state(remote)["id"]
+    _wait_for(held / "rank0", "", timeout_s=240)
+    stop = marketgpt(local, "stop", "--case", "c", timeout=400)
+    _one_line_error(stop, 1, "step 'stop' failed", f"launch {launch} FAILED after the stop signal (exit code ")
+    assert "No space left on device (test hook)" in stop.stdout  # the log's last lines
+    (run,) = (remote / "case_c_crypto" / "checkpoints").glob("full_*")
+    assert not (run / "checkpoint_epoch_1.pt").exists()
+    status = marketgpt(local, "status", "--case", "c")
+    assert f"launch {launch} FAILED" in status.stdout, status.stdout + status.stderr
+    (row,) = [line.split() for line in status.stdout.splitlines() if run.name in line]
+    assert row[1:5] == [run.name, launch, "-", "failed"], status.stdout
 
 
 def test_bad_input_is_one_line_and_starts_nothing(box, tmp_path):
     local, remote = box["local"], box["remote"]
     _write(box, launcher="kubernetes")
     _one_line_error(marketgpt(local, "status"), 2, "launcher 'kubernetes'", '"slurm" or "direct"')
+    _write(box, shutdown_timeout_s=0)
+    _one_line_error(marketgpt(local, "submit", "--case", "c"), 2, "shutdown_timeout_s 0", "at least 1 second")
 
     _write(box)
     remote.mkdir(parents=True)

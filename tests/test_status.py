@@ -172,3 +172,50 @@ def test_the_cli_prints_the_table_or_says_there_are_no_runs(tmp_path, capsys, mo
     assert main(["status", "--case", "case_c_cripto"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "marketgpt status: error: unknown case 'case_c_cripto'; did you mean 'case_c_crypto'?"
+
+
+def test_a_direct_launch_whose_supervisor_is_gone_is_lost_not_running(root, monkeypatch):
+    """A run trained by `marketgpt remote` (launcher direct) is as alive as its launch: pid and
+    start time (.direct.json) decide, in the table and in --json, with no ETA for a dead one."""
+    import subprocess
+    import sys
+
+    from common.cluster.status import status_json
+
+    _no_slurm(monkeypatch)
+    logs = root / "case_c_crypto" / "logs"
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "common.cluster.direct_launch"])
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    try:
+        runs = {}
+        for launch, pid in [("direct-20261201-093000", alive.pid), ("direct-20261202-093000", gone.pid)]:
+            log_file = logs / f"crypto_{launch}.out"
+            runs[launch] = _run(root, f"crypto_{launch[7:]}", log_file=str(log_file), epochs=[_epoch(3, 2.5)]).name
+            logs.mkdir(exist_ok=True)
+            log_file.write_text("  epoch 4/50 step 10/100\n")
+            ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] if pid == alive.pid else 1
+            (logs / ".direct.json").write_text(json.dumps({"id": launch, "pid": pid, "start_ticks": int(ticks)}))
+            if launch == "direct-20261201-093000":  # the older launch, replaced by the newer one
+                row = next(r for r in collect_rows(root=root) if r.run == runs[launch])
+                assert (row.job, row.status, row.eta) == (launch, "running", "3h 5m")
+        rows = {r.run: r for r in collect_rows(root=root)}
+        dead = rows[runs["direct-20261202-093000"]]
+        assert (dead.job, dead.status, dead.eta) == ("direct-20261202-093000", "lost", "-")
+        # the older launch ended with an exit code after a stop signal that failed to save
+        (logs / ".direct_direct-20261201-093000.end").write_text(json.dumps({"exit_code": 1, "state": "FAILED"}))
+        table = status_table(root=root)
+        assert [line.split()[1:5] for line in table.splitlines()[1:]] == [
+            [runs["direct-20261201-093000"], "direct-20261201-093000", "-", "failed"],
+            [runs["direct-20261202-093000"], "direct-20261202-093000", "-", "lost"],
+        ]
+        by_run = {r["run"]: r for r in status_json(root=root)["runs"]}
+        lost = by_run[runs["direct-20261202-093000"]]
+        assert (lost["status"], lost["job"], lost["eta_s"]) == ("lost", "direct-20261202-093000", None)
+        # a run fetched from the box: no record of its launch here, so its own log decides
+        (logs / ".direct.json").unlink()
+        (logs / ".direct_direct-20261201-093000.end").unlink()
+        assert {r.status for r in collect_rows(root=root)} == {"running"}
+    finally:
+        alive.kill()
+        alive.wait(timeout=30)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from common.cli import data, evaluate, remote, train
 from common.cluster.remote import StepFailed
 from common.errors import UserError
 
-__all__ = ["build_parser", "entry", "main"]
+__all__ = ["build_parser", "entry", "exit_process", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,11 @@ def entry() -> None:
     called without an active exception") after the work is done, turning a good exit code
     into 134. In-process callers (tests, submitit jobs) call main() and are not affected.
     """
-    code = main()
+    exit_process(main())
+
+
+def exit_process(code: int) -> NoReturn:
+    """Leave with `code`: with os._exit once a torch.distributed process has flushed its output (see entry)."""
     dist_utils = sys.modules.get("common.distributed.ddp")
     if dist_utils is not None and dist_utils.was_distributed():
         sys.stdout.flush()

@@ -10,14 +10,19 @@ direct-YYYYMMDD-HHMMSS) and writes the exit code beside it when training ends.
 Files in case_X/logs/:
   .direct.json          the case's latest launch: id, pid (= process group), the pid's start
                         time in /proc ticks, command, host, log, GPUs
-  .direct_<ID>.end      {"exit_code": N, "ended": ...} once the supervisor saw training end
+  .direct_<ID>.rank<R>.json   under torchrun, each rank's pid and start time, then its exit
+                        code (common.cli.direct_rank): torchrun's own exit code after a stop
+                        signal is 1 whatever its ranks did
+  .direct_<ID>.end      {"exit_code": N, "state": ..., "ended": ...} once training ended
 
 A launch is running while its pid is alive with the recorded start time and a command line of
 this module: a pid file left by a crashed launcher, or a pid the kernel gave to another
-program since, is stale and is not trusted. SIGTERM to the process group (`stop`) reaches
-every rank: the trainer saves a checkpoint and exits 75 (common/slurm/requeue.py), and
-the same `start` continues the run (--resume auto). Only the standard library is imported
-(torch only to count GPUs), so each status poll starts fast.
+program since, is stale and is not trusted. SIGTERM to the supervisor (`stop`, or the box
+ending it) is passed on once, to the trainer or to torchrun, which passes it to every rank
+and gives them `--shutdown-timeout` seconds before SIGKILL. The launch is STOPPED only when
+every rank saved its checkpoint and exited 75 (EXIT_REQUEUE, common/slurm/requeue.py); any
+other end is FAILED. The same `start` continues the run (--resume auto). Only the standard
+library is imported (torch only to count GPUs), so each status poll starts fast.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,12 +40,17 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from common.atomic import atomic_write_json
+from common.slurm.requeue import EXIT_REQUEUE
 
-__all__ = ["EXIT_STOPPED", "launch_state", "main"]
+__all__ = ["ENDED", "RankRecord", "launch_of_log", "launch_state", "main", "recorded_state", "state_of"]
 
 STATE_FILE = ".direct.json"
-EXIT_STOPPED = 75  # the trainer's EXIT_REQUEUE: saved a checkpoint on SIGTERM and stopped
 EXIT_REFUSED = 3  # `start` while a launch of the case runs
+ENDED = ("COMPLETED", "STOPPED", "FAILED")  # the states an end file records
+# training processes on a box without GPUs (default 0: one plain process); tests run 2 CPU
+# ranks under torchrun over gloo this way
+PROCESSES_ENV = "MARKETGPT_DIRECT_PROCESSES"
+_LOG_ID = re.compile(r"_(direct-\d{8}-\d{6})\.out$")
 
 
 def _logs(case: str) -> Path:
@@ -75,11 +86,48 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def _ended(end: dict) -> str:
-    """A stop signal makes torchrun exit 1 rather than its ranks' 75, hence `stop_signal` too."""
+    """The state the supervisor recorded (an older end file: from its exit code alone)."""
+    if end.get("state") in ENDED:
+        return str(end["state"])
     code = end.get("exit_code")
+    return "COMPLETED" if code == 0 else "STOPPED" if code == EXIT_REQUEUE else "FAILED"
+
+
+class RankRecord:
+    """One torchrun rank's record, .direct_<ID>.rank<R>.json: its pid and start time when it
+    starts, its exit code when it leaves (common.cli.direct_rank writes it)."""
+
+    def __init__(self, case: str, launch_id: str, rank: int, world_size: int) -> None:
+        self.path = _logs(case) / f".direct_{launch_id}.rank{rank}.json"
+        pid = os.getpid()
+        self.data = {"rank": rank, "world_size": world_size, "pid": pid, "start_ticks": _start_ticks(pid)}
+
+    def started(self) -> None:
+        atomic_write_json(self.path, self.data)
+
+    def exited(self, code: int) -> None:
+        atomic_write_json(self.path, {**self.data, "exit_code": code})
+
+
+def _rank_records(case: str, launch_id: str) -> list[dict]:
+    found = (_read(p) for p in sorted(_logs(case).glob(f".direct_{launch_id}.rank*.json")))
+    return [r for r in found if r is not None]
+
+
+def _verdict(code: int, ranks: list[dict]) -> tuple[str, str]:
+    """The launch's state and why: COMPLETED on exit 0; STOPPED when the trainer (or, under
+    torchrun, every rank it started) exited with EXIT_REQUEUE, its checkpoint saved; FAILED otherwise."""
     if code == 0:
-        return "COMPLETED"
-    return "STOPPED" if code == EXIT_STOPPED or end.get("stop_signal") else "FAILED"
+        return "COMPLETED", "exit code 0"
+    if not ranks:  # one plain process, or torchrun that started no rank
+        return ("STOPPED" if code == EXIT_REQUEUE else "FAILED"), f"exit code {code}"
+    codes = {r["rank"]: r.get("exit_code") for r in ranks}
+    world = max(r.get("world_size", 0) for r in ranks)
+    each = [f"rank {r} " + ("killed before it exited" if c is None else f"exit {c}") for r, c in sorted(codes.items())]
+    if len(codes) < world:
+        each.append(f"{world - len(codes)} rank(s) never started")
+    stopped = len(codes) == world and all(c == EXIT_REQUEUE for c in codes.values())
+    return ("STOPPED" if stopped else "FAILED"), f"exit code {code}: " + ", ".join(each)
 
 
 def launch_state(case: str) -> tuple[Optional[dict], str]:
@@ -95,7 +143,7 @@ def launch_state(case: str) -> tuple[Optional[dict], str]:
     return state, "RUNNING" if _is_ours(state) else "LOST"
 
 
-def _state_of(case: str, launch_id: str) -> str:
+def state_of(case: str, launch_id: str) -> str:
     """The state of one launch, also once a newer launch of the case has replaced it."""
     state, status = launch_state(case)
     if state is not None and state.get("id") == launch_id:
@@ -104,6 +152,20 @@ def _state_of(case: str, launch_id: str) -> str:
     if end is None:
         return "LOST"
     return _ended(end)
+
+
+def recorded_state(case: str, launch_id: str) -> Optional[str]:
+    """state_of, or None where this machine holds no record of the launch (a run fetched from the box)."""
+    latest = _read(_logs(case) / STATE_FILE) or {}
+    if latest.get("id") != launch_id and not (_logs(case) / f".direct_{launch_id}.end").is_file():
+        return None
+    return state_of(case, launch_id)
+
+
+def launch_of_log(log_file: str) -> Optional[str]:
+    """The launch id in a direct launch's log file name (<prefix>_direct-YYYYMMDD-HHMMSS.out), else None."""
+    m = _LOG_ID.search(log_file)
+    return m.group(1) if m else None
 
 
 def _gpu_count() -> int:
@@ -117,7 +179,7 @@ def _gpu_count() -> int:
     return int(out.stdout.split()[-1])
 
 
-def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> int:
+def _start(case: str, config: str, prefix: str, shutdown_s: int, train_args: Sequence[str]) -> int:
     logs = _logs(case)
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / ".direct.lock", "w") as lock:
@@ -137,18 +199,23 @@ def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> in
                 "an exit code (crashed or rebooted); not trusted, launching anyway"
             )
         gpus = _gpu_count()
-        train = [sys.executable, "-m", "common.cli", "train", "--config", config, "--resume", "auto", *train_args]
-        if gpus:
-            dist = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
-            command = [*dist, "-m", *train[2:], "--num-gpus", str(gpus)]
-        else:
-            command = train
-            print("no GPU here: training runs as one process on the CPU")
         launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
         while (logs / f"{prefix}_{launch_id}.out").exists():  # two launches in one second
             time.sleep(1.0)
             launch_id = time.strftime("direct-%Y%m%d-%H%M%S", time.gmtime())
         log = logs / f"{prefix}_{launch_id}.out"
+        train = ["train", "--config", config, "--resume", "auto", *train_args]
+        processes = gpus or int(os.environ.get(PROCESSES_ENV) or 0)
+        if processes:
+            # each rank records its exit code; torchrun waits shutdown_s for the ranks to
+            # checkpoint after a stop signal before it SIGKILLs them (its default: 30 s)
+            dist = ["torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+            rank = ["common.cli.direct_rank", case, launch_id, "--"]
+            command = [sys.executable, "-m", *dist, f"--shutdown-timeout={shutdown_s}", "-m", *rank, *train]
+            command += ["--num-gpus", str(processes)]
+        else:
+            command = [sys.executable, "-m", "common.cli", *train]
+            print("no GPU here: training runs as one process on the CPU")
         with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "common.cluster.direct_launch", "supervise", case, launch_id, "--", *command],
@@ -166,6 +233,8 @@ def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> in
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "host": socket.gethostname(),
             "gpus": gpus,
+            "processes": processes or 1,
+            "shutdown_timeout_s": shutdown_s,
             "command": command,
             "log": str(log),
         }
@@ -175,7 +244,7 @@ def _start(case: str, config: str, prefix: str, train_args: Sequence[str]) -> in
 
 
 def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
-    """Run training, pass a stop signal on to it, record its exit code."""
+    """Run training, pass a stop signal on to it, wait for its ranks, record how it ended."""
     stamp = lambda: time.strftime("%F %T")  # noqa: E731
     print(f"===== {stamp()} launch {launch_id} on {socket.gethostname()} =====", flush=True)
     print("command: " + " ".join(command), flush=True)
@@ -186,19 +255,44 @@ def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
     def forward(signum: int, frame: object) -> None:
         received.append(signal.Signals(signum).name)
         print(f"marketgpt: {stamp()} {signal.Signals(signum).name}: the trainer saves a checkpoint", flush=True)
-        if child.poll() is None:
+        # once: a second signal makes torchrun give up waiting for its ranks
+        if len(received) == 1 and child.poll() is None:
             child.send_signal(signal.SIGTERM)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     code = child.wait()
     print(f"marketgpt: {stamp()} training exited with code {code}", flush=True)
-    if code == EXIT_STOPPED:
+    # a rank torchrun left behind (it gave up early) is still writing: the launch ends with it
+    while alive := [r["rank"] for r in _rank_records(case, launch_id) if "exit_code" not in r and _is_alive(r)]:
+        print(f"marketgpt: {stamp()} waiting for rank(s) {alive} to exit", flush=True)
+        time.sleep(1.0)
+    state, why = _verdict(code, _rank_records(case, launch_id))
+    if state == "STOPPED":
         print("marketgpt: stopped with a checkpoint; `marketgpt remote train` with the same case resumes", flush=True)
-    ended = {"exit_code": code, "stop_signal": received[0] if received else None}
+    elif state == "FAILED":
+        after = f" after {received[0]}" if received else ""
+        print(f"marketgpt: FAILED{after}: {why}; no checkpoint of this stop", flush=True)
+    ended = {"exit_code": code, "state": state, "why": why, "stop_signal": received[0] if received else None}
     ended["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     atomic_write_json(_logs(case) / f".direct_{launch_id}.end", ended)
     return 0 if code == 0 else 1
+
+
+def _is_alive(record: dict) -> bool:
+    pid = record.get("pid")
+    return isinstance(pid, int) and _start_ticks(pid) == record.get("start_ticks")
+
+
+def _log_tail(path: str, lines: int = 15) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-lines:]
 
 
 def _stop(case: str, timeout_s: float) -> int:
@@ -207,18 +301,31 @@ def _stop(case: str, timeout_s: float) -> int:
         print(f"{case}: no launch is running (latest: {status.lower()})", file=sys.stderr)
         return 1
     launch_id = state["id"]
-    os.killpg(state["pgid"], signal.SIGTERM)
+    # the supervisor alone: it passes the signal on once (torchrun, signalled twice, would
+    # stop waiting for its ranks)
+    os.kill(state["pid"], signal.SIGTERM)
     print(
-        f"sent SIGTERM to launch {launch_id} (process group {state['pgid']}): it saves a checkpoint and stops",
+        f"sent SIGTERM to launch {launch_id} (pid {state['pid']}): it saves a checkpoint and stops",
         flush=True,  # shown while the wait below goes on
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = _state_of(case, launch_id)
+        status = state_of(case, launch_id)
         if status != "RUNNING":
-            code = (_read(_logs(case) / f".direct_{launch_id}.end") or {}).get("exit_code")
-            print(f"launch {launch_id}: {status} (exit code {code})")
-            return 0
+            end = _read(_logs(case) / f".direct_{launch_id}.end") or {}
+            why = end.get("why") or f"exit code {end.get('exit_code')}"
+            if status in ("STOPPED", "COMPLETED"):
+                print(f"launch {launch_id}: {status} ({why})")
+                return 0
+            print(f"launch {launch_id}: {status} ({why}); the last lines of {state['log']}:")
+            print("\n".join(f"  {line}" for line in _log_tail(state["log"])), flush=True)
+            lost = "its launcher is gone without an exit code" if status == "LOST" else why
+            print(
+                f"launch {launch_id} {status} after the stop signal ({lost}): no checkpoint of this stop; "
+                f"`marketgpt remote train` resumes from the last checkpoint before it",
+                file=sys.stderr,
+            )
+            return 1
         time.sleep(0.5)
     print(f"launch {launch_id} still running after {timeout_s:.0f} s", file=sys.stderr)
     return 1
@@ -248,7 +355,8 @@ def _follow(log: str, lines: int, follow: bool) -> int:
 
 
 USAGE = """usage: python -m common.cluster.direct_launch ACTION ... (run by `marketgpt remote` over ssh)
-  start CASE CONFIG LOG_PREFIX -- TRAIN_ARGS...   start training detached; prints the launch as JSON
+  start CASE CONFIG LOG_PREFIX SHUTDOWN_S -- TRAIN_ARGS...
+                                                  start training detached; prints the launch as JSON
   supervise CASE ID -- COMMAND...                 (what `start` runs in its own session)
   state CASE ID                                   state=RUNNING|COMPLETED|STOPPED|FAILED|LOST
   status [CASE...]                                one line per case's latest launch
@@ -262,12 +370,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     action, rest = (args[0], args[1:]) if args else ("", [])
     cut = rest.index("--") if "--" in rest else len(rest)
     head, tail = rest[:cut], rest[cut + 1 :]
-    if action == "start" and len(head) == 3:
-        return _start(head[0], head[1], head[2], tail)
+    if action == "start" and len(head) == 4:
+        return _start(head[0], head[1], head[2], int(head[3]), tail)
     if action == "supervise" and len(head) == 2 and tail:
         return _supervise(head[0], head[1], tail)
     if action == "state" and len(head) == 2:
-        print(f"state={_state_of(head[0], head[1])}")
+        print(f"state={state_of(head[0], head[1])}")
         return 0
     if action == "status":
         return _status(head or sorted(str(p) for p in Path(".").glob("case_*") if p.is_dir()))

@@ -4,7 +4,8 @@ The same workstation loop as on a cluster (sync, start, follow, fetch, check), w
 that differ: `setup` creates the environment there and runs `marketgpt doctor`; `submit`
 starts training detached through common.cluster.direct_launch (run there over ssh) instead of
 sbatch; the launch's state comes from that module instead of squeue; `stop` sends SIGTERM to
-the training's process group (a checkpoint, then exit 75; the same `remote train` resumes).
+the launch's supervisor, which passes it on (a checkpoint, then exit 75; the same `remote train`
+resumes); a launch that ends otherwise is FAILED and `stop` fails.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class DirectRemote(Remote):
         sets = [a for kv in overrides for a in ("--set", kv)]
         if not self.dry_run:
             self.check_repo()
-        command = self._launcher("start", case_path.name, config, log_prefix(script), "--", *sets)
+        shutdown = str(self.s.shutdown_timeout_s)
+        command = self._launcher("start", case_path.name, config, log_prefix(script), shutdown, "--", *sets)
         answer = self.run("launch", self.ssh_cmd(command))
         if self.dry_run:
             return "direct-ID", f"{case_path.name}/logs/{log_prefix(script)}_direct-ID.out"
@@ -126,7 +128,9 @@ class DirectRemote(Remote):
         self.run("logs", self.ssh_cmd(command), stream=True, timeout=None)
 
     def stop(self, case: str, timeout_s: float) -> None:
-        """SIGTERM to the case's running training there; waits until it has saved and stopped."""
+        """SIGTERM to the case's running training there; waits until it has saved and stopped.
+        StepFailed when it ended FAILED or LOST instead (the launcher there names why, with
+        the log's last lines), or is still running after `timeout_s`."""
         name = case_dir(case, root=self.repo).name
         if not self.dry_run:
             self.check_repo()

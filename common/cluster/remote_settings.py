@@ -32,6 +32,7 @@ class RemoteSettings:
     launcher: str = "slurm"  # "slurm": sbatch there; "direct": train on the box itself (remote_direct.py)
     venv: Optional[str] = None  # direct: the venv `remote setup` creates there; then its python runs everything
     install: str = "pip install -r requirements_gpu.txt && pip install -e ."  # direct: `remote setup`'s install line
+    shutdown_timeout_s: int = 300  # direct, under torchrun: how long ranks may take to checkpoint after a stop
 
     def remote_python(self) -> Optional[str]:
         """The python commands run with there: the venv's, else `python` (None: python3 on the PATH)."""
@@ -72,6 +73,11 @@ def load_settings(
         raise UserError(f'launcher {settings.launcher!r} in {settings_file}: use "slurm" or "direct"')
     if settings.connect_timeout_s < 1:
         raise UserError(f"connect_timeout_s {settings.connect_timeout_s}: must be at least 1 second")
+    if settings.shutdown_timeout_s < 1:
+        raise UserError(
+            f"shutdown_timeout_s {settings.shutdown_timeout_s} in {settings_file}: must be at least 1 second "
+            "(the time the ranks get to save a checkpoint after a stop)"
+        )
     return settings
 
 

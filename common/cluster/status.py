@@ -6,8 +6,11 @@
 Everything comes from the run folders (training_log.json, config.json, scorecard.json: SCORE is
 its headline, the CRPS skill against the best baseline at H=1) and the job's log file; the
 Slurm state comes from `squeue`, matched through the job id the run recorded in
-training_log.json (`slurm_job_id`). Without Slurm the SLURM column shows "-". A case's jobs
-that are queued but have no run folder yet get a row of their own.
+training_log.json (`slurm_job_id`). Without Slurm the SLURM column shows "-". A run trained by a
+direct launch (`marketgpt remote`, launcher direct; its log file is <prefix>_direct-<ID>.out)
+shows the launch id as its JOB, and is "lost" once that launch's supervisor is gone without an
+exit code (common.cluster.direct_launch checks its pid and start time), "failed" or "stopped"
+once it ended so. A case's jobs that are queued but have no run folder yet get a row of their own.
 """  # noqa: E501 (the example lines are as wide as the table the command prints)
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
+from common.cluster.direct_launch import launch_of_log, recorded_state
 from common.distributed.gpu_health import health_report
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.run.log import format_duration
@@ -136,11 +140,16 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
     if job:
         row.job, row.slurm = str(job), state or "-"
     status = log.get("status")
+    launch = None if job else launch_of_log(str(log.get("log_file") or ""))
+    if launch:
+        row.job = launch
     if status is None:
         row.status = "starting" if alive else "no log"
     elif status == "running" and slurm_on and job and not alive:
         # its job is gone: the run stopped at its last checkpoint (a resubmit continues it)
         row.status = "interrupted" if log.get("interrupted") else "stopped"
+    elif status == "running" and launch:
+        row.status = _direct_status(case, launch, log)
     else:
         row.status = status
     epochs = log.get("epochs") or []
@@ -171,6 +180,17 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         "scorecard_headline": headline,
     }
     return row
+
+
+def _direct_status(case: Path, launch: str, log: dict) -> str:
+    """A "running" run of a direct launch, as that launch stands: still running, or "lost" (its
+    supervisor is gone without an exit code), "failed", or stopped at its last checkpoint."""
+    state = recorded_state(str(case), launch)
+    if state in (None, "RUNNING"):  # None: no record of the launch here (a run fetched from the box)
+        return "running"
+    if state in ("LOST", "FAILED"):
+        return state.lower()
+    return "interrupted" if log.get("interrupted") else "stopped"
 
 
 def _queued_without_run(case: Path, commands: dict[str, str], states: dict[str, str], seen: set[str]) -> list[RunRow]:
