@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 
 from common.errors import UserError
 
-__all__ = ["REPO_ROOT", "CASES", "SEED_CONFIGS", "case_dir", "case_config", "case_dir_of_config"]
+__all__ = [
+    "REPO_ROOT",
+    "CASES",
+    "SEED_CONFIGS",
+    "case_dir",
+    "case_config",
+    "case_dir_of_config",
+    "case_script",
+    "script_config",
+]
 
 # common/ sits at the top of the repo; the case folders are its siblings.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +66,17 @@ def case_dir_of_config(config_path: str | os.PathLike) -> Path:
     if config_path.parent.name == "configs":
         return config_path.parent.parent
     return config_path.parent
+
+
+def case_script(case_path: Path) -> Path:
+    """The case's sbatch script: the one file in its slurm_scripts/."""
+    scripts = sorted((case_path / "slurm_scripts").glob("*.sh"))
+    if len(scripts) != 1:
+        raise UserError(f"{case_path / 'slurm_scripts'}: expected one sbatch script, found {len(scripts)}")
+    return scripts[0]
+
+
+def script_config(script: Path) -> str | None:
+    """The config a case's sbatch script trains, relative to the case folder (its CONFIG= line)."""
+    m = re.search(r"^CONFIG=(\S+)$", script.read_text(), flags=re.M)
+    return m.group(1) if m else None

@@ -14,10 +14,11 @@ import pytest
 
 import common.data.synthetic as synthetic
 from common.cli import main
-from common.commands.plan import GPU_RATES, build_plan, gpu_rate, plan_of_run
+from common.commands.plan import GPU_RATES, build_plan, gpu_rate, one_gpu, one_gpu_command, plan_of_run
 from common.commands.plan_data import data_figures
 from common.commands.plan_figures import (
     DataFigures,
+    OneGPU,
     Plan,
     Rate,
     asset_windows,
@@ -121,32 +122,93 @@ def test_warnings_on_hand_made_numbers():
     assert plan_warnings(_plan(parameters=500, slurm_time_s=70)) == []
 
 
+def _one(tokens_per_s: float) -> OneGPU:
+    return OneGPU(Rate(tokens_per_s, "graphs"), "CUDA graphs", 4, 0.5, "sbatch ONE")
+
+
 def test_one_gpu_with_cuda_graphs_is_advised_only_where_it_beats_the_ddp_job():
-    (advice,) = plan_warnings(_plan(parameters=500, slurm_time_s=70, one_gpu_rate=Rate(250.0, "graphs")))
-    assert "1.25x as fast as 2x a100 under DDP" in advice and "--num-gpus 1" in advice
-    assert "global batch is then 2 instead of 4" in advice and "training.seed" in advice
-    for one_gpu, gpus in ((215.0, 2), (150.0, 2), (250.0, 1)):  # within the spread; slower; a one-GPU job
-        assert plan_warnings(_plan(parameters=500, slurm_time_s=70, gpus=gpus, one_gpu_rate=Rate(one_gpu, "g"))) == []
+    (advice,) = plan_warnings(_plan(parameters=500, slurm_time_s=70, one_gpu=_one(250.0)))
+    assert "one a100 with CUDA graphs at batch 4 (as many windows per step as this job)" in advice
+    assert "about 250 tokens/s, 1.25x the 200 of 2x a100 under DDP" in advice and "(2 x 100)" in advice
+    assert "about 6 s for 5 epochs instead of 8 s" in advice and "about 0.5 GB of GPU memory" in advice
+    assert "Submit it on one GPU: sbatch ONE;" in advice and "training.seed" in advice
+    for one_gpu_rate, gpus in ((215.0, 2), (150.0, 2), (250.0, 1)):  # within the spread; slower; a one-GPU job
+        plan = _plan(parameters=500, slurm_time_s=70, gpus=gpus, one_gpu=_one(one_gpu_rate))
+        assert plan_warnings(plan) == []
 
 
-@pytest.mark.parametrize("case, advised", [("a", False), ("b", True)])
-def test_the_plan_says_when_one_gpu_beats_the_case_job(capsys, tmp_path, case, advised):
-    """From the measured rates: case B's 26.4M model is launch-bound enough that one GPU with CUDA
-    graphs beats two without them; case A's is compute-bound, and DDP pays."""
+@pytest.mark.parametrize("case, advised", [("a", False), ("b", True), ("c", True)])
+def test_the_plan_says_when_one_gpu_beats_the_case_job(capsys, tmp_path, monkeypatch, case, advised):
+    """The case configs as shipped (2 A100s, batch 32 each, compile_mode unset): cases B and C are
+    launch-bound enough that one GPU with CUDA graphs at batch 64, the job's 64 windows per step,
+    outruns both GPUs without them; case A's model is compute-bound, and DDP pays."""
+    monkeypatch.chdir(REPO_ROOT)
     text = _plan_text(capsys, tmp_path, case)
-    assert ("WARNING: one a100 with CUDA graphs" in text) == advised
-    b = GPU_RATES[(512, 8, 256)]
-    assert advised == (case == "b") and b[1] > 1.1 * 2 * b[0]
+    (advice,) = [line for line in text.splitlines() if line.startswith("WARNING: one a100")] or [None]
+    m = load_config(REPO_ROOT / CASES[case]).model
+    rates = GPU_RATES[(m.d_model, m.num_layers, m.context_length)]
+    assert (rates.graphs_64 > 1.1 * 2 * rates.plain) == advised == (advice is not None)
+    if advised:
+        assert "with CUDA graphs at batch 64" in advice and "of 2x a100 under DDP" in advice
+        assert f"{rates.graphs_64 / (2 * rates.plain):.2f}x" in advice
+        script = next((REPO_ROOT / CASES[case]).parent.parent.glob("slurm_scripts/*.sh")).relative_to(REPO_ROOT)
+        command = f"sbatch --ntasks-per-node=1 --gres=gpu:a100:1 {script} --set data.cache_dir={tmp_path / 'empty'} "
+        assert command + "--set training.batch_size=64;" in advice
+
+
+def test_one_gpu_at_its_best_and_its_command(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    config = REPO_ROOT / "case_c_crypto/configs/crypto_multi_interval.json"  # not the script's config
+    sets = ["training.compile=false", "slurm.time=1:00:00", "training.batch_size=16"]
+    cfg = load_config(config, sets)
+    model = meta_model(cfg)
+    best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config, sets)
+    assert best.mode == "CUDA graphs" and best.batch_size == 32  # the job's 2 x 16 windows per step
+    assert best.rate.tokens_per_s == pytest.approx(GPU_RATES[(256, 6, 128)].graphs * 312 / 989.5)
+    assert best.command == (
+        "marketgpt submit --case case_c_crypto --config case_c_crypto/configs/crypto_multi_interval.json "
+        "--set slurm.gpus_per_node=1 --set training.batch_size=32 --set training.compile=true"
+    )
+    assert one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 1, config) is None  # a one-GPU job
+    cfg.training.gradient_checkpointing = True  # no CUDA graphs on one GPU either: plain compile, no advice
+    best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config)
+    assert (
+        best.mode == "plain torch.compile"
+        and best.rate.tokens_per_s == gpu_rate(cfg, model.flops_per_token(), 2).tokens_per_s
+    )
+    assert one_gpu_command(None, ["x.y=a b"], "h100", ["training.batch_size=64"]) == (
+        "sbatch --ntasks-per-node=1 --gres=gpu:h100:1 <the case's script> --set 'x.y=a b' --set training.batch_size=64"
+    )
+
+
+def test_the_training_banner_advises_one_gpu_without_a_config_path():
+    cfg = load_config(REPO_ROOT / CASES["c"])
+    model = meta_model(cfg)
+    line = plan_of_run(
+        cfg,
+        {"X": {"train": (0, 500_000), "val": (600_000, 700_000), "test": (800_000, 900_000)}},
+        train_windows=499_872,
+        epoch_windows=499_872,
+        parameters=model.num_parameters(),
+        flops_per_token=model.flops_per_token(),
+        steps=7_810,
+        world_size=2,
+    )
+    assert "<the case's script> --set training.batch_size=64;" in line
 
 
 def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
     fpt = meta_model(cfg).flops_per_token()
-    plain, graphs, table_fpt = GPU_RATES[(256, 6, 128)]
+    plain, graphs, graphs_64, table_fpt = GPU_RATES[(256, 6, 128)]
     assert fpt == table_fpt  # the table's FLOPs per token are the case's model's
     assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile
     one = gpu_rate(cfg, fpt, gpus=1)  # one GPU: CUDA graphs (training.compile_mode=auto)
-    assert one.tokens_per_s == graphs and "CUDA graphs" in one.label
+    assert one.tokens_per_s == graphs and "CUDA graphs, batch 32" in one.label
+    cfg.training.batch_size = 64  # the measured batch 64 from there on; plain compile: batch 32's
+    assert gpu_rate(cfg, fpt, gpus=1).tokens_per_s == graphs_64 and "batch 64" in gpu_rate(cfg, fpt, gpus=1).label
+    assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain
+    cfg.training.batch_size = 32
     cfg.training.compile_mode = "default"
     assert gpu_rate(cfg, fpt, gpus=1).tokens_per_s == plain
     cfg.slurm.gpu_type = "a100"

@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 from common.cluster.fetch_check import fetch_problems, parse_listing, publish
 from common.cluster.remote_settings import RemoteSettings, remote_path
 from common.errors import UserError
-from common.paths import case_dir
+from common.paths import case_dir, case_script
 
 __all__ = ["Remote", "StepFailed"]
 
@@ -391,13 +391,6 @@ def case_glob(case: Optional[str], repo: Path) -> str:
     if case is None:
         return "case_*"
     return case_dir(case, root=repo).name
-
-
-def case_script(case_path: Path) -> Path:
-    scripts = sorted((case_path / "slurm_scripts").glob("*.sh"))
-    if len(scripts) != 1:
-        raise UserError(f"{case_path / 'slurm_scripts'}: expected one sbatch script, found {len(scripts)}")
-    return scripts[0]
 
 
 def log_prefix(script: Path) -> str:

@@ -11,15 +11,14 @@ resumes); a launch that ends otherwise is FAILED and `stop` fails.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 from typing import Optional, Sequence
 
-from common.cluster.remote import Remote, StepFailed, case_glob, case_script, log_prefix
+from common.cluster.remote import Remote, StepFailed, case_glob, log_prefix
 from common.cluster.remote_settings import remote_path
 from common.errors import UserError
-from common.paths import case_dir
+from common.paths import case_dir, case_script, script_config
 
 __all__ = ["DirectRemote", "DIRECT_ENDED"]
 
@@ -80,10 +79,10 @@ class DirectRemote(Remote):
             raise UserError('--sbatch-args is for launcher "slurm"; this host\'s launcher is "direct"')
         case_path = case_dir(case, root=self.repo)
         script = case_script(case_path)
-        m = re.search(r"^CONFIG=(\S+)$", script.read_text(), flags=re.M)
-        if not m:
+        name = script_config(script)
+        if name is None:
             raise UserError(f"{script}: no CONFIG= line naming the case's config")
-        config = f"{case_path.name}/{m.group(1)}"
+        config = f"{case_path.name}/{name}"
         sets = [a for kv in overrides for a in ("--set", kv)]
         if not self.dry_run:
             self.check_repo()

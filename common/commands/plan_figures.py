@@ -19,6 +19,7 @@ __all__ = [
     "ONE_GPU_ADVANTAGE",
     "SHORT_RUN_SHARE",
     "DataFigures",
+    "OneGPU",
     "Plan",
     "Rate",
     "asset_windows",
@@ -38,7 +39,7 @@ MIN_TOKENS_PER_PARAMETER = 1.0
 # a run that uses less than this share of the Slurm time it asks for queues longer than it needs
 SHORT_RUN_SHARE = 0.10
 # advise one GPU with CUDA graphs over a DDP job when it is at least this much faster: below it the
-# measured rates' run-to-run spread (up to 15% for case C) and the halved global batch outweigh it
+# measured rates' run-to-run spread (up to 15% for case C) outweighs it
 ONE_GPU_ADVANTAGE = 1.10
 
 
@@ -68,6 +69,17 @@ class Rate:
 
 
 @dataclass
+class OneGPU:
+    """A DDP job's model on one of its GPUs at its best (common/commands/plan.py's one_gpu)."""
+
+    rate: Rate  # tokens/s, in the compile mode one GPU gets
+    mode: str  # that mode in words: "CUDA graphs" where they apply, else "plain torch.compile"
+    batch_size: int  # the job's batch_size x GPUs: as many windows per step as the job
+    memory_gb: float  # the estimate at that batch on one GPU
+    command: str  # the submission that trains it
+
+
+@dataclass
 class Plan:
     data: DataFigures
     parameters: int
@@ -84,9 +96,9 @@ class Plan:
     slurm_time_s: int
     max_requeues: int
     suggestions: list[str] = field(default_factory=list)  # model shapes the data supports, filled in by the caller
-    # the same model on one of the GPUs, in the compile mode one GPU gets (CUDA graphs): set for a
-    # multi-GPU job, whose ranks compile without graphs
-    one_gpu_rate: Optional[Rate] = None
+    # the same model on one of the GPUs at its best: set for a multi-GPU job, whose ranks compile
+    # without CUDA graphs
+    one_gpu: Optional[OneGPU] = None
 
     @property
     def tokens_per_parameter(self) -> float:
@@ -193,23 +205,28 @@ def plan_warnings(plan: Plan) -> list[str]:
 
 
 def _one_gpu_advice(plan: Plan) -> list[str]:
-    """A warning where one GPU with CUDA graphs outruns the whole DDP job without them (small
-    models: their step is launch-bound, which graphs remove). DDP is taken to scale linearly, so
-    the comparison favours the job the user asked for."""
-    if plan.gpus < 2 or plan.gpu_rate is None or plan.one_gpu_rate is None:
+    """A warning where one GPU at its best (CUDA graphs, the job's windows per step as its batch)
+    outruns the whole DDP job, whose ranks compile without graphs (small models: their step is
+    launch-bound, which graphs remove). DDP is taken to scale linearly, so the comparison favours
+    the job the user asked for."""
+    if plan.gpus < 2 or plan.gpu_rate is None or plan.one_gpu is None:
         return []
-    one, ddp = plan.one_gpu_rate.tokens_per_s, plan.gpu_rate.tokens_per_s * plan.gpus
-    if one < ONE_GPU_ADVANTAGE * ddp:
+    one, per_gpu = plan.one_gpu, plan.gpu_rate.tokens_per_s
+    ddp = per_gpu * plan.gpus
+    if one.rate.tokens_per_s < ONE_GPU_ADVANTAGE * ddp:
         return []
-    per_gpu = plan.global_batch // plan.gpus
+    run_one, run_ddp = (
+        plan.epochs * plan.epoch_seconds(one.rate),
+        plan.epochs * plan.epoch_seconds(plan.gpu_rate, plan.gpus),
+    )
     return [
-        f"WARNING: one {plan.gpu_type} with CUDA graphs (about {_count(one)} tokens/s) trains this model "
-        f"{one / ddp:.2f}x as fast as {plan.gpus}x {plan.gpu_type} under DDP, where CUDA graphs are off (at most "
-        f"{_count(ddp)} tokens/s, {plan.gpus} x {_count(plan.gpu_rate.tokens_per_s)}): submit it on one GPU "
-        f"(sbatch --ntasks-per-node=1 --gres=gpu:{plan.gpu_type}:1 <the case's script> --num-gpus 1; its "
-        f"global batch is then {per_gpu} instead of {plan.global_batch}, or --set training.batch_size="
-        f"{plan.global_batch} where memory allows), or train {plan.gpus} ensemble members at once, one per "
-        "GPU, each with its own --set training.seed=N"
+        f"WARNING: one {plan.gpu_type} with {one.mode} at batch {one.batch_size} (as many windows per step as "
+        f"this job) trains this model at about {_count(one.rate.tokens_per_s)} tokens/s, "
+        f"{one.rate.tokens_per_s / ddp:.2f}x the {_count(ddp)} of {plan.gpus}x {plan.gpu_type} under DDP, where "
+        f"CUDA graphs are off ({plan.gpus} x {_count(per_gpu)}): about {duration(run_one)} for {plan.epochs} epochs "
+        f"instead of {duration(run_ddp)}, about {one.memory_gb:.1f} GB of GPU memory (estimate). Submit it on one "
+        f"GPU: {one.command}; or train {plan.gpus} ensemble members at once, one per GPU, each with its own "
+        "--set training.seed=N"
     ]
 
 
