@@ -241,8 +241,9 @@ def one_gpu(
     overrides: Sequence[str] = (),
 ) -> Optional[OneGPU]:
     """A `gpus`-GPU DDP job's model on one of its GPUs at its best: batch_size x gpus as one GPU's
-    batch (the job's windows per step, grad_accum_steps unchanged), compiled with CUDA graphs where choose_compile_mode allows them on one GPU
-    (not with gradient checkpointing); None for a one-GPU job or a GPU of unknown peak."""
+    batch (the job's windows per step, grad_accum_steps unchanged), compiled with CUDA graphs where
+    choose_compile_mode allows them on one GPU (not with gradient checkpointing); None for a one-GPU
+    job or a GPU of unknown peak."""
     if gpus < 2:
         return None
     best, t = copy.deepcopy(cfg), cfg.training
