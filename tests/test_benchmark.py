@@ -72,6 +72,12 @@ def test_a_model_of_several_intervals_answers_at_each_and_interval_picks_one(tmp
     assert main([*args, "--interval", "4h"]) == 2
     assert "--interval 4h: the run was trained on 1d, 1h only" in capsys.readouterr().err
 
+    # --after-cutoff: one interval, named; the assets with candles there (EURUSD=X has hourly ones only)
+    assert main(["benchmark", str(run), "--after-cutoff", "--budget", "20", "--samples", "4"]) == 0
+    assert "scoring its 1d candles (--interval 1h scores another)" in capsys.readouterr().err
+    (row,) = json.loads((run / "benchmark_after_cutoff.json").read_text())["tasks"]
+    assert row["interval"] == "1d" and row["status"] == "scored" and "EURUSD=X" not in row["assets"]
+
 
 def test_tasks_are_frozen_for_their_version_and_fit_the_sample():
     assert tasks_fingerprint(TASKS) == TASKS_FINGERPRINT[BENCHMARK_VERSION], (

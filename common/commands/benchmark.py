@@ -182,9 +182,16 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
 def _view(forecaster: Forecaster, cutoff: Optional[pd.Timestamp], left_out: tuple[str, ...] = ()) -> ModelView:
     """What the benchmark knows of the model at the forecaster's interval: the assets with a series
     there (all of them for a model of one interval)."""
+    return ModelView(
+        frozenset(_symbols_at(forecaster)), forecaster.interval, cutoff, forecaster.min_history(), left_out
+    )
+
+
+def _symbols_at(forecaster: Forecaster) -> list[str]:
+    """The assets with a series at the forecaster's interval (every asset of a run of one interval)."""
     info = forecaster.info
-    symbols = set(info.interval_series(forecaster.interval).values()) if info.intervals else set(forecaster.symbols)
-    return ModelView(frozenset(symbols), forecaster.interval, cutoff, forecaster.min_history(), left_out)
+    there = set(info.interval_series(forecaster.interval).values()) if info.intervals else None
+    return [s for s in forecaster.symbols if there is None or s in there]
 
 
 def _checked_tasks(req: BenchmarkRequest) -> list:
@@ -256,11 +263,11 @@ def _own_candles(
             f"{cfg.data.source} candles it was trained on"
         )
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
-    categories = {s: forecaster.assets[s].category for s in forecaster.symbols}
+    symbols = _symbols_at(forecaster)  # a run of several intervals: those with candles at this one
+    categories = {s: forecaster.assets[s].category for s in symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
     load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     return {
-        symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
-        for symbol in forecaster.symbols
+        symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent)) for symbol in symbols
     }
