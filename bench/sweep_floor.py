@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.atomic import atomic_write_json, read_json  # noqa: E402
+from common.model.scaling_fit import sweep_points  # noqa: E402
 from common.tokens.token_set import TokenSet, token_path  # noqa: E402
 
 from scaling_floors import oracle_nll  # noqa: E402
@@ -57,7 +58,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--draws", type=int, default=100_000, help="Monte Carlo draws per knot of the oracle's table")
     args = ap.parse_args(argv)
     doc = read_json(args.sweep / "sweep.json")
-    points = sorted(doc["points"], key=lambda p: (p["parameters"], p["train_tokens"]))
+    # the point files, not sweep.json's list alone: a task that ended late may have written a shorter one
+    points = sorted(
+        sweep_points(args.sweep, doc["grid"], doc["points"]), key=lambda p: (p["parameters"], p["train_tokens"])
+    )
     if not points:
         print(f"{args.sweep}: no finished point yet", file=sys.stderr)
         return 1

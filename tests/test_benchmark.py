@@ -45,6 +45,40 @@ def benched(tmp_path_factory):
     return run, board, json.loads((run / "benchmark.json").read_text())
 
 
+def test_a_model_of_several_intervals_answers_at_each_and_interval_picks_one(tmp_path, capsys):
+    """A tiny run on the sample's daily and hourly candles: each task is scored at its own interval
+    (the hourly ones were skipped as "the model forecasts 1d candles"); --interval scores one and
+    the rows of the other say how to score them."""
+    spec = json.loads(json.dumps(TINY))
+    spec["data"] = {"source": "sample", "interval": "1d", "intervals": ["1d", "1h"], "interval_split": "per_interval"}
+    _, run = train_tiny(tmp_path, spec)
+    capsys.readouterr()
+    args = ["benchmark", str(run), "--tasks", "long-2023,fx-1h-2017", "--samples", "4", "--no-leaderboard"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "the model forecasts 1d, 1h candles: each task is scored at its own interval" in err
+    result = json.loads((run / "benchmark.json").read_text())
+    rows = {r["task"]: r for r in result["tasks"]}
+    assert rows["long-2023"]["status"] == rows["fx-1h-2017"]["status"] == "scored"
+    assert sorted(rows["fx-1h-2017"]["horizons"], key=int) == ["1", "6", "24"]
+    assert result["model"]["intervals"] == ["1d", "1h"]
+
+    assert main([*args, "--interval", "1d"]) == 0
+    err = capsys.readouterr().err
+    assert "scoring its 1d candles (--interval 1h scores another)" in err
+    rows = {r["task"]: r for r in json.loads((run / "benchmark.json").read_text())["tasks"]}
+    assert rows["long-2023"]["status"] == "scored" and rows["fx-1h-2017"]["status"] == "skipped"
+    assert "not asked for (--interval 1d); --interval 1h scores them" in rows["fx-1h-2017"]["reason"]
+    assert main([*args, "--interval", "4h"]) == 2
+    assert "--interval 4h: the run was trained on 1d, 1h only" in capsys.readouterr().err
+
+    # --after-cutoff: one interval, named; the assets with candles there (EURUSD=X has hourly ones only)
+    assert main(["benchmark", str(run), "--after-cutoff", "--budget", "20", "--samples", "4"]) == 0
+    assert "scoring its 1d candles (--interval 1h scores another)" in capsys.readouterr().err
+    (row,) = json.loads((run / "benchmark_after_cutoff.json").read_text())["tasks"]
+    assert row["interval"] == "1d" and row["status"] == "scored" and "EURUSD=X" not in row["assets"]
+
+
 def test_tasks_are_frozen_for_their_version_and_fit_the_sample():
     assert tasks_fingerprint(TASKS) == TASKS_FINGERPRINT[BENCHMARK_VERSION], (
         "a task changed: give the benchmark a new BENCHMARK_VERSION and fingerprint"

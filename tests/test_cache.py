@@ -153,13 +153,26 @@ def test_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
     assert (tmp_path / "manifest.json").read_bytes() == manifest_before
 
 
-def test_broken_manifest_is_reported_and_rewritten_on_next_write(tmp_path):
+def test_a_broken_manifest_is_an_error_on_every_path_and_a_deleted_one_is_rebuilt_from_the_files(tmp_path):
+    """The manifest records which exchange each series came from: an unreadable one is never
+    read (or rewritten) as {}; deleted, it comes back whole from the files' own records."""
     cache = CandleCache(tmp_path)
-    (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(UserError, match="manifest"):
-        cache.manifest()
-    cache.write("yfinance", "1d", "AAPL", candles("2024-01-01", 3), adjusted=True)
-    assert list(cache.manifest()) == ["yfinance/1d/AAPL.parquet"]
+    cache.write("yfinance", "1d", "AAPL", candles("2024-01-01", 3), adjusted=True, origin="yahoo")
+    cache.write("ccxt", "1d", "BTC/USDT", candles("2024-01-01", 4), adjusted=False, origin="binance")
+    whole = cache.manifest()
+    path = tmp_path / "manifest.json"
+    path.write_text("{not json")
+    for call in (cache.manifest, lambda: cache.write("yfinance", "1d", "MSFT", candles("2024-01-01", 3), True)):
+        with pytest.raises(UserError) as e:
+            call()
+        message = str(e.value)
+        assert str(path) in message and "delete it" in message and "rebuilds it" in message and "\n" not in message
+    assert path.read_text() == "{not json"  # not reset to the one new entry
+
+    path.unlink()
+    msft = whole | {"yfinance/1d/MSFT.parquet": cache.file_record(cache.path_for("yfinance", "1d", "MSFT"))}
+    assert cache.manifest() == msft and json.loads(path.read_text()) == msft  # rebuilt and written
+    assert msft["ccxt/1d/BTC%2FUSDT.parquet"]["origin"] == "binance"
 
 
 class NoLocks:

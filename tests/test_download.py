@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import responses
 
@@ -440,6 +442,55 @@ def test_quote_currency_fetches_usd_pairs_on_bitstamp(case, net):
     assert summary.assets["BTC/USDT"].status == "ok"  # cached under the universe's symbol
     entry = CandleCache(case / "data").manifest_entry("ccxt", "1d", "BTC/USDT")
     assert entry["origin"] == "bitstamp USD"
+
+
+def test_a_lost_manifest_never_merges_two_exchanges_candles(case, net, capsys):
+    """Candles from binance, then the manifest is damaged: the download stops in one line naming
+    it; deleted as that line says, it is rebuilt from the files, so a config now on bitstamp
+    fetches the whole history again instead of appending bitstamp's candles to binance's."""
+    yahoo, fake_ccxt = net
+    yahoo.rsps.add(responses.GET, "https://www.bitstamp.net/api/v2/markets/", json=BITSTAMP_MARKETS)
+    run(config("2024-01-17"), case)
+    manifest = case / "data" / "manifest.json"
+    btc = CandleCache(case / "data").path_for("ccxt", "1d", "BTC/USDT")
+    before = btc.read_bytes()
+    manifest.write_text("{not json")
+    path = small_config(case, exchange="bitstamp", quote_currency="USD")
+    capsys.readouterr()
+    assert main(["data", "download", "--case", str(case), "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(manifest) in err and "delete it" in err, err
+    assert btc.read_bytes() == before and manifest.read_text() == "{not json"
+
+    manifest.unlink()
+    fake_ccxt.calls.clear()
+    stream = io.StringIO()
+    cfg = config("2024-02-01")
+    cfg.data.exchange, cfg.data.quote_currency = "bitstamp", "USD"
+    run(cfg, case, stream)
+    (btc_call,) = [c for c in fake_ccxt.calls if c[0] == "BTC/USD"]
+    assert btc_call[1] == pd.Timestamp("2024-01-01", tz="UTC").value // 1_000_000  # the whole history
+    assert "came from binance" in stream.getvalue()
+    assert CandleCache(case / "data").manifest_entry("ccxt", "1d", "BTC/USDT")["origin"] == "bitstamp USD"
+
+
+def test_a_cached_file_without_any_record_of_its_origin_is_downloaded_again_in_full(case, net):
+    """A file of an older version (no record in its metadata) whose manifest entry is gone: where
+    its candles came from is unknown, so they are replaced, not extended."""
+    _, fake_ccxt = net
+    cache = CandleCache(case / "data")
+    index = pd.date_range("2024-01-01", periods=9, freq="D", tz="UTC", name="timestamp")
+    frame = pd.DataFrame({c: np.full(9, 1.0) for c in ("open", "high", "low", "close", "volume")}, index=index)
+    path = cache.path_for("ccxt", "1d", "BTC/USDT")
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=True), path)  # no record, no manifest
+    assert cache.manifest() == {}
+    fake_ccxt.calls.clear()
+    stream = io.StringIO()
+    run(config("2024-02-01"), case, stream)
+    (btc_call,) = [c for c in fake_ccxt.calls if c[0] == "BTC/USDT"]
+    assert btc_call[1] == pd.Timestamp("2024-01-01", tz="UTC").value // 1_000_000
+    assert "records no origin" in stream.getvalue()
 
 
 def test_shipped_universes_are_dated():

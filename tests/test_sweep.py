@@ -223,14 +223,17 @@ def test_a_training_fraction_cuts_assets_or_time_on_the_same_shard(tmp_path):
     assert shard_folder(cfg, tmp_path)[0] == shard_folder(half, tmp_path)[0]  # no new preparation
 
 
-def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp_path):
+def _write_points(tmp_path, test_of=lambda val, i: val):
+    """A toy sweep of 9 finished points on the known L(N, D) of _points: their best validation
+    losses follow it, their test losses are test_of(val, i)."""
     from common.atomic import atomic_write_json
-    from common.commands.sweep import plan_sweep, write_sweep
+    from common.commands.sweep import plan_sweep
 
     config, _ = _toy_case(tmp_path)
     sweep = plan_sweep(config, TOY, sizes="64x2,128x4,256x6", fractions="0.1,0.3,1")
     n, d, loss = _points(0.05)
     by_size = {64: SIZES[0], 128: SIZES[1], 256: SIZES[2]}
+    rows = []
     for p in sweep.points:
         i = next(
             k for k in range(len(n)) if n[k] == by_size[p.d_model] and d[k] == TOKENS[[0.1, 0.3, 1].index(p.fraction)]
@@ -239,14 +242,62 @@ def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp
             "point": p.name,
             "parameters": n[i],
             "train_tokens": d[i],
-            "test_loss": loss[i],
+            "best_val_loss": loss[i],
+            "test_loss": test_of(loss[i], len(rows)),
             "still_improving": False,
         }
         atomic_write_json(sweep.done_file(p), row)
+        rows.append(row)
+    return config, sweep, rows
+
+
+def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp_path):
+    from common.commands.sweep import write_sweep
+
+    config, sweep, _ = _write_points(tmp_path)
     doc = write_sweep(sweep)
     assert doc["missing"] == [] and doc["fit"]["points"] == 9 and "A" in doc["fit"]["terms"]
     fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
     assert size_advice(load_config(config, TOY), 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
+
+
+def test_a_sweep_json_written_by_a_task_that_saw_fewer_points_loses_none(tmp_path, capsys):
+    """Two array tasks end at once: the one that listed the points before the other's file
+    appeared writes sweep.json last. plan --fit and model.size_fit still see every point."""
+    from common.commands.sweep import write_sweep
+
+    config, sweep, _ = _write_points(tmp_path)
+    last = sweep.done_file(sweep.points[-1])
+    kept = last.read_bytes()
+    last.unlink()  # what the late task saw
+    stale = write_sweep(sweep)
+    last.write_bytes(kept)  # the other task's point, finished all along
+    assert len(stale["points"]) == 8 and stale["fit"]["points"] == 8  # the summary lags
+
+    fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
+    assert fit.points == 9 and fit.coef == write_sweep(sweep)["fit"]["coef"]
+    assert main(["plan", "--config", str(config), *(a for kv in TOY for a in ("--set", kv)), "--fit",
+                 str(sweep.folder / "sweep.json")]) == 0  # fmt: skip
+    assert "Model size (" in capsys.readouterr().out
+
+
+def test_the_size_fit_takes_validation_losses_and_only_reports_the_test_loss(tmp_path):
+    """Points whose test losses order differently from their validation losses: the fit is the
+    validation losses' (the final run reports on the test split, so choosing on it would leak)."""
+    from common.commands.sweep import summary, write_sweep
+
+    reversed_test = lambda val, i: 6.0 - val + 1e-3 * i  # noqa: E731  (larger where validation is smaller)
+    config, sweep, rows = _write_points(tmp_path, reversed_test)
+    doc = write_sweep(sweep)
+    on_val = fit_points([r["parameters"] for r in rows], [r["train_tokens"] for r in rows],
+                        [r["best_val_loss"] for r in rows])  # fmt: skip
+    on_test = fit_points([r["parameters"] for r in rows], [r["train_tokens"] for r in rows],
+                         [r["test_loss"] for r in rows])  # fmt: skip
+    assert on_val.coef != on_test.coef
+    assert doc["fit"]["coef"] == on_val.coef and "validation loss" in doc["fit"]["source"]
+    assert load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY)).coef == on_val.coef
+    text = summary(sweep, doc)
+    assert f"val loss {rows[0]['best_val_loss']:.4f} (fitted), test loss {rows[0]['test_loss']:.4f}" in text
 
 
 def test_the_gpu_grid_says_it_needs_a_gpu_and_runs_nothing_here(tmp_path):

@@ -102,6 +102,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
             append=not args.no_leaderboard,
             after_cutoff=args.after_cutoff,
             budget=args.budget,
+            interval=args.interval,
         )
     )
 
@@ -277,6 +278,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="append one JSON line here (default: benchmark_leaderboard.jsonl in the repo root)",
     )
     p.add_argument("--no-leaderboard", action="store_true", help="do not append to the leaderboard")
+    p.add_argument(
+        "--interval",
+        default=None,
+        metavar="INTERVAL",
+        help="a run of several intervals (data.intervals): score only this one (default: each task at its "
+        "own interval, every interval of the run; --after-cutoff: the run's first)",
+    )
     p.set_defaults(handler=_cmd_benchmark)
 
     p = sub.add_parser(

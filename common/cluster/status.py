@@ -241,7 +241,8 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
 
 def sweep_lines(case: Optional[str] = None, root: Optional[Path] = None) -> list[str]:
     """Each sweep under case_*/sweeps (`marketgpt sweep`): its points, finished or not. A point's
-    file appears when it finishes, so this is current while the sweep.json a task writes may lag."""
+    file appears when it finishes, so this is current while the sweep.json a task writes may lag
+    (the fit of `plan --fit` and model.size_fit is likewise rebuilt from the point files)."""
     root = root or REPO_ROOT
     cases = [case_dir(case, root)] if case else [root / c for c in CASES if (root / c).is_dir()]
     lines = []
@@ -257,7 +258,8 @@ def sweep_lines(case: Optional[str] = None, root: Optional[Path] = None) -> list
                 lines.append(
                     f"  {name:<16} "
                     + (
-                        f"test loss {_num(r.get('test_loss'))}, {r.get('train_tokens', 0):,} tokens, "
+                        f"val loss {_num(r.get('best_val_loss'))} (fitted), test loss {_num(r.get('test_loss'))}, "
+                        f"{r.get('train_tokens', 0):,} tokens, "
                         f"{r.get('parameters', 0):,} params"
                         + (" (still improving)" if r.get("still_improving") else "")
                         if r is not None

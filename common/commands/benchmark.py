@@ -1,8 +1,12 @@
 """`marketgpt benchmark MODEL`: the fixed benchmark tasks (common.evaluation.benchmark) for a run
 folder or a `marketgpt export --format hf` folder.
 
-    marketgpt benchmark MODEL [--tasks us-2017,long-2023 | --after-cutoff] [--samples 100] [--seed 0]
-                              [--device cpu] [--json] [--leaderboard PATH | --no-leaderboard]
+    marketgpt benchmark MODEL [--tasks us-2017,long-2023 | --after-cutoff] [--interval 1h] [--samples 100]
+                              [--seed 0] [--device cpu] [--json] [--leaderboard PATH | --no-leaderboard]
+
+A model of several intervals (data.intervals) answers each task at the task's own interval, every
+one of its intervals that a task has (a line on stderr says which); --interval scores one of them
+alone, and the rows of its other intervals say how to score them.
 
 Writes MODEL/benchmark.json (atomically), prints the table (or, with --json, the same JSON for jq)
 on stdout and progress on stderr, and appends one line to the leaderboard file (JSON lines,
@@ -12,7 +16,8 @@ task it could answer is refused before any scoring (one line, exit 2).
 
 --after-cutoff: one task of the same scheme on the run's own candles after its data cut-off
 (common.evaluation.benchmark.after_cutoff_task), written to MODEL/benchmark_after_cutoff.json and
-never to the leaderboard (its tasks are the run's own, not comparable across models).
+never to the leaderboard (its tasks are the run's own, not comparable across models). It is
+scored at one interval: --interval, else the model's first (a line names it and the others).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class BenchmarkRequest:
     append: bool = True  # False: no leaderboard line
     after_cutoff: bool = False  # a task from the run's own candles after its cut-off instead of the fixed ones
     budget: Optional[int] = None  # --after-cutoff's forecasts at most (None: AFTER_CUTOFF_BUDGET)
+    interval: Optional[str] = None  # one of a multi-interval model's intervals; None: each task at its own
 
 
 def append_line(path: Path, record: dict) -> None:
@@ -118,28 +124,43 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
     model_dir = Path(req.model_dir)
     if not model_dir.is_dir():
         raise UserError(f"{model_dir}: no such folder; pass a run folder or a `marketgpt export --format hf` folder")
-    forecaster = Forecaster.from_run(model_dir, device=parse_device(req.device), precision=req.precision)
+    device = parse_device(req.device)
+    forecaster = Forecaster.from_run(model_dir, device=device, precision=req.precision, interval=req.interval)
+    trained = list(forecaster.info.intervals) or [forecaster.interval]
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     cutoff = data_cutoff(model_dir)
-    own = None
+    own, more = None, {}
+    left_out = tuple(iv for iv in trained if iv != forecaster.interval) if req.interval or req.after_cutoff else ()
+    if left_out:
+        say(
+            f"the model forecasts {', '.join(trained)} candles; scoring its {forecaster.interval} candles "
+            f"(--interval {' or '.join(left_out)} scores another)"
+        )
     if req.after_cutoff:
         task, series = after_cutoff_task(_own_candles(forecaster, model_dir, cutoff), forecaster.interval, cutoff)
         tasks, own = [task], {task.name: series}
     else:
+        if len(trained) > 1 and not req.interval:
+            say(f"the model forecasts {', '.join(trained)} candles: each task is scored at its own interval")
+            wanted = {t.interval for t in tasks} & set(trained[1:])
+            for iv in (iv for iv in trained[1:] if iv in wanted):  # the first is `forecaster`
+                other = Forecaster.from_run(model_dir, device=device, precision=req.precision, interval=iv)
+                more[iv] = (forecaster_fn(other), _view(other, cutoff))
         check_answerable(
             tasks,
             symbols=set(forecaster.symbols),
-            interval=forecaster.interval,
+            intervals=[forecaster.interval, *more],
             cutoff=cutoff,
             chosen=req.tasks is not None,
         )
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     result = run_benchmark(
         forecaster_fn(forecaster),
         tasks,
-        ModelView(frozenset(forecaster.symbols), forecaster.interval, cutoff, forecaster.min_history()),
+        _view(forecaster, cutoff, left_out),
         Draws(req.samples, req.seed, budget=req.budget or AFTER_CUTOFF_BUDGET),
         progress=say,
         series=own,
+        more=more,
     )
     if result["aggregate"]["value"] is None:  # e.g. every asset's history shorter than the model's context
         raise UserError(
@@ -149,12 +170,28 @@ def run_benchmark_command(req: BenchmarkRequest) -> int:
         "path": str(model_dir),
         "checkpoint_sha256": forecaster.checkpoint_sha256,
         "interval": forecaster.interval,
+        "intervals": [forecaster.interval, *more],  # the intervals it was scored at
         "precision": forecaster.precision,
     }
     out = model_dir / (AFTER_CUTOFF_JSON if req.after_cutoff else BENCHMARK_JSON)
     result = _write_results(result, out, leaderboard, model_dir, forecaster.checkpoint_sha256)
     _print_results(req, result, out, leaderboard)
     return 0
+
+
+def _view(forecaster: Forecaster, cutoff: Optional[pd.Timestamp], left_out: tuple[str, ...] = ()) -> ModelView:
+    """What the benchmark knows of the model at the forecaster's interval: the assets with a series
+    there (all of them for a model of one interval)."""
+    return ModelView(
+        frozenset(_symbols_at(forecaster)), forecaster.interval, cutoff, forecaster.min_history(), left_out
+    )
+
+
+def _symbols_at(forecaster: Forecaster) -> list[str]:
+    """The assets with a series at the forecaster's interval (every asset of a run of one interval)."""
+    info = forecaster.info
+    there = set(info.interval_series(forecaster.interval).values()) if info.intervals else None
+    return [s for s in forecaster.symbols if there is None or s in there]
 
 
 def _checked_tasks(req: BenchmarkRequest) -> list:
@@ -226,11 +263,11 @@ def _own_candles(
             f"{cfg.data.source} candles it was trained on"
         )
     cfg = replace(cfg, data=replace(cfg.data, end_date=None))
-    categories = {s: forecaster.assets[s].category for s in forecaster.symbols}
+    symbols = _symbols_at(forecaster)  # a run of several intervals: those with candles at this one
+    categories = {s: forecaster.assets[s].category for s in symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
     load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     return {
-        symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent))
-        for symbol in forecaster.symbols
+        symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent)) for symbol in symbols
     }

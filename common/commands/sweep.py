@@ -11,10 +11,17 @@ SWEEP/points/<point>.json and is never run again; a killed one resumes its run (
 --learning-rates adds an axis: each shape and fraction at each rate (the point's name ends in
 _lr<rate>), and the fit takes, for each shape and fraction, the rate with the lowest validation
 loss: a larger model often needs a lower rate, and one rate for all would hide what size buys.
-SWEEP/sweep.json gathers the finished points, the missing ones and the scaling fit of their test
-losses (common/model/scaling_fit.py), which `marketgpt plan --fit` and model.size_fit read;
-SWEEP/sweep.png plots test loss against training tokens, one line per size. SWEEP is
-<case>/sweeps/<name>/. The Slurm job array is common/slurm/sweep_jobs.py.
+SWEEP/sweep.json gathers the finished points, the missing ones and the scaling fit of their
+validation losses (common/model/scaling_fit.py: sweep_fit; the test loss is reported, never
+fitted), which `marketgpt plan --fit` and model.size_fit read; SWEEP/sweep.png plots validation
+loss against training tokens, one line per size. SWEEP is <case>/sweeps/<name>/. The Slurm job
+array is common/slurm/sweep_jobs.py.
+
+sweep.json is a summary that every finishing task rewrites, so one that read the points folder
+before another task's point file appeared may overwrite a fuller one. The point files are the
+record: each is written once, atomically, and never changed, and every reader assembles the
+points from them (scaling_fit.load_size_fit refits, `marketgpt status` lists them), so no lock
+is needed on a shared file system.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from common.atomic import atomic_savefig, atomic_write_json, read_json
 from common.commands.train import run_training
 from common.config import Config, load_config
 from common.errors import UserError
-from common.model.scaling_fit import SHAPES, corpus_of, fit_points
+from common.model.scaling_fit import SHAPES, SWEEP_FORMAT, best_rates, corpus_of, sweep_fit, sweep_points
 from common.paths import case_dir_of_config
 from common.run.resume import find_runs
 from common.tokens.fractions import trim_train
@@ -50,7 +57,6 @@ __all__ = [
 
 DEFAULT_SIZES = "64x2,128x4,256x6"  # about 0.2M, 0.9M and 5M parameters with the case configs' vocabulary
 DEFAULT_FRACTIONS = "0.25,0.5,1"
-MIN_FIT_POINTS = 4  # fit_points' minimum
 
 
 @dataclass(frozen=True)
@@ -261,60 +267,29 @@ def point_result(sweep: Sweep, point: SweepPoint, run: Path) -> dict[str, Any]:
 
 def write_sweep(sweep: Sweep) -> dict[str, Any]:
     """sweep.json (and sweep.png once a point is finished) from the finished points' files."""
-    finished = [read_json(sweep.done_file(p)) for p in sweep.points if sweep.done_file(p).is_file()]
+    grid = [p.name for p in sweep.points]
+    finished = sweep_points(sweep.folder, grid)
+    done = {r["point"] for r in finished}
+    chosen, fit, note = sweep_fit(finished, corpus_of(sweep.cfg), f"marketgpt sweep {sweep.name}")
     doc: dict[str, Any] = {
-        "format": "marketgpt-sweep",
+        "format": SWEEP_FORMAT,
         "config": str(sweep.config),
         "overrides": sweep.overrides,
         "shard": sweep.shard,
         "fraction_by": sweep.by,
         "corpus": corpus_of(sweep.cfg),
-        "grid": [p.name for p in sweep.points],
-        "missing": [p.name for p in sweep.missing()],
+        "grid": grid,
+        "missing": [name for name in grid if name not in done],
         "points": finished,
-        "fit_points": [],
-        "fit": None,
-        "fit_note": "",
+        "fit_points": [r["point"] for r in chosen],
+        "fit": None if fit is None else fit.to_dict(),
+        "fit_note": note,
     }
-    chosen = best_rates(finished)
-    doc["fit_points"] = [r["point"] for r in chosen]
-    usable = [r for r in chosen if not r["still_improving"] and r["test_loss"] is not None]
-    if len(usable) < MIN_FIT_POINTS:
-        doc["fit_note"] = (
-            f"no fit: {len(usable)} finished points that stopped improving (early stopping) and {MIN_FIT_POINTS} "
-            "are needed; points still improving at their last epoch are upper bounds, left out"
-        )
-    else:
-        fit = fit_points(
-            [r["parameters"] for r in usable],
-            [r["train_tokens"] for r in usable],
-            [r["test_loss"] for r in usable],
-            source=f"marketgpt sweep {sweep.name}, test loss",
-        )
-        fit.corpus = corpus_of(sweep.cfg)
-        doc["fit"] = fit.to_dict()
     sweep.folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sweep.folder / "sweep.json", doc)
     if finished:
         _plot(chosen, sweep.folder / "sweep.png")
     return doc
-
-
-def _val(point: dict[str, Any]) -> float:
-    """A point's best validation loss (infinite when it has none)."""
-    val = point.get("best_val_loss")
-    return float("inf") if val is None else float(val)
-
-
-def best_rates(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each shape and data fraction, the point of the learning rate with the lowest best
-    validation loss (chosen on validation, never on test); one point per cell without --learning-rates."""
-    best: dict[tuple, dict[str, Any]] = {}
-    for r in points:
-        cell = (r["parameters"], r["train_tokens"])  # a shape and a fraction: what the fit sees of a point
-        if cell not in best or _val(r) < _val(best[cell]):
-            best[cell] = r
-    return list(best.values())
 
 
 def _plot(points: Sequence[dict[str, Any]], path: Path) -> None:
@@ -326,10 +301,10 @@ def _plot(points: Sequence[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for size in sorted({r["parameters"] for r in points}):
         rows = sorted((r for r in points if r["parameters"] == size), key=lambda r: r["train_tokens"])
-        ax.plot([r["train_tokens"] for r in rows], [r["test_loss"] for r in rows], "o-", label=f"{size / 1e6:.2g}M")
+        ax.plot([r["train_tokens"] for r in rows], [r["best_val_loss"] for r in rows], "o-", label=f"{size / 1e6:.2g}M")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
-    ax.set_ylabel("test loss (nats per token)")
+    ax.set_ylabel("best validation loss (nats per token)")
     ax.legend(title="parameters")
     fig.tight_layout()
     atomic_savefig(fig, path)
@@ -343,8 +318,9 @@ def summary(sweep: Sweep, doc: dict[str, Any]) -> str:
     ]
     for r in doc["points"]:
         lines.append(
-            f"  {r['point']:<16} {r['parameters']:>11,} params {r['train_tokens']:>12,} tokens  test loss "
-            f"{r['test_loss']:.4f}" + ("  (still improving)" if r["still_improving"] else "")
+            f"  {r['point']:<16} {r['parameters']:>11,} params {r['train_tokens']:>12,} tokens  val loss "
+            f"{_loss(r.get('best_val_loss'))} (fitted), test loss {_loss(r.get('test_loss'))}"
+            + ("  (still improving)" if r["still_improving"] else "")
         )
     lines.append(
         doc["fit_note"]
@@ -352,6 +328,10 @@ def summary(sweep: Sweep, doc: dict[str, Any]) -> str:
         f"{sweep.folder}/sweep.json` says which size it suggests"
     )
     return "\n".join(lines)
+
+
+def _loss(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def run_local(sweep: Sweep, jobs: int = 1, out: Optional[TextIO] = None) -> int:

@@ -8,8 +8,12 @@ Files hold canonical candle frames (UTC "timestamp" index, sorted, unique; float
 low, close, volume), zstd-compressed. Every write goes through a temp file and a rename
 (common.atomic), so a download killed halfway leaves each file either as it was or complete, and
 a rerun resumes from what is there. The parquet files are the truth; the manifest is a summary
-for people and `jq` (first/last timestamp, rows, fetch time, adjusted prices or not), updated
-right after each file, under an advisory lock (fcntl.flock). Lustre and NFS mounts without lock
+for people and `jq` (first/last timestamp, rows, fetch time, adjusted prices or not, origin: the
+exchange the candles came from), written atomically right after each file, under an advisory
+lock (fcntl.flock). Each file also carries its own entry in its parquet metadata, so the record
+is never lost with the manifest: a missing manifest is rebuilt from the files (`manifest()`), and
+an unreadable one is an error naming it, never read as empty (an empty record would let the next
+download append one exchange's candles to another's). Lustre and NFS mounts without lock
 support raise OSError on flock: the cache then warns once and goes on unlocked, which is safe as
 long as one download at a time writes into a cache (the data files are atomic either way).
 """
@@ -43,6 +47,7 @@ __all__ = ["COLUMNS", "CandleCache", "canonical_frame", "merge_candles"]
 
 COLUMNS = ["open", "high", "low", "close", "volume"]
 MANIFEST = "manifest.json"
+RECORD_KEY = b"marketgpt.cache"  # the file's manifest entry, JSON, in its parquet metadata
 
 log = logging.getLogger(__name__)
 _unlocked_warned: set[str] = set()  # cache roots already warned about, so the warning comes once
@@ -144,9 +149,6 @@ class CandleCache:
         """
         frame = canonical_frame(frame)
         path = self.path_for(source, interval, symbol)
-        table = pa.Table.from_pandas(frame, preserve_index=True)
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
         fetched_at = fetched_at or datetime.now(timezone.utc)
         entry = {
             "source": source,
@@ -159,6 +161,10 @@ class CandleCache:
             "adjusted": bool(adjusted),
             "origin": origin,
         }
+        table = pa.Table.from_pandas(frame, preserve_index=True)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), RECORD_KEY: json.dumps(entry)})
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
         self._update_manifest(path.relative_to(self.root).as_posix(), entry)
 
     def append(
@@ -180,34 +186,63 @@ class CandleCache:
 
     def manifest(self) -> dict:
         """Per file (path relative to root): source, interval, symbol, rows, first, last (ISO),
-        fetched_at, adjusted, origin. Empty if nothing was written yet."""
+        fetched_at, adjusted, origin. Empty if nothing was written yet; rebuilt from the files'
+        own records when it is missing; a UserError naming it when it cannot be read."""
+        if not (self.root / MANIFEST).exists() and self._files():
+            return self.rebuild_manifest()
+        return self._read_manifest()
+
+    def _read_manifest(self) -> dict:
         path = self.root / MANIFEST
         if not path.exists():
             return {}
+        fix = (
+            "it records which exchange each series came from; delete it and the next `marketgpt data download` "
+            "rebuilds it from the cache files' own records"
+        )
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise UserError(
-                f"{path}: cannot read the cache manifest ({e}); delete it, the next "
-                "`marketgpt data download` writes a new one"
-            ) from None
+            raise UserError(f"{path}: cannot read the cache manifest ({e}); {fix}") from None
         if not isinstance(data, dict):
-            raise UserError(
-                f"{path}: the cache manifest is not a JSON object; delete it, the next "
-                "`marketgpt data download` writes a new one"
-            )
+            raise UserError(f"{path}: the cache manifest is not a JSON object; {fix}")
         return data
 
     def manifest_entry(self, source: str, interval: str, symbol: str) -> dict | None:
         rel = self.path_for(source, interval, symbol).relative_to(self.root).as_posix()
         return self.manifest().get(rel)
 
+    def file_record(self, path: Path) -> dict | None:
+        """The manifest entry a cache file carries in its parquet metadata (None: a file written
+        before the files carried one, or unreadable)."""
+        try:
+            raw = (pq.read_schema(path).metadata or {}).get(RECORD_KEY)
+            entry = json.loads(raw) if raw else None
+        except (pa.ArrowException, OSError, ValueError):
+            return None
+        return entry if isinstance(entry, dict) else None
+
+    def rebuild_manifest(self) -> dict:
+        """The manifest from the files' own records, written (atomically) and returned. A file
+        without one (written by an older version) gets no entry: where its candles came from is
+        unknown, and a download fetches its whole history again rather than guess."""
+        with self._locked():
+            manifest = self._records()
+            atomic_write_json(self.root / MANIFEST, dict(sorted(manifest.items())))
+        return manifest
+
+    def _records(self) -> dict:
+        records = {p.relative_to(self.root).as_posix(): self.file_record(p) for p in self._files()}
+        return {key: entry for key, entry in records.items() if entry is not None}
+
+    def _files(self) -> list[Path]:
+        return sorted(self.root.glob("*/*/*.parquet")) if self.root.is_dir() else []
+
     def _update_manifest(self, key: str, entry: dict) -> None:
         with self._locked():
-            try:
-                manifest = self.manifest()
-            except UserError:
-                manifest = {}  # a broken summary must not block saving data; it is rebuilt entry by entry
+            # an unreadable manifest stops here (it is never replaced by this entry alone); a missing
+            # one is rebuilt from the files' records, this file's among them
+            manifest = self._read_manifest() if (self.root / MANIFEST).exists() else self._records()
             manifest[key] = entry
             atomic_write_json(self.root / MANIFEST, dict(sorted(manifest.items())))
 

@@ -158,8 +158,15 @@ class DownloadRun:
         frame = self.cache.read(source, self.interval, symbol)
         if frame is None or frame.empty:
             return None, False
-        key = self.cache.path_for(source, self.interval, symbol).relative_to(self.cache.root).as_posix()
-        was = (self.manifest.get(key) or {}).get("origin")
+        path = self.cache.path_for(source, self.interval, symbol)
+        entry = self.manifest.get(path.relative_to(self.cache.root).as_posix()) or self.cache.file_record(path)
+        if entry is None:  # no record of where they came from: extending them could mix two exchanges
+            self.progress.note(
+                f"{symbol}: the cache records no origin for its candles (a file of an older version whose "
+                f"manifest entry is gone), the config says {origin}: downloading the full history again"
+            )
+            return None, True
+        was = entry.get("origin")
         if was is not None and was != origin:
             self.progress.note(
                 f"{symbol}: cached candles came from {was}, the config says {origin}: "

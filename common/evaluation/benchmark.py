@@ -52,6 +52,7 @@ class ModelView:
     interval: Optional[str] = None  # its candle length; tasks of another are skipped; None: any
     cutoff: Optional[pd.Timestamp] = None  # its data cut-off (data_cutoff); None: unknown, leakage null
     min_history: int = 0  # candles a history needs: a task's assets with fewer are left out (assets_short)
+    left_out: tuple[str, ...] = ()  # the model's other intervals, not asked for (`benchmark --interval`)
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,12 @@ def _score_task(
     say: Callable[[str], None],
     series: list[AssetSeries],
     budget: Optional[int] = None,
+    forecasts: Sequence[str] = (),
 ) -> tuple[dict, Optional[dict]]:
     """The task's row, and its per-date CRPS sums (model, best baseline) per horizon for the aggregate.
     series: the task's series, under the model's names (sample_aliases). budget: at most this many
-    (asset, origin) forecasts (make_scorecard's)."""
+    (asset, origin) forecasts (make_scorecard's). forecasts: every interval the benchmark scores
+    the model at (default: model.interval)."""
     row: dict = {
         "task": task.name,
         "interval": task.interval,
@@ -93,7 +96,13 @@ def _score_task(
         "horizons": {},
     }
     if model.interval is not None and model.interval != task.interval:
-        return {**row, "status": "skipped", "reason": f"the model forecasts {model.interval} candles"}, None
+        why = (
+            f"the model's {task.interval} candles were not asked for (--interval {model.interval}); "
+            f"--interval {task.interval} scores them"
+            if task.interval in model.left_out
+            else f"the model forecasts {', '.join(forecasts or [model.interval])} candles"
+        )
+        return {**row, "status": "skipped", "reason": why}, None
     series = [s for s in series if model.symbols is None or s.symbol in model.symbols]
     short = [s.symbol for s in series if len(s.train) < model.min_history]  # a context longer than the history
     series = [s for s in series if s.symbol not in short]
@@ -200,10 +209,13 @@ def run_benchmark(
     *,
     progress: Optional[Callable[[str], None]] = None,
     series: Optional[Mapping[str, Sequence[AssetSeries]]] = None,
+    more: Optional[Mapping[str, tuple[ForecastFn, ModelView]]] = None,
 ) -> dict:
     """The benchmark's result (a JSON-ready dict) for one forecaster.
 
-    model: what the benchmark knows of the model (ModelView); draws: samples, seeds and the
+    model: what the benchmark knows of the model (ModelView); more: a model of several intervals
+    (data.intervals), its other intervals -> (forecaster, view): a task at one of them is scored
+    by that one, so the model answers at each of its intervals; draws: samples, seeds and the
     budget (Draws). series: task name -> its series for tasks not on the sample
     (after_cutoff_task's); such a result is marked "task_set": "after-cutoff", "comparable":
     false, and only its tasks are held to draws.budget (the fixed tasks are scored whole, so their
@@ -212,12 +224,18 @@ def run_benchmark(
     say = progress or (lambda _msg: None)
     own = dict(series or {})
     series_of = lambda task: list(own[task.name]) if task.name in own else task_series(task)  # noqa: E731
-    aliases = sample_aliases([t for t in tasks if t.name not in own], model.symbols)
+    at: dict[Optional[str], tuple[ForecastFn, ModelView]] = {model.interval: (forecast_fn, model)}
+    at.update(more or {})
+    views = [v for _, v in at.values()]
+    known = None if any(v.symbols is None for v in views) else frozenset().union(*(v.symbols or () for v in views))
+    aliases = sample_aliases([t for t in tasks if t.name not in own], known)
     rows, parts = [], []
     for task in tasks:
         say(f"task {task.name} ({task.interval}, {len(task.assets)} assets, from {task.start})")
         mine = [replace(s, symbol=aliases.get(s.symbol, s.symbol)) for s in series_of(task)]
-        row, part = _score_task(task, forecast_fn, model, draws, say, mine, draws.budget if task.name in own else None)
+        fn, view = at.get(task.interval, (forecast_fn, model))
+        budget = draws.budget if task.name in own else None
+        row, part = _score_task(task, fn, view, draws, say, mine, budget, [iv for iv in at if iv is not None])
         rows.append(row)
         if part is not None and row["leakage"] is not True:
             parts.append(part)

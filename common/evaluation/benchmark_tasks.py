@@ -208,15 +208,16 @@ def check_answerable(
     tasks: Sequence[Task],
     *,
     symbols: Optional[AbstractSet[str]],
-    interval: Optional[str],
+    intervals: Optional[Sequence[str]],
     cutoff: Optional[pd.Timestamp],
     chosen: bool = False,
 ) -> None:
     """A UserError, before any scoring, when no task can be scored out of sample: none has the
     model's interval and one of its assets, or the model's data cut-off is after the start of every
-    one that has (it learned from or was selected on their periods: the aggregate would be empty)."""
+    one that has (it learned from or was selected on their periods: the aggregate would be empty).
+    intervals: those the model is scored at (None: any)."""
     aliases = sample_aliases(tasks, symbols)
-    fit = [t for t in tasks if (interval is None or t.interval == interval) and known_assets(t, symbols, aliases)]
+    fit = [t for t in tasks if (intervals is None or t.interval in intervals) and known_assets(t, symbols, aliases)]
     which = "chosen benchmark task" if chosen else "benchmark task"
     after = (
         "run `marketgpt benchmark MODEL --after-cutoff` to score the period after the cut-off from the run's "
@@ -224,7 +225,7 @@ def check_answerable(
     )
     if not fit:
         raise UserError(
-            f"no {which} fits the model ({interval or 'any'} candles of {len(symbols or ())} assets; "
+            f"no {which} fits the model ({', '.join(intervals or ['any'])} candles of {len(symbols or ())} assets; "
             f"the tasks: {', '.join(f'{t.name} {t.interval}' for t in tasks)}); {after}"
         )
     if cutoff is not None and all(cutoff > _utc(t.start) for t in fit):

@@ -17,7 +17,9 @@ smallest of SHAPES whose predicted loss is within TOLERANCE of the lowest one, a
 inside the measured range of N (the fit says nothing outside it).
 
 `size_advice` is what `marketgpt plan --fit` and model.size = "auto" (with model.size_fit) say
-from a fit of the user's own corpus (`marketgpt sweep`): a shape only when the size term is
+from a fit of the user's own corpus (`marketgpt sweep`, fitted by `sweep_fit` on the points'
+validation losses; `load_size_fit` refits a sweep.json from the point files beside it, so a
+summary written by a task that saw fewer points loses none): a shape only when the size term is
 resolved (its effect across the measured sizes exceeds TOLERANCE in 97.5% of the bootstrap
 draws), with the 95% interval of the shape each draw would pick; never the smallest shape by
 default. The fit of bench/bench_scaling.py's synthetic grid lives in scaling_fit.json next to
@@ -36,16 +38,19 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from common.atomic import read_json
 from common.config import Config
 from common.errors import UserError
 from common.model.sizing import meta_model
 
 __all__ = [
     "FIT_FILE",
+    "MIN_FIT_POINTS",
     "NO_SIZE_ADVICE",
     "SHAPES",
     "TOLERANCE",
     "ScalingFit",
+    "best_rates",
     "best_shape",
     "corpus_of",
     "fit_points",
@@ -53,6 +58,8 @@ __all__ = [
     "load_size_fit",
     "size_advice",
     "size_resolved",
+    "sweep_fit",
+    "sweep_points",
 ]
 
 FIT_FILE = Path(__file__).with_name("scaling_fit.json")
@@ -76,6 +83,8 @@ NO_SIZE_ADVICE = "no size advice: the points do not resolve the size term"
 _EXPONENTS = np.linspace(0.05, 1.5, 20)
 _TERMS = ("A", "B", "C")
 _UNBOUNDED = 1e30  # N* of a bootstrap draw without an interior optimum
+MIN_FIT_POINTS = 4  # fit_points' minimum
+SWEEP_FORMAT = "marketgpt-sweep"  # sweep.json's "format"
 
 
 @dataclass
@@ -229,17 +238,79 @@ def corpus_of(cfg: Config) -> dict[str, Any]:
     return {"vocab_size": cfg.model.vocab_size, "intervals": list(cfg.data.run_intervals())}
 
 
+def _val(point: dict[str, Any]) -> float:
+    """A point's best validation loss (infinite when it has none)."""
+    val = point.get("best_val_loss")
+    return float("inf") if val is None else float(val)
+
+
+def best_rates(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each shape and data fraction, the point of the learning rate with the lowest best
+    validation loss (chosen on validation, never on test); one point per cell without --learning-rates."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in points:
+        cell = (r["parameters"], r["train_tokens"])  # a shape and a fraction: what the fit sees of a point
+        if cell not in best or _val(r) < _val(best[cell]):
+            best[cell] = r
+    return list(best.values())
+
+
+def sweep_fit(
+    points: Sequence[dict[str, Any]], corpus: dict[str, Any], source: str
+) -> tuple[list[dict[str, Any]], Optional[ScalingFit], str]:
+    """(the point of each shape and fraction the fit uses, the fit of their best validation losses
+    or None, why there is none). Points still improving at their last epoch are upper bounds, left
+    out. The test loss is never fitted: the final run reports on that split."""
+    chosen = best_rates(points)
+    usable = [r for r in chosen if not r.get("still_improving") and r.get("best_val_loss") is not None]
+    if len(usable) < MIN_FIT_POINTS:
+        note = (
+            f"no fit: {len(usable)} finished points that stopped improving (early stopping) and {MIN_FIT_POINTS} "
+            "are needed; points still improving at their last epoch are upper bounds, left out"
+        )
+        return chosen, None, note
+    fit = fit_points(
+        [r["parameters"] for r in usable],
+        [r["train_tokens"] for r in usable],
+        [r["best_val_loss"] for r in usable],
+        source=f"{source}, validation loss",
+    )
+    fit.corpus = dict(corpus)
+    return chosen, fit, ""
+
+
+def sweep_points(folder: Path, grid: Sequence[str], recorded: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The finished points of a sweep folder, in grid order: each point's own file
+    (points/<point>.json, written once, atomically, when it finishes), else its row in `recorded`
+    (a sweep.json copied without its points/ folder)."""
+    rows = {r["point"]: r for r in recorded}
+    for name in grid:
+        path = Path(folder) / "points" / f"{name}.json"
+        if path.is_file():
+            rows[name] = read_json(path)
+    return [rows[name] for name in grid if name in rows]
+
+
 def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
-    """The fit of a user's sweep (sweep.json, whose "fit" it is, or a fit file) for `cfg`'s
-    corpus: refused in one line when it is missing or was fitted on another vocabulary or interval."""
+    """The fit of a user's sweep for `cfg`'s corpus: a sweep.json is refitted from every finished
+    point file beside it (sweep_points, sweep_fit), so a summary that lags loses no point; a fit
+    file is read as it is. Refused in one line when it is missing or was fitted on another
+    vocabulary or interval."""
     try:
         doc = json.loads(Path(path).read_text())
-        raw = doc["fit"] if "fit" in doc and "coef" not in doc else doc
-        fit = ScalingFit.from_dict(raw) if raw is not None else None
-    except (OSError, ValueError, TypeError, KeyError) as e:
+        if doc.get("format") == SWEEP_FORMAT:
+            points = sweep_points(Path(path).parent, doc["grid"], doc.get("points") or [])
+            _, fit, note = sweep_fit(points, doc.get("corpus") or {}, f"marketgpt sweep {Path(path).parent.name}")
+            if fit is None:
+                raise UserError(f"{path}: the sweep has no fit yet ({note})")
+        else:
+            raw = doc["fit"] if "fit" in doc and "coef" not in doc else doc
+            if raw is None:
+                note = doc.get("fit_note") or "too few finished points"
+                raise UserError(f"{path}: the sweep has no fit yet ({note})")
+            fit = ScalingFit.from_dict(raw)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{path}: not a scaling fit ({e})") from None
-    if fit is None:
-        raise UserError(f"{path}: the sweep has no fit yet ({doc.get('fit_note') or 'too few finished points'})")
     mine = corpus_of(cfg)
     for key, value in mine.items():
         if fit.corpus.get(key) != value:

@@ -2,7 +2,9 @@
 
 Each task trains its point on one GPU of the config's slurm section (common/commands/sweep.py's
 run_point): a finished point is skipped, a requeued task resumes its point's run (--resume
-auto), and every task rewrites sweep.json from the finished points when it ends. Submitting the
+auto), and every task rewrites sweep.json from the finished points when it ends (a summary that
+may lag when tasks end together: its readers assemble the point files, common/commands/sweep.py).
+Submitting the
 same sweep again queues only the points that are missing. torch stays out of this module (it
 is a login-node command): the task imports the training when it runs.
 """
