@@ -53,6 +53,14 @@ class ModelConfig:
     # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
     positional: Literal["learned", "rope"] = "learned"
     bias: bool = False  # biases in the linear layers and LayerNorms
+    # the recipe's options (bench/bench_recipe.py measures each against the defaults):
+    # "layer" LayerNorm (GPT-2) or "rms" RMSNorm (no mean subtraction, no bias), in every block and at the end
+    norm: Literal["layer", "rms"] = "layer"
+    # RMS-normalize each head's queries and keys before attention (QK-norm): bounded attention logits
+    qk_norm: bool = False
+    # "gelu": d_model -> d_ff -> d_model; "swiglu": gated, its hidden width 2/3 of d_ff rounded up to a
+    # multiple of 8 (three matrices of that width hold about the parameters of gelu's two)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
     # add the candle's own time to the token embedding (common/tokens/features.py): hour + weekday
     # intraday, month + weekday daily; off in the case configs
     time_features: bool = False

@@ -122,6 +122,23 @@ def test_onnxruntime_and_torch_logits_agree_on_random_inputs(onnx_dir, forecaste
         np.testing.assert_allclose(stepped, ref, rtol=0, atol=1e-4)
 
 
+def test_a_model_with_the_recipe_options_exports_to_onnx_with_equal_logits(tmp_path):
+    """Rotary, RMSNorm, QK-norm and SwiGLU through the ONNX export: full and KV-cache graphs."""
+    spec = json.loads(json.dumps(TINY))
+    spec["model"].update(positional="rope", norm="rms", qk_norm=True, mlp="swiglu")
+    run = train_tiny(tmp_path, spec)[1]
+    out = tmp_path / "onnx"
+    assert export(str(run), "--format", "onnx", "--out", str(out)) == 0
+    fc = Forecaster.from_run(run)
+    t, a, c = random_inputs(5, 12, TINY["model"]["vocab_size"], fc.info.num_assets, fc.info.num_categories, seed=3)
+    with torch.no_grad():
+        ref = NextTokenLogits(fc.model)(t, a, c).numpy()
+    backend = OnnxBackend(out / "model.onnx", context_length=16)
+    np.testing.assert_allclose(backend(t.numpy(), a.numpy(), c.numpy()), ref, rtol=0, atol=1e-4)
+    _, k, v = backend.prefill(t[:, :-1].numpy(), a.numpy(), c.numpy())
+    np.testing.assert_allclose(backend.step(t[:, -1:].numpy(), a.numpy(), c.numpy(), k, v)[0], ref, rtol=0, atol=1e-4)
+
+
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 def test_pt2_export_matches_torch(run_dir, forecaster, tmp_path):
     """torch.export replaced TorchScript: the program loads without torch.jit, batch and length dynamic."""

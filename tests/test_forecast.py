@@ -87,7 +87,7 @@ def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
 # ---------------------------------------------------------------------- KV cache
 
 
-@pytest.mark.parametrize("positional", ["learned", "rope"])
+@pytest.mark.parametrize("positional", ["learned", "rope", "recipe"])  # recipe: rope, RMSNorm, QK-norm, SwiGLU
 @pytest.mark.parametrize("horizon", [5, 23])  # 23 > T // 2: the cache fills and is rebuilt, twice
 @pytest.mark.parametrize("inputs", [False, True])  # model.time_features + model.volume_input
 # chunks of rows: two contexts' samples (sharing their prefixes), then one context's; or each
@@ -104,10 +104,11 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
         d_ff=64,
         asset_embed_dim=4,
         category_embed_dim=4,
-        positional=positional,
+        positional="learned" if positional == "learned" else "rope",
         dropout=0.1,
         time_features=inputs,
         volume_input=inputs,
+        **({"norm": "rms", "qk_norm": True, "mlp": "swiglu"} if positional == "recipe" else {}),
     )
     model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
     contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))

@@ -68,9 +68,13 @@ def expected_parameters(m: ModelConfig, num_assets: int, num_categories: int) ->
     return m.vocab_size * C + positions + cond + m.num_layers * per_layer + C  # + final LayerNorm
 
 
-@pytest.mark.parametrize("positional", ["learned", "rope"])
-def test_causal_mask_future_tokens_do_not_change_past_logits(positional):
-    model = tiny_model(positional=positional)
+# the recipe's options together (bench/bench_recipe.py): rotary, RMSNorm, QK-norm, SwiGLU
+RECIPE = {"positional": "rope", "norm": "rms", "qk_norm": True, "mlp": "swiglu"}
+
+
+@pytest.mark.parametrize("changes", [{"positional": "learned"}, {"positional": "rope"}, RECIPE], ids=str)
+def test_causal_mask_future_tokens_do_not_change_past_logits(changes):
+    model = tiny_model(**changes)
     idx = random_tokens(2, 16)
     changed = idx.clone()
     t = 9
@@ -83,6 +87,19 @@ def test_causal_mask_future_tokens_do_not_change_past_logits(positional):
     assert before.shape == (2, 16, 32)
     torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], rtol=0, atol=1e-6)
     assert not torch.allclose(after[:, t + 1 :], before[:, t + 1 :])  # the future does see the change
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_recipe_options_have_the_parameters_counted_by_hand(mlp, qk_norm):
+    m = tiny_config(norm="rms", qk_norm=qk_norm, mlp=mlp, d_ff=96)
+    model = MarketGPT(m, num_assets=3, num_categories=2)
+    hidden = 64 if mlp == "swiglu" else 96  # 2/3 of d_ff, a multiple of 8
+    mlp_params = (3 if mlp == "swiglu" else 2) * m.d_model * hidden
+    gelu_mlp = 2 * m.d_model * m.d_ff
+    qk = 2 * (m.d_model // m.num_heads) if qk_norm else 0  # one scale per head dimension, q and k
+    base = expected_parameters(m, 3, 2)  # RMSNorm has LayerNorm's one weight (bias=False)
+    assert model.num_parameters() == base + m.num_layers * (mlp_params - gelu_mlp + qk)
 
 
 def test_rope_model_depends_on_order_and_has_no_position_table():

@@ -32,7 +32,7 @@ from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
 from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
 
-__all__ = ["Dropout", "MarketGPT", "apply_rotary", "rotary_tables"]
+__all__ = ["Dropout", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
 
 
 # --------------------------------------------------------------------------- rotary positions
@@ -89,6 +89,26 @@ class Dropout(nn.Module):
         return x * (keep.to(x.dtype) * (1.0 / (1.0 - self.p)))
 
 
+def norm_layer(config: ModelConfig, width: int) -> nn.Module:
+    """model.norm: LayerNorm (GPT-2) or RMSNorm (scale only) over the last `width` features."""
+    if config.norm == "rms":
+        return RMSNorm(width)
+    return nn.LayerNorm(width, bias=config.bias)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, written out (not nn.RMSNorm) so every ONNX opset exports it."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)  # fp32 under autocast
+        return (x.float() * rms).to(x.dtype) * self.weight
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -96,6 +116,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # fused q, k, v
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
+        head_size = config.d_model // config.num_heads
+        # model.qk_norm: each head's queries and keys RMS-normalized (before rotary), a learned scale each
+        self.q_norm = RMSNorm(head_size) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_size) if config.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]], kv: Optional[LayerCache] = None
@@ -106,6 +130,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
         v = v.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             cos, sin = rope[0][start : start + T], rope[1][start : start + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -120,14 +146,24 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
 
+def swiglu_width(d_ff: int) -> int:
+    """model.mlp = "swiglu"'s hidden width: 2/3 of d_ff, rounded up to a multiple of 8."""
+    return (2 * d_ff // 3 + 7) // 8 * 8
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        hidden = swiglu_width(config.d_ff) if config.mlp == "swiglu" else config.d_ff
+        self.fc = nn.Linear(config.d_model, hidden, bias=config.bias)
+        # model.mlp = "swiglu": a second input matrix whose SiLU gates fc's output
+        self.gate = nn.Linear(config.d_model, hidden, bias=config.bias) if config.mlp == "swiglu" else None
+        self.proj = nn.Linear(hidden, config.d_model, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.dropout(self.proj(F.silu(self.gate(x)) * self.fc(x)))  # (B, T, C) -> (B, T, h) -> (B, T, C)
         return self.dropout(self.proj(F.gelu(self.fc(x))))  # (B, T, C) -> (B, T, d_ff) -> (B, T, C)
 
 
@@ -136,9 +172,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_1 = norm_layer(config, config.d_model)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_2 = norm_layer(config, config.d_model)
         self.mlp = MLP(config)
 
     def forward(
@@ -196,7 +232,7 @@ class MarketGPT(nn.Module):
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.ln_f = nn.LayerNorm(C, bias=config.bias)
+        self.ln_f = norm_layer(config, C)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying: one (V, C) matrix, counted once
         # model.head: "flat" reads logits through lm_head; "factorized" through p(move) p(shape | move)
