@@ -15,6 +15,12 @@ move is rho (m + z) and the range rho (|m + z - 0.1 n1| + ...), so the table gai
 (MEAN_KNOTS points over the m seen, the same draws at every knot) and the token's distribution is
 interpolated bilinearly in (log rho, m).
 
+The observable oracle (`observable_nll`, bench/observable_oracle.py): on the rich market, the
+exact predictive distribution of the next token given only the candles up to the origin (a
+particle filter of the latent regime and jump path), mixed over its components in the same
+table (`observable_cube`, widened to where the components fall; `observable_probs`). Its loss
+is the floor a forecaster of the candles can reach; the oracle's is below it.
+
 The filter (`filter_nll`): a forecaster that knows the generator's parameters but sees only the
 asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
 Kim filter (Kim 1994): the probability of each regime and, per regime, one variance (the mixture
@@ -44,6 +50,7 @@ __all__ = [
     "observable_cube",
     "observable_nll",
     "observable_probs",
+    "oracles_by_role",
     "oracle_nll",
     "oracle_probs",
     "oracle_table",
@@ -339,6 +346,19 @@ def observable_nll(
     candles up to each origin) of the same targets as oracle_nll, for a rich-market run: "all",
     "leaders" and "followers" (by_role)."""
     return by_role(_observable_nlls(_scored(run_dir, split, assets, tokens), grid, draws, particles))
+
+
+def oracles_by_role(
+    run_dir: Path, split: str, tokens: Any = None, draws: int = 100_000, particles: Optional[int] = None
+) -> dict[str, dict[str, float]]:
+    """{"oracle": the full-information oracle's by_role losses, "observable": the observable
+    oracle's (only on the rich market without gaps, which it models)} from one generation of the
+    assets."""
+    sp = _scored(run_dir, split, None, tokens)
+    out = {"oracle": by_role(_oracle_nlls(sp, 100, draws))}
+    if sp.spec.process == "rich" and sp.spec.gap_prob == 0:
+        out["observable"] = by_role(_observable_nlls(sp, 200, draws, particles))
+    return out
 
 
 def _observable_nlls(sp: _Split, grid: int, draws: int, particles: Optional[int] = None) -> list[np.ndarray]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.atomic import atomic_write_json, read_json  # noqa: E402
 from common.tokens.token_set import TokenSet, token_path  # noqa: E402
 
-from scaling_floors import _observable_nlls, _oracle_nlls, _scored, by_role  # noqa: E402
+from scaling_floors import oracles_by_role  # noqa: E402
 
 
 def gap_closed(point: dict[str, Any], oracle: float, observable: Optional[float] = None) -> dict[str, Any]:
@@ -92,10 +92,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    sp = _scored(run, "test", None, tokens)
-    oracle = by_role(_oracle_nlls(sp, 100, args.draws))
-    rich = sp.spec.process == "rich" and sp.spec.gap_prob == 0
-    observable = by_role(_observable_nlls(sp, 200, args.draws, args.particles)) if rich else None
+    losses = oracles_by_role(run, "test", tokens, args.draws, args.particles)
+    oracle, observable = losses["oracle"], losses.get("observable")
     rows = [gap_closed(p, oracle["all"], observable["all"] if observable else None) for p in points]
     doc: dict[str, Any] = {"oracle_test_loss": oracle["all"], "oracle_test_loss_by_role": oracle}
     if observable is not None:
