@@ -15,6 +15,12 @@ move is rho (m + z) and the range rho (|m + z - 0.1 n1| + ...), so the table gai
 (MEAN_KNOTS points over the m seen, the same draws at every knot) and the token's distribution is
 interpolated bilinearly in (log rho, m).
 
+The observable oracle (`observable_nll`, bench/observable_oracle.py): on the rich market, the
+exact predictive distribution of the next token given only the candles up to the origin (a
+particle filter of the latent regime and jump path), mixed over its components in the same
+table (`observable_cube`, widened to where the components fall; `observable_probs`). Its loss
+is the floor a forecaster of the candles can reach; the oracle's is below it.
+
 The filter (`filter_nll`): a forecaster that knows the generator's parameters but sees only the
 asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
 Kim filter (Kim 1994): the probability of each regime and, per regime, one variance (the mixture
@@ -37,9 +43,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 __all__ = [
+    "by_role",
     "filter_nll",
     "floor_losses",
     "kim_filter",
+    "observable_cube",
+    "observable_nll",
+    "observable_probs",
+    "oracles_by_role",
     "oracle_nll",
     "oracle_probs",
     "oracle_table",
@@ -108,8 +119,14 @@ def _oracle_cube(
     if mean is None or not np.any(mean):
         return oracle_table(move_edges, shape_edges, nu, knots, draws)[:, None, :], knots, None
     m_knots = _span(np.asarray(mean, dtype=float), MEAN_KNOTS)
-    cube = np.stack([oracle_table(move_edges, shape_edges, nu, knots, draws, mean=m) for m in m_knots], axis=1)
-    return cube, knots, m_knots
+    return _cube_at(knots, m_knots, move_edges, shape_edges, nu, draws), knots, m_knots
+
+
+def _cube_at(
+    knots: np.ndarray, m_knots: np.ndarray, move_edges: np.ndarray, shape_edges: np.ndarray, nu: float, draws: int
+) -> np.ndarray:
+    """The oracle table at every (log rho knot, m knot): (knots, m knots, tokens)."""
+    return np.stack([oracle_table(move_edges, shape_edges, nu, knots, draws, mean=m) for m in m_knots], axis=1)
 
 
 def _interpolate(
@@ -247,14 +264,122 @@ def floor_losses(run_dir: Path, split: str, assets: Optional[int] = None, draws:
 
 
 def _oracle_loss(sp: _Split, grid: int, draws: int) -> float:
-    # truth at t is the scale of candle t + 1
+    return float(np.mean(np.concatenate(_oracle_nlls(sp, grid, draws))))
+
+
+def _truth(sp: _Split) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per asset, each target's true log rho = log(sigma / s_e) and m = mu / sigma (truth at t is candle t + 1's)."""
     sigma = [a["asset"].truth["sigma"].to_numpy()[a["rows"] - 1] for a in sp.assets]
-    mean = np.concatenate([a["asset"].truth["mu"].to_numpy()[a["rows"] - 1] for a in sp.assets]) / np.concatenate(sigma)
-    rho = np.concatenate([s / a["s_e"] for s, a in zip(sigma, sp.assets)])
+    mean = [a["asset"].truth["mu"].to_numpy()[a["rows"] - 1] / s for a, s in zip(sp.assets, sigma)]
+    return [np.log(s / a["s_e"]) for s, a in zip(sigma, sp.assets)], mean
+
+
+def _oracle_nlls(sp: _Split, grid: int, draws: int) -> list[np.ndarray]:
+    """The full-information oracle's NLL of each target, per asset."""
+    log_rho, mean = _truth(sp)
     y = np.concatenate([a["y"] for a in sp.assets])
     edges = (sp.tok.move_binning.edges, sp.tok.shape_binning.edges)
-    p = oracle_target_probs(rho, y, *edges, sp.spec.nu, grid, draws, mean)
-    return float(np.mean(-np.log(p)))
+    p = oracle_target_probs(np.exp(np.concatenate(log_rho)), y, *edges, sp.spec.nu, grid, draws, np.concatenate(mean))
+    return np.split(-np.log(p), np.cumsum([len(a["y"]) for a in sp.assets])[:-1])
+
+
+def by_role(nlls: list[np.ndarray]) -> dict[str, float]:
+    """Mean NLL over all targets, over the leaders' (even assets: no lead-lag term) and the
+    followers' (odd assets, whose mean carries the previous asset's shock), from per-asset NLLs."""
+    out = {"all": float(np.mean(np.concatenate(nlls)))}
+    for role, parity in (("leaders", 0), ("followers", 1)):
+        part = [x for i, x in enumerate(nlls) if i % 2 == parity]
+        if part:
+            out[role] = float(np.mean(np.concatenate(part)))
+    return out
+
+
+# --------------------------------------------------------------------------- the observable oracle
+
+
+def observable_cube(
+    spec: Any, log_rho: np.ndarray, mean: np.ndarray, edges: tuple, grid: int = 200, draws: int = 100_000
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The oracle table (cube, log rho knots, m knots) for the observable oracle's components, over
+    the targets' true (log rho, m) widened by what a component may differ by: a jump and two regime
+    levels in scale (plus 0.5), 1 in m. A component beyond is read at the edge (it is one the
+    candles made unlikely)."""
+    from common.data.synthetic_rich import JUMP_SCALE
+
+    pad = math.log(JUMP_SCALE * max(spec.stress_vol, 1 / spec.stress_vol)) + 0.5
+    knots = np.linspace(log_rho.min() - pad, log_rho.max() + pad, grid)
+    m_knots = np.linspace(mean.min() - 1.0, mean.max() + 1.0, MEAN_KNOTS + 15)
+    return _cube_at(knots, m_knots, *edges, spec.nu, draws), knots, m_knots
+
+
+def observable_probs(
+    cube: tuple[np.ndarray, np.ndarray, np.ndarray],
+    weight: np.ndarray,
+    log_sd: np.ndarray,
+    m: np.ndarray,
+    s_e: np.ndarray,
+    y: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """The mixture of observable_oracle.components' chunk (targets x components) in token space:
+    each target's probability of its token y (targets,), or its whole distribution (targets,
+    tokens) without y."""
+    table, knots, m_knots = cube
+    log_rho = (log_sd - np.log(s_e)[:, None]).ravel()
+    k = log_sd.shape[1]
+    if y is not None:
+        p = _interpolate(table, knots, m_knots, log_rho, m.ravel(), np.repeat(y, k))
+        return (weight * p.reshape(weight.shape)).sum(axis=1)
+    p = _interpolate(table, knots, m_knots, log_rho, m.ravel())
+    return np.einsum("tk,tkv->tv", weight, p.reshape(*weight.shape, -1))
+
+
+def observable_nll(
+    run_dir: Path,
+    split: str,
+    grid: int = 200,
+    draws: int = 100_000,
+    assets: Optional[int] = None,
+    tokens: Any = None,
+    particles: Optional[int] = None,
+) -> dict[str, float]:
+    """The observable oracle's mean NLL (bench/observable_oracle.py: the exact predictive given the
+    candles up to each origin) of the same targets as oracle_nll, for a rich-market run: "all",
+    "leaders" and "followers" (by_role)."""
+    return by_role(_observable_nlls(_scored(run_dir, split, assets, tokens), grid, draws, particles))
+
+
+def oracles_by_role(
+    run_dir: Path, split: str, tokens: Any = None, draws: int = 100_000, particles: Optional[int] = None
+) -> dict[str, dict[str, float]]:
+    """{"oracle": the full-information oracle's by_role losses, "observable": the observable
+    oracle's (only on the rich market without gaps, which it models)} from one generation of the
+    assets."""
+    sp = _scored(run_dir, split, None, tokens)
+    out = {"oracle": by_role(_oracle_nlls(sp, 100, draws))}
+    if sp.spec.process == "rich" and sp.spec.gap_prob == 0:
+        out["observable"] = by_role(_observable_nlls(sp, 200, draws, particles))
+    return out
+
+
+def _observable_nlls(sp: _Split, grid: int, draws: int, particles: Optional[int] = None) -> list[np.ndarray]:
+    from observable_oracle import OPTIONS, PARTICLES, components
+
+    from common.data.synthetic import generate_asset
+
+    n = particles or PARTICLES
+    log_rho, mean = _truth(sp)
+    edges = (sp.tok.move_binning.edges, sp.tok.shape_binning.edges)
+    cube = observable_cube(sp.spec, np.concatenate(log_rho), np.concatenate(mean), edges, grid, draws)
+    chunk = max(1, CHUNK // (n * OPTIONS))  # targets x components per chunk: about CHUNK
+    out = []
+    for i, a in enumerate(sp.assets):
+        leader = generate_asset(sp.spec, i - 1).candles if i % 2 else None
+        rows, nll = a["rows"], []
+        for r, w, log_sd, m in components(sp.spec, a["asset"].candles, rows, leader, n, seed=i, chunk=chunk):
+            at = np.searchsorted(rows, r)
+            nll.append(-np.log(observable_probs(cube, w, log_sd, m, a["s_e"][at], a["y"][at])))
+        out.append(np.concatenate(nll))
+    return out
 
 
 # --------------------------------------------------------------------------- the filter

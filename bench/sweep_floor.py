@@ -13,6 +13,15 @@ point's own training split), so L_unigram = L_model / (1 - skill) and
 
 its 95% interval the skill's, scaled alike (the oracle's loss taken as exact). Writes
 SWEEP/floor.json and prints a table. For data.source = "synthetic" sweeps only.
+
+That oracle knows the next candle's latent regime and jump, which no forecaster can. On the rich
+market without gaps the observable oracle (bench/observable_oracle.py: the exact predictive given
+the candles up to each origin, a particle filter) is the reachable ceiling: each point's share of
+the unigram-to-observable gap sits beside the share above (gap_closed_observable), and
+unreachable_share = (L_observable - L_oracle) / (L_unigram - L_oracle) is the part of the first
+gap no forecaster of the candles can close. Both oracles' losses are also given for the leaders
+(even assets) and the followers (odd assets, whose mean carries the leader's previous shock);
+the points' losses are not split by asset, so their shares are for all assets only.
 """
 
 from __future__ import annotations
@@ -27,15 +36,16 @@ from common.atomic import atomic_write_json, read_json  # noqa: E402
 from common.model.scaling_fit import sweep_points  # noqa: E402
 from common.tokens.token_set import TokenSet, token_path  # noqa: E402
 
-from scaling_floors import oracle_nll  # noqa: E402
+from scaling_floors import oracles_by_role  # noqa: E402
 
 
-def gap_closed(point: dict[str, Any], oracle: float) -> dict[str, Any]:
-    """One point's unigram loss and share of the unigram-to-oracle gap closed, with its interval."""
+def gap_closed(point: dict[str, Any], oracle: float, observable: Optional[float] = None) -> dict[str, Any]:
+    """One point's unigram loss and share of the unigram-to-oracle gap closed, with its interval;
+    with the observable oracle's loss, also the share of the gap to it and the unreachable share."""
     loss, skill = point["test_loss"], point["skill_vs_unigram"]
     unigram = loss / (1 - skill)
     scale = unigram / (unigram - oracle)
-    return {
+    row = {
         "point": point["point"],
         "parameters": point["parameters"],
         "train_tokens": point["train_tokens"],
@@ -45,6 +55,12 @@ def gap_closed(point: dict[str, Any], oracle: float) -> dict[str, Any]:
         "gap_closed_ci95": [c * scale for c in point["skill_vs_unigram_ci95"]],
         "still_improving": point["still_improving"],
     }
+    if observable is not None:
+        obs_scale = unigram / (unigram - observable)
+        row["gap_closed_observable"] = skill * obs_scale
+        row["gap_closed_observable_ci95"] = [c * obs_scale for c in point["skill_vs_unigram_ci95"]]
+        row["unreachable_share"] = (observable - oracle) / (unigram - oracle)
+    return row
 
 
 def test_targets(tokens: TokenSet) -> int:
@@ -56,6 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path, help="the sweep's folder (<case>/sweeps/<name>), with sweep.json")
     ap.add_argument("--draws", type=int, default=100_000, help="Monte Carlo draws per knot of the oracle's table")
+    ap.add_argument("--particles", type=int, default=256, help="particles of the observable oracle's filter")
     args = ap.parse_args(argv)
     doc = read_json(args.sweep / "sweep.json")
     # the point files, not sweep.json's list alone: a task that ended late may have written a shorter one
@@ -79,18 +96,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    oracle = oracle_nll(run, "test", draws=args.draws, tokens=tokens)
-    rows = [gap_closed(p, oracle) for p in points]
-    atomic_write_json(args.sweep / "floor.json", {"oracle_test_loss": oracle, "from_run": str(run), "points": rows})
-    print(f"oracle test loss {oracle:.4f} nats/token (every point's test candles)")
-    print("| point | parameters | training tokens | test loss | unigram | gap closed [95%] |")
-    print("|---|---|---|---|---|---|")
+    losses = oracles_by_role(run, "test", tokens, args.draws, args.particles)
+    oracle, observable = losses["oracle"], losses.get("observable")
+    rows = [gap_closed(p, oracle["all"], observable["all"] if observable else None) for p in points]
+    doc: dict[str, Any] = {"oracle_test_loss": oracle["all"], "oracle_test_loss_by_role": oracle}
+    if observable is not None:
+        doc |= {"observable_oracle_test_loss": observable["all"], "observable_oracle_test_loss_by_role": observable}
+        doc["observable_particles"] = args.particles
+    atomic_write_json(args.sweep / "floor.json", doc | {"from_run": str(run), "points": rows})
+    print(f"oracle test loss {oracle['all']:.4f} nats/token (every point's test candles)")
+    if observable is None:
+        print("no observable oracle: it models the rich market without gaps")
+    else:
+        print(f"observable oracle test loss {observable['all']:.4f} nats/token")
+        for role in ("leaders", "followers"):
+            if role in oracle:
+                print(f"  {role}: oracle {oracle[role]:.4f}, observable {observable[role]:.4f}")
+    obs_head = " gap closed to observable [95%] | unreachable |" if observable else ""
+    print(f"| point | parameters | training tokens | test loss | unigram | gap closed [95%] |{obs_head}")
+    print("|---|---|---|---|---|---|" + ("---|---|" if observable else ""))
     for r in rows:
         lo, hi = r["gap_closed_ci95"]
         note = " (still improving)" if r["still_improving"] else ""
+        obs_cells = ""
+        if observable:
+            olo, ohi = r["gap_closed_observable_ci95"]
+            obs_cells = f" {r['gap_closed_observable']:.3f} [{olo:.3f}, {ohi:.3f}] | {r['unreachable_share']:.3f} |"
         print(
             f"| {r['point']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['test_loss']:.4f} | "
-            f"{r['unigram_loss']:.4f} | {r['gap_closed']:.3f} [{lo:.3f}, {hi:.3f}]{note} |"
+            f"{r['unigram_loss']:.4f} | {r['gap_closed']:.3f} [{lo:.3f}, {hi:.3f}]{note} |{obs_cells}"
         )
     return 0
 
