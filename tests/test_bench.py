@@ -110,3 +110,25 @@ def test_quickstart_trains_with_the_documented_small_data_settings():
     config = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
     assert f"--config {config.relative_to(REPO_ROOT)}" in (REPO_ROOT / "quickstart.sh").read_text()
     load_config(config, sorted(quick))  # every override is a valid key and value
+
+
+def test_bench_recipe_pairs_each_variant_with_the_base_of_its_seed():
+    from bench_recipe import summarize
+
+    def run(variant, seed, nll, curve):
+        return {"variant": variant, "seed": seed, "val_nll": nll, "epoch_val_loss": curve, "tokens_per_epoch": 100}
+
+    runs = [
+        run("base", 0, 5.0, [5.3, 5.1, 5.0]),
+        run("base", 1, 5.2, [5.4, 5.3, 5.2]),
+        run("swiglu", 0, 4.9, [5.2, 4.95, 4.9]),  # reaches seed 0's best (5.0) in epoch 2
+        run("swiglu", 1, 5.1, [5.3, 5.15, 5.1]),  # seed 1's best (5.2) in epoch 2
+        run("rope", 0, 5.05, [5.3, 5.2, 5.05]),  # never reaches 5.0
+        run("rope", 1, 5.3, [5.4, 5.35, 5.3]),
+    ]
+    rows = {r["variant"]: r for r in summarize(runs)}
+    assert rows["base"]["delta"] == 0 and not rows["base"]["pays"]
+    assert rows["swiglu"]["delta"] == pytest.approx(-0.1) and rows["swiglu"]["tokens_to_base_best"] == 200
+    assert rows["swiglu"]["ci95"][0] == pytest.approx(rows["swiglu"]["ci95"][1])  # equal deltas: no spread
+    assert rows["rope"]["delta"] == pytest.approx(0.075) and rows["rope"]["tokens_to_base_best"] is None
+    assert not rows["rope"]["pays"]
