@@ -149,14 +149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     started, load0 = time.perf_counter(), os.getloadavg()[0]
-    runs = []
-    for seed in seeds:  # seed-major, so a stopped bench still has complete pairs
-        for variant in variants:
-            runs.append(one_run(variant, seed, args.epochs))
-            r = runs[-1]
-            print(
-                f"{variant:8s} seed {seed}: val NLL {r['val_nll']:.4f} (best epoch {r['best_epoch']}, {r['wall_s']} s)"
-            )
+    runs: list[dict[str, Any]] = []
+    with case_folder() as config:
+        for seed in seeds:  # seed-major, so a stopped bench still has complete pairs
+            for variant in variants:
+                r = one_run(config, variant, seed, args.epochs)
+                runs.append(r)
+                print(
+                    f"{variant:8s} seed {seed}: val NLL {r['val_nll']:.4f}, best epoch {r['best_epoch']}",
+                )
+                if args.json:  # after every run: a stopped bench keeps what it measured
+                    args.json.write_text(json.dumps({"epochs": args.epochs, "runs": runs}, indent=2) + "\n")
     rows = summarize(runs)
     print(f"\n{'variant':8s}  seeds  val NLL  delta vs base [95% t]        tokens to base's best")
     for r in rows:
