@@ -428,18 +428,122 @@ def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(cap
     assert data.assets == len(prepared.assets) == 4 and data.categories == 2
 
 
+# --------------------------------------------------------------------------- the estimate's split
+
+# case A's mix, small: stocks, commodities and emerging markets with long daily histories (about
+# 252 trading days a year, as the estimate counts them) and crypto pairs since Binance's opening
+# (2017-07-14), every day, all to 2020-01-01
+MIX = [
+    ("AAPL", "yfinance", "us_stock"),
+    ("MSFT", "yfinance", "us_stock"),
+    ("SAP.DE", "yfinance", "eu_stock"),
+    ("VALE", "yfinance", "emerging"),
+    ("GC=F", "yfinance", "commodity"),
+    ("BTC/USDT", "ccxt", "crypto"),
+    ("ETH/USDT", "ccxt", "crypto"),
+]
+MIX_SETS = [
+    "data.universe_counts={}",
+    "data.start_date=2012-01-01",
+    "data.end_date=2020-01-01",
+    "model.context_length=32",
+]
+
+
+def _mix_case(tmp_path, extra=()):
+    """A case of MIX (and `extra`: (symbol, source, category, first day, last day)) with its
+    daily candles cached; returns the config."""
+    case = tmp_path / "mix"
+    (case / "configs").mkdir(parents=True)
+    config = case / "configs" / "a.json"
+    shutil.copy(REPO_ROOT / CASES["a"], config)
+    rows = [(*m, "2012-01-01" if m[1] == "yfinance" else "2017-07-14", "2019-12-31") for m in MIX] + list(extra)
+    (case / "universe.csv").write_text(
+        "symbol,source,category,name\n" + "".join(f"{r[0]},{r[1]},{r[2]},{r[0]}\n" for r in rows)
+    )
+    rng = np.random.default_rng(0)
+    for symbol, source, _, first, last in rows:
+        if source == "ccxt":
+            index = pd.date_range(first, last, freq="1D", tz="UTC")
+        else:  # weekdays less about one in 29: 252 a year
+            days = pd.bdate_range(first, last, tz="UTC")
+            index = days[np.arange(len(days)) % 29 != 28]
+        close = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, len(index))))
+        frame = pd.DataFrame(
+            {"open": close, "high": close * 1.01, "low": close * 0.99, "close": close, "volume": 1.0},
+            index=index.rename("timestamp"),
+        )
+        CandleCache(case / "data").write(source, "1d", symbol, frame, adjusted=source == "yfinance")
+    return config
+
+
+def test_the_estimate_splits_as_preparation_does(tmp_path, capsys):
+    """Nothing cached, the plan splits its estimated histories at the cut dates pooled over every
+    asset, as preparation does: per category, its train, val and test candles are those of a
+    preparation of the same universe's candles within a few percent. (It once split each series
+    on its own ratios: 103 validation candles per crypto pair instead of about 296.)"""
+    config = _mix_case(tmp_path)
+    estimate = data_figures(
+        load_config(config, [*MIX_SETS, f"data.cache_dir={tmp_path / 'empty'}"]), config.parent.parent
+    )
+    assert estimate.basis.startswith("estimated from the universe")
+    assert main(["data", "prepare", "--config", str(config), *_sets(MIX_SETS)]) == 0
+    capsys.readouterr()
+    exact = data_figures(load_config(config, MIX_SETS), config.parent.parent)
+    assert exact.basis.startswith("exact (the prepared token shard")
+    assert list(estimate.by["category"]) == list(exact.by["category"])
+    for category, counts in exact.by["category"].items():
+        for split in ("train", "val", "test"):
+            key = f"{split}_tokens"
+            assert estimate.by["category"][category][key] == pytest.approx(counts[key], rel=0.04), (category, split)
+    assert exact.by["category"]["crypto"]["val_tokens"] > 500  # two pairs: about 296 each
+
+
+def test_the_estimate_says_that_it_starts_every_ccxt_pair_on_the_exchange_opening(capsys, tmp_path):
+    text = _plan_text(capsys, tmp_path, "a")
+    assert (
+        "  note: the 70 ccxt pairs are estimated from 2017-07-14 (Binance's opening): a pair's own listing date "
+        "is known only once its candles are downloaded" in text
+    )
+    assert "ccxt pairs are estimated" not in _plan_text(capsys, tmp_path, "c")  # from 2018-01-01: all listed
+
+
+def test_data_prepare_names_what_is_left_out_as_plan_does(tmp_path, capsys):
+    """A pair listed too late to train and a stock delisted before the validation cut: `plan` (from
+    the cached timestamps) and `data prepare` print the same lines about them."""
+    config = _mix_case(
+        tmp_path,
+        [
+            ("SOL/USDT", "ccxt", "crypto", "2019-11-01", "2019-12-31"),
+            ("OLD", "yfinance", "us_stock", "2012-01-01", "2016-06-30"),
+        ],
+    )
+    assert main(["plan", "--config", str(config), *_sets(MIX_SETS)]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    start = plan.index(next(line for line in plan if line.startswith("  Left out: ")))
+    end = next(i for i in range(start, len(plan)) if not plan[i].startswith("  "))  # the figures' last lines
+    lines = [line[2:] for line in plan[start:end]]
+    lines += [line for line in plan if line.startswith("WARNING: ") and "data_info.json" in line]
+    assert "Left out: 1 of 9 assets" in lines[0] and any(
+        line.startswith("No validation windows in 1 of 8") for line in lines
+    )
+    assert main(["data", "prepare", "--config", str(config), *_sets(MIX_SETS)]) == 0
+    prepared = capsys.readouterr().out.splitlines()
+    assert [line for line in prepared if not line.startswith("Token shards: ")] == lines
+
+
 # --------------------------------------------------------------------------- full histories
 
 
 def test_yahoo_intraday_window_is_said_plainly(capsys, tmp_path):
     text = _plan_text(capsys, tmp_path, "b", ["data.interval=1h"])
-    (note,) = [line for line in text.splitlines() if line.startswith("  note:")]
+    (note,) = [line for line in text.splitlines() if line.startswith("  note:") and "Yahoo" in line]
     assert "Yahoo keeps 1h bars for the last 730 days only: the 80 Yahoo assets start about" in note
     assert "instead of 2005-01-01" in note
     text = _plan_text(capsys, tmp_path, "b", ["data.interval=1m", "data.start_date=max"])
     assert "Yahoo keeps 1m bars for the last 30 days only, 7 days per request" in text
     assert 'instead of the whole history (data.start_date = "max")' in text
-    assert "note:" not in _plan_text(capsys, tmp_path, "b")  # daily bars: no window
+    assert "Yahoo keeps" not in _plan_text(capsys, tmp_path, "b")  # daily bars: no window
 
 
 def test_start_date_max_is_estimated_from_each_source_first_candle(capsys, tmp_path):

@@ -73,6 +73,7 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
             rebuild(shard_folder(cfg, case_dir_of_config(args.config))[0])
         submit_preparation(args.config, args.overrides, args.array, dry_run=args.dry_run)
         return 0
+    from common.data.check import print_left_out  # lazy: pandas
     from common.tokens.shard_paths import rebuild, shard_folder  # lazy: pandas
     from common.tokens.shards import prepare_shards  # lazy: pandas
     from common.training.finetune import resolve_parent  # lazy: torch
@@ -93,7 +94,8 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
         return 0
     if args.rebuild:
         rebuild(shard_folder(cfg, case, parent)[0])
-    prepare_shards(cfg, case, parent)
+    # what the runs of this shard go without, in the words of `plan` and `train`
+    print_left_out(prepare_shards(cfg, case, parent).data_info)
     return 0
 
 

@@ -7,7 +7,9 @@ candles are here (your files, or the parquet cache: training's own cleaning and 
 asset, on every candle's timestamp with placeholder prices, so only the rows cleaning drops for
 bad prices are counted too: an estimate, `marketgpt data check` counts exactly); otherwise
 estimated from the universe, the dates, the interval and each market's trading hours, or from
-data.synthetic (the synthetic market is not generated for a plan). Memory holds one asset's
+data.synthetic (the synthetic market is not generated for a plan), and split as preparation
+splits (common.data.prepare.split_data: the cut dates pooled over every series, the purge gap) with
+each series' estimated candles spread evenly over its estimated span. Memory holds one asset's
 timestamps, whatever the corpus' size.
 """
 
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from common.commands.plan_figures import DataFigures, asset_windows, epoch_windows
@@ -24,13 +27,14 @@ from common.config import Config, at_interval
 from common.data.cache import CandleCache
 from common.data.check import Row, breakdown, left_out, prepare_streamed, prepared_rows, shard_summary
 from common.data.loading import load_market_data, start_bound
-from common.data.prepare import EVAL_MIN_CANDLES, SPLITS, lost_text, prepare_data, short_intervals_error
+from common.data.market_data import LazyFrames
+from common.data.prepare import SPLITS, PreparedData, prepare_data, split_data
 from common.data.synthetic import synthetic_assets, synthetic_spec
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_as_of, universe_path
 from common.data.yahoo import LOOKBACK_LIMITS, window_text
-from common.markets import INTERVAL_SECONDS, series_name
+from common.markets import INTERVAL_SECONDS, interval_step, series_name
 
-__all__ = ["MAX_ESTIMATE_START", "data_figures", "estimated_candles"]
+__all__ = ["MAX_ESTIMATE_START", "data_figures", "estimated_series"]
 
 # Estimated candles per year: category -> (trading days per year, trading hours per day).
 # Stock exchanges and indices trade ~252 days of ~6.5 h; FX 24 h on weekdays; crypto 24/7.
@@ -75,12 +79,6 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
     figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
-    if d.intervals and d.interval_split == "pooled" and not figures.basis.startswith("exact"):
-        figures.notes.append(
-            "the estimate splits each series on its own dates; the pooled cuts shared by every "
-            "interval are checked once the candles are cached: an interval they leave without "
-            "windows is refused then"
-        )
     return figures
 
 
@@ -116,7 +114,7 @@ def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
 def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
     """The candles training would use: load_market_data + prepare_data (offline; the sample is small)."""
     prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
-    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
+    return _prepared_figures(cfg, prepared, basis)
 
 
 def _from_times(cfg: Config, case_dir: Path, where: str) -> DataFigures:
@@ -129,87 +127,42 @@ def _from_times(cfg: Config, case_dir: Path, where: str) -> DataFigures:
         f"estimated from the timestamps in {where} (prices not read, so rows that cleaning drops for bad "
         "prices still count; `marketgpt data check` is exact)"
     )
+    return _prepared_figures(cfg, prepared, basis)
+
+
+def _prepared_figures(cfg: Config, prepared: PreparedData, basis: str) -> DataFigures:
     return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
 
 
-def _figures(cfg: Config, rows: Sequence[Row], basis: str, info: Optional[dict] = None) -> DataFigures:
-    """Counts from per-series (asset, interval, category, (train, val, test) candles) rows; a
-    series too short to train is left out. info: the prepared data's data_info (exact counts),
-    which says what was left out and why; else an estimate's rows say it."""
+def _figures(cfg: Config, rows: Sequence[Row], basis: str, info: dict) -> DataFigures:
+    """Counts from the kept series' (asset, interval, category, (train, val, test) candles) rows
+    and the data_info of their split (exact or estimated), which says what was left out and why."""
     window = cfg.model.context_length + 1
-    kept = [r for r in rows if r[3][0] >= window]
-    _check_intervals(cfg, rows, kept)
-    windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in kept]
-    candles = {split: sum(r[3][i] for r in kept) for i, split in enumerate(SPLITS)}
-    lines, warnings = left_out(info if info is not None else _estimated_info(cfg, rows))
+    windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in rows]
+    candles = {split: sum(r[3][i] for r in rows) for i, split in enumerate(SPLITS)}
+    lines, warnings = left_out(info)
     return DataFigures(
         candles,
         sum(windows),
         epoch_windows(windows, cfg.data.epoch_stride),
         basis,
-        len({r[0] for r in kept}),
+        len({r[0] for r in rows}),
         len({r[2] for r in rows}),
-        by=breakdown(kept),
+        by=breakdown(list(rows)),
         left_out=lines,
         warnings=warnings,
     )
 
 
-def _estimated_info(cfg: Config, rows: Sequence[Row]) -> dict:
-    """The data_info keys common.data.check.left_out reads, from an estimate's rows."""
-    window = cfg.model.context_length + 1
-    assets, dropped = {}, []
-    for symbol, interval, category, counts in rows:
-        name = series_name(symbol, interval) if cfg.data.intervals else symbol
-        if counts[0] < window:
-            dropped.append(
-                {
-                    "symbol": name,
-                    "category": category,
-                    "reason": f"{counts[0]} candles before the train/val cut (estimated)",
-                }
-            )
-        else:
-            short = [split for split, n in zip(SPLITS[1:], counts[1:]) if n < EVAL_MIN_CANDLES[split]]
-            assets[name] = {"category": category, "no_windows_in": short}
-    return {
-        "context_length": cfg.model.context_length,
-        "intervals": list(cfg.data.intervals),
-        "assets": assets,
-        "dropped": dropped,
-    }
-
-
-def _check_intervals(cfg: Config, rows: Sequence[Row], kept: Sequence[Row]) -> None:
-    """Refuse, as training does (common.data.prepare), an interval none of whose series would hold
-    a training, validation or test window; for an estimate too, from its per-series counts."""
-    d = cfg.data
-    texts, lost = [], []
-    for interval in d.intervals:
-        mine = [r[3] for r in kept if r[1] == interval]
-        lacks = (
-            ["train"]
-            if not mine
-            else [SPLITS[i] for i in (1, 2) if all(c[i] < EVAL_MIN_CANDLES[SPLITS[i]] for c in mine)]
-        )
-        if lacks:
-            counts = [r[3] for r in rows if r[1] == interval]
-            most = "/".join(f"{max((c[i] for c in counts), default=0):,}" for i in range(3))
-            texts.append(lost_text(interval, lacks, f"{len(counts)} series, at most {most} train/val/test candles"))
-            lost.append(interval)
-    if lost:
-        raise short_intervals_error(texts, lost, cfg.model.context_length, d.purge_gap or cfg.model.context_length)
-
-
-def estimated_candles(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> int:
-    """Candles of one asset between start and end from its market's trading calendar."""
+def estimated_series(asset: Asset, interval: str, start: pd.Timestamp, end: pd.Timestamp) -> tuple[pd.Timestamp, int]:
+    """(first candle, candles) of one asset between start and end from its market's trading calendar."""
     first = max(start, _FIRST_CANDLE.get(asset.source, start))
     if asset.source == "yfinance" and interval in LOOKBACK_LIMITS:  # Yahoo serves recent intraday only
         first = max(first, end - LOOKBACK_LIMITS[interval])
     days, hours = _SESSIONS.get(asset.category, _STOCK_SESSION)
     per_day = 1.0 if interval == "1d" else hours * 3600 / INTERVAL_SECONDS[interval]
     years = max(0.0, (end - first).total_seconds() / (365.25 * 86400))
-    return int(years * days * per_day)
+    return first, int(years * days * per_day)
 
 
 def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
@@ -225,16 +178,62 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
         if sources - set(_FIRST_CANDLE):
             firsts.append(f"the others from {start:%Y-%m-%d}: their first trades are known once downloaded")
         since = f"max ({', '.join(firsts)})"
-    rows = [
-        (a.symbol, iv, a.category, _split(cfg, estimated_candles(a, iv, start, end)))
-        for a in assets
-        for iv in d.run_intervals()
-    ]
+    series = []
+    for a in assets:
+        for iv in d.run_intervals():
+            first, n = estimated_series(a, iv, start, end)
+            series.append((a, iv, first, end, n))
+    prepared = _split_estimate(cfg, series)
     basis = (
         f"estimated from the universe, {since} to {d.end_date or 'today'}, {', '.join(d.run_intervals())} "
         "candles and each market's trading hours (nothing cached)"
     )
-    return _figures(cfg, rows, basis)
+    figures = _prepared_figures(cfg, prepared, basis)
+    figures.notes += _listing_notes(assets, start)
+    return figures
+
+
+def _listing_notes(assets: Sequence[Asset], start: pd.Timestamp) -> list[str]:
+    """A line where the estimate starts a source's assets on the exchange's opening: their own
+    listing dates are not known offline (the universe files have none; the exchange gives them
+    with the candles), so a pair listed later holds fewer candles than estimated."""
+    notes = []
+    for source, opening in _FIRST_CANDLE.items():
+        count = sum(a.source == source for a in assets)
+        if count and start < opening:
+            notes.append(
+                f"the {count} {source} pairs are estimated from {opening:%Y-%m-%d} (Binance's opening): "
+                "a pair's own listing date is known only once its candles are downloaded, so a pair listed "
+                "later holds fewer candles than shown; `marketgpt data download`, then `plan`, counts them"
+            )
+    return notes
+
+
+def _split_estimate(cfg: Config, series: Sequence[tuple[Asset, str, pd.Timestamp, pd.Timestamp, int]]) -> PreparedData:
+    """Preparation's own split (split_data: the same cut dates for every series, pooled from all
+    their candles, and the purge gap) of estimated series: (asset, interval, first, last candle,
+    candles), each series' candles spread evenly from its first to its last."""
+    several = bool(cfg.data.intervals)
+    universe: list[Asset] = []
+    spans: dict[str, tuple[int, int, int]] = {}
+    records: dict[str, dict] = {}
+    dropped: dict[str, str] = {}
+    for asset, interval, first, last, n in series:
+        name = series_name(asset.symbol, interval) if several else asset.symbol
+        universe.append(dataclasses.replace(asset, symbol=name))
+        records[name] = {"category": asset.category, "raw_rows": n, "rows": n, "fixes": {}, "gaps_filled": 0}
+        if n:
+            spans[name] = (first.value, last.value, n)
+        else:
+            dropped[name] = "no candles in the configured date range (estimated)"
+
+    def stamps(name: str) -> np.ndarray:  # made on each read: memory holds one series' stamps
+        first, last, n = spans[name]
+        return np.linspace(first, last, n, dtype=np.int64)
+
+    frames = LazyFrames(list(spans), stamps)
+    interval = cfg.data.intervals[0] if several else cfg.data.interval
+    return split_data(cfg, universe, interval, frames, frames, records, dropped, LazyFrames([], stamps))
 
 
 def _synthetic_estimate(cfg: Config) -> DataFigures:
@@ -245,29 +244,18 @@ def _synthetic_estimate(cfg: Config) -> DataFigures:
     finest = min(d.run_intervals(), key=INTERVAL_SECONDS.__getitem__)
     spec = synthetic_spec(at_interval(cfg, finest))
     assets = [a for a in synthetic_assets(spec) if not d.categories or a.category in d.categories]
-    rows = []
+    start = pd.Timestamp(start_bound(d.start_date) or MAX_ESTIMATE_START)
+    series = []
     for iv in d.run_intervals():
         slots = -(-spec.candles * INTERVAL_SECONDS[finest] // INTERVAL_SECONDS[iv])
-        rows += [
-            (
-                a.symbol,
-                iv,
-                a.category,
-                _split(cfg, slots if a.category == "crypto" else round(slots * (1 - spec.gap_prob))),
-            )
+        last = start + (slots - 1) * interval_step(iv)
+        series += [
+            (a, iv, start, last, slots if a.category == "crypto" else round(slots * (1 - spec.gap_prob)))
             for a in assets
         ]
+    prepared = _split_estimate(cfg, series)
     basis = (
         f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {finest} slots from "
         f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)"
     )
-    return _figures(cfg, rows, basis)
-
-
-def _split(cfg: Config, n: int) -> tuple[int, int, int]:
-    """(train, val, test) candles of an asset of n at the config's ratios; val and test lose
-    data.purge_gap candles at their start, as in training."""
-    d = cfg.data
-    purge = d.purge_gap or cfg.model.context_length
-    train, val = int(n * d.train_ratio), int(n * d.val_ratio)
-    return train, max(0, val - purge), max(0, n - train - val - purge)
+    return _prepared_figures(cfg, prepared, basis)

@@ -50,7 +50,7 @@ from common.commands.final_scorecard import end_of_training_scorecard
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
 from common.config import Config, config_to_dict, load_config
-from common.data.check import left_out
+from common.data.check import print_left_out
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.job_store import failures_reported, share_from_main
@@ -164,9 +164,7 @@ def _open_or_create(
     assert cfg is not None and config is not None
     check_writable(case_dir_of_config(config) / "checkpoints")
     p = _prepare_new(cfg, case_dir_of_config(config), out)
-    lines, warnings = left_out(p.data_info)  # assets, categories or intervals the run goes without
-    for line in lines + warnings:
-        print(line, file=out)
+    print_left_out(p.data_info, out)  # assets, categories or intervals the run goes without
     model_size = auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
     windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
     if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint

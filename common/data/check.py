@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, TextIO
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,7 @@ __all__ = [
     "format_breakdown",
     "left_out",
     "prepare_streamed",
+    "print_left_out",
     "prepared_rows",
     "shard_summary",
 ]
@@ -242,14 +244,19 @@ def prepared_rows(prepared, interval: str, several: bool) -> list[Row]:
 
 def breakdown(rows: list[Row]) -> dict:
     """{"interval": {...}, "category": {...}}: per interval and per category the series, the
-    candles of all splits (= tokens) and the training tokens, in interval and first-seen order."""
+    candles of all splits (= tokens) and the training, validation and test tokens, in interval
+    and first-seen order."""
     out: dict = {"interval": {}, "category": {}}
     for _, interval, category, (train, val, test) in sorted(rows, key=lambda r: INTERVAL_SECONDS[r[1]]):
         for by, key in (("interval", interval), ("category", category)):
-            row = out[by].setdefault(key, {"series": 0, "candles": 0, "train_tokens": 0})
+            row = out[by].setdefault(
+                key, {"series": 0, "candles": 0, "train_tokens": 0, "val_tokens": 0, "test_tokens": 0}
+            )
             row["series"] += 1
             row["candles"] += train + val + test
             row["train_tokens"] += train
+            row["val_tokens"] += val
+            row["test_tokens"] += test
     return out
 
 
@@ -318,6 +325,14 @@ def left_out(info: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                 f"{_per_category([kept[s]['category'] for s in short])}; {_names(short)}"
             )
     return lines, _lost_groups(info, noun)
+
+
+def print_left_out(info: Mapping[str, Any], out: Optional[TextIO] = None) -> None:
+    """left_out's lines, then its warnings, one a line: what `marketgpt train` and `data prepare`
+    print (`marketgpt plan` prints the same lines in its figures, its warnings at its end)."""
+    lines, warnings = left_out(info)
+    for line in lines + warnings:
+        print(line, file=out or sys.stdout)
 
 
 def _too_few(split: str, word: str) -> str:
