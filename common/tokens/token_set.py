@@ -7,7 +7,8 @@ A token folder (a run's `tokens/`, or the `tokens/` of a prepared shard in the d
                    with one clear line
     tokens.bin     (N,) every asset's tokens, concatenated in symbol order (int16)
     moves.bin      (N,) float64, the actual normalized move of each candle (NaN where undefined)
-    features.bin   (N, 3) int16 time and volume ids, with model.time_features / volume_input
+    features.bin   (N, C) int16 time and volume ids, with model.time_features / volume_input; C is
+                   index.json's feature_columns: 3, or 4 with model.vol_level_input (absent: 3)
 
 N is the corpus' candle count. Opened, the arrays are memory maps: a process holds in RAM only
 the pages it reads, and any number of runs and ranks share the page cache. The files are never
@@ -29,6 +30,7 @@ import numpy as np
 
 from common.atomic import atomic_folder, atomic_write_json
 from common.errors import UserError
+from common.tokens.features import NUM_FEATURES
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SPLITS", "TokenSet", "read_index", "token_path", "write_index"]
 
@@ -57,7 +59,7 @@ class TokenSet:
     tokens: dict[str, np.ndarray]
     moves: dict[str, np.ndarray]
     ranges: dict[str, dict[str, tuple[int, int]]]
-    # model.time_features / model.volume_input: (n, 3) ids per candle (common/tokens/features.py)
+    # model.time_features / volume_input / vol_level_input: (n, 3 or 4) ids per candle (common/tokens/features.py)
     features: Optional[dict[str, np.ndarray]] = None
     folder: Optional[Path] = field(default=None, compare=False)  # the token folder it was opened from
     # opened from a folder: the memory maps the per-asset arrays are views of
@@ -96,7 +98,7 @@ class TokenSet:
             with open(folder / "features.bin", "wb") as f:
                 for s in self.symbols:
                     f.write(np.ascontiguousarray(self.features[s], dtype=np.int16).tobytes())
-        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None)
+        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None, _columns(self.features))
 
     @classmethod
     def load(cls, path: Path) -> "TokenSet":
@@ -112,7 +114,7 @@ class TokenSet:
         for name, (file, dtype) in _ARRAYS.items():
             if name == "features" and not index["features"]:
                 continue
-            shape = (n, 3) if name == "features" else (n,)
+            shape = (n, int(index.get("feature_columns", NUM_FEATURES))) if name == "features" else (n,)
             arrays[name] = _open_array(path / file, dtype, shape)
         return cls(
             symbols=symbols,
@@ -153,9 +155,15 @@ def _open_array(file: Path, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def write_index(
-    folder: Path, symbols: list[str], lengths: list[int], ranges: dict[str, dict[str, tuple[int, int]]], features: bool
+    folder: Path,
+    symbols: list[str],
+    lengths: list[int],
+    ranges: dict[str, dict[str, tuple[int, int]]],
+    features: bool,
+    feature_columns: int = NUM_FEATURES,
 ) -> None:
-    """The token folder's index.json (its arrays already written)."""
+    """The token folder's index.json (its arrays already written). feature_columns: features.bin's
+    columns (an index written before the vol-level column has none: 3)."""
     atomic_write_json(
         folder / "index.json",
         {
@@ -167,6 +175,7 @@ def write_index(
             "ranges": [[list(map(int, ranges[s][split])) for split in SPLITS] for s in symbols],
             "dtypes": {"tokens": "int16", "moves": "float64", "features": "int16"},
             "features": bool(features),
+            "feature_columns": int(feature_columns),
         },
     )
 
@@ -192,6 +201,12 @@ def read_index(folder: Path) -> dict:
             "version that wrote it"
         )
     return index
+
+
+def _columns(features: Optional[dict[str, np.ndarray]]) -> int:
+    """The feature arrays' column count (NUM_FEATURES when there are none to look at)."""
+    first = next(iter((features or {}).values()), None)
+    return NUM_FEATURES if first is None else int(first.shape[1])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
