@@ -337,10 +337,10 @@ class ForecasterCore:
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown).
-        With model.vol_level_input a 4th column, the vol-level ids, the future steps holding the
-        origin's: the level moves slowly (its long-run part has a halflife of 10 tokenizer
-        halflives), and recomputing it from each sampled path would need the decoded volatility
-        inside the sampler (and the ONNX loop) for a change of at most a bin or two over a horizon."""
+        With model.vol_level_input a 4th column, the vol-level ids, every future step holding the
+        origin's. A simplification: a sampled path's own level drifts from it over a horizon near
+        vol_halflife, but following it would need each path's decoded volatility inside the
+        sampler's cached loop (and per path, not per origin)."""
         interval = self.interval
         edges = self.volume_edges
         if edges is None:
