@@ -15,6 +15,15 @@ the split's candle positions: every asset's target at the same position is resam
 
 Prints the per-epoch train/val losses, the wall time with the load average, and the skill
 lines. Always exits 0: it reports, it does not gate.
+
+An ablation trains each seed twice, without and with one setting, on the same data and budget,
+and compares the best model's validation loss (never test: the choice is made on it):
+
+    python bench/bench_generalization.py --ablate model.vol_level_input=true --seeds 0,1,2 --json out.json
+
+prints each pair and the mean difference (on - off, nats per token; < 0: the setting helps) with
+a 95% Student-t interval over the seeds (paired by seed: each pair shares the initial weights'
+seed and the window order).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO  # noqa: E402  (puts the repo on sys.path)
 
-__all__ = ["SMALL_DATA", "Trained", "run", "main", "trained_case_c"]
+__all__ = ["SMALL_DATA", "Trained", "ablate", "paired_interval", "run", "main", "trained_case_c"]
 
 CASE_C = REPO / "case_c_crypto" / "configs" / "crypto_prototype.json"
 
@@ -188,6 +197,45 @@ def run(splits: Sequence[str], overrides: Sequence[str] = (), keep: Path | None 
     return res
 
 
+def paired_interval(diffs: Sequence[float]) -> dict[str, Any]:
+    """Mean of paired differences with its 95% Student-t interval (at least two pairs)."""
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    d = np.asarray(diffs, dtype=np.float64)
+    mean, half = float(d.mean()), float(student_t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(d)}
+
+
+def ablate(
+    setting: str, seeds: Sequence[int], overrides: Sequence[str] = (), progress: Path | None = None
+) -> dict[str, Any]:
+    """Per seed: the validation loss of a training without `setting` and one with it (same data,
+    budget and seed), and the paired difference (on - off) with its interval. progress: a JSON
+    file rewritten after each pair (a long ablation on a shared machine keeps what it finished)."""
+    pairs: list[dict[str, Any]] = []
+    for seed in seeds:
+        base = [*overrides, f"training.seed={seed}"]
+        off, on = run(["val"], base), run(["val"], [*base, setting])
+        pairs.append(
+            {
+                "seed": seed,
+                "off": off["val"]["loss"]["model"],
+                "on": on["val"]["loss"]["model"],
+                "off_best_epoch": off["best_epoch"],
+                "on_best_epoch": on["best_epoch"],
+                "unigram": off["val"]["loss"]["unigram"],
+                "wall_s": [off["wall_s"], on["wall_s"]],
+                "loadavg_1m": [off["loadavg_1m"], on["loadavg_1m"]],
+            }
+        )
+        if progress is not None:
+            so_far = {"setting": setting, "overrides": list(overrides), "pairs": pairs}
+            progress.write_text(json.dumps(so_far, indent=1))
+    diffs = [p["on"] - p["off"] for p in pairs]
+    return {"setting": setting, "overrides": list(overrides), "pairs": pairs, "diff": paired_interval(diffs)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -198,7 +246,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--json", type=Path, help="also write the result here")
+    p.add_argument("--ablate", metavar="KEY=VALUE", help="train each seed without and with this setting (val only)")
+    p.add_argument("--seeds", default="0,1,2", help="with --ablate: the training seeds (default 0,1,2)")
     a = p.parse_args(argv)
+    if a.ablate:
+        res = ablate(a.ablate, [int(s) for s in a.seeds.split(",")], a.overrides, a.json)
+        print(f"machine: {os.cpu_count()} vCPU; ablation of {a.ablate}, validation loss of the best model (nats/token)")
+        for q in res["pairs"]:
+            print(
+                f"  seed {q['seed']}: off {q['off']:.4f} (epoch {q['off_best_epoch']})  on {q['on']:.4f} "
+                f"(epoch {q['on_best_epoch']})  on - off {q['on'] - q['off']:+.4f}  [unigram {q['unigram']:.4f}; "
+                f"{q['wall_s'][0]:.0f} s + {q['wall_s'][1]:.0f} s]"
+            )
+        d = res["diff"]
+        lo, hi = d["ci95"]
+        print(f"mean on - off {d['mean']:+.4f} nats/token, 95% CI [{lo:+.4f}, {hi:+.4f}] ({d['n']} seeds)")
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=1))
+        return 0
     res = run(a.split.split(","), a.overrides)
     print(
         f"machine: {os.cpu_count()} vCPU; wall {res['wall_s']} s for {res['steps']} steps; "

@@ -67,6 +67,9 @@ class ModelConfig:
     # add the candle's volume bin to the token embedding (common/tokens/features.py): volume / its
     # EWMA, quantile edges fitted on train; off in the case configs
     volume_input: bool = False
+    # add the candle's volatility level to the token embedding (common/tokens/features.py):
+    # log(tokenizer sigma / its slow EWMA), fixed bins; off in the case configs
+    vol_level_input: bool = False
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"

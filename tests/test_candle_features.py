@@ -1,10 +1,12 @@
-"""model.time_features / model.volume_input: the ids, train-only volume edges, the run folder,
+"""model.time_features / volume_input / vol_level_input: the ids, train-only volume edges, the
+vol-level ids (causal, the tokenizer's own sigma), the token folder's 3 or 4 columns, the run folder,
 model-info, and the sanity test: on a synthetic hourly series whose volatility follows the hour
 of day, a small model with time features gets close to the hour-conditional entropy, and the
 same model without them stays near the unigram."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -17,9 +19,22 @@ from common.model.gpt import MarketGPT
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.special_tokens import PAD_TOKEN
-from common.tokens.features import VOLUME_BINS, calendar_ids, relative_volume, run_features, volume_ids
+from common.tokens.features import (
+    VOL_LEVEL_BINS,
+    VOL_LEVEL_EDGES,
+    VOL_LEVEL_SLOW,
+    VOLUME_BINS,
+    VolLevel,
+    calendar_ids,
+    candle_features,
+    relative_volume,
+    run_features,
+    vol_level_ids,
+    volume_ids,
+)
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
+from common.tokens.volatility import candle_features as scaled_candles
 
 
 def test_calendar_ids_are_hour_and_weekday_intraday_month_and_weekday_daily():
@@ -50,6 +65,48 @@ def test_volume_ids_use_the_past_only_and_train_only_edges():
     assert volume_ids(np.array([np.nan, -10.0, 10.0]), edges).tolist() == [0, 1, VOLUME_BINS]
 
 
+def _walk_frame(n: int, seed: int = 0) -> pd.DataFrame:
+    """Daily candles whose volatility steps up, then down: every vol level is visited."""
+    rng = np.random.default_rng(seed)
+    vol = np.where((np.arange(n) // 150) % 2 == 1, 0.04, 0.01)
+    close = 100 * np.exp(np.cumsum(vol * rng.standard_normal(n)))
+    open_ = close * np.exp(vol * rng.standard_normal(n) * 0.3)
+    high, low = np.maximum(open_, close) * 1.001, np.minimum(open_, close) * 0.999
+    index = pd.date_range("2020-01-01", periods=n, freq="D", tz="UTC")
+    return pd.DataFrame({"open": open_, "high": high, "low": low, "close": close, "volume": 1.0}, index=index)
+
+
+def test_vol_level_ids_are_the_tokenizer_sigma_against_its_slow_ewma_and_use_the_past_only():
+    vol = VolLevel(vol_halflife=5.0, vol_warmup=3)  # warm after 50 returns
+    frame = _walk_frame(700)
+    frame.iloc[400:403, :4] = np.nan  # missing candles keep the level of the one before
+    ids = vol_level_ids(frame, vol)
+    warm = int(VOL_LEVEL_SLOW * vol.vol_halflife)
+    assert (ids[:warm] == 0).all() and (ids[warm:] > 0).all() and (ids[400:403] == ids[399]).all()
+    assert set(ids[warm:]) == set(range(1, VOL_LEVEL_BINS + 1))  # the steps of volatility reach every bin
+
+    # candle t's id is log(sigma / sigma_long) once candle t has closed: the state the tokenizer
+    # carries into candle t + 1 (VolState.sigma), at its own halflife and at VOL_LEVEL_SLOW x it
+    for t in (warm, 250, 399, 401, 403, 650):
+        past = frame.iloc[: t + 1]
+        fast, slow = (
+            scaled_candles(past, "A", None, h, vol.vol_warmup, want_state=True).state.sigma
+            for h in (vol.vol_halflife, VOL_LEVEL_SLOW * vol.vol_halflife)
+        )
+        want = np.searchsorted(VOL_LEVEL_EDGES, math.log(fast / slow), side="right") + 1
+        assert ids[t] == want, t
+        # causal: the candles after t do not move it, and the prefix alone gives the same ids
+        changed = frame.copy()
+        changed.iloc[t + 1 :, :4] *= np.exp(np.linspace(0.0, 3.0, len(frame) - t - 1))[:, None]
+        assert (vol_level_ids(changed, vol)[: t + 1] == ids[: t + 1]).all()
+        assert (vol_level_ids(past, vol) == ids[: t + 1]).all()
+    # a 4th column only when asked for
+    assert candle_features(frame, "1d", [0.0] * (VOLUME_BINS - 1)).shape == (700, 3)
+    four = candle_features(frame, "1d", [0.0] * (VOLUME_BINS - 1), vol=vol)
+    assert four.shape == (700, 4) and (four[:, 3] == ids).all()
+    assert (vol_level_ids(frame.iloc[:warm], vol) == 0).all()  # too short to be warm
+
+
 def test_token_set_keeps_features(tmp_path):
     tokens = TokenSet(
         ["A"],
@@ -63,17 +120,28 @@ def test_token_set_keeps_features(tmp_path):
     assert back.features["A"].tolist() == tokens.features["A"].tolist()
     TokenSet(["A"], tokens.tokens, tokens.moves, tokens.ranges).save(tmp_path / "plain")
     assert TokenSet.load(tmp_path / "plain").features is None
+    # with the vol-level column: index.json says 4 columns
+    four = TokenSet(["A"], tokens.tokens, tokens.moves, tokens.ranges, {"A": np.arange(20).reshape(5, 4)})
+    four.save(tmp_path / "four")
+    assert json.loads((tmp_path / "four" / "index.json").read_text())["feature_columns"] == 4
+    assert TokenSet.load(tmp_path / "four").features["A"].tolist() == four.features["A"].tolist()
+    # a token folder written before the column count was recorded holds 3 columns
+    index = json.loads((tmp_path / "tokens" / "index.json").read_text())
+    del index["feature_columns"]
+    (tmp_path / "tokens" / "index.json").write_text(json.dumps(index))
+    assert TokenSet.load(tmp_path / "tokens").features["A"].tolist() == tokens.features["A"].tolist()
 
 
 def test_off_in_the_case_configs_and_model_info_says_what_each_adds():
     for path in REPO_ROOT.glob("case_*/configs/*.json"):
         cfg = load_config(path)
-        assert not cfg.model.time_features and not cfg.model.volume_input, path
+        assert not (cfg.model.time_features or cfg.model.volume_input or cfg.model.vol_level_input), path
     cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json")
     C = cfg.model.d_model
     assert (
         f"time_features off (would add +{31 * C:,} parameters); volume_input off (would add "
-        f"+{(VOLUME_BINS + 1) * C:,} parameters)" in describe_model(cfg)
+        f"+{(VOLUME_BINS + 1) * C:,} parameters); vol_level_input off (would add "
+        f"+{(VOL_LEVEL_BINS + 1) * C:,} parameters)" in describe_model(cfg)
     )
     on = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["model.time_features=true"])
     base, more = (MarketGPT(c.model, num_assets=20).num_parameters() for c in (cfg, on))
@@ -86,6 +154,23 @@ def test_a_model_with_features_says_so_when_called_without_them():
     )
     with pytest.raises(ValueError, match=r"reads model.time_features .* shape \(1, 4, 3\)"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+
+
+def test_the_vol_level_column_is_read_by_a_model_with_vol_level_input_only():
+    base = dict(vocab_size=64, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0)
+    x, a = torch.randint(3, 64, (2, 4)), torch.zeros(2, dtype=torch.long)
+    three = torch.randint(0, 7, (2, 4, 3))
+    four = torch.cat([three, torch.randint(1, VOL_LEVEL_BINS + 1, (2, 4, 1))], dim=-1)
+    torch.manual_seed(0)
+    timed = MarketGPT(ModelConfig(**base, time_features=True)).eval()
+    # a model without vol_level_input takes a 4-column shard's features and ignores the 4th
+    assert torch.equal(timed(x, a, a, features=three)[0], timed(x, a, a, features=four)[0])
+    leveled = MarketGPT(ModelConfig(**base, vol_level_input=True)).eval()
+    with pytest.raises(ValueError, match=r"shape \(2, 4, 4\)"):
+        leveled(x, a, a, features=three)
+    other = four.clone()
+    other[..., 3] = four[..., 3] % VOL_LEVEL_BINS + 1  # another level: other logits
+    assert not torch.equal(leveled(x, a, a, features=four)[0], leveled(x, a, a, features=other)[0])
 
 
 # --------------------------------------------------------------------------- sanity test
@@ -188,3 +273,10 @@ def test_time_features_learn_the_hour_of_day_volatility_pattern():
     assert with_time < unigram - 0.6 * gap, (with_time, unigram, by_hour)
     assert without > unigram - 0.25 * gap, (without, unigram, by_hour)
     assert not math.isnan(with_time) and PAD_TOKEN not in tokens[cut:]
+
+
+def test_the_token_folders_base_feature_columns_are_the_features_modules():
+    from common.tokens.features import NUM_FEATURES
+    from common.tokens.token_set import BASE_FEATURE_COLUMNS
+
+    assert BASE_FEATURE_COLUMNS == NUM_FEATURES

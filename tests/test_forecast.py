@@ -26,7 +26,7 @@ from common.model.sampling import SamplingSettings, draw_tokens, prefill_length,
 from common.paths import REPO_ROOT
 from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
-from common.tokens.features import VOLUME_BINS, calendar_ids
+from common.tokens.features import VOL_LEVEL_BINS, VOLUME_BINS, calendar_ids
 from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -89,7 +89,7 @@ def fitted_tokenizer(vocab: int = 64) -> OHLCTokenizer:
 
 @pytest.mark.parametrize("positional", ["learned", "rope", "recipe"])  # recipe: rope, RMSNorm, QK-norm, SwiGLU
 @pytest.mark.parametrize("horizon", [5, 23])  # 23 > T // 2: the cache fills and is rebuilt, twice
-@pytest.mark.parametrize("inputs", [False, True])  # model.time_features + model.volume_input
+@pytest.mark.parametrize("inputs", [False, True])  # model.time_features + volume_input + vol_level_input
 # chunks of rows: two contexts' samples (sharing their prefixes), then one context's; or each
 # context's 3 samples in parts of 2 and 1
 @pytest.mark.parametrize("samples, max_batch, chunks", [(2, 4, 2), (3, 2, 6)])
@@ -108,6 +108,7 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
         dropout=0.1,
         time_features=inputs,
         volume_input=inputs,
+        vol_level_input=inputs,
         **({"norm": "rms", "qk_norm": True, "mlp": "swiglu"} if positional == "recipe" else {}),
     )
     model = MarketGPT(cfg, num_assets=3, num_categories=2).train()
@@ -116,7 +117,8 @@ def test_cached_logits_equal_uncached_at_every_step(positional, horizon, inputs,
     seen = []
     P = prefill_length(12, horizon, 20)
     # every candle (context, then future step) its own ids, so a misaligned slice changes the logits
-    features = torch.stack([torch.randint(0, n, (3, 20 + horizon)) for n in (24, 7, VOLUME_BINS + 1)], dim=-1)
+    bins = (24, 7, VOLUME_BINS + 1, VOL_LEVEL_BINS + 1)
+    features = torch.stack([torch.randint(0, n, (3, 20 + horizon)) for n in bins], dim=-1)
 
     def check(step, rows, seq, window, logits):
         end = seq.shape[1]  # seq is contexts[:, 20 - P:] and the steps drawn so far
@@ -610,9 +612,10 @@ def test_broken_runs_and_unwritable_out(run_dir, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def feature_run(tmp_path_factory):
-    """A tiny run with model.time_features and model.volume_input, its end-of-training scorecard on."""
+    """A tiny run with model.time_features, volume_input and vol_level_input, its end-of-training
+    scorecard on."""
     spec = json.loads(json.dumps(TINY))
-    spec["model"].update(time_features=True, volume_input=True)
+    spec["model"].update(time_features=True, volume_input=True, vol_level_input=True)
     spec["training"].update(scorecard_origins=2, scorecard_samples=4)
     return train_tiny(tmp_path_factory.mktemp("fcf"), spec)[1]
 
@@ -626,13 +629,17 @@ def test_a_run_with_time_and_volume_inputs_forecasts(feature_run, tmp_path, caps
     (h,) = fc.load_history(["AAPL"], as_of="2012-06-01")
     n, category = len(h.candles), fc.assets["AAPL"].category
     ids = fc.candle_features(h.candles, category, 4)
-    # the context's ids are training's own (same candles, same fitted volume edges) ...
-    np.testing.assert_array_equal(ids[:n], TokenSet.load(feature_run / "tokens").features["AAPL"][:n])
-    assert ids[:n, 2].max() > 1
-    # ... the future's: the forecast's own timestamps' calendar, volume unknown (0)
+    # the context's ids are training's own (same candles, same fitted volume edges, the
+    # vol level from the history up to the origin alone) ...
+    shard = TokenSet.load(feature_run / "tokens").features["AAPL"]
+    assert ids.shape == (n + 4, 4) and shard.shape[1] == 4 and len(shard) > n
+    np.testing.assert_array_equal(ids[:n], shard[:n])
+    assert ids[:n, 2].max() > 1 and len(set(ids[:n, 3]) - {0}) > 3
+    # ... the future's: the forecast's own timestamps' calendar, volume unknown (0), the
+    # origin's vol level held
     when = future_timestamps(h.candles.index[-1], "1d", category, 4)
     np.testing.assert_array_equal(ids[n:, :2], calendar_ids(when, "1d"))
-    assert (ids[n:, 2] == 0).all()
+    assert (ids[n:, 2] == 0).all() and (ids[n:, 3] == ids[n - 1, 3]).all()
 
     r = fc.forecast([h], 4, 16, seed=0, return_paths=True)
     assert np.isfinite(r.paths["close"]).all()
@@ -698,7 +705,7 @@ def test_bench_forecast_smoke_writes_its_rows(tmp_path):
 def test_export_refuses_a_run_with_calendar_or_volume_inputs(feature_run, tmp_path, capsys):
     # the exported forward takes tokens, assets and categories only: say so rather than fail later
     assert main(["export", str(feature_run), "--format", "onnx", "--out", str(tmp_path / "x")]) == 2
-    assert "model.time_features / model.volume_input" in capsys.readouterr().err
+    assert "model.time_features / volume_input / vol_level_input" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -116,6 +116,7 @@ def test_rebuilt_when_a_keyed_setting_or_an_input_file_changes(tmp_path):
         ("data.train_ratio=0.6", "data.test_ratio=0.25"): True,
         ("model.context_length=6",): True,
         ("model.time_features=true",): True,
+        ("model.vol_level_input=true",): True,  # a 4th feature column
         ('data.end_date="2020-06-01"',): True,
         # windows only, the model, or where the cache is: the same tokens
         ("data.window_stride=2",): False,
@@ -127,10 +128,28 @@ def test_rebuilt_when_a_keyed_setting_or_an_input_file_changes(tmp_path):
     for overrides, rebuilt in changed.items():
         folder, _ = shard_folder(load_config(config, list(overrides)), case)
         assert (folder != base) == rebuilt, overrides
+    # a setting at its default is not in the key: every shard prepared before it existed is reused
+    assert set(shard_folder(load_config(config), case)[1]["model"]) == {
+        "vocab_size",
+        "context_length",
+        "time_features",
+        "volume_input",
+    }
     # a cache file rewritten (a later download): new key
     parquet = next((case / "data").rglob("*.parquet"))
     os.utime(parquet, ns=(parquet.stat().st_atime_ns, parquet.stat().st_mtime_ns + 10**9))
     assert shard_folder(load_config(config), case)[0] != base
+
+
+def test_vol_level_ids_are_a_4th_column_equal_in_shards_and_in_memory(tmp_path):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config, ["model.vol_level_input=true"]), config.parent.parent
+    shard, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
+    assert json.loads((shard.tokens.folder / "index.json").read_text())["feature_columns"] == 4
+    for s in shard.tokens.symbols:
+        assert shard.tokens.features[s].shape == (len(shard.tokens.tokens[s]), 4)
+        np.testing.assert_array_equal(shard.tokens.features[s], memory.tokens.features[s])
+    assert any((shard.tokens.features[s][:, 3] > 0).any() for s in shard.tokens.symbols)
 
 
 def test_a_changed_setting_prepares_a_new_shard_and_keeps_the_old(tmp_path):

@@ -50,8 +50,9 @@ def _config(**training) -> Config:
     return cfg
 
 
-def _windows():
-    """Two assets whose tokens follow a noisy cycle: learnable in a few dozen steps."""
+def _windows(features=None):
+    """Two assets whose tokens follow a noisy cycle: learnable in a few dozen steps; features:
+    symbol -> per-candle ids, for a model that reads them."""
     rng = np.random.default_rng(0)
     tokens, ranges = {}, {}
     for symbol, n, period in (("A", 400, 5), ("B", 300, 7)):
@@ -60,7 +61,13 @@ def _windows():
         tokens[symbol] = np.where(noise, rng.integers(3, 64, n), cycle)
         ranges[symbol] = {"train": (0, int(n * 0.7)), "val": (int(n * 0.7), int(n * 0.85)), "test": (int(n * 0.85), n)}
     return build_windows(
-        tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T, strides={"train": 1, "val": T, "test": T}
+        tokens,
+        ranges,
+        {"A": 0, "B": 1},
+        {"A": 0, "B": 0},
+        T,
+        strides={"train": 1, "val": T, "test": T},
+        features=features,
     )
 
 
@@ -233,6 +240,33 @@ def test_resume_is_bit_identical(tmp_path, straight, stop_at):
     for name, w in weights.items():
         assert torch.equal(second.model.state_dict()[name], w), name
     assert _losses(second) == losses
+
+
+def test_resume_of_a_model_reading_candle_ids_is_bit_identical(tmp_path):
+    """model.time_features + vol_level_input: the windows carry (n, 4) ids beside the tokens,
+    and a resume draws the same ids with the same windows."""
+    rng = np.random.default_rng(1)
+    windows = _windows(
+        {s: np.stack([rng.integers(0, m, n) for m in (24, 7, 9, 9)], axis=1) for s, n in (("A", 400), ("B", 300))}
+    )
+
+    def config() -> Config:
+        cfg = _config()
+        cfg.model.time_features = cfg.model.vol_level_input = True
+        return cfg
+
+    whole = _trainer(tmp_path / "straight", cfg=config(), windows=windows)
+    assert whole.train() == "finished"
+    first = _trainer(tmp_path / "cut", cfg=config(), windows=windows)
+    assert first.train(stop_after_steps=7) == "stopped"
+    second = _trainer(tmp_path / "cut", cfg=config(), windows=windows)
+    torch.manual_seed(12345)
+    second.load_state_dict(load_checkpoint(latest_good_checkpoint(tmp_path / "cut")))
+    assert second.train() == "finished"
+    for name, w in whole.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[name], w), name
+    assert _losses(second) == _losses(whole)
+    assert "vol_level_emb.weight" in whole.model.state_dict()
 
 
 @pytest.mark.parametrize("stop_at", [4, 9], ids=["mid-epoch", "next-epoch"])

@@ -19,8 +19,10 @@ candle is carried exactly into the decoded future), take the last context_length
 `samples` token paths of `horizon` candles (common.model.sampling: KV cache, every origin and sample
 in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The future is made of
 candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
-A run with model.time_features / model.volume_input also gets each candle's ids: the history's
-as training computed them, the future's calendar with volume bin 0 (unknown).
+A run with model.time_features / volume_input / vol_level_input also gets each candle's ids: the
+history's as training computed them, the future's calendar with volume bin 0 (unknown) and the
+origin's vol-level id held (the sampled candles' volatility level is not recomputed: see
+candle_features).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
-from common.tokens.features import VOLUME_BINS, calendar_ids, candle_features
+from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["DEFAULT_LEVELS", "ForecasterCore", "warn"]
@@ -315,7 +317,7 @@ class ForecasterCore:
                     "category": self.assets[symbol].category,
                 }
             )
-            if self.cfg.model.time_features or self.cfg.model.volume_input:
+            if self.cfg.model.time_features or self.cfg.model.volume_input or self.cfg.model.vol_level_input:
                 features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon) :])
         return contexts, states, origins, features
 
@@ -328,13 +330,17 @@ class ForecasterCore:
         features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L) as settings say, never a
-        banned id (banned_ids). features: (N, L + horizon, 3) candle ids, only for a model with
-        time_features / volume_input. The one step each subclass gives."""
+        banned id (banned_ids). features: (N, L + horizon, 3 or 4) candle ids, only for a model with
+        time_features / volume_input / vol_level_input. The one step each subclass gives."""
         raise NotImplementedError
 
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
-        volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown)."""
+        volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown).
+        With model.vol_level_input a 4th column, the vol-level ids, every future step holding the
+        origin's. A simplification: a sampled path's own level drifts from it over a horizon near
+        vol_halflife, but following it would need each path's decoded volatility inside the
+        sampler's cached loop (and per path, not per origin)."""
         interval = self.interval
         edges = self.volume_edges
         if edges is None:
@@ -348,7 +354,13 @@ class ForecasterCore:
             candles = candles.assign(volume=np.nan)  # no readings: volume id 0
         future = calendar_ids(future_timestamps(candles.index[-1], interval, category, horizon), interval)
         future = np.concatenate([future, np.zeros((horizon, 1), dtype=np.int64)], axis=1)
-        return np.concatenate([candle_features(candles, interval, edges), future], axis=0)
+        tok = self.tokenizer
+        vol = VolLevel(tok.vol_halflife, tok.vol_warmup) if self.cfg.model.vol_level_input else None
+        past = candle_features(candles, interval, edges, vol=vol)
+        if vol is not None:
+            held = np.full((horizon, 1), past[-1, -1] if len(past) else 0, dtype=np.int64)
+            future = np.concatenate([future, held], axis=1)
+        return np.concatenate([past, future], axis=0)
 
     def banned_ids(self) -> np.ndarray:
         """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""

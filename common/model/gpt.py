@@ -30,7 +30,7 @@ from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
 from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
-from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOLUME_BINS
+from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOL_LEVEL_BINS, VOLUME_BINS
 
 __all__ = ["Dropout", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
 
@@ -224,12 +224,13 @@ class MarketGPT(nn.Module):
         self.category_emb = nn.Embedding(num_categories, config.category_embed_dim)
         self.cond_proj = nn.Linear(config.asset_embed_dim + config.category_embed_dim, C, bias=config.bias)
         self.interval_emb = nn.Embedding(num_intervals, C) if num_intervals > 1 else None
-        # model.time_features / model.volume_input: per-candle ids (common/tokens/features.py)
+        # model.time_features / volume_input / vol_level_input: per-candle ids (common/tokens/features.py)
         # whose embeddings add to the token's; None when off, so the documented counts hold
         self.time_emb = (
             nn.ModuleList([nn.Embedding(CALENDAR_A, C), nn.Embedding(CALENDAR_B, C)]) if config.time_features else None
         )
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
+        self.vol_level_emb = nn.Embedding(VOL_LEVEL_BINS + 1, C) if config.vol_level_input else None
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = norm_layer(config, C)
@@ -282,7 +283,7 @@ class MarketGPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
-            tables += [*(self.time_emb or []), *([self.volume_emb] if self.volume_emb is not None else [])]
+            tables += [*(self.time_emb or []), *(t for t in (self.volume_emb, self.vol_level_emb) if t is not None)]
             tables += [self.interval_emb] if self.interval_emb is not None else []
             total -= sum(t.weight.numel() for t in tables)
         return total
@@ -307,18 +308,22 @@ class MarketGPT(nn.Module):
         return F.linear(x, self.lm_head.weight[:vocab], bias)
 
     def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor | int:
-        """(B, T, C): the embeddings of each candle's time and volume ids (features: (B, T, 3))."""
-        if features is None or features.shape != (B, T, NUM_FEATURES):
+        """(B, T, C): the embeddings of each candle's time, volume and vol-level ids (features:
+        (B, T, 3), or (B, T, 4) with the vol-level ids; a model without vol_level_input ignores a 4th column)."""
+        need = NUM_FEATURES + (self.vol_level_emb is not None)
+        if features is None or features.shape[:2] != (B, T) or features.shape[2] < need:
             got = "none" if features is None else tuple(features.shape)
             raise ValueError(
-                f"this model reads model.time_features / model.volume_input: pass features of shape "
-                f"({B}, {T}, {NUM_FEATURES}) (common/tokens/features.py), got {got}"
+                f"this model reads model.time_features / volume_input / vol_level_input: pass features of shape "
+                f"({B}, {T}, {need}) (common/tokens/features.py), got {got}"
             )
         out: torch.Tensor | int = 0
         if self.time_emb is not None:
             out = self.time_emb[0](features[..., 0]) + self.time_emb[1](features[..., 1])
         if self.volume_emb is not None:
             out = out + self.volume_emb(features[..., 2])
+        if self.vol_level_emb is not None:
+            out = out + self.vol_level_emb(features[..., NUM_FEATURES])
         return out
 
     def new_cache(
@@ -367,7 +372,7 @@ class MarketGPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
-        if self.time_emb is not None or self.volume_emb is not None:
+        if self.time_emb is not None or self.volume_emb is not None or self.vol_level_emb is not None:
             x = x + self._input_features(features, B, T)
         cond = self.cond_proj(cond)  # (B, C)
         if self.interval_emb is not None:

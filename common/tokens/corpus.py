@@ -15,7 +15,7 @@ from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
 from common.run.info import RunInfo
-from common.tokens.features import candle_features, fit_volume_edges, relative_volume
+from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -80,12 +80,19 @@ def fit_volume(prepared: PreparedData) -> list[float]:
 
 
 def encode_asset(
-    tokenizer: OHLCTokenizer, frame: pd.DataFrame, symbol: str, interval: str, edges: Optional[list[float]]
+    tokenizer: OHLCTokenizer,
+    frame: pd.DataFrame,
+    symbol: str,
+    interval: str,
+    edges: Optional[list[float]],
+    vol_level: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """One asset's (tokens, moves, time and volume ids or None when `edges` is None)."""
+    """One asset's (tokens, moves, time and volume ids or None when `edges` is None); vol_level:
+    the vol-level ids as a 4th column (model.vol_level_input)."""
     tokens = tokenizer.encode(frame, asset=symbol)
     moves = tokenizer.features(frame, asset=symbol)[0]
-    features = None if edges is None else candle_features(frame, interval, edges)
+    vol = VolLevel(tokenizer.vol_halflife, tokenizer.vol_warmup) if vol_level else None
+    features = None if edges is None else candle_features(frame, interval, edges, vol=vol)
     return tokens, moves, features
 
 
@@ -95,7 +102,7 @@ def ranges_of(prepared: PreparedData, symbol: str) -> dict[str, tuple[int, int]]
 
 
 def wants_features(cfg: Config) -> bool:
-    return cfg.model.time_features or cfg.model.volume_input
+    return cfg.model.time_features or cfg.model.volume_input or cfg.model.vol_level_input
 
 
 def prepare_in_memory(
@@ -112,7 +119,9 @@ def prepare_in_memory(
     moves: dict[str, np.ndarray] = {}
     features: dict[str, Optional[np.ndarray]] = {}
     for s in symbols:
-        tokens[s], moves[s], features[s] = encode_asset(tokenizer, prepared.candles[s], s, market.interval_of(s), edges)
+        tokens[s], moves[s], features[s] = encode_asset(
+            tokenizer, prepared.candles[s], s, market.interval_of(s), edges, cfg.model.vol_level_input
+        )
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges

@@ -25,6 +25,8 @@ _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards", "train_fra
 # data settings added after the seed configs: in the key only when not at their default, so every
 # config that does not use them keeps its shard
 _KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
+# model settings likewise: model.vol_level_input adds a 4th feature column
+_MODEL_KEYED_WHEN_SET = {"vol_level_input": False}
 
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:
@@ -38,7 +40,10 @@ def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> 
         "versions": {"shard": SHARD_VERSION, "token_folder": FORMAT_VERSION, "tokenizer": TOKENIZER_FORMAT},
         "data": data,
         "purge_gap": cfg.data.purge_gap or cfg.model.context_length,
-        "model": {k: getattr(cfg.model, k) for k in ("vocab_size", "context_length", "time_features", "volume_input")},
+        "model": {
+            **{k: getattr(cfg.model, k) for k in ("vocab_size", "context_length", "time_features", "volume_input")},
+            **{k: getattr(cfg.model, k) for k, off in _MODEL_KEYED_WHEN_SET.items() if getattr(cfg.model, k) != off},
+        },
         "tokenizer": config_to_dict(cfg)["tokenizer"],
         "parent_tokenizer": _sha256(parent) if parent is not None else None,
         "files": [[str(p), *_stamp(p)] for p in input_files(cfg, case_dir)],

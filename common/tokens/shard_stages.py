@@ -36,6 +36,7 @@ from common.errors import UserError
 from common.markets import interval_step
 from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
+from common.tokens.features import NUM_FEATURES
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.token_set import write_index
@@ -232,6 +233,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
             "ranges": {s: ranges_of(prepared, s) for s in symbols},
             "interval": interval,
             "volume_edges": edges,
+            "vol_level": cfg.model.vol_level_input,  # a 4th feature column (absent in older work folders)
             "info": prepared.info,
             "asset_info": RunInfo.of_assets(prepared.assets, cfg.data.intervals).to_json(),
             "series_intervals": series_intervals,
@@ -265,7 +267,9 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
             s = split["symbols"][j]
             tokenizer.reset_clip_counts()  # this asset's own counts, summed by the finish stage
             interval = split.get("series_intervals", {}).get(s, split["interval"])
-            toks, moves, features = encode_asset(tokenizer, cleaned.frame(s), s, interval, edges)
+            toks, moves, features = encode_asset(
+                tokenizer, cleaned.frame(s), s, interval, edges, bool(split.get("vol_level", False))
+            )
             if len(toks) != split["lengths"][j]:
                 raise UserError(
                     f"{s}: {len(toks)} tokens where the fit stage counted {split['lengths'][j]}; "
@@ -300,9 +304,9 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
         (private / "tokens").mkdir()
         files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None)
         sha256 = {name.removeprefix("tokens/"): entry["sha256"] for name, entry in files.items()}
-        write_index(
-            private / "tokens", symbols, split["lengths"], split["ranges"], split["volume_edges"] is not None, sha256
-        )
+        columns = NUM_FEATURES + int(bool(split.get("vol_level", False)))
+        with_features = split["volume_edges"] is not None
+        write_index(private / "tokens", symbols, split["lengths"], split["ranges"], with_features, sha256, columns)
         tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
         tokenizer.clip_counts = {
             k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)

@@ -7,7 +7,8 @@ A token folder (a run's `tokens/`, or the `tokens/` of a prepared shard in the d
                    folder from another version fails with one clear line
     tokens.bin     (N,) every asset's tokens, concatenated in symbol order (int16)
     moves.bin      (N,) float64, the actual normalized move of each candle (NaN where undefined)
-    features.bin   (N, 3) int16 time and volume ids, with model.time_features / volume_input
+    features.bin   (N, C) int16 time and volume ids, with model.time_features / volume_input; C is
+                   index.json's feature_columns: 3, or 4 with model.vol_level_input (absent: 3)
 
 N is the corpus' candle count. Opened, the arrays are memory maps: a process holds in RAM only
 the pages it reads, and any number of runs and ranks share the page cache. The files are never
@@ -40,6 +41,9 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SPLITS", "TokenSet", "read_index", 
 FORMAT_NAME = "marketgpt-tokens"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
+# features.bin's columns where index.json has no feature_columns (written before the vol-level
+# column): common.tokens.features.NUM_FEATURES, not imported so that opening tokens loads no pandas
+BASE_FEATURE_COLUMNS = 3
 _ARRAYS = {
     "tokens": ("tokens.bin", np.int16),
     "moves": ("moves.bin", np.float64),
@@ -62,7 +66,7 @@ class TokenSet:
     tokens: dict[str, np.ndarray]
     moves: dict[str, np.ndarray]
     ranges: dict[str, dict[str, tuple[int, int]]]
-    # model.time_features / model.volume_input: (n, 3) ids per candle (common/tokens/features.py)
+    # model.time_features / volume_input / vol_level_input: (n, 3 or 4) ids per candle (common/tokens/features.py)
     features: Optional[dict[str, np.ndarray]] = None
     folder: Optional[Path] = field(default=None, compare=False)  # the token folder it was opened from
     # opened from a folder: the memory maps the per-asset arrays are views of
@@ -100,7 +104,8 @@ class TokenSet:
                 for s in self.symbols:
                     hasher.write(f, np.ascontiguousarray(per_asset[s], dtype=dtype).tobytes())
             sha256[file] = hasher.entry()["sha256"]
-        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None, sha256)
+        columns = _columns(self.features)
+        write_index(folder, self.symbols, lengths, self.ranges, self.features is not None, sha256, columns)
 
     @classmethod
     def load(cls, path: Path) -> "TokenSet":
@@ -116,7 +121,7 @@ class TokenSet:
         for name, (file, dtype) in _ARRAYS.items():
             if name == "features" and not index["features"]:
                 continue
-            shape = (n, 3) if name == "features" else (n,)
+            shape = (n, int(index.get("feature_columns", BASE_FEATURE_COLUMNS))) if name == "features" else (n,)
             arrays[name] = _open_array(path / file, dtype, shape, index.get("sha256", {}).get(file))
         return cls(
             symbols=symbols,
@@ -170,8 +175,10 @@ def write_index(
     ranges: dict[str, dict[str, tuple[int, int]]],
     features: bool,
     sha256: dict[str, str],
+    feature_columns: int = BASE_FEATURE_COLUMNS,
 ) -> None:
-    """The token folder's index.json (its arrays already written; sha256: file name -> hex digest)."""
+    """The token folder's index.json (its arrays already written; sha256: file name -> hex digest).
+    feature_columns: features.bin's columns (an index written before the vol-level column has none: 3)."""
     atomic_write_json(
         folder / "index.json",
         {
@@ -184,6 +191,7 @@ def write_index(
             "dtypes": {"tokens": "int16", "moves": "float64", "features": "int16"},
             "features": bool(features),
             "sha256": dict(sha256),
+            "feature_columns": int(feature_columns),
         },
     )
 
@@ -209,6 +217,12 @@ def read_index(folder: Path) -> dict:
             "version that wrote it"
         )
     return index
+
+
+def _columns(features: Optional[dict[str, np.ndarray]]) -> int:
+    """The feature arrays' column count (BASE_FEATURE_COLUMNS when there are none to look at)."""
+    first = next(iter((features or {}).values()), None)
+    return BASE_FEATURE_COLUMNS if first is None else int(first.shape[1])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

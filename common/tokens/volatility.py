@@ -20,7 +20,7 @@ from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN
 from common.tokens.candles import CandleInput, check_positive, price_arrays
 
-__all__ = ["SIGMA_FLOOR", "ArrayOrFloat", "CandleFeatures", "VolState", "candle_features", "ewma_alpha", "walk"]
+__all__ = ["SIGMA_FLOOR", "ArrayOrFloat", "CandleFeatures", "VolState", "candle_features", "ewma", "ewma_alpha", "walk"]
 
 # sigma never goes below this (log-return units): a series that has not moved for vol_halflife
 # candles would otherwise divide by zero. Its next real move then lands in an end bin (clipped).
@@ -79,7 +79,7 @@ def candle_features(
     log_close = np.log(c[vi])
     r = np.diff(log_close)  # r[j]: move of valid candle j+1 from valid candle j
     # var[j]: EWMA of r[0..j]^2, i.e. what is known once valid candle j+1 has closed.
-    var = _ewma(r * r, vol_halflife)
+    var = ewma(r * r, vol_halflife)
     k = np.arange(vol_warmup + 1, m)  # warm valid candles: at least vol_warmup past returns
     if len(k):
         sigma = np.maximum(np.sqrt(var[k - 2]), SIGMA_FLOOR)  # returns strictly before candle k
@@ -131,7 +131,7 @@ def walk(
     return out, before, sig
 
 
-def _ewma(x: np.ndarray, halflife: float) -> np.ndarray:
+def ewma(x: np.ndarray, halflife: float) -> np.ndarray:
     """Bias-corrected EWMA of x (pandas' cython loop: fast, no Python per-element loop)."""
     if len(x) == 0:
         return x
