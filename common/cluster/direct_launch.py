@@ -42,7 +42,7 @@ from typing import Optional, Sequence
 from common.atomic import atomic_write_json
 from common.slurm.requeue import EXIT_REQUEUE
 
-__all__ = ["ENDED", "RankRecord", "launch_of_log", "launch_state", "main", "recorded_state", "state_of"]
+__all__ = ["ENDED", "RankRecord", "launch_of_log", "launch_state", "log_tail", "main", "recorded_state", "state_of"]
 
 STATE_FILE = ".direct.json"
 EXIT_REFUSED = 3  # `start` while a launch of the case runs
@@ -284,15 +284,17 @@ def _is_alive(record: dict) -> bool:
     return isinstance(pid, int) and _start_ticks(pid) == record.get("start_ticks")
 
 
-def _log_tail(path: str, lines: int = 15) -> list[str]:
+def log_tail(path: str | Path, max_bytes: int = 16384) -> list[str]:
+    """The non-empty lines in the last `max_bytes` of a (possibly large, growing) log; [] if unreadable.
+    A progress bar's carriage returns count as line ends."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
-            f.seek(max(0, f.tell() - 16384))
+            f.seek(max(0, f.tell() - max_bytes))
             text = f.read().decode("utf-8", errors="replace")
     except OSError:
         return []
-    return [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-lines:]
+    return [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
 
 
 def _stop(case: str, timeout_s: float) -> int:
@@ -318,7 +320,7 @@ def _stop(case: str, timeout_s: float) -> int:
                 print(f"launch {launch_id}: {status} ({why})")
                 return 0
             print(f"launch {launch_id}: {status} ({why}); the last lines of {state['log']}:")
-            print("\n".join(f"  {line}" for line in _log_tail(state["log"])), flush=True)
+            print("\n".join(f"  {line}" for line in log_tail(state["log"])[-15:]), flush=True)
             lost = "its launcher is gone without an exit code" if status == "LOST" else why
             print(
                 f"launch {launch_id} {status} after the stop signal ({lost}): no checkpoint of this stop; "

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
-from common.cluster.direct_launch import launch_of_log, recorded_state
+from common.cluster.direct_launch import launch_of_log, log_tail, recorded_state
 from common.distributed.gpu_health import health_report
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.run.log import format_duration
@@ -70,19 +70,8 @@ def last_line(path: Optional[Path], width: int = _LINE_WIDTH) -> str:
     """The last non-empty line of a (possibly large, growing) log file, shortened to `width`."""
     if path is None:
         return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
     # submitit's own INFO/WARNING lines say little about the training: show the trainer's
-    lines = [
-        line.strip()
-        for line in tail.replace("\r", "\n").splitlines()
-        if line.strip() and not line.startswith("submitit ")
-    ]
+    lines = [line.strip() for line in log_tail(path, 8192) if not line.startswith("submitit ")]
     if not lines:
         return ""
     text = lines[-1]
