@@ -30,7 +30,11 @@ PLAN = {
     "1h": {"series": 600, "candles": 1080000, "train": 1},
 }
 CARD = {"origins": {"drawn": "1800 forecasts over the budget of 400: 399 drawn, up to 133 assets", "budget": 400}}
-REFUSED = "the run's data cut-off is after every fixed task's start: use --after-cutoff"
+REFUSED = (
+    "the model forecasts 1d, 1h candles: each task is scored at its own interval\n"
+    "marketgpt benchmark: error: the model's data cut-off 2023-09-12T04:00 is after the start of every "
+    "benchmark task it can answer (...): score tasks after it with --after-cutoff"
+)
 
 
 def changed(d: dict, key: str, value: Any) -> dict:
@@ -201,3 +205,15 @@ def test_the_command_line_starts():
         [sys.executable, str(REPO_ROOT / "bench" / "rehearsal"), "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "--size {reduced,medium,full}" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "Traceback (most recent call last):\nValueError: no task\nmarketgpt benchmark: error: use --after-cutoff",
+        "marketgpt benchmark: error: the cut-off is after every task\nmarketgpt benchmark: error: use --after-cutoff",
+        "marketgpt benchmark: error: the cut-off is after every task",  # no way out named
+    ],
+)
+def test_the_benchmark_refusal_is_one_error_line_naming_the_way_out(said):
+    assert not checks.benchmark_refuses(2, said)["ok"]

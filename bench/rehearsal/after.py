@@ -78,14 +78,14 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
 
 
 def _fixed_tasks_around(run_dir: Path) -> tuple[list[str], list[str]]:
-    """The fixed benchmark tasks at the run's first interval that start before its data cut-off,
-    and those that start at or after it."""
+    """The fixed benchmark tasks at the run's intervals that start before its data cut-off, and
+    those that start at or after it."""
     import pandas as pd
 
     from common.evaluation.benchmark_tasks import choose_tasks, data_cutoff
 
     cutoff = data_cutoff(run_dir)
-    tasks = [t for t in choose_tasks(None) if t.interval == INTERVALS[0]]
+    tasks = [t for t in choose_tasks(None) if t.interval in INTERVALS]  # each scored at its own interval
     start = lambda t: pd.Timestamp(t.start, tz="UTC")  # noqa: E731
     return (
         [t.name for t in tasks if cutoff is None or start(t) < cutoff],

@@ -194,11 +194,14 @@ def scorecard_within_budget(card: Optional[Mapping[str, Any]], error: str) -> Ch
 
 
 def benchmark_refuses(exit_code: int, said: str) -> Check:
-    """Every fixed task precedes the run's cut-off: one line, exit 2, naming --after-cutoff."""
+    """Every fixed task precedes the run's cut-off: exit 2 and one error line naming
+    --after-cutoff (a model of several intervals says first, on a line of its own, that each task
+    is scored at its own interval), no traceback."""
+    errors = [line for line in said.splitlines() if line.startswith("marketgpt benchmark: error:")]
     return result(
         "marketgpt benchmark says the fixed tasks precede the cut-off",
-        exit_code == 2 and bool(said) and "\n" not in said and "--after-cutoff" in said,
-        f"exit {exit_code}: {said[:300]}",
+        exit_code == 2 and len(errors) == 1 and "--after-cutoff" in errors[0] and "Traceback" not in said,
+        f"exit {exit_code}: {(errors[0] if len(errors) == 1 else said)[:400]}",
     )
 
 
