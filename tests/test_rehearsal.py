@@ -1,10 +1,12 @@
-"""The rehearsal of case A's job (bench/rehearsal.py) at its reduced size, on the local Slurm
-cluster (tools/local_slurm): a 2M-candle corpus of the 600-asset universe in the download cache's
+"""The rehearsal of case A's job (bench/rehearsal/) at its reduced size, on the local Slurm
+cluster (tools/local_slurm): a 1.26M-candle corpus of the 600-asset universe in the download cache's
 layout, `plan` and `data check`, `data prepare --array 8` with a task killed, a second submission
 and a training started meanwhile, the case script on 2 nodes requeued twice, the scorecard,
 `benchmark` (refused for the fixed tasks, then `--after-cutoff`) and `status`. Every check of its
-report must pass: among them, the shard the faulted array published equals a one-process
-preparation byte for byte, and the training started during the preparation finishes."""
+report must pass: among them, the killed task ended FAILED, nothing is left beside the shard, the
+faulted array published a shard at least once and it equals a one-process preparation byte for
+byte, and the training started during the preparation finishes. That each check can fail:
+tests/test_rehearsal_checks.py."""
 
 from __future__ import annotations
 
@@ -48,7 +50,15 @@ def _failed(report: dict) -> dict[str, str]:
 
 def test_every_stage_ran_and_every_check_passes(report):
     assert set(report["stages"]) >= {"corpus", "plan", "prepare", "prepare_single", "train_slurm", "reference", "after"}
-    assert len(report["checks"]) >= 15 and not _failed(report), _failed(report)
+    assert len(report["checks"]) >= 17 and not _failed(report), _failed(report)
+
+
+def test_the_faulted_array_published_a_shard_and_the_report_says_who(report):
+    rounds = report["stages"]["prepare"]["rounds"]
+    assert set(rounds) in ({"raced"}, {"raced", "alone"}), rounds
+    assert not rounds["raced"]["publisher"].startswith("unknown") and rounds["raced"]["prepared_by"], rounds
+    assert any(r["publisher"].startswith("array, ") for r in rounds.values()), rounds
+    assert all(r["kill"]["killed"] and r["states"][r["kill"]["killed"]] == "FAILED" for r in rounds.values())
 
 
 def test_the_requeued_job_is_one_run_of_every_rank_on_both_nodes(report):

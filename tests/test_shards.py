@@ -545,3 +545,32 @@ def test_a_task_that_ends_after_the_shard_is_published_leaves_no_work_folder(tmp
     (work / "clean" / "000000.npz").write_bytes(b"x")
     prepare_shards(cfg, case)
     assert not work.exists() and f"removed {work}" in capsys.readouterr().out
+
+
+def test_the_manifest_names_the_preparer_that_published_and_older_manifests_still_open(tmp_path, monkeypatch):
+    """Several preparers race for a shard (array tasks, a resubmission, a training started
+    meanwhile): the manifest says which one published it. A manifest without the field (a shard
+    published before it) still opens."""
+    from common.tokens.shard_manifest import manifest_checksum, verify_shard
+
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(k, raising=False)
+    prepare_shards(cfg, case)
+    folder, _ = shard_folder(cfg, case)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["prepared_by"]["pid"] == os.getpid() and manifest["prepared_by"]["slurm_job"] is None
+
+    # the finish stage as a Slurm job (its own id), then as a task of an array
+    array_task = {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}
+    for env, want in (({"SLURM_JOB_ID": "44"}, "44"), (array_task, "40_3")):
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert shard_stages._preparer()["slurm_job"] == want
+
+    older = {k: v for k, v in manifest.items() if k not in ("prepared_by", "manifest_sha256")}
+    (folder / "manifest.json").write_text(json.dumps(dict(older, manifest_sha256=manifest_checksum(older))))
+    assert verify_shard(folder)["key"] == folder.name
+    assert same_tokens(prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens)

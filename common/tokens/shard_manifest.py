@@ -1,6 +1,8 @@
 """A token shard's manifest.json: what the shard holds, and a checksum of every file in it.
 
-    {"key": ..., "created": ..., "assets": N, "candles": N, "inputs": {...},
+    {"key": ..., "created": ..., "assets": N, "candles": N,
+     "prepared_by": {"host", "pid", "slurm_job"}: the preparer that published it (not in older shards),
+     "inputs": {...},
      "files": {"tokens/tokens.bin": {"bytes": ..., "sha256": ...}, ...},
      "manifest_sha256": the sha256 of this JSON without this field (sorted keys)}
 

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -325,6 +326,7 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "assets": len(symbols),
             "candles": int(sum(split["lengths"])),
+            "prepared_by": _preparer(),
             "inputs": inputs,
             "files": files,
         }
@@ -339,6 +341,15 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
             flush=True,
         )
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _preparer() -> dict:
+    """Who publishes: the host, the process and its Slurm job (an array task's own id), so a
+    shard raced for by several preparers says which one won."""
+    env = os.environ
+    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": f"{job}_{task}" if job and task else job}
 
 
 def _write_tokens(tokens: Path, parts: list[Path], with_features: bool) -> tuple[dict, dict]:
