@@ -8,7 +8,7 @@ validation loss. That best model is then scored on every validation target (neve
 this chooses defaults). Reported per variant, paired by seed with the baseline:
 
     delta   mean over seeds of (variant - baseline) validation NLL, nats per token, with a t interval
-            (95%, seeds - 1 degrees of freedom); < 0: the change pays
+            (95%, seeds - 1 degrees of freedom, bench_generalization.paired_interval); < 0: the change pays
     tokens  the training tokens after which the variant's validation loss (the trainer's per-epoch
             figure) first reaches the baseline's best, mean over seeds; None where it never does
 
@@ -34,6 +34,8 @@ from typing import Any, Iterator, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, machine_info  # noqa: E402  (puts the repo on sys.path)
 
+from bench_generalization import paired_interval, split_scores  # noqa: E402
+
 SWEEP_RICH = REPO / "case_c_crypto" / "configs" / "sweep_rich.json"
 # name -> the --set overrides that make it; "base" is today's defaults
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -45,7 +47,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "swiglu": ('model.mlp="swiglu"',),
     "all": ('model.positional="rope"', 'model.norm="rms"', "model.qk_norm=true", 'model.mlp="swiglu"'),
 }
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 @contextlib.contextmanager
@@ -64,8 +65,6 @@ def case_folder() -> Iterator[Path]:
 def one_run(config: Path, variant: str, seed: int, epochs: int) -> dict[str, Any]:
     """Train `variant` with `seed` for `epochs` epochs; its validation NLL on every target."""
     from common.commands.train import run_training
-
-    from bench_generalization import split_scores
 
     name = f"recipe_{variant.replace('-', '_')}_s{seed}"
     sets = [
@@ -96,17 +95,6 @@ def one_run(config: Path, variant: str, seed: int, epochs: int) -> dict[str, Any
     }
 
 
-def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95% t interval of a few values (one value: no interval)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = T_975[n - 1] * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each variant against "base", paired by seed."""
     base = {r["seed"]: r for r in runs if r["variant"] == "base"}
@@ -114,7 +102,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for variant in dict.fromkeys(r["variant"] for r in runs):
         mine = [r for r in runs if r["variant"] == variant and r["seed"] in base]
         deltas = [r["val_nll"] - base[r["seed"]]["val_nll"] for r in mine]
-        mean, lo, hi = t_interval(deltas) if deltas else (math.nan, math.nan, math.nan)
+        mean = sum(deltas) / len(deltas) if deltas else math.nan
+        lo, hi = paired_interval(deltas)["ci95"] if len(deltas) > 1 else (math.nan, math.nan)
         reach = []
         for r in mine:
             target = min(base[r["seed"]]["epoch_val_loss"])

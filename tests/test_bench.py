@@ -132,3 +132,32 @@ def test_bench_recipe_pairs_each_variant_with_the_base_of_its_seed():
     assert rows["swiglu"]["ci95"][0] == pytest.approx(rows["swiglu"]["ci95"][1])  # equal deltas: no spread
     assert rows["rope"]["delta"] == pytest.approx(0.075) and rows["rope"]["tokens_to_base_best"] is None
     assert not rows["rope"]["pays"]
+
+
+def test_bench_generalization_ablation_pairs_each_seed_off_and_on(monkeypatch, tmp_path):
+    """--ablate: per seed one training without and one with the setting, the same seed; the
+    paired difference with a Student-t interval; the pairs so far written after each pair."""
+    import bench_generalization
+
+    calls = []
+
+    def fake_run(splits, overrides=(), keep=None):
+        calls.append(list(overrides))
+        on = "model.vol_level_input=true" in overrides
+        seed = int(next(o for o in overrides if o.startswith("training.seed=")).split("=")[1])
+        loss = 5.0 + seed / 10 - (0.01 * (seed + 1) if on else 0.0)
+        return {
+            "val": {"loss": {"model": loss, "unigram": 5.3}},
+            "best_epoch": 3,
+            "wall_s": 1.0,
+            "loadavg_1m": [0.0, 0.0],
+        }
+
+    monkeypatch.setattr(bench_generalization, "run", fake_run)
+    res = bench_generalization.ablate("model.vol_level_input=true", [0, 1, 2], ["x=1"], tmp_path / "a.json")
+    assert calls[:2] == [["x=1", "training.seed=0"], ["x=1", "training.seed=0", "model.vol_level_input=true"]]
+    assert [p["seed"] for p in res["pairs"]] == [0, 1, 2]
+    d = res["diff"]  # differences -0.01, -0.02, -0.03: mean -0.02, sd 0.01, t(0.975, 2) = 4.303
+    assert d["mean"] == pytest.approx(-0.02) and d["n"] == 3
+    assert d["ci95"] == pytest.approx([-0.02 - 4.3027 * 0.01 / 3**0.5, -0.02 + 4.3027 * 0.01 / 3**0.5], rel=1e-4)
+    assert len(json.loads((tmp_path / "a.json").read_text())["pairs"]) == 3
