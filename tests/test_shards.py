@@ -574,3 +574,17 @@ def test_the_manifest_names_the_preparer_that_published_and_older_manifests_stil
     (folder / "manifest.json").write_text(json.dumps(dict(older, manifest_sha256=manifest_checksum(older))))
     assert verify_shard(folder)["key"] == folder.name
     assert same_tokens(prepare_shards(cfg, case).tokens, prepare_in_memory(cfg, case).tokens)
+
+
+def test_a_shard_another_preparer_published_meanwhile_is_not_reported_as_ours(tmp_path, monkeypatch, capsys):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config), config.parent.parent
+    monkeypatch.setattr(shard_stages, "_preparer", lambda: {"host": "node7", "pid": 1, "slurm_job": "42_3"})
+    prepare_shards(cfg, case)
+    out = capsys.readouterr().out
+    assert "was published by another preparer ({'host': 'node7', 'pid': 1, 'slurm_job': '42_3'})" in out
+    assert "Token shards: prepared" not in out
+    monkeypatch.undo()
+    config = make_case(tmp_path / "ours")  # published by this process: reported as prepared here
+    prepare_shards(load_config(config), config.parent.parent)
+    assert "Token shards: prepared" in capsys.readouterr().out

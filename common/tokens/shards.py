@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -65,8 +67,14 @@ def prepare_shards(
                 started = time.monotonic()
                 for stage in STAGES:
                     prepare_stage(cfg, case_dir, stage, parent=parent, out=out)
-                print(f"Token shards: prepared {folder} in {time.monotonic() - started:.1f} s", file=out, flush=True)
-                return _open(folder)
+                shard = _open(folder)
+                by = read_json(folder / "manifest.json").get("prepared_by") or {}
+                if (by.get("host"), by.get("pid")) == (socket.gethostname(), os.getpid()):
+                    seconds = time.monotonic() - started
+                    print(f"Token shards: prepared {folder} in {seconds:.1f} s", file=out, flush=True)
+                else:  # a preparer without our lock (another node, no flock) published first
+                    print(f"Token shards: {folder} was published by another preparer ({by or 'unknown'})", file=out)
+                return shard
     remove_leftover_work(folder, out)
     shard = _open(folder)
     print(
