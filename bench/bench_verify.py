@@ -85,7 +85,8 @@ def main() -> int:
         row("verify", "second open in the process", max(o["again_s"] for o in opens), "s", "<= 0.5"),
         row("verify", "share of a one-hour job", 100 * first / 3600, "%", "<= 2"),
     ]
-    return finish("verify", {"rows": rows, "opens": opens, "machine": machine_info()}, args.json)
+    figures = {"candles": candles, "bytes": size, "first_open_s": first, "hash_mb_s": size / first / 1e6}
+    return finish("verify", {"rows": rows, "figures": figures, "opens": opens, "machine": machine_info()}, args.json)
 
 
 if __name__ == "__main__":
