@@ -277,6 +277,35 @@ def test_under_torchrun_a_stop_is_stopped_only_when_every_rank_exited_75(tmp_pat
     assert ("stopped with a checkpoint" in proc.stdout) == (state == "STOPPED"), proc.stdout
 
 
+def test_a_rank_left_running_after_torchrun_is_waited_for_only_its_shutdown_timeout_then_killed(tmp_path):
+    """torchrun gone, one rank still alive without an exit code: the supervisor waits the ranks'
+    shutdown timeout, no longer, kills it and records FAILED."""
+    logs = tmp_path / "case_x" / "logs"
+    logs.mkdir(parents=True)
+    stuck = subprocess.Popen(["sleep", "300"])
+    try:
+        ticks = int(Path(f"/proc/{stuck.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        record = {"rank": 1, "world_size": 2, "pid": stuck.pid, "start_ticks": ticks}
+        (logs / ".direct_direct-1.rank1.json").write_text(json.dumps(record))
+        (logs / ".direct_direct-1.rank0.json").write_text(json.dumps({**record, "rank": 0, "exit_code": 75}))
+        supervise = [sys.executable, "-m", "common.cluster.direct_launch", "supervise", "case_x", "direct-1", "--"]
+        proc = subprocess.run(
+            [*supervise, "sh", "-c", "exit 1", "--shutdown-timeout=2"],  # sh takes the option as $0: ignored
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stuck.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if stuck.poll() is None:
+            stuck.kill()
+    assert proc.returncode == 1, proc.stderr
+    assert "waiting up to 2 s for rank(s) [1]" in proc.stdout and "still running 2 s on: killed" in proc.stdout
+    assert json.loads((logs / ".direct_direct-1.end").read_text())["state"] == "FAILED"
+
+
 def _hooks(box: dict, tmp_path: Path, processes: int = 0, fail_save: bool = False, **settings) -> Path:
     """remote.json whose env line puts tests/stop_hooks on the box's PYTHONPATH: validation is
     held until the stop signal arrived (and with `fail_save` the checkpoint after it fails);

@@ -27,6 +27,7 @@ library is imported (torch only to count GPUs), so each status poll starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from common.atomic import atomic_write_json
 from common.slurm.requeue import EXIT_REQUEUE
@@ -263,10 +264,7 @@ def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
         signal.signal(sig, forward)
     code = child.wait()
     print(f"marketgpt: {stamp()} training exited with code {code}", flush=True)
-    # a rank torchrun left behind (it gave up early) is still writing: the launch ends with it
-    while alive := [r["rank"] for r in _rank_records(case, launch_id) if "exit_code" not in r and _is_alive(r)]:
-        print(f"marketgpt: {stamp()} waiting for rank(s) {alive} to exit", flush=True)
-        time.sleep(1.0)
+    _wait_for_left_ranks(case, launch_id, _shutdown_timeout(command), stamp)
     state, why = _verdict(code, _rank_records(case, launch_id))
     if state == "STOPPED":
         print("marketgpt: stopped with a checkpoint; `marketgpt remote train` with the same case resumes", flush=True)
@@ -277,6 +275,32 @@ def _supervise(case: str, launch_id: str, command: Sequence[str]) -> int:
     ended["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     atomic_write_json(_logs(case) / f".direct_{launch_id}.end", ended)
     return 0 if code == 0 else 1
+
+
+def _shutdown_timeout(command: Sequence[str], default: int = 300) -> int:
+    """torchrun's --shutdown-timeout in the launch's command: how long its ranks may take to save."""
+    return next((int(a.split("=", 1)[1]) for a in command if a.startswith("--shutdown-timeout=")), default)
+
+
+def _wait_for_left_ranks(case: str, launch_id: str, timeout_s: float, stamp: Callable[[], str]) -> None:
+    """A rank torchrun left behind (it gave up early) may still be saving: the launch ends with it,
+    but waits no longer than the ranks' shutdown timeout; a rank still alive then is killed (the
+    launch is then FAILED: that rank recorded no exit code)."""
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while alive := [r for r in _rank_records(case, launch_id) if "exit_code" not in r and _is_alive(r)]:
+        if time.monotonic() > deadline:
+            for r in alive:
+                with contextlib.suppress(OSError):
+                    os.kill(r["pid"], signal.SIGKILL)
+            ranks = [r["rank"] for r in alive]
+            print(f"marketgpt: {stamp()} rank(s) {ranks} still running {timeout_s:.0f} s on: killed", flush=True)
+            return
+        if not said:
+            ranks = [r["rank"] for r in alive]
+            print(f"marketgpt: {stamp()} waiting up to {timeout_s:.0f} s for rank(s) {ranks} to exit", flush=True)
+            said = True
+        time.sleep(0.5)
 
 
 def _is_alive(record: dict) -> bool:
