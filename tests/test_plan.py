@@ -527,6 +527,19 @@ def test_data_prepare_names_what_is_left_out_as_plan_does(tmp_path, capsys):
     assert "Left out: 1 of 9 assets" in lines[0] and any(
         line.startswith("No validation windows in 1 of 8") for line in lines
     )
+    # the array's jobs (`data prepare --array N`), run here in turn: the finish job's log says it too
+    from common.slurm.prepare_jobs import PrepareJob
+    from common.tokens.shard_paths import shard_folder
+    from common.tokens.shard_stages import STAGES
+
+    key = shard_folder(load_config(config, MIX_SETS), config.parent.parent)[0].name
+    for stage in STAGES:
+        PrepareJob(str(config), MIX_SETS, stage, 0, 1, key)()
+        if stage != STAGES[-1]:
+            capsys.readouterr()
+    finish = capsys.readouterr().out.splitlines()
+    assert [line for line in finish if not line.startswith("Token shards: ")] == lines
+
     assert main(["data", "prepare", "--config", str(config), *_sets(MIX_SETS)]) == 0
     prepared = capsys.readouterr().out.splitlines()
     assert [line for line in prepared if not line.startswith("Token shards: ")] == lines

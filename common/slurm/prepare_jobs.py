@@ -27,7 +27,9 @@ from typing import Optional, Sequence, TextIO
 
 import submitit
 
+from common.atomic import read_json
 from common.config import Config, SlurmConfig, load_config
+from common.data.check import print_left_out
 from common.data.loading import load_market_data
 from common.errors import UserError
 from common.paths import case_dir_of_config
@@ -90,6 +92,8 @@ class PrepareJob:
             return
         print(f"Token shards: the {self.stage} stage, task {self.task} of {self.tasks}, for {folder}", flush=True)
         prepare_stage(cfg, case, self.stage, task=self.task, tasks=self.tasks)
+        if self.stage == STAGES[-1] and published(folder):  # what the runs of this shard go without
+            print_left_out(read_json(folder / "data_info.json"))
 
 
 @dataclass
