@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 from common.errors import UserError
 
-__all__ = ["REBUILD", "Hasher", "file_sha256", "manifest_checksum", "verify_shard"]
+__all__ = ["REBUILD", "Hasher", "file_sha256", "manifest_checksum", "remember_sha256", "verify_shard"]
 
 REBUILD = (
     "rebuild it with `marketgpt data prepare --rebuild` and the same --config and --set as the run "
@@ -54,6 +54,13 @@ class Hasher:
 # (device, inode, size, mtime) -> {"bytes", "sha256"} of the files this process has hashed: a hard
 # link of a file already hashed costs nothing, a file written since is hashed again
 _HASHED: dict[tuple[int, int, int, int], dict] = {}
+
+
+def remember_sha256(path: Path, entry: dict) -> None:
+    """Record a file this process has just written and hashed as it wrote (a Hasher's entry), so
+    opening it next does not read it again."""
+    st = os.stat(path)
+    _HASHED[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = dict(entry)
 
 
 def file_sha256(path: Path) -> dict:

@@ -38,7 +38,7 @@ from common.markets import interval_step
 from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.features import NUM_FEATURES
-from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum
+from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum, remember_sha256
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.token_set import write_index
 from common.tokens.tokenizer import OHLCTokenizer
@@ -369,6 +369,8 @@ def _write_tokens(tokens: Path, parts: list[Path], with_features: bool) -> tuple
         for f in handles.values():
             f.flush()
             os.fsync(f.fileno())
+    for k, name in names.items():  # hashed as written: the open after publishing reads them no more
+        remember_sha256(tokens / name, hashers[k].entry())
     return {f"tokens/{name}": hashers[k].entry() for k, name in names.items()}, counts
 
 

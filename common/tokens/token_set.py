@@ -34,7 +34,7 @@ import numpy as np
 
 from common.atomic import atomic_folder, atomic_write_json
 from common.errors import UserError
-from common.tokens.shard_manifest import Hasher, file_sha256
+from common.tokens.shard_manifest import Hasher, file_sha256, remember_sha256
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SPLITS", "TokenSet", "read_index", "token_path", "write_index"]
 
@@ -103,6 +103,7 @@ class TokenSet:
             with open(folder / file, "wb") as f:
                 for s in self.symbols:
                     hasher.write(f, np.ascontiguousarray(per_asset[s], dtype=dtype).tobytes())
+            remember_sha256(folder / file, hasher.entry())
             sha256[file] = hasher.entry()["sha256"]
         columns = _columns(self.features)
         write_index(folder, self.symbols, lengths, self.ranges, self.features is not None, sha256, columns)
