@@ -70,6 +70,10 @@ class ModelConfig:
     # add the candle's volatility level to the token embedding (common/tokens/features.py):
     # log(tokenizer sigma / its slow EWMA), fixed bins; off in the case configs
     vol_level_input: bool = False
+    # add what the rest of the market did to the token embedding (common/tokens/market_context.py):
+    # the mean move, dispersion and volatility level of every series of the interval, as of the
+    # candle's close; forecasts need the other assets' candles too. Off in the case configs
+    market_context: bool = False
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"
@@ -83,6 +87,11 @@ class ModelConfig:
     # the fit model.size = "auto" reads: a sweep.json of `marketgpt sweep` on this corpus (same
     # vocabulary and interval), relative to the working directory; null: none (auto is refused)
     size_fit: Optional[str] = None
+
+    @property
+    def reads_features(self) -> bool:
+        """Whether the model reads per-candle ids besides its tokens (common/tokens/features.py)."""
+        return self.time_features or self.volume_input or self.vol_level_input or self.market_context
 
 
 @dataclass

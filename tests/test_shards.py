@@ -588,3 +588,19 @@ def test_a_shard_another_preparer_published_meanwhile_is_not_reported_as_ours(tm
     config = make_case(tmp_path / "ours")  # published by this process: reported as prepared here
     prepare_shards(load_config(config), config.parent.parent)
     assert "Token shards: prepared" in capsys.readouterr().out
+
+
+def test_market_context_ids_are_3_more_columns_equal_in_shards_and_in_memory(tmp_path):
+    config = make_case(tmp_path)
+    cfg, case = load_config(config, ["model.market_context=true"]), config.parent.parent
+    shard, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
+    assert json.loads((shard.tokens.folder / "index.json").read_text())["feature_columns"] == 6
+    for s in shard.tokens.symbols:
+        assert shard.tokens.features[s].shape == (len(shard.tokens.tokens[s]), 6)
+        np.testing.assert_array_equal(shard.tokens.features[s], memory.tokens.features[s])
+    assert all((shard.tokens.features[s][:, 3:] > 0).mean() > 0.5 for s in shard.tokens.symbols)
+    # in a different shard from the one without it, whose 3 columns it extends
+    plain = prepare_shards(load_config(config, ["model.time_features=true"]), case)
+    assert plain.tokens.folder != shard.tokens.folder
+    for s in shard.tokens.symbols:
+        np.testing.assert_array_equal(shard.tokens.features[s][:, :3], plain.tokens.features[s])

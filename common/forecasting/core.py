@@ -21,8 +21,9 @@ in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The fu
 candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
 A run with model.time_features / volume_input / vol_level_input also gets each candle's ids: the
 history's as training computed them, the future's calendar with volume bin 0 (unknown) and the
-origin's vol-level id held (the sampled candles' volatility level is not recomputed: see
-candle_features).
+origin's vol-level and market ids held (the sampled candles' volatility level is not recomputed:
+see candle_features). A run with model.market_context reads the other assets' candles too:
+set_market, or by default every asset of the run from its data source.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from common.model.sampling_settings import SamplingSettings
 from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
+from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["DEFAULT_LEVELS", "ForecasterCore", "warn"]
@@ -81,6 +83,8 @@ class ForecasterCore:
         # the interval forecast (a run of several intervals: --interval, default its first);
         # the model reads its id as model.default_interval
         self.interval = interval or cfg.data.interval
+        # model.market_context: the cross-section the histories' candles are placed in (set_market)
+        self.market: Optional[MarketContext] = None
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -103,6 +107,26 @@ class ForecasterCore:
             History(s, frame)
             for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
         ]
+
+    def set_market(self, candles: Mapping[str, pd.DataFrame]) -> None:
+        """The market a model with model.market_context reads: symbol -> cleaned candles of the
+        forecast interval, for every asset of the cross-section (the forecast asset among them).
+        Whole histories may be given: a candle's context reads the candles closed by its own
+        close only (common.tokens.market_context). Without it, the first forecast reads every
+        asset of the run from its data source."""
+        if len(candles) < 2:
+            raise UserError(
+                f"model.market_context: the market needs the candles of at least 2 assets, got {len(candles)}; "
+                "pass the other assets' candles too"
+            )
+        self.market = MarketContext({s: series_moves(self.tokenizer, c, self.interval) for s, c in candles.items()})
+
+    def _market(self) -> MarketContext:
+        if self.market is None:
+            categories = {s: self.assets[s].category for s in self.symbols}
+            self.set_market(dict(load_histories(self.cfg, self.run_dir, categories, self.symbols, None, self.interval)))
+        assert self.market is not None
+        return self.market
 
     # ------------------------------------------------------------------ forecasting
 
@@ -216,6 +240,7 @@ class ForecasterCore:
         top_p: Optional[float] = None,
         id_column: str = "item_id",
         timestamp_column: str = "timestamp",
+        market: Optional[pd.DataFrame] = None,
     ) -> pd.DataFrame:
         """Forecasts for a long data frame, in the convention of the forecasting libraries.
 
@@ -227,15 +252,32 @@ class ForecasterCore:
         named str(level) ("0.1", "0.5", ...): quantiles of the sampled close. The candles are
         cleaned as training cleaned them (common.forecasting.history.clean_history), then
         forecast() samples the paths; same arguments and seed, same frame. Timestamps come back
-        tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one.
+        tz-aware UTC, or naive (UTC) if the frame's column was a naive datetime64 one. A model with
+        model.market_context reads the frame's items as the market, with `market`'s (a frame of
+        the same columns: the other assets' candles, not forecast): give every asset of the run.
         """
         levels = _check_levels(quantile_levels)
         self.check_request(horizon, samples)
         items = frame_items(df, id_column, timestamp_column)
         histories = [self._frame_history(item, raw) for item, raw in items]
-        result = self.forecast(
-            histories, horizon, samples, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p, return_paths=True
-        )
+        kept = self.market
+        if self.cfg.model.market_context:  # the frame's items and the market's are the cross-section
+            others = frame_items(market, id_column, timestamp_column) if market is not None else []
+            cleaned = {str(i): self._clean_market_item(i, raw) for i, raw in others}
+            self.set_market({**cleaned, **{h.symbol: h.candles for h in histories}})
+        try:
+            result = self.forecast(
+                histories,
+                horizon,
+                samples,
+                seed=seed,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                return_paths=True,
+            )
+        finally:
+            self.market = kept
         assert result.paths is not None  # return_paths
         future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
         quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
@@ -248,6 +290,15 @@ class ForecasterCore:
         for j, q in enumerate(levels):
             out[str(q)] = quantiles[j].reshape(-1)
         return out
+
+    def _clean_market_item(self, item: Any, raw: pd.DataFrame) -> pd.DataFrame:
+        symbol = str(item)
+        if symbol not in self.assets:
+            raise UserError(
+                f"predict_df: market item {item!r} is not an asset this model was trained on "
+                f"({len(self.symbols)} assets{self._nearest(symbol)})"
+            )
+        return clean_history(raw, symbol, self.assets[symbol].category, interval_step(self.interval))
 
     def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
         """One item of predict_df's frame as a History: a known asset, candles on the run's
@@ -317,7 +368,7 @@ class ForecasterCore:
                     "category": self.assets[symbol].category,
                 }
             )
-            if self.cfg.model.time_features or self.cfg.model.volume_input or self.cfg.model.vol_level_input:
+            if self.cfg.model.reads_features:
                 features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon) :])
         return contexts, states, origins, features
 
@@ -337,10 +388,11 @@ class ForecasterCore:
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown).
-        With model.vol_level_input a 4th column, the vol-level ids, every future step holding the
-        origin's. A simplification: a sampled path's own level drifts from it over a horizon near
-        vol_halflife, but following it would need each path's decoded volatility inside the
-        sampler's cached loop (and per path, not per origin)."""
+        With model.vol_level_input a 4th column, the vol-level ids, and with model.market_context 3
+        more, the market's (set_market), every future step holding the origin's. A simplification:
+        a sampled path's own level drifts from it over a horizon near vol_halflife, and the market
+        moves on; following them would need each path's decoded volatility (and every other
+        asset's path) inside the sampler's cached loop."""
         interval = self.interval
         edges = self.volume_edges
         if edges is None:
@@ -357,10 +409,12 @@ class ForecasterCore:
         tok = self.tokenizer
         vol = VolLevel(tok.vol_halflife, tok.vol_warmup) if self.cfg.model.vol_level_input else None
         past = candle_features(candles, interval, edges, vol=vol)
-        if vol is not None:
-            held = np.full((horizon, 1), past[-1, -1] if len(past) else 0, dtype=np.int64)
-            future = np.concatenate([future, held], axis=1)
-        return np.concatenate([past, future], axis=0)
+        if self.cfg.model.market_context:
+            stamps = pd.DatetimeIndex(candles.index).as_unit("ns").asi8
+            past = np.concatenate([past, self._market().ids(interval, close_times(stamps, interval))], axis=1)
+        # the ids after the first three (vol level, market) are the origin's, held over the future
+        held = np.repeat(past[-1:, future.shape[1] :], horizon, axis=0)
+        return np.concatenate([past, np.concatenate([future, held], axis=1)], axis=0)
 
     def banned_ids(self) -> np.ndarray:
         """(V,) bool: ids a forecast never samples, the specials and the ids the tokenizer never emits."""

@@ -195,11 +195,11 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     pt2 forwards take its id as a constant; an hf folder keeps every interval's row)."""
     _check_format(run_dir, fmt)
     fc = Forecaster.from_run(run_dir, interval=interval)  # checks the run folder (and --interval)
-    if fmt != "hf" and (fc.cfg.model.time_features or fc.cfg.model.volume_input or fc.cfg.model.vol_level_input):
+    if fmt != "hf" and fc.cfg.model.reads_features:
         # the exported forward takes tokens, assets and categories only
         raise UserError(
-            "this run reads model.time_features / volume_input / vol_level_input, which the export does not "
-            "carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)"
+            "this run reads model.time_features / volume_input / vol_level_input / market_context, which "
+            "the export does not carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)"
         )
     name = Path(run_dir).name + (f"_{fc.interval}" if fc.interval != fc.cfg.data.interval else "")
     out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / name

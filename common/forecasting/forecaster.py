@@ -91,7 +91,7 @@ class Forecaster(ForecasterCore):
             raise UserError(f"{run.best_model} does not fit the run's config.json ({str(e).splitlines()[0]})") from None
         sha = hashlib.sha256(run.best_model.read_bytes()).hexdigest()
         # training stores the fitted volume edges in data_info.json
-        edges = run.data_info().get("volume_edges") if cfg.model.time_features or cfg.model.volume_input else None
+        edges = run.data_info().get("volume_edges") if cfg.model.reads_features else None
         if cfg.model.volume_input and edges is None:
             raise UserError(
                 f"{run_dir}: model.volume_input is on but data_info.json has no volume_edges (the run "

@@ -30,7 +30,16 @@ from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
 from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
-from common.tokens.features import CALENDAR_A, CALENDAR_B, NUM_FEATURES, VOL_LEVEL_BINS, VOLUME_BINS
+from common.tokens.features import (
+    CALENDAR_A,
+    CALENDAR_B,
+    MARKET_BINS,
+    MARKET_COLUMNS,
+    NUM_FEATURES,
+    VOL_LEVEL_BINS,
+    VOLUME_BINS,
+    feature_columns,
+)
 
 __all__ = ["Dropout", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
 
@@ -231,6 +240,11 @@ class MarketGPT(nn.Module):
         )
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.vol_level_emb = nn.Embedding(VOL_LEVEL_BINS + 1, C) if config.vol_level_input else None
+        self.market_emb = (
+            nn.ModuleList(nn.Embedding(MARKET_BINS + 1, C) for _ in range(MARKET_COLUMNS))
+            if config.market_context
+            else None
+        )
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = norm_layer(config, C)
@@ -277,6 +291,11 @@ class MarketGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def reads_features(self) -> bool:
+        """Whether forward() needs per-candle ids (common/tokens/features.py)."""
+        return self.config.reads_features
+
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Exact parameter count, tied weights once. non_embedding leaves out the lookup
         tables (tokens, learned positions, assets, categories), as in scaling-law papers."""
@@ -284,6 +303,7 @@ class MarketGPT(nn.Module):
         if non_embedding:
             tables = [self.wte, self.asset_emb, self.category_emb] + ([self.wpe] if self.wpe is not None else [])
             tables += [*(self.time_emb or []), *(t for t in (self.volume_emb, self.vol_level_emb) if t is not None)]
+            tables += [*(self.market_emb or [])]
             tables += [self.interval_emb] if self.interval_emb is not None else []
             total -= sum(t.weight.numel() for t in tables)
         return total
@@ -308,14 +328,16 @@ class MarketGPT(nn.Module):
         return F.linear(x, self.lm_head.weight[:vocab], bias)
 
     def _input_features(self, features: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor | int:
-        """(B, T, C): the embeddings of each candle's time, volume and vol-level ids (features:
-        (B, T, 3), or (B, T, 4) with the vol-level ids; a model without vol_level_input ignores a 4th column)."""
-        need = NUM_FEATURES + (self.vol_level_emb is not None)
+        """(B, T, C): the embeddings of each candle's time, volume, vol-level and market ids
+        (features: (B, T, feature_columns), common/tokens/features.py; a model ignores the columns
+        of inputs it does not read, the time and volume ids always being the first three)."""
+        vol_level, market = self.vol_level_emb is not None, self.market_emb is not None
+        need = feature_columns(vol_level, market)
         if features is None or features.shape[:2] != (B, T) or features.shape[2] < need:
             got = "none" if features is None else tuple(features.shape)
             raise ValueError(
-                f"this model reads model.time_features / volume_input / vol_level_input: pass features of shape "
-                f"({B}, {T}, {need}) (common/tokens/features.py), got {got}"
+                "this model reads model.time_features / volume_input / vol_level_input / market_context: "
+                f"pass features of shape ({B}, {T}, {need}) (common/tokens/features.py), got {got}"
             )
         out: torch.Tensor | int = 0
         if self.time_emb is not None:
@@ -324,6 +346,10 @@ class MarketGPT(nn.Module):
             out = out + self.volume_emb(features[..., 2])
         if self.vol_level_emb is not None:
             out = out + self.vol_level_emb(features[..., NUM_FEATURES])
+        if self.market_emb is not None:
+            first = NUM_FEATURES + int(vol_level)
+            for k, table in enumerate(self.market_emb):
+                out = out + table(features[..., first + k])
         return out
 
     def new_cache(
@@ -372,7 +398,7 @@ class MarketGPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))  # (T, C) broadcast over B
         cond = torch.cat((self.asset_emb(asset_ids), self.category_emb(category_ids)), dim=-1)  # (B, a + c)
-        if self.time_emb is not None or self.volume_emb is not None or self.vol_level_emb is not None:
+        if self.reads_features:
             x = x + self._input_features(features, B, T)
         cond = self.cond_proj(cond)  # (B, C)
         if self.interval_emb is not None:

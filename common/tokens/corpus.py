@@ -16,6 +16,7 @@ from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
 from common.run.info import RunInfo
 from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
+from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -28,6 +29,7 @@ __all__ = [
     "fit_volume",
     "prepare_in_memory",
     "ranges_of",
+    "with_market_context",
     "wants_features",
 ]
 
@@ -96,13 +98,19 @@ def encode_asset(
     return tokens, moves, features
 
 
+def with_market_context(features: dict[str, np.ndarray], series: dict[str, SeriesMoves]) -> dict[str, np.ndarray]:
+    """Each series' feature ids with its market-context ids appended (model.market_context)."""
+    context = MarketContext(series)
+    return {s: np.concatenate([f, context.own_ids(series[s]).astype(f.dtype)], axis=1) for s, f in features.items()}
+
+
 def ranges_of(prepared: PreparedData, symbol: str) -> dict[str, tuple[int, int]]:
     split = prepared.splits[symbol]
     return {name: (r.start, r.stop) for name, r in (("train", split.train), ("val", split.val), ("test", split.test))}
 
 
 def wants_features(cfg: Config) -> bool:
-    return cfg.model.time_features or cfg.model.volume_input or cfg.model.vol_level_input
+    return cfg.model.reads_features
 
 
 def prepare_in_memory(
@@ -118,10 +126,15 @@ def prepare_in_memory(
     tokens: dict[str, np.ndarray] = {}
     moves: dict[str, np.ndarray] = {}
     features: dict[str, Optional[np.ndarray]] = {}
+    series: dict[str, SeriesMoves] = {}
     for s in symbols:
         tokens[s], moves[s], features[s] = encode_asset(
             tokenizer, prepared.candles[s], s, market.interval_of(s), edges, cfg.model.vol_level_input
         )
+        if cfg.model.market_context:
+            series[s] = series_moves(tokenizer, prepared.candles[s], market.interval_of(s), moves[s])
+    if cfg.model.market_context:
+        features = dict(with_market_context(cast("dict[str, np.ndarray]", features), series))
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges

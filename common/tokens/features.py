@@ -46,6 +46,9 @@ __all__ = [
     "VOL_LEVEL_BINS",
     "VOL_LEVEL_EDGES",
     "VOL_LEVEL_SLOW",
+    "MARKET_BINS",
+    "MARKET_COLUMNS",
+    "feature_columns",
     "VolLevel",
     "calendar_ids",
     "candle_features",
@@ -54,6 +57,8 @@ __all__ = [
     "relative_volume",
     "volume_ids",
     "vol_level_ids",
+    "vol_level_ratio",
+    "binned",
 ]
 
 NUM_FEATURES = 3  # calendar_a, calendar_b, volume (+ vol_level: a 4th column, with model.vol_level_input)
@@ -67,6 +72,8 @@ _VOLUME_WARMUP = 20  # candles before the EWMA counts
 # 10, 16, 21, 21, 17, 10, 4 and 2% of the warm candles
 VOL_LEVEL_EDGES = (-0.45, -0.3, -0.15, 0.0, 0.15, 0.3, 0.45)
 VOL_LEVEL_BINS = len(VOL_LEVEL_EDGES) + 1  # id 0 is "not warm", so the embedding has VOL_LEVEL_BINS + 1 rows
+MARKET_COLUMNS = 3  # model.market_context: the cross-section's move, dispersion and volatility (market_context.py)
+MARKET_BINS = 8  # bins of each market column (id 0 is "unknown", so each table has MARKET_BINS + 1 rows)
 VOL_LEVEL_SLOW = 10.0  # the long-run EWMA's halflife, in tokenizer vol_halflifes (200 candles by default)
 
 
@@ -75,6 +82,11 @@ class VolLevel(NamedTuple):
 
     vol_halflife: float
     vol_warmup: int
+
+
+def feature_columns(vol_level: bool, market_context: bool) -> int:
+    """How many id columns a candle has: the three, then vol_level's, then market_context's three."""
+    return NUM_FEATURES + int(vol_level) + MARKET_COLUMNS * int(market_context)
 
 
 def calendar_ids(index: pd.DatetimeIndex, interval: str) -> np.ndarray:
@@ -107,29 +119,38 @@ def volume_ids(relative: np.ndarray, edges: list[float]) -> np.ndarray:
     return np.where(np.isfinite(relative), ids, 0).astype(np.int64)
 
 
-def vol_level_ids(frame: pd.DataFrame, vol: VolLevel) -> np.ndarray:
-    """(n,) int64 vol-level id of each candle of a cleaned frame from its close and the closes
-    before it (a missing candle keeps the previous id)."""
+def vol_level_ratio(frame: pd.DataFrame, vol: VolLevel) -> np.ndarray:
+    """(n,) float64 log(sigma_t / sigma_long_t) of each candle of a cleaned frame from its close
+    and the closes before it; NaN while not warm (a missing candle keeps the previous value)."""
     prices = frame[["open", "high", "low", "close"]].to_numpy(dtype=np.float64)
     valid = np.isfinite(prices).all(axis=1)  # the tokenizer's valid candles
     close = prices[:, 3]
     n = len(close)
-    ids = np.zeros(n, dtype=np.int64)
     vi = np.flatnonzero(valid)
     r = np.diff(np.log(close[vi]))  # r[j]: the move into valid candle j + 1
     warmup = max(vol.vol_warmup, int(math.ceil(VOL_LEVEL_SLOW * vol.vol_halflife)))
     if len(r) < warmup:
-        return ids
+        return np.full(n, np.nan)
     # 0.5 log(var / var_long) == log(sigma / sigma_long); var[j]: once valid candle j + 1 has closed
     fast = np.maximum(_ewma(r * r, vol.vol_halflife), SIGMA_FLOOR**2)
     slow = np.maximum(_ewma(r * r, VOL_LEVEL_SLOW * vol.vol_halflife), SIGMA_FLOOR**2)
-    level = 0.5 * np.log(fast / slow)
-    at = np.zeros(n, dtype=np.int64)  # at each valid candle (k >= warmup returns seen): its id
-    at[vi[warmup:]] = np.searchsorted(np.asarray(VOL_LEVEL_EDGES), level[warmup - 1 :], side="right") + 1
-    # forward-fill over missing candles: the id of the last valid candle at or before each row
+    at = np.full(n, np.nan)  # at each valid candle (k >= warmup returns seen): its level
+    at[vi[warmup:]] = 0.5 * np.log(fast / slow)[warmup - 1 :]
+    # forward-fill over missing candles: the level of the last valid candle at or before each row
     last = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
-    ids = np.where(last >= 0, at[np.maximum(last, 0)], 0)
-    return ids.astype(np.int64)
+    return np.where(last >= 0, at[np.maximum(last, 0)], np.nan)
+
+
+def binned(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
+    """(n,) int64 ids: 0 where a value is NaN (unknown), else 1 + the number of edges at or below it."""
+    ids = np.searchsorted(np.asarray(edges), values, side="right") + 1
+    return np.where(np.isfinite(values), ids, 0).astype(np.int64)
+
+
+def vol_level_ids(frame: pd.DataFrame, vol: VolLevel) -> np.ndarray:
+    """(n,) int64 vol-level id of each candle of a cleaned frame from its close and the closes
+    before it (a missing candle keeps the previous id)."""
+    return binned(vol_level_ratio(frame, vol), VOL_LEVEL_EDGES)
 
 
 def candle_features(

@@ -7,7 +7,9 @@
   3. encode  each asset's tokens, moves (and time and volume ids) in <key>.work/encoded/<j>.npz
   4. finish  the token folder streamed from those files, hashed as it is written, then the
              run files and manifest.json, all in a private folder published by one rename
-Memory holds one asset's candles at a time. The tokens equal those of the in-memory path
+             (with model.market_context, the cross-section first, from every asset's moves)
+Memory holds one asset's candles at a time (with model.market_context, the finish stage holds
+every asset's moves and volatility levels: 24 bytes a candle). The tokens equal those of the in-memory path
 (common.tokens.corpus.prepare_in_memory) bit for bit."""
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from common.errors import UserError
 from common.markets import interval_step
 from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
-from common.tokens.features import NUM_FEATURES
+from common.tokens.features import feature_columns
+from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum, remember_sha256
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.token_set import write_index
@@ -235,6 +238,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
             "interval": interval,
             "volume_edges": edges,
             "vol_level": cfg.model.vol_level_input,  # a 4th feature column (absent in older work folders)
+            "market_context": cfg.model.market_context,  # 3 more, from every asset (finish stage)
             "info": prepared.info,
             "asset_info": RunInfo.of_assets(prepared.assets, cfg.data.intervals).to_json(),
             "series_intervals": series_intervals,
@@ -283,6 +287,9 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
             }
             if features is not None:
                 arrays["features"] = features.astype(np.int16)
+            if split.get("market_context", False):  # what the finish stage's cross-section reads
+                ms = series_moves(tokenizer, cleaned.frame(s), interval, moves)
+                arrays.update(stamps=ms.stamps, level=ms.level)
             with atomic_path(done) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **arrays)
         _progress(out, "encoded", k, len(mine))
@@ -303,9 +310,10 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
     private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".publish", dir=folder.parent))
     try:
         (private / "tokens").mkdir()
-        files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None)
+        market = _market_context(split, parts) if split.get("market_context", False) else None
+        files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None, market)
         sha256 = {name.removeprefix("tokens/"): entry["sha256"] for name, entry in files.items()}
-        columns = NUM_FEATURES + int(bool(split.get("vol_level", False)))
+        columns = feature_columns(bool(split.get("vol_level", False)), market is not None)
         with_features = split["volume_edges"] is not None
         write_index(private / "tokens", symbols, split["lengths"], split["ranges"], with_features, sha256, columns)
         tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
@@ -352,18 +360,33 @@ def _preparer() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": f"{job}_{task}" if job and task else job}
 
 
-def _write_tokens(tokens: Path, parts: list[Path], with_features: bool) -> tuple[dict, dict]:
+def _market_context(split: dict, parts: list[Path]) -> list[np.ndarray]:
+    """Each asset's market-context ids (model.market_context), from every asset's moves and levels."""
+    series = {}
+    for s, part in zip(split["symbols"], parts):
+        with np.load(part) as z:
+            interval = split.get("series_intervals", {}).get(s, split["interval"])
+            series[s] = SeriesMoves(interval, z["stamps"], z["moves"], z["level"])
+    context = MarketContext(series)
+    return [context.own_ids(series[s]).astype(np.int16) for s in split["symbols"]]
+
+
+def _write_tokens(
+    tokens: Path, parts: list[Path], with_features: bool, market: Optional[list[np.ndarray]] = None
+) -> tuple[dict, dict]:
     """The token arrays streamed from each asset's encoded file, hashed as they are written:
-    ({"tokens/<file>": {"bytes", "sha256"}}, the summed clip counts)."""
+    ({"tokens/<file>": {"bytes", "sha256"}}, the summed clip counts). market: each asset's
+    market-context ids, appended to its feature ids."""
     names = {"tokens": "tokens.bin", "moves": "moves.bin", **({"features": "features.bin"} if with_features else {})}
     hashers = {k: Hasher() for k in names}
     counts: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         handles = {k: stack.enter_context(open(tokens / name, "wb")) for k, name in names.items()}
-        for part in parts:
+        for j, part in enumerate(parts):
             with np.load(part) as z:
                 for k in names:
-                    hashers[k].write(handles[k], np.ascontiguousarray(z[k]).tobytes())
+                    array = z[k] if k != "features" or market is None else np.concatenate([z[k], market[j]], axis=1)
+                    hashers[k].write(handles[k], np.ascontiguousarray(array).tobytes())
                 for k, n in json.loads(str(z["clip_counts"])).items():
                     counts[k] = counts.get(k, 0) + n
         for f in handles.values():

@@ -1,0 +1,147 @@
+"""What the rest of the market did (model.market_context): three ids per candle summarizing the
+cross-section of every series of the same interval, as of the candle's close.
+
+    market_move        the mean of the series' last moves (log-close move / the tokenizer's sigma)
+    market_dispersion  their standard deviation across series
+    market_vol         the mean of their volatility levels (common.tokens.features.vol_level_ratio)
+
+Each is cut at FIXED edges (nothing is fitted, nothing stored); id 0 is "unknown": fewer than
+MIN_SERIES series with a fresh reading. The candle's own series counts like any other.
+
+Strictly causal. The context of a candle closing at t reads, of every series, its last candle
+that closed at or before t, and only if that candle closed after t - one interval (fresh). A
+position's context thus never holds a candle that closed after the one it sits on, and the
+candle it predicts opens after that close. When a candle closes:
+    intraday   its timestamp + the interval;
+    daily      the end of its UTC date (date + 1 day). Daily bars are dated by their exchange
+               (common.data.yahoo), so a European and a US candle of date D both count as closed
+               at D+1 00:00 UTC: a US position of date D sees Europe's day D (it closed at 16:30
+               UTC, before the US close), a European one sees the US day D, which closed (21:00
+               UTC) before Europe's D+1 session opens, and crypto's day D closes at D+1 00:00
+               UTC exactly. Markets whose next session opens before midnight UTC (Sydney,
+               Auckland) would break this; no case universe holds them.
+Why summaries and not attention across the assets of a timestamp: the ids go through the same
+path as the other candle inputs (shards, windows, forecasts, exports) at the cost of three
+embedding tables; the cross-section is computed once, not in every forward pass; and series of
+different calendars (stocks, crypto) need no alignment inside the model. What a summary cannot
+carry is which asset moved: a pairwise lead-lag stays invisible (docs/market_context.md).
+Forecasts hold the origin's ids over the sampled future, as they do the vol level.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Optional
+
+import numpy as np
+import pandas as pd
+
+from common.markets import INTERVAL_SECONDS
+from common.tokens.features import MARKET_BINS, MARKET_COLUMNS, VOL_LEVEL_EDGES, VolLevel, binned, vol_level_ratio
+from common.tokens.tokenizer import OHLCTokenizer
+
+__all__ = ["MARKET_BINS", "MARKET_COLUMNS", "MarketContext", "SeriesMoves", "close_times", "series_moves"]
+
+# the cross-section's mean move, in sigmas: of 20 crypto pairs moving together (correlation ~0.7)
+# it spreads nearly as one asset's move; of 600 mixed assets it is narrower
+MOVE_EDGES = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0)
+# the standard deviation of the series' moves, in sigmas: about 1 for unrelated series, lower when
+# the market moves as one, higher on days some assets gap
+DISPERSION_EDGES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0)
+EDGES = (MOVE_EDGES, DISPERSION_EDGES, VOL_LEVEL_EDGES)
+assert all(len(e) == MARKET_BINS - 1 for e in EDGES)  # the model's tables have MARKET_BINS + 1 rows
+MIN_SERIES = 2  # a cross-section of the series alone is no context
+_DAY_NS = 86_400 * 10**9
+
+
+class SeriesMoves(NamedTuple):
+    """One series as the market context reads it: its interval, each candle's timestamp (int64 ns
+    UTC), its move in sigmas (NaN for a missing or warm-up candle) and its volatility level (NaN
+    while not warm)."""
+
+    interval: str
+    stamps: np.ndarray
+    move: np.ndarray
+    level: np.ndarray
+
+
+def series_moves(
+    tokenizer: OHLCTokenizer, frame: pd.DataFrame, interval: str, move: Optional[np.ndarray] = None
+) -> SeriesMoves:
+    """A cleaned candle frame as the market context reads it; move: the tokenizer's move_z of
+    the frame (tokenizer.features), when already computed."""
+    if move is None:
+        move = tokenizer.features(frame)[0]
+    level = vol_level_ratio(frame, VolLevel(tokenizer.vol_halflife, tokenizer.vol_warmup))
+    return SeriesMoves(interval, pd.DatetimeIndex(frame.index).as_unit("ns").asi8, np.asarray(move, np.float64), level)
+
+
+def close_times(stamps: np.ndarray, interval: str) -> np.ndarray:
+    """(n,) int64 ns: when each candle of the interval closes (see the module docstring)."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    if interval == "1d":
+        return (stamps // _DAY_NS + 1) * _DAY_NS
+    return stamps + INTERVAL_SECONDS[interval] * 10**9
+
+
+class _Readings(NamedTuple):
+    closes: np.ndarray  # the close times of a series' candles with a finite value, ascending
+    values: np.ndarray
+
+
+def _readings(closes: np.ndarray, values: np.ndarray) -> _Readings:
+    keep = np.isfinite(values)
+    return _Readings(closes[keep], np.asarray(values, dtype=np.float64)[keep])
+
+
+class MarketContext:
+    """The cross-section of a set of series, asked at any close time. Built from whole histories;
+    an answer at t depends on the candles closed at or before t only."""
+
+    def __init__(self, series: Mapping[str, SeriesMoves]) -> None:
+        self.pools: dict[str, list[tuple[_Readings, _Readings]]] = {}
+        for name in sorted(series):  # one order, so every caller's sums round alike
+            s = series[name]
+            closes = close_times(s.stamps, s.interval)
+            self.pools.setdefault(s.interval, []).append((_readings(closes, s.move), _readings(closes, s.level)))
+
+    def own_ids(self, series: SeriesMoves) -> np.ndarray:
+        """(n, MARKET_COLUMNS) int64 ids of each candle of a series, at its close."""
+        return self.ids(series.interval, close_times(series.stamps, series.interval))
+
+    def ids(self, interval: str, closes: np.ndarray, chunk: int = 16_384) -> np.ndarray:
+        """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool
+        (all 0 when the pool is empty); computed `chunk` times at a time to bound memory."""
+        closes = np.asarray(closes, dtype=np.int64)
+        out = np.zeros((len(closes), MARKET_COLUMNS), dtype=np.int64)
+        pool = self.pools.get(interval, [])
+        fresh_ns = INTERVAL_SECONDS[interval] * 10**9
+        for start in range(0, len(closes), chunk):
+            t = closes[start : start + chunk]
+            if pool:
+                moves = np.stack([_as_of(m, t, fresh_ns) for m, _ in pool], axis=1)
+                levels = np.stack([_as_of(v, t, fresh_ns) for _, v in pool], axis=1)
+                out[start : start + chunk] = _summary_ids(moves, levels)
+        return out
+
+
+def _as_of(r: _Readings, t: np.ndarray, fresh_ns: int) -> np.ndarray:
+    """(len(t),) the series' last value closed at or before each t and after t - fresh_ns; else NaN."""
+    if not len(r.closes):
+        return np.full(len(t), np.nan)
+    j = np.searchsorted(r.closes, t, side="right") - 1
+    last = np.maximum(j, 0)
+    fresh = (j >= 0) & (r.closes[last] > t - fresh_ns)
+    return np.where(fresh, r.values[last], np.nan)
+
+
+def _summary_ids(moves: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """(n, 3) ids of the mean move, the dispersion and the mean level across the columns (series)."""
+    n_moves = np.isfinite(moves).sum(axis=1)
+    n_levels = np.isfinite(levels).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sum_m = np.nansum(moves, axis=1)
+        mean = np.where(n_moves >= MIN_SERIES, sum_m / np.maximum(n_moves, 1), np.nan)
+        dev = np.nansum((moves - mean[:, None]) ** 2, axis=1)
+        dispersion = np.where(n_moves >= MIN_SERIES, np.sqrt(dev / np.maximum(n_moves - 1, 1)), np.nan)
+        level = np.where(n_levels >= MIN_SERIES, np.nansum(levels, axis=1) / np.maximum(n_levels, 1), np.nan)
+    return np.stack([binned(x, e) for x, e in zip((mean, dispersion, level), EDGES)], axis=1)

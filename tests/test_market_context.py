@@ -1,0 +1,197 @@
+"""model.market_context: the cross-section's ids, causal by close time, equal in every path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from common.cli import main
+from common.config import ModelConfig
+from common.errors import UserError
+from common.forecasting.forecaster import Forecaster
+from common.forecasting.history import load_histories
+from common.model.gpt import MarketGPT
+from common.tokens.features import MARKET_BINS, feature_columns
+from common.tokens.market_context import DISPERSION_EDGES, MOVE_EDGES, MarketContext, SeriesMoves, close_times
+from common.tokens.token_set import TokenSet
+
+from test_forecast import TINY, train_tiny
+
+DAY = 86_400 * 10**9
+
+
+def _days(start: str, n: int, step_days: int = 1) -> np.ndarray:
+    return pd.date_range(start, periods=n, freq=f"{step_days}D", tz="UTC").as_unit("ns").asi8
+
+
+def _random_series(rng: np.random.Generator, stamps: np.ndarray, interval: str = "1d") -> SeriesMoves:
+    n = len(stamps)
+    move = rng.standard_normal(n)
+    move[rng.random(n) < 0.1] = np.nan  # missing candles
+    level = rng.normal(0, 0.3, n)
+    level[:5] = np.nan  # not warm
+    return SeriesMoves(interval, stamps, move, level)
+
+
+def test_a_daily_candle_closes_at_the_end_of_its_utc_date_an_intraday_one_after_its_interval():
+    stamps = pd.DatetimeIndex(["2024-03-01 00:00", "2024-03-01 14:30"], tz="UTC").as_unit("ns").asi8
+    assert list(close_times(stamps, "1d")) == [stamps[0] + DAY, stamps[0] + DAY]
+    assert list(close_times(stamps, "1h")) == [s + 3600 * 10**9 for s in stamps]
+
+
+def test_the_ids_summarize_the_fresh_cross_section_and_say_unknown_without_two_series():
+    t = _days("2024-01-01", 3)
+    series = {
+        "A": SeriesMoves("1d", t, np.array([0.9, 0.1, np.nan]), np.array([0.2, 0.2, 0.2])),
+        "B": SeriesMoves("1d", t, np.array([0.3, np.nan, np.nan]), np.array([0.0, np.nan, 0.0])),
+        "C": SeriesMoves("1d", t[:1], np.array([-0.6]), np.array([0.1])),
+    }
+    ids = MarketContext(series).own_ids(series["A"])
+    moves = np.array([0.9, 0.3, -0.6])
+    expect_move = np.searchsorted(MOVE_EDGES, moves.mean(), side="right") + 1
+    expect_disp = np.searchsorted(DISPERSION_EDGES, moves.std(ddof=1), side="right") + 1
+    assert list(ids[0, :2]) == [expect_move, expect_disp]
+    # day 2: only A moved (B missing, C has no candle): fewer than two series, unknown; A and B
+    # have a level (B's NaN is not a reading, its day-1 level is a day old), so the level is known
+    # only on days 1 and 3
+    assert list(ids[1, :2]) == [0, 0] and ids[1, 2] == 0
+    assert ids[2, 2] > 0 and list(ids[2, :2]) == [0, 0]
+
+
+def test_a_position_never_sees_a_candle_that_closed_after_its_own():
+    """Every id at time t is unchanged when everything that closed after t changes: the context of
+    a series' candles up to T is byte-identical after any series' later candles change."""
+    rng = np.random.default_rng(0)
+    daily = {f"S{i}": _random_series(rng, _days("2024-01-01", 200)) for i in range(6)}
+    daily["W"] = _random_series(rng, _days("2024-01-03", 40, 5))  # weekly-ish: often stale
+    hourly = {
+        f"H{i}": _random_series(rng, pd.date_range("2024-01-01", periods=300, freq="h", tz="UTC").asi8, "1h")
+        for i in range(3)
+    }
+    series = {**daily, **hourly}
+    full = MarketContext(series)
+    for name, s in series.items():
+        closes = close_times(s.stamps, s.interval)
+        cut = closes[len(closes) // 2]
+        changed = {}
+        for other, o in series.items():  # every series' candles closing after `cut` redrawn
+            later = close_times(o.stamps, o.interval) > cut
+            move, level = o.move.copy(), o.level.copy()
+            move[later], level[later] = rng.standard_normal(later.sum()) * 3, 1.0
+            changed[other] = SeriesMoves(o.interval, o.stamps, move, level)
+        before = full.own_ids(s)[closes <= cut]
+        after = MarketContext(changed).own_ids(changed[name])[closes <= cut]
+        np.testing.assert_array_equal(before, after)
+        assert (full.own_ids(s) > 0).any()
+
+
+def test_daily_pools_hold_every_market_of_the_date_and_hourly_pools_their_own_interval():
+    rng = np.random.default_rng(1)
+    t = _days("2024-01-01", 10)
+    a, b = _random_series(rng, t), _random_series(rng, t)
+    hourly = _random_series(rng, pd.date_range("2024-01-01", periods=240, freq="h", tz="UTC").asi8, "1h")
+    alone = MarketContext({"A": a, "B": b}).own_ids(a)
+    # an hourly series does not enter a daily pool; a European and a US candle of one date are
+    # one cross-section, closed at the end of the date
+    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": b, "H": hourly}).own_ids(a))
+    shifted = b._replace(stamps=b.stamps + 14 * 3600 * 10**9)  # B dated the same days, stamped later
+    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": shifted}).own_ids(a))
+    # the result does not depend on the order the series are given in
+    np.testing.assert_array_equal(alone, MarketContext({"B": b, "A": a}).own_ids(a))
+
+
+def test_the_market_columns_are_read_by_a_model_with_market_context_only():
+    base = dict(vocab_size=64, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0)
+    x, a = torch.randint(3, 64, (2, 4)), torch.zeros(2, dtype=torch.long)
+    cols = feature_columns(vol_level=True, market_context=True)
+    features = torch.randint(1, 7, (2, 4, cols))
+    torch.manual_seed(0)
+    plain = MarketGPT(ModelConfig(**base, time_features=True)).eval()
+    assert torch.equal(plain(x, a, a, features=features)[0], plain(x, a, a, features=features[..., :3])[0])
+    market = MarketGPT(ModelConfig(**base, market_context=True)).eval()
+    with pytest.raises(ValueError, match=r"market_context.*shape \(2, 4, 6\)"):
+        market(x, a, a, features=features[..., :3])
+    both = MarketGPT(ModelConfig(**base, market_context=True, vol_level_input=True)).eval()
+    for model, first in ((market, 3), (both, 4)):
+        other = features.clone()
+        other[..., first] = features[..., first] % MARKET_BINS + 1  # another market move: other logits
+        assert not torch.equal(model(x, a, a, features=features)[0], model(x, a, a, features=other)[0])
+
+
+# ------------------------------------------------------------------ a run with market context
+
+
+@pytest.fixture(scope="module")
+def market_run(tmp_path_factory):
+    """A tiny run on the shipped sample with model.market_context, its end-of-training scorecard on."""
+    spec = json.loads(json.dumps(TINY))
+    spec["model"].update(market_context=True)
+    spec["training"].update(scorecard_origins=2, scorecard_samples=4)
+    return train_tiny(tmp_path_factory.mktemp("market"), spec)[1]
+
+
+AS_OF = "2012-06-01"
+
+
+def _later_changed(frames: dict[str, pd.DataFrame], cut: pd.Timestamp) -> dict[str, pd.DataFrame]:
+    """Every asset's candles after `cut` replaced by others (prices doubled, then jittered)."""
+    out = {}
+    for s, f in frames.items():
+        f = f.copy()
+        later = f.index > cut
+        f.loc[later, ["open", "high", "low", "close"]] *= 2.0 + np.arange(later.sum())[:, None] % 3 * 0.1
+        out[s] = f
+    return out
+
+
+def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(market_run, tmp_path, capsys):
+    results = json.loads((market_run / "test_results.json").read_text())
+    assert "scorecard_error" not in results and (market_run / "scorecard.json").is_file()
+    fc = Forecaster.from_run(market_run)
+    everything = dict(
+        load_histories(fc.cfg, market_run, {s: fc.assets[s].category for s in fc.symbols}, fc.symbols, None)
+    )
+    (h,) = fc.load_history(["AAPL"], as_of=AS_OF)
+    n = len(h.candles)
+    # the history's ids are training's own: the market read from the run's data source, whole
+    ids = fc.candle_features(h.candles, fc.assets["AAPL"].category, 4)
+    shard = TokenSet.load(market_run / "tokens").features["AAPL"]
+    assert ids.shape == (n + 4, 6) and shard.shape[1] == 6
+    np.testing.assert_array_equal(ids[:n], shard[:n])
+    assert len(set(ids[:n, 3])) > 3 and (ids[n:, 3:] == ids[n - 1, 3:]).all()  # the origin's market, held
+    want = fc.forecast([h], 4, 16, seed=0, return_paths=True)
+
+    # the look-ahead check: every asset's candles after the origin changed, the same forecast
+    fc.set_market(_later_changed(everything, h.candles.index[-1]))
+    got = fc.forecast([h], 4, 16, seed=0, return_paths=True)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    pd.testing.assert_frame_equal(got.table, want.table)
+    # ... and a change before it reaches the model: the market is read
+    fc.set_market(_later_changed(everything, h.candles.index[-40]))
+    assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4), ids)
+
+    # predict_df reads its frame's items and its market frame's: every asset up to the origin, the same forecast
+    def long(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+        cut = {s: f[f.index <= h.candles.index[-1]] for s, f in frames.items()}
+        return pd.concat([f.assign(item_id=s) for s, f in cut.items()]).rename_axis("timestamp").reset_index()
+
+    others = long({s: f for s, f in everything.items() if s != "AAPL"})
+    table = fc.predict_df(long({"AAPL": everything["AAPL"]}), 4, samples=16, seed=0, market=others)
+    np.testing.assert_allclose(table["mean"], want.paths["close"][0, :, 1:].mean(axis=0))
+    with pytest.raises(UserError, match="at least 2 assets"):
+        fc.predict_df(long({"AAPL": everything["AAPL"]}), 4, samples=4)
+
+    # the CLI's forecast and scorecard, and an hf export forecasting as its run; onnx refused
+    assert main(["forecast", str(market_run), "--symbols", "AAPL", "--horizon", "3", "--samples", "8"]) == 0
+    assert main(["scorecard", str(market_run), "--horizons", "1", "--origins", "2", "--samples", "4"]) == 0
+    assert main(["export", str(market_run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    hf = Forecaster.from_pretrained(tmp_path / "hf")
+    hf.set_market(everything)
+    pd.testing.assert_frame_equal(hf.forecast([h], 4, 16, seed=0, return_paths=True).table, want.table)
+    capsys.readouterr()
+    assert main(["export", str(market_run), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 2
+    assert "market_context" in capsys.readouterr().err and not (tmp_path / "onnx").exists()
