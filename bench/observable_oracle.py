@@ -26,15 +26,16 @@ m = mu / sd), in chunks, so memory is O(chunk x particles) whatever the number o
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import numpy as np
 
 from common.data.synthetic_rich import HAR_WEIGHTS, HAR_WINDOWS, JUMP_PROB, JUMP_SCALE, KAPPA, LEAD_LAG, LEVERAGE
 from common.markets import INTERVAL_SECONDS
 
-__all__ = ["PARTICLES", "components", "pair_correction", "transition_matrix"]
+__all__ = ["PARTICLES", "components", "pair_correction", "paths", "transition_matrix"]
 
 PARTICLES = 256
 OPTIONS = 6  # (next regime, jump): regime j = option // 2, jump = option % 2
@@ -132,38 +133,61 @@ class _Asset:
         self.e2, self.e1 = self.e1, e
 
 
-def components(
-    spec: Any,
-    candles: Any,
-    rows: np.ndarray,
-    leader: Any = None,
-    particles: int = PARTICLES,
-    ranges: bool = True,
-    seed: int = 0,
-    chunk: int = 4096,
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """For the candles `rows` (sorted, >= 1) of one asset's `candles` (and its leader's, for a
-    follower), yields (rows, weight, log sd, m), each but rows (len, particles * 6): the predictive
-    mixture of each row's return r = mu + sd T(nu), m = mu / sd, made from the candles before it."""
-    from common.data.synthetic import _season
+class _Step(NamedTuple):
+    """The filter before candle t is seen: per particle, each asset's HAR state (pair: the
+    leader, then the asset, or the asset alone), the regime of candle t - 1, the variances h_t,
+    and each asset's mean in units of its sd."""
 
-    from scaling_floors import _range_table
+    t: int
+    pair: list
+    regime: np.ndarray
+    hs: list
+    m_units: list
+
+
+class _Market(NamedTuple):
+    """The generator's constants for one asset's candles."""
+
+    nu: float
+    beta: float
+    v: float  # the calm variance per candle
+    drift: float
+    t_sd: float  # sqrt((nu - 2) / nu): a t shock's sd
+    opt_k: np.ndarray  # the scale factor of each (regime, jump) option
+    prior: np.ndarray  # (regime, option): P(next option | regime)
+    season: np.ndarray  # per candle
+
+
+def _market(spec: Any, candles: Any) -> _Market:
+    from common.data.synthetic import _season
 
     if spec.process != "rich" or spec.gap_prob != 0:
         raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
-    rows = np.asarray(rows, dtype=np.int64)
-    if len(rows) and (rows.min() < 1 or np.any(np.diff(rows) <= 0)):
-        raise ValueError("rows must be increasing candle indices from 1 on")
-    nu, n = spec.nu, particles
-    days = INTERVAL_SECONDS[spec.interval] / 86400
-    v, drift, t_sd = spec.daily_vol**2 * days, spec.drift * days, math.sqrt((nu - 2) / nu)
+    nu, days = spec.nu, INTERVAL_SECONDS[spec.interval] / 86400
     levels = np.array([1.0, math.sqrt(spec.stress_vol), spec.stress_vol])
-    opt_k = np.repeat(levels, 2) * np.tile([1.0, JUMP_SCALE], 3)  # scale factor of each option
-    trans = transition_matrix(spec)
-    prior = np.repeat(trans, 2, axis=1) * np.tile([1 - JUMP_PROB, JUMP_PROB], 3)  # (regime, option)
-    season = _season(spec, candles.index)
+    prior = np.repeat(transition_matrix(spec), 2, axis=1) * np.tile([1 - JUMP_PROB, JUMP_PROB], 3)
+    return _Market(
+        nu,
+        spec.market_beta,
+        spec.daily_vol**2 * days,
+        spec.drift * days,
+        math.sqrt((nu - 2) / nu),
+        np.repeat(levels, 2) * np.tile([1.0, JUMP_SCALE], 3),
+        prior,
+        _season(spec, candles.index),
+    )
+
+
+def _filter(
+    spec: Any, mk: _Market, candles: Any, leader: Any, particles: int, ranges: bool, rng: np.random.Generator
+) -> Iterator[_Step]:
+    """The particle filter over one asset's candles (with its leader's, for a follower): yields
+    the state before each candle t >= 1, then takes candle t in."""
+    from scaling_floors import _range_table
+
+    n, nu, v, drift, t_sd = particles, mk.nu, mk.v, mk.drift, mk.t_sd
     table = _range_table() if ranges else None
-    rng = np.random.default_rng(seed)
+    trans = transition_matrix(spec)
 
     def observed(frame: Any) -> _Asset:
         log_close = np.log(frame["close"].to_numpy())
@@ -183,33 +207,19 @@ def components(
         )
         e = z * t_sd
         a.push(0, v * e * e, e)
-    want = iter(rows.tolist())
-    target = next(want, None)
-    out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     for t in range(1, len(candles)):
-        if target is None:
-            break
         hs = [a.variance(t, v) for a in pair]
-        sd = season[t] * opt_k[None, :] * np.sqrt(hs[-1])[:, None] * t_sd  # (particles, options)
         # each asset's mean in units of its sd: the follower's carries the leader's last shock
         m_units = [KAPPA * np.tanh(a.e1 + a.e2) for a in pair]
         if leader is not None:
             m_units[1] = m_units[1] + LEAD_LAG * pair[0].e1
-        m = drift / sd + m_units[-1][:, None]
-        q = prior[regime]
-        if t == target:
-            out.append((t, (q / n).ravel(), np.log(sd).ravel(), m.ravel()))
-            target = next(want, None)
-            if len(out) == chunk or target is None:
-                yield _stack(out)
-                out = []
-            if target is None:
-                break
+        yield _Step(t, pair, regime, hs, m_units)
+        q = mk.prior[regime]
         # candle t's likelihood under each (particle, option), then resample and draw the option
-        ll = np.zeros_like(sd)
+        ll = np.zeros((n, OPTIONS))
         units = []
         for a, h, mean_unit in zip(pair, hs, m_units):
-            s = season[t] * opt_k[None, :] * np.sqrt(h)[:, None] * t_sd
+            s = mk.season[t] * mk.opt_k[None, :] * np.sqrt(h)[:, None] * t_sd
             z = (a.r[t] - drift - s * mean_unit[:, None]) / s
             ll += _t_logpdf(z, nu) - np.log(s)
             if table is not None:
@@ -230,8 +240,108 @@ def components(
             h, z = h[ancestors], z[ancestors, option]
             e = z * t_sd
             a.push(t, h * e * e, e)
+
+
+def components(
+    spec: Any,
+    candles: Any,
+    rows: np.ndarray,
+    leader: Any = None,
+    particles: int = PARTICLES,
+    ranges: bool = True,
+    seed: int = 0,
+    chunk: int = 4096,
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """For the candles `rows` (sorted, >= 1) of one asset's `candles` (and its leader's, for a
+    follower), yields (rows, weight, log sd, m), each but rows (len, particles * 6): the predictive
+    mixture of each row's return r = mu + sd T(nu), m = mu / sd, made from the candles before it."""
+    rows = _check_rows(rows)
+    mk = _market(spec, candles)
+    want = iter(rows.tolist())
+    target = next(want, None)
+    out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+    for step in _filter(spec, mk, candles, leader, particles, ranges, np.random.default_rng(seed)):
+        if target is None:
+            break
+        if step.t != target:
+            continue
+        t = step.t
+        sd = mk.season[t] * mk.opt_k[None, :] * np.sqrt(step.hs[-1])[:, None] * mk.t_sd  # (particles, options)
+        m = mk.drift / sd + step.m_units[-1][:, None]
+        out.append((t, (mk.prior[step.regime] / particles).ravel(), np.log(sd).ravel(), m.ravel()))
+        target = next(want, None)
+        if len(out) == chunk or target is None:
+            yield _stack(out)
+            out = []
     if out:
         yield _stack(out)
+
+
+def paths(
+    spec: Any,
+    candles: Any,
+    rows: np.ndarray,
+    horizon: int,
+    samples: int,
+    leader: Any = None,
+    particles: int = PARTICLES,
+    seed: int = 0,
+) -> dict[int, np.ndarray]:
+    """row -> (samples, horizon) log returns log(close_{row - 1 + h} / close_{row - 1}), h = 1..horizon:
+    paths drawn from the filtered state before candle `row` (the candles before it only), each
+    particle's regime chain, jumps, HAR variance, mean and (for a follower) its leader's shocks
+    simulated forward as common/data/synthetic_rich.py makes them. `candles` must reach
+    row + horizon - 1 for the season of the future timestamps (their prices are not read)."""
+    rows = _check_rows(rows)
+    mk = _market(spec, candles)
+    if len(rows) and rows[-1] + horizon - 1 >= len(candles):
+        raise ValueError("the candles must reach the last row's horizon: its timestamps give the season")
+    out: dict[int, np.ndarray] = {}
+    wanted = set(rows.tolist())
+    for step in _filter(spec, mk, candles, leader, particles, True, np.random.default_rng(seed)):
+        if step.t in wanted:
+            out[step.t] = _simulate(mk, step, horizon, samples, np.random.default_rng([seed, step.t]))
+            if len(out) == len(wanted):
+                break
+    return out
+
+
+def _simulate(mk: _Market, step: _Step, horizon: int, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples, horizon) cumulative log returns from `samples` particles drawn from the filter's
+    (equally weighted) set, moved forward on copies of their state."""
+    pick = rng.integers(0, len(step.regime), samples)
+    pair = [copy.deepcopy(a) for a in step.pair]
+    for a in pair:
+        a.take(pick)
+    regime = step.regime[pick]
+    follower = len(pair) == 2
+    r = np.zeros((samples, horizon))
+    for k in range(horizon):
+        t = step.t + k
+        hs = [a.variance(t, mk.v) for a in pair]
+        m_units = [KAPPA * np.tanh(a.e1 + a.e2) for a in pair]
+        if follower:
+            m_units[1] = m_units[1] + LEAD_LAG * pair[0].e1
+        cum = np.cumsum(mk.prior[regime], axis=1)
+        option = np.minimum((cum < rng.random(samples)[:, None]).sum(axis=1), OPTIONS - 1)
+        regime = option // 2
+        g = rng.standard_normal(samples)  # the market factor the pair's shocks share
+        for j, (a, h, mean_unit) in enumerate(zip(pair, hs, m_units)):
+            gauss = mk.beta * g + math.sqrt(1 - mk.beta**2) * rng.standard_normal(samples)
+            z = gauss / np.sqrt(rng.chisquare(mk.nu, samples) / mk.nu)
+            sd = mk.season[t] * mk.opt_k[option] * np.sqrt(h) * mk.t_sd
+            e = z * mk.t_sd
+            if j == len(pair) - 1:
+                r[:, k] = mk.drift + sd * mean_unit + sd * z
+            a.push(t, h * e * e, e)
+    return np.cumsum(r, axis=1)
+
+
+def _check_rows(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and (rows.min() < 1 or np.any(np.diff(rows) <= 0)):
+        raise ValueError("rows must be increasing candle indices from 1 on")
+    return rows
 
 
 def _stack(out: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
