@@ -135,17 +135,19 @@ def test_token_set_keeps_features(tmp_path):
 def test_off_in_the_case_configs_and_model_info_says_what_each_adds():
     for path in REPO_ROOT.glob("case_*/configs/*.json"):
         cfg = load_config(path)
-        assert not (cfg.model.time_features or cfg.model.volume_input or cfg.model.vol_level_input), path
+        assert not cfg.model.reads_features, path
     cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json")
     C = cfg.model.d_model
     assert (
         f"time_features off (would add +{31 * C:,} parameters); volume_input off (would add "
         f"+{(VOLUME_BINS + 1) * C:,} parameters); vol_level_input off (would add "
-        f"+{(VOL_LEVEL_BINS + 1) * C:,} parameters)" in describe_model(cfg)
+        f"+{(VOL_LEVEL_BINS + 1) * C:,} parameters); market_context off (would add +{27 * C:,} "
+        "parameters)" in describe_model(cfg)
     )
-    on = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["model.time_features=true"])
-    base, more = (MarketGPT(c.model, num_assets=20).num_parameters() for c in (cfg, on))
-    assert more - base == 31 * C and f"time_features on (+{31 * C:,} parameters)" in describe_model(on)
+    for key, added in (("time_features", 31 * C), ("market_context", 27 * C)):
+        on = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", [f"model.{key}=true"])
+        base, more = (MarketGPT(c.model, num_assets=20).num_parameters() for c in (cfg, on))
+        assert more - base == added and f"{key} on (+{added:,} parameters)" in describe_model(on)
 
 
 def test_a_model_with_features_says_so_when_called_without_them():

@@ -156,3 +156,21 @@ def test_the_oracle_paths_are_calibrated_at_every_horizon_and_causal():
     before = observable_oracle.paths(SPEC, follower, np.array([1000]), 5, 50, leader, particles=32)
     after = observable_oracle.paths(SPEC, changed, np.array([1000]), 5, 50, leader, particles=32)
     np.testing.assert_array_equal(before[1000], after[1000])
+
+
+def test_the_scorecard_share_is_one_at_the_oracle_and_zero_at_the_best_baseline():
+    import bench_oracle_scorecard as card
+
+    rng = np.random.default_rng(0)
+    n = 200
+    best, oracle = rng.uniform(1.0, 2.0, n), rng.uniform(0.5, 1.0, n)
+    dates = np.repeat(np.arange(50), 4)
+
+    def seed(model):
+        crps = {"model": model, "garch": best, "har": best + 0.3, card.ORACLE: oracle}
+        return {"dates": {h: dates.tolist() for h in card.HORIZONS}, "crps": {h: crps for h in card.HORIZONS}}
+
+    for model, want in ((oracle, 1.0), (best, 0.0), ((best + oracle) / 2, 0.5)):
+        r = card.shares([seed(model), seed(model)], n_boot=50)[1]
+        assert r["best_baseline"] == "garch" and r["share"] == pytest.approx(want)
+        assert r["ci95"][0] <= want + 1e-9 and r["ci95"][1] >= want - 1e-9 and r["origins"] == 2 * n

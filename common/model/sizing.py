@@ -15,7 +15,7 @@ from common.config import Config
 from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.model.memory import estimate_training_memory
-from common.tokens.features import CALENDAR_A, CALENDAR_B, VOL_LEVEL_BINS, VOLUME_BINS
+from common.tokens.features import CALENDAR_A, CALENDAR_B, MARKET_BINS, MARKET_COLUMNS, VOL_LEVEL_BINS, VOLUME_BINS
 
 __all__ = ["describe_model", "meta_model"]
 
@@ -44,12 +44,13 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
 
 
 def _inputs_line(cfg: Config) -> str:
-    """What model.time_features, volume_input and vol_level_input add (each is a lookup table of d_model rows)."""
+    """What model.time_features, volume_input, vol_level_input and market_context add (lookup tables of d_model rows)."""
     C = cfg.model.d_model
     adds = {
         "time_features": (CALENDAR_A + CALENDAR_B) * C,
         "volume_input": (VOLUME_BINS + 1) * C,
         "vol_level_input": (VOL_LEVEL_BINS + 1) * C,
+        "market_context": MARKET_COLUMNS * (MARKET_BINS + 1) * C,
     }
     parts = [
         f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"

@@ -24,7 +24,7 @@ Why summaries and not attention across the assets of a timestamp: the ids go thr
 path as the other candle inputs (shards, windows, forecasts, exports) at the cost of three
 embedding tables; the cross-section is computed once, not in every forward pass; and series of
 different calendars (stocks, crypto) need no alignment inside the model. What a summary cannot
-carry is which asset moved: a pairwise lead-lag stays invisible (docs/market_context.md).
+carry is which asset moved: a pairwise lead-lag stays invisible (docs/training.md).
 Forecasts hold the origin's ids over the sampled future, as they do the vol level.
 """
 
