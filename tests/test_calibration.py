@@ -21,7 +21,8 @@ from common.evaluation.calibration import (
 )
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import ScorecardSettings, make_scorecard
-from common.forecasting.calibrated import CALIBRATION_JSON, calibrate_table, conformity_scores, load_calibration
+from common.forecasting.calibrated import calibrate_table, conformity_scores, load_calibration
+from common.run.files import CALIBRATION_JSON
 
 from scorecard_helpers import candles_from_returns
 

@@ -54,7 +54,11 @@ SLURM_GROUND = ("common.slurm", "common.slurm.scheduler", "common.slurm.requeue"
 # common/run/ likewise: RunInfo (asset_info.json) is fixed when a token shard is prepared, so it
 # stands on the data floor, where the tokens and the model read it; the package file imports
 # nothing. The run folder, its checkpoints and resume stand on the run floor.
-RUN_DATA_FLOOR = ("common.run", "common.run.info")
+RUN_DATA_FLOOR = ("common.run", "common.run.info", "common.run.files")
+# strings equal to a run file's name that are not about a run folder: (module, name) -> why
+NOT_RUN_FILES = {
+    ("common.evaluation.foundation_baselines", "config.json"): "a Hugging Face model's own config file",
+}
 
 # (importing module, imported module) -> why the import waits for the function that needs it.
 _TORCH_LATER = "torch loads only when this path runs: the module itself is imported where torch is not"
@@ -302,6 +306,26 @@ def test_data_tokens_and_cluster_load_without_torch():
     assert out.strip() == "False"
 
 
+def run_file_spellings(modules: dict[str, ast.AST]) -> list[str]:
+    """'module: name' for every string constant outside common/run/ that spells a run file's name
+    (common/run/files.py holds them all), docstrings included, save NOT_RUN_FILES."""
+    from common.run import files
+
+    names = {getattr(files, k) for k in files.__all__} - {files.TOKENS_DIR, files.FORECASTS_DIR}
+    bad = []
+    for module, tree in modules.items():
+        if module.startswith("common.run"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names and (module, node.value) not in NOT_RUN_FILES:
+                bad.append(f"{module}: {node.value}")
+    return sorted(set(bad))
+
+
+def test_only_common_run_spells_a_run_files_name():
+    assert run_file_spellings(library_modules()) == []
+
+
 def test_only_the_cli_parses_arguments():
     assert argparse_users(library_modules()) == []
 
@@ -367,6 +391,17 @@ def test_torch_reached_through_a_chain_is_found():
         }
     )
     assert torch_paths(modules) == ["common.data.a -> common.model.b -> torch"]
+
+
+def test_a_run_file_spelled_outside_common_run_is_found():
+    modules = _fake(
+        {
+            "common.run.folder": 'NAME = "training_log.json"',
+            "common.cluster.status": 'log = run / "training_log.json"',
+            "common.evaluation.foundation_baselines": 'ok = "config.json"',
+        }
+    )
+    assert run_file_spellings(modules) == ["common.cluster.status: training_log.json"]
 
 
 def test_argparse_outside_the_cli_is_found():

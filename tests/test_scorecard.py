@@ -15,8 +15,6 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines
 from common.evaluation.price_baselines import RandomWalkEWMA
 from common.evaluation.scorecard import (
-    SCORECARD_JSON,
-    SCORECARD_PNG,
     ScorecardSettings,
     make_scorecard,
     run_scorecard,
@@ -24,6 +22,7 @@ from common.evaluation.scorecard import (
 )
 from common.evaluation.walk_forward import origin_indices
 from common.forecasting.forecast_io import History
+from common.run.files import SCORECARD_JSON, SCORECARD_PNG
 
 from scorecard_helpers import garch_returns, synthetic_series
 

@@ -9,6 +9,7 @@ from common.cli.args import add_config_args
 from common.config import Config, at_interval, load_config
 from common.errors import UserError
 from common.paths import case_config, case_dir, case_dir_of_config
+from common.run.files import TOKENIZER_JSON
 
 __all__ = ["add_parsers"]
 
@@ -84,7 +85,7 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
             "prepare ahead (drop --set data.shards=false, or set it true in the config)"
         )
     # fine-tuning: the corpus in the parent's token ids, the shard training will look for
-    parent = resolve_parent(cfg.training.init_from).run_dir / "tokenizer.json" if cfg.training.init_from else None
+    parent = resolve_parent(cfg.training.init_from).run_dir / TOKENIZER_JSON if cfg.training.init_from else None
     case = case_dir_of_config(args.config)
     if args.dry_run:
         print(

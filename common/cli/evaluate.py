@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from common.cli.args import add_interval_arg, add_precision_arg, names
+from common.run.files import REPORT_PNG, TEST_RESULTS_JSON
 
 __all__ = ["add_parsers"]
 
@@ -15,7 +16,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     results = evaluate_run_dir(args.run_dir)
     print(summarize_results(args.run_dir, results))
-    print(f"Wrote {args.run_dir / 'test_results.json'} and {args.run_dir / 'report.png'}")
+    print(f"Wrote {args.run_dir / TEST_RESULTS_JSON} and {args.run_dir / REPORT_PNG}")
     return 0
 
 

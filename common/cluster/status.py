@@ -23,6 +23,7 @@ from common.atomic import read_json_or_empty
 from common.cluster.direct_launch import launch_of_log, log_tail, recorded_state
 from common.distributed.gpu_health import health_report
 from common.paths import CASES, REPO_ROOT, case_dir
+from common.run.files import CONFIG_JSON, SCORECARD_JSON, TRAINING_LOG_JSON
 from common.run.log import format_duration
 from common.slurm.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
 
@@ -120,8 +121,8 @@ def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
 
 
 def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) -> RunRow:
-    log = read_json_or_empty(run_dir / "training_log.json")
-    run_cfg = read_json_or_empty(run_dir / "config.json")
+    log = read_json_or_empty(run_dir / TRAINING_LOG_JSON)
+    run_cfg = read_json_or_empty(run_dir / CONFIG_JSON)
     row = RunRow(case=case.name, run=run_dir.name)
     job = log.get("slurm_job_id")
     state = states.get(str(job)) if job else None
@@ -153,7 +154,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         row.peak_mem = _peak_memory(last.get("gpus"))
         if row.status == "running" and isinstance(last.get("eta_s"), (int, float)):
             row.eta = format_duration(last["eta_s"])
-    headline = read_json_or_empty(run_dir / "scorecard.json").get("headline")
+    headline = read_json_or_empty(run_dir / SCORECARD_JSON).get("headline")
     row.score = _score(headline)
     row.last_log_line = last_line(_log_file(case, run_cfg, log))
     last = epochs[-1] if epochs else {}
@@ -209,7 +210,7 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
         folder: sorted(
             p
             for p in (folder / "checkpoints").glob("*")
-            if p.is_dir() and ((p / "config.json").is_file() or (p / "training_log.json").is_file())
+            if p.is_dir() and ((p / CONFIG_JSON).is_file() or (p / TRAINING_LOG_JSON).is_file())
         )
         for folder in cases
     }
@@ -217,7 +218,7 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
     if slurm_on:  # ask only about this user's jobs and the jobs the runs recorded
         commands = job_commands()
         recorded = {
-            str(read_json_or_empty(r / "training_log.json").get("slurm_job_id")) for rs in runs.values() for r in rs
+            str(read_json_or_empty(r / TRAINING_LOG_JSON).get("slurm_job_id")) for rs in runs.values() for r in rs
         }
         states = job_states(sorted((recorded - {"None"}) | set(commands)))
     rows = []

@@ -44,6 +44,7 @@ from common.evaluation.scorecard import forecaster_fn
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import history_loader
 from common.paths import REPO_ROOT
+from common.run.files import BEST_MODEL_PT
 
 __all__ = [
     "AFTER_CUTOFF_BUDGET",
@@ -257,7 +258,7 @@ def _own_candles(
             "model_card.json's data_cutoff), so there is no period after it to score"
         )
     cfg = forecaster.cfg
-    if cfg.data.source in ("download", "files") and not (model_dir / "best_model.pt").is_file():
+    if cfg.data.source in ("download", "files") and not (model_dir / BEST_MODEL_PT).is_file():
         raise UserError(
             f"--after-cutoff: {model_dir} is an export; pass its run folder, whose case holds the "
             f"{cfg.data.source} candles it was trained on"

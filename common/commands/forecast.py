@@ -26,7 +26,7 @@ import pandas as pd
 
 from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
-from common.forecasting.calibrated import CALIBRATION_JSON, Calibration, calibrate_table, load_calibration
+from common.forecasting.calibrated import Calibration, calibrate_table, load_calibration
 from common.forecasting.core import warn
 from common.forecasting.infer import ExportedForecaster
 from common.forecasting.price_paths import (
@@ -36,6 +36,7 @@ from common.forecasting.price_paths import (
     max_drawdown,
     parse_barriers,
 )
+from common.run.files import BEST_MODEL_PT, CALIBRATION_JSON
 from common.tokens.tokenizer import FORMAT_NAME, FORMAT_VERSION
 
 __all__ = ["ForecastRequest", "run_forecast_command", "write_outputs"]
@@ -183,7 +184,7 @@ def write_outputs(fc: Any, result: Any, histories: list, out: Path, settings: di
     atomic_write_bytes(written[1], table.to_csv(index=False, float_format="%.10g").encode("utf-8"))
     meta = {
         "run": str(fc.run_dir) if fc.run_dir else None,
-        "checkpoint": "best_model.pt",
+        "checkpoint": BEST_MODEL_PT,
         "checkpoint_sha256": fc.checkpoint_sha256,
         **settings,
         "tokenizer": {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vocab_size": fc.tokenizer.vocab_size},

@@ -28,10 +28,11 @@ import torch
 from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.evaluation.foundation_baselines import FOUNDATION_KINDS, load_foundation_baseline
-from common.evaluation.scorecard import SCORECARD_JSON, SCORECARD_PNG, ScorecardSettings, forecaster_fn, run_scorecard
-from common.forecasting.calibrated import CALIBRATION_JSON, load_calibration
+from common.evaluation.scorecard import ScorecardSettings, forecaster_fn, run_scorecard
+from common.forecasting.calibrated import load_calibration
 from common.forecasting.ensemble import Ensemble, forecaster_for
 from common.forecasting.price_paths import parse_barriers
+from common.run.files import CALIBRATION_JSON, SCORECARD_JSON, SCORECARD_PNG
 
 __all__ = [
     "ScorecardRequest",

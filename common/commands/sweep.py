@@ -39,6 +39,7 @@ from common.config import Config, load_config
 from common.errors import UserError
 from common.model.scaling_fit import SHAPES, SWEEP_FORMAT, best_rates, corpus_of, sweep_fit, sweep_points
 from common.paths import case_dir_of_config
+from common.run.files import CONFIG_JSON, TEST_RESULTS_JSON, TRAINING_LOG_JSON
 from common.run.resume import find_runs
 from common.tokens.fractions import trim_train
 from common.tokens.shard_paths import shard_folder
@@ -229,16 +230,16 @@ def run_point(sweep: Sweep, point: SweepPoint, out: Optional[TextIO] = None) -> 
 
 def _finished_run(sweep: Sweep, point: SweepPoint) -> Optional[Path]:
     for run in reversed(find_runs(case_dir_of_config(sweep.config) / "checkpoints", sweep.experiment(point))):
-        log = read_json(run / "training_log.json") if (run / "training_log.json").is_file() else {}
-        if log.get("status") in ("finished", "early_stopped") and (run / "test_results.json").is_file():
+        log = read_json(run / TRAINING_LOG_JSON) if (run / TRAINING_LOG_JSON).is_file() else {}
+        if log.get("status") in ("finished", "early_stopped") and (run / TEST_RESULTS_JSON).is_file():
             return run
     return None
 
 
 def point_result(sweep: Sweep, point: SweepPoint, run: Path) -> dict[str, Any]:
     """One point of sweep.json, from its run's training_log.json and test_results.json."""
-    log, test = read_json(run / "training_log.json"), read_json(run / "test_results.json")
-    cfg = load_config(run / "config.json")
+    log, test = read_json(run / TRAINING_LOG_JSON), read_json(run / TEST_RESULTS_JSON)
+    cfg = load_config(run / CONFIG_JSON)
     ranges = trim_train(TokenSet.load(token_path(run)).ranges, cfg.data.train_fraction, cfg.data.fraction_by)
     epochs = log.get("epochs") or [{}]
     last = epochs[-1]

@@ -59,6 +59,7 @@ from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.model.gpt import MarketGPT
 from common.paths import case_dir_of_config
 from common.run.checkpoint import load_checkpoint
+from common.run.files import CONFIG_JSON, TOKENIZER_JSON, TRAINING_LOG_JSON
 from common.run.folder import Run, check_writable, config_differences
 from common.run.info import RunInfo
 from common.run.resume import new_run_dir, resolve_resume, reuse_unstarted_run
@@ -186,7 +187,7 @@ def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device
     if "error" in decision:
         raise UserError(decision["error"])
     run_dir = Path(decision["run_dir"])
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG_JSON).is_file():
         raise UserError(
             f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
             "made: the case folder must be on a filesystem every node of the job shares"
@@ -208,7 +209,7 @@ def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> Prepa
         parent = resolve_parent(cfg.training.init_from)
         check_parent_fits(config_to_dict(cfg), parent)
     # fine-tuning: the parent's token ids, which its weights were trained on
-    parent_tokenizer = parent.run_dir / "tokenizer.json" if parent is not None else None
+    parent_tokenizer = parent.run_dir / TOKENIZER_JSON if parent is not None else None
     prepare = prepare_shards if cfg.data.shards else prepare_in_memory
     p = prepare(cfg, case, parent_tokenizer, out=out)
     p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
@@ -298,7 +299,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
         raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
 
     if status == "failed":
-        raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / 'training_log.json'})")
+        raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / TRAINING_LOG_JSON})")
     if status == "interrupted":
         return EXIT_REQUEUE
     return 0

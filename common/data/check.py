@@ -32,6 +32,7 @@ from common.data.prepare import EVAL_MIN_CANDLES, PreparedData, drop_kind, split
 from common.data.universe import load_universe, universe_as_of, universe_path
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step, split_series
+from common.run.files import DATA_INFO_JSON
 from common.tokens.shard_paths import shard_folder
 from common.tokens.token_set import read_index
 
@@ -211,7 +212,7 @@ def shard_summary(cfg: Config, case_dir: Path) -> Optional[ShardSummary]:
         return None
     try:
         index = read_index(folder / "tokens")
-        info = read_json(folder / "data_info.json")
+        info = read_json(folder / DATA_INFO_JSON)
     except (OSError, ValueError, UserError):
         return None  # a damaged shard: counted from the candles instead
     d = cfg.data

@@ -38,6 +38,7 @@ from common.evaluation.price_baselines import (
     log_returns,
 )
 from common.markets import interval_step
+from common.run.files import ASSET_INFO_JSON, CONFIG_JSON
 from common.run.info import RunInfo
 from common.tokens.token_set import TokenSet, token_path
 
@@ -139,18 +140,18 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
     test split and purge gap are the run's).
     interval: which of a run's data.intervals (None: its first); its series under their assets' symbols."""
     run_dir = Path(run_dir)
-    for name in ("config.json", token_path(run_dir).name):
+    for name in (CONFIG_JSON, token_path(run_dir).name):
         if not (run_dir / name).exists():
             raise UserError(
                 f"{run_dir}: missing {name}; pass a run folder like "
                 "case_c_crypto/checkpoints/<experiment>_YYYYMMDD_HHMMSS"
             )
-    cfg = load_config(run_dir / "config.json")
+    cfg = load_config(run_dir / CONFIG_JSON)
     tokens = TokenSet.load(token_path(run_dir))
     market = load_market_data(cfg, run_dir.parent.parent)
     assets = {a.symbol: a for a in market.assets}
     # only a run of several intervals needs asset_info.json here (its series names and intervals)
-    info = RunInfo.read(run_dir / "asset_info.json") if (run_dir / "asset_info.json").is_file() else RunInfo((), {})
+    info = RunInfo.read(run_dir / ASSET_INFO_JSON) if (run_dir / ASSET_INFO_JSON).is_file() else RunInfo((), {})
     interval, _ = info.interval(cfg.data.interval, interval)
     names = info.interval_series(interval) if info.intervals else {s: s for s in tokens.symbols}
     out: list[AssetSeries] = []

@@ -29,6 +29,7 @@ from common.errors import UserError
 from common.evaluation.asset_series import AssetSeries
 from common.forecasting.model_card import data_cutoff_of
 from common.markets import interval_step
+from common.run.files import DATA_INFO_JSON
 
 __all__ = [
     "AFTER_CUTOFF",
@@ -299,7 +300,7 @@ def data_cutoff(folder: str | Path) -> Optional[pd.Timestamp]:
     validation_end for an export made before it, of a `marketgpt export` folder); None when not
     recorded."""
     folder = Path(folder)
-    cut = data_cutoff_of(read_json_or_empty(folder / "data_info.json"))
+    cut = data_cutoff_of(read_json_or_empty(folder / DATA_INFO_JSON))
     if cut is None:
         card = read_json_or_empty(folder / "model_card.json")
         cut = card.get("data_cutoff") or card.get("validation_end")

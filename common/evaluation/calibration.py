@@ -33,7 +33,8 @@ from common.evaluation.asset_series import AssetSeries, LazyCandles
 from common.evaluation.pit import GRID_EDGES, GRID_TEST, calibrated_grid_bins, grid_bins, pit_uniformity
 from common.evaluation.price_baselines import ForecastFn
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices
-from common.forecasting.calibrated import CALIBRATION_JSON, CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
+from common.forecasting.calibrated import CALIBRATION_LEVELS, FORMAT_VERSION, Calibration
+from common.run.files import CALIBRATION_JSON
 
 __all__ = [
     "MIN_VAL_ORIGINS",

@@ -7,7 +7,7 @@ at the end of training (common.commands.train), and again later by `marketgpt ev
     test, train_tokens = eval_inputs(token_set.tokens, token_set.moves, token_set.ranges)
     results = evaluate_run(model, tokenizer, test, train_tokens, info,
                            context_length, batch_size, device, max_batches)
-    atomic_write_json(run_dir / "test_results.json", results)
+    atomic_write_json(run_dir / TEST_RESULTS_JSON, results)
 
 The inputs, the windows the model reads and the per-target scores live in
 common.evaluation.token_scoring (eval_inputs, split_windows, score_model, score_baseline); this
@@ -75,6 +75,7 @@ from common.evaluation.token_scoring import (
 )
 from common.model.gpt import MarketGPT
 from common.run.checkpoint import load_checkpoint
+from common.run.files import TEST_RESULTS_JSON, TRAINING_LOG_JSON
 from common.run.folder import Run
 from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
@@ -334,12 +335,12 @@ def evaluate_best(
         results = {**results, "interval": info.intervals[0], "per_interval": per_interval}
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
-        log = read_json(run_dir / "training_log.json")
+        log = read_json(run_dir / TRAINING_LOG_JSON)
         write_report(run_dir, {**log, "status": status or log.get("status")}, results)
     except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
         print(f"warning: report.png not written ({type(e).__name__}: {e})", file=sys.stderr)
         results["report_error"] = f"{type(e).__name__}: {e}"  # so --resume auto doesn't redraw it forever
-    atomic_write_json(run_dir / "test_results.json", results)
+    atomic_write_json(run_dir / TEST_RESULTS_JSON, results)
     return results
 
 

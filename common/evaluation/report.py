@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.atomic import atomic_savefig
+from common.run.files import REPORT_PNG
 
-__all__ = ["REPORT_NAME", "write_report"]
+__all__ = ["write_report"]
 
-REPORT_NAME = "report.png"
 _PREDICTORS = (("model", "model"), ("unigram", "unigram"), ("repeat_last", "repeat last"), ("markov1", "Markov-1"))
 _MODEL_COLOR, _BASELINE_COLOR = "#1f77b4", "#b0b0b0"
 
@@ -46,7 +46,7 @@ def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: d
     _directional(axes[1, 1], test_results)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
 
-    target = Path(run_dir) / REPORT_NAME
+    target = Path(run_dir) / REPORT_PNG
     try:
         atomic_savefig(fig, target)
     finally:

@@ -46,12 +46,11 @@ from common.evaluation.walk_forward import Origins, all_origins, forecast_all, o
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecast_io import History
 from common.forecasting.price_paths import barrier_outcomes, brier_score
+from common.run.files import SCORECARD_JSON, SCORECARD_PNG
 
 __all__ = [
     "BASELINE_NAMES",
     "DEFAULT_HORIZONS",
-    "SCORECARD_JSON",
-    "SCORECARD_PNG",
     "ScorecardSettings",
     "barrier_card",
     "barrier_lines",
@@ -62,8 +61,6 @@ __all__ = [
 ]
 
 DEFAULT_HORIZONS = (1, 5, 20)
-SCORECARD_JSON = "scorecard.json"
-SCORECARD_PNG = "scorecard.png"
 
 
 def forecaster_fn(forecaster, **options) -> ForecastFn:

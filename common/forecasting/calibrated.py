@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from common.errors import UserError
+from common.run.files import CALIBRATION_JSON
 
 __all__ = [
-    "CALIBRATION_JSON",
     "CALIBRATION_LEVELS",
     "Calibration",
     "calibrate_table",
@@ -37,7 +37,6 @@ __all__ = [
     "load_calibration",
 ]
 
-CALIBRATION_JSON = "calibration.json"
 # central levels. The forecast table has the ends of 50, 80 and 90 (p25/p75, p10/p90, p5/p95); 95 is
 # fitted for the scorecard's coverage of the calibrated forecaster and the records.
 CALIBRATION_LEVELS = (50, 80, 90, 95)

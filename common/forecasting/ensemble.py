@@ -22,6 +22,7 @@ import torch
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, summarize_paths
 from common.forecasting.forecaster import Forecaster
+from common.run.files import TOKENIZER_JSON
 
 __all__ = ["Ensemble", "forecaster_for"]
 
@@ -132,7 +133,7 @@ def _check_same(first: Forecaster, other: Forecaster) -> None:
 
 
 def _tokenizer_text(fc: Forecaster) -> Optional[str]:
-    path = Path(fc.run_dir) / "tokenizer.json" if fc.run_dir is not None else None
+    path = Path(fc.run_dir) / TOKENIZER_JSON if fc.run_dir is not None else None
     return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
 
 

@@ -45,6 +45,7 @@ from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.forecasting.model_card import model_card, model_card_markdown
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
+from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON, TRAINING_LOG_JSON
 
 if TYPE_CHECKING:
     from common.model.gpt import MarketGPT
@@ -230,7 +231,7 @@ def _check_format(run_dir: Path, fmt: str) -> None:
         )
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if not (Path(run_dir) / "best_model.pt").exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
+    if not (Path(run_dir) / BEST_MODEL_PT).exists() and (Path(run_dir) / FORMATS["hf"]).is_file():
         raise UserError(f"{run_dir} is an exported model folder, not a run folder; export the run it came from")
 
 
@@ -241,7 +242,7 @@ def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, sta
     ids = model.asset_emb.num_embeddings, model.category_emb.num_embeddings  # asset_info.json's counts
     example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
     target = staging / FORMATS[fmt]
-    for name in ("config.json", "tokenizer.json", "asset_info.json"):
+    for name in (CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON):
         shutil.copy2(run_dir / name, staging / name)
     if fmt == "hf":
         save_safetensors(fc, run_dir, target)
@@ -276,7 +277,7 @@ def _publish(card: dict, run_dir: Path, fmt: str, staging: Path, out: Path) -> N
     model_files = {"onnx": (FORMATS[fmt], STEP_FILE), "hf": (FORMATS[fmt], "README.md")}.get(fmt, (FORMATS[fmt],))
     if fmt == "hf":
         (staging / "README.md").write_text(model_card_markdown(card, run_dir), encoding="utf-8")
-    for name in (*model_files, "config.json", "tokenizer.json", "asset_info.json", "model_card.json"):
+    for name in (*model_files, CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON, "model_card.json"):
         # safetensors writes 0600 and copy2 keeps the run's modes: each file reads as one the user writes
         os.chmod(staging / name, default_mode())
         os.replace(staging / name, out / name)
@@ -375,7 +376,7 @@ def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
         "format": "pt",
         "library": "marketgpt",
         "checkpoint_sha256": fc.checkpoint_sha256,
-        "training_precision": read_json_or_empty(run_dir / "training_log.json").get("precision"),
+        "training_precision": read_json_or_empty(run_dir / TRAINING_LOG_JSON).get("precision"),
         "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges),
     }
     assert fc.model is not None  # a torch Forecaster

@@ -28,6 +28,7 @@ from common.forecasting.core import ForecasterCore
 from common.model.gpt import MarketGPT
 from common.model.sampling import SamplingSettings, sample_paths
 from common.run.checkpoint import load_checkpoint, unwrap_state_dict
+from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
 from common.run.folder import Run
 from common.run.info import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
@@ -35,7 +36,7 @@ from common.tokens.tokenizer import OHLCTokenizer
 __all__ = ["PRETRAINED_FILES", "Forecaster"]
 
 # what from_pretrained needs of a model folder (`marketgpt export --format hf` also writes README.md, model_card.json)
-PRETRAINED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "asset_info.json")
+PRETRAINED_FILES = ("model.safetensors", CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON)
 
 
 class Forecaster(ForecasterCore):
@@ -73,7 +74,7 @@ class Forecaster(ForecasterCore):
         "auto" (bf16 for a run trained in bf16 on a device with bf16 in hardware, else fp32),
         "fp32" or "bf16". interval: which of the run's intervals to forecast (None: its first; one
         it did not train on is a UserError)."""
-        if (Path(run_dir) / PRETRAINED_FILES[0]).is_file() and not (Path(run_dir) / "best_model.pt").exists():
+        if (Path(run_dir) / PRETRAINED_FILES[0]).is_file() and not (Path(run_dir) / BEST_MODEL_PT).exists():
             return cls.from_pretrained(
                 run_dir, device=device, precision=precision, interval=interval
             )  # an hf export folder
@@ -127,9 +128,9 @@ class Forecaster(ForecasterCore):
         missing = [name for name in PRETRAINED_FILES if not (folder / name).is_file()]
         if missing:
             raise UserError(f"{folder}: missing {', '.join(missing)}; is it a `marketgpt export --format hf` folder?")
-        cfg = load_config(folder / "config.json")
-        tokenizer = OHLCTokenizer.load(folder / "tokenizer.json")
-        info = RunInfo.read(folder / "asset_info.json", fix="export the run again")
+        cfg = load_config(folder / CONFIG_JSON)
+        tokenizer = OHLCTokenizer.load(folder / TOKENIZER_JSON)
+        info = RunInfo.read(folder / ASSET_INFO_JSON, fix="export the run again")
         model = MarketGPT.for_run(cfg.model, info)
         weights = folder / PRETRAINED_FILES[0]
         interval, model.default_interval = info.interval(cfg.data.interval, interval)
@@ -147,7 +148,7 @@ class Forecaster(ForecasterCore):
         except RuntimeError as e:  # missing, unexpected or misshapen tensors: torch's lines after its heading
             detail = " ".join(line.strip() for line in str(e).splitlines()[1:] or [str(e)])
             raise UserError(
-                f"{weights} does not fit {folder / 'config.json'} / asset_info.json "
+                f"{weights} does not fit {folder / CONFIG_JSON} / asset_info.json "
                 f"({detail[:300]}{'...' if len(detail) > 300 else ''})"
             ) from None
         if cfg.model.volume_input and edges is None:

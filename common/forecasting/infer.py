@@ -41,6 +41,7 @@ from common.model.windows import (
     context_chunks,
     prefill_length as window_start,  # this module's name for it
 )
+from common.run.files import ASSET_INFO_JSON, CONFIG_JSON, TOKENIZER_JSON
 from common.run.info import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 # what `marketgpt export --format onnx` writes (--format pt2: model.pt2; hf: model.safetensors and README.md)
-EXPORT_FILES = ("model.onnx", "config.json", "tokenizer.json", "asset_info.json", "model_card.json")
+EXPORT_FILES = ("model.onnx", CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON, "model_card.json")
 ROWS_PER_CALL = 4096  # sampled paths per call without a cache: bounds the activations' memory
 CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB), as common.model.sampling
 STEP_FILE = "model_step.onnx"  # ONNX only: one decoding step with the KV cache
@@ -343,10 +344,10 @@ class ExportedForecaster(ForecasterCore):
         if not export_dir.is_dir():
             raise UserError(f"{export_dir}: no such folder; pass a `marketgpt export --format onnx` folder")
         card = read_model_card(export_dir)
-        cfg = load_config(export_dir / "config.json")
-        info = RunInfo.read(export_dir / "asset_info.json", fix="export the run again")
+        cfg = load_config(export_dir / CONFIG_JSON)
+        info = RunInfo.read(export_dir / ASSET_INFO_JSON, fix="export the run again")
         backend = OnnxBackend(export_dir / "model.onnx", cfg.model.context_length, threads)
-        return cls(backend, OHLCTokenizer.load(export_dir / "tokenizer.json"), info, cfg, export_dir, card)
+        return cls(backend, OHLCTokenizer.load(export_dir / TOKENIZER_JSON), info, cfg, export_dir, card)
 
     def sample_tokens(
         self,

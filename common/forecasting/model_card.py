@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from common.atomic import read_json_or_empty
 from common.paths import REPO_ROOT
+from common.run.files import CONFIG_JSON, DATA_INFO_JSON, SCORECARD_JSON, TEST_RESULTS_JSON
 
 __all__ = ["data_cutoff_of", "model_card", "model_card_markdown", "parent_run_of"]
 
@@ -34,9 +35,9 @@ def parent_run_of(run_dir: Path) -> str:
 def model_card(run_dir: Path, fc: Any, export: dict[str, Any], parity: float) -> dict:
     """What the export is (`export`: format, file, kv_cache, step_file, opset, torch_version, from
     common.forecasting.export), what it was trained on, and how good it is (when the run was scored)."""
-    data_info = read_json_or_empty(run_dir / "data_info.json")
-    card = read_json_or_empty(run_dir / "scorecard.json")
-    results = read_json_or_empty(run_dir / "test_results.json")
+    data_info = read_json_or_empty(run_dir / DATA_INFO_JSON)
+    card = read_json_or_empty(run_dir / SCORECARD_JSON)
+    results = read_json_or_empty(run_dir / TEST_RESULTS_JSON)
     cuts = data_info.get("split_cuts", {})
     cfg = fc.cfg
     return {
@@ -93,7 +94,7 @@ def _number(x: Any) -> str:
 def model_card_markdown(card: dict, run_dir: Path, max_symbols: int = 50) -> str:
     """README.md of an hf model folder: the model card in a model hub's form (YAML front matter,
     then what the model is, its data, how good it is, intended use and limits), from model_card.json."""
-    cfg = read_json_or_empty(run_dir / "config.json")
+    cfg = read_json_or_empty(run_dir / CONFIG_JSON)
     name = cfg.get("experiment") or run_dir.name
     lines = [
         *_intro_lines(card, name),
@@ -155,7 +156,7 @@ def _training_data_lines(card: dict, max_symbols: int) -> list[str]:
 def _evaluation_lines(card: dict, run_dir: Path) -> list[str]:
     """## Evaluation: the scorecard's headline and verdicts (or that it was not scored) and the test loss."""
     headline = _headline_text(card["scorecard_headline"])
-    verdicts = read_json_or_empty(run_dir / "scorecard.json").get("verdicts") or []
+    verdicts = read_json_or_empty(run_dir / SCORECARD_JSON).get("verdicts") or []
     score = (
         [
             f"Scorecard headline (walk-forward over the test split, CRPS skill against the best price "

@@ -44,7 +44,7 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
 
 
 def _inputs_line(cfg: Config) -> str:
-    """What model.time_features, volume_input, vol_level_input and market_context add (lookup tables of d_model rows)."""
+    """What each input besides the tokens adds (lookup tables of d_model rows)."""
     C = cfg.model.d_model
     adds = {
         "time_features": (CALENDAR_A + CALENDAR_B) * C,

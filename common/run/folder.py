@@ -31,6 +31,16 @@ from typing import Any, Mapping, Optional, Sequence
 from common.atomic import atomic_write_json, check_writable as _check_writable, read_json
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
 from common.errors import UserError
+from common.run.files import (
+    ASSET_INFO_JSON,
+    BEST_MODEL_PT,
+    CONFIG_JSON,
+    DATA_INFO_JSON,
+    REPORT_PNG,
+    TEST_RESULTS_JSON,
+    TOKENIZER_JSON,
+    TRAINING_LOG_JSON,
+)
 from common.run.info import RunInfo
 from common.slurm.scheduler import job_metadata
 from common.tokens.token_set import TokenSet, token_path
@@ -68,7 +78,7 @@ HARMLESS_ON_RESUME = (
 
 # What a finished epoch leaves in a run folder, enough to rebuild its best model (forecasts,
 # exports); evaluating the test split also needs the token set (tokens/).
-RUN_FILES = ("config.json", "tokenizer.json", "asset_info.json", "best_model.pt")
+RUN_FILES = (CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON, BEST_MODEL_PT)
 
 
 @dataclass
@@ -98,12 +108,12 @@ class Run:
             )
         names = RUN_FILES[:-1] + ((token_path(path).name,) if tokens else ()) + (RUN_FILES[-1:] if model else ())
         missing = [name for name in names if not (path / name).exists()]
-        if "best_model.pt" in missing and (path / "model.onnx").is_file():
+        if BEST_MODEL_PT in missing and (path / "model.onnx").is_file():
             raise UserError(
                 f"{path} is an ONNX export folder (`marketgpt export`), not a run folder: forecast it with "
                 "--backend onnx, or pass the run folder it came from"
             )
-        if missing == ["best_model.pt"]:
+        if missing == [BEST_MODEL_PT]:
             raise UserError(
                 f"{path}: no best_model.pt yet (the run has not finished an epoch); use a run "
                 "that has, or wait for this one"
@@ -114,9 +124,9 @@ class Run:
             )
         return cls(
             path,
-            _config(path / "config.json", overrides),
-            OHLCTokenizer.load(path / "tokenizer.json"),
-            RunInfo.read(path / "asset_info.json"),
+            _config(path / CONFIG_JSON, overrides),
+            OHLCTokenizer.load(path / TOKENIZER_JSON),
+            RunInfo.read(path / ASSET_INFO_JSON),
             TokenSet.load(token_path(path)) if tokens else None,
         )
 
@@ -127,11 +137,11 @@ class Run:
         """Write a new run's files into its (new, empty) folder: first its training log naming the
         job that owns it, so `--resume auto` elsewhere leaves it alone while it is set up."""
         try:
-            atomic_write_json(path / "training_log.json", {"status": "running", "epochs": [], **job_metadata()})
-            save_config(cfg, path / "config.json")
-            tokenizer.save(path / "tokenizer.json")
-            atomic_write_json(path / "asset_info.json", info.to_json())
-            atomic_write_json(path / "data_info.json", dict(data_info))
+            atomic_write_json(path / TRAINING_LOG_JSON, {"status": "running", "epochs": [], **job_metadata()})
+            save_config(cfg, path / CONFIG_JSON)
+            tokenizer.save(path / TOKENIZER_JSON)
+            atomic_write_json(path / ASSET_INFO_JSON, info.to_json())
+            atomic_write_json(path / DATA_INFO_JSON, dict(data_info))
             tokens.save(path / "tokens")  # hard links to the shard's files
         except OSError as e:
             raise UserError(f"cannot write to the run folder {path} ({e.strerror or e})") from None
@@ -139,7 +149,7 @@ class Run:
 
     @property
     def best_model(self) -> Path:
-        return self.path / "best_model.pt"
+        return self.path / BEST_MODEL_PT
 
     def log(self) -> dict:
         """training_log.json, {} where there is none yet or it cannot be read."""
@@ -147,7 +157,7 @@ class Run:
 
     def data_info(self) -> dict:
         """data_info.json ({} for a run made before it existed); a UserError where it is damaged."""
-        path = self.path / "data_info.json"
+        path = self.path / DATA_INFO_JSON
         if not path.is_file():
             return {}
         try:
@@ -182,7 +192,7 @@ def read_log(run_dir: Path) -> dict:
     """A run's training_log.json, {} where there is none yet (it died before its first step) or
     it cannot be read: nothing recorded."""
     try:
-        log = json.loads((Path(run_dir) / "training_log.json").read_text(encoding="utf-8"))
+        log = json.loads((Path(run_dir) / TRAINING_LOG_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return log if isinstance(log, dict) else {}
@@ -192,10 +202,10 @@ def has_final_outputs(run_dir: Path) -> bool:
     """Whether the run's report.png and test_results.json are written (test_results.json comes
     last, and records a report that could not be drawn, so it is not retried forever)."""
     try:
-        results = json.loads((run_dir / "test_results.json").read_text(encoding="utf-8"))
+        results = json.loads((run_dir / TEST_RESULTS_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (run_dir / "report.png").is_file() or (isinstance(results, dict) and "report_error" in results)
+    return (run_dir / REPORT_PNG).is_file() or (isinstance(results, dict) and "report_error" in results)
 
 
 def _flatten(cfg: Config | Mapping[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,6 @@ from common.markets import CATEGORIES, split_series
 
 __all__ = ["AssetRecord", "RunInfo"]
 
-RUN_INFO_JSON = "asset_info.json"
-
 
 @dataclass(frozen=True)
 class AssetRecord:

@@ -13,6 +13,14 @@ from typing import Optional, Sequence
 
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_position, latest_good_checkpoint
+from common.run.files import (
+    ASSET_INFO_JSON,
+    BEST_MODEL_PT,
+    CONFIG_JSON,
+    DATA_INFO_JSON,
+    TOKENIZER_JSON,
+    TRAINING_LOG_JSON,
+)
 from common.run.folder import check_writable, has_final_outputs, read_log
 from common.slurm import scheduler
 
@@ -23,17 +31,17 @@ _STAMP = "%Y%m%d_%H%M%S"
 # tensorboard, and best_model.pt, published just before the first epoch checkpoint): a folder
 # holding nothing else has nothing to resume from, and a new run may start over in it.
 _BEFORE_FIRST_CHECKPOINT = (
-    "config.json",
-    "tokenizer.json",
-    "asset_info.json",
-    "data_info.json",
+    CONFIG_JSON,
+    TOKENIZER_JSON,
+    ASSET_INFO_JSON,
+    DATA_INFO_JSON,
     "tokens",
     "tokens.npz",
-    "training_log.json",
+    TRAINING_LOG_JSON,
     "tensorboard",
     "wandb",
     "mlruns",
-    "best_model.pt",
+    BEST_MODEL_PT,
 )
 
 

@@ -33,6 +33,7 @@ from common.data.check import print_left_out
 from common.data.loading import load_market_data
 from common.errors import UserError
 from common.paths import case_dir_of_config
+from common.run.files import DATA_INFO_JSON
 from common.slurm.scheduler import check_partition, parse_slurm_time, slurm_available
 from common.slurm.submit import CLUSTER_ENV, job_environment, rel_path
 from common.tokens.shard_paths import published, shard_folder, work_folder
@@ -93,7 +94,7 @@ class PrepareJob:
         print(f"Token shards: the {self.stage} stage, task {self.task} of {self.tasks}, for {folder}", flush=True)
         prepare_stage(cfg, case, self.stage, task=self.task, tasks=self.tasks)
         if self.stage == STAGES[-1] and published(folder):  # what the runs of this shard go without
-            print_left_out(read_json(folder / "data_info.json"))
+            print_left_out(read_json(folder / DATA_INFO_JSON))
 
 
 @dataclass

@@ -37,6 +37,7 @@ from common.data.market_data import LazyFrames
 from common.data.prepare import split_data
 from common.errors import UserError
 from common.markets import interval_step
+from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
 from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.features import feature_columns
@@ -227,7 +228,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     lengths = [len(cleaned[s]) for s in symbols]
     # two fits of one shard (a resubmitted array, a training run meanwhile) write the same files,
     # each by a rename: an encode task reads one whole version or the other
-    tokenizer.save(work / "tokenizer.json")
+    tokenizer.save(work / TOKENIZER_JSON)
     atomic_write_json(
         work / "split.json",
         {
@@ -261,7 +262,7 @@ def _encode_stage(work: Path, task: int, tasks: int, out: TextIO) -> None:
     """Encode this task's assets, each into work/encoded/<j>.npz (its tokens, moves, time and
     volume ids and clip counts), written under a temp name and renamed: present means whole."""
     split = _split(work)
-    tokenizer = OHLCTokenizer.load(work / "tokenizer.json")
+    tokenizer = OHLCTokenizer.load(work / TOKENIZER_JSON)
     edges = split["volume_edges"]
     cleaned = _Cleaned({s: work / "clean" / f for s, f in zip(split["symbols"], split["files"])})
     (work / "encoded").mkdir(exist_ok=True)
@@ -316,7 +317,7 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
         columns = feature_columns(bool(split.get("vol_level", False)), market is not None)
         with_features = split["volume_edges"] is not None
         write_index(private / "tokens", symbols, split["lengths"], split["ranges"], with_features, sha256, columns)
-        tokenizer = OHLCTokenizer.load(work / "tokenizer.json")  # its clip counts: a parent's, or zero
+        tokenizer = OHLCTokenizer.load(work / TOKENIZER_JSON)  # its clip counts: a parent's, or zero
         tokenizer.clip_counts = {
             k: tokenizer.clip_counts.get(k, 0) + counts.get(k, 0)
             for k in dict.fromkeys([*tokenizer.clip_counts, *counts])
@@ -324,10 +325,10 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
         data_info = dict(split["info"], tokenizer_clip_counts=tokenizer.clip_counts)
         if split["volume_edges"] is not None:
             data_info["volume_edges"] = split["volume_edges"]
-        tokenizer.save(private / "tokenizer.json")
-        atomic_write_json(private / "asset_info.json", split["asset_info"])
-        atomic_write_json(private / "data_info.json", data_info)
-        for name in ("tokens/index.json", "tokenizer.json", "asset_info.json", "data_info.json"):
+        tokenizer.save(private / TOKENIZER_JSON)
+        atomic_write_json(private / ASSET_INFO_JSON, split["asset_info"])
+        atomic_write_json(private / DATA_INFO_JSON, data_info)
+        for name in ("tokens/index.json", TOKENIZER_JSON, ASSET_INFO_JSON, DATA_INFO_JSON):
             files[name] = file_sha256(private / name)
         manifest = {
             "key": folder.name,

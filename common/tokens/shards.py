@@ -42,6 +42,7 @@ from typing import Iterator, Optional, TextIO
 from common.atomic import read_json
 from common.config import Config
 from common.errors import UserError
+from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
 from common.run.info import RunInfo
 from common.tokens.corpus import Prepared
 from common.tokens.shard_manifest import REBUILD, verify_shard
@@ -91,9 +92,9 @@ def _open(folder: Path) -> Prepared:
     try:
         return Prepared(
             TokenSet.load(folder / "tokens"),
-            OHLCTokenizer.load(folder / "tokenizer.json"),
-            RunInfo.from_json(read_json(folder / "asset_info.json")),
-            read_json(folder / "data_info.json"),
+            OHLCTokenizer.load(folder / TOKENIZER_JSON),
+            RunInfo.from_json(read_json(folder / ASSET_INFO_JSON)),
+            read_json(folder / DATA_INFO_JSON),
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"the token shard {folder} is damaged ({e}); {REBUILD}") from None

@@ -38,6 +38,7 @@ from torch import nn
 from common.atomic import atomic_write_json, read_json
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
+from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
 from common.run.info import RunInfo
 
 if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
@@ -77,7 +78,7 @@ def resolve_parent(path: str | Path) -> Parent:
     path = Path(path).expanduser()
     if path.is_dir():
         run_dir = path
-        best = run_dir / "best_model.pt"
+        best = run_dir / BEST_MODEL_PT
         files = checkpoint_files(run_dir)
         checkpoint = best if best.is_file() else files[-1] if files else None
         if checkpoint is None:
@@ -89,13 +90,13 @@ def resolve_parent(path: str | Path) -> Parent:
         run_dir, checkpoint = path.parent, path
     else:
         raise UserError(f"--init-from {path}: no such run folder or checkpoint file")
-    for name in ("config.json", "tokenizer.json", "asset_info.json"):
+    for name in (CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON):
         if not (run_dir / name).is_file():
             raise UserError(
                 f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
                 "made by `marketgpt train` (or a checkpoint inside one)"
             )
-    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / "config.json"))
+    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / CONFIG_JSON))
 
 
 def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
@@ -154,7 +155,7 @@ def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[
     state = _parent_state(parent)
     _load_body(model, state, parent)
 
-    theirs = RunInfo.read(parent.run_dir / "asset_info.json", fix="--init-from needs an intact parent run")
+    theirs = RunInfo.read(parent.run_dir / ASSET_INFO_JSON, fix="--init-from needs an intact parent run")
     their_assets = {r.symbol: r for r in theirs.assets}
     their_cats = theirs.categories
     old_assets, old_cats = state["asset_emb.weight"], state["category_emb.weight"]
@@ -197,7 +198,7 @@ def init_from_parent(model: "MarketGPT", parent: Parent, info: RunInfo) -> dict[
         "parent_run": str(parent.run_dir),
         "checkpoint": str(parent.checkpoint),
         "checkpoint_sha256": parent.sha256,
-        "tokenizer": str(parent.run_dir / "tokenizer.json"),
+        "tokenizer": str(parent.run_dir / TOKENIZER_JSON),
         "weights": "all, except asset and category embeddings (matched by name)",
         **copied,
     }
@@ -248,6 +249,6 @@ def apply_freeze(model: "MarketGPT", spec: str) -> list[str]:
 
 def record_lineage(run_dir: Path, lineage: dict[str, Any]) -> None:
     """config.json gains "_lineage" (load_config skips "_" keys, so resuming reads it as before)."""
-    config = read_json(run_dir / "config.json")
+    config = read_json(run_dir / CONFIG_JSON)
     config["_lineage"] = lineage
-    atomic_write_json(run_dir / "config.json", config)
+    atomic_write_json(run_dir / CONFIG_JSON, config)

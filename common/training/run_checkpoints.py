@@ -15,6 +15,7 @@ from typing import Any, Callable, TextIO
 from common.distributed.ddp import all_gather_objects, barrier
 from common.distributed.job_store import before_abort
 from common.run.checkpoint import CheckpointWriter, prune_checkpoints, remove_stale_temp_files
+from common.run.files import BEST_MODEL_PT
 from common.training.rng import rng_state
 
 __all__ = ["RunCheckpoints"]
@@ -48,9 +49,7 @@ class RunCheckpoints:
     def save_best(self, model: Callable[[], dict[str, Any]]) -> None:
         """best_model.pt: `model()`, the weights and what scoring them needs (no optimizer state)."""
         if self.is_main:
-            self.writer.save(
-                {"format": "marketgpt-best-model", "version": 1, **model()}, self.run_dir / "best_model.pt"
-            )
+            self.writer.save({"format": "marketgpt-best-model", "version": 1, **model()}, self.run_dir / BEST_MODEL_PT)
         barrier()
 
     def check(self) -> None:

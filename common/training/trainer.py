@@ -40,6 +40,7 @@ from common.run.checkpoint import (
     step_checkpoint_name,
     unwrap_state_dict,
 )
+from common.run.files import TRAINING_LOG_JSON
 from common.run.log import TrainingLog
 from common.slurm.requeue import EXIT_REQUEUE
 from common.training.batches import TokenWindows
@@ -436,7 +437,7 @@ class Trainer:
 
     def _write_log(self) -> None:
         if self.is_main:
-            self.log.write(self.run_dir / "training_log.json")
+            self.log.write(self.run_dir / TRAINING_LOG_JSON)
 
     def _session_seconds(self) -> float:
         return time.monotonic() - self._session_start
