@@ -46,6 +46,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "qk_norm": ("model.qk_norm=true",),
     "swiglu": ('model.mlp="swiglu"',),
     "all": ('model.positional="rope"', 'model.norm="rms"', "model.qk_norm=true", 'model.mlp="swiglu"'),
+    "muon": ('training.optimizer="muon"',),  # the blocks' matrices by Muon at training.muon_lr 0.02
     # inputs rather than recipe, measured the same way: what the rest of the market did, the level of volatility
     "market": ("model.market_context=true",),
     "vol_level": ("model.vol_level_input=true",),

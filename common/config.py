@@ -106,6 +106,10 @@ class TrainingConfig:
     beta2: float = 0.95  # AdamW beta2
     warmup_steps: int = 500  # optimizer steps of linear warmup before the cosine decay
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    # "adamw", or "muon": the blocks' weight matrices step by Muon (orthogonalized momentum) at
+    # muon_lr, scheduled alike, the rest by AdamW (common/training/muon.py; bench/bench_recipe.py)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02  # Muon's peak learning rate (training.optimizer = "muon" only)
     grad_accum_steps: int = 1  # batches whose gradients add up to one optimizer step
     compile: bool = False  # torch.compile, CUDA only
     # torch.compile's mode: "auto" replays CUDA graphs ("reduce-overhead") on one GPU and uses

@@ -73,6 +73,7 @@ def check_training(t: TrainingConfig, m: ModelConfig, need: Need) -> None:
         "training.learning_rate",
         f"must be positive, got {t.learning_rate}",
     )
+    need(t.muon_lr > 0 and math.isfinite(t.muon_lr), "training.muon_lr", f"must be positive, got {t.muon_lr}")
     for key in ("early_stopping_patience", "gradient_clip", "weight_decay", "warmup_steps"):
         need(getattr(t, key) >= 0, f"training.{key}", f"must be zero or positive, got {getattr(t, key)}")
     need(0.0 <= t.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")

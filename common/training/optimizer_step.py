@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, cast
 
 import torch
 
-from common.config import Config
+from common.config import Config, TrainingConfig
 from common.distributed.ddp import no_sync, unwrap
 from common.distributed.precision import (
     CUDA_GRAPH_MODES,
@@ -27,6 +27,7 @@ from common.distributed.precision import (
 )
 from common.errors import UserError
 from common.training.batches import TokenWindows
+from common.training.muon import MuonAdamW
 from common.training.signals import Agreement, CheckpointRequests
 from common.training.step import TrainingForward, clip_values, nonfinite, step_values
 
@@ -119,11 +120,25 @@ class OptimizerStep:
             self._step_values, self._nonfinite = torch.compile(step_values), torch.compile(nonfinite)
         self._params = list(self.model.parameters())
         self._no_norm = torch.zeros((), dtype=torch.float64, device=device)  # read only
-        self.optimizer = self.model.configure_optimizer(
-            t.weight_decay, t.learning_rate, (t.beta1, t.beta2), device.type
-        )
+        self.optimizer = self._optimizer(t, device)
         # the kernel choice this device wants; a checkpoint's param_groups carry the saving device's
         self.kernel_flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
+
+    def _optimizer(self, t: TrainingConfig, device: torch.device) -> torch.optim.Optimizer:
+        """training.optimizer: AdamW over every parameter, or Muon for the blocks' weight
+        matrices and AdamW for the rest (common/training/muon.py)."""
+        if t.optimizer == "adamw":
+            return self.model.configure_optimizer(t.weight_decay, t.learning_rate, (t.beta1, t.beta2), device.type)
+        matrices = [p for p in self.model.blocks.parameters() if p.dim() == 2 and p.requires_grad]
+        chosen = {id(p) for p in matrices}
+        rest = [p for p in self.model.parameters() if p.requires_grad and id(p) not in chosen]
+        groups = [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": t.weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return MuonAdamW(
+            matrices, groups, t.learning_rate, t.muon_lr / t.learning_rate, t.weight_decay, (t.beta1, t.beta2)
+        )
 
     def queue(self, batches: Iterator, lr: float, step_in_epoch: int, global_step: int) -> Flight:
         """Queue one optimizer step: forward and backward over grad_accum_steps micro-batches
