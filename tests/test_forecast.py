@@ -702,11 +702,20 @@ def test_bench_forecast_smoke_writes_its_rows(tmp_path):
     assert result["figures"]["samples"] == 4 and result["figures"]["horizon"] == 3
 
 
-def test_export_refuses_a_run_with_calendar_or_volume_inputs(feature_run, tmp_path, capsys):
-    # the exported forward takes tokens, assets and categories only: say so rather than fail later
-    assert main(["export", str(feature_run), "--format", "onnx", "--out", str(tmp_path / "x")]) == 2
-    assert "model.time_features / volume_input / vol_level_input" in capsys.readouterr().err
-    assert not (tmp_path / "x").exists()
+def test_onnx_and_pt2_exports_of_a_run_with_candle_ids_forecast_as_the_run(feature_run, tmp_path):
+    # the exported forward takes each candle's ids as a 4th input; greedy forecasts take the
+    # samplers' draws out: the onnx export's table equals the run's, through the KV cache
+    from common.forecasting.infer import ExportedForecaster
+
+    assert main(["export", str(feature_run), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    card = json.loads((tmp_path / "onnx" / "model_card.json").read_text())
+    assert "features" in card["inputs"] and card["volume_edges"]
+    fc, ref = ExportedForecaster.from_export(tmp_path / "onnx"), Forecaster.from_run(feature_run)
+    assert fc.volume_edges == ref.volume_edges
+    histories = ref.load_history(["AAPL", "^GSPC"], as_of="2012-06-01")
+    want = ref.forecast(histories, horizon=12, samples=3, temperature=0.0).table
+    pd.testing.assert_frame_equal(fc.forecast(histories, horizon=12, samples=3, temperature=0.0).table, want)
+    assert main(["export", str(feature_run), "--format", "pt2", "--out", str(tmp_path / "pt2")]) == 0
 
 
 def test_hf_export_of_a_run_with_calendar_and_volume_inputs_round_trips(feature_run, tmp_path):

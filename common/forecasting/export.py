@@ -46,6 +46,7 @@ from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.forecasting.model_card import model_card, model_card_markdown
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON, TRAINING_LOG_JSON
+from common.tokens.features import CALENDAR_B, feature_columns
 
 if TYPE_CHECKING:
     from common.model.gpt import MarketGPT
@@ -67,14 +68,21 @@ INPUTS = ("tokens", "asset_ids", "category_ids")
 
 
 class NextTokenLogits(torch.nn.Module):
-    """The exported forward: (tokens (B, L), asset_ids (B,), category_ids (B,)) -> logits (B, V)."""
+    """The exported forward: (tokens (B, L), asset_ids (B,), category_ids (B,)[, features (B, L, F)])
+    -> logits (B, V); features only for a model that reads candle ids (common/tokens/features.py)."""
 
     def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens, asset_ids, category_ids, last_only=True)[0][:, -1]
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        asset_ids: torch.Tensor,
+        category_ids: torch.Tensor,
+        features: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        return self.model(tokens, asset_ids, category_ids, last_only=True, features=features)[0][:, -1]
 
 
 class _GrowingKV:
@@ -104,20 +112,25 @@ class _GrowingCache(KVCache):
 
 
 class Prefill(torch.nn.Module):
-    """model.onnx: (tokens (B, L), asset_ids, category_ids) -> the next token's logits (B, V) and
-    every layer's keys and values (layers, B, heads, L, head size), to continue from."""
+    """model.onnx: (tokens (B, L), asset_ids, category_ids[, features (B, L, F)]) -> the next
+    token's logits (B, V) and every layer's keys and values (layers, B, heads, L, head size), to
+    continue from."""
 
     def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, tokens: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        asset_ids: torch.Tensor,
+        category_ids: torch.Tensor,
+        features: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.model.config
         empty = torch.zeros(tokens.size(0), c.num_heads, 0, c.d_model // c.num_heads)
         cache = _GrowingCache([_GrowingKV(empty, empty) for _ in self.model.blocks])
-        logits = self.model(tokens, asset_ids, category_ids, last_only=True, cache=cache)[0][:, -1]
+        logits = self.model(tokens, asset_ids, category_ids, last_only=True, cache=cache, features=features)[0][:, -1]
         return (logits, *cache.stacked())
 
 
@@ -146,48 +159,57 @@ class _SharedStepKV(SharedPrefixKV):
 class Step(torch.nn.Module):
     """model_step.onnx: one more token per sample, its context's keys and values shared by all of
     the context's samples (as the torch sampler): (token (B, 1), asset_ids (B,), category_ids (B,),
-    prefix_k, prefix_v (layers, n, heads, P, head size), own_k_<i>, own_v_<i> (L, B, heads, head
-    size) per layer i) -> logits (B, V), new_k, new_v (layers, B, heads, head size): the step
-    token's. Rows are context-major (B = n x samples each); L >= 0 own tokens before this one."""
+    [features (B, 1, F): a model that reads candle ids,] prefix_k, prefix_v (layers, n, heads, P,
+    head size), own_k_<i>, own_v_<i> (L, B, heads, head size) per layer i) -> logits (B, V),
+    new_k, new_v (layers, B, heads, head size): the step token's. Rows are context-major (B = n x
+    samples each); L >= 0 own tokens before this one."""
 
     def __init__(self, model: "MarketGPT") -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self,
-        token: torch.Tensor,
-        asset_ids: torch.Tensor,
-        category_ids: torch.Tensor,
-        prefix_k: torch.Tensor,
-        prefix_v: torch.Tensor,
-        *own: torch.Tensor,
+        self, token: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor, *rest: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = len(self.model.blocks)
+        features = rest[0] if self.model.reads_features else None
+        prefix_k, prefix_v, *own = rest[1:] if features is not None else rest
         layers = [_SharedStepKV(prefix_k[i], prefix_v[i], own[i], own[n + i]) for i in range(n)]
-        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=KVCache(layers))[0][:, -1]
+        cache = KVCache(layers)
+        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=cache, features=features)[0][:, -1]
         owns = [cast(_OwnKV, x.own) for x in layers]
         return (logits, torch.stack([o.new[0][:, :, 0] for o in owns]), torch.stack([o.new[1][:, :, 0] for o in owns]))
 
 
-def step_input_names(num_layers: int) -> list[str]:
+def step_input_names(num_layers: int, features: bool = False) -> list[str]:
     """model_step.onnx's inputs, in order."""
     return (
-        ["token", "asset_ids", "category_ids", "prefix_k", "prefix_v"]
+        ["token", "asset_ids", "category_ids", *(["features"] if features else []), "prefix_k", "prefix_v"]
         + [f"own_k_{i}" for i in range(num_layers)]
         + [f"own_v_{i}" for i in range(num_layers)]
     )
 
 
 def random_inputs(
-    batch: int, length: int, vocab_size: int, num_assets: int, num_categories: int, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch: int,
+    length: int,
+    vocab_size: int,
+    num_assets: int,
+    num_categories: int,
+    seed: int = 0,
+    feature_columns: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """(tokens, asset_ids, category_ids[, features (batch, length, feature_columns)]): features,
+    ids below the smallest table's rows (7, the days of the week), only when feature_columns."""
     g = torch.Generator().manual_seed(seed)
-    return (
+    out: tuple[torch.Tensor, ...] = (
         torch.randint(0, vocab_size, (batch, length), generator=g),
         torch.randint(0, num_assets, (batch,), generator=g),
         torch.randint(0, num_categories, (batch,), generator=g),
     )
+    if feature_columns:
+        out = (*out, torch.randint(0, CALENDAR_B, (batch, length, feature_columns), generator=g))
+    return out
 
 
 def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Optional[str] = None) -> Path:
@@ -196,12 +218,6 @@ def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Op
     pt2 forwards take its id as a constant; an hf folder keeps every interval's row)."""
     _check_format(run_dir, fmt)
     fc = Forecaster.from_run(run_dir, interval=interval)  # checks the run folder (and --interval)
-    if fmt != "hf" and fc.cfg.model.reads_features:
-        # the exported forward takes tokens, assets and categories only
-        raise UserError(
-            "this run reads model.time_features / volume_input / vol_level_input / market_context, which "
-            "the export does not carry yet; forecast it with torch (`marketgpt forecast RUN_DIR`)"
-        )
     name = Path(run_dir).name + (f"_{fc.interval}" if fc.interval != fc.cfg.data.interval else "")
     out = Path(out) if out is not None else Path(run_dir).resolve().parent.parent / "exports" / name
     try:
@@ -240,7 +256,8 @@ def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, sta
     largest difference the check found."""
     wrapper = NextTokenLogits(model.eval()).eval()
     ids = model.asset_emb.num_embeddings, model.category_emb.num_embeddings  # asset_info.json's counts
-    example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+    columns = export_feature_columns(model)
+    example = random_inputs(2, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids, feature_columns=columns)
     target = staging / FORMATS[fmt]
     for name in (CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON):
         shutil.copy2(run_dir / name, staging / name)
@@ -254,8 +271,16 @@ def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, sta
                 export_onnx(model, example, staging)
             else:
                 export_pt2(wrapper, example, target)
-        worst = check_parity(wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids)
+        worst = check_parity(
+            wrapper, target, fmt, fc.cfg.model.context_length, fc.cfg.model.vocab_size, *ids, feature_columns=columns
+        )
     return worst
+
+
+def export_feature_columns(model: "MarketGPT") -> int:
+    """The candle-id columns an export's forward takes: 0 for a model that reads none."""
+    c = model.config
+    return feature_columns(c.vol_level_input, c.market_context) if c.reads_features else 0
 
 
 def _export_facts(fmt: str) -> dict:
@@ -291,10 +316,11 @@ def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None
         wrapper,
         example,
         str(target),
-        input_names=list(INPUTS),
+        input_names=[*INPUTS, *(["features"] if len(example) > 3 else [])],
         output_names=["logits", "present_k", "present_v"],
         dynamic_axes={
             "tokens": {0: "batch", 1: "length"},
+            "features": {0: "batch", 1: "length"},
             "asset_ids": batch,
             "category_ids": batch,
             "logits": batch,
@@ -309,26 +335,35 @@ def _export_onnx(wrapper: torch.nn.Module, example: tuple, target: Path) -> None
 def _export_onnx_step(prefill: Prefill, step: Step, example: tuple, target: Path) -> None:
     """Traced with a shared prefix (2 contexts x 2 samples) and 2 own tokens each, so the graph holds
     the one-token decode branch with the group, prefix and own lengths all read from the shapes."""
-    tokens, asset_ids, category_ids = example
-    _, prefix_k, prefix_v = prefill(tokens[:, :-3], asset_ids, category_ids)
+    tokens, asset_ids, category_ids, *features = example
+    _, prefix_k, prefix_v = prefill(tokens[:, :-3], asset_ids, category_ids, *(f[:, :-3] for f in features))
     rows = torch.arange(tokens.size(0)).repeat_interleave(2)
     layers, _, heads, _, size = prefix_k.shape
     own = torch.zeros(2 * layers, 2, len(rows), heads, size)  # values do not matter to the trace
-    names = step_input_names(layers)
+    names = step_input_names(layers, bool(features))
     axes = {
         "token": {0: "batch"},
         "asset_ids": {0: "batch"},
         "category_ids": {0: "batch"},
+        "features": {0: "batch"},
         "prefix_k": {1: "contexts", 3: "prefix"},
         "prefix_v": {1: "contexts", 3: "prefix"},
-        **{name: {0: "own", 1: "batch"} for name in names[5:]},
+        **{name: {0: "own", 1: "batch"} for name in names if name.startswith("own_")},
         "logits": {0: "batch"},
         "new_k": {1: "batch"},
         "new_v": {1: "batch"},
     }
     torch.onnx.export(
         step,
-        (tokens[rows, -3:-2], asset_ids[rows], category_ids[rows], prefix_k, prefix_v, *own),
+        (
+            tokens[rows, -3:-2],
+            asset_ids[rows],
+            category_ids[rows],
+            *(f[rows, -3:-2] for f in features),
+            prefix_k,
+            prefix_v,
+            *own,
+        ),
         str(target),
         input_names=names,
         output_names=["logits", "new_k", "new_v"],
@@ -351,20 +386,19 @@ def export_pt2(wrapper: NextTokenLogits, example: tuple[torch.Tensor, ...], targ
     saved as an ExportedProgram (.pt2). Call under torch.no_grad()."""
     batch = torch.export.Dim("batch", min=1)
     length = torch.export.Dim("length", min=1, max=wrapper.model.config.context_length)
-    program = torch.export.export(
-        wrapper,
-        example,
-        dynamic_shapes={"tokens": {0: batch, 1: length}, "asset_ids": {0: batch}, "category_ids": {0: batch}},
-    )
+    shapes = {"tokens": {0: batch, 1: length}, "asset_ids": {0: batch}, "category_ids": {0: batch}}
+    if len(example) > 3:
+        shapes["features"] = {0: batch, 1: length}
+    program = torch.export.export(wrapper, example, dynamic_shapes=shapes)
     torch.export.save(program, str(target))
 
 
 def load_exported(path: Path, fmt: str, context_length: int) -> Any:
-    """A callable (tokens, asset_ids, category_ids) -> numpy logits for an exported model file."""
+    """A callable (tokens, asset_ids, category_ids[, features]) -> numpy logits for an exported model file."""
     if fmt == "onnx":
         return OnnxBackend(path, context_length=context_length)
     module = torch.export.load(str(path)).module()
-    return lambda t, a, c: module(torch.as_tensor(t), torch.as_tensor(a), torch.as_tensor(c)).detach().numpy()
+    return lambda *inputs: module(*(torch.as_tensor(x) for x in inputs)).detach().numpy()
 
 
 def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
@@ -408,6 +442,7 @@ def check_parity(
     vocab_size: int,
     num_assets: int,
     num_categories: int,
+    feature_columns: int = 0,
 ) -> float:
     """Largest |logit difference| between the export and the torch model on random inputs of
     several batch sizes and lengths; a UserError if it exceeds PARITY_ATOL."""
@@ -415,14 +450,17 @@ def check_parity(
     wrapper.eval()
     worst = 0.0
     for i, (batch, length) in enumerate(((1, 1), (3, max(1, context_length // 2)), (5, context_length))):
-        t, a, c = random_inputs(batch, length, vocab_size, num_assets, num_categories, seed=100 + i)
+        inputs = random_inputs(batch, length, vocab_size, num_assets, num_categories, 100 + i, feature_columns)
+        t, a, c, *f = inputs
         with torch.no_grad():
-            ref = wrapper(t, a, c).numpy()
-        got = run(t.numpy(), a.numpy(), c.numpy())
+            ref = wrapper(*inputs).numpy()
+        got = run(*(x.numpy() for x in inputs))
         worst = max(worst, float(np.abs(ref - got).max()))
         if fmt == "onnx" and length > 1:  # the cached path: prefill all but the last token, then one step
-            _, k, v = run.prefill(t[:, :-1].numpy(), a.numpy(), c.numpy())
-            stepped = run.step(t[:, -1:].numpy(), a.numpy(), c.numpy(), k, v)[0]
+            head = [x[:, :-1].numpy() for x in f]
+            _, k, v = run.prefill(t[:, :-1].numpy(), a.numpy(), c.numpy(), *head)
+            last = {"features": f[0][:, -1:].numpy()} if f else {}
+            stepped = run.step(t[:, -1:].numpy(), a.numpy(), c.numpy(), k, v, **last)[0]
             worst = max(worst, float(np.abs(ref - stepped).max()))
     if not worst <= PARITY_ATOL:
         raise UserError(f"the {fmt} export's logits differ from torch's by {worst:.3g} (> {PARITY_ATOL}); not written")

@@ -61,8 +61,9 @@ ROWS_PER_CALL = 4096  # sampled paths per call without a cache: bounds the activ
 CACHE_BUDGET_BYTES = 1 << 30  # KV cache of one chunk of rows (1 GiB), as common.model.sampling
 STEP_FILE = "model_step.onnx"  # ONNX only: one decoding step with the KV cache
 
-# tokens (B, L) int64, asset_ids (B,), category_ids (B,) -> last position's logits (B, V) float32
-LogitsFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# tokens (B, L) int64, asset_ids (B,), category_ids (B,)[, features (B, L, F) int64] -> last
+# position's logits (B, V) float32
+LogitsFn = Callable[..., np.ndarray]
 
 
 class OnnxBackend:
@@ -97,27 +98,31 @@ class OnnxBackend:
             )
         self.context_length = context_length
 
-    def __call__(self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray) -> np.ndarray:
-        return self.prefill(tokens, asset_ids, category_ids, outputs=("logits",))[0]
+    def __call__(
+        self, tokens: np.ndarray, asset_ids: np.ndarray, category_ids: np.ndarray, *features: np.ndarray
+    ) -> np.ndarray:
+        return self.prefill(tokens, asset_ids, category_ids, *features, outputs=("logits",))[0]
 
     def prefill(
         self,
         tokens: np.ndarray,
         asset_ids: np.ndarray,
         category_ids: np.ndarray,
+        *features: np.ndarray,
         outputs: tuple[str, ...] = ("logits", "present_k", "present_v"),
     ) -> list[np.ndarray]:
-        """logits (B, V) after the last token, and the keys and values of every token."""
+        """logits (B, V) after the last token, and the keys and values of every token. features:
+        (B, L, F) candle ids, for a model that reads them."""
         if tokens.shape[1] > self.context_length:
             raise ValueError(f"{tokens.shape[1]} tokens: the model takes at most {self.context_length}")
-        return self.session.run(
-            list(outputs),
-            {
-                "tokens": np.ascontiguousarray(tokens, dtype=np.int64),
-                "asset_ids": np.asarray(asset_ids, dtype=np.int64),
-                "category_ids": np.asarray(category_ids, dtype=np.int64),
-            },
-        )
+        feed = {
+            "tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+            "asset_ids": np.asarray(asset_ids, dtype=np.int64),
+            "category_ids": np.asarray(category_ids, dtype=np.int64),
+        }
+        if features:
+            feed["features"] = np.ascontiguousarray(features[0], dtype=np.int64)
+        return self.session.run(list(outputs), feed)
 
     def step(
         self,
@@ -128,11 +133,13 @@ class OnnxBackend:
         prefix_v: np.ndarray,
         own_k: Optional[np.ndarray] = None,
         own_v: Optional[np.ndarray] = None,
+        features: Optional[np.ndarray] = None,
     ) -> list[np.ndarray]:
         """One more token per row (B, 1): logits (B, V) and the token's keys and values, new_k and
         new_v (layers, B, heads, head size). prefix_k, prefix_v (layers, n, heads, P, head size):
         prefill()'s keys and values of n contexts, shared by their B / n rows (context-major);
-        own_k, own_v (layers, L, B, heads, head size): each row's L tokens since (None: none)."""
+        own_k, own_v (layers, L, B, heads, head size): each row's L tokens since (None: none).
+        features (B, 1, F): the step token's candle ids, for a model that reads them."""
         layers, _, heads, _, size = prefix_k.shape
         if own_k is None:
             own_k = own_v = np.empty((layers, 0, len(token), heads, size), dtype=np.float32)
@@ -145,6 +152,8 @@ class OnnxBackend:
             "prefix_k": np.ascontiguousarray(prefix_k),
             "prefix_v": np.ascontiguousarray(prefix_v),
         }
+        if features is not None:
+            feed["features"] = np.ascontiguousarray(features, dtype=np.int64)
         for i in range(layers):  # one input per layer: own_k[i] is a contiguous slice of the sampler's buffer
             feed[f"own_k_{i}"], feed[f"own_v_{i}"] = np.ascontiguousarray(own_k[i]), np.ascontiguousarray(own_v[i])
         return self.step_session.run(None, feed)
@@ -193,8 +202,10 @@ def sample_paths_np(
     settings: SamplingSettings,
     *,
     banned: Optional[np.ndarray] = None,
+    features: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """(N, samples, horizon) sampled ids continuing each context (N, L).
+    """(N, samples, horizon) sampled ids continuing each context (N, L). features: (N, L + horizon,
+    F) candle ids of the context's candles and then the future steps', for a model that reads them.
 
     A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
     cache; any other logits function re-runs the window every step. Either way the window is
@@ -208,10 +219,14 @@ def sample_paths_np(
     rng = np.random.default_rng(None if settings.seed is None else int(settings.seed))
     cached = getattr(backend, "step_session", None) is not None
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
+    feats = None if features is None else features[:, L - P :]  # aligned with seq below: (N, P + H, F)
+    head = () if feats is None else (feats[:, :P],)
     if cached:
-        first, prefix_k, prefix_v = onnx.prefill(contexts[:, L - P :], asset_ids, category_ids)
+        first, prefix_k, prefix_v = onnx.prefill(contexts[:, L - P :], asset_ids, category_ids, *head)
     else:
-        first = backend(contexts[:, L - P :], asset_ids, category_ids)  # (N, V): the first step, once per context
+        first = backend(
+            contexts[:, L - P :], asset_ids, category_ids, *head
+        )  # (N, V): the first step, once per context
     if banned is None:
         banned = np.zeros(first.shape[1], dtype=bool)
     if max_batch is None:  # as the torch sampler: rows whose full cache (T tokens) fits the budget
@@ -231,7 +246,9 @@ def sample_paths_np(
         r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
         seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         prefix = (prefix_k[:, c0:c1], prefix_v[:, c0:c1]) if cached else None
-        _continue_chunk(decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P)
+        _continue_chunk(
+            decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P, None if feats is None else feats[r]
+        )
         out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
 
@@ -254,11 +271,12 @@ def _continue_chunk(
     logits: np.ndarray,
     prefix: Optional[tuple[np.ndarray, np.ndarray]],
     P: int,
+    features: Optional[np.ndarray] = None,
 ) -> None:
     """Fill seq[:, P:] (rows of one chunk: their last P context tokens, then zeros) with sampled ids, the
     first drawn from `logits`. prefix: the chunk's contexts' cached keys and values (backend an OnnxBackend
     with its step graph), or None to re-run the window every step. A full window restarts from its last
-    T // 2 tokens."""
+    T // 2 tokens. features: the rows' candle ids aligned with seq (B, P + H, F), or None."""
     backend, T, draw = decoding.backend, decoding.context_length, decoding.draw
     horizon, keep = seq.shape[1] - P, max(1, T // 2)
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
@@ -278,16 +296,22 @@ def _continue_chunk(
         if end - start == T:  # the window is full: start again from its last `keep` tokens
             start = end + 1 - keep
             if cached:  # each row its own prefix now (a group of one)
-                logits, pk, pv = onnx.prefill(seq[:, start : end + 1], a, c)
+                logits, pk, pv = onnx.prefill(seq[:, start : end + 1], a, c, *_ids(features, start, end + 1))
                 n = 0
                 continue
         if cached:
+            here = _ids(features, end, end + 1)
             logits, own_k[:, n], own_v[:, n] = onnx.step(
-                seq[:, end : end + 1], a, c, pk, pv, own_k[:, :n], own_v[:, :n]
+                seq[:, end : end + 1], a, c, pk, pv, own_k[:, :n], own_v[:, :n], *here
             )
             n += 1
         else:
-            logits = backend(seq[:, start : end + 1], a, c)
+            logits = backend(seq[:, start : end + 1], a, c, *_ids(features, start, end + 1))
+
+
+def _ids(features: Optional[np.ndarray], start: int, end: int) -> tuple[np.ndarray, ...]:
+    """(the candle ids of seq[:, start:end],), or () for a model that reads none."""
+    return () if features is None else (features[:, start:end],)
 
 
 def read_model_card(export_dir: Path) -> dict:
@@ -333,7 +357,14 @@ class ExportedForecaster(ForecasterCore):
         card: Optional[dict] = None,
     ) -> None:
         self.card = card or {}
-        super().__init__(tokenizer, info, cfg, run_dir=export_dir, checkpoint_sha256=self.card.get("checkpoint_sha256"))
+        super().__init__(
+            tokenizer,
+            info,
+            cfg,
+            run_dir=export_dir,
+            checkpoint_sha256=self.card.get("checkpoint_sha256"),
+            volume_edges=self.card.get("volume_edges"),  # a model with candle ids: its volume bins
+        )
         self.interval = self.card.get("interval") or cfg.data.interval  # an export forecasts one interval
         self.backend = backend  # stands in for the torch model
         self.precision = "fp32"  # onnxruntime computes in float32
@@ -357,8 +388,6 @@ class ExportedForecaster(ForecasterCore):
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
-        if features is not None:  # export_run refuses a run that reads time or volume features
-            raise TypeError("an exported model takes no features")
         return sample_paths_np(
             self.backend,
             contexts,
@@ -367,4 +396,5 @@ class ExportedForecaster(ForecasterCore):
             self.cfg.model.context_length,
             settings,
             banned=self.banned_ids(),
+            features=features,
         )

@@ -47,7 +47,14 @@ def model_card(run_dir: Path, fc: Any, export: dict[str, Any], parity: float) ->
             "tokens": "int64 (batch, length), 1 <= length <= context_length",
             "asset_ids": "int64 (batch,), asset_info.json's ids",
             "category_ids": "int64 (batch,), asset_info.json's category ids",
+            **(
+                {"features": "int64 (batch, length, columns): each candle's ids (common/tokens/features.py)"}
+                if cfg.model.reads_features
+                else {}
+            ),
         },
+        # the fitted volume-bin edges a model with candle ids needs for its volume column
+        "volume_edges": fc.volume_edges if cfg.model.reads_features else None,
         "outputs": {"logits": "float32 (batch, vocab_size): the next token after the last position"},
         "kv_cache": export["kv_cache"],  # ONNX: model_step.onnx continues model.onnx's keys and values
         "step_file": export["step_file"],
