@@ -260,6 +260,16 @@ def test_exit_75_requeues_and_the_log_is_appended(repo, tmp_path):
     assert log.index("restart 0") < log.index("restart 1")
 
 
+def test_a_killed_rank_requeues_and_an_error_does_not(repo, tmp_path):
+    # srun's 137: a task got SIGKILL (the OOM killer, its node, an operator), not an error in the run
+    job = FakeJob(repo, tmp_path, "exit:137", job_id="109")
+    assert job.run() == 0
+    assert "scontrol requeue 109" in job.recorded()
+    assert "a rank was killed (SIGKILL" in job.log() and "requeueing job 109" in job.log()
+    failed = FakeJob(repo, tmp_path / "failed", "exit:1", job_id="110")
+    assert failed.run() == 1 and "requeue" not in failed.recorded()
+
+
 def test_usr2_to_the_batch_shell_reaches_the_tasks_and_the_job_requeues(repo, tmp_path):
     job = FakeJob(repo, tmp_path, "signal", job_id="103")
     proc = job.start()

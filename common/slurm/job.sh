@@ -62,7 +62,7 @@ _marketgpt_on_usr2() {
 _marketgpt_on_term() {
     _marketgpt_cancelled=1
     _marketgpt_interrupted=1
-    echo "marketgpt: $(date '+%F %T') SIGTERM (scancel or time limit): the tasks save a checkpoint; no requeue"
+    echo "marketgpt: $(date '+%F %T') SIGTERM (scancel or time limit): the tasks save a checkpoint; this script does not requeue (after scontrol requeue, Slurm does)"
 }
 
 # `marketgpt plan` of the job's config with the --set overrides among the job's arguments (train's
@@ -127,9 +127,16 @@ marketgpt_train() {
     done
     echo "marketgpt: $(date '+%F %T') training exited with code $rc"
 
-    # Requeue after the checkpoint-and-stop exit (75), or after a USR2 that reached the tasks
-    # before the trainer could catch it; never after scancel, never beyond the cap.
-    if [ "$_marketgpt_cancelled" = 0 ] && { [ "$rc" = "$MARKETGPT_EXIT_REQUEUE" ] || { [ "$_marketgpt_warned" = 1 ] && [ "$rc" != 0 ]; }; }; then
+    # Requeue after the checkpoint-and-stop exit (75), after a USR2 that reached the tasks
+    # before the trainer could catch it, or after a rank was killed (srun's 137: SIGKILL from the
+    # OOM killer, the node or an operator, not an error in the run: it resumes from its last
+    # checkpoint); never after scancel, never beyond the cap.
+    local killed=0
+    if [ "$rc" = 137 ]; then
+        killed=1
+        echo "marketgpt: a rank was killed (SIGKILL: the OOM killer, the node or an operator); the job resumes from its last checkpoint"
+    fi
+    if [ "$_marketgpt_cancelled" = 0 ] && { [ "$rc" = "$MARKETGPT_EXIT_REQUEUE" ] || [ "$killed" = 1 ] || { [ "$_marketgpt_warned" = 1 ] && [ "$rc" != 0 ]; }; }; then
         local cap=$MARKETGPT_REQUEUE_CAP
         if [ "$restarts" -ge "$cap" ]; then
             echo "marketgpt: not requeued: already restarted $restarts times (MARKETGPT_MAX_REQUEUES=$cap); resubmit to continue"

@@ -120,6 +120,8 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=300
 KillWait=10
+# A node whose slurmd stops answering (bench/rehearsal/chaos.py kills one) is down in 30 s, not 5 min.
+SlurmdTimeout=30
 SchedulerType=sched/backfill
 JobRequeue=1
 $node_line CPUs=64 RealMemory=262144 Gres=gpu:a100:2 State=UNKNOWN
