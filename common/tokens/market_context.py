@@ -99,14 +99,26 @@ class MarketContext:
 
     def __init__(self, series: Mapping[str, SeriesMoves]) -> None:
         self.pools: dict[str, list[tuple[_Readings, _Readings]]] = {}
+        self._closes: dict[str, list[np.ndarray]] = {}  # every candle's close, per pool
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for name in sorted(series):  # one order, so every caller's sums round alike
             s = series[name]
             closes = close_times(s.stamps, s.interval)
             self.pools.setdefault(s.interval, []).append((_readings(closes, s.move), _readings(closes, s.level)))
+            self._closes.setdefault(s.interval, []).append(closes)
 
     def own_ids(self, series: SeriesMoves) -> np.ndarray:
-        """(n, MARKET_COLUMNS) int64 ids of each candle of a series, at its close."""
-        return self.ids(series.interval, close_times(series.stamps, series.interval))
+        """(n, MARKET_COLUMNS) int64 ids of each candle of one of the series, at its close: read
+        from the pool's table of every distinct close time, computed once (a corpus of S series
+        and N candles costs S x distinct times, not S x N)."""
+        times, ids = self._table(series.interval)
+        return ids[np.searchsorted(times, close_times(series.stamps, series.interval))]
+
+    def _table(self, interval: str) -> tuple[np.ndarray, np.ndarray]:
+        if interval not in self._tables:
+            times = np.unique(np.concatenate(self._closes.get(interval) or [np.zeros(0, np.int64)]))
+            self._tables[interval] = (times, self.ids(interval, times))
+        return self._tables[interval]
 
     def ids(self, interval: str, closes: np.ndarray, chunk: int = 16_384) -> np.ndarray:
         """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool
