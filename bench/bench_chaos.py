@@ -4,7 +4,7 @@
     python bench/bench_chaos.py [--faults 20] [--seed 0] [--json PATH]
 
 The rehearsal's reduced corpus (600 assets, 1d and 1h) prepared in one process, then case A's
-script on 2 nodes x 2 ranks for 4,000 steps with `faults` faults (each kind as often, at random
+script on 2 nodes x 2 ranks for 12,000 steps with `faults` faults (each kind as often, at random
 steps), then one uninterrupted process for the same steps. Prints each fault's overhead (from the
 fault to the first step after it) and the checks; the JSON holds them all. Exits 0 whatever the
 checks say: it reports (bench/results/<date>-chaos).

@@ -131,7 +131,7 @@ class TrainingConfig:
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
-    # end-of-training scorecard (common.commands.final_scorecard), horizons 1, 5, 20: origin dates evenly
+    # end-of-training scorecard (common.evaluation.final_scorecard), horizons 1, 5, 20: origin dates evenly
     # spaced over the test split; 0 turns it off
     scorecard_origins: int = 20
     scorecard_samples: int = 100  # sampled paths per origin of the end-of-training scorecard

@@ -108,10 +108,10 @@ LAZY = {
     # keeping scipy, scoringrules and the forecasting stack out of the training start-up (and of
     # every resume): the end-of-training scorecard imports them when training ends
     (
-        "common.commands.final_scorecard",
+        "common.evaluation.final_scorecard",
         "common.evaluation.scorecard",
     ): "scipy and scoringrules: out of the training start-up",
-    ("common.commands.final_scorecard", "common.forecasting.forecaster"): "out of the training start-up",
+    ("common.evaluation.final_scorecard", "common.forecasting.forecaster"): "out of the training start-up",
     # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
     ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",
     ("common.evaluation.foundation_baselines", "chronos"): "the `foundation` extra, only with --baseline chronos",

@@ -87,6 +87,10 @@ def test_a_position_never_sees_a_candle_that_closed_after_its_own():
         after = MarketContext(changed).own_ids(changed[name])[closes <= cut]
         np.testing.assert_array_equal(before, after)
         assert (full.own_ids(s) > 0).any()
+    # a time between the candles' closes is computed on its own, as the table's are
+    some = close_times(daily["S0"].stamps, "1d")[::7]
+    np.testing.assert_array_equal(full.ids("1d", some + 3600 * 10**9), full._compute("1d", some + 3600 * 10**9))
+    np.testing.assert_array_equal(full.ids("1d", some), full._compute("1d", some))
 
 
 def test_daily_pools_hold_every_market_of_the_date_and_hourly_pools_their_own_interval():

@@ -217,3 +217,18 @@ def test_the_command_line_starts():
 )
 def test_the_benchmark_refusal_is_one_error_line_naming_the_way_out(said):
     assert not checks.benchmark_refuses(2, said)["ok"]
+
+
+def test_the_chaos_plan_draws_every_fault_kind_as_often_at_increasing_steps():
+    import random
+
+    from rehearsal import chaos
+
+    kinds, targets = chaos.fault_plan(20, random.Random(0))
+    assert sorted(kinds) == sorted(chaos.KINDS * 4) and kinds != sorted(kinds)
+    assert targets == sorted(set(targets)) and len(targets) == 20
+    assert targets[0] >= 20 and targets[-1] < chaos.EPOCHS * chaos.STEPS - chaos.STEPS
+    assert min(b - a for a, b in zip(targets, targets[1:])) >= chaos.STEPS
+    assert chaos.fault_plan(20, random.Random(0)) == (kinds, targets)  # a seed, one plan
+    log = f"  epoch 1/{chaos.EPOCHS} step 40/40 | loss 3\n  epoch 3/{chaos.EPOCHS} step 5/40 | loss 2\n"
+    assert chaos.global_steps(log) == [40, 85]

@@ -169,8 +169,8 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
 
     import torch
 
-    from common.commands.final_scorecard import end_of_training_scorecard
     from common.config import load_config
+    from common.evaluation.final_scorecard import end_of_training_scorecard
 
     _, run = trained
     cfg = load_config(run / "config.json", ["training.scorecard_budget=5"])

@@ -49,7 +49,7 @@ from rehearsal.base import (
 from rehearsal.train import job_log, logged_epochs
 
 KINDS = ("rank_kill", "usr2", "scontrol_requeue", "node_loss", "time_limit")
-EPOCHS, STEPS = 100, 40  # 4,000 optimizer steps: about 4 minutes of training on 2 cores
+EPOCHS, STEPS = 300, 40  # 12,000 optimizer steps: about 5 minutes of training on 2 cores, 4 ranks
 SLURM_STATE = Path(os.environ.get("LOCAL_SLURM_DIR", "/tmp/marketgpt-slurm"))
 _STEP = re.compile(r"epoch (\d+)/\d+ step (\d+)/\d+")
 _FIRST_STEP = re.compile(r"Resuming at epoch.*?\n.*?epoch \d+/\d+ step \d+/\d+", re.S)
@@ -90,11 +90,7 @@ def run_chaos(r: Rehearsal, faults: int, seed: int) -> dict[str, Any]:
     job = proc.stdout.strip().split(";")[0]
     r.jobs.append(job)
     rng = random.Random(seed)
-    kinds = [KINDS[i % len(KINDS)] for i in range(faults)]
-    rng.shuffle(kinds)
-    total = EPOCHS * STEPS
-    # spread over the run, each well after the one before (a resume redoes up to an epoch)
-    targets = sorted(rng.sample(range(20, total - 3 * STEPS, 3 * STEPS // 2), faults))
+    kinds, targets = fault_plan(faults, rng)
     deadline = time.monotonic() + 3600
     done = []
     for n, (kind, target) in enumerate(zip(kinds, targets)):
@@ -133,14 +129,24 @@ def run_chaos(r: Rehearsal, faults: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _global_steps(log: str) -> list[int]:
+def fault_plan(faults: int, rng: random.Random) -> tuple[list[str], list[int]]:
+    """(kinds, target steps): each kind as often (in a random order), at random steps spread over
+    the run, increasing, each well after the one before (a resume redoes up to an epoch)."""
+    kinds = [KINDS[i % len(KINDS)] for i in range(faults)]
+    rng.shuffle(kinds)
+    targets = sorted(rng.sample(range(20, EPOCHS * STEPS - 3 * STEPS, 3 * STEPS // 2), faults))
+    return kinds, targets
+
+
+def global_steps(log: str) -> list[int]:
+    """The global step of every step line of a job log ("epoch 3/300 step 5/40" is 85)."""
     return [(int(e) - 1) * STEPS + int(s) for e, s in _STEP.findall(log)]
 
 
 def _wait_step(r: Rehearsal, job: str, target: int, deadline: float) -> int:
     """The global step the job's log shows once it reaches `target` (polled)."""
     while time.monotonic() < deadline:
-        steps = _global_steps(job_log(r, job))
+        steps = global_steps(job_log(r, job))
         if steps and steps[-1] >= target:
             return steps[-1]
         if not squeue(job):

@@ -1,5 +1,5 @@
 """The scorecard of a trained run: `marketgpt scorecard RUN_DIR` (the small one every run writes
-at the end of training: final_scorecard.py).
+at the end of training: common/evaluation/final_scorecard.py).
 
     marketgpt scorecard RUN_DIR [--horizons 1,5,20] [--stride K | --origins N] [--samples 200]
                                 [--assets A,B] [--seed 0] [--cost-bp 10] [--device cpu]

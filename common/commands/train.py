@@ -46,7 +46,6 @@ from typing import Optional, Sequence, TextIO
 
 import torch
 
-from common.commands.final_scorecard import end_of_training_scorecard
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
 from common.config import Config, config_to_dict, load_config
@@ -56,6 +55,7 @@ from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, d
 from common.distributed.job_store import failures_reported, share_from_main
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
+from common.evaluation.final_scorecard import end_of_training_scorecard
 from common.model.gpt import MarketGPT
 from common.paths import case_dir_of_config
 from common.run.checkpoint import load_checkpoint

@@ -108,22 +108,32 @@ class MarketContext:
             self._closes.setdefault(s.interval, []).append(closes)
 
     def own_ids(self, series: SeriesMoves) -> np.ndarray:
-        """(n, MARKET_COLUMNS) int64 ids of each candle of one of the series, at its close: read
-        from the pool's table of every distinct close time, computed once (a corpus of S series
-        and N candles costs S x distinct times, not S x N)."""
-        times, ids = self._table(series.interval)
-        return ids[np.searchsorted(times, close_times(series.stamps, series.interval))]
+        """(n, MARKET_COLUMNS) int64 ids of each candle of a series, at its close."""
+        return self.ids(series.interval, close_times(series.stamps, series.interval))
+
+    def ids(self, interval: str, closes: np.ndarray) -> np.ndarray:
+        """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool (all 0
+        when the pool is empty). A close time of one of the pool's candles is read from the
+        pool's table of every distinct close time, computed once (a corpus of S series and N
+        candles costs S x distinct times, not S x N); any other is computed on its own."""
+        closes = np.asarray(closes, dtype=np.int64)
+        times, table = self._table(interval)
+        at = np.minimum(np.searchsorted(times, closes), max(len(times) - 1, 0))
+        hit = times[at] == closes if len(times) else np.zeros(len(closes), dtype=bool)
+        out = np.empty((len(closes), MARKET_COLUMNS), dtype=np.int64)
+        out[hit] = table[at[hit]]
+        if not hit.all():
+            out[~hit] = self._compute(interval, closes[~hit])
+        return out
 
     def _table(self, interval: str) -> tuple[np.ndarray, np.ndarray]:
         if interval not in self._tables:
             times = np.unique(np.concatenate(self._closes.get(interval) or [np.zeros(0, np.int64)]))
-            self._tables[interval] = (times, self.ids(interval, times))
+            self._tables[interval] = (times, self._compute(interval, times))
         return self._tables[interval]
 
-    def ids(self, interval: str, closes: np.ndarray, chunk: int = 16_384) -> np.ndarray:
-        """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool
-        (all 0 when the pool is empty); computed `chunk` times at a time to bound memory."""
-        closes = np.asarray(closes, dtype=np.int64)
+    def _compute(self, interval: str, closes: np.ndarray, chunk: int = 16_384) -> np.ndarray:
+        """The ids at `closes`, from every series' readings, `chunk` times at a time (memory)."""
         out = np.zeros((len(closes), MARKET_COLUMNS), dtype=np.int64)
         pool = self.pools.get(interval, [])
         fresh_ns = INTERVAL_SECONDS[interval] * 10**9

@@ -2,7 +2,7 @@
 outputs): `training.scorecard_origins` origin dates (0 turns it off), at most
 `training.scorecard_budget` (asset, origin) forecasts drawn among them, `training.scorecard_samples`
 paths at horizons 1, 5 and 20, with its progress in the job log. `marketgpt scorecard RUN_DIR`
-(scorecard.py) scores the same best model in full.
+(common/commands/scorecard.py) scores the same best model in full.
 
 Its scoring imports wait for the end of training: a training process (and every resume) starts
 without scipy, scoringrules and the forecasting stack, and a node that lacks one of them still
