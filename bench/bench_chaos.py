@@ -5,8 +5,10 @@
 
 The rehearsal's reduced corpus (600 assets, 1d and 1h) prepared in one process, then case A's
 script on 2 nodes x 2 ranks for 12,000 steps with `faults` faults (each kind as often, at random
-steps), then one uninterrupted process for the same steps. Prints each fault's overhead (from the
-fault to the first step after it) and the checks; the JSON holds them all. Exits 0 whatever the
+steps), then the same job again without a fault, its reference. Prints each fault's overhead (from the
+fault to the first step after it), split into the time until the job stopped (a node loss waits
+for Slurm to notice) and the requeue (from that stop to the first step), and the checks; the
+JSON holds them all. Exits 0 whatever the
 checks say: it reports (bench/results/<date>-chaos).
 """
 
@@ -73,7 +75,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                     k: [f["overhead_s"] for f in figures.get("faults", []) if f["kind"] == k] for k in chaos.KINDS
                 },
             },
-            "figures": {"faults": len(overheads), "max overhead s": max(overheads, default=None)},
+            "requeue_s": {  # from the job's own stop to its first step after
+                k: [f["requeue_s"] for f in figures.get("faults", []) if f["kind"] == k] for k in chaos.KINDS
+            },
+            "figures": {
+                "faults": len(overheads),
+                "max overhead s": max(overheads, default=None),
+                "max requeue s": max((f["requeue_s"] or 0 for f in figures.get("faults", [])), default=None),
+            },
             "machine": machine_info(),
         }
         for c in r.checks:

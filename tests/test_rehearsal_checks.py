@@ -219,16 +219,16 @@ def test_the_benchmark_refusal_is_one_error_line_naming_the_way_out(said):
     assert not checks.benchmark_refuses(2, said)["ok"]
 
 
-def test_the_chaos_plan_draws_every_fault_kind_as_often_at_increasing_steps():
+def test_the_chaos_plan_draws_every_fault_kind_as_often_at_random_gaps():
     import random
 
     from rehearsal import chaos
 
-    kinds, targets = chaos.fault_plan(20, random.Random(0))
+    kinds, gaps = chaos.fault_plan(20, random.Random(0))
     assert sorted(kinds) == sorted(chaos.KINDS * 4) and kinds != sorted(kinds)
-    assert targets == sorted(set(targets)) and len(targets) == 20
-    assert targets[0] >= 20 and targets[-1] < chaos.EPOCHS * chaos.STEPS - chaos.STEPS
-    assert min(b - a for a, b in zip(targets, targets[1:])) >= chaos.STEPS
-    assert chaos.fault_plan(20, random.Random(0)) == (kinds, targets)  # a seed, one plan
+    assert len(gaps) == 20 and len(set(gaps)) > 10 and all(20 <= g < 6 * chaos.STEPS for g in gaps)
+    # the gaps and the node losses' run-on (about 1,500 steps each here) leave the run's end untouched
+    assert sum(gaps) + 4 * 1_700 < chaos.EPOCHS * chaos.STEPS - 1_000
+    assert chaos.fault_plan(20, random.Random(0)) == (kinds, gaps)  # a seed, one plan
     log = f"  epoch 1/{chaos.EPOCHS} step 40/40 | loss 3\n  epoch 3/{chaos.EPOCHS} step 5/40 | loss 2\n"
     assert chaos.global_steps(log) == [40, 85]
