@@ -22,7 +22,6 @@ This reports; it chooses nothing (it reads the test split, as every scorecard do
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -37,7 +36,7 @@ import observable_oracle  # noqa: E402
 
 from _common import machine_info  # noqa: E402  (puts the repo on sys.path)
 
-from bench_recipe import SWEEP_RICH, case_folder  # noqa: E402
+from bench_recipe import SWEEP_RICH, case_folder, train_run  # noqa: E402
 
 HORIZONS = (1, 5)
 ORACLE = "observable_oracle"
@@ -71,26 +70,13 @@ def oracle_fn(spec: Any, particles: int):
 
 
 def score_seed(config: Path, seed: int, epochs: int, sets: list[str], settings_kw: dict, particles: int) -> dict:
-    from common.commands.train import run_training
     from common.config import load_config
     from common.data.synthetic import synthetic_spec
     from common.evaluation.asset_series import fit_price_baselines, series_from_run
     from common.evaluation.scorecard import ScorecardSettings, forecaster_fn, make_scorecard
     from common.forecasting.forecaster import Forecaster
 
-    name = f"oracle_card_s{seed}"
-    overrides = [
-        f'experiment="{name}"',
-        f"training.seed={seed}",
-        f"training.epochs={epochs}",
-        "training.early_stopping_patience=0",
-        "training.log_every_steps=1000",
-        *sets,
-    ]
-    out = io.StringIO()
-    if run_training(config, overrides, out=out) != 0:
-        raise RuntimeError(f"{name}: training failed:\n{out.getvalue()[-3000:]}")
-    (run_dir,) = (config.parent.parent / "checkpoints").glob(f"{name}_*")
+    run_dir = train_run(config, f"oracle_card_s{seed}", seed, epochs, sets)
     spec = synthetic_spec(load_config(run_dir / "config.json"))
     series, interval = series_from_run(run_dir)
     baselines = {**fit_price_baselines(series, interval), ORACLE: oracle_fn(spec, particles)}

@@ -66,24 +66,31 @@ def case_folder() -> Iterator[Path]:
         shutil.rmtree(case, ignore_errors=True)
 
 
-def one_run(config: Path, variant: str, seed: int, epochs: int) -> dict[str, Any]:
-    """Train `variant` with `seed` for `epochs` epochs; its validation NLL on every target."""
+def train_run(config: Path, name: str, seed: int, epochs: int, sets: Sequence[str]) -> Path:
+    """Train the case's config as experiment `name` with `seed` for `epochs` epochs (early
+    stopping off) and `sets`; its run folder."""
     from common.commands.train import run_training
 
-    name = f"recipe_{variant.replace('-', '_')}_s{seed}"
-    sets = [
+    overrides = [
         f'experiment="{name}"',
         f"training.seed={seed}",
         f"training.epochs={epochs}",
         "training.early_stopping_patience=0",
         "training.log_every_steps=1000",
-        *VARIANTS[variant],
+        *sets,
     ]
-    out, started = io.StringIO(), time.perf_counter()
-    if run_training(config, sets, out=out) != 0:
+    out = io.StringIO()
+    if run_training(config, overrides, out=out) != 0:
         raise RuntimeError(f"{name}: training failed:\n{out.getvalue()[-3000:]}")
-    wall = time.perf_counter() - started
     (run_dir,) = (config.parent.parent / "checkpoints").glob(f"{name}_*")
+    return run_dir
+
+
+def one_run(config: Path, variant: str, seed: int, epochs: int) -> dict[str, Any]:
+    """Train `variant` with `seed` for `epochs` epochs; its validation NLL on every target."""
+    started = time.perf_counter()
+    run_dir = train_run(config, f"recipe_{variant.replace('-', '_')}_s{seed}", seed, epochs, VARIANTS[variant])
+    wall = time.perf_counter() - started
     log = json.loads((run_dir / "training_log.json").read_text())
     scores = split_scores(run_dir, "val")
     shutil.rmtree(run_dir)  # its checkpoints are not needed again

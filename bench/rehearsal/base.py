@@ -242,6 +242,24 @@ def shard_of(r: Rehearsal, *extra: str) -> Path:
     return shard_folder(load_config(r.repo / CONFIG, overrides(r.size, *extra)), r.case)[0]
 
 
+def submit_job(r: Rehearsal, stage: str, job_sets: Sequence[str], **env: str) -> str:
+    """sbatch the case script on NODES nodes with `job_sets` (from the repo copy, in `stage`'s
+    environment plus `env`); its job id, recorded to be cancelled at the end."""
+    proc = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={NODES}", SCRIPT, *sets(job_sets)],
+        cwd=r.repo,
+        env={**r.env_for(stage), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {proc.stderr}")
+    job = proc.stdout.strip().split(";")[0]
+    r.jobs.append(job)
+    return job
+
+
 def squeue(job: str) -> dict[str, str]:
     """Job or array task id -> state, of what the queue still holds."""
     out = subprocess.run(

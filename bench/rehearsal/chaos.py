@@ -36,16 +36,15 @@ from rehearsal.base import (
     GLOBAL_BATCH,
     NO_SCORECARD,
     NODES,
-    SCRIPT,
     TASKS_PER_NODE,
     Rehearsal,
     overrides,
     run_dirs,
-    sets,
     squeue,
+    submit_job,
     wait_jobs,
 )
-from rehearsal.train import job_log, logged_epochs
+from rehearsal.train import final_weights, job_log, logged_epochs
 
 KINDS = ("rank_kill", "usr2", "scontrol_requeue", "node_loss", "time_limit")
 EPOCHS, STEPS = 300, 40  # 12,000 optimizer steps: about 5 minutes of training on 2 cores, 4 ranks
@@ -54,41 +53,21 @@ _STEP = re.compile(r"epoch (\d+)/\d+ step (\d+)/\d+")
 _FIRST_STEP = re.compile(r"Resuming at epoch.*?\n.*?epoch \d+/\d+ step \d+/\d+", re.S)
 
 
-def chaos_sets(r: Rehearsal, experiment: str, batch: int) -> list[str]:
-    """The job's (and the reference's) --set arguments: the rehearsal's settings, EPOCHS x STEPS."""
-    return sets(
-        overrides(
-            r.size,
-            f"training.batch_size={batch}",
-            f"experiment={experiment}",
-            *NO_SCORECARD,
-            f"training.epochs={EPOCHS}",
-            f"training.max_steps_per_epoch={STEPS}",
-            "training.early_stopping_patience=0",  # the tiny model's best epoch comes early: train them all
-        )
+def chaos_sets(r: Rehearsal, experiment: str) -> list[str]:
+    """The job's (and the reference's) settings: the rehearsal's, EPOCHS x STEPS of the global batch."""
+    return overrides(
+        r.size,
+        f"training.batch_size={GLOBAL_BATCH // (NODES * TASKS_PER_NODE)}",
+        f"experiment={experiment}",
+        *NO_SCORECARD,
+        f"training.epochs={EPOCHS}",
+        f"training.max_steps_per_epoch={STEPS}",
+        "training.early_stopping_patience=0",  # the tiny model's best epoch comes early: train them all
     )
 
 
 def run_chaos(r: Rehearsal, faults: int, seed: int) -> dict[str, Any]:
-    env = {**r.env_for("chaos"), "MARKETGPT_MAX_REQUEUES": "40"}
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--nodes={NODES}",
-            SCRIPT,
-            *chaos_sets(r, "chaos", GLOBAL_BATCH // (NODES * TASKS_PER_NODE)),
-        ],
-        cwd=r.repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"sbatch failed: {proc.stderr}")
-    job = proc.stdout.strip().split(";")[0]
-    r.jobs.append(job)
+    job = submit_job(r, "chaos", chaos_sets(r, "chaos"), MARKETGPT_MAX_REQUEUES="40")
     rng = random.Random(seed)
     kinds, gaps = fault_plan(faults, rng)
     deadline = time.monotonic() + 3600
@@ -191,7 +170,7 @@ def _wait_restart(r: Rehearsal, job: str, restart: int, since: int, deadline: fl
             _scontrol("update", f"JobId={job}", "TimeLimit=7-00:00:00")  # back to the script's own
             restored = True
         if kind == "node_loss" and not restored and _node_state("node2").startswith("down"):
-            subprocess.run(["slurmd", "-N", "node2"], env=r.env, timeout=60, check=True)
+            ensure_nodes(r)
             restored = True
         if m:
             first = _FIRST_STEP.search(log, m.end())
@@ -302,26 +281,7 @@ def reference(r: Rehearsal) -> dict[str, Any]:
     """The same job on the same 2 x 2 ranks, never interrupted: the faulted job's final weights and
     logged epochs against it. (Not one process: over 12,000 steps the all-reduce's summation order
     alone moves the weights by about 1e-2 from a one-process run, as an uninterrupted job does too.)"""
-    import torch
-
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--nodes={NODES}",
-            SCRIPT,
-            *chaos_sets(r, "uninterrupted", GLOBAL_BATCH // (NODES * TASKS_PER_NODE)),
-        ],
-        cwd=r.repo,
-        env=r.env_for("chaos_reference"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"sbatch failed: {proc.stderr}")
-    job = proc.stdout.strip().split(";")[0]
-    r.jobs.append(job)
+    job = submit_job(r, "chaos_reference", chaos_sets(r, "uninterrupted"))
     state = wait_jobs([job], 3600)[job]
     job_runs, ref_runs = run_dirs(r, "chaos"), run_dirs(r, "uninterrupted")
     if state != "COMPLETED" or len(job_runs) != 1 or len(ref_runs) != 1:
@@ -334,10 +294,7 @@ def reference(r: Rehearsal) -> dict[str, Any]:
         )
         return {"state": state}
 
-    def final(run: Path) -> dict:
-        return torch.load(run / f"checkpoint_epoch_{EPOCHS}.pt", weights_only=True, map_location="cpu")["model"]
-
-    weights = checks.weights_equal(final(job_runs[0]), final(ref_runs[0]))
+    weights = checks.weights_equal(final_weights(job_runs[0], EPOCHS), final_weights(ref_runs[0], EPOCHS))
     r.check(weights)
     r.check(checks.losses_equal(logged_epochs(job_runs[0]), logged_epochs(ref_runs[0])))
     log = json.loads((job_runs[0] / "training_log.json").read_text())

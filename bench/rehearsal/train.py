@@ -20,13 +20,13 @@ from rehearsal.base import (
     NO_SCORECARD,
     NODES,
     SCORECARD,
-    SCRIPT,
     TASKS_PER_NODE,
     Rehearsal,
     overrides,
     run_dirs,
     sets,
     squeue,
+    submit_job,
     wait_jobs,
 )
 
@@ -70,10 +70,10 @@ def force_requeues(r: Rehearsal, job: str, times: int, deadline: float) -> list[
     return [f"epoch {e} step {s}" for ((e, s),) in sent]
 
 
-def final_weights(run_dir: Path) -> dict:
+def final_weights(run_dir: Path, epochs: int = EPOCHS) -> dict:
     import torch
 
-    return torch.load(run_dir / f"checkpoint_epoch_{EPOCHS}.pt", weights_only=True, map_location="cpu")["model"]
+    return torch.load(run_dir / f"checkpoint_epoch_{epochs}.pt", weights_only=True, map_location="cpu")["model"]
 
 
 def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
@@ -89,18 +89,7 @@ def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
         *SCORECARD,
         f"training.eval_max_batches={json.dumps(r.size.eval_batches)}",
     )
-    proc = subprocess.run(
-        ["sbatch", "--parsable", f"--nodes={NODES}", SCRIPT, *sets(job_sets)],
-        cwd=r.repo,
-        env=r.env_for("train_slurm"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"sbatch failed: {proc.stderr}")
-    job = proc.stdout.strip().split(";")[0]
-    r.jobs.append(job)
+    job = submit_job(r, "train_slurm", job_sets)
     signalled = force_requeues(r, job, 2, deadline)
     state = wait_jobs([job], max(1.0, deadline - time.monotonic()))[job]
     info = job_info(job) or {}

@@ -17,8 +17,8 @@ candle it predicts opens after that close. When a candle closes:
                (common.data.yahoo), so a European and a US candle of date D both count as closed
                at D+1 00:00 UTC: a US position of date D sees Europe's day D (it closed at 16:30
                UTC, before the US close), a European one sees the US day D, which closed (21:00
-               UTC) before Europe's D+1 session opens, and crypto's day D closes at D+1 00:00
-               UTC exactly. Markets whose next session opens before midnight UTC (Sydney,
+               UTC) before Europe's D+1 trading day opens, and crypto's day D closes at D+1 00:00
+               UTC exactly. Markets whose next trading day opens before midnight UTC (Sydney,
                Auckland) would break this; no case universe holds them.
 Why summaries and not attention across the assets of a timestamp: the ids go through the same
 path as the other candle inputs (shards, windows, forecasts, exports) at the cost of three

@@ -9,7 +9,8 @@
              run files and manifest.json, all in a private folder published by one rename
              (with model.market_context, the cross-section first, from every asset's moves)
 Memory holds one asset's candles at a time (with model.market_context, the finish stage holds
-every asset's moves and volatility levels: 24 bytes a candle). The tokens equal those of the in-memory path
+every asset's stamps, moves and volatility levels and the cross-section's index of them: about
+80 bytes a candle, 9 GB at 110M; bench/results/2026-12-05-market-context). The tokens equal those of the in-memory path
 (common.tokens.corpus.prepare_in_memory) bit for bit."""
 
 from __future__ import annotations
