@@ -10,7 +10,7 @@ loop) decides when to read, records the step and checkpoints between steps.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, cast
 
 import torch
 
@@ -139,6 +139,26 @@ class OptimizerStep:
         return MuonAdamW(
             matrices, groups, t.learning_rate, t.muon_lr / t.learning_rate, t.weight_decay, (t.beta1, t.beta2)
         )
+
+    def settle_buckets(self, b: Any) -> None:
+        """One throwaway forward and backward on micro-batch `b`, under DDP, before a process's
+        first step: nothing of it is kept (gradients dropped, the random state restored).
+
+        DDP lays its gradient buckets out again after its first backward, in the order the
+        gradients arrived, and a sum over 3 or more ranks rounds by an element's place in its
+        bucket. Without this, the first step of every process, a resumed one's included, would
+        round unlike the same step of a job that never stopped, and a resume would drift from it
+        (by 2e-7 in a 4-rank test, 8e-3 after 20 restarts in 12,000 steps)."""
+        if self.world_size == 1:
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=self.device.type):
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with autocast(self.precision, self.device):
+                loss, _ = self._forward(b.x, b.asset_ids, b.category_ids, b.y, **b.extra_inputs())
+            loss.backward()  # the all-reduce in the first layout; the next forward settles the next
+        self.optimizer.zero_grad(set_to_none=True)
 
     def queue(self, batches: Iterator, lr: float, step_in_epoch: int, global_step: int) -> Flight:
         """Queue one optimizer step: forward and backward over grad_accum_steps micro-batches

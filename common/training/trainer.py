@@ -21,6 +21,7 @@ The step itself (the model as training runs it, AdamW, the grad scaler) is `self
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import signal
 import sys
@@ -117,6 +118,7 @@ class Trainer:
         # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to
         # overlap; training.overlap_host=false on a GPU)
         self.read_lag = 1 if self.cuda and t.overlap_host else 0
+        self._buckets_settled = False  # DDP's gradient buckets, before the first step (OptimizerStep.settle_buckets)
         self._in_flight: Optional[Flight] = None
         self._clock = 0.0  # when the last step was read: a step's seconds run from there to its own
 
@@ -277,6 +279,10 @@ class Trainer:
         self._progress = progress = Progress(self.epoch + 1, t.epochs, *steps, self.out, enabled=self.is_main)
         self._clock = time.monotonic()
         self.step.train_model.train()
+        if not self._buckets_settled and self.step_in_epoch < self.steps_per_epoch:
+            first = next(batches)
+            self.step.settle_buckets(first)
+            batches, self._buckets_settled = itertools.chain([first], batches), True
         try:
             while self.step_in_epoch < self.steps_per_epoch:
                 lr = self.lr(self.global_step)
