@@ -28,7 +28,7 @@ from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
 from common.run.checkpoint import checkpoint_files, load_checkpoint
 from common.run.folder import config_differences
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.shard_paths import shard_folder
 
 torch.set_num_threads(1)

@@ -395,7 +395,7 @@ def test_sample_source_loads_the_shipped_sample(interval: str, tmp_path: Path):
 
 
 def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(tmp_path: Path, monkeypatch):
-    from common.commands.train import _prepare_new
+    from common.commands.training_run import _prepare_new
     from common.tokens.tokenizer import OHLCTokenizer
 
     fitted: list[pd.DataFrame] = []

@@ -13,7 +13,8 @@ import pytest
 from common.config import ConfigError
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.run.folder import Run, read_log
+from common.run.folder import Run
+from common.run.log import RunLog
 
 RUNS = REPO_ROOT / "tests" / "fixtures" / "runs"
 
@@ -91,6 +92,6 @@ def test_a_resume_may_change_only_harmless_keys(old_run):
 
 def test_a_log_that_is_missing_or_damaged_reads_as_empty(old_run):
     (old_run / "training_log.json").write_text("[1, 2")
-    assert read_log(old_run) == {}
+    assert RunLog.read(old_run).status is None and RunLog.read(old_run).to_dict() == {}
     (old_run / "training_log.json").unlink()
     assert Run.open(old_run).log() == {}

@@ -278,7 +278,7 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     from common.evaluation.scorecard import forecaster_fn
     from common.forecasting.forecaster import Forecaster
     from common.model.gpt import MarketGPT
-    from common.run.info import RunInfo
+    from common.tokens.ids import RunInfo
     from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)

@@ -158,7 +158,7 @@ def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_c
     import subprocess
 
     from common.commands.sweep import plan_sweep
-    from common.slurm.scheduler import wait_for_jobs
+    from common.distributed.scheduler import wait_for_jobs
     from common.slurm.sweep_jobs import submit_sweep
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs inherit the submitting environment

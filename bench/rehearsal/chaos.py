@@ -77,7 +77,7 @@ def run_chaos(r: Rehearsal, faults: int, seed: int) -> dict[str, Any]:
     finally:
         ensure_nodes(r)
     state = wait_jobs([job], max(1.0, deadline - time.monotonic()))[job]
-    from common.slurm.scheduler import job_info
+    from common.distributed.scheduler import job_info
 
     info = job_info(job) or {}
     r.outputs["chaos: job log"] = job_log(r, job, err=True)[-8000:]

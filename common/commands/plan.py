@@ -31,13 +31,13 @@ from common.commands.plan_figures import (
 from common.config import Config, load_config
 from common.data.prepare import SPLITS
 from common.distributed.precision import CUDA_GRAPH_MODES, choose_compile_mode
+from common.distributed.requeue import MAX_REQUEUES
+from common.distributed.scheduler import parse_slurm_time
 from common.errors import UserError
 from common.model.memory import estimate_training_memory
 from common.model.scaling_fit import ScalingFit, load_size_fit, size_advice
 from common.model.sizing import meta_model
 from common.paths import case_dir_of_config, case_script, script_config
-from common.slurm.requeue import MAX_REQUEUES
-from common.slurm.scheduler import parse_slurm_time
 from common.training.mfu import known_peak
 
 __all__ = [

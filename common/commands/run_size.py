@@ -15,7 +15,7 @@ from common.commands.plan_figures import MIN_TOKENS_PER_PARAMETER
 from common.config import Config
 from common.errors import UserError
 from common.model.scaling_fit import load_size_fit, size_advice
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.token_set import TokenSet
 
 __all__ = ["MIN_CANDLES_PER_ID", "auto_size", "train_token_counts", "vocabulary_line"]

@@ -39,7 +39,7 @@ from common.evaluation.price_baselines import (
 )
 from common.markets import interval_step
 from common.run.files import ASSET_INFO_JSON, CONFIG_JSON
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.token_set import TokenSet, token_path
 
 __all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_prepared", "series_from_run"]

@@ -43,9 +43,9 @@ from common.forecasting.forecast_io import ForecastResult, History, future_times
 from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, load_histories
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
-from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 

@@ -14,8 +14,8 @@ import pandas as pd
 from common.config import Config
 from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
-from common.run.info import RunInfo
 from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer

@@ -39,9 +39,9 @@ from common.data.prepare import split_data
 from common.errors import UserError
 from common.markets import interval_step
 from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
-from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.features import feature_columns
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum, remember_sha256
 from common.tokens.shard_paths import published, shard_folder, work_folder
