@@ -1,6 +1,6 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
-    root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec)
+    root (errors, atomic, paths, markets, special_tokens, synthetic_spec; the config package)
       -> data (and run.files), tokens -> model -> distributed -> run -> training -> forecasting
       -> evaluation -> commands -> cluster (and slurm/: submit, prepare_jobs, sweep_jobs) -> cli
 
@@ -127,6 +127,8 @@ def floor_of(module: str) -> str:
         return "cli"
     if parts[:2] == ["common", "slurm"]:
         return "cluster"
+    if parts[:2] == ["common", "config"]:
+        return "root"  # the config package stands with the root modules: everything reads it
     if parts[:2] == ["common", "run"]:
         return "data" if module in RUN_DATA_FLOOR else "run"
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS):

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from common.config import Config, at_interval
-from common.config_checks import START_MAX
+from common.config.checks import START_MAX
 from common.data.cache import CandleCache
 from common.data.cleaning import COLUMNS
 from common.data.files import FILES_UNIVERSE, files_root, load_files
