@@ -31,7 +31,13 @@ class RunLog:
 
     def __init__(self, data: Optional[Mapping[str, Any]] = None) -> None:
         """A log as written (`data`: its JSON), or a new run's (None)."""
-        new = {"status": "running", "error": None, "best_val_loss": None, "best_epoch": None, "epochs": []}
+        new: dict[str, Any] = {
+            "status": "running",
+            "error": None,
+            "best_val_loss": None,
+            "best_epoch": None,
+            "epochs": [],
+        }
         self._data: dict[str, Any] = dict(data) if data is not None else new
 
     @classmethod
