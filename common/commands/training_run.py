@@ -25,7 +25,7 @@ import torch
 
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
-from common.config import Config, config_to_dict
+from common.config import Config, DataConfig, config_to_dict
 from common.data.check import print_left_out
 from common.distributed.env import DistEnv
 from common.errors import UserError
@@ -98,7 +98,7 @@ def open_or_create(
     p = _prepare_new(cfg, case_dir_of_config(config), out)
     print_left_out(p.data_info, out)  # assets, categories or intervals the run goes without
     model_size = auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
-    windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
+    windows = _windows(cfg.data, cfg.model.context_length, p.tokens, p.info, device)  # before the folder: may raise
     if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
         print(
             f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
@@ -161,22 +161,22 @@ def _open_run(
     check_writable(run_dir)
     assert run.tokens is not None  # tokens=True
     run.tokens.ranges = trim_train(run.tokens.ranges, run.cfg.data.train_fraction, run.cfg.data.fraction_by)
-    return TrainingRun(run, _windows(run.cfg, run.tokens, run.info, device))
+    return TrainingRun(run, _windows(run.cfg.data, run.cfg.model.context_length, run.tokens, run.info, device))
 
 
-def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
+def _windows(d: DataConfig, T: int, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
+    """The run's windows of T (model.context_length) tokens over its token set."""
     ids, cats, intervals = info.series_ids()
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
-    T = cfg.model.context_length
     return build_windows(
         tokens.tokens,
         tokens.ranges,
         ids,
         cats,
         T,
-        strides={"train": cfg.data.window_stride, "val": T, "test": T},
+        strides={"train": d.window_stride, "val": T, "test": T},
         device=device,
-        epoch_stride=cfg.data.epoch_stride,
+        epoch_stride=d.epoch_stride,
         features=tokens.features,
         flat=tokens.flat(),
         interval_ids=intervals if info.intervals else None,

@@ -118,8 +118,8 @@ def prepare_in_memory(
 ) -> Prepared:
     """The same corpus prepared in memory for one run (data.shards = false): every asset's
     candles held at once, nothing written to the data cache."""
-    market = load_market_data(cfg, case_dir)
-    prepared = prepare_data(cfg, market)
+    market = load_market_data(cfg.data, case_dir)
+    prepared = prepare_data(cfg.data, cfg.model.context_length, market)
     tokenizer = fit_tokenizer(cfg, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg) else None
     symbols = [a.symbol for a in prepared.assets]
