@@ -175,7 +175,7 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
     _, run = trained
     cfg = load_config(run / "config.json", ["training.scorecard_budget=5"])
     log = io.StringIO()
-    assert end_of_training_scorecard(cfg, run, torch.device("cpu"), out=log) is None
+    assert end_of_training_scorecard(cfg.training, run, torch.device("cpu"), out=log) is None
     lines = log.getvalue().splitlines()
     card = _card(run)
     assert card["origins"]["budget"] == 5 and card["horizons"]["1"]["n"] <= 5

@@ -126,7 +126,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     def final_outputs(status: str) -> None:
         # rank 0 alone scores the best model on the test split, before the log says the run is done;
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
-        scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
+        scorecard_error = end_of_training_scorecard(cfg.training, run_dir, device, out=out)
         results = evaluate_best(
             run, device, status=status, extra={"scorecard_error": scorecard_error} if scorecard_error else None
         )
