@@ -161,7 +161,7 @@ def test_one_gpu_at_its_best_and_its_command(monkeypatch):
     config = REPO_ROOT / "case_c_crypto/configs/crypto_multi_interval.json"  # not the script's config
     sets = ["training.compile=false", "slurm.time=1:00:00", "training.batch_size=16"]
     cfg = load_config(config, sets)
-    model = meta_model(cfg)
+    model = meta_model(cfg.model, cfg.data)
     best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config, sets)
     assert best.mode == "CUDA graphs" and best.batch_size == 32  # the job's 2 x 16 windows per step
     assert best.rate.tokens_per_s == pytest.approx(GPU_RATES[(256, 6, 128)].graphs * 312 / 989.5)
@@ -183,7 +183,7 @@ def test_one_gpu_at_its_best_and_its_command(monkeypatch):
 
 def test_the_training_banner_advises_one_gpu_without_a_config_path():
     cfg = load_config(REPO_ROOT / CASES["c"])
-    model = meta_model(cfg)
+    model = meta_model(cfg.model, cfg.data)
     line = plan_of_run(
         cfg,
         {"X": {"train": (0, 500_000), "val": (600_000, 700_000), "test": (800_000, 900_000)}},
@@ -199,7 +199,7 @@ def test_the_training_banner_advises_one_gpu_without_a_config_path():
 
 def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
-    fpt = meta_model(cfg).flops_per_token()
+    fpt = meta_model(cfg.model, cfg.data).flops_per_token()
     plain, graphs, graphs_64, table_fpt = GPU_RATES[(256, 6, 128)]
     assert fpt == table_fpt  # the table's FLOPs per token are the case's model's
     assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile

@@ -97,7 +97,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     run, windows, state = training.run, training.windows, training.state
     cfg, run_dir, tokens = run.cfg, run.path, run.tokens
     assert tokens is not None  # a training run holds its token set
-    model, lineage = build_model(cfg, tokens, run.info, state, env)
+    model, lineage = build_model(cfg.model, cfg.training, tokens, run.info, state, env)
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(

@@ -232,7 +232,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
         LazyFrames(list(cleaned), cleaned.frame),
     )
     tokenizer = fit_tokenizer(cfg, prepared, parent)
-    edges = fit_volume(prepared) if wants_features(cfg) else None
+    edges = fit_volume(prepared) if wants_features(cfg.model) else None
     symbols = [a.symbol for a in prepared.assets]
     lengths = [len(cleaned[s]) for s in symbols]
     # two fits of one shard (a resubmitted array, a training run meanwhile) write the same files,
