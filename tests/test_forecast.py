@@ -425,8 +425,8 @@ def test_changing_candles_after_as_of_never_changes_the_forecast(forecaster, mon
     before = forecaster.forecast(forecaster.load_history(["AAPL", "IBM"], as_of), 5, 40, seed=2).table
     real = loading.load_market_data
 
-    def doctored(cfg, case_dir):
-        market = real(cfg, case_dir)
+    def doctored(data, case_dir):
+        market = real(data, case_dir)
         for symbol, frame in market.candles.items():
             frame = frame.copy()
             later = frame.index > pd.Timestamp(as_of, tz="UTC")

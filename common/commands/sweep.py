@@ -270,14 +270,14 @@ def write_sweep(sweep: Sweep) -> dict[str, Any]:
     grid = [p.name for p in sweep.points]
     finished = sweep_points(sweep.folder, grid)
     done = {r["point"] for r in finished}
-    chosen, fit, note = sweep_fit(finished, corpus_of(sweep.cfg), f"marketgpt sweep {sweep.name}")
+    chosen, fit, note = sweep_fit(finished, corpus_of(sweep.cfg.model, sweep.cfg.data), f"marketgpt sweep {sweep.name}")
     doc: dict[str, Any] = {
         "format": SWEEP_FORMAT,
         "config": str(sweep.config),
         "overrides": sweep.overrides,
         "shard": sweep.shard,
         "fraction_by": sweep.by,
-        "corpus": corpus_of(sweep.cfg),
+        "corpus": corpus_of(sweep.cfg.model, sweep.cfg.data),
         "grid": grid,
         "missing": [name for name in grid if name not in done],
         "points": finished,

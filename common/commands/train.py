@@ -97,7 +97,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     run, windows, state = training.run, training.windows, training.state
     cfg, run_dir, tokens = run.cfg, run.path, run.tokens
     assert tokens is not None  # a training run holds its token set
-    model, lineage = build_model(cfg, tokens, run.info, state, env)
+    model, lineage = build_model(cfg.model, cfg.training, tokens, run.info, state, env)
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(
@@ -126,7 +126,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     def final_outputs(status: str) -> None:
         # rank 0 alone scores the best model on the test split, before the log says the run is done;
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
-        scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
+        scorecard_error = end_of_training_scorecard(cfg.training, run_dir, device, out=out)
         results = evaluate_best(
             run, device, status=status, extra={"scorecard_error": scorecard_error} if scorecard_error else None
         )

@@ -25,7 +25,7 @@ import torch
 
 from common.commands.plan import plan_of_run
 from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
-from common.config import Config, config_to_dict
+from common.config import Config, DataConfig, ModelConfig, TrainingConfig, config_to_dict
 from common.data.check import print_left_out
 from common.distributed.env import DistEnv
 from common.errors import UserError
@@ -97,8 +97,8 @@ def open_or_create(
     check_writable(case_dir_of_config(config) / "checkpoints")
     p = _prepare_new(cfg, case_dir_of_config(config), out)
     print_left_out(p.data_info, out)  # assets, categories or intervals the run goes without
-    model_size = auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
-    windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
+    model_size = auto_size(cfg.model, cfg.data, p.tokens, p.info, out)  # before the model and config.json
+    windows = _windows(cfg.data, cfg.model.context_length, p.tokens, p.info, device)  # before the folder: may raise
     if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
         print(
             f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
@@ -161,22 +161,22 @@ def _open_run(
     check_writable(run_dir)
     assert run.tokens is not None  # tokens=True
     run.tokens.ranges = trim_train(run.tokens.ranges, run.cfg.data.train_fraction, run.cfg.data.fraction_by)
-    return TrainingRun(run, _windows(run.cfg, run.tokens, run.info, device))
+    return TrainingRun(run, _windows(run.cfg.data, run.cfg.model.context_length, run.tokens, run.info, device))
 
 
-def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
+def _windows(d: DataConfig, T: int, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
+    """The run's windows of T (model.context_length) tokens over its token set."""
     ids, cats, intervals = info.series_ids()
     # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
-    T = cfg.model.context_length
     return build_windows(
         tokens.tokens,
         tokens.ranges,
         ids,
         cats,
         T,
-        strides={"train": cfg.data.window_stride, "val": T, "test": T},
+        strides={"train": d.window_stride, "val": T, "test": T},
         device=device,
-        epoch_stride=cfg.data.epoch_stride,
+        epoch_stride=d.epoch_stride,
         features=tokens.features,
         flat=tokens.flat(),
         interval_ids=intervals if info.intervals else None,
@@ -205,23 +205,23 @@ def print_run_plan(training: TrainingRun, trainer: Trainer, env: DistEnv, out: T
 
 
 def build_model(
-    cfg: Config, tokens: TokenSet, info: RunInfo, state: Optional[dict], env: DistEnv
+    m: ModelConfig, t: TrainingConfig, tokens: TokenSet, info: RunInfo, state: Optional[dict], env: DistEnv
 ) -> tuple[MarketGPT, Optional[dict]]:
     """The model before training, and a new run's lineage (its parent, when fine-tuned, and what
     training.freeze froze; None for neither, or a resume). The RNG draws here (initial weights,
     then each rank's dropout seed) are part of what makes a run reproducible: keep their order."""
     if state is None:
-        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
-    model = MarketGPT.for_run(cfg.model, info)
+        seed_everything(t.seed)  # the initial weights depend on the seed alone
+    model = MarketGPT.for_run(m, info)
     lineage = None
-    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
-        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), info)
-    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
+    if state is None and t.init_from:  # a new fine-tuning run (a resume has its own weights)
+        lineage = init_from_parent(model, resolve_parent(t.init_from), info)
+    frozen = apply_freeze(model, t.freeze)  # before the optimizer: it takes trainable ones only
     if state is None and env.rank > 0:
-        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
+        seed_everything(t.seed + 7919 * env.rank)  # each rank draws its own dropout masks
     if state is None and lineage is None and model.head is not None:
         # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
-        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
+        model.head.start_at_unigram(train_token_counts(tokens, m.vocab_size))
     if state is not None or (lineage is None and not frozen):
         return model, None
-    return model, dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
+    return model, dict(lineage or {}, freeze=t.freeze, frozen_parameters=frozen)

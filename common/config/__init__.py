@@ -323,11 +323,11 @@ def validate(cfg: Config, where: str) -> None:
     )
 
 
-def at_interval(cfg: Config, interval: str) -> Config:
-    """The one-interval view of a run at one of its intervals (data.interval = interval, no
-    data.intervals): what reads that interval's candles (history, scorecard, one series' load)."""
-    view = copy.deepcopy(cfg)
-    view.data.interval, view.data.intervals = cast(Interval, interval), []  # one of the run's intervals
+def at_interval(d: DataConfig, interval: str) -> DataConfig:
+    """The one-interval view of a run's data at one of its intervals (data.interval = interval, no
+    data.intervals): what reads that interval's candles (download, plan, one series' load)."""
+    view = copy.deepcopy(d)
+    view.interval, view.intervals = cast(Interval, interval), []  # one of the run's intervals
     return view
 
 

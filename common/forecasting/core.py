@@ -105,7 +105,7 @@ class ForecasterCore:
         categories = {s: self.assets[s].category for s in chosen}
         return [
             History(s, frame)
-            for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
+            for s, frame in load_histories(self.cfg.data, self.run_dir, categories, chosen, as_of, self.interval)
         ]
 
     def set_market(self, candles: Mapping[str, pd.DataFrame]) -> None:
@@ -124,7 +124,9 @@ class ForecasterCore:
     def _market(self) -> MarketContext:
         if self.market is None:
             categories = {s: self.assets[s].category for s in self.symbols}
-            self.set_market(dict(load_histories(self.cfg, self.run_dir, categories, self.symbols, None, self.interval)))
+            self.set_market(
+                dict(load_histories(self.cfg.data, self.run_dir, categories, self.symbols, None, self.interval))
+            )
         assert self.market is not None
         return self.market
 

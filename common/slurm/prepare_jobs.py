@@ -131,7 +131,7 @@ def plan_preparation(config: Path, overrides: Sequence[str] = (), tasks: int = 2
         )
     parse_slurm_time(cfg.slurm.time)
     case = case_dir_of_config(config)
-    series = len(load_market_data(cfg, case).assets)  # the universe only: candles are read lazily
+    series = len(load_market_data(cfg.data, case).assets)  # the universe only: candles are read lazily
     if tasks > series:
         raise UserError(
             f"--array {tasks}: more tasks than the {series} series to prepare (task i takes series i, "

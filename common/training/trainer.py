@@ -90,7 +90,7 @@ class Trainer:
                 f"training.device=cuda but this process trains on {self.device}; run `marketgpt doctor` on the node"
             )
         self.requests = CheckpointRequests(t.checkpoint_every_minutes)
-        self.step = OptimizerStep(cfg, model, self.device, world_size, self.is_main, self.requests)
+        self.step = OptimizerStep(t, model, self.device, world_size, self.is_main, self.requests)
         self.model = self.step.model
         self.metrics = TrainingMetrics(
             self.run_dir,
@@ -103,7 +103,7 @@ class Trainer:
             config=config_to_dict(cfg),
             flops_per_token=self.model.flops_per_token(windows.context_length),
         )
-        self.steps_per_epoch = steps_per_epoch(windows, cfg, world_size)
+        self.steps_per_epoch = steps_per_epoch(windows, t, world_size)
         self.lr_schedule = LRSchedule(t.learning_rate, t.warmup_steps, t.epochs * self.steps_per_epoch, t.min_lr_ratio)
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
 
