@@ -33,7 +33,7 @@ from rehearsal.corpus import write_corpus  # noqa: E402
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from common.slurm.scheduler import slurm_available
+    from common.distributed.scheduler import slurm_available
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--faults", type=int, default=20)

@@ -105,10 +105,10 @@ def measure(folder: Path, counts: dict[str, int]) -> dict:
     overrides = ['data.start_date="2000-01-01"', f"data.universe_counts={json.dumps(counts)}"]
     cfg = load_config(case_config(REPO / "case_a_full_market"), overrides)
     t0 = time.perf_counter()
-    market = load_market_data(cfg, folder)
+    market = load_market_data(cfg.data, folder)
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    data = prepare_data(cfg, market)
+    data = prepare_data(cfg.data, cfg.model.context_length, market)
     t_prepare = time.perf_counter() - t0
     return {
         "import_s": t_import,

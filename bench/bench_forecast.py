@@ -38,8 +38,8 @@ from common.data.universe import Asset  # noqa: E402
 from common.forecasting.forecast_io import History  # noqa: E402
 from common.forecasting.forecaster import Forecaster  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
-from common.run.info import RunInfo  # noqa: E402
 from common.special_tokens import BOS_TOKEN, PAD_TOKEN  # noqa: E402
+from common.tokens.ids import RunInfo  # noqa: E402
 from common.tokens.tokenizer import OHLCTokenizer  # noqa: E402
 
 from bench_tokenizer import make_candles  # noqa: E402

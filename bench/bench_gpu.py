@@ -267,7 +267,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.smoke:
             apply_overrides(cfg, SMOKE, "--smoke")
         apply_overrides(cfg, args.set, "--set")
-        cases[case] = {"num_parameters": meta_model(cfg).num_parameters(), "runs": []}
+        cases[case] = {"num_parameters": meta_model(cfg.model, cfg.data).num_parameters(), "runs": []}
         for compile_model in compiles:
             prof = (
                 args.profile / f"profile_{case}_{'compile' if compile_model else 'eager'}.txt" if args.profile else None

@@ -234,7 +234,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_config(case_config(case_dir(case)))
         if args.smoke:
             apply_overrides(cfg, SMOKE, "--smoke")
-        cases[case] = {"num_parameters": meta_model(cfg).num_parameters(), "batch": args.batch, "variants": []}
+        parameters = meta_model(cfg.model, cfg.data).num_parameters()
+        cases[case] = {"num_parameters": parameters, "batch": args.batch, "variants": []}
         for v in variants:
             print(f"case {case}, variant {v}: {VARIANTS[v][2]}", flush=True)
             cases[case]["variants"].append(run_variant(v, cfg, device, args.batch, steps, warmup, peak))

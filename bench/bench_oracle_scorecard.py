@@ -77,7 +77,7 @@ def score_seed(config: Path, seed: int, epochs: int, sets: list[str], settings_k
     from common.forecasting.forecaster import Forecaster
 
     run_dir = train_run(config, f"oracle_card_s{seed}", seed, epochs, sets)
-    spec = synthetic_spec(load_config(run_dir / "config.json"))
+    spec = synthetic_spec(load_config(run_dir / "config.json").data)
     series, interval = series_from_run(run_dir)
     baselines = {**fit_price_baselines(series, interval), ORACLE: oracle_fn(spec, particles)}
     settings = ScorecardSettings(interval=interval, horizons=HORIZONS, seed=seed, **settings_kw)

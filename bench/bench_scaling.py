@@ -308,7 +308,7 @@ def _parameters(run_dir: Path) -> int:
 
     ai = json.loads((run_dir / "asset_info.json").read_text())
     cfg = load_config(run_dir / "config.json")
-    return int(meta_model(cfg, ai["num_assets"], ai["num_categories"]).num_parameters())
+    return int(meta_model(cfg.model, cfg.data, ai["num_assets"], ai["num_categories"]).num_parameters())
 
 
 def _sample_slice(corpus: str, tokens: int) -> list[str]:

@@ -50,7 +50,9 @@ def run(
         series, interval = series_from_run(run_dir)
     else:
         cfg = load_config(CASE_C, ["data.source=sample", "data.interval=1d"])
-        series = series_from_prepared(prepare_data(cfg, load_market_data(cfg, CASE_C.parent.parent)))
+        series = series_from_prepared(
+            prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, CASE_C.parent.parent))
+        )
         interval = cfg.data.interval
     t_data = time.perf_counter() - t0
 

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common.slurm.scheduler import slurm_available, wait_for_jobs  # noqa: E402
+from common.distributed.scheduler import slurm_available, wait_for_jobs  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from _common import bench_args, finish, row  # noqa: E402

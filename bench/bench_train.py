@@ -128,7 +128,7 @@ def _trainer_round(trainer: Trainer, steps: int) -> Callable[[], float]:
         before = trainer.sums["seconds"]
         status = trainer.train(stop_after_steps=trainer.global_step + steps)
         if status != "stopped":
-            raise RuntimeError(f"the trainer ended with {status!r}: {trainer.log.data.get('error')}")
+            raise RuntimeError(f"the trainer ended with {status!r}: {trainer.log.error}")
         return trainer.sums["seconds"] - before
 
     return go

@@ -218,7 +218,7 @@ def _scored(run_dir: Path, split: str, assets: Optional[int], tokens: Any = None
     from common.tokens.token_set import TokenSet, token_path
     from common.tokens.tokenizer import OHLCTokenizer
 
-    spec = synthetic_spec(load_config(run_dir / "config.json"))
+    spec = synthetic_spec(load_config(run_dir / "config.json").data)
     tok = OHLCTokenizer.load(run_dir / "tokenizer.json")
     ts = TokenSet.load(token_path(run_dir)) if tokens is None else tokens
     out = []

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.slurm.requeue import EXIT_REQUEUE
+from common.distributed.requeue import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = {

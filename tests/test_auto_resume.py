@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.distributed import scheduler as slurm_utils
 from common.errors import UserError
 from common.run.resume import auto_resume_run, find_runs, resolve_resume, reuse_unstarted_run
-from common.slurm import scheduler as slurm_utils
 
 
 def _run(root: Path, stamp: str, test_results: bool = False, **log) -> Path:

@@ -142,14 +142,15 @@ def test_best_shape_follows_the_fit_and_prefers_the_smaller_of_equals():
     fit = ScalingFit(
         terms=["A", "B", "C"], coef=dict(TRUE), n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
     )
-    small, large = best_shape(cfg, 4e4, fit), best_shape(cfg, 1e6, fit)
+    small, large = best_shape(cfg.model, cfg.data, 4e4, fit), best_shape(cfg.model, cfg.data, 1e6, fit)
     assert small["parameters"] < large["parameters"]
     assert (small["d_model"], small["num_layers"], small["num_heads"], small["d_ff"]) in SHAPES
     flat = ScalingFit(
         terms=["B"], coef={**TRUE, "A": 0.0, "C": 0.0}, n_range=[1.5e5, 3e7], d_range=[3.8e4, 1e6], rmse=0.0, points=16
     )
-    assert best_shape(cfg, 1e5, flat)["d_model"] == SHAPES[0][0]  # size does not matter: the smallest shape
-    assert "extrapolated" in best_shape(cfg, 1e8, fit)["why"]
+    # size does not matter: the smallest shape
+    assert best_shape(cfg.model, cfg.data, 1e5, flat)["d_model"] == SHAPES[0][0]
+    assert "extrapolated" in best_shape(cfg.model, cfg.data, 1e8, fit)["why"]
 
 
 def test_size_auto_is_refused_for_fine_tuning():
@@ -193,12 +194,13 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
     missing = sets[:-1] + ['experiment="nofit"', "model.size_fit=null"]
     with pytest.raises(UserError, match="model.size_fit"):  # auto without a fit of this corpus
         train.run_training(tmp_path / "configs" / CASE_C.name, missing, out=open(tmp_path / "out.txt", "w"))
-    fit.corpus = corpus_of(load_config(CASE_C, sets))
+    cfg = load_config(CASE_C, sets)
+    fit.corpus = corpus_of(cfg.model, cfg.data)
     (tmp_path / "sweep.json").write_text(json.dumps({"points": [], "fit": fit.to_dict()}))
     assert train.run_training(tmp_path / "configs" / CASE_C.name, sets, out=open(tmp_path / "out.txt", "w")) == 0
     (run,) = (tmp_path / "checkpoints").glob("auto_*")
     chosen = json.loads((run / "training_log.json").read_text())["model_size"]
-    expected = best_shape(load_config(CASE_C, sets), chosen["train_tokens"], fit, 2, 1)
+    expected = best_shape(cfg.model, cfg.data, chosen["train_tokens"], fit, 2, 1)
     assert {k: chosen[k] for k in ("d_model", "num_layers", "parameters")} == {
         k: expected[k] for k in ("d_model", "num_layers", "parameters")
     }
@@ -223,9 +225,10 @@ def test_plan_suggests_the_fitted_shape_in_one_line():
     )
     data = DataFigures({"train": 38_000, "val": 8_000, "test": 8_000}, 37_000, 2_300, "exact (a test)", 13, 4)
     p = plan.build_plan(cfg, data)
-    assert "no scaling fit for this corpus" in plan.scaling_suggestion(cfg, p, None)  # and how to make one
-    line = plan.scaling_suggestion(cfg, p, fit, Path("sweep.json"))
-    chosen = best_shape(cfg, 38_000, fit, 13, 4)
+    # and how to make one
+    assert "no scaling fit for this corpus" in plan.scaling_suggestion(cfg.model, cfg.data, p, None)
+    line = plan.scaling_suggestion(cfg.model, cfg.data, p, fit, Path("sweep.json"))
+    chosen = best_shape(cfg.model, cfg.data, 38_000, fit, 13, 4)
     assert "\n" not in line and f"d_model {chosen['d_model']}," in line and f"{p.parameters:,}" in line
     assert "model.size=auto" in line and "extrapolated" not in line
 
@@ -304,7 +307,8 @@ def test_the_committed_fit_loads_and_suggests_a_listed_shape():
 
     fit = load_fit()
     assert fit is not None and fit.terms and set(fit.terms) <= {"A", "B", "C"} and fit.points >= 4
-    choice = best_shape(load_config(CASE_C), 1_090_000, fit, 20, 1)
+    cfg = load_config(CASE_C)
+    choice = best_shape(cfg.model, cfg.data, 1_090_000, fit, 20, 1)
     assert (choice["d_model"], choice["num_layers"], choice["num_heads"], choice["d_ff"]) in SHAPES
     assert "extrapolated" in choice["why"]  # case C's candles lie above the grid's largest corpus
 

@@ -1,6 +1,6 @@
-"""docs/config_reference.md is what common/config_reference.py renders now: every key of every
+"""docs/config_reference.md is what common/config/reference.py renders now: every key of every
 config dataclass once, its default the dataclass's, and a meaning for each (a comment in
-common/config.py)."""
+common/config/__init__.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from collections import Counter
 from typing import Any, Dict, List, Literal, Optional
 
 from common.config import Config
-from common.config_reference import COMMAND, field_comments, render, type_name
+from common.config.reference import COMMAND, field_comments, render, type_name
 from common.paths import REPO_ROOT
 
 PAGE = REPO_ROOT / "docs" / "config_reference.md"
-STALE = f"docs/config_reference.md is out of date with common/config.py: run `{COMMAND}`"
+STALE = f"docs/config_reference.md is out of date with common/config/__init__.py: run `{COMMAND}`"
 
 
 def _keys(cls: type = Config, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
@@ -60,7 +60,7 @@ def test_the_committed_page_is_what_the_generator_renders():
 
 def test_the_stated_command_prints_the_page():
     out = subprocess.run(
-        [sys.executable, "-m", "common.config_reference"],
+        [sys.executable, "-m", "common.config.reference"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -87,15 +87,15 @@ def test_every_default_in_the_table_is_the_dataclass_default():
         assert (shown, type(shown)) == (expected, type(expected)), f"{key}: {STALE}"
 
 
-def test_every_field_has_a_meaning_in_config_py():
-    meanings = field_comments((REPO_ROOT / "common" / "config.py").read_text(encoding="utf-8"))
+def test_every_field_has_a_meaning_beside_it():
+    meanings = field_comments((REPO_ROOT / "common" / "config" / "__init__.py").read_text(encoding="utf-8"))
     missing = [
         f"{c.__name__}.{f.name}"
         for c in _classes()
         for f in dataclasses.fields(c)
         if not meanings.get((c.__name__, f.name))
     ]
-    assert missing == [], "write what these fields mean as a comment beside them in common/config.py"
+    assert missing == [], "write what these fields mean as a comment beside them in common/config/__init__.py"
 
 
 def test_comments_beside_and_just_above_a_field_are_its_meaning():

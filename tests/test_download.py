@@ -368,7 +368,7 @@ def test_pence_glitch_is_repaired_and_counted_in_data_info(case, net):
     summary = run(cfg, case)
     assert summary.usable.fixes["subunit_repaired"] == 1
     raw = CandleCache(case / "data").read("yfinance", "1d", "VOD.L")
-    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, case))
     info = prepared.info
     assert info["assets"]["VOD.L"]["fixes"]["subunit_repaired"] == 1
     assert info["totals"]["fixes"]["subunit_repaired"] == 1
@@ -672,7 +672,7 @@ def test_start_date_max_asks_each_source_for_its_whole_history(case, net):
     assert fake_ccxt.calls[0] == ("BTC/USDT", crypto.HISTORY_START_MS, end_ms)
     from common.data.loading import load_market_data
 
-    market = load_market_data(cfg, case)  # "max": no lower bound on the cached candles
+    market = load_market_data(cfg.data, case)  # "max": no lower bound on the cached candles
     assert market.candles["BTC/USDT"].index[0] == pd.Timestamp("2010-01-01", tz="UTC")
     assert len(market.candles["AAPL"]) == len(expected_frame("aapl_1d.json", daily=True))
 

@@ -20,8 +20,9 @@ from common.evaluation.report import write_report
 from common.evaluation.token_scoring import SplitTokens, eval_inputs
 from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT
-from common.run.info import AssetRecord, RunInfo
+from common.run.log import RunLog
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
+from common.tokens.ids import AssetRecord, RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
 torch.set_num_threads(1)
@@ -357,7 +358,7 @@ def test_report_png_is_written_atomically(tmp_path):
             {"epoch": 3, "train_loss": 1.9, "val_loss": None},
         ],
     }
-    path = write_report(tmp_path, log, results)
+    path = write_report(tmp_path, RunLog(log), results)
     assert path == tmp_path / "report.png"
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
@@ -368,7 +369,7 @@ def test_report_png_is_written_atomically(tmp_path):
 
 def test_report_of_a_run_without_epochs_or_moves(tmp_path):
     results = run({"A": split([3, 4])})
-    path = write_report(tmp_path, {"status": "running", "epochs": []}, results)
+    path = write_report(tmp_path, RunLog({"status": "running", "epochs": []}), results)
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 

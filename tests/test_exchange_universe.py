@@ -221,7 +221,7 @@ def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_n
     case, cfg = tmp_path / "case_x", case_config()
     case.mkdir()
     with pytest.raises(UserError, match=r"run `marketgpt data download` first"):
-        load_market_data(cfg, case)
+        load_market_data(cfg.data, case)
 
     download(cfg, case, DAY1, rsps)
     first = case / "universe_exchange_binance_2024-03-01.csv"
@@ -236,7 +236,7 @@ def test_twice_on_different_days_writes_two_dated_files_and_training_reads_the_n
     assert universe_as_of(second) == "2024-04-15"
 
     capsys.readouterr()
-    market = load_market_data(cfg, case)  # training's loader
+    market = load_market_data(cfg.data, case)  # training's loader
     assert [a.symbol for a in market.assets] == ["BTC/USDT", "NEW/USDT", "ETH/USDT"]
     assert len(market.candles["ETH/USDT"]) > 100  # the cached candles of the newest universe's pairs
     assert "data.universe = 'exchange': universe_exchange_binance_2024-04-15.csv" in capsys.readouterr().err

@@ -33,7 +33,7 @@ def files_config(
 
 
 def test_folder_of_files_every_file_an_asset():
-    market = load_market_data(files_config(FILES / "good_folder"), Path("."))
+    market = load_market_data(files_config(FILES / "good_folder").data, Path("."))
     assert [a.symbol for a in market.assets] == ["AAA", "BBB", "CCC"]
     assert {a.category for a in market.assets} == {"us_stock"}
     aaa, bbb = market.candles["AAA"], market.candles["BBB"]
@@ -46,7 +46,7 @@ def test_folder_of_files_every_file_an_asset():
 
 
 def test_naive_timestamps_are_noted_once(capsys):
-    market = load_files(files_config(FILES / "good_folder"), Path("."))
+    market = load_files(files_config(FILES / "good_folder").data, Path("."))
     assert "taken as UTC" not in capsys.readouterr().err  # nothing read yet
     for symbol in ("BBB", "AAA", "CCC"):
         market.candles[symbol]
@@ -57,7 +57,7 @@ def test_naive_timestamps_are_noted_once(capsys):
 
 def test_messy_file_is_cleaned_and_every_count_reported(capsys):
     cfg = files_config(FILES / "good_folder")
-    prepared = prepare_data(cfg, load_files(cfg, Path(".")))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_files(cfg.data, Path(".")))
     record = prepared.info["assets"]["CCC"]
     # CCC.csv: 2 duplicated rows, 1 zero close, 2 unparsable dates, 3 13:00 rows among daily ones
     fixes = record["fixes"]
@@ -76,19 +76,19 @@ def test_messy_file_is_cleaned_and_every_count_reported(capsys):
 
 def test_long_file_with_symbol_column_and_epoch_seconds():
     cfg = files_config(FILES / "long_hourly.csv", interval="1h", category="crypto")
-    market = load_market_data(cfg, Path("."))
+    market = load_market_data(cfg.data, Path("."))
     assert [a.symbol for a in market.assets] == ["BTC-USD", "ETH-USD"]
     btc = market.candles["BTC-USD"]
     assert btc.index[0] == pd.Timestamp("2023-01-01", tz="UTC") and len(btc) == 300
     assert (np.diff(btc.index.asi8) == 3600 * 10**9).all()
-    prepared = prepare_data(cfg, market)
+    prepared = prepare_data(cfg.data, cfg.model.context_length, market)
     assert prepared.info["source"] == "files" and prepared.info["num_assets"] == 2
 
 
 def test_universe_csv_picks_and_categorises_files(tmp_path):
     (tmp_path / "universe.csv").write_text("symbol,source,category,name\nBTC/USD,ccxt,crypto,Bitcoin\n")
     cfg = files_config(FILES / "long_hourly.csv", universe="universe.csv", interval="1h", category=None)
-    market = load_files(cfg, tmp_path)
+    market = load_files(cfg.data, tmp_path)
     # BTC/USD in the universe finds the BTC-USD candles; ETH-USD is not listed, so it is left out
     assert [(a.symbol, a.category) for a in market.assets] == [("BTC/USD", "crypto")]
     assert len(market.candles["BTC/USD"]) == 300
@@ -100,7 +100,7 @@ def test_universe_symbol_without_a_file_is_named(tmp_path):
     )
     cfg = files_config(FILES / "good_folder", universe="universe.csv", category=None)
     with pytest.raises(UserError, match=r"no candles for 1 universe symbol\(s\): ZZZ"):
-        load_files(cfg, tmp_path)
+        load_files(cfg.data, tmp_path)
 
 
 BAD = {
@@ -134,14 +134,14 @@ def test_daily_file_under_an_hourly_config_says_how_far_off(tmp_path):
 
 def test_bad_folder_and_paths(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
-        load_files(files_config(tmp_path / "nowhere"), Path("."))
+        load_files(files_config(tmp_path / "nowhere").data, Path("."))
     (tmp_path / "notes.txt").write_text("not candles")
     with pytest.raises(UserError, match=r"no candle files \(\*.csv"):
-        load_files(files_config(tmp_path), Path("."))
+        load_files(files_config(tmp_path).data, Path("."))
     shutil.copy(FILES / "good_folder" / "AAA.csv", tmp_path / "AAA.csv")
     pd.read_csv(tmp_path / "AAA.csv").to_parquet(tmp_path / "AAA.parquet")
     with pytest.raises(UserError, match="two files for symbol AAA"):
-        load_files(files_config(tmp_path), Path("."))
+        load_files(files_config(tmp_path).data, Path("."))
 
 
 def test_long_file_with_empty_symbol_is_refused(tmp_path):
@@ -239,10 +239,10 @@ def _count_reads(monkeypatch) -> list[str]:
 
 def test_a_file_is_read_when_its_asset_is_asked_for(monkeypatch, tmp_path):
     reads = _count_reads(monkeypatch)
-    market = load_market_data(files_config(FILES / "good_folder"), Path("."))
+    market = load_market_data(files_config(FILES / "good_folder").data, Path("."))
     universe = tmp_path / "universe.csv"
     universe.write_text("symbol,source,category,name\nccc,yfinance,us_stock,C\n")
-    picked = load_market_data(files_config(FILES / "good_folder", universe=str(universe)), Path("."))
+    picked = load_market_data(files_config(FILES / "good_folder", universe=str(universe)).data, Path("."))
     assert reads == [] and [a.symbol for a in picked.assets] == ["ccc"]
     assert len(market.candles["BBB"]) and market.fixes.get("BBB") == {"unparsable_timestamp": 0, "off_interval": 0}
     assert reads == ["BBB.parquet"]  # the drop counts come with the candles' read
@@ -269,7 +269,7 @@ def test_plan_reads_only_the_timestamps_of_own_files(monkeypatch):
     data = data_figures(cfg, Path("."))
     assert len(columns) == 3 and all("timestamp" in only and "close" not in only for only in columns)
     assert data.basis.startswith("estimated from the timestamps in your files")
-    prepared = prepare_data(cfg, load_files(cfg, Path(".")))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_files(cfg.data, Path(".")))
     exact = sum(len(s.train) for s in prepared.splits.values())
     # the one row CCC.csv loses to a zero close is still counted; nothing else differs
     assert exact <= data.candles["train"] <= exact + 1

@@ -24,9 +24,9 @@ from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
 from common.model.sampling import SamplingSettings, draw_tokens, prefill_length, sample_paths
 from common.paths import REPO_ROOT
-from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 from common.tokens.features import VOL_LEVEL_BINS, VOLUME_BINS, calendar_ids
+from common.tokens.ids import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -425,8 +425,8 @@ def test_changing_candles_after_as_of_never_changes_the_forecast(forecaster, mon
     before = forecaster.forecast(forecaster.load_history(["AAPL", "IBM"], as_of), 5, 40, seed=2).table
     real = loading.load_market_data
 
-    def doctored(cfg, case_dir):
-        market = real(cfg, case_dir)
+    def doctored(data, case_dir):
+        market = real(data, case_dir)
         for symbol, frame in market.candles.items():
             frame = frame.copy()
             later = frame.index > pd.Timestamp(as_of, tz="UTC")

@@ -191,7 +191,7 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale_instead_of_failing(tm
 
 def test_bf16_checkpoints_hold_fp32_master_weights(tmp_path):
     tr = _trainer(tmp_path, precision="bf16")
-    assert tr.train(stop_after_steps=2) == "stopped" and tr.log.data["precision"] == "bf16"
+    assert tr.train(stop_after_steps=2) == "stopped" and tr.log.precision == "bf16"
     state = load_checkpoint(latest_good_checkpoint(tmp_path))
     assert state["grad_scaler"] is None
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())

@@ -1,8 +1,8 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
-    root (errors, atomic, paths, markets, config, special_tokens, synthetic_spec; slurm.scheduler, slurm.requeue)
-      -> data (and run.info), tokens -> model -> distributed -> run -> training -> forecasting
-      -> evaluation -> commands -> cluster (and slurm's submit, prepare_jobs, sweep_jobs) -> cli
+    root (errors, atomic, paths, markets, special_tokens, synthetic_spec; the config package)
+      -> data (and run.files), tokens -> model -> distributed -> run -> training -> forecasting
+      -> evaluation -> commands -> cluster (and slurm/: submit, prepare_jobs, sweep_jobs) -> cli
 
 - A module imports only its own floor or floors below it, inside functions too: a lazy upward
   import still ties the lower floor to the upper one.
@@ -47,14 +47,10 @@ SEED_SHIMS = {
     "common.distributed_utils": "distributed",
 }
 NO_TORCH = ("data", "tokens", "cluster")
-# common/slurm/ is the one home of Slurm, on two floors: the job's environment and the requeue
-# code (standard library only) on the ground floor, where training reads them; the modules that
-# submit jobs (they start commands) on the cluster floor.
-SLURM_GROUND = ("common.slurm", "common.slurm.scheduler", "common.slurm.requeue")
-# common/run/ likewise: RunInfo (asset_info.json) is fixed when a token shard is prepared, so it
-# stands on the data floor, where the tokens and the model read it; the package file imports
+# common/run/: the names of a run folder's files stand on the data floor, where a token shard
+# (which holds the first four under the same names) reads them; the package file imports
 # nothing. The run folder, its checkpoints and resume stand on the run floor.
-RUN_DATA_FLOOR = ("common.run", "common.run.info", "common.run.files")
+RUN_DATA_FLOOR = ("common.run", "common.run.files")
 # strings equal to a run file's name that are not about a run folder: (module, name) -> why
 NOT_RUN_FILES = {
     ("common.evaluation.foundation_baselines", "config.json"): "a Hugging Face model's own config file",
@@ -130,7 +126,9 @@ def floor_of(module: str) -> str:
     if parts[:2] == ["common", "cli"]:
         return "cli"
     if parts[:2] == ["common", "slurm"]:
-        return "root" if module in SLURM_GROUND else "cluster"
+        return "cluster"
+    if parts[:2] == ["common", "config"]:
+        return "root"  # the config package stands with the root modules: everything reads it
     if parts[:2] == ["common", "run"]:
         return "data" if module in RUN_DATA_FLOOR else "run"
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS):

@@ -157,7 +157,7 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     assert "scorecard_error" not in results and (market_run / "scorecard.json").is_file()
     fc = Forecaster.from_run(market_run)
     everything = dict(
-        load_histories(fc.cfg, market_run, {s: fc.assets[s].category for s in fc.symbols}, fc.symbols, None)
+        load_histories(fc.cfg.data, market_run, {s: fc.assets[s].category for s in fc.symbols}, fc.symbols, None)
     )
     (h,) = fc.load_history(["AAPL"], as_of=AS_OF)
     n = len(h.candles)

@@ -28,7 +28,7 @@ from common.model.gpt import MarketGPT
 from common.paths import REPO_ROOT
 from common.run.checkpoint import checkpoint_files, load_checkpoint
 from common.run.folder import config_differences
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.shard_paths import shard_folder
 
 torch.set_num_threads(1)
@@ -113,8 +113,8 @@ def test_one_interval_configs_keep_their_shard_key_and_a_change_of_intervals_is_
     assert "intervals" not in inputs["data"]  # a field added after the seed configs: not in their key
     assert shard_folder(explicit, tmp_path)[0] == key != shard_folder(several, tmp_path)[0]
     assert [d.split(":")[0] for d in config_differences(one, several)] == ["data.intervals"]
-    view = at_interval(several, "1h")
-    assert (view.data.interval, view.data.intervals, several.data.intervals) == ("1h", [], ["1d", "1h"])
+    view = at_interval(several.data, "1h")
+    assert (view.interval, view.intervals, several.data.intervals) == ("1h", [], ["1d", "1h"])
 
 
 # --------------------------------------------------------------------------- data
@@ -144,13 +144,13 @@ def test_the_synthetic_market_at_several_intervals_is_one_market_aggregated():
     cfg.data.source, cfg.data.start_date = "synthetic", "2024-01-01"
     cfg.data.interval, cfg.data.intervals = "1h", ["1h", "4h", "1d"]
     cfg.data.synthetic = {"assets": 2, "candles": 24 * 20}
-    market = load_market_data(cfg, Path("."))
+    market = load_market_data(cfg.data, Path("."))
     names = [a.symbol for a in market.assets]
     assert names == [f"SYN000{i}@{iv}" for i in range(2) for iv in ("1h", "4h", "1d")]
     assert market.interval_of("SYN0001@4h") == "4h" and market.interval == "1h"
     hourly = market.candles["SYN0001@1h"]
     pd.testing.assert_frame_equal(market.candles["SYN0001@1d"], aggregate(hourly, "1d"))
-    one = load_market_data(at_interval(cfg, "1h"), Path("."))  # the finest series is the one-interval market's
+    one = load_market_data(at_interval(cfg.data, "1h"), Path("."))  # the finest series is the one-interval market's
     pd.testing.assert_frame_equal(one.candles["SYN0001"], hourly)
 
 
@@ -347,7 +347,7 @@ def test_per_interval_splits_give_each_interval_the_one_interval_runs_test_split
         cfg.data.source = "sample"
         for key, value in data.items():
             setattr(cfg.data, key, value)
-        return prepare_data(cfg, load_market_data(cfg, Path(".")))
+        return prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, Path(".")))
 
     several = prepared(interval="1h", intervals=["1h", "1d"], interval_split="per_interval")
     for interval in ("1h", "1d"):
@@ -410,8 +410,9 @@ def test_an_interval_too_short_for_val_and_test_windows_is_refused_in_both_split
     )
     for split in ("pooled", "per_interval"):
         overrides = ["model.context_length=24", f"data.interval_split={split}"]
+        cfg = load_config(config, overrides)
         with pytest.raises(UserError) as e:
-            prepare_data(load_config(config, overrides), load_market_data(load_config(config, overrides), tmp_path))
+            prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, tmp_path))
         assert str(e.value) == (
             "interval 4h would get no validation or test windows (its 2 series: 2024-01-01 to "
             f"2024-01-21, longest 125 candles): {fix}"
@@ -431,7 +432,9 @@ def test_an_interval_without_any_valid_candle_is_refused_naming_the_source():
     stamps = {"A@1d": pd.date_range("2020-01-01", periods=400, freq="D", tz="UTC").as_unit("ns").asi8}
     records = {s.symbol: {"category": "us_stock"} for s in universe}
     with pytest.raises(UserError) as e:
-        split_data(cfg, universe, "1d", stamps, stamps, records, {"A@1h": "no candles"}, {})
+        split_data(
+            cfg.data, cfg.model.context_length, universe, "1d", stamps, stamps, records, {"A@1h": "no candles"}, {}
+        )
     assert str(e.value) == (
         'interval 1h: none of its series has a valid candle (see "dropped" in data_info.json); '
         "check the data source (download) or leave 1h out of data.intervals"

@@ -161,7 +161,7 @@ def test_one_gpu_at_its_best_and_its_command(monkeypatch):
     config = REPO_ROOT / "case_c_crypto/configs/crypto_multi_interval.json"  # not the script's config
     sets = ["training.compile=false", "slurm.time=1:00:00", "training.batch_size=16"]
     cfg = load_config(config, sets)
-    model = meta_model(cfg)
+    model = meta_model(cfg.model, cfg.data)
     best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config, sets)
     assert best.mode == "CUDA graphs" and best.batch_size == 32  # the job's 2 x 16 windows per step
     assert best.rate.tokens_per_s == pytest.approx(GPU_RATES[(256, 6, 128)].graphs * 312 / 989.5)
@@ -183,7 +183,7 @@ def test_one_gpu_at_its_best_and_its_command(monkeypatch):
 
 def test_the_training_banner_advises_one_gpu_without_a_config_path():
     cfg = load_config(REPO_ROOT / CASES["c"])
-    model = meta_model(cfg)
+    model = meta_model(cfg.model, cfg.data)
     line = plan_of_run(
         cfg,
         {"X": {"train": (0, 500_000), "val": (600_000, 700_000), "test": (800_000, 900_000)}},
@@ -199,7 +199,7 @@ def test_the_training_banner_advises_one_gpu_without_a_config_path():
 
 def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     cfg = load_config(REPO_ROOT / CASES["c"], ["slurm.gpu_type=h100"])
-    fpt = meta_model(cfg).flops_per_token()
+    fpt = meta_model(cfg.model, cfg.data).flops_per_token()
     plain, graphs, graphs_64, table_fpt = GPU_RATES[(256, 6, 128)]
     assert fpt == table_fpt  # the table's FLOPs per token are the case's model's
     assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile
@@ -377,7 +377,7 @@ def test_cached_candles_are_counted_from_their_timestamps(tmp_path, capsys, monk
         data = data_figures(cfg, case)
     assert data.basis.startswith("estimated from the timestamps in the cache: 2 of 3 assets (prices not read")
     assert data.assets == 2
-    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, case))
     assert data.candles["train"] == sum(len(s.train) for s in prepared.splits.values())
     assert data.candles["test"] == sum(len(s.test) for s in prepared.splits.values())
     assert data.train_windows == sum(len(s.train) - 128 for s in prepared.splits.values())
@@ -392,7 +392,7 @@ def test_a_prepared_shard_is_planned_and_checked_without_reading_a_candle(tmp_pa
     from_candles = capsys.readouterr().out
     assert main(["data", "prepare", "--config", str(config), *sets]) == 0
     cfg = load_config(config, ["data.universe_counts={}"])
-    prepared = prepare_data(cfg, load_market_data(cfg, case))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, case))
     _no_candle_read(monkeypatch)
     data = data_figures(cfg, case)
     assert data.basis.startswith("exact (the prepared token shard ") and data.assets == 2
@@ -421,7 +421,7 @@ def test_the_synthetic_market_is_planned_from_its_spec_without_generating_it(cap
     data = data_figures(cfg, tmp_path)
     monkeypatch.setattr(synthetic, "_asset", real)
     # the estimate against what training makes of the same market: crypto's gaps filled, fx's not
-    prepared = prepare_data(cfg, load_market_data(cfg, tmp_path))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, tmp_path))
     for split in ("train", "val", "test"):
         exact = sum(len(getattr(s, split)) for s in prepared.splits.values())
         assert data.candles[split] == pytest.approx(exact, rel=0.02), split
@@ -610,7 +610,7 @@ def test_the_readme_plan_excerpt_is_what_the_command_prints(capsys, tmp_path, mo
     day, args, lines = readme_plan_excerpt()
     real_end = plan_data._end
     monkeypatch.setattr(
-        plan_data, "_end", lambda cfg: real_end(cfg) if cfg.data.end_date else pd.Timestamp(day, tz="UTC")
+        plan_data, "_end", lambda data: real_end(data) if data.end_date else pd.Timestamp(day, tz="UTC")
     )
     args = [str(REPO_ROOT / a) if a.endswith(".json") else a for a in args]
     assert main(args + ["--set", f"data.cache_dir={tmp_path / 'empty'}"]) == 0

@@ -173,7 +173,7 @@ def test_the_runs_own_raw_candles_forecast_as_the_cli_does(run_dir):
     load_history does (common.forecasting.history.clean_history), so it samples the same paths."""
     fc = Forecaster.from_run(run_dir)
     as_of = pd.Timestamp("2012-06-01", tz="UTC")
-    market = load_market_data(fc.cfg, run_dir.parent.parent)
+    market = load_market_data(fc.cfg.data, run_dir.parent.parent)
     raw = {s: market.candles[s] for s in ("AAPL", "IBM")}
     raw = {s: f[(f.index.tz_localize("UTC") if f.index.tz is None else f.index) <= as_of] for s, f in raw.items()}
     out = fc.predict_df(long_frame(raw), horizon=5, quantile_levels=[0.05, 0.5, 0.95], samples=40, seed=2)

@@ -158,7 +158,9 @@ def test_prepare_fills_crypto_gaps_but_not_stock_market_closures():
     stock = candles("2020-01-01", 400, freq="B", seed=1)  # business days: weekends are absent
     crypto = candles("2020-01-01", 560, freq="1D", seed=2)
     holes = crypto.index[[100, 101, 300]]
-    data = prepare_data(config(), market({"SPY": stock, "BTC/USDT": crypto.drop(holes)}, {"BTC/USDT": "crypto"}))
+    data = prepare_data(
+        config().data, 8, market({"SPY": stock, "BTC/USDT": crypto.drop(holes)}, {"BTC/USDT": "crypto"})
+    )
     assert data.info["assets"]["SPY"]["gaps_filled"] == 0
     assert len(data.candles["SPY"]) == 400
     assert data.info["assets"]["BTC/USDT"]["gaps_filled"] == 3
@@ -183,7 +185,7 @@ def split_market() -> MarketData:
 def test_cuts_are_global_quantiles_of_all_candles():
     m = split_market()
     cfg = config(context=16)
-    data = prepare_data(cfg, m)
+    data = prepare_data(cfg.data, cfg.model.context_length, m)
     pooled = np.sort(np.concatenate([f.index.as_unit("ns").asi8 for f in m.candles.values()]))
     cut1, cut2 = (c.value for c in data.cuts)
     before1 = np.searchsorted(pooled, cut1) / len(pooled)
@@ -210,7 +212,7 @@ def test_cuts_are_global_quantiles_of_all_candles():
 @pytest.mark.parametrize("purge", [None, 40])
 def test_purge_gap_separates_the_splits(purge):
     context = 16
-    data = prepare_data(config(context=context, purge=purge), split_market())
+    data = prepare_data(config(purge=purge).data, context, split_market())
     gap = purge or context
     assert data.purge_gap == gap and data.info["purge_gap"] == gap
     for symbol, split in data.splits.items():
@@ -229,10 +231,10 @@ def test_purge_gap_separates_the_splits(purge):
 def test_asset_too_short_for_a_training_window_is_dropped_with_the_reason():
     m = split_market()
     # LATE starts just before the train/val cut: a few training candles only.
-    cut1 = prepare_data(config(context=16), m).cuts[0]
+    cut1 = prepare_data(config().data, 16, m).cuts[0]
     late = candles(str((cut1 - pd.Timedelta(days=5)).date()), 40, seed=4)
     m2 = market({**m.candles, "LATE": late})
-    data = prepare_data(config(context=16), m2)
+    data = prepare_data(config().data, 16, m2)
     before = int((late.index < data.cuts[0]).sum())  # LATE's own candles move the cut a little
     assert 0 < before < 17
     assert "LATE" not in data.splits and "LATE" not in data.candles
@@ -246,14 +248,14 @@ def test_asset_without_candles_is_dropped_not_fatal():
     m = split_market()
     empty = candles("2015-01-01", 0)
     nan_only = candles("2015-01-01", 30).assign(close=np.nan)
-    data = prepare_data(config(context=16), market({**m.candles, "EMPTY": empty, "NAN": nan_only}))
+    data = prepare_data(config().data, 16, market({**m.candles, "EMPTY": empty, "NAN": nan_only}))
     assert data.dropped["EMPTY"].startswith("no candles")
     assert data.dropped["NAN"] == "no valid candles after cleaning (30 raw rows)"
     assert set(data.splits) == {"OLD", "MID", "NEW"}
 
 
 def test_short_val_or_test_is_kept_and_marked():
-    data = prepare_data(config(context=16), split_market())
+    data = prepare_data(config().data, 16, split_market())
     old = data.splits["OLD"]  # ends long before the test cut: no test candles at all
     assert len(old.test) == 0 and "test" in old.short
     assert data.info["assets"]["OLD"]["no_windows_in"] == list(old.short)
@@ -264,7 +266,7 @@ def test_short_val_or_test_is_kept_and_marked():
 def test_all_assets_too_short_is_a_clear_error():
     m = market({"A": candles("2020-01-01", 100), "B": candles("2020-02-01", 60, seed=1)})
     with pytest.raises(UserError) as err:
-        prepare_data(config(context=128), m)
+        prepare_data(config().data, 128, m)
     message = str(err.value)
     assert "context length 128 is longer than any asset's history (longest: 100 candles" in message
     assert "model.context_length" in message
@@ -272,7 +274,7 @@ def test_all_assets_too_short_is_a_clear_error():
 
 def test_info_is_json_ready_and_adds_up():
     m = split_market()
-    data = prepare_data(config(context=16), m)
+    data = prepare_data(config().data, 16, m)
     info = json.loads(json.dumps(data.info, allow_nan=False))
     assert info["interval"] == "1d" and info["num_assets"] == 3
     for symbol, rec in info["assets"].items():
@@ -314,20 +316,20 @@ def test_download_source_reads_the_case_cache(tmp_path: Path):
         cache.write(source, "1d", symbol, frames[symbol], adjusted=source == "yfinance")
     cache.write("yfinance", "1h", "AAPL", candles("2015-01-01", 10, freq="1h"), adjusted=True)  # other interval
 
-    data = load_market_data(download_config(), tmp_path)
+    data = load_market_data(download_config().data, tmp_path)
     assert [a.symbol for a in data.assets] == ["AAPL", "GC=F", "BTC/USDT"] and data.interval == "1d"
     for symbol, frame in data.candles.items():
         expected = frames[symbol].loc["2015-01-01":"2015-12-31"]  # [start_date, end_date)
         assert (frame.index == expected.index).all()
         np.testing.assert_array_equal(frame.to_numpy(), expected.to_numpy())
-    prepared = prepare_data(download_config(), data)  # and the result feeds the split
+    prepared = prepare_data(download_config().data, 8, data)  # and the result feeds the split
     assert set(prepared.splits) == {"AAPL", "GC=F", "BTC/USDT"}
 
 
 def test_empty_cache_says_to_run_the_download(tmp_path: Path):
     write_case(tmp_path / "my_case", UNIVERSE)
     with pytest.raises(UserError) as err:
-        load_market_data(download_config(), tmp_path / "my_case")
+        load_market_data(download_config().data, tmp_path / "my_case")
     message = str(err.value)
     assert f"marketgpt data download --case {tmp_path / 'my_case'}" in message
     assert "no 1d candles in the cache" in message and "data.source to 'sample'" in message
@@ -336,12 +338,12 @@ def test_empty_cache_says_to_run_the_download(tmp_path: Path):
 def test_missing_assets_are_left_out_with_a_warning_and_recorded(tmp_path: Path, capsys):
     write_case(tmp_path, UNIVERSE)
     CandleCache(tmp_path / "data").write("yfinance", "1d", "AAPL", candles("2015-01-01", 300), adjusted=True)
-    data = load_market_data(download_config(), tmp_path)
+    data = load_market_data(download_config().data, tmp_path)
     warning = capsys.readouterr().err
     assert re.search(r"2 of 3 assets have no 1d candles .*\(GC=F, BTC/USDT\).*marketgpt data download", warning)
     assert [a.symbol for a in data.assets] == ["AAPL", "GC=F", "BTC/USDT"]  # ids stay those of the universe
     assert data.candles["GC=F"].empty and data.candles["BTC/USDT"].empty
-    prepared = prepare_data(download_config(), data)
+    prepared = prepare_data(download_config().data, 8, data)
     assert set(prepared.splits) == {"AAPL"}
     assert "not in the cache" in prepared.dropped["GC=F"] and "not in the cache" in prepared.dropped["BTC/USDT"]
 
@@ -358,20 +360,20 @@ def test_data_categories_reads_only_those_assets_from_the_cache(tmp_path: Path, 
         "read",
         lambda self, source, interval, symbol: read.append(symbol) or real(self, source, interval, symbol),
     )
-    data = load_market_data(cfg, tmp_path)
+    data = load_market_data(cfg.data, tmp_path)
     assert [a.symbol for a in data.assets] == ["BTC/USDT"] and read == []  # each asset is read when used
     assert len(data.candles["BTC/USDT"]) == 300 and read == ["BTC/USDT"]
     assert "no 1d candles" not in capsys.readouterr().err  # no warning about the assets left out on purpose
     cfg.data.categories = ["fx"]
     with pytest.raises(UserError, match=r"no asset of fx in this universe \(it has commodity, crypto, us_stock\)"):
-        load_market_data(cfg, tmp_path)
+        load_market_data(cfg.data, tmp_path)
 
 
 def test_a_repo_case_is_named_by_its_folder_name(tmp_path: Path):
     cfg = download_config(cache_dir=str(tmp_path / "empty_cache"))  # absolute: ignores the case folder
     cfg.data.universe_counts = {"crypto": 20}
     with pytest.raises(UserError, match=r"`marketgpt data download --case case_c_crypto`"):
-        load_market_data(cfg, REPO_ROOT / "case_c_crypto")
+        load_market_data(cfg.data, REPO_ROOT / "case_c_crypto")
 
 
 def test_download_source_checks_universe_counts(tmp_path: Path):
@@ -379,23 +381,23 @@ def test_download_source_checks_universe_counts(tmp_path: Path):
     cfg = download_config()
     cfg.data.universe_counts = {"us_stock": 2, "commodity": 1, "crypto": 1}
     with pytest.raises(UserError, match="category 'us_stock' has 1 assets.*expects 2"):
-        load_market_data(cfg, tmp_path)
+        load_market_data(cfg.data, tmp_path)
 
 
 @pytest.mark.parametrize("interval", ["1d", "1h"])
 def test_sample_source_loads_the_shipped_sample(interval: str, tmp_path: Path):
     cfg = config(context=32, interval=interval)
     cfg.data.source = "sample"
-    data = load_market_data(cfg, tmp_path)  # the case folder is not needed for the sample
+    data = load_market_data(cfg.data, tmp_path)  # the case folder is not needed for the sample
     assert data.interval == interval and data.assets
     assert all(a.source == "sample" for a in data.assets)
     assert [a.symbol for a in data.assets] == list(data.candles)
-    prepared = prepare_data(cfg, data)
+    prepared = prepare_data(cfg.data, cfg.model.context_length, data)
     assert prepared.assets and prepared.info["source"] == "sample"
 
 
 def test_the_pipeline_fits_the_tokenizer_on_candles_before_the_first_split_cut(tmp_path: Path, monkeypatch):
-    from common.commands.train import _prepare_new
+    from common.commands.training_run import _prepare_new
     from common.tokens.tokenizer import OHLCTokenizer
 
     fitted: list[pd.DataFrame] = []
@@ -425,7 +427,7 @@ def test_sample_source_refuses_an_interval_it_does_not_have(tmp_path: Path):
     cfg = config(interval="4h")
     cfg.data.source = "sample"
     with pytest.raises(UserError, match="'4h'.*1d, 1h"):
-        load_market_data(cfg, tmp_path)
+        load_market_data(cfg.data, tmp_path)
 
 
 # --------------------------------------------------------------------------- eras that do not overlap
@@ -444,7 +446,7 @@ def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
             "NEW": candles("2016-01-01", 500, seed=3),
         }
     )
-    data = prepare_data(config(context=16), m)
+    data = prepare_data(config().data, 16, m)
     assert set(data.splits) == {"OLD", "OLD2", "NEW"}
     eras = data.info["split_eras"]
     assert [e["symbols"] for e in eras] == [["OLD", "OLD2"], ["NEW"]]
@@ -473,7 +475,7 @@ def test_assets_in_separate_eras_are_split_on_their_own_dates(capsys):
 
 
 def test_one_era_keeps_the_shared_cuts_and_records_no_eras():
-    data = prepare_data(config(context=16), split_market())
+    data = prepare_data(config().data, 16, split_market())
     assert "split_eras" not in data.info
 
 
@@ -482,7 +484,7 @@ def test_shipped_hourly_sample_has_a_test_split_under_case_c():
 
     cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["data.source=sample"])
     assert cfg.data.interval == "1h"
-    data = prepare_data(cfg, load_market_data(cfg, REPO_ROOT / "case_c_crypto"))
+    data = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, REPO_ROOT / "case_c_crypto"))
     window = cfg.model.context_length + 1
     assert set(data.splits) == {"BTC-USD", "EURUSD=X"}
     for split in data.splits.values():
@@ -606,7 +608,7 @@ def test_case_a_daily_config_gets_validation_and_test_windows():
 
     cfg = load_config(REPO_ROOT / "case_a_full_market/configs/full_market_config.json")
     frames = {s: candles("2005-01-03", 5500, freq="B", seed=i) for i, s in enumerate(("AAA", "BBB"))}
-    data = prepare_data(cfg, market(frames))
+    data = prepare_data(cfg.data, cfg.model.context_length, market(frames))
     T = cfg.model.context_length
     ranges = {}
     for s, split in data.splits.items():

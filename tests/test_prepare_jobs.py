@@ -14,6 +14,7 @@ import submitit
 
 from common.cli import main
 from common.config import load_config
+from common.distributed.scheduler import wait_for_jobs
 from common.errors import UserError
 from common.slurm import prepare_jobs
 from common.slurm.prepare_jobs import (
@@ -23,7 +24,6 @@ from common.slurm.prepare_jobs import (
     prepare_parameters,
     submit_preparation,
 )
-from common.slurm.scheduler import wait_for_jobs
 from common.tokens.corpus import prepare_in_memory
 from common.tokens.shard_paths import shard_folder, work_folder
 from common.tokens.token_set import TokenSet

@@ -13,7 +13,8 @@ import pytest
 from common.config import ConfigError
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.run.folder import Run, read_log
+from common.run.folder import Run
+from common.run.log import RunLog
 
 RUNS = REPO_ROOT / "tests" / "fixtures" / "runs"
 
@@ -32,7 +33,7 @@ def test_an_old_run_opens_with_its_files_read_back(old_run):
     assert run.info.intervals == ("1d", "1h") and run.cfg.data.intervals == ["1d", "1h"]
     assert run.tokens is not None and set(run.tokens.symbols) == set(raw["series"])
     assert run.best_model == old_run / "best_model.pt" and run.best_model.is_file()
-    assert run.log()["status"] in ("finished", "early_stopped")
+    assert run.log().status in ("finished", "early_stopped")
     assert "split" in json.dumps(run.data_info())  # data_info.json as training wrote it
     assert Run.open(old_run).tokens is None  # the token set only when asked for
 
@@ -51,7 +52,7 @@ def test_a_created_run_opens_to_the_same_run(old_run, tmp_path):
     for s in source.tokens.symbols:
         np.testing.assert_array_equal(back.tokens.tokens[s], source.tokens.tokens[s])
     assert back.tokens.ranges == source.tokens.ranges
-    assert back.log()["status"] == "running" and back.log()["epochs"] == []  # the folder is owned from the start
+    assert back.log().status == "running" and back.log().epochs == []  # the folder is owned from the start
     with pytest.raises(UserError, match="no best_model.pt yet"):
         Run.open(new)
 
@@ -91,6 +92,31 @@ def test_a_resume_may_change_only_harmless_keys(old_run):
 
 def test_a_log_that_is_missing_or_damaged_reads_as_empty(old_run):
     (old_run / "training_log.json").write_text("[1, 2")
-    assert read_log(old_run) == {}
+    assert RunLog.read(old_run).status is None and RunLog.read(old_run).to_dict() == {}
     (old_run / "training_log.json").unlink()
-    assert Run.open(old_run).log() == {}
+    assert Run.open(old_run).log().to_dict() == {}
+
+
+@pytest.mark.parametrize("name", ["one_interval", "two_intervals"])
+def test_an_old_log_reads_as_attributes_and_writes_back_byte_for_byte(name, tmp_path):
+    # users' jq over training_log.json is the seed guide's interface: RunLog keeps every field and its order
+    log = RunLog.read(RUNS / name)
+    raw = json.loads((RUNS / name / "training_log.json").read_text())
+    assert log.status == raw["status"] and log.best_epoch == raw["best_epoch"] and log.epochs == raw["epochs"]
+    assert log.last_epoch == raw["epochs"][-1] and log.best_val_loss == raw["best_val_loss"]
+    log.write(tmp_path / "training_log.json")
+    assert (tmp_path / "training_log.json").read_bytes() == (RUNS / name / "training_log.json").read_bytes()
+
+
+def test_the_log_is_written_through_its_methods_only_with_known_values():
+    log = RunLog()
+    with pytest.raises(ValueError, match="unknown status"):
+        log.set_status("done")
+    with pytest.raises(ValueError, match="lacks"):
+        log.add_epoch(epoch=1)
+    log.set_interrupted("SIGUSR2 at epoch 1 step 3")
+    assert log.interrupted == "SIGUSR2 at epoch 1 step 3"
+    log.set_interrupted(None)
+    assert log.interrupted is None and "interrupted" not in log.to_dict()
+    log.epochs.append({"epoch": 9})  # a read is a copy: nothing changes the log from outside
+    assert log.epochs == [] and list(log.to_dict()) == ["status", "error", "best_val_loss", "best_epoch", "epochs"]

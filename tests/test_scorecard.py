@@ -241,7 +241,7 @@ def test_run_scorecard_on_a_run_folder_of_the_shipped_sample(tmp_path):
     cfg = load_config(
         REPO / "case_c_crypto" / "configs" / "crypto_prototype.json", ["data.source=sample", "data.interval=1d"]
     )
-    prepared = prepare_data(cfg, load_market_data(cfg, tmp_path))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, tmp_path))
     run = tmp_path / "case" / "checkpoints" / "run_20260101_000000"
     run.mkdir(parents=True)
     save_config(cfg, run / "config.json")
@@ -278,7 +278,7 @@ def test_a_forecaster_scores_through_forecaster_fn(tmp_path):
     from common.evaluation.scorecard import forecaster_fn
     from common.forecasting.forecaster import Forecaster
     from common.model.gpt import MarketGPT
-    from common.run.info import RunInfo
+    from common.tokens.ids import RunInfo
     from common.tokens.tokenizer import OHLCTokenizer
 
     torch.manual_seed(0)

@@ -175,7 +175,7 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
     _, run = trained
     cfg = load_config(run / "config.json", ["training.scorecard_budget=5"])
     log = io.StringIO()
-    assert end_of_training_scorecard(cfg, run, torch.device("cpu"), out=log) is None
+    assert end_of_training_scorecard(cfg.training, run, torch.device("cpu"), out=log) is None
     lines = log.getvalue().splitlines()
     card = _card(run)
     assert card["origins"]["budget"] == 5 and card["horizons"]["1"]["n"] <= 5
@@ -196,7 +196,7 @@ def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(t
 
     _, run = trained
     cfg = load_config(run / "config.json")
-    prepared = prepare_data(cfg, load_market_data(cfg, run.parent.parent))
+    prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, run.parent.parent))
     series, _ = series_from_run(run)
     assert len(series) == len(prepared.assets) >= 2
     recent = series[0].candles._recent
@@ -230,7 +230,7 @@ def test_candles_that_changed_since_training_are_one_line_when_read(trained, mon
 
     _, run = trained
     cfg = load_config(run / "config.json")
-    market = load_market_data(cfg, run.parent.parent)
+    market = load_market_data(cfg.data, run.parent.parent)
     symbol = market.assets[0].symbol
     shorter = dataclasses.replace(
         market,
@@ -239,7 +239,7 @@ def test_candles_that_changed_since_training_are_one_line_when_read(trained, mon
             symbol: market.candles[symbol].iloc[:-50],
         },
     )
-    monkeypatch.setattr(asset_series, "load_market_data", lambda cfg, case: shorter)
+    monkeypatch.setattr(asset_series, "load_market_data", lambda data, case: shorter)
     series, _ = asset_series.series_from_run(run)
     with pytest.raises(UserError, match=f"the candles of {symbol} are no longer those the run was trained on"):
         series[0].candles["close"]

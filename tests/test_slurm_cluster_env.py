@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.slurm.scheduler import wait_for_jobs
+from common.distributed.scheduler import wait_for_jobs
 
 from slurm_helpers import copy_repo, job_env
 

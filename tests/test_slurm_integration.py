@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from common.slurm.scheduler import wait_for_jobs
+from common.distributed.scheduler import wait_for_jobs
 
 from slurm_helpers import (
     CASES,

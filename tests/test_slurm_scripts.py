@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.slurm.requeue import DEFAULT_MAX_REQUEUES, EXIT_REQUEUE
+from common.distributed.requeue import DEFAULT_MAX_REQUEUES, EXIT_REQUEUE
 
 from slurm_helpers import (
     CASES,

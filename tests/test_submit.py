@@ -13,11 +13,12 @@ import pytest
 import submitit
 
 from common.cli import main
+from common.distributed import scheduler as slurm_utils
+from common.distributed.scheduler import parse_slurm_time
 from common.errors import UserError
 from common.paths import REPO_ROOT
 from common.run.checkpoint import save_checkpoint
-from common.slurm import scheduler as slurm_utils, submit as submit_mod
-from common.slurm.scheduler import parse_slurm_time
+from common.slurm import submit as submit_mod
 from common.slurm.submit import TrainJob, executor_parameters, parse_array, plan_submission
 
 from slurm_helpers import CASES, TINY, sbatch_lines, sets

@@ -38,11 +38,11 @@ def _points(size_term: float, seed: int = 0) -> tuple[list[float], list[float], 
 def test_no_size_advice_without_a_size_effect_and_a_larger_shape_with_one():
     cfg = load_config(CASE_C)
     flat = fit_points(*_points(0.0), n_boot=40)
-    advice = size_advice(cfg, 3e5, flat, 2, 1, min_tokens_per_parameter=1.0)
+    advice = size_advice(cfg.model, cfg.data, 3e5, flat, 2, 1, min_tokens_per_parameter=1.0)
     assert advice["shape"] is None and advice["text"].startswith(NO_SIZE_ADVICE)
 
     sized = fit_points(*_points(0.05), n_boot=40)
-    advice = size_advice(cfg, 3e5, sized, 2, 1, min_tokens_per_parameter=1.0)
+    advice = size_advice(cfg.model, cfg.data, 3e5, sized, 2, 1, min_tokens_per_parameter=1.0)
     shape = advice["shape"]
     assert shape is not None and shape["parameters"] > 2 * SIZES[0]  # bigger: not the smallest shape
     low, high = shape["parameters_ci95"]
@@ -53,7 +53,8 @@ def test_no_size_advice_without_a_size_effect_and_a_larger_shape_with_one():
 
 def _fit_file(tmp_path, cfg_sets=()):
     fit = fit_points(*_points(0.05), n_boot=20)
-    fit.corpus = corpus_of(load_config(CASE_C, list(cfg_sets)))
+    cfg = load_config(CASE_C, list(cfg_sets))
+    fit.corpus = corpus_of(cfg.model, cfg.data)
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"points": [], "fit": fit.to_dict()}))
     return path
@@ -62,8 +63,9 @@ def _fit_file(tmp_path, cfg_sets=()):
 @pytest.mark.parametrize("sets", [["model.vocab_size=512"], ['data.interval="1d"']])
 def test_a_fit_of_another_vocabulary_or_interval_is_refused_in_one_line(tmp_path, capsys, sets):
     path = _fit_file(tmp_path, sets)
+    cfg = load_config(CASE_C)
     with pytest.raises(UserError, match="sweep"):
-        load_size_fit(path, load_config(CASE_C))
+        load_size_fit(path, corpus_of(cfg.model, cfg.data))
     assert main(["plan", "--config", str(CASE_C), "--fit", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "fitted on" in err
@@ -158,7 +160,7 @@ def test_a_toy_sweep_as_a_job_array_survives_a_killed_task_and_a_requeue(slurm_c
     import subprocess
 
     from common.commands.sweep import plan_sweep
-    from common.slurm.scheduler import wait_for_jobs
+    from common.distributed.scheduler import wait_for_jobs
     from common.slurm.sweep_jobs import submit_sweep
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs inherit the submitting environment
@@ -257,8 +259,9 @@ def test_sweep_json_fits_the_points_that_stopped_improving_and_plan_reads_it(tmp
     config, sweep, _ = _write_points(tmp_path)
     doc = write_sweep(sweep)
     assert doc["missing"] == [] and doc["fit"]["points"] == 9 and "A" in doc["fit"]["terms"]
-    fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
-    assert size_advice(load_config(config, TOY), 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
+    cfg = load_config(config, TOY)
+    fit = load_size_fit(sweep.folder / "sweep.json", corpus_of(cfg.model, cfg.data))
+    assert size_advice(cfg.model, cfg.data, 1e6, fit, 2, 1, min_tokens_per_parameter=1.0)["shape"] is not None
 
 
 def test_a_sweep_json_written_by_a_task_that_saw_fewer_points_loses_none(tmp_path, capsys):
@@ -274,7 +277,8 @@ def test_a_sweep_json_written_by_a_task_that_saw_fewer_points_loses_none(tmp_pat
     last.write_bytes(kept)  # the other task's point, finished all along
     assert len(stale["points"]) == 8 and stale["fit"]["points"] == 8  # the summary lags
 
-    fit = load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY))
+    cfg = load_config(config, TOY)
+    fit = load_size_fit(sweep.folder / "sweep.json", corpus_of(cfg.model, cfg.data))
     assert fit.points == 9 and fit.coef == write_sweep(sweep)["fit"]["coef"]
     assert main(["plan", "--config", str(config), *(a for kv in TOY for a in ("--set", kv)), "--fit",
                  str(sweep.folder / "sweep.json")]) == 0  # fmt: skip
@@ -295,7 +299,8 @@ def test_the_size_fit_takes_validation_losses_and_only_reports_the_test_loss(tmp
                          [r["test_loss"] for r in rows])  # fmt: skip
     assert on_val.coef != on_test.coef
     assert doc["fit"]["coef"] == on_val.coef and "validation loss" in doc["fit"]["source"]
-    assert load_size_fit(sweep.folder / "sweep.json", load_config(config, TOY)).coef == on_val.coef
+    cfg = load_config(config, TOY)
+    assert load_size_fit(sweep.folder / "sweep.json", corpus_of(cfg.model, cfg.data)).coef == on_val.coef
     text = summary(sweep, doc)
     assert f"val loss {rows[0]['best_val_loss']:.4f} (fitted), test loss {rows[0]['test_loss']:.4f}" in text
 

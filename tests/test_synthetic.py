@@ -136,7 +136,7 @@ def test_written_files_read_back_unchanged(tmp_path: Path):
     cfg = Config()
     cfg.data.source, cfg.data.files_dir, cfg.data.universe = "files", str(tmp_path), "files"
     cfg.data.interval, cfg.data.default_category = "1h", "crypto"
-    market = load_files(cfg, tmp_path)
+    market = load_files(cfg.data, tmp_path)
     assert [a.symbol for a in market.assets] == ["SYN0000", "SYN0001"]  # truth/ is a folder: not read
 
 

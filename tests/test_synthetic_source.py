@@ -33,15 +33,15 @@ def _cfg(synthetic: str, *more: str):
 
 
 def test_the_spec_is_data_synthetic_at_the_configs_interval_and_start():
-    spec = synthetic_spec(load_config(FIXTURES / "good" / "synthetic.json"))
+    spec = synthetic_spec(load_config(FIXTURES / "good" / "synthetic.json").data)
     assert spec == SyntheticSpec(
         assets=3, candles=20_000, interval="1h", start="2024-01-01", gap_prob=0.05, categories=("crypto", "fx")
     )
     assert isinstance(spec.candles, int)  # 2e4 in the JSON
     # the documented command line (docs/data.md)
-    spec = synthetic_spec(_cfg('{"assets": 50, "candles": 20000}'))
+    spec = synthetic_spec(_cfg('{"assets": 50, "candles": 20000}').data)
     assert (spec.assets, spec.candles, spec.interval, spec.start) == (50, 20_000, "1h", "2018-01-01")
-    assert synthetic_spec(load_config(CASE_C, ["data.source=synthetic"])) == SyntheticSpec(
+    assert synthetic_spec(load_config(CASE_C, ["data.source=synthetic"]).data) == SyntheticSpec(
         interval="1h", start="2018-01-01"
     )
 
@@ -121,7 +121,7 @@ def made(monkeypatch) -> list[int]:
 
 def test_candles_are_made_only_when_looked_up(made):
     cfg = _cfg('{"assets": 5, "candles": 300, "gap_prob": 0.1, "categories": ["crypto", "fx"], "seed": 3}')
-    market = load_market_data(cfg, REPO_ROOT / "case_c_crypto")
+    market = load_market_data(cfg.data, REPO_ROOT / "case_c_crypto")
     assert [(a.symbol, a.source, a.category) for a in market.assets] == [
         ("SYN0000", "synthetic", "crypto"),
         ("SYN0001", "synthetic", "fx"),
@@ -137,7 +137,7 @@ def test_candles_are_made_only_when_looked_up(made):
     assert made == [3]
     market.candles["SYN0003"]
     assert made == [3, 3]  # not kept: looked up again, made again
-    pd.testing.assert_frame_equal(frame, generate_asset(synthetic_spec(cfg), 3).candles)
+    pd.testing.assert_frame_equal(frame, generate_asset(synthetic_spec(cfg.data), 3).candles)
     assert frame.index[0] == pd.Timestamp("2018-01-01", tz="UTC")  # data.start_date
     with pytest.raises(KeyError):
         market.candles["SYN0009"]
@@ -147,14 +147,14 @@ def test_candles_are_made_only_when_looked_up(made):
 
 def test_data_categories_keep_the_candles_lazy(made):
     cfg = _cfg('{"assets": 5, "candles": 300, "categories": ["crypto", "fx"]}', "data.categories=fx")
-    market = load_market_data(cfg, REPO_ROOT / "case_c_crypto")
+    market = load_market_data(cfg.data, REPO_ROOT / "case_c_crypto")
     assert [a.symbol for a in market.assets] == list(market.candles) == ["SYN0001", "SYN0003"]
     assert made == [] and "SYN0000" not in market.candles
     market.candles["SYN0001"]
     assert made == [1]
     with pytest.raises(UserError, match="no asset of commodity"):
         load_market_data(
-            _cfg('{"assets": 2, "categories": ["crypto", "fx"]}', "data.categories=commodity"),
+            _cfg('{"assets": 2, "categories": ["crypto", "fx"]}', "data.categories=commodity").data,
             REPO_ROOT / "case_c_crypto",
         )
 

@@ -12,7 +12,7 @@ from common.data.universe import Asset, load_universe
 from common.errors import UserError
 from common.markets import CATEGORIES
 from common.paths import CASES, REPO_ROOT, case_config
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "universes"
 GOOD = sorted((FIXTURES / "good").glob("*.csv"))

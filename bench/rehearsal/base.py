@@ -270,7 +270,7 @@ def squeue(job: str) -> dict[str, str]:
 
 def wait_jobs(jobs: Sequence[str], timeout_s: float) -> dict[str, str]:
     """Each job's (or array task's) final state."""
-    from common.slurm.scheduler import wait_for_jobs
+    from common.distributed.scheduler import wait_for_jobs
 
     return wait_for_jobs(list(jobs), timeout_s=timeout_s, poll_s=2.0) if jobs else {}
 

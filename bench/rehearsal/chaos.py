@@ -15,13 +15,12 @@
 
 Each fault's overhead is the time from the fault to the first training step of the next start.
 At the end, the job's final weights and logged epochs are compared with the same job run again on
-the same ranks without a fault. The job runs with MARKETGPT_MAX_REQUEUES=40:
-20 faults are 20 restarts, the default cap's limit.
+the same ranks without a fault. The job runs with MARKETGPT_MAX_REQUEUES=40 (20 faults are 20
+restarts, the default cap's limit).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -30,6 +29,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+from common.run.log import RunLog
 
 from rehearsal import checks
 from rehearsal.base import (
@@ -77,7 +78,7 @@ def run_chaos(r: Rehearsal, faults: int, seed: int) -> dict[str, Any]:
     finally:
         ensure_nodes(r)
     state = wait_jobs([job], max(1.0, deadline - time.monotonic()))[job]
-    from common.slurm.scheduler import job_info
+    from common.distributed.scheduler import job_info
 
     info = job_info(job) or {}
     r.outputs["chaos: job log"] = job_log(r, job, err=True)[-8000:]
@@ -198,11 +199,8 @@ def _what_happened(r: Rehearsal, job: str, since: int) -> str:
     keep = re.compile(r"marketgpt:|=====|Resuming|Received|srun|slurmstepd|error", re.I)
     lines = [line for line in job_log(r, job, err=True)[since:].splitlines() if keep.search(line)]
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60).stdout
-    return (
-        "\n".join(lines[-40:])
-        + "\n"
-        + " ".join(w for w in state.split() if w.startswith(("JobState", "Restarts", "ExitCode", "Reason")))
-    )
+    fields = " ".join(w for w in state.split() if w.startswith(("JobState", "Restarts", "ExitCode", "Reason")))
+    return "\n".join(lines[-40:]) + "\n" + fields
 
 
 def ensure_nodes(r: Rehearsal) -> None:
@@ -285,23 +283,18 @@ def reference(r: Rehearsal) -> dict[str, Any]:
     state = wait_jobs([job], 3600)[job]
     job_runs, ref_runs = run_dirs(r, "chaos"), run_dirs(r, "uninterrupted")
     if state != "COMPLETED" or len(job_runs) != 1 or len(ref_runs) != 1:
-        r.check(
-            checks.result(
-                "the requeued weights equal an uninterrupted run",
-                False,
-                f"uninterrupted job {state}, runs {len(job_runs)} / {len(ref_runs)}",
-            )
-        )
+        why = f"uninterrupted job {state}, runs {len(job_runs)} / {len(ref_runs)}"
+        r.check(checks.result("the requeued weights equal an uninterrupted run", False, why))
         return {"state": state}
 
     weights = checks.weights_equal(final_weights(job_runs[0], EPOCHS), final_weights(ref_runs[0], EPOCHS))
     r.check(weights)
     r.check(checks.losses_equal(logged_epochs(job_runs[0]), logged_epochs(ref_runs[0])))
-    log = json.loads((job_runs[0] / "training_log.json").read_text())
+    log = RunLog.read(job_runs[0])
     return {
         "job": job,
         "state": state,
         "max_weight_difference": weights["max_weight_difference"],
-        "resumes_logged": len(log.get("resumes", [])),
-        "status": log.get("status"),
+        "resumes_logged": len(log.resumes),
+        "status": log.status,
     }

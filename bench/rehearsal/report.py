@@ -116,7 +116,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from common.slurm.scheduler import slurm_available
+    from common.distributed.scheduler import slurm_available
 
     ap = argparse.ArgumentParser(prog="python bench/rehearsal", description=DESCRIPTION)
     ap.add_argument("--size", choices=list(SIZES), default="reduced")

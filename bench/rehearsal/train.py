@@ -77,7 +77,7 @@ def final_weights(run_dir: Path, epochs: int = EPOCHS) -> dict:
 
 
 def train_under_slurm(r: Rehearsal) -> dict[str, Any]:
-    from common.slurm.scheduler import job_info
+    from common.distributed.scheduler import job_info
 
     deadline = time.monotonic() + r.size.timeout_s
     ranks = NODES * TASKS_PER_NODE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from common.cli.args import add_config_args
@@ -20,7 +21,10 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     case = case_dir(args.case)
     cfg = load_config(args.config or case_config(case), args.overrides)
     # raises SourceUnavailable (exit 2) if a source is down; data.intervals: each interval into its own cache
-    codes = [download_case(at_interval(cfg, interval), case).exit_code for interval in cfg.data.run_intervals()]
+    codes = [
+        download_case(dataclasses.replace(cfg, data=at_interval(cfg.data, interval)), case).exit_code
+        for interval in cfg.data.run_intervals()
+    ]
     return max(codes)  # 1: some assets failed, are inactive or unreachable (listed in the summary)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from common.cli.args import add_config_args
 from common.cluster.status import status_json, status_table
 from common.config import load_config
-from common.slurm.requeue import EXIT_REQUEUE
+from common.distributed.requeue import EXIT_REQUEUE
 
 __all__ = ["add_parsers"]
 

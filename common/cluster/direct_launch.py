@@ -20,7 +20,7 @@ this module: a pid file left by a crashed launcher, or a pid the kernel gave to 
 program since, is stale and is not trusted. SIGTERM to the supervisor (`stop`, or the box
 ending it) is passed on once, to the trainer or to torchrun, which passes it to every rank
 and gives them `--shutdown-timeout` seconds before SIGKILL. The launch is STOPPED only when
-every rank saved its checkpoint and exited 75 (EXIT_REQUEUE, common/slurm/requeue.py); any
+every rank saved its checkpoint and exited 75 (EXIT_REQUEUE, common/distributed/requeue.py); any
 other end is FAILED. The same `start` continues the run (--resume auto). Only the standard
 library is imported (torch only to count GPUs), so each status poll starts fast.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from common.atomic import atomic_write_json
-from common.slurm.requeue import EXIT_REQUEUE
+from common.distributed.requeue import EXIT_REQUEUE
 
 __all__ = ["ENDED", "RankRecord", "launch_of_log", "launch_state", "log_tail", "main", "recorded_state", "state_of"]
 

@@ -22,10 +22,10 @@ from typing import Any, Optional
 from common.atomic import read_json_or_empty
 from common.cluster.direct_launch import launch_of_log, log_tail, recorded_state
 from common.distributed.gpu_health import health_report
+from common.distributed.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.run.files import CONFIG_JSON, SCORECARD_JSON, TRAINING_LOG_JSON
-from common.run.log import format_duration
-from common.slurm.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
+from common.run.log import RunLog, format_duration
 
 __all__ = ["RunRow", "collect_rows", "last_line", "status_json", "status_table", "sweep_lines"]
 
@@ -110,10 +110,10 @@ def _score(headline: Any) -> str:
     return f"{100 * headline['value']:+.1f}% {BASELINE_NAMES.get(name, name)}"
 
 
-def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
-    if log.get("log_file"):
-        return Path(log["log_file"])
-    job = log.get("slurm_job_id")
+def _log_file(case: Path, run_cfg: dict, log: RunLog) -> Optional[Path]:
+    if log.log_file:
+        return Path(log.log_file)
+    job = log.slurm_job_id
     prefix = run_cfg.get("slurm", {}).get("log_prefix")
     if job and prefix:
         return case / "logs" / f"{prefix}_{job}.out"
@@ -121,32 +121,32 @@ def _log_file(case: Path, run_cfg: dict, log: dict) -> Optional[Path]:
 
 
 def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) -> RunRow:
-    log = read_json_or_empty(run_dir / TRAINING_LOG_JSON)
+    log = RunLog.read(run_dir)
     run_cfg = read_json_or_empty(run_dir / CONFIG_JSON)
     row = RunRow(case=case.name, run=run_dir.name)
-    job = log.get("slurm_job_id")
+    job = log.slurm_job_id
     state = states.get(str(job)) if job else None
     alive = state in ACTIVE_STATES
     if job:
         row.job, row.slurm = str(job), state or "-"
-    status = log.get("status")
-    launch = None if job else launch_of_log(str(log.get("log_file") or ""))
+    status = log.status
+    launch = None if job else launch_of_log(log.log_file or "")
     if launch:
         row.job = launch
     if status is None:
         row.status = "starting" if alive else "no log"
     elif status == "running" and slurm_on and job and not alive:
         # its job is gone: the run stopped at its last checkpoint (a resubmit continues it)
-        row.status = "interrupted" if log.get("interrupted") else "stopped"
+        row.status = "interrupted" if log.interrupted else "stopped"
     elif status == "running" and launch:
         row.status = _direct_status(case, launch, log)
     else:
         row.status = status
-    epochs = log.get("epochs") or []
+    epochs = log.epochs
     total = run_cfg.get("training", {}).get("epochs")
     done = epochs[-1].get("epoch", len(epochs)) if epochs else 0
     row.epoch = f"{done}/{total}" if total else str(done)
-    row.best_val = _num(log.get("best_val_loss"))
+    row.best_val = _num(log.best_val_loss)
     if epochs:
         last = epochs[-1]
         row.last_val = _num(last.get("val_loss"))
@@ -162,7 +162,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
         "epoch": done,
         "epochs": total,
         "step": last.get("step"),
-        "best_val_loss": log.get("best_val_loss"),
+        "best_val_loss": log.best_val_loss,
         "val_loss": last.get("val_loss"),
         "tokens_per_sec": last.get("tokens_per_sec"),
         "eta_s": last.get("eta_s") if row.status == "running" else None,
@@ -172,7 +172,7 @@ def _run_row(case: Path, run_dir: Path, states: dict[str, str], slurm_on: bool) 
     return row
 
 
-def _direct_status(case: Path, launch: str, log: dict) -> str:
+def _direct_status(case: Path, launch: str, log: RunLog) -> str:
     """A "running" run of a direct launch, as that launch stands: still running, or "lost" (its
     supervisor is gone without an exit code), "failed", or stopped at its last checkpoint."""
     state = recorded_state(str(case), launch)
@@ -180,7 +180,7 @@ def _direct_status(case: Path, launch: str, log: dict) -> str:
         return "running"
     if state in ("LOST", "FAILED"):
         return state.lower()
-    return "interrupted" if log.get("interrupted") else "stopped"
+    return "interrupted" if log.interrupted else "stopped"
 
 
 def _queued_without_run(case: Path, commands: dict[str, str], states: dict[str, str], seen: set[str]) -> list[RunRow]:
@@ -217,9 +217,7 @@ def collect_rows(case: Optional[str] = None, root: Optional[Path] = None) -> lis
     slurm_on = slurm_available()
     if slurm_on:  # ask only about this user's jobs and the jobs the runs recorded
         commands = job_commands()
-        recorded = {
-            str(read_json_or_empty(r / TRAINING_LOG_JSON).get("slurm_job_id")) for rs in runs.values() for r in rs
-        }
+        recorded = {str(RunLog.read(r).slurm_job_id) for rs in runs.values() for r in rs}
         states = job_states(sorted((recorded - {"None"}) | set(commands)))
     rows = []
     for folder in cases:

@@ -263,11 +263,11 @@ def _own_candles(
             f"--after-cutoff: {model_dir} is an export; pass its run folder, whose case holds the "
             f"{cfg.data.source} candles it was trained on"
         )
-    cfg = replace(cfg, data=replace(cfg.data, end_date=None))
+    data = replace(cfg.data, end_date=None)
     symbols = _symbols_at(forecaster)  # a run of several intervals: those with candles at this one
     categories = {s: forecaster.assets[s].category for s in symbols}
     # read when used, a few kept: the whole cache of a 10^8-candle run does not fit a process
-    load = history_loader(cfg, model_dir, categories, None, forecaster.interval)
+    load = history_loader(data, model_dir, categories, None, forecaster.interval)
     recent: OrderedDict[str, pd.DataFrame] = OrderedDict()
     return {
         symbol: (categories[symbol], LazyCandles(symbol, functools.partial(load, symbol), recent)) for symbol in symbols

@@ -96,7 +96,7 @@ def _case_fits(root: Path, gpu_bytes: Optional[int], precision: str) -> list[str
             lines.append(f"  {path.relative_to(root)}: cannot read ({e})")
             continue
         t = cfg.training
-        model = meta_model(cfg)
+        model = meta_model(cfg.model, cfg.data)
         p = precision if t.precision == "auto" else t.precision
         est = estimate_training_memory(
             cfg.model,

@@ -28,16 +28,16 @@ from common.commands.plan_figures import (
     format_plan,
     steps_per_epoch,
 )
-from common.config import Config, load_config
+from common.config import Config, DataConfig, ModelConfig, load_config
 from common.data.prepare import SPLITS
 from common.distributed.precision import CUDA_GRAPH_MODES, choose_compile_mode
+from common.distributed.requeue import MAX_REQUEUES
+from common.distributed.scheduler import parse_slurm_time
 from common.errors import UserError
 from common.model.memory import estimate_training_memory
-from common.model.scaling_fit import ScalingFit, load_size_fit, size_advice
+from common.model.scaling_fit import ScalingFit, corpus_of, load_size_fit, size_advice
 from common.model.sizing import meta_model
 from common.paths import case_dir_of_config, case_script, script_config
-from common.slurm.requeue import MAX_REQUEUES
-from common.slurm.scheduler import parse_slurm_time
 from common.training.mfu import known_peak
 
 __all__ = [
@@ -92,14 +92,17 @@ def run_plan(
     cfg = load_config(config, overrides)
     if fit is None and cfg.model.size_fit:
         fit = Path(cfg.model.size_fit)
-    size_fit = load_size_fit(fit, cfg) if fit is not None else None  # refused before the data is read
+    # refused before the data is read
+    size_fit = load_size_fit(fit, corpus_of(cfg.model, cfg.data)) if fit is not None else None
     plan = build_plan(cfg, data_figures(cfg, case_dir_of_config(config)), config=config, overrides=overrides)
     print(format_plan(plan), file=out or sys.stdout)  # looked up now: a redirected stdout counts
-    print(scaling_suggestion(cfg, plan, size_fit, fit), file=out or sys.stdout)
+    print(scaling_suggestion(cfg.model, cfg.data, plan, size_fit, fit), file=out or sys.stdout)
     return 0
 
 
-def scaling_suggestion(cfg: Config, plan: Plan, fit: Optional[ScalingFit], path: Optional[Path] = None) -> str:
+def scaling_suggestion(
+    m: ModelConfig, d: DataConfig, plan: Plan, fit: Optional[ScalingFit], path: Optional[Path] = None
+) -> str:
     """One line: the shape the user's scaling fit (common/model/scaling_fit.py) suggests for the
     plan's training candles beside the config's, that it gives no advice, or that there is no fit."""
     if fit is None:
@@ -107,13 +110,14 @@ def scaling_suggestion(cfg: Config, plan: Plan, fit: Optional[ScalingFit], path:
             "Model size: no scaling fit for this corpus; measure one with `marketgpt sweep --config CFG` "
             "(docs/scaling.md), then `marketgpt plan --config CFG --fit SWEEP/sweep.json`"
         )
-    d = plan.data
+    figures = plan.data
     advice = size_advice(
-        cfg,
-        d.candles["train"],
+        m,
+        d,
+        figures.candles["train"],
         fit,
-        d.assets or None,
-        d.categories or None,
+        figures.assets or None,
+        figures.categories or None,
         min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER,
     )
     if advice["shape"] is None:
@@ -141,7 +145,7 @@ def build_plan(
     t, s = cfg.training, cfg.slurm
     gpus = world_size or s.nodes * s.gpus_per_node
     if parameters is None or flops_per_token is None:
-        model = meta_model(cfg, num_assets=data.assets or None, num_categories=data.categories or None)
+        model = meta_model(cfg.model, cfg.data, num_assets=data.assets or None, num_categories=data.categories or None)
         parameters, flops_per_token = model.num_parameters(), model.flops_per_token()
     if steps is None:
         steps = steps_per_epoch(data.epoch_windows, t.batch_size, gpus, t.grad_accum_steps, t.max_steps_per_epoch)
@@ -165,7 +169,7 @@ def build_plan(
         one_gpu=one_gpu(cfg, parameters, flops_per_token, gpus, config, overrides),
     )
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
-        plan.suggestions = _supported_shapes(cfg, data)
+        plan.suggestions = _supported_shapes(cfg.model, cfg.data, data)
     return plan
 
 
@@ -309,20 +313,17 @@ def cpu_rate(flops_per_token: int) -> Rate:
 # --------------------------------------------------------------------------- data
 
 
-def _supported_shapes(cfg: Config, data: DataFigures) -> list[str]:
+def _supported_shapes(m: ModelConfig, d: DataConfig, data: DataFigures) -> list[str]:
     """The largest shape of _SHAPES with at least MIN_TOKENS_PER_PARAMETER tokens per parameter."""
     for d_model, layers in _SHAPES:
-        if d_model >= cfg.model.d_model and layers >= cfg.model.num_layers:
+        if d_model >= m.d_model and layers >= m.num_layers:
             continue
-        shape = copy.deepcopy(cfg)
+        shape = copy.deepcopy(m)
         heads = max(2, d_model // 64)
-        shape.model.d_model, shape.model.num_layers, shape.model.num_heads, shape.model.d_ff = (
-            d_model,
-            layers,
-            heads,
-            4 * d_model,
-        )
-        n = meta_model(shape, num_assets=data.assets or None, num_categories=data.categories or None).num_parameters()
+        shape.d_model, shape.num_layers, shape.num_heads, shape.d_ff = d_model, layers, heads, 4 * d_model
+        n = meta_model(
+            shape, d, num_assets=data.assets or None, num_categories=data.categories or None
+        ).num_parameters()
         if data.candles["train"] / n >= MIN_TOKENS_PER_PARAMETER:
             return [
                 f"a smaller model the data supports: --set model.d_model={d_model} --set model.num_layers={layers} "

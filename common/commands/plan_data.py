@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from common.commands.plan_figures import DataFigures, asset_windows, epoch_windows
-from common.config import Config, at_interval
+from common.config import Config, DataConfig, at_interval
 from common.data.cache import CandleCache
 from common.data.check import Row, breakdown, left_out, prepare_streamed, prepared_rows, shard_summary
 from common.data.loading import load_market_data, start_bound
@@ -50,27 +50,28 @@ MAX_ESTIMATE_START = pd.Timestamp("2000-01-01", tz="UTC")
 def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     """Exact counts from a prepared shard or the sample; counted from the timestamps where the
     candles are here (files, cache); else an estimate."""
-    d = cfg.data
+    d, context = cfg.data, cfg.model.context_length
     if d.source == "sample":
-        return _exact(cfg, case_dir, "exact (the shipped sample)")
+        return _exact(d, context, case_dir, "exact (the shipped sample)")
     shard = shard_summary(cfg, case_dir) if d.source in ("files", "download") else None
     if shard is not None:
         return _figures(
-            cfg, shard.rows, f"exact (the prepared token shard {shard.folder.name}; no candle read)", shard.info
+            d, context, shard.rows, f"exact (the prepared token shard {shard.folder.name}; no candle read)", shard.info
         )
     if d.source == "files":
-        return _from_times(cfg, case_dir, f"your files in {d.files_dir}")
+        return _from_times(d, context, case_dir, f"your files in {d.files_dir}")
     if d.source == "synthetic":
-        return _synthetic_estimate(cfg)
-    assets = _universe(cfg, case_dir)
+        return _synthetic_estimate(d, context)
+    assets = _universe(d, case_dir)
     cache = CandleCache(case_dir / d.cache_dir)
     per_interval = [sum(cache.path_for(a.source, iv, a.symbol).exists() for a in assets) for iv in d.run_intervals()]
     cached = sum(per_interval)
     figures = (
-        _estimate(cfg, assets)
+        _estimate(d, context, assets)
         if min(per_interval) == 0
         else _from_times(
-            cfg,
+            d,
+            context,
             case_dir,
             f"the cache: {cached} of {len(assets) * len(per_interval)} {'series' if d.intervals else 'assets'}",
         )
@@ -78,17 +79,16 @@ def data_figures(cfg: Config, case_dir: Path) -> DataFigures:
     if d.universe == EXCHANGE_UNIVERSE:  # which of the dated files
         universe = universe_path(case_dir, d.universe, d.exchange)
         figures.basis += f"; universe {universe.name} (as of {universe_as_of(universe)})"
-    figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(cfg, iv), assets)]
+    figures.notes += [n for iv in d.run_intervals() for n in _yahoo_window_notes(at_interval(d, iv), assets)]
     return figures
 
 
-def _yahoo_window_notes(cfg: Config, assets: Sequence[Asset]) -> list[str]:
+def _yahoo_window_notes(d: DataConfig, assets: Sequence[Asset]) -> list[str]:
     """A line when Yahoo's intraday window cuts data.start_date for the config's Yahoo assets."""
-    d = cfg.data
     yahoo = sum(a.source == "yfinance" for a in assets)
     if not yahoo or d.interval not in LOOKBACK_LIMITS:
         return []
-    end = _end(cfg)
+    end = _end(d)
     earliest = end - LOOKBACK_LIMITS[d.interval]
     start = start_bound(d.start_date)
     if start is not None and start >= earliest:
@@ -100,51 +100,49 @@ def _yahoo_window_notes(cfg: Config, assets: Sequence[Asset]) -> list[str]:
     ]
 
 
-def _end(cfg: Config) -> pd.Timestamp:
-    d = cfg.data
+def _end(d: DataConfig) -> pd.Timestamp:
     return pd.Timestamp(d.end_date, tz="UTC") if d.end_date else pd.Timestamp.now(tz="UTC").floor("D")
 
 
-def _universe(cfg: Config, case_dir: Path) -> list[Asset]:
-    d = cfg.data
+def _universe(d: DataConfig, case_dir: Path) -> list[Asset]:
     assets = load_universe(universe_path(case_dir, d.universe, d.exchange), d.universe_counts or None)
     return [a for a in assets if not d.categories or a.category in d.categories]
 
 
-def _exact(cfg: Config, case_dir: Path, basis: str) -> DataFigures:
+def _exact(d: DataConfig, context_length: int, case_dir: Path, basis: str) -> DataFigures:
     """The candles training would use: load_market_data + prepare_data (offline; the sample is small)."""
-    prepared = prepare_data(cfg, load_market_data(cfg, case_dir))
-    return _prepared_figures(cfg, prepared, basis)
+    prepared = prepare_data(d, context_length, load_market_data(d, case_dir))
+    return _prepared_figures(d, context_length, prepared, basis)
 
 
-def _from_times(cfg: Config, case_dir: Path, where: str) -> DataFigures:
+def _from_times(d: DataConfig, context_length: int, case_dir: Path, where: str) -> DataFigures:
     """The candles training would use, from their timestamps alone (no price read), one asset at
     a time: exact unless cleaning drops rows for bad prices (NaN, <= 0), which are counted here."""
-    market = load_market_data(cfg, case_dir, times_only=True)
+    market = load_market_data(d, case_dir, times_only=True)
     # no per-file cleaning report: without the prices it would be half of one (data check's job)
-    prepared = prepare_streamed(cfg, dataclasses.replace(market, files={}))
+    prepared = prepare_streamed(d, context_length, dataclasses.replace(market, files={}))
     basis = (
         f"estimated from the timestamps in {where} (prices not read, so rows that cleaning drops for bad "
         "prices still count; `marketgpt data check` is exact)"
     )
-    return _prepared_figures(cfg, prepared, basis)
+    return _prepared_figures(d, context_length, prepared, basis)
 
 
-def _prepared_figures(cfg: Config, prepared: PreparedData, basis: str) -> DataFigures:
-    return _figures(cfg, prepared_rows(prepared, cfg.data.interval, bool(cfg.data.intervals)), basis, prepared.info)
+def _prepared_figures(d: DataConfig, context_length: int, prepared: PreparedData, basis: str) -> DataFigures:
+    return _figures(d, context_length, prepared_rows(prepared, d.interval, bool(d.intervals)), basis, prepared.info)
 
 
-def _figures(cfg: Config, rows: Sequence[Row], basis: str, info: dict) -> DataFigures:
+def _figures(d: DataConfig, context_length: int, rows: Sequence[Row], basis: str, info: dict) -> DataFigures:
     """Counts from the kept series' (asset, interval, category, (train, val, test) candles) rows
     and the data_info of their split (exact or estimated), which says what was left out and why."""
-    window = cfg.model.context_length + 1
-    windows = [asset_windows(r[3][0], window, cfg.data.window_stride) for r in rows]
+    window = context_length + 1
+    windows = [asset_windows(r[3][0], window, d.window_stride) for r in rows]
     candles = {split: sum(r[3][i] for r in rows) for i, split in enumerate(SPLITS)}
     lines, warnings = left_out(info)
     return DataFigures(
         candles,
         sum(windows),
-        epoch_windows(windows, cfg.data.epoch_stride),
+        epoch_windows(windows, d.epoch_stride),
         basis,
         len({r[0] for r in rows}),
         len({r[2] for r in rows}),
@@ -165,9 +163,8 @@ def estimated_series(asset: Asset, interval: str, start: pd.Timestamp, end: pd.T
     return first, int(years * days * per_day)
 
 
-def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
-    d = cfg.data
-    start, end = start_bound(d.start_date), _end(cfg)
+def _estimate(d: DataConfig, context_length: int, assets: Sequence[Asset]) -> DataFigures:
+    start, end = start_bound(d.start_date), _end(d)
     since = d.start_date
     if start is None:  # each asset from its first candle: ccxt's since the exchange opened (_FIRST_CANDLE)
         start = MAX_ESTIMATE_START
@@ -183,12 +180,12 @@ def _estimate(cfg: Config, assets: Sequence[Asset]) -> DataFigures:
         for iv in d.run_intervals():
             first, n = estimated_series(a, iv, start, end)
             series.append((a, iv, first, end, n))
-    prepared = _split_estimate(cfg, series)
+    prepared = _split_estimate(d, context_length, series)
     basis = (
         f"estimated from the universe, {since} to {d.end_date or 'today'}, {', '.join(d.run_intervals())} "
         "candles and each market's trading hours (nothing cached)"
     )
-    figures = _prepared_figures(cfg, prepared, basis)
+    figures = _prepared_figures(d, context_length, prepared, basis)
     figures.notes += _listing_notes(assets, start)
     return figures
 
@@ -209,11 +206,13 @@ def _listing_notes(assets: Sequence[Asset], start: pd.Timestamp) -> list[str]:
     return notes
 
 
-def _split_estimate(cfg: Config, series: Sequence[tuple[Asset, str, pd.Timestamp, pd.Timestamp, int]]) -> PreparedData:
+def _split_estimate(
+    d: DataConfig, context_length: int, series: Sequence[tuple[Asset, str, pd.Timestamp, pd.Timestamp, int]]
+) -> PreparedData:
     """Preparation's own split (split_data: the same cut dates for every series, pooled from all
     their candles, and the purge gap) of estimated series: (asset, interval, first, last candle,
     candles), each series' candles spread evenly from its first to its last."""
-    several = bool(cfg.data.intervals)
+    several = bool(d.intervals)
     universe: list[Asset] = []
     spans: dict[str, tuple[int, int, int]] = {}
     records: dict[str, dict] = {}
@@ -232,17 +231,16 @@ def _split_estimate(cfg: Config, series: Sequence[tuple[Asset, str, pd.Timestamp
         return np.linspace(first, last, n, dtype=np.int64)
 
     frames = LazyFrames(list(spans), stamps)
-    interval = cfg.data.intervals[0] if several else cfg.data.interval
-    return split_data(cfg, universe, interval, frames, frames, records, dropped, LazyFrames([], stamps))
+    interval = d.intervals[0] if several else d.interval
+    return split_data(d, context_length, universe, interval, frames, frames, records, dropped, LazyFrames([], stamps))
 
 
-def _synthetic_estimate(cfg: Config) -> DataFigures:
+def _synthetic_estimate(d: DataConfig, context_length: int) -> DataFigures:
     """data.source = "synthetic" from its spec alone: candles * (1 - gap_prob) rows per asset, or
     every slot of the grid for crypto assets (training fills their gaps with empty candles)."""
-    d = cfg.data
     # several intervals: the market is made at the finest and aggregated (common.data.loading)
     finest = min(d.run_intervals(), key=INTERVAL_SECONDS.__getitem__)
-    spec = synthetic_spec(at_interval(cfg, finest))
+    spec = synthetic_spec(at_interval(d, finest))
     assets = [a for a in synthetic_assets(spec) if not d.categories or a.category in d.categories]
     start = pd.Timestamp(start_bound(d.start_date) or MAX_ESTIMATE_START)
     series = []
@@ -253,9 +251,9 @@ def _synthetic_estimate(cfg: Config) -> DataFigures:
             (a, iv, start, last, slots if a.category == "crypto" else round(slots * (1 - spec.gap_prob)))
             for a in assets
         ]
-    prepared = _split_estimate(cfg, series)
+    prepared = _split_estimate(d, context_length, series)
     basis = (
         f"estimated from data.synthetic: {spec.assets} assets x {spec.candles:,} {finest} slots from "
         f"{d.start_date}, gap_prob {spec.gap_prob:g} (nothing generated)"
     )
-    return _prepared_figures(cfg, prepared, basis)
+    return _prepared_figures(d, context_length, prepared, basis)

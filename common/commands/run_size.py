@@ -12,34 +12,33 @@ import numpy as np
 import torch
 
 from common.commands.plan_figures import MIN_TOKENS_PER_PARAMETER
-from common.config import Config
+from common.config import DataConfig, ModelConfig
 from common.errors import UserError
-from common.model.scaling_fit import load_size_fit, size_advice
-from common.run.info import RunInfo
+from common.model.scaling_fit import corpus_of, load_size_fit, size_advice
+from common.tokens.ids import RunInfo
 from common.tokens.token_set import TokenSet
 
 __all__ = ["MIN_CANDLES_PER_ID", "auto_size", "train_token_counts", "vocabulary_line"]
 
 
-def auto_size(cfg: Config, tokens: TokenSet, info: RunInfo, out: Optional[TextIO]) -> Optional[dict]:
+def auto_size(m: ModelConfig, d: DataConfig, tokens: TokenSet, info: RunInfo, out: Optional[TextIO]) -> Optional[dict]:
     """model.size = "auto": set the shape the scaling fit suggests for the run's training candles
-    (common/model/scaling_fit.py) and return the choice for training_log.json; else None."""
-    if cfg.model.size != "auto":
+    (common/model/scaling_fit.py) in `m` and return the choice for training_log.json; else None."""
+    if m.size != "auto":
         return None
-    if not cfg.model.size_fit:
+    if not m.size_fit:
         raise UserError(
             "model.size = 'auto' needs model.size_fit: the sweep.json of `marketgpt sweep` on this corpus; "
             "or set model.size=null and the shape yourself"
         )
-    fit = load_size_fit(Path(cfg.model.size_fit), cfg)
+    fit = load_size_fit(Path(m.size_fit), corpus_of(m, d))
     train = sum(int(r["train"][1]) - int(r["train"][0]) for r in tokens.ranges.values())
     advice = size_advice(
-        cfg, train, fit, info.num_assets, info.num_categories, min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
+        m, d, train, fit, info.num_assets, info.num_categories, min_tokens_per_parameter=MIN_TOKENS_PER_PARAMETER
     )
     choice = advice["shape"]
     if choice is None:
         raise UserError(f"model.size = 'auto': {advice['text']}; set the shape yourself (model.size=null)")
-    m = cfg.model
     m.d_model, m.num_layers, m.num_heads, m.d_ff = (choice[k] for k in ("d_model", "num_layers", "num_heads", "d_ff"))
     print(
         f"model.size = auto: d_model {m.d_model}, num_layers {m.num_layers}, num_heads {m.num_heads}, d_ff {m.d_ff} "

@@ -39,7 +39,8 @@ from common.config import Config, load_config
 from common.errors import UserError
 from common.model.scaling_fit import SHAPES, SWEEP_FORMAT, best_rates, corpus_of, sweep_fit, sweep_points
 from common.paths import case_dir_of_config
-from common.run.files import CONFIG_JSON, TEST_RESULTS_JSON, TRAINING_LOG_JSON
+from common.run.files import CONFIG_JSON, TEST_RESULTS_JSON
+from common.run.log import RunLog
 from common.run.resume import find_runs
 from common.tokens.fractions import trim_train
 from common.tokens.shard_paths import shard_folder
@@ -230,19 +231,17 @@ def run_point(sweep: Sweep, point: SweepPoint, out: Optional[TextIO] = None) -> 
 
 def _finished_run(sweep: Sweep, point: SweepPoint) -> Optional[Path]:
     for run in reversed(find_runs(case_dir_of_config(sweep.config) / "checkpoints", sweep.experiment(point))):
-        log = read_json(run / TRAINING_LOG_JSON) if (run / TRAINING_LOG_JSON).is_file() else {}
-        if log.get("status") in ("finished", "early_stopped") and (run / TEST_RESULTS_JSON).is_file():
+        if RunLog.read(run).status in ("finished", "early_stopped") and (run / TEST_RESULTS_JSON).is_file():
             return run
     return None
 
 
 def point_result(sweep: Sweep, point: SweepPoint, run: Path) -> dict[str, Any]:
     """One point of sweep.json, from its run's training_log.json and test_results.json."""
-    log, test = read_json(run / TRAINING_LOG_JSON), read_json(run / TEST_RESULTS_JSON)
+    log, test = RunLog.read(run), read_json(run / TEST_RESULTS_JSON)
     cfg = load_config(run / CONFIG_JSON)
     ranges = trim_train(TokenSet.load(token_path(run)).ranges, cfg.data.train_fraction, cfg.data.fraction_by)
-    epochs = log.get("epochs") or [{}]
-    last = epochs[-1]
+    last = log.last_epoch
     skill = test.get("token_skill", {}).get("unigram", {})
     return {
         "point": point.name,
@@ -250,18 +249,18 @@ def point_result(sweep: Sweep, point: SweepPoint, run: Path) -> dict[str, Any]:
         "num_layers": point.num_layers,
         "fraction": point.fraction,
         "learning_rate": cfg.training.learning_rate,
-        "parameters": log.get("num_parameters"),
+        "parameters": log.num_parameters,
         "train_tokens": sum(int(r["train"][1]) - int(r["train"][0]) for r in ranges.values()),
-        "best_val_loss": log.get("best_val_loss"),
+        "best_val_loss": log.best_val_loss,
         "test_loss": test.get("test_loss"),
         "skill_vs_unigram": skill.get("value"),
         "skill_vs_unigram_ci95": skill.get("ci95"),
         "steps": last.get("step"),
         "tokens_per_s": last.get("tokens_per_sec"),
-        "epochs_run": len(log.get("epochs") or []),
-        "best_epoch": log.get("best_epoch"),
+        "epochs_run": len(log.epochs),
+        "best_epoch": log.best_epoch,
         # the best epoch was the last one: more budget would likely lower the loss (an upper bound)
-        "still_improving": log.get("best_epoch") == last.get("epoch"),
+        "still_improving": log.best_epoch == last.get("epoch"),
         "run": str(run),
     }
 
@@ -271,14 +270,14 @@ def write_sweep(sweep: Sweep) -> dict[str, Any]:
     grid = [p.name for p in sweep.points]
     finished = sweep_points(sweep.folder, grid)
     done = {r["point"] for r in finished}
-    chosen, fit, note = sweep_fit(finished, corpus_of(sweep.cfg), f"marketgpt sweep {sweep.name}")
+    chosen, fit, note = sweep_fit(finished, corpus_of(sweep.cfg.model, sweep.cfg.data), f"marketgpt sweep {sweep.name}")
     doc: dict[str, Any] = {
         "format": SWEEP_FORMAT,
         "config": str(sweep.config),
         "overrides": sweep.overrides,
         "shard": sweep.shard,
         "fraction_by": sweep.by,
-        "corpus": corpus_of(sweep.cfg),
+        "corpus": corpus_of(sweep.cfg.model, sweep.cfg.data),
         "grid": grid,
         "missing": [name for name in grid if name not in done],
         "points": finished,

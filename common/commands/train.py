@@ -1,15 +1,9 @@
-"""`marketgpt train`: config -> data -> tokenizer -> token windows -> model -> Trainer -> test.
+"""`marketgpt train`: parse, build (the run, its data and model), train, finish.
 
-    new run:  load config -> case folder -> the config's token shard (common/tokens/shards.py:
-              reused when an earlier run or job prepared the same data, else prepared now:
-              clean, split by time, tokenizer fit on TRAIN candles, encode each asset's whole
-              cleaned series; tokens are causal, so slicing them by the split ranges is
-              leak-free) -> run folder with config.json, tokenizer.json, asset_info.json,
-              data_info.json, tokens/ (hard links to the shard) -> train -> best model on test -> scorecard.json and
-              .png (training.scorecard_*), report.png, test_results.json -> only then the
-              log's status says finished
-    resume:   the run folder's config.json, tokenizer.json, asset_info.json and tokens/,
-              plus the checkpoint; nothing is re-read from the candle cache.
+    config -> the run (common/commands/training_run.py: opened, or created from the config's
+    token shard) -> model -> Trainer -> on rank 0, the best model on the test split:
+    scorecard.json/.png (training.scorecard_*), report.png, test_results.json -> only then the
+    log's status says finished.
 
 --resume auto (needs --config): the newest `<experiment>_*` run folder in the case's
 checkpoints/, from its newest checkpoint whose CRC32s hold (a corrupted one is skipped with
@@ -37,40 +31,21 @@ on SIGTERM/SIGUSR2 (requeue and run the same command with --resume auto).
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
-import torch
-
-from common.commands.plan import plan_of_run
-from common.commands.run_size import auto_size, train_token_counts, vocabulary_line
-from common.config import Config, config_to_dict, load_config
-from common.data.check import print_left_out
+from common.commands.training_run import TrainingRun, build_model, follow_rank0, open_or_create, print_run_plan
+from common.config import load_config
 from common.distributed.ddp import MultiGPUWrapper, init_distributed, shutdown
 from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, detect_env
 from common.distributed.job_store import failures_reported, share_from_main
+from common.distributed.scheduler import job_metadata
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best, summarize_results
 from common.evaluation.final_scorecard import end_of_training_scorecard
-from common.model.gpt import MarketGPT
-from common.paths import case_dir_of_config
-from common.run.checkpoint import load_checkpoint
-from common.run.files import CONFIG_JSON, TOKENIZER_JSON, TRAINING_LOG_JSON
-from common.run.folder import Run, check_writable, config_differences
-from common.run.info import RunInfo
-from common.run.resume import new_run_dir, resolve_resume, reuse_unstarted_run
-from common.slurm.scheduler import job_metadata
-from common.tokens.corpus import Prepared, prepare_in_memory
-from common.tokens.fractions import trim_train
-from common.tokens.shards import prepare_shards
-from common.tokens.token_set import TokenSet
-from common.training.batches import TokenWindows, build_windows
-from common.training.finetune import apply_freeze, check_parent_fits, init_from_parent, record_lineage, resolve_parent
-from common.training.rng import seed_everything
+from common.run.files import TRAINING_LOG_JSON
+from common.training.finetune import record_lineage
 from common.training.trainer import EXIT_REQUEUE, Trainer
 
 __all__ = ["TrainingFailed", "run_training"]
@@ -105,160 +80,16 @@ def run_training(
     with failures_reported():
         if env.is_main:
             try:
-                training, ckpt = _open_or_create(cfg, config, overrides, resume, device, out)
+                training, ckpt = open_or_create(cfg, config, overrides, resume, device, out)
             except UserError as e:
                 share_from_main("run", {"error": str(e)})  # the other ranks stop with the same message
                 raise
             share_from_main("run", {"run_dir": str(training.run.path), "checkpoint": str(ckpt) if ckpt else None})
         else:
-            training = _follow_rank0(share_from_main("run"), overrides, device, env)
+            training = follow_rank0(share_from_main("run"), overrides, device, env)
         code = _train_and_test(training, out, stop_after_steps, env)
     shutdown()
     return code
-
-
-@dataclass
-class TrainingRun:
-    """A run as every rank trains it: the run (its folder and the files in it, read back or just
-    made), the windows over its tokens and, when it continues, the checkpoint's state."""
-
-    run: Run
-    windows: TokenWindows
-    state: Optional[dict] = None  # the checkpoint resumed from; None for a new run
-    model_size: Optional[dict] = None  # what model.size = "auto" chose, and why (a new run)
-
-
-def _open_or_create(
-    cfg: Optional[Config],
-    config: Optional[Path],
-    overrides: Sequence[str],
-    resume: Optional[str],
-    device: torch.device,
-    out: TextIO,
-) -> tuple[TrainingRun, Optional[Path]]:
-    """Rank 0's part: the run to resume and its checkpoint, or a new, prepared run folder and None."""
-    run_dir = ckpt = None
-    if resume is not None:
-        checkpoints = case_dir_of_config(config) / "checkpoints" if config is not None else None
-        run_dir, ckpt = resolve_resume(resume, checkpoints, cfg.experiment if cfg else None)
-        if run_dir is None:  # only --resume auto, which needs --config
-            assert cfg is not None
-            print(
-                f"No run of {cfg.experiment} to continue in {checkpoints} (none yet, or the newest is done "
-                "or trained by another job): starting a new run",
-                file=out,
-            )
-
-    if ckpt is not None:
-        assert run_dir is not None  # resolve_resume returns a checkpoint with its run folder
-        training = _open_run(run_dir, config, cfg, overrides, device)
-        training.state = load_checkpoint(ckpt)
-        if training.state.get("format") != "marketgpt-checkpoint":
-            raise UserError(f"{ckpt}: not a MarketGPT training checkpoint")
-        diff = config_differences(training.run.cfg, training.state["config"])
-        if diff:
-            raise UserError(f"{ckpt} belongs to a different config ({'; '.join(diff[:3])})")
-        print(f"Resuming {run_dir} from {ckpt.name}", file=out)
-        return training, ckpt
-
-    # a new run: --config is given (a --resume RUN_FOLDER without it always has a checkpoint)
-    assert cfg is not None and config is not None
-    check_writable(case_dir_of_config(config) / "checkpoints")
-    p = _prepare_new(cfg, case_dir_of_config(config), out)
-    print_left_out(p.data_info, out)  # assets, categories or intervals the run goes without
-    model_size = auto_size(cfg, p.tokens, p.info, out)  # before the model and config.json
-    windows = _windows(cfg, p.tokens, p.info, device)  # before the folder: may raise
-    if run_dir is not None and reuse_unstarted_run(run_dir):  # killed before its first checkpoint
-        print(
-            f"Nothing to resume in {run_dir} (killed before its first checkpoint): starting the run again in it",
-            file=out,
-        )
-    else:
-        if run_dir is not None:
-            print(f"Nothing to resume in {run_dir} (no complete checkpoint): starting a new run", file=out)
-        run_dir = new_run_dir(case_dir_of_config(config) / "checkpoints", cfg.experiment)
-    run = Run.create(run_dir, cfg, p.tokenizer, p.info, p.tokens, p.data_info)
-    print(f"Run folder: {run_dir}", file=out)
-    return TrainingRun(run, windows, model_size=model_size), None
-
-
-def _follow_rank0(decision: dict, overrides: Sequence[str], device: torch.device, env: DistEnv) -> TrainingRun:
-    """The other ranks' part: open the run folder rank 0 chose and load the same checkpoint."""
-    if "error" in decision:
-        raise UserError(decision["error"])
-    run_dir = Path(decision["run_dir"])
-    if not (run_dir / CONFIG_JSON).is_file():
-        raise UserError(
-            f"rank {env.rank} on {socket.gethostname()} cannot see the run folder {run_dir} that rank 0 "
-            "made: the case folder must be on a filesystem every node of the job shares"
-        )
-    training = _open_run(run_dir, None, None, overrides, device)
-    training.state = load_checkpoint(decision["checkpoint"]) if decision["checkpoint"] else None
-    return training
-
-
-# --------------------------------------------------------------------------- new run
-
-
-def _prepare_new(cfg: Config, case: Path, out: Optional[TextIO] = None) -> Prepared:
-    """The corpus of a new run: the config's token shard (prepared now, or reused), or with
-    data.shards = false prepared in memory for this run alone."""
-
-    parent = None
-    if cfg.training.init_from:  # fine-tuning: checked before the data is read, so a misfit fails at once
-        parent = resolve_parent(cfg.training.init_from)
-        check_parent_fits(config_to_dict(cfg), parent)
-    # fine-tuning: the parent's token ids, which its weights were trained on
-    parent_tokenizer = parent.run_dir / TOKENIZER_JSON if parent is not None else None
-    prepare = prepare_shards if cfg.data.shards else prepare_in_memory
-    p = prepare(cfg, case, parent_tokenizer, out=out)
-    p.tokens.ranges = trim_train(p.tokens.ranges, cfg.data.train_fraction, cfg.data.fraction_by)
-    return p
-
-
-# --------------------------------------------------------------------------- resume
-
-
-def _open_run(
-    run_dir: Path, config: Optional[Path], case_cfg: Optional[Config], overrides: Sequence[str], device: torch.device
-) -> TrainingRun:
-    """The run's own config (plus harmless --set overrides), token set and windows, tokenizer and
-    asset ids; its checkpoint is the caller's to load."""
-
-    run = Run.open(run_dir, tokens=True, model=False, overrides=overrides)
-    if case_cfg is not None:
-        diff = config_differences(run.cfg, case_cfg)
-        if diff:
-            raise UserError(
-                f"{run_dir} belongs to a different config than {config} ({'; '.join(diff[:3])}); "
-                "resume with the config it was started with, or start a new run without --resume"
-            )
-    check_writable(run_dir)
-    assert run.tokens is not None  # tokens=True
-    run.tokens.ranges = trim_train(run.tokens.ranges, run.cfg.data.train_fraction, run.cfg.data.fraction_by)
-    return TrainingRun(run, _windows(run.cfg, run.tokens, run.info, device))
-
-
-# --------------------------------------------------------------------------- train and test
-
-
-def _windows(cfg: Config, tokens: TokenSet, info: RunInfo, device: torch.device) -> TokenWindows:
-    ids, cats, intervals = info.series_ids()
-    # val/test windows don't overlap (stride = context): each target is scored once, T times cheaper
-    T = cfg.model.context_length
-    return build_windows(
-        tokens.tokens,
-        tokens.ranges,
-        ids,
-        cats,
-        T,
-        strides={"train": cfg.data.window_stride, "val": T, "test": T},
-        device=device,
-        epoch_stride=cfg.data.epoch_stride,
-        features=tokens.features,
-        flat=tokens.flat(),
-        interval_ids=intervals if info.intervals else None,
-    )
 
 
 def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Optional[int], env: DistEnv) -> int:
@@ -266,28 +97,36 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     run, windows, state = training.run, training.windows, training.state
     cfg, run_dir, tokens = run.cfg, run.path, run.tokens
     assert tokens is not None  # a training run holds its token set
-    model, lineage, frozen = _build_model(cfg, tokens, run.info, state, env)
+    model, lineage = build_model(cfg.model, cfg.training, tokens, run.info, state, env)
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
-    trainer = Trainer(cfg, wrapped, windows, run_dir, device=device, rank=env.rank, world_size=env.world_size, out=out)
+    trainer = Trainer(
+        cfg,
+        wrapped,
+        windows,
+        run_dir,
+        device=device,
+        rank=env.rank,
+        world_size=env.world_size,
+        out=out,
+        job=job_metadata(),
+    )
     if env.is_main:
-        _print_run_plan(training, trainer, env, out)
+        print_run_plan(training, trainer, env, out)
     if state is None:
-        _start_log(trainer, cfg, run_dir, run.info, env, lineage, frozen)
-        if training.model_size:
-            trainer.log.data["model_size"] = training.model_size  # what model.size = "auto" chose, and why
+        if lineage is not None and env.is_main:
+            record_lineage(run_dir, lineage)
+        trainer.start_run(env.launcher, run.info.num_assets, lineage, training.model_size)
     else:
         try:
             trainer.load_state_dict(state)
         except RuntimeError as e:  # state_dict shapes that don't fit the model
             raise UserError(f"the checkpoint does not fit this model ({str(e).splitlines()[0]})") from None
-        trainer.log.data.setdefault("resumes", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    trainer.log.data.update(job_metadata())  # the Slurm job training it now: for status and requeues
 
     def final_outputs(status: str) -> None:
         # rank 0 alone scores the best model on the test split, before the log says the run is done;
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
-        scorecard_error = end_of_training_scorecard(cfg, run_dir, device, out=out)
+        scorecard_error = end_of_training_scorecard(cfg.training, run_dir, device, out=out)
         results = evaluate_best(
             run, device, status=status, extra={"scorecard_error": scorecard_error} if scorecard_error else None
         )
@@ -299,80 +138,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
         raise UserError(f"cannot write to the run folder {run_dir} ({e.strerror or e})") from None
 
     if status == "failed":
-        raise TrainingFailed(f"{trainer.log.data['error']} (see {run_dir / TRAINING_LOG_JSON})")
+        raise TrainingFailed(f"{trainer.log.error} (see {run_dir / TRAINING_LOG_JSON})")
     if status == "interrupted":
         return EXIT_REQUEUE
     return 0
-
-
-def _print_run_plan(training: TrainingRun, trainer: Trainer, env: DistEnv, out: TextIO) -> None:
-    """The vocabulary line and the plan of the run (windows, parameters, steps) before training starts."""
-    cfg, tokens, windows = training.run.cfg, training.run.tokens, training.windows
-    assert tokens is not None  # a training run holds its token set
-    print(vocabulary_line(training.run.tokenizer, tokens), file=out, flush=True)
-    print(
-        plan_of_run(
-            cfg,
-            tokens.ranges,
-            train_windows=windows.num_windows("train"),
-            epoch_windows=windows.epoch_windows("train"),
-            parameters=trainer.model.num_parameters(),
-            flops_per_token=trainer.model.flops_per_token(windows.context_length),
-            steps=trainer.steps_per_epoch,
-            world_size=env.world_size,
-        ),
-        file=out,
-        flush=True,
-    )
-
-
-def _build_model(
-    cfg: Config, tokens: TokenSet, info: RunInfo, state: Optional[dict], env: DistEnv
-) -> tuple[MarketGPT, Optional[dict], list[str]]:
-    """The model before training: (model, lineage of a new fine-tuning run or None, frozen
-    parameter names). The RNG draws here (initial weights, then each rank's dropout seed) are
-    part of what makes a run reproducible: keep their order."""
-    if state is None:
-        seed_everything(cfg.training.seed)  # the initial weights depend on the seed alone
-    model = MarketGPT.for_run(cfg.model, info)
-    lineage = None
-    if state is None and cfg.training.init_from:  # a new fine-tuning run (a resume has its own weights)
-        lineage = init_from_parent(model, resolve_parent(cfg.training.init_from), info)
-    frozen = apply_freeze(model, cfg.training.freeze)  # before the optimizer: it takes trainable ones only
-    if state is None and env.rank > 0:
-        seed_everything(cfg.training.seed + 7919 * env.rank)  # each rank draws its own dropout masks
-    if state is None and lineage is None and model.head is not None:
-        # a new factorized head starts at the train split's unigram (a fine-tuned one keeps its parent's)
-        model.head.start_at_unigram(train_token_counts(tokens, cfg.model.vocab_size))
-    return model, lineage, frozen
-
-
-def _start_log(
-    trainer: Trainer,
-    cfg: Config,
-    run_dir: Path,
-    info: RunInfo,
-    env: DistEnv,
-    lineage: Optional[dict],
-    frozen: list[str],
-) -> None:
-    """A new run's training_log.json header (and a fine-tuned run's lineage)."""
-    windows = trainer.windows
-    trainer.log.data.update(
-        run=run_dir.name,
-        experiment=cfg.experiment,
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        device=windows.device.type,
-        world_size=env.world_size,
-        launcher=env.launcher,
-        num_parameters=trainer.model.num_parameters(),
-        num_assets=info.num_assets,
-        windows={s: windows.num_windows(s) for s in ("train", "val", "test")},
-        steps_per_epoch=trainer.steps_per_epoch,
-        effective_batch_size=trainer.effective_batch_size,
-    )
-    if lineage is not None or frozen:
-        lineage = dict(lineage or {}, freeze=cfg.training.freeze, frozen_parameters=frozen)
-        trainer.log.data["lineage"] = lineage
-        if env.is_main:
-            record_lineage(run_dir, lineage)

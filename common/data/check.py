@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import read_json
-from common.config import Config
+from common.config import Config, DataConfig
 from common.data.cleaning import clean_asset, real_rows
 from common.data.loading import load_market_data
 from common.data.market_data import LazyFrames, MarketData
@@ -134,9 +134,9 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
         return result
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # loading's "left out" warning: reported below
-            market = load_market_data(cfg, case_dir)
+            market = load_market_data(d, case_dir)
             result.total = len(market.assets)
-            prepared = prepare_streamed(cfg, market)
+            prepared = prepare_streamed(d, cfg.model.context_length, market)
     except UserError as e:
         result.problem = str(e)
         return result
@@ -147,7 +147,7 @@ def check_usable(cfg: Config, case_dir: Path) -> Usability:
     return result
 
 
-def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
+def prepare_streamed(d: DataConfig, context_length: int, market: MarketData) -> PreparedData:
     """prepare_data's assets, splits, drops and data_info, holding one asset's candles at a time.
 
     Each asset is read and cleaned in turn; its cleaned timestamps wait in a temporary folder
@@ -181,7 +181,8 @@ def prepare_streamed(cfg: Config, market: MarketData) -> PreparedData:
 
         symbols = list(files)
         return split_data(
-            cfg,
+            d,
+            context_length,
             market.assets,
             market.interval,
             LazyFrames(symbols, stamps),

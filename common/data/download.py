@@ -59,9 +59,9 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_write_json
-from common.config import Config
+from common.config import Config, DataConfig
 from common.data.cache import CandleCache
-from common.data.check import check_usable
+from common.data.check import Usability, check_usable
 from common.data.download_report import AssetResult, DownloadSummary, Progress, format_day, resume_from
 from common.data.loading import start_bound
 from common.data.universe import EXCHANGE_UNIVERSE, Asset, load_universe, universe_path
@@ -129,7 +129,7 @@ class DownloadRun:
 
     def __init__(
         self,
-        cfg: Config,
+        d: DataConfig,
         case_dir: Path,
         assets: list[Asset],
         *,
@@ -138,8 +138,7 @@ class DownloadRun:
         now: pd.Timestamp | None,
         stream: TextIO,
     ) -> None:
-        d = cfg.data
-        self.cfg, self.interval, self.sleep, self.now = cfg, d.interval, sleep, now
+        self.data, self.interval, self.sleep, self.now = d, d.interval, sleep, now
         self.start = start_bound(d.start_date)  # None: "max", each asset's whole history
         self.end = _utc(d.end_date) if d.end_date else None
         self.cache = CandleCache(case_dir / d.cache_dir)
@@ -317,9 +316,9 @@ def download_case(
     if d.universe == EXCHANGE_UNIVERSE:  # the pairs that pass data.exchange_universe today, to a dated file
         from common.data.exchange_universe import resolve_to_file  # lazy: imports ccxt
 
-        resolve_to_file(cfg, case_dir, now=now, sleep=sleep, base_delay_s=_env_delay(), stream=stream or sys.stderr)
+        resolve_to_file(d, case_dir, now=now, sleep=sleep, base_delay_s=_env_delay(), stream=stream or sys.stderr)
     assets = load_universe(universe_path(case_dir, d.universe, d.exchange), d.universe_counts or None)
-    run = DownloadRun(cfg, case_dir, assets, progress=progress, sleep=sleep, now=now, stream=stream or sys.stderr)
+    run = DownloadRun(d, case_dir, assets, progress=progress, sleep=sleep, now=now, stream=stream or sys.stderr)
     session = yahoo_session if yahoo_session is not None else _env_yahoo_session()
 
     for asset in assets:
@@ -342,7 +341,8 @@ def download_case(
                 _fetch_source(run, name, group, fetch)
     finally:
         run.progress.close()
-    return _report(run, cfg, case_dir)
+    # the whole config: the check keys the token shard it looks for by the model and tokenizer too
+    return _report(run, check_usable(cfg, case_dir))
 
 
 def _ccxt(run: DownloadRun, group: list[Asset]) -> None:
@@ -369,10 +369,10 @@ def _fetch_source(run: DownloadRun, name: str, group: list[Asset], fetch: Callab
         run.progress.note(f"{name}: refused, skipping its remaining assets")
 
 
-def _report(run: DownloadRun, cfg: Config, case_dir: Path) -> DownloadSummary:
-    """Check what training could use now, record and print the summary; raise if a source failed."""
+def _report(run: DownloadRun, usable: Usability) -> DownloadSummary:
+    """Record what training could use now and print the summary; raise if a source failed."""
     summary = run.summary
-    summary.usable = check_usable(cfg, case_dir)
+    summary.usable = usable
     atomic_write_json(run.cache.root / TRAINING_CHECK, summary.usable.to_json())
     print(summary.format(), flush=True)
     if summary.refused:

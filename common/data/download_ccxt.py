@@ -54,9 +54,9 @@ class _CcxtSource:
 
 def _open_source(run: "DownloadRun") -> _CcxtSource:
     """Build the exchange, check the timeframe and load its markets once, up front; note its limits."""
-    exchange = crypto.make_exchange(run.cfg.data.exchange)
+    exchange = crypto.make_exchange(run.data.exchange)
     crypto.check_timeframe(exchange, run.interval)  # before any request: one line naming its timeframes
-    quote = run.cfg.data.quote_currency
+    quote = run.data.quote_currency
     # Candles of BTC/USD and BTC/USDT differ a little: a cache filled with another quote is replaced.
     origin = exchange.id if not quote else f"{exchange.id} {quote}"
     retry = replace(crypto.CCXT_RETRY, sleep=run.sleep)

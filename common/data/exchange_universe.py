@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_write_bytes
-from common.config import Config, ExchangeUniverseConfig
+from common.config import DataConfig, ExchangeUniverseConfig
 from common.data import crypto, crypto_history
 from common.data.retry import RetryPolicy
 from common.data.universe import HEADER, exchange_universe_file
@@ -251,7 +251,7 @@ def write_exchange_universe(case_dir: Path, result: Resolution) -> Path:
 
 
 def resolve_to_file(
-    cfg: Config,
+    d: DataConfig,
     case_dir: Path,
     *,
     now: pd.Timestamp | None = None,
@@ -261,9 +261,9 @@ def resolve_to_file(
 ) -> Path:
     """The download's first step under data.universe = "exchange": resolve the pairs and write the day's file."""
     now = pd.Timestamp.now(tz="UTC") if now is None else now
-    exchange = crypto.make_exchange(cfg.data.exchange)
+    exchange = crypto.make_exchange(d.exchange)
     result = resolve_exchange_universe(
-        exchange, cfg.data.exchange_universe, now, sleep=sleep, base_delay_s=base_delay_s, stream=stream
+        exchange, d.exchange_universe, now, sleep=sleep, base_delay_s=base_delay_s, stream=stream
     )
     path = write_exchange_universe(Path(case_dir), result)
     _say(

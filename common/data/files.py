@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.config import Config
+from common.config import DataConfig
 from common.data.cleaning import COLUMNS
 from common.data.market_data import LazyFrames, MarketData
 from common.data.universe import Asset, load_universe
@@ -247,19 +247,18 @@ def _file_key(symbol: str) -> str:
     return symbol.upper().replace("/", "-").replace("_", "-")
 
 
-def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
+def load_files(d: DataConfig, case_dir: Path, times_only: bool = False) -> MarketData:
     """The assets and candles of data.files_dir (relative to the case folder, or absolute).
 
     A folder of files is read one file at a time, when its asset is asked for (preparation
     holds one asset's candles, and an array task reads only its own assets); one long file
     with a symbol column is read whole, once. times_only: see read_candle_file."""
-    d = cfg.data
     if not d.files_dir:
         raise UserError(
             "data.source = 'files' needs data.files_dir: a folder with one CSV or parquet file "
             "per symbol, or one file with a symbol column (e.g. --set data.files_dir=my_data)"
         )
-    root = files_root(cfg, case_dir)
+    root = files_root(d, case_dir)
     if not root.exists():
         raise UserError(f"data.files_dir {root} does not exist; point it at a folder of candle files or one file")
 
@@ -292,10 +291,10 @@ def load_files(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketD
     )
 
 
-def files_root(cfg: Config, case_dir: Path) -> Path:
+def files_root(d: DataConfig, case_dir: Path) -> Path:
     """data.files_dir: absolute, or relative to the case folder."""
-    assert cfg.data.files_dir is not None  # the config checks it with data.source = "files"
-    root = Path(cfg.data.files_dir).expanduser()
+    assert d.files_dir is not None  # the config checks it with data.source = "files"
+    root = Path(d.files_dir).expanduser()
     return root if root.is_absolute() else Path(case_dir) / root
 
 

@@ -1,6 +1,6 @@
 """One entry point for candles: the shipped sample or the case's downloaded cache.
 
-Training calls `load_market_data(cfg, case_dir)` and never cares where the candles came from;
+Training calls `load_market_data(cfg.data, case_dir)` and never cares where the candles came from;
 the config's data.source picks. Nothing here touches the network: "download" reads only what
 `marketgpt data download` already put in the cache, and says so when it is not there.
 """
@@ -14,8 +14,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from common.config import Config, at_interval
-from common.config_checks import START_MAX
+from common.config import DataConfig, at_interval
+from common.config.checks import START_MAX
 from common.data.cache import CandleCache
 from common.data.cleaning import COLUMNS
 from common.data.files import FILES_UNIVERSE, files_root, load_files
@@ -35,10 +35,10 @@ def start_bound(start_date: str) -> pd.Timestamp | None:
     return None if start_date == START_MAX else pd.Timestamp(start_date, tz="UTC")
 
 
-def load_market_data(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
+def load_market_data(d: DataConfig, case_dir: Path, times_only: bool = False) -> MarketData:
     """Candles for every asset of the case, as canonical frames keyed by symbol.
 
-    "sample": the real sample inside the package, at cfg.data.interval, whole (the date range
+    "sample": the real sample inside the package, at data.interval, whole (the date range
     of the config does not apply to it). "download": the case universe read from the parquet
     cache, cut to [data.start_date, data.end_date) (no lower bound when data.start_date is
     "max"). "files": the user's CSV or parquet files in data.files_dir, whole
@@ -48,30 +48,29 @@ def load_market_data(cfg: Config, case_dir: Path, times_only: bool = False) -> M
     interval, named symbol@interval (_load_series).
     """
     case_dir = Path(case_dir)
-    interval = cfg.data.interval
-    if cfg.data.intervals:
-        return _load_series(cfg, case_dir, times_only)
-    if cfg.data.source == "sample":
-        market = _load_sample(interval)
-    elif cfg.data.source == "download":
-        market = _load_cache(cfg, case_dir, times_only)
-    elif cfg.data.source == "files":
-        market = load_files(cfg, case_dir, times_only)
-    elif cfg.data.source == "synthetic":
-        market = _load_synthetic(cfg)
+    if d.intervals:
+        return _load_series(d, case_dir, times_only)
+    if d.source == "sample":
+        market = _load_sample(d.interval)
+    elif d.source == "download":
+        market = _load_cache(d, case_dir, times_only)
+    elif d.source == "files":
+        market = load_files(d, case_dir, times_only)
+    elif d.source == "synthetic":
+        market = _load_synthetic(d)
     else:
-        raise UserError(f"data.source = {cfg.data.source!r}: expected 'sample', 'download', 'files' or 'synthetic'")
-    return _only_categories(market, cfg.data.categories)
+        raise UserError(f"data.source = {d.source!r}: expected 'sample', 'download', 'files' or 'synthetic'")
+    return _only_categories(market, d.categories)
 
 
-def input_files(cfg: Config, case_dir: Path) -> list[Path]:
+def input_files(d: DataConfig, case_dir: Path) -> list[Path]:
     """The files load_market_data reads for this config (those that exist), in a fixed order: a
     change to any of them (size or time stamp) means the candles may have changed."""
-    d, case_dir = cfg.data, Path(case_dir)
+    case_dir = Path(case_dir)
     if d.source == "sample":
         return [sample_file()]
     if d.intervals:  # every interval's files, once each
-        return list(dict.fromkeys(p for iv in d.intervals for p in input_files(at_interval(cfg, iv), case_dir)))
+        return list(dict.fromkeys(p for iv in d.intervals for p in input_files(at_interval(d, iv), case_dir)))
     if d.source == "download":
         cache = CandleCache(case_dir / d.cache_dir)
         universe = universe_path(case_dir, d.universe, d.exchange)
@@ -81,7 +80,7 @@ def input_files(cfg: Config, case_dir: Path) -> list[Path]:
         ]
         return [universe, *(p for p in paths if p.is_file())]
     if d.source == "files" and d.files_dir:
-        root = files_root(cfg, case_dir)
+        root = files_root(d, case_dir)
         found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         listed = [] if d.universe == FILES_UNIVERSE else [case_dir / d.universe]
         return [*listed, *(p for p in found if p.is_file())]
@@ -126,17 +125,17 @@ def _only(mapping: Mapping, symbols: set[str]) -> Mapping:
     return {s: v for s, v in mapping.items() if s in symbols}
 
 
-def _load_series(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
+def _load_series(d: DataConfig, case_dir: Path, times_only: bool = False) -> MarketData:
     """data.intervals: one series per asset and interval (common.markets.series_name), asset-major,
     each read at its own interval as a one-interval run would read it; the synthetic market is
     made once, at its finest interval, and aggregated to the others (common.data.synthetic.aggregate)."""
-    intervals = cfg.data.intervals
-    if cfg.data.source == "synthetic":
+    intervals = d.intervals
+    if d.source == "synthetic":
         finest = min(intervals, key=INTERVAL_SECONDS.__getitem__)
-        base = load_market_data(at_interval(cfg, finest), case_dir)
+        base = load_market_data(at_interval(d, finest), case_dir)
         markets = {iv: base for iv in intervals}
     else:
-        markets = {iv: load_market_data(at_interval(cfg, iv), case_dir, times_only) for iv in intervals}
+        markets = {iv: load_market_data(at_interval(d, iv), case_dir, times_only) for iv in intervals}
     assets, where = [], {}
     for asset in dict.fromkeys(a for m in markets.values() for a in m.assets):
         for iv in intervals:
@@ -148,7 +147,7 @@ def _load_series(cfg: Config, case_dir: Path, times_only: bool = False) -> Marke
     def read(name: str) -> pd.DataFrame:
         iv, symbol = where[name]
         frame = markets[iv].candles[symbol]
-        return aggregate(frame, iv) if cfg.data.source == "synthetic" and iv != finest else frame
+        return aggregate(frame, iv) if d.source == "synthetic" and iv != finest else frame
 
     def fixes(name: str) -> dict[str, int]:  # looked up after the series' candles: lazy for the files source
         iv, symbol = where[name]
@@ -170,17 +169,16 @@ def _load_sample(interval: str) -> MarketData:
     return MarketData(assets=assets, candles={a.symbol: frames[a.symbol] for a in assets}, interval=interval)
 
 
-def _load_synthetic(cfg: Config) -> MarketData:
-    spec = synthetic_spec(cfg)
+def _load_synthetic(d: DataConfig) -> MarketData:
+    spec = synthetic_spec(d)
     # data.categories first, as for the cache: the lazy candles then hold the kept assets only
-    assets = _in_categories(synthetic_assets(spec), cfg.data.categories)
+    assets = _in_categories(synthetic_assets(spec), d.categories)
     index = {spec.symbol(i): i for i in range(spec.assets)}
     candles = LazyFrames([a.symbol for a in assets], lambda symbol: generate_asset(spec, index[symbol]).candles)
     return MarketData(assets=assets, candles=candles, interval=spec.interval)
 
 
-def _load_cache(cfg: Config, case_dir: Path, times_only: bool = False) -> MarketData:
-    d = cfg.data
+def _load_cache(d: DataConfig, case_dir: Path, times_only: bool = False) -> MarketData:
     # data.categories first: a per-market run of case A reads its own markets' files, not all 600
     universe = universe_path(case_dir, d.universe, d.exchange)
     if d.universe == EXCHANGE_UNIVERSE:  # say which of the dated files this run reads

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from common.config import Config
+from common.config import DataConfig
 from common.data.cleaning import FIX_KINDS, clean_asset, real_rows
 from common.data.market_data import MarketData
 from common.data.split_cuts import iso_ns, split_cuts, split_eras
@@ -77,8 +77,9 @@ class PreparedData:
 # --------------------------------------------------------------------------- splitting
 
 
-def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
-    """Clean every asset, split all of them at the same instants, and record what was done."""
+def prepare_data(d: DataConfig, context_length: int, market: MarketData) -> PreparedData:
+    """Clean every asset, split all of them at the same instants, and record what was done;
+    context_length (model.context_length) sets the windows and the default purge gap."""
     cleaned: dict[str, pd.DataFrame] = {}
     real_ts: dict[str, np.ndarray] = {}  # valid candles only: gap rows do not move the cuts
     records: dict[str, dict[str, Any]] = {}
@@ -99,11 +100,12 @@ def prepare_data(cfg: Config, market: MarketData) -> PreparedData:
         cleaned[asset.symbol] = frame
         real_ts[asset.symbol] = frame.index.asi8[real_rows(frame)]
     stamps = {s: f.index.asi8 for s, f in cleaned.items()}
-    return split_data(cfg, market.assets, market.interval, stamps, real_ts, records, dropped, cleaned)
+    return split_data(d, context_length, market.assets, market.interval, stamps, real_ts, records, dropped, cleaned)
 
 
 def split_data(
-    cfg: Config,
+    d: DataConfig,
+    context_length: int,
     universe: list[Asset],
     interval: str,
     stamps: Mapping[str, np.ndarray],
@@ -118,30 +120,28 @@ def split_data(
     cleaned asset's rows / real candles; records, dropped: from clean_asset (dropped grows here);
     candles: symbol -> cleaned frame, kept as given (a dict, or frames read from disk on access).
     """
-    context = cfg.model.context_length
-    window = context + 1  # a training window: context inputs plus the next-token target
-    purge = cfg.data.purge_gap or context
+    window = context_length + 1  # a training window: context inputs plus the next-token target
+    purge = d.purge_gap or context_length
     if not stamps:
         raise UserError(
             f"none of the {len(universe)} assets has a valid candle; check the data "
-            f"source ({cfg.data.source}) and interval ({interval})"
+            f"source ({d.source}) and interval ({interval})"
         )
-    d = cfg.data
     spans = {s: (int(ts[0]), int(ts[-1]), len(ts)) for s, ts in ((s, real_ts[s]) for s in real_ts)}
     per_interval = bool(d.intervals) and d.interval_split == "per_interval"
-    eras, era_cuts = split_cuts(cfg, spans, real_ts, per_interval)
+    eras, era_cuts = split_cuts(d, spans, real_ts, per_interval)
     cut_of = {s: cuts for era, cuts in zip(eras, era_cuts) for s in era}
     main = max(range(len(eras)), key=lambda i: sum(spans[s][2] for s in eras[i]))  # most candles
     splits = _split_all(stamps, cut_of, purge, window, records, dropped)
     cut1, cut2 = era_cuts[main]
     if not splits:
-        raise _too_short(stamps, context, cut1)
+        raise _too_short(stamps, context_length, cut1)
     lost = _lost_intervals(d.intervals, universe, splits)
     if lost:
-        raise _intervals_error(cfg, lost, universe, stamps, real_ts, spans, era_cuts[main], per_interval)
+        raise _intervals_error(d, context_length, lost, universe, stamps, real_ts, spans, era_cuts[main], per_interval)
 
     kept = [a for a in universe if a.symbol in splits]
-    info = _info(cfg, interval, universe, kept, records, dropped, cut1, cut2, purge)
+    info = _info(d, context_length, interval, universe, kept, records, dropped, cut1, cut2, purge)
     if len(eras) > 1:
         info["split_eras"] = split_eras(eras, era_cuts, spans, by_interval=d.interval_split == "per_interval")
     return PreparedData(
@@ -191,7 +191,8 @@ def short_intervals_error(texts: list[str], intervals: Iterable[str], context: i
 
 
 def _intervals_error(
-    cfg: Config,
+    d: DataConfig,
+    context: int,
     lost: dict[str, list[str]],
     universe: list[Asset],
     stamps: Mapping[str, np.ndarray],
@@ -202,18 +203,17 @@ def _intervals_error(
 ) -> UserError:
     """The one-line error for intervals left without training, validation or test windows, with
     the fix: per_interval cuts where they give every lost interval its windows, else more candles."""
-    context = cfg.model.context_length
-    purge = cfg.data.purge_gap or context
+    purge = d.purge_gap or context
     for interval in lost:
         if not any(split_series(s)[1] == interval for s in spans):  # no split setting can help
             return UserError(
                 f'interval {interval}: none of its series has a valid candle (see "dropped" in '
-                f"data_info.json); check the data source ({cfg.data.source}) or leave {interval} "
+                f"data_info.json); check the data source ({d.source}) or leave {interval} "
                 "out of data.intervals"
             )
     fixed = False
     if not per_interval:  # would each interval's own dates give it its windows?
-        eras, era_cuts = split_cuts(cfg, spans, real_ts, True)
+        eras, era_cuts = split_cuts(d, spans, real_ts, True)
         cut_of = {s: c for era, c in zip(eras, era_cuts) for s in era}
         alone = _split_all(stamps, cut_of, purge, context + 1, {s: {} for s in stamps}, {})
         fixed = not _lost_intervals(lost, universe, alone)
@@ -295,7 +295,8 @@ def _too_short(stamps: Mapping[str, np.ndarray], context: int, cut1: int) -> Use
 
 
 def _info(
-    cfg: Config,
+    d: DataConfig,
+    context: int,
     interval: str,
     universe: list[Asset],
     kept: list[Asset],
@@ -317,12 +318,12 @@ def _info(
     }
     totals.update({name: sum(r[name] for r in kept_records.values()) for name in SPLITS})
     return {
-        "source": cfg.data.source,
+        "source": d.source,
         "interval": interval,
-        **({"intervals": list(cfg.data.intervals)} if cfg.data.intervals else {}),
-        "context_length": cfg.model.context_length,
+        **({"intervals": list(d.intervals)} if d.intervals else {}),
+        "context_length": context,
         "purge_gap": purge,
-        "ratios": {"train": cfg.data.train_ratio, "val": cfg.data.val_ratio, "test": cfg.data.test_ratio},
+        "ratios": {"train": d.train_ratio, "val": d.val_ratio, "test": d.test_ratio},
         "split_cuts": {"val_start": iso_ns(cut1), "test_start": iso_ns(cut2)},
         "num_assets": len(kept),
         "num_dropped": len(dropped),

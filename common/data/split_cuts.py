@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from common.config import Config
+from common.config import DataConfig
 from common.markets import split_series
 
 __all__ = ["era_text", "eras_of", "global_cuts", "iso_ns", "split_cuts", "split_eras"]
@@ -121,11 +121,10 @@ def split_eras(
 
 
 def split_cuts(
-    cfg: Config, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray], per_interval: bool
+    d: DataConfig, spans: dict[str, tuple[int, int, int]], real_ts: Mapping[str, np.ndarray], per_interval: bool
 ) -> tuple[list[list[str]], list[tuple[int, int]]]:
     """The eras and each era's (val start, test start) cuts; per_interval: each interval's series
     are grouped into eras of their own, as in a one-interval run."""
-    d = cfg.data
     if per_interval:
         groups: dict[str, dict] = {}
         for s, span in spans.items():

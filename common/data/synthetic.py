@@ -29,7 +29,7 @@ Generation is deterministic per asset: the market (regime, factor, gaps) comes f
 SeedSequence([seed, 2**32]) and asset i from SeedSequence([seed, i]), so one asset can be made
 alone and `iter_assets` streams assets in memory bounded by one asset's candles.
 
-Training reads it as data.source = "synthetic" (common.data.loading): `synthetic_spec(cfg)` is
+Training reads it as data.source = "synthetic" (common.data.loading): `synthetic_spec(cfg.data)` is
 data.synthetic at data.interval from data.start_date, and the loader makes each asset's candles
 only when they are looked up (generate_asset; the market all assets share is made once per spec).
 SyntheticSpec itself lives in common/synthetic_spec.py, on the root floor, so the config checks
@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_path
-from common.config import Config
+from common.config import DataConfig
 from common.data.synthetic_rich import JUMP_PROB, JUMP_SCALE, regimes, rich_returns
 from common.data.universe import Asset
 from common.errors import UserError
@@ -216,10 +216,10 @@ def iter_assets(spec: SyntheticSpec) -> Iterator[SyntheticAsset]:
         yield _asset(spec, i, market)
 
 
-def synthetic_spec(cfg: Config) -> SyntheticSpec:
+def synthetic_spec(d: DataConfig) -> SyntheticSpec:
     """The market of data.source = "synthetic": data.synthetic's settings at data.interval from
     data.start_date (the config checked them when it loaded)."""
-    return spec_from_dict(cfg.data.synthetic, {"interval": cfg.data.interval, "start": cfg.data.start_date})
+    return spec_from_dict(d.synthetic, {"interval": d.interval, "start": d.start_date})
 
 
 def aggregate(candles: pd.DataFrame, interval: str) -> pd.DataFrame:

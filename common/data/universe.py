@@ -6,7 +6,7 @@
     BTC/USDT,ccxt,crypto,Bitcoin
 
 The symbol drives the model's asset embedding and the category its category embedding; the
-ids of both go to asset_info.json in the run folder (common.run.info). Every problem in the file is a UserError
+ids of both go to asset_info.json in the run folder (common.tokens.ids). Every problem in the file is a UserError
 that names the file and the line, because a bad universe only shows up days later otherwise.
 A comment "# As of YYYY-MM-DD" dates the list (`universe_as_of`): a universe is a list of the
 constituents on that day, trained on their past, so it carries survivorship bias.

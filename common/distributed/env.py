@@ -16,8 +16,8 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from common.distributed.scheduler import slurm_job_id
 from common.errors import UserError
-from common.slurm.scheduler import slurm_job_id
 
 __all__ = [
     "DistEnv",

@@ -39,7 +39,7 @@ from common.evaluation.price_baselines import (
 )
 from common.markets import interval_step
 from common.run.files import ASSET_INFO_JSON, CONFIG_JSON
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.token_set import TokenSet, token_path
 
 __all__ = ["AssetSeries", "LazyCandles", "fit_price_baselines", "series_from_prepared", "series_from_run"]
@@ -148,7 +148,7 @@ def series_from_run(run_dir: str | Path, interval: Optional[str] = None) -> tupl
             )
     cfg = load_config(run_dir / CONFIG_JSON)
     tokens = TokenSet.load(token_path(run_dir))
-    market = load_market_data(cfg, run_dir.parent.parent)
+    market = load_market_data(cfg.data, run_dir.parent.parent)
     assets = {a.symbol: a for a in market.assets}
     # only a run of several intervals needs asset_info.json here (its series names and intervals)
     info = RunInfo.read(run_dir / ASSET_INFO_JSON) if (run_dir / ASSET_INFO_JSON).is_file() else RunInfo((), {})

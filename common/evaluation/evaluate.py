@@ -58,7 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from common.atomic import atomic_write_json, read_json
+from common.atomic import atomic_write_json
 from common.distributed.env import pick_device
 from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
@@ -75,10 +75,11 @@ from common.evaluation.token_scoring import (
 )
 from common.model.gpt import MarketGPT
 from common.run.checkpoint import load_checkpoint
-from common.run.files import TEST_RESULTS_JSON, TRAINING_LOG_JSON
+from common.run.files import TEST_RESULTS_JSON
 from common.run.folder import Run
-from common.run.info import RunInfo
+from common.run.log import RunLog
 from common.special_tokens import PAD_TOKEN
+from common.tokens.ids import RunInfo
 
 __all__ = ["evaluate_best", "evaluate_run", "evaluate_run_dir", "summarize_results"]
 
@@ -335,8 +336,7 @@ def evaluate_best(
         results = {**results, "interval": info.intervals[0], "per_interval": per_interval}
     results = {**results, "best_epoch": best["epoch"], "best_val_loss": best["val_loss"], **(extra or {})}
     try:
-        log = read_json(run_dir / TRAINING_LOG_JSON)
-        write_report(run_dir, {**log, "status": status or log.get("status")}, results)
+        write_report(run_dir, RunLog.read(run_dir), results, status)
     except Exception as e:  # the numbers are saved; a picture that fails must not fail the run
         print(f"warning: report.png not written ({type(e).__name__}: {e})", file=sys.stderr)
         results["report_error"] = f"{type(e).__name__}: {e}"  # so --resume auto doesn't redraw it forever

@@ -17,19 +17,18 @@ from typing import Optional, TextIO
 
 import torch
 
-from common.config import Config
+from common.config import TrainingConfig
 
 __all__ = ["end_of_training_scorecard"]
 
 
 def end_of_training_scorecard(
-    cfg: Config, run_dir: Path, device: torch.device, out: Optional[TextIO] = None
+    t: TrainingConfig, run_dir: Path, device: torch.device, out: Optional[TextIO] = None
 ) -> Optional[str]:
     """The small end-of-training scorecard (training.scorecard_*), written into the run folder
     before the final test results. Returns None when it was written or is switched off, else
     the reason it failed: a scorecard that fails must not fail a trained run, and the reason
     goes into test_results.json (so --resume auto does not retry it forever)."""
-    t = cfg.training
     if t.scorecard_origins == 0:
         return None
     out = out or sys.stdout

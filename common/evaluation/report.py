@@ -1,12 +1,12 @@
 """report.png: one picture of a run, written into its run folder.
 
-    write_report(run_dir, training_log, test_results) -> run_dir / "report.png"
+    write_report(run_dir, log, test_results, status) -> run_dir / "report.png"
 
 Four panels: train/val loss per epoch (best epoch marked), test loss (with the loss skill
 against unigram and markov1 and its 95% block-bootstrap interval) and test accuracy
 (top-1, top-5) of the model next to the naive baselines, and directional accuracy with its 95%
-interval next to always-up. Both dicts are the JSON files of the run folder (training_log.json,
-test_results.json); a missing or null value leaves its bar or point out instead of failing.
+interval next to always-up. `log` is the run's training_log.json (a RunLog), `test_results` its
+test_results.json; a missing or null value leaves its bar or point out instead of failing.
 Rendering uses matplotlib's Agg backend, so no display is needed (Slurm nodes have none).
 """
 
@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from common.atomic import atomic_savefig
 from common.run.files import REPORT_PNG
+from common.run.log import RunLog
 
 __all__ = ["write_report"]
 
@@ -25,21 +26,22 @@ _PREDICTORS = (("model", "model"), ("unigram", "unigram"), ("repeat_last", "repe
 _MODEL_COLOR, _BASELINE_COLOR = "#1f77b4", "#b0b0b0"
 
 
-def write_report(run_dir: str | os.PathLike, training_log: dict, test_results: dict) -> Path:
-    """Draw the report and write it atomically as run_dir/report.png; returns its path."""
+def write_report(run_dir: str | os.PathLike, log: RunLog, test_results: dict, status: Optional[str] = None) -> Path:
+    """Draw the report and write it atomically as run_dir/report.png; returns its path.
+    `status`: the run's, when the log does not say it yet (the final outputs come before it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # before pyplot: no display on compute nodes
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    title = training_log.get("experiment") or Path(run_dir).name
+    title = log.experiment or Path(run_dir).name
     fig.suptitle(
-        f"MarketGPT run {title}: status {training_log.get('status', '?')}, "
+        f"MarketGPT run {title}: status {status or log.status or '?'}, "
         f"{test_results.get('num_tokens', 0):,} test tokens",
         fontsize=12,
     )
-    _loss_curves(axes[0, 0], training_log)
+    _loss_curves(axes[0, 0], log)
     _bars(axes[0, 1], test_results, "loss", "Test loss (cross-entropy, nats; lower is better)", "{:.3f}")
     _skill_note(axes[0, 1], test_results)
     _accuracy(axes[1, 0], test_results)
@@ -63,16 +65,16 @@ def _metric(results: dict, predictor: str, key: str) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def _loss_curves(ax: Any, log: dict) -> None:
+def _loss_curves(ax: Any, log: RunLog) -> None:
     from matplotlib.ticker import MaxNLocator  # matplotlib only when a report is drawn
 
-    epochs = log.get("epochs") or []
+    epochs = log.epochs
     for key, label, style in (("train_loss", "train", "-o"), ("val_loss", "val", "-s")):
         points = [(e["epoch"], e[key]) for e in epochs if e.get(key) is not None]
         if points:
             ax.plot(*zip(*points), style, markersize=3, label=label)
-    if log.get("best_epoch") is not None:
-        ax.axvline(log["best_epoch"], color="gray", linestyle=":", label=f"best epoch {log['best_epoch']}")
+    if log.best_epoch is not None:
+        ax.axvline(log.best_epoch, color="gray", linestyle=":", label=f"best epoch {log.best_epoch}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Loss per epoch")
     ax.set_xlabel("epoch")

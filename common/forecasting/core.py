@@ -43,9 +43,9 @@ from common.forecasting.forecast_io import ForecastResult, History, future_times
 from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, load_histories
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
-from common.run.info import RunInfo
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -105,7 +105,7 @@ class ForecasterCore:
         categories = {s: self.assets[s].category for s in chosen}
         return [
             History(s, frame)
-            for s, frame in load_histories(self.cfg, self.run_dir, categories, chosen, as_of, self.interval)
+            for s, frame in load_histories(self.cfg.data, self.run_dir, categories, chosen, as_of, self.interval)
         ]
 
     def set_market(self, candles: Mapping[str, pd.DataFrame]) -> None:
@@ -124,7 +124,9 @@ class ForecasterCore:
     def _market(self) -> MarketContext:
         if self.market is None:
             categories = {s: self.assets[s].category for s in self.symbols}
-            self.set_market(dict(load_histories(self.cfg, self.run_dir, categories, self.symbols, None, self.interval)))
+            self.set_market(
+                dict(load_histories(self.cfg.data, self.run_dir, categories, self.symbols, None, self.interval))
+            )
         assert self.market is not None
         return self.market
 

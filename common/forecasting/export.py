@@ -39,13 +39,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_model
 
-from common.atomic import default_mode, read_json_or_empty
+from common.atomic import default_mode
 from common.errors import UserError
 from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.forecasting.model_card import model_card, model_card_markdown
 from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
-from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON, TRAINING_LOG_JSON
+from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
+from common.run.log import RunLog
 from common.tokens.features import CALENDAR_B, feature_columns
 
 if TYPE_CHECKING:
@@ -410,7 +411,7 @@ def save_safetensors(fc: Forecaster, run_dir: Path, target: Path) -> None:
         "format": "pt",
         "library": "marketgpt",
         "checkpoint_sha256": fc.checkpoint_sha256,
-        "training_precision": read_json_or_empty(run_dir / TRAINING_LOG_JSON).get("precision"),
+        "training_precision": RunLog.read(run_dir).precision,
         "volume_edges": None if fc.volume_edges is None else json.dumps(fc.volume_edges),
     }
     assert fc.model is not None  # a torch Forecaster

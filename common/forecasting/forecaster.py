@@ -30,7 +30,7 @@ from common.model.sampling import SamplingSettings, sample_paths
 from common.run.checkpoint import load_checkpoint, unwrap_state_dict
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
 from common.run.folder import Run
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["PRETRAINED_FILES", "Forecaster"]
@@ -82,7 +82,7 @@ class Forecaster(ForecasterCore):
         run_dir, cfg, info = run.path, run.cfg, run.info
         interval, interval_id = info.interval(cfg.data.interval, interval)
         device = torch.device(device) if device is not None else torch.device("cpu")
-        precision = inference_precision(precision, run.log().get("precision"), device)
+        precision = inference_precision(precision, run.log().precision, device)
         best = load_checkpoint(run.best_model, map_location=device)
         model = MarketGPT.for_run(cfg.model, info)
         model.default_interval = interval_id

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from common.config import Config
+from common.config import DataConfig
 from common.data.cleaning import clean_candles, fill_gaps
 from common.data.loading import load_market_data
 from common.errors import UserError
@@ -45,7 +45,7 @@ def parse_as_of(text: str) -> pd.Timestamp:
 
 
 def load_histories(
-    cfg: Config,
+    d: DataConfig,
     run_dir: Optional[Path],
     categories: Mapping[str, str],
     symbols: Sequence[str],
@@ -55,12 +55,12 @@ def load_histories(
     """(symbol, cleaned candles up to as-of) per symbol (default: all of its candles).
     `categories` maps each symbol to its category (crypto gaps are filled as in training).
     interval: which of a run's data.intervals (default: data.interval), read from that interval's series."""
-    load = history_loader(cfg, run_dir, categories, as_of, interval)
+    load = history_loader(d, run_dir, categories, as_of, interval)
     return [(symbol, load(symbol)) for symbol in symbols]
 
 
 def history_loader(
-    cfg: Config,
+    d: DataConfig,
     run_dir: Optional[Path],
     categories: Mapping[str, str],
     as_of: Optional[str],
@@ -70,21 +70,21 @@ def history_loader(
     called (a caller walking many assets holds one)."""
     cut = parse_as_of(as_of) if as_of is not None else None
     case_dir = run_dir.resolve().parent.parent if run_dir is not None else None
-    if cfg.data.source == "download" and case_dir is None:
+    if d.source == "download" and case_dir is None:
         raise UserError(
             "this Forecaster has no run folder, so it cannot find the case's candle cache; "
             "pass histories to forecast() instead"
         )
-    market = load_market_data(cfg, case_dir if case_dir is not None else Path("."))
-    interval = interval or cfg.data.interval
+    market = load_market_data(d, case_dir if case_dir is not None else Path("."))
+    interval = interval or d.interval
     step = interval_step(interval)
 
     def load(symbol: str) -> pd.DataFrame:
-        raw = market.candles.get(series_name(symbol, interval) if cfg.data.intervals else symbol)
+        raw = market.candles.get(series_name(symbol, interval) if d.intervals else symbol)
         if raw is None or raw.empty:
             raise UserError(
                 f"{symbol}: no {interval} candles in the run's data source "
-                f"({cfg.data.source}); run `marketgpt data download` for its case first"
+                f"({d.source}); run `marketgpt data download` for its case first"
             )
         if cut is not None:
             index = raw.index.tz_localize("UTC") if raw.index.tz is None else raw.index.tz_convert("UTC")

@@ -42,7 +42,7 @@ from common.model.windows import (
     prefill_length as window_start,  # this module's name for it
 )
 from common.run.files import ASSET_INFO_JSON, CONFIG_JSON, TOKENIZER_JSON
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = [

@@ -28,7 +28,6 @@ from torch.nn import functional as F
 from common.config import Config, ModelConfig
 from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
-from common.run.info import RunInfo
 from common.special_tokens import PAD_TOKEN
 from common.tokens.features import (
     CALENDAR_A,
@@ -40,6 +39,7 @@ from common.tokens.features import (
     VOLUME_BINS,
     feature_columns,
 )
+from common.tokens.ids import RunInfo
 
 __all__ = ["Dropout", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
 

@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from common.atomic import read_json
-from common.config import Config
+from common.config import DataConfig, ModelConfig
 from common.errors import UserError
 from common.model.sizing import meta_model
 
@@ -232,10 +232,10 @@ def load_fit(path: Path = FIT_FILE) -> Optional[ScalingFit]:
         ) from None
 
 
-def corpus_of(cfg: Config) -> dict[str, Any]:
+def corpus_of(m: ModelConfig, d: DataConfig) -> dict[str, Any]:
     """What a fit's points must share with a run for its advice to apply: the token vocabulary
     and the candles' interval(s)."""
-    return {"vocab_size": cfg.model.vocab_size, "intervals": list(cfg.data.run_intervals())}
+    return {"vocab_size": m.vocab_size, "intervals": list(d.run_intervals())}
 
 
 def _val(point: dict[str, Any]) -> float:
@@ -291,8 +291,8 @@ def sweep_points(folder: Path, grid: Sequence[str], recorded: Sequence[dict[str,
     return [rows[name] for name in grid if name in rows]
 
 
-def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
-    """The fit of a user's sweep for `cfg`'s corpus: a sweep.json is refitted from every finished
+def load_size_fit(path: Path, corpus: dict[str, Any]) -> ScalingFit:
+    """The fit of a user's sweep for a run's `corpus` (corpus_of): a sweep.json is refitted from every finished
     point file beside it (sweep_points, sweep_fit), so a summary that lags loses no point; a fit
     file is read as it is. Refused in one line when it is missing or was fitted on another
     vocabulary or interval."""
@@ -311,8 +311,7 @@ def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
             fit = ScalingFit.from_dict(raw)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{path}: not a scaling fit ({e})") from None
-    mine = corpus_of(cfg)
-    for key, value in mine.items():
+    for key, value in corpus.items():
         if fit.corpus.get(key) != value:
             raise UserError(
                 f"{path}: fitted on {key} {fit.corpus.get(key)}, this config has {value}: "
@@ -322,15 +321,14 @@ def load_size_fit(path: Path, cfg: Config) -> ScalingFit:
 
 
 def _shape_rows(
-    cfg: Config, fit: ScalingFit, num_assets: Optional[int], num_categories: Optional[int]
+    m: ModelConfig, d: DataConfig, fit: ScalingFit, num_assets: Optional[int], num_categories: Optional[int]
 ) -> list[tuple[int, tuple[int, int, int, int]]]:
     """(parameters, shape) of the SHAPES inside the fit's measured range of N (within 1.5x)."""
     rows = []
     for d_model, layers, heads, d_ff in SHAPES:
-        shape = copy.deepcopy(cfg)
-        m = shape.model
-        m.d_model, m.num_layers, m.num_heads, m.d_ff = d_model, layers, heads, d_ff
-        n = meta_model(shape, num_assets, num_categories).num_parameters()
+        shape = copy.deepcopy(m)
+        shape.d_model, shape.num_layers, shape.num_heads, shape.d_ff = d_model, layers, heads, d_ff
+        n = meta_model(shape, d, num_assets, num_categories).num_parameters()
         if fit.n_range[0] / 1.5 <= n <= fit.n_range[1] * 1.5:
             rows.append((n, (d_model, layers, heads, d_ff)))
     if not rows:
@@ -346,7 +344,8 @@ def _pick(rows: Sequence[tuple[int, tuple[int, int, int, int]]], coef: dict[str,
 
 
 def best_shape(
-    cfg: Config,
+    m: ModelConfig,
+    d: DataConfig,
     train_tokens: float,
     fit: ScalingFit,
     num_assets: Optional[int] = None,
@@ -355,7 +354,7 @@ def best_shape(
     """The shape of SHAPES (inside the fit's measured range of N) that the fit predicts best for
     `train_tokens`: the smallest one within TOLERANCE of the lowest predicted loss. Returns
     d_model, num_layers, num_heads, d_ff, parameters, predicted_loss and why."""
-    rows = _shape_rows(cfg, fit, num_assets, num_categories)
+    rows = _shape_rows(m, d, fit, num_assets, num_categories)
     n, (d_model, layers, heads, d_ff) = rows[_pick(rows, fit.coef, train_tokens)]
     loss = fit.loss(n, train_tokens)
     extrapolated = not fit.in_range(train_tokens)
@@ -391,7 +390,8 @@ def size_resolved(fit: ScalingFit) -> bool:
 
 
 def size_advice(
-    cfg: Config,
+    m: ModelConfig,
+    d: DataConfig,
     train_tokens: float,
     fit: ScalingFit,
     num_assets: Optional[int] = None,
@@ -405,8 +405,8 @@ def size_advice(
     memorization rule (min_tokens_per_parameter, common/commands/plan_figures.py) allows."""
     if not size_resolved(fit):
         return {"shape": None, "text": f"{NO_SIZE_ADVICE} ({fit.points} points; {fit.source})"}
-    choice = best_shape(cfg, train_tokens, fit, num_assets, num_categories)
-    rows = _shape_rows(cfg, fit, num_assets, num_categories)
+    choice = best_shape(m, d, train_tokens, fit, num_assets, num_categories)
+    rows = _shape_rows(m, d, fit, num_assets, num_categories)
     picked = [rows[_pick(rows, k, train_tokens)][0] for k in fit.draws]
     low, high = (int(q) for q in np.quantile(picked, [0.025, 0.975], method="lower"))
     choice["parameters_ci95"] = [low, high]

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from common.config import Config
+from common.config import Config, DataConfig, ModelConfig
 from common.errors import UserError
 from common.model.gpt import MarketGPT
 from common.model.memory import estimate_training_memory
@@ -24,13 +24,15 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.2f} GB"
 
 
-def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> MarketGPT:
+def meta_model(
+    m: ModelConfig, d: DataConfig, num_assets: Optional[int] = None, num_categories: Optional[int] = None
+) -> MarketGPT:
     """The case's model on the meta device (shapes only: no memory, no init cost).
 
     Without num_assets / num_categories, the case's data.universe_counts gives them (the sum
     of its counts and its number of categories), or 1 if it is empty.
     """
-    counts = cfg.data.universe_counts
+    counts = d.universe_counts
     if num_assets is None:
         num_assets = sum(counts.values()) or 1
     if num_categories is None:
@@ -38,14 +40,12 @@ def meta_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Op
     if num_assets < 1 or num_categories < 1:
         raise UserError(f"--num-assets ({num_assets}) and --num-categories ({num_categories}) must be at least 1")
     with torch.device("meta"):
-        return MarketGPT(
-            cfg.model, num_assets=num_assets, num_categories=num_categories, num_intervals=len(cfg.data.intervals) or 1
-        )
+        return MarketGPT(m, num_assets=num_assets, num_categories=num_categories, num_intervals=len(d.intervals) or 1)
 
 
-def _inputs_line(cfg: Config) -> str:
+def _inputs_line(m: ModelConfig) -> str:
     """What each input besides the tokens adds (lookup tables of d_model rows)."""
-    C = cfg.model.d_model
+    C = m.d_model
     adds = {
         "time_features": (CALENDAR_A + CALENDAR_B) * C,
         "volume_input": (VOLUME_BINS + 1) * C,
@@ -53,8 +53,7 @@ def _inputs_line(cfg: Config) -> str:
         "market_context": MARKET_COLUMNS * (MARKET_BINS + 1) * C,
     }
     parts = [
-        f"{key} {'on' if getattr(cfg.model, key) else 'off'} ({'' if getattr(cfg.model, key) else 'would add '}"
-        f"+{n:,} parameters)"
+        f"{key} {'on' if getattr(m, key) else 'off'} ({'' if getattr(m, key) else 'would add '}+{n:,} parameters)"
         for key, n in adds.items()
     ]
     return "inputs besides tokens: " + "; ".join(parts)
@@ -62,7 +61,7 @@ def _inputs_line(cfg: Config) -> str:
 
 def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories: Optional[int] = None) -> str:
     """Parameter counts and a per-GPU training memory estimate (see meta_model for the sizes)."""
-    model = meta_model(cfg, num_assets, num_categories)
+    model = meta_model(cfg.model, cfg.data, num_assets, num_categories)
     num_assets, num_categories = model.num_assets, model.num_categories
     m, B = cfg.model, cfg.training.batch_size
     n_total, n_body = model.num_parameters(), model.num_parameters(non_embedding=True)
@@ -78,7 +77,7 @@ def describe_model(cfg: Config, num_assets: Optional[int] = None, num_categories
             f"context {m.context_length}, vocab {m.vocab_size}, positions {m.positional}; "
             f"assets {num_assets}, categories {num_categories}",
             f"parameters: {n_total:,} total, {n_body:,} non-embedding",
-            _inputs_line(cfg),
+            _inputs_line(m),
             f"training memory per GPU (batch {B} x {m.context_length} tokens, {precision}"
             f"{' autocast' if precision != 'fp32' else ''}, {world} GPU(s)"
             f"{', gradient checkpointing' if t.gradient_checkpointing else ''}):",

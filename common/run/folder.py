@@ -30,6 +30,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from common.atomic import atomic_write_json, check_writable as _check_writable, read_json
 from common.config import Config, ConfigError, config_to_dict, load_config, save_config
+from common.distributed.scheduler import job_metadata
 from common.errors import UserError
 from common.run.files import (
     ASSET_INFO_JSON,
@@ -39,10 +40,11 @@ from common.run.files import (
     REPORT_PNG,
     TEST_RESULTS_JSON,
     TOKENIZER_JSON,
+    TOKENS_DIR,
     TRAINING_LOG_JSON,
 )
-from common.run.info import RunInfo
-from common.slurm.scheduler import job_metadata
+from common.run.log import RunLog
+from common.tokens.ids import RunInfo
 from common.tokens.token_set import TokenSet, token_path
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -53,7 +55,6 @@ __all__ = [
     "check_writable",
     "config_differences",
     "has_final_outputs",
-    "read_log",
 ]
 
 # Keys a resumed run may change (with --set): they don't touch the model, the data, the
@@ -137,12 +138,12 @@ class Run:
         """Write a new run's files into its (new, empty) folder: first its training log naming the
         job that owns it, so `--resume auto` elsewhere leaves it alone while it is set up."""
         try:
-            atomic_write_json(path / TRAINING_LOG_JSON, {"status": "running", "epochs": [], **job_metadata()})
+            RunLog({"status": "running", "epochs": [], **job_metadata()}).write(path / TRAINING_LOG_JSON)
             save_config(cfg, path / CONFIG_JSON)
             tokenizer.save(path / TOKENIZER_JSON)
             atomic_write_json(path / ASSET_INFO_JSON, info.to_json())
             atomic_write_json(path / DATA_INFO_JSON, dict(data_info))
-            tokens.save(path / "tokens")  # hard links to the shard's files
+            tokens.save(path / TOKENS_DIR)  # hard links to the shard's files
         except OSError as e:
             raise UserError(f"cannot write to the run folder {path} ({e.strerror or e})") from None
         return cls(path, cfg, tokenizer, info, tokens)
@@ -151,9 +152,9 @@ class Run:
     def best_model(self) -> Path:
         return self.path / BEST_MODEL_PT
 
-    def log(self) -> dict:
-        """training_log.json, {} where there is none yet or it cannot be read."""
-        return read_log(self.path)
+    def log(self) -> RunLog:
+        """training_log.json (empty, status None, where there is none yet or it cannot be read)."""
+        return RunLog.read(self.path)
 
     def data_info(self) -> dict:
         """data_info.json ({} for a run made before it existed); a UserError where it is damaged."""
@@ -186,16 +187,6 @@ def check_writable(folder: Path) -> None:
         "run folder location",
         "fix its permissions or free space, or point --config at a case folder you can write",
     )
-
-
-def read_log(run_dir: Path) -> dict:
-    """A run's training_log.json, {} where there is none yet (it died before its first step) or
-    it cannot be read: nothing recorded."""
-    try:
-        log = json.loads((Path(run_dir) / TRAINING_LOG_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return log if isinstance(log, dict) else {}
 
 
 def has_final_outputs(run_dir: Path) -> bool:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from common.distributed import scheduler
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_position, latest_good_checkpoint
 from common.run.files import (
@@ -21,8 +22,8 @@ from common.run.files import (
     TOKENIZER_JSON,
     TRAINING_LOG_JSON,
 )
-from common.run.folder import check_writable, has_final_outputs, read_log
-from common.slurm import scheduler
+from common.run.folder import check_writable, has_final_outputs
+from common.run.log import RunLog
 
 __all__ = ["auto_resume_run", "find_runs", "new_run_dir", "resolve_resume", "resumable_run", "reuse_unstarted_run"]
 
@@ -124,18 +125,16 @@ def auto_resume_run(runs: Sequence[Path]) -> Optional[Path]:
        is continued: its last checkpoint has nothing left to train, so only the outputs are
        computed.
     """
-    logs = {run: read_log(run) for run in runs}
+    logs = {run: RunLog.read(run) for run in runs}
     me = scheduler.slurm_job_id()
-    mine = [run for run in runs if me and logs[run].get("slurm_job_id") == me]
+    mine = [run for run in runs if me and logs[run].slurm_job_id == me]
     if mine:
         return mine[-1]
     if not runs:
         return None
     newest = runs[-1]
     log = logs[newest]
-    done = log.get("status") == "failed" or (
-        log.get("status") in ("finished", "early_stopped") and has_final_outputs(newest)
-    )
+    done = log.status == "failed" or (log.status in ("finished", "early_stopped") and has_final_outputs(newest))
     if done or _live_owner(newest, log) is not None:
         return None
     return newest
@@ -150,9 +149,9 @@ def resumable_run(checkpoints: Path, experiment: str) -> Optional[Path]:
     return run
 
 
-def _live_owner(run_dir: Path, log: Optional[dict] = None) -> Optional[str]:
+def _live_owner(run_dir: Path, log: Optional[RunLog] = None) -> Optional[str]:
     """The id of another Slurm job, still queued or running, that trains this run (else None)."""
-    owner = (log if log is not None else read_log(run_dir)).get("slurm_job_id")
+    owner = (log if log is not None else RunLog.read(run_dir)).slurm_job_id
     # through the module, so a test can stand in for squeue
     return owner if owner and owner != scheduler.slurm_job_id() and scheduler.job_is_alive(owner) else None
 

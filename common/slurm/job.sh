@@ -22,7 +22,7 @@ marketgpt_activate_env() {
     source "$REPO/common/slurm/cluster_env.sh"
 }
 
-# common/slurm/requeue.py's EXIT_REQUEUE and DEFAULT_MAX_REQUEUES (tests/test_slurm_scripts.py checks
+# common/distributed/requeue.py's EXIT_REQUEUE and DEFAULT_MAX_REQUEUES (tests/test_slurm_scripts.py checks
 # that they agree): exit 75 = saved a checkpoint, run me again; requeue at most 20 times.
 MARKETGPT_EXIT_REQUEUE=75
 MARKETGPT_REQUEUE_CAP=${MARKETGPT_MAX_REQUEUES:-20}

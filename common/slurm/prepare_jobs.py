@@ -31,10 +31,10 @@ from common.atomic import read_json
 from common.config import Config, SlurmConfig, load_config
 from common.data.check import print_left_out
 from common.data.loading import load_market_data
+from common.distributed.scheduler import check_partition, parse_slurm_time, slurm_available
 from common.errors import UserError
 from common.paths import case_dir_of_config
 from common.run.files import DATA_INFO_JSON
-from common.slurm.scheduler import check_partition, parse_slurm_time, slurm_available
 from common.slurm.submit import CLUSTER_ENV, job_environment, rel_path
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.shard_stages import STAGES, prepare_stage
@@ -131,7 +131,7 @@ def plan_preparation(config: Path, overrides: Sequence[str] = (), tasks: int = 2
         )
     parse_slurm_time(cfg.slurm.time)
     case = case_dir_of_config(config)
-    series = len(load_market_data(cfg, case).assets)  # the universe only: candles are read lazily
+    series = len(load_market_data(cfg.data, case).assets)  # the universe only: candles are read lazily
     if tasks > series:
         raise UserError(
             f"--array {tasks}: more tasks than the {series} series to prepare (task i takes series i, "

@@ -14,12 +14,12 @@ returns 75; the job then hands the signal to submitit, which calls `checkpoint()
 training, pinned to this job's run folder) and requeues it. submitit counts every signal
 that comes after min(0.8 x limit, limit - 10 min) as a time-out, and allows only
 `max_num_timeout` of those (3 by default): short jobs always look timed out, and a 7-day run
-on a 2-day partition needs 4, so the cap is raised to common.slurm.requeue.MAX_REQUEUES.
+on a 2-day partition needs 4, so the cap is raised to common.distributed.requeue.MAX_REQUEUES.
 
 Nothing is queued before the case, the config with its overrides, every array value and the
 partition have been checked. There is no `sacct` on some clusters (submitit then reports the
 state as UNKNOWN and `job.result()` can wait forever on a job killed outside Python), so
-waiting goes through common.slurm.scheduler.wait_for_jobs (squeue / scontrol, with a timeout).
+waiting goes through common.distributed.scheduler.wait_for_jobs (squeue / scontrol, with a timeout).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 import submitit
 
 from common.config import Config, SlurmConfig, load_config
+from common.distributed.requeue import EXIT_REQUEUE, MAX_REQUEUES
+from common.distributed.scheduler import check_partition, job_info, parse_slurm_time, slurm_available, slurm_job_id
 from common.errors import UserError
 from common.paths import REPO_ROOT, case_config, case_dir, case_dir_of_config
-from common.slurm.requeue import EXIT_REQUEUE, MAX_REQUEUES
-from common.slurm.scheduler import check_partition, job_info, parse_slurm_time, slurm_available, slurm_job_id
 
 __all__ = [
     "Submission",

@@ -17,9 +17,9 @@ from typing import Any, Optional, TextIO
 
 import submitit
 
+from common.distributed.requeue import EXIT_REQUEUE
+from common.distributed.scheduler import check_partition, slurm_available, slurm_job_id
 from common.errors import UserError
-from common.slurm.requeue import EXIT_REQUEUE
-from common.slurm.scheduler import check_partition, slurm_available, slurm_job_id
 from common.slurm.submit import executor_parameters, job_environment, rel_path, still_running
 
 __all__ = ["SweepTask", "submit_sweep"]

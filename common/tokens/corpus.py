@@ -11,11 +11,11 @@ from typing import Iterator, Optional, TextIO, cast
 import numpy as np
 import pandas as pd
 
-from common.config import Config
+from common.config import Config, ModelConfig
 from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
-from common.run.info import RunInfo
 from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
@@ -109,8 +109,8 @@ def ranges_of(prepared: PreparedData, symbol: str) -> dict[str, tuple[int, int]]
     return {name: (r.start, r.stop) for name, r in (("train", split.train), ("val", split.val), ("test", split.test))}
 
 
-def wants_features(cfg: Config) -> bool:
-    return cfg.model.reads_features
+def wants_features(m: ModelConfig) -> bool:
+    return m.reads_features
 
 
 def prepare_in_memory(
@@ -118,10 +118,10 @@ def prepare_in_memory(
 ) -> Prepared:
     """The same corpus prepared in memory for one run (data.shards = false): every asset's
     candles held at once, nothing written to the data cache."""
-    market = load_market_data(cfg, case_dir)
-    prepared = prepare_data(cfg, market)
+    market = load_market_data(cfg.data, case_dir)
+    prepared = prepare_data(cfg.data, cfg.model.context_length, market)
     tokenizer = fit_tokenizer(cfg, prepared, parent)
-    edges = fit_volume(prepared) if wants_features(cfg) else None
+    edges = fit_volume(prepared) if wants_features(cfg.model) else None
     symbols = [a.symbol for a in prepared.assets]
     tokens: dict[str, np.ndarray] = {}
     moves: dict[str, np.ndarray] = {}

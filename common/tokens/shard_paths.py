@@ -46,7 +46,7 @@ def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> 
         },
         "tokenizer": config_to_dict(cfg)["tokenizer"],
         "parent_tokenizer": _sha256(parent) if parent is not None else None,
-        "files": [[str(p), *_stamp(p)] for p in input_files(cfg, case_dir)],
+        "files": [[str(p), *_stamp(p)] for p in input_files(cfg.data, case_dir)],
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(case_dir) / cfg.data.cache_dir / "shards" / key, inputs

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_path, atomic_write_json, publish_folder, read_json
-from common.config import Config
+from common.config import Config, DataConfig
 from common.data.cleaning import COLUMNS, clean_asset, real_rows
 from common.data.loading import load_market_data
 from common.data.market_data import LazyFrames
@@ -39,9 +39,9 @@ from common.data.prepare import split_data
 from common.errors import UserError
 from common.markets import interval_step
 from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
-from common.run.info import RunInfo
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.features import feature_columns
+from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum, remember_sha256
 from common.tokens.shard_paths import published, shard_folder, work_folder
@@ -79,7 +79,7 @@ def prepare_stage(
         if not (work / "inputs.json").is_file():
             atomic_write_json(work / "inputs.json", inputs)
         if stage == "clean":
-            _clean_stage(cfg, case_dir, work, task, tasks, out)
+            _clean_stage(cfg.data, case_dir, work, task, tasks, out)
         elif stage == "fit":
             _fit_stage(cfg, case_dir, work, parent, out)
         elif stage == "encode":
@@ -159,15 +159,15 @@ def _progress(out: TextIO, what: str, done: int, total: int) -> None:
         print(f"Token shards: {what} {done}/{total} assets", file=out, flush=True)
 
 
-def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int, out: TextIO) -> None:
+def _clean_stage(d: DataConfig, case_dir: Path, work: Path, task: int, tasks: int, out: TextIO) -> None:
     """Read, clean and gap-fill this task's assets, each kept in work/clean/<i>.npz."""
-    market = load_market_data(cfg, case_dir)  # lazy: an asset is read when its turn comes
+    market = load_market_data(d, case_dir)  # lazy: an asset is read when its turn comes
     (work / "clean").mkdir(exist_ok=True)
     mine = [i for i in range(len(market.assets)) if i % tasks == task]
     if task == 0:
         print(
-            f"Token shards: preparing {work.parent / work.stem} from {len(market.assets)} assets ({cfg.data.source}, "
-            f"{', '.join(cfg.data.run_intervals())}); a killed preparation continues on the next run",
+            f"Token shards: preparing {work.parent / work.stem} from {len(market.assets)} assets ({d.source}, "
+            f"{', '.join(d.run_intervals())}); a killed preparation continues on the next run",
             file=out,
             flush=True,
         )
@@ -189,9 +189,9 @@ def _clean_stage(cfg: Config, case_dir: Path, work: Path, task: int, tasks: int,
         _progress(out, "cleaned", k, len(mine))
 
 
-def _cleaned(cfg: Config, case_dir: Path, work: Path) -> tuple[list, str, _Cleaned, dict, dict, dict]:
+def _cleaned(d: DataConfig, case_dir: Path, work: Path) -> tuple[list, str, _Cleaned, dict, dict, dict]:
     """Every asset's clean-stage output: (universe, interval, cleaned, records, dropped, series intervals)."""
-    market = load_market_data(cfg, case_dir)
+    market = load_market_data(d, case_dir)
     files, records, dropped = {}, {}, {}
     for i, asset in enumerate(market.assets):
         file = work / "clean" / f"{i:06d}.npz"
@@ -217,14 +217,22 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
     ranges only; work/split.json, written last, says it is done."""
     if (work / "split.json").is_file():
         return
-    universe, interval, cleaned, records, dropped, series_intervals = _cleaned(cfg, case_dir, work)
+    universe, interval, cleaned, records, dropped, series_intervals = _cleaned(cfg.data, case_dir, work)
     # every asset's stamps and candles are read from work/clean/ when the split or the fit needs
     # them, never all at once: memory holds one asset, the day counts of the cuts and the fit's sample
     prepared = split_data(
-        cfg, universe, interval, cleaned, cleaned.real(), records, dropped, LazyFrames(list(cleaned), cleaned.frame)
+        cfg.data,
+        cfg.model.context_length,
+        universe,
+        interval,
+        cleaned,
+        cleaned.real(),
+        records,
+        dropped,
+        LazyFrames(list(cleaned), cleaned.frame),
     )
     tokenizer = fit_tokenizer(cfg, prepared, parent)
-    edges = fit_volume(prepared) if wants_features(cfg) else None
+    edges = fit_volume(prepared) if wants_features(cfg.model) else None
     symbols = [a.symbol for a in prepared.assets]
     lengths = [len(cleaned[s]) for s in symbols]
     # two fits of one shard (a resubmitted array, a training run meanwhile) write the same files,

@@ -43,8 +43,8 @@ from common.atomic import read_json
 from common.config import Config
 from common.errors import UserError
 from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
-from common.run.info import RunInfo
 from common.tokens.corpus import Prepared
+from common.tokens.ids import RunInfo
 from common.tokens.shard_manifest import REBUILD, verify_shard
 from common.tokens.shard_paths import published, shard_folder
 from common.tokens.shard_stages import STAGES, prepare_stage, remove_leftover_work

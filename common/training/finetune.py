@@ -39,7 +39,7 @@ from common.atomic import atomic_write_json, read_json
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
-from common.run.info import RunInfo
+from common.tokens.ids import RunInfo
 
 if TYPE_CHECKING:  # the model module imports pandas, kept out of the training start-up
     from common.model.gpt import MarketGPT

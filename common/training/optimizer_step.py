@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, cast
 
 import torch
 
-from common.config import Config, TrainingConfig
+from common.config import TrainingConfig
 from common.distributed.ddp import no_sync, unwrap
 from common.distributed.precision import (
     CUDA_GRAPH_MODES,
@@ -37,10 +37,9 @@ if TYPE_CHECKING:  # the model module imports pandas, kept out of the training s
 __all__ = ["Flight", "NonFiniteStep", "OptimizerStep", "StepSums", "steps_per_epoch"]
 
 
-def steps_per_epoch(windows: TokenWindows, cfg: Config, world_size: int) -> int:
+def steps_per_epoch(windows: TokenWindows, t: TrainingConfig, world_size: int) -> int:
     """Optimizer steps in an epoch: full global batches only (DDP's gradient mean equals one big
     batch's only when every rank has one), at most training.max_steps_per_epoch."""
-    t = cfg.training
     batches = windows.num_batches("train", t.batch_size, world_size, drop_last=True, shuffle=True) // t.grad_accum_steps
     steps = min(batches, t.max_steps_per_epoch or batches)
     if steps == 0:
@@ -83,15 +82,20 @@ class OptimizerStep:
 
     def __init__(
         self,
-        cfg: Config,
+        t: TrainingConfig,
         model: torch.nn.Module,
         device: torch.device,
         world_size: int,
         is_main: bool,
         requests: CheckpointRequests,
     ) -> None:
-        t = cfg.training
-        self.cfg, self.device, self.world_size, self.is_main, self.requests = cfg, device, world_size, is_main, requests
+        self.training, self.device, self.world_size, self.is_main, self.requests = (
+            t,
+            device,
+            world_size,
+            is_main,
+            requests,
+        )
         cuda = device.type == "cuda"
         self.model = cast("MarketGPT", unwrap(model).to(device))  # MarketGPT's methods, or a model with them
         self.model.gradient_checkpointing = t.gradient_checkpointing
@@ -166,7 +170,7 @@ class OptimizerStep:
         ranks, step (through the grad scaler, a pass-through unless fp16), zero the gradients.
         Nothing here waits for the device (except fp16's scaler); `settle` reads the sums.
         step_in_epoch and global_step number this step (1-based)."""
-        t = self.cfg.training
+        t = self.training
         accum = t.grad_accum_steps
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -221,7 +225,7 @@ class OptimizerStep:
                 f"non-finite training loss ({loss_sum / max(tokens, 1)}) at {where}; nothing of it "
                 "was saved; lower training.learning_rate or check the data"
             )
-        grad_norm = values[3] if self.cfg.training.gradient_clip > 0 else None
+        grad_norm = values[3] if self.training.gradient_clip > 0 else None
         if grad_norm is not None and not math.isfinite(grad_norm):
             if not self.scaler.is_enabled():
                 raise NonFiniteStep(

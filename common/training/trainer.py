@@ -27,13 +27,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Mapping, Optional, TextIO
 
 import torch
 
 from common.config import Config, config_to_dict
 from common.distributed.ddp import barrier
 from common.distributed.job_store import wait_for_main
+from common.distributed.requeue import EXIT_REQUEUE
 from common.errors import UserError
 from common.run.checkpoint import (
     best_model_state,
@@ -42,8 +43,7 @@ from common.run.checkpoint import (
     unwrap_state_dict,
 )
 from common.run.files import TRAINING_LOG_JSON
-from common.run.log import TrainingLog
-from common.slurm.requeue import EXIT_REQUEUE
+from common.run.log import RunLog
 from common.training.batches import TokenWindows
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
 from common.training.log import EpochEnd, Progress
@@ -76,7 +76,7 @@ class Trainer:
         rank: int = 0,
         world_size: int = 1,
         out: Optional[TextIO] = None,
-        metadata: Optional[dict[str, Any]] = None,
+        job: Optional[Mapping[str, str]] = None,
         tensorboard: bool = True,
     ) -> None:
         t = cfg.training
@@ -90,7 +90,7 @@ class Trainer:
                 f"training.device=cuda but this process trains on {self.device}; run `marketgpt doctor` on the node"
             )
         self.requests = CheckpointRequests(t.checkpoint_every_minutes)
-        self.step = OptimizerStep(cfg, model, self.device, world_size, self.is_main, self.requests)
+        self.step = OptimizerStep(t, model, self.device, world_size, self.is_main, self.requests)
         self.model = self.step.model
         self.metrics = TrainingMetrics(
             self.run_dir,
@@ -103,7 +103,7 @@ class Trainer:
             config=config_to_dict(cfg),
             flops_per_token=self.model.flops_per_token(windows.context_length),
         )
-        self.steps_per_epoch = steps_per_epoch(windows, cfg, world_size)
+        self.steps_per_epoch = steps_per_epoch(windows, t, world_size)
         self.lr_schedule = LRSchedule(t.learning_rate, t.warmup_steps, t.epochs * self.steps_per_epoch, t.min_lr_ratio)
         self.effective_batch_size = t.batch_size * world_size * t.grad_accum_steps
 
@@ -113,7 +113,8 @@ class Trainer:
         self.elapsed_before = 0.0  # seconds trained by earlier sessions of this run
         self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
-        self.log = TrainingLog(metadata)
+        self.log = RunLog()
+        self.job = dict(job or {})  # the Slurm job training the run now (scheduler.job_metadata)
         # On a GPU a step's sums are read while the next step runs (1), so the device never waits
         # for the host; 0 reads each step before the next is queued (the CPU's way: nothing to
         # overlap; training.overlap_host=false on a GPU)
@@ -149,7 +150,7 @@ class Trainer:
             "epoch_sums": dict(self.sums),
             "early_stopping": self.early_stopping.state_dict(),
             "rng": rng_state(),
-            "log": self.log.data,
+            "log": self.log.to_dict(),
             "config": config_to_dict(self.cfg),
         }
 
@@ -190,10 +191,37 @@ class Trainer:
                 file=self.out,
                 flush=True,
             )
-        self.log = TrainingLog()
-        self.log.data = dict(state["log"])
+        self.log = RunLog(state["log"])
+        self.log.record_resume(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self.metrics.resumed_at = self.global_step
         self._session_start = time.monotonic()
+
+    def start_run(
+        self,
+        launcher: str,
+        num_assets: int,
+        lineage: Optional[dict[str, Any]] = None,
+        model_size: Optional[dict[str, Any]] = None,
+    ) -> None:
+        """A new run's log header: what trains it and on what (`launcher`: DistEnv.launcher), a
+        fine-tuned run's lineage, what model.size = "auto" chose and why."""
+        self.log.start(
+            run=self.run_dir.name,
+            experiment=self.cfg.experiment,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            device=self.windows.device.type,
+            world_size=self.world_size,
+            launcher=launcher,
+            num_parameters=self.model.num_parameters(),
+            num_assets=num_assets,
+            windows={s: self.windows.num_windows(s) for s in ("train", "val", "test")},
+            steps_per_epoch=self.steps_per_epoch,
+            effective_batch_size=self.effective_batch_size,
+        )
+        if lineage is not None:
+            self.log.set_lineage(lineage)
+        if model_size:
+            self.log.set_model_size(model_size)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0-based) in this run."""
@@ -213,7 +241,8 @@ class Trainer:
         status into training_log.json: a run whose log says it is done has all of its outputs.
         A run resumed with nothing left to train goes straight there."""
         self.metrics.banner(self, self.out)
-        self.log.data["precision"] = self.step.precision
+        self.log.set_job(self.job)
+        self.log.set_precision(self.step.precision)
         self._session_start = time.monotonic()
         self.requests.restart_timer(self._session_start)
         # a GPU's first step sets up cuBLAS/cuDNN and the allocator (and compiles, when on): on an
@@ -221,7 +250,7 @@ class Trainer:
         # CUDA graphs are recorded on the second and third: those stay out of tokens/s too.
         self._warmup_steps = (3 if self.step.cuda_graphs else 1) if self.cuda else 0
         self.log.set_status("running")
-        self.log.data.pop("interrupted", None)
+        self.log.set_interrupted(None)
         self._write_log()  # jq works on the log from the first step on
         with self.requests.handlers():
             try:
@@ -415,7 +444,7 @@ class Trainer:
 
     def _interrupt(self, sig: int, checkpoint: str) -> str:
         name = signal.Signals(sig).name
-        self.log.data["interrupted"] = (
+        self.log.set_interrupted(
             f"{name} at epoch {self.epoch + 1} step {self.step_in_epoch}; "
             f"saved {checkpoint}; continue with --resume auto"
         )

@@ -1,6 +1,6 @@
 """The config reference (docs/config_reference.md): every key, its type, default and meaning.
 
-Rendered from the dataclasses of common/config.py, and each meaning is read from the comment
+Rendered from the dataclasses of common/config/__init__.py, and each meaning is read from the comment
 beside (or the comment lines just above) its field there, so a key is explained in one place
 only. tests/test_config_reference.py fails when the committed page differs from `render()`.
 """
@@ -21,7 +21,7 @@ from typing import Any, Iterator, Literal
 from common import config
 from common.config import Config
 
-COMMAND = "python -m common.config_reference > docs/config_reference.md"
+COMMAND = "python -m common.config.reference > docs/config_reference.md"
 
 
 def field_comments(source: str) -> dict[tuple[str, str], str]:
@@ -95,7 +95,7 @@ def render() -> str:
     out = [
         "# Config reference",
         "",
-        f"Generated from `common/config.py` by `{COMMAND}`; do not edit by hand.",
+        f"Generated from `common/config/__init__.py` by `{COMMAND}`; do not edit by hand.",
         "",
         "Every key a config file or `--set` takes: its type, its default (as JSON) and what it means.",
         "How configs load and are checked: [configs.md](configs.md).",

@@ -4,7 +4,11 @@ A case file holds the sections `model`, `training`, `data` (values as in the see
 the sections the code needs (`tokenizer`, `slurm`), plus `experiment`. Anything missing takes
 the default below; anything unknown, mistyped or impossible is a `ConfigError` that names the
 file and the key. Command-line overrides (`--set training.batch_size=16`) are parsed to the
-field's type with `json.loads` (never eval) and checked the same way (common.typed_json).
+field's type with `json.loads` (never eval) and checked the same way (common.config.typed_json).
+
+The package: this file (the dataclasses, `load_config`, `save_config`), checks.py (the value
+checks), typed_json.py (JSON to typed dataclasses, `--set`), reference.py (docs/config_reference.md,
+rendered from the dataclasses below and their comments).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence, cast
 
 from common.atomic import atomic_write_json
-from common.config_checks import check_data, check_model, check_slurm, check_tokenizer, check_training
-from common.typed_json import ConfigError, apply_overrides, build_dataclass, parse_overrides
+from common.config.checks import check_data, check_model, check_slurm, check_tokenizer, check_training
+from common.config.typed_json import ConfigError, apply_overrides, build_dataclass, parse_overrides
 
 __all__ = [
     "Config",
@@ -198,7 +202,7 @@ class DataConfig:
     # candles may then cover its fine test period: docs/data.md#several-intervals). A split that
     # leaves an interval without training, validation or test windows is refused (common.data.prepare)
     interval_split: Literal["pooled", "per_interval"] = "pooled"
-    start_date: str = "2005-01-01"  # first date, or "max": each asset's whole history (config_checks.START_MAX)
+    start_date: str = "2005-01-01"  # first date, or "max": each asset's whole history (config.checks.START_MAX)
     end_date: Optional[str] = None  # last date; null: up to now
     exchange: str = "binance"  # ccxt exchange for crypto assets
     # quote currency to fetch on that exchange in place of the universe's (BTC/USDT -> BTC/USD on
@@ -301,7 +305,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
 
 def validate(cfg: Config, where: str) -> None:
-    """Impossible values, each reported with its key and the reason (common/config_checks.py)."""
+    """Impossible values, each reported with its key and the reason (common/config/checks.py)."""
 
     def need(ok: bool, key: str, why: str) -> None:
         if not ok:
@@ -319,11 +323,11 @@ def validate(cfg: Config, where: str) -> None:
     )
 
 
-def at_interval(cfg: Config, interval: str) -> Config:
-    """The one-interval view of a run at one of its intervals (data.interval = interval, no
-    data.intervals): what reads that interval's candles (history, scorecard, one series' load)."""
-    view = copy.deepcopy(cfg)
-    view.data.interval, view.data.intervals = cast(Interval, interval), []  # one of the run's intervals
+def at_interval(d: DataConfig, interval: str) -> DataConfig:
+    """The one-interval view of a run's data at one of its intervals (data.interval = interval, no
+    data.intervals): what reads that interval's candles (download, plan, one series' load)."""
+    view = copy.deepcopy(d)
+    view.interval, view.intervals = cast(Interval, interval), []  # one of the run's intervals
     return view
 
 
