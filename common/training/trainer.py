@@ -304,14 +304,14 @@ class Trainer:
             limit=self.steps_per_epoch * accum,
             order=self.epoch_order,
         )
-        steps = (self.steps_per_epoch, self.step_in_epoch, t.log_every_steps)
-        self._progress = progress = Progress(self.epoch + 1, t.epochs, *steps, self.out, enabled=self.is_main)
-        self._clock = time.monotonic()
         self.step.train_model.train()
         if not self._buckets_settled and self.step_in_epoch < self.steps_per_epoch:
             first = next(batches)
-            self.step.settle_buckets(first)
+            self.step.settle_buckets(first)  # before the clock starts: not a step of the run
             batches, self._buckets_settled = itertools.chain([first], batches), True
+        steps = (self.steps_per_epoch, self.step_in_epoch, t.log_every_steps)
+        self._progress = progress = Progress(self.epoch + 1, t.epochs, *steps, self.out, enabled=self.is_main)
+        self._clock = time.monotonic()
         try:
             while self.step_in_epoch < self.steps_per_epoch:
                 lr = self.lr(self.global_step)
