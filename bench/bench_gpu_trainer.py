@@ -74,7 +74,7 @@ def _windows(cfg: Config, device: torch.device, steps: int) -> TokenWindows:
 
 def _rate(tr: Trainer, t0_seen: float, t0_seconds: float) -> float:
     """tokens/s of the steps since the sums read (t0_seen, t0_seconds), as the epoch line computes it."""
-    return (tr.sums["seen"] - t0_seen) * tr.world_size / max(tr.sums["seconds"] - t0_seconds, 1e-9)
+    return (tr.sums.seen - t0_seen) * tr.world_size / max(tr.sums.seconds - t0_seconds, 1e-9)
 
 
 @contextlib.contextmanager
@@ -164,7 +164,7 @@ def trainer_rates(
     assert tr.train(stop_after_steps=steps) == "stopped", out.getvalue()[-2000:]
     first_s = time.perf_counter() - t0
     late = _rate(tr, 0, 0)
-    seen, seconds = tr.sums["seen"], tr.sums["seconds"]
+    seen, seconds = tr.sums.seen, tr.sums.seconds
     tr.read_lag = 0
     tr.train(stop_after_steps=2 * steps)
     at_once = _rate(tr, seen, seconds)

@@ -125,11 +125,11 @@ def _trainer_round(trainer: Trainer, steps: int) -> Callable[[], float]:
     """A round: `steps` more steps through Trainer.train; returns the Trainer's own step seconds."""
 
     def go() -> float:
-        before = trainer.sums["seconds"]
+        before = trainer.sums.seconds
         status = trainer.train(stop_after_steps=trainer.global_step + steps)
         if status != "stopped":
             raise RuntimeError(f"the trainer ended with {status!r}: {trainer.log.error}")
-        return trainer.sums["seconds"] - before
+        return trainer.sums.seconds - before
 
     return go
 

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from common.run.log import format_duration
 
-__all__ = ["EpochEnd", "epoch_summary", "Progress"]
+__all__ = ["EpochEnd", "EpochSums", "epoch_summary", "Progress"]
 
 
 def epoch_summary(
@@ -33,6 +33,49 @@ def epoch_summary(
         f"Val Loss: {val_loss:.3f} | Val Acc: {100 * val_acc:.1f}%\n"
         f"Time: {format_duration(elapsed_s)} | ETA: {format_duration(eta_s)}"
     )
+
+
+class EpochSums:
+    """The epoch in progress, summed over its steps as every rank agreed on them: token losses,
+    correct predictions and tokens; and, for tokens/s, the seconds and tokens (per rank) of the
+    timed steps. Its state_dict is a checkpoint's "epoch_sums": a resume mid-epoch goes on summing."""
+
+    def __init__(self) -> None:
+        self.loss, self.correct, self.tokens, self.seconds, self.seen = 0.0, 0, 0, 0.0, 0
+
+    def add(self, loss_sum: float, correct: int, tokens: int, timed: Optional[tuple[float, int]]) -> None:
+        """One step's sums; `timed`: its (seconds, tokens per rank), None for a warm-up step
+        (a GPU's first steps set up kernels and CUDA graphs: they stay out of tokens/s)."""
+        self.loss += loss_sum
+        self.correct += correct
+        self.tokens += tokens
+        if timed is not None:
+            self.seconds += timed[0]
+            self.seen += timed[1]
+
+    @property
+    def train_loss(self) -> float:
+        return self.loss / max(self.tokens, 1)
+
+    @property
+    def train_acc(self) -> float:
+        return self.correct / max(self.tokens, 1)
+
+    def tokens_per_sec(self, world_size: int) -> float:
+        return self.seen * world_size / max(self.seconds, 1e-9)
+
+    def state_dict(self) -> dict[str, float]:
+        return {
+            "loss": self.loss,
+            "correct": self.correct,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "seen": self.seen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss, self.correct, self.tokens = state["loss"], state["correct"], state["tokens"]
+        self.seconds, self.seen = state["seconds"], state["seen"]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from common.run.files import TRAINING_LOG_JSON
 from common.run.log import RunLog
 from common.training.batches import TokenWindows
 from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
-from common.training.log import EpochEnd, Progress
+from common.training.log import EpochEnd, EpochSums, Progress
 from common.training.lr_schedule import LRSchedule
 from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums, steps_per_epoch
 from common.training.rng import restore_rank_rng, rng_state
@@ -111,7 +111,7 @@ class Trainer:
         self.epoch = self.step_in_epoch = self.global_step = 0
         self.epoch_order = EPOCH_ORDER  # a resumed run keeps its checkpoint's (load_state_dict)
         self.elapsed_before = 0.0  # seconds trained by earlier sessions of this run
-        self.sums = _new_sums()  # the epoch in progress: loss x tokens, correct, tokens, seconds
+        self.sums = EpochSums()  # the epoch in progress
         self.early_stopping = EarlyStopping(t.early_stopping_patience)
         self.log = RunLog()
         self.job = dict(job or {})  # the Slurm job training the run now (scheduler.job_metadata)
@@ -147,7 +147,7 @@ class Trainer:
                 "elapsed_s": self.elapsed_before + self._session_seconds(),
             },
             "epoch_order": self.epoch_order,
-            "epoch_sums": dict(self.sums),
+            "epoch_sums": self.sums.state_dict(),
             "early_stopping": self.early_stopping.state_dict(),
             "rng": rng_state(),
             "log": self.log.to_dict(),
@@ -178,7 +178,7 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.global_step = p["epoch"], p["step_in_epoch"], p["global_step"]
         self.epoch_order = order
         self.elapsed_before = float(p["elapsed_s"])
-        self.sums = dict(state["epoch_sums"])
+        self.sums.load_state_dict(state["epoch_sums"])
         self.early_stopping.load_state_dict(state["early_stopping"])
         # (a checkpoint from before "lr_schedule" has "scheduler", with the total steps)
         self.lr_schedule.load_state_dict(state.get("lr_schedule") or state.get("scheduler") or {}, self.global_step)
@@ -353,15 +353,8 @@ class Trainer:
         """Add the step to the epoch's sums; its progress line and (every log_every_steps) scalars."""
         t = self.cfg.training
         tokens_per_rank = t.batch_size * t.grad_accum_steps * self.windows.context_length
-        s = self.sums
-        s["loss"] += step.loss_sum
-        s["correct"] += step.correct
-        s["tokens"] += step.tokens
-        if self._warmup_steps > 0:
-            self._warmup_steps -= 1
-        else:
-            s["seconds"] += seconds
-            s["seen"] += tokens_per_rank
+        warmup, self._warmup_steps = self._warmup_steps > 0, max(self._warmup_steps - 1, 0)
+        self.sums.add(step.loss_sum, step.correct, step.tokens, None if warmup else (seconds, tokens_per_rank))
         step_tps = tokens_per_rank * self.world_size / max(seconds, 1e-9)
         loss = step.loss_sum / max(step.tokens, 1)
         self._progress.update(flight.step_in_epoch, loss, flight.lr, step_tps)
@@ -401,12 +394,11 @@ class Trainer:
 
     def _end_epoch(self, val_loss: float, val_acc: float) -> None:
         t = self.cfg.training
-        s = self.sums
-        train_loss, train_acc = s["loss"] / max(s["tokens"], 1), s["correct"] / max(s["tokens"], 1)
-        readings = self.metrics.epoch_readings(s["seen"] * self.world_size / max(s["seconds"], 1e-9))
+        train_loss, train_acc = self.sums.train_loss, self.sums.train_acc
+        readings = self.metrics.epoch_readings(self.sums.tokens_per_sec(self.world_size))
         self.epoch += 1
         self.step_in_epoch = 0
-        self.sums = _new_sums()
+        self.sums = EpochSums()
         if self.early_stopping.update(val_loss, self.epoch):
             self.log.set_best(val_loss, self.epoch)
             self._save_best(val_loss)
@@ -476,7 +468,3 @@ class Trainer:
 
     def _session_seconds(self) -> float:
         return time.monotonic() - self._session_start
-
-
-def _new_sums() -> dict[str, float]:
-    return {"loss": 0.0, "correct": 0, "tokens": 0, "seconds": 0.0, "seen": 0}
