@@ -12,7 +12,7 @@ times likelihood, is resampled by its total, then draws one option), exact as pa
 
 What it sees of asset i: its close-to-close log returns from candle 1 on (candle 0's return needs
 the unseen start price: the filter draws that shock from its prior) and, with `ranges`, each
-candle's log(high / low), whose density beyond |r| given |r| / sd is scaling_floors._range_table's
+candle's log(high / low), whose density beyond |r| given |r| / sd is range_density.range_table's
 (tabulated by Monte Carlo). Not the open's jitter nor the volume (which also carry the scale, but
 no token does), nor the other assets, which share the regime, the jumps and the market factor.
 A follower (odd i) also sees its leader's (asset i - 1) candles: its mean carries the leader's
@@ -31,6 +31,7 @@ import math
 from typing import Any, Iterator, NamedTuple, Optional
 
 import numpy as np
+from range_density import range_loglik, range_table
 
 from common.data.synthetic_rich import HAR_WEIGHTS, HAR_WINDOWS, JUMP_PROB, JUMP_SCALE, KAPPA, LEAD_LAG, LEVERAGE
 from common.markets import INTERVAL_SECONDS
@@ -183,10 +184,8 @@ def _filter(
 ) -> Iterator[_Step]:
     """The particle filter over one asset's candles (with its leader's, for a follower): yields
     the state before each candle t >= 1, then takes candle t in."""
-    from scaling_floors import _range_table
-
     n, nu, v, drift, t_sd = particles, mk.nu, mk.v, mk.drift, mk.t_sd
-    table = _range_table() if ranges else None
+    table = range_table() if ranges else None
     trans = transition_matrix(spec)
 
     def observed(frame: Any) -> _Asset:
@@ -223,7 +222,7 @@ def _filter(
             z = (a.r[t] - drift - s * mean_unit[:, None]) / s
             ll += _t_logpdf(z, nu) - np.log(s)
             if table is not None:
-                ll += _range_loglik(abs(a.r[t]) / s, a.log_range[t] / s, table) - np.log(s)
+                ll += range_loglik(abs(a.r[t]) / s, a.log_range[t] / s, table) - np.log(s)
             units.append(z)
         if corr is not None:
             ll += _bilinear(corr, Z_KNOTS, units[0], units[1])
@@ -357,14 +356,3 @@ def _systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     n = len(weights)
     idx = np.searchsorted(np.cumsum(weights), (rng.random() + np.arange(n)) / n)
     return np.minimum(idx, n - 1)
-
-
-def _range_loglik(a: np.ndarray, w: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """log density of the range w = log(high / low) / sd given the move a = |r| / sd (both in
-    units of sd), from scaling_floors' table of v = w - a (the Jacobian 1 / sd is the caller's)."""
-    from scaling_floors import _LOG_FLOOR, _RANGE_A, _RANGE_V
-
-    row = np.minimum(np.rint(a / (_RANGE_A[1] - _RANGE_A[0])).astype(np.int64), len(_RANGE_A) - 1)
-    col = np.searchsorted(_RANGE_V, w - a, side="right") - 1
-    inside = (col >= 0) & (col < table.shape[1])
-    return np.where(inside, table[row, np.clip(col, 0, table.shape[1] - 1)], _LOG_FLOOR)

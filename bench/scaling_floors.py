@@ -25,7 +25,7 @@ The filter (`filter_nll`): a forecaster that knows the generator's parameters bu
 asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
 Kim filter (Kim 1994): the probability of each regime and, per regime, one variance (the mixture
 over the regime paths collapsed to its mean each candle, the filter's one approximation), updated
-by each candle's return (Student-t) and range (`_range_table`: the density of the range beyond
+by each candle's return (Student-t) and range (range_density.py: the density of the range beyond
 |r| given |r| / s). Its forecast of the next token is the oracle's distribution mixed over the four
 (regime now, regime next) combinations. Its loss bounds the reachable floor from above: what a
 forecaster can do is somewhere between the oracle's loss and the filter's. (It ignores volume,
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
+from range_density import range_loglik, range_table
 
 __all__ = [
     "by_role",
@@ -385,33 +386,13 @@ def _observable_nlls(sp: _Split, grid: int, draws: int, particles: Optional[int]
 # --------------------------------------------------------------------------- the filter
 
 
-_RANGE_A = np.linspace(0.0, 0.6, 13)  # |z| rows; beyond 0.6 the fold |z - 0.1 n| is |z| - 0.1 n sign(z)
-_RANGE_V = np.linspace(-0.6, 7.0, 761)  # bin edges of v = log(high/low) / s - |z|
-_LOG_FLOOR = math.log(1e-6)
-
-
-def _range_table(draws: int = 400_000, seed: int = 1) -> np.ndarray:
-    """(len(_RANGE_A), len(_RANGE_V) - 1) log densities of v = |z - 0.1 n1| - |z| + 0.5 (|n2| +
-    |n3|) at each |z| of _RANGE_A, by Monte Carlo histogram (floored at 1e-6)."""
-    rng = np.random.default_rng(seed)
-    n1 = rng.standard_normal(draws)
-    extra = 0.5 * (np.abs(rng.standard_normal(draws)) + np.abs(rng.standard_normal(draws)))
-    rows = [np.histogram(np.abs(a - 0.1 * n1) - a + extra, bins=_RANGE_V, density=True)[0] for a in _RANGE_A]
-    return np.log(np.maximum(np.array(rows), 1e-6))
-
-
 def _candle_loglik(r: float, w: float, sigma: np.ndarray, nu: float, table: np.ndarray) -> np.ndarray:
     """log p(return r, log range w | scale sigma) for each sigma: Student-t(nu) for r, times the
     range's density beyond |r| given |r| / sigma (the Jacobian 1 / sigma for each)."""
     z = abs(r) / sigma
     const = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
     t = const - np.log(sigma) - (nu + 1) / 2 * np.log1p(z * z / nu)
-    row = np.minimum(np.rint(z / (_RANGE_A[1] - _RANGE_A[0])).astype(np.int64), len(_RANGE_A) - 1)
-    v = w / sigma - z
-    col = np.searchsorted(_RANGE_V, v, side="right") - 1
-    inside = (col >= 0) & (col < table.shape[1])
-    rng_ll = np.where(inside, table[row, np.clip(col, 0, table.shape[1] - 1)], _LOG_FLOOR)
-    return t + rng_ll - np.log(sigma)
+    return t + range_loglik(z, w / sigma, table) - np.log(sigma)
 
 
 def kim_filter(
@@ -503,7 +484,7 @@ def _filter_loss(sp: _Split, sees: str, grid: int, draws: int) -> float:
     spec, ts = sp.spec, sp.tokens
     move_edges, shape_edges = sp.tok.move_binning.edges, sp.tok.shape_binning.edges
     if sees == "candles":
-        table = _range_table()
+        table = range_table()
     elif sees == "tokens":
         knots = np.linspace(-3.0, 3.0, 241)  # log rho
         log_table = np.log(oracle_table(move_edges, shape_edges, spec.nu, knots, draws))

@@ -19,6 +19,8 @@ from common.model.scaling_fit import SHAPES, ScalingFit, _predict, best_shape, c
 from common.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
+import range_density  # noqa: E402
+
 import bench_scaling  # noqa: E402
 import scaling_floors  # noqa: E402
 
@@ -325,7 +327,7 @@ def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
         assets=1, candles=3000, interval="1h", seasonality=0.0, gap_prob=0.0, stress_vol=1.0, categories=("crypto",)
     )
     asset = generate_asset(spec, 0)
-    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, scaling_floors._range_table(20_000))
+    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, range_density.range_table(20_000))
     weights, scales = scaling_floors.kim_filter(r2, loglik, spec)
     truth = asset.truth["sigma"].to_numpy()[:-1]  # row t: the scale of candle t + 1
     assert np.allclose(weights[2:].sum(axis=1), 1.0)
@@ -333,7 +335,7 @@ def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
     # with regimes, it cannot know them: its scale errs, but it still tracks the truth
     stressed = dataclasses.replace(spec, stress_vol=2.0)
     asset = generate_asset(stressed, 0)
-    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, scaling_floors._range_table(20_000))
+    r2, loglik = scaling_floors._candle_observer(asset.candles, spec.nu, range_density.range_table(20_000))
     weights, scales = scaling_floors.kim_filter(r2, loglik, stressed)
     mean_scale = (weights * scales)[1000:].sum(axis=1)
     truth = asset.truth["sigma"].to_numpy()[999:-1]
