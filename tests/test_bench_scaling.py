@@ -53,9 +53,9 @@ def test_smoke_grid_writes_points_with_the_gap_to_the_oracle_and_a_png(tmp_path)
 def test_the_oracle_is_calibrated_on_the_market_it_describes():
     # tokens drawn by the generator: the mean NLL of what happened equals the mean entropy of the
     # predicted distributions when (and only when) they are the true ones
+    from common.config.synthetic import SyntheticSpec
     from common.data.synthetic import generate_asset
     from common.special_tokens import NUM_SPECIAL_TOKENS
-    from common.synthetic_spec import SyntheticSpec
     from common.tokens.tokenizer import OHLCTokenizer
 
     spec = SyntheticSpec(assets=2, candles=6000, interval="1h", seasonality=0.0, categories=("crypto",))
@@ -81,9 +81,9 @@ def test_the_oracle_is_calibrated_on_the_market_it_describes():
 def test_the_oracle_with_a_mean_is_calibrated_on_the_rich_market():
     # the rich market's mean moves every candle (m = mu / s up to about +-1): the oracle that
     # interpolates in m is calibrated (NLL = entropy); the one that ignores m is worse
+    from common.config.synthetic import SyntheticSpec
     from common.data.synthetic import generate_asset
     from common.special_tokens import NUM_SPECIAL_TOKENS
-    from common.synthetic_spec import SyntheticSpec
     from common.tokens.tokenizer import OHLCTokenizer
 
     spec = SyntheticSpec(assets=2, candles=5000, interval="1h", seasonality=0.0, categories=("crypto",), process="rich")
@@ -278,8 +278,8 @@ def test_fit_command_writes_a_fit_only_when_the_points_support_one(tmp_path):
 def test_nested_corpora_grow_by_assets_and_score_the_same_first_ones(tmp_path):
     """--nested: a larger synthetic corpus holds a smaller one's assets unchanged (more assets of
     one length), and every point is scored on the same first assets."""
+    from common.config.synthetic import SyntheticSpec
     from common.data.synthetic import generate_asset
-    from common.synthetic_spec import SyntheticSpec
 
     def spec(tokens: int) -> SyntheticSpec:
         (text,) = [
@@ -318,8 +318,8 @@ def test_the_committed_fit_loads_and_suggests_a_listed_shape():
 def test_the_filter_finds_the_true_scale_when_there_is_no_regime_to_infer():
     """With stress_vol 1 the regimes are one, and the GARCH variance is a function of the past
     returns: the Kim filter's scale of each candle converges to the generator's."""
+    from common.config.synthetic import SyntheticSpec
     from common.data.synthetic import generate_asset
-    from common.synthetic_spec import SyntheticSpec
 
     import scaling_floors
 

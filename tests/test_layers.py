@@ -1,6 +1,6 @@
 """The library's floors (docs/architecture.md), held by a static read of every module in common/.
 
-    root (errors, atomic, paths, markets, special_tokens, synthetic_spec; the config package)
+    root (errors, atomic, paths, markets, special_tokens; the config package)
       -> data (and run.files), tokens -> model -> distributed -> run -> training -> forecasting
       -> evaluation -> commands -> cluster (and slurm/: submit, prepare_jobs, sweep_jobs) -> cli
 

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from common.config.synthetic import SyntheticSpec
 from common.data.synthetic import generate_asset
 from common.data.synthetic_rich import regimes
 from common.paths import REPO_ROOT
 from common.special_tokens import NUM_SPECIAL_TOKENS
-from common.synthetic_spec import SyntheticSpec
 from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))

@@ -15,11 +15,11 @@ import pytest
 import common.data.synthetic as synthetic
 from common.cli import main
 from common.config import ConfigError, load_config
+from common.config.synthetic import SyntheticSpecError, spec_from_dict
 from common.data.loading import load_market_data
 from common.data.synthetic import SyntheticSpec, generate_asset, synthetic_spec
 from common.errors import UserError
 from common.paths import REPO_ROOT
-from common.synthetic_spec import SyntheticSpecError, spec_from_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 CASE_C = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"

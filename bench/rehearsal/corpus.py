@@ -17,11 +17,11 @@ from rehearsal.base import CONFIG, INTERVALS, Rehearsal, Size
 
 def _write_assets(case: str, size: Size, indices: list[int], exchange: str) -> int:
     """Assets `indices` of the universe, 1h and 1d, into the case's candle cache; returns candles."""
+    from common.config.synthetic import SyntheticSpec
     from common.data.cache import CandleCache
     from common.data.download import YAHOO_ORIGIN
     from common.data.synthetic import aggregate, generate_asset
     from common.data.universe import load_universe
-    from common.synthetic_spec import SyntheticSpec
 
     universe = load_universe(Path(case) / "universe.csv", None)
     spec = SyntheticSpec(

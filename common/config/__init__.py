@@ -7,7 +7,8 @@ file and the key. Command-line overrides (`--set training.batch_size=16`) are pa
 field's type with `json.loads` (never eval) and checked the same way (common.config.typed_json).
 
 The package: this file (the dataclasses, `load_config`, `save_config`), checks.py (the value
-checks), typed_json.py (JSON to typed dataclasses, `--set`), reference.py (docs/config_reference.md,
+checks), synthetic.py (the synthetic market's settings, data.synthetic), typed_json.py (JSON to
+typed dataclasses, `--set`), reference.py (docs/config_reference.md,
 rendered from the dataclasses below and their comments).
 """
 
@@ -230,7 +231,7 @@ class DataConfig:
     # train on these categories of the universe only, e.g. ["crypto"] (--set data.categories=crypto);
     # [] keeps every category
     categories: List[str] = field(default_factory=list)
-    # data.source = "synthetic": common.synthetic_spec.SyntheticSpec's settings but interval and start
+    # data.source = "synthetic": common.config.synthetic.SyntheticSpec's settings but interval and start
     # (data.interval, data.start_date), e.g. {"assets": 50, "candles": 20000, "categories": ["crypto"]};
     # {} takes the spec's defaults
     synthetic: Dict[str, Any] = field(default_factory=dict)

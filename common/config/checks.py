@@ -12,9 +12,9 @@ import re
 from datetime import date
 from typing import TYPE_CHECKING, Callable
 
+from common.config.synthetic import SyntheticSpecError, spec_from_dict
 from common.markets import CATEGORIES
 from common.special_tokens import NUM_SPECIAL_TOKENS
-from common.synthetic_spec import SyntheticSpecError, spec_from_dict
 
 if TYPE_CHECKING:
     from common.config import DataConfig, ModelConfig, SlurmConfig, TokenizerConfig, TrainingConfig

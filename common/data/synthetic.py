@@ -32,7 +32,7 @@ alone and `iter_assets` streams assets in memory bounded by one asset's candles.
 Training reads it as data.source = "synthetic" (common.data.loading): `synthetic_spec(cfg.data)` is
 data.synthetic at data.interval from data.start_date, and the loader makes each asset's candles
 only when they are looked up (generate_asset; the market all assets share is made once per spec).
-SyntheticSpec itself lives in common/synthetic_spec.py, on the root floor, so the config checks
+SyntheticSpec itself lives in common/config/synthetic.py, on the root floor, so the config checks
 data.synthetic as the spec does.
 """
 
@@ -49,11 +49,11 @@ import pandas as pd
 
 from common.atomic import atomic_path
 from common.config import DataConfig
+from common.config.synthetic import SyntheticSpec, spec_from_dict
 from common.data.synthetic_rich import JUMP_PROB, JUMP_SCALE, regimes, rich_returns
 from common.data.universe import Asset
 from common.errors import UserError
 from common.markets import INTERVAL_SECONDS, interval_step
-from common.synthetic_spec import SyntheticSpec, spec_from_dict
 
 __all__ = [
     "SyntheticAsset",

@@ -34,8 +34,8 @@ import math
 
 import numpy as np
 
+from common.config.synthetic import SyntheticSpec
 from common.markets import INTERVAL_SECONDS
-from common.synthetic_spec import SyntheticSpec
 
 __all__ = ["HAR_WINDOWS", "JUMP_PROB", "JUMP_SCALE", "regimes", "rich_returns"]
 

@@ -1,4 +1,4 @@
-"""SyntheticSpec: the settings of common.data.synthetic's market, here on the root floor so the
+"""SyntheticSpec: the settings of common.data.synthetic's market, in the config package so the
 config (data.synthetic with data.source = "synthetic") checks them as the spec does, without
 pandas. The market itself is made in common/data/synthetic.py, which re-exports SyntheticSpec.
 """
