@@ -71,8 +71,10 @@ def gone(pids: list[int], timeout_s: float = 10.0) -> bool:
 
 
 def kill_one_encode_task(r: Rehearsal, shard: Path, encode: list[str], deadline: float) -> dict[str, Any]:
-    """SIGKILL the Python process of one encode task a second after its log says it encodes: what
-    a node failure or the OOM killer does mid-write (scancel would send SIGTERM first)."""
+    """SIGKILL the Python process of one encode task as soon as its log says it encodes: what a
+    node failure or the OOM killer does mid-stage (scancel would send SIGTERM first). At once, not
+    after a pause: at the reduced size a task encodes its assets in about a second, and a pause let
+    every task finish before one could be killed."""
     logs = r.case / "logs" / f"prepare_{shard.name}"
     array = encode[0].split("_")[0] if encode else ""
     while array and time.monotonic() < deadline:
@@ -82,7 +84,6 @@ def kill_one_encode_task(r: Rehearsal, shard: Path, encode: list[str], deadline:
         for task, state in states.items():
             log = logs / f"{task}_0_log.out"
             if state == "RUNNING" and log.is_file() and "the encode stage" in log.read_text():
-                time.sleep(1.0)
                 pids = task_pids(r, array, task.split("_")[1])
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
