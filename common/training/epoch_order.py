@@ -16,9 +16,12 @@ from typing import Sequence
 
 import torch
 
+from common.errors import UserError
+
 __all__ = [
     "EPOCH_ORDER",
     "EPOCH_ORDERS",
+    "checkpoint_epoch_order",
     "cycle_offset",
     "feistel_permute",
     "mix_seed",
@@ -105,3 +108,15 @@ def feistel_permute(positions: torch.Tensor, n: int, keys: Sequence[int], check:
 def mix_seed(seed: int, epoch: int) -> int:
     # distinct (seed, epoch) pairs give distinct generator seeds; the multiplier is a large odd constant
     return (seed * 1_000_003 + epoch) % (2**63 - 1)
+
+
+def checkpoint_epoch_order(state: dict) -> str:
+    """The epoch order a checkpoint's run draws its epochs with: every run before the generated
+    order drew them with torch.randperm and goes on with it; an unknown one is a UserError."""
+    order = state.get("epoch_order", "randperm")
+    if order not in EPOCH_ORDERS:
+        raise UserError(
+            f"the checkpoint's epoch order {order!r} is unknown to this version ({', '.join(EPOCH_ORDERS)}); "
+            "resume it with the version that wrote it"
+        )
+    return str(order)

@@ -10,15 +10,16 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from common.distributed.ddp import all_gather_objects, barrier
 from common.distributed.job_store import before_abort
+from common.errors import UserError
 from common.run.checkpoint import CheckpointWriter, prune_checkpoints, remove_stale_temp_files
 from common.run.files import BEST_MODEL_PT
 from common.training.rng import rng_state
 
-__all__ = ["RunCheckpoints"]
+__all__ = ["RunCheckpoints", "check_resumable"]
 
 
 class RunCheckpoints:
@@ -68,3 +69,21 @@ class RunCheckpoints:
             if raise_errors:
                 raise
             print(f"warning: a checkpoint could not be written ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+
+
+def check_resumable(progress: dict[str, Any], steps_per_epoch: int, world_size: int) -> Optional[str]:
+    """Whether a checkpoint's progress can go on in this run: a UserError where its steps per
+    epoch differ (the data, batch size or world size changed); a warning where it can, but was
+    trained by another number of processes; else None."""
+    if progress["steps_per_epoch"] != steps_per_epoch:
+        raise UserError(
+            f"the checkpoint has {progress['steps_per_epoch']} steps per epoch but this run has "
+            f"{steps_per_epoch}: the data, batch size or world size changed; resume with the same ones"
+        )
+    saved_world = progress.get("world_size", 1)
+    if saved_world != world_size:
+        return (
+            f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
+            f"{world_size}: the effective batch size changes"
+        )
+    return None

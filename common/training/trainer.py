@@ -45,12 +45,12 @@ from common.run.checkpoint import (
 from common.run.files import TRAINING_LOG_JSON
 from common.run.log import RunLog
 from common.training.batches import TokenWindows
-from common.training.epoch_order import EPOCH_ORDER, EPOCH_ORDERS
+from common.training.epoch_order import EPOCH_ORDER, checkpoint_epoch_order
 from common.training.log import EpochEnd, EpochSums, Progress
 from common.training.lr_schedule import LRSchedule
 from common.training.optimizer_step import Flight, NonFiniteStep, OptimizerStep, StepSums, steps_per_epoch
 from common.training.rng import restore_rank_rng, rng_state
-from common.training.run_checkpoints import RunCheckpoints
+from common.training.run_checkpoints import RunCheckpoints, check_resumable
 from common.training.signals import SAVE_SIGNALS, STOP_SIGNALS, CheckpointRequests
 from common.training.telemetry import TrainingMetrics
 from common.training.validation import EarlyStopping, split_loss
@@ -156,19 +156,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         p = state["progress"]
-        if p["steps_per_epoch"] != self.steps_per_epoch:
-            raise UserError(
-                f"the checkpoint has {p['steps_per_epoch']} steps per epoch but this run has "
-                f"{self.steps_per_epoch}: the data, batch size or world size changed; "
-                "resume with the same ones"
-            )
-        # every run before the generated order drew its epochs with torch.randperm: it goes on with it
-        order = state.get("epoch_order", "randperm")
-        if order not in EPOCH_ORDERS:
-            raise UserError(
-                f"the checkpoint's epoch order {order!r} is unknown to this version ({', '.join(EPOCH_ORDERS)}); "
-                "resume it with the version that wrote it"
-            )
+        warning = check_resumable(p, self.steps_per_epoch, self.world_size)
+        order = checkpoint_epoch_order(state)
         self.model.load_state_dict(unwrap_state_dict(state["model"]))
         self.step.optimizer.load_state_dict(state["optimizer"])
         for group, flags in zip(self.step.optimizer.param_groups, self.step.kernel_flags):
@@ -183,28 +172,18 @@ class Trainer:
         # (a checkpoint from before "lr_schedule" has "scheduler", with the total steps)
         self.lr_schedule.load_state_dict(state.get("lr_schedule") or state.get("scheduler") or {}, self.global_step)
         restore_rank_rng(state, self.rank, self.cfg.training.seed + 7919 * self.rank + 1_000_003 * self.global_step)
-        saved_world = p.get("world_size", 1)
-        if saved_world != self.world_size and self.is_main:
-            print(
-                f"warning: the checkpoint was trained by {saved_world} process(es), this run has "
-                f"{self.world_size}: the effective batch size changes",
-                file=self.out,
-                flush=True,
-            )
+        if warning and self.is_main:
+            print(warning, file=self.out, flush=True)
         self.log = RunLog(state["log"])
         self.log.record_resume(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self.metrics.resumed_at = self.global_step
         self._session_start = time.monotonic()
 
     def start_run(
-        self,
-        launcher: str,
-        num_assets: int,
-        lineage: Optional[dict[str, Any]] = None,
-        model_size: Optional[dict[str, Any]] = None,
+        self, launcher: str, num_assets: int, lineage: Optional[dict] = None, size: Optional[dict] = None
     ) -> None:
         """A new run's log header: what trains it and on what (`launcher`: DistEnv.launcher), a
-        fine-tuned run's lineage, what model.size = "auto" chose and why."""
+        fine-tuned run's lineage, what model.size = "auto" chose and why (`size`)."""
         self.log.start(
             run=self.run_dir.name,
             experiment=self.cfg.experiment,
@@ -220,8 +199,8 @@ class Trainer:
         )
         if lineage is not None:
             self.log.set_lineage(lineage)
-        if model_size:
-            self.log.set_model_size(model_size)
+        if size:
+            self.log.set_model_size(size)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0-based) in this run."""
