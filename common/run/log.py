@@ -88,10 +88,6 @@ class RunLog:
         return self._get("experiment")
 
     @property
-    def world_size(self) -> Optional[int]:
-        return self._get("world_size")
-
-    @property
     def num_parameters(self) -> Optional[int]:
         return self._get("num_parameters")
 

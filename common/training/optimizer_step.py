@@ -10,7 +10,7 @@ loop) decides when to read, records the step and checkpoints between steps.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, cast
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, cast
 
 import torch
 
@@ -26,7 +26,7 @@ from common.distributed.precision import (
     use_tf32,
 )
 from common.errors import UserError
-from common.training.batches import TokenWindows
+from common.training.batches import Batch, TokenWindows
 from common.training.muon import MuonAdamW
 from common.training.signals import Agreement, CheckpointRequests
 from common.training.step import TrainingForward, clip_values, nonfinite, step_values
@@ -144,7 +144,7 @@ class OptimizerStep:
             matrices, groups, t.learning_rate, t.muon_lr / t.learning_rate, t.weight_decay, (t.beta1, t.beta2)
         )
 
-    def settle_buckets(self, b: Any) -> None:
+    def settle_buckets(self, b: Batch) -> None:
         """One throwaway forward and backward on micro-batch `b`, under DDP, before a process's
         first step: nothing of it is kept (gradients dropped, the random state restored).
 

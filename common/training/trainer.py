@@ -332,8 +332,9 @@ class Trainer:
         """Add the step to the epoch's sums; its progress line and (every log_every_steps) scalars."""
         t = self.cfg.training
         tokens_per_rank = t.batch_size * t.grad_accum_steps * self.windows.context_length
-        warmup, self._warmup_steps = self._warmup_steps > 0, max(self._warmup_steps - 1, 0)
-        self.sums.add(step.loss_sum, step.correct, step.tokens, None if warmup else (seconds, tokens_per_rank))
+        timed = None if self._warmup_steps > 0 else (seconds, tokens_per_rank)  # warm-up steps are not timed
+        self._warmup_steps = max(self._warmup_steps - 1, 0)
+        self.sums.add(step.loss_sum, step.correct, step.tokens, timed)
         step_tps = tokens_per_rank * self.world_size / max(seconds, 1e-9)
         loss = step.loss_sum / max(step.tokens, 1)
         self._progress.update(flight.step_in_epoch, loss, flight.lr, step_tps)
