@@ -5,7 +5,7 @@ Each seed trains case C's sweep config (case_c_crypto/configs/sweep_rich.json: t
 assets x 12,000 hourly candles, the quickstart's 0.93M shape) at bench_recipe.py's budget (epochs of
 50 steps, early stopping off; `--set` adds overrides, e.g. model.market_context=true), then scores
 it with `make_scorecard` on the test split beside the price baselines and the observable oracle
-(bench/observable_oracle.paths: the exact predictive paths given the asset's candles, and its
+(common/evaluation/observable_oracle.paths: the exact predictive paths given the asset's candles, and its
 leader's for a follower, up to the origin; the particles' latent regimes, jumps and variances
 simulated forward). Reported per horizon, pooled over seeds:
 
@@ -27,46 +27,19 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import observable_oracle  # noqa: E402
-
 from _common import machine_info  # noqa: E402  (puts the repo on sys.path)
+
+from common.evaluation import observable_oracle  # noqa: E402
 
 from bench_recipe import SWEEP_RICH, case_folder, train_run  # noqa: E402
 
 HORIZONS = (1, 5)
 ORACLE = "observable_oracle"
-
-
-def oracle_fn(spec: Any, particles: int):
-    """The observable oracle as a scorecard forecaster: (histories, horizon, n_samples, seed) ->
-    (N, n_samples, horizon) log returns, each history placed in its asset's generated candles by
-    its last timestamp (the generated candles' later prices are never read, only their times)."""
-    from common.data.synthetic import generate_asset
-
-    symbols = {spec.symbol(i): i for i in range(spec.assets)}
-    generated = {i: generate_asset(spec, i).candles for i in range(spec.assets)}
-
-    def fn(histories: Sequence[Any], horizon: int, n_samples: int, seed: int) -> np.ndarray:
-        out = np.zeros((len(histories), n_samples, horizon))
-        by_asset: dict[int, list[tuple[int, int]]] = {}
-        for k, h in enumerate(histories):
-            i = symbols[h.symbol]
-            row = int(generated[i].index.get_loc(h.candles.index[-1])) + 1  # the first candle predicted
-            by_asset.setdefault(i, []).append((row, k))
-        for i, wanted in by_asset.items():
-            rows = np.array(sorted({r for r, _ in wanted}))
-            leader = generated[i - 1] if i % 2 else None
-            drawn = observable_oracle.paths(spec, generated[i], rows, horizon, n_samples, leader, particles, seed + i)
-            for row, k in wanted:
-                out[k] = drawn[row]
-        return out
-
-    return fn
 
 
 def score_seed(config: Path, seed: int, epochs: int, sets: list[str], settings_kw: dict, particles: int) -> dict:
@@ -79,7 +52,7 @@ def score_seed(config: Path, seed: int, epochs: int, sets: list[str], settings_k
     run_dir = train_run(config, f"oracle_card_s{seed}", seed, epochs, sets)
     spec = synthetic_spec(load_config(run_dir / "config.json").data)
     series, interval = series_from_run(run_dir)
-    baselines = {**fit_price_baselines(series, interval), ORACLE: oracle_fn(spec, particles)}
+    baselines = {**fit_price_baselines(series, interval), ORACLE: observable_oracle.forecaster(spec, particles)}
     settings = ScorecardSettings(interval=interval, horizons=HORIZONS, seed=seed, **settings_kw)
     keep: dict = {}
     make_scorecard(series, forecaster_fn(Forecaster.from_run(run_dir)), settings, baselines=baselines, keep=keep)

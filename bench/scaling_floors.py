@@ -15,7 +15,7 @@ move is rho (m + z) and the range rho (|m + z - 0.1 n1| + ...), so the table gai
 (MEAN_KNOTS points over the m seen, the same draws at every knot) and the token's distribution is
 interpolated bilinearly in (log rho, m).
 
-The observable oracle (`observable_nll`, bench/observable_oracle.py): on the rich market, the
+The observable oracle (`observable_nll`, common/evaluation/observable_oracle.py): on the rich market, the
 exact predictive distribution of the next token given only the candles up to the origin (a
 particle filter of the latent regime and jump path), mixed over its components in the same
 table (`observable_cube`, widened to where the components fall; `observable_probs`). Its loss
@@ -25,7 +25,7 @@ The filter (`filter_nll`): a forecaster that knows the generator's parameters bu
 asset's own past candles, as the model does. It infers the regime and the GARCH variance with a
 Kim filter (Kim 1994): the probability of each regime and, per regime, one variance (the mixture
 over the regime paths collapsed to its mean each candle, the filter's one approximation), updated
-by each candle's return (Student-t) and range (range_density.py: the density of the range beyond
+by each candle's return (Student-t) and range (common/evaluation/range_density.py: the density of the range beyond
 |r| given |r| / s). Its forecast of the next token is the oracle's distribution mixed over the four
 (regime now, regime next) combinations. Its loss bounds the reachable floor from above: what a
 forecaster can do is somewhere between the oracle's loss and the filter's. (It ignores volume,
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
-from range_density import range_loglik, range_table
+
+from common.evaluation.range_density import range_loglik, range_table
 
 __all__ = [
     "by_role",
@@ -343,7 +344,7 @@ def observable_nll(
     tokens: Any = None,
     particles: Optional[int] = None,
 ) -> dict[str, float]:
-    """The observable oracle's mean NLL (bench/observable_oracle.py: the exact predictive given the
+    """The observable oracle's mean NLL (common/evaluation/observable_oracle.py: the exact predictive given the
     candles up to each origin) of the same targets as oracle_nll, for a rich-market run: "all",
     "leaders" and "followers" (by_role)."""
     return by_role(_observable_nlls(_scored(run_dir, split, assets, tokens), grid, draws, particles))
@@ -363,9 +364,8 @@ def oracles_by_role(
 
 
 def _observable_nlls(sp: _Split, grid: int, draws: int, particles: Optional[int] = None) -> list[np.ndarray]:
-    from observable_oracle import OPTIONS, PARTICLES, components
-
     from common.data.synthetic import generate_asset
+    from common.evaluation.observable_oracle import OPTIONS, PARTICLES, components
 
     n = particles or PARTICLES
     log_rho, mean = _truth(sp)

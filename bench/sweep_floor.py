@@ -2,6 +2,12 @@
 best possible loss that each point closes on the test split.
 
     python bench/sweep_floor.py case_c_crypto/sweeps/rich_cpu [--draws 100000]
+    python bench/sweep_floor.py SWEEP_SEED0 SWEEP_SEED1 SWEEP_SEED2      # one grid at several seeds
+
+Several sweeps of one token shard (the same grid at other `training.seed`s) share one oracle: their
+points are scored together, and each point name's mean share over the sweeps is printed with a
+95% t interval across them (the seeds' spread, not the test sample's). floor.json goes into the
+first sweep's folder.
 
 Every point of a sweep is scored on the same test candles (a data fraction trims the training
 split only), so one oracle loss (bench/scaling_floors.py: the exact distribution of each test
@@ -15,7 +21,7 @@ its 95% interval the skill's, scaled alike (the oracle's loss taken as exact). W
 SWEEP/floor.json and prints a table. For data.source = "synthetic" sweeps only.
 
 That oracle knows the next candle's latent regime and jump, which no forecaster can. On the rich
-market without gaps the observable oracle (bench/observable_oracle.py: the exact predictive given
+market without gaps the observable oracle (common/evaluation/observable_oracle.py: the exact predictive given
 the candles up to each origin, a particle filter) is the reachable ceiling: each point's share of
 the unigram-to-observable gap sits beside the share above (gap_closed_observable), and
 unreachable_share = (L_observable - L_oracle) / (L_unigram - L_oracle) is the part of the first
@@ -30,6 +36,9 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+import numpy as np
+from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.atomic import atomic_write_json, read_json  # noqa: E402
@@ -47,6 +56,7 @@ def gap_closed(point: dict[str, Any], oracle: float, observable: Optional[float]
     scale = unigram / (unigram - oracle)
     row = {
         "point": point["point"],
+        "sweep": point.get("sweep"),
         "parameters": point["parameters"],
         "train_tokens": point["train_tokens"],
         "test_loss": loss,
@@ -70,17 +80,25 @@ def test_targets(tokens: TokenSet) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep", type=Path, help="the sweep's folder (<case>/sweeps/<name>), with sweep.json")
+    ap.add_argument("sweeps", type=Path, nargs="+", help="the sweep's folder (<case>/sweeps/<name>), with sweep.json")
     ap.add_argument("--draws", type=int, default=100_000, help="Monte Carlo draws per knot of the oracle's table")
     ap.add_argument("--particles", type=int, default=256, help="particles of the observable oracle's filter")
     args = ap.parse_args(argv)
-    doc = read_json(args.sweep / "sweep.json")
-    # the point files, not sweep.json's list alone: a task that ended late may have written a shorter one
-    points = sorted(
-        sweep_points(args.sweep, doc["grid"], doc["points"]), key=lambda p: (p["parameters"], p["train_tokens"])
-    )
+    points = []
+    for sweep in args.sweeps:
+        doc = read_json(sweep / "sweep.json")
+        # the point files, not sweep.json's list alone: a task that ended late may have written a shorter one
+        found = sweep_points(sweep, doc["grid"], doc["points"])
+        points += [p | {"sweep": sweep.name} for p in sorted(found, key=lambda p: (p["parameters"], p["train_tokens"]))]
     if not points:
-        print(f"{args.sweep}: no finished point yet", file=sys.stderr)
+        print(f"{', '.join(map(str, args.sweeps))}: no finished point yet", file=sys.stderr)
+        return 1
+    shards = {str(token_path(Path(p["run"]))) for p in points}
+    if len(shards) > 1:
+        print(
+            f"the sweeps' points read {len(shards)} token shards; one oracle needs one: {sorted(shards)}",
+            file=sys.stderr,
+        )
         return 1
     run = Path(points[0]["run"])
     if read_json(run / "config.json")["data"]["source"] != "synthetic":
@@ -103,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if observable is not None:
         doc |= {"observable_oracle_test_loss": observable["all"], "observable_oracle_test_loss_by_role": observable}
         doc["observable_particles"] = args.particles
-    atomic_write_json(args.sweep / "floor.json", doc | {"from_run": str(run), "points": rows})
+    doc["sweeps"] = [str(sweep) for sweep in args.sweeps]
+    atomic_write_json(args.sweeps[0] / "floor.json", doc | {"from_run": str(run), "points": rows})
     print(f"oracle test loss {oracle['all']:.4f} nats/token (every point's test candles)")
     if observable is None:
         print("no observable oracle: it models the rich market without gaps")
@@ -113,8 +132,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if role in oracle:
                 print(f"  {role}: oracle {oracle[role]:.4f}, observable {observable[role]:.4f}")
     obs_head = " gap closed to observable [95%] | unreachable |" if observable else ""
-    print(f"| point | parameters | training tokens | test loss | unigram | gap closed [95%] |{obs_head}")
-    print("|---|---|---|---|---|---|" + ("---|---|" if observable else ""))
+    sweep_head, sweep_sep = ("sweep | ", "---|") if len(args.sweeps) > 1 else ("", "")
+    print(f"| {sweep_head}point | parameters | training tokens | test loss | unigram | gap closed [95%] |{obs_head}")
+    print("|" + sweep_sep + "---|---|---|---|---|---|" + ("---|---|" if observable else ""))
     for r in rows:
         lo, hi = r["gap_closed_ci95"]
         note = " (still improving)" if r["still_improving"] else ""
@@ -122,11 +142,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if observable:
             olo, ohi = r["gap_closed_observable_ci95"]
             obs_cells = f" {r['gap_closed_observable']:.3f} [{olo:.3f}, {ohi:.3f}] | {r['unreachable_share']:.3f} |"
+        sweep_cell = f"{r['sweep']} | " if sweep_head else ""
         print(
-            f"| {r['point']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['test_loss']:.4f} | "
+            f"| {sweep_cell}{r['point']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['test_loss']:.4f} | "
             f"{r['unigram_loss']:.4f} | {r['gap_closed']:.3f} [{lo:.3f}, {hi:.3f}]{note} |{obs_cells}"
         )
+    if len(args.sweeps) > 1:
+        print_seed_means(rows, "gap_closed_observable" if observable else "gap_closed")
     return 0
+
+
+def print_seed_means(rows: list[dict[str, Any]], key: str) -> None:
+    """Each point name's mean share over the sweeps, with a 95% t interval across them."""
+    by_point: dict[str, list[float]] = {}
+    for r in rows:
+        by_point.setdefault(r["point"], []).append(r[key])
+    print(f"{key}, mean over the sweeps [95% t interval across them]:")
+    for name, values in by_point.items():
+        v = np.array(values)
+        half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+        print(f"  {name}: {v.mean():.3f} [{v.mean() - half:.3f}, {v.mean() + half:.3f}] over {len(v)}")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@ import pytest
 import common.commands.train as train  # at collection: its import chain (requests) probes a socket
 from common.config import ConfigError, load_config
 from common.errors import UserError
+from common.evaluation import range_density
 from common.model.scaling_fit import SHAPES, ScalingFit, _predict, best_shape, corpus_of, fit_points
 from common.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-import range_density  # noqa: E402
-
 import bench_scaling  # noqa: E402
 import scaling_floors  # noqa: E402
 

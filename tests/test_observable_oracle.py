@@ -1,23 +1,27 @@
-"""The observable oracle of the rich market (bench/observable_oracle.py): calibrated on the tokens
+"""The observable oracle of the rich market (common/evaluation/observable_oracle.py): calibrated on the tokens
 the market makes, between the full-information oracle and the unigram, strictly causal."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import sys
 
 import numpy as np
 import pytest
 
+import common.commands.train  # noqa: F401  (at collection: its import chain probes a socket)
 from common.config.synthetic import SyntheticSpec
 from common.data.synthetic import generate_asset
 from common.data.synthetic_rich import regimes
+from common.evaluation import observable_oracle
+from common.forecasting.forecast_io import History
 from common.paths import REPO_ROOT
 from common.special_tokens import NUM_SPECIAL_TOKENS
 from common.tokens.tokenizer import OHLCTokenizer
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-import observable_oracle  # noqa: E402
 import sweep_floor  # noqa: E402
 
 import scaling_floors  # noqa: E402
@@ -113,9 +117,73 @@ def test_the_observable_oracle_is_causal():
         assert not np.array_equal(b[2], a[2])  # row 1000 saw the change
 
 
+def test_the_scorecards_oracle_forecasts_each_origin_from_the_candles_up_to_it():
+    spec = dataclasses.replace(SPEC, candles=400)
+    fn = observable_oracle.forecaster(spec, particles=16)
+    gen = [generate_asset(spec, i).candles for i in range(2)]
+    histories = [
+        History("SYN0001", gen[1].iloc[:300]),
+        History("SYN0000", gen[0].iloc[:250]),
+        History("SYN0001", gen[1].iloc[:200]),
+    ]
+    out = fn(histories, 3, 8, 5)
+    assert out.shape == (3, 8, 3) and np.isfinite(out).all()
+    # a follower's origins: one filter over its candles and its leader's (seeded by seed + asset),
+    # the same bits as the full frames give: the prices hidden after the origin were never read
+    follower = observable_oracle.paths(spec, gen[1], np.array([200, 300]), 3, 8, gen[0], 16, 5 + 1)
+    np.testing.assert_array_equal(out[0], follower[300])
+    np.testing.assert_array_equal(out[2], follower[200])
+    np.testing.assert_array_equal(
+        out[1], observable_oracle.paths(spec, gen[0], np.array([250]), 3, 8, None, 16, 5)[250]
+    )
+
+
+def test_a_rich_runs_scorecard_has_the_oracle_as_its_ceiling(tmp_path):
+    from common.evaluation.scorecard import observable_ceiling
+
+    doc = json.loads((REPO_ROOT / "case_c_crypto" / "configs" / "sweep_rich.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    assert list(observable_ceiling(tmp_path, "1h")) == ["observable_oracle"]
+    assert observable_ceiling(tmp_path, "4h") == {}  # another interval is the market aggregated: not modelled
+    doc["data"]["synthetic"]["process"] = "garch"
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    assert observable_ceiling(tmp_path, "1h") == {}
+
+
+def test_marketgpt_scorecard_of_a_rich_run_holds_the_model_against_the_oracle(tmp_path, capsys):
+    from common.cli import main
+
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "rich.json"
+    config.write_text((REPO_ROOT / "case_c_crypto" / "configs" / "sweep_rich.json").read_text())
+    sets = [
+        'data.synthetic={"assets": 2, "candles": 1200, "process": "rich", "categories": ["crypto"], "daily_vol": 0.04}',
+        "model.d_model=16",
+        "model.num_layers=1",
+        "model.num_heads=1",
+        "model.d_ff=32",
+        "training.epochs=1",
+        "training.max_steps_per_epoch=2",
+        "training.eval_max_batches=1",
+        'experiment="rich_toy"',
+    ]
+    assert main(["train", "--config", str(config), *[a for kv in sets for a in ("--set", kv)]]) == 0
+    (run,) = (tmp_path / "checkpoints").glob("rich_toy_*")
+    capsys.readouterr()
+    assert main(["scorecard", str(run), "--origins", "3", "--samples", "20", "--horizons", "1,5"]) == 0
+    out = capsys.readouterr().out
+    assert "Observable oracle (the best forecast from the candles seen) at H=5: CRPS " in out
+    card = json.loads((run / "scorecard.json").read_text())
+    ceiling = card["horizons"]["1"]["ceiling"]["observable_oracle"]
+    assert ceiling["best_baseline"] in card["baselines"] and "observable_oracle" not in card["baselines"]
+    assert ceiling["crps"] > 0 and card["ceiling_lines"][0] in out
+
+
 def test_a_market_the_oracle_does_not_model_is_refused():
     with pytest.raises(ValueError, match="without gaps"):
         next(observable_oracle.components(SyntheticSpec(process="garch"), generate_asset(SPEC, 0).candles, [5]))
+    with pytest.raises(ValueError, match="without gaps"):
+        observable_oracle.forecaster(dataclasses.replace(SPEC, gap_prob=0.1))
 
 
 def test_the_floor_gives_the_share_of_the_gap_to_the_observable_oracle():

@@ -130,6 +130,37 @@ def test_an_oracle_reaches_the_optimal_crps_and_nominal_coverage():
     assert card["calibration"]["coverage"] == card["horizons"]["1"]["coverage"]["model"]
 
 
+def test_a_ceiling_is_scored_beside_the_baselines_but_is_not_one():
+    """The best possible forecast (the observable oracle on a rich synthetic run) is forecast on the
+    same origins and judged apart: the model's share of its edge over the best baseline, 1 for a
+    model that forecasts as it does, 0 for one that forecasts as the best baseline."""
+    sigma = 0.01
+    rng = np.random.default_rng(3)
+    series = synthetic_series([rng.normal(0, sigma, 1500) for _ in range(3)], train_frac=0.3)
+
+    def truth(histories, horizon, n_samples, seed):  # the same draws whoever calls it
+        return np.random.default_rng(len(histories[0].candles)).normal(
+            0, sigma * math.sqrt(horizon), (len(histories), n_samples)
+        )
+
+    def ewma(histories, horizon, n_samples, seed):
+        return RandomWalkEWMA()(histories, horizon, n_samples, 7)
+
+    settings = ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=100, n_boot=200)
+    for model, share in ((ewma, 0.0), (truth, 1.0)):
+        card = make_scorecard(series, model, settings, baselines={"rw_ewma": ewma}, ceiling={"truth": truth})
+        for h in ("1", "5"):
+            hc = card["horizons"][h]
+            assert "truth" not in hc["crps"] and "truth" not in hc["skill"]["crps"] and "truth" not in card["baselines"]
+            c = hc["ceiling"]["truth"]
+            assert c["best_baseline"] == "rw_ewma" and c["edge"] == pytest.approx(c["best_baseline_crps"] - c["crps"])
+            assert c["model_share"] == pytest.approx(share, abs=1e-9)
+            assert c["model_share_ci95"] == pytest.approx([share, share], abs=1e-9)
+        assert len(card["ceiling_lines"]) == 2 and card["ceiling_lines"][0].startswith("truth at H=1: CRPS ")
+        assert "the model holds " in card["ceiling_lines"][1] and card["ceiling_lines"][1].endswith(" (1 = the oracle)")
+    assert "the model holds +1.00 [+1.00, +1.00] of that edge" in card["ceiling_lines"][0]
+
+
 def test_scorecard_files_read_with_jq(tmp_path):
     rng = np.random.default_rng(2)
     series = synthetic_series([rng.normal(0.0005, 0.01, 700) for _ in range(5)])

@@ -137,6 +137,12 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
     assert set(by_rate) == {1e-3, 3e-2} and by_rate[1e-3]["point"] == "d16l1_f050_lr0.001"
     assert doc["fit_points"] == [min(doc["points"], key=lambda p: p["best_val_loss"])["point"]]
 
+    # sweeps of one shard (here the same market at other rates) share one oracle: every point scored
+    assert sweep_floor.main([str(folder), str(tmp_path / "sweeps" / "lrs"), "--draws", "5000"]) == 0
+    both = json.loads((folder / "floor.json").read_text())
+    assert [r["sweep"] for r in both["points"]] == ["sweep_toy"] * 2 + ["lrs"] * 2
+    assert both["oracle_test_loss"] == pytest.approx(floor["oracle_test_loss"])
+
     capsys.readouterr()
     bad = [
         (["--learning-rates", "0"], "must be > 0"),

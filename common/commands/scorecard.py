@@ -140,6 +140,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
             + card["mcs_lines"]
             + card["pit_lines"]
             + card["cross_section_lines"]
+            + card.get("ceiling_lines", [])
             + card.get("barrier_lines", [])
         )
     )

@@ -63,6 +63,7 @@ __all__ = [
     "iter_assets",
     "oracle_nll",
     "read_truth",
+    "season",
     "synthetic_assets",
     "synthetic_spec",
     "t_nll",
@@ -103,7 +104,7 @@ def _grid(spec: SyntheticSpec) -> pd.DatetimeIndex:
     return pd.DatetimeIndex(ns.view("datetime64[ns]"), name="timestamp").tz_localize("UTC")
 
 
-def _season(spec: SyntheticSpec, times: pd.DatetimeIndex) -> np.ndarray:
+def season(spec: SyntheticSpec, times: pd.DatetimeIndex) -> np.ndarray:
     """U over the hour of day, mean square 1 over the day's 24 hours; flat for daily candles."""
     if INTERVAL_SECONDS[spec.interval] >= 86400 or spec.seasonality == 0:
         return np.ones(len(times))
@@ -134,7 +135,7 @@ def _market(spec: SyntheticSpec) -> _Market:
     scale = np.where(stressed, spec.stress_vol, 1.0)
     if spec.process == "rich":  # three regimes from the same draws, and market-wide volatility jumps
         scale = regimes(spec, flips) * np.where(rng.random(n) < JUMP_PROB, JUMP_SCALE, 1.0)
-    return _Market(times, scale, factor, _season(spec, times), present)
+    return _Market(times, scale, factor, season(spec, times), present)
 
 
 def t_nll(r: np.ndarray, mu: np.ndarray, sigma: np.ndarray, nu: float) -> np.ndarray:

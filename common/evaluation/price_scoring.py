@@ -2,7 +2,8 @@
 (CRPS, MAE/MASE, QLIKE, coverage, PIT, direction), rank IC, skill against each baseline with its
 block-bootstrap interval, the Diebold-Mariano tests and the model confidence set
 (common.evaluation.significance) and the per-asset / per-category breakdown; and the backtest of the
-model's sign(mean) positions beside buy-and-hold and momentum.
+model's sign(mean) positions beside buy-and-hold and momentum; and, where a ceiling is known (the
+observable oracle of a rich synthetic run), the share of its edge over the best baseline the model holds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from common.evaluation.backtest import backtest, decile_positions, signal_positi
 from common.evaluation.factors import factor_card, factor_signals, nw_lags
 from common.evaluation.metrics import (
     COVERAGE_LEVELS,
+    block_bootstrap_sums,
+    block_length,
     newey_west_t,
     pit_histogram,
     qlike,
@@ -28,7 +31,7 @@ from common.evaluation.pit import TEST_BINS, pit_bins, pit_uniformity
 from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 
-__all__ = ["SKILL_KINDS", "backtest_card", "horizon_card"]
+__all__ = ["SKILL_KINDS", "backtest_card", "ceiling_card", "horizon_card"]
 
 SKILL_KINDS = {"crps": "ratio", "mae": "ratio", "qlike": "diff"}
 
@@ -124,6 +127,43 @@ def horizon_card(
     card["by_asset"] = _groups(symbols, stats, y)
     card["by_category"] = _groups(categories, stats, y)
     return card
+
+
+def ceiling_card(
+    stats: dict[str, dict[str, np.ndarray]],
+    ceiling: dict[str, dict[str, np.ndarray]],
+    dates: np.ndarray,
+    horizon: int,
+    stride: int,
+    n_boot: int,
+    seed: int,
+) -> dict[str, dict]:
+    """Per ceiling forecaster (scored on the same origins, not a baseline): its mean CRPS, the best
+    baseline's (the lowest mean CRPS) and the model's share of the ceiling's edge over that baseline,
+    (best - model) / (best - ceiling): 1 is the ceiling, 0 the baseline. The 95% interval resamples
+    the origin dates in blocks, the three losses together (as the skill's interval does)."""
+    best = min((n for n in stats if n != "model"), key=lambda n: float(stats[n]["crps"].mean()))
+    uniq, inverse = np.unique(np.asarray(dates), return_inverse=True)
+    block = block_length(len(uniq), horizon, stride)
+    out = {}
+    for name, st in ceiling.items():
+        sums = [np.bincount(inverse, weights=x["crps"], minlength=len(uniq)) for x in (stats[best], stats["model"], st)]
+        b, m, c = block_bootstrap_sums(sums, block, n_boot, np.random.default_rng(seed))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boots = (b - m) / (b - c)
+        lo, hi = np.nanpercentile(boots, [2.5, 97.5]) if np.isfinite(boots).any() else (np.nan, np.nan)
+        edge = float(stats[best]["crps"].mean() - st["crps"].mean())
+        out[name] = {
+            "crps": float(st["crps"].mean()),
+            "best_baseline": best,
+            "best_baseline_crps": float(stats[best]["crps"].mean()),
+            "edge": edge,  # the ceiling's CRPS edge over the best baseline (mean per origin)
+            "model_share": float((stats[best]["crps"].sum() - stats["model"]["crps"].sum()) / (edge * len(dates)))
+            if edge != 0
+            else None,
+            "model_share_ci95": None if np.isnan(lo) else [float(lo), float(hi)],
+        }
+    return out
 
 
 def _rank_ic_card(

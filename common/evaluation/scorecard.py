@@ -32,21 +32,24 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from common.atomic import atomic_write_json
+from common.config import load_config
+from common.data.synthetic import synthetic_spec
 from common.errors import UserError
+from common.evaluation import observable_oracle
 from common.evaluation.asset_series import AssetSeries, fit_price_baselines, series_from_run
 from common.evaluation.backtest import DEFAULT_COST_BP
 from common.evaluation.calibration import calibrated_pit_card, calibration_card
 from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
-from common.evaluation.price_scoring import backtest_card, horizon_card
+from common.evaluation.price_scoring import backtest_card, ceiling_card, horizon_card
 from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.scorecard_summary import BASELINE_NAMES, add_summary
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecast_io import History
 from common.forecasting.price_paths import barrier_outcomes, brier_score
-from common.run.files import SCORECARD_JSON, SCORECARD_PNG
+from common.run.files import CONFIG_JSON, SCORECARD_JSON, SCORECARD_PNG
 
 __all__ = [
     "BASELINE_NAMES",
@@ -56,6 +59,7 @@ __all__ = [
     "barrier_lines",
     "forecaster_fn",
     "make_scorecard",
+    "observable_ceiling",
     "run_scorecard",
     "write_scorecard",
 ]
@@ -113,6 +117,7 @@ def make_scorecard(
     progress: Optional[Callable[[str], None]] = None,
     calibration: Optional[Calibration] = None,
     keep: Optional[dict] = None,
+    ceiling: Optional[Mapping[str, ForecastFn]] = None,
 ) -> dict:
     """The scorecard (a JSON-ready dict) of `forecast_fn` against the price baselines.
 
@@ -121,6 +126,9 @@ def make_scorecard(
     calibration: the run's calibration.json (fitted on val): the card adds its coverage on test.
     keep: a dict that receives the per-origin "stats" (horizon -> forecaster -> arrays), the
     "origins" and the "stride" (common.evaluation.benchmark pools them across tasks).
+    ceiling: name -> the best possible forecaster (the observable oracle on a rich synthetic run):
+    forecast on the same origins but not a baseline; each horizon's "ceiling" says what share of its
+    edge over the best baseline the model holds (price_scoring.ceiling_card).
     """
     interval, n_samples, seed, n_boot = settings.interval, settings.n_samples, settings.seed, settings.n_boot
     if interval is None:
@@ -132,8 +140,9 @@ def make_scorecard(
     if baselines is None:
         say("fitting the baselines (GARCH on the train split)")
         baselines = fit_price_baselines(series, interval)
-    forecasters = {"model": forecast_fn, **baselines}
-    ranked = [name for name, fn in forecasters.items() if name == "model" or getattr(fn, "drift", True)]
+    ceiling = dict(ceiling or {})
+    forecasters = {"model": forecast_fn, **baselines, **ceiling}
+    ranked = ["model"] + [name for name, fn in baselines.items() if getattr(fn, "drift", True)]
     origins, step = origin_indices(series, stride=settings.stride, n_origins=settings.n_origins)
     bt_horizon = min(horizons, key=lambda h: (abs(h - step), h))  # the horizon closest to the holding period
 
@@ -141,11 +150,15 @@ def make_scorecard(
     o, step = _scored_origins(series, origins, horizons, step, settings.budget, seed, card["origins"], say)
     say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
     stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
+    ceiling_stats = {h: {name: stats[h].pop(name) for name in ceiling} for h in horizons}
     if keep is not None:
         keep.update(stats=stats, origins=o, stride=step)
     scoring = _Scoring(series, o, stats, step, n_boot, seed)
     for h in horizons:
         hc = card["horizons"][str(h)] = _horizon_entry(scoring, ranked, h, calibration)
+        if ceiling:
+            dates = o.dates[np.isfinite(o.y[h])]
+            hc["ceiling"] = ceiling_card(stats[h], ceiling_stats[h], dates, h, step, n_boot, seed)
         if h == bt_horizon:
             card["backtest"] = _backtest_entry(scoring, momentum, hc, h, settings.cost_bp)
     add_summary(card, horizons[0])
@@ -369,6 +382,19 @@ def write_scorecard(card: dict, out_dir: str | Path) -> tuple[Path, Path]:
     return out_dir / SCORECARD_JSON, out_dir / SCORECARD_PNG
 
 
+def observable_ceiling(run_dir: str | Path, interval: str) -> dict[str, ForecastFn]:
+    """{"observable_oracle": its forecaster} for a run of the rich synthetic market without gaps,
+    scored at the market's own interval (the exact predictive given the candles up to each origin:
+    common.evaluation.observable_oracle); else nothing, no ceiling being known."""
+    data = load_config(Path(run_dir) / CONFIG_JSON).data
+    if data.source != "synthetic":
+        return {}
+    spec = synthetic_spec(data)
+    if not observable_oracle.models(spec) or interval != spec.interval:
+        return {}
+    return {"observable_oracle": observable_oracle.forecaster(spec)}
+
+
 def run_scorecard(
     run_dir: str | Path,
     forecast_fn: ForecastFn,
@@ -386,13 +412,20 @@ def run_scorecard(
     data.intervals (None: its first), forecast by forecast_fn.
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
     calibration: the run's calibration.json, whose coverage on the test split the card reports.
-    extra_baselines: more forecasters beside the fitted baselines (the foundation models)."""
+    extra_baselines: more forecasters beside the fitted baselines (the foundation models).
+    On a run of the rich synthetic market the observable oracle is scored too, as the ceiling."""
     settings = settings or ScorecardSettings()
     series, interval = series_from_run(run_dir, settings.interval)
     settings = dataclasses.replace(settings, interval=interval)
     baselines = {**fit_price_baselines(series, interval), **extra_baselines} if extra_baselines else None
     card = make_scorecard(
-        series, forecast_fn, settings, baselines=baselines, progress=progress, calibration=calibration
+        series,
+        forecast_fn,
+        settings,
+        baselines=baselines,
+        progress=progress,
+        calibration=calibration,
+        ceiling=observable_ceiling(run_dir, interval),
     )
     card["run"] = str(run_dir)
     if precision is not None:

@@ -15,6 +15,7 @@ __all__ = [
     "BASELINE_NAMES",
     "add_summary",
     "best_baseline",
+    "ceiling_lines",
     "cross_section_lines",
     "headline_lines",
     "mcs_lines",
@@ -53,6 +54,28 @@ def add_summary(card: dict, shortest: int) -> None:
     card["mcs_lines"] = mcs_lines(card)
     card["pit_lines"] = pit_lines(card)
     card["cross_section_lines"] = cross_section_lines(card)
+    card["ceiling_lines"] = ceiling_lines(card)
+
+
+CEILING_NAMES = {"observable_oracle": "Observable oracle (the best forecast from the candles seen)"}
+
+
+def ceiling_lines(card: dict) -> list[str]:
+    """Per horizon and ceiling (the observable oracle of a rich synthetic run): its CRPS against the
+    best baseline's and the share of that edge the model holds, with its interval."""
+    lines = []
+    for h, hc in card["horizons"].items():
+        for name, c in (hc.get("ceiling") or {}).items():
+            base = BASELINE_NAMES.get(c["best_baseline"], c["best_baseline"])
+            share = c["model_share"]
+            held = "n/a (no edge to share)" if share is None else f"{share:+.2f}"
+            if share is not None and c["model_share_ci95"] is not None:
+                held += " [{:+.2f}, {:+.2f}]".format(*c["model_share_ci95"])
+            lines.append(
+                f"{CEILING_NAMES.get(name, name)} at H={h}: CRPS {c['crps']:.5g} against {base}'s"
+                f" {c['best_baseline_crps']:.5g}; the model holds {held} of that edge (1 = the oracle)"
+            )
+    return lines
 
 
 def best_baseline(hc: dict) -> Optional[dict]:

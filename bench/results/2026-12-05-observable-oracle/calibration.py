@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from observable_oracle import components  # noqa: E402
-
 from common.data.synthetic import generate_asset  # noqa: E402
+from common.evaluation.observable_oracle import components  # noqa: E402
 
 import scaling_floors as sf  # noqa: E402
 

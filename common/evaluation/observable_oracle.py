@@ -19,24 +19,27 @@ A follower (odd i) also sees its leader's (asset i - 1) candles: its mean carrie
 previous unit shock, which depends on the same latent path, so leader and follower are filtered
 jointly, their same-candle shocks dependent through the market factor (`pair_correction`).
 
-`components(spec, candles, rows)` yields, for the target candles `rows` (each predicted from the
-candles before it), the predictive mixture: per target, particles x 6 options of (weight, log sd,
-m = mu / sd), in chunks, so memory is O(chunk x particles) whatever the number of targets.
+`forecaster(spec)` is the oracle as a scorecard forecaster (`marketgpt scorecard` adds it on a
+rich run as the ceiling). `components(spec, candles, rows)` yields, for the target candles `rows`
+(each predicted from the candles before it), the predictive mixture: per target, particles x 6
+options of (weight, log sd, m = mu / sd), in chunks, so memory is O(chunk x particles) whatever
+the number of targets.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
-from range_density import range_loglik, range_table
 
+from common.data.synthetic import generate_asset, season
 from common.data.synthetic_rich import HAR_WEIGHTS, HAR_WINDOWS, JUMP_PROB, JUMP_SCALE, KAPPA, LEAD_LAG, LEVERAGE
+from common.evaluation.range_density import range_loglik, range_table
 from common.markets import INTERVAL_SECONDS
 
-__all__ = ["PARTICLES", "components", "pair_correction", "paths", "transition_matrix"]
+__all__ = ["PARTICLES", "components", "forecaster", "models", "pair_correction", "paths", "transition_matrix"]
 
 PARTICLES = 256
 OPTIONS = 6  # (next regime, jump): regime j = option // 2, jump = option % 2
@@ -160,8 +163,6 @@ class _Market(NamedTuple):
 
 
 def _market(spec: Any, candles: Any) -> _Market:
-    from common.data.synthetic import _season
-
     if spec.process != "rich" or spec.gap_prob != 0:
         raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
     nu, days = spec.nu, INTERVAL_SECONDS[spec.interval] / 86400
@@ -175,7 +176,7 @@ def _market(spec: Any, candles: Any) -> _Market:
         math.sqrt((nu - 2) / nu),
         np.repeat(levels, 2) * np.tile([1.0, JUMP_SCALE], 3),
         prior,
-        _season(spec, candles.index),
+        season(spec, candles.index),
     )
 
 
@@ -303,6 +304,44 @@ def paths(
             if len(out) == len(wanted):
                 break
     return out
+
+
+def models(spec: Any) -> bool:
+    """Whether the oracle models this synthetic market: the rich process without gaps."""
+    return spec.process == "rich" and spec.gap_prob == 0
+
+
+def forecaster(spec: Any, particles: int = PARTICLES) -> Callable[[Sequence[Any], int, int, int], np.ndarray]:
+    """The oracle as a scorecard forecaster: (histories, horizon, n_samples, seed) -> (N, n_samples,
+    horizon) log returns. Each history is placed in its asset's candles, generated again from `spec`,
+    by its last timestamp; the prices after the call's latest origin are hidden (NaN) before the
+    filter runs, so only the times of the horizon's candles (their season) are read ahead."""
+    if not models(spec):
+        raise ValueError("the observable oracle models the rich synthetic market without gaps")
+    symbols = {spec.symbol(i): i for i in range(spec.assets)}
+    generated = {i: generate_asset(spec, i).candles[["open", "high", "low", "close"]] for i in range(spec.assets)}
+
+    def seen(i: int, upto: int) -> Any:
+        frame = generated[i].copy()
+        frame.iloc[upto:] = np.nan
+        return frame
+
+    def fn(histories: Sequence[Any], horizon: int, n_samples: int, seed: int) -> np.ndarray:
+        out = np.zeros((len(histories), n_samples, horizon))
+        by_asset: dict[int, list[tuple[int, int]]] = {}
+        for k, h in enumerate(histories):
+            i = symbols[h.symbol]
+            row = int(generated[i].index.get_loc(h.candles.index[-1])) + 1  # the first candle predicted
+            by_asset.setdefault(i, []).append((row, k))
+        for i, wanted in by_asset.items():
+            rows = np.array(sorted({r for r, _ in wanted}))
+            leader = seen(i - 1, rows[-1]) if i % 2 else None
+            drawn = paths(spec, seen(i, rows[-1]), rows, horizon, n_samples, leader, particles, seed + i)
+            for row, k in wanted:
+                out[k] = drawn[row]
+        return out
+
+    return fn
 
 
 def _simulate(mk: _Market, step: _Step, horizon: int, samples: int, rng: np.random.Generator) -> np.ndarray:
