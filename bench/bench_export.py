@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_args, finish, machine_info, row, set_threads  # noqa: E402
 
-from common.forecasting.export import export_onnx, random_inputs  # noqa: E402
+from common.forecasting.export import export_onnx  # noqa: E402
+from common.forecasting.export_graphs import random_inputs  # noqa: E402
 from common.forecasting.infer import ExportedForecaster, OnnxBackend  # noqa: E402
 
 from bench_forecast import setup  # noqa: E402

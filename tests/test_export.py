@@ -19,7 +19,8 @@ import torch
 
 from common.cli import main
 from common.errors import UserError
-from common.forecasting.export import PARITY_ATOL, NextTokenLogits, random_inputs
+from common.forecasting.export import PARITY_ATOL
+from common.forecasting.export_graphs import NextTokenLogits, random_inputs
 from common.forecasting.forecaster import Forecaster
 from common.forecasting.infer import OnnxBackend, draw_tokens_np, sample_paths_np
 from common.forecasting.model_card import parent_run_of

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from common.cli import main
 from common.config import ModelConfig, load_config
-from common.model.gpt import Dropout, MarketGPT, apply_rotary, rotary_tables
+from common.model.dropout import Dropout
+from common.model.gpt import MarketGPT, apply_rotary, rotary_tables
 from common.model.sampling import SamplingSettings, sample_paths
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -27,7 +28,6 @@ import pandas as pd
 from common.atomic import atomic_path, atomic_savefig, atomic_write_bytes, atomic_write_json, check_writable
 from common.errors import UserError
 from common.forecasting.calibrated import Calibration, calibrate_table, load_calibration
-from common.forecasting.core import warn
 from common.forecasting.infer import ExportedForecaster
 from common.forecasting.price_paths import (
     barrier_outcomes,
@@ -354,3 +354,7 @@ def stdout_table(table: pd.DataFrame) -> str:
             f"{r.p5:>12.6g} {r.p50:>12.6g} {r.p95:>12.6g} {r.p_up:>6.2f}"
         )
     return "\n".join(lines)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

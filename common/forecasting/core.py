@@ -29,8 +29,6 @@ set_market, or by default every asset of the run from its data source.
 from __future__ import annotations
 
 import difflib
-import math
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -49,7 +47,7 @@ from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["DEFAULT_LEVELS", "ForecasterCore", "warn"]
+__all__ = ["DEFAULT_LEVELS", "ForecasterCore"]
 
 DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'
 MAX_SAMPLES = 100_000
@@ -170,12 +168,10 @@ class ForecasterCore:
         if not histories:
             raise UserError("nothing to forecast: no history given")
         self.check_request(horizon, samples)
-        _check_sampling(temperature, top_k, top_p)
-        contexts, states, origins, features = self._encode(histories, horizon)
-
-        settings = SamplingSettings(
+        settings = SamplingSettings(  # checks the sampling knobs before any encoding
             horizon, samples, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_batch=max_batch
         )
+        contexts, states, origins, features = self._encode(histories, horizon)
         tokens = self.sample_tokens(
             np.stack(contexts),
             np.array([self.assets[o["symbol"]].id for o in origins]),
@@ -426,15 +422,6 @@ class ForecasterCore:
         return banned
 
 
-def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[float]) -> None:
-    if temperature < 0 or not math.isfinite(temperature):
-        raise UserError(f"--temperature {temperature}: must be >= 0 (0 is greedy, 1 the model's own)")
-    if top_k is not None and top_k < 1:
-        raise UserError(f"--top-k {top_k}: must be at least 1")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise UserError(f"--top-p {top_p}: must be in (0, 1]")
-
-
 def _check_levels(levels: Sequence[float]) -> list[float]:
     try:
         out = [float(q) for q in levels]
@@ -455,7 +442,3 @@ def _invalid_prices(prices: pd.Series) -> str:
         f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items() if not (np.isfinite(v) and v > 0)
     ]
     return ", ".join(bad) or "invalid prices"
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)

@@ -7,7 +7,7 @@ logits of the token after the last position (batch, vocab_size) float32. ONNX ex
 return every layer's keys and values (present_k, present_v: layers x batch x heads x length x
 head size), and model_step.onnx takes them back as a prefix shared by each context's samples,
 with each sample's own tokens since and one more token per row: a KV cache for sampling
-(common.forecasting.infer; Step below has the inputs). pt2 is a torch.export ExportedProgram
+(common.forecasting.infer; common.forecasting.export_graphs.Step has the inputs). pt2 is a torch.export ExportedProgram
 (torch.export.load) of the plain forward; it replaced TorchScript, deprecated in torch (torch.jit.load warns in
 2.13), whose --format now says so. hf is a model folder in a model hub's layout: the weights as
 model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. Beside the model:
@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -41,13 +41,13 @@ from safetensors.torch import save_model
 
 from common.atomic import default_mode
 from common.errors import UserError
+from common.forecasting.export_graphs import NextTokenLogits, Prefill, Step, random_inputs, step_input_names
 from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.forecasting.model_card import model_card, model_card_markdown
-from common.model.kv_cache import KVCache, SharedPrefixKV, decode_attention
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
 from common.run.log import RunLog
-from common.tokens.features import CALENDAR_B, feature_columns
+from common.tokens.features import feature_columns
 
 if TYPE_CHECKING:
     from common.model.gpt import MarketGPT
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMATS",
     "PARITY_ATOL",
-    "NextTokenLogits",
     "export_onnx",
     "export_pt2",
     "export_run",
@@ -66,151 +65,6 @@ FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "hf": PRETRAINED_FILES[0]}
 PARITY_ATOL = 1e-4  # logits of the export and of the torch model agree this closely
 ONNX_OPSET = 17
 INPUTS = ("tokens", "asset_ids", "category_ids")
-
-
-class NextTokenLogits(torch.nn.Module):
-    """The exported forward: (tokens (B, L), asset_ids (B,), category_ids (B,)[, features (B, L, F)])
-    -> logits (B, V); features only for a model that reads candle ids (common/tokens/features.py)."""
-
-    def __init__(self, model: "MarketGPT") -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        asset_ids: torch.Tensor,
-        category_ids: torch.Tensor,
-        features: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        return self.model(tokens, asset_ids, category_ids, last_only=True, features=features)[0][:, -1]
-
-
-class _GrowingKV:
-    """A layer's keys and values as plain tensors grown by concatenation: what a traced graph
-    can take in and give back (common.model.kv_cache's LayerKV writes into a preallocated buffer)."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k, self.v = k, v
-
-    @property
-    def length(self) -> int:
-        return self.k.size(2)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k, self.v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
-        return self.k, self.v
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return decode_attention(q, *self.append(k, v))
-
-
-class _GrowingCache(KVCache):
-    """common.model.kv_cache.KVCache over _GrowingKV layers, for MarketGPT.forward."""
-
-    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.stack([x.k for x in self.layers]), torch.stack([x.v for x in self.layers])
-
-
-class Prefill(torch.nn.Module):
-    """model.onnx: (tokens (B, L), asset_ids, category_ids[, features (B, L, F)]) -> the next
-    token's logits (B, V) and every layer's keys and values (layers, B, heads, L, head size), to
-    continue from."""
-
-    def __init__(self, model: "MarketGPT") -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        asset_ids: torch.Tensor,
-        category_ids: torch.Tensor,
-        features: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = self.model.config
-        empty = torch.zeros(tokens.size(0), c.num_heads, 0, c.d_model // c.num_heads)
-        cache = _GrowingCache([_GrowingKV(empty, empty) for _ in self.model.blocks])
-        logits = self.model(tokens, asset_ids, category_ids, last_only=True, cache=cache, features=features)[0][:, -1]
-        return (logits, *cache.stacked())
-
-
-class _OwnKV(_GrowingKV):
-    """A sample's own keys and values in a step graph: what came in (B, nh, L, hs), plus the
-    step's token, which is kept (`new`) to be given back alone."""
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.new = k, v
-        return super().append(k, v)
-
-
-class _SharedStepKV(SharedPrefixKV):
-    """common.model.kv_cache.SharedPrefixKV over graph inputs: the contexts' prefix (n, nh, P, hs),
-    shared by their samples, and each sample's own tokens so far, time-major (L, B, nh, hs) so
-    that the sampler passes a contiguous slice of its buffer (no copy per step)."""
-
-    def __init__(
-        self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor
-    ) -> None:
-        # not super().__init__: it allocates a buffer for the own tokens, which here are an input
-        self.k, self.v = prefix_k, prefix_v
-        self.own = _OwnKV(own_k.permute(1, 2, 0, 3), own_v.permute(1, 2, 0, 3))
-
-
-class Step(torch.nn.Module):
-    """model_step.onnx: one more token per sample, its context's keys and values shared by all of
-    the context's samples (as the torch sampler): (token (B, 1), asset_ids (B,), category_ids (B,),
-    [features (B, 1, F): a model that reads candle ids,] prefix_k, prefix_v (layers, n, heads, P,
-    head size), own_k_<i>, own_v_<i> (L, B, heads, head size) per layer i) -> logits (B, V),
-    new_k, new_v (layers, B, heads, head size): the step token's. Rows are context-major (B = n x
-    samples each); L >= 0 own tokens before this one."""
-
-    def __init__(self, model: "MarketGPT") -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, token: torch.Tensor, asset_ids: torch.Tensor, category_ids: torch.Tensor, *rest: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = len(self.model.blocks)
-        features = rest[0] if self.model.reads_features else None
-        prefix_k, prefix_v, *own = rest[1:] if features is not None else rest
-        layers = [_SharedStepKV(prefix_k[i], prefix_v[i], own[i], own[n + i]) for i in range(n)]
-        cache = KVCache(layers)
-        logits = self.model(token, asset_ids, category_ids, last_only=True, cache=cache, features=features)[0][:, -1]
-        owns = [cast(_OwnKV, x.own) for x in layers]
-        return (logits, torch.stack([o.new[0][:, :, 0] for o in owns]), torch.stack([o.new[1][:, :, 0] for o in owns]))
-
-
-def step_input_names(num_layers: int, features: bool = False) -> list[str]:
-    """model_step.onnx's inputs, in order."""
-    return (
-        ["token", "asset_ids", "category_ids", *(["features"] if features else []), "prefix_k", "prefix_v"]
-        + [f"own_k_{i}" for i in range(num_layers)]
-        + [f"own_v_{i}" for i in range(num_layers)]
-    )
-
-
-def random_inputs(
-    batch: int,
-    length: int,
-    vocab_size: int,
-    num_assets: int,
-    num_categories: int,
-    seed: int = 0,
-    feature_columns: int = 0,
-) -> tuple[torch.Tensor, ...]:
-    """(tokens, asset_ids, category_ids[, features (batch, length, feature_columns)]): features,
-    ids below the smallest table's rows (7, the days of the week), only when feature_columns."""
-    g = torch.Generator().manual_seed(seed)
-    out: tuple[torch.Tensor, ...] = (
-        torch.randint(0, vocab_size, (batch, length), generator=g),
-        torch.randint(0, num_assets, (batch,), generator=g),
-        torch.randint(0, num_categories, (batch,), generator=g),
-    )
-    if feature_columns:
-        out = (*out, torch.randint(0, CALENDAR_B, (batch, length, feature_columns), generator=g))
-    return out
 
 
 def export_run(run_dir: Path, fmt: str, out: Optional[Path] = None, interval: Optional[str] = None) -> Path:

@@ -1,8 +1,9 @@
 """MarketGPT: a decoder-only transformer over candle tokens, conditioned on the asset.
 
-One file, read top to bottom: rotary helpers, dropout, attention, MLP, block, the model. The
+One file, read top to bottom: rotary helpers, norms, attention, MLP, block, the model. The
 network and nothing else: the key/value caches sampling decodes with are in kv_cache.py,
-sampling in sampling.py, `marketgpt model-info`'s sizes in sizing.py and memory.py.
+sampling in sampling.py, `marketgpt model-info`'s sizes in sizing.py and memory.py, the CPU's
+cheaper dropout in dropout.py.
 
 Dropout (model.dropout) acts on the embeddings and on each residual branch's output, not on
 the attention probabilities: that keeps attention on SDPA's fused kernels on every device (the
@@ -26,6 +27,7 @@ import torch.utils.checkpoint
 from torch.nn import functional as F
 
 from common.config import Config, ModelConfig
+from common.model.dropout import Dropout
 from common.model.heads import FactorizedHead
 from common.model.kv_cache import AppendableCache, KVCache, LayerCache, LayerKV
 from common.special_tokens import PAD_TOKEN
@@ -41,7 +43,7 @@ from common.tokens.features import (
 )
 from common.tokens.ids import RunInfo
 
-__all__ = ["Dropout", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
+__all__ = ["MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
 
 
 # --------------------------------------------------------------------------- rotary positions
@@ -63,39 +65,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 # --------------------------------------------------------------------------- layers
-
-
-class Dropout(nn.Module):
-    """nn.Dropout (zero with probability p, scale the rest by 1 / (1 - p)), cheaper on the CPU.
-
-    torch draws a CPU dropout mask with one mt19937 call per element on one thread (its
-    vectorized MKL path is Intel-only): 4.7 ms per million elements on the AMD EPYC these
-    benchmarks ran on, 30 times a GELU per element and about 6% of a case C training step. Here every 64-bit
-    draw yields four uniform 16-bit lanes, a quarter of the draws for the same Bernoulli mask;
-    p is rounded to a multiple of 1/65536 (0.1 acts as 0.100006). The draws come from torch's
-    CPU generator, so seeding and checkpointed RNG states reproduce them exactly. On other
-    devices F.dropout (fused, counter-based) is already cheap and is used as is.
-    """
-
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = p
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        n = x.numel()
-        words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)  # uniform 64-bit draws
-        lanes = words.view(torch.int16)[:n].view(x.shape)  # four uniform 16-bit lanes per draw
-        keep = lanes >= round(self.p * 65536) - 32768  # P(drop) = round(p * 2^16) / 2^16
-        return x * (keep.to(x.dtype) * (1.0 / (1.0 - self.p)))
 
 
 def norm_layer(config: ModelConfig, width: int) -> nn.Module:
