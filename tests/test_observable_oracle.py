@@ -117,25 +117,35 @@ def test_the_observable_oracle_is_causal():
         assert not np.array_equal(b[2], a[2])  # row 1000 saw the change
 
 
-def test_the_scorecards_oracle_forecasts_each_origin_from_the_candles_up_to_it():
+def test_the_scorecards_oracle_forecasts_each_origin_from_the_candles_before_it():
     spec = dataclasses.replace(SPEC, candles=400)
+    gen = {i: generate_asset(spec, i).candles for i in range(2)}
     fn = observable_oracle.forecaster(spec, particles=16)
-    gen = [generate_asset(spec, i).candles for i in range(2)]
-    histories = [
-        History("SYN0001", gen[1].iloc[:300]),
-        History("SYN0000", gen[0].iloc[:250]),
-        History("SYN0001", gen[1].iloc[:200]),
-    ]
-    out = fn(histories, 3, 8, 5)
+
+    def history(i, n):
+        return History(spec.symbol(i), gen[i].iloc[:n])
+
+    out = fn([history(1, 300), history(0, 250), history(1, 200)], 3, 8, 1)
     assert out.shape == (3, 8, 3) and np.isfinite(out).all()
-    # a follower's origins: one filter over its candles and its leader's (seeded by seed + asset),
-    # the same bits as the full frames give: the prices hidden after the origin were never read
-    follower = observable_oracle.paths(spec, gen[1], np.array([200, 300]), 3, 8, gen[0], 16, 5 + 1)
+    # the follower's origins: its filter (over its candles and its leader's) is seeded by its index, 1
+    follower = observable_oracle.paths(spec, gen[1], np.array([200, 300]), 3, 8, gen[0], 16, 1)
     np.testing.assert_array_equal(out[0], follower[300])
     np.testing.assert_array_equal(out[2], follower[200])
-    np.testing.assert_array_equal(
-        out[1], observable_oracle.paths(spec, gen[0], np.array([250]), 3, 8, None, 16, 5)[250]
+    # asked alone, after its filter has passed the origin: the same bits
+    np.testing.assert_array_equal(fn([history(1, 200)], 3, 8, 1)[0], out[2])
+    np.testing.assert_array_equal(fn([history(0, 250)], 3, 8, 1)[0], out[1])
+    # causal: every candle from the origin on rewritten, the follower's and its leader's: the same forecast
+    changed = {i: frame.copy() for i, frame in gen.items()}
+    rng = np.random.default_rng(1)
+    for frame in changed.values():
+        frame.iloc[300:, :4] = frame.iloc[300:, :4].to_numpy() * np.exp(rng.normal(0, 0.05, (len(frame) - 300, 1)))
+    again = observable_oracle.forecaster(spec, particles=16, candles=changed)(
+        [history(1, 300), history(1, 350)], 3, 8, 1
     )
+    np.testing.assert_array_equal(again[0], out[0])
+    assert not np.array_equal(again[1], fn([history(1, 350)], 3, 8, 1)[0])  # an origin after the change sees it
+    with pytest.raises(ValueError, match="end before the horizon"):
+        fn([history(0, 399)], 3, 8, 1)
 
 
 def test_a_rich_runs_scorecard_has_the_oracle_as_its_ceiling(tmp_path):

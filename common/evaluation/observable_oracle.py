@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -311,34 +311,51 @@ def models(spec: Any) -> bool:
     return spec.process == "rich" and spec.gap_prob == 0
 
 
-def forecaster(spec: Any, particles: int = PARTICLES) -> Callable[[Sequence[Any], int, int, int], np.ndarray]:
+def forecaster(
+    spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[int, Any]] = None
+) -> Callable[[Sequence[Any], int, int, int], np.ndarray]:
     """The oracle as a scorecard forecaster: (histories, horizon, n_samples, seed) -> (N, n_samples,
-    horizon) log returns. Each history is placed in its asset's candles, generated again from `spec`,
-    by its last timestamp; the prices after the call's latest origin are hidden (NaN) before the
-    filter runs, so only the times of the horizon's candles (their season) are read ahead."""
+    horizon) log returns. Each history is placed by its last timestamp in its asset's candles
+    (`candles`: asset index -> frame; by default generated again from `spec`), whose later rows
+    the filter never reads before their turn (the forecast for a candle reads the candles before
+    it only) but for their times (the season of the horizon's candles).
+
+    One filter per asset (seeded by the asset's index) runs forward through its candles and
+    stays where it stopped, so a walk-forward's origins, asked in order, cost one pass over
+    the candles, not one per call; an earlier origin starts the asset's filter again (the same
+    seed, the same state). Each origin's paths are drawn with the generator seeded by (seed, origin)."""
     if not models(spec):
         raise ValueError("the observable oracle models the rich synthetic market without gaps")
     symbols = {spec.symbol(i): i for i in range(spec.assets)}
-    generated = {i: generate_asset(spec, i).candles[["open", "high", "low", "close"]] for i in range(spec.assets)}
+    frames = dict(candles) if candles is not None else {i: generate_asset(spec, i).candles for i in range(spec.assets)}
+    markets = {i: _market(spec, frames[i]) for i in frames}
+    filters: dict[int, tuple[Iterator[_Step], _Step]] = {}
 
-    def seen(i: int, upto: int) -> Any:
-        frame = generated[i].copy()
-        frame.iloc[upto:] = np.nan
-        return frame
+    def state_before(i: int, row: int) -> _Step:
+        f = filters.get(i)
+        if f is None or f[1].t > row:
+            leader = frames[i - 1] if i % 2 else None
+            steps = _filter(spec, markets[i], frames[i], leader, particles, True, np.random.default_rng(i))
+            f = (steps, next(steps))
+        while f[1].t < row:
+            f = (f[0], next(f[0]))
+        filters[i] = f
+        return f[1]
 
     def fn(histories: Sequence[Any], horizon: int, n_samples: int, seed: int) -> np.ndarray:
         out = np.zeros((len(histories), n_samples, horizon))
-        by_asset: dict[int, list[tuple[int, int]]] = {}
+        placed = []
         for k, h in enumerate(histories):
             i = symbols[h.symbol]
-            row = int(generated[i].index.get_loc(h.candles.index[-1])) + 1  # the first candle predicted
-            by_asset.setdefault(i, []).append((row, k))
-        for i, wanted in by_asset.items():
-            rows = np.array(sorted({r for r, _ in wanted}))
-            leader = seen(i - 1, rows[-1]) if i % 2 else None
-            drawn = paths(spec, seen(i, rows[-1]), rows, horizon, n_samples, leader, particles, seed + i)
-            for row, k in wanted:
-                out[k] = drawn[row]
+            row = int(frames[i].index.get_loc(h.candles.index[-1])) + 1  # the first candle predicted
+            if row + horizon > len(frames[i]):
+                raise ValueError(
+                    f"{h.symbol}: the market's candles end before the horizon's (their times give the season)"
+                )
+            placed.append((i, row, k))
+        for i, row, k in sorted(placed):  # forward through each asset's candles
+            step = state_before(i, row)
+            out[k] = _simulate(markets[i], step, horizon, n_samples, np.random.default_rng([seed, row]))
         return out
 
     return fn
