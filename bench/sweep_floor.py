@@ -33,6 +33,7 @@ the points' losses are not split by asset, so their shares are for all assets on
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -45,7 +46,7 @@ from common.atomic import atomic_write_json, read_json  # noqa: E402
 from common.model.scaling_fit import sweep_points  # noqa: E402
 from common.tokens.token_set import TokenSet, token_path  # noqa: E402
 
-from scaling_floors import oracles_by_role  # noqa: E402
+from scaling_floors import by_role, oracles_by_role  # noqa: E402
 
 
 def gap_closed(point: dict[str, Any], oracle: float, observable: Optional[float] = None) -> dict[str, Any]:
@@ -73,6 +74,57 @@ def gap_closed(point: dict[str, Any], oracle: float, observable: Optional[float]
     return row
 
 
+def role_unigram(run: Path, tokens: TokenSet) -> dict[str, Any]:
+    """The unigram's mean NLL (fitted on the whole training split, as test_results.json's) on the
+    oracles' test targets (each asset's test tokens but its first), for all assets and by role."""
+    from common.evaluation.baselines import fit_baselines
+
+    vocab = read_json(run / "config.json")["model"]["vocab_size"]
+    train = {s: np.asarray(tokens.tokens[s][slice(*map(int, r["train"]))]) for s, r in tokens.ranges.items()}
+    log_p = np.log(fit_baselines(train, vocab)["unigram"].probs)
+    nlls = {
+        s: -log_p[np.asarray(tokens.tokens[s][int(r["test"][0]) + 1 : int(r["test"][1])])]
+        for s, r in tokens.ranges.items()
+    }
+    return {"per_asset": nlls, **by_role([nlls[s] for s in sorted(nlls)])}
+
+
+def role_shares(point: dict[str, Any], tokens: TokenSet, unigram: dict[str, Any], losses: dict) -> Optional[dict]:
+    """A point's share of the gap to each oracle for the leaders (even assets) and the followers
+    (odd) apart, from its per-asset test losses (test_results.json's per_asset) against
+    `unigram` (role_unigram's). None for a point on part of the training split (whose unigram is
+    its own) or whose test targets are not the oracles'."""
+    if point.get("fraction", 1) != 1:
+        return None
+    per_asset = read_json(Path(point["run"]) / "test_results.json")["per_asset"]
+    symbols = sorted(unigram["per_asset"])
+    if any(per_asset[s]["num_tokens"] != len(unigram["per_asset"][s]) for s in symbols):
+        return None
+    out: dict[str, Any] = {}
+    for role, parity in (("leaders", 0), ("followers", 1)):
+        mine = [s for i, s in enumerate(symbols) if i % 2 == parity]
+        n = sum(per_asset[s]["num_tokens"] for s in mine)
+        loss = sum(per_asset[s]["loss"] * per_asset[s]["num_tokens"] for s in mine) / n
+        u = unigram[role]
+        out[role] = {"test_loss": loss, "unigram_loss": u}
+        for name, key in (("oracle", "gap_closed"), ("observable", "gap_closed_observable")):
+            if name in losses:
+                out[role][key] = (u - loss) / (u - losses[name][role])
+    return out
+
+
+def test_split(run: Path) -> str:
+    """A digest of a run's test split (each asset's test range and tokens): the points of one
+    market share it whatever their training fraction."""
+    tokens = TokenSet.load(token_path(run))
+    h = hashlib.sha256()
+    for s in tokens.symbols:
+        lo, hi = map(int, tokens.ranges[s]["test"])
+        h.update(f"{s}:{lo}:{hi};".encode())
+        h.update(np.ascontiguousarray(tokens.tokens[s][lo:hi]).tobytes())
+    return h.hexdigest()
+
+
 def test_targets(tokens: TokenSet) -> int:
     """How many targets the oracle scores on a run's test split: each asset's test tokens but its first."""
     return sum(int(r["test"][1]) - int(r["test"][0]) - 1 for r in tokens.ranges.values())
@@ -93,12 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not points:
         print(f"{', '.join(map(str, args.sweeps))}: no finished point yet", file=sys.stderr)
         return 1
-    shards = {str(token_path(Path(p["run"]))) for p in points}
-    if len(shards) > 1:
-        print(
-            f"the sweeps' points read {len(shards)} token shards; one oracle needs one: {sorted(shards)}",
-            file=sys.stderr,
-        )
+    tests = {test_split(Path(p["run"])) for p in points}
+    if len(tests) > 1:
+        print("the sweeps' points were tested on different candles; one oracle needs one test split", file=sys.stderr)
         return 1
     run = Path(points[0]["run"])
     if read_json(run / "config.json")["data"]["source"] != "synthetic":
@@ -117,6 +166,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     losses = oracles_by_role(run, "test", tokens, args.draws, args.particles)
     oracle, observable = losses["oracle"], losses.get("observable")
     rows = [gap_closed(p, oracle["all"], observable["all"] if observable else None) for p in points]
+    if "leaders" in oracle:
+        unigram = role_unigram(run, tokens)
+        for row, p in zip(rows, points):
+            row["by_role"] = role_shares(p, tokens, unigram, losses)
     doc: dict[str, Any] = {"oracle_test_loss": oracle["all"], "oracle_test_loss_by_role": oracle}
     if observable is not None:
         doc |= {"observable_oracle_test_loss": observable["all"], "observable_oracle_test_loss_by_role": observable}
@@ -147,21 +200,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"| {sweep_cell}{r['point']} | {r['parameters']:,} | {r['train_tokens']:,} | {r['test_loss']:.4f} | "
             f"{r['unigram_loss']:.4f} | {r['gap_closed']:.3f} [{lo:.3f}, {hi:.3f}]{note} |{obs_cells}"
         )
+    for r in rows:
+        for role, v in (r.get("by_role") or {}).items():
+            shares = ", ".join(f"{k} {v[k]:.3f}" for k in ("gap_closed", "gap_closed_observable") if k in v)
+            print(f"  {r.get('sweep') or ''} {r['point']} {role}: test loss {v['test_loss']:.4f}, {shares}")
     if len(args.sweeps) > 1:
         print_seed_means(rows, "gap_closed_observable" if observable else "gap_closed")
     return 0
 
 
 def print_seed_means(rows: list[dict[str, Any]], key: str) -> None:
-    """Each point name's mean share over the sweeps, with a 95% t interval across them."""
-    by_point: dict[str, list[float]] = {}
-    for r in rows:
-        by_point.setdefault(r["point"], []).append(r[key])
+    """Each point name's mean share over the sweeps, with a 95% t interval across them; for all
+    assets and, where the rows have them, for the leaders and the followers apart."""
     print(f"{key}, mean over the sweeps [95% t interval across them]:")
-    for name, values in by_point.items():
-        v = np.array(values)
-        half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
-        print(f"  {name}: {v.mean():.3f} [{v.mean() - half:.3f}, {v.mean() + half:.3f}] over {len(v)}")
+    for role in ("all", "leaders", "followers"):
+        by_point: dict[str, list[float]] = {}
+        for r in rows:
+            value = r.get(key) if role == "all" else ((r.get("by_role") or {}).get(role) or {}).get(key)
+            if value is not None:
+                by_point.setdefault(r["point"], []).append(value)
+        for name, values in by_point.items():
+            v = np.array(values)
+            half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+            print(f"  {name} ({role}): {v.mean():.3f} [{v.mean() - half:.3f}, {v.mean() + half:.3f}] over {len(v)}")
 
 
 if __name__ == "__main__":

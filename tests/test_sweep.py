@@ -128,6 +128,15 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
         share = (unigram - p["test_loss"]) / (unigram - floor["oracle_test_loss"])
         assert row["gap_closed"] == pytest.approx(share)
         assert row["gap_closed_ci95"][0] <= row["gap_closed"] <= row["gap_closed_ci95"][1]
+    # the leaders (even assets) and followers (odd) apart, for a point on the whole training split
+    part, whole = floor["points"]
+    assert part["by_role"] is None and set(whole["by_role"]) == {"leaders", "followers"}
+    roles = whole["by_role"].values()
+    assert min(r["test_loss"] for r in roles) <= whole["test_loss"] <= max(r["test_loss"] for r in roles)
+    assert min(r["unigram_loss"] for r in roles) <= whole["unigram_loss"] <= max(r["unigram_loss"] for r in roles)
+    for r, role in zip(roles, ("leaders", "followers")):
+        oracle = floor["oracle_test_loss_by_role"][role]
+        assert r["gap_closed"] == pytest.approx((r["unigram_loss"] - r["test_loss"]) / (r["unigram_loss"] - oracle))
 
     # a learning-rate axis: one point per rate, and the fit takes the rate with the lower validation loss
     lrs = ["--sizes", "16x1", "--fractions", "0.5", "--learning-rates", "1e-3,3e-2", "--name", "lrs"]
