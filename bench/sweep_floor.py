@@ -4,10 +4,10 @@ best possible loss that each point closes on the test split.
     python bench/sweep_floor.py case_c_crypto/sweeps/rich_cpu [--draws 100000]
     python bench/sweep_floor.py SWEEP_SEED0 SWEEP_SEED1 SWEEP_SEED2      # one grid at several seeds
 
-Several sweeps of one token shard (the same grid at other `training.seed`s) share one oracle: their
-points are scored together, and each point name's mean share over the sweeps is printed with a
-95% t interval across them (the seeds' spread, not the test sample's). floor.json goes into the
-first sweep's folder.
+Several sweeps of one market (the same test candles) share one oracle: their points are scored
+together, and where they are one grid at several `training.seed`s, named NAME_s0, NAME_s1, ...,
+each point's mean share over the seeds is printed with a 95% t interval across them (the seeds'
+spread, not the test sample's). floor.json goes into the first sweep's folder.
 
 Every point of a sweep is scored on the same test candles (a data fraction trims the training
 split only), so one oracle loss (bench/scaling_floors.py: the exact distribution of each test
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -210,15 +211,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def print_seed_means(rows: list[dict[str, Any]], key: str) -> None:
-    """Each point name's mean share over the sweeps, with a 95% t interval across them; for all
-    assets and, where the rows have them, for the leaders and the followers apart."""
+    """Each point's mean share over the seeds of its sweep (sweeps named NAME_s0, NAME_s1, ...),
+    with a 95% t interval across them; for all assets and, where the rows have them, for the
+    leaders and the followers apart."""
     print(f"{key}, mean over the sweeps [95% t interval across them]:")
     for role in ("all", "leaders", "followers"):
         by_point: dict[str, list[float]] = {}
         for r in rows:
             value = r.get(key) if role == "all" else ((r.get("by_role") or {}).get(role) or {}).get(key)
-            if value is not None:
-                by_point.setdefault(r["point"], []).append(value)
+            if value is not None:  # a sweep's seeds are its name's _s<seed> suffix: rich_s0, rich_s1, ...
+                by_point.setdefault(f"{re.sub(r'_s[0-9]+$', '', r.get('sweep') or '')} {r['point']}", []).append(value)
         for name, values in by_point.items():
             v = np.array(values)
             half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
