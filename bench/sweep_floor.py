@@ -136,6 +136,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("sweeps", type=Path, nargs="+", help="the sweep's folder (<case>/sweeps/<name>), with sweep.json")
     ap.add_argument("--draws", type=int, default=100_000, help="Monte Carlo draws per knot of the oracle's table")
     ap.add_argument("--particles", type=int, default=256, help="particles of the observable oracle's filter")
+    ap.add_argument(
+        "--oracles-from",
+        type=Path,
+        help="an earlier floor.json of the same test candles: its oracles' losses, not recomputed",
+    )
     args = ap.parse_args(argv)
     points = []
     for sweep in args.sweeps:
@@ -147,6 +152,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{', '.join(map(str, args.sweeps))}: no finished point yet", file=sys.stderr)
         return 1
     tests = {test_split(Path(p["run"])) for p in points}
+    earlier = read_json(args.oracles_from) if args.oracles_from else None
+    if earlier is not None and {earlier.get("test_split")} != tests:
+        print(f"{args.oracles_from}: its oracles scored other test candles; leave out --oracles-from", file=sys.stderr)
+        return 1
     if len(tests) > 1:
         print("the sweeps' points were tested on different candles; one oracle needs one test split", file=sys.stderr)
         return 1
@@ -164,7 +173,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    losses = oracles_by_role(run, "test", tokens, args.draws, args.particles)
+    if earlier is not None:
+        losses = {"oracle": earlier["oracle_test_loss_by_role"]}
+        if "observable_oracle_test_loss_by_role" in earlier:
+            losses["observable"] = earlier["observable_oracle_test_loss_by_role"]
+            args.particles = earlier["observable_particles"]
+    else:
+        losses = oracles_by_role(run, "test", tokens, args.draws, args.particles)
     oracle, observable = losses["oracle"], losses.get("observable")
     rows = [gap_closed(p, oracle["all"], observable["all"] if observable else None) for p in points]
     if "leaders" in oracle:
@@ -176,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         doc |= {"observable_oracle_test_loss": observable["all"], "observable_oracle_test_loss_by_role": observable}
         doc["observable_particles"] = args.particles
     doc["sweeps"] = [str(sweep) for sweep in args.sweeps]
+    doc["test_split"] = tests.pop()
     atomic_write_json(args.sweeps[0] / "floor.json", doc | {"from_run": str(run), "points": rows})
     print(f"oracle test loss {oracle['all']:.4f} nats/token (every point's test candles)")
     if observable is None:

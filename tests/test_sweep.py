@@ -151,6 +151,15 @@ def test_a_toy_sweep_runs_here_writes_its_points_and_fills_in_only_what_is_missi
     both = json.loads((folder / "floor.json").read_text())
     assert [r["sweep"] for r in both["points"]] == ["sweep_toy"] * 2 + ["lrs"] * 2
     assert both["oracle_test_loss"] == pytest.approx(floor["oracle_test_loss"])
+    # the oracles' losses of an earlier floor.json of the same test candles, not recomputed
+    earlier = tmp_path / "floor_before.json"
+    earlier.write_text((folder / "floor.json").read_text())
+    assert sweep_floor.main([str(tmp_path / "sweeps" / "lrs"), "--oracles-from", str(earlier)]) == 0
+    again = json.loads((tmp_path / "sweeps" / "lrs" / "floor.json").read_text())
+    assert again["oracle_test_loss"] == both["oracle_test_loss"] and again["points"] == both["points"][2:]
+    doc = json.loads(earlier.read_text())
+    earlier.write_text(json.dumps(doc | {"test_split": "another market"}))
+    assert sweep_floor.main([str(tmp_path / "sweeps" / "lrs"), "--oracles-from", str(earlier)]) == 1
 
     capsys.readouterr()
     bad = [
