@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from common.data.synthetic import generate_asset, season
 from common.data.synthetic_rich import HAR_WEIGHTS, HAR_WINDOWS, JUMP_PROB, JUMP_SCALE, KAPPA, LEAD_LAG, LEVERAGE
 from common.evaluation.range_density import range_loglik, range_table
 from common.markets import INTERVAL_SECONDS
+
+if TYPE_CHECKING:
+    from common.evaluation.price_baselines import ForecastFn
 
 __all__ = ["PARTICLES", "components", "forecaster", "models", "pair_correction", "paths", "transition_matrix"]
 
@@ -223,6 +226,7 @@ def _filter(
             z = (a.r[t] - drift - s * mean_unit[:, None]) / s
             ll += _t_logpdf(z, nu) - np.log(s)
             if table is not None:
+                assert a.log_range is not None  # read with ranges: the table and the ranges go together
                 ll += range_loglik(abs(a.r[t]) / s, a.log_range[t] / s, table) - np.log(s)
             units.append(z)
         if corr is not None:
@@ -311,9 +315,7 @@ def models(spec: Any) -> bool:
     return spec.process == "rich" and spec.gap_prob == 0
 
 
-def forecaster(
-    spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[int, Any]] = None
-) -> Callable[[Sequence[Any], int, int, int], np.ndarray]:
+def forecaster(spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[int, Any]] = None) -> "ForecastFn":
     """The oracle as a scorecard forecaster: (histories, horizon, n_samples, seed) -> (N, n_samples,
     horizon) log returns. Each history is placed by its last timestamp in its asset's candles
     (`candles`: asset index -> frame; by default generated again from `spec`), whose later rows
