@@ -82,7 +82,8 @@ def role_unigram(run: Path, tokens: TokenSet) -> dict[str, Any]:
 
     vocab = read_json(run / "config.json")["model"]["vocab_size"]
     train = {s: np.asarray(tokens.tokens[s][slice(*map(int, r["train"]))]) for s, r in tokens.ranges.items()}
-    log_p = np.log(fit_baselines(train, vocab)["unigram"].probs)
+    with np.errstate(divide="ignore"):  # PAD's probability is 0, and PAD is never a target
+        log_p = np.log(fit_baselines(train, vocab)["unigram"].probs)
     nlls = {
         s: -log_p[np.asarray(tokens.tokens[s][int(r["test"][0]) + 1 : int(r["test"][1])])]
         for s, r in tokens.ranges.items()

@@ -8,7 +8,7 @@ BUDGET=(--set training.epochs=16 --set training.max_steps_per_epoch=250 --set tr
 sweep() {  # NAME SEED LEARNING_RATES [--set KEY=VALUE ...]
   local name=$1 seed=$2 lrs=$3; shift 3
   marketgpt sweep --config case_c_crypto/configs/sweep_rich.json --set "$MARKET" "${BUDGET[@]}" \
-    --set training.seed=$seed "$@" --sizes 128x4 --fractions 1 --learning-rates $lrs --name ${name}_s$seed --local
+    --set "training.seed=$seed" "$@" --sizes 128x4 --fractions 1 --learning-rates "$lrs" --name "${name}_s$seed" --local
 }
 for s in 0 1 2; do sweep rich1m $s 0.001,0.0003; done                                   # today's recipe, two rates
 for s in 0 1 2; do sweep rich1m_market $s 0.001 --set model.market_context=true; done    # the cross-section
