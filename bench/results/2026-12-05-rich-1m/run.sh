@@ -3,11 +3,11 @@
 set -e
 export OMP_NUM_THREADS=1
 MARKET='data.synthetic={"assets": 8, "candles": 178000, "process": "rich", "categories": ["crypto"], "seed": 1, "daily_vol": 0.04}'
-BUDGET=(--set training.epochs=16 --set training.max_steps_per_epoch=250 --set training.warmup_steps=100
-        --set training.eval_max_batches=null)
 sweep() {  # NAME SEED LEARNING_RATES [--set KEY=VALUE ...]
   local name=$1 seed=$2 lrs=$3; shift 3
-  marketgpt sweep --config case_c_crypto/configs/sweep_rich.json --set "$MARKET" "${BUDGET[@]}" \
+  marketgpt sweep --config case_c_crypto/configs/sweep_rich.json --set "$MARKET" \
+    --set training.epochs=16 --set training.max_steps_per_epoch=250 --set training.warmup_steps=100 \
+    --set training.eval_max_batches=null \
     --set "training.seed=$seed" "$@" --sizes 128x4 --fractions 1 --learning-rates "$lrs" --name "${name}_s$seed" --local
 }
 for s in 0 1 2; do sweep rich1m $s 0.001,0.0003; done                                   # today's recipe, two rates
