@@ -166,7 +166,7 @@ class _Market(NamedTuple):
 
 
 def _market(spec: Any, candles: Any) -> _Market:
-    if spec.process != "rich" or spec.gap_prob != 0:
+    if not models(spec):
         raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
     nu, days = spec.nu, INTERVAL_SECONDS[spec.interval] / 86400
     levels = np.array([1.0, math.sqrt(spec.stress_vol), spec.stress_vol])
@@ -326,8 +326,8 @@ def forecaster(spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[
     stays where it stopped, so a walk-forward's origins, asked in order, cost one pass over
     the candles, not one per call; an earlier origin starts the asset's filter again (the same
     seed, the same state). Each origin's paths are drawn with the generator seeded by (seed, origin)."""
-    if not models(spec):
-        raise ValueError("the observable oracle models the rich synthetic market without gaps")
+    if not models(spec):  # before generating the candles
+        raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
     symbols = {spec.symbol(i): i for i in range(spec.assets)}
     frames = dict(candles) if candles is not None else {i: generate_asset(spec, i).candles for i in range(spec.assets)}
     markets = {i: _market(spec, frames[i]) for i in frames}
@@ -367,7 +367,8 @@ def _simulate(mk: _Market, step: _Step, horizon: int, samples: int, rng: np.rand
     """(samples, horizon) cumulative log returns from `samples` particles drawn from the filter's
     (equally weighted) set, moved forward on copies of their state."""
     pick = rng.integers(0, len(step.regime), samples)
-    pair = [copy.deepcopy(a) for a in step.pair]
+    # take() gives the copy its own state arrays; the observed candles (r, log_range) stay shared, unread
+    pair = [copy.copy(a) for a in step.pair]
     for a in pair:
         a.take(pick)
     regime = step.regime[pick]
