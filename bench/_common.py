@@ -29,6 +29,7 @@ __all__ = [
     "alternate",
     "bench_args",
     "best_ratio",
+    "blank_features",
     "finish",
     "format_table",
     "machine_info",
@@ -46,6 +47,20 @@ def set_threads(threads: Optional[int]) -> int:
     if threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def blank_features(model_config: Any, *shape: int) -> Any:
+    """Candle ids of `shape` + (columns,) for a model that reads them (common/tokens/features.py),
+    all 0 (every calendar, volume, level and market id "unknown": a lookup costs the same whatever
+    the id), for benchmarks on random tokens; None for a model that reads none."""
+    import numpy as np
+
+    from common.tokens.features import feature_columns
+
+    m = model_config
+    if not m.reads_features:
+        return None
+    return np.zeros((*shape, feature_columns(m.vol_level_input, m.market_context)), dtype=np.int64)
 
 
 def timed(fn: Callable[[], Any]) -> float:

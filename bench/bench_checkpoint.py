@@ -35,7 +35,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, alternate, bench_args, best_ratio, finish, row, set_threads, timed  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,
+    alternate,
+    bench_args,
+    best_ratio,
+    blank_features,
+    finish,
+    row,
+    set_threads,
+    timed,
+)
 
 from common.config import load_config  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
@@ -59,8 +69,15 @@ def case_trainer(run_dir: Path, case: str = "a") -> Trainer:
     rng = np.random.default_rng(0)
     tokens = {s: rng.integers(3, cfg.model.vocab_size, 3000) for s in ("A", "B")}  # a few windows suffice
     ranges = {s: {"train": (0, 1800), "val": (1800, 2400), "test": (2400, 3000)} for s in tokens}
+    features = blank_features(cfg.model, 3000)
     windows = build_windows(
-        tokens, ranges, {"A": 0, "B": 1}, {"A": 0, "B": 0}, T, strides={"train": 1, "val": T, "test": T}
+        tokens,
+        ranges,
+        {"A": 0, "B": 1},
+        {"A": 0, "B": 0},
+        T,
+        strides={"train": 1, "val": T, "test": T},
+        features=None if features is None else dict.fromkeys(tokens, features),
     )
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=sum(counts.values()), num_categories=len(counts))

@@ -88,7 +88,8 @@ def old_decode_path(
 
 
 def setup(assets: int, device: str) -> tuple[Forecaster, list[History]]:
-    cfg = load_config(REPO / "case_c_crypto" / "configs" / "crypto_prototype.json")
+    # the sampler before issue 13 (old_generate) read no candle ids: both paths without the market
+    cfg = load_config(REPO / "case_c_crypto" / "configs" / "crypto_prototype.json", ["model.market_context=false"])
     frames = make_candles(assets, 2000)
     for f in frames.values():  # hourly bars, as case C
         f.index = f.index[0] + (f.index - f.index[0]) / 24

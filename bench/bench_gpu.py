@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_args, finish, machine_info, row  # noqa: E402
+from _common import bench_args, blank_features, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
 from common.distributed.precision import CUDA_GRAPH_MODES, autocast, resolve_precision, use_tf32  # noqa: E402
@@ -115,6 +115,8 @@ def _step_fn(
     backend = (lambda: sdpa_kernel(SDPA_BACKENDS[sdpa])) if sdpa else contextlib.nullcontext
     x = torch.randint(4, m.vocab_size, (batch, m.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
+    blank = blank_features(m, batch, m.context_length)
+    features = None if blank is None else torch.from_numpy(blank).to(device)
 
     graphs = compile_model and compile_mode in CUDA_GRAPH_MODES
 
@@ -122,7 +124,7 @@ def _step_fn(
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()  # as the Trainer does
         with autocast(precision, device), backend():
-            _, loss = forward(x, ids, ids, x)
+            _, loss = forward(x, ids, ids, x, features=features)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.gradient_clip)
         opt.step()

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_args, finish, machine_info, row  # noqa: E402
+from _common import bench_args, blank_features, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
 from common.distributed.ddp import wrap_ddp  # noqa: E402
@@ -96,10 +96,12 @@ def _whole_step(cfg: Config, device: torch.device, batch: int, compile_on: bool)
     params = list(model.parameters())
     x = torch.randint(4, cfg.model.vocab_size, (batch, cfg.model.context_length), device=device)
     ids = torch.zeros(batch, dtype=torch.long, device=device)
+    blank = blank_features(cfg.model, batch, cfg.model.context_length)
+    features = None if blank is None else torch.from_numpy(blank).to(device)
 
     def train_step() -> None:
         with autocast(precision, device):
-            _, loss = model(x, ids, ids, x)
+            _, loss = model(x, ids, ids, x, features=features)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, t.gradient_clip)
         opt.step()

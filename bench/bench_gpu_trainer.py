@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_args, finish, machine_info, row  # noqa: E402
+from _common import bench_args, blank_features, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
 from common.distributed.precision import choose_compile_mode  # noqa: E402
@@ -61,6 +61,7 @@ def _windows(cfg: Config, device: torch.device, steps: int) -> TokenWindows:
         for s in tokens
     }
     ids = {s: i for i, s in enumerate(tokens)}
+    features = blank_features(cfg.model, n)
     return build_windows(
         tokens,
         ranges,
@@ -69,6 +70,7 @@ def _windows(cfg: Config, device: torch.device, steps: int) -> TokenWindows:
         cfg.model.context_length,
         strides={"train": 1, "val": cfg.model.context_length, "test": cfg.model.context_length},
         device=device,
+        features=None if features is None else dict.fromkeys(ids, features),
     )
 
 

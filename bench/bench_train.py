@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, alternate, bench_args, best_ratio, finish, row, set_threads  # noqa: E402
+from _common import REPO, alternate, bench_args, best_ratio, blank_features, finish, row, set_threads  # noqa: E402
 
 from common.config import Config, load_config  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
@@ -111,6 +111,7 @@ def _windows(cfg: Config, num_assets: int, seed: int = 0) -> TokenWindows:
     tokens = {f"A{i}": rng.integers(NUM_SPECIAL_TOKENS, cfg.model.vocab_size, n) for i in range(num_assets)}
     ranges = {s: {"train": (0, 3000), "val": (3000, 3500), "test": (3500, n)} for s in tokens}
     T = cfg.model.context_length
+    features = blank_features(cfg.model, n)
     return build_windows(
         tokens,
         ranges,
@@ -118,6 +119,7 @@ def _windows(cfg: Config, num_assets: int, seed: int = 0) -> TokenWindows:
         {s: 0 for s in tokens},
         T,
         strides={"train": 1, "val": T, "test": T},
+        features=None if features is None else dict.fromkeys(tokens, features),
     )
 
 

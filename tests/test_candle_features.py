@@ -132,11 +132,16 @@ def test_token_set_keeps_features(tmp_path):
     assert TokenSet.load(tmp_path / "tokens").features["A"].tolist() == tokens.features["A"].tolist()
 
 
-def test_off_in_the_case_configs_and_model_info_says_what_each_adds():
+def test_the_case_configs_read_the_market_only_and_model_info_says_what_each_adds():
+    # the cross-section pays at 10^6 training tokens (bench/results/2026-12-05-defaults); the
+    # calendar, volume and volatility-level inputs were not shown to pay and stay off
     for path in REPO_ROOT.glob("case_*/configs/*.json"):
-        cfg = load_config(path)
-        assert not cfg.model.reads_features, path
-    cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json")
+        m = load_config(path).model
+        want = path.name != "sweep_rich.json"  # the recipe bench's fixed baseline
+        assert (m.market_context, m.time_features, m.volume_input, m.vol_level_input) == (want, False, False, False), (
+            path
+        )
+    cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["model.market_context=false"])
     C = cfg.model.d_model
     assert (
         f"time_features off (would add +{31 * C:,} parameters); volume_input off (would add "
@@ -145,7 +150,10 @@ def test_off_in_the_case_configs_and_model_info_says_what_each_adds():
         "parameters)" in describe_model(cfg)
     )
     for key, added in (("time_features", 31 * C), ("market_context", 27 * C)):
-        on = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", [f"model.{key}=true"])
+        on = load_config(
+            REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json",
+            ["model.market_context=false", f"model.{key}=true"],
+        )
         base, more = (MarketGPT(c.model, num_assets=20).num_parameters() for c in (cfg, on))
         assert more - base == added and f"{key} on (+{added:,} parameters)" in describe_model(on)
 

@@ -18,6 +18,7 @@ from common.model.sampling import SamplingSettings, sample_paths
 from common.model.sizing import describe_model
 from common.paths import REPO_ROOT
 from common.special_tokens import BOS_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
+from common.tokens.features import MARKET_BINS, MARKET_COLUMNS, feature_columns
 
 torch.set_num_threads(1)  # a shared 2-core box; these models are tiny anyway
 
@@ -66,7 +67,8 @@ def expected_parameters(m: ModelConfig, num_assets: int, num_categories: int) ->
     positions = m.context_length * C if m.positional == "learned" else 0
     cond = num_assets * m.asset_embed_dim + num_categories * m.category_embed_dim
     cond += (m.asset_embed_dim + m.category_embed_dim) * C  # projection into d_model
-    return m.vocab_size * C + positions + cond + m.num_layers * per_layer + C  # + final LayerNorm
+    market = MARKET_COLUMNS * (MARKET_BINS + 1) * C if m.market_context else 0  # one table per summary
+    return m.vocab_size * C + positions + cond + market + m.num_layers * per_layer + C  # + final LayerNorm
 
 
 # the recipe's options together (bench/bench_recipe.py): rotary, RMSNorm, QK-norm, SwiGLU
@@ -142,16 +144,22 @@ def test_case_configs_build_on_meta_with_right_shapes(path):
     num_assets, num_categories = CASE_SIZES[path.parent.parent.name]
     with torch.device("meta"):
         model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
+        columns = feature_columns(m.vol_level_input, m.market_context)
+        features = torch.zeros(2, m.context_length, columns, dtype=torch.long) if m.reads_features else None
         logits, loss = model(
             torch.zeros(2, m.context_length, dtype=torch.long),
             ids(0, 1),
             ids(0, 0),
             targets=torch.zeros(2, m.context_length, dtype=torch.long),
+            features=features,
         )
     assert logits.shape == (2, m.context_length, m.vocab_size) and loss.shape == ()
     assert model.wte.weight.shape == (m.vocab_size, m.d_model)
     assert model.lm_head.weight is model.wte.weight
-    assert model.wpe.weight.shape == (m.context_length, m.d_model)
+    if m.positional == "learned":
+        assert model.wpe.weight.shape == (m.context_length, m.d_model)
+    else:
+        assert model.wpe is None and model.rope_cos.shape[0] >= m.context_length
     assert model.asset_emb.weight.shape == (num_assets, m.asset_embed_dim)
     assert model.category_emb.weight.shape == (num_categories, m.category_embed_dim)
     assert len(model.blocks) == m.num_layers

@@ -232,7 +232,7 @@ def _tokens_per_parameter(text: str) -> float:
 
 
 @pytest.mark.parametrize(
-    "case, low, high, params", [("a", 0.015, 0.04, "88.6M"), ("b", 0.008, 0.03, "26.4M"), ("c", 0.15, 0.3, "5.02M")]
+    "case, low, high, params", [("a", 0.015, 0.04, "88.2M"), ("b", 0.008, 0.03, "26.3M"), ("c", 0.15, 0.3, "5.00M")]
 )
 def test_case_configs_are_planned_from_the_configs_alone(capsys, tmp_path, case, low, high, params):
     text = _plan_text(capsys, tmp_path, case)
