@@ -208,15 +208,18 @@ def paired_interval(diffs: Sequence[float]) -> dict[str, Any]:
 
 
 def ablate(
-    setting: str, seeds: Sequence[int], overrides: Sequence[str] = (), progress: Path | None = None
+    setting: str | Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (), progress: Path | None = None
 ) -> dict[str, Any]:
     """Per seed: the validation loss of a training without `setting` and one with it (same data,
-    budget and seed), and the paired difference (on - off) with its interval. progress: a JSON
-    file rewritten after each pair (a long ablation on a shared machine keeps what it finished)."""
+    budget and seed), and the paired difference (on - off) with its interval. `setting`: one
+    KEY=VALUE or several, switched on together. progress: a JSON file rewritten after each pair
+    (a long ablation on a shared machine keeps what it finished)."""
+    settings = [setting] if isinstance(setting, str) else list(setting)
+    setting = " ".join(settings)  # as the JSON records it
     pairs: list[dict[str, Any]] = []
     for seed in seeds:
         base = [*overrides, f"training.seed={seed}"]
-        off, on = run(["val"], base), run(["val"], [*base, setting])
+        off, on = run(["val"], base), run(["val"], [*base, *settings])
         pairs.append(
             {
                 "seed": seed,
@@ -246,12 +249,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--json", type=Path, help="also write the result here")
-    p.add_argument("--ablate", metavar="KEY=VALUE", help="train each seed without and with this setting (val only)")
+    p.add_argument(
+        "--ablate",
+        action="append",
+        metavar="KEY=VALUE",
+        help="train each seed without and with this setting (val only); repeat it to switch several on together",
+    )
     p.add_argument("--seeds", default="0,1,2", help="with --ablate: the training seeds (default 0,1,2)")
     a = p.parse_args(argv)
     if a.ablate:
         res = ablate(a.ablate, [int(s) for s in a.seeds.split(",")], a.overrides, a.json)
-        print(f"machine: {os.cpu_count()} vCPU; ablation of {a.ablate}, validation loss of the best model (nats/token)")
+        print(f"machine: {os.cpu_count()} vCPU; ablation of {res['setting']}, validation loss of the best model (nats/token)")
         for q in res["pairs"]:
             print(
                 f"  seed {q['seed']}: off {q['off']:.4f} (epoch {q['off_best_epoch']})  on {q['on']:.4f} "

@@ -161,3 +161,8 @@ def test_bench_generalization_ablation_pairs_each_seed_off_and_on(monkeypatch, t
     assert d["mean"] == pytest.approx(-0.02) and d["n"] == 3
     assert d["ci95"] == pytest.approx([-0.02 - 4.3027 * 0.01 / 3**0.5, -0.02 + 4.3027 * 0.01 / 3**0.5], rel=1e-4)
     assert len(json.loads((tmp_path / "a.json").read_text())["pairs"]) == 3
+    # several settings are switched on together, in the "on" training only
+    calls.clear()
+    both = bench_generalization.ablate(["model.vol_level_input=true", "model.rope=1"], [0, 1], [])
+    assert calls[:2] == [["training.seed=0"], ["training.seed=0", "model.vol_level_input=true", "model.rope=1"]]
+    assert both["setting"] == "model.vol_level_input=true model.rope=1"
