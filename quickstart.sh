@@ -78,13 +78,16 @@ fi
 
 echo "==> Training on the shipped sample with the small-data settings (about 2.5 minutes on 2 idle CPU cores, a small scorecard included)"
 start=$(date +%s)
-# the same settings as SMALL_DATA in bench/bench_generalization.py (a test keeps them equal)
+# the same settings as SMALL_DATA in bench/bench_generalization.py (a test keeps them equal); case C's
+# cross-section and rotary positions stay off here: on the sample at this budget they do not pay
+# (bench/results/2026-12-05-defaults)
 "$py" -m common.cli train --config case_c_crypto/configs/crypto_prototype.json \
     --set 'experiment="quickstart"' \
     --set 'data.source="sample"' --set 'data.interval="1d"' --set 'data.universe_counts={}' \
     --set model.d_model=128 --set model.num_layers=4 --set model.num_heads=4 --set model.d_ff=512 \
     --set model.context_length=64 --set 'model.head="flat"' --set data.epoch_stride=16 --set tokenizer.ret_bins=32 \
-    --set model.dropout=0.2 --set training.weight_decay=0.1 --set training.learning_rate=1e-3 \
+    --set model.dropout=0.2 --set model.market_context=false --set 'model.positional="learned"' \
+    --set training.weight_decay=0.1 --set training.learning_rate=1e-3 \
     --set training.warmup_steps=50 --set training.batch_size=32 --set training.epochs=12 \
     --set training.max_steps_per_epoch=40 --set training.early_stopping_patience=4 \
     --set training.log_every_steps=10 \

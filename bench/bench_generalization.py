@@ -97,6 +97,10 @@ SMALL_DATA = (
     "data.epoch_stride=16",
     "tokenizer.ret_bins=32",
     "model.dropout=0.2",
+    # case C's config reads the market with rotary positions (they pay at 10^6 training tokens);
+    # on the sample at this budget neither pays, alone or together (bench/results/2026-12-05-defaults)
+    "model.market_context=false",
+    'model.positional="learned"',
     "training.weight_decay=0.1",
     "training.learning_rate=1e-3",
     "training.warmup_steps=50",
