@@ -55,7 +55,8 @@ class ModelConfig:
     dropout: float = 0.1  # dropout on the embeddings and each residual branch's output (none in attention)
     asset_embed_dim: int = 32  # size of the per-asset embedding that conditions the model
     category_embed_dim: int = 16  # size of the per-category embedding (stocks, crypto, ...)
-    # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention.
+    # "learned" absolute positions (GPT-2) or "rope" rotary embeddings in attention; the case configs
+    # set "rope" (it pays at 10^6 training tokens), the default keeps old runs loading as they trained
     positional: Literal["learned", "rope"] = "learned"
     bias: bool = False  # biases in the linear layers and LayerNorms
     # the recipe's options (bench/bench_recipe.py measures each against the defaults):
@@ -77,7 +78,8 @@ class ModelConfig:
     vol_level_input: bool = False
     # add what the rest of the market did to the token embedding (common/tokens/market_context.py):
     # the mean move, dispersion and volatility level of every series of the interval, as of the
-    # candle's close; forecasts need the other assets' candles too. Off in the case configs
+    # candle's close; forecasts need the other assets' candles too. On in the case configs (it pays at
+    # 10^6 training tokens), off in the quickstart and by default (old runs load as they trained)
     market_context: bool = False
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
