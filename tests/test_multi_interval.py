@@ -46,6 +46,9 @@ TINY = {
         "d_ff": 64,
         "asset_embed_dim": 4,
         "category_embed_dim": 4,
+        # as the case configs, multi-interval ones among them: the cross-section, rotary positions
+        "positional": "rope",
+        "market_context": True,
     },
     "training": {
         "batch_size": 16,
@@ -310,7 +313,8 @@ def test_the_interval_embedding_changes_the_forecast(straight_run):
     assert not np.array_equal(first, forecast())
     contexts = torch.randint(4, 60, (1, 8))
     ids = torch.zeros(1, dtype=torch.long)
-    logits = [fc.model(contexts, ids, ids, interval_ids=torch.tensor([k]))[0] for k in range(3)]
+    features = torch.zeros(1, 8, 6, dtype=torch.long)  # the market's 3 columns after the 3 of every candle
+    logits = [fc.model(contexts, ids, ids, interval_ids=torch.tensor([k]), features=features)[0] for k in range(3)]
     assert not torch.equal(logits[0], logits[1]) and not torch.equal(logits[1], logits[2])
 
 
