@@ -161,6 +161,7 @@ def test_a_factorized_parent_passes_on_its_trained_head(tmp_path):
             "tokenizer.shape_bins = 4, the parent's is 8; fine-tuning keeps the parent's tokenizer",
         ),
         ("model.d_model=64", "model.d_model = 64, the parent's is 32"),
+        ('model.positional="rope"', "model.positional = 'rope', the parent's is 'learned'"),
     ],
 )
 def test_a_different_vocabulary_refit_or_shape_is_refused_with_the_reason(parent, tmp_path, capsys, override, fragment):
@@ -169,6 +170,18 @@ def test_a_different_vocabulary_refit_or_shape_is_refused_with_the_reason(parent
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0]
     assert not list((config.parent.parent / "checkpoints").glob("bad_*/config.json"))
+
+
+def test_a_parent_made_before_a_model_key_existed_is_compared_at_that_keys_default(parent, tmp_path, capsys):
+    # a case config turning rotary positions on, a parent whose config.json never named them
+    old = tmp_path / "old_parent"
+    shutil.copytree(parent, old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["model"]["positional"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    config = make_case(tmp_path, "newer", CHILD_UNIVERSE)
+    assert main(["train", "--config", str(config), "--init-from", str(old), "--set", 'model.positional="rope"']) == 2
+    assert "model.positional = 'rope', the parent's is 'learned'" in capsys.readouterr().err
 
 
 def test_init_from_nowhere_is_one_line(tmp_path, capsys):

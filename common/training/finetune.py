@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from common.atomic import atomic_write_json, read_json
+from common.config import ModelConfig
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
@@ -51,6 +52,7 @@ _ALL_BUT_LAST = re.compile(r"^all_but_last_(\d+)$")
 _EMBEDDING_KEYS = ("asset_emb.weight", "category_emb.weight", "interval_emb.weight")
 # model keys that may differ from the parent: they change no weight's shape or meaning
 _FREE_MODEL_KEYS = ("dropout",)
+_MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
             f"tokenizer has {parents.get('vocab_size')} ids; fine-tuning keeps the parent's tokenizer, "
             "since token ids must mean the same candles: use the parent's vocab_size"
         )
+    # a key the parent's config.json does not name (it predates the key) had its default there
+    parents = {**_MODEL_DEFAULTS, **parents}
     for key, value in mine.items():
         if key in parents and key not in _FREE_MODEL_KEYS and parents[key] != value:
             raise UserError(
