@@ -141,6 +141,26 @@ def market_run(tmp_path_factory):
 AS_OF = "2012-06-01"
 
 
+@pytest.mark.parametrize("shards", [True, False], ids=["shards", "in memory"])
+def test_a_market_context_run_of_one_series_is_refused_before_it_trains(tmp_path, capsys, shards):
+    spec = json.loads(json.dumps(TINY))
+    spec["model"].update(market_context=True)
+    spec["data"] = {
+        "source": "synthetic",
+        "interval": "1h",
+        "start_date": "2024-01-01",
+        "shards": shards,
+        "synthetic": {"assets": 1, "candles": 2000, "categories": ["crypto"]},
+    }
+    config = tmp_path / "case" / "configs" / "one.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(spec))
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "1h has 1 (SYN0000)" in err and "--set model.market_context=false" in err
+    assert not list((tmp_path / "case").glob("checkpoints/*/best_model.pt"))
+
+
 def _later_changed(frames: dict[str, pd.DataFrame], cut: pd.Timestamp) -> dict[str, pd.DataFrame]:
     """Every asset's candles after `cut` replaced by others (prices doubled, then jittered)."""
     out = {}

@@ -16,7 +16,7 @@ from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
 from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
 from common.tokens.ids import RunInfo
-from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
+from common.tokens.market_context import MarketContext, SeriesMoves, check_cross_section, series_moves
 from common.tokens.token_set import TokenSet
 from common.tokens.tokenizer import OHLCTokenizer
 
@@ -100,6 +100,7 @@ def encode_asset(
 
 def with_market_context(features: dict[str, np.ndarray], series: dict[str, SeriesMoves]) -> dict[str, np.ndarray]:
     """Each series' feature ids with its market-context ids appended (model.market_context)."""
+    check_cross_section(series)
     context = MarketContext(series)
     return {s: np.concatenate([f, context.own_ids(series[s]).astype(f.dtype)], axis=1) for s, f in features.items()}
 

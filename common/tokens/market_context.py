@@ -35,11 +35,20 @@ from typing import Mapping, NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
+from common.errors import UserError
 from common.markets import INTERVAL_SECONDS
 from common.tokens.features import MARKET_BINS, MARKET_COLUMNS, VOL_LEVEL_EDGES, VolLevel, binned, vol_level_ratio
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["MARKET_BINS", "MARKET_COLUMNS", "MarketContext", "SeriesMoves", "close_times", "series_moves"]
+__all__ = [
+    "MARKET_BINS",
+    "MARKET_COLUMNS",
+    "MarketContext",
+    "SeriesMoves",
+    "check_cross_section",
+    "close_times",
+    "series_moves",
+]
 
 # the cross-section's mean move, in sigmas: of 20 crypto pairs moving together (correlation ~0.7)
 # it spreads nearly as one asset's move; of 600 mixed assets it is narrower
@@ -73,6 +82,22 @@ def series_moves(
         move = tokenizer.features(frame)[0]
     level = vol_level_ratio(frame, VolLevel(tokenizer.vol_halflife, tokenizer.vol_warmup))
     return SeriesMoves(interval, pd.DatetimeIndex(frame.index).as_unit("ns").asi8, np.asarray(move, np.float64), level)
+
+
+def check_cross_section(series: Mapping[str, SeriesMoves]) -> None:
+    """A UserError where an interval of the training data has fewer than MIN_SERIES series: its
+    market would be "unknown" at every candle, and no forecast of the run could read one."""
+    pools: dict[str, list[str]] = {}
+    for name, s in series.items():
+        pools.setdefault(s.interval, []).append(name)
+    for interval, names in sorted(pools.items()):
+        if len(names) < MIN_SERIES:
+            raise UserError(
+                f"model.market_context reads the cross-section of each interval's series, and {interval} has "
+                f"{len(names)} ({', '.join(sorted(names))}): its market would be unknown at every candle and no "
+                f"forecast could read one; train on at least {MIN_SERIES} series of each interval, or "
+                "--set model.market_context=false"
+            )
 
 
 def close_times(stamps: np.ndarray, interval: str) -> np.ndarray:

@@ -42,7 +42,7 @@ from common.run.files import ASSET_INFO_JSON, DATA_INFO_JSON, TOKENIZER_JSON
 from common.tokens.corpus import encode_asset, fit_tokenizer, fit_volume, ranges_of, wants_features
 from common.tokens.features import feature_columns
 from common.tokens.ids import RunInfo
-from common.tokens.market_context import MarketContext, SeriesMoves, series_moves
+from common.tokens.market_context import MarketContext, SeriesMoves, check_cross_section, series_moves
 from common.tokens.shard_manifest import Hasher, file_sha256, manifest_checksum, remember_sha256
 from common.tokens.shard_paths import published, shard_folder, work_folder
 from common.tokens.token_set import write_index
@@ -377,6 +377,7 @@ def _market_context(split: dict, parts: list[Path]) -> list[np.ndarray]:
         with np.load(part) as z:
             interval = split.get("series_intervals", {}).get(s, split["interval"])
             series[s] = SeriesMoves(interval, z["stamps"], z["moves"], z["level"])
+    check_cross_section(series)
     context = MarketContext(series)
     return [context.own_ids(series[s]).astype(np.int16) for s in split["symbols"]]
 
