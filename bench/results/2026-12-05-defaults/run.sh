@@ -30,3 +30,7 @@ python bench/sweep_floor.py $S/rich1m_marketrope_s0 $S/rich1m_marketrope_s1 $S/r
 # the shipped sample at the quickstart's budget: both on together, against both off
 python bench/bench_generalization.py --ablate model.market_context=true --ablate 'model.positional="rope"' \
   --seeds 0,1,2 --json $R/sample_market_rope.json > $R/sample_market_rope.txt
+# price space, the observable oracle as the ceiling: seed 0 of both on, calibrated on validation first
+RUN=$(jq -r .run $S/rich1m_marketrope_s0/points/d128l4_f100_lr0.001.json)
+marketgpt calibrate "$RUN" --horizon 5 --origins 500 --samples 200 > $R/calibrate_marketrope_s0.txt
+marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > $R/scorecard_marketrope_s0.txt
