@@ -263,7 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.ablate:
         res = ablate(a.ablate, [int(s) for s in a.seeds.split(",")], a.overrides, a.json)
-        print(f"machine: {os.cpu_count()} vCPU; ablation of {res['setting']}, validation loss of the best model (nats/token)")
+        print(
+            f"machine: {os.cpu_count()} vCPU; ablation of {res['setting']}, "
+            "validation loss of the best model (nats/token)"
+        )
         for q in res["pairs"]:
             print(
                 f"  seed {q['seed']}: off {q['off']:.4f} (epoch {q['off_best_epoch']})  on {q['on']:.4f} "
