@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from common.atomic import atomic_write_json, read_json
-from common.config import ModelConfig
+from common.config import config_to_dict, load_config
 from common.errors import UserError
 from common.run.checkpoint import checkpoint_files, load_checkpoint, unwrap_state_dict
 from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
@@ -52,14 +52,13 @@ _ALL_BUT_LAST = re.compile(r"^all_but_last_(\d+)$")
 _EMBEDDING_KEYS = ("asset_emb.weight", "category_emb.weight", "interval_emb.weight")
 # model keys that may differ from the parent: they change no weight's shape or meaning
 _FREE_MODEL_KEYS = ("dropout",)
-_MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
 
 
 @dataclass(frozen=True)
 class Parent:
     run_dir: Path
     checkpoint: Path
-    config: dict  # the parent's config.json
+    config: dict  # the parent's config.json, every key filled (a key it predates at its default)
 
     @functools.cached_property
     def sha256(self) -> str:
@@ -98,7 +97,8 @@ def resolve_parent(path: str | Path) -> Parent:
                 f"--init-from {path}: {run_dir} lacks {name}; the parent must be a run folder "
                 "made by `marketgpt train` (or a checkpoint inside one)"
             )
-    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=read_json(run_dir / CONFIG_JSON))
+    config = config_to_dict(load_config(run_dir / CONFIG_JSON))
+    return Parent(run_dir=run_dir.resolve(), checkpoint=checkpoint.resolve(), config=config)
 
 
 def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
@@ -118,8 +118,6 @@ def check_parent_fits(cfg_dict: dict, parent: Parent) -> None:
             f"tokenizer has {parents.get('vocab_size')} ids; fine-tuning keeps the parent's tokenizer, "
             "since token ids must mean the same candles: use the parent's vocab_size"
         )
-    # a key the parent's config.json does not name (it predates the key) had its default there
-    parents = {**_MODEL_DEFAULTS, **parents}
     for key, value in mine.items():
         if key in parents and key not in _FREE_MODEL_KEYS and parents[key] != value:
             raise UserError(
