@@ -166,8 +166,7 @@ class _Market(NamedTuple):
 
 
 def _market(spec: Any, candles: Any) -> _Market:
-    if not models(spec):
-        raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
+    _check_modelled(spec)
     nu, days = spec.nu, INTERVAL_SECONDS[spec.interval] / 86400
     levels = np.array([1.0, math.sqrt(spec.stress_vol), spec.stress_vol])
     prior = np.repeat(transition_matrix(spec), 2, axis=1) * np.tile([1 - JUMP_PROB, JUMP_PROB], 3)
@@ -315,6 +314,11 @@ def models(spec: Any) -> bool:
     return spec.process == "rich" and spec.gap_prob == 0
 
 
+def _check_modelled(spec: Any) -> None:
+    if not models(spec):
+        raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
+
+
 def forecaster(spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[int, Any]] = None) -> "ForecastFn":
     """The oracle as a scorecard forecaster: (histories, horizon, n_samples, seed) -> (N, n_samples,
     horizon) log returns. Each history is placed by its last timestamp in its asset's candles
@@ -326,8 +330,7 @@ def forecaster(spec: Any, particles: int = PARTICLES, candles: Optional[Mapping[
     stays where it stopped, so a walk-forward's origins, asked in order, cost one pass over
     the candles, not one per call; an earlier origin starts the asset's filter again (the same
     seed, the same state). Each origin's paths are drawn with the generator seeded by (seed, origin)."""
-    if not models(spec):  # before generating the candles
-        raise ValueError("the observable oracle models the rich market without gaps (process 'rich', gap_prob 0)")
+    _check_modelled(spec)  # before generating the candles
     symbols = {spec.symbol(i): i for i in range(spec.assets)}
     frames = dict(candles) if candles is not None else {i: generate_asset(spec, i).candles for i in range(spec.assets)}
     markets = {i: _market(spec, frames[i]) for i in frames}
