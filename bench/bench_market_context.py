@@ -1,6 +1,7 @@
 """The cost of model.market_context's ids at case A's size: S series of N hourly candles each (the
 rehearsal's full corpus is 600 x 184,080 1h candles, and 600 x 7,670 1d), every candle's three ids
-as a shard's finish stage computes them (MarketContext.own_ids over every series).
+as a shard's finish stage computes them: the series read one at a time (a generator, as the
+stage reads its encoded files), MarketContext.own_ids of every series kept as int16.
 
     python bench/bench_market_context.py --series 600 --candles 184080 --json out.json
 
@@ -16,7 +17,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -36,22 +37,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     rng = np.random.default_rng(0)
     step = 3600 * 10**9 if args.interval == "1h" else 86_400 * 10**9
     start = np.datetime64("2005-01-01", "ns").astype(np.int64)
-    series = {}
-    for i in range(args.series):
-        stamps = start + step * np.arange(args.candles, dtype=np.int64)
-        move = rng.standard_normal(args.candles)
-        move[rng.random(args.candles) < 0.1] = np.nan
-        series[f"S{i:04d}"] = SeriesMoves(args.interval, stamps, move, rng.normal(0, 0.3, args.candles))
+    names = [f"S{i:04d}" for i in range(args.series)]
+
+    def series() -> Iterator[tuple[str, SeriesMoves]]:
+        for name in names:
+            stamps = start + step * np.arange(args.candles, dtype=np.int64)
+            move = rng.standard_normal(args.candles)
+            move[rng.random(args.candles) < 0.1] = np.nan
+            yield name, SeriesMoves(args.interval, stamps, move, rng.normal(0, 0.3, args.candles))
+
     t0 = time.perf_counter()
-    context = MarketContext(series)
+    context = MarketContext(series())
     built = time.perf_counter() - t0
-    ids = [context.own_ids(s) for s in series.values()]
+    ids = [context.own_ids(name).astype(np.int16) for name in names]
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     known = float(np.mean([(x > 0).mean() for x in ids]))
     print(
         f"{args.series} series x {args.candles:,} {args.interval} candles = {args.series * args.candles:,}: "
-        f"{seconds:.1f} s ({built:.1f} s to index), peak RSS {peak:,.0f} MB, {known:.1%} of ids known"
+        f"{seconds:.1f} s ({built:.1f} s to read), peak RSS {peak:,.0f} MB, {known:.1%} of ids known"
     )
     if args.json:
         args.json.write_text(

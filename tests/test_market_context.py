@@ -16,7 +16,14 @@ from common.forecasting.forecaster import Forecaster
 from common.forecasting.history import load_histories
 from common.model.gpt import MarketGPT
 from common.tokens.features import MARKET_BINS, feature_columns
-from common.tokens.market_context import DISPERSION_EDGES, MOVE_EDGES, MarketContext, SeriesMoves, close_times
+from common.tokens.market_context import (
+    DISPERSION_EDGES,
+    MOVE_EDGES,
+    MarketContext,
+    SeriesMoves,
+    _summary_ids,
+    close_times,
+)
 from common.tokens.token_set import TokenSet
 
 from test_forecast import TINY, train_tiny
@@ -50,7 +57,7 @@ def test_the_ids_summarize_the_fresh_cross_section_and_say_unknown_without_two_s
         "B": SeriesMoves("1d", t, np.array([0.3, np.nan, np.nan]), np.array([0.0, np.nan, 0.0])),
         "C": SeriesMoves("1d", t[:1], np.array([-0.6]), np.array([0.1])),
     }
-    ids = MarketContext(series).own_ids(series["A"])
+    ids = MarketContext(series).own_ids("A")
     moves = np.array([0.9, 0.3, -0.6])
     expect_move = np.searchsorted(MOVE_EDGES, moves.mean(), side="right") + 1
     expect_disp = np.searchsorted(DISPERSION_EDGES, moves.std(ddof=1), side="right") + 1
@@ -83,14 +90,50 @@ def test_a_position_never_sees_a_candle_that_closed_after_its_own():
             move, level = o.move.copy(), o.level.copy()
             move[later], level[later] = rng.standard_normal(later.sum()) * 3, 1.0
             changed[other] = SeriesMoves(o.interval, o.stamps, move, level)
-        before = full.own_ids(s)[closes <= cut]
-        after = MarketContext(changed).own_ids(changed[name])[closes <= cut]
+        before = full.own_ids(name)[closes <= cut]
+        after = MarketContext(changed).own_ids(name)[closes <= cut]
         np.testing.assert_array_equal(before, after)
-        assert (full.own_ids(s) > 0).any()
+        assert (full.own_ids(name) > 0).any()
     # a time between the candles' closes is computed on its own, as the table's are
     some = close_times(daily["S0"].stamps, "1d")[::7]
     np.testing.assert_array_equal(full.ids("1d", some + 3600 * 10**9), full._compute("1d", some + 3600 * 10**9))
     np.testing.assert_array_equal(full.ids("1d", some), full._compute("1d", some))
+
+
+def _reference_ids(series: dict, interval: str, t: np.ndarray) -> np.ndarray:
+    """The ids by the definition, one time and one series at a time: each series' last finite
+    reading closed at or before t and after t - one interval."""
+    fresh = 86_400 * 10**9 if interval == "1d" else 3600 * 10**9
+    moves = np.full((len(t), len(series)), np.nan)
+    levels = np.full((len(t), len(series)), np.nan)
+    for k, name in enumerate(sorted(series)):
+        s = series[name]
+        if s.interval != interval:
+            continue
+        closes = close_times(s.stamps, s.interval)
+        for i, ti in enumerate(t):
+            for values, out in ((s.move, moves), (s.level, levels)):
+                ok = np.isfinite(values) & (closes <= ti) & (closes > ti - fresh)
+                if ok.any():
+                    out[i, k] = values[np.flatnonzero(ok)[-1]]
+    return _summary_ids(moves, levels)
+
+
+def test_the_ids_follow_their_definition_for_regular_and_irregular_series():
+    """A cleaned series (one candle per interval) is read in place, NaN meaning no reading; one
+    with two candles closing within an interval (two stamps of one date) keeps its finite readings
+    only: both answer as the definition does, whether given as a mapping or one series at a time."""
+    rng = np.random.default_rng(2)
+    series = {f"S{i}": _random_series(rng, _days("2024-01-01", 60)) for i in range(4)}
+    twice = np.sort(np.concatenate([_days("2024-01-01", 30), _days("2024-01-01", 30) + 15 * 3600 * 10**9]))
+    series["T"] = _random_series(rng, twice)
+    series["T"].move[1::2] = np.nan  # the date's later candle often missing: its earlier one is fresh
+    t = np.unique(np.concatenate([close_times(s.stamps, "1d") for s in series.values()]))
+    t = np.concatenate([t, t[::5] + 7 * 3600 * 10**9])
+    context = MarketContext(iter(series.items()))
+    np.testing.assert_array_equal(context.ids("1d", t), _reference_ids(series, "1d", t))
+    np.testing.assert_array_equal(MarketContext(series).ids("1d", t), _reference_ids(series, "1d", t))
+    assert (context.ids("1d", t) > 0).all(axis=1).mean() > 0.5
 
 
 def test_daily_pools_hold_every_market_of_the_date_and_hourly_pools_their_own_interval():
@@ -98,14 +141,14 @@ def test_daily_pools_hold_every_market_of_the_date_and_hourly_pools_their_own_in
     t = _days("2024-01-01", 10)
     a, b = _random_series(rng, t), _random_series(rng, t)
     hourly = _random_series(rng, pd.date_range("2024-01-01", periods=240, freq="h", tz="UTC").asi8, "1h")
-    alone = MarketContext({"A": a, "B": b}).own_ids(a)
+    alone = MarketContext({"A": a, "B": b}).own_ids("A")
     # an hourly series does not enter a daily pool; a European and a US candle of one date are
     # one cross-section, closed at the end of the date
-    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": b, "H": hourly}).own_ids(a))
+    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": b, "H": hourly}).own_ids("A"))
     shifted = b._replace(stamps=b.stamps + 14 * 3600 * 10**9)  # B dated the same days, stamped later
-    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": shifted}).own_ids(a))
+    np.testing.assert_array_equal(alone, MarketContext({"A": a, "B": shifted}).own_ids("A"))
     # the result does not depend on the order the series are given in
-    np.testing.assert_array_equal(alone, MarketContext({"B": b, "A": a}).own_ids(a))
+    np.testing.assert_array_equal(alone, MarketContext({"B": b, "A": a}).own_ids("A"))
 
 
 def test_the_market_columns_are_read_by_a_model_with_market_context_only():

@@ -29,6 +29,8 @@ PLAN = {
     "1d": {"series": 600, "candles": 180000, "train": 126000},
     "1h": {"series": 600, "candles": 1080000, "train": 1},
 }
+JOB = {"argv": ["submitit/core/_submit.py", "logs"], "job": "12", "task": "0", "max_rss_mb": 900.0}
+JOB["max_anon_mb"] = 700.0  # an encode task
 CARD = {"origins": {"drawn": "1800 forecasts over the budget of 400: 399 drawn, up to 133 assets", "budget": 400}}
 REFUSED = (
     "the model forecasts 1d, 1h candles: each task is scored at its own interval\n"
@@ -123,6 +125,11 @@ CASES: dict[str, tuple[Any, dict, dict]] = {
         checks.benchmark_after_cutoff,
         {"exit_code": 0, "aggregate": -0.1, "excluded": {}, "said": ""},
         {"aggregate": None},  # n/a
+    ),
+    "prepare_jobs_fit": (
+        checks.prepare_jobs_fit,
+        {"records": [JOB, {**JOB, "argv": ["marketgpt", "train"], "max_anon_mb": 9000.0}], "request_mb": 8192},
+        {"records": [JOB, {**JOB, "job": "15", "task": None, "max_anon_mb": 8793.6}]},  # the finish job over its 8 GB
     ),
     "status_lists": (
         checks.status_lists,

@@ -228,3 +228,23 @@ def benchmark_after_cutoff(exit_code: int, aggregate: Optional[float], excluded:
 
 def status_lists(exit_code: int, stdout: str, run: str) -> Check:
     return result("marketgpt status lists the run", exit_code == 0 and bool(run) and run in stdout, f"exit {exit_code}")
+
+
+def prepare_jobs_fit(records: Sequence[Mapping[str, Any]], request_mb: float) -> Check:
+    """The array preparation's Slurm jobs stay within the memory they ask for: a cluster that
+    enforces it (cgroups) kills a job over it; the local cluster does not, so it is checked here
+    from each job's peak private memory (peak RSS where that was not sampled)."""
+    jobs = [p for p in records if p.get("job") and any("submitit" in a for a in p.get("argv", []))]
+    peaks = [(p.get("max_anon_mb") or p["max_rss_mb"], p) for p in jobs]
+    peak, top = max(peaks, key=lambda x: x[0]) if peaks else (None, None)
+    return result(
+        "the preparation's Slurm jobs stay within their memory request",
+        peak is not None and peak <= request_mb,
+        f"{len(jobs)} job processes, the largest {peak:,.0f} MB (job {top['job']}"
+        + (f"_{top['task']}" if top["task"] is not None else "")
+        + f") against {request_mb:,.0f} MB asked"
+        if top is not None
+        else "no preparation job's record",
+        peak_mb=peak,
+        request_mb=request_mb,
+    )

@@ -77,6 +77,9 @@ def run(size: str, root: Path) -> dict[str, Any]:
     processes = r.processes()
     for name, summary in summarize(processes).items():
         r.stages.setdefault(name, {})["rusage"] = summary
+    from common.slurm.prepare_jobs import PREP_MEM_GB  # the request the array's jobs make
+
+    r.check(checks.prepare_jobs_fit(processes.get("prepare", []), PREP_MEM_GB * 1024))
     return {
         "name": "rehearsal",
         "size": size,

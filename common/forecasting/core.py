@@ -38,7 +38,7 @@ import pandas as pd
 from common.config import Config
 from common.errors import UserError
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
-from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, load_histories
+from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, history_loader, load_histories
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -120,12 +120,10 @@ class ForecasterCore:
         self.market = MarketContext({s: series_moves(self.tokenizer, c, self.interval) for s, c in candles.items()})
 
     def _market(self) -> MarketContext:
-        if self.market is None:
+        if self.market is None:  # every asset of the run, read one at a time: 24 bytes a candle held
             categories = {s: self.assets[s].category for s in self.symbols}
-            self.set_market(
-                dict(load_histories(self.cfg.data, self.run_dir, categories, self.symbols, None, self.interval))
-            )
-        assert self.market is not None
+            load = history_loader(self.cfg.data, self.run_dir, categories, None, self.interval)
+            self.market = MarketContext((s, series_moves(self.tokenizer, load(s), self.interval)) for s in self.symbols)
         return self.market
 
     # ------------------------------------------------------------------ forecasting

@@ -45,8 +45,10 @@ __all__ = ["PrepareJob", "PreparePlan", "plan_preparation", "prepare_parameters"
 # for Python, one for parquet and numpy threads) are plenty.
 PREP_CPUS = 2
 # It holds one asset's candles at a time; the most any stage holds is the fit's 8 bytes a candle
-# of timestamps plus 16 a train candle for the tokenizer: 8 GB covers some 250M candles with
-# room for pandas, far beyond the shipped cases, and still schedules on any CPU node.
+# of timestamps plus 16 a train candle for the tokenizer, or with model.market_context the finish
+# stage's 30 (each candle's close, move and volatility level, and its three ids): 8 GB covers some
+# 200M candles with room for pandas, beyond the shipped cases (case A: 115M, 3.3 GB;
+# bench/results/2026-12-05-market-memory), and still schedules on any CPU node.
 PREP_MEM_GB = 8
 # slurm.time, but at most a day: the training's 7 days would wait longer for a slot, and a stage
 # that runs out of time keeps what it finished (submit again, or let the training job finish it).

@@ -100,9 +100,9 @@ def encode_asset(
 
 def with_market_context(features: dict[str, np.ndarray], series: dict[str, SeriesMoves]) -> dict[str, np.ndarray]:
     """Each series' feature ids with its market-context ids appended (model.market_context)."""
-    check_cross_section(series)
+    check_cross_section({s: m.interval for s, m in series.items()})
     context = MarketContext(series)
-    return {s: np.concatenate([f, context.own_ids(series[s]).astype(f.dtype)], axis=1) for s, f in features.items()}
+    return {s: np.concatenate([f, context.own_ids(s).astype(f.dtype)], axis=1) for s, f in features.items()}
 
 
 def ranges_of(prepared: PreparedData, symbol: str) -> dict[str, tuple[int, int]]:

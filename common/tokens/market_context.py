@@ -30,7 +30,7 @@ Forecasts hold the origin's ids over the sampled future, as they do the vol leve
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Optional
+from typing import Iterable, Mapping, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -84,12 +84,13 @@ def series_moves(
     return SeriesMoves(interval, pd.DatetimeIndex(frame.index).as_unit("ns").asi8, np.asarray(move, np.float64), level)
 
 
-def check_cross_section(series: Mapping[str, SeriesMoves]) -> None:
-    """A UserError where an interval of the training data has fewer than MIN_SERIES series: its
-    market would be "unknown" at every candle, and no forecast of the run could read one."""
+def check_cross_section(intervals: Mapping[str, str]) -> None:
+    """A UserError where an interval of the training data (series name -> its interval) has fewer
+    than MIN_SERIES series: its market would be "unknown" at every candle, and no forecast of the
+    run could read one."""
     pools: dict[str, list[str]] = {}
-    for name, s in series.items():
-        pools.setdefault(s.interval, []).append(name)
+    for name, interval in intervals.items():
+        pools.setdefault(interval, []).append(name)
     for interval, names in sorted(pools.items()):
         if len(names) < MIN_SERIES:
             raise UserError(
@@ -109,32 +110,51 @@ def close_times(stamps: np.ndarray, interval: str) -> np.ndarray:
 
 
 class _Readings(NamedTuple):
-    closes: np.ndarray  # the close times of a series' candles with a finite value, ascending
+    closes: np.ndarray  # ascending close times; NaN values are no reading
     values: np.ndarray
 
 
-def _readings(closes: np.ndarray, values: np.ndarray) -> _Readings:
-    keep = np.isfinite(values)
-    return _Readings(closes[keep], np.asarray(values, dtype=np.float64)[keep])
+class _Series(NamedTuple):
+    interval: str
+    closes: np.ndarray  # every candle's close time
+    move: _Readings
+    level: _Readings
+
+
+def _held(s: SeriesMoves) -> _Series:
+    """What the context keeps of a series: 24 bytes a candle. Where its candles close at least one
+    interval apart (every cleaned series: one candle per interval, or per date), the last candle
+    closed by t is the only one that can be fresh at t, so a NaN value answers "no reading" in
+    place and the closes are shared; otherwise each kind keeps its finite readings only."""
+    closes = close_times(s.stamps, s.interval)
+    move, level = np.asarray(s.move, np.float64), np.asarray(s.level, np.float64)
+    if len(closes) < 2 or np.diff(closes).min() >= INTERVAL_SECONDS[s.interval] * 10**9:
+        return _Series(s.interval, closes, _Readings(closes, move), _Readings(closes, level))
+    keep_m, keep_l = np.isfinite(move), np.isfinite(level)
+    return _Series(
+        s.interval, closes, _Readings(closes[keep_m], move[keep_m]), _Readings(closes[keep_l], level[keep_l])
+    )
 
 
 class MarketContext:
     """The cross-section of a set of series, asked at any close time. Built from whole histories;
-    an answer at t depends on the candles closed at or before t only."""
+    an answer at t depends on the candles closed at or before t only. `series`: name -> series, or
+    (name, series) pairs, e.g. a generator reading one series at a time from disk (only what the
+    context keeps is held)."""
 
-    def __init__(self, series: Mapping[str, SeriesMoves]) -> None:
-        self.pools: dict[str, list[tuple[_Readings, _Readings]]] = {}
-        self._closes: dict[str, list[np.ndarray]] = {}  # every candle's close, per pool
+    def __init__(self, series: Mapping[str, SeriesMoves] | Iterable[tuple[str, SeriesMoves]]) -> None:
+        pairs = series.items() if isinstance(series, Mapping) else series
+        self.series: dict[str, _Series] = {name: _held(s) for name, s in pairs}
+        self.pools: dict[str, list[_Series]] = {}
+        for name in sorted(self.series):  # one order, so every caller's sums round alike
+            s = self.series[name]
+            self.pools.setdefault(s.interval, []).append(s)
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for name in sorted(series):  # one order, so every caller's sums round alike
-            s = series[name]
-            closes = close_times(s.stamps, s.interval)
-            self.pools.setdefault(s.interval, []).append((_readings(closes, s.move), _readings(closes, s.level)))
-            self._closes.setdefault(s.interval, []).append(closes)
 
-    def own_ids(self, series: SeriesMoves) -> np.ndarray:
-        """(n, MARKET_COLUMNS) int64 ids of each candle of a series, at its close."""
-        return self.ids(series.interval, close_times(series.stamps, series.interval))
+    def own_ids(self, name: str) -> np.ndarray:
+        """(n, MARKET_COLUMNS) int64 ids of each candle of the series `name`, at its close."""
+        s = self.series[name]
+        return self.ids(s.interval, s.closes)
 
     def ids(self, interval: str, closes: np.ndarray) -> np.ndarray:
         """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool (all 0
@@ -153,7 +173,11 @@ class MarketContext:
 
     def _table(self, interval: str) -> tuple[np.ndarray, np.ndarray]:
         if interval not in self._tables:
-            times = np.unique(np.concatenate(self._closes.get(interval) or [np.zeros(0, np.int64)]))
+            times = np.zeros(0, np.int64)
+            for s in self.pools.get(interval, []):  # a union grown series by series: memory ~ distinct times
+                at = np.minimum(np.searchsorted(times, s.closes), max(len(times) - 1, 0))
+                if not len(times) or not np.array_equal(times[at], s.closes):
+                    times = np.union1d(times, s.closes)
             self._tables[interval] = (times, self._compute(interval, times))
         return self._tables[interval]
 
@@ -165,14 +189,14 @@ class MarketContext:
         for start in range(0, len(closes), chunk):
             t = closes[start : start + chunk]
             if pool:
-                moves = np.stack([_as_of(m, t, fresh_ns) for m, _ in pool], axis=1)
-                levels = np.stack([_as_of(v, t, fresh_ns) for _, v in pool], axis=1)
+                moves = np.stack([_as_of(s.move, t, fresh_ns) for s in pool], axis=1)
+                levels = np.stack([_as_of(s.level, t, fresh_ns) for s in pool], axis=1)
                 out[start : start + chunk] = _summary_ids(moves, levels)
         return out
 
 
 def _as_of(r: _Readings, t: np.ndarray, fresh_ns: int) -> np.ndarray:
-    """(len(t),) the series' last value closed at or before each t and after t - fresh_ns; else NaN."""
+    """(len(t),) the series' last reading closed at or before each t and after t - fresh_ns; else NaN."""
     if not len(r.closes):
         return np.full(len(t), np.nan)
     j = np.searchsorted(r.closes, t, side="right") - 1

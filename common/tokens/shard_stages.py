@@ -9,8 +9,8 @@
              run files and manifest.json, all in a private folder published by one rename
              (with model.market_context, the cross-section first, from every asset's moves)
 Memory holds one asset's candles at a time (with model.market_context, the finish stage holds
-every asset's stamps, moves and volatility levels and the cross-section's index of them: about
-80 bytes a candle, 9 GB at 110M; bench/results/2026-12-05-market-context). The tokens equal those of the in-memory path
+every asset's close times, moves and volatility levels: 24 bytes a candle, under 4 GB at 110M;
+bench/results/2026-12-05-market-memory). The tokens equal those of the in-memory path
 (common.tokens.corpus.prepare_in_memory) bit for bit."""
 
 from __future__ import annotations
@@ -371,15 +371,18 @@ def _preparer() -> dict:
 
 
 def _market_context(split: dict, parts: list[Path]) -> list[np.ndarray]:
-    """Each asset's market-context ids (model.market_context), from every asset's moves and levels."""
-    series = {}
-    for s, part in zip(split["symbols"], parts):
-        with np.load(part) as z:
-            interval = split.get("series_intervals", {}).get(s, split["interval"])
-            series[s] = SeriesMoves(interval, z["stamps"], z["moves"], z["level"])
-    check_cross_section(series)
-    context = MarketContext(series)
-    return [context.own_ids(series[s]).astype(np.int16) for s in split["symbols"]]
+    """Each asset's market-context ids (model.market_context), from every asset's moves and levels,
+    read one asset at a time (the context keeps 24 bytes a candle)."""
+    intervals = {s: split.get("series_intervals", {}).get(s, split["interval"]) for s in split["symbols"]}
+    check_cross_section(intervals)
+
+    def series() -> Iterator[tuple[str, SeriesMoves]]:
+        for s, part in zip(split["symbols"], parts):
+            with np.load(part) as z:
+                yield s, SeriesMoves(intervals[s], z["stamps"], z["moves"], z["level"])
+
+    context = MarketContext(series())
+    return [context.own_ids(s).astype(np.int16) for s in split["symbols"]]
 
 
 def _write_tokens(
