@@ -63,6 +63,18 @@ def blank_features(model_config: Any, *shape: int) -> Any:
     return np.zeros((*shape, feature_columns(m.vol_level_input, m.market_context)), dtype=np.int64)
 
 
+def bench_run(path: Path, cfg: Any, num_assets: int) -> Any:
+    """The run a benchmark's Trainer writes into: the folder `path`, the config `cfg` and
+    `num_assets` assets (no data: the benchmark feeds its own windows)."""
+    from common.data.universe import Asset
+    from common.run.folder import Run
+    from common.tokens.ids import RunInfo
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    assets = [Asset(f"S{i}", "sample", "crypto", f"S{i}") for i in range(num_assets)]
+    return Run(Path(path), cfg, OHLCTokenizer(), RunInfo.of_assets(assets))
+
+
 def timed(fn: Callable[[], Any]) -> float:
     """Wall seconds of one call."""
     t0 = time.perf_counter()

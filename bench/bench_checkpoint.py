@@ -39,6 +39,7 @@ from _common import (  # noqa: E402
     REPO,
     alternate,
     bench_args,
+    bench_run,
     best_ratio,
     blank_features,
     finish,
@@ -81,7 +82,8 @@ def case_trainer(run_dir: Path, case: str = "a") -> Trainer:
     )
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=sum(counts.values()), num_categories=len(counts))
-    trainer = Trainer(cfg, model, windows, run_dir, out=io.StringIO(), tensorboard=False)
+    run = bench_run(run_dir, cfg, sum(counts.values()))
+    trainer = Trainer(cfg.training, model, windows, run, out=io.StringIO(), tensorboard=False)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     trainer.step.optimizer.step()  # creates exp_avg and exp_avg_sq for every parameter
@@ -164,7 +166,7 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
     # never below the save itself: with a small state the work's own noise can exceed the rest
     atomic_cost = max(min(save_times["atomic"]) - alone, min(parts["atomic_waits"]))
     plain_cost = max(min(save_times["plain"]) - alone, min(parts["plain_save"]))
-    interval_s = 60.0 * trainer.cfg.training.checkpoint_every_minutes
+    interval_s = 60.0 * trainer.t.checkpoint_every_minutes
     worst = max(max(save_times["atomic"]) - alone, max(parts["atomic_waits"]))
     figures = {
         "parameters": trainer.model.num_parameters(),
@@ -211,7 +213,7 @@ def run(rounds: int = 6, case: str = "a", folder: Optional[Path] = None) -> dict
             100 * figures["timer_share"],
             "%",
             "< 1",
-            f"costliest round {worst:.2f} s every {trainer.cfg.training.checkpoint_every_minutes:g} min "
+            f"costliest round {worst:.2f} s every {trainer.t.checkpoint_every_minutes:g} min "
             "(training.checkpoint_every_minutes)",
         ),
     ]

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_args, blank_features, finish, machine_info, row  # noqa: E402
+from _common import bench_args, bench_run, blank_features, finish, machine_info, row  # noqa: E402
 
 from common.config import Config, apply_overrides, load_config  # noqa: E402
 from common.distributed.precision import choose_compile_mode  # noqa: E402
@@ -148,7 +148,8 @@ def _host_profile(tr: Trainer, steps: int, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()
     text.write(f"{steps} Trainer steps\n")
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)  # where the host's time goes
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(20)  # and through which calls
     path.write_text(text.getvalue())
 
 
@@ -161,7 +162,8 @@ def trainer_rates(
     model = MarketGPT(cfg.model, num_assets=sum(counts.values()) or 1, num_categories=len(counts) or 1)
     windows = _windows(cfg, device, 3 * steps + 80)
     out = io.StringIO()
-    tr = Trainer(cfg, model, windows, run_dir, device=device, out=out, tensorboard=False)
+    run = bench_run(run_dir, cfg, sum(counts.values()) or 1)
+    tr = Trainer(cfg.training, model, windows, run, device=device, out=out, tensorboard=False)
     t0 = time.perf_counter()
     assert tr.train(stop_after_steps=steps) == "stopped", out.getvalue()[-2000:]
     first_s = time.perf_counter() - t0

@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, alternate, bench_args, best_ratio, blank_features, finish, row, set_threads  # noqa: E402
+from _common import REPO, alternate, bench_args, bench_run, best_ratio, blank_features, finish, row, set_threads  # noqa: E402
 
 from common.config import Config, load_config  # noqa: E402
 from common.model.gpt import MarketGPT  # noqa: E402
@@ -193,7 +193,8 @@ def measure_case(key: str, rounds: int, run_dir: Path, steps: int = 1) -> dict[s
 
     seed_everything(t.seed)
     model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=max(len(cfg.data.universe_counts), 1))
-    trainer = Trainer(cfg, model, windows, run_dir, out=io.StringIO(), tensorboard=False)
+    run = bench_run(run_dir, cfg, num_assets)
+    trainer = Trainer(cfg.training, model, windows, run, out=io.StringIO(), tensorboard=False)
     # Trainer.train(stop_after_steps) saves a checkpoint when it stops: outside the step clock, and
     # measured by bench_checkpoint; skipped here so a round costs only its steps.
     trainer._save = lambda name: None  # type: ignore[method-assign]

@@ -29,6 +29,7 @@ from common.training import gpu_stats as gpu_stats_mod
 from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 
+from run_helpers import run_of
 from test_trainer import WINDOWS, _config, _late, _trainer
 
 torch.set_num_threads(1)
@@ -320,9 +321,8 @@ def _make_rank(run_dir, cfg, rank):
     from common.training.trainer import Trainer
 
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
-    return Trainer(
-        cfg, model, WINDOWS, run_dir / f"r{rank}", rank=rank, world_size=3, out=io.StringIO(), tensorboard=False
-    )
+    run = run_of(run_dir / f"r{rank}", cfg)
+    return Trainer(cfg.training, model, WINDOWS, run, rank=rank, world_size=3, out=io.StringIO(), tensorboard=False)
 
 
 # --------------------------------------------------------------------------- gradient checkpointing

@@ -18,6 +18,8 @@ from common.training.mfu import device_peak_flops, known_peak, mfu
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer
 
+from run_helpers import run_of
+
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")  # tensorboard's urllib3
 T = 16
@@ -49,7 +51,7 @@ def _trainer(run_dir, out: io.StringIO, peak_flops=None) -> Trainer:
         strides={"train": 1, "val": T, "test": T},
     )
     seed_everything(0)
-    return Trainer(cfg, MarketGPT(cfg.model), windows, run_dir, out=out, tensorboard=False)
+    return Trainer(cfg.training, MarketGPT(cfg.model), windows, run_of(run_dir, cfg, 1), out=out, tensorboard=False)
 
 
 def test_peak_is_the_stated_one_else_a_known_card_else_none(monkeypatch):
@@ -115,7 +117,7 @@ def test_flops_per_token_counts_the_weights_and_attention():
 def test_trainer_logs_mfu_per_epoch_against_a_stated_peak(tmp_path):
     out = io.StringIO()
     tr = _trainer(tmp_path, out, peak_flops=5e9)
-    assert tr.metrics.flops_per_token == MarketGPT(tr.cfg.model).flops_per_token(T) and tr.metrics.peak_flops == 5e9
+    assert tr.metrics.flops_per_token == MarketGPT(tr.run.cfg.model).flops_per_token(T) and tr.metrics.peak_flops == 5e9
     tr.metrics.flops_per_token = 123_456  # injected: the log must follow the formula with these numbers
     assert tr.train() == "finished"
     log = json.loads((tmp_path / "training_log.json").read_text())

@@ -23,6 +23,8 @@ from common.training.lr_schedule import lr_at
 from common.training.rng import seed_everything
 from common.training.trainer import Trainer
 
+from run_helpers import run_of
+
 torch.set_num_threads(1)
 # urllib3 (imported by tensorboard) probes for IPv6 by creating a socket at import: no traffic
 pytestmark = pytest.mark.filterwarnings("ignore:A test tried to use socket.socket")
@@ -78,7 +80,8 @@ def _trainer(run_dir, cfg=None, out=None, windows=None, **training) -> Trainer:
     cfg = cfg or _config(**training)
     seed_everything(cfg.training.seed)
     model = MarketGPT(cfg.model, num_assets=2, num_categories=1)
-    return Trainer(cfg, model, windows or WINDOWS, run_dir, out=out or io.StringIO(), tensorboard=False)
+    run = run_of(run_dir, cfg)
+    return Trainer(cfg.training, model, windows or WINDOWS, run, out=out or io.StringIO(), tensorboard=False)
 
 
 def _weights(trainer: Trainer) -> dict:
@@ -324,7 +327,7 @@ def test_a_checkpoint_from_before_the_generated_epoch_order_resumes_with_randper
 def _signal_at_step(trainer: Trainer, sig: int, step: int) -> None:
     """Send `sig` to this process during optimizer step `step` (1-based), from inside forward."""
     calls = {"n": 0}
-    accum = trainer.cfg.training.grad_accum_steps
+    accum = trainer.t.grad_accum_steps
 
     def hook(module, args, output):
         if module.training:
@@ -469,7 +472,7 @@ def _late(trainer: Trainer, fused: bool = False) -> Trainer:
     optionally with the GPU's fused AdamW, whose found_inf skips a non-finite step on the device."""
     trainer.read_lag = 1
     if fused:
-        t = trainer.cfg.training
+        t = trainer.t
         trainer.step.optimizer = trainer.model.configure_optimizer(
             t.weight_decay,
             t.learning_rate,

@@ -101,10 +101,10 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     device = windows.device
     wrapped = MultiGPUWrapper(model, env=env, device=device)  # DDP when the job has several ranks
     trainer = Trainer(
-        cfg,
+        cfg.training,
         wrapped,
         windows,
-        run_dir,
+        run,
         device=device,
         rank=env.rank,
         world_size=env.world_size,
@@ -116,7 +116,7 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     if state is None:
         if lineage is not None and env.is_main:
             record_lineage(run_dir, lineage)
-        trainer.start_run(env.launcher, run.info.num_assets, lineage, training.model_size)
+        trainer.start_run(env.launcher, lineage, training.model_size)
     else:
         try:
             trainer.load_state_dict(state)

@@ -140,7 +140,7 @@ class TrainingMetrics:
         """Rank 0: devices, compile, DDP, precision, batch and model size, and where training starts."""
         if not self.is_main:
             return
-        t = tr.cfg.training
+        t = tr.t
         if tr.cuda:
             print(f"Using GPUs: {tr.world_size}", file=out)
             if tr.step.compiled:

@@ -26,12 +26,11 @@ import math
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 import torch
 
-from common.config import Config, config_to_dict
+from common.config import TrainingConfig, config_to_dict
 from common.distributed.ddp import barrier
 from common.distributed.job_store import wait_for_main
 from common.distributed.requeue import EXIT_REQUEUE
@@ -43,6 +42,7 @@ from common.run.checkpoint import (
     unwrap_state_dict,
 )
 from common.run.files import TRAINING_LOG_JSON
+from common.run.folder import Run
 from common.run.log import RunLog
 from common.training.batches import TokenWindows
 from common.training.epoch_order import EPOCH_ORDER, checkpoint_epoch_order
@@ -59,7 +59,8 @@ __all__ = ["EXIT_REQUEUE", "Trainer"]
 
 
 class Trainer:
-    """Trains `model` on `windows` and writes checkpoints and training_log.json to `run_dir`.
+    """Trains `model` on `windows` with the settings `t` (the config's training section) and
+    writes checkpoints and training_log.json into the folder of `run`, whose config they record.
 
     rank / world_size shard the batches for DDP (the caller wraps the model in MultiGPUWrapper).
     Every rank runs this same loop and logs the same global numbers; rank 0 writes and prints.
@@ -67,10 +68,10 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: Config,
+        t: TrainingConfig,
         model: torch.nn.Module,
         windows: TokenWindows,
-        run_dir: Path,
+        run: Run,
         *,
         device: Optional[torch.device] = None,
         rank: int = 0,
@@ -79,8 +80,7 @@ class Trainer:
         job: Optional[Mapping[str, str]] = None,
         tensorboard: bool = True,
     ) -> None:
-        t = cfg.training
-        self.cfg, self.windows, self.run_dir = cfg, windows, Path(run_dir)
+        self.t, self.run, self.windows, self.run_dir = t, run, windows, run.path
         self.device = device or windows.device
         self.rank, self.world_size, self.out = rank, world_size, out or sys.stdout
         self.is_main = rank == 0
@@ -100,7 +100,7 @@ class Trainer:
             tensorboard=tensorboard,
             peak_flops=t.peak_flops,
             tracker=t.tracker,
-            config=config_to_dict(cfg),
+            config=config_to_dict(run.cfg),
             flops_per_token=self.model.flops_per_token(windows.context_length),
         )
         self.steps_per_epoch = steps_per_epoch(windows, t, world_size)
@@ -151,7 +151,7 @@ class Trainer:
             "early_stopping": self.early_stopping.state_dict(),
             "rng": rng_state(),
             "log": self.log.to_dict(),
-            "config": config_to_dict(self.cfg),
+            "config": config_to_dict(self.run.cfg),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -171,7 +171,7 @@ class Trainer:
         self.early_stopping.load_state_dict(state["early_stopping"])
         # (a checkpoint from before "lr_schedule" has "scheduler", with the total steps)
         self.lr_schedule.load_state_dict(state.get("lr_schedule") or state.get("scheduler") or {}, self.global_step)
-        restore_rank_rng(state, self.rank, self.cfg.training.seed + 7919 * self.rank + 1_000_003 * self.global_step)
+        restore_rank_rng(state, self.rank, self.t.seed + 7919 * self.rank + 1_000_003 * self.global_step)
         if warning and self.is_main:
             print(warning, file=self.out, flush=True)
         self.log = RunLog(state["log"])
@@ -179,20 +179,18 @@ class Trainer:
         self.metrics.resumed_at = self.global_step
         self._session_start = time.monotonic()
 
-    def start_run(
-        self, launcher: str, num_assets: int, lineage: Optional[dict] = None, size: Optional[dict] = None
-    ) -> None:
+    def start_run(self, launcher: str, lineage: Optional[dict] = None, size: Optional[dict] = None) -> None:
         """A new run's log header: what trains it and on what (`launcher`: DistEnv.launcher), a
         fine-tuned run's lineage, what model.size = "auto" chose and why (`size`)."""
         self.log.start(
             run=self.run_dir.name,
-            experiment=self.cfg.experiment,
+            experiment=self.run.cfg.experiment,
             started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             device=self.windows.device.type,
             world_size=self.world_size,
             launcher=launcher,
             num_parameters=self.model.num_parameters(),
-            num_assets=num_assets,
+            num_assets=self.run.info.num_assets,
             windows={s: self.windows.num_windows(s) for s in ("train", "val", "test")},
             steps_per_epoch=self.steps_per_epoch,
             effective_batch_size=self.effective_batch_size,
@@ -250,7 +248,7 @@ class Trainer:
             return status
 
     def _loop(self, stop_after_steps: Optional[int]) -> str:
-        t = self.cfg.training
+        t = self.t
         while self.epoch < t.epochs and not self.early_stopping.exhausted():
             outcome = self._train_epoch(stop_after_steps)
             if outcome is not None:
@@ -268,7 +266,7 @@ class Trainer:
 
     def _train_epoch(self, stop_after_steps: Optional[int]) -> Optional[str]:
         """Run the rest of the epoch in progress; returns a status if training must stop."""
-        t = self.cfg.training
+        t = self.t
         accum = t.grad_accum_steps
         batches = self.windows.batches(
             "train",
@@ -330,7 +328,7 @@ class Trainer:
 
     def _record_step(self, step: StepSums, seconds: float, flight: Flight) -> None:
         """Add the step to the epoch's sums; its progress line and (every log_every_steps) scalars."""
-        t = self.cfg.training
+        t = self.t
         tokens_per_rank = t.batch_size * t.grad_accum_steps * self.windows.context_length
         timed = None if self._warmup_steps > 0 else (seconds, tokens_per_rank)  # warm-up steps are not timed
         self._warmup_steps = max(self._warmup_steps - 1, 0)
@@ -373,7 +371,7 @@ class Trainer:
         return None
 
     def _end_epoch(self, val_loss: float, val_acc: float) -> None:
-        t = self.cfg.training
+        t = self.t
         train_loss, train_acc = self.sums.train_loss, self.sums.train_acc
         readings = self.metrics.epoch_readings(self.sums.tokens_per_sec(self.world_size))
         self.epoch += 1
@@ -399,7 +397,7 @@ class Trainer:
         """Token-weighted mean loss and accuracy over `split`. Under DDP with the plain model (no
         DDP forward, so ranks' uneven slices of the split can't deadlock)."""
         model = model or (self.model if self.world_size > 1 else self.step.train_model)
-        t = self.cfg.training
+        t = self.t
         score = functools.partial(split_loss, rank=self.rank, world_size=self.world_size, max_batches=max_batches)
         return score(model, self.windows, split, t.batch_size, self.step.precision, self.device)
 
@@ -433,7 +431,7 @@ class Trainer:
 
     def _save_best(self, val_loss: float) -> None:
         self.checkpoints.save_best(
-            lambda: best_model_state(self.model, self.cfg, self.epoch, self.global_step, val_loss)
+            lambda: best_model_state(self.model, self.run.cfg, self.epoch, self.global_step, val_loss)
         )
 
     def _finish_writing(self, raise_errors: bool) -> None:
