@@ -93,7 +93,7 @@ def setup(assets: int, device: str) -> tuple[Forecaster, list[History]]:
     frames = make_candles(assets, 2000)
     for f in frames.values():  # hourly bars, as case C
         f.index = f.index[0] + (f.index - f.index[0]) / 24
-    tok = OHLCTokenizer.from_config(cfg).fit(frames)
+    tok = OHLCTokenizer.from_config(cfg.tokenizer, cfg.model.vocab_size).fit(frames)
     info = RunInfo.of_assets([Asset(s, "sample", "crypto", s) for s in frames])
     torch.manual_seed(0)
     model = MarketGPT(cfg.model, num_assets=assets, num_categories=1).to(device)

@@ -390,7 +390,8 @@ def _fake_run_folder(root) -> tuple:
     cfg.model = ModelConfig(vocab_size=35, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32)
     cfg.training.batch_size = 4
     cfg.tokenizer.shape_bins, cfg.tokenizer.vol_warmup = 4, 5
-    tok = OHLCTokenizer.from_config(cfg).fit({s: f.iloc[:60] for s, f in frames.items()})
+    tok = OHLCTokenizer.from_config(cfg.tokenizer, cfg.model.vocab_size)
+    tok = tok.fit({s: f.iloc[:60] for s, f in frames.items()})
     symbols = list(frames)
     tokens = TokenSet(
         symbols,

@@ -119,7 +119,7 @@ def test_from_config_uses_model_and_tokenizer_sections():
     cfg = Config()
     cfg.model.vocab_size, cfg.tokenizer.shape_bins = 2048, 16
     cfg.tokenizer.vol_halflife, cfg.tokenizer.vol_warmup = 7.5, 3
-    t = OHLCTokenizer.from_config(cfg)
+    t = OHLCTokenizer.from_config(cfg.tokenizer, cfg.model.vocab_size)
     assert (t.vocab_size, t.shape_bins, t.ret_bins, t.vol_halflife, t.vol_warmup) == (2048, 16, 127, 7.5, 3)
     assert OHLCTokenizer(4096).dtype == np.int16 and OHLCTokenizer(40000).dtype == np.int32
 

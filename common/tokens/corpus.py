@@ -11,7 +11,7 @@ from typing import Iterator, Optional, TextIO, cast
 import numpy as np
 import pandas as pd
 
-from common.config import Config, ModelConfig
+from common.config import Config, ModelConfig, TokenizerConfig
 from common.data.loading import load_market_data
 from common.data.prepare import PreparedData, prepare_data
 from common.tokens.features import VolLevel, candle_features, fit_volume_edges, relative_volume
@@ -57,15 +57,18 @@ def fit_stride(prepared: PreparedData) -> int:
     return max(1, -(-train // FIT_CANDLES))
 
 
-def fit_tokenizer(cfg: Config, prepared: PreparedData, parent: Optional[Path] = None) -> OHLCTokenizer:
-    """The tokenizer fitted on the train ranges only (asset by asset), or a fine-tuning parent's."""
+def fit_tokenizer(
+    tok: TokenizerConfig, vocab_size: int, prepared: PreparedData, parent: Optional[Path] = None
+) -> OHLCTokenizer:
+    """The tokenizer of the tokenizer section and model.vocab_size fitted on the train ranges only
+    (asset by asset), or a fine-tuning parent's."""
     if parent is not None:
         return OHLCTokenizer.load(parent)
     train = (
         prepared.candles[a.symbol].iloc[prepared.splits[a.symbol].train.start : prepared.splits[a.symbol].train.stop]
         for a in prepared.assets
     )
-    return OHLCTokenizer.from_config(cfg).fit(train, every=fit_stride(prepared))
+    return OHLCTokenizer.from_config(tok, vocab_size).fit(train, every=fit_stride(prepared))
 
 
 def fit_volume(prepared: PreparedData) -> list[float]:
@@ -121,7 +124,7 @@ def prepare_in_memory(
     candles held at once, nothing written to the data cache."""
     market = load_market_data(cfg.data, case_dir)
     prepared = prepare_data(cfg.data, cfg.model.context_length, market)
-    tokenizer = fit_tokenizer(cfg, prepared, parent)
+    tokenizer = fit_tokenizer(cfg.tokenizer, cfg.model.vocab_size, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg.model) else None
     symbols = [a.symbol for a in prepared.assets]
     tokens: dict[str, np.ndarray] = {}

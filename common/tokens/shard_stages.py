@@ -231,7 +231,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
         dropped,
         LazyFrames(list(cleaned), cleaned.frame),
     )
-    tokenizer = fit_tokenizer(cfg, prepared, parent)
+    tokenizer = fit_tokenizer(cfg.tokenizer, cfg.model.vocab_size, prepared, parent)
     edges = fit_volume(prepared) if wants_features(cfg.model) else None
     symbols = [a.symbol for a in prepared.assets]
     lengths = [len(cleaned[s]) for s in symbols]

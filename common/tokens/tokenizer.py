@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from common.atomic import atomic_write_json
-from common.config import Config
+from common.config import TokenizerConfig
 from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 from common.tokens.bins import QuantileBins
@@ -129,11 +129,10 @@ class OHLCTokenizer:
         self.clip_counts: dict = _zero_clip_counts()
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "OHLCTokenizer":
-        """The tokenizer a case config asks for (model.vocab_size and the tokenizer section)."""
-        tok = cfg.tokenizer
+    def from_config(cls, tok: TokenizerConfig, vocab_size: int) -> "OHLCTokenizer":
+        """The tokenizer a config asks for: its tokenizer section and model.vocab_size."""
         return cls(
-            vocab_size=cfg.model.vocab_size,
+            vocab_size=vocab_size,
             shape_bins=tok.shape_bins,
             vol_halflife=tok.vol_halflife,
             vol_warmup=tok.vol_warmup,
