@@ -18,6 +18,7 @@ from common.model.gpt import MarketGPT
 from common.tokens.features import MARKET_BINS, feature_columns
 from common.tokens.market_context import (
     DISPERSION_EDGES,
+    MIN_ANALOGS,
     MOVE_EDGES,
     MarketContext,
     SeriesMoves,
@@ -151,6 +152,36 @@ def test_daily_pools_hold_every_market_of_the_date_and_hourly_pools_their_own_in
     np.testing.assert_array_equal(alone, MarketContext({"B": b, "A": a}).own_ids("A"))
 
 
+def test_analog_futures_follow_past_closes_like_the_origin_and_read_nothing_after_it():
+    """MarketContext.analogs: each drawn future is the ids that followed a past close whose ids are
+    among the nearest to the origin's, complete by the origin's close; a change after it changes
+    nothing; without a complete past future the origin's ids are held."""
+    rng = np.random.default_rng(3)
+    series = {f"S{i}": _random_series(rng, _days("2024-01-01", 300)) for i in range(5)}
+    context = MarketContext(series)
+    times, table = context._table("1d")
+    origin, horizon = int(times[200]), 5
+    futures = context.analogs("1d", origin, horizon, 400, np.random.default_rng(0))
+    assert futures.shape == (400, horizon, 3)
+    last = 200 - horizon  # the last start whose future has closed by the origin's close
+    distance = np.abs(table[: last + 1] - table[200]).sum(axis=1)
+    near = np.flatnonzero(distance <= np.sort(distance)[MIN_ANALOGS - 1])
+    followed = {table[s + 1 : s + 1 + horizon].tobytes() for s in near}
+    assert all(f.tobytes() in followed for f in futures)
+    assert len({f.tobytes() for f in futures}) > 10  # many analogs, not one
+    # everything after the origin's close redrawn: the same futures
+    changed = {}
+    for name, o in series.items():
+        later = close_times(o.stamps, "1d") > origin
+        move = o.move.copy()
+        move[later] = rng.standard_normal(later.sum()) * 3
+        changed[name] = o._replace(move=move)
+    again = MarketContext(changed).analogs("1d", origin, horizon, 400, np.random.default_rng(0))
+    np.testing.assert_array_equal(again, futures)
+    early = context.analogs("1d", int(times[3]), horizon, 7, np.random.default_rng(0))
+    assert (early == table[3]).all()  # no past future complete yet: the origin's ids held
+
+
 def test_the_market_columns_are_read_by_a_model_with_market_context_only():
     base = dict(vocab_size=64, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0)
     x, a = torch.randint(3, 64, (2, 4)), torch.zeros(2, dtype=torch.long)
@@ -237,6 +268,14 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     got = fc.forecast([h], 4, 16, seed=0, return_paths=True)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     pd.testing.assert_frame_equal(got.table, want.table)
+    # with analog market futures too; their first step is the held forecast's (the future's ids
+    # are read from the second step on)
+    fc.market_future = "analogs"
+    analog = fc.forecast([h], 4, 16, seed=0, return_paths=True)
+    fc.set_market(everything)
+    np.testing.assert_array_equal(fc.forecast([h], 4, 16, seed=0, return_paths=True).tokens, analog.tokens)
+    np.testing.assert_array_equal(analog.tokens[..., 0], want.tokens[..., 0])
+    fc.market_future = "held"
     # ... and a change before it reaches the model: the market is read
     fc.set_market(_later_changed(everything, h.candles.index[-40]))
     assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4), ids)

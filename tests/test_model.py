@@ -311,6 +311,38 @@ def test_sample_paths_top_k_temperature_and_generator():
     assert torch.equal(one, two)
 
 
+@pytest.mark.parametrize("max_batch", [None, 2], ids=["whole contexts", "a context's samples split"])
+def test_each_sample_reads_its_own_future_market_ids(max_batch):
+    """path_features: each sample's future market ids (the forecasts' market analogs). A sample
+    given ids equal to another run's whole future draws what that run drew for it, row for row."""
+    model = tiny_model(market_context=True)
+    with torch.no_grad():  # a strong market effect, so a wrong row's ids would show
+        for table in model.market_emb:
+            table.weight.mul_(50)
+    N, S, H, L = 2, 3, 4, 6
+    prompts, a, c = random_tokens(N, L), ids(0, 1), ids(0, 1)
+    g = torch.Generator().manual_seed(5)
+    cols = feature_columns(vol_level=False, market_context=True)
+    features = torch.randint(1, 6, (N, L + H, cols), generator=g)
+    paths = torch.randint(1, MARKET_BINS + 1, (N, S, H, MARKET_COLUMNS), generator=g)
+    paths[:, 0] = features[:, L:, -MARKET_COLUMNS:]  # sample 0 of each context: the shared future
+
+    def draw(feats: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        settings = SamplingSettings(H, S, seed=3, max_batch=max_batch)
+        return sample_paths(model, prompts, a, c, settings, features=feats, path_features=path)
+
+    own, plain = draw(features, paths), draw(features)
+    assert torch.equal(own[:, 0], plain[:, 0])
+    moved = []
+    for s in range(1, S):
+        theirs = features.clone()
+        theirs[:, L:, -MARKET_COLUMNS:] = paths[:, s]
+        other = draw(theirs)
+        assert torch.equal(own[:, s], other[:, s])
+        moved.append(not torch.equal(other[:, s], plain[:, s]))
+    assert any(moved)  # the future's ids change what is drawn (so a wrong row's would show)
+
+
 def test_bf16_autocast_forward_with_rope():
     model = tiny_model(positional="rope")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

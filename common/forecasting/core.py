@@ -44,7 +44,7 @@ from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
 from common.tokens.ids import RunInfo
-from common.tokens.market_context import MarketContext, close_times, series_moves
+from common.tokens.market_context import MARKET_COLUMNS, MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["DEFAULT_LEVELS", "ForecasterCore"]
@@ -81,8 +81,11 @@ class ForecasterCore:
         # the interval forecast (a run of several intervals: --interval, default its first);
         # the model reads its id as model.default_interval
         self.interval = interval or cfg.data.interval
-        # model.market_context: the cross-section the histories' candles are placed in (set_market)
+        # model.market_context: the cross-section the histories' candles are placed in (set_market),
+        # and what it does over a forecast's future: "held" (the origin's ids at every step) or
+        # "analogs" (each sample the ids that followed a past close like the origin's; MarketContext.analogs)
         self.market: Optional[MarketContext] = None
+        self.market_future = "held"
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -170,18 +173,32 @@ class ForecasterCore:
             horizon, samples, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_batch=max_batch
         )
         contexts, states, origins, features = self._encode(histories, horizon)
+        market = self._market_paths(origins, samples, horizon, seed)
         tokens = self.sample_tokens(
             np.stack(contexts),
             np.array([self.assets[o["symbol"]].id for o in origins]),
             np.array([self.assets[o["symbol"]].category_id for o in origins]),
             settings,
             **({"features": np.stack(features)} if features else {}),
+            **({"path_features": market} if market is not None else {}),
         )  # (N, S, H)
 
         close, ohlc = self._decode_paths(tokens, states, samples, horizon)
         table = self._forecast_table(origins, close, ohlc, horizon)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
+
+    def _market_paths(self, origins: list, samples: int, horizon: int, seed: int) -> Optional[np.ndarray]:
+        """(N, samples, horizon, 3) market ids of each sample's future with market_future =
+        "analogs" (drawn with the seed and the origin's place); None where the future holds the origin's."""
+        if not (self.cfg.model.market_context and self.market_future == "analogs"):
+            return None
+        market = self._market()
+        out = np.empty((len(origins), samples, horizon, MARKET_COLUMNS), dtype=np.int64)
+        for i, o in enumerate(origins):
+            close = int(close_times(np.array([pd.Timestamp(o["as_of"]).value]), self.interval)[0])
+            out[i] = market.analogs(self.interval, close, horizon, samples, np.random.default_rng([seed, i]))
+        return out
 
     def _decode_paths(
         self, tokens: np.ndarray, states: list, samples: int, horizon: int
@@ -375,10 +392,12 @@ class ForecasterCore:
         category_ids: np.ndarray,
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
+        path_features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L) as settings say, never a
         banned id (banned_ids). features: (N, L + horizon, 3 or 4) candle ids, only for a model with
-        time_features / volume_input / vol_level_input. The one step each subclass gives."""
+        time_features / volume_input / vol_level_input; path_features (N, samples, horizon, k): each
+        sample's own future in their last k columns. The one step each subclass gives."""
         raise NotImplementedError
 
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:

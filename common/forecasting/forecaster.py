@@ -176,6 +176,7 @@ class Forecaster(ForecasterCore):
         category_ids: np.ndarray,
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
+        path_features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L), drawn from the torch model."""
         dev = torch.device(self.device)
@@ -189,6 +190,7 @@ class Forecaster(ForecasterCore):
                     settings,
                     banned=torch.as_tensor(self.banned_ids(), device=dev),
                     features=None if features is None else torch.as_tensor(features, device=dev),
+                    path_features=None if path_features is None else torch.as_tensor(path_features, device=dev),
                 )
                 .cpu()
                 .numpy()

@@ -38,6 +38,7 @@ from common.errors import UserError
 from common.forecasting.core import ForecasterCore
 from common.model.sampling_settings import SamplingSettings
 from common.model.windows import (
+    chunk_features,
     context_chunks,
     prefill_length as window_start,  # this module's name for it
 )
@@ -203,9 +204,11 @@ def sample_paths_np(
     *,
     banned: Optional[np.ndarray] = None,
     features: Optional[np.ndarray] = None,
+    path_features: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """(N, samples, horizon) sampled ids continuing each context (N, L). features: (N, L + horizon,
-    F) candle ids of the context's candles and then the future steps', for a model that reads them.
+    F) candle ids of the context's candles and then the future steps', for a model that reads them;
+    path_features (N, samples, horizon, k): each sample's own future in their last k columns.
 
     A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
     cache; any other logits function re-runs the window every step. Either way the window is
@@ -246,9 +249,8 @@ def sample_paths_np(
         r = np.repeat(np.arange(c0, c1), group)  # row -> its context; a context's samples share its prefix
         seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         prefix = (prefix_k[:, c0:c1], prefix_v[:, c0:c1]) if cached else None
-        _continue_chunk(
-            decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P, None if feats is None else feats[r]
-        )
+        rows = chunk_features(feats, r, lo, P, path_features)
+        _continue_chunk(decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P, rows)
         out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
 
@@ -387,6 +389,7 @@ class ExportedForecaster(ForecasterCore):
         category_ids: np.ndarray,
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
+        path_features: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         return sample_paths_np(
             self.backend,
@@ -397,4 +400,5 @@ class ExportedForecaster(ForecasterCore):
             settings,
             banned=self.banned_ids(),
             features=features,
+            path_features=path_features,
         )

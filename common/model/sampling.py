@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from common.model.gpt import MarketGPT
 from common.model.kv_cache import KVCache
 from common.model.sampling_settings import SamplingSettings
-from common.model.windows import context_chunks, prefill_length
+from common.model.windows import chunk_features, context_chunks, prefill_length
 
 __all__ = ["CACHE_BUDGET_BYTES", "SamplingSettings", "draw_tokens", "prefill_length", "sample_paths"]
 
@@ -94,6 +94,7 @@ def sample_paths(
     banned: Optional[torch.Tensor] = None,
     on_step: Optional[StepHook] = None,
     features: Optional[torch.Tensor] = None,
+    path_features: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
 
@@ -101,7 +102,8 @@ def sample_paths(
     settings.seed seeds a generator on the contexts' device (None: torch's global one).
     features: (N, L + horizon, 3) candle ids (common/tokens/features.py) of the context's
     candles and then the future steps', for a model with time_features / volume_input; every
-    forward gets the slice aligned with its tokens.
+    forward gets the slice aligned with its tokens. path_features: (N, samples, horizon, k), each
+    sample's own future in the last k columns of features (the market's, common.forecasting.core).
     Runs in eval mode and restores the previous mode.
     """
     N, L = contexts.shape
@@ -129,7 +131,7 @@ def sample_paths(
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)
             seq = torch.cat((contexts[r, L - P :], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            rows = _Rows(r, asset_ids[r], category_ids[r], None if feats is None else feats[r])
+            rows = _Rows(r, asset_ids[r], category_ids[r], chunk_features(feats, r, lo, P, path_features))
             _continue(seq, P, cache, first_logits[r], rows, decoding)
             out[lo : lo + len(r)] = seq[:, P:]
     finally:

@@ -3,9 +3,9 @@ and the torch-free one (common.forecasting.infer): plain Python, no torch."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["context_chunks", "prefill_length"]
+__all__ = ["chunk_features", "context_chunks", "prefill_length"]
 
 
 def prefill_length(context_length: int, horizon: int, available: int) -> int:
@@ -24,3 +24,17 @@ def context_chunks(n: int, samples: int, max_batch: int) -> Iterator[tuple[int, 
         for c in range(n):
             for s0 in range(0, samples, max_batch):
                 yield c, c + 1, min(max_batch, samples - s0), c * samples + s0
+
+
+def chunk_features(features: Any, rows: Any, first_row: int, known: int, path_features: Any) -> Any:
+    """A chunk's candle ids (B, known + H, F): its rows' contexts' `features` (N, known + H, F),
+    numpy or torch alike, with, where `path_features` (N, samples, H, k) is given, each row's own
+    sample's future in the last k columns (the chunk's rows are output rows first_row, ...: context
+    row // samples, sample row % samples). None without features."""
+    if features is None:
+        return None
+    out = features[rows]  # advanced indexing: a copy in numpy and torch
+    if path_features is not None:
+        flat = path_features.reshape(-1, *path_features.shape[2:])  # (N * samples, H, k)
+        out[:, known:, -flat.shape[-1] :] = flat[first_row : first_row + len(rows)]
+    return out

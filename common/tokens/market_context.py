@@ -59,6 +59,7 @@ DISPERSION_EDGES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0)
 EDGES = (MOVE_EDGES, DISPERSION_EDGES, VOL_LEVEL_EDGES)
 assert all(len(e) == MARKET_BINS - 1 for e in EDGES)  # the model's tables have MARKET_BINS + 1 rows
 MIN_SERIES = 2  # a cross-section of the series alone is no context
+MIN_ANALOGS = 50  # past closes a forecast's market futures are drawn from (MarketContext.analogs)
 _DAY_NS = 86_400 * 10**9
 
 
@@ -170,6 +171,23 @@ class MarketContext:
         if not hit.all():
             out[~hit] = self._compute(interval, closes[~hit])
         return out
+
+    def analogs(self, interval: str, close: int, horizon: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(n, horizon, MARKET_COLUMNS) int64 ids: n futures of the interval's market after the close
+        time `close`, each the ids of the `horizon` closes that followed a past close whose ids are
+        the nearest to those at `close` (the MIN_ANALOGS nearest or more, ties kept), drawn with
+        `rng`. Only futures complete by `close` are drawn, so nothing after it is read; where there
+        is none yet, the ids at `close` held over the horizon."""
+        times, table = self._table(interval)
+        now = self.ids(interval, np.array([close], dtype=np.int64))[0]
+        last = int(np.searchsorted(times, close, side="right")) - 1 - horizon  # the last start whose future closed
+        if last < 0:
+            return np.broadcast_to(now, (n, horizon, MARKET_COLUMNS)).copy()
+        distance = np.abs(table[: last + 1] - now).sum(axis=1)
+        k = min(MIN_ANALOGS, last + 1)
+        starts = np.flatnonzero(distance <= np.partition(distance, k - 1)[k - 1])
+        picked = rng.choice(starts, size=n)
+        return table[picked[:, None] + 1 + np.arange(horizon)]
 
     def _table(self, interval: str) -> tuple[np.ndarray, np.ndarray]:
         if interval not in self._tables:
