@@ -122,6 +122,15 @@ def test_warnings_on_hand_made_numbers():
     assert plan_warnings(_plan(parameters=500, slurm_time_s=70)) == []
 
 
+def test_a_market_context_plan_warns_of_an_interval_with_one_series():
+    row = {"series": 1, "candles": 10, "train_tokens": 8, "val_tokens": 1, "test_tokens": 1}
+    data = DataFigures({"train": 1000, "val": 100, "test": 100}, 900, 900, "exact")
+    data.by = {"interval": {"1d": dict(row, series=5), "1h": row}, "category": {}}
+    (warning,) = plan_warnings(_plan(data=data, parameters=500, slurm_time_s=70, market_context=True))
+    assert "1h has 1:" in warning and "1d" not in warning and "--set model.market_context=false" in warning
+    assert plan_warnings(_plan(data=data, parameters=500, slurm_time_s=70)) == []  # the market not read
+
+
 def _one(tokens_per_s: float) -> OneGPU:
     return OneGPU(Rate(tokens_per_s, "graphs"), "CUDA graphs", 4, 0.5, "sbatch ONE")
 

@@ -167,6 +167,7 @@ def build_plan(
         slurm_time_s=parse_slurm_time(s.time) * 60,
         max_requeues=MAX_REQUEUES,
         one_gpu=one_gpu(cfg, parameters, flops_per_token, gpus, config, overrides),
+        market_context=cfg.model.market_context,
     )
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
         plan.suggestions = _supported_shapes(cfg.model, cfg.data, data)

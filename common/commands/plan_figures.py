@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from common.data.check import format_breakdown
+from common.tokens.market_context import MIN_SERIES
 
 __all__ = [
     "MIN_TOKENS_PER_PARAMETER",
@@ -99,6 +100,7 @@ class Plan:
     # the same model on one of the GPUs at its best: set for a multi-GPU job, whose ranks compile
     # without CUDA graphs
     one_gpu: Optional[OneGPU] = None
+    market_context: bool = False  # model.market_context: each interval needs MIN_SERIES series
 
     @property
     def tokens_per_parameter(self) -> float:
@@ -183,6 +185,14 @@ def plan_warnings(plan: Plan) -> list[str]:
             f"{MIN_TOKENS_PER_PARAMETER:g}: the model can memorize the data. Try " + "; or ".join(fixes)
         )
     out += _one_gpu_advice(plan)
+    thin = {i: r["series"] for i, r in plan.data.by.get("interval", {}).items() if r["series"] < MIN_SERIES}
+    if plan.market_context and thin:
+        out.append(
+            "WARNING: model.market_context reads the cross-section of each interval's series, and "
+            + ", ".join(f"{i} has {n}" for i, n in thin.items())
+            + f": training will refuse it when it prepares the data; give each interval at least {MIN_SERIES} "
+            "series, or --set model.market_context=false"
+        )
     run, limit = plan.run_seconds, plan.slurm_time_s
     if run is not None and limit > 0:
         where = f"{plan.gpus}x {plan.gpu_type}"
