@@ -14,9 +14,10 @@ import torch
 from common.config import ModelConfig
 from common.evaluation import evaluate as ev
 from common.evaluation.baselines import fit_baselines
-from common.evaluation.evaluate import evaluate_run, summarize_results
+from common.evaluation.evaluate import evaluate_run
 from common.evaluation.metrics import wilson_interval
 from common.evaluation.report import write_report
+from common.evaluation.result_lines import summarize_results
 from common.evaluation.token_scoring import SplitTokens, eval_inputs
 from common.markets import CATEGORIES
 from common.model.gpt import MarketGPT

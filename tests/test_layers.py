@@ -88,13 +88,6 @@ LAZY = {
     ("common.run.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
     # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
     ("common.cluster.fetch_check", "common.run.checkpoint"): _TORCH_LATER,
-    ("common.cluster.remote_commands", "common.evaluation.evaluate"): _TORCH_LATER,
-    ("common.cluster.remote_commands", "common.evaluation.metrics"): _TORCH_LATER,
-    (
-        "common.cluster.remote_commands",
-        "common.evaluation.scorecard_summary",
-    ): "pandas: only for a run with a scorecard",
-    ("common.cluster.status", "common.evaluation.scorecard_summary"): "pandas: only for a run with a scorecard",
     ("common.slurm.submit", "torch"): _TORCH_LATER,
     ("common.slurm.submit", "common.commands.train"): _TORCH_LATER,
     ("common.slurm.submit", "common.distributed.env"): _TORCH_LATER,

@@ -13,7 +13,6 @@ from common.evaluation.metrics import (
     block_bootstrap_indices,
     coverage_flags,
     crps,
-    format_verdict,
     newey_west_t,
     pit_histogram,
     pit_values,
@@ -22,6 +21,7 @@ from common.evaluation.metrics import (
     skill_interval,
     verdict,
 )
+from common.evaluation.result_lines import format_verdict
 
 
 def test_crps_hand_values():

@@ -12,7 +12,8 @@ __all__ = ["add_parsers"]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from common.evaluation.evaluate import evaluate_run_dir, summarize_results  # lazy: torch
+    from common.evaluation.evaluate import evaluate_run_dir  # lazy: torch
+    from common.evaluation.result_lines import summarize_results
 
     results = evaluate_run_dir(args.run_dir)
     print(summarize_results(args.run_dir, results))

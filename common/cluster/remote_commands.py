@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from common.cluster.remote import Remote, StepFailed
 from common.errors import UserError
+from common.evaluation.result_lines import BASELINE_NAMES, format_verdict, summarize_results
 from common.run.files import SCORECARD_JSON, TEST_RESULTS_JSON
 
 __all__ = ["fetch_run", "print_results", "train_remote", "watch_status"]
@@ -73,17 +74,12 @@ def print_results(run_dir: Path, out: Callable[[str], None] = print) -> None:
     """The run's test results and, when it has a scorecard, its headline and verdicts."""
     results = run_dir / TEST_RESULTS_JSON
     if results.is_file():
-        from common.evaluation.evaluate import summarize_results  # lazy: torch, only once a run is fetched
-
         out(summarize_results(run_dir, json.loads(results.read_text())))
     else:
         out(f"{run_dir}: no test_results.json (the run did not finish its final evaluation)")
     card_path = run_dir / SCORECARD_JSON
     if card_path.is_file():
         card = json.loads(card_path.read_text())
-        from common.evaluation.metrics import format_verdict  # lazy: numpy, only for a run with a scorecard
-        from common.evaluation.scorecard_summary import BASELINE_NAMES  # lazy: pandas, only for a run with a scorecard
-
         head = card.get("headline")
         if head:
             name = BASELINE_NAMES.get(head["baseline"], head["baseline"])

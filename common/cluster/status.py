@@ -23,6 +23,7 @@ from common.atomic import read_json_or_empty
 from common.cluster.direct_launch import launch_of_log, log_tail, recorded_state
 from common.distributed.gpu_health import health_report
 from common.distributed.scheduler import ACTIVE_STATES, job_commands, job_states, slurm_available
+from common.evaluation.result_lines import BASELINE_NAMES
 from common.paths import CASES, REPO_ROOT, case_dir
 from common.run.files import CONFIG_JSON, SCORECARD_JSON, TRAINING_LOG_JSON
 from common.run.log import RunLog, format_duration
@@ -104,8 +105,6 @@ def _score(headline: Any) -> str:
     """'+2.1% GARCH': the headline CRPS skill and the baseline it is measured against."""
     if not isinstance(headline, dict) or not isinstance(headline.get("value"), (int, float)):
         return "-"
-    from common.evaluation.scorecard_summary import BASELINE_NAMES  # lazy: pandas, only for a run with a scorecard
-
     name = str(headline.get("baseline"))
     return f"{100 * headline['value']:+.1f}% {BASELINE_NAMES.get(name, name)}"
 

@@ -42,8 +42,9 @@ from common.distributed.env import DistEnv, check_gpus_usable, check_num_gpus, d
 from common.distributed.job_store import failures_reported, share_from_main
 from common.distributed.scheduler import job_metadata
 from common.errors import UserError
-from common.evaluation.evaluate import evaluate_best, summarize_results
+from common.evaluation.evaluate import evaluate_best
 from common.evaluation.final_scorecard import end_of_training_scorecard
+from common.evaluation.result_lines import summarize_results
 from common.run.files import TRAINING_LOG_JSON
 from common.training.finetune import record_lineage
 from common.training.trainer import EXIT_REQUEUE, Trainer

@@ -39,7 +39,8 @@ from common.evaluation.benchmark_tasks import (
 )
 from common.evaluation.metrics import block_bootstrap_indices, block_length, verdict
 from common.evaluation.price_baselines import ForecastFn
-from common.evaluation.scorecard import BASELINE_NAMES, ScorecardSettings, make_scorecard
+from common.evaluation.result_lines import BASELINE_NAMES
+from common.evaluation.scorecard import ScorecardSettings, make_scorecard
 
 __all__ = ["Draws", "ModelView", "aggregate_skill", "format_table", "run_benchmark"]
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -64,6 +63,7 @@ from common.errors import UserError
 from common.evaluation.baselines import BASELINES, fit_baselines
 from common.evaluation.metrics import block_length, skill_interval, wilson_interval
 from common.evaluation.report import write_report
+from common.evaluation.result_lines import SKILL_BASELINES
 from common.evaluation.token_scoring import (
     Scores,
     SplitTokens,
@@ -81,9 +81,8 @@ from common.run.log import RunLog
 from common.special_tokens import PAD_TOKEN
 from common.tokens.ids import RunInfo
 
-__all__ = ["evaluate_best", "evaluate_run", "evaluate_run_dir", "summarize_results"]
+__all__ = ["evaluate_best", "evaluate_run", "evaluate_run_dir"]
 
-_SKILL_BASELINES = ("unigram", "markov1")  # token_skill: the model's loss against these
 _SKILL_BOOT = 1000
 
 
@@ -150,7 +149,7 @@ def _token_skill(scores: dict[str, Scores], position: np.ndarray) -> dict:
             return None
         return skill_interval(model, base, position, horizon=1, stride=1, n_boot=_SKILL_BOOT, seed=0)
 
-    out: dict = {name: skill(name) for name in _SKILL_BASELINES}
+    out: dict = {name: skill(name) for name in SKILL_BASELINES}
     n_positions = len(np.unique(position))
     out["method"] = {
         "skill": "1 - model loss / baseline loss",
@@ -364,51 +363,3 @@ def evaluate_run_dir(run_dir: str | os.PathLike, device: torch.device | str | No
             f"cannot write test_results.json in {run.path} ({e.strerror or e}); "
             "copy the run folder somewhere writable and evaluate the copy"
         ) from None
-
-
-def _pct(v: Any) -> str:
-    return "n/a" if v is None else f"{100 * v:.1f}%"
-
-
-def _skill(s: dict) -> str:
-    lo, hi = s["ci95"]
-    return f"{100 * s['value']:+.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] ({s['verdict']})"
-
-
-def _num(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
-
-
-def summarize_results(run_dir: Path, r: dict) -> str:
-    """A few lines for the end of a job: where the run is, and the test metrics vs baselines."""
-    lines = [
-        f"Run folder: {run_dir}",
-        f"Test (best model, epoch {r.get('best_epoch')}): loss {_num(r['test_loss'])} | "
-        f"accuracy {_pct(r['test_accuracy'])} | top-5 {_pct(r['top5_accuracy'])} | "
-        f"perplexity {_num(r['perplexity'])} | {r['num_tokens']:,} tokens"
-        + (f" (interval {r['interval']}; each below)" if r.get("interval") else ""),
-    ]
-    for name, b in r.get("baselines", {}).items():
-        lines.append(
-            f"  baseline {name:<12} loss {_num(b['loss'])} | accuracy {_pct(b['accuracy'])} | "
-            f"top-5 {_pct(b['top5_accuracy'])}"
-        )
-    skill = r.get("token_skill") or {}
-    parts = [f"vs {name} {_skill(skill[name])}" for name in _SKILL_BASELINES if skill.get(name)]
-    if parts:
-        lines.append("Loss skill 1 - model/baseline [95% block-bootstrap CI]: " + " | ".join(parts))
-    for interval, ri in (r.get("per_interval") or {}).items():  # a run of several intervals
-        skill = (ri.get("token_skill") or {}).get("unigram")
-        lines.append(
-            f"  interval {interval:<4} loss {_num(ri['test_loss'])} | {ri['num_tokens']:,} tokens"
-            + (f" | skill vs unigram {_skill(skill)}" if skill else "")
-        )
-    d = r.get("directional", {})
-    if d.get("model"):
-        m, up = d["model"], d.get("always_up", {})
-        lines.append(
-            f"Directional accuracy: model {_pct(m['accuracy'])} "
-            f"[95% CI {_pct(m['ci95_low'])}, {_pct(m['ci95_high'])}] vs always-up "
-            f"{_pct(up.get('accuracy'))} on {d.get('num_moves', 0):,} moves"
-        )
-    return "\n".join(lines)

@@ -34,7 +34,6 @@ __all__ = [
     "block_length",
     "coverage_flags",
     "crps",
-    "format_verdict",
     "newey_west_t",
     "pit_values",
     "pit_histogram",
@@ -222,14 +221,6 @@ def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[Optional[f
     center = (p + z * z / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return max(0.0, center - half), min(1.0, center + half)
-
-
-def format_verdict(horizon: int, score: str, baseline: str, skill: dict, percent: bool = True, detail: str = "") -> str:
-    """`H=1: CRPS skill vs GARCH +2.1% [0.8, 3.4] (beats)`; detail goes before the verdict."""
-    scale, unit = (100.0, "%") if percent else (1.0, "")
-    # a bound just below zero prints as -0.0: the verdict's sign stays visible
-    v, lo, hi = (x * scale for x in (skill["value"], *skill["ci95"]))
-    return f"H={horizon}: {score} skill vs {baseline} {v:+.1f}{unit} [{lo:.1f}, {hi:.1f}]{detail} ({skill['verdict']})"
 
 
 def _check(samples: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -43,8 +43,9 @@ from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
 from common.evaluation.price_scoring import backtest_card, ceiling_card, horizon_card
+from common.evaluation.result_lines import BASELINE_NAMES
 from common.evaluation.scorecard_plot import plot_scorecard
-from common.evaluation.scorecard_summary import BASELINE_NAMES, add_summary
+from common.evaluation.scorecard_summary import add_summary
 from common.evaluation.walk_forward import Origins, all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.calibrated import Calibration
 from common.forecasting.forecast_io import History
@@ -52,7 +53,6 @@ from common.forecasting.price_paths import barrier_outcomes, brier_score
 from common.run.files import CONFIG_JSON, SCORECARD_JSON, SCORECARD_PNG
 
 __all__ = [
-    "BASELINE_NAMES",
     "DEFAULT_HORIZONS",
     "ScorecardSettings",
     "barrier_card",

@@ -1,14 +1,14 @@
 """The scorecard's summary: the Holm-adjusted verdicts, the best baseline per horizon, and the
 text lines `marketgpt scorecard` prints and scorecard.json keeps (headline, verdicts, model
 confidence set, PIT, cross-section). Plain dicts in, strings out: no torch, so `marketgpt status`
-reads BASELINE_NAMES from here without loading the scoring.
+reads the baselines' names from common.evaluation.result_lines without loading the scoring.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from common.evaluation.metrics import format_verdict
+from common.evaluation.result_lines import BASELINE_NAMES, format_verdict
 from common.evaluation.significance import FAMILY_ALPHA, family_verdict, holm
 
 __all__ = [
@@ -22,14 +22,6 @@ __all__ = [
     "pit_lines",
     "verdict_lines",
 ]
-
-BASELINE_NAMES = {
-    "rw_ewma": "RW-EWMA",
-    "bootstrap": "bootstrap",
-    "garch": "GARCH",
-    "har": "HAR-range",
-    "log_har": "log-HAR-range",
-}
 
 
 def add_summary(card: dict, shortest: int) -> None:
