@@ -21,6 +21,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from common.paths import REPO_ROOT
 
@@ -56,35 +57,34 @@ NOT_RUN_FILES = {
     ("common.evaluation.foundation_baselines", "config.json"): "a Hugging Face model's own config file",
 }
 
+# Libraries imported inside the function that needs them wherever they are used, never at a
+# module's top (test_lazy_libraries_are_never_imported_at_the_top): library -> why.
+LAZY_EVERYWHERE = {
+    "matplotlib": "only when a picture is drawn (Agg chosen first)",
+    "arch": "seconds to import; only when GARCH or HAR is fitted or a scorecard is scored",
+    "yfinance": "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
+    "onnxruntime": "the `infer`/`export` extra",
+    "wandb": "the optional `wandb` extra, only with training.tracker = wandb",
+    "mlflow": "the optional `mlflow` extra, only with training.tracker = mlflow",
+    "chronos": "the `foundation` extra, only with --baseline chronos",
+    "timesfm": "the `foundation` extra, only with --baseline timesfm",
+    "huggingface_hub": "installed with the `foundation` extra",
+}
+# Floors whose modules import what they use inside functions: the CLI imports each subcommand's
+# module when it runs (`marketgpt --help` is instant; one broken extra breaks one command).
+LAZY_FLOORS = ("cli",)
+
 # (importing module, imported module) -> why the import waits for the function that needs it.
 _TORCH_LATER = "torch loads only when this path runs: the module itself is imported where torch is not"
 LAZY = {
-    # the CLI's lazy loading: `marketgpt --help` is instant and one broken extra breaks one command
-    ("common.cli.train", "*"): "the CLI imports each subcommand's module when it runs",
-    ("common.cli.data", "*"): "the CLI imports each subcommand's module when it runs",
-    ("common.cli.evaluate", "*"): "the CLI imports each subcommand's module when it runs",
     # optional dependencies (setup.cfg extras) and libraries a command may never need
-    ("common.forecasting.infer", "onnxruntime"): "the `infer`/`export` extra",
     ("common.data.download", "common.data.download_ccxt"): "imports ccxt, about 2 s; only crypto assets need it",
     ("common.data.download", "common.data.exchange_universe"): 'imports ccxt; only data.universe = "exchange"',
-    (
-        "common.data.yahoo_requests",
-        "yfinance",
-    ): "reads YF_DISABLE_CURL_CFFI once, when imported; only Yahoo assets need it",
-    ("common.evaluation.price_baselines", "arch"): "seconds to import; only when GARCH is fitted",
-    ("common.evaluation.har_baselines", "arch"): "seconds to import; only when the HAR baselines are fitted",
-    ("common.evaluation.significance", "arch"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.significance", "scipy"): "seconds to import; only when a scorecard is scored",
     ("common.evaluation.metrics", "scipy"): "seconds to import; training imports this module",
     ("common.evaluation.metrics", "scoringrules"): "seconds to import; training imports this module",
-    ("common.evaluation.report", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
-    ("common.evaluation.scorecard_plot", "matplotlib"): "only when a picture is drawn (Agg chosen first)",
-    ("common.commands.forecast", "matplotlib"): "only when a fan chart is drawn (Agg chosen first)",
-    ("common.commands.sweep", "matplotlib"): "only when a sweep's plot is drawn (Agg chosen first)",
     ("common.slurm.sweep_jobs", "common.commands.sweep"): _TORCH_LATER,
     ("common.training.trackers", "torch"): "torch.utils.tensorboard: seconds to import, only when TensorBoard is on",
-    ("common.training.trackers", "wandb"): "the optional `wandb` extra, only with training.tracker = wandb",
-    ("common.training.trackers", "mlflow"): "the optional `mlflow` extra, only with training.tracker = mlflow",
     ("common.run.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
     # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
     ("common.cluster.fetch_check", "common.run.checkpoint"): _TORCH_LATER,
@@ -103,9 +103,6 @@ LAZY = {
     ("common.evaluation.final_scorecard", "common.forecasting.forecaster"): "out of the training start-up",
     # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
     ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",
-    ("common.evaluation.foundation_baselines", "chronos"): "the `foundation` extra, only with --baseline chronos",
-    ("common.evaluation.foundation_baselines", "timesfm"): "the `foundation` extra, only with --baseline timesfm",
-    ("common.evaluation.foundation_baselines", "huggingface_hub"): "installed with the `foundation` extra",
     # keeping pandas off the config's path: the config loads without numpy, pandas or torch
     ("common.markets", "pandas"): "interval_step is the one pandas user; the config imports this leaf",
 }
@@ -192,17 +189,37 @@ def upward_imports(modules: dict[str, ast.AST]) -> list[str]:
     return sorted(set(bad))
 
 
-def unlisted_lazy_imports(modules: dict[str, ast.AST], allowed: dict[tuple[str, str], str] = LAZY) -> list[str]:
-    """Imports inside functions that LAZY does not list (by the top-level name of what they import)."""
+def unlisted_lazy_imports(
+    modules: dict[str, ast.AST],
+    allowed: dict[tuple[str, str], str] = LAZY,
+    everywhere: Sequence[str] = tuple(LAZY_EVERYWHERE),
+    floors: Sequence[str] = LAZY_FLOORS,
+) -> list[str]:
+    """Imports inside functions that neither LAZY, LAZY_EVERYWHERE nor LAZY_FLOORS allow (by the
+    top-level name of what they import)."""
     bad = []
     for name, tree in modules.items():
-        if (name, "*") in allowed:
+        if floor_of(name) in floors:
             continue
         for imported, in_function in imports(tree):
             target = _own(imported, modules) or imported.split(".")[0]
-            if in_function and (name, target) not in allowed:
+            if in_function and target not in everywhere and (name, target) not in allowed:
                 bad.append(f"{name} imports {target} inside a function")
     return sorted(set(bad))
+
+
+def top_level_lazy_libraries(
+    modules: dict[str, ast.AST], everywhere: Sequence[str] = tuple(LAZY_EVERYWHERE)
+) -> list[str]:
+    """'module imports library' for every module-level import of a LAZY_EVERYWHERE library."""
+    return sorted(
+        {
+            f"{name} imports {imported.split('.')[0]}"
+            for name, tree in modules.items()
+            for imported, in_function in imports(tree)
+            if not in_function and imported.split(".")[0] in everywhere
+        }
+    )
 
 
 def torch_paths(modules: dict[str, ast.AST], packages: tuple[str, ...] = NO_TORCH) -> list[str]:
@@ -271,8 +288,14 @@ def test_every_listed_lazy_import_still_exists():
         for i, in_function in imports(tree)
         if in_function
     }
-    stale = [pair for pair in LAZY if pair[1] != "*" and pair not in present]
+    stale = [pair for pair in LAZY if pair not in present]
     assert stale == [], "LAZY lists imports that are gone: remove them"
+    used = {target for _, target in present}
+    assert [lib for lib in LAZY_EVERYWHERE if lib not in used] == [], "LAZY_EVERYWHERE lists a library no longer used"
+
+
+def test_lazy_libraries_are_never_imported_at_the_top():
+    assert top_level_lazy_libraries(library_modules()) == []
 
 
 def test_training_starts_without_the_scoring_libraries():
@@ -355,21 +378,18 @@ def test_an_unlisted_lazy_import_is_found():
             "common.cli": "def g():\n    import torch",
         }
     )
-    assert unlisted_lazy_imports(modules, {("common.cli", "*"): ""}) == [
+    assert unlisted_lazy_imports(modules, {}, (), ("cli",)) == [
         "common.data.yahoo imports numpy inside a function",
         "common.data.yahoo imports yfinance inside a function",
     ]
-    assert (
-        unlisted_lazy_imports(
-            modules,
-            {
-                ("common.cli", "*"): "",
-                ("common.data.yahoo", "numpy"): "",
-                ("common.data.yahoo", "yfinance"): "",
-            },
-        )
-        == []
+    assert unlisted_lazy_imports(modules, {("common.data.yahoo", "numpy"): ""}, ("yfinance",), ("cli",)) == []
+    assert unlisted_lazy_imports(modules, {("common.data.yahoo", "numpy"): ""}, ("yfinance",), ()) == [
+        "common.cli imports torch inside a function"
+    ]
+    top = _fake(
+        {"common.evaluation.report": "import matplotlib.pyplot as plt", "common.x": "def f():\n    import arch"}
     )
+    assert top_level_lazy_libraries(top, ("matplotlib", "arch")) == ["common.evaluation.report imports matplotlib"]
 
 
 def test_torch_reached_through_a_chain_is_found():
