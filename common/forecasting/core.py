@@ -21,9 +21,11 @@ in one batch), decode them into OHLC paths (`OHLCTokenizer.decode_ohlc`). The fu
 candles: MISSING, PAD, BOS and the unused ids are never sampled (the rest renormalized).
 A run with model.time_features / volume_input / vol_level_input also gets each candle's ids: the
 history's as training computed them, the future's calendar with volume bin 0 (unknown) and the
-origin's vol-level and market ids held (the sampled candles' volatility level is not recomputed:
-see candle_features). A run with model.market_context reads the other assets' candles too:
-set_market, or by default every asset of the run from its data source.
+origin's vol-level ids held (the sampled candles' volatility level is not recomputed: see
+candle_features). A run with model.market_context reads the other assets' candles too:
+set_market, or by default every asset of the run from its data source; each sample's future
+market ids are those that followed a past close like the origin's (market_future = "analogs";
+"held" holds the origin's).
 """
 
 from __future__ import annotations
@@ -82,10 +84,11 @@ class ForecasterCore:
         # the model reads its id as model.default_interval
         self.interval = interval or cfg.data.interval
         # model.market_context: the cross-section the histories' candles are placed in (set_market),
-        # and what it does over a forecast's future: "held" (the origin's ids at every step) or
-        # "analogs" (each sample the ids that followed a past close like the origin's; MarketContext.analogs)
+        # and what it does over a forecast's future: "analogs" (each sample the ids that followed a
+        # past close like the origin's, MarketContext.analogs: better at 5 steps on validation,
+        # bench/results/2026-12-05-market-analogs) or "held" (the origin's ids at every step)
         self.market: Optional[MarketContext] = None
-        self.market_future = "held"
+        self.market_future = "analogs"
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -404,10 +407,10 @@ class ForecasterCore:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown).
         With model.vol_level_input a 4th column, the vol-level ids, and with model.market_context 3
-        more, the market's (set_market), every future step holding the origin's. A simplification:
-        a sampled path's own level drifts from it over a horizon near vol_halflife, and the market
-        moves on; following them would need each path's decoded volatility (and every other
-        asset's path) inside the sampler's cached loop."""
+        more, the market's (set_market), every future step holding the origin's (forecast() gives
+        each sample its own future market with market_future = "analogs"). A simplification: a
+        sampled path's own level drifts from it over a horizon near vol_halflife; following it
+        would need each path's decoded volatility inside the sampler's cached loop."""
         interval = self.interval
         edges = self.volume_edges
         if edges is None:

@@ -25,7 +25,8 @@ path as the other candle inputs (shards, windows, forecasts, exports) at the cos
 embedding tables; the cross-section is computed once, not in every forward pass; and series of
 different calendars (stocks, crypto) need no alignment inside the model. What a summary cannot
 carry is which asset moved: a pairwise lead-lag stays invisible (docs/training.md).
-Forecasts hold the origin's ids over the sampled future, as they do the vol level.
+A forecast's sampled future reads, per sample, the ids that followed a past close like the
+origin's (MarketContext.analogs), or the origin's ids held (common.forecasting.core).
 """
 
 from __future__ import annotations
