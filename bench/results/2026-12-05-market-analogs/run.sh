@@ -8,3 +8,8 @@ for s in 0 1 2; do
   RUN=$(jq -r .run case_c_crypto/sweeps/rich1m_marketrope_s$s/points/d128l4_f100_lr0.001.json)
   echo "python $R/val_scorecard.py $RUN --origins 500 --samples 200 --horizons 1,5 --json $R/val_s$s.json > $R/val_s$s.txt 2>&1"
 done | xargs -P 2 -I{} bash -c {}
+# then, the default chosen on validation, price space on the test split for seed 0 (calibrated on validation first)
+RUN=$(jq -r .run case_c_crypto/sweeps/rich1m_marketrope_s0/points/d128l4_f100_lr0.001.json)
+marketgpt calibrate "$RUN" --horizon 5 --origins 500 --samples 200 > $R/calibrate_s0.txt
+marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > $R/scorecard_s0.txt
+cp "$RUN/scorecard.json" $R/scorecard_s0.json
