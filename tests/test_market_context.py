@@ -277,6 +277,10 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     np.testing.assert_array_equal(fc.forecast([h], 4, 16, seed=0, return_paths=True).tokens, held.tokens)
     np.testing.assert_array_equal(held.tokens[..., 0], want.tokens[..., 0])
     fc.market_future = "analogs"
+    # the origins of one close (two assets, one date) share their market futures, sample for sample
+    last, before = ({"as_of": t} for t in h.candles.index[[-1, -2]])
+    paths = fc._market_paths([last, last, before], 64, 4, seed=0)
+    assert np.array_equal(paths[0], paths[1]) and not np.array_equal(paths[0], paths[2])
     # ... and a change before it reaches the model: the market is read
     fc.set_market(_later_changed(everything, h.candles.index[-40]))
     assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4), ids)

@@ -46,7 +46,7 @@ from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
 from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
 from common.tokens.ids import RunInfo
-from common.tokens.market_context import MARKET_COLUMNS, MarketContext, close_times, series_moves
+from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
 __all__ = ["DEFAULT_LEVELS", "ForecasterCore"]
@@ -193,15 +193,17 @@ class ForecasterCore:
 
     def _market_paths(self, origins: list, samples: int, horizon: int, seed: int) -> Optional[np.ndarray]:
         """(N, samples, horizon, 3) market ids of each sample's future with market_future =
-        "analogs" (drawn with the seed and the origin's place); None where the future holds the origin's."""
+        "analogs"; None where the future holds the origin's. Drawn from the seed and the origin's
+        close time: the origins of one close share their market futures, sample for sample, as
+        assets share one market (and a ranking of them is not reshuffled by independent draws)."""
         if not (self.cfg.model.market_context and self.market_future == "analogs"):
             return None
         market = self._market()
-        out = np.empty((len(origins), samples, horizon, MARKET_COLUMNS), dtype=np.int64)
-        for i, o in enumerate(origins):
-            close = int(close_times(np.array([pd.Timestamp(o["as_of"]).value]), self.interval)[0])
-            out[i] = market.analogs(self.interval, close, horizon, samples, np.random.default_rng([seed, i]))
-        return out
+        closes = close_times(np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64), self.interval)
+        drawn = {}
+        for c in map(int, np.unique(closes)):
+            drawn[c] = market.analogs(self.interval, c, horizon, samples, np.random.default_rng([seed, c % 2**64]))
+        return np.stack([drawn[int(c)] for c in closes])
 
     def _decode_paths(
         self, tokens: np.ndarray, states: list, samples: int, horizon: int
