@@ -1,5 +1,5 @@
 #!/bin/bash
-# Before (09a2bcd) and after (AFTER, the commit named in README.md) on the same runs, from the repository root.
+# Before (09a2bcd) and after (AFTER=e038060, as README.md says) on the same runs, from the repository root.
 set -e
 R=$PWD/bench/results/2026-12-05-house-trainer-run
 OLD=$PWD/bench/results/2026-11-29-run-info
