@@ -13,3 +13,5 @@ RUN=$(jq -r .run case_c_crypto/sweeps/rich1m_marketrope_s0/points/d128l4_f100_lr
 marketgpt calibrate "$RUN" --horizon 5 --origins 500 --samples 200 > $R/calibrate_s0.txt
 marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > $R/scorecard_s0.txt
 cp "$RUN/scorecard.json" $R/scorecard_s0.json
+# (scorecard_perorigin_s0.*: the same at e038060, analogs drawn per origin; val_shared_s0.*: val_scorecard.py at 138819c,
+#  which then left the "held" forecaster at the default, the shared analogs)

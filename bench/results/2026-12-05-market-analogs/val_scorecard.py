@@ -36,7 +36,7 @@ def main() -> int:
     series, interval = series_from_run(args.run)
     val = val_series(series)
     held, analogs = Forecaster.from_run(args.run), Forecaster.from_run(args.run)
-    analogs.market_future = "analogs"
+    held.market_future, analogs.market_future = "held", "analogs"
     baselines = fit_price_baselines(val, interval)
     real = list(baselines)
     settings = ScorecardSettings(
