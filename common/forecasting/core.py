@@ -202,7 +202,8 @@ class ForecasterCore:
         closes = close_times(np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64), self.interval)
         drawn = {}
         for c in map(int, np.unique(closes)):
-            drawn[c] = market.analogs(self.interval, c, horizon, samples, np.random.default_rng([seed, c % 2**64]))
+            rng = np.random.default_rng(None if seed is None else [seed % 2**64, c % 2**64])  # any int seed
+            drawn[c] = market.analogs(self.interval, c, horizon, samples, rng)
         return np.stack([drawn[int(c)] for c in closes])
 
     def _decode_paths(
