@@ -88,7 +88,6 @@ LAZY = {
     ("common.run.checkpoint", "torch"): "torch.utils.serialization exists only in newer torch",
     # keeping torch off light paths: `marketgpt status`, `remote`, `submit`, and ONNX forecasting
     ("common.cluster.fetch_check", "common.run.checkpoint"): _TORCH_LATER,
-    ("common.slurm.submit", "torch"): _TORCH_LATER,
     ("common.slurm.submit", "common.commands.train"): _TORCH_LATER,
     ("common.slurm.submit", "common.distributed.env"): _TORCH_LATER,
     ("common.slurm.submit", "common.run.resume"): _TORCH_LATER,

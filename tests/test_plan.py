@@ -165,25 +165,33 @@ def test_the_plan_says_when_one_gpu_beats_the_case_job(capsys, tmp_path, monkeyp
         assert command + "--set training.batch_size=64;" in advice
 
 
+def _rate(cfg, flops_per_token, gpus=1):
+    return gpu_rate(cfg.model, cfg.training, cfg.slurm.gpu_type, flops_per_token, gpus)
+
+
+def _one_gpu(cfg, *args):
+    return one_gpu(cfg.model, cfg.training, cfg.slurm.gpu_type, *args)
+
+
 def test_one_gpu_at_its_best_and_its_command(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     config = REPO_ROOT / "case_c_crypto/configs/crypto_multi_interval.json"  # not the script's config
     sets = ["training.compile=false", "slurm.time=1:00:00", "training.batch_size=16"]
     cfg = load_config(config, sets)
     model = meta_model(cfg.model, cfg.data)
-    best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config, sets)
+    best = _one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config, sets)
     assert best.mode == "CUDA graphs" and best.batch_size == 32  # the job's 2 x 16 windows per step
     assert best.rate.tokens_per_s == pytest.approx(GPU_RATES[(256, 6, 128)].graphs * 312 / 989.5)
     assert best.command == (
         "marketgpt submit --case case_c_crypto --config case_c_crypto/configs/crypto_multi_interval.json "
         "--set slurm.gpus_per_node=1 --set training.batch_size=32 --set training.compile=true"
     )
-    assert one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 1, config) is None  # a one-GPU job
+    assert _one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 1, config) is None  # a one-GPU job
     cfg.training.gradient_checkpointing = True  # no CUDA graphs on one GPU either: plain compile, no advice
-    best = one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config)
+    best = _one_gpu(cfg, model.num_parameters(), model.flops_per_token(), 2, config)
     assert (
         best.mode == "plain torch.compile"
-        and best.rate.tokens_per_s == gpu_rate(cfg, model.flops_per_token(), 2).tokens_per_s
+        and best.rate.tokens_per_s == _rate(cfg, model.flops_per_token(), 2).tokens_per_s
     )
     assert one_gpu_command(None, ["x.y=a b"], "h100", ["training.batch_size=64"]) == (
         "sbatch --ntasks-per-node=1 --gres=gpu:h100:1 <the case's script> --set 'x.y=a b' --set training.batch_size=64"
@@ -211,26 +219,26 @@ def test_gpu_rate_scales_by_peak_and_by_flops_per_token():
     fpt = meta_model(cfg.model, cfg.data).flops_per_token()
     plain, graphs, graphs_64, table_fpt = GPU_RATES[(256, 6, 128)]
     assert fpt == table_fpt  # the table's FLOPs per token are the case's model's
-    assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile
-    one = gpu_rate(cfg, fpt, gpus=1)  # one GPU: CUDA graphs (training.compile_mode=auto)
+    assert _rate(cfg, fpt, gpus=2).tokens_per_s == plain  # DDP: plain torch.compile
+    one = _rate(cfg, fpt, gpus=1)  # one GPU: CUDA graphs (training.compile_mode=auto)
     assert one.tokens_per_s == graphs and "CUDA graphs, batch 32" in one.label
     cfg.training.batch_size = 64  # the measured batch 64 from there on; plain compile: batch 32's
-    assert gpu_rate(cfg, fpt, gpus=1).tokens_per_s == graphs_64 and "batch 64" in gpu_rate(cfg, fpt, gpus=1).label
-    assert gpu_rate(cfg, fpt, gpus=2).tokens_per_s == plain
+    assert _rate(cfg, fpt, gpus=1).tokens_per_s == graphs_64 and "batch 64" in _rate(cfg, fpt, gpus=1).label
+    assert _rate(cfg, fpt, gpus=2).tokens_per_s == plain
     cfg.training.batch_size = 32
     cfg.training.compile_mode = "default"
-    assert gpu_rate(cfg, fpt, gpus=1).tokens_per_s == plain
+    assert _rate(cfg, fpt, gpus=1).tokens_per_s == plain
     cfg.slurm.gpu_type = "a100"
-    a100 = gpu_rate(cfg, fpt, gpus=2)
+    a100 = _rate(cfg, fpt, gpus=2)
     assert a100.tokens_per_s == pytest.approx(plain * 312 / 989.5)
     assert "estimated as 0.32 H200" in a100.label
     cfg.model.num_layers = 12  # not measured: case C's rate at the same model FLOP/s
-    rate = gpu_rate(cfg, fpt * 2, gpus=2)
+    rate = _rate(cfg, fpt * 2, gpus=2)
     assert rate.tokens_per_s == pytest.approx(a100.tokens_per_s / 2) and "estimate" in rate.label
     cfg.model.num_layers = 1  # smaller than any measured: case C's tokens/s (launch-bound, not FLOP-bound)
-    assert gpu_rate(cfg, fpt // 100, gpus=2).tokens_per_s == pytest.approx(a100.tokens_per_s)
+    assert _rate(cfg, fpt // 100, gpus=2).tokens_per_s == pytest.approx(a100.tokens_per_s)
     cfg.slurm.gpu_type = "abacus"
-    assert gpu_rate(cfg, fpt) is None
+    assert _rate(cfg, fpt) is None
 
 
 # --------------------------------------------------------------------------- the case configs

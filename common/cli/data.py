@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from common.cli.args import add_config_args
-from common.config import Config, at_interval, load_config
+from common.config import at_interval, load_config
 from common.errors import UserError
 from common.paths import case_config, case_dir, case_dir_of_config
 from common.run.files import TOKENIZER_JSON
@@ -38,16 +38,17 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
     if not usable.usable:
         return 2
     if cfg.data.shards:
-        _check_shard(cfg, case)
+        from common.tokens.shard_paths import shard_folder  # lazy: pandas
+
+        _check_shard(shard_folder(cfg, case)[0])
     return 1 if usable.unusable else 0
 
 
-def _check_shard(cfg: Config, case: Path) -> None:
-    """Every byte of the config's token shard against its manifest (a UserError if damaged)."""
+def _check_shard(folder: Path) -> None:
+    """Every byte of a token shard against its manifest (a UserError if damaged)."""
     from common.tokens.shard_manifest import verify_shard  # lazy: with the shards below
-    from common.tokens.shard_paths import published, shard_folder  # lazy: pandas
+    from common.tokens.shard_paths import published  # lazy: pandas
 
-    folder, _ = shard_folder(cfg, case)
     if not published(folder):
         print(f"Token shard: {folder} is not prepared yet (`marketgpt data prepare` or the first run makes it)")
         return

@@ -11,7 +11,7 @@ scaled to other GPUs by their dense bf16 peak, and to other shapes by training F
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 import shlex
 import sys
@@ -28,7 +28,7 @@ from common.commands.plan_figures import (
     format_plan,
     steps_per_epoch,
 )
-from common.config import Config, DataConfig, ModelConfig, load_config
+from common.config import Config, DataConfig, ModelConfig, TrainingConfig, load_config
 from common.data.prepare import SPLITS
 from common.distributed.precision import CUDA_GRAPH_MODES, choose_compile_mode
 from common.distributed.requeue import MAX_REQUEUES
@@ -161,12 +161,12 @@ def build_plan(
         epoch_stride=cfg.data.epoch_stride,
         gpus=gpus,
         gpu_type=s.gpu_type,
-        gpu_rate=gpu_rate(cfg, flops_per_token, gpus),
+        gpu_rate=gpu_rate(cfg.model, t, s.gpu_type, flops_per_token, gpus),
         cpu_rate=cpu_rate(flops_per_token),
         memory_gb=memory.total / 1e9,
         slurm_time_s=parse_slurm_time(s.time) * 60,
         max_requeues=MAX_REQUEUES,
-        one_gpu=one_gpu(cfg, parameters, flops_per_token, gpus, config, overrides),
+        one_gpu=one_gpu(cfg.model, t, s.gpu_type, parameters, flops_per_token, gpus, config, overrides),
         market_context=cfg.model.market_context,
     )
     if plan.tokens_per_parameter < MIN_TOKENS_PER_PARAMETER:
@@ -200,12 +200,11 @@ def plan_of_run(
 # --------------------------------------------------------------------------- rates
 
 
-def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]:
-    """Training tokens/s of one of the job's `gpus` GPUs: the measurement of this shape (or of
+def gpu_rate(m: ModelConfig, t: TrainingConfig, gpu_type: str, flops_per_token: int, gpus: int = 1) -> Optional[Rate]:
+    """Training tokens/s of one of the job's `gpus` GPUs of `gpu_type`: the measurement of this shape (or of
     the nearest shape, scaled by FLOPs per token) in the compile mode the job will use (CUDA
     graphs on one GPU, plain compile under DDP) at the measured batch nearest below
     training.batch_size (64 or 32: 32 for plain compile), scaled by the GPU's dense bf16 peak."""
-    m, t = cfg.model, cfg.training
     mode, _ = choose_compile_mode(t.compile_mode, gpus, t.gradient_checkpointing)
     if not (t.compile and mode in CUDA_GRAPH_MODES):
         how, col = "plain torch.compile, batch 32", "plain"
@@ -229,16 +228,18 @@ def gpu_rate(cfg: Config, flops_per_token: int, gpus: int = 1) -> Optional[Rate]
                 f"estimate: the tokens/s of the nearest, larger measured {RATES_DEVICE} shape "
                 f"(small models are launch-bound; {how})"
             )
-    peak = known_peak(cfg.slurm.gpu_type)
+    peak = known_peak(gpu_type)
     if peak is None:
         return None
     if peak[0] != RATES_PEAK:
-        label += f"; one {cfg.slurm.gpu_type} estimated as {peak[0] / RATES_PEAK:.2f} {RATES_DEVICE} by dense bf16 peak"
+        label += f"; one {gpu_type} estimated as {peak[0] / RATES_PEAK:.2f} {RATES_DEVICE} by dense bf16 peak"
     return Rate(rate * peak[0] / RATES_PEAK, label + "; training steps only, no validation")
 
 
 def one_gpu(
-    cfg: Config,
+    m: ModelConfig,
+    t: TrainingConfig,
+    gpu_type: str,
     parameters: int,
     flops_per_token: int,
     gpus: int,
@@ -251,29 +252,26 @@ def one_gpu(
     job or a GPU of unknown peak."""
     if gpus < 2:
         return None
-    best, t = copy.deepcopy(cfg), cfg.training
-    best.training.batch_size = t.batch_size * gpus
-    sets = [f"training.batch_size={best.training.batch_size}"]
+    best = dataclasses.replace(t, batch_size=t.batch_size * gpus)
+    sets = [f"training.batch_size={best.batch_size}"]
     graphs = choose_compile_mode("auto", 1, t.gradient_checkpointing)[0] in CUDA_GRAPH_MODES
     if graphs and not t.compile:
-        best.training.compile = True
+        best = dataclasses.replace(best, compile=True)
         sets.append("training.compile=true")
     if graphs and choose_compile_mode(t.compile_mode, 1, t.gradient_checkpointing)[0] not in CUDA_GRAPH_MODES:
-        best.training.compile_mode = "auto"
+        best = dataclasses.replace(best, compile_mode="auto")
         sets.append("training.compile_mode=auto")
-    rate = gpu_rate(best, flops_per_token, 1)
+    rate = gpu_rate(m, best, gpu_type, flops_per_token, 1)
     if rate is None:
         return None
     precision = "bf16" if t.precision == "auto" else t.precision
-    memory = estimate_training_memory(
-        cfg.model, parameters, best.training.batch_size, precision, t.gradient_checkpointing, 1
-    )
+    memory = estimate_training_memory(m, parameters, best.batch_size, precision, t.gradient_checkpointing, 1)
     return OneGPU(
         rate,
         "CUDA graphs" if graphs else "plain torch.compile",
-        best.training.batch_size,
+        best.batch_size,
         memory.total / 1e9,
-        one_gpu_command(config, overrides, cfg.slurm.gpu_type, sets),
+        one_gpu_command(config, overrides, gpu_type, sets),
     )
 
 
@@ -319,9 +317,8 @@ def _supported_shapes(m: ModelConfig, d: DataConfig, data: DataFigures) -> list[
     for d_model, layers in _SHAPES:
         if d_model >= m.d_model and layers >= m.num_layers:
             continue
-        shape = copy.deepcopy(m)
         heads = max(2, d_model // 64)
-        shape.d_model, shape.num_layers, shape.num_heads, shape.d_ff = d_model, layers, heads, 4 * d_model
+        shape = dataclasses.replace(m, d_model=d_model, num_layers=layers, num_heads=heads, d_ff=4 * d_model)
         n = meta_model(
             shape, d, num_assets=data.assets or None, num_categories=data.categories or None
         ).num_parameters()

@@ -32,6 +32,7 @@ __all__ = [
     "pick_device",
     "rank_device",
     "several_ranks",
+    "visible_gpus",
 ]
 
 TIMEOUT_ENV = "MARKETGPT_DIST_TIMEOUT"  # seconds any collective may wait for the other ranks
@@ -231,6 +232,11 @@ def cuda_unusable_reason() -> Optional[str]:
         f"{driver or 'unknown, no nvidia-smi'}; CUDA_VISIBLE_DEVICES={visible!r}): a driver older than "
         f"CUDA {torch.version.cuda} needs (see requirements_gpu.txt), or no GPU visible to this process"
     )
+
+
+def visible_gpus() -> int:
+    """GPUs this process sees (after CUDA_VISIBLE_DEVICES)."""
+    return torch.cuda.device_count()
 
 
 def check_gpus_usable(env: DistEnv, num_gpus: Optional[int] = None, device: str = "auto") -> None:

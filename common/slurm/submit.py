@@ -328,9 +328,7 @@ def local_gpus(tasks: int, device: str = "auto") -> int:
     Without gpus_per_node submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES="" and a GPU
     workstation would train on the CPU; on a machine without a usable GPU the job (which
     passes --num-gpus) would stop, so this says so before submitting."""
-    import torch  # only here: submitting to Slurm needs no torch
-
-    from common.distributed.env import cuda_unusable_reason  # lazy: torch
+    from common.distributed.env import cuda_unusable_reason, visible_gpus  # lazy: torch; Slurm needs none
 
     if device == "cpu":
         return 0
@@ -339,7 +337,7 @@ def local_gpus(tasks: int, device: str = "auto") -> int:
         raise UserError(
             f"--local runs one process per GPU but {reason}; --set training.device=cpu trains on this machine's CPU"
         )
-    have = torch.cuda.device_count()
+    have = visible_gpus()
     if have < tasks:
         raise UserError(
             f"--local runs {tasks} process(es), one per GPU, but this machine has {have} GPU(s): "
