@@ -216,8 +216,54 @@ def test_forecast_batches_hold_at_most_so_many_candles(monkeypatch):
     monkeypatch.setattr(walk_forward, "_BATCH", 3)
     monkeypatch.setattr(walk_forward, "_BATCH_CANDLES", 10)
     lengths = np.array([4, 4, 4, 1, 1, 1, 1, 30, 2])
-    assert walk_forward._batches(lengths) == [(0, 2), (2, 5), (5, 7), (7, 8), (8, 9)]
-    assert walk_forward._batches(np.array([1] * 7)) == [(0, 3), (3, 6), (6, 7)]  # the count cap alone
+    every = np.arange(len(lengths))  # each origin its own date
+    assert walk_forward._batches(lengths, every) == [(0, 2), (2, 5), (5, 7), (7, 8), (8, 9)]
+    assert walk_forward._batches(np.array([1] * 7), np.arange(7)) == [(0, 3), (3, 6), (6, 7)]  # the count cap alone
+    # a date's origins stay together past the count cap, but not past the candle bound
+    dates = np.array([0, 1, 1, 1, 1, 2, 2])
+    assert walk_forward._batches(np.array([1] * 7), dates) == [(0, 5), (5, 7)]
+    assert walk_forward._batches(np.array([1, 3, 3, 3, 3, 1, 1]), dates) == [(0, 1), (1, 4), (4, 7)]
+
+
+def test_the_assets_of_a_date_are_forecast_in_one_call_and_scored_in_their_own_order(monkeypatch):
+    """forecast_all calls each forecaster date by date (the draws a forecast shares across a
+    date's assets need them in one call); the stats come back in the origins' asset order, each
+    origin's the same as when forecast alone."""
+    import numpy as np
+    import pandas as pd
+
+    from common.evaluation import walk_forward
+    from common.evaluation.asset_series import AssetSeries
+
+    monkeypatch.setattr(walk_forward, "_BATCH", 2)
+    stamps = pd.date_range("2024-01-01", periods=60, freq="D")
+    rng = np.random.default_rng(0)
+    series = [
+        AssetSeries(
+            sym,
+            "crypto",
+            pd.DataFrame({"close": 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 60)))}, index=stamps),
+            train=range(0, 15),
+            test=range(20, 60),
+        )
+        for sym in ("A", "B", "C")
+    ]
+    o = walk_forward.all_origins(series, {s.symbol: np.arange(20, 55, 5) for s in series}, [1, 3])
+    calls = []
+
+    def fn(histories, horizon, n_samples, seed):  # each origin's samples from its own history alone
+        calls.append({(h.symbol, h.candles.index[-1]) for h in histories})
+        keys = [int(h.candles["close"].iloc[-1] * 1e6) for h in histories]
+        return np.stack([np.random.default_rng(k).normal(0, 0.01, (n_samples, horizon)) for k in keys])
+
+    stats, _ = walk_forward.forecast_all(series, o, {"model": fn}, [1, 3], 16, 0, lambda m: None)
+    for call in calls:  # whole dates in every call: 3 assets, past the cap of 2
+        assert {d for _, d in call} and all(sum(d == e for _, e in call) == 3 for _, d in call)
+    assert sum(len(c) for c in calls) == len(o.index) == 21
+    alone = np.concatenate(
+        [fn([walk_forward._history(series[k], i)], 3, 16, 0)[:, :, 0] for k, i in zip(o.series, o.index)]
+    )
+    assert np.array_equal(stats[1]["model"]["mean"], alone.mean(axis=1))  # asset order, per origin
 
 
 def test_candles_that_changed_since_training_are_one_line_when_read(trained, monkeypatch):

@@ -166,16 +166,25 @@ def _call(name: str, fn: ForecastFn, histories: list[History], horizon: int, n_s
     return out
 
 
-def _batches(lengths: np.ndarray) -> list[tuple[int, int]]:
-    """[lo, hi) runs of at most _BATCH origins whose histories hold at most _BATCH_CANDLES
-    candles together (one origin at least)."""
+def _batches(lengths: np.ndarray, dates: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) runs of origins in date order (dates ascending) whose histories hold at most
+    _BATCH_CANDLES candles together (one origin at least): at most _BATCH origins, but a date's
+    origins stay in one run (one forecast call, so they share its draws, common.forecasting.draws),
+    unless its histories alone pass the candle bound."""
     out, lo = [], 0
     while lo < len(lengths):
         hi = lo + 1
         total = int(lengths[lo])
-        while hi < len(lengths) and hi - lo < _BATCH and total + int(lengths[hi]) <= _BATCH_CANDLES:
+        while (
+            hi < len(lengths)
+            and (hi - lo < _BATCH or dates[hi] == dates[hi - 1])
+            and total + int(lengths[hi]) <= _BATCH_CANDLES
+        ):
             total += int(lengths[hi])
             hi += 1
+        if hi < len(lengths) and dates[hi] == dates[hi - 1]:  # stopped inside a date: end before it,
+            before = int(np.searchsorted(dates[lo:hi], dates[hi - 1]))  # unless it began this run
+            hi = lo + before if before else hi
         out.append((lo, hi))
         lo = hi
     return out
@@ -201,10 +210,12 @@ def forecast_all(
     longest = horizons[-1]
     parts: dict[int, dict[str, list[dict[str, np.ndarray]]]] = {h: {name: [] for name in forecasters} for h in horizons}
     mom = np.zeros(len(o.index))
-    for b, (lo, hi) in enumerate(_batches(o.index + 1)):
+    order = np.lexsort((o.series, o.dates))  # date by date: the assets of one date in one call
+    for b, (lo, hi) in enumerate(_batches(o.index[order] + 1, o.dates[order])):
+        rows = order[lo:hi]
         say(f"origins {lo + 1}-{hi} of {len(o.index)}")
-        histories = [_history(series[o.series[j]], int(o.index[j])) for j in range(lo, hi)]
-        mom[lo:hi] = [momentum_signal(h) for h in histories]
+        histories = [_history(series[o.series[j]], int(o.index[j])) for j in rows]
+        mom[rows] = [momentum_signal(h) for h in histories]
         for f, (name, fn) in enumerate(forecasters.items()):
             call_seed = lambda h, b=b, f=f: int(np.random.SeedSequence([seed, b, f, h]).generate_state(1)[0])  # noqa: E731
             out = _call(name, fn, histories, longest, n_samples, call_seed(longest))
@@ -215,7 +226,7 @@ def forecast_all(
                     samples = out if h == longest else _call(name, fn, histories, h, n_samples, call_seed(h))
                     if samples.ndim != 2:
                         raise ValueError(f"forecaster {name!r} returned paths for horizon {h} but not for {longest}")
-                y = o.y[h][lo:hi]
+                y = o.y[h][rows]
                 ok = np.isfinite(y)
                 st = _sample_stats(samples[ok], y[ok])
                 if barrier is not None:
@@ -225,8 +236,9 @@ def forecast_all(
                         else np.full((int(ok.sum()), 3), np.nan)
                     )
                 parts[h][name].append(st)
-    stats = {
-        h: {name: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for name, ps in by_name.items()}
-        for h, by_name in parts.items()
-    }
+    stats = {}
+    for h, by_name in parts.items():
+        scored = order[np.isfinite(o.y[h][order])]  # the origins of the parts, in call order
+        back = np.argsort(scored, kind="stable")  # to the origins' own (asset) order
+        stats[h] = {name: {k: np.concatenate([p[k] for p in ps])[back] for k in ps[0]} for name, ps in by_name.items()}
     return stats, mom
