@@ -19,6 +19,7 @@ import torch
 from common.cli import main
 from common.config import ModelConfig, load_config
 from common.data.universe import Asset
+from common.errors import UserError
 from common.forecasting.forecast_io import QUANTILES, History, future_timestamps, histories_at
 from common.forecasting.forecaster import Forecaster
 from common.model.gpt import MarketGPT
@@ -209,6 +210,37 @@ def test_every_sample_lands_in_its_contexts_rows_however_the_rows_are_chunked():
     for samples, max_batch in [(3, 2), (3, 6), (2, 5), (4, 100)]:
         out = sample_paths(model, contexts, a, c, SamplingSettings(5, samples, temperature=0, max_batch=max_batch))
         assert torch.equal(out, alone[:, None].expand(3, samples, 5)), (samples, max_batch)
+
+
+def test_given_uniforms_decide_every_draw_in_both_samplers():
+    """sample_paths(uniforms=...) draws each row's step from its own uniform: the seed and the
+    chunking do not matter, a larger uniform never draws a smaller id from the same logits, and
+    the torch-free draw inverts the same CDF."""
+    from common.forecasting.infer import draw_tokens_np
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=12, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    model = MarketGPT(cfg, num_assets=3, num_categories=2).eval()
+    contexts = torch.randint(NUM_SPECIAL_TOKENS, 40, (3, 20))
+    a, c = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])
+    u = torch.rand((3, 4, 5), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = sample_paths(model, contexts, a, c, SamplingSettings(5, 4, seed=0), uniforms=u)
+    for seed, max_batch in [(1, None), (2, 3), (3, 1)]:
+        got = sample_paths(model, contexts, a, c, SamplingSettings(5, 4, seed=seed, max_batch=max_batch), uniforms=u)
+        assert torch.equal(got, want), (seed, max_batch)
+    assert not torch.equal(sample_paths(model, contexts, a, c, SamplingSettings(5, 4, seed=0)), want)
+    low, high = (
+        sample_paths(model, contexts, a, c, SamplingSettings(1, 1), uniforms=torch.full((3, 1, 1), q))
+        for q in (0.05, 0.95)
+    )
+    assert (low <= high).all() and (low < high).any()
+    logits = torch.randn(500, 40, generator=torch.Generator().manual_seed(2))
+    banned = torch.zeros(40, dtype=torch.bool)
+    banned[:NUM_SPECIAL_TOKENS] = True
+    rows = torch.rand((500, 1), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ids = draw_tokens(logits, 1.0, None, None, banned, None, u=rows)
+    np_ids = draw_tokens_np(logits.numpy(), 1.0, None, None, banned.numpy(), np.random.default_rng(0), u=rows.numpy())
+    assert (ids.numpy() == np_ids).mean() > 0.99  # float32 and float64 CDFs: equal but at a boundary
 
 
 def test_truncation_keeps_the_likeliest_ids_and_bans_hold():
@@ -402,6 +434,30 @@ def test_forecast_table_and_paths(forecaster):
         assert (part["as_of"] == h.candles.index[-1]).all()
         assert h.candles.index[-1] <= pd.Timestamp("2012-06-01", tz="UTC")
         assert (pd.DatetimeIndex(part["timestamp"]).day_of_week < 5).all()  # stocks: trading days
+
+
+def test_shared_draws_give_the_assets_of_a_date_the_same_uniforms(forecaster):
+    """shared_draws: the draws are seeded by the origin's close, so an asset's forecast is the
+    same alone or beside others of its date, and one history twice draws the same samples;
+    without it the two draw apart. A misspelt market_future is refused."""
+    pair = forecaster.load_history(["AAPL", "IBM"], as_of="2012-06-01")
+    try:
+        forecaster.shared_draws = True
+        together = forecaster.forecast(pair, 5, 30, seed=4, return_paths=True).tokens
+        for i, h in enumerate(pair):
+            np.testing.assert_array_equal(
+                forecaster.forecast([h], 5, 30, seed=4, return_paths=True).tokens[0], together[i]
+            )
+        twice = forecaster.forecast([pair[0], pair[0]], 5, 30, seed=4, return_paths=True).tokens
+        np.testing.assert_array_equal(twice[0], twice[1])
+        forecaster.shared_draws = False
+        twice = forecaster.forecast([pair[0], pair[0]], 5, 30, seed=4, return_paths=True).tokens
+        assert not np.array_equal(twice[0], twice[1])
+        forecaster.market_future = "analog"
+        with pytest.raises(UserError, match="market_future 'analog': expected one of analogs, held"):
+            forecaster.forecast(pair, 5, 30, seed=4)
+    finally:
+        forecaster.shared_draws, forecaster.market_future = False, "analogs"
 
 
 def test_from_run_precision_auto_follows_the_runs_training_log(run_dir, tmp_path, monkeypatch):

@@ -279,9 +279,9 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     fc.market_future = "analogs"
     # the origins of one close (two assets, one date) share their market futures, sample for sample
     last, before = ({"as_of": t} for t in h.candles.index[[-1, -2]])
-    paths = fc._market_paths([last, last, before], 64, 4, seed=0)
+    paths = fc._shared_draws([last, last, before], 64, 4, seed=0)["path_features"]
     assert np.array_equal(paths[0], paths[1]) and not np.array_equal(paths[0], paths[2])
-    assert fc._market_paths([last], 4, 4, seed=-3).shape == (1, 4, 4, 3)  # a negative seed draws too
+    assert fc._shared_draws([last], 4, 4, seed=-3)["path_features"].shape == (1, 4, 4, 3)  # a negative seed too
     # ... and a change before it reaches the model: the market is read
     fc.set_market(_later_changed(everything, h.candles.index[-40]))
     assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4), ids)

@@ -39,6 +39,7 @@ import pandas as pd
 
 from common.config import Config
 from common.errors import UserError
+from common.forecasting.draws import per_close
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, history_loader, load_histories
 from common.markets import interval_step
@@ -53,6 +54,7 @@ __all__ = ["DEFAULT_LEVELS", "ForecasterCore"]
 
 DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'
 MAX_SAMPLES = 100_000
+MARKET_FUTURES = ("analogs", "held")
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
 
 
@@ -89,6 +91,8 @@ class ForecasterCore:
         # bench/results/2026-12-05-market-analogs) or "held" (the origin's ids at every step)
         self.market: Optional[MarketContext] = None
         self.market_future = "analogs"
+        # the samples of one date share their uniforms across assets (common.forecasting.draws)
+        self.shared_draws = False
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -176,14 +180,13 @@ class ForecasterCore:
             horizon, samples, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_batch=max_batch
         )
         contexts, states, origins, features = self._encode(histories, horizon)
-        market = self._market_paths(origins, samples, horizon, seed)
         tokens = self.sample_tokens(
             np.stack(contexts),
             np.array([self.assets[o["symbol"]].id for o in origins]),
             np.array([self.assets[o["symbol"]].category_id for o in origins]),
             settings,
             **({"features": np.stack(features)} if features else {}),
-            **({"path_features": market} if market is not None else {}),
+            **self._shared_draws(origins, samples, horizon, seed),
         )  # (N, S, H)
 
         close, ohlc = self._decode_paths(tokens, states, samples, horizon)
@@ -191,20 +194,23 @@ class ForecasterCore:
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)
 
-    def _market_paths(self, origins: list, samples: int, horizon: int, seed: int) -> Optional[np.ndarray]:
-        """(N, samples, horizon, 3) market ids of each sample's future with market_future =
-        "analogs"; None where the future holds the origin's. Drawn from the seed and the origin's
-        close time: the origins of one close share their market futures, sample for sample, as
-        assets share one market (and a ranking of them is not reshuffled by independent draws)."""
-        if not (self.cfg.model.market_context and self.market_future == "analogs"):
-            return None
-        market = self._market()
-        closes = close_times(np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64), self.interval)
-        drawn = {}
-        for c in map(int, np.unique(closes)):
-            rng = np.random.default_rng(None if seed is None else [seed % 2**64, c % 2**64])  # any int seed
-            drawn[c] = market.analogs(self.interval, c, horizon, samples, rng)
-        return np.stack([drawn[int(c)] for c in closes])
+    def _shared_draws(self, origins: list, samples: int, horizon: int, seed: int) -> dict[str, np.ndarray]:
+        """What the samples of one origin close share across assets (common.forecasting.draws):
+        "path_features", (N, samples, horizon, 3) market ids of each sample's future, with
+        market_future = "analogs"; "uniforms", (N, samples, horizon), with shared_draws."""
+        if self.market_future not in MARKET_FUTURES:
+            raise UserError(f"market_future {self.market_future!r}: expected one of {', '.join(MARKET_FUTURES)}")
+        stamps = np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64)
+        closes = close_times(stamps, self.interval)
+        out = {}
+        if self.cfg.model.market_context and self.market_future == "analogs":
+            market, interval = self._market(), self.interval
+            out["path_features"] = per_close(
+                closes, seed, lambda close, rng: market.analogs(interval, close, horizon, samples, rng)
+            )
+        if self.shared_draws:
+            out["uniforms"] = per_close(closes, seed, lambda _, rng: rng.random((samples, horizon)), stream=(1,))
+        return out
 
     def _decode_paths(
         self, tokens: np.ndarray, states: list, samples: int, horizon: int
@@ -399,11 +405,13 @@ class ForecasterCore:
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
         path_features: Optional[np.ndarray] = None,
+        uniforms: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L) as settings say, never a
         banned id (banned_ids). features: (N, L + horizon, 3 or 4) candle ids, only for a model with
         time_features / volume_input / vol_level_input; path_features (N, samples, horizon, k): each
-        sample's own future in their last k columns. The one step each subclass gives."""
+        sample's own future in their last k columns; uniforms (N, samples, horizon): each draw's
+        uniform (None: the settings' seed draws them). The one step each subclass gives."""
         raise NotImplementedError
 
     def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:

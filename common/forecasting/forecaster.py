@@ -177,6 +177,7 @@ class Forecaster(ForecasterCore):
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
         path_features: Optional[np.ndarray] = None,
+        uniforms: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """(N, samples, horizon) token ids continuing contexts (N, L), drawn from the torch model."""
         dev = torch.device(self.device)
@@ -191,6 +192,7 @@ class Forecaster(ForecasterCore):
                     banned=torch.as_tensor(self.banned_ids(), device=dev),
                     features=None if features is None else torch.as_tensor(features, device=dev),
                     path_features=None if path_features is None else torch.as_tensor(path_features, device=dev),
+                    uniforms=None if uniforms is None else torch.as_tensor(uniforms, device=dev),
                 )
                 .cpu()
                 .numpy()

@@ -39,6 +39,7 @@ from common.forecasting.core import ForecasterCore
 from common.model.sampling_settings import SamplingSettings
 from common.model.windows import (
     chunk_features,
+    chunk_rows,
     context_chunks,
     prefill_length as window_start,  # this module's name for it
 )
@@ -167,10 +168,11 @@ def draw_tokens_np(
     top_p: Optional[float],
     banned: np.ndarray,
     rng: np.random.Generator,
+    u: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """One id per row of logits (B, V) from softmax(logits / temperature) (greedy at 0), as
     common.model.sampling.draw_tokens does: banned ids never, top_k / top_p narrow, then the inverse CDF
-    of one uniform per row."""
+    of one uniform per row (u (B, 1), given by the caller, or drawn from rng)."""
     logits = np.where(banned, -np.inf, logits.astype(np.float64))
     if temperature == 0:
         return logits.argmax(axis=1)
@@ -188,7 +190,7 @@ def draw_tokens_np(
         np.put_along_axis(drop, order, drop_sorted, axis=1)
         probs = np.where(drop, 0.0, probs)
     cdf = np.cumsum(probs, axis=1)
-    u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+    u = (rng.random((len(cdf), 1)) if u is None else np.asarray(u, np.float64)) * cdf[:, -1:]
     ids = (cdf <= u).sum(axis=1)  # the first id whose cumulative probability exceeds u
     last = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=1)  # u * total rounding up to the total
     return np.minimum(ids, last)
@@ -205,10 +207,12 @@ def sample_paths_np(
     banned: Optional[np.ndarray] = None,
     features: Optional[np.ndarray] = None,
     path_features: Optional[np.ndarray] = None,
+    uniforms: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """(N, samples, horizon) sampled ids continuing each context (N, L). features: (N, L + horizon,
     F) candle ids of the context's candles and then the future steps', for a model that reads them;
-    path_features (N, samples, horizon, k): each sample's own future in their last k columns.
+    path_features (N, samples, horizon, k): each sample's own future in their last k columns;
+    uniforms (N, samples, horizon): each draw's uniform (None: from settings.seed's generator).
 
     A backend with prefill() and step() (an ONNX export with model_step.onnx) samples with a KV
     cache; any other logits function re-runs the window every step. Either way the window is
@@ -250,7 +254,8 @@ def sample_paths_np(
         seq = np.concatenate([contexts[r, L - P :], np.zeros((len(r), horizon), dtype=np.int64)], axis=1)
         prefix = (prefix_k[:, c0:c1], prefix_v[:, c0:c1]) if cached else None
         rows = chunk_features(feats, r, lo, P, path_features)
-        _continue_chunk(decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P, rows)
+        u = chunk_rows(uniforms, lo, len(r))
+        _continue_chunk(decoding, seq, asset_ids[r], category_ids[r], first[r], prefix, P, rows, u)
         out[lo : lo + len(r)] = seq[:, P:]
     return out.reshape(N, samples, horizon)
 
@@ -262,7 +267,7 @@ class _Decoding:
 
     backend: LogitsFn
     context_length: int
-    draw: Callable[[np.ndarray], np.ndarray]
+    draw: Callable[..., np.ndarray]  # draw(logits, u=None)
 
 
 def _continue_chunk(
@@ -274,11 +279,13 @@ def _continue_chunk(
     prefix: Optional[tuple[np.ndarray, np.ndarray]],
     P: int,
     features: Optional[np.ndarray] = None,
+    uniforms: Optional[np.ndarray] = None,
 ) -> None:
     """Fill seq[:, P:] (rows of one chunk: their last P context tokens, then zeros) with sampled ids, the
     first drawn from `logits`. prefix: the chunk's contexts' cached keys and values (backend an OnnxBackend
     with its step graph), or None to re-run the window every step. A full window restarts from its last
-    T // 2 tokens. features: the rows' candle ids aligned with seq (B, P + H, F), or None."""
+    T // 2 tokens. features: the rows' candle ids aligned with seq (B, P + H, F), or None; uniforms (B, H):
+    the rows' draws' uniforms, or None."""
     backend, T, draw = decoding.backend, decoding.context_length, decoding.draw
     horizon, keep = seq.shape[1] - P, max(1, T // 2)
     onnx = cast(OnnxBackend, backend)  # used only when cached: an OnnxBackend with its step graph
@@ -292,7 +299,7 @@ def _continue_chunk(
         n = 0
     for step in range(horizon):
         end = P + step
-        seq[:, end] = draw(logits)
+        seq[:, end] = draw(logits, u=None if uniforms is None else uniforms[:, step : step + 1])
         if step == horizon - 1:
             break
         if end - start == T:  # the window is full: start again from its last `keep` tokens
@@ -390,6 +397,7 @@ class ExportedForecaster(ForecasterCore):
         settings: SamplingSettings,
         features: Optional[np.ndarray] = None,
         path_features: Optional[np.ndarray] = None,
+        uniforms: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         return sample_paths_np(
             self.backend,
@@ -401,4 +409,5 @@ class ExportedForecaster(ForecasterCore):
             banned=self.banned_ids(),
             features=features,
             path_features=path_features,
+            uniforms=uniforms,
         )

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from common.model.gpt import MarketGPT
 from common.model.kv_cache import KVCache
 from common.model.sampling_settings import SamplingSettings
-from common.model.windows import chunk_features, context_chunks, prefill_length
+from common.model.windows import chunk_features, chunk_rows, context_chunks, prefill_length
 
 __all__ = ["CACHE_BUDGET_BYTES", "SamplingSettings", "draw_tokens", "prefill_length", "sample_paths"]
 
@@ -54,11 +54,13 @@ def draw_tokens(
     top_p: Optional[float],
     banned: torch.Tensor,
     generator: Optional[torch.Generator],
+    u: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One token per row of logits (B, V): softmax(logits / temperature), greedy at 0.
 
     banned (V,) bool: ids never drawn. top_k keeps the k likeliest ids, top_p the smallest set
-    whose probability reaches p (both narrow every path; see docs/forecasting.md).
+    whose probability reaches p (both narrow every path; see docs/forecasting.md). u (B, 1): each
+    row's uniform in [0, 1), given by the caller (None: drawn from generator).
     """
     logits = logits.float().masked_fill(banned, -float("inf"))
     if temperature == 0:
@@ -76,7 +78,9 @@ def draw_tokens(
     # are); one uniform per row, about 50x cheaper than torch.multinomial on the CPU
     probs = F.softmax(logits, dim=-1)
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((logits.size(0), 1), generator=generator, device=logits.device) * cdf[:, -1:]
+    if u is None:
+        u = torch.rand((logits.size(0), 1), generator=generator, device=logits.device)
+    u = u.to(cdf.dtype) * cdf[:, -1:]
     ids = torch.searchsorted(cdf, u, right=True).squeeze(1)
     # u * total can round up to the total itself: then the last id with any probability
     last = probs.size(1) - 1 - (probs > 0).flip(1).to(torch.uint8).argmax(dim=1)
@@ -95,6 +99,7 @@ def sample_paths(
     on_step: Optional[StepHook] = None,
     features: Optional[torch.Tensor] = None,
     path_features: Optional[torch.Tensor] = None,
+    uniforms: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """(N, samples, horizon) sampled token ids continuing each of the N contexts (N, L).
 
@@ -104,7 +109,8 @@ def sample_paths(
     candles and then the future steps', for a model with time_features / volume_input; every
     forward gets the slice aligned with its tokens. path_features: (N, samples, horizon, k), each
     sample's own future in the last k columns of features (the market's, common.forecasting.core).
-    Runs in eval mode and restores the previous mode.
+    uniforms: (N, samples, horizon) in [0, 1), each draw's uniform (common.forecasting.draws);
+    None: drawn from settings.seed's generator. Runs in eval mode and restores the previous mode.
     """
     N, L = contexts.shape
     horizon, samples = settings.horizon, settings.samples
@@ -131,7 +137,13 @@ def sample_paths(
             # the samples share their context's prefilled keys and values (no copy per sample)
             cache = prefix.shared(c0, c1, group, T - P)
             seq = torch.cat((contexts[r, L - P :], out.new_empty((len(r), horizon))), dim=1)  # (B, P + H)
-            rows = _Rows(r, asset_ids[r], category_ids[r], chunk_features(feats, r, lo, P, path_features))
+            rows = _Rows(
+                r,
+                asset_ids[r],
+                category_ids[r],
+                chunk_features(feats, r, lo, P, path_features),
+                chunk_rows(uniforms, lo, len(r)),
+            )
             _continue(seq, P, cache, first_logits[r], rows, decoding)
             out[lo : lo + len(r)] = seq[:, P:]
     finally:
@@ -139,9 +151,7 @@ def sample_paths(
     return out.view(N, samples, horizon)
 
 
-def _draw_fn(
-    settings: SamplingSettings, banned: torch.Tensor, device: torch.device
-) -> Callable[[torch.Tensor], torch.Tensor]:
+def _draw_fn(settings: SamplingSettings, banned: torch.Tensor, device: torch.device) -> Callable[..., torch.Tensor]:
     """draw_tokens with the settings' temperature, truncation and seeded generator bound."""
     generator = None if settings.seed is None else torch.Generator(device=device).manual_seed(int(settings.seed))
     return partial(
@@ -160,7 +170,7 @@ class _Decoding:
     generator bound), the logits' width (the drawable ids), the KV cache's dtype and the caller's step hook."""
 
     model: MarketGPT
-    draw: Callable[[torch.Tensor], torch.Tensor]
+    draw: Callable[..., torch.Tensor]  # draw(logits, u=None)
     vocab: int
     cache_dtype: Optional[torch.dtype]
     on_step: Optional[StepHook]
@@ -168,13 +178,14 @@ class _Decoding:
 
 @dataclass(frozen=True)
 class _Rows:
-    """One chunk's rows (B): each row's context, asset and category ids, and its candle ids
-    (B, known + H, 3), aligned with seq, or None."""
+    """One chunk's rows (B): each row's context, asset and category ids, its candle ids
+    (B, known + H, 3), aligned with seq, or None, and its draws' uniforms (B, H) or None."""
 
     contexts: torch.Tensor
     asset_ids: torch.Tensor
     category_ids: torch.Tensor
     features: Optional[torch.Tensor]
+    uniforms: Optional[torch.Tensor] = None
 
 
 def _continue(
@@ -195,7 +206,7 @@ def _continue(
         end = known + step  # tokens of seq known so far
         if on_step is not None:
             on_step(step, rows.contexts, seq[:, :end], cache.length, logits)
-        seq[:, end] = draw(logits)
+        seq[:, end] = draw(logits, u=None if rows.uniforms is None else rows.uniforms[:, step : step + 1])
         if step == horizon - 1:
             break
         if cache.length == T:  # full: rebuild from the last `keep` tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-__all__ = ["chunk_features", "context_chunks", "prefill_length"]
+__all__ = ["chunk_features", "chunk_rows", "context_chunks", "prefill_length"]
 
 
 def prefill_length(context_length: int, horizon: int, available: int) -> int:
@@ -35,6 +35,13 @@ def chunk_features(features: Any, rows: Any, first_row: int, known: int, path_fe
         return None
     out = features[rows]  # advanced indexing: a copy in numpy and torch
     if path_features is not None:
-        flat = path_features.reshape(-1, *path_features.shape[2:])  # (N * samples, H, k)
-        out[:, known:, -flat.shape[-1] :] = flat[first_row : first_row + len(rows)]
+        out[:, known:, -path_features.shape[-1] :] = chunk_rows(path_features, first_row, len(rows))
     return out
+
+
+def chunk_rows(per_sample: Any, first_row: int, n: int) -> Any:
+    """A chunk's n rows, output rows first_row, ..., of `per_sample` (N, samples, ...), numpy or
+    torch alike; None stays None."""
+    if per_sample is None:
+        return None
+    return per_sample.reshape(-1, *per_sample.shape[2:])[first_row : first_row + n]
