@@ -262,6 +262,15 @@ def test_forecast_with_onnxruntime_is_the_torch_forecast(onnx_dir, forecaster):
     sampled = fc.forecast(histories, horizon=12, samples=40, seed=4)
     pd.testing.assert_frame_equal(sampled.table, fc.forecast(histories, horizon=12, samples=40, seed=4).table)
     assert (sampled.table["p95"] > sampled.table["p5"]).all()
+    # shared draws: both backends invert the same uniforms, so they draw the same paths (but where a
+    # uniform falls within float rounding of a boundary of the CDF: float32 in torch, float64 here)
+    try:
+        fc.shared_draws = forecaster.shared_draws = True
+        ref = forecaster.forecast(histories, horizon=12, samples=40, seed=4, return_paths=True).tokens
+        got = fc.forecast(histories, horizon=12, samples=40, seed=4, return_paths=True).tokens
+    finally:
+        forecaster.shared_draws = False
+    assert (got == ref).all(axis=2).mean() > 0.9
 
 
 # a laptop without torch (docs/remote.md): no torch, no tqdm, no training module on this path
