@@ -20,7 +20,7 @@ quick=(-m common.cli train --config case_c_crypto/configs/crypto_prototype.json
   --set training.log_every_steps=10)
 for w in before after; do
   (cd "/tmp/hc_$w" && PYTHONPATH="/tmp/hc_$w" python "$OLD/train_both.py" "/tmp/hcr_$w" "/tmp/hc_$w/tests")
-  (cd "/tmp/hc_$w" && PYTHONPATH="/tmp/hc_$w" python "${quick[@]}")
+  (cd "/tmp/hc_$w" && PYTHONPATH="/tmp/hc_$w" python ${quick[@]+"${quick[@]}"})
 done
 python "$OLD/compare.py" /tmp/hcr_before /tmp/hcr_after > "$R/tiny.txt" || true
 for n in one multi; do
