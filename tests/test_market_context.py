@@ -20,6 +20,7 @@ from common.tokens.market_context import (
     DISPERSION_EDGES,
     MIN_ANALOGS,
     MOVE_EDGES,
+    PEER_EDGES,
     MarketContext,
     SeriesMoves,
     _summary_ids,
@@ -182,6 +183,50 @@ def test_analog_futures_follow_past_closes_like_the_origin_and_read_nothing_afte
     assert (early == table[3]).all()  # no past future complete yet: the origin's ids held
 
 
+def _lead_lag(n: int, seed: int = 5, lam: float = 0.3) -> dict[str, SeriesMoves]:
+    """Four daily series: F follows L (its move carries lam x L's move of the day before), U and V
+    move alone."""
+    rng = np.random.default_rng(seed)
+    stamps = _days("2020-01-01", n)
+    e = {k: rng.standard_normal(n) for k in "LFUV"}
+    e["F"][1:] += lam * e["L"][:-1]
+    return {k: SeriesMoves("1d", stamps, v, np.zeros(n)) for k, v in e.items()}
+
+
+def test_a_peer_is_the_series_whose_last_move_predicts_the_next_fitted_on_training_candles_only():
+    series = _lead_lag(3000)
+    context = MarketContext(series)
+    train = {k: 2000 for k in series}
+    peers = context.fit_peers(train)
+    assert peers["F"] == "L" and set(peers) == set(series) and all(k != p for k, p in peers.items())
+    # what follows the training candles is never read: anything there, the same peers
+    changed = {k: s._replace(move=np.r_[s.move[:2000], s.move[2000:][::-1] * 5]) for k, s in series.items()}
+    lagged = dict(changed, U=changed["U"]._replace(move=np.r_[series["U"].move[:2000], changed["L"].move[1999:-1]]))
+    assert MarketContext(lagged).fit_peers(train) == peers
+    assert MarketContext(lagged).fit_peers({k: 3000 for k in series})["U"] == "L"  # ... which it would find
+    # too few training candles: no peer; an interval of one series: none
+    assert "F" not in MarketContext(series).fit_peers(dict(train, F=50))
+    hourly = SeriesMoves("1h", series["U"].stamps, series["U"].move, series["U"].level)
+    assert "H" not in MarketContext(dict(series, H=hourly)).fit_peers(dict(train, H=2000))
+
+
+def test_the_peer_column_is_the_peers_last_fresh_move_binned_and_own_ids_append_it():
+    series = _lead_lag(300)
+    context = MarketContext(series)
+    closes = close_times(series["F"].stamps, "1d")
+    ids = context.peer_ids("L", "1d", closes)
+    np.testing.assert_array_equal(ids, np.searchsorted(PEER_EDGES, series["L"].move, side="right") + 1)
+    # as of a close between two candles: the last one closed; one older than an interval: unknown
+    assert context.peer_ids("L", "1d", closes[[5]] + DAY // 2)[0] == ids[5]
+    assert context.peer_ids("L", "1d", closes[[-1]] + 2 * DAY)[0] == 0
+    assert (context.peer_ids(None, "1d", closes) == 0).all() and (context.peer_ids("X", "1d", closes) == 0).all()
+    assert (context.peer_ids("L", "1h", closes) == 0).all()  # a peer of another interval is none
+    own = context.own_ids("F", {"F": "L"})
+    assert own.shape == (300, 4)
+    np.testing.assert_array_equal(own[:, :3], context.own_ids("F"))
+    np.testing.assert_array_equal(own[:, 3], ids)
+
+
 def test_the_market_columns_are_read_by_a_model_with_market_context_only():
     base = dict(vocab_size=64, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0)
     x, a = torch.randint(3, 64, (2, 4)), torch.zeros(2, dtype=torch.long)
@@ -205,9 +250,10 @@ def test_the_market_columns_are_read_by_a_model_with_market_context_only():
 
 @pytest.fixture(scope="module")
 def market_run(tmp_path_factory):
-    """A tiny run on the shipped sample with model.market_context, its end-of-training scorecard on."""
+    """A tiny run on the shipped sample with model.market_context and market_peer, its
+    end-of-training scorecard on."""
     spec = json.loads(json.dumps(TINY))
-    spec["model"].update(market_context=True)
+    spec["model"].update(market_context=True, market_peer=True)
     spec["training"].update(scorecard_origins=2, scorecard_samples=4)
     return train_tiny(tmp_path_factory.mktemp("market"), spec)[1]
 
@@ -256,10 +302,13 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     (h,) = fc.load_history(["AAPL"], as_of=AS_OF)
     n = len(h.candles)
     # the history's ids are training's own: the market read from the run's data source, whole
-    ids = fc.candle_features(h.candles, fc.assets["AAPL"].category, 4)
+    ids = fc.candle_features(h.candles, fc.assets["AAPL"].category, 4, "AAPL")
     shard = TokenSet.load(market_run / "tokens").features["AAPL"]
-    assert ids.shape == (n + 4, 6) and shard.shape[1] == 6
+    assert ids.shape == (n + 4, 7) and shard.shape[1] == 7
     np.testing.assert_array_equal(ids[:n], shard[:n])
+    # fitted and kept in the run: every asset with a long enough training split has a peer (META's is short)
+    assert set(fc.info.peers) == set(fc.symbols) - {"META"} and fc.info.peers["AAPL"] != "AAPL"
+    assert len(set(ids[:n, 6])) > 3  # the peer's moves
     assert len(set(ids[:n, 3])) > 3 and (ids[n:, 3:] == ids[n - 1, 3:]).all()  # the origin's market, held
     want = fc.forecast([h], 4, 16, seed=0, return_paths=True)
 
@@ -278,13 +327,16 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     np.testing.assert_array_equal(held.tokens[..., 0], want.tokens[..., 0])
     fc.market_future = "analogs"
     # the origins of one close (two assets, one date) share their market futures, sample for sample
-    last, before = ({"as_of": t} for t in h.candles.index[[-1, -2]])
-    paths = fc._shared_draws([last, last, before], 64, 4, seed=0)["path_features"]
-    assert np.array_equal(paths[0], paths[1]) and not np.array_equal(paths[0], paths[2])
-    assert fc._shared_draws([last], 4, 4, seed=-3)["path_features"].shape == (1, 4, 4, 3)  # a negative seed too
+    # (their market ids; each its own peer's at the same closes)
+    last, before = ({"as_of": t, "symbol": "AAPL"} for t in h.candles.index[[-1, -2]])
+    other = dict(last, symbol=next(s for s in fc.info.peers if fc.info.peers[s] != fc.info.peers["AAPL"]))
+    paths = fc._shared_draws([last, other, before], 64, 4, seed=0)["path_features"]
+    assert np.array_equal(paths[0, ..., :3], paths[1, ..., :3]) and not np.array_equal(paths[0], paths[2])
+    assert not np.array_equal(paths[0, ..., 3], paths[1, ..., 3])
+    assert fc._shared_draws([last], 4, 4, seed=-3)["path_features"].shape == (1, 4, 4, 4)  # a negative seed too
     # ... and a change before it reaches the model: the market is read
     fc.set_market(_later_changed(everything, h.candles.index[-40]))
-    assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4), ids)
+    assert not np.array_equal(fc.candle_features(h.candles, "us_stock", 4, "AAPL"), ids)
 
     # predict_df reads its frame's items and its market frame's: every asset up to the origin, the same forecast
     def long(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:

@@ -604,3 +604,14 @@ def test_market_context_ids_are_3_more_columns_equal_in_shards_and_in_memory(tmp
     assert plain.tokens.folder != shard.tokens.folder
     for s in shard.tokens.symbols:
         np.testing.assert_array_equal(shard.tokens.features[s][:, :3], plain.tokens.features[s])
+    # model.market_peer: one more column, the same peers in both paths, kept in asset_info.json
+    cfg = load_config(config, ["model.market_context=true", "model.market_peer=true"])
+    peer, memory = prepare_shards(cfg, case), prepare_in_memory(cfg, case)
+    assert peer.tokens.folder not in (shard.tokens.folder, plain.tokens.folder)
+    assert json.loads((peer.tokens.folder / "index.json").read_text())["feature_columns"] == 7
+    assert peer.info.peers == memory.info.peers and set(peer.info.peers) == set(peer.tokens.symbols)
+    assert json.loads((peer.tokens.folder.parent / "asset_info.json").read_text())["peers"] == peer.info.peers
+    for s in shard.tokens.symbols:
+        np.testing.assert_array_equal(peer.tokens.features[s], memory.tokens.features[s])
+        np.testing.assert_array_equal(peer.tokens.features[s][:, :6], shard.tokens.features[s])
+        assert (peer.tokens.features[s][:, 6] > 0).mean() > 0.5

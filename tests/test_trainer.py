@@ -245,19 +245,19 @@ def test_resume_is_bit_identical(tmp_path, straight, stop_at):
 
 
 def test_resume_of_a_model_reading_candle_ids_is_bit_identical(tmp_path):
-    """model.time_features + vol_level_input + market_context: the windows carry (n, 7) ids
-    beside the tokens, and a resume draws the same ids with the same windows."""
+    """model.time_features + vol_level_input + market_context + market_peer: the windows carry (n,
+    8) ids beside the tokens, and a resume draws the same ids with the same windows."""
     rng = np.random.default_rng(1)
     windows = _windows(
         {
-            s: np.stack([rng.integers(0, m, n) for m in (24, 7, 9, 9, 9, 9, 9)], axis=1)
+            s: np.stack([rng.integers(0, m, n) for m in (24, 7, 9, 9, 9, 9, 9, 9)], axis=1)
             for s, n in (("A", 400), ("B", 300))
         }
     )
 
     def config() -> Config:
         cfg = _config()
-        cfg.model.time_features = cfg.model.vol_level_input = cfg.model.market_context = True
+        cfg.model.time_features = cfg.model.vol_level_input = cfg.model.market_context = cfg.model.market_peer = True
         return cfg
 
     whole = _trainer(tmp_path / "straight", cfg=config(), windows=windows)
@@ -271,7 +271,7 @@ def test_resume_of_a_model_reading_candle_ids_is_bit_identical(tmp_path):
     for name, w in whole.model.state_dict().items():
         assert torch.equal(second.model.state_dict()[name], w), name
     assert _losses(second) == _losses(whole)
-    assert {"vol_level_emb.weight", "market_emb.2.weight"} <= set(whole.model.state_dict())
+    assert {"vol_level_emb.weight", "market_emb.2.weight", "market_emb.3.weight"} <= set(whole.model.state_dict())
 
 
 @pytest.mark.parametrize("stop_at", [4, 9], ids=["mid-epoch", "next-epoch"])

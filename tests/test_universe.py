@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -136,6 +137,14 @@ def test_asset_info_ids_follow_universe_and_category_order():
     assert json.loads(json.dumps(info)) == info  # JSON-ready, nothing lost
     assert RunInfo.of_assets(list(assets)).to_json() == info  # deterministic
     assert RunInfo.from_json(info) == RunInfo.of_assets(assets)  # read back as written
+    # model.market_peer's peers: written when there are any, read back; a run of several intervals
+    # keys them by series, and a forecast at one interval asks by symbol
+    peered = dataclasses.replace(RunInfo.of_assets(assets), peers={"AAPL": "GC=F"})
+    assert "peers" not in info and RunInfo.from_json(peered.to_json()) == peered
+    assert peered.peer_of("AAPL", "1d") == "GC=F" and peered.peer_of("GC=F", "1d") is None
+    series = [Asset(f"{a.symbol}@{iv}", a.source, a.category, a.name) for a in assets for iv in ("1h", "1d")]
+    several = dataclasses.replace(RunInfo.of_assets(series, ["1h", "1d"]), peers={"AAPL@1h": "GC=F@1h"})
+    assert several.peer_of("AAPL", "1h") == "GC=F" and several.peer_of("AAPL", "1d") is None
 
 
 def test_asset_info_of_a_shipped_universe():

@@ -197,7 +197,9 @@ class ForecasterCore:
     def _shared_draws(self, origins: list, samples: int, horizon: int, seed: int) -> dict[str, np.ndarray]:
         """What the samples of one origin close share across assets (common.forecasting.draws):
         "path_features", (N, samples, horizon, 3) market ids of each sample's future, with
-        market_future = "analogs"; "uniforms", (N, samples, horizon), with shared_draws."""
+        market_future = "analogs" (the closes drawn are shared; with model.market_peer a 4th
+        column, each origin's peer's ids at those closes); "uniforms", (N, samples, horizon), with
+        shared_draws."""
         if self.market_future not in MARKET_FUTURES:
             raise UserError(f"market_future {self.market_future!r}: expected one of {', '.join(MARKET_FUTURES)}")
         stamps = np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64)
@@ -205,9 +207,15 @@ class ForecasterCore:
         out = {}
         if self.cfg.model.market_context and self.market_future == "analogs":
             market, interval = self._market(), self.interval
-            out["path_features"] = per_close(
-                closes, seed, lambda close, rng: market.analogs(interval, close, horizon, samples, rng)
-            )
+            futures = per_close(
+                closes, seed, lambda close, rng: market.analog_closes(interval, close, horizon, samples, rng)
+            )  # (N, samples, horizon) close times
+            ids = market.ids(interval, futures.ravel()).reshape(*futures.shape, -1)
+            if self.cfg.model.market_peer:
+                peers = [self.info.peer_of(o["symbol"], interval) for o in origins]
+                peer_ids = np.stack([market.peer_ids(p, interval, f.ravel()) for p, f in zip(peers, futures)])
+                ids = np.concatenate([ids, peer_ids.reshape(futures.shape)[..., None]], axis=-1)
+            out["path_features"] = ids
         if self.shared_draws:
             out["uniforms"] = per_close(closes, seed, lambda _, rng: rng.random((samples, horizon)), stream=(1,))
         return out
@@ -394,7 +402,8 @@ class ForecasterCore:
                 }
             )
             if self.cfg.model.reads_features:
-                features.append(self.candle_features(candles, origins[-1]["category"], horizon)[-(T + horizon) :])
+                ids = self.candle_features(candles, origins[-1]["category"], horizon, symbol)
+                features.append(ids[-(T + horizon) :])
         return contexts, states, origins, features
 
     def sample_tokens(
@@ -414,12 +423,15 @@ class ForecasterCore:
         uniform (None: the settings' seed draws them). The one step each subclass gives."""
         raise NotImplementedError
 
-    def candle_features(self, candles: pd.DataFrame, category: str, horizon: int) -> np.ndarray:
+    def candle_features(
+        self, candles: pd.DataFrame, category: str, horizon: int, symbol: Optional[str] = None
+    ) -> np.ndarray:
         """(len(candles) + horizon, 3) ids: the history's as training computed them (the run's
         volume edges), then the future steps' calendar with volume 0 (no reading: it is unknown).
         With model.vol_level_input a 4th column, the vol-level ids, and with model.market_context 3
         more, the market's (set_market), every future step holding the origin's (forecast() gives
-        each sample its own future market with market_future = "analogs"). A simplification: a
+        each sample its own future market with market_future = "analogs"); with model.market_peer
+        one more, the last move of `symbol`'s peer (asset_info.json's peers; unknown without one). A simplification: a
         sampled path's own level drifts from it over a horizon near vol_halflife; following it
         would need each path's decoded volatility inside the sampler's cached loop."""
         interval = self.interval
@@ -440,7 +452,12 @@ class ForecasterCore:
         past = candle_features(candles, interval, edges, vol=vol)
         if self.cfg.model.market_context:
             stamps = pd.DatetimeIndex(candles.index).as_unit("ns").asi8
-            past = np.concatenate([past, self._market().ids(interval, close_times(stamps, interval))], axis=1)
+            closes = close_times(stamps, interval)
+            columns = [past, self._market().ids(interval, closes)]
+            if self.cfg.model.market_peer:
+                peer = self.info.peer_of(symbol, interval) if symbol is not None else None
+                columns.append(self._market().peer_ids(peer, interval, closes)[:, None])
+            past = np.concatenate(columns, axis=1)
         # the ids after the first three (vol level, market) are the origin's, held over the future
         held = np.repeat(past[-1:, future.shape[1] :], horizon, axis=0)
         return np.concatenate([past, np.concatenate([future, held], axis=1)], axis=0)

@@ -210,7 +210,7 @@ class MarketGPT(nn.Module):
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.vol_level_emb = nn.Embedding(VOL_LEVEL_BINS + 1, C) if config.vol_level_input else None
         self.market_emb = (
-            nn.ModuleList(nn.Embedding(MARKET_BINS + 1, C) for _ in range(MARKET_COLUMNS))
+            nn.ModuleList(nn.Embedding(MARKET_BINS + 1, C) for _ in range(MARKET_COLUMNS + int(config.market_peer)))
             if config.market_context
             else None
         )
@@ -301,11 +301,11 @@ class MarketGPT(nn.Module):
         (features: (B, T, feature_columns), common/tokens/features.py; a model ignores the columns
         of inputs it does not read, the time and volume ids always being the first three)."""
         vol_level, market = self.vol_level_emb is not None, self.market_emb is not None
-        need = feature_columns(vol_level, market)
+        need = feature_columns(vol_level, market, market and len(self.market_emb or ()) > MARKET_COLUMNS)
         if features is None or features.shape[:2] != (B, T) or features.shape[2] < need:
             got = "none" if features is None else tuple(features.shape)
             raise ValueError(
-                "this model reads model.time_features / volume_input / vol_level_input / market_context: "
+                "this model reads model.time_features / volume_input / vol_level_input / market_context / market_peer: "
                 f"pass features of shape ({B}, {T}, {need}) (common/tokens/features.py), got {got}"
             )
         out: torch.Tensor | int = 0

@@ -51,6 +51,7 @@ def _inputs_line(m: ModelConfig) -> str:
         "volume_input": (VOLUME_BINS + 1) * C,
         "vol_level_input": (VOL_LEVEL_BINS + 1) * C,
         "market_context": MARKET_COLUMNS * (MARKET_BINS + 1) * C,
+        "market_peer": (MARKET_BINS + 1) * C,
     }
     parts = [
         f"{key} {'on' if getattr(m, key) else 'off'} ({'' if getattr(m, key) else 'would add '}+{n:,} parameters)"

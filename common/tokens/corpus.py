@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterator, Optional, TextIO, cast
+from typing import Iterator, Mapping, Optional, TextIO, cast
 
 import numpy as np
 import pandas as pd
@@ -101,11 +101,17 @@ def encode_asset(
     return tokens, moves, features
 
 
-def with_market_context(features: dict[str, np.ndarray], series: dict[str, SeriesMoves]) -> dict[str, np.ndarray]:
-    """Each series' feature ids with its market-context ids appended (model.market_context)."""
+def with_market_context(
+    features: dict[str, np.ndarray], series: dict[str, SeriesMoves], train_candles: Optional[Mapping[str, int]] = None
+) -> tuple[dict[str, np.ndarray], Optional[dict[str, str]]]:
+    """(each series' feature ids with its market-context ids appended, model.market_context; with
+    train_candles, each series' training candles (model.market_peer), the peers fitted on them,
+    whose column comes last)."""
     check_cross_section({s: m.interval for s, m in series.items()})
     context = MarketContext(series)
-    return {s: np.concatenate([f, context.own_ids(s).astype(f.dtype)], axis=1) for s, f in features.items()}
+    peers = None if train_candles is None else context.fit_peers(train_candles)
+    out = {s: np.concatenate([f, context.own_ids(s, peers).astype(f.dtype)], axis=1) for s, f in features.items()}
+    return out, peers
 
 
 def ranges_of(prepared: PreparedData, symbol: str) -> dict[str, tuple[int, int]]:
@@ -137,8 +143,11 @@ def prepare_in_memory(
         )
         if cfg.model.market_context:
             series[s] = series_moves(tokenizer, prepared.candles[s], market.interval_of(s), moves[s])
+    peers = None
     if cfg.model.market_context:
-        features = dict(with_market_context(cast("dict[str, np.ndarray]", features), series))
+        train = {s: prepared.splits[s].train.stop for s in symbols} if cfg.model.market_peer else None
+        with_market, peers = with_market_context(cast("dict[str, np.ndarray]", features), series, train)
+        features = dict(with_market)
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))
     if edges is not None:
         data_info["volume_edges"] = edges
@@ -150,4 +159,5 @@ def prepare_in_memory(
         {s: ranges_of(prepared, s) for s in symbols},
         cast("dict[str, np.ndarray]", features) if edges is not None else None,
     )
-    return Prepared(token_set, tokenizer, RunInfo.of_assets(prepared.assets, cfg.data.intervals), data_info)
+    info = RunInfo.of_assets(prepared.assets, cfg.data.intervals)
+    return Prepared(token_set, tokenizer, dataclasses.replace(info, peers=peers) if peers else info, data_info)

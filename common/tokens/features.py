@@ -84,9 +84,10 @@ class VolLevel(NamedTuple):
     vol_warmup: int
 
 
-def feature_columns(vol_level: bool, market_context: bool) -> int:
-    """How many id columns a candle has: the three, then vol_level's, then market_context's three."""
-    return NUM_FEATURES + int(vol_level) + MARKET_COLUMNS * int(market_context)
+def feature_columns(vol_level: bool, market_context: bool, market_peer: bool = False) -> int:
+    """How many id columns a candle has: the three, then vol_level's, then market_context's three,
+    then market_peer's one."""
+    return NUM_FEATURES + int(vol_level) + MARKET_COLUMNS * int(market_context) + int(market_peer)
 
 
 def calendar_ids(index: pd.DatetimeIndex, interval: str) -> np.ndarray:

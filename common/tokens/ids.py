@@ -8,7 +8,8 @@ always written, key for key, so every run folder made before this type still ope
 
     {"assets": [{"id", "symbol", "source", "category", "category_id", "name"}, ...],
      "symbols": {symbol: id}, "categories": {category: id}, "num_assets", "num_categories",
-     "intervals": [...], "series": {"SYM@1h": {"symbol", "interval"}}}   (these two: several intervals)
+     "intervals": [...], "series": {"SYM@1h": {"symbol", "interval"}},   (these two: several intervals)
+     "peers": {series: its peer series}}   (model.market_peer, common.tokens.market_context.fit_peers)
 
 Asset ids follow the universe's order; category ids follow common.markets.CATEGORIES restricted
 to the categories present, so the same universe always maps to the same ids. The interval a
@@ -25,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 from common.atomic import read_json
 from common.data.universe import Asset
 from common.errors import UserError
-from common.markets import CATEGORIES, split_series
+from common.markets import CATEGORIES, series_name, split_series
 
 __all__ = ["AssetRecord", "RunInfo"]
 
@@ -51,6 +52,7 @@ class RunInfo:
     categories: dict[str, int]
     intervals: tuple[str, ...] = ()
     series: dict[str, tuple[str, str]] = field(default_factory=dict)
+    peers: dict[str, str] = field(default_factory=dict)  # series -> its peer series (model.market_peer)
 
     @classmethod
     def of_assets(cls, assets: Sequence[Asset], intervals: Sequence[str] = ()) -> "RunInfo":
@@ -97,7 +99,11 @@ class RunInfo:
             raise ValueError("its asset ids are not 0, 1, ... in the order of 'assets' and 'symbols'")
         series = {name: (str(v["symbol"]), str(v["interval"])) for name, v in raw.get("series", {}).items()}
         return cls(
-            records, {str(c): int(i) for c, i in raw["categories"].items()}, tuple(raw.get("intervals", ())), series
+            records,
+            {str(c): int(i) for c, i in raw["categories"].items()},
+            tuple(raw.get("intervals", ())),
+            series,
+            {str(k): str(v) for k, v in raw.get("peers", {}).items()},
         )
 
     @classmethod
@@ -121,7 +127,16 @@ class RunInfo:
         if self.intervals:
             out["intervals"] = list(self.intervals)
             out["series"] = {name: {"symbol": s, "interval": iv} for name, (s, iv) in self.series.items()}
+        if self.peers:
+            out["peers"] = dict(self.peers)
         return out
+
+    def peer_of(self, symbol: str, interval: str) -> Optional[str]:
+        """The symbol whose last move `symbol`'s candles of `interval` read (model.market_peer), or None."""
+        if not self.intervals:
+            return self.peers.get(symbol)
+        peer = self.peers.get(series_name(symbol, interval))
+        return None if peer is None else split_series(peer)[0]
 
     @property
     def symbols(self) -> dict[str, int]:

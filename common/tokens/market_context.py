@@ -26,7 +26,14 @@ embedding tables; the cross-section is computed once, not in every forward pass;
 different calendars (stocks, crypto) need no alignment inside the model. What a summary cannot
 carry is which asset moved: a pairwise lead-lag stays invisible (docs/training.md).
 A forecast's sampled future reads, per sample, the ids that followed a past close like the
-origin's (MarketContext.analogs), or the origin's ids held (common.forecasting.core).
+origin's (MarketContext.analog_closes), or the origin's ids held (common.forecasting.core).
+
+Which asset moved (model.market_peer): a 4th id, the last move of the series' peer, binned at
+PEER_EDGES. A series' peer is the other series of its interval whose last move best predicts its
+next one on the training candles (MarketContext.fit_peers: the largest absolute lag-one
+correlation between the peer's reading as of a close of the interval's grid and the series' move
+at the next close); it is fitted once, when the shard is prepared, and kept in asset_info.json
+("peers"), so a forecast reads the peer the model was trained with.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ __all__ = [
     "MARKET_BINS",
     "MARKET_COLUMNS",
     "MarketContext",
+    "PEER_EDGES",
     "SeriesMoves",
     "check_cross_section",
     "close_times",
@@ -59,6 +67,11 @@ MOVE_EDGES = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0)
 DISPERSION_EDGES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0)
 EDGES = (MOVE_EDGES, DISPERSION_EDGES, VOL_LEVEL_EDGES)
 assert all(len(e) == MARKET_BINS - 1 for e in EDGES)  # the model's tables have MARKET_BINS + 1 rows
+# one series' move, in sigmas (about unit spread, wider than the cross-section's mean)
+PEER_EDGES = (-1.5, -0.75, -0.25, 0.0, 0.25, 0.75, 1.5)
+assert len(PEER_EDGES) == MARKET_BINS - 1
+PEER_FIT_CLOSES = 20_000  # the training grid's last closes a peer is fitted on (memory: closes x series)
+MIN_PEER_PAIRS = 100  # fewer readings paired with a next move: no peer
 MIN_SERIES = 2  # a cross-section of the series alone is no context
 MIN_ANALOGS = 50  # past closes a forecast's market futures are drawn from (MarketContext.analogs)
 _DAY_NS = 86_400 * 10**9
@@ -147,16 +160,55 @@ class MarketContext:
     def __init__(self, series: Mapping[str, SeriesMoves] | Iterable[tuple[str, SeriesMoves]]) -> None:
         pairs = series.items() if isinstance(series, Mapping) else series
         self.series: dict[str, _Series] = {name: _held(s) for name, s in pairs}
-        self.pools: dict[str, list[_Series]] = {}
+        self.names: dict[str, list[str]] = {}  # interval -> its series' names, sorted
         for name in sorted(self.series):  # one order, so every caller's sums round alike
-            s = self.series[name]
-            self.pools.setdefault(s.interval, []).append(s)
+            self.names.setdefault(self.series[name].interval, []).append(name)
+        self.pools = {interval: [self.series[n] for n in names] for interval, names in self.names.items()}
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
-    def own_ids(self, name: str) -> np.ndarray:
-        """(n, MARKET_COLUMNS) int64 ids of each candle of the series `name`, at its close."""
+    def own_ids(self, name: str, peers: Optional[Mapping[str, str]] = None) -> np.ndarray:
+        """(n, MARKET_COLUMNS) int64 ids of each candle of the series `name`, at its close; with
+        `peers` (model.market_peer: name -> peer, fit_peers) a last column, its peer's."""
         s = self.series[name]
-        return self.ids(s.interval, s.closes)
+        ids = self.ids(s.interval, s.closes)
+        if peers is None:
+            return ids
+        return np.concatenate([ids, self.peer_ids(peers.get(name), s.interval, s.closes)[:, None]], axis=1)
+
+    def peer_ids(self, peer: Optional[str], interval: str, closes: np.ndarray) -> np.ndarray:
+        """(n,) int64 ids of the series `peer`'s last move as of each close time (0: unknown, also
+        where the peer is None or not in this market)."""
+        s = self.series.get(peer) if peer is not None else None
+        if s is None or s.interval != interval:
+            return np.zeros(len(closes), dtype=np.int64)
+        return binned(_as_of(s.move, np.asarray(closes, np.int64), INTERVAL_SECONDS[interval] * 10**9), PEER_EDGES)
+
+    def fit_peers(self, train_candles: Mapping[str, int]) -> dict[str, str]:
+        """name -> its peer (model.market_peer; module docstring), from each series' first
+        train_candles[name] candles (its training split) and nothing later: on the last
+        PEER_FIT_CLOSES closes of the interval's grid they reach. A series without a peer (fewer
+        than MIN_PEER_PAIRS paired readings with every other) is left out."""
+        peers: dict[str, str] = {}
+        for interval, names in self.names.items():
+            pool = self.pools[interval]
+            last = [min(train_candles[n], len(s.closes)) - 1 for n, s in zip(names, pool)]
+            until = np.array([s.closes[j] if j >= 0 else np.iinfo(np.int64).min for s, j in zip(pool, last)])
+            times = self._table(interval)[0]
+            times = times[times <= until.max()][-PEER_FIT_CLOSES:]
+            fresh_ns = INTERVAL_SECONDS[interval] * 10**9
+            seen = times[:-1, None] <= until[None, :]  # a reading counts where its series trained by then
+            x = np.stack([_as_of(s.move, times[:-1], fresh_ns) for s in pool], axis=1)
+            y = np.stack([_at(s.move, times[1:]) for s in pool], axis=1)
+            x[~seen] = np.nan
+            y[~(times[1:, None] <= until[None, :])] = np.nan
+            r, pairs = _lagged_correlation(x, y)
+            np.fill_diagonal(r, 0.0)  # a series' own last move is in its tokens already
+            r[pairs < MIN_PEER_PAIRS] = 0.0
+            for j, name in enumerate(names):
+                best = int(np.argmax(np.abs(r[:, j])))
+                if r[best, j] != 0.0:
+                    peers[name] = names[best]
+        return peers
 
     def ids(self, interval: str, closes: np.ndarray) -> np.ndarray:
         """(n, MARKET_COLUMNS) int64 ids at the close times `closes` in the interval's pool (all 0
@@ -174,21 +226,25 @@ class MarketContext:
         return out
 
     def analogs(self, interval: str, close: int, horizon: int, n: int, rng: np.random.Generator) -> np.ndarray:
-        """(n, horizon, MARKET_COLUMNS) int64 ids: n futures of the interval's market after the close
-        time `close`, each the ids of the `horizon` closes that followed a past close whose ids are
-        the nearest to those at `close` (the MIN_ANALOGS nearest or more, ties kept), drawn with
-        `rng`. Only futures complete by `close` are drawn, so nothing after it is read; where there
-        is none yet, the ids at `close` held over the horizon."""
+        """(n, horizon, MARKET_COLUMNS) int64 ids: the market ids at analog_closes."""
+        return self.ids(interval, self.analog_closes(interval, close, horizon, n, rng).ravel()).reshape(n, horizon, -1)
+
+    def analog_closes(self, interval: str, close: int, horizon: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(n, horizon) int64 close times: n futures of the interval's market after the close time
+        `close`, each the `horizon` closes that followed a past close whose ids are the nearest to
+        those at `close` (the MIN_ANALOGS nearest or more, ties kept), drawn with `rng`. Only
+        futures complete by `close` are drawn, so nothing after it is read; where there is none
+        yet, `close` held over the horizon."""
         times, table = self._table(interval)
         now = self.ids(interval, np.array([close], dtype=np.int64))[0]
         last = int(np.searchsorted(times, close, side="right")) - 1 - horizon  # the last start whose future closed
         if last < 0:
-            return np.broadcast_to(now, (n, horizon, MARKET_COLUMNS)).copy()
+            return np.full((n, horizon), close, dtype=np.int64)
         distance = np.abs(table[: last + 1] - now).sum(axis=1)
         k = min(MIN_ANALOGS, last + 1)
         starts = np.flatnonzero(distance <= np.partition(distance, k - 1)[k - 1])
         picked = rng.choice(starts, size=n)
-        return table[picked[:, None] + 1 + np.arange(horizon)]
+        return times[picked[:, None] + 1 + np.arange(horizon)]
 
     def _table(self, interval: str) -> tuple[np.ndarray, np.ndarray]:
         if interval not in self._tables:
@@ -222,6 +278,29 @@ def _as_of(r: _Readings, t: np.ndarray, fresh_ns: int) -> np.ndarray:
     last = np.maximum(j, 0)
     fresh = (j >= 0) & (r.closes[last] > t - fresh_ns)
     return np.where(fresh, r.values[last], np.nan)
+
+
+def _at(r: _Readings, t: np.ndarray) -> np.ndarray:
+    """(len(t),) the series' reading of the candle closing exactly at each t; else NaN."""
+    if not len(r.closes):
+        return np.full(len(t), np.nan)
+    j = np.minimum(np.searchsorted(r.closes, t), len(r.closes) - 1)
+    return np.where(r.closes[j] == t, r.values[j], np.nan)
+
+
+def _lagged_correlation(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, k) correlations of x's column i with y's column j over the rows where both read (NaN:
+    no reading), and the (k, k) counts of those rows; 0 where either side is constant."""
+    mx, my = np.isfinite(x).astype(np.float64), np.isfinite(y).astype(np.float64)
+    x0, y0 = np.where(mx > 0, x, 0.0), np.where(my > 0, y, 0.0)
+    n = mx.T @ my
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_x, mean_y = (x0.T @ my) / n, (mx.T @ y0) / n
+        cov = (x0.T @ y0) / n - mean_x * mean_y
+        var_x = ((x0**2).T @ my) / n - mean_x**2
+        var_y = (mx.T @ y0**2) / n - mean_y**2
+        r = cov / np.sqrt(var_x * var_y)
+    return np.where(np.isfinite(r), r, 0.0), n
 
 
 def _summary_ids(moves: np.ndarray, levels: np.ndarray) -> np.ndarray:

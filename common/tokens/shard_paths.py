@@ -26,7 +26,7 @@ _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards", "train_fra
 # config that does not use them keeps its shard
 _KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
 # model settings likewise: model.vol_level_input adds a 4th feature column, market_context 3 more
-_MODEL_KEYED_WHEN_SET = {"vol_level_input": False, "market_context": False}
+_MODEL_KEYED_WHEN_SET = {"vol_level_input": False, "market_context": False, "market_peer": False}
 
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:

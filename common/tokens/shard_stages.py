@@ -16,6 +16,7 @@ bench/results/2026-12-05-market-memory). The tokens equal those of the in-memory
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -249,6 +250,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
             "volume_edges": edges,
             "vol_level": cfg.model.vol_level_input,  # a 4th feature column (absent in older work folders)
             "market_context": cfg.model.market_context,  # 3 more, from every asset (finish stage)
+            "market_peer": cfg.model.market_peer,  # 1 more, each asset's fitted peer's (finish stage)
             "info": prepared.info,
             "asset_info": RunInfo.of_assets(prepared.assets, cfg.data.intervals).to_json(),
             "series_intervals": series_intervals,
@@ -320,10 +322,17 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
     private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".publish", dir=folder.parent))
     try:
         (private / "tokens").mkdir()
-        market = _market_context(split, parts) if split.get("market_context", False) else None
+        asset_info = split["asset_info"]
+        market = None
+        if split.get("market_context", False):
+            market, peers = _market_context(split, parts)
+            if peers is not None:
+                asset_info = RunInfo.from_json(asset_info)
+                asset_info = dataclasses.replace(asset_info, peers=peers).to_json()
         files, counts = _write_tokens(private / "tokens", parts, split["volume_edges"] is not None, market)
         sha256 = {name.removeprefix("tokens/"): entry["sha256"] for name, entry in files.items()}
-        columns = feature_columns(bool(split.get("vol_level", False)), market is not None)
+        peer = bool(split.get("market_peer", False))
+        columns = feature_columns(bool(split.get("vol_level", False)), market is not None, peer)
         with_features = split["volume_edges"] is not None
         write_index(private / "tokens", symbols, split["lengths"], split["ranges"], with_features, sha256, columns)
         tokenizer = OHLCTokenizer.load(work / TOKENIZER_JSON)  # its clip counts: a parent's, or zero
@@ -335,7 +344,7 @@ def _finish_stage(folder: Path, inputs: dict, out: TextIO) -> None:
         if split["volume_edges"] is not None:
             data_info["volume_edges"] = split["volume_edges"]
         tokenizer.save(private / TOKENIZER_JSON)
-        atomic_write_json(private / ASSET_INFO_JSON, split["asset_info"])
+        atomic_write_json(private / ASSET_INFO_JSON, asset_info)
         atomic_write_json(private / DATA_INFO_JSON, data_info)
         for name in ("tokens/index.json", TOKENIZER_JSON, ASSET_INFO_JSON, DATA_INFO_JSON):
             files[name] = file_sha256(private / name)
@@ -370,9 +379,10 @@ def _preparer() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": f"{job}_{task}" if job and task else job}
 
 
-def _market_context(split: dict, parts: list[Path]) -> list[np.ndarray]:
-    """Each asset's market-context ids (model.market_context), from every asset's moves and levels,
-    read one asset at a time (the context keeps 24 bytes a candle)."""
+def _market_context(split: dict, parts: list[Path]) -> tuple[list[np.ndarray], Optional[dict[str, str]]]:
+    """(each asset's market-context ids, model.market_context; with model.market_peer the peers
+    fitted on the train split and their column), from every asset's moves and levels, read one
+    asset at a time (the context keeps 24 bytes a candle)."""
     intervals = {s: split.get("series_intervals", {}).get(s, split["interval"]) for s in split["symbols"]}
     check_cross_section(intervals)
 
@@ -382,7 +392,9 @@ def _market_context(split: dict, parts: list[Path]) -> list[np.ndarray]:
                 yield s, SeriesMoves(intervals[s], z["stamps"], z["moves"], z["level"])
 
     context = MarketContext(series())
-    return [context.own_ids(s).astype(np.int16) for s in split["symbols"]]
+    train = {s: int(split["ranges"][s]["train"][1]) for s in split["symbols"]}  # the train split: candles [0, stop)
+    peers = context.fit_peers(train) if split.get("market_peer", False) else None
+    return [context.own_ids(s, peers).astype(np.int16) for s in split["symbols"]], peers
 
 
 def _write_tokens(
