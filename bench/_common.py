@@ -60,7 +60,7 @@ def blank_features(model_config: Any, *shape: int) -> Any:
     m = model_config
     if not m.reads_features:
         return None
-    return np.zeros((*shape, feature_columns(m.vol_level_input, m.market_context)), dtype=np.int64)
+    return np.zeros((*shape, feature_columns(m.vol_level_input, m.market_context, m.reads_peer)), dtype=np.int64)
 
 
 def bench_run(path: Path, cfg: Any, num_assets: int) -> Any:

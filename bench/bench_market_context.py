@@ -1,9 +1,10 @@
 """The cost of model.market_context's ids at case A's size: S series of N hourly candles each (the
 rehearsal's full corpus is 600 x 184,080 1h candles, and 600 x 7,670 1d), every candle's three ids
 as a shard's finish stage computes them: the series read one at a time (a generator, as the
-stage reads its encoded files), MarketContext.own_ids of every series kept as int16.
+stage reads its encoded files), MarketContext.own_ids of every series kept as int16; with --peers
+(model.market_peer) the peers fitted on each series' first 70% first, and their column.
 
-    python bench/bench_market_context.py --series 600 --candles 184080 --json out.json
+    python bench/bench_market_context.py --series 600 --candles 184080 [--peers] --json out.json
 
 Prints the wall time and the peak RSS; the moves are random (the cost does not depend on them),
 one candle in ten missing.
@@ -32,6 +33,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--series", type=int, default=600)
     ap.add_argument("--candles", type=int, default=184_080)
     ap.add_argument("--interval", default="1h")
+    ap.add_argument("--peers", action="store_true", help="model.market_peer: fit the peers, add their column")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -49,13 +51,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.perf_counter()
     context = MarketContext(series())
     built = time.perf_counter() - t0
-    ids = [context.own_ids(name).astype(np.int16) for name in names]
+    peers = context.fit_peers({name: int(args.candles * 0.7) for name in names}) if args.peers else None
+    fitted = time.perf_counter() - t0 - built
+    ids = [context.own_ids(name, peers).astype(np.int16) for name in names]
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     known = float(np.mean([(x > 0).mean() for x in ids]))
     print(
         f"{args.series} series x {args.candles:,} {args.interval} candles = {args.series * args.candles:,}: "
-        f"{seconds:.1f} s ({built:.1f} s to read), peak RSS {peak:,.0f} MB, {known:.1%} of ids known"
+        f"{seconds:.1f} s ({built:.1f} s to read{f', {fitted:.1f} s to fit the peers' if args.peers else ''}), "
+        f"peak RSS {peak:,.0f} MB, {known:.1%} of ids known"
     )
     if args.json:
         args.json.write_text(
@@ -64,6 +69,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "series": args.series,
                     "candles": args.candles,
                     "interval": args.interval,
+                    "peers": args.peers,
                     "seconds": round(seconds, 1),
                     "peak_rss_mb": round(peak),
                     "figures": {"seconds": round(seconds, 1), "peak RSS MB": round(peak)},

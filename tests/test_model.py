@@ -67,7 +67,7 @@ def expected_parameters(m: ModelConfig, num_assets: int, num_categories: int) ->
     positions = m.context_length * C if m.positional == "learned" else 0
     cond = num_assets * m.asset_embed_dim + num_categories * m.category_embed_dim
     cond += (m.asset_embed_dim + m.category_embed_dim) * C  # projection into d_model
-    market = (MARKET_COLUMNS + m.market_peer) * (MARKET_BINS + 1) * C if m.market_context else 0  # a table per id
+    market = (MARKET_COLUMNS + m.reads_peer) * (MARKET_BINS + 1) * C if m.market_context else 0  # a table per id
     return m.vocab_size * C + positions + cond + market + m.num_layers * per_layer + C  # + final LayerNorm
 
 
@@ -144,7 +144,7 @@ def test_case_configs_build_on_meta_with_right_shapes(path):
     num_assets, num_categories = CASE_SIZES[path.parent.parent.name]
     with torch.device("meta"):
         model = MarketGPT(cfg.model, num_assets=num_assets, num_categories=num_categories)
-        columns = feature_columns(m.vol_level_input, m.market_context, m.market_peer)
+        columns = feature_columns(m.vol_level_input, m.market_context, m.reads_peer)
         features = torch.zeros(2, m.context_length, columns, dtype=torch.long) if m.reads_features else None
         logits, loss = model(
             torch.zeros(2, m.context_length, dtype=torch.long),

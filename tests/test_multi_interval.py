@@ -49,6 +49,7 @@ TINY = {
         # as the case configs, multi-interval ones among them: the cross-section, rotary positions
         "positional": "rope",
         "market_context": True,
+        "market_peer": True,
     },
     "training": {
         "batch_size": 16,
@@ -208,6 +209,10 @@ def test_a_run_of_three_intervals_trains_and_evaluates_each(straight_run):
     info = json.loads((straight_run / "asset_info.json").read_text())
     assert info["intervals"] == INTERVALS and info["num_assets"] == 2
     assert sorted(info["series"]) == sorted(f"SYN000{i}@{iv}" for i in range(2) for iv in INTERVALS)
+    # model.market_peer: each series' peer is the other asset's series of its own interval; the 4h
+    # series train on fewer than MIN_PEER_PAIRS candles, so they have none
+    paired = INTERVALS[:-1]
+    assert info["peers"] == {f"SYN000{i}@{iv}": f"SYN000{1 - i}@{iv}" for i in range(2) for iv in paired}
     data_info = json.loads((straight_run / "data_info.json").read_text())
     assert data_info["intervals"] == INTERVALS
     state = load_checkpoint(straight_run / "best_model.pt")["model"]
@@ -313,7 +318,7 @@ def test_the_interval_embedding_changes_the_forecast(straight_run):
     assert not np.array_equal(first, forecast())
     contexts = torch.randint(4, 60, (1, 8))
     ids = torch.zeros(1, dtype=torch.long)
-    features = torch.zeros(1, 8, 6, dtype=torch.long)  # the market's 3 columns after the 3 of every candle
+    features = torch.zeros(1, 8, 7, dtype=torch.long)  # after the 3 of every candle, the market's 3 and the peer
     logits = [fc.model(contexts, ids, ids, interval_ids=torch.tensor([k]), features=features)[0] for k in range(3)]
     assert not torch.equal(logits[0], logits[1]) and not torch.equal(logits[1], logits[2])
 

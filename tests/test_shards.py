@@ -117,6 +117,9 @@ def test_rebuilt_when_a_keyed_setting_or_an_input_file_changes(tmp_path):
         ("model.context_length=6",): True,
         ("model.time_features=true",): True,
         ("model.vol_level_input=true",): True,  # a 4th feature column
+        ("model.market_context=true",): True,
+        # the peer is a part of the market context: not read, not keyed without it
+        ("model.market_peer=true",): False,
         ('data.end_date="2020-06-01"',): True,
         # windows only, the model, or where the cache is: the same tokens
         ("data.window_stride=2",): False,

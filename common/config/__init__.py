@@ -81,9 +81,10 @@ class ModelConfig:
     # candle's close; forecasts need the other assets' candles too. On in the case configs (it pays at
     # 10^6 training tokens), off in the quickstart and by default (old runs load as they trained)
     market_context: bool = False
-    # with market_context, also the last move of the asset's peer: the other series of its interval
-    # whose last move best predicts its next on the training candles (common/tokens/market_context.py,
-    # fitted when the shard is prepared, kept in asset_info.json); a pairwise lead-lag the summary misses
+    # with market_context (not read without it), also the last move of the asset's peer: the other
+    # series of its interval whose last move best predicts its next on the training candles
+    # (common/tokens/market_context.py, fitted when the shard is prepared, kept in asset_info.json);
+    # the pairwise lead-lag a summary misses. On in the case configs (it pays at 10^6 training tokens)
     market_peer: bool = False
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
@@ -103,6 +104,11 @@ class ModelConfig:
     def reads_features(self) -> bool:
         """Whether the model reads per-candle ids besides its tokens (common/tokens/features.py)."""
         return self.time_features or self.volume_input or self.vol_level_input or self.market_context
+
+    @property
+    def reads_peer(self) -> bool:
+        """Whether the model reads its asset's peer (model.market_peer, a part of the market context)."""
+        return self.market_context and self.market_peer
 
 
 @dataclass

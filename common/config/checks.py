@@ -51,11 +51,6 @@ def check_model(m: ModelConfig, tok: TokenizerConfig, need: Need) -> None:
         "'rope' needs an even head size (d_model / num_heads)",
     )
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
-    need(
-        m.market_context or not m.market_peer,
-        "model.market_peer",
-        "adds a column to the market's ids: it needs model.market_context = true",
-    )
     min_vocab = NUM_SPECIAL_TOKENS + 2 * tok.shape_bins
     need(
         m.vocab_size >= min_vocab,

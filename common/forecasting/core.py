@@ -211,7 +211,7 @@ class ForecasterCore:
                 closes, seed, lambda close, rng: market.analog_closes(interval, close, horizon, samples, rng)
             )  # (N, samples, horizon) close times
             ids = market.ids(interval, futures.ravel()).reshape(*futures.shape, -1)
-            if self.cfg.model.market_peer:
+            if self.cfg.model.reads_peer:
                 peers = [self.info.peer_of(o["symbol"], interval) for o in origins]
                 peer_ids = np.stack([market.peer_ids(p, interval, f.ravel()) for p, f in zip(peers, futures)])
                 ids = np.concatenate([ids, peer_ids.reshape(futures.shape)[..., None]], axis=-1)
@@ -454,7 +454,7 @@ class ForecasterCore:
             stamps = pd.DatetimeIndex(candles.index).as_unit("ns").asi8
             closes = close_times(stamps, interval)
             columns = [past, self._market().ids(interval, closes)]
-            if self.cfg.model.market_peer:
+            if self.cfg.model.reads_peer:
                 peer = self.info.peer_of(symbol, interval) if symbol is not None else None
                 columns.append(self._market().peer_ids(peer, interval, closes)[:, None])
             past = np.concatenate(columns, axis=1)

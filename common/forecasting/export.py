@@ -135,7 +135,7 @@ def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, sta
 def export_feature_columns(model: "MarketGPT") -> int:
     """The candle-id columns an export's forward takes: 0 for a model that reads none."""
     c = model.config
-    return feature_columns(c.vol_level_input, c.market_context, c.market_peer) if c.reads_features else 0
+    return feature_columns(c.vol_level_input, c.market_context, c.reads_peer) if c.reads_features else 0
 
 
 def _export_facts(fmt: str) -> dict:

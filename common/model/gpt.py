@@ -210,7 +210,7 @@ class MarketGPT(nn.Module):
         self.volume_emb = nn.Embedding(VOLUME_BINS + 1, C) if config.volume_input else None
         self.vol_level_emb = nn.Embedding(VOL_LEVEL_BINS + 1, C) if config.vol_level_input else None
         self.market_emb = (
-            nn.ModuleList(nn.Embedding(MARKET_BINS + 1, C) for _ in range(MARKET_COLUMNS + int(config.market_peer)))
+            nn.ModuleList(nn.Embedding(MARKET_BINS + 1, C) for _ in range(MARKET_COLUMNS + int(config.reads_peer)))
             if config.market_context
             else None
         )

@@ -53,10 +53,13 @@ def _inputs_line(m: ModelConfig) -> str:
         "market_context": MARKET_COLUMNS * (MARKET_BINS + 1) * C,
         "market_peer": (MARKET_BINS + 1) * C,
     }
+    on = {key: getattr(m, key) for key in adds} | {"market_peer": m.reads_peer}
     parts = [
-        f"{key} {'on' if getattr(m, key) else 'off'} ({'' if getattr(m, key) else 'would add '}+{n:,} parameters)"
+        f"{key} {'on' if on[key] else 'off'} ({'' if on[key] else 'would add '}+{n:,} parameters)"
         for key, n in adds.items()
     ]
+    if m.market_peer and not m.market_context:
+        parts[-1] += ", not read without market_context"
     return "inputs besides tokens: " + "; ".join(parts)
 
 

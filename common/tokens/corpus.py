@@ -145,7 +145,7 @@ def prepare_in_memory(
             series[s] = series_moves(tokenizer, prepared.candles[s], market.interval_of(s), moves[s])
     peers = None
     if cfg.model.market_context:
-        train = {s: prepared.splits[s].train.stop for s in symbols} if cfg.model.market_peer else None
+        train = {s: prepared.splits[s].train.stop for s in symbols} if cfg.model.reads_peer else None
         with_market, peers = with_market_context(cast("dict[str, np.ndarray]", features), series, train)
         features = dict(with_market)
     data_info = dict(prepared.info, tokenizer_clip_counts=dict(tokenizer.clip_counts))

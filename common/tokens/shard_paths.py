@@ -26,7 +26,7 @@ _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards", "train_fra
 # config that does not use them keeps its shard
 _KEYED_WHEN_SET = {"intervals": [], "interval_split": "pooled"}
 # model settings likewise: model.vol_level_input adds a 4th feature column, market_context 3 more
-_MODEL_KEYED_WHEN_SET = {"vol_level_input": False, "market_context": False, "market_peer": False}
+_MODEL_KEYED_WHEN_SET = {"vol_level_input": False, "market_context": False}
 
 
 def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> tuple[Path, dict]:
@@ -43,6 +43,7 @@ def shard_folder(cfg: Config, case_dir: Path, parent: Optional[Path] = None) -> 
         "model": {
             **{k: getattr(cfg.model, k) for k in ("vocab_size", "context_length", "time_features", "volume_input")},
             **{k: getattr(cfg.model, k) for k, off in _MODEL_KEYED_WHEN_SET.items() if getattr(cfg.model, k) != off},
+            **({"market_peer": True} if cfg.model.reads_peer else {}),  # read only with market_context
         },
         "tokenizer": config_to_dict(cfg)["tokenizer"],
         "parent_tokenizer": _sha256(parent) if parent is not None else None,

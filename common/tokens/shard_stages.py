@@ -250,7 +250,7 @@ def _fit_stage(cfg: Config, case_dir: Path, work: Path, parent: Optional[Path], 
             "volume_edges": edges,
             "vol_level": cfg.model.vol_level_input,  # a 4th feature column (absent in older work folders)
             "market_context": cfg.model.market_context,  # 3 more, from every asset (finish stage)
-            "market_peer": cfg.model.market_peer,  # 1 more, each asset's fitted peer's (finish stage)
+            "market_peer": cfg.model.reads_peer,  # 1 more, each asset's fitted peer's (finish stage)
             "info": prepared.info,
             "asset_info": RunInfo.of_assets(prepared.assets, cfg.data.intervals).to_json(),
             "series_intervals": series_intervals,
