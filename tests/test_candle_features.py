@@ -133,29 +133,33 @@ def test_token_set_keeps_features(tmp_path):
 
 
 def test_the_case_configs_read_the_market_only_and_model_info_says_what_each_adds():
-    # the cross-section pays at 10^6 training tokens (bench/results/2026-12-05-defaults); the
-    # calendar, volume and volatility-level inputs were not shown to pay and stay off
+    # the cross-section and each asset's peer pay at 10^6 training tokens (bench/results/
+    # 2026-12-05-defaults, 2026-12-06-market-peer); the calendar, volume and volatility-level
+    # inputs were not shown to pay and stay off
     for path in REPO_ROOT.glob("case_*/configs/*.json"):
         m = load_config(path).model
         want = path.name != "sweep_rich.json"  # the recipe bench's fixed baseline
-        assert (m.market_context, m.time_features, m.volume_input, m.vol_level_input) == (want, False, False, False), (
-            path
-        )
+        got = (m.market_context, m.market_peer, m.time_features, m.volume_input, m.vol_level_input)
+        assert got == (want, want, False, False, False), path
     cfg = load_config(REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json", ["model.market_context=false"])
     C = cfg.model.d_model
     assert (
         f"time_features off (would add +{31 * C:,} parameters); volume_input off (would add "
         f"+{(VOLUME_BINS + 1) * C:,} parameters); vol_level_input off (would add "
         f"+{(VOL_LEVEL_BINS + 1) * C:,} parameters); market_context off (would add +{27 * C:,} "
-        "parameters)" in describe_model(cfg)
+        f"parameters); market_peer off (would add +{9 * C:,} parameters), not read without market_context"
+        in describe_model(cfg)
     )
-    for key, added in (("time_features", 31 * C), ("market_context", 27 * C)):
+    # each input's table(s) and line; the peer is a part of the market context, on with it
+    lines = {"time_features": [31 * C], "market_context": [27 * C, 9 * C]}
+    for key, added in lines.items():
         on = load_config(
             REPO_ROOT / "case_c_crypto/configs/crypto_prototype.json",
             ["model.market_context=false", f"model.{key}=true"],
         )
         base, more = (MarketGPT(c.model, num_assets=20).num_parameters() for c in (cfg, on))
-        assert more - base == added and f"{key} on (+{added:,} parameters)" in describe_model(on)
+        assert more - base == sum(added) and f"{key} on (+{added[0]:,} parameters)" in describe_model(on)
+    assert f"market_peer on (+{9 * C:,} parameters)" in describe_model(on)
 
 
 def test_a_model_with_features_says_so_when_called_without_them():
