@@ -25,10 +25,10 @@ for s in 0 1 2; do cp $S/rich1m_marketpeer_s$s/points/d128l4_f100_lr0.001.json $
 # the cost of fitting the peers at case A's size
 python bench/bench_market_context.py --series 600 --candles 184080 --peers --json $R/bench_market_context_peers.json \
   > $R/bench_market_context_peers.txt
-# price space, the observable oracle as the ceiling: seed 0 (raw intervals, not calibrated), and on
-# the same origins the run without the peer, both scored date by date
-for pair in marketpeer:peer marketrope:base; do
-  RUN=$(jq -r .run "$S/rich1m_${pair%%:*}_s0/points/d128l4_f100_lr0.001.json")
-  marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > "$R/scorecard_${pair##*:}_s0.txt"
-  jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$RUN/scorecard.json" > "$R/scorecard_${pair##*:}_s0.json"
-done
+# case A's job at full data size with the peer on (its config as it is), on the local 2-node cluster
+tools/local_slurm/local_slurm.sh start --nodes 2
+python bench/rehearsal --size full --json $R/rehearsal_full.json > $R/rehearsal_full.txt
+# price space, the observable oracle as the ceiling: seed 0 (raw intervals, not calibrated), scored date by date
+RUN=$(jq -r .run $S/rich1m_marketpeer_s0/points/d128l4_f100_lr0.001.json)
+marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > $R/scorecard_peer_s0.txt
+jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$RUN/scorecard.json" > $R/scorecard_peer_s0.json
