@@ -32,3 +32,7 @@ python bench/rehearsal --size full --json $R/rehearsal_full.json > $R/rehearsal_
 RUN=$(jq -r .run $S/rich1m_marketpeer_s0/points/d128l4_f100_lr0.001.json)
 marketgpt scorecard "$RUN" --origins 1000 --samples 200 --horizons 1,5 > $R/scorecard_peer_s0.txt
 jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$RUN/scorecard.json" > $R/scorecard_peer_s0.json
+# the run without the peer on 500 of those dates, date by date (its calibration.json, from before, only adds coverage)
+RUN=$(jq -r .run $S/rich1m_marketrope_s0/points/d128l4_f100_lr0.001.json)
+marketgpt scorecard "$RUN" --origins 500 --samples 200 --horizons 1,5 > $R/scorecard_base_s0.txt
+jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$RUN/scorecard.json" > $R/scorecard_base_s0.json
