@@ -301,7 +301,7 @@ class MarketGPT(nn.Module):
         (features: (B, T, feature_columns), common/tokens/features.py; a model ignores the columns
         of inputs it does not read, the time and volume ids always being the first three)."""
         vol_level, market = self.vol_level_emb is not None, self.market_emb is not None
-        need = feature_columns(vol_level, market, market and len(self.market_emb or ()) > MARKET_COLUMNS)
+        need = feature_columns(vol_level, market, self.config.reads_peer)
         if features is None or features.shape[:2] != (B, T) or features.shape[2] < need:
             got = "none" if features is None else tuple(features.shape)
             raise ValueError(
