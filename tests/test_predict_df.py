@@ -12,9 +12,9 @@ import torch
 from common.data.cleaning import fill_gaps
 from common.data.loading import load_market_data
 from common.errors import UserError
-from common.forecasting.core import DEFAULT_LEVELS
 from common.forecasting.forecast_io import History, future_timestamps
 from common.forecasting.forecaster import Forecaster
+from common.forecasting.frames import DEFAULT_LEVELS
 from common.markets import interval_step
 
 from test_forecast import TINY, _fixed_logit_forecaster, candles, fitted_tokenizer, train_tiny

@@ -41,7 +41,8 @@ from common.config import Config
 from common.errors import UserError
 from common.forecasting.draws import per_close
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
-from common.forecasting.history import FRAME_PRICES, clean_history, frame_items, history_loader, load_histories
+from common.forecasting.frames import DEFAULT_LEVELS, check_levels, frame_history, frame_items, quantile_frame
+from common.forecasting.history import clean_history, history_loader, load_histories
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -50,9 +51,8 @@ from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
 
-__all__ = ["DEFAULT_LEVELS", "ForecasterCore"]
+__all__ = ["ForecasterCore"]
 
-DEFAULT_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # predict_df's quantiles, as the libraries'
 MAX_SAMPLES = 100_000
 MARKET_FUTURES = ("analogs", "held")
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
@@ -289,14 +289,16 @@ class ForecasterCore:
         model.market_context reads the frame's items as the market, with `market`'s (a frame of
         the same columns: the other assets' candles, not forecast): give every asset of the run.
         """
-        levels = _check_levels(quantile_levels)
+        levels = check_levels(quantile_levels)
         self.check_request(horizon, samples)
         items = frame_items(df, id_column, timestamp_column)
         histories = [self._frame_history(item, raw) for item, raw in items]
         kept = self.market
         if self.cfg.model.market_context:  # the frame's items and the market's are the cross-section
             others = frame_items(market, id_column, timestamp_column) if market is not None else []
-            cleaned = {str(i): self._clean_market_item(i, raw) for i, raw in others}
+            step = interval_step(self.interval)
+            market_items = [(self._known(i, "market item"), raw) for i, raw in others]
+            cleaned = {s: clean_history(raw, s, self.assets[s].category, step) for s, raw in market_items}
             self.set_market({**cleaned, **{h.symbol: h.candles for h in histories}})
         try:
             result = self.forecast(
@@ -312,59 +314,29 @@ class ForecasterCore:
         finally:
             self.market = kept
         assert result.paths is not None  # return_paths
-        future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
-        quantiles = np.quantile(future, levels, axis=1)  # (Q, N, H), linear as summarize_paths
         stamps = pd.DatetimeIndex(result.table["timestamp"])
         column = df[timestamp_column] if timestamp_column in df.columns else df.index.get_level_values(timestamp_column)
         if isinstance(column.dtype, np.dtype) and column.dtype.kind == "M":  # naive datetime64 in, naive out
             stamps = stamps.tz_localize(None)
-        ids = pd.Series([item for item, _ in items]).repeat(horizon).to_numpy()
-        out = pd.DataFrame({id_column: ids, timestamp_column: stamps, "mean": future.mean(axis=1).reshape(-1)})
-        for j, q in enumerate(levels):
-            out[str(q)] = quantiles[j].reshape(-1)
-        return out
+        future = result.paths["close"][:, :, 1:]  # (N, S, H): the sampled closes
+        return quantile_frame([item for item, _ in items], future, stamps, levels, id_column, timestamp_column)
 
-    def _clean_market_item(self, item: Any, raw: pd.DataFrame) -> pd.DataFrame:
+    def _known(self, item: Any, role: str) -> str:
+        """predict_df's `item` as a symbol of the run; else a UserError naming the nearest."""
         symbol = str(item)
         if symbol not in self.assets:
             raise UserError(
-                f"predict_df: market item {item!r} is not an asset this model was trained on "
+                f"predict_df: {role} {item!r} is not an asset this model was trained on "
                 f"({len(self.symbols)} assets{self._nearest(symbol)})"
             )
-        return clean_history(raw, symbol, self.assets[symbol].category, interval_step(self.interval))
+        return symbol
 
     def _frame_history(self, item: Any, raw: pd.DataFrame) -> History:
         """One item of predict_df's frame as a History: a known asset, candles on the run's
-        interval, cleaned as training cleaned them, long enough; else a UserError naming it."""
-        symbol, interval = str(item), self.interval
-        if symbol not in self.assets:
-            raise UserError(
-                f"predict_df: item {item!r} is not an asset this model was trained on "
-                f"({len(self.symbols)} assets{self._nearest(symbol)})"
-            )
-        if self.cfg.model.volume_input and raw["volume"].isna().all():
-            raise UserError(
-                f"predict_df: item {item!r}: the model reads volume (model.volume_input), "
-                "so the frame needs a volume column with readings"
-            )
-        step = interval_step(interval)
-        # the median spacing: weekends and holidays leave gaps, a wrong interval changes every step
-        gaps = np.diff(raw.index.as_unit("ns").asi8)
-        spacing = pd.Timedelta(int(np.median(gaps)), unit="ns") if len(gaps) else step
-        if spacing != step:
-            raise UserError(
-                f"predict_df: item {item!r}: its candles are {spacing} apart (median), the model "
-                f"forecasts {interval} candles; resample to {interval}"
-            )
-        candles = clean_history(raw, symbol, self.assets[symbol].category, step)
-        if not len(candles) or candles.index[-1] != raw.index[-1]:
-            # cleaning dropped the last candle: the origin would move back and the first forecast
-            # step would land on the frame's own last timestamp
-            raise UserError(
-                f"predict_df: item {item!r}: its last candle, at {raw.index[-1]}, has "
-                f"{_invalid_prices(raw[list(FRAME_PRICES)].iloc[-1])}; the forecast starts after "
-                "the last row, so fill that candle or drop its row to forecast from the one before"
-            )
+        interval, cleaned as training cleaned them (frame_history), long enough."""
+        symbol = self._known(item, "item")
+        needs_volume = self.cfg.model.volume_input
+        candles = frame_history(item, raw, self.assets[symbol].category, self.interval, needs_volume=needs_volume)
         if len(candles) < self.min_history():
             raise UserError(
                 f"predict_df: item {item!r}: {len(candles)} candles up to {_last_time(candles)} "
@@ -470,23 +442,5 @@ class ForecasterCore:
         return banned
 
 
-def _check_levels(levels: Sequence[float]) -> list[float]:
-    try:
-        out = [float(q) for q in levels]
-    except (TypeError, ValueError):
-        raise UserError(f"quantile_levels {levels!r}: expected a list of numbers in (0, 1)") from None
-    if not out or not all(0 < q < 1 for q in out) or len(set(out)) != len(out):
-        raise UserError(f"quantile_levels {levels!r}: expected distinct numbers in (0, 1), e.g. [0.1, 0.5, 0.9]")
-    return out
-
-
 def _last_time(candles: pd.DataFrame) -> str:
     return candles.index[-1].isoformat() if len(candles) else "the start"
-
-
-def _invalid_prices(prices: pd.Series) -> str:
-    """`close NaN`: the prices for which cleaning drops a candle (missing, infinite or not positive)."""
-    bad = [
-        f"{name} {'NaN' if np.isnan(v) else f'{v:g}'}" for name, v in prices.items() if not (np.isfinite(v) and v > 0)
-    ]
-    return ", ".join(bad) or "invalid prices"

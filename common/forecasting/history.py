@@ -6,17 +6,15 @@ run folder's grandparent, case_X/checkpoints/<run>). Each asset's raw candles ar
 FIRST (rows after it are dropped before anything looks at them), then cleaned and gap-filled as
 training did (clean_history), so a forecast never depends on a later candle.
 
-frame_items: a caller's long data frame (item_id, timestamp, OHLC[V]) split into each item's raw
-candles, after the checks a frame must pass; predict_df then cleans them with clean_history too.
+predict_df's long data frames are common.forecasting.frames'.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
 from common.config import DataConfig
@@ -25,9 +23,7 @@ from common.data.loading import load_market_data
 from common.errors import UserError
 from common.markets import interval_step, series_name
 
-__all__ = ["clean_history", "frame_items", "history_loader", "load_histories", "parse_as_of"]
-
-FRAME_PRICES = ("open", "high", "low", "close")  # a long frame's required candle columns; volume optional
+__all__ = ["clean_history", "history_loader", "load_histories", "parse_as_of"]
 
 
 def parse_as_of(text: str) -> pd.Timestamp:
@@ -113,63 +109,3 @@ def clean_history(raw: pd.DataFrame, symbol: str, category: str, step: pd.Timede
     if category == "crypto":
         frame, _ = fill_gaps(frame, step)
     return frame
-
-
-def frame_items(
-    df: pd.DataFrame, id_column: str = "item_id", timestamp_column: str = "timestamp"
-) -> list[tuple[Any, pd.DataFrame]]:
-    """(item, its raw candles on a UTC DatetimeIndex) per item of a long frame, in order of first
-    appearance. Refused in one UserError naming the item: missing columns, no rows, an empty
-    item id, a timestamp that is not one, timestamps out of order or repeated within an item."""
-    if not isinstance(df, pd.DataFrame):
-        raise UserError(f"predict_df: df must be a pandas DataFrame, got {type(df).__name__}")
-    levels = [n for n in df.index.names if n in (id_column, timestamp_column) and n not in df.columns]
-    if levels:  # e.g. an (item_id, timestamp) index
-        df = df.reset_index(level=levels)
-    expected = (id_column, timestamp_column, *FRAME_PRICES)
-    missing = [c for c in expected if c not in df.columns]
-    if missing:
-        raise UserError(
-            f"predict_df: the frame lacks column(s) {', '.join(missing)}; a long frame has one row per "
-            f"item and timestamp with columns {', '.join(expected)}[, volume]"
-        )
-    if df.empty:
-        raise UserError("predict_df: the frame has no rows")
-    ids = df[id_column]
-    if ids.isna().any():
-        raise UserError(f"predict_df: {int(ids.isna().sum())} row(s) have no {id_column}")
-    when = pd.to_datetime(df[timestamp_column], utc=True, errors="coerce")
-    if when.isna().any():
-        row = int(np.flatnonzero(when.isna().to_numpy())[0])
-        raise UserError(
-            f"predict_df: item {ids.iloc[row]!r}: {timestamp_column} {df[timestamp_column].iloc[row]!r} "
-            "is not a date or time"
-        )
-    columns = [c for c in (*FRAME_PRICES, "volume") if c in df.columns]
-    out = []
-    codes, uniques = pd.factorize(ids)  # by position: the frame's own index may repeat labels
-    for k, item in enumerate(uniques):
-        rows = np.flatnonzero(codes == k)
-        stamps = pd.DatetimeIndex(when.iloc[rows], name="timestamp")
-        diff = stamps.asi8[1:] - stamps.asi8[:-1]
-        if (diff < 0).any():
-            i = int(np.flatnonzero(diff < 0)[0])
-            raise UserError(
-                f"predict_df: item {item!r}: timestamps are not in increasing order ({stamps[i + 1]} "
-                f"comes after {stamps[i]}); sort the frame by {id_column} and {timestamp_column}"
-            )
-        if (diff == 0).any():
-            i = int(np.flatnonzero(diff == 0)[0])
-            raise UserError(
-                f"predict_df: item {item!r}: timestamp {stamps[i]} appears more than once; "
-                "keep one row per item and timestamp"
-            )
-        try:
-            values = df[columns].iloc[rows].to_numpy(dtype=np.float64)
-        except (TypeError, ValueError):
-            raise UserError(f"predict_df: item {item!r}: the columns {', '.join(columns)} must hold numbers") from None
-        candles = pd.DataFrame(values, index=stamps, columns=columns)
-        if "volume" not in candles.columns:  # no readings: clean_candles wants the column (it counts them as 0)
-            candles["volume"] = np.nan
-        out.append((item, candles))
-    return out
