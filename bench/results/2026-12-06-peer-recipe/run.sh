@@ -32,7 +32,7 @@ if [ "${1:-}" = "card" ]; then  # bash run.sh card SEED...: the context-128 runs
   runs=()
   for s in "$@"; do runs+=("$(jq -r .run "$S/rich1m_marketpeerctx128_s$s/points/d128l4_f100_lr0.001.json")"); done
   name=$(IFS=; echo "ctx128_s$*")
-  marketgpt scorecard "${runs[@]}" --origins 500 --samples 200 --horizons 1,5 > "$R/scorecard_$name.txt"
+  marketgpt scorecard ${runs[@]+"${runs[@]}"} --origins 500 --samples 200 --horizons 1,5 > "$R/scorecard_$name.txt"
   card=${runs[0]}/scorecard.json
   if [ $# -gt 1 ]; then card=${runs[0]}/ensemble_$#/scorecard.json; fi
   jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$card" > "$R/scorecard_$name.json"

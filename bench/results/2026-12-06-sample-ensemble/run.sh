@@ -14,5 +14,5 @@ for seed in 42 1 2; do
   marketgpt scorecard "$run" > "$R/scorecard_seed$seed.txt"
   jq '{run, origins, samples, baselines, headlines, horizons}' "$run/scorecard.json" > "$R/scorecard_seed$seed.json"
 done
-marketgpt scorecard "${runs[@]}" > "$R/scorecard_ensemble.txt"
+marketgpt scorecard ${runs[@]+"${runs[@]}"} > "$R/scorecard_ensemble.txt"
 jq '{run, origins, samples, baselines, headlines, horizons}' "${runs[0]}/ensemble_3/scorecard.json" > "$R/scorecard_ensemble.json"
