@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,3 +167,45 @@ def test_bench_generalization_ablation_pairs_each_seed_off_and_on(monkeypatch, t
     both = bench_generalization.ablate(["model.vol_level_input=true", "model.rope=1"], [0, 1], [])
     assert calls[:2] == [["training.seed=0"], ["training.seed=0", "model.vol_level_input=true", "model.rope=1"]]
     assert both["setting"] == "model.vol_level_input=true model.rope=1"
+
+
+def test_bench_spread_scales_the_same_draws_around_their_median():
+    from bench_spread import GRID, _scaled_forecasters
+
+    calls = []
+
+    def raw(histories, horizon, n, seed):
+        calls.append(seed)
+        return np.random.default_rng(seed).standard_normal((len(histories), n, horizon)) + 0.3
+
+    fcs = _scaled_forecasters(raw)
+    assert list(fcs)[0] == "s1" and sorted(fcs) == sorted(f"s{s:g}" for s in GRID)
+    histories = ["a", "b"]
+    x = fcs["s1"](histories, 3, 50, 7)
+    for s in (s for s in GRID if s != 1.0):
+        out = fcs[f"s{s:g}"](histories, 3, 50, 99)  # the scaled ones read the raw draws, not their seed
+        np.testing.assert_allclose(np.median(out, axis=1), np.median(x, axis=1))
+        np.testing.assert_allclose(out.std(axis=1), s * x.std(axis=1))
+    assert calls == [7]
+
+
+def test_bench_spread_compares_runs_on_the_same_origins_and_refuses_others():
+    from bench_spread import compare
+
+    rng = np.random.default_rng(0)
+    dates = np.repeat(np.arange(40), 3).tolist()
+
+    def runs(scale):
+        def split():
+            return {"dates": dates, "crps": (scale * rng.uniform(1, 2, len(dates))).tolist()}
+
+        return {"runs": [{"horizons": {"1": {"val": split(), "test": split()}}} for _ in range(3)]}
+
+    a, b = runs(0.9), runs(1.0)
+    r = compare(a, b, n_boot=100)["1"]["val"]
+    assert len(r["pairs"]) == 3 and 0.0 < r["mean"] < 0.2 and r["t95"][0] <= r["mean"] <= r["t95"][1]
+    assert r["pooled"]["ci95"][0] <= r["pooled"]["value"] <= r["pooled"]["ci95"][1]
+    assert compare(b, b, n_boot=10)["1"]["test"]["mean"] == 0.0
+    b["runs"][1]["horizons"]["1"]["test"]["dates"] = dates[::-1]
+    with pytest.raises(SystemExit, match="origins differ"):
+        compare(a, b)
