@@ -41,7 +41,7 @@ HORIZONS = (1, 5, 20)
 
 
 def _scaled_forecasters(raw: Callable) -> dict[str, Callable]:
-    """ "s1" samples the model, first; every other scale rescales those same paths (forecast_all
+    """The model itself as "s1", first; every other scale rescales those same paths (forecast_all
     calls the forecasters of a batch in order, on one list of histories)."""
     last: dict = {}
 
@@ -66,7 +66,7 @@ def score_run(run: Path, samples: int, seed: int) -> dict:
 
     from common.evaluation.asset_series import fit_price_baselines, series_from_run
     from common.evaluation.calibration import val_series
-    from common.evaluation.metrics import skill_interval
+    from common.evaluation.metrics import qlike, skill_interval
     from common.evaluation.scorecard import forecaster_fn
     from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
     from common.forecasting.forecaster import Forecaster
@@ -101,6 +101,7 @@ def score_run(run: Path, samples: int, seed: int) -> dict:
             "test_raw_vs_best_baseline": {"baseline": best, **skill("s1", best)},
             "test_chosen_vs_best_baseline": {"baseline": best, **skill(chosen, best)},
             "test_coverage90": {k: float(np.mean(st[h][k]["cover90"])) for k in (*fcs, *baselines)},
+            "test_qlike": {k: float(np.mean(qlike(st[h][k]["var"], y))) for k in ("s1", *baselines)},
             # per origin, for comparing runs on the same origins (--compare)
             "val": {"dates": o_val.dates[np.isfinite(o_val.y[h])].tolist(), "crps": st_val[h]["s1"]["crps"].tolist()},
             "test": {
