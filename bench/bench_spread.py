@@ -10,6 +10,7 @@ model is sampled once per origin: every scale reads the same draws, so their dif
 the scale's alone.
 
     python bench/bench_spread.py RUN_DIR [RUN_DIR ...] --json out.json
+    python bench/bench_spread.py RUN_DIR ... --within-bin --json out.json  # moves drawn within their bins
     python bench/bench_spread.py --compare A.json B.json   # A's runs against B's, paired in order
     python bench/bench_spread.py --compare a1.json,a2.json,a3.json b1.json,b2.json,b3.json
 
@@ -18,6 +19,10 @@ runs must share their data (the same origins: the same sample, splits and contex
 A's raw CRPS skill over B's per horizon, on validation (where a choice may be made) and on test:
 per pair, their mean and a Student-t interval over the pairs, and pooled, with the block
 bootstrap over dates (e.g. fine-tuned from a parent against trained from scratch, seed by seed).
+
+--within-bin decodes each sampled token by a draw within its bins (ForecasterCore.within_bin)
+rather than by the bins' medians; a run whose tokenizer.json predates the within-bin quantiles
+gets them from its training candles, fitted again as training fitted it (the same edges, checked).
 
 It chooses nothing for the library: it reports whether a spread correction fitted on validation
 would pay in CRPS, the score the scorecard ranks by, and how runs compare in price space.
@@ -61,7 +66,25 @@ def _scaled_forecasters(raw: Callable) -> dict[str, Callable]:
     return {"s1": model, **{f"s{s:g}": scaled(s) for s in GRID if s != 1.0}}
 
 
-def score_run(run: Path, samples: int, seed: int) -> dict:
+def with_within_bins(tokenizer, series) -> None:
+    """Give a tokenizer fitted before the within-bin quantiles were stored those of its run's
+    training candles (the train splits, pooled as common.tokens.corpus.fit_tokenizer pools them)."""
+    from common.tokens.corpus import FIT_CANDLES
+    from common.tokens.tokenizer import OHLCTokenizer
+
+    if tokenizer.within_bins:
+        return
+    every = max(1, -(-sum(len(s.train) for s in series) // FIT_CANDLES))
+    refit = OHLCTokenizer(
+        tokenizer.vocab_size, tokenizer.shape_bins, tokenizer.vol_halflife, tokenizer.vol_warmup, tokenizer.ret_bins
+    ).fit([s.candles.iloc[s.train.start : s.train.stop] for s in series], every=every)
+    for old, new in ((tokenizer.move_binning, refit.move_binning), (tokenizer.shape_binning, refit.shape_binning)):
+        if not np.allclose(old.edges, new.edges, rtol=0, atol=1e-9):
+            raise SystemExit("--within-bin: the tokenizer fitted again has other edges than the run's")
+        old.inner = new.inner
+
+
+def score_run(run: Path, samples: int, seed: int, within_bin: bool = False) -> dict:
     import torch
 
     from common.evaluation.asset_series import fit_price_baselines, series_from_run
@@ -73,8 +96,12 @@ def score_run(run: Path, samples: int, seed: int) -> dict:
 
     say = lambda msg: print(f"{run.name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     series, interval = series_from_run(run)
-    fcs = _scaled_forecasters(forecaster_fn(Forecaster.from_run(run, device=torch.device("cpu"))))
-    out: dict = {"run": str(run), "horizons": {}}
+    fc = Forecaster.from_run(run, device=torch.device("cpu"))
+    if within_bin:
+        with_within_bins(fc.tokenizer, series)
+        fc.within_bin = True
+    fcs = _scaled_forecasters(forecaster_fn(fc))
+    out: dict = {"run": str(run), "within_bin": within_bin, "horizons": {}}
     val = val_series(series)
     o_val = all_origins(val, origin_indices(val, stride=5)[0], HORIZONS)
     st_val, _ = forecast_all(val, o_val, fcs, HORIZONS, samples, seed, say)
@@ -168,6 +195,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--within-bin", action="store_true", help="decode sampled tokens by draws within their bins")
     args = ap.parse_args()
     if args.compare:
         a, b = ({"runs": [r for p in side.split(",") for r in _runs(Path(p))]} for side in args.compare)
@@ -185,7 +213,7 @@ def main() -> int:
         return 0
     if not args.runs:
         ap.error("give RUN_DIR ... or --compare A.json B.json")
-    runs = [score_run(r, args.samples, args.seed) for r in args.runs]
+    runs = [score_run(r, args.samples, args.seed, args.within_bin) for r in args.runs]
     for r in runs:
         print("\n".join(_line(r)))
     if args.json:

@@ -344,6 +344,7 @@ def test_a_certain_token_gives_the_analytic_path_with_the_carried_volatility(tmp
     logits = torch.full((tok.vocab_size,), -1e4)
     logits[t] = 0.0
     fc = _fixed_logit_forecaster(logits, tok, tmp_path)
+    fc.within_bin = False  # the bin's median: one analytic path
     history = candles(200, 3)
     result = fc.forecast([History("X", history)], horizon=6, samples=5, seed=0, return_paths=True)
     # Independent reference: pandas' EWMA over the history's squared returns, extended by the new ones.
@@ -369,6 +370,7 @@ def test_three_token_distribution_gives_its_analytic_quantiles(tmp_path):
     logits[[low, mid, high]] = torch.log(torch.tensor([0.2, 0.6, 0.2]))
     logits[[PAD_TOKEN, BOS_TOKEN, MISSING_TOKEN]] = 5.0  # likely, but a forecast never samples them
     fc = _fixed_logit_forecaster(logits, tok, tmp_path)
+    fc.within_bin = False  # the bins' medians: three values
     history = candles(300, 4)
     state = tok.vol_state(history, "X")
     S = 4000
@@ -458,6 +460,39 @@ def test_shared_draws_give_the_assets_of_a_date_the_same_uniforms(forecaster):
             forecaster.forecast(pair, 5, 30, seed=4)
     finally:
         forecaster.shared_draws, forecaster.market_future = False, "analogs"
+
+
+def test_within_bin_draws_widen_the_paths_and_are_seeded_by_the_close(forecaster):
+    """within_bin (the default): the same tokens as by the bins' medians, each decoded by a draw
+    within its bins: the paths' spread grows (the medians lose the moves' second moment), an
+    asset's forecast is the same alone or beside another (with shared_draws, whose tokens are
+    seeded so too), the same call twice the same; a tokenizer without the within-bin quantiles
+    decodes by medians."""
+    assert forecaster.within_bin and forecaster.tokenizer.within_bins
+    pair = forecaster.load_history(["AAPL", "IBM"], as_of="2012-06-01")
+    drawn = forecaster.forecast(pair, 10, 200, seed=3, return_paths=True)
+    inner = forecaster.tokenizer.move_binning.inner
+    try:
+        forecaster.within_bin = False
+        medians = forecaster.forecast(pair, 10, 200, seed=3, return_paths=True)
+        forecaster.within_bin = True
+        np.testing.assert_array_equal(drawn.tokens, medians.tokens)
+        spread = lambda r: np.log(r.paths["close"][:, :, -1] / r.paths["close"][:, :, 0]).std(axis=1)  # noqa: E731
+        assert np.all(spread(drawn) > spread(medians))
+        np.testing.assert_array_equal(
+            forecaster.forecast(pair, 10, 200, seed=3, return_paths=True).paths["close"], drawn.paths["close"]
+        )
+        forecaster.shared_draws = True  # tokens too drawn by the origin's close, not its place in the call
+        both = forecaster.forecast(pair, 10, 200, seed=3, return_paths=True)
+        alone = forecaster.forecast([pair[1]], 10, 200, seed=3, return_paths=True)
+        np.testing.assert_array_equal(alone.paths["close"][0], both.paths["close"][1])
+        forecaster.shared_draws = False
+        forecaster.tokenizer.move_binning.inner = None  # a run fitted before the quantiles were stored
+        old = forecaster.forecast(pair, 10, 200, seed=3, return_paths=True)
+        np.testing.assert_array_equal(old.paths["close"], medians.paths["close"])
+    finally:
+        forecaster.within_bin, forecaster.shared_draws = True, False
+        forecaster.tokenizer.move_binning.inner = inner
 
 
 def test_from_run_precision_auto_follows_the_runs_training_log(run_dir, tmp_path, monkeypatch):

@@ -205,6 +205,51 @@ def test_decode_rejects_out_of_range_ids():
         fitted().decode(np.array([0, fitted().vocab_size]))
 
 
+def test_draws_within_bins_keep_the_training_moves_spread_and_stay_in_their_bins():
+    """decode_draw: the medians carry less than the moves' second moment; uniform draws within
+    the bins give it back (and the tails' third moment nearly), each draw inside its bin's edges,
+    at level 0.5 the bin's median, specials NaN."""
+    tok = fitted()
+    move = np.concatenate([tok.features(df, s)[0] for s, df in train_frames().items()])
+    move = move[np.isfinite(move)]
+    mb = tok.move_binning
+    bins = mb.assign(move)
+    ids = NUM_SPECIAL_TOKENS + bins * tok.shape_bins  # shape bin 0
+    drawn, _ = tok.decode_draw(ids, np.random.default_rng(0).random((len(ids), 2)))
+    median2, drawn2, true2 = np.mean(mb.values[bins] ** 2), np.mean(drawn**2), np.mean(move**2)
+    assert median2 < 0.95 * true2 and drawn2 == pytest.approx(true2, rel=0.03)
+    assert np.mean(np.abs(drawn) ** 3) == pytest.approx(np.mean(np.abs(move) ** 3), rel=0.1)
+    edges = np.concatenate([[mb.low], mb.edges, [mb.high]])
+    assert np.all((edges[bins] <= drawn) & (drawn <= edges[bins + 1]))
+    half, _ = tok.decode_draw(ids[:50], np.full((50, 2), 0.5))
+    np.testing.assert_allclose(half, mb.values[bins[:50]], atol=0.05 * np.std(move))
+    specials, _ = tok.decode_draw(np.array([PAD_TOKEN, BOS_TOKEN, MISSING_TOKEN]), np.full((3, 2), 0.3))
+    assert np.isnan(specials).all()
+    with pytest.raises(ValueError, match="u must be shaped"):
+        tok.decode_draw(ids[:5], np.zeros((5,)))
+
+
+def test_a_tokenizer_file_without_within_bin_quantiles_loads_and_decodes_by_medians(tmp_path):
+    """Files written before the within-bin quantiles: they load, decode as before, and refuse
+    decode_draw with a line saying so; broken quantiles are a corrupted file."""
+    raw = fitted().to_dict()
+    assert "inner" in raw["move"] and "inner" in raw["shape"]
+    old = {**raw, "move": {k: v for k, v in raw["move"].items() if k != "inner"}}
+    old["shape"] = {k: v for k, v in raw["shape"].items() if k != "inner"}
+    tok = OHLCTokenizer.from_dict(old)
+    assert not tok.within_bins and fitted().within_bins
+    ids = np.arange(NUM_SPECIAL_TOKENS, tok.num_used_ids)
+    np.testing.assert_array_equal(tok.decode(ids)[0], fitted().decode(ids)[0])
+    with pytest.raises(UserError, match="no within-bin quantiles"):
+        tok.decode_draw(ids, np.zeros((len(ids), 2)))
+    path = tmp_path / "tokenizer.json"
+    broken = json.loads(json.dumps(raw))
+    broken["move"]["inner"][3] = broken["move"]["inner"][3][::-1]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match="corrupted.*inner quantiles"):
+        OHLCTokenizer.load(path)
+
+
 # ---------------------------------------------------------------------- causality and leakage
 
 

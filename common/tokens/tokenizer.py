@@ -13,7 +13,9 @@ alpha = 1 - 0.5 ** (1 / vol_halflife).
 
 `fit` learns quantile bin edges of move/sigma (ret_bins bins) and shape/sigma (shape_bins bins)
 from training candles, so every bin is used about equally often, plus each bin's representative
-value (the median of the training values in it). A token is
+value (the median of the training values in it, what `decode` gives) and its training values'
+within-bin quantiles (what `decode_draw` draws from, so that sampled paths keep the moves' spread
+and tails; tokenizer files written before them decode by medians). A token is
 
     token = NUM_SPECIAL_TOKENS + ret_bin * shape_bins + shape_bin
 
@@ -252,12 +254,39 @@ class OHLCTokenizer:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {t.min()}..{t.max()}")
         return self._move_table[t], self._shape_table[t]
 
+    @property
+    def within_bins(self) -> bool:
+        """Whether the bins carry their training values' within-bin quantiles (fitted since they
+        are stored): `decode_draw` and the decoders' `u` need them."""
+        mb, sb = self._binnings()
+        return mb.inner is not None and sb.inner is not None
+
+    def decode_draw(self, tokens: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like `decode`, but each token's (move/sigma, shape/sigma) drawn within its bins: the
+        training values' within-bin quantiles at levels u[..., 0] and u[..., 1] (u shaped
+        tokens.shape + (2,), uniform on [0, 1) for a draw); NaN for special and unused ids."""
+        move_z, shape_z = self.decode(tokens)
+        if not self.within_bins:
+            raise UserError(
+                "this tokenizer has no within-bin quantiles (fitted before they were stored); decode by medians"
+            )
+        t = np.asarray(tokens)
+        if np.shape(u) != (*t.shape, 2):
+            raise ValueError(f"u must be shaped {(*t.shape, 2)}, got {np.shape(u)}")
+        real = np.isfinite(move_z)
+        ids = t[real].astype(np.int64) - NUM_SPECIAL_TOKENS
+        mb, sb = self._binnings()
+        move_z[real] = mb.draw(ids // self.shape_bins, u[..., 0][real])
+        shape_z[real] = sb.draw(ids % self.shape_bins, u[..., 1][real])
+        return move_z, shape_z
+
     def decode_path(
         self,
         tokens: np.ndarray,
         last_close: ArrayOrFloat,
         sigma: ArrayOrFloat,
         ewma_weight: Optional[ArrayOrFloat] = None,
+        u: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """Close prices of (sampled) token sequences, continuing from `last_close` with `sigma`.
 
@@ -267,8 +296,10 @@ class OHLCTokenizer:
         same EWMA as `encode`. Pass `vol_state(history)` for an exact continuation; without
         `ewma_weight` the EWMA is taken as converged (weight 1/alpha). Special and unused tokens
         give NaN (no candle) and leave the close and sigma unchanged, like MISSING in `encode`.
+        u: each token's values drawn within its bins at these levels (`decode_draw`), not its
+        bins' medians.
         """
-        log_close, _, _ = self._walk(tokens, last_close, sigma, ewma_weight)
+        log_close, _, _, _ = self._walk(tokens, last_close, sigma, ewma_weight, u)
         return np.exp(log_close)
 
     def decode_ohlc(
@@ -277,6 +308,7 @@ class OHLCTokenizer:
         last_close: ArrayOrFloat,
         sigma: ArrayOrFloat,
         ewma_weight: Optional[ArrayOrFloat] = None,
+        u: Optional[np.ndarray] = None,
     ) -> dict[str, np.ndarray]:
         """open, high, low, close of (sampled) token sequences, as `decode_path` takes them.
 
@@ -284,8 +316,7 @@ class OHLCTokenizer:
         open = the previous close; the body spans open..close; the range (at least the body)
         puts what it has beyond the body half above max(open, close) and half below min.
         """
-        log_close, prev, sig = self._walk(tokens, last_close, sigma, ewma_weight)
-        _, shape_z = self.decode(np.asarray(tokens))
+        log_close, prev, sig, shape_z = self._walk(tokens, last_close, sigma, ewma_weight, u)
         body = np.abs(log_close - prev)
         wick = 0.5 * np.maximum(shape_z * sig - body, 0.0)  # NaN where there is no candle
         return {
@@ -296,16 +327,21 @@ class OHLCTokenizer:
         }
 
     def _walk(
-        self, tokens: np.ndarray, last_close: ArrayOrFloat, sigma: ArrayOrFloat, ewma_weight: Optional[ArrayOrFloat]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(log close, log close before the step, sigma used) per step, shaped like tokens: see
-        volatility.walk."""
+        self,
+        tokens: np.ndarray,
+        last_close: ArrayOrFloat,
+        sigma: ArrayOrFloat,
+        ewma_weight: Optional[ArrayOrFloat],
+        u: Optional[np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(log close, log close before the step, sigma used, shape/sigma) per step, shaped like
+        tokens: see volatility.walk."""
         t = np.asarray(tokens)
         if t.ndim not in (1, 2):
             raise ValueError(f"tokens must be (H,) or (paths, H), got shape {t.shape}")
-        move_z, _ = self.decode(t)
+        move_z, shape_z = self.decode(t) if u is None else self.decode_draw(t, u)
         log_close, before, sig = walk(np.atleast_2d(move_z), last_close, sigma, ewma_weight, self.alpha)
-        return log_close.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape)
+        return log_close.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape), shape_z
 
     def usage(self, tokens: np.ndarray) -> dict:
         """Entropy of the candle tokens (specials left out) against the ids the tokenizer can emit."""
