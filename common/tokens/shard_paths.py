@@ -19,7 +19,9 @@ from common.tokens.tokenizer import FORMAT_VERSION as TOKENIZER_FORMAT
 
 __all__ = ["SHARD_VERSION", "published", "rebuild", "shard_folder", "work_folder"]
 
-SHARD_VERSION = 1  # bump when cleaning, splitting or encoding changes what a shard holds
+# bump when cleaning, splitting or encoding changes what a shard holds; 2: its tokenizer.json carries
+# the within-bin quantiles that forecasts decode by (a shard of version 1 would train runs without them)
+SHARD_VERSION = 2
 # data settings that only choose windows or say where the cache is: not part of the key
 _NOT_KEYED = ("window_stride", "epoch_stride", "cache_dir", "shards", "train_fraction", "fraction_by")
 # data settings added after the seed configs: in the key only when not at their default, so every
