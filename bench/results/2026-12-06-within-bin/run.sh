@@ -26,3 +26,5 @@ for s in 42 1 2; do
 done
 marketgpt scorecard ${runs[@]+"${runs[@]}"} >"$out/scorecard_ensemble.txt"
 jq '{run, origins, samples, baselines, headlines, horizons}' "${runs[0]}/ensemble_3/scorecard.json" >"$out/scorecard_ensemble.json"
+# the ensemble's rank IC against its members' on half the card's dates
+python bench/results/2026-12-06-within-bin/ensemble_ic.py >"$out/ensemble_ic.txt"
