@@ -101,7 +101,8 @@ def score_run(run: Path, samples: int, seed: int, within_bin: bool = False) -> d
         with_within_bins(fc.tokenizer, series)
         fc.within_bin = True
     fcs = _scaled_forecasters(forecaster_fn(fc))
-    out: dict = {"run": str(run), "within_bin": within_bin, "horizons": {}}
+    # what the forecasts were decoded by: a run fitted since the quantiles are stored draws by default
+    out: dict = {"run": str(run), "within_bin": fc.within_bin and fc.tokenizer.within_bins, "horizons": {}}
     val = val_series(series)
     o_val = all_origins(val, origin_indices(val, stride=5)[0], HORIZONS)
     st_val, _ = forecast_all(val, o_val, fcs, HORIZONS, samples, seed, say)

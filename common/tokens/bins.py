@@ -61,12 +61,10 @@ class QuantileBins:
             upper = np.concatenate([edges, [edges[-1]]])
             values[empty] = 0.5 * (lower[empty] + upper[empty])
         # within-bin quantiles, linear interpolation on each bin's sorted values; an empty bin's all its value
-        count = np.maximum(end - start, 1)
-        at = start[:, None] + LEVELS[None, :] * (count - 1)[:, None]
+        at = start[:, None] + LEVELS[None, :] * np.maximum(end - start - 1, 0)[:, None]
         i0 = np.clip(np.floor(at).astype(np.int64), 0, n - 1)
         i1 = np.clip(i0 + 1, 0, n - 1)
-        inner = x[i0] + (at - np.floor(at)) * (x[i1] - x[i0])
-        inner = np.where(np.isin(np.arange(n_bins), np.flatnonzero(empty))[:, None], values[:, None], inner)
+        inner = np.where(empty[:, None], values[:, None], x[i0] + (at - np.floor(at)) * (x[i1] - x[i0]))
         return cls(edges=edges, values=values, low=float(x[0]), high=float(x[-1]), inner=inner)
 
     def assign(self, x: np.ndarray) -> np.ndarray:
