@@ -59,13 +59,13 @@ def garch_candles(n: int, daily_vol: float, seed: int, start: str = "2010-01-01"
     )
 
 
-def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
+def reference_features(df: pd.DataFrame, halflife: float, warmup: int, estimator: str = "close"):
     """Per-candle loop written from the spec, independent of the vectorised code."""
     alpha = 1 - 0.5 ** (1 / halflife)
     move = np.full(len(df), np.nan)
     shape = np.full(len(df), np.nan)
     kind = np.zeros(len(df), dtype=int)
-    prev_close, past = None, []  # squared returns seen so far (valid candles only)
+    prev_close, past = None, []  # the EWMA's readings so far (valid candles only)
     for i, (o, h, low, c) in enumerate(df[["open", "high", "low", "close"]].to_numpy()):
         if np.isnan([o, h, low, c]).any():
             kind[i] = MISSING_TOKEN
@@ -82,7 +82,11 @@ def reference_features(df: pd.DataFrame, halflife: float, warmup: int):
             sigma = max(math.sqrt(np.dot(w, past) / w.sum()), 1e-8)
             move[i] = r / sigma
             shape[i] = math.log(max(o, h, low, c) / min(o, h, low, c)) / sigma
-        past.append(r * r)
+        if estimator == "close":
+            past.append(r * r)
+        else:  # Parkinson on the true range: the previous close counts as a price of the candle
+            true_range = math.log(max(o, h, low, c, prev_close) / min(o, h, low, c, prev_close))
+            past.append(true_range**2 / (4 * math.log(2)))
         prev_close = c
     return move, shape, kind
 
@@ -93,8 +97,8 @@ def train_frames() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def fitted(vocab_size: int = 256, shape_bins: int = 4) -> OHLCTokenizer:
-    return OHLCTokenizer(vocab_size, shape_bins, HALFLIFE, WARMUP).fit(train_frames())
+def fitted(vocab_size: int = 256, shape_bins: int = 4, estimator: str = "close") -> OHLCTokenizer:
+    return OHLCTokenizer(vocab_size, shape_bins, HALFLIFE, WARMUP, vol_estimator=estimator).fit(train_frames())
 
 
 def fresh() -> OHLCTokenizer:
@@ -132,15 +136,16 @@ def test_vocab_too_small_is_user_error():
 # ---------------------------------------------------------------------- features and round trip
 
 
-def test_features_match_reference_loop_with_gaps():
+@pytest.mark.parametrize("estimator", ["close", "range"])
+def test_features_match_reference_loop_with_gaps(estimator):
     df = garch_candles(300, 0.02, seed=7)
     df.iloc[[50, 51, 52, 120, 200]] = np.nan
     df.iloc[130, df.columns.get_loc("high")] = np.nan  # one missing price is a missing candle
-    move, shape = fitted().features(df, "X")
-    ref_move, ref_shape, kind = reference_features(df, HALFLIFE, WARMUP)
+    move, shape = fitted(estimator=estimator).features(df, "X")
+    ref_move, ref_shape, kind = reference_features(df, HALFLIFE, WARMUP, estimator)
     np.testing.assert_allclose(move, ref_move, rtol=1e-9, equal_nan=True)
     np.testing.assert_allclose(shape, ref_shape, rtol=1e-9, equal_nan=True)
-    tokens = fitted().encode(df, "X")
+    tokens = fitted(estimator=estimator).encode(df, "X")
     specials = np.where(tokens < NUM_SPECIAL_TOKENS, tokens, 0)
     np.testing.assert_array_equal(specials, kind)
 
@@ -181,6 +186,28 @@ def test_decode_path_reencodes_to_the_same_moves(history_len):
     again = tok.encode(pd.concat([history, future]), "X")[len(history) :]
     np.testing.assert_array_equal(tok.split_token(again)[0], tok.split_token(sampled)[0])
     np.testing.assert_array_equal(again == MISSING_TOKEN, sampled == MISSING_TOKEN)
+
+
+@pytest.mark.parametrize("estimator", ["close", "range"])
+def test_decoded_candles_reencode_to_the_same_moves_and_scales(estimator):
+    """decode_ohlc's candles, appended to the history, encode back to the sampled move bins with
+    the very sigmas the walk used: its sigma follows each candle's range as `encode` does."""
+    tok = fitted(estimator=estimator)
+    history = garch_candles(150, 0.03, seed=5)
+    state = tok.vol_state(history, "X")
+    sampled = np.random.default_rng(1).integers(NUM_SPECIAL_TOKENS, tok.num_used_ids, size=60)
+    sampled[[10, 11, 30]] = MISSING_TOKEN
+    ohlc = tok.decode_ohlc(sampled, *state)
+    _, _, sig, _ = tok._walk(sampled, *state, None)
+    idx = pd.date_range(history.index[-1] + pd.Timedelta(days=1), periods=len(sampled), freq="D", tz="UTC")
+    future = pd.DataFrame(ohlc | {"volume": np.zeros(len(sampled))}, index=idx)
+    whole = pd.concat([history, future])
+    again = tok.encode(whole, "X")[len(history) :]
+    np.testing.assert_array_equal(tok.split_token(again)[0], tok.split_token(sampled)[0])
+    move = tok.features(whole, "X")[0][len(history) :]
+    real = sampled != MISSING_TOKEN
+    r = np.diff(np.log(np.concatenate([[history["close"].iloc[-1]], future["close"].dropna()])))
+    np.testing.assert_allclose(r / move[real], sig[real], rtol=1e-9)  # the same sigma, step by step
 
 
 @pytest.mark.parametrize("shape_bins", [1, 4])
@@ -227,6 +254,20 @@ def test_draws_within_bins_keep_the_training_moves_spread_and_stay_in_their_bins
     assert np.isnan(specials).all()
     with pytest.raises(ValueError, match="u must be shaped"):
         tok.decode_draw(ids[:5], np.zeros((5,)))
+
+
+def test_the_file_records_the_volatility_estimator_and_older_files_mean_close(tmp_path):
+    ranged = fitted(estimator="range")
+    ranged.save(tmp_path / "tokenizer.json")
+    loaded = OHLCTokenizer.load(tmp_path / "tokenizer.json")
+    assert loaded.vol_estimator == "range" and "vol_estimator=range" in repr(loaded)
+    df = garch_candles(200, 0.02, seed=21)
+    np.testing.assert_array_equal(loaded.encode(df, "X"), ranged.encode(df, "X"))
+    assert not np.array_equal(fitted().features(df, "X")[0], ranged.features(df, "X")[0], equal_nan=True)
+    old = {k: v for k, v in fitted().to_dict().items() if k != "vol_estimator"}
+    assert OHLCTokenizer.from_dict(old).vol_estimator == "close"
+    with pytest.raises(UserError, match="corrupted.*vol_estimator must be one of close, range, got 'parkinson'"):
+        OHLCTokenizer.from_dict({**old, "vol_estimator": "parkinson"}, where="tokenizer.json")
 
 
 def test_a_tokenizer_file_without_within_bin_quantiles_loads_and_decodes_by_medians(tmp_path):

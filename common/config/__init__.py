@@ -263,6 +263,9 @@ class TokenizerConfig:
     ret_bins: Optional[int] = None
     vol_halflife: float = 20.0  # EWMA half-life (candles) of the volatility that scales moves
     vol_warmup: int = 20  # candles before the volatility estimate counts as warm
+    # what that EWMA averages: "close" the squared log-close moves, "range" each candle's
+    # Parkinson variance of its true range (common/tokens/volatility.py)
+    vol_estimator: Literal["close", "range"] = "close"
 
 
 @dataclass

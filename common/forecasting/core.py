@@ -438,7 +438,7 @@ class ForecasterCore:
         future = calendar_ids(future_timestamps(candles.index[-1], interval, category, horizon), interval)
         future = np.concatenate([future, np.zeros((horizon, 1), dtype=np.int64)], axis=1)
         tok = self.tokenizer
-        vol = VolLevel(tok.vol_halflife, tok.vol_warmup) if self.cfg.model.vol_level_input else None
+        vol = VolLevel.of(tok) if self.cfg.model.vol_level_input else None
         past = candle_features(candles, interval, edges, vol=vol)
         if self.cfg.model.market_context:
             stamps = pd.DatetimeIndex(candles.index).as_unit("ns").asi8

@@ -96,7 +96,7 @@ def encode_asset(
     the vol-level ids as a 4th column (model.vol_level_input)."""
     tokens = tokenizer.encode(frame, asset=symbol)
     moves = tokenizer.features(frame, asset=symbol)[0]
-    vol = VolLevel(tokenizer.vol_halflife, tokenizer.vol_warmup) if vol_level else None
+    vol = VolLevel.of(tokenizer) if vol_level else None
     features = None if edges is None else candle_features(frame, interval, edges, vol=vol)
     return tokens, moves, features
 

@@ -13,8 +13,9 @@ with its token:
                 log(sigma_t / sigma_long_t) cut at the FIXED edges VOL_LEVEL_EDGES, where
                 sigma_t is the tokenizer's volatility scale once candle t has closed (its EWMA of
                 squared log-close returns, halflife vol_halflife: the sigma that scales candle
-                t + 1's token) and sigma_long_t the same estimator at VOL_LEVEL_SLOW x the
-                halflife: the asset's long-run level. Candles up to and including t only.
+                t + 1's token; with vol_estimator "range" the EWMA of its true ranges'
+                Parkinson variances) and sigma_long_t the same estimator at VOL_LEVEL_SLOW x
+                the halflife: the asset's long-run level. Candles up to and including t only.
 
 Hourly crypto volatility has a strong time-of-day pattern that a model cannot learn without
 knowing the hour. Volume is an input only: it is never predicted.
@@ -36,7 +37,7 @@ from typing import Iterable, NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
-from common.tokens.volatility import SIGMA_FLOOR, ewma as _ewma
+from common.tokens.volatility import SIGMA_FLOOR, ewma as _ewma, squared_moves
 
 __all__ = [
     "CALENDAR_A",
@@ -82,6 +83,11 @@ class VolLevel(NamedTuple):
 
     vol_halflife: float
     vol_warmup: int
+    vol_estimator: str = "close"
+
+    @classmethod
+    def of(cls, tokenizer) -> "VolLevel":  # an OHLCTokenizer (not imported: it imports this module's users)
+        return cls(tokenizer.vol_halflife, tokenizer.vol_warmup, tokenizer.vol_estimator)
 
 
 def feature_columns(vol_level: bool, market_context: bool, market_peer: bool = False) -> int:
@@ -121,20 +127,21 @@ def volume_ids(relative: np.ndarray, edges: list[float]) -> np.ndarray:
 
 
 def vol_level_ratio(frame: pd.DataFrame, vol: VolLevel) -> np.ndarray:
-    """(n,) float64 log(sigma_t / sigma_long_t) of each candle of a cleaned frame from its close
-    and the closes before it; NaN while not warm (a missing candle keeps the previous value)."""
+    """(n,) float64 log(sigma_t / sigma_long_t) of each candle of a cleaned frame from its
+    candles up to it; NaN while not warm (a missing candle keeps the previous value)."""
     prices = frame[["open", "high", "low", "close"]].to_numpy(dtype=np.float64)
     valid = np.isfinite(prices).all(axis=1)  # the tokenizer's valid candles
-    close = prices[:, 3]
-    n = len(close)
+    n = len(prices)
     vi = np.flatnonzero(valid)
-    r = np.diff(np.log(close[vi]))  # r[j]: the move into valid candle j + 1
+    logs = np.log(prices[vi])
+    # x[j]: the reading of valid candle j + 1 (its squared move, or its true range's)
+    x = squared_moves(logs[:, 3], logs.max(axis=1), logs.min(axis=1), vol.vol_estimator)
     warmup = max(vol.vol_warmup, int(math.ceil(VOL_LEVEL_SLOW * vol.vol_halflife)))
-    if len(r) < warmup:
+    if len(x) < warmup:
         return np.full(n, np.nan)
     # 0.5 log(var / var_long) == log(sigma / sigma_long); var[j]: once valid candle j + 1 has closed
-    fast = np.maximum(_ewma(r * r, vol.vol_halflife), SIGMA_FLOOR**2)
-    slow = np.maximum(_ewma(r * r, VOL_LEVEL_SLOW * vol.vol_halflife), SIGMA_FLOOR**2)
+    fast = np.maximum(_ewma(x, vol.vol_halflife), SIGMA_FLOOR**2)
+    slow = np.maximum(_ewma(x, VOL_LEVEL_SLOW * vol.vol_halflife), SIGMA_FLOOR**2)
     at = np.full(n, np.nan)  # at each valid candle (k >= warmup returns seen): its level
     at[vi[warmup:]] = 0.5 * np.log(fast / slow)[warmup - 1 :]
     # forward-fill over missing candles: the level of the last valid candle at or before each row

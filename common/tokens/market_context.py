@@ -95,7 +95,7 @@ def series_moves(
     the frame (tokenizer.features), when already computed."""
     if move is None:
         move = tokenizer.features(frame)[0]
-    level = vol_level_ratio(frame, VolLevel(tokenizer.vol_halflife, tokenizer.vol_warmup))
+    level = vol_level_ratio(frame, VolLevel.of(tokenizer))
     return SeriesMoves(interval, pd.DatetimeIndex(frame.index).as_unit("ns").asi8, np.asarray(move, np.float64), level)
 
 

@@ -9,7 +9,8 @@ estimate built from PAST candles only (so one vocabulary serves BTC and a utilit
 
 The EWMA is the bias-corrected one (pandas `ewm(halflife=vol_halflife, adjust=True)`): every
 past squared return has weight (1 - alpha)^age, normalised by the sum of the weights, with
-alpha = 1 - 0.5 ** (1 / vol_halflife).
+alpha = 1 - 0.5 ** (1 / vol_halflife). With vol_estimator "range" it averages each candle's
+Parkinson variance of its true range instead of r^2 (volatility.py).
 
 `fit` learns quantile bin edges of move/sigma (ret_bins bins) and shape/sigma (shape_bins bins)
 from training candles, so every bin is used about equally often, plus each bin's representative
@@ -57,7 +58,15 @@ from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, NUM_SPECIAL_TOKENS, PAD_TOKEN
 from common.tokens.bins import QuantileBins
 from common.tokens.candles import CandleInput
-from common.tokens.volatility import ArrayOrFloat, CandleFeatures, VolState, candle_features, ewma_alpha, walk
+from common.tokens.volatility import (
+    VOL_ESTIMATORS,
+    ArrayOrFloat,
+    CandleFeatures,
+    VolState,
+    candle_features,
+    ewma_alpha,
+    walk,
+)
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "OHLCTokenizer", "token_entropy"]
 
@@ -99,6 +108,7 @@ class OHLCTokenizer:
         vol_halflife: float = 20.0,
         vol_warmup: int = 20,
         ret_bins: Optional[int] = None,
+        vol_estimator: str = "close",
     ) -> None:
         if shape_bins < 1:
             raise UserError(f"tokenizer shape_bins must be at least 1, got {shape_bins}")
@@ -111,6 +121,9 @@ class OHLCTokenizer:
             raise UserError(f"tokenizer vol_halflife must be positive, got {vol_halflife}")
         if vol_warmup < 1:
             raise UserError(f"tokenizer vol_warmup must be at least 1, got {vol_warmup}")
+        if vol_estimator not in VOL_ESTIMATORS:
+            choices = ", ".join(VOL_ESTIMATORS)
+            raise UserError(f"tokenizer vol_estimator must be one of {choices}, got {vol_estimator!r}")
         self.vocab_size = int(vocab_size)
         self.shape_bins = int(shape_bins)
         most = (self.vocab_size - NUM_SPECIAL_TOKENS) // self.shape_bins
@@ -122,6 +135,7 @@ class OHLCTokenizer:
         self.num_used_ids = NUM_SPECIAL_TOKENS + self.ret_bins * self.shape_bins
         self.vol_halflife = float(vol_halflife)
         self.vol_warmup = int(vol_warmup)
+        self.vol_estimator = vol_estimator
         self.alpha = ewma_alpha(self.vol_halflife)
         self.dtype = np.int16 if self.vocab_size <= 2**15 else np.int32
         self.move_binning: Optional[QuantileBins] = None
@@ -139,6 +153,7 @@ class OHLCTokenizer:
             vol_halflife=tok.vol_halflife,
             vol_warmup=tok.vol_warmup,
             ret_bins=tok.ret_bins,
+            vol_estimator=tok.vol_estimator,
         )
 
     @property
@@ -155,7 +170,8 @@ class OHLCTokenizer:
             f"OHLCTokenizer(vocab_size={self.vocab_size}, ret_bins={self.ret_bins}, "
             f"shape_bins={self.shape_bins}, unused_ids={self.vocab_size - self.num_used_ids}, "
             f"specials=PAD:{PAD_TOKEN}/MISSING:{MISSING_TOKEN}/BOS:{BOS_TOKEN}, "
-            f"vol_halflife={self.vol_halflife:g}, vol_warmup={self.vol_warmup}, {state})"
+            f"vol_halflife={self.vol_halflife:g}, vol_warmup={self.vol_warmup}, "
+            f"vol_estimator={self.vol_estimator}, {state})"
         )
 
     # ------------------------------------------------------------------ features
@@ -180,7 +196,9 @@ class OHLCTokenizer:
     def _features(
         self, candles: CandleInput, asset: str, timestamps: Optional[Sequence], want_state: bool = False
     ) -> CandleFeatures:
-        return candle_features(candles, asset, timestamps, self.vol_halflife, self.vol_warmup, want_state)
+        return candle_features(
+            candles, asset, timestamps, self.vol_halflife, self.vol_warmup, want_state, self.vol_estimator
+        )
 
     # ------------------------------------------------------------------ fit / encode / decode
 
@@ -340,7 +358,8 @@ class OHLCTokenizer:
         if t.ndim not in (1, 2):
             raise ValueError(f"tokens must be (H,) or (paths, H), got shape {t.shape}")
         move_z, shape_z = self.decode(t) if u is None else self.decode_draw(t, u)
-        log_close, before, sig = walk(np.atleast_2d(move_z), last_close, sigma, ewma_weight, self.alpha)
+        ranges = np.atleast_2d(shape_z) if self.vol_estimator == "range" else None
+        log_close, before, sig = walk(np.atleast_2d(move_z), last_close, sigma, ewma_weight, self.alpha, ranges)
         return log_close.reshape(t.shape), before.reshape(t.shape), sig.reshape(t.shape), shape_z
 
     def usage(self, tokens: np.ndarray) -> dict:
@@ -361,6 +380,7 @@ class OHLCTokenizer:
             "ret_bins": self.ret_bins,
             "vol_halflife": self.vol_halflife,
             "vol_warmup": self.vol_warmup,
+            "vol_estimator": self.vol_estimator,
             "special_tokens": {"PAD": PAD_TOKEN, "MISSING": MISSING_TOKEN, "BOS": BOS_TOKEN},
             "move": mb.to_dict(),
             "shape": sb.to_dict(),
@@ -408,6 +428,7 @@ class OHLCTokenizer:
                 vol_halflife=raw["vol_halflife"],
                 vol_warmup=raw["vol_warmup"],
                 ret_bins=raw.get("ret_bins"),
+                vol_estimator=raw.get("vol_estimator", "close"),  # files before it: the squared moves
             )
             tok.move_binning = QuantileBins.from_dict(raw["move"], tok.ret_bins, "move")
             tok.shape_binning = QuantileBins.from_dict(raw["shape"], tok.shape_bins, "shape")
