@@ -264,7 +264,8 @@ def test_the_file_records_the_volatility_estimator_and_older_files_mean_close(tm
     df = garch_candles(200, 0.02, seed=21)
     np.testing.assert_array_equal(loaded.encode(df, "X"), ranged.encode(df, "X"))
     assert not np.array_equal(fitted().features(df, "X")[0], ranged.features(df, "X")[0], equal_nan=True)
-    old = {k: v for k, v in fitted().to_dict().items() if k != "vol_estimator"}
+    old = fitted().to_dict()
+    assert "vol_estimator" not in old and ranged.to_dict()["vol_estimator"] == "range"
     assert OHLCTokenizer.from_dict(old).vol_estimator == "close"
     with pytest.raises(UserError, match="corrupted.*vol_estimator must be one of close, range, got 'parkinson'"):
         OHLCTokenizer.from_dict({**old, "vol_estimator": "parkinson"}, where="tokenizer.json")

@@ -380,12 +380,11 @@ class OHLCTokenizer:
             "ret_bins": self.ret_bins,
             "vol_halflife": self.vol_halflife,
             "vol_warmup": self.vol_warmup,
-            "vol_estimator": self.vol_estimator,
             "special_tokens": {"PAD": PAD_TOKEN, "MISSING": MISSING_TOKEN, "BOS": BOS_TOKEN},
             "move": mb.to_dict(),
             "shape": sb.to_dict(),
             "fit_stats": self.fit_stats,
-        }
+        } | ({} if self.vol_estimator == "close" else {"vol_estimator": self.vol_estimator})
 
     def save(self, path: str | os.PathLike) -> None:
         """Write tokenizer.json atomically (plain JSON: loading it runs no code)."""
@@ -428,7 +427,7 @@ class OHLCTokenizer:
                 vol_halflife=raw["vol_halflife"],
                 vol_warmup=raw["vol_warmup"],
                 ret_bins=raw.get("ret_bins"),
-                vol_estimator=raw.get("vol_estimator", "close"),  # files before it: the squared moves
+                vol_estimator=raw.get("vol_estimator", "close"),  # absent: the squared moves, as before it
             )
             tok.move_binning = QuantileBins.from_dict(raw["move"], tok.ret_bins, "move")
             tok.shape_binning = QuantileBins.from_dict(raw["shape"], tok.shape_bins, "shape")
