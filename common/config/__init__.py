@@ -255,6 +255,9 @@ class DataConfig:
         return list(self.intervals) or [self.interval]
 
 
+VolEstimator = Literal["close", "range"]  # what the tokenizer's volatility EWMA averages
+
+
 @dataclass
 class TokenizerConfig:
     shape_bins: int = 8  # candle-shape bins; return bins fill the rest of the vocabulary
@@ -265,7 +268,7 @@ class TokenizerConfig:
     vol_warmup: int = 20  # candles before the volatility estimate counts as warm
     # what that EWMA averages: "close" the squared log-close moves, "range" each candle's
     # Parkinson variance of its true range (common/tokens/volatility.py)
-    vol_estimator: Literal["close", "range"] = "close"
+    vol_estimator: VolEstimator = "close"
 
 
 @dataclass

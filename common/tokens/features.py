@@ -37,7 +37,7 @@ from typing import Iterable, NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
-from common.tokens.volatility import SIGMA_FLOOR, ewma as _ewma, squared_moves
+from common.tokens.volatility import SIGMA_FLOOR, ewma as _ewma, vol_readings
 
 __all__ = [
     "CALENDAR_A",
@@ -135,7 +135,7 @@ def vol_level_ratio(frame: pd.DataFrame, vol: VolLevel) -> np.ndarray:
     vi = np.flatnonzero(valid)
     logs = np.log(prices[vi])
     # x[j]: the reading of valid candle j + 1 (its squared move, or its true range's)
-    x = squared_moves(logs[:, 3], logs.max(axis=1), logs.min(axis=1), vol.vol_estimator)
+    x = vol_readings(logs[:, 3], logs.max(axis=1), logs.min(axis=1), vol.vol_estimator)
     warmup = max(vol.vol_warmup, int(math.ceil(VOL_LEVEL_SLOW * vol.vol_halflife)))
     if len(x) < warmup:
         return np.full(n, np.nan)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union, get_args
 
 import numpy as np
 import pandas as pd
 
+from common.config import VolEstimator
 from common.errors import UserError
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN
 from common.tokens.candles import CandleInput, check_positive, price_arrays
@@ -37,14 +38,14 @@ __all__ = [
     "candle_features",
     "ewma",
     "ewma_alpha",
-    "squared_moves",
+    "vol_readings",
     "walk",
 ]
 
 # sigma never goes below this (log-return units): a series that has not moved for vol_halflife
 # candles would otherwise divide by zero. Its next real move then lands in an end bin (clipped).
 SIGMA_FLOOR = 1e-8
-VOL_ESTIMATORS = ("close", "range")  # what the EWMA averages: see the module docstring
+VOL_ESTIMATORS: tuple[str, ...] = get_args(VolEstimator)  # what the EWMA averages: see the module docstring
 _PARKINSON = 4.0 * math.log(2.0)  # E[log(high / low)^2] / sigma^2 of a driftless Brownian candle
 
 ArrayOrFloat = Union[float, np.ndarray]  # one value for every path, or one per path
@@ -73,7 +74,7 @@ def ewma_alpha(halflife: float) -> float:
     return 1.0 - 0.5 ** (1.0 / halflife)
 
 
-def squared_moves(log_close: np.ndarray, log_high: np.ndarray, log_low: np.ndarray, estimator: str) -> np.ndarray:
+def vol_readings(log_close: np.ndarray, log_high: np.ndarray, log_low: np.ndarray, estimator: str) -> np.ndarray:
     """The EWMA's reading of each candle after the first, from the valid candles' log prices
     (high and low: the extremes of open, high, low and close): len(log_close) - 1 values."""
     r = np.diff(log_close)
@@ -114,7 +115,7 @@ def candle_features(
     hi = np.maximum(np.maximum(o[vi], h[vi]), np.maximum(low[vi], c[vi]))
     lo = np.minimum(np.minimum(o[vi], h[vi]), np.minimum(low[vi], c[vi]))
     # var[j]: EWMA of the readings of valid candles 1..j+1, i.e. what is known once j+1 has closed.
-    var = ewma(squared_moves(log_close, np.log(hi), np.log(lo), vol_estimator), vol_halflife)
+    var = ewma(vol_readings(log_close, np.log(hi), np.log(lo), vol_estimator), vol_halflife)
     k = np.arange(vol_warmup + 1, m)  # warm valid candles: at least vol_warmup past returns
     if len(k):
         sigma = np.maximum(np.sqrt(var[k - 2]), SIGMA_FLOOR)  # returns strictly before candle k

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.data.sample import load_sample
-from common.tokens.volatility import VOL_ESTIMATORS, ewma, squared_moves
+from common.tokens.volatility import VOL_ESTIMATORS, ewma, vol_readings
 
 frames = {s: f.dropna(subset=["open", "high", "low", "close"]) for s, f in load_sample("1d").items()}
 print(f"{len(frames)} assets of the shipped sample, daily")
@@ -22,7 +22,7 @@ for halflife in (10, 20, 40, 60, 80):
         for f in frames.values():
             logs = np.log(f[["open", "high", "low", "close"]].to_numpy())
             close = logs[:, 3]
-            var = ewma(squared_moves(close, logs.max(axis=1), logs.min(axis=1), estimator), halflife)
+            var = ewma(vol_readings(close, logs.max(axis=1), logs.min(axis=1), estimator), halflife)
             r = np.diff(close)
             log_var.append(np.log(var[260:-1]))  # var[j]: known once candle j + 1 has closed
             ratio.append(r[261:] ** 2 / var[260:-1])
