@@ -209,3 +209,53 @@ def test_bench_spread_compares_runs_on_the_same_origins_and_refuses_others():
     b["runs"][1]["horizons"]["1"]["test"]["dates"] = dates[::-1]
     with pytest.raises(SystemExit, match="origins differ"):
         compare(a, b)
+
+
+def test_bench_pool_mixes_the_model_s_and_a_baseline_s_own_draws_by_weight():
+    """Through forecast_all as the bench calls it: a model of paths (+1 a step) and a baseline of
+    H-step returns (-1 a step, called per horizon); the pool at weight w holds round(w n) of the
+    model's draws and the rest of the baseline's, at every horizon; w 0 and 1 are each side alone."""
+    import pandas as pd
+
+    from common.evaluation import walk_forward
+    from common.evaluation.asset_series import AssetSeries
+
+    from bench_pool import WEIGHTS, pooled_forecasters
+
+    stamps = pd.date_range("2024-01-01", periods=60, freq="D")
+    closes = pd.DataFrame({"close": 100 * np.exp(np.cumsum(np.full(60, 0.01)))}, index=stamps)
+    series = [AssetSeries(s, "crypto", closes, train=range(0, 15), test=range(20, 60)) for s in ("A", "B")]
+    o = walk_forward.all_origins(series, {s.symbol: np.arange(20, 50, 5) for s in series}, [1, 3])
+    baseline_calls = []
+
+    def model(histories, horizon, n, seed):
+        return np.broadcast_to(np.arange(1.0, horizon + 1), (len(histories), n, horizon)).copy()
+
+    def baseline(histories, horizon, n, seed):
+        baseline_calls.append(horizon)
+        return np.full((len(histories), n), -float(horizon))
+
+    fcs = pooled_forecasters(model, {"b": baseline})
+    assert list(fcs)[:2] == ["model", "b"] and len(fcs) == 2 + len(WEIGHTS)
+    stats, _ = walk_forward.forecast_all(series, o, fcs, [1, 3], 10, 0, lambda m: None)
+    assert set(baseline_calls) == {1, 3}  # the pools did not call it again
+    for h in (1, 3):
+        for w in WEIGHTS:
+            k = round(w * 10)
+            np.testing.assert_allclose(stats[h][f"b@{w:g}"]["mean"], h * (k - (10 - k)) / 10)
+        np.testing.assert_array_equal(stats[h]["b@0"]["crps"], stats[h]["b"]["crps"])
+        np.testing.assert_array_equal(stats[h]["b@1"]["crps"], stats[h]["model"]["crps"])
+
+
+def test_bench_pool_summary_is_each_run_s_pool_over_the_best_baseline():
+    from bench_pool import summary
+
+    def run(pool, best):
+        test = {"dates": [0, 1], "pool_crps": [pool, pool], "best_crps": [best, best]}
+        return {"horizons": {"1": {"chosen_pool": "log_har@0.5", "test": test}}}
+
+    r = summary([run(0.9, 1.0), run(0.8, 1.0), run(1.0, 1.0)])["1"]
+    assert r["skills"] == pytest.approx([0.1, 0.2, 0.0]) and r["mean"] == pytest.approx(0.1) and r["n"] == 3
+    assert r["ci95"][0] < 0.1 < r["ci95"][1]
+    with pytest.raises(SystemExit, match="two or more"):
+        summary([run(0.9, 1.0)])
