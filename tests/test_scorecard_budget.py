@@ -99,3 +99,30 @@ def test_a_card_on_microsecond_candles_has_real_dates_and_draws(tmp_path):
     card["barrier_lines"] = ["Barrier +5.0%/-3.0% at H=5 (n=10): Brier model 0.500"]
     _, png = write_scorecard(card, tmp_path)
     assert png.stat().st_size > 0
+
+
+def test_under_a_budget_only_the_assets_drawn_are_fitted_and_the_card_is_the_same(monkeypatch):
+    """Each asset's GARCH and HAR fit is its own: fitting only the assets with an origin to forecast
+    (not the whole universe) leaves every score as it was with all of them fitted."""
+    import common.evaluation.scorecard as scorecard_module
+    from common.evaluation.asset_series import fit_price_baselines
+
+    rng = np.random.default_rng(3)
+    series = synthetic_series([garch_returns(400, rng) for _ in range(12)])
+    settings = ScorecardSettings(
+        interval="1d", horizons=[1, 5], stride=None, n_origins=3, n_samples=8, n_boot=20, budget=6
+    )
+    fitted: list[list[str]] = []
+
+    def spy(chosen, interval):
+        fitted.append([s.symbol for s in chosen])
+        return fit_price_baselines(chosen, interval)
+
+    monkeypatch.setattr(scorecard_module, "fit_price_baselines", spy)
+    keep: dict = {}
+    card = make_scorecard(series, RandomWalkEWMA(0.94), settings, keep=keep)
+    drawn = {series[k].symbol for k in keep["origins"].series}
+    assert len(fitted) == 1 and set(fitted[0]) == drawn and len(drawn) < len(series)
+    everyone = make_scorecard(series, RandomWalkEWMA(0.94), settings, baselines=fit_price_baselines(series, "1d"))
+    for h in ("1", "5"):
+        assert card["horizons"][h]["crps"] == everyone["horizons"][h]["crps"]

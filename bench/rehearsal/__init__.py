@@ -17,7 +17,7 @@ A stage a module:
 4. train           the case script with --nodes=2 (2 ranks each, gloo on the CPU), forced to requeue
                    twice, against one uninterrupted process training the same global batch.
 5. after           data_info.json and test_results.json against plan, the scorecard, `marketgpt
-                   benchmark RUN` (then `--after-cutoff`) and `marketgpt status`.
+                   benchmark RUN` (then `--after-cutoff`; `--budget 200` at the reduced size) and `marketgpt status`.
 checks.py holds every check as a pure function of what a stage measured (tests/test_rehearsal_checks.py
 breaks each one); report.py runs the stages and writes the report; base.py is what they share.
 

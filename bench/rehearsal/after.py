@@ -69,7 +69,8 @@ def check_outputs(r: Rehearsal) -> dict[str, Any]:
     else:
         aggregate, excluded = _benchmark_answer(fixed.stdout)
         r.check(checks.benchmark_answers_after(fixed.returncode, aggregate, excluded, before, after, said))
-    bench = r.cli("after", "benchmark", str(run_dir), "--after-cutoff", "--samples", "20", "--json")
+    budget = str(r.size.benchmark_budget)
+    bench = r.cli("after", "benchmark", str(run_dir), "--after-cutoff", "--samples", "20", "--budget", budget, "--json")
     aggregate, excluded = _benchmark_answer(bench.stdout)
     r.check(checks.benchmark_after_cutoff(bench.returncode, aggregate, excluded, bench.stderr.strip()))
     status = r.cli("after", "status", "--case", CASE)

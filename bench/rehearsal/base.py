@@ -36,10 +36,13 @@ class Size:
     start: str  # the first candle, and data.start_date
     eval_batches: Optional[int]  # the job's training.eval_max_batches (None: every val and test token)
     timeout_s: int  # the longest a stage may take
+    benchmark_budget: int = 2000  # `benchmark --after-cutoff --budget` (the command's default): its forecasts
 
 
 SIZES = {  # 600 x (1,800 + 300) = 1.26M candles; 600 x (16,800 + 700) = 10.5M; 600 x (184,080 + 7,670) = 115M
-    "reduced": Size(days=300, hourly_gap=0.75, start="2023-01-01", eval_batches=None, timeout_s=1800),
+    "reduced": Size(
+        days=300, hourly_gap=0.75, start="2023-01-01", eval_batches=None, timeout_s=1800, benchmark_budget=200
+    ),
     "medium": Size(days=700, hourly_gap=0.0, start="2023-01-01", eval_batches=2000, timeout_s=3 * 3600),
     "full": Size(days=7_670, hourly_gap=0.0, start="2005-01-01", eval_batches=2000, timeout_s=6 * 3600),
 }

@@ -137,17 +137,23 @@ def make_scorecard(
     horizons = _check_request(settings.horizons, n_samples)
     series = _chosen_assets(series, settings.assets)
     say = progress or (lambda _msg: None)
+    origins, step = origin_indices(series, stride=settings.stride, n_origins=settings.n_origins)
+    bt_horizon = min(horizons, key=lambda h: (abs(h - step), h))  # the horizon closest to the holding period
+    drawn: dict = {}
+    o, scored_step = _scored_origins(series, origins, horizons, step, settings.budget, seed, drawn, say)
     if baselines is None:
+        # each asset's fit is its own, so only the assets with an origin to forecast are fitted: under
+        # a budget (case A's 600 assets, a few drawn a date) most GARCH fits would go unused
         say("fitting the baselines (GARCH on the train split)")
-        baselines = fit_price_baselines(series, interval)
+        forecast = set(o.series.tolist())
+        baselines = fit_price_baselines([s for k, s in enumerate(series) if k in forecast], interval)
     ceiling = dict(ceiling or {})
     forecasters = {"model": forecast_fn, **baselines, **ceiling}
     ranked = ["model"] + [name for name, fn in baselines.items() if getattr(fn, "drift", True)]
-    origins, step = origin_indices(series, stride=settings.stride, n_origins=settings.n_origins)
-    bt_horizon = min(horizons, key=lambda h: (abs(h - step), h))  # the horizon closest to the holding period
 
     card = _card_head(interval, n_samples, seed, step, len(series), baselines)
-    o, step = _scored_origins(series, origins, horizons, step, settings.budget, seed, card["origins"], say)
+    card["origins"].update(drawn)
+    step = scored_step
     say(f"{len(o.index)} origins x {len(forecasters)} forecasters x {n_samples} samples, H up to {horizons[-1]}")
     stats, momentum = forecast_all(series, o, forecasters, horizons, n_samples, seed, say, barrier=barrier)
     ceiling_stats = {h: {name: stats[h].pop(name) for name in ceiling} for h in horizons}
