@@ -184,9 +184,10 @@ def test_the_end_of_training_scorecard_reports_progress_and_keeps_to_its_budget(
     assert any("forecasts over the budget of 5" in x for x in lines) and card["origins"]["drawn"] in log.getvalue()
 
 
-def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(trained):
+def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(trained, monkeypatch):
     """The scorecard of a 10^8-candle run must not hold every asset's candles: each series reads
-    and cleans its asset when used (equal to training's cleaned frames) and the run keeps a few."""
+    and cleans its asset when used (equal to training's cleaned frames) and the run keeps the last
+    ones up to LazyCandles.KEPT_ROWS candles (here one asset and a half), the last one always."""
     import pandas as pd
 
     from common.config import load_config
@@ -199,13 +200,27 @@ def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(t
     prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, run.parent.parent))
     series, _ = series_from_run(run)
     assert len(series) == len(prepared.assets) >= 2
+    bound = len(prepared.candles[series[0].symbol]) * 3 // 2
+    monkeypatch.setattr(LazyCandles, "KEPT_ROWS", bound)
     recent = series[0].candles._recent
     assert len(recent) == 0  # nothing read yet
     for s in series:
         pd.testing.assert_frame_equal(s.candles.iloc[:], prepared.candles[s.symbol])
         assert len(s.candles) == len(prepared.candles[s.symbol])
-        assert len(recent) <= LazyCandles.KEPT
-    assert list(recent)[-1] == series[-1].symbol
+        assert sum(len(f) for f in recent.values()) <= bound or len(recent) == 1
+        assert list(recent)[-1] == s.symbol
+    assert len(recent) < len(series)
+    # under the default bound a small run's assets are each read once, whatever the passes over them
+    reads: list[str] = []
+    series, _ = series_from_run(run)
+    monkeypatch.setattr(LazyCandles, "KEPT_ROWS", 2_000_000)
+    for s in series:
+        load = s.candles._load
+        s.candles._load = lambda load=load, name=s.symbol: reads.append(name) or load()
+    for _ in range(3):
+        for s in series:
+            s.candles["close"]
+    assert sorted(reads) == sorted(s.symbol for s in series)
 
 
 def test_forecast_batches_hold_at_most_so_many_candles(monkeypatch):

@@ -5,9 +5,10 @@ ranges into them, and the price baselines fitted on the train split.
 training did, and the split ranges recorded in its token folder); `series_from_prepared` from
 candles prepared in memory (tests, benchmarks).
 
-A run's series read their candles when asked (`LazyCandles`), keeping the last few assets:
-the scorecard walks the assets in order, so a rank scoring a 10^8-candle corpus holds a few
-assets' candles rather than all of them (about 50 bytes a candle: 5 GB at 10^8).
+A run's series read their candles when asked (`LazyCandles`), keeping the last assets read up to
+2M candles in all (about 100 MB): a rank scoring a 10^8-candle corpus holds some assets' candles
+rather than all of them (about 50 bytes a candle: 5 GB at 10^8), and a smaller corpus is read once
+however many passes the scorecard makes over its assets (origins, fits, forecasts, factors).
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def series_from_prepared(prepared) -> list[AssetSeries]:
 
 class LazyCandles:
     """One asset's candle frame, made by `load()` each time it is used unless it is among the
-    last `KEPT` frames its group used (`recent`, shared by a run's series). It stands in for the
-    frame: `.iloc`, `["close"]`, `.index` and `len()` are the frame's (`rows`, when known, is
-    its length without reading it)."""
+    frames its group used last (`recent`, shared by a run's series), which are kept up to
+    `KEPT_ROWS` candles in all (the last one always). It stands in for the frame: `.iloc`,
+    `["close"]`, `.index` and `len()` are the frame's (`rows`, when known, is its length without
+    reading it)."""
 
-    KEPT = 4
+    KEPT_ROWS = 2_000_000
 
     def __init__(
         self,
@@ -95,8 +97,9 @@ class LazyCandles:
             return self._recent[self._key]
         frame = self._load()
         self._recent[self._key] = frame
-        while len(self._recent) > self.KEPT:
-            self._recent.popitem(last=False)
+        kept = sum(len(f) for f in self._recent.values())
+        while len(self._recent) > 1 and kept > self.KEPT_ROWS:
+            kept -= len(self._recent.popitem(last=False)[1])
         return frame
 
     def __getattr__(self, name: str) -> Any:  # .iloc, .index, .columns, ...: the frame's
