@@ -1,0 +1,10 @@
+#!/bin/bash
+# Seed 0's run (trained by run.sh) on 1,000 test dates instead of 500: the 5-candle share's interval
+# with twice the dates. From the repository root, one torch thread.
+set -euo pipefail
+export OMP_NUM_THREADS=1
+R=bench/results/2026-12-06-rich-within-bin
+run=$(jq -r .run "$R/points/rich1m_wb_ctx128_s0.json")
+marketgpt scorecard "$run" --origins 1000 --samples 200 --horizons 1,5 > "$R/scorecard_s0_1000.txt"
+jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$run/scorecard.json" \
+  > "$R/scorecard_s0_1000.json"
