@@ -200,6 +200,7 @@ def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(t
     prepared = prepare_data(cfg.data, cfg.model.context_length, load_market_data(cfg.data, run.parent.parent))
     series, _ = series_from_run(run)
     assert len(series) == len(prepared.assets) >= 2
+    default = LazyCandles.KEPT_ROWS
     bound = len(prepared.candles[series[0].symbol]) * 3 // 2
     monkeypatch.setattr(LazyCandles, "KEPT_ROWS", bound)
     recent = series[0].candles._recent
@@ -213,7 +214,7 @@ def test_a_runs_series_read_their_candles_when_used_and_keep_only_the_last_few(t
     # under the default bound a small run's assets are each read once, whatever the passes over them
     reads: list[str] = []
     series, _ = series_from_run(run)
-    monkeypatch.setattr(LazyCandles, "KEPT_ROWS", 2_000_000)
+    monkeypatch.setattr(LazyCandles, "KEPT_ROWS", default)
     for s in series:
         load = s.candles._load
         s.candles._load = lambda load=load, name=s.symbol: reads.append(name) or load()

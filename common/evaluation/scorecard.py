@@ -145,8 +145,7 @@ def make_scorecard(
         # each asset's fit is its own, so only the assets with an origin to forecast are fitted: under
         # a budget (case A's 600 assets, a few drawn a date) most GARCH fits would go unused
         say("fitting the baselines (GARCH on the train split)")
-        forecast = set(o.series.tolist())
-        baselines = fit_price_baselines([s for k, s in enumerate(series) if k in forecast], interval)
+        baselines = fit_price_baselines([series[k] for k in np.unique(o.series)], interval)
     ceiling = dict(ceiling or {})
     forecasters = {"model": forecast_fn, **baselines, **ceiling}
     ranked = ["model"] + [name for name, fn in baselines.items() if getattr(fn, "drift", True)]
