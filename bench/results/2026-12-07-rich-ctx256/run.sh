@@ -3,7 +3,8 @@
 # two side by side). bench/results/2026-12-06-rich-within-bin's recipe (the case configs' recipe on
 # the 10^6-token rich market, 16 epochs of 250 steps) at context 256 with batch 4, so a step reads
 # the same 1,024 tokens and the budget is the same; chosen on validation loss against that folder's
-# context-128 runs, then scored on the same 500 test dates.
+# context-128 runs, then scored on 500 dates of each run's own test split (it starts 128 candles
+# later than at context 128, so the dates are not quite that folder's).
 set -euo pipefail
 export OMP_NUM_THREADS=1
 MARKET='data.synthetic={"assets": 8, "candles": 178000, "process": "rich", "categories": ["crypto"], "seed": 1, "daily_vol": 0.04}'
@@ -28,9 +29,12 @@ elif [ "$step" = train ]; then
     > "$R/train_s$seed.txt" 2>&1
   mkdir -p "$R/points"
   cp "$S/rich1m_ctx256_s$seed/points/d128l4_f100_lr0.001.json" "$R/points/rich1m_ctx256_s$seed.json"
-else
+elif [ "$step" = card ]; then
   run=$(jq -r .run "$S/rich1m_ctx256_s$seed/points/d128l4_f100_lr0.001.json")
   marketgpt scorecard "$run" --origins 500 --samples 200 --horizons 1,5 > "$R/scorecard_s$seed.txt"
   jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' "$run/scorecard.json" \
     > "$R/scorecard_s$seed.json"
+else
+  echo "usage: bash $R/run.sh train SEED | card SEED | test" >&2
+  exit 2
 fi
