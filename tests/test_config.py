@@ -38,6 +38,7 @@ BAD = {
     "bad_quote_currency": ["'data.quote_currency' = 'us dollar' is not a currency code like USD"],
     "purge_too_small": ["'data.purge_gap' (10) must be at least model.context_length (128)"],
     "dropout_one": ["'model.dropout' must be in [0, 1)"],
+    "market_mask_without_market": ["'model.market_mask' hides market ids: it needs model.market_context = true"],
     "null_not_allowed": ["'training.epochs' may not be null"],
     "counts_not_int": ["'data.universe_counts.crypto' must be an integer"],
     "not_json": ["not valid JSON", "line 1"],

@@ -456,7 +456,7 @@ def test_shared_draws_give_the_assets_of_a_date_the_same_uniforms(forecaster):
         twice = forecaster.forecast([pair[0], pair[0]], 5, 30, seed=4, return_paths=True).tokens
         assert not np.array_equal(twice[0], twice[1])
         forecaster.market_future = "analog"
-        with pytest.raises(UserError, match="market_future 'analog': expected one of analogs, held"):
+        with pytest.raises(UserError, match="market_future 'analog': expected one of analogs, held, unknown"):
             forecaster.forecast(pair, 5, 30, seed=4)
     finally:
         forecaster.shared_draws, forecaster.market_future = False, "analogs"

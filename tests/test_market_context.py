@@ -245,6 +245,39 @@ def test_the_market_columns_are_read_by_a_model_with_market_context_only():
         assert not torch.equal(model(x, a, a, features=features)[0], model(x, a, a, features=other)[0])
 
 
+def test_market_mask_hides_a_tail_of_a_training_windows_market_ids_and_nothing_else():
+    base = dict(vocab_size=64, context_length=32, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0)
+    B, T = 64, 32
+    x, a = torch.randint(3, 64, (B, T)), torch.zeros(B, dtype=torch.long)
+    features = torch.randint(1, MARKET_BINS + 1, (B, T, feature_columns(False, market_context=True, market_peer=True)))
+    torch.manual_seed(0)
+    model = MarketGPT(ModelConfig(**base, market_context=True, market_peer=True, market_mask=0.5))
+    clear = model.eval()(x, a, a, features=features)[0]  # evaluation reads every market id
+
+    def trained(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return model.train()(x, a, a, features=features)[0]
+
+    masked = trained(1)
+    assert torch.equal(masked, trained(1)) and not torch.equal(masked, trained(2))  # drawn from torch's seed
+    spans = []
+    for b in range(B):
+        if torch.equal(masked[b], clear[b]):
+            spans.append(0)
+            continue
+        # the window's market ids (the peer's too) hidden from one position on: the logits before it
+        # are untouched, and id 0 from there to the end gives exactly the training logits
+        hit = []
+        for k in range(1, 21):
+            hidden = features[b : b + 1].clone()
+            hidden[:, T - k :, 3:] = 0
+            if torch.allclose(model.eval()(x[b : b + 1], a[:1], a[:1], features=hidden)[0][0], masked[b], atol=1e-6):
+                hit.append(k)
+        assert len(hit) == 1, (b, hit)
+        spans.append(hit[0])
+    assert 16 < sum(k > 0 for k in spans) < 48 and len(set(spans) - {0}) > 8  # about half, of many lengths
+
+
 # ------------------------------------------------------------------ a run with market context
 
 
@@ -325,6 +358,12 @@ def test_a_market_context_run_trains_forecasts_and_never_reads_a_later_candle(ma
     fc.set_market(everything)
     np.testing.assert_array_equal(fc.forecast([h], 4, 16, seed=0, return_paths=True).tokens, held.tokens)
     np.testing.assert_array_equal(held.tokens[..., 0], want.tokens[..., 0])
+    # or no market at all over the future (id 0, what model.market_mask trains a model to read)
+    fc.market_future = "unknown"
+    unknown = fc.forecast([h], 4, 16, seed=0, return_paths=True)
+    np.testing.assert_array_equal(unknown.tokens[..., 0], want.tokens[..., 0])
+    assert not np.array_equal(unknown.tokens, held.tokens)
+    assert not fc._shared_draws([{"as_of": h.candles.index[-1], "symbol": "AAPL"}], 8, 4, seed=0)["path_features"].any()
     fc.market_future = "analogs"
     # the origins of one close (two assets, one date) share their market futures, sample for sample
     # (their market ids; each its own peer's at the same closes)

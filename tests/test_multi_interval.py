@@ -50,6 +50,7 @@ TINY = {
         "positional": "rope",
         "market_context": True,
         "market_peer": True,
+        "market_mask": 0.5,  # its random tails, drawn again after a kill, must be the straight run's
     },
     "training": {
         "batch_size": 16,

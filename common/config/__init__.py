@@ -86,6 +86,11 @@ class ModelConfig:
     # (common/tokens/market_context.py, fitted when the shard is prepared, kept in asset_info.json);
     # the pairwise lead-lag a summary misses. On in the case configs (it pays at 10^6 training tokens)
     market_peer: bool = False
+    # with market_context, the share of training windows whose last 1 to 20 (gpt.MARKET_MASK_SPAN)
+    # positions have their market ids hidden (id 0, "unknown"), so the model also learns to forecast
+    # with the future market unknown, as a sampled path's is (a forecast's market_future = "unknown");
+    # 0: every position reads its market
+    market_mask: float = 0.0
     # output head (common/model/heads.py): "flat" softmax over the vocabulary, or "factorized"
     # p(move bin) * p(shape bin | move bin). Both give a distribution over all vocab_size ids.
     head: Literal["flat", "factorized"] = "flat"

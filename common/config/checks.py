@@ -51,6 +51,12 @@ def check_model(m: ModelConfig, tok: TokenizerConfig, need: Need) -> None:
         "'rope' needs an even head size (d_model / num_heads)",
     )
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")
+    need(0.0 <= m.market_mask <= 1.0, "model.market_mask", f"must be in [0, 1], got {m.market_mask}")
+    need(
+        m.market_mask == 0.0 or m.market_context,
+        "model.market_mask",
+        "hides market ids: it needs model.market_context = true",
+    )
     min_vocab = NUM_SPECIAL_TOKENS + 2 * tok.shape_bins
     need(
         m.vocab_size >= min_vocab,

@@ -26,7 +26,7 @@ origin's vol-level ids held (the sampled candles' volatility level is not recomp
 candle_features). A run with model.market_context reads the other assets' candles too:
 set_market, or by default every asset of the run from its data source; each sample's future
 market ids are those that followed a past close like the origin's (market_future = "analogs";
-"held" holds the origin's).
+"held" holds the origin's; "unknown" reads none, for a model trained with model.market_mask).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from common.forecasting.history import clean_history, history_loader, load_histo
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
-from common.tokens.features import VOLUME_BINS, VolLevel, calendar_ids, candle_features
+from common.tokens.features import MARKET_COLUMNS, VOLUME_BINS, VolLevel, calendar_ids, candle_features
 from common.tokens.ids import RunInfo
 from common.tokens.market_context import MarketContext, close_times, series_moves
 from common.tokens.tokenizer import OHLCTokenizer
@@ -55,7 +55,7 @@ from common.tokens.tokenizer import OHLCTokenizer
 __all__ = ["ForecasterCore"]
 
 MAX_SAMPLES = 100_000
-MARKET_FUTURES = ("analogs", "held")
+MARKET_FUTURES = ("analogs", "held", "unknown")
 HORIZON_CONTEXTS = 10  # a horizon beyond 10 context lengths is refused as absurd
 
 
@@ -89,7 +89,8 @@ class ForecasterCore:
         # model.market_context: the cross-section the histories' candles are placed in (set_market),
         # and what it does over a forecast's future: "analogs" (each sample the ids that followed a
         # past close like the origin's, MarketContext.analogs: better at 5 steps on validation,
-        # bench/results/2026-12-05-market-analogs) or "held" (the origin's ids at every step)
+        # bench/results/2026-12-05-market-analogs), "held" (the origin's ids at every step) or
+        # "unknown" (id 0: no market, what a model trained with model.market_mask has learnt to read)
         self.market: Optional[MarketContext] = None
         self.market_future = "analogs"
         # the samples of one date share their uniforms across assets (common.forecasting.draws)
@@ -203,8 +204,8 @@ class ForecasterCore:
         """What the samples of one origin close share across assets (common.forecasting.draws):
         "path_features", (N, samples, horizon, 3) market ids of each sample's future, with
         market_future = "analogs" (the closes drawn are shared; with model.market_peer a 4th
-        column, each origin's peer's ids at those closes); "uniforms", (N, samples, horizon), with
-        shared_draws."""
+        column, each origin's peer's ids at those closes; zeros with "unknown"); "uniforms",
+        (N, samples, horizon), with shared_draws."""
         if self.market_future not in MARKET_FUTURES:
             raise UserError(f"market_future {self.market_future!r}: expected one of {', '.join(MARKET_FUTURES)}")
         stamps = np.array([pd.Timestamp(o["as_of"]).value for o in origins], dtype=np.int64)
@@ -221,6 +222,10 @@ class ForecasterCore:
                 peer_ids = np.stack([market.peer_ids(p, interval, f.ravel()) for p, f in zip(peers, futures)])
                 ids = np.concatenate([ids, peer_ids.reshape(futures.shape)[..., None]], axis=-1)
             out["path_features"] = ids
+        elif self.cfg.model.market_context and self.market_future == "unknown":
+            # id 0 in every market column: what a model trained with model.market_mask reads as no market
+            columns = MARKET_COLUMNS + int(self.cfg.model.reads_peer)
+            out["path_features"] = np.zeros((len(origins), samples, horizon, columns), dtype=np.int64)
         if self.shared_draws:
             out["uniforms"] = per_close(closes, seed, lambda _, rng: rng.random((samples, horizon)), stream=(1,))
         return out

@@ -43,7 +43,11 @@ from common.tokens.features import (
 )
 from common.tokens.ids import RunInfo
 
-__all__ = ["MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
+__all__ = ["MARKET_MASK_SPAN", "MarketGPT", "RMSNorm", "apply_rotary", "norm_layer", "rotary_tables", "swiglu_width"]
+
+# model.market_mask hides the market ids of a training window's last 1..MARKET_MASK_SPAN positions:
+# the longest horizon the scorecard judges by default (1, 5, 20 candles)
+MARKET_MASK_SPAN = 20
 
 
 # --------------------------------------------------------------------------- rotary positions
@@ -317,9 +321,22 @@ class MarketGPT(nn.Module):
             out = out + self.vol_level_emb(features[..., NUM_FEATURES])
         if self.market_emb is not None:
             first = NUM_FEATURES + int(vol_level)
+            ids = features[..., first : first + len(self.market_emb)]
+            if self.training and self.config.market_mask > 0:
+                ids = ids * self._market_kept(B, T, ids.device)
             for k, table in enumerate(self.market_emb):
-                out = out + table(features[..., first + k])
+                out = out + table(ids[..., k])
         return out
+
+    def _market_kept(self, B: int, T: int, device: torch.device) -> torch.Tensor:
+        """(B, T, 1) int64: 0 where model.market_mask hides a position's market ids. A share
+        market_mask of the windows lose a tail of 1..MARKET_MASK_SPAN positions, as a forecast's
+        sampled future has no market to read. Drawn from torch's generator, so seeding and the
+        checkpointed RNG states reproduce the masks as they do dropout's."""
+        hidden = torch.rand(B, device=device) < self.config.market_mask
+        span = torch.randint(1, MARKET_MASK_SPAN + 1, (B,), device=device)
+        tail = torch.arange(T, device=device)[None, :] >= T - span[:, None]
+        return (~(hidden[:, None] & tail)).long()[..., None]
 
     def new_cache(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
