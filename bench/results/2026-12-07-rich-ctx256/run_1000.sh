@@ -11,7 +11,7 @@ seed=${1:-0}
 if [ "$seed" = ensemble ]; then
   runs=()
   for s in 0 1 2; do runs+=("$(jq -r .run "$R/points/rich1m_ctx256_s$s.json")"); done
-  marketgpt scorecard "${runs[@]}" --origins 1000 --samples 200 --horizons 1,5 > "$R/scorecard_ensemble_1000.txt"
+  marketgpt scorecard ${runs[@]+"${runs[@]}"} --origins 1000 --samples 200 --horizons 1,5 > "$R/scorecard_ensemble_1000.txt"
   jq '{run, interval, origins, samples, seed, baselines, headlines, ceiling_lines, horizons}' \
     "${runs[0]}/ensemble_3/scorecard.json" > "$R/scorecard_ensemble_1000.json"
   exit 0
