@@ -161,6 +161,36 @@ def test_a_ceiling_is_scored_beside_the_baselines_but_is_not_one():
     assert "the model holds +1.00 [+1.00, +1.00] of that edge" in card["ceiling_lines"][0]
 
 
+def test_the_ceiling_is_judged_across_assets_as_the_model_is():
+    """A ceiling that knows each asset's drift, which flips every 10 days on a schedule no factor
+    reads, ranks the assets far above every factor; scored as the model, it gets the same rank IC
+    and the same edge over the best factor as it gets as the ceiling."""
+    n, sigma, mu = 1500, 0.01, 0.004
+    phase = np.arange(6)[:, None] * 3 + np.arange(n)[None, :] // 10
+    drift = np.where(phase % 2 == 0, mu, -mu)  # drift[k, t]: the mean of asset k's return into day t
+    rng = np.random.default_rng(5)
+    series = synthetic_series(list(drift + rng.normal(0, sigma, (6, n))), train_frac=0.3)
+
+    def truth(histories, horizon, n_samples, seed):  # the same draws whoever calls it
+        rng = np.random.default_rng(len(histories[0].candles))
+        means = [drift[int(h.symbol[1:]), len(h.candles) : len(h.candles) + horizon].sum() for h in histories]
+        return np.asarray(means)[:, None] + rng.normal(0, sigma * math.sqrt(horizon), (len(histories), n_samples))
+
+    settings = ScorecardSettings(interval="1d", horizons=[1, 5], stride=5, n_samples=100, n_boot=100)
+    baselines = {"rw_ewma": RandomWalkEWMA()}
+    as_model = make_scorecard(series, truth, settings, baselines=baselines)
+    card = make_scorecard(series, RandomWalkEWMA(), settings, baselines=baselines, ceiling={"truth": truth})
+    for h in ("1", "5"):
+        c, model = card["horizons"][h]["ceiling"]["truth"], as_model["horizons"][h]
+        over = c["over_best_factor"]
+        assert over["best_factor"] == card["horizons"][h]["cross_section"]["edge"]["best_factor"]
+        assert c["rank_ic"] == model["rank_ic"]["model"] and c["rank_ic"]["mean"] > 0.3
+        assert over == model["cross_section"]["edge"] and over["model_minus_best"] > 0.3 and over["t_nw"] > 2
+        assert abs(card["horizons"][h]["rank_ic"]["model"]["mean"]) < 0.1  # a random walk's mean ranks noise
+    line = [x for x in card["ceiling_lines"] if x.startswith("truth at H=5 across assets: rank IC ")]
+    assert len(line) == 1 and " dates)" in line[0]
+
+
 def test_scorecard_files_read_with_jq(tmp_path):
     rng = np.random.default_rng(2)
     series = synthetic_series([rng.normal(0.0005, 0.01, 700) for _ in range(5)])

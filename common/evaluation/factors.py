@@ -27,7 +27,7 @@ from common.evaluation.asset_series import AssetSeries
 from common.evaluation.metrics import newey_west_t, rank_ic
 from common.evaluation.walk_forward import Origins
 
-__all__ = ["FACTORS", "factor_card", "factor_signals", "nw_lags"]
+__all__ = ["FACTORS", "edge_over", "factor_card", "factor_signals", "nw_lags"]
 
 FACTORS = ("reversal", "range_reversal", "momentum20", "momentum250", "low_vol")
 _VOL_WINDOW = 20
@@ -106,17 +106,23 @@ def factor_card(
     if not ranked:
         return card
     best = max(ranked, key=lambda k: ranked[k]["mean"])
-    model_dates, model_ic = _ic(dates, model_mean, y)
-    best_dates, best_ic = ics[best]
-    common, mi, bi = np.intersect1d(model_dates, best_dates, return_indices=True)
-    diff = model_ic[mi] - best_ic[bi]
+    card["edge"] = {"best_factor": best, **edge_over(dates, y, model_mean, signals[best], horizon, stride)}
+    return card
+
+
+def edge_over(
+    dates: np.ndarray, y: np.ndarray, mean: np.ndarray, factor: np.ndarray, horizon: int, stride: int
+) -> dict:
+    """A forecaster's rank IC (of its `mean`) minus a factor's, per date on the dates both rank: the
+    mean difference, its Newey-West t (None with fewer than two dates), the dates and the lags."""
+    mean_dates, mean_ic = _ic(dates, mean, y)
+    factor_dates, factor_ic = _ic(dates, factor, y)
+    common, mi, fi = np.intersect1d(mean_dates, factor_dates, return_indices=True)
+    diff = mean_ic[mi] - factor_ic[fi]
     lags = nw_lags(len(diff), horizon, stride)
-    t: Optional[float] = newey_west_t(diff, lags) if len(diff) >= 2 else None
-    card["edge"] = {
-        "best_factor": best,
+    return {
         "model_minus_best": float(diff.mean()) if len(diff) else None,
-        "t_nw": t,
+        "t_nw": newey_west_t(diff, lags) if len(diff) >= 2 else None,
         "n_dates": int(len(common)),
         "nw_lags": lags,
     }
-    return card

@@ -15,7 +15,7 @@ import pandas as pd
 
 from common.evaluation.asset_series import AssetSeries
 from common.evaluation.backtest import backtest, decile_positions, signal_positions
-from common.evaluation.factors import factor_card, factor_signals, nw_lags
+from common.evaluation.factors import edge_over, factor_card, factor_signals, nw_lags
 from common.evaluation.metrics import (
     COVERAGE_LEVELS,
     block_bootstrap_sums,
@@ -31,7 +31,7 @@ from common.evaluation.pit import TEST_BINS, pit_bins, pit_uniformity
 from common.evaluation.significance import significance_card
 from common.evaluation.walk_forward import Origins
 
-__all__ = ["SKILL_KINDS", "backtest_card", "ceiling_card", "horizon_card"]
+__all__ = ["SKILL_KINDS", "backtest_card", "ceiling_card", "ceiling_ranking", "horizon_card"]
 
 SKILL_KINDS = {"crps": "ratio", "mae": "ratio", "qlike": "diff"}
 
@@ -164,6 +164,31 @@ def ceiling_card(
             "model_share_ci95": None if np.isnan(lo) else [float(lo), float(hi)],
         }
     return out
+
+
+def ceiling_ranking(
+    series: Sequence[AssetSeries],
+    o: Origins,
+    ceiling: dict[str, dict[str, np.ndarray]],
+    best_factor: str,
+    horizon: int,
+    stride: int,
+) -> dict[str, dict]:
+    """Per ceiling forecaster, on the origins `o` of one horizon: the rank IC of its mean and its edge
+    over `best_factor` (the factor the model is judged against), as the model's: how far across assets
+    the best possible forecast ranks above a factor, and so what the model's ranking can reach."""
+    ics = _rank_ic_card(o, ceiling, list(ceiling), horizon, stride)
+    factor = factor_signals(series, o)[best_factor]
+    return {
+        name: {
+            "rank_ic": ics[name],
+            "over_best_factor": {
+                "best_factor": best_factor,
+                **edge_over(o.dates, o.y[horizon], st["mean"], factor, horizon, stride),
+            },
+        }
+        for name, st in ceiling.items()
+    }
 
 
 def _rank_ic_card(

@@ -42,7 +42,7 @@ from common.evaluation.calibration import calibrated_pit_card, calibration_card
 from common.evaluation.har_baselines import HarRange
 from common.evaluation.metrics import skill_interval
 from common.evaluation.price_baselines import ForecastFn, GarchT
-from common.evaluation.price_scoring import backtest_card, ceiling_card, horizon_card
+from common.evaluation.price_scoring import backtest_card, ceiling_card, ceiling_ranking, horizon_card
 from common.evaluation.result_lines import BASELINE_NAMES
 from common.evaluation.scorecard_plot import plot_scorecard
 from common.evaluation.scorecard_summary import add_summary
@@ -162,8 +162,13 @@ def make_scorecard(
     for h in horizons:
         hc = card["horizons"][str(h)] = _horizon_entry(scoring, ranked, h, calibration)
         if ceiling:
-            dates = o.dates[np.isfinite(o.y[h])]
-            hc["ceiling"] = ceiling_card(stats[h], ceiling_stats[h], dates, h, step, n_boot, seed)
+            oh = o.subset(np.isfinite(o.y[h]), h)
+            hc["ceiling"] = ceiling_card(stats[h], ceiling_stats[h], oh.dates, h, step, n_boot, seed)
+            edge = hc["cross_section"]["edge"]
+            if edge is not None:
+                ranking = ceiling_ranking(series, oh, ceiling_stats[h], edge["best_factor"], h, step)
+                for name, entry in ranking.items():
+                    hc["ceiling"][name].update(entry)
         if h == bt_horizon:
             card["backtest"] = _backtest_entry(scoring, momentum, hc, h, settings.cost_bp)
     add_summary(card, horizons[0])

@@ -54,7 +54,8 @@ CEILING_NAMES = {"observable_oracle": "Observable oracle (the best forecast from
 
 def ceiling_lines(card: dict) -> list[str]:
     """Per horizon and ceiling (the observable oracle of a rich synthetic run): its CRPS against the
-    best baseline's and the share of that edge the model holds, with its interval."""
+    best baseline's and the share of that edge the model holds, with its interval; and, where the
+    card ranks assets, the ceiling's rank IC and its edge over the best factor (the model's line's)."""
     lines = []
     for h, hc in card["horizons"].items():
         for name, c in (hc.get("ceiling") or {}).items():
@@ -67,6 +68,13 @@ def ceiling_lines(card: dict) -> list[str]:
                 f"{CEILING_NAMES.get(name, name)} at H={h}: CRPS {c['crps']:.5g} against {base}'s"
                 f" {c['best_baseline_crps']:.5g}; the model holds {held} of that edge (1 = the oracle)"
             )
+            over, ic = c.get("over_best_factor"), c.get("rank_ic")
+            if over is not None and ic is not None and over["model_minus_best"] is not None:
+                lines.append(
+                    f"{CEILING_NAMES.get(name, name)} at H={h} across assets: rank IC {ic['mean']:.3f}"
+                    f" (t {_t(ic['t_nw'])}); over {over['best_factor']} {over['model_minus_best']:+.3f}"
+                    f" (t {_t(over['t_nw'])}, {over['n_dates']} dates)"
+                )
     return lines
 
 
@@ -139,19 +147,22 @@ def verdict_lines(card: dict) -> list[str]:
     return lines
 
 
+def _t(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
+
+
 def cross_section_lines(card: dict) -> list[str]:
     """`Rank IC at H=1: model 0.044 (t 0.9); best factor reversal 0.061 (t 2.3); model - best -0.017 (t -0.4)`."""
     lines = []
-    t = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
     for h, hc in card["horizons"].items():
         edge, model = (hc.get("cross_section") or {}).get("edge"), hc.get("rank_ic", {}).get("model")
         if edge is None or model is None or edge["model_minus_best"] is None:
             continue
         best = hc["cross_section"]["factors"][edge["best_factor"]]
         lines.append(
-            f"Rank IC at H={h}: model {model['mean']:.3f} (t {t(model['t_nw'])}); best factor "
-            f"{edge['best_factor']} {best['mean']:.3f} (t {t(best['t_nw'])}); model - best "
-            f"{edge['model_minus_best']:+.3f} (t {t(edge['t_nw'])}, {edge['n_dates']} dates)"
+            f"Rank IC at H={h}: model {model['mean']:.3f} (t {_t(model['t_nw'])}); best factor "
+            f"{edge['best_factor']} {best['mean']:.3f} (t {_t(best['t_nw'])}); model - best "
+            f"{edge['model_minus_best']:+.3f} (t {_t(edge['t_nw'])}, {edge['n_dates']} dates)"
         )
     return lines
 
