@@ -11,6 +11,7 @@ the scale's alone.
 
     python bench/bench_spread.py RUN_DIR [RUN_DIR ...] --json out.json
     python bench/bench_spread.py RUN_DIR ... --within-bin --json out.json  # moves drawn within their bins
+    python bench/bench_spread.py RUN_DIR ... --revert --json out.json  # variance pulled to its long-run level
     python bench/bench_spread.py --compare A.json B.json   # A's runs against B's, paired in order
     python bench/bench_spread.py --compare a1.json,a2.json,a3.json b1.json,b2.json,b3.json
 
@@ -43,11 +44,24 @@ from _common import machine_info  # noqa: E402  (puts the repo on sys.path)
 
 GRID = (0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6)
 HORIZONS = (1, 5, 20)
+REVERSION = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
+LONG_RUN = 500  # candles whose return variance is an asset's long-run level (--revert)
 
 
-def _scaled_forecasters(raw: Callable) -> dict[str, Callable]:
-    """The model itself as "s1", first; every other scale rescales those same paths (forecast_all
-    calls the forecasters of a batch in order, on one list of histories)."""
+def long_run_variance(history) -> float:
+    """The variance of the history's last LONG_RUN returns between valid closes: the asset's level
+    of volatility over about two years of daily candles, from the candles up to the origin only."""
+    close = history.candles["close"].to_numpy(dtype=np.float64)
+    r = np.diff(np.log(close[np.isfinite(close) & (close > 0)]))[-LONG_RUN:]
+    return float(np.var(r)) if len(r) > 1 else np.nan
+
+
+def _scaled_forecasters(raw: Callable, revert: bool = False) -> dict[str, Callable]:
+    """The model itself as "s1", first; every other point of the grid rescales those same paths
+    (forecast_all calls the forecasters of a batch in order, on one list of histories). With
+    `revert`, the grid is REVERSION: "wW" moves each forecast's variance v at step k a share W of the
+    way to the asset's long-run variance over k steps, v -> (1 - W) v + W k v_long, as log-HAR's
+    long-run term pulls a calm or a turbulent stretch back to the usual level."""
     last: dict = {}
 
     def model(histories, horizon, n, seed):
@@ -63,6 +77,22 @@ def _scaled_forecasters(raw: Callable) -> dict[str, Callable]:
 
         return fn
 
+    def reverted(w: float) -> Callable:
+        def fn(histories, horizon, n, seed):
+            assert last["key"] == id(histories), "the raw model is called first in each batch"
+            x = last["out"]  # (origins, samples, steps): the log return to each step 1..horizon
+            m, v = np.median(x, axis=1, keepdims=True), np.var(x, axis=1, keepdims=True)
+            steps = np.arange(1, x.shape[2] + 1)
+            v_long = np.array([long_run_variance(h) for h in histories])[:, None, None] * steps
+            target = np.where(np.isfinite(v_long), (1 - w) * v + w * v_long, v)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                s = np.where(v > 0, np.sqrt(target / v), 1.0)
+            return m + s * (x - m)
+
+        return fn
+
+    if revert:
+        return {"s1": model, **{f"w{w:g}": reverted(w) for w in REVERSION if w != 0.0}}
     return {"s1": model, **{f"s{s:g}": scaled(s) for s in GRID if s != 1.0}}
 
 
@@ -84,7 +114,7 @@ def with_within_bins(tokenizer, series) -> None:
         old.inner = new.inner
 
 
-def score_run(run: Path, samples: int, seed: int, within_bin: bool = False) -> dict:
+def score_run(run: Path, samples: int, seed: int, within_bin: bool = False, revert: bool = False) -> dict:
     import torch
 
     from common.evaluation.asset_series import fit_price_baselines, series_from_run
@@ -100,9 +130,10 @@ def score_run(run: Path, samples: int, seed: int, within_bin: bool = False) -> d
     if within_bin:
         with_within_bins(fc.tokenizer, series)
         fc.within_bin = True
-    fcs = _scaled_forecasters(forecaster_fn(fc))
+    fcs = _scaled_forecasters(forecaster_fn(fc), revert)
     # what the forecasts were decoded by: a run fitted since the quantiles are stored draws by default
-    out: dict = {"run": str(run), "within_bin": fc.within_bin and fc.tokenizer.within_bins, "horizons": {}}
+    out: dict = {"run": str(run), "within_bin": fc.within_bin and fc.tokenizer.within_bins, "revert": revert}
+    out["horizons"] = {}
     val = val_series(series)
     o_val = all_origins(val, origin_indices(val, stride=5)[0], HORIZONS)
     st_val, _ = forecast_all(val, o_val, fcs, HORIZONS, samples, seed, say)
@@ -129,7 +160,7 @@ def score_run(run: Path, samples: int, seed: int, within_bin: bool = False) -> d
             "test_raw_vs_best_baseline": {"baseline": best, **skill("s1", best)},
             "test_chosen_vs_best_baseline": {"baseline": best, **skill(chosen, best)},
             "test_coverage90": {k: float(np.mean(st[h][k]["cover90"])) for k in (*fcs, *baselines)},
-            "test_qlike": {k: float(np.mean(qlike(st[h][k]["var"], y))) for k in ("s1", *baselines)},
+            "test_qlike": {k: float(np.mean(qlike(st[h][k]["var"], y))) for k in (*fcs, *baselines)},
             # per origin, for comparing runs on the same origins (--compare)
             "val": {"dates": o_val.dates[np.isfinite(o_val.y[h])].tolist(), "crps": st_val[h]["s1"]["crps"].tolist()},
             "test": {
@@ -145,11 +176,14 @@ def _line(run: dict) -> list[str]:
     lines = [run["run"]]
     for h, r in run["horizons"].items():
         c, rb, cb = r["test_chosen_vs_raw"], r["test_raw_vs_best_baseline"], r["test_chosen_vs_best_baseline"]
+        q = r["test_qlike"]
+        best_q = min((k for k in q if k not in r["val_crps_vs_raw"]), key=q.__getitem__)  # the best baseline's
         pct = lambda d: f"{d['value']:+.2%} [{d['ci95'][0]:+.2%}, {d['ci95'][1]:+.2%}]"  # noqa: E731
         lines.append(
             f"  H={h}: val chooses {r['chosen']} (val CRPS {r['val_crps_vs_raw'][r['chosen']]:+.2%} vs raw); "
             f"test: chosen vs raw {pct(c)}; raw vs {rb['baseline']} {pct(rb)}, chosen vs it {pct(cb)}; "
-            f"90% coverage raw {r['test_coverage90']['s1']:.1%}, chosen {r['test_coverage90'][r['chosen']]:.1%}"
+            f"90% coverage raw {r['test_coverage90']['s1']:.1%}, chosen {r['test_coverage90'][r['chosen']]:.1%}; "
+            f"QLIKE raw {q['s1']:.3f}, chosen {q[r['chosen']]:.3f}, {best_q} {q[best_q]:.3f}"
         )
     return lines
 
@@ -197,6 +231,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--within-bin", action="store_true", help="decode sampled tokens by draws within their bins")
+    ap.add_argument("--revert", action="store_true", help="the grid pulls the variance to its long-run level")
     args = ap.parse_args()
     if args.compare:
         a, b = ({"runs": [r for p in side.split(",") for r in _runs(Path(p))]} for side in args.compare)
@@ -214,12 +249,13 @@ def main() -> int:
         return 0
     if not args.runs:
         ap.error("give RUN_DIR ... or --compare A.json B.json")
-    runs = [score_run(r, args.samples, args.seed, args.within_bin) for r in args.runs]
+    runs = [score_run(r, args.samples, args.seed, args.within_bin, args.revert) for r in args.runs]
     for r in runs:
         print("\n".join(_line(r)))
     if args.json:
         # one line: the per-origin lists are long
-        args.json.write_text(json.dumps({"machine": machine_info(), "grid": GRID, "runs": runs}))
+        grid = REVERSION if args.revert else GRID
+        args.json.write_text(json.dumps({"machine": machine_info(), "grid": grid, "runs": runs}))
     return 0
 
 

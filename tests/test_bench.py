@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -187,6 +188,39 @@ def test_bench_spread_scales_the_same_draws_around_their_median():
         np.testing.assert_allclose(np.median(out, axis=1), np.median(x, axis=1))
         np.testing.assert_allclose(out.std(axis=1), s * x.std(axis=1))
     assert calls == [7]
+
+
+def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
+    from common.forecasting.forecast_io import History
+
+    from bench_spread import LONG_RUN, REVERSION, _scaled_forecasters, long_run_variance
+
+    rng = np.random.default_rng(0)
+    histories = []
+    for vol in (0.01, 0.03):  # a calm and a turbulent asset, each with history beyond LONG_RUN
+        close = np.exp(np.cumsum(rng.normal(0, vol, LONG_RUN + 300)))
+        close[10] = np.nan  # a gap row is skipped
+        frame = pd.DataFrame({"open": close, "high": close, "low": close, "close": close})
+        histories.append(History("A", frame))
+    late = np.diff(np.log(histories[1].candles["close"].to_numpy()[-LONG_RUN - 1 :]))
+    assert long_run_variance(histories[1]) == pytest.approx(np.var(late))  # the last LONG_RUN returns only
+
+    def raw(histories, horizon, n, seed):  # 0.02 a step: too wide for the calm asset, too narrow for the other
+        steps = np.random.default_rng(seed).normal(0.001, 0.02, (len(histories), n, horizon))
+        return np.cumsum(steps, axis=2)
+
+    fcs = _scaled_forecasters(raw, revert=True)
+    assert list(fcs)[0] == "s1" and sorted(fcs)[1:] == sorted(f"w{w:g}" for w in REVERSION if w)
+    x = fcs["s1"](histories, 4, 400, 3)
+    v_long = np.array([long_run_variance(h) for h in histories])
+    for w in (w for w in REVERSION if w):
+        out = fcs[f"w{w:g}"](histories, 4, 400, 99)  # the same draws, rescaled around their median
+        np.testing.assert_allclose(np.median(out, axis=1), np.median(x, axis=1))
+        for k in range(4):
+            want = (1 - w) * x[:, :, k].var(axis=1) + w * (k + 1) * v_long
+            np.testing.assert_allclose(out[:, :, k].var(axis=1), want, rtol=1e-9)
+    # pulled to its level: the calm asset's spread narrows, the turbulent one's widens
+    assert out[0].std() < x[0].std() and out[1].std() > x[1].std()
 
 
 def test_bench_spread_compares_runs_on_the_same_origins_and_refuses_others():
