@@ -65,6 +65,7 @@ def _scaled_forecasters(raw: Callable, revert: bool = False) -> dict[str, Callab
     last: dict = {}
 
     def model(histories, horizon, n, seed):
+        last.clear()  # a new batch: nothing derived from the last one's draws
         last.update(key=id(histories), out=np.asarray(raw(histories, horizon, n, seed)))
         return last["out"]
 
@@ -81,9 +82,14 @@ def _scaled_forecasters(raw: Callable, revert: bool = False) -> dict[str, Callab
         def fn(histories, horizon, n, seed):
             assert last["key"] == id(histories), "the raw model is called first in each batch"
             x = last["out"]  # (origins, samples, steps): the log return to each step 1..horizon
-            m, v = np.median(x, axis=1, keepdims=True), np.var(x, axis=1, keepdims=True)
-            steps = np.arange(1, x.shape[2] + 1)
-            v_long = np.array([long_run_variance(h) for h in histories])[:, None, None] * steps
+            if "v_long" not in last:  # once per batch, shared by every W
+                steps = np.arange(1, x.shape[2] + 1)
+                last.update(
+                    m=np.median(x, axis=1, keepdims=True),
+                    v=np.var(x, axis=1, keepdims=True),
+                    v_long=np.array([long_run_variance(h) for h in histories])[:, None, None] * steps,
+                )
+            m, v, v_long = last["m"], last["v"], last["v_long"]
             target = np.where(np.isfinite(v_long), (1 - w) * v + w * v_long, v)
             with np.errstate(divide="ignore", invalid="ignore"):
                 s = np.where(v > 0, np.sqrt(target / v), 1.0)
