@@ -109,6 +109,7 @@ SMALL_DATA = (
     "training.max_steps_per_epoch=40",
     "training.early_stopping_patience=4",
     "training.scorecard_origins=0",
+    "training.vol_reversion=false",
     "training.log_every_steps=1000",
 )
 

@@ -218,6 +218,7 @@ def run_point(
             f"training.max_steps_per_epoch={max(1, steps // epochs)}",
             f"training.early_stopping_patience={patience}",
             "training.scorecard_origins=0",
+            "training.vol_reversion=false",
             "training.log_every_steps=100000",
             f'training.device="{device}"',
             "training.compile=false",

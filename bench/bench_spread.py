@@ -12,6 +12,7 @@ the scale's alone.
     python bench/bench_spread.py RUN_DIR [RUN_DIR ...] --json out.json
     python bench/bench_spread.py RUN_DIR ... --within-bin --json out.json  # moves drawn within their bins
     python bench/bench_spread.py RUN_DIR ... --revert --json out.json  # variance pulled to its long-run level
+    python bench/bench_spread.py RUN_DIR ... --fitted --json out.json  # the run's reversion.json, on and off
     python bench/bench_spread.py --compare A.json B.json   # A's runs against B's, paired in order
     python bench/bench_spread.py --compare a1.json,a2.json,a3.json b1.json,b2.json,b3.json
 
@@ -45,23 +46,17 @@ from _common import machine_info  # noqa: E402  (puts the repo on sys.path)
 GRID = (0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6)
 HORIZONS = (1, 5, 20)
 REVERSION = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
-LONG_RUN = 500  # candles whose return variance is an asset's long-run level (--revert)
 
 
-def long_run_variance(history) -> float:
-    """The variance of the history's last LONG_RUN returns between valid closes: the asset's level
-    of volatility over about two years of daily candles, from the candles up to the origin only."""
-    close = history.candles["close"].to_numpy(dtype=np.float64)
-    r = np.diff(np.log(close[np.isfinite(close) & (close > 0)]))[-LONG_RUN:]
-    return float(np.var(r)) if len(r) > 1 else np.nan
-
-
-def _scaled_forecasters(raw: Callable, revert: bool = False) -> dict[str, Callable]:
+def _scaled_forecasters(raw: Callable, revert: bool = False, fitted=None) -> dict[str, Callable]:
     """The model itself as "s1", first; every other point of the grid rescales those same paths
     (forecast_all calls the forecasters of a batch in order, on one list of histories). With
     `revert`, the grid is REVERSION: "wW" moves each forecast's variance v at step k a share W of the
     way to the asset's long-run variance over k steps, v -> (1 - W) v + W k v_long, as log-HAR's
-    long-run term pulls a calm or a turbulent stretch back to the usual level."""
+    long-run term pulls a calm or a turbulent stretch back to the usual level. With `fitted` (a
+    common.forecasting.reversion.Reversion: the run's reversion.json), "fitted" alone: that pull."""
+    from common.forecasting.reversion import LONG_RUN, long_run_variance, revert_returns
+
     last: dict = {}
 
     def model(histories, horizon, n, seed):
@@ -78,27 +73,22 @@ def _scaled_forecasters(raw: Callable, revert: bool = False) -> dict[str, Callab
 
         return fn
 
-    def reverted(w: float) -> Callable:
+    def reverted(weights: Callable[[int], np.ndarray]) -> Callable:
         def fn(histories, horizon, n, seed):
             assert last["key"] == id(histories), "the raw model is called first in each batch"
             x = last["out"]  # (origins, samples, steps): the log return to each step 1..horizon
             if "v_long" not in last:  # once per batch, shared by every W
-                steps = np.arange(1, x.shape[2] + 1)
-                last.update(
-                    m=np.median(x, axis=1, keepdims=True),
-                    v=np.var(x, axis=1, keepdims=True),
-                    v_long=np.array([long_run_variance(h) for h in histories])[:, None, None] * steps,
+                last["v_long"] = np.array(
+                    [long_run_variance(h.candles["close"].to_numpy(), LONG_RUN) for h in histories]
                 )
-            m, v, v_long = last["m"], last["v"], last["v_long"]
-            target = np.where(np.isfinite(v_long), (1 - w) * v + w * v_long, v)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                s = np.where(v > 0, np.sqrt(target / v), 1.0)
-            return m + s * (x - m)
+            return revert_returns(x, last["v_long"], weights(x.shape[2]))
 
         return fn
 
+    if fitted is not None:
+        return {"s1": model, "fitted": reverted(fitted.weights)}
     if revert:
-        return {"s1": model, **{f"w{w:g}": reverted(w) for w in REVERSION if w != 0.0}}
+        return {"s1": model, **{f"w{w:g}": reverted(lambda h, w=w: np.full(h, w)) for w in REVERSION if w != 0.0}}
     return {"s1": model, **{f"s{s:g}": scaled(s) for s in GRID if s != 1.0}}
 
 
@@ -120,7 +110,9 @@ def with_within_bins(tokenizer, series) -> None:
         old.inner = new.inner
 
 
-def score_run(run: Path, samples: int, seed: int, within_bin: bool = False, revert: bool = False) -> dict:
+def score_run(
+    run: Path, samples: int, seed: int, within_bin: bool = False, revert: bool = False, fitted: bool = False
+) -> dict:
     import torch
 
     from common.evaluation.asset_series import fit_price_baselines, series_from_run
@@ -136,9 +128,14 @@ def score_run(run: Path, samples: int, seed: int, within_bin: bool = False, reve
     if within_bin:
         with_within_bins(fc.tokenizer, series)
         fc.within_bin = True
-    fcs = _scaled_forecasters(forecaster_fn(fc), revert)
+    reversion, fc.reversion = fc.reversion, None  # "s1" is always the paths as sampled
+    if fitted and reversion is None:
+        raise SystemExit(f"--fitted: {run} has no reversion.json with a pull (tau null or absent)")
+    fcs = _scaled_forecasters(forecaster_fn(fc), revert, reversion if fitted else None)
     # what the forecasts were decoded by: a run fitted since the quantiles are stored draws by default
     out: dict = {"run": str(run), "within_bin": fc.within_bin and fc.tokenizer.within_bins, "revert": revert}
+    if fitted:
+        out["fitted"] = {"tau": reversion.tau, "long_run": reversion.long_run}
     out["horizons"] = {}
     val = val_series(series)
     o_val = all_origins(val, origin_indices(val, stride=5)[0], HORIZONS)
@@ -149,7 +146,7 @@ def score_run(run: Path, samples: int, seed: int, within_bin: bool = False, reve
     st, _ = forecast_all(series, o, {**fcs, **baselines}, HORIZONS, samples, seed, say)
     for h in HORIZONS:
         val_crps = {name: float(np.mean(st_val[h][name]["crps"])) for name in fcs}
-        chosen = min(val_crps, key=val_crps.__getitem__)
+        chosen = "fitted" if fitted else min(val_crps, key=val_crps.__getitem__)  # fitted: its tau, on val
         dates = o.dates[np.isfinite(o.y[h])]
         y = o.y[h][np.isfinite(o.y[h])]
 
@@ -238,6 +235,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--within-bin", action="store_true", help="decode sampled tokens by draws within their bins")
     ap.add_argument("--revert", action="store_true", help="the grid pulls the variance to its long-run level")
+    ap.add_argument("--fitted", action="store_true", help="the run's reversion.json against the paths as sampled")
     args = ap.parse_args()
     if args.compare:
         a, b = ({"runs": [r for p in side.split(",") for r in _runs(Path(p))]} for side in args.compare)
@@ -255,12 +253,12 @@ def main() -> int:
         return 0
     if not args.runs:
         ap.error("give RUN_DIR ... or --compare A.json B.json")
-    runs = [score_run(r, args.samples, args.seed, args.within_bin, args.revert) for r in args.runs]
+    runs = [score_run(r, args.samples, args.seed, args.within_bin, args.revert, args.fitted) for r in args.runs]
     for r in runs:
         print("\n".join(_line(r)))
     if args.json:
         # one line: the per-origin lists are long
-        grid = REVERSION if args.revert else GRID
+        grid = ["fitted"] if args.fitted else REVERSION if args.revert else GRID
         args.json.write_text(json.dumps({"machine": machine_info(), "grid": grid, "runs": runs}))
     return 0
 

@@ -50,6 +50,7 @@ TINY = {
         "log_every_steps": 1,
         "device": "cpu",
         "scorecard_origins": 0,  # the scorecard: test_scorecard_cli.py
+        "vol_reversion": False,
     },
     "data": {"source": "sample", "interval": "1d"},
 }

@@ -45,6 +45,7 @@ TINY = [
     "training.warmup_steps=2",
     "training.log_every_steps=3",
     "training.scorecard_origins=0",
+    "training.vol_reversion=false",
     "training.device=cpu",  # the local Slurm cluster's GPUs are files: train on the CPU on purpose
 ]
 

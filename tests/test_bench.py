@@ -107,7 +107,11 @@ def test_quickstart_trains_with_the_documented_small_data_settings():
         (REPO_ROOT / "quickstart.sh").read_text().split("-m common.cli train", 1)[1].split('"$@"')[0], comments=True
     )
     quick = {words[i + 1] for i, w in enumerate(words) if w == "--set"}
-    bench_only = {"training.scorecard_origins=0", "training.log_every_steps=1000"}  # a bench's, not a newcomer's
+    bench_only = {
+        "training.scorecard_origins=0",
+        "training.vol_reversion=false",
+        "training.log_every_steps=1000",
+    }  # a bench's, not a newcomer's
     assert set(SMALL_DATA) - bench_only == quick - {'experiment="quickstart"', "training.log_every_steps=10"}
     config = REPO_ROOT / "case_c_crypto" / "configs" / "crypto_prototype.json"
     assert f"--config {config.relative_to(REPO_ROOT)}" in (REPO_ROOT / "quickstart.sh").read_text()
@@ -192,8 +196,9 @@ def test_bench_spread_scales_the_same_draws_around_their_median():
 
 def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
     from common.forecasting.forecast_io import History
+    from common.forecasting.reversion import LONG_RUN, Reversion, long_run_variance
 
-    from bench_spread import LONG_RUN, REVERSION, _scaled_forecasters, long_run_variance
+    from bench_spread import REVERSION, _scaled_forecasters
 
     rng = np.random.default_rng(0)
     histories = []
@@ -203,7 +208,8 @@ def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
         frame = pd.DataFrame({"open": close, "high": close, "low": close, "close": close})
         histories.append(History("A", frame))
     late = np.diff(np.log(histories[1].candles["close"].to_numpy()[-LONG_RUN - 1 :]))
-    assert long_run_variance(histories[1]) == pytest.approx(np.var(late))  # the last LONG_RUN returns only
+    closes = [h.candles["close"].to_numpy() for h in histories]
+    assert long_run_variance(closes[1]) == pytest.approx(np.var(late))  # the last LONG_RUN returns only
 
     def raw(histories, horizon, n, seed):  # 0.02 a step: too wide for the calm asset, too narrow for the other
         steps = np.random.default_rng(seed).normal(0.001, 0.02, (len(histories), n, horizon))
@@ -212,7 +218,7 @@ def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
     fcs = _scaled_forecasters(raw, revert=True)
     assert list(fcs)[0] == "s1" and sorted(fcs)[1:] == sorted(f"w{w:g}" for w in REVERSION if w)
     x = fcs["s1"](histories, 4, 400, 3)
-    v_long = np.array([long_run_variance(h) for h in histories])
+    v_long = np.array([long_run_variance(c) for c in closes])
     for w in (w for w in REVERSION if w):
         out = fcs[f"w{w:g}"](histories, 4, 400, 99)  # the same draws, rescaled around their median
         np.testing.assert_allclose(np.median(out, axis=1), np.median(x, axis=1))
@@ -221,6 +227,13 @@ def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
             np.testing.assert_allclose(out[:, :, k].var(axis=1), want, rtol=1e-9)
     # pulled to its level: the calm asset's spread narrows, the turbulent one's widens
     assert out[0].std() < x[0].std() and out[1].std() > x[1].std()
+    # --fitted: the run's own pull, W_k = k / (k + tau), on the same draws
+    fitted = _scaled_forecasters(raw, fitted=Reversion(10.0))
+    assert list(fitted) == ["s1", "fitted"]
+    x = fitted["s1"](histories, 4, 400, 3)
+    out = fitted["fitted"](histories, 4, 400, 99)
+    w = np.arange(1, 5) / (np.arange(1, 5) + 10.0)
+    np.testing.assert_allclose(out.var(axis=1), (1 - w) * x.var(axis=1) + w * np.arange(1, 5) * v_long[:, None])
 
 
 def test_bench_spread_compares_runs_on_the_same_origins_and_refuses_others():

@@ -189,6 +189,7 @@ def test_size_auto_trains_the_fitted_shape_and_logs_it(tmp_path, monkeypatch):
         "training.max_steps_per_epoch=1",
         "training.eval_max_batches=1",
         "training.scorecard_origins=0",
+        "training.vol_reversion=false",
         'training.device="cpu"',
         'experiment="auto"',
     ]

@@ -42,6 +42,7 @@ TINY = {
         "warmup_steps": 1,
         "device": "cpu",
         "scorecard_origins": 0,
+        "vol_reversion": False,
     },
     "data": {"source": "files", "files_dir": "candles", "universe": "universe.csv", "interval": "1d"},
 }

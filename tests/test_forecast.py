@@ -56,6 +56,7 @@ TINY = {
         "warmup_steps": 1,
         "log_every_steps": 3,
         "scorecard_origins": 0,
+        "vol_reversion": False,
     },
     "data": {"source": "sample", "interval": "1d"},
 }

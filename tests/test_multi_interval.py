@@ -60,6 +60,7 @@ TINY = {
         "warmup_steps": 2,
         "log_every_steps": 1,
         "scorecard_origins": 0,
+        "vol_reversion": False,
         "checkpoint_every_minutes": 0.001,
     },
     "data": {
@@ -484,6 +485,7 @@ def test_plan_and_the_training_log_name_what_was_left_out_and_why(tmp_path, caps
         "model.vocab_size=64",
         "training.batch_size=8",
         "training.scorecard_origins=0",
+        "training.vol_reversion=false",
         "training.compile=false",
     ]
     out = io.StringIO()

@@ -317,6 +317,7 @@ def test_plan_of_the_sample_matches_a_real_run(capsys, tmp_path):
         "training.warmup_steps=1",
         "training.device=cpu",
         "training.scorecard_origins=0",
+        "training.vol_reversion=false",
         "slurm.gpus_per_node=1",
     ]
     assert main(["train", "--config", str(config)] + _sets(tiny)) == 0

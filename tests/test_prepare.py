@@ -513,6 +513,7 @@ def test_case_c_trains_on_the_hourly_sample_and_writes_test_results(tmp_path: Pa
         "training.warmup_steps=1",
         "training.device=cpu",
         "training.scorecard_origins=0",
+        "training.vol_reversion=false",
     ]
     args = ["train", "--config", str(case / "configs" / "crypto_prototype.json")]
     assert main(args + [a for kv in tiny for a in ("--set", kv)]) == 0

@@ -51,6 +51,7 @@ CONFIG = {
         "warmup_steps": 1,
         "device": "cpu",
         "scorecard_origins": 0,
+        "vol_reversion": False,
     },
     "data": {"source": "download", "interval": "1d", "start_date": "2019-01-01"},
 }

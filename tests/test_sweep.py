@@ -83,6 +83,7 @@ TOY = [
     "training.max_steps_per_epoch=2",
     "training.eval_max_batches=1",
     "training.scorecard_origins=0",
+    "training.vol_reversion=false",
     'training.device="cpu"',
     "training.compile=false",
     'experiment="toy"',

@@ -182,6 +182,7 @@ TINY = {
         "warmup_steps": 1,
         "device": "cpu",
         "scorecard_origins": 0,
+        "vol_reversion": False,
     },
     "data": {
         "source": "synthetic",

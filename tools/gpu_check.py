@@ -150,6 +150,7 @@ def check_first_steps(device: str, sets: list[str], steps: int = 5) -> dict[str,
         f"training.max_steps_per_epoch={steps}",
         "training.log_every_steps=1",
         "training.scorecard_origins=0",
+        "training.vol_reversion=false",
     ]
     losses = {}
     for name, extra in (

@@ -74,8 +74,9 @@ TRAINING = [
     "training.log_every_steps=1",
     "training.early_stopping_patience=100",
 ]
-SCORECARD = ["training.scorecard_origins=4", "training.scorecard_samples=20"]
-NO_SCORECARD = ["training.scorecard_origins=0"]
+# the reversion fit is a final output like the scorecard, not what the rehearsal tries: off in both
+SCORECARD = ["training.scorecard_origins=4", "training.scorecard_samples=20", "training.vol_reversion=false"]
+NO_SCORECARD = ["training.scorecard_origins=0", "training.vol_reversion=false"]
 
 
 def overrides(size: Size, *extra: str) -> list[str]:

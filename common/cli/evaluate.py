@@ -62,6 +62,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             seed=args.seed,
             device=args.device,
             precision=args.precision,
+            reversion=args.reversion,
         )
     )
 
@@ -198,6 +199,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=200, help="sampled paths per origin (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--reversion",
+        action="store_true",
+        help="fit the volatility reversion instead (reversion.json, as the end of training does; "
+        "docs/forecasting.md): --samples and --seed apply",
+    )
     add_precision_arg(p)
     p.set_defaults(handler=_cmd_calibrate)
 

@@ -2,11 +2,14 @@
 
     marketgpt calibrate RUN_DIR [--horizon 24] [--stride K | --origins N] [--samples 200] [--seed 0]
                                 [--device cpu] [--precision auto|fp32|bf16]
+    marketgpt calibrate RUN_DIR --reversion [--samples 200] [--seed 0]
 
 Writes RUN_DIR/calibration.json (common.evaluation.calibration: split-conformal CQR per step and
 level), which `marketgpt forecast --calibrated` applies and `marketgpt scorecard` reports on the
 test split. A separate command rather than a side effect of the scorecard: its cost (one more
 walk-forward, over the val split) is paid once and named, and one fitted file serves both.
+With --reversion it fits the volatility reversion instead (reversion.json,
+common.evaluation.vol_reversion), as the end of training does: for a run trained without it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from common.errors import UserError
 from common.evaluation.asset_series import series_from_run
 from common.evaluation.calibration import fit_calibration, write_calibration
 from common.evaluation.scorecard import forecaster_fn
+from common.evaluation.vol_reversion import fit_run_reversion, reversion_line
 from common.forecasting.forecaster import Forecaster
+from common.run.files import REVERSION_JSON
 
 __all__ = ["CalibrateRequest", "run_calibrate_command"]
 
@@ -38,6 +43,7 @@ class CalibrateRequest:
     seed: int = 0
     device: str = "cpu"
     precision: str = "auto"
+    reversion: bool = False  # reversion.json instead of calibration.json
 
 
 def run_calibrate_command(req: CalibrateRequest) -> int:
@@ -52,6 +58,12 @@ def run_calibrate_command(req: CalibrateRequest) -> int:
     stride = req.stride if req.stride is not None or req.origins is not None else 5
     series, _ = series_from_run(req.run_dir)
     forecaster = Forecaster.from_run(req.run_dir, device=parse_device(req.device), precision=req.precision)
+    if req.reversion:
+        say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+        fitted = fit_run_reversion(req.run_dir, forecaster, n_samples=req.samples, seed=req.seed, progress=say)
+        print(reversion_line(fitted))
+        print(f"Wrote {Path(req.run_dir) / REVERSION_JSON}")
+        return 0
     forecaster.check_request(req.horizon, req.samples)
     content = fit_calibration(
         series,

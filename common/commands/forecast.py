@@ -113,6 +113,8 @@ def run_forecast_command(req: ForecastRequest) -> int:
         "temperature": req.temperature,
         "top_k": req.top_k,
         "top_p": req.top_p,
+        # each run's volatility reversion (reversion.json's tau; null: its paths as sampled)
+        "reversion_tau": [m.reversion.tau if m.reversion else None for m in getattr(fc, "members", [fc])],
     }
     if calibration is not None:
         result.table = calibrate_table(result.table, calibration)

@@ -43,7 +43,7 @@ from common.distributed.job_store import failures_reported, share_from_main
 from common.distributed.scheduler import job_metadata
 from common.errors import UserError
 from common.evaluation.evaluate import evaluate_best
-from common.evaluation.final_scorecard import end_of_training_scorecard
+from common.evaluation.final_scorecard import end_of_training_reversion, end_of_training_scorecard
 from common.evaluation.result_lines import summarize_results
 from common.run.files import TRAINING_LOG_JSON
 from common.training.finetune import record_lineage
@@ -127,10 +127,11 @@ def _train_and_test(training: TrainingRun, out: TextIO, stop_after_steps: Option
     def final_outputs(status: str) -> None:
         # rank 0 alone scores the best model on the test split, before the log says the run is done;
         # the scorecard first, so test_results.json (with its error, if any) stays the last output
-        scorecard_error = end_of_training_scorecard(cfg.training, run_dir, device, out=out)
-        results = evaluate_best(
-            run, device, status=status, extra={"scorecard_error": scorecard_error} if scorecard_error else None
-        )
+        errors = {
+            "reversion_error": end_of_training_reversion(cfg.training, run_dir, device, out=out),
+            "scorecard_error": end_of_training_scorecard(cfg.training, run_dir, device, out=out),
+        }
+        results = evaluate_best(run, device, status=status, extra={k: v for k, v in errors.items() if v} or None)
         print(summarize_results(run_dir, results), file=out, flush=True)
 
     try:

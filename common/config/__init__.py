@@ -153,6 +153,10 @@ class TrainingConfig:
     max_steps_per_epoch: Optional[int] = None  # cap an epoch (quick runs, tests)
     eval_max_batches: Optional[int] = None  # cap val/test batches (quick runs, tests)
     log_every_steps: int = 50  # plain progress line in batch logs
+    # fit the volatility reversion on the validation split at the end of training (reversion.json:
+    # every forecast of the run pulls its spread toward the asset's long-run level, tau chosen by
+    # CRPS; common.forecasting.reversion); false: the paths as sampled
+    vol_reversion: bool = True
     # end-of-training scorecard (common.evaluation.final_scorecard), horizons 1, 5, 20: origin dates evenly
     # spaced over the test split; 0 turns it off
     scorecard_origins: int = 20

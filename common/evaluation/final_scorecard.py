@@ -1,5 +1,6 @@
-"""The small scorecard every run writes at the end of training (common.commands.train's final
-outputs): `training.scorecard_origins` origin dates (0 turns it off), at most
+"""What every run writes at the end of training (common.commands.train's final outputs): first the
+volatility reversion fitted on the validation split (training.vol_reversion, reversion.json), then
+the small scorecard: `training.scorecard_origins` origin dates (0 turns it off), at most
 `training.scorecard_budget` (asset, origin) forecasts drawn among them, `training.scorecard_samples`
 paths at horizons 1, 5 and 20, with its progress in the job log. `marketgpt scorecard RUN_DIR`
 (common/commands/scorecard.py) scores the same best model in full.
@@ -19,7 +20,36 @@ import torch
 
 from common.config import TrainingConfig
 
-__all__ = ["end_of_training_scorecard"]
+__all__ = ["end_of_training_reversion", "end_of_training_scorecard"]
+
+
+def end_of_training_reversion(
+    t: TrainingConfig, run_dir: Path, device: torch.device, out: Optional[TextIO] = None
+) -> Optional[str]:
+    """reversion.json (training.vol_reversion): the volatility reversion fitted on the validation
+    split (common.evaluation.vol_reversion), before the scorecard so that it scores the reverted
+    paths. Returns None when written or switched off, else the reason it failed (the run keeps
+    its model; forecasts then read the paths as sampled)."""
+    if not t.vol_reversion:
+        return None
+    out = out or sys.stdout
+    try:
+        from common.evaluation.vol_reversion import fit_run_reversion, reversion_line
+        from common.forecasting.forecaster import Forecaster
+
+        content = fit_run_reversion(
+            run_dir,
+            Forecaster.from_run(run_dir, device=device),  # an earlier fit's file is set aside, then replaced
+            n_samples=t.scorecard_samples,
+            seed=t.seed,
+            progress=lambda msg: print(f"Reversion: {msg}", file=out, flush=True),
+        )
+    except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)
+        reason = f"{type(e).__name__}: {e}"
+        print(f"warning: reversion.json not written ({reason})", file=sys.stderr, flush=True)
+        return reason
+    print(reversion_line(content), file=out, flush=True)
+    return None
 
 
 def end_of_training_scorecard(

@@ -44,6 +44,7 @@ from common.forecasting.draws import per_close
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.forecasting.frames import DEFAULT_LEVELS, check_levels, frame_history, frame_items, quantile_frame
 from common.forecasting.history import clean_history, history_loader, load_histories
+from common.forecasting.reversion import load_reversion, long_run_variance, revert_paths
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -99,6 +100,9 @@ class ForecasterCore:
         # its bins' medians, where the tokenizer has the within-bin quantiles: better calibrated at
         # every horizon and +0.10% CRPS at H=1 on validation (bench/results/2026-12-06-within-bin)
         self.within_bin = True
+        # the volatility reversion fitted on validation at the end of training (reversion.json in
+        # the run or export folder; None: the paths as sampled), common.forecasting.reversion
+        self.reversion = load_reversion(run_dir, checkpoint_sha256)
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -196,6 +200,10 @@ class ForecasterCore:
         )  # (N, S, H)
 
         close, ohlc = self._decode_paths(tokens, states, self._within_uniforms(origins, samples, horizon, seed))
+        if self.reversion is not None:  # each asset's long-run variance from its candles up to the origin
+            long_run = self.reversion.long_run
+            v_long = np.array([long_run_variance(h.candles["close"].to_numpy(), long_run) for h in histories])
+            close, ohlc = revert_paths(close, ohlc, v_long, self.reversion.weights(horizon))
         table = self._forecast_table(origins, close, ohlc, horizon)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)

@@ -13,6 +13,7 @@ with each sample's own tokens since and one more token per row: a KV cache for s
 model.safetensors (no pickle), loaded by Forecaster.from_pretrained with torch. Beside the model:
 
     config.json, tokenizer.json, asset_info.json   the run's own, so the export forecasts alone
+    reversion.json                                  where the run has one: its forecasts' volatility reversion
     model_card.json                                 format, inputs, training-data cutoff, universe,
                                                     parameter count, parent run and
                                                     checkpoint sha256, scorecard headline, parity check
@@ -45,7 +46,7 @@ from common.forecasting.export_graphs import NextTokenLogits, Prefill, Step, ran
 from common.forecasting.forecaster import PRETRAINED_FILES, Forecaster
 from common.forecasting.infer import STEP_FILE, OnnxBackend
 from common.forecasting.model_card import model_card, model_card_markdown
-from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, TOKENIZER_JSON
+from common.run.files import ASSET_INFO_JSON, BEST_MODEL_PT, CONFIG_JSON, REVERSION_JSON, TOKENIZER_JSON
 from common.run.log import RunLog
 from common.tokens.features import feature_columns
 
@@ -116,6 +117,8 @@ def _export_model(fc: Forecaster, model: MarketGPT, run_dir: Path, fmt: str, sta
     target = staging / FORMATS[fmt]
     for name in (CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON):
         shutil.copy2(run_dir / name, staging / name)
+    if (run_dir / REVERSION_JSON).is_file():  # the run's forecasts revert their spread: the export's too
+        shutil.copy2(run_dir / REVERSION_JSON, staging / REVERSION_JSON)
     if fmt == "hf":
         save_safetensors(fc, run_dir, target)
         worst = check_pretrained(model, staging)
@@ -157,7 +160,8 @@ def _publish(card: dict, run_dir: Path, fmt: str, staging: Path, out: Path) -> N
     model_files = {"onnx": (FORMATS[fmt], STEP_FILE), "hf": (FORMATS[fmt], "README.md")}.get(fmt, (FORMATS[fmt],))
     if fmt == "hf":
         (staging / "README.md").write_text(model_card_markdown(card, run_dir), encoding="utf-8")
-    for name in (*model_files, CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON, "model_card.json"):
+    optional = (REVERSION_JSON,) if (staging / REVERSION_JSON).is_file() else ()
+    for name in (*model_files, CONFIG_JSON, TOKENIZER_JSON, ASSET_INFO_JSON, "model_card.json", *optional):
         # safetensors writes 0600 and copy2 keeps the run's modes: each file reads as one the user writes
         os.chmod(staging / name, default_mode())
         os.replace(staging / name, out / name)

@@ -12,6 +12,7 @@
     report.png           REPORT_PNG         the training curves and test scores, drawn
     scorecard.json/.png  SCORECARD_JSON/PNG the price-space scorecard
     calibration.json     CALIBRATION_JSON   `marketgpt calibrate`'s fit on the validation split
+    reversion.json       REVERSION_JSON     the volatility reversion fitted at the end of training
     forecasts/           FORECASTS_DIR      `marketgpt forecast`'s outputs
 
 A token shard holds the first four under the same names (a run copies them from it), and an
@@ -29,6 +30,7 @@ __all__ = [
     "DATA_INFO_JSON",
     "FORECASTS_DIR",
     "REPORT_PNG",
+    "REVERSION_JSON",
     "SCORECARD_JSON",
     "SCORECARD_PNG",
     "TEST_RESULTS_JSON",
@@ -49,4 +51,5 @@ REPORT_PNG = "report.png"
 SCORECARD_JSON = "scorecard.json"
 SCORECARD_PNG = "scorecard.png"
 CALIBRATION_JSON = "calibration.json"
+REVERSION_JSON = "reversion.json"
 FORECASTS_DIR = "forecasts"
