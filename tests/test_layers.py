@@ -100,6 +100,7 @@ LAZY = {
         "common.evaluation.scorecard",
     ): "scipy and scoringrules: out of the training start-up",
     ("common.evaluation.final_scorecard", "common.forecasting.forecaster"): "out of the training start-up",
+    ("common.evaluation.final_scorecard", "common.evaluation.vol_reversion"): "the scorecard's: out of the start-up",
     # the optional `foundation` extra (--baseline): seconds to import transformers, only when asked for
     ("common.evaluation.foundation_baselines", "torch"): "chronos takes tensors; only with --baseline chronos",
     # keeping pandas off the config's path: the config loads without numpy, pandas or torch

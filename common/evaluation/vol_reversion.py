@@ -22,9 +22,10 @@ import pandas as pd
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
-from common.evaluation.asset_series import AssetSeries
+from common.evaluation.asset_series import AssetSeries, series_from_run
 from common.evaluation.calibration import MIN_VAL_ORIGINS, val_series
 from common.evaluation.price_baselines import ForecastFn
+from common.evaluation.scorecard import forecaster_fn
 from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices, within_budget
 from common.forecasting.reversion import LONG_RUN, Reversion, long_run_variance, revert_returns
 from common.run.files import REVERSION_JSON
@@ -125,9 +126,6 @@ def fit_run_reversion(
 ) -> dict:
     """Fit a run's reversion with its Forecaster (the paths as sampled: its own reversion set aside)
     on the run's validation split, write reversion.json and return its content."""
-    from common.evaluation.asset_series import series_from_run
-    from common.evaluation.scorecard import forecaster_fn
-
     forecaster.reversion = None
     series, _ = series_from_run(run_dir)
     content = fit_reversion(
