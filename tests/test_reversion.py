@@ -202,3 +202,20 @@ def test_calibrate_reversion_fits_it_for_a_run_trained_without(reverted_run, cap
     (reverted_run / REVERSION_JSON).write_text("{broken")
     assert main(["forecast", str(reverted_run), "--symbols", "AAPL", "--horizon", "3", "--samples", "4"]) == 2
     assert "reversion.json is damaged" in capsys.readouterr().err
+
+
+def test_the_scorecard_and_forecast_json_record_each_run_s_reversion(reverted_run, tmp_path):
+    from common.cli import main
+
+    write_reversion({"tau": 7.0, "long_run": 500}, reverted_run)  # the run's file, whatever earlier tests left
+    out = tmp_path / "fc"
+    assert (
+        main(
+            ["forecast", str(reverted_run), "--symbols", "AAPL", "--horizon", "3", "--samples", "8", "--out", str(out)]
+        )
+        == 0
+    )
+    assert json.loads((out / "forecast.json").read_text())["reversion_tau"] == [7.0]
+    args = ["scorecard", str(reverted_run), "--origins", "3", "--samples", "8", "--horizons", "1,5"]
+    assert main(args) == 0
+    assert json.loads((reverted_run / "scorecard.json").read_text())["reversion_tau"] == [7.0]

@@ -114,7 +114,7 @@ def run_forecast_command(req: ForecastRequest) -> int:
         "top_k": req.top_k,
         "top_p": req.top_p,
         # each run's volatility reversion (reversion.json's tau; null: its paths as sampled)
-        "reversion_tau": [m.reversion.tau if m.reversion else None for m in getattr(fc, "members", [fc])],
+        "reversion_tau": fc.reversion_taus(),
     }
     if calibration is not None:
         result.table = calibrate_table(result.table, calibration)

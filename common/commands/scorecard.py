@@ -129,6 +129,7 @@ def run_scorecard_command(req: ScorecardRequest) -> int:
         settings,
         out_dir=out,
         precision=forecaster.precision,
+        reversion_tau=forecaster.reversion_taus(),
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         calibration=_run_calibration(runs, forecaster.checkpoint_sha256),
         extra_baselines=_foundation_models(foundation, req.device) if foundation else None,

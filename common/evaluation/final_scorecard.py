@@ -81,6 +81,7 @@ def end_of_training_scorecard(
             forecaster_fn(forecaster),
             settings,
             precision=forecaster.precision,
+            reversion_tau=forecaster.reversion_taus(),
             progress=lambda msg: print(f"Scorecard: {msg}", file=out, flush=True),
         )
     except Exception as e:  # noqa: BLE001 (the trained model and its test results matter more)

@@ -415,6 +415,7 @@ def run_scorecard(
     precision: Optional[str] = None,
     calibration: Optional[Calibration] = None,
     extra_baselines: Optional[Mapping[str, ForecastFn]] = None,
+    reversion_tau: Optional[Sequence[Optional[float]]] = None,
 ) -> dict:
     """`marketgpt scorecard RUN_DIR`: score `forecast_fn` on the run's test split, write
     scorecard.json and scorecard.png into the run folder (or `out_dir`), return the card.
@@ -423,6 +424,7 @@ def run_scorecard(
     precision: the model's (fp32 or bf16 autocast), recorded in the card when given.
     calibration: the run's calibration.json, whose coverage on the test split the card reports.
     extra_baselines: more forecasters beside the fitted baselines (the foundation models).
+    reversion_tau: the volatility reversion of each run the model's paths came from (recorded).
     On a run of the rich synthetic market the observable oracle is scored too, as the ceiling."""
     settings = settings or ScorecardSettings()
     series, interval = series_from_run(run_dir, settings.interval)
@@ -440,6 +442,8 @@ def run_scorecard(
     card["run"] = str(run_dir)
     if precision is not None:
         card["precision"] = precision
+    if reversion_tau is not None:
+        card["reversion_tau"] = list(reversion_tau)
     try:
         write_scorecard(card, out_dir or run_dir)
     except OSError as e:

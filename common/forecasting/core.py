@@ -104,6 +104,10 @@ class ForecasterCore:
         # the run or export folder; None: the paths as sampled), common.forecasting.reversion
         self.reversion = load_reversion(run_dir, checkpoint_sha256)
 
+    def reversion_taus(self) -> list[Optional[float]]:
+        """The volatility reversion each run of this forecaster applies (tau; None: paths as sampled)."""
+        return [self.reversion.tau if self.reversion is not None else None]
+
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
         if symbol in self.assets:

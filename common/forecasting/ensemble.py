@@ -52,6 +52,9 @@ class Ensemble(Forecaster):
         self.members = list(members)
         self.ensemble = [{"run": str(m.run_dir), "checkpoint_sha256": m.checkpoint_sha256} for m in members]
 
+    def reversion_taus(self) -> list[Optional[float]]:
+        return [tau for m in self.members for tau in m.reversion_taus()]  # each member reverts its own paths
+
     @classmethod
     def from_runs(
         cls,
