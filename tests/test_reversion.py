@@ -219,3 +219,20 @@ def test_the_scorecard_and_forecast_json_record_each_run_s_reversion(reverted_ru
     args = ["scorecard", str(reverted_run), "--origins", "3", "--samples", "8", "--horizons", "1,5"]
     assert main(args) == 0
     assert json.loads((reverted_run / "scorecard.json").read_text())["reversion_tau"] == [7.0]
+
+
+def test_a_failing_fit_is_recorded_and_does_not_fail_the_run(reverted_run, monkeypatch, capsys):
+    from common.cli import main
+    from common.evaluation import vol_reversion
+
+    config = reverted_run.parent.parent / "configs" / "tiny.json"
+    (reverted_run / "test_results.json").unlink()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(vol_reversion, "fit_run_reversion", broken)
+    assert main(["train", "--config", str(config), "--resume", "auto"]) == 0
+    results = json.loads((reverted_run / "test_results.json").read_text())
+    assert results["reversion_error"] == "OSError: disk full" and "scorecard_error" not in results
+    assert "reversion.json not written (OSError: disk full)" in capsys.readouterr().err
