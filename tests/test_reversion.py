@@ -188,6 +188,8 @@ def test_an_onnx_export_carries_the_reversion_and_forecasts_as_its_run(reverted_
         np.testing.assert_allclose(a[key], b[key], rtol=1e-9)
     run.reversion = None
     assert not np.allclose(paths(run)["close"], a["close"])
+    hf = export_run(reverted_run, "hf", tmp_path / "hf")  # the model folder carries it too
+    assert Forecaster.from_pretrained(hf).reversion == Reversion(3.0)
 
 
 def test_calibrate_reversion_fits_it_for_a_run_trained_without(reverted_run, capsys):
