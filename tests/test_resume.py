@@ -48,6 +48,7 @@ TINY = {
         "log_every_steps": 3,
         "scorecard_origins": 2,
         "scorecard_samples": 4,
+        "vol_reversion": False,  # a final output like the scorecard; tests/test_reversion.py
     },
     "data": {"source": "sample", "interval": "1d"},
 }

@@ -7,7 +7,7 @@
 set -euo pipefail
 export OMP_NUM_THREADS=1
 R=bench/results/2026-12-07-reversion-shipped
-step=${1:-all}  # bash run.sh train | bash run.sh bench SEED | bash run.sh card SEED | bash run.sh all
+step=${1:-all}  # bash run.sh train | bench SEED | card SEED | ensemble | all
 if [ "$step" = train ] || [ "$step" = all ]; then
   for s in 42 1 2; do
     ./quickstart.sh --set "training.seed=$s" --set "experiment=\"rs_seed$s\"" > "$R/train_seed$s.txt"
@@ -26,4 +26,14 @@ if [ "$step" = card ] || [ "$step" = all ]; then
     cp "${dirs[-1]}/scorecard.json" "$R/scorecard_seed$s.json"
     cp "${dirs[-1]}/reversion.json" "$R/reversion_seed$s.json"
   done
+fi
+if [ "$step" = ensemble ] || [ "$step" = all ]; then
+  # the three seeds' equal-weight ensemble, each run reverting its own share of the paths
+  runs=()
+  for s in 42 1 2; do
+    dirs=(case_c_crypto/checkpoints/"rs_seed${s}"_*)
+    runs+=("${dirs[-1]}")
+  done
+  python -m common.cli scorecard "${runs[@]}" > "$R/scorecard_ensemble.txt"
+  cp "${runs[0]}/ensemble_3/scorecard.json" "$R/scorecard_ensemble.json"
 fi
