@@ -155,7 +155,7 @@ def test_training_fits_it_and_every_forecast_of_the_run_reads_it(reverted_run, t
     write_reversion({**fit, "tau": 3.0}, tmp_path)
     shutil.copy2(tmp_path / REVERSION_JSON, reverted_run / REVERSION_JSON)
     fc = Forecaster.from_run(reverted_run)
-    assert fc.reversion == Reversion(3.0)
+    assert fc.reversion == Reversion(3.0, interval="1d")
     history = fc.load_history(["AAPL"], as_of="2012-06-01")
     pulled = fc.forecast(history, horizon=20, samples=200, seed=3, return_paths=True).paths["close"]
     fc.reversion = None
@@ -178,7 +178,7 @@ def test_an_onnx_export_carries_the_reversion_and_forecasts_as_its_run(reverted_
     export_run(reverted_run, "onnx", out)
     assert json.loads((out / REVERSION_JSON).read_text())["tau"] == 3.0
     run, exported = Forecaster.from_run(reverted_run), ExportedForecaster.from_export(out)
-    assert exported.reversion == run.reversion == Reversion(3.0)
+    assert exported.reversion == run.reversion == Reversion(3.0, interval="1d")
     # greedy tokens take the sampler's draws out (both backends pick the same ids); each candle's
     # move is still drawn within its bin, so the samples spread and the reversion acts on them
     history = run.load_history(["AAPL"], as_of="2012-06-01")
@@ -189,7 +189,7 @@ def test_an_onnx_export_carries_the_reversion_and_forecasts_as_its_run(reverted_
     run.reversion = None
     assert not np.allclose(paths(run)["close"], a["close"])
     hf = export_run(reverted_run, "hf", tmp_path / "hf")  # the model folder carries it too
-    assert Forecaster.from_pretrained(hf).reversion == Reversion(3.0)
+    assert Forecaster.from_pretrained(hf).reversion == Reversion(3.0, interval="1d")
 
 
 def test_calibrate_reversion_fits_it_for_a_run_trained_without(reverted_run, capsys):
@@ -238,3 +238,18 @@ def test_a_failing_fit_is_recorded_and_does_not_fail_the_run(reverted_run, monke
     results = json.loads((reverted_run / "test_results.json").read_text())
     assert results["reversion_error"] == "OSError: disk full" and "scorecard_error" not in results
     assert "reversion.json not written (OSError: disk full)" in capsys.readouterr().err
+
+
+def test_a_run_of_two_intervals_reverts_the_interval_it_was_fitted_on_only(tmp_path):
+    from common.forecasting.forecaster import Forecaster
+    from common.paths import REPO_ROOT
+
+    run = tmp_path / "two_intervals"
+    shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "runs" / "two_intervals", run)
+    write_reversion({"tau": 3.0, "long_run": 500, "interval": "1d"}, run)
+    daily, hourly = Forecaster.from_run(run), Forecaster.from_run(run, interval="1h")
+    assert daily.reversion_taus() == [3.0] and hourly.reversion_taus() == [None]
+    history = hourly.load_history(["BTC-USD"])
+    got = hourly.forecast(history, 5, 40, seed=2, return_paths=True).paths["close"]
+    hourly.reversion = None
+    np.testing.assert_array_equal(got, hourly.forecast(history, 5, 40, seed=2, return_paths=True).paths["close"])

@@ -127,7 +127,7 @@ def fit_run_reversion(
     """Fit a run's reversion with its Forecaster (the paths as sampled: its own reversion set aside)
     on the run's validation split, write reversion.json and return its content."""
     forecaster.reversion = None
-    series, _ = series_from_run(run_dir)
+    series, interval = series_from_run(run_dir)  # the run's first interval, as forecaster's default
     content = fit_reversion(
         series,
         forecaster_fn(forecaster),
@@ -136,6 +136,7 @@ def fit_run_reversion(
         checkpoint_sha256=forecaster.checkpoint_sha256,
         progress=progress,
     )
+    content["interval"] = interval  # forecasts at another of the run's intervals are not reverted
     write_reversion(content, run_dir)
     return content
 

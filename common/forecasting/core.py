@@ -44,7 +44,7 @@ from common.forecasting.draws import per_close
 from common.forecasting.forecast_io import ForecastResult, History, future_timestamps, summarize_paths
 from common.forecasting.frames import DEFAULT_LEVELS, check_levels, frame_history, frame_items, quantile_frame
 from common.forecasting.history import clean_history, history_loader, load_histories
-from common.forecasting.reversion import load_reversion, long_run_variance, revert_paths
+from common.forecasting.reversion import Reversion, load_reversion, long_run_variance, revert_paths
 from common.markets import interval_step
 from common.model.sampling_settings import SamplingSettings
 from common.special_tokens import BOS_TOKEN, MISSING_TOKEN, PAD_TOKEN
@@ -104,9 +104,16 @@ class ForecasterCore:
         # the run or export folder; None: the paths as sampled), common.forecasting.reversion
         self.reversion = load_reversion(run_dir, checkpoint_sha256)
 
+    def active_reversion(self) -> Optional[Reversion]:
+        """The reversion this forecaster's paths get: the run's, where it was fitted on the interval
+        forecast (a run of several intervals fits its first)."""
+        r = self.reversion
+        return r if r is not None and r.interval in (None, self.interval) else None
+
     def reversion_taus(self) -> list[Optional[float]]:
         """The volatility reversion each run of this forecaster applies (tau; None: paths as sampled)."""
-        return [self.reversion.tau if self.reversion is not None else None]
+        active = self.active_reversion()
+        return [active.tau if active is not None else None]
 
     def resolve_symbol(self, symbol: str) -> str:
         """`symbol` if the run knows it; else a UserError naming the nearest known one."""
@@ -204,10 +211,11 @@ class ForecasterCore:
         )  # (N, S, H)
 
         close, ohlc = self._decode_paths(tokens, states, self._within_uniforms(origins, samples, horizon, seed))
-        if self.reversion is not None:  # each asset's long-run variance from its candles up to the origin
-            long_run = self.reversion.long_run
-            v_long = np.array([long_run_variance(h.candles["close"].to_numpy(), long_run) for h in histories])
-            close, ohlc = revert_paths(close, ohlc, v_long, self.reversion.weights(horizon))
+        reversion = self.active_reversion()
+        if reversion is not None:  # each asset's long-run variance from its candles up to the origin
+            closes = [h.candles["close"].to_numpy() for h in histories]
+            v_long = np.array([long_run_variance(c, reversion.long_run) for c in closes])
+            close, ohlc = revert_paths(close, ohlc, v_long, reversion.weights(horizon))
         table = self._forecast_table(origins, close, ohlc, horizon)
         paths = {"close": close, **{k: ohlc[k] for k in ("open", "high", "low")}} if return_paths else None
         return ForecastResult(table=table, paths=paths, tokens=tokens if return_paths else None, origins=origins)

@@ -12,7 +12,8 @@ candles up to the origin only):
 tau (in steps) is the one number fitted, on the validation split at the end of training
 (common.evaluation.vol_reversion), by the samples' CRPS; it is written to reversion.json in the
 run folder, travels with exports, and every forecast of the run applies it (ForecasterCore).
-No reversion.json (a run from before, or a fit that chose none): the paths as sampled.
+No reversion.json (a run from before, or a fit that chose none), or a forecast at another of the
+run's intervals than the one it was fitted on: the paths as sampled.
 bench/results/2026-12-07-vol-reversion measured the pull per horizon (W = 0.3 at 20 steps, 0.1 at
 5, ~0 at 1 on the quickstart, every seed): W_k = k / (k + tau) with tau near 45 gives all three.
 
@@ -41,10 +42,12 @@ LONG_RUN = 500  # one-step returns whose variance is the asset's long-run level 
 
 @dataclass(frozen=True)
 class Reversion:
-    """W_k = k / (k + tau) of the way to the long-run variance at step k."""
+    """W_k = k / (k + tau) of the way to the long-run variance at step k, for forecasts at
+    `interval` (the run's interval it was fitted on; None: any)."""
 
     tau: float
     long_run: int = LONG_RUN
+    interval: Optional[str] = None
 
     def weights(self, horizon: int) -> np.ndarray:
         k = np.arange(1, horizon + 1, dtype=np.float64)
@@ -95,7 +98,7 @@ def load_reversion(folder: Optional[Path], checkpoint_sha256: Optional[str] = No
         return None
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        tau, long_run = raw["tau"], int(raw["long_run"])
+        tau, long_run, interval = raw["tau"], int(raw["long_run"]), raw.get("interval")
         if tau is not None and not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
             raise ValueError(f"tau {tau!r} is not a positive number or null")
         if long_run < 2:
@@ -113,4 +116,4 @@ def load_reversion(folder: Optional[Path], checkpoint_sha256: Optional[str] = No
             file=sys.stderr,
         )
         return None
-    return None if tau is None else Reversion(float(tau), long_run)
+    return None if tau is None else Reversion(float(tau), long_run, None if interval is None else str(interval))
