@@ -34,6 +34,6 @@ if [ "$step" = ensemble ] || [ "$step" = all ]; then
     dirs=(case_c_crypto/checkpoints/"rs_seed${s}"_*)
     runs+=("${dirs[-1]}")
   done
-  python -m common.cli scorecard "${runs[@]}" > "$R/scorecard_ensemble.txt"
+  python -m common.cli scorecard ${runs[@]+"${runs[@]}"} > "$R/scorecard_ensemble.txt"
   cp "${runs[0]}/ensemble_3/scorecard.json" "$R/scorecard_ensemble.json"
 fi
