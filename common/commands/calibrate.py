@@ -56,14 +56,14 @@ def run_calibrate_command(req: CalibrateRequest) -> int:
     if req.samples < 2:
         raise UserError(f"--samples {req.samples}: must be at least 2")
     stride = req.stride if req.stride is not None or req.origins is not None else 5
-    series, _ = series_from_run(req.run_dir)
     forecaster = Forecaster.from_run(req.run_dir, device=parse_device(req.device), precision=req.precision)
-    if req.reversion:
+    if req.reversion:  # reads the run's series itself
         say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
         fitted = fit_run_reversion(req.run_dir, forecaster, n_samples=req.samples, seed=req.seed, progress=say)
         print(reversion_line(fitted))
         print(f"Wrote {Path(req.run_dir) / REVERSION_JSON}")
         return 0
+    series, _ = series_from_run(req.run_dir)
     forecaster.check_request(req.horizon, req.samples)
     content = fit_calibration(
         series,

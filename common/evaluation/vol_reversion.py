@@ -13,7 +13,6 @@ The end of training fits it (training.vol_reversion) before the small scorecard,
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -153,8 +152,6 @@ def reversion_line(content: dict) -> str:
 def write_reversion(content: dict, run_dir: str | Path) -> Path:
     """reversion.json in the run folder, written atomically."""
     path = Path(run_dir) / REVERSION_JSON
-    if content["tau"] is not None and not math.isfinite(content["tau"]):
-        raise ValueError(f"tau {content['tau']} is not finite")
     try:
         atomic_write_json(path, content)
     except OSError as e:
