@@ -167,6 +167,21 @@ def test_training_fits_it_and_every_forecast_of_the_run_reads_it(reverted_run, t
     assert spread(pulled) == pytest.approx(expected, rel=1e-9)
 
 
+def test_an_ensemble_reads_each_member_s_file_once(reverted_run, tmp_path, capsys):
+    from common.forecasting.ensemble import Ensemble
+    from common.forecasting.forecaster import Forecaster
+
+    fit = json.loads((reverted_run / REVERSION_JSON).read_text())
+    write_reversion({**fit, "tau": 3.0, "checkpoint_sha256": "cd" * 32}, tmp_path)
+    shutil.copy2(tmp_path / REVERSION_JSON, reverted_run / REVERSION_JSON)
+    ensemble = Ensemble([Forecaster.from_run(reverted_run), Forecaster.from_run(reverted_run)])
+    assert capsys.readouterr().err.count("fitted for another best_model.pt") == 2  # one line a member
+    assert ensemble.reversion is None and ensemble.reversion_taus() == [None, None]
+    assert ensemble.run_dir == reverted_run
+    write_reversion({**fit, "tau": 3.0}, reverted_run)
+    assert Ensemble([Forecaster.from_run(reverted_run)] * 2).reversion_taus() == [3.0, 3.0]
+
+
 def test_an_onnx_export_carries_the_reversion_and_forecasts_as_its_run(reverted_run, tmp_path):
     from common.forecasting.export import export_run
     from common.forecasting.forecaster import Forecaster

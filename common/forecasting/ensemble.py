@@ -45,10 +45,11 @@ class Ensemble(Forecaster):
             first.tokenizer,
             first.info,
             first.cfg,
-            run_dir=first.run_dir,
+            run_dir=None,  # each member read its own reversion.json; the ensemble has none to read
             checkpoint_sha256=first.checkpoint_sha256,
             precision=precision,
         )
+        self.run_dir = first.run_dir
         self.members = list(members)
         self.ensemble = [{"run": str(m.run_dir), "checkpoint_sha256": m.checkpoint_sha256} for m in members]
 
