@@ -13,6 +13,7 @@ the scale's alone.
     python bench/bench_spread.py RUN_DIR ... --within-bin --json out.json  # moves drawn within their bins
     python bench/bench_spread.py RUN_DIR ... --revert --json out.json  # variance pulled to its long-run level
     python bench/bench_spread.py RUN_DIR ... --fitted --json out.json  # the run's reversion.json, on and off
+    python bench/bench_spread.py RUN_DIR ... --long-run --json out.json  # the reversion's long-run window too
     python bench/bench_spread.py --compare A.json B.json   # A's runs against B's, paired in order
     python bench/bench_spread.py --compare a1.json,a2.json,a3.json b1.json,b2.json,b3.json
 
@@ -46,16 +47,22 @@ from _common import machine_info  # noqa: E402  (puts the repo on sys.path)
 GRID = (0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6)
 HORIZONS = (1, 5, 20)
 REVERSION = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
+LONG_RUNS = (125, 250, 500, 1000)  # --long-run: returns in the long-run variance (the library's: 500)
 
 
-def _scaled_forecasters(raw: Callable, revert: bool = False, fitted=None) -> dict[str, Callable]:
+def _scaled_forecasters(
+    raw: Callable, revert: bool = False, fitted=None, long_runs: tuple[int, ...] = ()
+) -> dict[str, Callable]:
     """The model itself as "s1", first; every other point of the grid rescales those same paths
     (forecast_all calls the forecasters of a batch in order, on one list of histories). With
     `revert`, the grid is REVERSION: "wW" moves each forecast's variance v at step k a share W of the
     way to the asset's long-run variance over k steps, v -> (1 - W) v + W k v_long, as log-HAR's
     long-run term pulls a calm or a turbulent stretch back to the usual level. With `fitted` (a
-    common.forecasting.reversion.Reversion: the run's reversion.json), "fitted" alone: that pull."""
-    from common.forecasting.reversion import LONG_RUN, long_run_variance, revert_returns
+    common.forecasting.reversion.Reversion: the run's reversion.json), "fitted" alone: that pull. With
+    `long_runs`, "tau{T}_lr{L}": the library's fit's taus, each with the long-run variance of the
+    asset's last L returns, for each L."""
+    from common.evaluation.vol_reversion import TAUS
+    from common.forecasting.reversion import LONG_RUN, Reversion, long_run_variance, revert_returns
 
     last: dict = {}
 
@@ -73,20 +80,22 @@ def _scaled_forecasters(raw: Callable, revert: bool = False, fitted=None) -> dic
 
         return fn
 
-    def reverted(weights: Callable[[int], np.ndarray]) -> Callable:
+    def reverted(weights: Callable[[int], np.ndarray], long_run: int = LONG_RUN) -> Callable:
         def fn(histories, horizon, n, seed):
             assert last["key"] == id(histories), "the raw model is called first in each batch"
             x = last["out"]  # (origins, samples, steps): the log return to each step 1..horizon
-            if "v_long" not in last:  # once per batch, shared by every W
-                last["v_long"] = np.array(
-                    [long_run_variance(h.candles["close"].to_numpy(), LONG_RUN) for h in histories]
-                )
-            return revert_returns(x, last["v_long"], weights(x.shape[2]))
+            key = f"v_long{long_run}"
+            if key not in last:  # once per batch, shared by every W
+                last[key] = np.array([long_run_variance(h.candles["close"].to_numpy(), long_run) for h in histories])
+            return revert_returns(x, last[key], weights(x.shape[2]))
 
         return fn
 
     if fitted is not None:
         return {"s1": model, "fitted": reverted(fitted.weights)}
+    if long_runs:
+        pulls = {f"tau{t:g}_lr{lr}": reverted(Reversion(t).weights, lr) for lr in long_runs for t in TAUS}
+        return {"s1": model, **pulls}
     if revert:
         return {"s1": model, **{f"w{w:g}": reverted(lambda h, w=w: np.full(h, w)) for w in REVERSION if w != 0.0}}
     return {"s1": model, **{f"s{s:g}": scaled(s) for s in GRID if s != 1.0}}
@@ -111,7 +120,13 @@ def with_within_bins(tokenizer, series) -> None:
 
 
 def score_run(
-    run: Path, samples: int, seed: int, within_bin: bool = False, revert: bool = False, fitted: bool = False
+    run: Path,
+    samples: int,
+    seed: int,
+    within_bin: bool = False,
+    revert: bool = False,
+    fitted: bool = False,
+    long_runs: tuple[int, ...] = (),
 ) -> dict:
     import torch
 
@@ -131,7 +146,7 @@ def score_run(
     reversion, fc.reversion = fc.reversion, None  # "s1" is always the paths as sampled
     if fitted and reversion is None:
         raise SystemExit(f"--fitted: {run} has no reversion.json with a pull (tau null or absent)")
-    fcs = _scaled_forecasters(forecaster_fn(fc), revert, reversion if fitted else None)
+    fcs = _scaled_forecasters(forecaster_fn(fc), revert, reversion if fitted else None, long_runs)
     # what the forecasts were decoded by: a run fitted since the quantiles are stored draws by default
     out: dict = {"run": str(run), "within_bin": fc.within_bin and fc.tokenizer.within_bins, "revert": revert}
     if fitted:
@@ -140,13 +155,20 @@ def score_run(
     val = val_series(series)
     o_val = all_origins(val, origin_indices(val, stride=5)[0], HORIZONS)
     st_val, _ = forecast_all(val, o_val, fcs, HORIZONS, samples, seed, say)
+    joint = at500 = None
+    if long_runs:  # one pull for every horizon, as the library's fit chooses it: the best mean val skill
+        val_mean = {h: {name: float(np.mean(st_val[h][name]["crps"])) for name in fcs} for h in HORIZONS}
+        score = {name: float(np.mean([1 - val_mean[h][name] / val_mean[h]["s1"] for h in HORIZONS])) for name in fcs}
+        joint = max(score, key=score.__getitem__)  # the paths as sampled score 0
+        at500 = max((n for n in score if n == "s1" or n.endswith("_lr500")), key=score.__getitem__)
+        out["long_run"] = {"grid": list(long_runs), "val_score": score, "chosen": joint, "chosen_500": at500}
     baselines = fit_price_baselines(series, interval)
     origins, stride = origin_indices(series, stride=5)
     o = all_origins(series, origins, HORIZONS)
     st, _ = forecast_all(series, o, {**fcs, **baselines}, HORIZONS, samples, seed, say)
     for h in HORIZONS:
         val_crps = {name: float(np.mean(st_val[h][name]["crps"])) for name in fcs}
-        chosen = "fitted" if fitted else min(val_crps, key=val_crps.__getitem__)  # fitted: its tau, on val
+        chosen = "fitted" if fitted else joint or min(val_crps, key=val_crps.__getitem__)  # fitted: its tau
         dates = o.dates[np.isfinite(o.y[h])]
         y = o.y[h][np.isfinite(o.y[h])]
 
@@ -162,6 +184,7 @@ def score_run(
             "test_chosen_vs_raw": skill(chosen, "s1"),
             "test_raw_vs_best_baseline": {"baseline": best, **skill("s1", best)},
             "test_chosen_vs_best_baseline": {"baseline": best, **skill(chosen, best)},
+            **({"test_chosen_vs_500": skill(chosen, at500)} if at500 else {}),
             "test_coverage90": {k: float(np.mean(st[h][k]["cover90"])) for k in (*fcs, *baselines)},
             "test_qlike": {k: float(np.mean(qlike(st[h][k]["var"], y))) for k in (*fcs, *baselines)},
             # per origin, for comparing runs on the same origins (--compare)
@@ -188,6 +211,14 @@ def _line(run: dict) -> list[str]:
             f"90% coverage raw {r['test_coverage90']['s1']:.1%}, chosen {r['test_coverage90'][r['chosen']]:.1%}; "
             f"QLIKE raw {q['s1']:.3f}, chosen {q[r['chosen']]:.3f}, {best_q} {q[best_q]:.3f}"
         )
+        if "test_chosen_vs_500" in r:
+            lr = run["long_run"]
+            lines.append(
+                f"    long-run window: val chooses {lr['chosen']} ({lr['val_score'][lr['chosen']]:+.3%}), at 500 "
+                f"{lr['chosen_500']} ({lr['val_score'][lr['chosen_500']]:+.3%}); test: chosen vs it "
+                f"{pct(r['test_chosen_vs_500'])}, 90% coverage {r['test_coverage90'][lr['chosen_500']]:.1%} -> "
+                f"{r['test_coverage90'][lr['chosen']]:.1%}"
+            )
     return lines
 
 
@@ -236,6 +267,7 @@ def main() -> int:
     ap.add_argument("--within-bin", action="store_true", help="decode sampled tokens by draws within their bins")
     ap.add_argument("--revert", action="store_true", help="the grid pulls the variance to its long-run level")
     ap.add_argument("--fitted", action="store_true", help="the run's reversion.json against the paths as sampled")
+    ap.add_argument("--long-run", action="store_true", help="the reversion's taus with each long-run window")
     args = ap.parse_args()
     if args.compare:
         a, b = ({"runs": [r for p in side.split(",") for r in _runs(Path(p))]} for side in args.compare)
@@ -253,12 +285,15 @@ def main() -> int:
         return 0
     if not args.runs:
         ap.error("give RUN_DIR ... or --compare A.json B.json")
-    runs = [score_run(r, args.samples, args.seed, args.within_bin, args.revert, args.fitted) for r in args.runs]
+    long_runs = LONG_RUNS if args.long_run else ()
+    runs = [
+        score_run(r, args.samples, args.seed, args.within_bin, args.revert, args.fitted, long_runs) for r in args.runs
+    ]
     for r in runs:
         print("\n".join(_line(r)))
     if args.json:
         # one line: the per-origin lists are long
-        grid = ["fitted"] if args.fitted else REVERSION if args.revert else GRID
+        grid = ["fitted"] if args.fitted else list(long_runs) if long_runs else REVERSION if args.revert else GRID
         args.json.write_text(json.dumps({"machine": machine_info(), "grid": grid, "runs": runs}))
     return 0
 

@@ -195,6 +195,7 @@ def test_bench_spread_scales_the_same_draws_around_their_median():
 
 
 def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
+    from common.evaluation.vol_reversion import TAUS
     from common.forecasting.forecast_io import History
     from common.forecasting.reversion import LONG_RUN, Reversion, long_run_variance
 
@@ -234,6 +235,15 @@ def test_bench_spread_reverts_the_variance_to_the_long_run_level_step_by_step():
     out = fitted["fitted"](histories, 4, 400, 99)
     w = np.arange(1, 5) / (np.arange(1, 5) + 10.0)
     np.testing.assert_allclose(out.var(axis=1), (1 - w) * x.var(axis=1) + w * np.arange(1, 5) * v_long[:, None])
+    # --long-run: each tau with each window's long-run variance, on the same draws
+    grid = _scaled_forecasters(raw, long_runs=(100, LONG_RUN))
+    assert len(grid) == 1 + 2 * len(TAUS) and "tau10_lr100" not in grid and "tau25_lr100" in grid
+    x = grid["s1"](histories, 4, 400, 3)
+    v_short = np.array([np.var(np.diff(np.log(c[-101:]))) for c in closes])
+    w = np.arange(1, 5) / (np.arange(1, 5) + 25.0)
+    for name, v in (("tau25_lr100", v_short), (f"tau25_lr{LONG_RUN}", v_long)):
+        out = grid[name](histories, 4, 400, 99)
+        np.testing.assert_allclose(out.var(axis=1), (1 - w) * x.var(axis=1) + w * np.arange(1, 5) * v[:, None])
 
 
 def test_bench_spread_compares_runs_on_the_same_origins_and_refuses_others():
