@@ -265,10 +265,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--within-bin", action="store_true", help="decode sampled tokens by draws within their bins")
-    grid = ap.add_mutually_exclusive_group()  # which corrections of the same draws; default: the scale
-    grid.add_argument("--revert", action="store_true", help="the grid pulls the variance to its long-run level")
-    grid.add_argument("--fitted", action="store_true", help="the run's reversion.json against the paths as sampled")
-    grid.add_argument("--long-run", action="store_true", help="the reversion's taus with each long-run window")
+    mode = ap.add_mutually_exclusive_group()  # which corrections of the same draws; default: the scale
+    mode.add_argument("--revert", action="store_true", help="the grid pulls the variance to its long-run level")
+    mode.add_argument("--fitted", action="store_true", help="the run's reversion.json against the paths as sampled")
+    mode.add_argument("--long-run", action="store_true", help="the reversion's taus with each long-run window")
     args = ap.parse_args()
     if args.compare:
         a, b = ({"runs": [r for p in side.split(",") for r in _runs(Path(p))]} for side in args.compare)
