@@ -136,6 +136,7 @@ def score_run(
     from common.evaluation.scorecard import forecaster_fn
     from common.evaluation.walk_forward import all_origins, forecast_all, origin_indices
     from common.forecasting.forecaster import Forecaster
+    from common.forecasting.reversion import LONG_RUN
 
     say = lambda msg: print(f"{run.name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     series, interval = series_from_run(run)
@@ -160,7 +161,8 @@ def score_run(
         val_mean = {h: {name: float(np.mean(st_val[h][name]["crps"])) for name in fcs} for h in HORIZONS}
         score = {name: float(np.mean([1 - val_mean[h][name] / val_mean[h]["s1"] for h in HORIZONS])) for name in fcs}
         joint = max(score, key=score.__getitem__)  # the paths as sampled score 0
-        at500 = max((n for n in score if n == "s1" or n.endswith("_lr500")), key=score.__getitem__)
+        library = f"_lr{LONG_RUN}"  # the library's window: what its own fit chooses tau with ("_500" in the JSON)
+        at500 = max((n for n in score if n == "s1" or n.endswith(library)), key=score.__getitem__)
         out["long_run"] = {"grid": list(long_runs), "val_score": score, "chosen": joint, "chosen_500": at500}
     baselines = fit_price_baselines(series, interval)
     origins, stride = origin_indices(series, stride=5)
